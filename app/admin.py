@@ -1,0 +1,95 @@
+"""The interface between use cases and a net's NVFLARE server (the admin side).
+
+The real implementation lives in `app.nvflare_admin`; unit tests use `tests.fakes`.
+Use cases depend only on this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+
+class ServerState(StrEnum):
+    """What the admin side can say about a server without ever raising for "down"."""
+
+    UNREACHABLE = "unreachable"  # no connection, login impossible (down or scaled to zero)
+    STARTING = "starting"  # the port answers but login is not possible yet (cold start)
+    STARTED = "started"  # a fresh login worked and the server answered a command
+
+
+class AbortOutcome(StrEnum):
+    """The three answers an abort can have; none of them is an error for the caller."""
+
+    ABORTED = "aborted"
+    ALREADY_FINISHED = "already_finished"
+    NOTHING_TO_ABORT = "nothing_to_abort"  # server down, job unknown, or job not running
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    """The outcome of an abort and why."""
+
+    outcome: AbortOutcome
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether a net can take a job now, and if not, what is still missing."""
+
+    ready: bool
+    server_state: ServerState
+    connected_sites: tuple[str, ...] = ()
+    missing_sites: tuple[str, ...] = ()
+    detail: str = ""
+    server_start_time: float | None = field(default=None)
+
+
+class AdminClient(Protocol):
+    """One net's admin connection: lazy, fresh session on every (re)connect, always closable."""
+
+    @property
+    def connected(self) -> bool:
+        """True only if the last command succeeded."""
+        ...
+
+    def server_state(self) -> ServerState:
+        """Never raises for an unreachable server; raises AdminMisconfigured for a wrong kit."""
+        ...
+
+    def server_start_time(self) -> float:
+        """The server's start time (epoch seconds); changes when the server restarts."""
+        ...
+
+    def connected_sites(self) -> list[str]:
+        """Names of the client sites currently registered with the server."""
+        ...
+
+    def is_ready(self, required_sites: Sequence[str]) -> Readiness:
+        """Fresh login works, server answered, every required site connected; never raises
+        for "not ready yet" (only AdminMisconfigured escapes)."""
+        ...
+
+    def submit(self, job_folder: Path, submit_token: str) -> str:
+        """Submit a job folder; a repeated token returns the existing job's id."""
+        ...
+
+    def job_status(self, nvflare_job_id: str) -> str:
+        """The raw NVFLARE RunStatus string (e.g. 'RUNNING', 'FINISHED:COMPLETED')."""
+        ...
+
+    def abort(self, nvflare_job_id: str) -> AbortResult:
+        """Abort a job; a down server or unknown/not-running job is NOTHING_TO_ABORT."""
+        ...
+
+    def ping(self) -> None:
+        """A cheap command that refreshes the session (keep-alive)."""
+        ...
+
+    def close(self) -> None:
+        """Close and forget the session so the process can exit promptly."""
+        ...

@@ -1,0 +1,63 @@
+"""The error classes every adapter maps its failures into, decided once here.
+
+Tasks retry only `TransientError`; a `MisconfigurationError` fails fast and loud; an
+`InvalidRequest` is the caller's mistake and writes nothing.
+"""
+
+from __future__ import annotations
+
+
+class DispatcherError(Exception):
+    """Base of every error fl-dispatcher raises on purpose."""
+
+
+class TransientError(DispatcherError):
+    """Worth retrying: the outside world may be fine again in a moment."""
+
+
+class ServerUnavailable(TransientError):
+    """The net's fl-server cannot be reached or is still starting."""
+
+
+class UnknownAdminError(TransientError):
+    """An nvflare error nobody classified: retried, but logged with its cause and counted."""
+
+
+class DriverTransientError(TransientError):
+    """The scale driver's platform throttled, timed out or was unreachable."""
+
+
+class MisconfigurationError(DispatcherError):
+    """Fatal until a human fixes settings: never tolerated as "server down"."""
+
+
+class AdminMisconfigured(MisconfigurationError):
+    """Admin kit missing, unreadable, rejected, or pointing at another server or CA."""
+
+
+class DriverMisconfigured(MisconfigurationError):
+    """The scale driver's target (service, cluster, kit) is missing or access is denied."""
+
+
+class SettingsError(MisconfigurationError):
+    """Settings failed validation at start; the message names the variable or net and field."""
+
+
+class InvalidRequest(DispatcherError):
+    """A caller's request is wrong (bad payload, unknown net, definition outside its root)."""
+
+
+class NotFound(DispatcherError):
+    """The job or net named by a caller does not exist."""
+
+
+class JobOutcomeError(DispatcherError):
+    """A job-level answer from the server that is not a connection problem."""
+
+
+class NvflareJobNotFound(JobOutcomeError):
+    """The server does not know this NVFLARE job id."""
+
+
+class NvflareJobNotRunning(JobOutcomeError):
+    """The server knows the job but it is not running (so nothing to abort)."""

@@ -1,0 +1,279 @@
+"""One `Settings` for every process: worker, beat, status API, CLI.
+
+Nothing else in the code reads `os.environ`. Nets are declared once (`NETS_FILE` or inline
+`NETS`) and validated in full when settings are built, so a net missing a field stops the
+process at start instead of running half-configured.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from app.errors import SettingsError
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+def parse_flag(name: str, raw: object, default: bool) -> bool:
+    """Parse a boolean flag the one way every process does: true/false/1/0/yes/no/on/off,
+    any case, surrounding spaces ignored; empty means `default`; anything else is an error."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text == "":
+        # A Makefile `export` of a commented-out line yields exactly this.
+        return default
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise SettingsError(
+        f"{name}={raw!r} is not a boolean; accepted (any case): "
+        "true/false, 1/0, yes/no, on/off, or empty for the default "
+        f"({str(default).lower()})"
+    )
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EcsDriverConfig(_Strict):
+    """An fl-server run as an ECS service; credentials come from boto3's standard chain."""
+
+    kind: Literal["ecs"]
+    region: str = Field(min_length=1)
+    cluster: str = Field(min_length=1)
+    service: str = Field(min_length=1)
+    endpoint_url: str | None = None  # only for tests against moto's server
+
+
+class LocalDriverConfig(_Strict):
+    """An fl-server started as a local process from its provisioned startup kit."""
+
+    kind: Literal["local"]
+    server_kit_dir: Path  # the participant folder holding startup/ (e.g. .../prod_00/server)
+
+    @field_validator("server_kit_dir")
+    @classmethod
+    def _kit_has_startup(cls, value: Path) -> Path:
+        if not (value / "startup").is_dir():
+            raise ValueError(f"{value} has no startup/ folder (not an NVFLARE server kit)")
+        return value
+
+
+class StaticDriverConfig(_Strict):
+    """An always-on server that is never scaled."""
+
+    kind: Literal["static"]
+
+
+DriverConfig = Annotated[
+    EcsDriverConfig | LocalDriverConfig | StaticDriverConfig, Field(discriminator="kind")
+]
+
+
+class AdminConfig(_Strict):
+    """The admin startup kit used to talk to the net's server."""
+
+    kit_dir: Path  # the admin participant folder holding startup/fed_admin.json
+    username: str = Field(min_length=1)
+
+    @field_validator("kit_dir")
+    @classmethod
+    def _kit_readable(cls, value: Path) -> Path:
+        if not (value / "startup" / "fed_admin.json").is_file():
+            raise ValueError(f"{value} has no startup/fed_admin.json (not an NVFLARE admin kit)")
+        return value
+
+
+class NetConfig(_Strict):
+    """One net: its driver, its admin kit and its timeouts."""
+
+    name: str = Field(pattern=NET_NAME_PATTERN)
+    driver: DriverConfig
+    admin: AdminConfig
+    idle_timeout_s: float = Field(default=600.0, ge=0)
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    required_sites: tuple[str, ...] = ()
+    # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
+    per_job_fl_server: bool | None = None
+
+    @field_validator("per_job_fl_server", mode="before")
+    @classmethod
+    def _flag(cls, value: object) -> bool | None:
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return None
+        return parse_flag("per_job_fl_server", value, default=False)
+
+
+def _format_validation_error(prefix: str, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(net)"
+        parts.append(f"{prefix}: field '{loc}': {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_nets(raw: Any, source: str) -> tuple[NetConfig, ...]:
+    """Validate a list of net declarations in full; every error names the net and the field."""
+    if isinstance(raw, Mapping) and "nets" in raw:
+        raw = raw["nets"]
+    if not isinstance(raw, list):
+        raise SettingsError(f"{source}: expected a list of nets, got {type(raw).__name__}")
+    nets: list[NetConfig] = []
+    for index, item in enumerate(raw):
+        label = item.get("name") if isinstance(item, Mapping) else None
+        prefix = f"{source}: net '{label}'" if label else f"{source}: net #{index}"
+        try:
+            nets.append(NetConfig.model_validate(item))
+        except ValidationError as exc:
+            raise SettingsError(_format_validation_error(prefix, exc)) from None
+    names = [n.name for n in nets]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SettingsError(f"{source}: net names must be unique, repeated: {duplicates}")
+    return tuple(nets)
+
+
+def load_nets_file(path: Path) -> Any:
+    """Read a nets file, TOML (`[[nets]]`) or JSON by extension."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SettingsError(f"NETS_FILE={path}: cannot read: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        return json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise SettingsError(f"NETS_FILE={path}: not valid {path.suffix[1:] or 'JSON'}: {exc}") from None
+
+
+class Settings(BaseSettings):
+    """Every setting of every process; built once at start and passed in."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, env_ignore_empty=False)
+
+    data_dir: Path = Field(default=Path(".fl-dispatcher"), alias="FL_DISPATCHER_DATA_DIR")
+    database_url: str = Field(default="", alias="DATABASE_URL")
+    broker_url: str = Field(default="", alias="BROKER_URL")
+    per_job_fl_server: Annotated[bool, NoDecode] = Field(default=False, alias="PER_JOB_FL_SERVER")
+    nets_file: Path | None = Field(default=None, alias="NETS_FILE")
+    nets_inline: Annotated[str, NoDecode] = Field(default="", alias="NETS")
+    # Filled from nets_file / nets_inline by the validator below.
+    nets: tuple[NetConfig, ...] = Field(default=(), exclude=True)
+
+    job_root: Path = Field(default=Path("jobs"), alias="JOB_ROOT")
+    max_attempts: int = Field(default=3, ge=1, alias="MAX_ATTEMPTS")
+    lost_job_policy: Literal["requeue", "fail"] = Field(default="requeue", alias="LOST_JOB_POLICY")
+    server_lost_grace_s: float = Field(default=120.0, ge=0, alias="SERVER_LOST_GRACE_S")
+    stuck_after_s: float = Field(default=300.0, gt=0, alias="STUCK_AFTER_S")
+    ready_poll_s: float = Field(default=1.0, gt=0, alias="READY_POLL_S")
+    admin_login_timeout_s: float = Field(default=10.0, gt=0, alias="ADMIN_LOGIN_TIMEOUT_S")
+    admin_command_timeout_s: float = Field(default=10.0, gt=0, alias="ADMIN_COMMAND_TIMEOUT_S")
+    admin_login_max_tries: int = Field(default=1, ge=1, alias="ADMIN_LOGIN_MAX_TRIES")
+
+    housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
+    keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
+
+    api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
+    flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")
+    log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")
+    log_level: str = Field(default="INFO", alias="LOG_LEVEL")
+
+    @field_validator("per_job_fl_server", mode="before")
+    @classmethod
+    def _per_job(cls, value: object) -> bool:
+        return parse_flag("PER_JOB_FL_SERVER", value, default=False)
+
+    @field_validator("log_json", mode="before")
+    @classmethod
+    def _log_json(cls, value: object) -> bool:
+        return parse_flag("LOG_JSON", value, default=False)
+
+    @model_validator(mode="after")
+    def _derive(self) -> Settings:
+        # Derived defaults live in the data folder so a laptop needs no server at all.
+        data = self.data_dir.resolve()
+        if not self.database_url:
+            object.__setattr__(self, "database_url", f"sqlite:///{data / 'fl-dispatcher.db'}")
+        if not self.broker_url:
+            object.__setattr__(self, "broker_url", f"sqla+sqlite:///{data / 'broker.db'}")
+        if self.nets_file is not None and self.nets_inline.strip():
+            raise SettingsError("set NETS_FILE or NETS, not both")
+        if self.nets_file is not None:
+            nets = parse_nets(load_nets_file(self.nets_file), f"NETS_FILE={self.nets_file}")
+            object.__setattr__(self, "nets", nets)
+        elif self.nets_inline.strip():
+            try:
+                raw = json.loads(self.nets_inline)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"NETS: not valid JSON: {exc}") from None
+            object.__setattr__(self, "nets", parse_nets(raw, "NETS"))
+        return self
+
+    def net(self, name: str) -> NetConfig:
+        """The configuration of one net; KeyError if it is not declared."""
+        for net in self.nets:
+            if net.name == name:
+                return net
+        raise KeyError(name)
+
+    def is_always_on(self, net: NetConfig) -> bool:
+        """True when the net's server must not be scaled (static driver or flag off)."""
+        if net.driver.kind == "static":
+            return True
+        per_job = self.per_job_fl_server if net.per_job_fl_server is None else net.per_job_fl_server
+        return not per_job
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration with secrets and URL passwords masked."""
+        data = self.model_dump(mode="json", by_alias=True, exclude={"nets"})
+        data.pop("NETS", None)
+        for key in ("DATABASE_URL", "BROKER_URL"):
+            data[key] = redact_url(str(data[key]))
+        data["nets"] = [n.model_dump(mode="json") for n in self.nets]
+        for net in data["nets"]:
+            net["always_on"] = self.is_always_on(self.net(net["name"]))
+        return data
+
+
+def redact_url(url: str) -> str:
+    """Mask the password in a URL such as postgresql://user:secret@host/db."""
+    return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1***@", url)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build Settings from the environment, turning validation errors into one clear message."""
+    try:
+        return Settings(**overrides)
+    except SettingsError:
+        raise
+    except ValidationError as exc:
+        # pydantic wraps errors raised in validators; surface ours unwrapped.
+        for err in exc.errors():
+            ctx_error = (err.get("ctx") or {}).get("error")
+            if isinstance(ctx_error, SettingsError):
+                raise ctx_error from None
+        raise SettingsError(_format_validation_error("settings", exc)) from None

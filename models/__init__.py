@@ -1,0 +1,32 @@
+"""The domain: SQLAlchemy models and the two state machines. No Celery, boto3 or NVFLARE here."""
+
+from models.base import Base, utcnow
+from models.states import (
+    ACTIVE_JOB_STATES,
+    ASSIGNABLE_NET_STATES,
+    JOB_TRANSITIONS,
+    NET_TRANSITIONS,
+    TERMINAL_JOB_STATES,
+    IllegalTransition,
+    JobState,
+    NetState,
+)
+from models.tables import Job, JobEvent, Net, NetEvent, ScaleEvent
+
+__all__ = [
+    "ACTIVE_JOB_STATES",
+    "ASSIGNABLE_NET_STATES",
+    "JOB_TRANSITIONS",
+    "NET_TRANSITIONS",
+    "TERMINAL_JOB_STATES",
+    "Base",
+    "IllegalTransition",
+    "Job",
+    "JobEvent",
+    "JobState",
+    "Net",
+    "NetEvent",
+    "NetState",
+    "ScaleEvent",
+    "utcnow",
+]

@@ -1,0 +1,297 @@
+"""The tables: nets, jobs and their append-only histories.
+
+Transition methods live on the models; each one checks the move against the table in
+`models.states` and adds its history row to the same session, so the move and its record
+commit (or roll back) together.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    Uuid,
+    text,
+)
+from sqlalchemy.orm import Mapped, WriteOnlyMapped, mapped_column, relationship
+
+from models.base import Base, UTCDateTime
+from models.states import (
+    ACTIVE_JOB_STATES,
+    JOB_TRANSITIONS,
+    NET_TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    NetState,
+)
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+_EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _state_enum(enum: type[JobState] | type[NetState], name: str) -> Enum:
+    # Stored by value as a short string with a CHECK, not a native PG enum: adding a state
+    # later is then a plain migration on both dialects.
+    return Enum(
+        enum,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=16,
+        values_callable=lambda e: [m.value for m in e],
+        validate_strings=True,
+    )
+
+
+_ACTIVE_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE_JOB_STATES)))
+
+
+class Net(Base):
+    """A net's fl-server as the dispatcher knows it; its configuration lives in Settings."""
+
+    __tablename__ = "nets"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    state: Mapped[NetState] = mapped_column(_state_enum(NetState, "net_state"))
+    state_changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # When the net last became free (READY without a job); idle scale-down counts from here.
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When the server last stopped answering while it should be up (grace for lost jobs).
+    unreachable_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The NVFLARE server's start time seen when the current job was dispatched: a different
+    # value later means the server restarted under the job.
+    server_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+
+    events: WriteOnlyMapped[NetEvent] = relationship(
+        back_populates="net", passive_deletes=True, order_by="NetEvent.id"
+    )
+
+    # Every ORM UPDATE is `... WHERE version = :seen`: a concurrent writer makes it fail
+    # loudly (StaleDataError) instead of silently overwriting.
+    __mapper_args__: dict[str, Any] = {"version_id_col": version}
+
+    def transition(self, target: NetState, now: datetime, reason: str = "") -> None:
+        """Move to `target` if the table allows it, and record the move."""
+        if target == self.state:
+            return
+        if target not in NET_TRANSITIONS[self.state]:
+            raise IllegalTransition("net", self.name, self.state, target)
+        self.events.add(
+            NetEvent(net_name=self.name, from_state=self.state, to_state=target, at=now,
+                     reason=reason)
+        )
+        self.state = target
+        self.state_changed_at = now
+        if target != NetState.READY:
+            self.idle_since = None
+        if target in (NetState.STOPPED, NetState.STOPPING):
+            self.server_start_time = None
+            self.unreachable_since = None
+
+    def mark_idle(self, now: datetime) -> None:
+        """The net is READY and has no job: the idle grace starts now."""
+        self.transition(NetState.READY, now, "no active job")
+        self.idle_since = now
+
+
+class Job(Base):
+    """One training job from flip-api."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # At most one active job per net, enforced by the database itself (both dialects
+        # support partial indexes), so no code path can put two jobs on one server.
+        Index(
+            "uq_jobs_one_active_per_net",
+            "net_name",
+            unique=True,
+            postgresql_where=text(_ACTIVE_SQL),
+            sqlite_where=text(_ACTIVE_SQL),
+        ),
+        Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    caller_key: Mapped[str] = mapped_column(String(200), unique=True)
+    definition: Mapped[str] = mapped_column(String(1024))
+    required_sites: Mapped[list[str]] = mapped_column(JSON)
+    requested_net: Mapped[str | None] = mapped_column(
+        ForeignKey("nets.name"), nullable=True
+    )
+    net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_state"))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    state_changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+
+    events: WriteOnlyMapped[JobEvent] = relationship(
+        back_populates="job", passive_deletes=True, order_by="JobEvent.id"
+    )
+
+    __mapper_args__: dict[str, Any] = {"version_id_col": version}
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        caller_key: str,
+        definition: str,
+        required_sites: list[str],
+        requested_net: str | None,
+        priority: int,
+        max_attempts: int,
+        now: datetime,
+    ) -> Job:
+        """A QUEUED job with its creation recorded in the history."""
+        job = cls(
+            id=uuid.uuid4(),
+            caller_key=caller_key,
+            definition=definition,
+            required_sites=required_sites,
+            requested_net=requested_net,
+            priority=priority,
+            state=JobState.QUEUED,
+            attempts=0,
+            max_attempts=max_attempts,
+            created_at=now,
+            state_changed_at=now,
+        )
+        job.events.add(
+            JobEvent(job_id=job.id, from_state=None, to_state=JobState.QUEUED, at=now,
+                     reason="enqueued")
+        )
+        return job
+
+    @property
+    def is_active(self) -> bool:
+        """The job holds a net."""
+        return self.state in ACTIVE_JOB_STATES
+
+    def transition(self, target: JobState, now: datetime, reason: str = "") -> None:
+        """Move to `target` if the table allows it, and record the move."""
+        if target not in JOB_TRANSITIONS[self.state]:
+            raise IllegalTransition("job", str(self.id), self.state, target)
+        self.events.add(
+            JobEvent(job_id=self.id, from_state=self.state, to_state=target, at=now,
+                     reason=reason)
+        )
+        self.state = target
+        self.state_changed_at = now
+        if target in (JobState.COMPLETED, JobState.FAILED, JobState.ABORTED):
+            self.finished_at = now
+
+    def assign(self, net_name: str, now: datetime) -> None:
+        """Reserve `net_name` for this job."""
+        self.transition(JobState.ASSIGNED, now, f"net {net_name} reserved")
+        self.net_name = net_name
+        self.assigned_at = now
+
+    def start_dispatch(self, now: datetime) -> str:
+        """Store the submit token before submitting, so a retry reuses it; returns it."""
+        self.transition(JobState.DISPATCHING, now, "server ready, submitting")
+        # One token per attempt: a retry of this attempt cannot start a second run, while a
+        # requeued attempt on a restarted server is not mistaken for the lost run.
+        self.submit_token = f"{self.id}-{self.attempts}"
+        return self.submit_token
+
+    def mark_running(self, nvflare_job_id: str, now: datetime) -> None:
+        """The server accepted the job."""
+        self.transition(JobState.RUNNING, now, f"submitted as {nvflare_job_id}")
+        self.nvflare_job_id = nvflare_job_id
+        self.dispatched_at = now
+
+    def requeue(self, reason: str, now: datetime) -> bool:
+        """Back to QUEUED with one more attempt counted, net released; FAILED when the
+        attempts are used up. Returns True if the job was requeued."""
+        self.attempts += 1
+        self.last_error = reason
+        self.net_name = None
+        self.nvflare_job_id = None
+        if self.attempts >= self.max_attempts:
+            self.transition(
+                JobState.FAILED, now, f"attempts exhausted ({self.attempts}): {reason}"
+            )
+            return False
+        self.transition(JobState.QUEUED, now, f"requeued (attempt {self.attempts}): {reason}")
+        return True
+
+    def fail(self, reason: str, now: datetime) -> None:
+        """A final failure with its reason."""
+        self.last_error = reason
+        self.transition(JobState.FAILED, now, reason)
+
+
+class JobEvent(Base):
+    """Append-only history of a job's moves."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    from_state: Mapped[JobState | None] = mapped_column(
+        _state_enum(JobState, "job_event_from"), nullable=True
+    )
+    to_state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_event_to"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+
+    job: Mapped[Job] = relationship(back_populates="events")
+
+
+class NetEvent(Base):
+    """Append-only history of a net's moves."""
+
+    __tablename__ = "net_events"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    net_name: Mapped[str] = mapped_column(
+        ForeignKey("nets.name", ondelete="CASCADE"), index=True
+    )
+    from_state: Mapped[NetState | None] = mapped_column(
+        _state_enum(NetState, "net_event_from"), nullable=True
+    )
+    to_state: Mapped[NetState] = mapped_column(_state_enum(NetState, "net_event_to"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+
+    net: Mapped[Net] = relationship(back_populates="events")
+
+
+class ScaleEvent(Base):
+    """Append-only record of every scale decision and what the driver said."""
+
+    __tablename__ = "scale_events"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    net_name: Mapped[str] = mapped_column(
+        ForeignKey("nets.name", ondelete="CASCADE"), index=True
+    )
+    action: Mapped[str] = mapped_column(String(32))  # scale_up, scale_down
+    replicas: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    outcome: Mapped[str] = mapped_column(String(200))  # ok, or the classified error
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
