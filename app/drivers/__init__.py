@@ -1,0 +1,40 @@
+"""Scale drivers: how a net's fl-server gets 0 or 1 replicas (see `base.ScaleDriver`)."""
+
+from __future__ import annotations
+
+from app.drivers.base import Observation, ScaleDriver
+from app.drivers.ecs import EcsDriver
+from app.drivers.static import StaticDriver
+from app.settings import (
+    EcsDriverConfig,
+    LocalDriverConfig,
+    NetConfig,
+    Settings,
+    StaticDriverConfig,
+)
+
+__all__ = ["Observation", "ScaleDriver", "build_driver"]
+
+
+def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
+    """The driver for one net, from its validated config.
+
+    An always-on net (`settings.is_always_on(net)`) still gets its real driver: the
+    dispatcher never calls `scale` on it, but `observe` keeps reporting what the platform
+    sees, which is how an OUTAGE is told apart from a stopped service.
+    """
+    config = net.driver
+    if isinstance(config, EcsDriverConfig):
+        return EcsDriver(config)
+    if isinstance(config, StaticDriverConfig):
+        return StaticDriver(net.name)
+    if isinstance(config, LocalDriverConfig):
+        # Imported only when a net uses it: it pulls in process management that ECS and
+        # static deployments never need.
+        from app.drivers.local import LocalDriver  # noqa: PLC0415
+
+        driver: ScaleDriver = LocalDriver(
+            net.name, config.server_kit_dir, settings.data_dir / "local-driver"
+        )
+        return driver
+    raise TypeError(f"net {net.name!r}: unknown driver config {type(config).__name__}")
