@@ -167,7 +167,9 @@ def load_nets_file(path: Path) -> Any:
             return tomllib.loads(text)
         return json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise SettingsError(f"NETS_FILE={path}: not valid {path.suffix[1:] or 'JSON'}: {exc}") from None
+        raise SettingsError(
+            f"NETS_FILE={path}: not valid {path.suffix[1:] or 'JSON'}: {exc}"
+        ) from None
 
 
 class Settings(BaseSettings):

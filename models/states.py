@@ -67,8 +67,9 @@ ACTIVE_JOB_STATES: frozenset[JobState] = frozenset(
     {J.ASSIGNED, J.DISPATCHING, J.RUNNING, J.ABORTING}
 )
 TERMINAL_JOB_STATES: frozenset[JobState] = frozenset({J.COMPLETED, J.FAILED, J.ABORTED})
-# A net in one of these states may be handed a new job (it is free if no job is active on it).
-ASSIGNABLE_NET_STATES: frozenset[NetState] = frozenset({N.STOPPED, N.READY})
+# A net in one of these states may be handed a new job if no job is active on it. STARTING
+# is included: a job aborted while its net scaled up leaves the net coming up for the next.
+ASSIGNABLE_NET_STATES: frozenset[NetState] = frozenset({N.STOPPED, N.STARTING, N.READY})
 
 
 class IllegalTransition(Exception):
@@ -80,7 +81,9 @@ class IllegalTransition(Exception):
         self.target = target
 
 
-def mermaid(table: Mapping[JobState, frozenset[JobState]] | Mapping[NetState, frozenset[NetState]]) -> str:
+def mermaid(
+    table: Mapping[JobState, frozenset[JobState]] | Mapping[NetState, frozenset[NetState]],
+) -> str:
     """A Mermaid state diagram generated from a transition table (the README embeds it)."""
     lines = ["stateDiagram-v2"]
     for source, targets in table.items():

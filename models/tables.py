@@ -90,8 +90,9 @@ class Net(Base):
         if target not in NET_TRANSITIONS[self.state]:
             raise IllegalTransition("net", self.name, self.state, target)
         self.events.add(
-            NetEvent(net_name=self.name, from_state=self.state, to_state=target, at=now,
-                     reason=reason)
+            NetEvent(
+                net_name=self.name, from_state=self.state, to_state=target, at=now, reason=reason
+            )
         )
         self.state = target
         self.state_changed_at = now
@@ -128,9 +129,7 @@ class Job(Base):
     caller_key: Mapped[str] = mapped_column(String(200), unique=True)
     definition: Mapped[str] = mapped_column(String(1024))
     required_sites: Mapped[list[str]] = mapped_column(JSON)
-    requested_net: Mapped[str | None] = mapped_column(
-        ForeignKey("nets.name"), nullable=True
-    )
+    requested_net: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_state"))
@@ -179,8 +178,9 @@ class Job(Base):
             state_changed_at=now,
         )
         job.events.add(
-            JobEvent(job_id=job.id, from_state=None, to_state=JobState.QUEUED, at=now,
-                     reason="enqueued")
+            JobEvent(
+                job_id=job.id, from_state=None, to_state=JobState.QUEUED, at=now, reason="enqueued"
+            )
         )
         return job
 
@@ -194,8 +194,7 @@ class Job(Base):
         if target not in JOB_TRANSITIONS[self.state]:
             raise IllegalTransition("job", str(self.id), self.state, target)
         self.events.add(
-            JobEvent(job_id=self.id, from_state=self.state, to_state=target, at=now,
-                     reason=reason)
+            JobEvent(job_id=self.id, from_state=self.state, to_state=target, at=now, reason=reason)
         )
         self.state = target
         self.state_changed_at = now
@@ -230,9 +229,7 @@ class Job(Base):
         self.net_name = None
         self.nvflare_job_id = None
         if self.attempts >= self.max_attempts:
-            self.transition(
-                JobState.FAILED, now, f"attempts exhausted ({self.attempts}): {reason}"
-            )
+            self.transition(JobState.FAILED, now, f"attempts exhausted ({self.attempts}): {reason}")
             return False
         self.transition(JobState.QUEUED, now, f"requeued (attempt {self.attempts}): {reason}")
         return True
@@ -249,9 +246,7 @@ class JobEvent(Base):
     __tablename__ = "job_events"
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
-    job_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), index=True
-    )
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     from_state: Mapped[JobState | None] = mapped_column(
         _state_enum(JobState, "job_event_from"), nullable=True
     )
@@ -268,9 +263,7 @@ class NetEvent(Base):
     __tablename__ = "net_events"
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
-    net_name: Mapped[str] = mapped_column(
-        ForeignKey("nets.name", ondelete="CASCADE"), index=True
-    )
+    net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
     from_state: Mapped[NetState | None] = mapped_column(
         _state_enum(NetState, "net_event_from"), nullable=True
     )
@@ -287,9 +280,7 @@ class ScaleEvent(Base):
     __tablename__ = "scale_events"
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
-    net_name: Mapped[str] = mapped_column(
-        ForeignKey("nets.name", ondelete="CASCADE"), index=True
-    )
+    net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
     action: Mapped[str] = mapped_column(String(32))  # scale_up, scale_down
     replicas: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))

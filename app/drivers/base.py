@@ -31,5 +31,5 @@ class ScaleDriver(Protocol):
         ...
 
     def observe(self) -> Observation:
-        """Desired, running and pending replicas, plus a failure reason if the platform gives one."""
+        """Desired, running and pending replicas, and the platform's failure reason if any."""
         ...

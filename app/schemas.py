@@ -1,0 +1,61 @@
+"""The payloads flip-api sends (Celery tasks and HTTP), validated by pydantic.
+
+Shared by the tasks, the status API and `app.client`, so all three accept exactly the same.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.settings import NET_NAME_PATTERN
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnqueueJob(_Payload):
+    """Ask for a training job to run; idempotent on `caller_key`."""
+
+    caller_key: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/-]+$")
+    definition: str = Field(min_length=1, max_length=1024)
+    required_sites: list[str] = Field(default_factory=list)
+    net: str | None = Field(default=None, pattern=NET_NAME_PATTERN)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+
+    @field_validator("required_sites")
+    @classmethod
+    def _sites(cls, sites: list[str]) -> list[str]:
+        cleaned = [s.strip() for s in sites]
+        if any(not s for s in cleaned):
+            raise ValueError("site names must be non-empty")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("site names must be unique")
+        return cleaned
+
+
+class AbortJob(_Payload):
+    """Abort a job by its id."""
+
+    job_id: uuid.UUID
+    reason: str = Field(default="aborted by caller", max_length=500)
+
+
+class ReportedStatus(StrEnum):
+    """flip-api's terminal-status signal for a job it was watching."""
+
+    RESULTS_UPLOADED = "results_uploaded"
+    ERROR = "error"
+    STOPPED = "stopped"
+
+
+class ReportJobStatus(_Payload):
+    """flip-api says a job reached a terminal state on its side."""
+
+    job_id: uuid.UUID
+    status: ReportedStatus
+    detail: str = Field(default="", max_length=2000)

@@ -1,0 +1,345 @@
+"""Use cases on the SQL state: one function per use case.
+
+Each takes an open `Session` (the caller's unit of work commits or rolls back) and an
+explicit `now`, and never talks to NVFLARE or a cloud API: those calls live in
+`app.pipeline`, which uses these functions for every state change. Tasks, the CLI, the HTTP
+API and the tests all call these same functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+
+from sqlalchemy import and_, case, exists, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.errors import InvalidRequest, NotFound
+from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
+from app.settings import Settings
+from models import (
+    ACTIVE_JOB_STATES,
+    ASSIGNABLE_NET_STATES,
+    TERMINAL_JOB_STATES,
+    Job,
+    JobState,
+    Net,
+    NetState,
+)
+
+log = logging.getLogger(__name__)
+
+_S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\0]+$")
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The job a caller's key maps to, and whether this call created it."""
+
+    job_id: uuid.UUID
+    created: bool
+    state: JobState
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A job claimed for a net; the caller starts the pipeline after commit."""
+
+    job_id: uuid.UUID
+    net_name: str
+    net_state: NetState  # the net's state after the claim: STARTING needs a scale-up
+
+
+def sync_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
+    """Make sure every configured net has a row; returns the names it created.
+
+    A MISCONFIGURED net is reset to STOPPED: settings are validated at every start, so a
+    restart after a fix is the human saying "try again".
+    """
+    existing = {n.name: n for n in session.scalars(select(Net).with_for_update())}
+    created = []
+    for net_config in settings.nets:
+        net = existing.get(net_config.name)
+        if net is None:
+            session.add(Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now))
+            created.append(net_config.name)
+        elif net.state == NetState.MISCONFIGURED:
+            net.transition(NetState.STOPPED, now, "settings reloaded at start")
+            net.last_error = None
+    return created
+
+
+def resolve_definition(settings: Settings, definition: str) -> str:
+    """Validate a job definition: an `s3://` URI, or a folder inside `JOB_ROOT` that exists.
+
+    Returns the normalised form stored on the job (the path relative to the root).
+    """
+    if definition.startswith("s3://"):
+        if not _S3_URI.match(definition):
+            raise InvalidRequest(f"definition {definition!r} is not a valid s3://bucket/key URI")
+        return definition
+    relative = PurePosixPath(definition)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise InvalidRequest(
+            f"definition {definition!r} must be a relative folder under the job root, without '..'"
+        )
+    root = settings.job_root.resolve()
+    folder = (root / relative).resolve()
+    # resolve() follows symlinks, so a link pointing outside the root is caught here too.
+    if not folder.is_relative_to(root):
+        raise InvalidRequest(f"definition {definition!r} escapes the job root")
+    if not folder.is_dir():
+        raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", folder.name):
+        # NVFLARE refuses other characters in the job folder's name (2.9.0 submit_job).
+        raise InvalidRequest(
+            f"definition folder name {folder.name!r} may hold only letters, digits, '.', '_', '-'"
+        )
+    return str(relative)
+
+
+def job_folder(settings: Settings, definition: str) -> Path:
+    """The local folder of a stored (already validated) definition."""
+    return (settings.job_root / definition).resolve()
+
+
+def enqueue_job(
+    session: Session, settings: Settings, request: EnqueueJob, now: datetime
+) -> Enqueued:
+    """Queue a job; the same caller key twice returns the first job."""
+    existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
+    if existing is not None:
+        return Enqueued(existing.id, created=False, state=existing.state)
+
+    sites = list(request.required_sites)
+    if request.net is not None:
+        try:
+            net_config = settings.net(request.net)
+        except KeyError:
+            known = ", ".join(n.name for n in settings.nets) or "none"
+            raise InvalidRequest(f"unknown net {request.net!r} (known: {known})") from None
+        sites = sites or list(net_config.required_sites)
+    if not sites:
+        raise InvalidRequest("required_sites is empty and no net default applies")
+    if not settings.nets:
+        raise InvalidRequest("no nets are configured, so no job can run")
+    definition = resolve_definition(settings, request.definition)
+
+    job = Job.new(
+        caller_key=request.caller_key,
+        definition=definition,
+        required_sites=sites,
+        requested_net=request.net,
+        priority=request.priority,
+        max_attempts=request.max_attempts or settings.max_attempts,
+        now=now,
+    )
+    try:
+        # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        winner = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
+        if winner is None:
+            raise
+        return Enqueued(winner.id, created=False, state=winner.state)
+    log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
+    return Enqueued(job.id, created=True, state=job.state)
+
+
+def _active_job_on(net_name_column: object) -> object:
+    return exists().where(and_(Job.net_name == net_name_column, Job.state.in_(ACTIVE_JOB_STATES)))
+
+
+def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
+    """Claim the next QUEUED job (priority, then age) and a free net for it.
+
+    Both rows are taken with FOR UPDATE SKIP LOCKED (PostgreSQL), so concurrent claimers
+    never block each other and never get the same job or net; on SQLite the transaction
+    holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
+    one. Serialised with `scale_down_idle_nets`, which locks the same net row.
+    """
+    configured = [n.name for n in settings.nets]
+    if not configured:
+        return None
+    warm_first = case(
+        (Net.state == NetState.READY, 0), (Net.state == NetState.STARTING, 1), else_=2
+    )
+    free_nets = session.scalars(
+        select(Net)
+        .where(
+            Net.name.in_(configured),
+            Net.state.in_(ASSIGNABLE_NET_STATES),
+            ~_active_job_on(Net.name),  # type: ignore[operator]
+        )
+        .order_by(warm_first, Net.name)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for net in free_nets:
+        job = session.scalar(
+            select(Job)
+            .where(
+                Job.state == JobState.QUEUED,
+                or_(Job.requested_net.is_(None), Job.requested_net == net.name),
+            )
+            .order_by(Job.priority.desc(), Job.created_at, Job.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+        if job is None:
+            continue
+        job.assign(net.name, now)
+        if net.state == NetState.STOPPED:
+            net.transition(NetState.STARTING, now, f"job {job.id} assigned")
+        net.idle_since = None
+        session.flush()
+        log.info("job assigned", extra={"job": str(job.id), "net": net.name})
+        return Assignment(job.id, net.name, net.state)
+    return None
+
+
+def get_job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+    """The job with this id, optionally locked for update; NotFound otherwise."""
+    stmt = select(Job).where(Job.id == job_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    job = session.scalar(stmt)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def get_net(session: Session, name: str, *, lock: bool = False) -> Net:
+    """The net with this name, optionally locked for update; NotFound otherwise."""
+    stmt = select(Net).where(Net.name == name)
+    if lock:
+        stmt = stmt.with_for_update()
+    net = session.scalar(stmt)
+    if net is None:
+        raise NotFound(f"net {name} not found")
+    return net
+
+
+def release_net(session: Session, net_name: str, now: datetime) -> None:
+    """A net's job is over: BUSY -> READY with the idle grace starting now.
+
+    A net still STARTING stays so (the next job may take it, or reconcile settles it); a
+    net in any other state keeps it, since the state already says what is wrong.
+    """
+    net = get_net(session, net_name, lock=True)
+    active = session.scalar(
+        select(Job.id).where(Job.net_name == net_name, Job.state.in_(ACTIVE_JOB_STATES))
+    )
+    if active is not None:
+        return
+    if net.state in (NetState.BUSY, NetState.READY):
+        net.mark_idle(now)
+
+
+def requeue_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -> bool:
+    """Give the job back to the queue (attempts + 1) and free its net; FAILED past
+    max_attempts. Returns True if requeued. A job that is no longer active is left alone."""
+    job = get_job(session, job_id, lock=True)
+    if job.state not in (JobState.ASSIGNED, JobState.DISPATCHING, JobState.RUNNING):
+        return False
+    net_name = job.net_name
+    requeued = job.requeue(reason, now)
+    session.flush()
+    if net_name is not None:
+        release_net(session, net_name, now)
+    log.warning(
+        "job requeued" if requeued else "job failed: attempts exhausted",
+        extra={"job": str(job_id), "net": net_name, "reason": reason},
+    )
+    return requeued
+
+
+def mark_dispatched(
+    session: Session,
+    job_id: uuid.UUID,
+    nvflare_job_id: str,
+    server_start_time: float | None,
+    now: datetime,
+) -> None:
+    """The server accepted the job: job RUNNING, net BUSY, the server's start time noted."""
+    job = get_job(session, job_id, lock=True)
+    if job.state == JobState.RUNNING and job.nvflare_job_id == nvflare_job_id:
+        return  # a repeated delivery
+    job.mark_running(nvflare_job_id, now)
+    assert job.net_name is not None
+    net = get_net(session, job.net_name, lock=True)
+    net.transition(NetState.BUSY, now, f"job {job.id} running")
+    net.server_start_time = server_start_time
+    net.unreachable_since = None
+
+
+def finish_job(
+    session: Session, job_id: uuid.UUID, outcome: JobState, reason: str, now: datetime
+) -> bool:
+    """Move an active job to a terminal state and free its net. Returns False if the job
+    was already terminal (a repeated signal is not an error)."""
+    if outcome not in TERMINAL_JOB_STATES:
+        raise ValueError(f"{outcome} is not a terminal state")
+    job = get_job(session, job_id, lock=True)
+    if job.state in TERMINAL_JOB_STATES:
+        return False
+    if outcome == JobState.FAILED:
+        job.fail(reason, now)
+    else:
+        job.transition(outcome, now, reason)
+    session.flush()
+    if job.net_name is not None:
+        release_net(session, job.net_name, now)
+    log.info("job finished", extra={"job": str(job_id), "state": str(outcome), "reason": reason})
+    return True
+
+
+@dataclass(frozen=True)
+class AbortDecision:
+    """What an abort request did in SQL, and whether the server must be asked too."""
+
+    job_id: uuid.UUID
+    state: JobState
+    needs_server_abort: bool
+
+
+def abort_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -> AbortDecision:
+    """Abort as far as SQL can: QUEUED or ASSIGNED -> ABORTED at once (net released);
+    DISPATCHING or RUNNING -> ABORTING (the server must be told); terminal -> unchanged."""
+    job = get_job(session, job_id, lock=True)
+    if job.state in (JobState.QUEUED, JobState.ASSIGNED):
+        net_name = job.net_name
+        job.transition(JobState.ABORTED, now, reason)
+        session.flush()
+        if net_name is not None:
+            release_net(session, net_name, now)
+        return AbortDecision(job.id, job.state, needs_server_abort=False)
+    if job.state in (JobState.DISPATCHING, JobState.RUNNING):
+        job.transition(JobState.ABORTING, now, reason)
+        return AbortDecision(job.id, job.state, needs_server_abort=True)
+    return AbortDecision(job.id, job.state, needs_server_abort=job.state == JobState.ABORTING)
+
+
+_REPORTED_OUTCOME = {
+    ReportedStatus.RESULTS_UPLOADED: JobState.COMPLETED,
+    ReportedStatus.ERROR: JobState.FAILED,
+    ReportedStatus.STOPPED: JobState.ABORTED,
+}
+
+
+def report_job_status(session: Session, report: ReportJobStatus, now: datetime) -> JobState:
+    """flip-api's terminal-status signal; a job already terminal keeps its state."""
+    job = get_job(session, report.job_id)
+    if job.state not in TERMINAL_JOB_STATES:
+        if job.state == JobState.QUEUED and report.status != ReportedStatus.STOPPED:
+            raise InvalidRequest(f"job {job.id} never ran; only 'stopped' applies to it")
+        reason = f"flip-api reported {report.status.value}"
+        if report.detail:
+            reason += f": {report.detail}"
+        finish_job(session, job.id, _REPORTED_OUTCOME[report.status], reason, now)
+    return job.state
