@@ -175,9 +175,10 @@ class EcsDriver:
 
 def _deployment_failure(service: ServiceTypeDef) -> str | None:
     """The reason of a deployment the ECS circuit breaker marked FAILED, if any."""
-    deployments = service.get("deployments", [])
-    # The PRIMARY deployment is the one that decides the service's future; an older
-    # (ACTIVE) one that failed is still worth reporting while it is listed.
+    # The PRIMARY deployment decides the service's future; an ACTIVE one that failed (the
+    # circuit breaker is rolling back from it) is still worth reporting while it drains.
+    # An INACTIVE one is history.
+    deployments = [d for d in service.get("deployments", []) if d.get("status") != "INACTIVE"]
     ordered = sorted(deployments, key=lambda d: d.get("status") != "PRIMARY")
     for deployment in ordered:
         if deployment.get("rolloutState") == "FAILED":
