@@ -1,0 +1,105 @@
+"""build_driver picks the driver from the net's validated config."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.drivers import build_driver
+from app.drivers.ecs import EcsDriver
+from app.drivers.static import StaticDriver
+from app.settings import NetConfig, Settings, load_settings
+
+
+@pytest.fixture
+def kits(tmp_path: Path) -> Path:
+    (tmp_path / "admin" / "startup").mkdir(parents=True)
+    (tmp_path / "admin" / "startup" / "fed_admin.json").write_text("{}")
+    (tmp_path / "server" / "startup").mkdir(parents=True)
+    return tmp_path
+
+
+def _settings(kits: Path, per_job: str, *drivers: dict[str, Any]) -> Settings:
+    nets = [
+        {
+            "name": f"net-{i}",
+            "driver": driver,
+            "admin": {"kit_dir": str(kits / "admin"), "username": "admin"},
+        }
+        for i, driver in enumerate(drivers)
+    ]
+    return load_settings(
+        FL_DISPATCHER_DATA_DIR=str(kits / "data"),
+        PER_JOB_FL_SERVER=per_job,
+        NETS=json.dumps(nets),
+    )
+
+
+ECS = {"kind": "ecs", "region": "eu-west-2", "cluster": "flip", "service": "fl-server-1"}
+
+
+def test_ecs_net_gets_an_ecs_driver_for_its_service(kits: Path) -> None:
+    settings = _settings(kits, "true", ECS)
+
+    driver = build_driver(settings.nets[0], settings)
+
+    assert isinstance(driver, EcsDriver)
+    assert driver.kind == "ecs"
+    assert driver.config == settings.nets[0].driver
+    assert driver.client.meta.region_name == "eu-west-2"
+
+
+def test_always_on_ecs_net_still_gets_the_real_driver(kits: Path) -> None:
+    settings = _settings(kits, "false", ECS)
+    net = settings.nets[0]
+    assert settings.is_always_on(net)
+
+    assert isinstance(build_driver(net, settings), EcsDriver)
+
+
+def test_static_net_gets_a_static_driver(kits: Path) -> None:
+    settings = _settings(kits, "true", {"kind": "static"})
+
+    driver = build_driver(settings.nets[0], settings)
+
+    assert isinstance(driver, StaticDriver)
+    assert driver.kind == "static"
+
+
+class _RecordingLocalDriver:
+    kind = "local"
+
+    def __init__(self, net_name: str, server_kit_dir: Path, state_dir: Path) -> None:
+        self.args = (net_name, server_kit_dir, state_dir)
+
+
+def test_local_net_gets_its_kit_and_a_state_dir_under_data_dir(
+    kits: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stands in for app.drivers.local so this pins only build_driver's wiring; the real
+    # driver is exercised by its own tests against a real NVFLARE server.
+    fake_module = types.ModuleType("app.drivers.local")
+    fake_module.LocalDriver = _RecordingLocalDriver  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "app.drivers.local", fake_module)
+    settings = _settings(kits, "true", {"kind": "local", "server_kit_dir": str(kits / "server")})
+    net: NetConfig = settings.nets[0]
+
+    driver = build_driver(net, settings)
+
+    assert isinstance(driver, _RecordingLocalDriver)
+    assert driver.args == ("net-0", kits / "server", kits / "data" / "local-driver")
+
+
+def test_local_net_builds_the_real_local_driver(kits: Path) -> None:
+    local = pytest.importorskip("app.drivers.local")
+    settings = _settings(kits, "true", {"kind": "local", "server_kit_dir": str(kits / "server")})
+
+    driver = build_driver(settings.nets[0], settings)
+
+    assert isinstance(driver, local.LocalDriver)
+    assert driver.kind == "local"
