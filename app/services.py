@@ -170,17 +170,20 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     warm_first = case(
         (Net.state == NetState.READY, 0), (Net.state == NetState.STARTING, 1), else_=2
     )
-    free_nets = session.scalars(
-        select(Net)
-        .where(
-            Net.name.in_(configured),
-            Net.state.in_(ASSIGNABLE_NET_STATES),
-            ~_active_job_on(Net.name),  # type: ignore[operator]
+    free = (
+        Net.name.in_(configured),
+        Net.state.in_(ASSIGNABLE_NET_STATES),
+        ~_active_job_on(Net.name),  # type: ignore[operator]
+    )
+    candidates = session.scalars(select(Net.name).where(*free).order_by(warm_first, Net.name))
+    for name in candidates.all():
+        # Lock one net at a time: locking every free net in one statement would let the
+        # first claimer hide all nets from the others until it commits.
+        net = session.scalar(
+            select(Net).where(Net.name == name, *free).with_for_update(skip_locked=True)
         )
-        .order_by(warm_first, Net.name)
-        .with_for_update(skip_locked=True)
-    ).all()
-    for net in free_nets:
+        if net is None:
+            continue  # another claimer holds it, or it stopped being free
         job = session.scalar(
             select(Job)
             .where(

@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -183,8 +184,9 @@ class Settings(BaseSettings):
     per_job_fl_server: Annotated[bool, NoDecode] = Field(default=False, alias="PER_JOB_FL_SERVER")
     nets_file: Path | None = Field(default=None, alias="NETS_FILE")
     nets_inline: Annotated[str, NoDecode] = Field(default="", alias="NETS")
-    # Filled from nets_file / nets_inline by the validator below.
-    nets: tuple[NetConfig, ...] = Field(default=(), exclude=True)
+    # Filled from nets_file / nets_inline by the validator below; private so that no
+    # environment variable can set it around the per-net validation.
+    _nets: tuple[NetConfig, ...] = PrivateAttr(default=())
 
     job_root: Path = Field(default=Path("jobs"), alias="JOB_ROOT")
     max_attempts: int = Field(default=3, ge=1, alias="MAX_ATTEMPTS")
@@ -226,14 +228,19 @@ class Settings(BaseSettings):
             raise SettingsError("set NETS_FILE or NETS, not both")
         if self.nets_file is not None:
             nets = parse_nets(load_nets_file(self.nets_file), f"NETS_FILE={self.nets_file}")
-            object.__setattr__(self, "nets", nets)
+            self._nets = nets
         elif self.nets_inline.strip():
             try:
                 raw = json.loads(self.nets_inline)
             except json.JSONDecodeError as exc:
                 raise SettingsError(f"NETS: not valid JSON: {exc}") from None
-            object.__setattr__(self, "nets", parse_nets(raw, "NETS"))
+            self._nets = parse_nets(raw, "NETS")
         return self
+
+    @property
+    def nets(self) -> tuple[NetConfig, ...]:
+        """Every declared net, validated in full."""
+        return self._nets
 
     def net(self, name: str) -> NetConfig:
         """The configuration of one net; KeyError if it is not declared."""
@@ -251,7 +258,7 @@ class Settings(BaseSettings):
 
     def redacted(self) -> dict[str, Any]:
         """The effective configuration with secrets and URL passwords masked."""
-        data = self.model_dump(mode="json", by_alias=True, exclude={"nets"})
+        data = self.model_dump(mode="json", by_alias=True)
         data.pop("NETS", None)
         for key in ("DATABASE_URL", "BROKER_URL"):
             data[key] = redact_url(str(data[key]))
@@ -263,7 +270,7 @@ class Settings(BaseSettings):
 
 def redact_url(url: str) -> str:
     """Mask the password in a URL such as postgresql://user:secret@host/db."""
-    return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1***@", url)
+    return re.sub(r"(://[^:/@]*:)[^@]+@", r"\1***@", url)
 
 
 def load_settings(**overrides: Any) -> Settings:

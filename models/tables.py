@@ -134,6 +134,8 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_state"))
     attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # Transient-error retries of this job's pipeline steps (all attempts), for metrics.
+    retries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     max_attempts: Mapped[int] = mapped_column(Integer)
     submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
@@ -173,6 +175,7 @@ class Job(Base):
             priority=priority,
             state=JobState.QUEUED,
             attempts=0,
+            retries=0,
             max_attempts=max_attempts,
             created_at=now,
             state_changed_at=now,

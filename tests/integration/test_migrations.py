@@ -1,0 +1,63 @@
+"""Migrations: upgrade head on empty PostgreSQL and SQLite, downgrade to base, no drift."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import make_url
+
+from app import migrate
+from tests.fixtures.db import PG_ADMIN_URL
+
+pytestmark = pytest.mark.integration
+
+TABLES = {"nets", "jobs", "job_events", "net_events", "scale_events", "alembic_version"}
+
+
+@pytest.fixture
+def empty_pg():
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"fld_mig_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'm.db'}"
+    return request.getfixturevalue("empty_pg")
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_check_downgrade_upgrade(empty_db):
+    migrate.upgrade(empty_db)
+    assert _tables(empty_db) == TABLES
+    migrate.check(empty_db)  # raises on any drift between models and migrations
+    migrate.downgrade(empty_db, "base")
+    assert _tables(empty_db) == {"alembic_version"}
+    migrate.upgrade(empty_db)
+    assert _tables(empty_db) == TABLES
+
+
+def test_partial_unique_index_exists_after_migration(empty_db):
+    migrate.upgrade(empty_db)
+    engine = create_engine(empty_db)
+    try:
+        indexes = {i["name"]: i for i in inspect(engine).get_indexes("jobs")}
+    finally:
+        engine.dispose()
+    assert indexes["uq_jobs_one_active_per_net"]["unique"]

@@ -1,0 +1,160 @@
+"""The SQL guarantees, on the machine's real PostgreSQL with committed rows and real
+concurrent connections."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError
+
+from app import services
+from app.schemas import EnqueueJob
+from models import Job, JobState, Net, NetState
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def db(pg_factory, settings, clock):
+    with pg_factory.begin() as session:
+        services.sync_nets(session, settings, clock())
+    return pg_factory
+
+
+def enqueue(db, settings, clock, key, **kw):
+    with db.begin() as session:
+        return services.enqueue_job(
+            session,
+            settings,
+            EnqueueJob(caller_key=key, definition="tiny-job", required_sites=["s"], **kw),
+            clock(),
+        ).job_id
+
+
+def race(db, settings, clock, n=2):
+    """Open n transactions that each claim, hold their locks until all have claimed, then
+    commit: a real overlap, not two claims one after the other."""
+    barrier = threading.Barrier(n, timeout=10)
+    results: list[object] = [None] * n
+    errors: list[BaseException] = []
+
+    def claim(i: int) -> None:
+        try:
+            with db.begin() as session:
+                session.execute(text("SELECT 1"))
+                barrier.wait()  # both transactions are open
+                results[i] = services.assign_next_job(session, settings, clock())
+                barrier.wait()  # both have claimed while holding their row locks
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+def test_two_claimers_racing_for_one_job_get_one_winner(db, settings, clock):
+    job_id = enqueue(db, settings, clock, "only")
+    results = race(db, settings, clock)
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    assert winners[0].job_id == job_id
+    with db() as session:
+        assert session.get(Job, job_id).state == JobState.ASSIGNED
+
+
+def test_two_jobs_racing_for_one_net_one_assigned_other_queued(db, settings, clock):
+    first = enqueue(db, settings, clock, "a", net="net-a")
+    second = enqueue(db, settings, clock, "b", net="net-a")
+    results = race(db, settings, clock)
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    with db() as session:
+        assert {session.get(Job, first).state, session.get(Job, second).state} == {
+            JobState.ASSIGNED,
+            JobState.QUEUED,
+        }
+        assert session.get(Net, "net-a").state == NetState.STARTING
+
+
+def test_many_claimers_many_jobs_each_net_gets_at_most_one(db, settings, clock):
+    ids = [enqueue(db, settings, clock, f"j{i}") for i in range(5)]
+    results = race(db, settings, clock, n=4)
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 2  # two nets
+    assert len({w.net_name for w in winners}) == 2
+    assert len({w.job_id for w in winners}) == 2
+    with db() as session:
+        assigned = session.scalars(select(Job).where(Job.state == JobState.ASSIGNED)).all()
+        assert {j.id for j in assigned} <= set(ids)
+        assert len(assigned) == 2
+
+
+def test_one_active_job_per_net_is_enforced_by_the_database(db, settings, clock, pg_engine):
+    enqueue(db, settings, clock, "a", net="net-a")
+    with db.begin() as session:
+        services.assign_next_job(session, settings, clock())
+    # Bypass the application entirely: a raw INSERT of a second active job on net-a.
+    with pytest.raises(IntegrityError, match="uq_jobs_one_active_per_net"), pg_engine.begin() as c:
+        c.execute(
+            text(
+                "INSERT INTO jobs (id, caller_key, definition, required_sites, net_name, "
+                "priority, state, attempts, max_attempts, created_at, state_changed_at, version)"
+                " VALUES (:id, 'raw', 'x', '[]', 'net-a', 0, 'RUNNING', 0, 3, now(), now(), 1)"
+            ),
+            {"id": uuid.uuid4()},
+        )
+    # A finished job on the same net is fine: only active states count.
+    with pg_engine.begin() as c:
+        c.execute(
+            text(
+                "INSERT INTO jobs (id, caller_key, definition, required_sites, net_name, "
+                "priority, state, attempts, max_attempts, created_at, state_changed_at, version)"
+                " VALUES (:id, 'raw2', 'x', '[]', 'net-a', 0, 'COMPLETED', 0, 3, now(), now(), 1)"
+            ),
+            {"id": uuid.uuid4()},
+        )
+
+
+def test_enqueue_same_caller_key_twice_concurrently_returns_one_job(db, settings, clock):
+    barrier = threading.Barrier(2, timeout=10)
+    results: list[object] = [None, None]
+
+    def go(i: int) -> None:
+        with db.begin() as session:
+            session.execute(text("SELECT 1"))
+            barrier.wait()
+            results[i] = services.enqueue_job(
+                session,
+                settings,
+                EnqueueJob(caller_key="same", definition="tiny-job", required_sites=["s"]),
+                clock(),
+            )
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0].job_id == results[1].job_id
+    assert sorted([results[0].created, results[1].created]) == [False, True]
+    with db() as session:
+        assert len(session.scalars(select(Job)).all()) == 1
+
+
+def test_a_stale_writer_cannot_overwrite_a_newer_state(db, settings, clock):
+    job_id = enqueue(db, settings, clock, "v")
+    with db() as stale:
+        stale_job = stale.get(Job, job_id)
+        with db.begin() as fresh:
+            services.abort_job(fresh, job_id, "user", clock())
+        stale_job.priority = 9
+        with pytest.raises(Exception, match="expected to update 1 row"):
+            stale.commit()

@@ -1,0 +1,145 @@
+"""One Settings: the PER_JOB_FL_SERVER matrix, nets validated in full, redaction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.errors import SettingsError
+from app.settings import load_settings, parse_flag
+from tests.fixtures.db import net_decl
+
+TRUE_VALUES = ["true", "TRUE", "True", " true ", "1", "yes", "YES", "on", "On", "\ttrue\n"]
+FALSE_VALUES = ["false", "FALSE", "0", "no", "No", "off", "OFF", "  off  "]
+INVALID_VALUES = ["maybe", "2", "y", "n", "t", "truee", "enabled", "-1", "true false"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch, tmp_path):
+    for var in ("PER_JOB_FL_SERVER", "NETS", "NETS_FILE", "DATABASE_URL", "BROKER_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "data"))
+
+
+@pytest.mark.parametrize("raw", TRUE_VALUES)
+def test_flag_true(raw, monkeypatch):
+    monkeypatch.setenv("PER_JOB_FL_SERVER", raw)
+    assert load_settings().per_job_fl_server is True
+
+
+@pytest.mark.parametrize("raw", FALSE_VALUES)
+def test_flag_false(raw, monkeypatch):
+    monkeypatch.setenv("PER_JOB_FL_SERVER", raw)
+    assert load_settings().per_job_fl_server is False
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_flag_empty_means_default(raw, monkeypatch):
+    # A Makefile `export PER_JOB_FL_SERVER=` of a commented-out value yields exactly this.
+    monkeypatch.setenv("PER_JOB_FL_SERVER", raw)
+    assert load_settings().per_job_fl_server is False
+
+
+def test_flag_unset_means_default():
+    assert load_settings().per_job_fl_server is False
+
+
+@pytest.mark.parametrize("raw", INVALID_VALUES)
+def test_flag_invalid_stops_with_a_clear_message(raw, monkeypatch):
+    monkeypatch.setenv("PER_JOB_FL_SERVER", raw)
+    with pytest.raises(SettingsError) as exc:
+        load_settings()
+    message = str(exc.value)
+    assert "PER_JOB_FL_SERVER" in message
+    assert "true/false, 1/0, yes/no, on/off" in message
+
+
+def test_parse_flag_is_the_one_parser_for_every_flag():
+    assert parse_flag("X", " YeS ", default=False) is True
+    assert parse_flag("X", "", default=True) is True
+    with pytest.raises(SettingsError, match="X="):
+        parse_flag("X", "nope", default=True)
+
+
+def test_two_nets_fully_configured(tmp_path, monkeypatch):
+    nets = [net_decl(tmp_path, "net-a", "ecs"), net_decl(tmp_path, "net-b", "local")]
+    nets[1]["per_job_fl_server"] = "on"
+    monkeypatch.setenv("NETS", json.dumps(nets))
+    settings = load_settings()
+    assert [n.name for n in settings.nets] == ["net-a", "net-b"]
+    a, b = settings.nets
+    assert a.driver.kind == "ecs" and b.driver.kind == "local"
+    assert a.required_sites == b.required_sites == ("site-1", "site-2")
+    # Flag off globally: net-a is always-on, net-b's override makes it scale per job.
+    assert settings.is_always_on(a) is True
+    assert settings.is_always_on(b) is False
+
+
+@pytest.mark.parametrize(
+    ("field", "mutate", "needle"),
+    [
+        ("driver.ecs.cluster", lambda n: n["driver"].pop("cluster"), "driver.ecs.cluster"),
+        ("admin", lambda n: n.pop("admin"), "'admin'"),
+        ("admin.username", lambda n: n["admin"].pop("username"), "admin.username"),
+        ("admin.kit_dir", lambda n: n["admin"].update(kit_dir="/nonexistent"), "admin.kit_dir"),
+        ("driver.kind", lambda n: n["driver"].update(kind="k8s"), "driver"),
+        ("ready_timeout_s", lambda n: n.update(ready_timeout_s=-1), "ready_timeout_s"),
+        ("unknown", lambda n: n.update(idle_timout_s=5), "idle_timout_s"),
+    ],
+)
+def test_a_net_missing_a_field_is_named(field, mutate, needle, tmp_path, monkeypatch):
+    good = net_decl(tmp_path, "net-a", "ecs")
+    bad = net_decl(tmp_path, "net-b", "ecs")
+    mutate(bad)
+    monkeypatch.setenv("NETS", json.dumps([good, bad]))
+    with pytest.raises(SettingsError) as exc:
+        load_settings()
+    assert "net 'net-b'" in str(exc.value)
+    assert needle in str(exc.value)
+
+
+def test_nets_file_toml(tmp_path, monkeypatch):
+    decl = net_decl(tmp_path, "net-a", "ecs")
+    path = tmp_path / "nets.toml"
+    path.write_text(
+        f"""
+[[nets]]
+name = "net-a"
+idle_timeout_s = 30
+required_sites = ["site-1"]
+[nets.driver]
+kind = "ecs"
+region = "eu-west-2"
+cluster = "flip"
+service = "fl-server-a"
+[nets.admin]
+kit_dir = "{decl["admin"]["kit_dir"]}"
+username = "admin@flip"
+"""
+    )
+    monkeypatch.setenv("NETS_FILE", str(path))
+    settings = load_settings()
+    assert settings.net("net-a").idle_timeout_s == 30
+
+
+def test_duplicate_net_names_rejected(tmp_path, monkeypatch):
+    monkeypatch.setenv("NETS", json.dumps([net_decl(tmp_path, "a"), net_decl(tmp_path, "a")]))
+    with pytest.raises(SettingsError, match="unique"):
+        load_settings()
+
+
+def test_embedded_defaults_need_no_server(tmp_path):
+    settings = load_settings()
+    assert settings.database_url == f"sqlite:///{tmp_path / 'data' / 'fl-dispatcher.db'}"
+    assert settings.broker_url.startswith("sqla+sqlite:///")
+
+
+def test_redacted_hides_passwords_and_secrets(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://fl:hunter2@db:5432/fl")
+    monkeypatch.setenv("BROKER_URL", "redis://:s3cret@redis:6379/0")
+    monkeypatch.setenv("API_SECRET", "topsecret")
+    text = json.dumps(load_settings().redacted())
+    for secret in ("hunter2", "s3cret", "topsecret"):
+        assert secret not in text
+    assert "fl:***@db" in text
