@@ -77,6 +77,7 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column("attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("retries", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("max_attempts", sa.Integer(), nullable=False),
         sa.Column("submit_token", sa.String(length=80), nullable=True),
         sa.Column("nvflare_job_id", sa.String(length=80), nullable=True),
