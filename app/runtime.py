@@ -1,0 +1,85 @@
+"""Per-process wiring: settings, the database, and one driver and admin client per net.
+
+Built once per process (worker child, beat, status API, CLI) and passed to use cases.
+Adapters are created lazily, so a process that never touches a net never builds its
+boto3 client or NVFLARE session, and a forked worker child builds its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.admin import AdminClient
+from app.db import make_engine, session_factory
+from app.drivers import ScaleDriver, build_driver
+from app.settings import NetConfig, Settings
+from models import utcnow
+
+log = logging.getLogger(__name__)
+
+DriverFactory = Callable[[NetConfig, Settings], ScaleDriver]
+AdminFactory = Callable[[NetConfig, Settings], AdminClient]
+
+
+def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
+    from app.nvflare_admin import build_admin_client
+
+    return build_admin_client(net, settings)
+
+
+@dataclass
+class Runtime:
+    """What a process needs to run use cases; adapters are injectable for unit tests."""
+
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    clock: Callable[[], datetime] = utcnow
+    driver_factory: DriverFactory = build_driver
+    admin_factory: AdminFactory = _build_admin
+    _drivers: dict[str, ScaleDriver] = field(default_factory=dict)
+    _admins: dict[str, AdminClient] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: object) -> Runtime:
+        """Wire a runtime for `settings` (one engine per process)."""
+        engine = make_engine(settings.database_url)
+        return cls(settings=settings, engine=engine, sessions=session_factory(engine), **overrides)  # type: ignore[arg-type]
+
+    def driver(self, net_name: str) -> ScaleDriver:
+        """The net's scale driver, built on first use."""
+        with self._lock:
+            if net_name not in self._drivers:
+                self._drivers[net_name] = self.driver_factory(
+                    self.settings.net(net_name), self.settings
+                )
+            return self._drivers[net_name]
+
+    def admin(self, net_name: str) -> AdminClient:
+        """The net's admin client, built on first use (it connects lazily itself)."""
+        with self._lock:
+            if net_name not in self._admins:
+                self._admins[net_name] = self.admin_factory(
+                    self.settings.net(net_name), self.settings
+                )
+            return self._admins[net_name]
+
+    def close(self) -> None:
+        """Close every admin session and the engine, so the process exits promptly."""
+        with self._lock:
+            admins = list(self._admins.values())
+            self._admins.clear()
+        for client in admins:
+            try:
+                client.close()
+            except Exception:  # closing must never stop the others from closing
+                log.exception("closing an admin client failed")
+        self.engine.dispose()
