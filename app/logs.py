@@ -1,0 +1,155 @@
+"""Logging for every process: plain lines for a terminal, JSON lines for a log pipeline.
+
+Use cases log with `extra={"net": ..., "job": ..., "reason": ...}`; the JSON formatter puts
+those keys next to the standard fields, so a log query can filter on a net or a job. A
+redacting filter on the handler masks the configured secrets wherever they would appear.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from app.errors import SettingsError
+from app.settings import Settings, redact_url
+
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_RECORD_FIELDS = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
+    | {"message", "asctime", "taskName"}
+)
+# Extra keys whose values are never logged, whatever the code passes.
+_SECRET_KEY_PARTS = ("secret", "password", "passwd", "api_key", "apikey", "token", "authorization")
+MASK = "***"
+
+
+def _is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    # submit_token is a job id with an attempt number, not a credential.
+    return lowered != "submit_token" and any(part in lowered for part in _SECRET_KEY_PARTS)
+
+
+class RedactingFilter(logging.Filter):
+    """Masks known secret values and URL passwords in the message and in extra fields."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        # Longest first, so a secret that contains another is masked whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def _clean(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return redact_url(text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # Render the message once, with its arguments, so a secret passed as an argument
+        # is masked too; the record then carries no arguments.
+        record.msg = self._clean(record.getMessage())
+        record.args = None
+        for key, value in list(record.__dict__.items()):
+            if key in _RECORD_FIELDS:
+                continue
+            if _is_secret_key(key):
+                record.__dict__[key] = MASK
+            elif isinstance(value, str):
+                record.__dict__[key] = self._clean(value)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._clean(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = self._clean(record.exc_text)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, the `extra` keys, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "process": record.process,
+            "thread": record.threadName,
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and key not in data:
+                data[key] = value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            data["exc"] = record.exc_text
+        if record.stack_info:
+            data["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(data, default=str)
+
+
+class PlainFormatter(logging.Formatter):
+    """A readable line; `extra` keys follow the message as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = [
+            f"{key}={value}" for key, value in record.__dict__.items() if key not in _RECORD_FIELDS
+        ]
+        if not extras:
+            return line
+        head, sep, tail = line.partition("\n")  # keep a traceback below the key=values
+        return f"{head} [{' '.join(extras)}]{sep}{tail}"
+
+
+def secret_values(settings: Settings) -> list[str]:
+    """Every configured secret, as the strings that must never reach a log line."""
+    values = [settings.api_secret.get_secret_value(), settings.flower_basic_auth.get_secret_value()]
+    # FLOWER_BASIC_AUTH is user:password[,user:password]; mask each password on its own too.
+    for pair in settings.flower_basic_auth.get_secret_value().split(","):
+        values.append(pair.partition(":")[2])
+    for url in (settings.database_url, settings.broker_url):
+        values.extend(_url_password(url))
+    return [v for v in values if v]
+
+
+def _url_password(url: str) -> list[str]:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        password = make_url(url).password
+    except (ArgumentError, ValueError):
+        return []
+    return [str(password)] if password else []
+
+
+def configure_logging(settings: Settings, stream: Any = None) -> logging.Handler:
+    """Send every logger to stderr (or `stream`) as plain or JSON lines; returns the handler.
+
+    Idempotent: a second call replaces the handler installed by the first.
+    """
+    level = logging.getLevelName(settings.log_level.strip().upper())
+    if not isinstance(level, int):
+        raise SettingsError(
+            f"LOG_LEVEL={settings.log_level!r} is not a level; "
+            "use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_json else PlainFormatter())
+    handler.addFilter(RedactingFilter(secret_values(settings)))
+    handler.set_name("fl-dispatcher")
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == "fl-dispatcher"]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # uvicorn and celery install their own handlers unless told otherwise; route theirs here.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    return handler
