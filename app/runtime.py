@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Protocol
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -34,6 +35,34 @@ def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
     return build_admin_client(net, settings)
 
 
+class Outbox(Protocol):
+    """Where use cases send follow-up work after their transaction has committed."""
+
+    def send(self, task: str, **kwargs: Any) -> None:
+        """Send one task by name with JSON kwargs."""
+        ...
+
+    def start_pipeline(self, job_id: str, net_name: str) -> None:
+        """Start scale_up -> wait_ready -> dispatch for a claimed job."""
+        ...
+
+
+@dataclass
+class RecordingOutbox:
+    """Keeps what would have been sent: the default until a Celery app is wired, and the
+    outbox of unit tests. Losing a message loses nothing: the reconciler finds the row."""
+
+    sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def send(self, task: str, **kwargs: Any) -> None:
+        """Record a task send."""
+        self.sent.append((task, kwargs))
+
+    def start_pipeline(self, job_id: str, net_name: str) -> None:
+        """Record a pipeline start."""
+        self.sent.append(("pipeline", {"job_id": job_id, "net_name": net_name}))
+
+
 @dataclass
 class Runtime:
     """What a process needs to run use cases; adapters are injectable for unit tests."""
@@ -44,6 +73,7 @@ class Runtime:
     clock: Callable[[], datetime] = utcnow
     driver_factory: DriverFactory = build_driver
     admin_factory: AdminFactory = _build_admin
+    outbox: Outbox = field(default_factory=RecordingOutbox)
     _drivers: dict[str, ScaleDriver] = field(default_factory=dict)
     _admins: dict[str, AdminClient] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -71,6 +101,13 @@ class Runtime:
                     self.settings.net(net_name), self.settings
                 )
             return self._admins[net_name]
+
+    def forget_admin(self, net_name: str) -> None:
+        """Close and drop the net's admin client if one exists (its server is going away)."""
+        with self._lock:
+            client = self._admins.pop(net_name, None)
+        if client is not None:
+            client.close()
 
     def close(self) -> None:
         """Close every admin session and the engine, so the process exits promptly."""

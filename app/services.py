@@ -34,6 +34,16 @@ from models import (
 
 log = logging.getLogger(__name__)
 
+# Job ids are derived from flip-api's key, so a caller knows the id without waiting for a
+# reply (Celery results are not used) and a repeated enqueue names the same job.
+JOB_ID_NAMESPACE = uuid.UUID("5b0f7c1e-7d2a-4f3c-9a57-3f1e2d9b8c41")
+
+
+def job_id_for(caller_key: str) -> uuid.UUID:
+    """The job id that enqueueing `caller_key` creates (stable across processes)."""
+    return uuid.uuid5(JOB_ID_NAMESPACE, caller_key)
+
+
 _S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\0]+$")
 
 
@@ -55,11 +65,13 @@ class Assignment:
     net_state: NetState  # the net's state after the claim: STARTING needs a scale-up
 
 
-def sync_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
+def sync_nets(
+    session: Session, settings: Settings, now: datetime, *, at_start: bool = False
+) -> list[str]:
     """Make sure every configured net has a row; returns the names it created.
 
-    A MISCONFIGURED net is reset to STOPPED: settings are validated at every start, so a
-    restart after a fix is the human saying "try again".
+    At process start (`at_start`) a MISCONFIGURED net is reset to STOPPED: settings are
+    validated at every start, so a restart after a fix is the human saying "try again".
     """
     existing = {n.name: n for n in session.scalars(select(Net).with_for_update())}
     created = []
@@ -68,7 +80,7 @@ def sync_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
         if net is None:
             session.add(Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now))
             created.append(net_config.name)
-        elif net.state == NetState.MISCONFIGURED:
+        elif at_start and net.state == NetState.MISCONFIGURED:
             net.transition(NetState.STOPPED, now, "settings reloaded at start")
             net.last_error = None
     return created
@@ -138,6 +150,7 @@ def enqueue_job(
         priority=request.priority,
         max_attempts=request.max_attempts or settings.max_attempts,
         now=now,
+        job_id=job_id_for(request.caller_key),
     )
     try:
         # A savepoint, so losing a race on the caller key leaves the outer transaction usable.

@@ -164,10 +164,11 @@ class Job(Base):
         priority: int,
         max_attempts: int,
         now: datetime,
+        job_id: uuid.UUID | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
         job = cls(
-            id=uuid.uuid4(),
+            id=job_id or uuid.uuid4(),
             caller_key=caller_key,
             definition=definition,
             required_sites=required_sites,

@@ -1,0 +1,144 @@
+"""The Celery app: its configuration is derived from Settings, never written by hand.
+
+JSON only, explicit dotted task names, late acks with requeue on a lost worker, prefetch 1,
+no result backend (the SQL tables are the job store), and one beat schedule.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery, chain
+
+from app.settings import Settings
+
+# Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with jitter,
+# capped, bounded in count; what is left after that is a requeue, never a delete.
+RETRY_BACKOFF_S = 2
+RETRY_BACKOFF_MAX_S = 60
+RETRY_MAX = 6
+PIPELINE_SOFT_LIMIT_S = 300
+PIPELINE_HARD_LIMIT_S = 360
+HOUSEKEEPING_SOFT_LIMIT_S = 600
+HOUSEKEEPING_HARD_LIMIT_S = 660
+# Longer than any countdown or ETA we use, so Redis never redelivers a task that is only
+# waiting for its retry time (kombu's default is 1 h; ours stays well above the caps).
+VISIBILITY_TIMEOUT_S = 2 * 3600
+
+celery = Celery("fl_dispatcher", include=["tasks.pipeline", "tasks.housekeeping", "tasks.public"])
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The one housekeeping schedule; each entry expires before the next one is due."""
+    every = settings.housekeeping_interval_s
+
+    def entry(name: str, seconds: float) -> dict[str, Any]:
+        return {
+            "task": f"fl_dispatcher.{name}",
+            "schedule": timedelta(seconds=seconds),
+            "options": {"expires": seconds},
+        }
+
+    return {
+        "assign-next-job": entry("assign_next_job", every),
+        "scale-down-idle-nets": entry("scale_down_idle_nets", every),
+        "monitor-running-jobs": entry("monitor_running_jobs", every),
+        "reconcile": entry("reconcile", every * 2),
+        "keep-alive-busy-nets": entry("keep_alive_busy_nets", settings.keep_alive_interval_s),
+    }
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings derived from ours."""
+    transport_options: dict[str, Any] = {}
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        transport_options = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    # kombu's SQLAlchemy transport hands broker_transport_options to create_engine (checked
+    # with Celery 5.7), so transport knobs such as polling_interval must not go there.
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport_options,
+        "broker_connection_retry_on_startup": True,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": "fl_dispatcher",
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,  # Flower shows tasks live
+        "worker_hijack_root_logger": False,
+        "beat_schedule": beat_schedule(settings),
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+
+
+def configure(settings: Settings) -> Celery:
+    """Apply Settings to the shared app (once per process)."""
+    celery.conf.update(celery_config(settings))
+    return celery
+
+
+class CeleryOutbox:
+    """Sends follow-up tasks by name, so use cases need no task imports."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, task: str, **kwargs: Any) -> None:
+        """Send one task by name with JSON kwargs."""
+        self.app.send_task(task, kwargs=kwargs)
+
+    def start_pipeline(self, job_id: str, net_name: str) -> None:
+        """scale_up -> wait_ready -> dispatch as one chain of immutable signatures."""
+        ids = {"job_id": job_id, "net_name": net_name}
+        chain(
+            self.app.signature("fl_dispatcher.scale_up", kwargs=ids, immutable=True),
+            self.app.signature("fl_dispatcher.wait_ready", kwargs=ids, immutable=True),
+            self.app.signature("fl_dispatcher.dispatch", kwargs={"job_id": job_id}, immutable=True),
+        ).apply_async()
+
+
+def run_worker(
+    settings: Settings, *, concurrency: int = 2, beat: bool = False, loglevel: str | None = None
+) -> None:
+    """Run a worker in this process (with an embedded beat if asked: one beat in total)."""
+    from app.db import make_engine, session_factory, unit_of_work
+    from app.services import sync_nets
+    from models import utcnow
+
+    engine = make_engine(settings.database_url)
+    with unit_of_work(session_factory(engine)) as session:
+        sync_nets(session, settings, utcnow(), at_start=True)
+    engine.dispose()
+    app = configure(settings)
+    argv = [
+        "worker",
+        f"--loglevel={loglevel or settings.log_level}",
+        f"--concurrency={concurrency}",
+        f"--hostname=fl-dispatcher-{uuid.uuid4().hex[:6]}@%h",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if beat:
+        argv += ["--beat", f"--schedule={settings.data_dir.resolve() / 'celerybeat-schedule'}"]
+    app.worker_main(argv)
+
+
+def run_beat(settings: Settings, *, loglevel: str | None = None) -> None:
+    """Run the one beat of the deployment in this process."""
+    app = configure(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app.start(
+        [
+            "beat",
+            f"--loglevel={loglevel or settings.log_level}",
+            f"--schedule={settings.data_dir.resolve() / 'celerybeat-schedule'}",
+        ]
+    )

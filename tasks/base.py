@@ -1,0 +1,125 @@
+"""The one task base: defaults every task shares, the per-process runtime, and the rule
+that only classified transient errors are retried and that running out of retries requeues
+the job instead of losing it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from celery import Task
+
+from app.celery_app import (
+    PIPELINE_HARD_LIMIT_S,
+    PIPELINE_SOFT_LIMIT_S,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_S,
+    RETRY_MAX,
+    CeleryOutbox,
+    celery,
+    configure,
+)
+from app.errors import TransientError
+from app.runtime import Runtime
+from app.settings import load_settings
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _ProcessRuntime:
+    """Holds this process's runtime, built on first use (after the worker's fork, so each
+    child has its own database pool and NVFLARE sessions)."""
+
+    def __init__(self) -> None:
+        self.current: Runtime | None = None
+        self.lock = threading.Lock()
+
+
+_process = _ProcessRuntime()
+
+
+def runtime() -> Runtime:
+    """This process's runtime."""
+    with _process.lock:
+        if _process.current is None:
+            settings = load_settings()
+            configure(settings)
+            _process.current = Runtime.from_settings(settings, outbox=CeleryOutbox(celery))
+        return _process.current
+
+
+def set_runtime(rt: Runtime | None) -> None:
+    """Replace the process runtime (tests; a worker never calls this)."""
+    with _process.lock:
+        _process.current = rt
+
+
+class DispatcherTask(Task):  # type: ignore[misc]
+    """Late ack + requeue on a lost worker, no stored result; see `dispatcher_task`."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    ignore_result = True
+    typing = True
+
+    def on_retry(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        """Count the retry on the job it belongs to (a metric)."""
+        job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
+        if job_id and isinstance(exc, TransientError):
+            from app.pipeline import count_retry
+
+            count_retry(runtime(), uuid.UUID(job_id))
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        """Out of retries on a transient error: requeue the job, never drop it."""
+        job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
+        if job_id and isinstance(exc, TransientError) and self.name in PIPELINE_TASKS:
+            from app.pipeline import requeue_after_transient
+
+            log.warning(
+                "retries exhausted; requeueing",
+                extra={"job": job_id, "task": self.name, "reason": str(exc)},
+            )
+            requeue_after_transient(
+                runtime(), uuid.UUID(job_id), f"{self.name}: retries exhausted: {exc}"
+            )
+
+
+PIPELINE_TASKS: set[str] = set()
+
+
+def dispatcher_task(name: str, *, pipeline: bool = False, **options: Any) -> Callable[[F], F]:
+    """Register a task as `fl_dispatcher.<name>` with the project's defaults.
+
+    Pipeline steps also autoretry classified transient errors (backoff, jitter, cap, count);
+    anything else fails at once and loudly. A blanket retry on Exception would turn a
+    misconfiguration into an endless loop.
+    """
+    full_name = f"fl_dispatcher.{name}"
+    defaults: dict[str, Any] = {
+        "name": full_name,
+        "base": DispatcherTask,
+        "bind": True,
+        "soft_time_limit": PIPELINE_SOFT_LIMIT_S,
+        "time_limit": PIPELINE_HARD_LIMIT_S,
+    }
+    if pipeline:
+        PIPELINE_TASKS.add(full_name)
+        defaults |= {
+            "autoretry_for": (TransientError,),
+            "retry_backoff": RETRY_BACKOFF_S,
+            "retry_backoff_max": RETRY_BACKOFF_MAX_S,
+            "retry_jitter": True,
+            "max_retries": RETRY_MAX,
+        }
+    defaults |= options
+    decorator: Callable[[F], F] = celery.task(**defaults)
+    return decorator
