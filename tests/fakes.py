@@ -1,0 +1,127 @@
+"""Fakes of the two adapters, for fast unit tests of use cases and tasks ONLY.
+
+Everything about connecting, readiness, submit and abort is pinned against a real NVFLARE
+server in tests/integration; these fakes only let the branching logic run in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.admin import AbortOutcome, AbortResult, Readiness, ServerState
+from app.drivers.base import Observation
+from app.errors import ServerUnavailable
+
+
+@dataclass
+class FakeDriver:
+    """A platform that does what it is told at once (or raises what the test sets)."""
+
+    kind: str = "fake"
+    replicas: int = 0
+    calls: list[int] = field(default_factory=list)
+    fail_with: Exception | None = None
+    failure: str | None = None
+
+    def scale(self, replicas: int) -> None:
+        self.calls.append(replicas)
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.replicas = replicas
+
+    def observe(self) -> Observation:
+        if self.fail_with is not None:
+            raise self.fail_with
+        return Observation(self.replicas, self.replicas, 0, self.failure)
+
+
+@dataclass
+class FakeServer:
+    """One net's NVFLARE server as the test sets it; it is down while `driver` says 0."""
+
+    driver: FakeDriver | None = None
+    up: bool = True
+    sites: list[str] = field(default_factory=lambda: ["site-1", "site-2"])
+    start_time: float = 1000.0
+    statuses: dict[str, str] = field(default_factory=dict)
+    submitted: dict[str, str] = field(default_factory=dict)  # token -> nvflare id
+    submit_error: Exception | None = None
+    aborted: list[str] = field(default_factory=list)
+    pings: int = 0
+    on_submit: Callable[[], object] | None = None  # runs while a submit is "on the wire"
+
+    def alive(self) -> bool:
+        return self.up and (self.driver is None or self.driver.replicas > 0)
+
+
+@dataclass
+class FakeAdmin:
+    """An admin client of a FakeServer; `closed` counts close() calls."""
+
+    server: FakeServer
+    closed: int = 0
+    connected: bool = False
+
+    def _require(self) -> FakeServer:
+        if not self.server.alive():
+            self.connected = False
+            raise ServerUnavailable("fake server down")
+        self.connected = True
+        return self.server
+
+    def server_state(self) -> ServerState:
+        return ServerState.STARTED if self.server.alive() else ServerState.UNREACHABLE
+
+    def server_start_time(self) -> float:
+        return self._require().start_time
+
+    def connected_sites(self) -> list[str]:
+        return list(self._require().sites)
+
+    def is_ready(self, required_sites: Sequence[str]) -> Readiness:
+        if not self.server.alive():
+            return Readiness(False, ServerState.UNREACHABLE, detail="down")
+        missing = tuple(s for s in required_sites if s not in self.server.sites)
+        return Readiness(
+            not missing,
+            ServerState.STARTED,
+            tuple(self.server.sites),
+            missing,
+            server_start_time=self.server.start_time,
+        )
+
+    def submit(self, job_folder: Path, submit_token: str) -> str:
+        server = self._require()
+        if server.submit_error is not None:
+            raise server.submit_error
+        if server.on_submit is not None:
+            server.on_submit()
+        if submit_token not in server.submitted:
+            nvflare_id = f"nv-{len(server.submitted) + 1}"
+            server.submitted[submit_token] = nvflare_id
+            server.statuses[nvflare_id] = "RUNNING"
+        return server.submitted[submit_token]
+
+    def job_status(self, nvflare_job_id: str) -> str:
+        return self._require().statuses[nvflare_job_id]
+
+    def abort(self, nvflare_job_id: str) -> AbortResult:
+        if not self.server.alive():
+            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, "server down")
+        status = self.server.statuses.get(nvflare_job_id)
+        if status is None:
+            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, "unknown job")
+        if status.startswith("FINISHED"):
+            return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
+        self.server.aborted.append(nvflare_job_id)
+        self.server.statuses[nvflare_job_id] = "FINISHED:ABORTED"
+        return AbortResult(AbortOutcome.ABORTED)
+
+    def ping(self) -> None:
+        self._require().pings += 1
+
+    def close(self) -> None:
+        self.closed += 1
+        self.connected = False

@@ -1,0 +1,370 @@
+"""Pipeline and housekeeping branches with fake adapters on an embedded database."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from app import pipeline, services
+from app.admin import ServerState
+from app.errors import DriverMisconfigured, ServerUnavailable
+from app.pipeline import Step
+from app.runtime import RecordingOutbox, Runtime
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from models import Job, JobState, Net, NetState, ScaleEvent
+from tests.fakes import FakeAdmin, FakeDriver, FakeServer
+from tests.fixtures.db import net_decl
+
+
+class World:
+    """A runtime whose adapters are fakes the test can reach."""
+
+    def __init__(self, settings: Settings, sessions, clock) -> None:
+        self.drivers: dict[str, FakeDriver] = {}
+        self.servers: dict[str, FakeServer] = {}
+        self.admins_built: list[tuple[str, FakeAdmin]] = []
+        self.outbox = RecordingOutbox()
+        self.clock = clock
+        self.rt = Runtime(
+            settings=settings,
+            engine=sessions.kw["bind"],
+            sessions=sessions,
+            clock=clock,
+            driver_factory=lambda net, s: self.drivers.setdefault(net.name, FakeDriver()),
+            admin_factory=self._admin,
+            outbox=self.outbox,
+        )
+        with sessions.begin() as session:
+            services.sync_nets(session, settings, clock())
+
+    def _admin(self, net, settings):
+        admin = FakeAdmin(self.server(net.name))
+        self.admins_built.append((net.name, admin))
+        return admin
+
+    def server(self, name: str) -> FakeServer:
+        if name not in self.servers:
+            always_on = self.rt.settings.is_always_on(self.rt.settings.net(name))
+            driver = None if always_on else self.drivers.setdefault(name, FakeDriver())
+            self.servers[name] = FakeServer(driver=driver)
+        return self.servers[name]
+
+    def driver(self, name: str) -> FakeDriver:
+        return self.rt.driver(name)  # type: ignore[return-value]
+
+    def admin(self, name: str) -> FakeAdmin:
+        return self.rt.admin(name)  # type: ignore[return-value]
+
+    def enqueue(self, key: str, **kw) -> str:
+        self.clock.advance(1)  # distinct ages, so queue order is by age as in life
+        with self.rt.sessions.begin() as session:
+            return services.enqueue_job(
+                session,
+                self.rt.settings,
+                EnqueueJob(caller_key=key, definition="tiny-job", **kw),
+                self.clock(),
+            ).job_id
+
+    def job(self, job_id) -> Job:
+        with self.rt.sessions() as session:
+            return session.get(Job, job_id)
+
+    def net(self, name: str) -> Net:
+        with self.rt.sessions() as session:
+            return session.get(Net, name)
+
+    def run_pipeline(self, job_id) -> None:
+        """What the chain does, step by step."""
+        assignment = next(a for a in pipeline.assign_jobs(self.rt) if a.job_id == job_id)
+        assert pipeline.scale_up(self.rt, job_id, assignment.net_name).step == Step.DONE
+        assert pipeline.check_ready(self.rt, job_id, assignment.net_name).step == Step.DONE
+        assert pipeline.dispatch(self.rt, job_id).step == Step.DONE
+
+
+@pytest.fixture
+def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
+        net_decl(tmp_path, "fixed", "static"),
+    ]
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps(nets),
+        PER_JOB_FL_SERVER="true",
+        SERVER_LOST_GRACE_S=30,
+    )
+    return World(settings, sqlite_factory, clock)
+
+
+def test_cold_start_run_and_scale_to_zero(world):
+    job_id = world.enqueue("j1", net="net-a")
+    claimed = pipeline.assign_jobs(world.rt)
+    assert [(a.job_id, a.net_name) for a in claimed] == [(job_id, "net-a")]
+    assert world.outbox.sent == [("pipeline", {"job_id": str(job_id), "net_name": "net-a"})]
+    assert world.net("net-a").state == NetState.STARTING
+
+    assert pipeline.scale_up(world.rt, job_id, "net-a").step == Step.DONE
+    assert world.driver("net-a").calls == [1]
+    assert pipeline.check_ready(world.rt, job_id, "net-a").step == Step.DONE
+    assert world.net("net-a").state == NetState.READY
+    assert pipeline.dispatch(world.rt, job_id).step == Step.DONE
+    job = world.job(job_id)
+    assert (job.state, job.nvflare_job_id, job.submit_token) == (
+        JobState.RUNNING,
+        "nv-1",
+        f"{job_id}-0",
+    )
+    assert world.net("net-a").state == NetState.BUSY
+
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    pipeline.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.COMPLETED
+    assert world.net("net-a").state == NetState.READY
+
+    world.clock.advance(59)
+    assert pipeline.scale_down_idle_nets(world.rt) == []
+    world.clock.advance(2)
+    assert pipeline.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert world.net("net-a").state == NetState.STOPPED
+    assert world.driver("net-a").calls == [1, 0]
+    with world.rt.sessions() as session:
+        outcomes = [(e.action, e.outcome) for e in session.scalars(select(ScaleEvent))]
+    assert outcomes == [("scale_up", "ok"), ("scale_down", "ok")]
+
+
+def test_second_job_brings_the_server_back_with_a_fresh_admin_session(world):
+    first = world.enqueue("j1", net="net-a")
+    world.run_pipeline(first)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    pipeline.monitor_running_jobs(world.rt)
+    old_admin = world.admin("net-a")
+    world.clock.advance(61)
+    pipeline.scale_down_idle_nets(world.rt)
+    assert old_admin.closed == 1  # the admin client was dropped with the server
+
+    second = world.enqueue("j2", net="net-a")
+    world.run_pipeline(second)
+    assert world.admin("net-a") is not old_admin
+    assert world.job(second).state == JobState.RUNNING
+
+
+def test_back_to_back_jobs_reuse_the_warm_net(world):
+    first = world.enqueue("j1", net="net-a")
+    second = world.enqueue("j2", net="net-a")
+    world.run_pipeline(first)
+    assert pipeline.assign_jobs(world.rt) == []  # the net is busy
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    pipeline.monitor_running_jobs(world.rt)
+    world.run_pipeline(second)
+    assert world.driver("net-a").calls == [1]  # one scale-up for both jobs
+    assert world.job(second).state == JobState.RUNNING
+
+
+def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
+    job_id = world.enqueue("j1", net="net-a", required_sites=["site-9"])
+    pipeline.assign_jobs(world.rt)
+    pipeline.scale_up(world.rt, job_id, "net-a")
+    result = pipeline.check_ready(world.rt, job_id, "net-a")
+    assert result.step == Step.NOT_READY and "site-9" in result.detail
+    world.clock.advance(121)
+    assert pipeline.check_ready(world.rt, job_id, "net-a").step == Step.GAVE_UP
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 1)
+    assert world.net("net-a").state == NetState.UNHEALTHY
+    assert world.driver("net-a").calls == [1, 0]
+    pipeline.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
+    job_id = world.enqueue("j1", net="net-a")
+    pipeline.assign_jobs(world.rt)
+    pipeline.scale_up(world.rt, job_id, "net-a")
+    pipeline.check_ready(world.rt, job_id, "net-a")
+    admin = world.server("net-a")
+    admin.submit_error = ServerUnavailable("connection reset")
+    with pytest.raises(ServerUnavailable):
+        pipeline.dispatch(world.rt, job_id)
+    job = world.job(job_id)
+    assert (job.state, job.submit_token) == (JobState.DISPATCHING, f"{job_id}-0")
+    admin.submit_error = None
+    assert pipeline.dispatch(world.rt, job_id).step == Step.DONE
+    assert pipeline.dispatch(world.rt, job_id).step == Step.SKIPPED  # redelivered
+    assert admin.submitted == {f"{job_id}-0": "nv-1"}
+
+
+def test_retries_exhausted_requeues_and_never_deletes(world):
+    job_id = world.enqueue("j1", net="net-a")
+    pipeline.assign_jobs(world.rt)
+    assert pipeline.requeue_after_transient(world.rt, job_id, "dispatch: retries exhausted")
+    job = world.job(job_id)
+    assert (job.state, job.attempts, job.net_name) == (JobState.QUEUED, 1, None)
+    assert ("fl_dispatcher.assign_next_job", {}) in world.outbox.sent
+
+
+def test_misconfigured_driver_fails_loud_and_requeues(world):
+    job_id = world.enqueue("j1", net="net-a")
+    pipeline.assign_jobs(world.rt)
+    world.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a MISSING")
+    with pytest.raises(DriverMisconfigured):
+        pipeline.scale_up(world.rt, job_id, "net-a")
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.job(job_id).state == JobState.QUEUED
+    assert pipeline.assign_jobs(world.rt) == []  # never assigned to a misconfigured net
+
+
+def test_abort_in_every_phase(world):
+    queued = world.enqueue("q", net="net-a", priority=-1)
+    assert pipeline.abort(world.rt, queued, "user") == JobState.ABORTED
+
+    scaling = world.enqueue("s", net="net-a")
+    pipeline.assign_jobs(world.rt)
+    pipeline.scale_up(world.rt, scaling, "net-a")
+    assert pipeline.abort(world.rt, scaling, "user") == JobState.ABORTED
+    assert pipeline.check_ready(world.rt, scaling, "net-a").step == Step.SKIPPED
+    assert pipeline.dispatch(world.rt, scaling).step == Step.SKIPPED
+
+    running = world.enqueue("r", net="net-a")
+    world.run_pipeline(running)
+    assert pipeline.abort(world.rt, running, "user") == JobState.ABORTED
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert world.net("net-a").state == NetState.READY
+
+    down = world.enqueue("d", net="net-a")
+    world.run_pipeline(down)
+    world.server("net-a").up = False
+    assert pipeline.abort(world.rt, down, "user") == JobState.ABORTED  # nothing to abort
+    job = world.job(down)
+    assert job.state == JobState.ABORTED
+    assert world.net("net-a").state == NetState.READY
+
+
+def test_abort_while_submit_in_flight_aborts_the_run_when_it_lands(world):
+    job_id = world.enqueue("j", net="net-a")
+    pipeline.assign_jobs(world.rt)
+    pipeline.scale_up(world.rt, job_id, "net-a")
+    pipeline.check_ready(world.rt, job_id, "net-a")
+    # flip-api's abort arrives while the submit is on the wire.
+    world.server("net-a").on_submit = lambda: pipeline.abort(world.rt, job_id, "user")
+    pipeline.dispatch(world.rt, job_id)
+    assert world.job(job_id).state == JobState.ABORTING
+    assert ("fl_dispatcher.abort_on_server", {"job_id": str(job_id)}) in world.outbox.sent
+    assert pipeline.abort_on_server(world.rt, job_id) == JobState.ABORTED
+
+
+def test_server_restart_under_a_job_requeues_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").start_time = 2000.0  # restarted
+    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_server_gone_waits_the_grace_then_applies_the_policy(world, monkeypatch):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False
+    assert "unreachable" in pipeline.monitor_running_jobs(world.rt)[str(job_id)]
+    world.clock.advance(31)
+    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+
+
+def test_lost_policy_fail(world):
+    world.rt.settings = world.rt.settings.model_copy(update={"lost_job_policy": "fail"})
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:ABNORMAL"
+    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        ("FINISHED:COMPLETED", JobState.COMPLETED),
+        ("FINISHED:ABORTED", JobState.ABORTED),
+        ("FINISHED:EXECUTION_EXCEPTION", JobState.FAILED),
+        ("FINISHED:FAILED_TO_RUN", JobState.FAILED),
+        ("FINISHED:CAN_NOT_SCHEDULE", JobState.FAILED),
+        ("FINISHED:ABANDONED", JobState.QUEUED),
+        ("SUBMITTED", JobState.RUNNING),
+        ("RUNNING", JobState.RUNNING),
+    ],
+)
+def test_monitor_maps_nvflare_status(world, status, state):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = status
+    pipeline.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == state
+
+
+def test_idle_net_is_kept_while_a_job_waits_for_it(world):
+    first = world.enqueue("j1", net="net-a")
+    world.run_pipeline(first)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    pipeline.monitor_running_jobs(world.rt)
+    world.enqueue("j2", net="net-a")
+    world.clock.advance(600)
+    assert pipeline.scale_down_idle_nets(world.rt) == []
+    assert world.net("net-a").state == NetState.READY
+
+
+def test_keep_alive_pings_only_busy_nets(world):
+    assert pipeline.keep_alive_busy_nets(world.rt) == []
+    assert world.admins_built == []  # no admin client was even built for idle nets
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert pipeline.keep_alive_busy_nets(world.rt) == ["net-a"]
+    assert world.server("net-a").pings == 1
+    assert "fixed" not in {name for name, _ in world.admins_built}
+
+
+def test_always_on_net_is_never_scaled_and_reports_outage(world):
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    assert world.driver("fixed").calls == []
+    world.server("fixed").statuses["nv-1"] = "FINISHED:COMPLETED"
+    pipeline.monitor_running_jobs(world.rt)
+    world.clock.advance(10_000)
+    assert pipeline.scale_down_idle_nets(world.rt) == []
+    world.server("fixed").up = False
+    pipeline.reconcile(world.rt)
+    assert world.net("fixed").state == NetState.OUTAGE
+    world.server("fixed").up = True
+    pipeline.reconcile(world.rt)
+    assert world.net("fixed").state == NetState.READY
+    assert world.driver("fixed").calls == []
+    assert world.admin("fixed").server_state() == ServerState.STARTED
+
+
+def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
+    job_id = world.enqueue("j", net="net-a")
+    pipeline.assign_jobs(world.rt)  # the chain message is "lost": nothing runs it
+    world.clock.advance(120 + world.rt.settings.stuck_after_s + 1)
+    result = pipeline.reconcile(world.rt)
+    assert f"{job_id}: requeued" in result.redriven
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_reconcile_redrives_a_stuck_dispatch(world):
+    job_id = world.enqueue("j", net="net-a")
+    pipeline.assign_jobs(world.rt)
+    pipeline.scale_up(world.rt, job_id, "net-a")
+    pipeline.check_ready(world.rt, job_id, "net-a")
+    with world.rt.sessions.begin() as session:
+        session.get(Job, job_id).start_dispatch(world.clock())
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    pipeline.reconcile(world.rt)
+    assert ("fl_dispatcher.dispatch", {"job_id": str(job_id)}) in world.outbox.sent
+
+
+def test_reconcile_repairs_drift(world):
+    world.driver("net-a").replicas = 1  # a server runs although the net is STOPPED
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    result = pipeline.reconcile(world.rt)
+    assert any("drift" in r for r in result.repaired)
+    assert world.driver("net-a").replicas == 0
