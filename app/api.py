@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -115,17 +115,34 @@ def describe_error(exc: BaseException) -> str:
 
 
 class Prober:
-    """Runs probes in parallel on one pool, waiting at most a deadline for all of them.
+    """Runs probes in parallel, waiting at most a deadline for all of them.
 
+    Each probe runs on its own daemon thread rather than a ThreadPoolExecutor: an
+    executor's workers are joined at interpreter exit, so one admin login hung on a
+    black-holed address would keep `fl-dispatcher status` or a stopping API from exiting.
     A probe that overruns keeps its thread (Python cannot kill one); while it is still
-    running, the same key is not probed again, so a hung server holds at most one thread
-    per key instead of one per request.
+    running the same key is not probed again, so a hung server holds at most one thread per
+    key, not one per request. Probes never queue behind each other, so the response time
+    does not grow with the number of unreachable nets.
     """
 
-    def __init__(self, max_workers: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="probe")
+    def __init__(self) -> None:
         self._inflight: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _start(key: str, call: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+
+        def target() -> None:
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # noqa: BLE001 - what an executor does: the waiter reports it
+                future.set_exception(exc)
+
+        threading.Thread(target=target, name=f"probe {key}", daemon=True).start()
+        return future
 
     def run(
         self, calls: Mapping[str, Callable[[], Any]], timeout_s: float
@@ -142,9 +159,7 @@ class Prober:
                         error="probe timed out (previous probe still running)"
                     )
                     continue
-                future = self._pool.submit(call)
-                self._inflight[key] = future
-                started[key] = future
+                started[key] = self._inflight[key] = self._start(key, call)
         wait_futures(started.values(), timeout=max(0.0, deadline - time.monotonic()))
         for key, future in started.items():
             if not future.done():
@@ -155,9 +170,10 @@ class Prober:
                 results[key] = ProbeResult(value=future.result())
         return results
 
-    def close(self) -> None:
-        """Stop taking probes; a hung one is abandoned, not waited for."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def hung(self) -> list[str]:
+        """Keys whose last probe is still running."""
+        with self._lock:
+            return sorted(k for k, f in self._inflight.items() if not f.done())
 
 
 # --- read models shared by the API and the CLI ------------------------------------------
@@ -391,12 +407,12 @@ def create_app(
     send_task: SendTask | None = None,
     probe_timeout_s: float = PROBE_TIMEOUT_S,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    close_runtime: bool = False,
 ) -> FastAPI:
     """The status API for `runtime`. `send_task(name, kwargs)` sends a Celery task by name
-    (default: through `settings.broker_url`); tests pass a recorder."""
-    # Two probes per net (driver, admin) plus the readiness checks, so a probe hung on one
-    # key never leaves another net's probe queued behind it.
-    prober = Prober(max_workers=2 * len(runtime.settings.nets) + 4)
+    (default: through `settings.broker_url`); tests pass a recorder. `close_runtime`: the
+    app owns the runtime and closes its admin sessions and engine at shutdown."""
+    prober = Prober()
     ctx = _Context(
         runtime=runtime,
         send_task=send_task or celery_send_task(runtime.settings.broker_url),
@@ -408,7 +424,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        prober.close()
+        if close_runtime:
+            runtime.close()
 
     app = FastAPI(
         title="fl-dispatcher",
@@ -700,7 +717,7 @@ def app_from_env() -> FastAPI:
         configure_logging(settings)
     except SettingsError as exc:
         raise SystemExit(f"fl-dispatcher: {exc}") from None
-    return create_app(Runtime.from_settings(settings))
+    return create_app(Runtime.from_settings(settings), close_runtime=True)
 
 
 def iter_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
