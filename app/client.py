@@ -1,0 +1,54 @@
+"""A small typed client for flip-api: sends the public tasks by name, so the caller needs
+no worker code, and validates payloads before they leave (the worker validates again).
+
+    client = DispatcherClient("redis://redis:6379/0")
+    job_id = client.enqueue_job(EnqueueJob(caller_key="flip-123", definition="fedavg-ct",
+                                           net="net-1"))
+    client.abort_job(job_id)
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from celery import Celery
+
+from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus
+from app.services import job_id_for
+
+ENQUEUE_JOB = "fl_dispatcher.enqueue_job"
+ABORT_JOB = "fl_dispatcher.abort_job"
+REPORT_JOB_STATUS = "fl_dispatcher.report_job_status"
+QUEUE = "fl_dispatcher"
+
+
+class DispatcherClient:
+    """Sends flip-api's three tasks; no result backend is needed (see `job_id_for`)."""
+
+    def __init__(self, broker_url: str, *, app: Celery | None = None) -> None:
+        self.app = app or Celery("fl_dispatcher_client", broker=broker_url)
+        self.app.conf.update(task_serializer="json", accept_content=["json"])
+
+    def _send(self, name: str, payload: dict[str, Any]) -> None:
+        self.app.send_task(name, kwargs={"payload": payload}, queue=QUEUE)
+
+    def enqueue_job(self, request: EnqueueJob) -> uuid.UUID:
+        """Queue a job; returns its id (derived from caller_key, so a repeat is harmless)."""
+        self._send(ENQUEUE_JOB, request.model_dump(mode="json"))
+        return job_id_for(request.caller_key)
+
+    def abort_job(self, job_id: uuid.UUID, reason: str = "aborted by caller") -> None:
+        """Abort a job; a server that is down means nothing to abort, never an error."""
+        self._send(ABORT_JOB, AbortJob(job_id=job_id, reason=reason).model_dump(mode="json"))
+
+    def report_job_status(
+        self, job_id: uuid.UUID, status: ReportedStatus, detail: str = ""
+    ) -> None:
+        """flip-api's terminal-status signal (results uploaded / error / stopped)."""
+        payload = ReportJobStatus(job_id=job_id, status=status, detail=detail)
+        self._send(REPORT_JOB_STATUS, payload.model_dump(mode="json"))
+
+    def close(self) -> None:
+        """Release the broker connection pool."""
+        self.app.close()

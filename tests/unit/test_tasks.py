@@ -1,0 +1,133 @@
+"""Tasks as functions: thin bodies, classified retries, requeue when retries run out.
+
+The retry is a mock that raises Celery's Retry, as a worker would; nothing runs eagerly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from unittest import mock
+
+import pytest
+from celery.exceptions import Retry
+
+from app.celery_app import celery, celery_config
+from app.errors import DriverTransientError, InvalidRequest
+from models import Job, JobState
+from tasks import base, housekeeping, public
+from tasks import pipeline as pipeline_tasks
+from tests.unit.test_pipeline import world  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def rt(world):  # noqa: F811
+    base.set_runtime(world.rt)
+    yield world
+    base.set_runtime(None)
+
+
+def test_every_task_has_an_explicit_dotted_name_and_late_ack():
+    names = {n for n in celery.tasks if n.startswith("fl_dispatcher.")}
+    assert names >= {
+        "fl_dispatcher.enqueue_job",
+        "fl_dispatcher.abort_job",
+        "fl_dispatcher.report_job_status",
+        "fl_dispatcher.assign_next_job",
+        "fl_dispatcher.scale_up",
+        "fl_dispatcher.wait_ready",
+        "fl_dispatcher.dispatch",
+        "fl_dispatcher.abort_on_server",
+        "fl_dispatcher.scale_down_idle_nets",
+        "fl_dispatcher.keep_alive_busy_nets",
+        "fl_dispatcher.monitor_running_jobs",
+        "fl_dispatcher.reconcile",
+    }
+    for name in names:
+        task = celery.tasks[name]
+        assert task.acks_late and task.reject_on_worker_lost and task.ignore_result, name
+
+
+def test_celery_config_is_derived_from_settings(world):
+    config = celery_config(world.rt.settings)
+    assert config["task_serializer"] == "json" and config["accept_content"] == ["json"]
+    assert config["worker_prefetch_multiplier"] == 1
+    assert config["result_backend"] is None
+    # the embedded SQLAlchemy broker hands these to create_engine: nothing may go there
+    assert config["broker_transport_options"] == {}
+    redis = celery_config(world.rt.settings.model_copy(update={"broker_url": "redis://x/0"}))
+    assert redis["broker_transport_options"]["visibility_timeout"] > 3600
+
+
+def test_enqueue_task_rejects_an_invalid_payload_and_writes_nothing(rt):
+    with pytest.raises(InvalidRequest, match="caller_key"):
+        public.enqueue_job.run(payload={"definition": "tiny-job"})
+    with pytest.raises(InvalidRequest, match="unknown net"):
+        public.enqueue_job.run(payload={"caller_key": "a", "definition": "tiny-job", "net": "nope"})
+    with rt.rt.sessions() as session:
+        assert session.query(Job).count() == 0
+
+
+def test_enqueue_task_sends_assign_after_commit(rt):
+    result = public.enqueue_job.run(
+        payload={"caller_key": "flip-1", "definition": "tiny-job", "net": "net-a"}
+    )
+    assert result["created"] is True
+    assert rt.job(uuid.UUID(result["job_id"])).state == JobState.QUEUED
+    assert rt.outbox.sent == [("fl_dispatcher.assign_next_job", {})]
+
+
+def test_wait_ready_polls_with_a_short_countdown_until_ready(rt):
+    job_id = rt.enqueue("j", net="net-a", required_sites=["site-9"])
+    pipeline_tasks.assign_next_job.run()
+    pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+    with mock.patch.object(pipeline_tasks.wait_ready, "retry", side_effect=Retry()) as retry:
+        with pytest.raises(Retry):
+            pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a")
+    assert retry.call_args.kwargs["countdown"] == rt.rt.settings.ready_poll_s
+    rt.server("net-a").sites.append("site-9")
+    assert pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a") == "done"
+
+
+def test_transient_errors_autoretry_and_are_counted(rt):
+    job_id = rt.enqueue("j", net="net-a")
+    pipeline_tasks.assign_next_job.run()
+    rt.driver("net-a").fail_with = DriverTransientError("throttled")
+    with mock.patch.object(pipeline_tasks.scale_up, "retry", side_effect=Retry()) as retry:
+        with pytest.raises(Retry):
+            pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+    assert isinstance(retry.call_args.kwargs["exc"], DriverTransientError)
+    pipeline_tasks.scale_up.on_retry(
+        DriverTransientError("x"), "t", (), {"job_id": str(job_id)}, None
+    )
+    assert rt.job(job_id).retries == 1
+
+
+def test_retries_exhausted_requeue_the_job(rt):
+    job_id = rt.enqueue("j", net="net-a")
+    pipeline_tasks.assign_next_job.run()
+    pipeline_tasks.dispatch.on_failure(
+        DriverTransientError("still throttled"), "t", (), {"job_id": str(job_id)}, None
+    )
+    job = rt.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 1)
+
+
+def test_a_non_transient_failure_does_not_requeue(rt):
+    job_id = rt.enqueue("j", net="net-a")
+    pipeline_tasks.assign_next_job.run()
+    pipeline_tasks.dispatch.on_failure(ValueError("bug"), "t", (), {"job_id": str(job_id)}, None)
+    assert rt.job(job_id).state == JobState.ASSIGNED
+
+
+def test_housekeeping_tasks_call_their_use_case(rt):
+    assert housekeeping.keep_alive_busy_nets.run() == []
+    assert housekeeping.scale_down_idle_nets.run() == []
+    assert housekeeping.monitor_running_jobs.run() == {}
+    assert set(housekeeping.reconcile.run()) == {"redriven", "repaired"}
+
+
+def test_abort_task_with_server_down_is_not_an_error(rt):
+    job_id = rt.enqueue("j", net="net-a")
+    rt.run_pipeline(job_id)
+    rt.server("net-a").up = False
+    assert public.abort_job.run(payload={"job_id": str(job_id)}) == JobState.ABORTED
