@@ -2,102 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from sqlalchemy import select
 
-from app import pipeline, services
+from app import pipeline
 from app.admin import ServerState
 from app.errors import DriverMisconfigured, ServerUnavailable
 from app.pipeline import Step
-from app.runtime import RecordingOutbox, Runtime
-from app.schemas import EnqueueJob
-from app.settings import Settings
-from models import Job, JobState, Net, NetState, ScaleEvent
-from tests.fakes import FakeAdmin, FakeDriver, FakeServer
-from tests.fixtures.db import net_decl
-
-
-class World:
-    """A runtime whose adapters are fakes the test can reach."""
-
-    def __init__(self, settings: Settings, sessions, clock) -> None:
-        self.drivers: dict[str, FakeDriver] = {}
-        self.servers: dict[str, FakeServer] = {}
-        self.admins_built: list[tuple[str, FakeAdmin]] = []
-        self.outbox = RecordingOutbox()
-        self.clock = clock
-        self.rt = Runtime(
-            settings=settings,
-            engine=sessions.kw["bind"],
-            sessions=sessions,
-            clock=clock,
-            driver_factory=lambda net, s: self.drivers.setdefault(net.name, FakeDriver()),
-            admin_factory=self._admin,
-            outbox=self.outbox,
-        )
-        with sessions.begin() as session:
-            services.sync_nets(session, settings, clock())
-
-    def _admin(self, net, settings):
-        admin = FakeAdmin(self.server(net.name))
-        self.admins_built.append((net.name, admin))
-        return admin
-
-    def server(self, name: str) -> FakeServer:
-        if name not in self.servers:
-            always_on = self.rt.settings.is_always_on(self.rt.settings.net(name))
-            driver = None if always_on else self.drivers.setdefault(name, FakeDriver())
-            self.servers[name] = FakeServer(driver=driver)
-        return self.servers[name]
-
-    def driver(self, name: str) -> FakeDriver:
-        return self.rt.driver(name)  # type: ignore[return-value]
-
-    def admin(self, name: str) -> FakeAdmin:
-        return self.rt.admin(name)  # type: ignore[return-value]
-
-    def enqueue(self, key: str, **kw) -> str:
-        self.clock.advance(1)  # distinct ages, so queue order is by age as in life
-        with self.rt.sessions.begin() as session:
-            return services.enqueue_job(
-                session,
-                self.rt.settings,
-                EnqueueJob(caller_key=key, definition="tiny-job", **kw),
-                self.clock(),
-            ).job_id
-
-    def job(self, job_id) -> Job:
-        with self.rt.sessions() as session:
-            return session.get(Job, job_id)
-
-    def net(self, name: str) -> Net:
-        with self.rt.sessions() as session:
-            return session.get(Net, name)
-
-    def run_pipeline(self, job_id) -> None:
-        """What the chain does, step by step."""
-        assignment = next(a for a in pipeline.assign_jobs(self.rt) if a.job_id == job_id)
-        assert pipeline.scale_up(self.rt, job_id, assignment.net_name).step == Step.DONE
-        assert pipeline.check_ready(self.rt, job_id, assignment.net_name).step == Step.DONE
-        assert pipeline.dispatch(self.rt, job_id).step == Step.DONE
-
-
-@pytest.fixture
-def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
-    nets = [
-        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
-        net_decl(tmp_path, "fixed", "static"),
-    ]
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps(nets),
-        PER_JOB_FL_SERVER="true",
-        SERVER_LOST_GRACE_S=30,
-    )
-    return World(settings, sqlite_factory, clock)
+from models import Job, JobState, NetState, ScaleEvent
 
 
 def test_cold_start_run_and_scale_to_zero(world):

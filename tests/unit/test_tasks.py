@@ -16,11 +16,10 @@ from app.errors import DriverTransientError, InvalidRequest
 from models import Job, JobState
 from tasks import base, housekeeping, public
 from tasks import pipeline as pipeline_tasks
-from tests.unit.test_pipeline import world  # noqa: F401  (fixture)
 
 
 @pytest.fixture
-def rt(world):  # noqa: F811
+def rt(world):
     base.set_runtime(world.rt)
     yield world
     base.set_runtime(None)
@@ -80,9 +79,11 @@ def test_wait_ready_polls_with_a_short_countdown_until_ready(rt):
     job_id = rt.enqueue("j", net="net-a", required_sites=["site-9"])
     pipeline_tasks.assign_next_job.run()
     pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
-    with mock.patch.object(pipeline_tasks.wait_ready, "retry", side_effect=Retry()) as retry:
-        with pytest.raises(Retry):
-            pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a")
+    with (
+        mock.patch.object(pipeline_tasks.wait_ready, "retry", side_effect=Retry()) as retry,
+        pytest.raises(Retry),
+    ):
+        pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a")
     assert retry.call_args.kwargs["countdown"] == rt.rt.settings.ready_poll_s
     rt.server("net-a").sites.append("site-9")
     assert pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a") == "done"
@@ -92,9 +93,11 @@ def test_transient_errors_autoretry_and_are_counted(rt):
     job_id = rt.enqueue("j", net="net-a")
     pipeline_tasks.assign_next_job.run()
     rt.driver("net-a").fail_with = DriverTransientError("throttled")
-    with mock.patch.object(pipeline_tasks.scale_up, "retry", side_effect=Retry()) as retry:
-        with pytest.raises(Retry):
-            pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+    with (
+        mock.patch.object(pipeline_tasks.scale_up, "retry", side_effect=Retry()) as retry,
+        pytest.raises(Retry),
+    ):
+        pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
     assert isinstance(retry.call_args.kwargs["exc"], DriverTransientError)
     pipeline_tasks.scale_up.on_retry(
         DriverTransientError("x"), "t", (), {"job_id": str(job_id)}, None
