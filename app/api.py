@@ -81,17 +81,22 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def celery_send_task(broker_url: str) -> SendTask:
-    """Send a task by name through the broker; the Celery app is built on first use."""
+    """Send a task by name through the broker, on the queue the workers consume (tasks sent
+    to Celery's default queue would sit there unread); the Celery app is built on first use."""
     lock = threading.Lock()
     holder: list[Any] = []
 
     def send(name: str, kwargs: dict[str, Any]) -> None:
         from celery import Celery
 
+        from app.client import QUEUE
+
         with lock:
             if not holder:
-                holder.append(Celery("fl-dispatcher-api", broker=broker_url))
-        holder[0].send_task(name, kwargs=kwargs)
+                app = Celery("fl_dispatcher_api", broker=broker_url)
+                app.conf.update(task_serializer="json", accept_content=["json"])
+                holder.append(app)
+        holder[0].send_task(name, kwargs=kwargs, queue=QUEUE)
 
     return send
 
@@ -661,8 +666,10 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
         decision = await run_in_threadpool(abort, payload)
         notified = None
         if decision.needs_server_abort:
+            # The public task takes its payload like flip-api sends it (app.client); it
+            # re-reads the job (ABORTING) and aborts the run on its server.
             notified = await run_in_threadpool(
-                _notify, ctx, ABORT_TASK, payload.model_dump(mode="json")
+                _notify, ctx, ABORT_TASK, {"payload": payload.model_dump(mode="json")}
             )
         return {
             "job_id": str(decision.job_id),

@@ -1,0 +1,496 @@
+"""`fl-dispatcher`: the operator's command line.
+
+Human tables by default, `--json` for scripts. Every command builds Settings once from the
+environment; a settings error prints its message and exits 2. Commands call the same use
+cases and read models as the status API, and print no secrets (configuration is shown
+through `Settings.redacted()`).
+
+Exit codes: 0 ok, 1 the command failed (not found, bad input, unreachable), 2 settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TextIO
+
+from sqlalchemy.exc import DBAPIError
+
+from app.errors import DispatcherError, SettingsError
+from app.runtime import Runtime
+from app.settings import Settings
+from models import JobState
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_SETTINGS = 2
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def _print_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def _when(iso: str | None) -> str:
+    # Seconds precision is plenty on a terminal.
+    return iso[:19].replace("T", " ") if iso else "-"
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the effective configuration with secrets masked."""
+    data = settings.redacted()
+    if args.json:
+        _print_json(data, sys.stdout)
+        return EXIT_OK
+    for key, value in data.items():
+        if key != "nets":
+            sys.stdout.write(f"{key} = {value}\n")
+    sys.stdout.write(f"nets: {len(data['nets'])}\n")
+    for net in data["nets"]:
+        sys.stdout.write(f"  {net['name']}: {json.dumps(net, sort_keys=True)}\n")
+    sys.stdout.write("configuration ok\n")
+    return EXIT_OK
+
+
+def _runtime(settings: Settings) -> Runtime:
+    return Runtime.from_settings(settings)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    """Every net (and its active job) and the queue."""
+    from app.api import Prober, collect_status
+
+    runtime = _runtime(settings)
+    try:
+        prober = None if args.no_probe else Prober()
+        status = collect_status(runtime, prober, args.probe_timeout)
+    finally:
+        runtime.close()
+    if args.json:
+        _print_json(status, sys.stdout)
+        return EXIT_OK
+    rows = []
+    for net in status["nets"]:
+        driver = net["driver"]
+        active = net["active_job"]
+        rows.append(
+            [
+                net["name"],
+                net["state"],
+                "yes" if net["always_on"] else "no",
+                f"{net['driver_kind']} {driver['desired']}/{driver['running']}/{driver['pending']}"
+                if driver
+                else net["driver_kind"],
+                net["server_state"],
+                ",".join(net["connected_sites"]) if net["connected_sites"] is not None else None,
+                f"{active['id']} {active['state']}" if active else None,
+                net["error"] or net["last_error"],
+            ]
+        )
+    _table(
+        ["NET", "STATE", "ALWAYS-ON", "DRIVER d/r/p", "SERVER", "SITES", "ACTIVE JOB", "ERROR"],
+        rows,
+        sys.stdout,
+    )
+    queue = status["queue"]
+    sys.stdout.write(
+        f"\nqueued jobs: {queue['queued']}"
+        + (f" (oldest since {_when(queue['oldest_queued_at'])})" if queue["queued"] else "")
+        + "\n"
+    )
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    """Jobs, newest first."""
+    from app.api import list_jobs, parse_job_state
+
+    state = parse_job_state(args.state) if args.state else None
+    runtime = _runtime(settings)
+    try:
+        with runtime.sessions() as session:
+            jobs = list_jobs(session, state, args.limit)
+    finally:
+        runtime.close()
+    if args.json:
+        _print_json(jobs, sys.stdout)
+        return EXIT_OK
+    _table(
+        ["ID", "STATE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
+        [
+            [
+                j["id"],
+                j["state"],
+                j["net"] or j["requested_net"],
+                j["caller_key"],
+                j["priority"],
+                f"{j['attempts']}/{j['max_attempts']}",
+                _when(j["created_at"]),
+                j["last_error"],
+            ]
+            for j in jobs
+        ],
+        sys.stdout,
+    )
+    return EXIT_OK
+
+
+def _job_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a job id (a UUID)") from None
+
+
+def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
+    """One job with its history."""
+    from app.api import job_detail
+
+    runtime = _runtime(settings)
+    try:
+        with runtime.sessions() as session:
+            job = job_detail(session, args.job_id)
+    finally:
+        runtime.close()
+    if args.json:
+        _print_json(job, sys.stdout)
+        return EXIT_OK
+    history = job.pop("history")
+    for key, value in job.items():
+        sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
+    sys.stdout.write("\nhistory:\n")
+    _table(
+        ["AT", "FROM", "TO", "REASON"],
+        [[_when(e["at"]), e["from_state"], e["to_state"], e["reason"]] for e in history],
+        sys.stdout,
+    )
+    return EXIT_OK
+
+
+def _send_task(settings: Settings, name: str, kwargs: dict[str, Any]) -> bool:
+    from kombu.exceptions import KombuError
+
+    from app.api import celery_send_task
+
+    # After commit: a lost message loses nothing, the reconciler finds the row again.
+    try:
+        celery_send_task(settings.broker_url)(name, kwargs)
+    except (KombuError, OSError) as exc:
+        sys.stderr.write(f"warning: could not send {name} ({exc}); the reconciler will\n")
+        return False
+    return True
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    """Queue a job (idempotent on --key), then ask a worker to assign it."""
+    from pydantic import ValidationError
+
+    from app import services
+    from app.api import ASSIGN_TASK, ensure_net_rows
+    from app.db import unit_of_work
+    from app.schemas import EnqueueJob
+
+    try:
+        request = EnqueueJob(
+            caller_key=args.key,
+            definition=args.definition,
+            required_sites=args.site or [],
+            net=args.net,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+        )
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            sys.stderr.write(f"fl-dispatcher: enqueue: {field}: {err['msg']}\n")
+        return EXIT_FAILED
+    runtime = _runtime(settings)
+    try:
+        with unit_of_work(runtime.sessions) as session:
+            ensure_net_rows(session, runtime)
+            result = services.enqueue_job(session, settings, request, runtime.clock())
+    finally:
+        runtime.close()
+    notified = _send_task(settings, ASSIGN_TASK, {}) if result.state == JobState.QUEUED else None
+    data = {
+        "job_id": str(result.job_id),
+        "state": result.state.value,
+        "created": result.created,
+        "notified": notified,
+    }
+    if args.json:
+        _print_json(data, sys.stdout)
+    else:
+        verb = "queued" if result.created else "already known"
+        sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
+    return EXIT_OK
+
+
+def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
+    """Abort a job; an active one is aborted on its server by the worker."""
+    from app import services
+    from app.api import ABORT_TASK
+    from app.db import unit_of_work
+    from app.schemas import AbortJob
+
+    request = AbortJob(job_id=args.job_id, reason=args.reason)
+    runtime = _runtime(settings)
+    try:
+        with unit_of_work(runtime.sessions) as session:
+            decision = services.abort_job(session, request.job_id, request.reason, runtime.clock())
+    finally:
+        runtime.close()
+    notified = None
+    if decision.needs_server_abort:
+        notified = _send_task(settings, ABORT_TASK, {"payload": request.model_dump(mode="json")})
+    data = {
+        "job_id": str(decision.job_id),
+        "state": decision.state.value,
+        "needs_server_abort": decision.needs_server_abort,
+        "notified": notified,
+    }
+    if args.json:
+        _print_json(data, sys.stdout)
+    else:
+        then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
+        sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    """Alembic upgrade / downgrade / drift check on DATABASE_URL."""
+    from app import migrate
+    from app.settings import redact_url
+
+    target = redact_url(settings.database_url)
+    if args.db_command == "upgrade":
+        migrate.upgrade(settings.database_url, args.revision)
+        sys.stdout.write(f"database at {args.revision}: {target}\n")
+    elif args.db_command == "downgrade":
+        migrate.downgrade(settings.database_url, args.revision)
+        sys.stdout.write(f"database downgraded to {args.revision}: {target}\n")
+    else:
+        from alembic.util import AutogenerateDiffsDetected, CommandError
+
+        try:
+            migrate.check(settings.database_url)
+        except (AutogenerateDiffsDetected, CommandError) as exc:
+            sys.stderr.write(f"fl-dispatcher: db check: {exc}\n")
+            return EXIT_FAILED
+        sys.stdout.write(f"models and migrations agree: {target}\n")
+    return EXIT_OK
+
+
+def cmd_diagram(args: argparse.Namespace) -> int:
+    """The two state diagrams (Mermaid), generated from the transition tables."""
+    from models import JOB_TRANSITIONS, NET_TRANSITIONS
+    from models.states import mermaid
+
+    for title, table in (("Job", JOB_TRANSITIONS), ("Net", NET_TRANSITIONS)):
+        sys.stdout.write(f"### {title} states\n\n```mermaid\n{mermaid(table)}\n```\n\n")
+    return EXIT_OK
+
+
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the status API with uvicorn."""
+    import uvicorn
+
+    from app.api import create_app
+
+    app = create_app(_runtime(settings), close_runtime=True)
+    # log_config=None: keep the handler configure_logging installed (plain or JSON).
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None)
+    return EXIT_OK
+
+
+def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
+    """Exit 0 if the database and the broker answer (the /readyz checks); for healthchecks."""
+    from app.api import Prober, check_broker, check_database
+
+    runtime = _runtime(settings)
+    try:
+        results = Prober().run(
+            {
+                "database": partial(check_database, runtime),
+                "broker": partial(check_broker, settings.broker_url, args.timeout),
+            },
+            args.timeout,
+        )
+    finally:
+        runtime.engine.dispose()
+    failed = {k: r.error for k, r in results.items() if r.error is not None}
+    for key, error in sorted(failed.items()):
+        sys.stderr.write(f"fl-dispatcher: {key} not ready: {error}\n")
+    if not failed:
+        sys.stdout.write("database and broker reachable\n")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+# --- the pipeline owner's hook ------------------------------------------------------------
+# worker / beat / demo are owned by the pipeline (app.celery_app, app.demo). They are thin
+# calls into those modules, imported here lazily so the rest of the CLI works before they
+# exist. Signature expected: run_worker(settings) / run_beat(settings) / run_demo(settings),
+# returning an exit code or None.
+
+
+def _hook(module: str, function: str) -> Handler:
+    def handler(args: argparse.Namespace, settings: Settings) -> int:
+        import importlib
+
+        try:
+            target = getattr(importlib.import_module(module), function)
+        except (ModuleNotFoundError, AttributeError) as exc:
+            if isinstance(exc, ModuleNotFoundError) and exc.name not in (module, None):
+                raise  # a dependency of the module is missing: show the real error
+            sys.stderr.write(f"fl-dispatcher: {module}.{function} is not available yet\n")
+            return EXIT_FAILED
+        code = target(settings)
+        return int(code) if code is not None else EXIT_OK
+
+    handler.__doc__ = f"Run {module}.{function}(settings)."
+    return handler
+
+
+cmd_worker = _hook("app.celery_app", "run_worker")
+cmd_beat = _hook("app.celery_app", "run_beat")
+cmd_demo = _hook("app.demo", "run_demo")
+
+
+# --- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (also used by tests to check compose.yml's commands)."""
+    parser = argparse.ArgumentParser(
+        prog="fl-dispatcher",
+        description="Queue federated-learning jobs and scale each net's NVFLARE server.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Handler | None, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        return p
+
+    def json_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    config = add("config", None, "configuration commands")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    check = config_sub.add_parser("check", help="validate settings and print them, redacted")
+    check.set_defaults(handler=cmd_config_check)
+    json_flag(check)
+
+    p = add("status", cmd_status, "every net, its server and active job, and the queue")
+    json_flag(p)
+    p.add_argument(
+        "--no-probe", action="store_true", help="SQL state only; do not contact drivers/servers"
+    )
+    p.add_argument(
+        "--probe-timeout", type=float, default=3.0, metavar="S", help="per-net probe deadline"
+    )
+
+    p = add("jobs", cmd_jobs, "list jobs, newest first")
+    p.add_argument("--state", help="only jobs in this state (any case)")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    json_flag(p)
+
+    p = add("job", cmd_job, "one job with its history")
+    p.add_argument("job_id", type=_job_id, metavar="ID")
+    json_flag(p)
+
+    p = add("enqueue", cmd_enqueue, "queue a job (idempotent on --key)")
+    p.add_argument("--key", required=True, help="the caller's idempotency key")
+    p.add_argument("--definition", required=True, help="folder under JOB_ROOT, or s3:// URI")
+    p.add_argument("--site", action="append", metavar="S", help="a required site (repeat)")
+    p.add_argument("--net", help="run only on this net")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--max-attempts", type=int, default=None, help="default MAX_ATTEMPTS")
+    json_flag(p)
+
+    p = add("abort", cmd_abort, "abort a job")
+    p.add_argument("job_id", type=_job_id, metavar="ID")
+    p.add_argument("--reason", default="aborted via the CLI")
+    json_flag(p)
+
+    db = add("db", cmd_db, "database schema (Alembic)")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    db_sub.add_parser("upgrade", help="migrate up").add_argument(
+        "revision", nargs="?", default="head", help="default: head"
+    )
+    db_sub.add_parser("downgrade", help="migrate down").add_argument(
+        # One step by default: `base` drops every table and would be a costly typo.
+        "revision",
+        nargs="?",
+        default="-1",
+        help="default: -1 (one revision); 'base' drops everything",
+    )
+    db_sub.add_parser("check", help="fail if models and migrations have drifted")
+
+    add("diagram", None, "print the job and net state diagrams (Mermaid)").set_defaults(
+        handler=None, plain=cmd_diagram
+    )
+
+    p = add("api", cmd_api, "serve the status HTTP API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+
+    p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+
+    # The pipeline owner's commands (see the hook above).
+    add("worker", cmd_worker, "run a Celery worker")
+    add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
+    add("demo", cmd_demo, "run the local end-to-end demo")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fl-dispatcher` console script."""
+    args = build_parser().parse_args(argv)
+    plain = getattr(args, "plain", None)
+    if plain is not None:
+        # Static output from the code (the diagrams): needs no configuration.
+        return int(plain(args))
+    from app.logs import configure_logging
+    from app.settings import load_settings
+
+    try:
+        settings = load_settings()
+        configure_logging(settings)
+    except SettingsError as exc:
+        sys.stderr.write(f"fl-dispatcher: {exc}\n")
+        return EXIT_SETTINGS
+    handler: Handler = args.handler
+    try:
+        return handler(args, settings)
+    except DispatcherError as exc:  # NotFound, InvalidRequest, misconfiguration: say so
+        sys.stderr.write(f"fl-dispatcher: {exc}\n")
+        return EXIT_FAILED
+    except DBAPIError as exc:
+        # The driver's own first line (e.g. "connection refused"); not the SQL or its values.
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        sys.stderr.write(f"fl-dispatcher: database error: {reason}\n")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
