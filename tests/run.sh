@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The test command (README "Run the tests"; .ci/run calls exactly this).
+#   bash tests/run.sh              everything: lint, types, unit, integration, e2e
+#   bash tests/run.sh -m unit ...  extra arguments go to pytest
+# Sets up what it needs on a fresh machine: a virtualenv with the project and its dev
+# extras, and the PostgreSQL and Redis servers the integration and e2e tiers talk to.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${FL_VENV:-.venv}"
+if [ ! -x "$VENV/bin/fl-dispatcher" ] || [ pyproject.toml -nt "$VENV/.installed" ]; then
+  echo "== installing into $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  touch "$VENV/.installed"
+fi
+PATH="$PWD/$VENV/bin:$PATH"
+
+echo "== services"
+if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+  echo "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+  for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+fi
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  for _ in $(seq 30); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 1; done
+fi
+
+echo "== ruff"
+ruff check .
+ruff format --check .
+echo "== mypy"
+mypy app tasks models migrations
+echo "== pytest"
+exec python -m pytest "$@"
