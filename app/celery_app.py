@@ -14,11 +14,10 @@ from celery import Celery, chain
 
 from app.settings import Settings
 
-# Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with jitter,
-# capped, bounded in count; what is left after that is a requeue, never a delete.
+# Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with full
+# jitter from this factor, capped by RETRY_BACKOFF_MAX_S and bounded by RETRY_MAX; what is
+# left after that is a requeue, never a delete.
 RETRY_BACKOFF_S = 2
-RETRY_BACKOFF_MAX_S = 60
-RETRY_MAX = 6
 PIPELINE_SOFT_LIMIT_S = 300
 PIPELINE_HARD_LIMIT_S = 360
 HOUSEKEEPING_SOFT_LIMIT_S = 600
@@ -74,6 +73,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,  # Flower shows tasks live
         "worker_hijack_root_logger": False,
         "beat_schedule": beat_schedule(settings),
+        # Read by tasks.base when the task modules are imported (after configure()):
+        # Celery's autoretry captures its backoff options at task registration.
+        "fl_retry_max": settings.retry_max,
+        "fl_retry_backoff_max_s": settings.retry_backoff_max_s,
         "timezone": "UTC",
         "enable_utc": True,
     }

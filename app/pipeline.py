@@ -170,7 +170,8 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
         net_state = services.get_net(session, net_name).state
     if rt.settings.is_always_on(rt.settings.net(net_name)):
         return StepResult(Step.DONE, "always-on net: never scaled")
-    if net_state in (NetState.READY, NetState.BUSY):
+    if net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
+        # A warm net is reused as is; but one whose server died unnoticed is scaled again.
         return StepResult(Step.DONE, "server already up")
     try:
         _scale(rt, net_name, 1, f"job {job_id} assigned")

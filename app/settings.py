@@ -198,6 +198,8 @@ class Settings(BaseSettings):
     admin_command_timeout_s: float = Field(default=10.0, gt=0, alias="ADMIN_COMMAND_TIMEOUT_S")
     admin_login_max_tries: int = Field(default=1, ge=1, alias="ADMIN_LOGIN_MAX_TRIES")
 
+    retry_max: int = Field(default=6, ge=0, alias="RETRY_MAX")
+    retry_backoff_max_s: int = Field(default=60, ge=1, alias="RETRY_BACKOFF_MAX_S")
     housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
     keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
 

@@ -15,9 +15,7 @@ from celery import Task
 from app.celery_app import (
     PIPELINE_HARD_LIMIT_S,
     PIPELINE_SOFT_LIMIT_S,
-    RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_S,
-    RETRY_MAX,
     CeleryOutbox,
     celery,
     configure,
@@ -116,9 +114,9 @@ def dispatcher_task(name: str, *, pipeline: bool = False, **options: Any) -> Cal
         defaults |= {
             "autoretry_for": (TransientError,),
             "retry_backoff": RETRY_BACKOFF_S,
-            "retry_backoff_max": RETRY_BACKOFF_MAX_S,
+            "retry_backoff_max": int(celery.conf.get("fl_retry_backoff_max_s", 60)),
             "retry_jitter": True,
-            "max_retries": RETRY_MAX,
+            "max_retries": int(celery.conf.get("fl_retry_max", 6)),
         }
     defaults |= options
     decorator: Callable[[F], F] = celery.task(**defaults)
