@@ -1,0 +1,352 @@
+"""The CLI against a migrated SQLite database, with settings from the environment."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from app import services
+from app.cli import build_parser, main
+from app.db import make_engine, session_factory
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from models import Job, JobEvent, JobState, Net, ScaleEvent
+from models.states import JOB_TRANSITIONS, NET_TRANSITIONS, mermaid
+from tests.fixtures.db import FrozenClock, net_decl
+
+API_SECRET = "cli-api-secret-7f3a"
+FLOWER_PASSWORD = "flower-pw-91c2"
+SETTINGS_ALIASES = [f.alias for f in Settings.model_fields.values() if f.alias]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_logging():
+    # main() installs a handler on the root logger bound to the captured stderr; drop it so
+    # later tests do not write into a closed capture.
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.get_name() == "fl-dispatcher"]:
+        root.removeHandler(handler)
+
+
+@pytest.fixture
+def cli_env(monkeypatch, tmp_path, sqlite_url, job_root):
+    """Settings for the CLI, from the environment only (as a deployed process gets them)."""
+    for alias in SETTINGS_ALIASES:
+        monkeypatch.delenv(alias, raising=False)
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", per_job_fl_server=True),
+        net_decl(tmp_path, "net-b"),
+    ]
+    env = {
+        "FL_DISPATCHER_DATA_DIR": str(tmp_path / "data"),
+        "DATABASE_URL": sqlite_url,
+        "BROKER_URL": f"sqla+sqlite:///{tmp_path / 'broker.db'}",
+        "JOB_ROOT": str(job_root),
+        "NETS": json.dumps(nets),
+        "API_SECRET": API_SECRET,
+        "FLOWER_BASIC_AUTH": f"admin:{FLOWER_PASSWORD}",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def db(cli_env, sqlite_url):
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    yield factory
+    engine.dispose()
+
+
+@pytest.fixture
+def world(db, cli_env):
+    """Two nets; a job running on net-a (with a scale event), one queued, one aborted."""
+    settings = Settings()
+    clock = FrozenClock()
+    with db.begin() as session:
+        services.sync_nets(session, settings, clock())
+        ids = {}
+        for key in ("first", "second", "third"):
+            clock.advance(10)
+            request = EnqueueJob(caller_key=key, definition="tiny-job", net="net-a")
+            ids[key] = services.enqueue_job(session, settings, request, clock()).job_id
+        clock.advance(5)
+        assignment = services.assign_next_job(session, settings, clock())
+        assert assignment is not None and assignment.job_id == ids["first"]
+        session.add(
+            ScaleEvent(
+                net_name="net-a",
+                action="scale_up",
+                replicas=1,
+                reason="job assigned",
+                outcome="ok",
+                at=clock(),
+            )
+        )
+        services.abort_job(session, ids["third"], "not needed", clock())
+    return ids
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    for secret in (API_SECRET, FLOWER_PASSWORD):
+        assert secret not in out and secret not in err, f"secret printed by {argv}"
+    return code, out, err
+
+
+def test_config_check_prints_the_redacted_configuration(capsys, cli_env, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://fl:db-pw-55@db.example/fl")
+    code, out, _ = run(capsys, "config", "check")
+    assert code == 0
+    assert "configuration ok" in out
+    assert "net-a" in out and "net-b" in out
+    assert "db-pw-55" not in out
+    assert "postgresql+psycopg://fl:***@db.example/fl" in out
+
+    code, out, _ = run(capsys, "config", "check", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert [n["name"] for n in data["nets"]] == ["net-a", "net-b"]
+    assert [n["always_on"] for n in data["nets"]] == [False, True]
+    assert "db-pw-55" not in out
+
+
+def test_config_check_fails_with_the_message_on_a_bad_flag(capsys, cli_env, monkeypatch):
+    monkeypatch.setenv("PER_JOB_FL_SERVER", "maybe")
+    code, out, err = run(capsys, "config", "check")
+    assert code == 2
+    assert out == ""
+    assert "PER_JOB_FL_SERVER='maybe' is not a boolean" in err
+    assert "Traceback" not in err
+
+
+def test_every_command_stops_on_bad_settings(capsys, cli_env, monkeypatch):
+    monkeypatch.setenv("NETS", json.dumps([{"name": "net-x", "driver": {"kind": "static"}}]))
+    for argv in (
+        ["status"],
+        ["jobs"],
+        ["db", "check"],
+        ["enqueue", "--key", "k", "--definition", "d"],
+    ):
+        code, _, err = run(capsys, *argv)
+        assert code == 2, argv
+        assert "net 'net-x'" in err and "admin" in err
+
+
+def test_status_json_matches_the_database(capsys, db, world):
+    code, out, _ = run(capsys, "status", "--json", "--no-probe")
+    assert code == 0
+    status = json.loads(out)
+    nets = {n["name"]: n for n in status["nets"]}
+    with db() as session:
+        rows = {n.name: n for n in session.scalars(select(Net))}
+        running = session.get(Job, world["first"])
+        assert nets.keys() == rows.keys()
+        for name, row in rows.items():
+            assert nets[name]["state"] == row.state.value
+        assert nets["net-a"]["active_job"]["id"] == str(running.id)
+        assert nets["net-a"]["active_job"]["state"] == running.state.value == "ASSIGNED"
+    assert nets["net-b"]["active_job"] is None
+    assert nets["net-a"]["last_scale_event"]["action"] == "scale_up"
+    assert nets["net-b"]["last_scale_event"] is None
+    assert nets["net-a"]["always_on"] is False and nets["net-b"]["always_on"] is True
+    assert status["queue"]["queued"] == 1
+    assert status["probed"] is False
+    assert {n["server_state"] for n in status["nets"]} == {"not_probed"}
+
+
+def test_status_probes_and_reports_a_broken_admin_kit_per_net(capsys, world):
+    # Real adapters: net-b's static driver answers, and its admin kit is an empty file, so
+    # its admin probe fails (or times out) on its own while the command still succeeds.
+    code, out, _ = run(capsys, "status", "--json", "--probe-timeout", "2")
+    assert code == 0
+    nets = {n["name"]: n for n in json.loads(out)["nets"]}
+    assert nets["net-b"]["driver"] == {"desired": 1, "running": 1, "pending": 0, "failure": None}
+    # Whatever the admin adapter makes of the kit, it is net-b's own finding.
+    if nets["net-b"]["server_state"] == "unknown":
+        assert nets["net-b"]["error"].startswith("admin: ")
+    else:
+        assert nets["net-b"]["server_state"] == "unreachable"
+
+
+def test_status_table(capsys, world):
+    code, out, _ = run(capsys, "status", "--no-probe")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["NET", "STATE", "ALWAYS-ON"]
+    assert any(line.startswith("net-a") and str(world["first"]) in line for line in lines)
+    assert "queued jobs: 1" in out
+
+
+def test_jobs_json_matches_the_database(capsys, db, world):
+    code, out, _ = run(capsys, "jobs", "--json")
+    assert code == 0
+    listed = json.loads(out)
+    with db() as session:
+        jobs = session.scalars(select(Job).order_by(Job.created_at.desc())).all()
+        assert [j["id"] for j in listed] == [str(j.id) for j in jobs]
+        assert [j["state"] for j in listed] == [j.state.value for j in jobs]
+        assert [j["caller_key"] for j in listed] == [j.caller_key for j in jobs]
+
+    code, out, _ = run(capsys, "jobs", "--state", "queued", "--json")
+    assert [j["id"] for j in json.loads(out)] == [str(world["second"])]
+
+
+def test_jobs_rejects_an_unknown_state(capsys, world):
+    code, _, err = run(capsys, "jobs", "--state", "SLEEPING")
+    assert code == 1
+    assert "unknown job state 'SLEEPING'" in err and "QUEUED" in err
+
+
+def test_job_json_has_the_history(capsys, db, world):
+    code, out, _ = run(capsys, "job", str(world["first"]), "--json")
+    assert code == 0
+    job = json.loads(out)
+    with db() as session:
+        events = session.scalars(
+            select(JobEvent).where(JobEvent.job_id == world["first"]).order_by(JobEvent.id)
+        ).all()
+    assert job["state"] == "ASSIGNED" and job["net"] == "net-a"
+    assert [(e["from_state"], e["to_state"]) for e in job["history"]] == [
+        (e.from_state and e.from_state.value, e.to_state.value) for e in events
+    ]
+    assert [e["to_state"] for e in job["history"]] == ["QUEUED", "ASSIGNED"]
+
+    code, out, _ = run(capsys, "job", str(world["first"]))
+    assert code == 0 and "history:" in out and "ASSIGNED" in out
+
+
+def test_job_unknown_and_malformed_ids(capsys, world):
+    code, _, err = run(capsys, "job", str(uuid.uuid4()))
+    assert code == 1 and "not found" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["job", "not-a-uuid"])
+    assert exc.value.code == 2
+    assert "is not a job id" in capsys.readouterr().err
+
+
+def broker_messages(cli_env) -> list[str]:
+    path = cli_env["BROKER_URL"].removeprefix("sqla+sqlite:///")
+    with sqlite3.connect(path) as conn:
+        return [
+            payload
+            for (payload,) in conn.execute(
+                "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON m.queue_id = q.id"
+                " WHERE q.name = 'fl_dispatcher'"
+            )
+        ]
+
+
+def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db, cli_env):
+    argv = ["enqueue", "--key", "cli-1", "--definition", "tiny-job", "--site", "site-9"]
+    code, out, _ = run(capsys, *argv, "--net", "net-b", "--priority", "5", "--json")
+    assert code == 0
+    first = json.loads(out)
+    assert first["created"] is True and first["state"] == "QUEUED" and first["notified"] is True
+    code, out, _ = run(capsys, *argv, "--json")
+    assert json.loads(out)["job_id"] == first["job_id"]
+    assert json.loads(out)["created"] is False
+    with db() as session:
+        job = session.scalars(select(Job)).one()
+        assert (job.required_sites, job.requested_net, job.priority) == (["site-9"], "net-b", 5)
+    messages = broker_messages(cli_env)
+    assert len(messages) == 2
+    assert all("fl_dispatcher.assign_next_job" in m for m in messages)
+
+
+def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
+    code, _, err = run(capsys, "enqueue", "--key", "bad key!", "--definition", "tiny-job")
+    assert code == 1 and "caller_key" in err
+    code, _, err = run(capsys, "enqueue", "--key", "k2", "--definition", "../etc", "--net", "net-a")
+    assert code == 1 and "without '..'" in err
+    code, _, err = run(
+        capsys, "enqueue", "--key", "k3", "--definition", "tiny-job", "--net", "nope"
+    )
+    assert code == 1 and "unknown net 'nope'" in err
+    with db() as session:
+        assert session.scalars(select(Job)).all() == []
+
+
+def test_abort_a_queued_job(capsys, db, world):
+    code, out, _ = run(capsys, "abort", str(world["second"]), "--json")
+    assert code == 0
+    assert json.loads(out) == {
+        "job_id": str(world["second"]),
+        "state": "ABORTED",
+        "needs_server_abort": False,
+        "notified": None,
+    }
+    with db() as session:
+        assert session.get(Job, world["second"]).state == JobState.ABORTED
+
+
+def test_db_commands(capsys, cli_env, monkeypatch, tmp_path):
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    monkeypatch.setenv("DATABASE_URL", fresh)
+    assert run(capsys, "db", "upgrade")[0] == 0
+    assert run(capsys, "db", "check")[0] == 0
+    code, out, _ = run(capsys, "db", "downgrade", "base")
+    assert code == 0 and "base" in out
+    with sqlite3.connect(tmp_path / "fresh.db") as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "jobs" not in tables
+
+
+def test_diagram_prints_both_tables_without_settings(capsys, monkeypatch):
+    monkeypatch.setenv("PER_JOB_FL_SERVER", "maybe")  # settings would fail; not needed here
+    assert main(["diagram"]) == 0
+    out = capsys.readouterr().out
+    assert mermaid(JOB_TRANSITIONS) in out and mermaid(NET_TRANSITIONS) in out
+
+
+def test_worker_and_beat_call_the_pipeline_hooks(capsys, cli_env, monkeypatch):
+    import app.celery_app
+
+    calls = []
+    monkeypatch.setattr(app.celery_app, "run_worker", lambda s: calls.append(("worker", s)))
+    monkeypatch.setattr(app.celery_app, "run_beat", lambda s: calls.append(("beat", s)) or 3)
+    assert run(capsys, "worker")[0] == 0
+    assert run(capsys, "beat")[0] == 3
+    assert [c[0] for c in calls] == ["worker", "beat"]
+    assert all(isinstance(c[1], Settings) for c in calls)
+
+
+def test_ready_reports_which_dependency_failed(capsys, cli_env, monkeypatch):
+    code, out, _ = run(capsys, "ready")
+    assert code == 0 and "reachable" in out
+    monkeypatch.setenv("BROKER_URL", "redis://127.0.0.1:1/0")
+    code, _, err = run(capsys, "ready", "--timeout", "2")
+    assert code == 1 and "broker not ready" in err and "database" not in err
+
+
+def test_parser_lists_every_command():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == {
+        "config", "status", "jobs", "job", "enqueue", "abort", "db",
+        "diagram", "api", "ready", "worker", "beat", "demo",
+    }  # fmt: skip
+
+
+def test_oldest_queued_job_shows_in_the_table(capsys, db, world):
+    with db.begin() as session:
+        job = session.get(Job, world["second"])
+        job.created_at -= timedelta(hours=1)
+    code, out, _ = run(capsys, "status", "--no-probe")
+    assert code == 0 and "oldest since" in out
+
+
+def test_no_net_row_is_reported_not_crashed(capsys, cli_env):
+    # A fresh database before any worker started: nets have no rows yet.
+    code, out, _ = run(capsys, "status", "--json", "--no-probe")
+    assert code == 0
+    for net in json.loads(out)["nets"]:
+        assert net["state"] is None and "no database row" in net["error"]
