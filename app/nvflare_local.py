@@ -22,10 +22,12 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -408,26 +410,37 @@ while flare.is_running():
 def build_tiny_job(
     dest: Path, name: str = "tiny-fedavg", num_rounds: int = 2, sites: int = 2
 ) -> Path:
-    """Export a tiny numpy FedAvg job with nvflare's recipe API; returns `dest/<name>`."""
-    if not _JOB_NAME_RE.match(name):
-        raise ValueError(f"job name {name!r}: use only letters, digits, dots, underscores, hyphens")
+    """Export a tiny numpy FedAvg job (`name`, `sites` sites, `num_rounds` rounds) with
+    nvflare's recipe API into the job folder `dest` (replaced if present); returns `dest`.
+
+    NVFLARE accepts a job folder only if its name has letters, digits, dots, underscores and
+    hyphens, so `dest.name` and `name` are checked here rather than at submit time.
+    """
+    for label, value in (("job folder", dest.name), ("job name", name)):
+        if not _JOB_NAME_RE.match(value):
+            raise ValueError(
+                f"{label} {value!r}: use only letters, digits, dots, underscores, hyphens"
+            )
     from nvflare.app_common.np.recipes.fedavg import NumpyFedAvgRecipe
 
     dest = dest.resolve()
-    dest.mkdir(parents=True, exist_ok=True)
-    script_dir = dest / f".{name}-src"
-    script_dir.mkdir(exist_ok=True)
-    script = script_dir / "client.py"
-    script.write_text(_TINY_CLIENT_SCRIPT)
-    recipe = NumpyFedAvgRecipe(
-        name=name,
-        min_clients=sites,
-        num_rounds=num_rounds,
-        model=[[1.0, 2.0], [3.0, 4.0]],
-        train_script=str(script),
-    )
-    recipe.export(str(dest))
-    return dest / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{dest.name}-", dir=dest.parent) as tmp:
+        script = Path(tmp) / "client.py"
+        script.write_text(_TINY_CLIENT_SCRIPT)
+        recipe = NumpyFedAvgRecipe(
+            name=name,
+            min_clients=sites,
+            num_rounds=num_rounds,
+            model=[[1.0, 2.0], [3.0, 4.0]],
+            train_script=str(script),
+        )
+        out = Path(tmp) / "out"
+        recipe.export(str(out))  # writes out/<name>/{meta.json,app/...}
+        if dest.exists():
+            shutil.rmtree(dest)
+        (out / name).rename(dest)
+    return dest
 
 
 def as_mapping(deployment: Deployment) -> Mapping[str, Any]:
