@@ -49,6 +49,7 @@ from app.errors import InvalidRequest, MisconfigurationError, NotFound
 from app.metrics import build_registry
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob
+from app.settings import redact_url
 from models import (
     ACTIVE_JOB_STATES,
     IllegalTransition,
@@ -114,9 +115,10 @@ class ProbeResult:
 
 def describe_error(exc: BaseException) -> str:
     """A one-line error for an operator; a misconfiguration says so first."""
+    # redact_url: an endpoint in an adapter's message may carry credentials.
     if isinstance(exc, MisconfigurationError):
-        return f"misconfigured: {exc}"
-    return f"{type(exc).__name__}: {exc}"
+        return redact_url(f"misconfigured: {exc}")
+    return redact_url(f"{type(exc).__name__}: {exc}")
 
 
 class Prober:
