@@ -21,6 +21,8 @@ from app.settings import Settings, redact_url
 _RECORD_FIELDS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
     | {"message", "asctime", "taskName"}
+    # uvicorn's ANSI-coloured copy of the message: noise in a log pipeline.
+    | {"color_message"}
 )
 # Extra keys whose values are never logged, whatever the code passes.
 _SECRET_KEY_PARTS = ("secret", "password", "passwd", "api_key", "apikey", "token", "authorization")
