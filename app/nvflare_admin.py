@@ -1,0 +1,498 @@
+"""The NVFLARE admin side of one net (implements `app.admin.AdminClient`) on nvflare 2.9.
+
+Rules this module exists to keep (see DESIGN.md, "The NVFLARE admin session"):
+
+- Connect lazily, and build a FRESH `Session` on every (re)connect. nvflare's
+  `AdminAPI.connect` creates and starts its cell before authenticating and returns early when
+  a cell exists, so a session whose first connect failed can never log in later
+  ("poisoned"): it is closed and dropped, never retried with `try_connect`.
+- `connected` means "the last command succeeded". Any connection-class error closes and drops
+  the session; the next command starts from a fresh one.
+- Every nvflare exception is mapped in ONE place, `classify`, into the error classes of
+  `app.errors`, with the raw nvflare exception as `__cause__`.
+- A wrong kit is never tolerated as "server down": `app.kit_check` checks the kit and the
+  certificate the server presents before any login, and a server whose port answers TLS with
+  the right certificate but refuses our login past the net's readiness deadline is declared
+  misconfigured.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from app import kit_check
+from app.admin import AbortOutcome, AbortResult, Readiness, ServerState
+from app.errors import (
+    AdminMisconfigured,
+    DispatcherError,
+    InvalidRequest,
+    NvflareJobNotFound,
+    NvflareJobNotRunning,
+    ServerUnavailable,
+    TransientError,
+    UnknownAdminError,
+)
+from app.settings import NetConfig, Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_PROBE_TIMEOUT_S = 2.0
+
+
+class AdminErrorCategory(StrEnum):
+    """What an nvflare failure means for the dispatcher."""
+
+    SERVER_UNAVAILABLE = "server_unavailable"  # transient: down, starting, session gone
+    MISCONFIGURED = "misconfigured"  # fatal until a human fixes the kit or the net
+    JOB_NOT_FOUND = "job_not_found"
+    JOB_NOT_RUNNING = "job_not_running"
+    INVALID_REQUEST = "invalid_request"  # the job folder or an argument is wrong
+    UNKNOWN = "unknown"  # retried, but logged with its cause and counted
+
+
+# Unclassified nvflare errors, by exception type: a non-zero count is a gap in `classify`.
+unknown_errors: Counter[str] = Counter()
+
+_ERROR_CLASSES: dict[AdminErrorCategory, type[DispatcherError]] = {
+    AdminErrorCategory.SERVER_UNAVAILABLE: ServerUnavailable,
+    AdminErrorCategory.MISCONFIGURED: AdminMisconfigured,
+    AdminErrorCategory.JOB_NOT_FOUND: NvflareJobNotFound,
+    AdminErrorCategory.JOB_NOT_RUNNING: NvflareJobNotRunning,
+    AdminErrorCategory.INVALID_REQUEST: InvalidRequest,
+    AdminErrorCategory.UNKNOWN: UnknownAdminError,
+}
+
+# Message fragments of nvflare 2.9 errors whose exception type alone is ambiguous.
+_STARTING_MARKERS: tuple[str, ...] = (
+    "communication error",  # login while the server is still starting (fuel/hci/client/api.py)
+    "please try later",
+    "server did not respond",
+    "can't fetch command list",
+    "auto login failed",
+    "cannot connect to server",
+    "cannot authenticate to server",
+    "session is inactive",
+)
+_NOT_RUNNING_MARKERS: tuple[str, ...] = (
+    "is not running",
+)  # abort of a job lost in a server restart
+_MISCONFIG_MARKERS: tuple[str, ...] = (
+    "error:client_registration",  # admin kit of another project (after ~6 s)
+    "expected server identity",
+    "failed to challenge server",
+)
+
+
+def _type_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+@functools.cache
+def _type_rules() -> tuple[tuple[tuple[type[BaseException], ...], AdminErrorCategory], ...]:
+    """Exception types whose meaning does not depend on their message, first match wins."""
+    from nvflare.fuel.common.excepts import ConfigError
+    from nvflare.fuel.f3.cellnet.cell_cipher import InvalidCertChain
+    from nvflare.fuel.flare_api import api_spec as nv
+
+    return (
+        # SessionExpired is a SessionClosed; NoConnection is a ConnectionError.
+        (
+            (nv.NoConnection, nv.SessionClosed, nv.NoReply, TimeoutError, ConnectionError),
+            AdminErrorCategory.SERVER_UNAVAILABLE,
+        ),
+        (
+            (
+                nv.AuthenticationError,
+                nv.AuthorizationError,
+                InvalidCertChain,  # client certificate not from the server's CA
+                ConfigError,
+                FileNotFoundError,  # raised while nvflare loads the kit's files
+                PermissionError,
+            ),
+            AdminErrorCategory.MISCONFIGURED,
+        ),
+        ((nv.JobNotFound,), AdminErrorCategory.JOB_NOT_FOUND),
+        ((nv.JobNotRunning,), AdminErrorCategory.JOB_NOT_RUNNING),
+        ((nv.InvalidJobDefinition, nv.InvalidArgumentError), AdminErrorCategory.INVALID_REQUEST),
+        # The server answered but no site is connected: "not ready yet", a transient state.
+        ((nv.NoClientsAvailable,), AdminErrorCategory.SERVER_UNAVAILABLE),
+    )
+
+
+def _by_message(exc: BaseException) -> AdminErrorCategory | None:
+    """nvflare reuses InternalError and FLCommunicationError for unrelated failures."""
+    from nvflare.apis.fl_exception import FLCommunicationError
+    from nvflare.fuel.flare_api.api_spec import InternalError
+
+    text = str(exc).lower()
+    markers: tuple[tuple[tuple[str, ...], AdminErrorCategory], ...]
+    if isinstance(exc, FLCommunicationError):
+        markers = ((_MISCONFIG_MARKERS, AdminErrorCategory.MISCONFIGURED),)
+    elif isinstance(exc, InternalError):
+        markers = ((_NOT_RUNNING_MARKERS, AdminErrorCategory.JOB_NOT_RUNNING),)
+    else:
+        return None
+    for fragments, category in (
+        *markers,
+        (_STARTING_MARKERS, AdminErrorCategory.SERVER_UNAVAILABLE),
+    ):
+        if any(fragment in text for fragment in fragments):
+            return category
+    return None
+
+
+def classify(exc: BaseException) -> AdminErrorCategory:
+    """The one mapping from an exception raised by nvflare's admin API to its meaning.
+
+    Decided by exception type first, by message only where nvflare reuses a type
+    (`InternalError`, `FLCommunicationError`). Anything unmatched is UNKNOWN, logged with
+    the original exception and counted in `unknown_errors`.
+    """
+    if isinstance(exc, DispatcherError):
+        return _category_of_dispatcher_error(exc)
+    for types, category in _type_rules():
+        if isinstance(exc, types):
+            return category
+    by_message = _by_message(exc)
+    if by_message is not None:
+        return by_message
+    unknown_errors[_type_name(exc)] += 1
+    log.warning("unclassified nvflare error %s: %s", _type_name(exc), exc, exc_info=exc)
+    return AdminErrorCategory.UNKNOWN
+
+
+def _category_of_dispatcher_error(exc: DispatcherError) -> AdminErrorCategory:
+    for category, cls in _ERROR_CLASSES.items():
+        if type(exc) is cls:
+            return category
+    return AdminErrorCategory.UNKNOWN
+
+
+def classified_error(exc: BaseException, context: str = "") -> DispatcherError:
+    """The app error for `exc` (see `classify`), with `exc` as its `__cause__`.
+
+    Use as `raise classified_error(exc, "net x") from exc`; an app error passes through.
+    """
+    if isinstance(exc, DispatcherError):
+        return exc
+    category = classify(exc)
+    prefix = f"{context}: " if context else ""
+    error = _ERROR_CLASSES[category](f"{prefix}{category.value}: {_type_name(exc)}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _is_connection_failure(error: DispatcherError) -> bool:
+    # Anything but a job-level answer means the session can no longer be trusted.
+    return not isinstance(error, (NvflareJobNotFound, NvflareJobNotRunning, InvalidRequest))
+
+
+def _close_quietly(session: Any, *, logout: bool) -> None:
+    """Close an nvflare session so its cell threads stop (an unclosed one keeps the process
+    alive for 40 s+). `logout=False` skips the logout round trip to a server known gone."""
+    try:
+        if logout:
+            session.close()
+        else:
+            session.api.close()
+    except Exception:  # closing must never mask the error being handled
+        log.debug("closing an nvflare session failed", exc_info=True)
+
+
+class NvflareAdminClient:
+    """One net's admin connection (see the module docstring for the rules it keeps)."""
+
+    def __init__(
+        self,
+        *,
+        net_name: str,
+        kit_dir: Path,
+        username: str,
+        login_timeout_s: float,
+        command_timeout_s: float,
+        login_max_tries: int,
+        misconfigured_after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.net_name = net_name
+        self.kit_dir = kit_dir
+        self.username = username
+        self.login_timeout_s = login_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.login_max_tries = login_max_tries
+        self.misconfigured_after_s = misconfigured_after_s
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._session: Any = None
+        self._connected = False
+        # Set while the server's port answers TLS with the right certificate but our login
+        # keeps failing; past `misconfigured_after_s` that is a misconfiguration.
+        self._login_refused_since: float | None = None
+        self._last_probe: kit_check.ServerProbe | None = None
+        self.sessions_created = 0
+
+    # --- session management --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """True only if the last command succeeded."""
+        return self._connected
+
+    @property
+    def session(self) -> Any:
+        """The current nvflare session, or None (exposed so tests can see it was renewed)."""
+        return self._session
+
+    def close(self) -> None:
+        """Close and forget the session so the process can exit promptly."""
+        with self._lock:
+            self._drop(logout=True)
+
+    def __enter__(self) -> NvflareAdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _drop(self, *, logout: bool) -> None:
+        session, self._session = self._session, None
+        self._connected = False
+        if session is not None:
+            _close_quietly(session, logout=logout)
+
+    def _context(self) -> str:
+        return f"net {self.net_name!r}"
+
+    def _connect(self) -> Any:
+        """A fresh, logged-in session, or the classified reason why not."""
+        kit = kit_check.check_kit_files(self.kit_dir)
+        probe = kit_check.probe_server(kit, timeout=min(_PROBE_TIMEOUT_S, self.login_timeout_s))
+        self._last_probe = probe
+        if probe is kit_check.ServerProbe.REFUSED:
+            # Nothing listens: down or scaled to zero. A login attempt could only time out.
+            self._login_refused_since = None
+            raise ServerUnavailable(f"{self._context()}: nothing listens on {kit.endpoint}")
+        if probe is kit_check.ServerProbe.TLS_FAILED:
+            no_tls = ServerUnavailable(
+                f"{self._context()}: {kit.endpoint} accepts connections but no TLS handshake"
+            )
+            self._note_refused_login(kit, no_tls)
+            raise no_tls
+        from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+        try:
+            # new_secure_session closes the session itself when the connect fails, so a
+            # failed (poisoned) session is never kept.
+            session = new_secure_session(
+                self.username,
+                str(self.kit_dir),
+                timeout=self.login_timeout_s,
+                command_timeout=self.command_timeout_s,
+                auto_login_max_tries=self.login_max_tries,
+            )
+        except Exception as exc:
+            error = classified_error(exc, self._context())
+            if isinstance(error, TransientError):
+                self._note_refused_login(kit, exc)
+            raise error from exc
+        self._login_refused_since = None
+        self.sessions_created += 1
+        return session
+
+    def _note_refused_login(self, kit: kit_check.AdminKit, exc: BaseException) -> None:
+        """Start or check the clock of "the port answers but we cannot log in"."""
+        now = self._clock()
+        if self._login_refused_since is None:
+            self._login_refused_since = now
+            return
+        refused_for = now - self._login_refused_since
+        if refused_for > self.misconfigured_after_s:
+            raise AdminMisconfigured(
+                f"{self._context()}: the server at {kit.endpoint} has accepted connections for "
+                f"{refused_for:.0f} s but refused every login with this admin kit (last: "
+                f"{_type_name(exc)}: {exc}); check the kit, its user and the net's server"
+            ) from exc
+
+    def _run(self, operation: Callable[[Any], T]) -> T:
+        """Run one command on the session, connecting first if needed.
+
+        A session that was reused and fails with a connection-class error is dropped and the
+        command is tried once more on a fresh session: the server may have restarted (the
+        old session only recovers 20-30 s later) or expired the session after 1800 s idle.
+        Every operation used here is idempotent (submit is made so by its token).
+        """
+        with self._lock:
+            for attempt in (1, 2):
+                reused = self._session is not None
+                try:
+                    if self._session is None:
+                        self._session = self._connect()
+                    result = operation(self._session)
+                except Exception as exc:
+                    error = classified_error(exc, self._context())
+                    if not _is_connection_failure(error):
+                        self._connected = True  # the server answered
+                        raise error from exc
+                    self._drop(logout=False)
+                    if reused and attempt == 1 and not isinstance(error, AdminMisconfigured):
+                        log.info("%s: session failed (%s); retrying on a fresh one", self, error)
+                        continue
+                    raise error from exc
+                self._connected = True
+                return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def __repr__(self) -> str:
+        return f"NvflareAdminClient(net={self.net_name!r}, connected={self._connected})"
+
+    # --- operations ------------------------------------------------------------------------
+
+    def _system_info(self) -> Any:
+        return self._run(lambda session: session.get_system_info())
+
+    def _state_after_failure(self) -> ServerState:
+        if self._last_probe is kit_check.ServerProbe.REFUSED:
+            return ServerState.UNREACHABLE
+        return ServerState.STARTING
+
+    def server_state(self) -> ServerState:
+        """Never raises for an unreachable or starting server; AdminMisconfigured escapes."""
+        try:
+            self._system_info()
+        except AdminMisconfigured:
+            raise
+        except TransientError:
+            return self._state_after_failure()
+        return ServerState.STARTED
+
+    def server_start_time(self) -> float:
+        """The server's start time (epoch seconds) from `check_status server`."""
+        info = self._system_info()
+        start_time = info.server_info.start_time
+        if start_time is None:
+            raise UnknownAdminError(f"{self._context()}: server reported no start time")
+        return float(start_time)
+
+    def connected_sites(self) -> list[str]:
+        """Names of the client sites currently registered with the server."""
+        info = self._system_info()
+        return sorted(client.name for client in info.client_info)
+
+    def is_ready(self, required_sites: Sequence[str]) -> Readiness:
+        """Ready = a FRESH login works, the server answers, every required site is connected.
+
+        The current session is dropped first: an old session proves nothing about whether a
+        login works now. Never raises for "not ready yet"; only AdminMisconfigured escapes.
+        """
+        with self._lock:
+            self._drop(logout=True)
+            try:
+                info = self._system_info()
+            except AdminMisconfigured:
+                raise
+            except TransientError as exc:
+                return Readiness(
+                    ready=False, server_state=self._state_after_failure(), detail=str(exc)
+                )
+        sites = tuple(sorted(client.name for client in info.client_info))
+        missing = tuple(site for site in required_sites if site not in sites)
+        start_time = info.server_info.start_time
+        return Readiness(
+            ready=not missing,
+            server_state=ServerState.STARTED,
+            connected_sites=sites,
+            missing_sites=missing,
+            detail=f"waiting for sites: {', '.join(missing)}" if missing else "",
+            server_start_time=float(start_time) if start_time is not None else None,
+        )
+
+    def submit(self, job_folder: Path, submit_token: str) -> str:
+        """Submit a job folder; a repeated token returns the existing job's id."""
+        from nvflare.fuel.flare_api import api_spec as nv
+
+        def operation(session: Any) -> str:
+            try:
+                return str(session.submit_job(str(job_folder), submit_token=submit_token))
+            except nv.SubmitTokenConflict as exc:
+                # Same token, different folder content: the token's job exists; it is ours.
+                if not exc.existing_job_id:
+                    raise
+                log.warning(
+                    "%s: submit token %s already used for job %s (content differs); keeping it",
+                    self._context(),
+                    submit_token,
+                    exc.existing_job_id,
+                )
+                return str(exc.existing_job_id)
+            except nv.SubmitTokenJobDeleted as exc:
+                if not exc.job_id:
+                    raise
+                log.warning(
+                    "%s: submit token %s refers to deleted job %s",
+                    self._context(),
+                    submit_token,
+                    exc.job_id,
+                )
+                return str(exc.job_id)
+
+        return self._run(operation)
+
+    def job_status(self, nvflare_job_id: str) -> str:
+        """The raw NVFLARE RunStatus string (e.g. 'RUNNING', 'FINISHED:COMPLETED')."""
+        status = self._run(lambda session: session.get_job_status(nvflare_job_id))
+        if not status:
+            raise UnknownAdminError(f"{self._context()}: job {nvflare_job_id} has no status")
+        return str(status)
+
+    def abort(self, nvflare_job_id: str) -> AbortResult:
+        """Abort a job. A down server, an unknown job or a job that is not running is
+        NOTHING_TO_ABORT and a finished job ALREADY_FINISHED, never an error."""
+        try:
+            status = self.job_status(nvflare_job_id)
+            if status.startswith("FINISHED"):
+                return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
+            # The server answers OK for a finished job too, hence the status check first.
+            message = self._run(lambda session: session.abort_job(nvflare_job_id))
+        except ServerUnavailable as exc:
+            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"server unavailable: {exc}")
+        except NvflareJobNotFound as exc:
+            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"unknown job: {exc}")
+        except NvflareJobNotRunning as exc:
+            # It may have finished between the status read and the abort.
+            return self._not_running_outcome(nvflare_job_id, exc)
+        return AbortResult(AbortOutcome.ABORTED, str(message or ""))
+
+    def _not_running_outcome(self, nvflare_job_id: str, exc: Exception) -> AbortResult:
+        try:
+            status = self.job_status(nvflare_job_id)
+        except (TransientError, NvflareJobNotFound):
+            status = ""
+        if status.startswith("FINISHED"):
+            return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
+        return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"job not running: {exc}")
+
+    def ping(self) -> None:
+        """A cheap command that keeps the session alive (`check_status server`)."""
+        self._system_info()
+
+
+def build_admin_client(net: NetConfig, settings: Settings) -> NvflareAdminClient:
+    """The admin client of one net, from its validated config."""
+    return NvflareAdminClient(
+        net_name=net.name,
+        kit_dir=net.admin.kit_dir,
+        username=net.admin.username,
+        login_timeout_s=settings.admin_login_timeout_s,
+        command_timeout_s=settings.admin_command_timeout_s,
+        login_max_tries=settings.admin_login_max_tries,
+        misconfigured_after_s=net.ready_timeout_s,
+    )
