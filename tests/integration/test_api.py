@@ -603,3 +603,21 @@ def test_route_list(three_nets):
         ("GET", "/readyz"),
         ("GET", "/metrics"),
     } <= routes
+
+
+def test_database_down_is_a_503_not_a_crash(tmp_path, job_root, clock):
+    from app.db import make_engine, session_factory
+
+    engine = make_engine("postgresql+psycopg://fl:db-pw-31@127.0.0.1:1/nowhere")
+    settings = make_settings(tmp_path, job_root, [net_decl(tmp_path, "net-a")])
+    runtime = Runtime(settings=settings, engine=engine, sessions=session_factory(engine))
+    with TestClient(create_app(runtime, send_task=lambda n, k: None)) as client:
+        for path in ("/fl/status", "/jobs", "/metrics"):
+            response = client.get(path)
+            assert response.status_code == 503, path
+            assert "database unavailable" in response.json()["detail"]
+        ready = client.get("/readyz").json()
+        assert ready["failed"] == ["database"]
+        assert "db-pw-31" not in json.dumps(ready)
+        assert client.get("/healthz").status_code == 200
+    engine.dispose()
