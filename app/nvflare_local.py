@@ -252,6 +252,14 @@ def provision(
 # --- processes ------------------------------------------------------------------------------
 
 
+def server_endpoint(server_kit: Path) -> tuple[str, int]:
+    """(host, port) the server kit's `fed_server.json` serves on (its `service.target`)."""
+    config = json.loads((server_kit / "startup" / "fed_server.json").read_text())
+    target = str(config["servers"][0]["service"]["target"])
+    host, _, port = target.rpartition(":")
+    return host or LOOPBACK_HOST, int(port)
+
+
 def kit_command(kit: Path) -> list[str]:
     """The command line `startup/sub_start.sh --once` would exec for this kit, with this python.
 
@@ -296,11 +304,18 @@ def _start(kit: Path, name: str, log_dir: Path | None, track: bool) -> ProcessHa
 
 
 def start_server(
-    target: Deployment | Path, *, log_dir: Path | None = None, track: bool = True
+    target: Deployment | Path,
+    *,
+    log_dir: Path | None = None,
+    track: bool = True,
+    name: str = "server",
 ) -> ProcessHandle:
-    """Start the server from a deployment or a server kit folder; returns at once."""
+    """Start the server from a deployment or a server kit folder; returns at once.
+
+    The log goes to `log_dir/<name>.log` (default: the deployment's `logs/` folder).
+    """
     kit = target.server_kit if isinstance(target, Deployment) else target
-    return _start(kit, "server", log_dir, track)
+    return _start(kit, name, log_dir, track)
 
 
 def start_site(site_kit: Path, *, log_dir: Path | None = None, track: bool = True) -> ProcessHandle:

@@ -1,0 +1,243 @@
+"""The `local` scale driver: a net's NVFLARE server as a local process started from its kit.
+
+Replica 1 = the server process runs (started without nvflare's watchdog, so "stopped" stays
+stopped); replica 0 = it does not. The dispatcher runs in several processes (worker children,
+beat, CLI) that come and go, so the driver keeps no state in memory:
+
+- `<state_dir>/<net>.json` records the intent (`desired`) and the server it started: pid,
+  the process start time from /proc (pids are reused; a pid plus its start time is not),
+  the kit and the port. A process is "our server" only if it is alive, not a zombie, started
+  at the recorded time and runs `server_train` on this kit. Anything else is never signalled.
+- `scale` holds an exclusive `fcntl` lock on `<state_dir>/<net>.lock`, so two workers asking
+  at the same moment start one server, not two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from app import nvflare_local
+from app.drivers.base import Observation
+from app.errors import DriverMisconfigured
+
+log = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 15.0
+_POLL_S = 0.05
+_SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
+
+# Servers started by this process, kept so they are reaped through their Popen (no zombie,
+# no "still running" warning when a driver instance goes away while its server runs on).
+_children: dict[int, nvflare_local.ProcessHandle] = {}
+
+
+def _reap(pid: int) -> None:
+    handle = _children.get(pid)
+    if handle is None:
+        nvflare_local.reap(pid)
+    elif handle.popen.poll() is not None:
+        _children.pop(pid, None)
+
+
+@dataclass(frozen=True)
+class _State:
+    desired: int = 0
+    pid: int | None = None
+    start_ticks: int | None = None
+    kit: str = ""
+    port: int | None = None
+    started_at: float | None = None
+    log: str = ""
+
+
+class LocalDriver:
+    """Scales one net's local NVFLARE server between 0 and 1 processes."""
+
+    kind = "local"
+
+    def __init__(self, net_name: str, server_kit_dir: Path, state_dir: Path) -> None:
+        self.net_name = net_name
+        self.server_kit_dir = server_kit_dir.resolve()
+        self.state_dir = state_dir
+        self._state_path = state_dir / f"{net_name}.json"
+        self._lock_path = state_dir / f"{net_name}.lock"
+
+    # --- public ------------------------------------------------------------------------------
+
+    def scale(self, replicas: int) -> None:
+        """Start (1) or stop (0) the server; idempotent and safe across processes."""
+        if replicas not in (0, 1):
+            raise ValueError(f"net {self.net_name}: a local server has 0 or 1 replicas")
+        with self._locked():
+            state = self._read_state()
+            alive = self._is_our_server(state)
+            if replicas == 1:
+                if alive:
+                    self._write_state(_State(**{**asdict(state), "desired": 1}))
+                    return
+                self._start(state)
+            else:
+                # Record the intent first: a crash mid-stop must not read as "wanted up".
+                self._write_state(_State(**{**asdict(state), "desired": 0}))
+                if alive and state.pid is not None and state.start_ticks is not None:
+                    self._stop(state.pid, state.start_ticks)
+                self._write_state(_State(desired=0))
+
+    def observe(self) -> Observation:
+        """desired from the recorded intent; running = our process alive and its port open;
+        pending = alive but the port not open yet (booting)."""
+        state = self._read_state()
+        alive = self._is_our_server(state)
+        host, port = self._endpoint()
+        port_open = alive and nvflare_local.port_open(host, port)
+        failure = None
+        if state.desired == 1 and not alive:
+            failure = (
+                f"local server process {state.pid} is gone (see {state.log})"
+                if state.pid is not None
+                else "no local server process recorded"
+            )
+        return Observation(
+            desired=state.desired,
+            running=1 if port_open else 0,
+            pending=1 if alive and not port_open else 0,
+            failure=failure,
+        )
+
+    # --- state -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DriverMisconfigured(
+                f"net {self.net_name}: cannot use state dir {self.state_dir}: {exc.strerror}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _read_state(self) -> _State:
+        try:
+            raw = json.loads(self._state_path.read_text())
+        except FileNotFoundError:
+            return _State()
+        except (OSError, ValueError):
+            log.warning(
+                "net %s: unreadable driver state %s; assuming stopped",
+                self.net_name,
+                self._state_path,
+            )
+            return _State()
+        fields = set(_State.__dataclass_fields__)
+        return _State(**{k: v for k, v in raw.items() if k in fields})
+
+    def _write_state(self, state: _State) -> None:
+        # Write-then-rename: a reader (observe, another process) never sees half a file.
+        tmp = self._state_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(self._state_path)
+
+    def _endpoint(self) -> tuple[str, int]:
+        try:
+            return nvflare_local.server_endpoint(self.server_kit_dir)
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            raise DriverMisconfigured(
+                f"net {self.net_name}: {self.server_kit_dir} is not a readable NVFLARE server "
+                f"kit (startup/fed_server.json): {exc}"
+            ) from exc
+
+    # --- process identity --------------------------------------------------------------------
+
+    def _is_our_server(self, state: _State) -> bool:
+        """True only for the very process this driver started (pid reuse and foreign
+        processes are told apart by start time and command line)."""
+        if state.pid is None or state.start_ticks is None:
+            return False
+        _reap(state.pid)  # our own exited child would otherwise linger as a zombie
+        if nvflare_local.proc_start_ticks(state.pid) != state.start_ticks:
+            return False
+        cmdline = nvflare_local.proc_cmdline(state.pid) or []
+        return _SERVER_MODULE in cmdline and str(self.server_kit_dir) in cmdline
+
+    # --- start / stop ------------------------------------------------------------------------
+
+    def _start(self, previous: _State) -> None:
+        host, port = self._endpoint()
+        if nvflare_local.port_open(host, port):
+            raise DriverMisconfigured(
+                f"net {self.net_name}: {host}:{port} is already served by a process this "
+                "driver did not start; stop it or give the net its own port"
+            )
+        if previous.pid is not None:
+            log.info(
+                "net %s: recorded server %s is gone; starting a new one",
+                self.net_name,
+                previous.pid,
+            )
+        handle = nvflare_local.start_server(
+            self.server_kit_dir,
+            log_dir=self.state_dir / "logs",
+            track=False,  # the server must outlive the worker that started it
+            name=self.net_name,
+        )
+        _children[handle.pid] = handle
+        ticks = nvflare_local.proc_start_ticks(handle.pid)
+        # Hold the lock until the child has exec'd the server: before that its cmdline is ours,
+        # and another worker would not recognise it and start a second server.
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        while _SERVER_MODULE not in (nvflare_local.proc_cmdline(handle.pid) or []):
+            if not handle.alive() or time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S / 5)
+        self._write_state(
+            _State(
+                desired=1,
+                pid=handle.pid,
+                start_ticks=ticks,
+                kit=str(self.server_kit_dir),
+                port=port,
+                started_at=handle.started_at,
+                log=str(handle.log_path),
+            )
+        )
+        log.info(
+            "net %s: started local server pid=%s on %s:%s", self.net_name, handle.pid, host, port
+        )
+
+    def _stop(self, pid: int, ticks: int) -> None:
+        # The server was started in its own session: its pid is its process group, which also
+        # holds the job processes it spawned.
+        nvflare_local.signal_group(pid, signal.SIGTERM)
+        if not self._wait_gone(pid, ticks, _STOP_TIMEOUT_S):
+            log.warning("net %s: server %s ignored SIGTERM; killing", self.net_name, pid)
+            nvflare_local.signal_group(pid, signal.SIGKILL)
+            self._wait_gone(pid, ticks, _STOP_TIMEOUT_S)
+        # Leftover job processes: only while no other process has taken the leader's pid.
+        if nvflare_local.proc_start_ticks(pid) is None:
+            nvflare_local.signal_group(pid, signal.SIGKILL)
+        log.info("net %s: stopped local server pid=%s", self.net_name, pid)
+
+    @staticmethod
+    def _wait_gone(pid: int, ticks: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            _reap(pid)
+            if nvflare_local.proc_start_ticks(pid) != ticks:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
