@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any, TextIO
 
 from sqlalchemy.exc import DBAPIError
@@ -344,34 +345,30 @@ def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-# --- the pipeline owner's hook ------------------------------------------------------------
-# worker / beat / demo are owned by the pipeline (app.celery_app, app.demo). They are thin
-# calls into those modules, imported here lazily so the rest of the CLI works before they
-# exist. Signature expected: run_worker(settings) / run_beat(settings) / run_demo(settings),
-# returning an exit code or None.
+# --- processes: worker, beat, demo --------------------------------------------------------
 
 
-def _hook(module: str, function: str) -> Handler:
-    def handler(args: argparse.Namespace, settings: Settings) -> int:
-        import importlib
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    """Run a Celery worker (with an embedded beat only if asked: one beat per deployment)."""
+    from app.celery_app import run_worker
 
-        try:
-            target = getattr(importlib.import_module(module), function)
-        except (ModuleNotFoundError, AttributeError) as exc:
-            if isinstance(exc, ModuleNotFoundError) and exc.name not in (module, None):
-                raise  # a dependency of the module is missing: show the real error
-            sys.stderr.write(f"fl-dispatcher: {module}.{function} is not available yet\n")
-            return EXIT_FAILED
-        code = target(settings)
-        return int(code) if code is not None else EXIT_OK
-
-    handler.__doc__ = f"Run {module}.{function}(settings)."
-    return handler
+    run_worker(settings, concurrency=args.concurrency, beat=args.beat)
+    return EXIT_OK
 
 
-cmd_worker = _hook("app.celery_app", "run_worker")
-cmd_beat = _hook("app.celery_app", "run_beat")
-cmd_demo = _hook("app.demo", "run_demo")
+def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the deployment's one beat."""
+    from app.celery_app import run_beat
+
+    run_beat(settings)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the local end-to-end demo (its own settings; the environment's are not used)."""
+    from app.demo import run_demo
+
+    return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
 
 
 # --- parser ------------------------------------------------------------------------------
@@ -456,11 +453,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
 
-    # The pipeline owner's commands (see the hook above).
-    add("worker", cmd_worker, "run a Celery worker")
-    add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
-    add("demo", cmd_demo, "run the local end-to-end demo")
+    _add_process_commands(add)
     return parser
+
+
+def _add_process_commands(
+    add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
+) -> None:
+    p = add("worker", cmd_worker, "run a Celery worker")
+    p.add_argument("--concurrency", type=int, default=2, metavar="N")
+    p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
+    add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
+    p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
+    p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+    p.add_argument("--idle-gap", type=float, default=5.0, metavar="S")
+    p.add_argument("--keep", action="store_true", help="keep the work folder")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

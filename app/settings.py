@@ -213,6 +213,12 @@ class Settings(BaseSettings):
     def _per_job(cls, value: object) -> bool:
         return parse_flag("PER_JOB_FL_SERVER", value, default=False)
 
+    @field_validator("nets_file", mode="before")
+    @classmethod
+    def _nets_file(cls, value: object) -> object:
+        # An exported-but-empty NETS_FILE means "not set", like every other empty value.
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("log_json", mode="before")
     @classmethod
     def _log_json(cls, value: object) -> bool:

@@ -308,15 +308,20 @@ def test_diagram_prints_both_tables_without_settings(capsys, monkeypatch):
     assert mermaid(JOB_TRANSITIONS) in out and mermaid(NET_TRANSITIONS) in out
 
 
-def test_worker_and_beat_call_the_pipeline_hooks(capsys, cli_env, monkeypatch):
+def test_worker_and_beat_start_with_the_loaded_settings(capsys, cli_env, monkeypatch):
     import app.celery_app
 
     calls = []
-    monkeypatch.setattr(app.celery_app, "run_worker", lambda s: calls.append(("worker", s)))
-    monkeypatch.setattr(app.celery_app, "run_beat", lambda s: calls.append(("beat", s)) or 3)
-    assert run(capsys, "worker")[0] == 0
-    assert run(capsys, "beat")[0] == 3
-    assert [c[0] for c in calls] == ["worker", "beat"]
+    monkeypatch.setattr(
+        app.celery_app, "run_worker", lambda s, **kw: calls.append(("worker", s, kw))
+    )
+    monkeypatch.setattr(app.celery_app, "run_beat", lambda s: calls.append(("beat", s, {})))
+    assert run(capsys, "worker", "--beat", "--concurrency", "3")[0] == 0
+    assert run(capsys, "beat")[0] == 0
+    assert [(c[0], c[2]) for c in calls] == [
+        ("worker", {"concurrency": 3, "beat": True}),
+        ("beat", {}),
+    ]
     assert all(isinstance(c[1], Settings) for c in calls)
 
 
