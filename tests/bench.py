@@ -1,0 +1,107 @@
+"""Benchmarks (not tests): speed and memory figures reported in issue notes.
+
+    .venv/bin/python tests/bench.py [--jobs 500] [--nets 20]
+
+Runs against the machine's PostgreSQL in a throw-away database: enqueue throughput,
+the claim latency of assign_next_job with a deep queue, and this process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app import migrate, services
+from app.db import make_engine, session_factory, unit_of_work
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from models import utcnow
+
+PG_ADMIN_URL = "postgresql+psycopg://127.0.0.1:5432/test"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--nets", type=int, default=20)
+    args = parser.parse_args()
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"fld_bench_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            (root / "jobs" / "job").mkdir(parents=True)
+            nets = []
+            for i in range(args.nets):
+                kit = root / f"kit{i}" / "startup"
+                kit.mkdir(parents=True)
+                (kit / "fed_admin.json").write_text("{}")
+                nets.append(
+                    {
+                        "name": f"net-{i}",
+                        "driver": {"kind": "static"},
+                        "admin": {"kit_dir": str(kit.parent), "username": "a"},
+                    }
+                )
+            settings = Settings(DATABASE_URL=url, JOB_ROOT=root / "jobs", NETS=json.dumps(nets))
+            migrate.upgrade(url)
+            engine = make_engine(url)
+            factory = session_factory(engine)
+            with unit_of_work(factory) as session:
+                services.sync_nets(session, settings, utcnow())
+
+            enqueue_ms = []
+            for i in range(args.jobs):
+                request = EnqueueJob(caller_key=f"k{i}", definition="job", required_sites=["s"])
+                start = time.perf_counter()
+                with unit_of_work(factory) as session:
+                    services.enqueue_job(session, settings, request, utcnow())
+                enqueue_ms.append((time.perf_counter() - start) * 1000)
+
+            claim_ms = []
+            for _ in range(args.nets):
+                start = time.perf_counter()
+                with unit_of_work(factory) as session:
+                    assert services.assign_next_job(session, settings, utcnow()) is not None
+                claim_ms.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            with unit_of_work(factory) as session:
+                assert services.assign_next_job(session, settings, utcnow()) is None
+            no_free_ms = (time.perf_counter() - start) * 1000
+            engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    def p(values: list[float], q: float) -> float:
+        return sorted(values)[int(q * (len(values) - 1))]
+
+    print(
+        f"enqueue x{args.jobs}: median {statistics.median(enqueue_ms):.2f} ms, "
+        f"p95 {p(enqueue_ms, 0.95):.2f} ms"
+    )
+    print(
+        f"assign_next_job with {args.jobs} queued, {args.nets} nets: median "
+        f"{statistics.median(claim_ms):.2f} ms, max {max(claim_ms):.2f} ms; "
+        f"no free net: {no_free_ms:.2f} ms"
+    )
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process: {peak_mib:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
