@@ -44,6 +44,7 @@ class AdminKit:
     port: int
     server_identity: str
     connection_security: str
+    scheme: str
     ca_cert: Path
     client_cert: Path
     client_key: Path
@@ -59,8 +60,8 @@ class ServerProbe(StrEnum):
     """What the server's port said to a TLS handshake made with the kit's rootCA."""
 
     REFUSED = "refused"  # nothing listens (down, scaled to zero, or still booting)
-    TLS_FAILED = "tls_failed"  # something listens but the handshake did not complete
-    VERIFIED = "verified"  # TLS done; the server certificate is from the kit's CA and identity
+    NOT_SERVING = "not_serving"  # something listens but completes no TLS handshake or request
+    VERIFIED = "verified"  # the server's certificate is from the kit's CA, with its identity
 
 
 def _misconfigured(kit_dir: Path, problem: str) -> AdminMisconfigured:
@@ -182,6 +183,7 @@ def check_kit_files(kit_dir: Path, *, now: datetime | None = None) -> AdminKit:
         port=port,
         server_identity=str(admin.get("server_identity") or "server"),
         connection_security=str(admin.get("connection_security") or "mtls").lower(),
+        scheme=str(admin.get("scheme") or "grpc").lower(),
         ca_cert=ca_path,
         client_cert=cert_path,
         client_key=key_path,
@@ -190,12 +192,14 @@ def check_kit_files(kit_dir: Path, *, now: datetime | None = None) -> AdminKit:
 
 
 def probe_server(kit: AdminKit, *, timeout: float = 2.0) -> ServerProbe:
-    """Handshake with the server's port using the kit's rootCA and check who answers.
+    """Handshake with the server's port as the kit would, and check who answers.
 
-    REFUSED and TLS_FAILED are for the caller to judge (down / still starting / something
+    REFUSED and NOT_SERVING are for the caller to judge (down / still starting / something
     else on the port); a server certificate from another CA or with another identity raises
-    AdminMisconfigured at once. No client certificate is sent: the server's certificate is all
-    that is needed and TLS 1.3 delivers it before the server asks for ours.
+    AdminMisconfigured at once. On the `http` scheme the probe also sends one plain HTTP
+    request and waits for any answer: nvflare 2.9's websocket connect (aiohttp) has a 300 s
+    default timeout that its session close then waits out, so a port that completes TLS but
+    never answers must be recognised here, before a login is attempted.
     """
     try:
         sock = socket.create_connection((kit.host, kit.port), timeout=timeout)
@@ -206,9 +210,14 @@ def probe_server(kit: AdminKit, *, timeout: float = 2.0) -> ServerProbe:
             return ServerProbe.VERIFIED  # nothing to verify on a cleartext port
         context = ssl.create_default_context(cafile=str(kit.ca_cert))
         context.check_hostname = False  # nvflare checks the CN against server_identity instead
+        if kit.connection_security == "mtls":
+            context.load_cert_chain(str(kit.client_cert), str(kit.client_key))
         try:
             with context.wrap_socket(sock, server_hostname=kit.host) as tls:
                 der = tls.getpeercert(binary_form=True)
+                _check_identity(kit, der)
+                if kit.scheme == "http" and not _answers_http(tls, kit):
+                    return ServerProbe.NOT_SERVING
         except ssl.SSLCertVerificationError as exc:
             raise _misconfigured(
                 kit.kit_dir,
@@ -217,9 +226,13 @@ def probe_server(kit: AdminKit, *, timeout: float = 2.0) -> ServerProbe:
                 "or the net points at another server",
             ) from None
         except (OSError, ssl.SSLError):
-            return ServerProbe.TLS_FAILED
+            return ServerProbe.NOT_SERVING
+    return ServerProbe.VERIFIED
+
+
+def _check_identity(kit: AdminKit, der: bytes | None) -> None:
     if der is None:
-        return ServerProbe.TLS_FAILED
+        raise ssl.SSLError("no peer certificate")
     server_cn = _common_name(x509.load_der_x509_certificate(der))
     if server_cn != kit.server_identity:
         raise _misconfigured(
@@ -227,7 +240,12 @@ def probe_server(kit: AdminKit, *, timeout: float = 2.0) -> ServerProbe:
             f"the kit expects server identity {kit.server_identity!r} but the server at "
             f"{kit.endpoint} is {server_cn!r}",
         )
-    return ServerProbe.VERIFIED
+
+
+def _answers_http(tls: ssl.SSLSocket, kit: AdminKit) -> bool:
+    request = f"GET /f3 HTTP/1.1\r\nHost: {kit.endpoint}\r\nConnection: close\r\n\r\n"
+    tls.sendall(request.encode())
+    return tls.recv(16).startswith(b"HTTP/")
 
 
 def preflight(kit_dir: Path, *, timeout: float = 2.0) -> tuple[AdminKit, ServerProbe]:

@@ -270,7 +270,7 @@ class NvflareAdminClient:
             _close_quietly(session, logout=logout)
 
     def _context(self) -> str:
-        return f"net {self.net_name!r}"
+        return f"net {self.net_name!r} (admin kit {self.kit_dir})"
 
     def _connect(self) -> Any:
         """A fresh, logged-in session, or the classified reason why not."""
@@ -281,9 +281,9 @@ class NvflareAdminClient:
             # Nothing listens: down or scaled to zero. A login attempt could only time out.
             self._login_refused_since = None
             raise ServerUnavailable(f"{self._context()}: nothing listens on {kit.endpoint}")
-        if probe is kit_check.ServerProbe.TLS_FAILED:
+        if probe is kit_check.ServerProbe.NOT_SERVING:
             no_tls = ServerUnavailable(
-                f"{self._context()}: {kit.endpoint} accepts connections but no TLS handshake"
+                f"{self._context()}: {kit.endpoint} accepts connections but does not serve"
             )
             self._note_refused_login(kit, no_tls)
             raise no_tls
@@ -317,8 +317,8 @@ class NvflareAdminClient:
         refused_for = now - self._login_refused_since
         if refused_for > self.misconfigured_after_s:
             raise AdminMisconfigured(
-                f"{self._context()}: the server at {kit.endpoint} has accepted connections for "
-                f"{refused_for:.0f} s but refused every login with this admin kit (last: "
+                f"{self._context()}: {kit.endpoint} has accepted connections for "
+                f"{refused_for:.0f} s but never let this admin kit log in (last: "
                 f"{_type_name(exc)}: {exc}); check the kit, its user and the net's server"
             ) from exc
 

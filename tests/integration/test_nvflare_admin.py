@@ -1,0 +1,439 @@
+"""The NVFLARE admin client against a REAL server that is really stopped, killed and started.
+
+No part of the nvflare connection is mocked: every "server down" here is a process that is
+gone, every "wrong kit" a kit of another project or CA. The independent yardstick is a raw
+nvflare session made directly with nvflare's own API (`tests.fixtures.nvflare.raw_session`).
+
+Tests that restart the server share the session's two sites, which keep running and
+re-register by themselves; tests are ordered so that waits for re-registration are few.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app import nvflare_admin
+from app.admin import AbortOutcome, Readiness, ServerState
+from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
+from app.nvflare_admin import NvflareAdminClient, build_admin_client
+from app.nvflare_local import Deployment
+from tests.fixtures.nvflare import (
+    NvflareSystem,
+    admin_settings,
+    net_config,
+    poll,
+    raw_session,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.nvflare]
+
+JOB_TIMEOUT_S = 180.0  # measured ~15 s for the tiny job on 2 cores
+
+
+@pytest.fixture
+def make_client(nvflare_deployment: Deployment) -> Iterator[Callable[..., NvflareAdminClient]]:
+    """Admin clients built the production way (`build_admin_client`); all closed after."""
+    clients: list[NvflareAdminClient] = []
+
+    def make(
+        kit: Path | None = None, *, ready_timeout_s: float = 900.0, **settings: Any
+    ) -> NvflareAdminClient:
+        net = net_config(nvflare_deployment, kit, ready_timeout_s=ready_timeout_s)
+        client = build_admin_client(net, admin_settings(**settings))
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def _job_ids(deployment: Deployment) -> set[str]:
+    session = raw_session(deployment, timeout=5.0)
+    assert session is not None, "raw login failed"
+    try:
+        return {job["job_id"] for job in session.list_jobs()}
+    finally:
+        session.close()
+
+
+def _wait_status(client: NvflareAdminClient, job_id: str, done: Callable[[str], bool]) -> str:
+    return str(
+        poll(
+            f"job {job_id}",
+            lambda: status if done(status := client.job_status(job_id)) else None,
+            JOB_TIMEOUT_S,
+            0.5,
+        )
+    )
+
+
+# --- 1-3: the moment the server comes back ---------------------------------------------------
+
+
+def test_boot_with_server_down_then_the_first_command_after_start_succeeds(
+    nvflare_server_down: NvflareSystem, make_client: Callable[..., NvflareAdminClient]
+) -> None:
+    client = make_client()
+
+    # Nothing escapes for "down": state and readiness answer, abort finds nothing to do.
+    assert client.server_state() is ServerState.UNREACHABLE
+    readiness = client.is_ready(["site-1", "site-2"])
+    assert not readiness.ready
+    assert readiness.server_state is ServerState.UNREACHABLE
+    assert client.abort("no-such-job").outcome is AbortOutcome.NOTHING_TO_ABORT
+    with pytest.raises(ServerUnavailable):
+        client.ping()  # a command raises, but only the classified transient error
+    assert not client.connected
+
+    nvflare_server_down.start_server()
+    nvflare_server_down.wait_login()  # a raw nvflare login works: the server is back
+
+    client.ping()  # the very first command after that succeeds
+    assert client.connected
+    assert client.server_state() is ServerState.STARTED
+
+
+def test_stopped_server_drops_the_session_and_the_restarted_one_gets_a_new_session(
+    nvflare_server: NvflareSystem, make_client: Callable[..., NvflareAdminClient]
+) -> None:
+    client = make_client()
+    client.ping()
+    assert client.connected
+    first = client.session
+    assert first is not None
+
+    nvflare_server.stop_server()
+    with pytest.raises(ServerUnavailable):
+        client.ping()
+    assert not client.connected  # not latched by the earlier success
+    assert client.session is None
+    assert first.api.closed  # the dropped session was closed, not leaked
+
+    nvflare_server.start_server()
+    nvflare_server.wait_login()
+    client.ping()  # succeeds at once...
+    assert client.connected
+    assert client.session is not None
+    assert client.session is not first  # ...on a NEW session
+
+
+def test_cold_start_every_error_is_transient_and_first_success_follows_the_first_possible_login(
+    nvflare_server_down: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    record_property: Callable[[str, object], None],
+) -> None:
+    """Poll from the moment the process starts. The yardstick is an independent loop of raw
+    nvflare logins (1 s timeout each, back to back): the first moment it succeeds is the
+    first moment a fresh login can succeed, to within one raw attempt (~1.5 s)."""
+    deployment = nvflare_server_down.deployment
+    client = make_client()
+    unknown_before = sum(nvflare_admin.unknown_errors.values())
+    probe_first: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            session = raw_session(deployment, timeout=1.0)
+            if session is not None:
+                probe_first.append(time.monotonic())
+                session.close()
+                return
+
+    launched = time.monotonic()
+    nvflare_server_down.start_server()
+    prober = threading.Thread(target=probe, name="raw-login-probe", daemon=True)
+    prober.start()
+    errors: list[TransientError] = []
+    client_first = None
+    try:
+        while time.monotonic() - launched < 60:
+            try:
+                client.ping()  # anything but a TransientError escapes and fails the test
+            except TransientError as exc:
+                errors.append(exc)
+                time.sleep(0.1)
+                continue
+            client_first = time.monotonic()
+            break
+        prober.join(timeout=60)
+    finally:
+        stop.set()
+
+    assert client_first is not None, "the client never got through"
+    assert probe_first, "the raw probe never logged in"
+    assert errors, "the client got through at once: the cold-start window was not exercised"
+    assert all(isinstance(e, ServerUnavailable) for e in errors), {type(e) for e in errors}
+    assert sum(nvflare_admin.unknown_errors.values()) == unknown_before
+    lag = client_first - probe_first[0]
+    record_property("cold_start_probe_first_login_s", round(probe_first[0] - launched, 2))
+    record_property("cold_start_client_first_success_s", round(client_first - launched, 2))
+    # Measured on 2 cores: the client lands 0.3-1.2 s BEFORE the raw loop (it dials as soon as
+    # the port answers TLS instead of waiting out a failed attempt); 1 s is the issue's bound.
+    assert lag <= 1.0, f"client first success {lag:.2f} s after the first possible login"
+
+
+# --- 4: a wrong kit is misconfiguration, never "server down" ---------------------------------
+
+
+def _copy_kit(src: Path, dest: Path, **admin_changes: Any) -> Path:
+    shutil.copytree(src, dest)
+    config_path = dest / "startup" / "fed_admin.json"
+    config = json.loads(config_path.read_text())
+    config["admin"].update(admin_changes)
+    config_path.write_text(json.dumps(config))
+    return dest
+
+
+def _poll_readiness_until_misconfigured(
+    client: NvflareAdminClient, deadline_s: float
+) -> tuple[float, list[Readiness], AdminMisconfigured]:
+    """What wait_ready does: poll is_ready until the deadline; AdminMisconfigured must end it."""
+    seen: list[Readiness] = []
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        try:
+            seen.append(client.is_ready(["site-1", "site-2"]))
+        except AdminMisconfigured as exc:
+            return time.monotonic() - started, seen, exc
+        time.sleep(0.2)
+    raise AssertionError(f"no AdminMisconfigured within {deadline_s} s; saw {seen}")
+
+
+@pytest.fixture
+def wrong_kits(
+    tmp_path: Path, nvflare_deployment: Deployment, other_deployment: Deployment
+) -> dict[str, Path]:
+    ours, other = nvflare_deployment.admin_kit, other_deployment.admin_kit
+    wrong_ca = shutil.copytree(ours, tmp_path / "wrong-ca")
+    shutil.copy(other / "startup" / "rootCA.pem", wrong_ca / "startup" / "rootCA.pem")
+    return {
+        # A complete, consistent kit of another project (another CA) dialling our server.
+        "other-project": other,
+        # Our certificate and key, but another CA's rootCA.pem.
+        "wrong-ca": wrong_ca,
+        # Our kit expecting a server of another name.
+        "wrong-identity": _copy_kit(ours, tmp_path / "identity", server_identity="other"),
+        # Our kit claiming another project: the server rejects the registration (~6 s).
+        "wrong-project": _copy_kit(ours, tmp_path / "project", project_name="other-project"),
+    }
+
+
+@pytest.mark.parametrize(
+    "variant", ["other-project", "wrong-ca", "wrong-identity", "wrong-project"]
+)
+def test_wrong_admin_kit_is_misconfigured_within_the_readiness_deadline(
+    nvflare_server: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    wrong_kits: dict[str, Path],
+    variant: str,
+) -> None:
+    deadline_s = 30.0
+    client = make_client(wrong_kits[variant], ready_timeout_s=deadline_s)
+
+    elapsed, seen, error = _poll_readiness_until_misconfigured(client, deadline_s)
+
+    assert elapsed < deadline_s
+    assert not any(r.server_state is ServerState.UNREACHABLE for r in seen), seen
+    assert str(wrong_kits[variant]) in str(error)
+    assert not client.connected
+    # The same kit never gets reported as a down server by server_state either.
+    with pytest.raises(AdminMisconfigured):
+        client.server_state()
+
+
+class _FakeTlsServer:
+    """A port that completes TLS with the real server certificate (right CA, right identity)
+    but is no NVFLARE server: it answers every request with a 404, or never answers."""
+
+    def __init__(self, server_kit: Path, *, answer_http: bool) -> None:
+        self._answer_http = answer_http
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        startup = server_kit / "startup"
+        self._context.load_cert_chain(startup / "server.crt", startup / "server.key")
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                continue
+            try:
+                conn.settimeout(2)
+                tls = self._context.wrap_socket(conn, server_side=True)
+                if self._answer_http:
+                    tls.recv(4096)
+                    tls.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    tls.close()
+                else:
+                    self._open.append(tls)  # held open, never answered
+            except (OSError, ssl.SSLError):
+                conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._listener.close()
+        for conn in self._open:
+            conn.close()
+
+
+@pytest.mark.parametrize("answer_http", [True, False], ids=["answers-404", "never-answers"])
+def test_port_with_the_right_certificate_that_never_logs_us_in_is_misconfigured_at_the_deadline(
+    tmp_path: Path,
+    nvflare_deployment: Deployment,
+    make_client: Callable[..., NvflareAdminClient],
+    answer_http: bool,
+) -> None:
+    """The certificate checks pass, yet no login ever works: not a server that is down. Each
+    attempt stays bounded (nvflare alone would hang 300 s on the silent port), and past the
+    net's readiness deadline it is reported as a misconfiguration."""
+    fake = _FakeTlsServer(nvflare_deployment.server_kit, answer_http=answer_http)
+    try:
+        kit = _copy_kit(nvflare_deployment.admin_kit, tmp_path / "kit", port=fake.port)
+        deadline_s = 4.0
+        client = make_client(kit, ready_timeout_s=deadline_s, ADMIN_LOGIN_TIMEOUT_S=1.0)
+
+        elapsed, seen, error = _poll_readiness_until_misconfigured(client, 4 * deadline_s)
+    finally:
+        fake.close()
+
+    assert deadline_s <= elapsed < 3 * deadline_s
+    assert seen and all(r.server_state is ServerState.STARTING for r in seen), seen
+    assert "never let this admin kit log in" in str(error)
+
+
+# --- 5-6: jobs ---------------------------------------------------------------------------
+
+
+def test_submit_runs_the_tiny_job_to_completion_and_a_repeated_token_makes_one_job(
+    nvflare_sites: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    tiny_job: Path,
+    long_job: Path,
+    record_property: Callable[[str, object], None],
+) -> None:
+    deployment = nvflare_sites.deployment
+    client = make_client()
+    before = _job_ids(deployment)
+    token = str(uuid.uuid4())
+
+    submitted = time.monotonic()
+    job_id = client.submit(tiny_job, submit_token=token)
+    assert client.submit(tiny_job, submit_token=token) == job_id  # a retry of the same submit
+    # Same token, other content (e.g. the folder changed between attempts): still that job.
+    assert client.submit(long_job, submit_token=token) == job_id
+    assert _job_ids(deployment) - before == {job_id}
+
+    status = _wait_status(client, job_id, lambda s: s.startswith("FINISHED"))
+    record_property("tiny_job_submit_to_finished_s", round(time.monotonic() - submitted, 1))
+    assert status == "FINISHED:COMPLETED"
+    assert _job_ids(deployment) - before == {job_id}
+
+
+def test_abort_outcomes_running_finished_unknown_and_server_down(
+    nvflare_sites: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    long_job: Path,
+) -> None:
+    client = make_client()
+    job_id = client.submit(long_job, submit_token=str(uuid.uuid4()))
+    _wait_status(client, job_id, lambda s: s == "RUNNING")
+
+    assert client.abort(job_id).outcome is AbortOutcome.ABORTED
+    assert _wait_status(client, job_id, lambda s: s.startswith("FINISHED")) == "FINISHED:ABORTED"
+
+    finished = client.abort(job_id)
+    assert finished.outcome is AbortOutcome.ALREADY_FINISHED
+    assert finished.detail == "FINISHED:ABORTED"
+    assert client.abort(str(uuid.uuid4())).outcome is AbortOutcome.NOTHING_TO_ABORT
+
+    nvflare_sites.stop_server()
+    down = client.abort(job_id)
+    assert down.outcome is AbortOutcome.NOTHING_TO_ABORT
+    assert "unavailable" in down.detail
+    assert not client.connected
+
+
+# --- 7-8: the server lost mid-job, and readiness after a restart ----------------------------
+
+
+def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
+    nvflare_sites: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    long_job: Path,
+) -> None:
+    client = make_client()
+    job_id = client.submit(long_job, submit_token=str(uuid.uuid4()))
+    _wait_status(client, job_id, lambda s: s == "RUNNING")
+    before = client.server_start_time()
+
+    nvflare_sites.kill_server()
+    assert client.server_state() is ServerState.UNREACHABLE
+    nvflare_sites.start_server()
+
+    def start_time() -> float | None:
+        try:
+            return client.server_start_time()
+        except TransientError:
+            return None
+
+    after = poll("the restarted server's start time", start_time, 60, 0.2)
+    assert after > before  # this is how the dispatcher notices the restart
+
+    # nvflare 2.9 keeps the lost job's record as RUNNING after a restart, though nothing runs
+    # it; the server refuses to abort it ("is not running"), which is nothing to abort.
+    assert client.job_status(job_id) == "RUNNING"
+    assert client.abort(job_id).outcome is AbortOutcome.NOTHING_TO_ABORT
+
+
+def test_readiness_waits_for_both_sites_to_re_register_after_a_restart(
+    nvflare_sites: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    record_property: Callable[[str, object], None],
+) -> None:
+    sites = ["site-1", "site-2"]
+    client = make_client()
+    first = client.is_ready(sites)
+    assert first.ready
+
+    nvflare_sites.stop_server()
+    nvflare_sites.start_server()
+    restarted = time.monotonic()
+    seen: list[Readiness] = []
+    while time.monotonic() - restarted < 90:
+        seen.append(client.is_ready(sites))
+        if seen[-1].ready:
+            break
+        time.sleep(0.2)
+    ready = seen[-1]
+    record_property("sites_reregistered_after_restart_s", round(time.monotonic() - restarted, 1))
+
+    assert ready.ready, seen[-3:]
+    assert not any(r.ready for r in seen[:-1])
+    # The gate held: the server answered while a site was still missing, and said not ready.
+    waiting = [r for r in seen if r.server_state is ServerState.STARTED and not r.ready]
+    assert waiting, "the sites re-registered before the server answered: gate not exercised"
+    assert all(r.missing_sites for r in waiting)
+    assert set(sites) <= set(ready.connected_sites)
+    assert set(sites) <= nvflare_sites.registered_sites()
+    assert ready.server_start_time is not None and first.server_start_time is not None
+    assert ready.server_start_time > first.server_start_time
