@@ -1,0 +1,166 @@
+"""`fl-dispatcher demo`: the main job end to end on the embedded default.
+
+Provisions a local NVFLARE deployment (server + 2 sites), starts a real worker with beat on
+SQLite (tables and broker), enqueues a job, watches the server come up, the job run and the
+server scale to zero; after an idle gap does it all again; prints every job and net state
+change live and ends with a summary. Leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+from app.stack import LocalStack, StackOptions
+from models import JobEvent, JobState, NetEvent, NetState
+
+RUN_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Timeline:
+    """Every state change seen, for the live print and the summary."""
+
+    started: float = field(default_factory=time.monotonic)
+    job_events: list[JobEvent] = field(default_factory=list)
+    net_events: list[NetEvent] = field(default_factory=list)
+    last_job_event: int = 0
+    last_net_event: int = 0
+
+    def first(
+        self, events: list[NetEvent], state: NetState, after: datetime | None = None
+    ) -> datetime | None:
+        """The first net event into `state` (after a moment, if given)."""
+        return next(
+            (e.at for e in events if e.to_state == state and (after is None or e.at >= after)),
+            None,
+        )
+
+
+def _poll(stack: LocalStack, timeline: Timeline, out: TextIO) -> None:
+    jobs, nets = stack.events_since(timeline.last_job_event, timeline.last_net_event)
+    merged: list[tuple[datetime, str]] = []
+    for event in jobs:
+        timeline.last_job_event = event.id
+        timeline.job_events.append(event)
+        merged.append(
+            (
+                event.at,
+                f"job {str(event.job_id)[:8]}  {event.from_state or '-':>11} -> "
+                f"{event.to_state:<11} {event.reason}",
+            )
+        )
+    for net_event in nets:
+        timeline.last_net_event = net_event.id
+        timeline.net_events.append(net_event)
+        merged.append(
+            (
+                net_event.at,
+                f"net {net_event.net_name}  {net_event.from_state or '-':>9} "
+                f"-> {net_event.to_state:<9} {net_event.reason}",
+            )
+        )
+    for _, line in sorted(merged, key=lambda item: item[0]):
+        out.write(f"[{time.monotonic() - timeline.started:6.1f}s] {line}\n")
+    out.flush()
+
+
+def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextIO) -> uuid.UUID:
+    job_id = stack.enqueue(key)
+    out.write(
+        f"[{time.monotonic() - timeline.started:6.1f}s] enqueued {key} as job {str(job_id)[:8]}\n"
+    )
+
+    def finished() -> bool:
+        _poll(stack, timeline, out)
+        job = stack.job(job_id)
+        return job is not None and job.state in (
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.ABORTED,
+        )
+
+    stack.wait_for(f"job {key} to finish", finished, RUN_TIMEOUT_S, poll_s=0.5)
+    job = stack.job(job_id)
+    assert job is not None
+    if job.state != JobState.COMPLETED:
+        raise RuntimeError(f"job {key} ended {job.state}: {job.last_error}")
+
+    def stopped() -> bool:
+        _poll(stack, timeline, out)
+        return stack.net().state == NetState.STOPPED and not stack.driver().observe().is_up
+
+    stack.wait_for("the server to scale to zero", stopped, RUN_TIMEOUT_S, poll_s=0.5)
+    return job_id
+
+
+def _seconds(a: datetime | None, b: datetime | None) -> str:
+    return f"{(b - a).total_seconds():6.1f}s" if a and b else "     n/a"
+
+
+def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextIO) -> None:
+    wall = time.monotonic() - timeline.started
+    out.write("\nSummary\n")
+    up_total = 0.0
+    for index, job_id in enumerate(job_ids, 1):
+        events = [e for e in timeline.job_events if e.job_id == job_id]
+        at = {e.to_state: e.at for e in events}
+        assigned = at.get(JobState.ASSIGNED)
+        starting = timeline.first(timeline.net_events, NetState.STARTING, assigned)
+        ready = timeline.first(timeline.net_events, NetState.READY, assigned)
+        stopped = timeline.first(timeline.net_events, NetState.STOPPED, at.get(JobState.COMPLETED))
+        if starting and stopped:
+            up_total += (stopped - starting).total_seconds()
+        out.write(
+            f"  job {index}: cold start {_seconds(starting, ready)}   dispatch "
+            f"{_seconds(ready, at.get(JobState.RUNNING))}   run "
+            f"{_seconds(at.get(JobState.RUNNING), at.get(JobState.COMPLETED))}   "
+            f"enqueue->done {_seconds(at.get(JobState.QUEUED), at.get(JobState.COMPLETED))}\n"
+        )
+    out.write(
+        f"  server up {up_total:.1f}s of {wall:.1f}s wall time "
+        f"({100 * up_total / wall:.0f}%); scaled to zero {len(job_ids)} times\n"
+    )
+
+
+def run_demo(
+    workdir: Path | None = None,
+    *,
+    idle_gap_s: float = 5.0,
+    keep: bool = False,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Run the demo; returns the process exit code."""
+    own_dir = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="fl-dispatcher-demo-")) if workdir is None else workdir
+    out.write(f"fl-dispatcher demo in {root}\n")
+    timeline = Timeline()
+    succeeded = False
+    try:
+        with LocalStack(StackOptions(workdir=root)) as stack:
+            out.write(
+                "provisioned a local NVFLARE deployment; sites started; worker + beat "
+                "running on SQLite\n"
+            )
+            first = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-1", out)
+            out.write(f"--- idle gap of {idle_gap_s:.0f}s: the server stays at zero ---\n")
+            time.sleep(idle_gap_s)
+            second = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-2", out)
+            _poll(stack, timeline, out)
+            _summary(timeline, [first, second], out)
+            succeeded = True
+    except (RuntimeError, TimeoutError) as exc:
+        out.write(f"demo failed: {exc}\n(logs kept in {root})\n")
+        return 1
+    finally:
+        if own_dir and succeeded and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+    out.write("done: no process left behind\n")
+    return 0

@@ -1,0 +1,288 @@
+"""A whole local fl-dispatcher stack: a provisioned NVFLARE deployment (server kit driven by
+the local scale driver, two sites running), a migrated database, and a real Celery worker and
+beat as subprocesses. Used by `fl-dispatcher demo` and by the end-to-end tests.
+
+Processes are always cleaned up (`close()`, also on errors), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import select
+
+from app import migrate
+from app.client import DispatcherClient
+from app.db import make_engine, session_factory
+from app.drivers.local import LocalDriver
+from app.nvflare_local import (
+    Deployment,
+    ProcessHandle,
+    build_tiny_job,
+    provision,
+    start_site,
+    stop,
+)
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from models import Job, JobEvent, Net, NetEvent
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NET = "local-net"
+JOB_NAME = "tiny-fedavg"
+
+
+@dataclass
+class StackOptions:
+    """Knobs of a local stack; defaults suit the demo (seconds, not minutes)."""
+
+    workdir: Path
+    database_url: str | None = None  # None: SQLite in workdir (the embedded default)
+    broker_url: str | None = None  # None: kombu's SQLAlchemy transport on SQLite in workdir
+    per_job_fl_server: bool = True
+    idle_timeout_s: float = 6.0
+    ready_timeout_s: float = 120.0
+    housekeeping_interval_s: float = 2.0
+    server_lost_grace_s: float = 20.0
+    stuck_after_s: float = 60.0
+    embedded_beat: bool = True  # worker --beat (one process) or a separate beat process
+    concurrency: int = 2
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class LocalStack:
+    """Start with `start()`, always `close()`; use as a context manager."""
+
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.workdir = options.workdir.resolve()
+        self.deployment: Deployment | None = None
+        self.sites: dict[str, ProcessHandle] = {}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.env: dict[str, str] = {}
+        self.settings: Settings | None = None
+        self._client: DispatcherClient | None = None
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- setup ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Provision, migrate, start the sites, then the worker (and beat)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.deployment = provision(self.workdir / "nvflare")
+        job_root = self.workdir / "jobs"
+        build_tiny_job(job_root / JOB_NAME)
+        self.env = self._env(job_root)
+        self.settings = Settings(**self._settings_kwargs(job_root))
+        migrate.upgrade(self.settings.database_url)
+        for name, kit in self.deployment.site_kits.items():
+            self.sites[name] = start_site(kit, log_dir=self.workdir / "logs")
+        self.start_worker()
+
+    def _settings_kwargs(self, job_root: Path) -> dict[str, Any]:
+        assert self.deployment is not None
+        opts = self.options
+        data = self.workdir / "data"
+        net = {
+            "name": NET,
+            "driver": {"kind": "local", "server_kit_dir": str(self.deployment.server_kit)},
+            "admin": {
+                "kit_dir": str(self.deployment.admin_kit),
+                "username": self.deployment.admin_user,
+            },
+            "idle_timeout_s": opts.idle_timeout_s,
+            "ready_timeout_s": opts.ready_timeout_s,
+            "required_sites": sorted(self.deployment.site_kits),
+        }
+        return {
+            "FL_DISPATCHER_DATA_DIR": data,
+            "DATABASE_URL": opts.database_url or f"sqlite:///{data / 'fl-dispatcher.db'}",
+            "BROKER_URL": opts.broker_url or f"sqla+sqlite:///{data / 'broker.db'}",
+            "PER_JOB_FL_SERVER": opts.per_job_fl_server,
+            "NETS": json.dumps([net]),
+            "JOB_ROOT": job_root,
+            "HOUSEKEEPING_INTERVAL_S": opts.housekeeping_interval_s,
+            "SERVER_LOST_GRACE_S": opts.server_lost_grace_s,
+            "STUCK_AFTER_S": opts.stuck_after_s,
+            "READY_POLL_S": 0.5,
+            "ADMIN_LOGIN_TIMEOUT_S": 5.0,
+            "ADMIN_COMMAND_TIMEOUT_S": 10.0,
+        }
+
+    def _env(self, job_root: Path) -> dict[str, str]:
+        """The environment the worker and beat get: exactly the stack's settings."""
+        kwargs = self._settings_kwargs(job_root)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NETS", "DATABASE_URL"))}
+        env |= {key: _env_value(value) for key, value in kwargs.items()}
+        env |= self.options.extra_env
+        return env
+
+    def start_worker(self) -> None:
+        """Start the worker (with beat embedded unless options say otherwise)."""
+        cli = [sys.executable, "-m", "app.cli"]
+        worker = [*cli, "worker", f"--concurrency={self.options.concurrency}"]
+        if self.options.embedded_beat:
+            worker.append("--beat")
+        self.processes["worker"] = self._spawn("worker", worker)
+        if not self.options.embedded_beat:
+            self.processes["beat"] = self._spawn("beat", [*cli, "beat"])
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("ab") as out:
+            return subprocess.Popen(
+                argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: we can stop the whole tree
+                cwd=self.workdir,
+            )
+
+    def stop_worker(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the worker and beat processes (their whole process groups)."""
+        for name in list(self.processes):
+            _stop_group(self.processes.pop(name), sig)
+
+    # --- use ------------------------------------------------------------------------
+
+    @property
+    def client(self) -> DispatcherClient:
+        """flip-api's client, on the stack's broker."""
+        if self._client is None:
+            assert self.settings is not None
+            self._client = DispatcherClient(self.settings.broker_url)
+        return self._client
+
+    def enqueue(self, key: str, **overrides: Any) -> uuid.UUID:
+        """Enqueue the tiny job through the public task, as flip-api would."""
+        request = EnqueueJob(caller_key=key, definition=JOB_NAME, net=NET, **overrides)
+        return self.client.enqueue_job(request)
+
+    def driver(self) -> LocalDriver:
+        """A local driver on the net's server (the same PID file the worker uses)."""
+        assert self.settings is not None
+        config = self.settings.net(NET).driver
+        assert config.kind == "local"
+        return LocalDriver(NET, config.server_kit_dir, self.settings.data_dir / "local-driver")
+
+    def read(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(session)` on a short read-only session."""
+        assert self.settings is not None
+        engine = _engine(self.settings.database_url)
+        with session_factory(engine)() as session:
+            return fn(session)
+
+    def job(self, job_id: uuid.UUID) -> Job | None:
+        """The job row, or None before the worker has created it."""
+        job: Job | None = self.read(lambda s: s.get(Job, job_id))
+        return job
+
+    def net(self) -> Net:
+        """The net row."""
+        net: Net | None = self.read(lambda s: s.get(Net, NET))
+        assert net is not None, "net row missing: has the worker started?"
+        return net
+
+    def events_since(self, job_after: int, net_after: int) -> tuple[list[JobEvent], list[NetEvent]]:
+        """History rows newer than the given ids."""
+        return self.read(
+            lambda s: (
+                list(
+                    s.scalars(select(JobEvent).where(JobEvent.id > job_after).order_by(JobEvent.id))
+                ),
+                list(
+                    s.scalars(select(NetEvent).where(NetEvent.id > net_after).order_by(NetEvent.id))
+                ),
+            )
+        )
+
+    def wait_for(
+        self, what: str, predicate: Callable[[], T | None], timeout_s: float, poll_s: float = 0.25
+    ) -> T:
+        """Poll `predicate` until it returns something truthy; fail with `what` and the logs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = predicate()
+            if value:
+                return value
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited ({process.returncode}) while waiting for "
+                        f"{what}; see {self.workdir / (name + '.log')}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"timed out after {timeout_s:.0f}s waiting for {what}; logs in {self.workdir}"
+                )
+            time.sleep(poll_s)
+
+    # --- teardown -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop everything this stack started, whatever state it is in."""
+        self.stop_worker()
+        if self._client is not None:
+            self._client.close()
+        if self.settings is not None and self.deployment is not None:
+            try:
+                self.driver().scale(0)
+            except Exception:  # teardown must go on to the sites
+                log.exception("stopping the local server failed")
+        for handle in self.sites.values():
+            stop(handle)
+        self.sites.clear()
+        if self.settings is not None:
+            _engine(self.settings.database_url).dispose()
+
+
+_ENGINES: dict[str, Any] = {}
+
+
+def _engine(url: str) -> Any:
+    if url not in _ENGINES:
+        _ENGINES[url] = make_engine(url)
+    return _ENGINES[url]
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _stop_group(process: subprocess.Popen[bytes], sig: int, timeout_s: float = 20.0) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, sig)
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    except ProcessLookupError:
+        pass

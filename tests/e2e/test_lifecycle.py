@@ -1,0 +1,217 @@
+"""Whole job lifecycles with a real Celery worker and beat (subprocesses), Redis as the
+broker, PostgreSQL as the job store, the local driver and a real NVFLARE server with two
+sites. One stack per module: provisioning and site start-up happen once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from app import pipeline, services
+from app.db import unit_of_work
+from app.runtime import Runtime
+from app.stack import NET, LocalStack, StackOptions
+from models import Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
+from tests.fixtures.db import PG_ADMIN_URL
+
+pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
+
+REDIS_URL = "redis://127.0.0.1:6379/7"
+RUN_S = 240  # generous bounds for a 2-core CI machine; the measured numbers are far lower
+
+
+@pytest.fixture(scope="module")
+def pg_database() -> Iterator[str]:
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"fld_e2e_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, pg_database) -> Iterator[LocalStack]:
+    redis.Redis.from_url(REDIS_URL).flushdb()  # no message of an earlier run may leak in
+    options = StackOptions(
+        workdir=tmp_path_factory.mktemp("e2e"),
+        database_url=pg_database,
+        broker_url=REDIS_URL,
+        idle_timeout_s=4,
+        ready_timeout_s=90,
+        housekeeping_interval_s=1.5,
+        embedded_beat=False,  # a separate beat process, as in production
+        extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2"},
+    )
+    with LocalStack(options) as running:
+        yield running
+
+
+def wait_state(stack: LocalStack, job_id: uuid.UUID, *states: JobState) -> Job:
+    def reached() -> Job | None:
+        job = stack.job(job_id)
+        return job if job is not None and job.state in states else None
+
+    return stack.wait_for(f"job {job_id} in {states}", reached, RUN_S)
+
+
+def wait_scaled_to_zero(stack: LocalStack) -> None:
+    stack.wait_for(
+        "the net STOPPED and its server process gone",
+        lambda: stack.net().state == NetState.STOPPED and stack.driver().observe().running == 0,
+        RUN_S,
+    )
+
+
+def net_moves(stack: LocalStack) -> list[tuple[str, str]]:
+    return stack.read(
+        lambda s: [
+            (str(e.from_state), str(e.to_state))
+            for e in s.scalars(select(NetEvent).order_by(NetEvent.id))
+        ]
+    )
+
+
+def test_cold_start_run_and_scale_to_zero_then_back_again(stack):
+    assert stack.net().state == NetState.STOPPED
+    assert stack.driver().observe().running == 0
+
+    first = stack.enqueue("e2e-cold-1")
+    job = wait_state(stack, first, JobState.COMPLETED, JobState.FAILED)
+    assert job.state == JobState.COMPLETED, job.last_error
+    assert job.attempts == 0
+    wait_scaled_to_zero(stack)
+
+    # Back again: the server comes back and the dispatch logs in on a fresh session.
+    second = stack.enqueue("e2e-cold-2")
+    job = wait_state(stack, second, JobState.COMPLETED, JobState.FAILED)
+    assert job.state == JobState.COMPLETED, job.last_error
+    wait_scaled_to_zero(stack)
+
+    moves = net_moves(stack)
+    assert moves.count(("STOPPED", "STARTING")) == 2
+    assert moves.count(("STOPPING", "STOPPED")) == 2
+    outcomes = stack.read(
+        lambda s: [
+            (e.action, e.outcome) for e in s.scalars(select(ScaleEvent).order_by(ScaleEvent.id))
+        ]
+    )
+    assert outcomes == [("scale_up", "ok"), ("scale_down", "ok")] * 2
+
+
+def test_back_to_back_jobs_share_one_server_start(stack):
+    wait_scaled_to_zero(stack)
+    starts_before = net_moves(stack).count(("STOPPED", "STARTING"))
+    a = stack.enqueue("e2e-b2b-1")
+    b = stack.enqueue("e2e-b2b-2")
+    for job_id in (a, b):
+        job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
+        assert job.state == JobState.COMPLETED, job.last_error
+    assert net_moves(stack).count(("STOPPED", "STARTING")) == starts_before + 1
+    wait_scaled_to_zero(stack)
+
+
+def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack):
+    """The worker is stopped, the first two steps run here against the real server, the
+    server dies, then the worker gets the dispatch step: it fails transiently, retries,
+    runs out, requeues (never deletes), and the job completes on a later attempt."""
+    wait_scaled_to_zero(stack)
+    stack.stop_worker()
+    assert stack.settings is not None
+    rt = Runtime.from_settings(stack.settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            from app.schemas import EnqueueJob
+
+            job_id = services.enqueue_job(
+                session,
+                stack.settings,
+                EnqueueJob(caller_key="e2e-lost", definition="tiny-fedavg", net=NET),
+                rt.clock(),
+            ).job_id
+        [_claim] = pipeline.assign_jobs(rt)
+        assert pipeline.scale_up(rt, job_id, NET).step == pipeline.Step.DONE
+
+        def ready() -> bool:
+            return pipeline.check_ready(rt, job_id, NET).step == pipeline.Step.DONE
+
+        stack.wait_for("the real server to be ready", ready, RUN_S, poll_s=0.5)
+    finally:
+        rt.close()
+    stack.driver().scale(0)  # the server is gone between readiness and submit
+    stack.start_worker()
+    stack.client.app.send_task(
+        "fl_dispatcher.dispatch", kwargs={"job_id": str(job_id)}, queue="fl_dispatcher"
+    )
+    job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
+    assert job.state == JobState.COMPLETED, job.last_error
+    assert job.attempts == 1
+    assert job.retries >= 1
+    history = stack.read(
+        lambda s: [
+            (str(e.from_state), str(e.to_state))
+            for e in s.scalars(
+                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            )
+        ]
+    )
+    assert ("DISPATCHING", "QUEUED") in history
+    wait_scaled_to_zero(stack)
+
+
+def test_abort_while_scaling_up_while_running_and_with_the_server_down(stack):
+    wait_scaled_to_zero(stack)
+    scaling = stack.enqueue("e2e-abort-scaling")
+    stack.wait_for("the net STARTING", lambda: stack.net().state == NetState.STARTING, RUN_S)
+    stack.client.abort_job(scaling)
+    job = wait_state(stack, scaling, JobState.ABORTED)
+    assert job.state == JobState.ABORTED
+
+    running = stack.enqueue("e2e-abort-running", required_sites=["site-1", "site-2"])
+    wait_state(stack, running, JobState.RUNNING)
+    stack.client.abort_job(running)
+    job = wait_state(stack, running, JobState.ABORTED, JobState.COMPLETED)
+    assert job.state == JobState.ABORTED
+    stack.wait_for(
+        "the net free again",
+        lambda: stack.net().state in (NetState.READY, NetState.STOPPED, NetState.STOPPING),
+        RUN_S,
+    )
+
+    down = stack.enqueue("e2e-abort-down")
+    wait_state(stack, down, JobState.RUNNING)
+    stack.driver().scale(0)  # the server dies under the job
+    stack.client.abort_job(down)
+    job = wait_state(stack, down, JobState.ABORTED)
+    assert job.state == JobState.ABORTED  # "nothing to abort", no error
+    wait_scaled_to_zero(stack)
+
+
+def test_flag_off_static_view_reports_outage(stack, tmp_path: Path):
+    """PER_JOB_FL_SERVER off: the same net is always-on; its server stopped is an OUTAGE,
+    and the dispatcher never starts it."""
+    wait_scaled_to_zero(stack)
+    stack.stop_worker()
+    stack.env["PER_JOB_FL_SERVER"] = "false"
+    stack.start_worker()
+    try:
+        stack.wait_for("OUTAGE", lambda: stack.net().state == NetState.OUTAGE, RUN_S)
+        assert stack.driver().observe().running == 0  # never scaled
+        stack.driver().scale(1)  # an operator brings the always-on server back
+        stack.wait_for("READY", lambda: stack.net().state == NetState.READY, RUN_S)
+        job_id = stack.enqueue("e2e-static")
+        job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
+        assert job.state == JobState.COMPLETED, job.last_error
+        assert stack.driver().observe().running == 1  # still up: always-on is never scaled down
+    finally:
+        stack.stop_worker()
+        stack.driver().scale(0)
+        stack.env["PER_JOB_FL_SERVER"] = "true"
