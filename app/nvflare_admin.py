@@ -287,18 +287,8 @@ class NvflareAdminClient:
             )
             self._note_refused_login(kit, no_tls)
             raise no_tls
-        from nvflare.fuel.flare_api.flare_api import new_secure_session
-
         try:
-            # new_secure_session closes the session itself when the connect fails, so a
-            # failed (poisoned) session is never kept.
-            session = new_secure_session(
-                self.username,
-                str(self.kit_dir),
-                timeout=self.login_timeout_s,
-                command_timeout=self.command_timeout_s,
-                auto_login_max_tries=self.login_max_tries,
-            )
+            session = self._open_session()
         except Exception as exc:
             error = classified_error(exc, self._context())
             if isinstance(error, TransientError):
@@ -306,6 +296,23 @@ class NvflareAdminClient:
             raise error from exc
         self._login_refused_since = None
         self.sessions_created += 1
+        return session
+
+    def _open_session(self) -> Any:
+        """What `new_secure_session` does, minus its cleanup: on a failed connect it calls
+        `close()`, which sends a logout and waits the whole command timeout for an answer
+        from a server we never logged in to. A failed (poisoned) session is closed here
+        without that round trip, and never used again."""
+        from nvflare.fuel.flare_api.flare_api import Session
+
+        session = Session(username=self.username, startup_path=str(self.kit_dir))
+        try:
+            session.api.auto_login_max_tries = self.login_max_tries
+            session.set_timeout(self.command_timeout_s)
+            session.try_connect(self.login_timeout_s)
+        except BaseException:
+            _close_quietly(session, logout=False)
+            raise
         return session
 
     def _note_refused_login(self, kit: kit_check.AdminKit, exc: BaseException) -> None:

@@ -422,6 +422,14 @@ while flare.is_running():
 '''
 
 
+def _make_script_path_relative(job_dir: Path, script: Path) -> None:
+    """The recipe copies the script into the job's custom/ folder but keeps the absolute path
+    it was given in the client config; a relative name is looked up in custom/ at run time
+    (nvflare 2.9 task_script_runner), so the job does not depend on this machine's files."""
+    for config in job_dir.glob("**/config_fed_client.json"):
+        config.write_text(config.read_text().replace(json.dumps(str(script)), '"client.py"'))
+
+
 def build_tiny_job(
     dest: Path, name: str = "tiny-fedavg", num_rounds: int = 2, sites: int = 2
 ) -> Path:
@@ -452,6 +460,7 @@ def build_tiny_job(
         )
         out = Path(tmp) / "out"
         recipe.export(str(out))  # writes out/<name>/{meta.json,app/...}
+        _make_script_path_relative(out / name, script)
         if dest.exists():
             shutil.rmtree(dest)
         (out / name).rename(dest)
