@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,26 +335,22 @@ def signal_group(pgid: int, sig: int) -> bool:
 def stop(
     handle: ProcessHandle, sig: int = signal.SIGTERM, timeout: float = _STOP_TIMEOUT_S
 ) -> int | None:
-    """Signal the participant's whole process group, wait, and SIGKILL what is left.
+    """Stop the participant and every process it spawned (see `terminate_tree`).
 
     Returns the participant's exit code (None only if it could not be reaped).
     """
-    signal_group(handle.pid, sig)
+    terminate_tree(handle.pid, sig=sig, timeout=timeout, reap=lambda _pid: handle.popen.poll())
     try:
         code: int | None = handle.popen.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        logger.warning("%s pid=%s ignored signal %s, killing", handle.name, handle.pid, sig)
-        signal_group(handle.pid, signal.SIGKILL)
-        code = handle.popen.wait(timeout=timeout)
-    # Job processes the participant spawned share its group and may outlive it.
-    signal_group(handle.pid, signal.SIGKILL)
+        code = None
     with _tracked_lock:
         _tracked.pop(handle.pid, None)
     return code
 
 
 def kill(handle: ProcessHandle, timeout: float = _STOP_TIMEOUT_S) -> int | None:
-    """SIGKILL the participant and everything in its process group (a crash, not a shutdown)."""
+    """SIGKILL the participant and everything it spawned: a crash, as when a container dies."""
     return stop(handle, signal.SIGKILL, timeout)
 
 
@@ -403,6 +399,87 @@ def reap(pid: int) -> None:
     """Collect the exit status if `pid` is our exited child, so it does not linger as a zombie."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def process_tree(pid: int) -> list[tuple[int, int]]:
+    """(pid, start ticks) of every live descendant of `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[tuple[int, int]] = []
+    pending = list(children.get(pid, []))
+    while pending:
+        child = pending.pop()
+        ticks = proc_start_ticks(child)
+        if ticks is not None:
+            found.append((child, ticks))
+        pending.extend(children.get(child, []))
+    return found
+
+
+def _signal_members(members: Sequence[tuple[int, int]], sig: int) -> None:
+    for pid, ticks in members:
+        if proc_start_ticks(pid) == ticks:  # never a process that merely reuses the pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def _members_gone(
+    members: Sequence[tuple[int, int]], timeout: float, reap_fn: Callable[[int], object]
+) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid, _ticks in members:
+            reap_fn(pid)
+        if all(proc_start_ticks(pid) != ticks for pid, ticks in members):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def terminate_tree(
+    pid: int,
+    *,
+    sig: int = signal.SIGTERM,
+    timeout: float = _STOP_TIMEOUT_S,
+    reap: Callable[[int], object] = reap,
+    expected_ticks: int | None = None,
+) -> None:
+    """Stop a participant started in its own session, and the job processes it spawned.
+
+    nvflare 2.9 starts each job process with `setsid` (utils/process_utils.py), so a job
+    process is NOT in its parent's process group and survives a group kill, orphaned. The
+    tree is therefore read from /proc while the parent still lives, every member is signalled
+    (by pid AND start time, so a reused pid is never hit), and after the parent has exited
+    its job processes get a short grace and then SIGKILL. With `expected_ticks`, nothing is
+    signalled unless `pid` is still the process that started at that time.
+    """
+    ticks = proc_start_ticks(pid)
+    if ticks is None or (expected_ticks is not None and ticks != expected_ticks):
+        reap(pid)
+        return
+    leader = [(pid, ticks)]
+    spawned = process_tree(pid)
+    signal_group(pid, sig)
+    _signal_members(spawned, sig)
+    if not _members_gone(leader, timeout, reap):
+        logger.warning("pid=%s ignored signal %s; killing", pid, sig)
+        signal_group(pid, signal.SIGKILL)
+        _members_gone(leader, timeout, reap)
+    if not _members_gone(spawned, min(5.0, timeout), reap):
+        _signal_members(spawned, signal.SIGKILL)
+        _members_gone(spawned, timeout, reap)
+    if proc_start_ticks(pid) is None:
+        # Anything left in the leader's group; safe while no new process owns the pid.
+        signal_group(pid, signal.SIGKILL)
 
 
 # --- a tiny real job ------------------------------------------------------------------------

@@ -219,25 +219,9 @@ class LocalDriver:
         )
 
     def _stop(self, pid: int, ticks: int) -> None:
-        # The server was started in its own session: its pid is its process group, which also
-        # holds the job processes it spawned.
-        nvflare_local.signal_group(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, ticks, _STOP_TIMEOUT_S):
-            log.warning("net %s: server %s ignored SIGTERM; killing", self.net_name, pid)
-            nvflare_local.signal_group(pid, signal.SIGKILL)
-            self._wait_gone(pid, ticks, _STOP_TIMEOUT_S)
-        # Leftover job processes: only while no other process has taken the leader's pid.
-        if nvflare_local.proc_start_ticks(pid) is None:
-            nvflare_local.signal_group(pid, signal.SIGKILL)
+        # The server's pid is its process group (own session); its job processes are found
+        # through /proc (nvflare gives them sessions of their own).
+        nvflare_local.terminate_tree(
+            pid, sig=signal.SIGTERM, timeout=_STOP_TIMEOUT_S, reap=_reap, expected_ticks=ticks
+        )
         log.info("net %s: stopped local server pid=%s", self.net_name, pid)
-
-    @staticmethod
-    def _wait_gone(pid: int, ticks: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            _reap(pid)
-            if nvflare_local.proc_start_ticks(pid) != ticks:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(_POLL_S)
