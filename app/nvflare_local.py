@@ -369,20 +369,33 @@ def running(handles: Sequence[ProcessHandle]) -> Iterator[None]:
 # --- /proc helpers (Linux) used to recognise a server across dispatcher restarts -------------
 
 
-def proc_start_ticks(pid: int) -> int | None:
-    """The process start time in clock ticks since boot, or None if there is no such live process.
-
-    A zombie counts as dead: its pid exists but nothing listens any more.
-    """
+def _stat_fields(path: Path) -> list[str] | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = path.read_text()
     except OSError:
         return None
     # comm (field 2) may contain spaces and parentheses; the rest follows the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    state = fields[0]
-    if state in ("Z", "X"):
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """The process start time in clock ticks since boot, or None if there is no such live process.
+
+    A zombie counts as dead (it holds no socket any more), but only once every thread is
+    gone: when the main thread of a multi-threaded process exits first, /proc shows the
+    process as a zombie while its other threads still run and still serve its port.
+    """
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    if fields is None:
         return None
+    if fields[0] in ("Z", "X"):
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            return None
+        states = [f[0] for t in tasks if (f := _stat_fields(t / "stat")) is not None]
+        if all(state in ("Z", "X") for state in states):
+            return None
     return int(fields[19])  # field 22 overall: starttime
 
 
@@ -393,6 +406,29 @@ def proc_cmdline(pid: int) -> list[str] | None:
     except OSError:
         return None
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def listener_pids(port: int) -> list[int]:
+    """Pids of the processes listening on TCP `port` (from /proc/net; for error messages)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{inode}]")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                pids.append(int(entry.name))
+    return pids
 
 
 def reap(pid: int) -> None:

@@ -178,9 +178,14 @@ class LocalDriver:
     def _start(self, previous: _State) -> None:
         host, port = self._endpoint()
         if nvflare_local.port_open(host, port):
+            holders = [
+                f"{pid} ({' '.join((nvflare_local.proc_cmdline(pid) or ['?'])[:4])})"
+                for pid in nvflare_local.listener_pids(port)
+            ]
             raise DriverMisconfigured(
                 f"net {self.net_name}: {host}:{port} is already served by a process this "
-                "driver did not start; stop it or give the net its own port"
+                f"driver did not start ({', '.join(holders) or 'unknown'}); stop it or give "
+                "the net its own port"
             )
         if previous.pid is not None:
             log.info(

@@ -23,7 +23,7 @@ from app.drivers.local import LocalDriver
 from app.errors import DriverMisconfigured
 from app.nvflare_admin import build_admin_client
 from app.nvflare_local import Deployment
-from tests.fixtures.nvflare import admin_settings, net_config, poll
+from tests.fixtures.nvflare import admin_settings, kit_processes, net_config, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.nvflare]
 
@@ -54,15 +54,7 @@ def driver(driver_deployment: Deployment, state_dir: Path) -> Iterator[LocalDriv
 
 def server_pids(deployment: Deployment) -> list[int]:
     """Live NVFLARE processes (server or its job processes) running this deployment's kit."""
-    kit = str(deployment.server_kit)
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            cmdline = nvflare_local.proc_cmdline(int(entry.name)) or []
-            alive = nvflare_local.proc_start_ticks(int(entry.name)) is not None
-            if alive and kit in cmdline and any("nvflare" in arg for arg in cmdline):
-                pids.append(int(entry.name))
-    return pids
+    return kit_processes(deployment.server_kit)
 
 
 def wait_up(driver: LocalDriver) -> None:

@@ -31,6 +31,7 @@ from app.nvflare_local import Deployment
 from tests.fixtures.nvflare import (
     NvflareSystem,
     admin_settings,
+    kit_processes,
     net_config,
     poll,
     raw_session,
@@ -386,7 +387,11 @@ def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
     _wait_status(client, job_id, lambda s: s == "RUNNING")
     before = client.server_start_time()
 
+    server_tree = kit_processes(nvflare_sites.deployment.server_kit)
+    assert len(server_tree) >= 2, "the job's server process should be running"
     nvflare_sites.kill_server()
+    # The crash takes the job's server process too (nvflare runs it in a session of its own).
+    assert not kit_processes(nvflare_sites.deployment.server_kit)
     assert client.server_state() is ServerState.UNREACHABLE
     nvflare_sites.start_server()
 
