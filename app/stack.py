@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from app import migrate
 from app.client import DispatcherClient
-from app.db import make_engine, session_factory
+from app.db import make_engine, session_factory, unit_of_work
 from app.drivers.local import LocalDriver
 from app.nvflare_local import (
     Deployment,
@@ -35,8 +35,9 @@ from app.nvflare_local import (
     stop,
 )
 from app.schemas import EnqueueJob
+from app.services import sync_nets
 from app.settings import Settings
-from models import Job, JobEvent, Net, NetEvent
+from models import Job, JobEvent, Net, NetEvent, utcnow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,6 +99,9 @@ class LocalStack:
         self.env = self._env(job_root)
         self.settings = Settings(**self._settings_kwargs(job_root))
         migrate.upgrade(self.settings.database_url)
+        # Create the net rows now (the worker does it too, but only once it has booted).
+        with unit_of_work(session_factory(_engine(self.settings.database_url))) as session:
+            sync_nets(session, self.settings, utcnow(), at_start=True)
         for name, kit in self.deployment.site_kits.items():
             self.sites[name] = start_site(kit, log_dir=self.workdir / "logs")
         self.start_worker()
