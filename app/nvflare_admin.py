@@ -208,6 +208,38 @@ def _close_quietly(session: Any, *, logout: bool) -> None:
         log.debug("closing an nvflare session failed", exc_info=True)
 
 
+_CHALLENGE_RETRY_S = 0.1
+
+
+def _install_fast_challenge_retry() -> None:
+    """Make an admin login cost what it must, not one extra second.
+
+    nvflare 2.9's `AdminAPI.connect` sends its first identity challenge right after starting
+    its cell, before the cell's connector has connected, so that challenge always fails; the
+    `Authenticator` then sleeps a hard-coded `retry_interval=1.0` before the next one. Every
+    fresh login (one per readiness check) paid that second. The admin API's own module-level
+    reference to `Authenticator` is replaced, once, by a subclass that retries after 0.1 s;
+    sites and servers import the class elsewhere and are unaffected, and the overall login
+    timeout is unchanged.
+    """
+    from nvflare.fuel.hci.client import api
+    from nvflare.private.fed.authenticator import Authenticator
+
+    if getattr(api.Authenticator, "fl_dispatcher_fast_retry", False):
+        return
+
+    class _FastRetryAuthenticator(Authenticator):  # type: ignore[misc]  # nvflare is untyped
+        fl_dispatcher_fast_retry = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.retry_interval: float = min(
+                float(kwargs.get("retry_interval", 1.0)), _CHALLENGE_RETRY_S
+            )
+
+    api.Authenticator = _FastRetryAuthenticator
+
+
 class NvflareAdminClient:
     """One net's admin connection (see the module docstring for the rules it keeps)."""
 
@@ -305,6 +337,7 @@ class NvflareAdminClient:
         without that round trip, and never used again."""
         from nvflare.fuel.flare_api.flare_api import Session
 
+        _install_fast_challenge_retry()
         session = Session(username=self.username, startup_path=str(self.kit_dir))
         try:
             session.api.auto_login_max_tries = self.login_max_tries

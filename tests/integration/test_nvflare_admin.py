@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from app import nvflare_admin
+from app import nvflare_admin, nvflare_local
 from app.admin import AbortOutcome, Readiness, ServerState
 from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
 from app.nvflare_admin import NvflareAdminClient, build_admin_client
@@ -130,35 +133,50 @@ def test_stopped_server_drops_the_session_and_the_restarted_one_gets_a_new_sessi
     assert client.session is not first  # ...on a NEW session
 
 
+_RAW_PROBE = """
+import sys, time
+from pathlib import Path
+from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+user, kit, ready, result = sys.argv[1:5]
+Path(ready).touch()
+while True:
+    try:
+        session = new_secure_session(user, kit, timeout=1.0, auto_login_max_tries=1)
+    except Exception:
+        continue
+    Path(result).write_text(repr(time.monotonic()))  # CLOCK_MONOTONIC: one clock per machine
+    session.close()
+    break
+"""
+
+
 def test_cold_start_every_error_is_transient_and_first_success_follows_the_first_possible_login(
     nvflare_server_down: NvflareSystem,
     make_client: Callable[..., NvflareAdminClient],
+    tmp_path: Path,
     record_property: Callable[[str, object], None],
 ) -> None:
     """Poll from the moment the process starts. The yardstick is an independent loop of raw
-    nvflare logins (1 s timeout each, back to back): the first moment it succeeds is the
-    first moment a fresh login can succeed, to within one raw attempt (~1.5 s)."""
+    nvflare logins, in a process of its own running stock nvflare (1 s timeout each, back to
+    back): the first moment it gets in is the first moment a fresh login can succeed."""
     deployment = nvflare_server_down.deployment
     client = make_client()
     unknown_before = sum(nvflare_admin.unknown_errors.values())
-    probe_first: list[float] = []
-    stop = threading.Event()
-
-    def probe() -> None:
-        while not stop.is_set():
-            session = raw_session(deployment, timeout=1.0)
-            if session is not None:
-                probe_first.append(time.monotonic())
-                session.close()
-                return
-
-    launched = time.monotonic()
-    nvflare_server_down.start_server()
-    prober = threading.Thread(target=probe, name="raw-login-probe", daemon=True)
-    prober.start()
+    ready, result = tmp_path / "probe-ready", tmp_path / "probe-result"
+    argv = [deployment.admin_user, str(deployment.admin_kit), str(ready), str(result)]
+    prober = subprocess.Popen(
+        [sys.executable, "-c", _RAW_PROBE, *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     errors: list[TransientError] = []
     client_first = None
     try:
+        poll("the raw probe to import nvflare", ready.exists, 60, 0.05)
+        launched = time.monotonic()
+        nvflare_server_down.start_server()
         while time.monotonic() - launched < 60:
             try:
                 client.ping()  # anything but a TransientError escapes and fails the test
@@ -168,20 +186,23 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
                 continue
             client_first = time.monotonic()
             break
-        prober.join(timeout=60)
+        prober.wait(timeout=60)
     finally:
-        stop.set()
+        nvflare_local.terminate_tree(prober.pid, sig=signal.SIGKILL)
+        prober.wait(timeout=10)
 
     assert client_first is not None, "the client never got through"
-    assert probe_first, "the raw probe never logged in"
+    probe_first = float(result.read_text())
     assert errors, "the client got through at once: the cold-start window was not exercised"
     assert all(isinstance(e, ServerUnavailable) for e in errors), {type(e) for e in errors}
     assert sum(nvflare_admin.unknown_errors.values()) == unknown_before
-    lag = client_first - probe_first[0]
-    record_property("cold_start_probe_first_login_s", round(probe_first[0] - launched, 2))
+    lag = client_first - probe_first
+    record_property("cold_start_probe_first_login_s", round(probe_first - launched, 2))
     record_property("cold_start_client_first_success_s", round(client_first - launched, 2))
-    # Measured on 2 cores: the client lands 0.3-1.2 s BEFORE the raw loop (it dials as soon as
-    # the port answers TLS instead of waiting out a failed attempt); 1 s is the issue's bound.
+    # Measured on 2 cores: the client gets in 0.2 s before to 0.05 s after the stock loop
+    # (both wait for the server to accept logins, ~2 s after its port opens). The bound is the
+    # issue's 1 s. Without the TLS/HTTP gate and the short challenge retry the lag reached
+    # 0.85 s under load; a plain 10 s login started before the port opened lands ~10 s late.
     assert lag <= 1.0, f"client first success {lag:.2f} s after the first possible login"
 
 
