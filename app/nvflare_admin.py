@@ -18,10 +18,12 @@ Rules this module exists to keep (see DESIGN.md, "The NVFLARE admin session"):
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -240,6 +242,29 @@ def _install_fast_challenge_retry() -> None:
     api.Authenticator = _FastRetryAuthenticator
 
 
+# Every client alive in this process, closed before the interpreter joins its threads: an
+# nvflare session left open keeps its cell's executor threads running, and a process whose
+# caller forgot close() never exits (measured: still alive after 120 s).
+_live_clients: weakref.WeakSet[NvflareAdminClient] = weakref.WeakSet()
+
+
+def _close_live_clients() -> None:
+    for client in list(_live_clients):
+        client.close()
+
+
+# threading's own exit hook runs before non-daemon threads are joined (the plain atexit
+# module runs after, too late); the concurrent.futures executors nvflare uses are joined by a
+# hook registered earlier, and these hooks run in reverse order, so ours comes first.
+_register_at_thread_exit = getattr(threading, "_register_atexit", None)
+if _register_at_thread_exit is not None:
+    import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered first)
+
+    _register_at_thread_exit(_close_live_clients)
+else:  # pragma: no cover - CPython < 3.9
+    atexit.register(_close_live_clients)
+
+
 class NvflareAdminClient:
     """One net's admin connection (see the module docstring for the rules it keeps)."""
 
@@ -271,6 +296,7 @@ class NvflareAdminClient:
         self._login_refused_since: float | None = None
         self._last_probe: kit_check.ServerProbe | None = None
         self.sessions_created = 0
+        _live_clients.add(self)
 
     # --- session management --------------------------------------------------------------
 

@@ -206,6 +206,45 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
     assert lag <= 1.0, f"client first success {lag:.2f} s after the first possible login"
 
 
+_FORGETFUL_PROCESS = """
+import sys
+from pathlib import Path
+from app.nvflare_admin import NvflareAdminClient
+
+client = NvflareAdminClient(
+    net_name="n", kit_dir=Path(sys.argv[1]), username=sys.argv[2], login_timeout_s=5.0,
+    command_timeout_s=5.0, login_max_tries=1, misconfigured_after_s=60.0,
+)
+client.ping()
+assert client.connected
+# no client.close(): the process must exit anyway
+"""
+
+
+def test_a_process_that_never_closes_its_client_still_exits_promptly(
+    nvflare_server: NvflareSystem,
+) -> None:
+    """An open nvflare session keeps its executor threads alive: without the exit hook this
+    process was still running after 120 s."""
+    deployment = nvflare_server.deployment
+    started = time.monotonic()
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _FORGETFUL_PROCESS,
+            str(deployment.admin_kit),
+            deployment.admin_user,
+        ],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert process.returncode == 0, process.stderr.decode()[-2000:]
+    assert time.monotonic() - started < 30  # measured ~3.5 s, most of it imports and login
+
+
 # --- 4: a wrong kit is misconfiguration, never "server down" ---------------------------------
 
 
