@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,18 +354,6 @@ def kill(handle: ProcessHandle, timeout: float = _STOP_TIMEOUT_S) -> int | None:
     return stop(handle, signal.SIGKILL, timeout)
 
 
-@contextlib.contextmanager
-def running(handles: Sequence[ProcessHandle]) -> Iterator[None]:
-    """Stop the given processes on exit, whatever happens inside."""
-    started = list(handles)
-    try:
-        yield
-    finally:
-        for handle in reversed(started):
-            with contextlib.suppress(Exception):
-                stop(handle)
-
-
 # --- /proc helpers (Linux) used to recognise a server across dispatcher restarts -------------
 
 
@@ -578,15 +566,3 @@ def build_tiny_job(
             shutil.rmtree(dest)
         (out / name).rename(dest)
     return dest
-
-
-def as_mapping(deployment: Deployment) -> Mapping[str, Any]:
-    """A JSON-friendly description of a deployment (for the demo and logs)."""
-    return {
-        "project": deployment.project,
-        "port": deployment.port,
-        "server_kit": str(deployment.server_kit),
-        "site_kits": {k: str(v) for k, v in deployment.site_kits.items()},
-        "admin_kit": str(deployment.admin_kit),
-        "admin_user": deployment.admin_user,
-    }
