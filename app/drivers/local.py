@@ -22,7 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from app import nvflare_local
@@ -80,16 +80,17 @@ class LocalDriver:
         with self._locked():
             state = self._read_state()
             alive = self._is_our_server(state)
+            if replicas == 1 and alive and state.kit == str(self.server_kit_dir):
+                self._write_state(replace(state, desired=1))
+                return
+            # Record the intent first: a crash mid-stop must not read as "wanted up".
+            self._write_state(replace(state, desired=replicas))
+            if alive and state.pid is not None and state.start_ticks is not None:
+                # scale(0), or scale(1) replacing our server of the net's previous kit.
+                self._stop(state.pid, state.start_ticks)
             if replicas == 1:
-                if alive:
-                    self._write_state(_State(**{**asdict(state), "desired": 1}))
-                    return
                 self._start(state)
             else:
-                # Record the intent first: a crash mid-stop must not read as "wanted up".
-                self._write_state(_State(**{**asdict(state), "desired": 0}))
-                if alive and state.pid is not None and state.start_ticks is not None:
-                    self._stop(state.pid, state.start_ticks)
                 self._write_state(_State(desired=0))
 
     def observe(self) -> Observation:
@@ -171,7 +172,7 @@ class LocalDriver:
         if nvflare_local.proc_start_ticks(state.pid) != state.start_ticks:
             return False
         cmdline = nvflare_local.proc_cmdline(state.pid) or []
-        return _SERVER_MODULE in cmdline and str(self.server_kit_dir) in cmdline
+        return _SERVER_MODULE in cmdline and bool(state.kit) and state.kit in cmdline
 
     # --- start / stop ------------------------------------------------------------------------
 

@@ -246,3 +246,23 @@ def test_a_port_served_by_a_process_it_did_not_start_is_refused_and_left_alone(
         assert server_pids(driver_deployment) == [outsider.pid]
     finally:
         nvflare_local.stop(outsider)
+
+
+def test_a_reconfigured_net_replaces_the_server_of_its_previous_kit(
+    driver: LocalDriver,
+    driver_deployment: Deployment,
+    state_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    driver.scale(1)
+    wait_up(driver)
+    new_kit = nvflare_local.provision(tmp_path_factory.mktemp("new-kit"), project="driver-net-2")
+    reconfigured = LocalDriver(NET, new_kit.server_kit, state_dir)
+    try:
+        reconfigured.scale(1)
+        wait_up(reconfigured)
+        assert not server_pids(driver_deployment)  # the old kit's server is gone
+        assert server_pids(new_kit) == [recorded_pid(state_dir)]
+    finally:
+        reconfigured.scale(0)
+    assert not server_pids(new_kit)
