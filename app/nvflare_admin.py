@@ -333,6 +333,12 @@ class NvflareAdminClient:
     def _connect(self) -> Any:
         """A fresh, logged-in session, or the classified reason why not."""
         kit = kit_check.check_kit_files(self.kit_dir)
+        if kit.client_cn != self.username:
+            # nvflare would only say "error:client_registration no registration session".
+            raise AdminMisconfigured(
+                f"{self._context()}: username {self.username!r} is not the kit's user "
+                f"(its certificate is for {kit.client_cn!r})"
+            )
         probe = kit_check.probe_server(kit, timeout=min(_PROBE_TIMEOUT_S, self.login_timeout_s))
         self._last_probe = probe
         if probe is kit_check.ServerProbe.REFUSED:

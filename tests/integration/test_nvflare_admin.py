@@ -51,9 +51,13 @@ def make_client(nvflare_deployment: Deployment) -> Iterator[Callable[..., Nvflar
     clients: list[NvflareAdminClient] = []
 
     def make(
-        kit: Path | None = None, *, ready_timeout_s: float = 900.0, **settings: Any
+        kit: Path | None = None,
+        *,
+        username: str | None = None,
+        ready_timeout_s: float = 900.0,
+        **settings: Any,
     ) -> NvflareAdminClient:
-        net = net_config(nvflare_deployment, kit, ready_timeout_s=ready_timeout_s)
+        net = net_config(nvflare_deployment, kit, username, ready_timeout_s=ready_timeout_s)
         client = build_admin_client(net, admin_settings(**settings))
         clients.append(client)
         return client
@@ -312,6 +316,17 @@ def test_wrong_admin_kit_is_misconfigured_within_the_readiness_deadline(
     # The same kit never gets reported as a down server by server_state either.
     with pytest.raises(AdminMisconfigured):
         client.server_state()
+
+
+def test_a_username_that_is_not_the_kits_user_is_misconfigured_at_once(
+    nvflare_server: NvflareSystem, make_client: Callable[..., NvflareAdminClient]
+) -> None:
+    """nvflare itself rejects it as "error:client_registration no registration session"."""
+    client = make_client(username="someone-else@nvidia.com")
+
+    with pytest.raises(AdminMisconfigured, match="is not the kit's user"):
+        client.is_ready(["site-1"])
+    assert client.session is None and client.sessions_created == 0
 
 
 class _FakeTlsServer:
