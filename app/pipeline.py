@@ -22,7 +22,6 @@ from app import services
 from app.admin import AbortOutcome, Readiness, ServerState
 from app.db import unit_of_work
 from app.errors import (
-    AdminMisconfigured,
     DispatcherError,
     InvalidRequest,
     JobOutcomeError,
@@ -227,10 +226,7 @@ def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
         else:
             readiness = rt.admin(net_name).is_ready(required)
             detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
-    except AdminMisconfigured as exc:
-        _net_misconfigured(rt, net_name, job_id, str(exc))
-        raise
-    except MisconfigurationError as exc:
+    except MisconfigurationError as exc:  # wrong kit or CA, missing service: never "down"
         _net_misconfigured(rt, net_name, job_id, str(exc))
         raise
     except TransientError as exc:

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import select
 
 from app import pipeline, services
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.stack import NET, LocalStack, StackOptions
 from models import Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
-from tests.fixtures.db import PG_ADMIN_URL
+from tests.fixtures.db import fresh_pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
@@ -28,14 +27,8 @@ RUN_S = 240  # generous bounds for a 2-core CI machine; the measured numbers are
 
 @pytest.fixture(scope="module")
 def pg_database() -> Iterator[str]:
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"fld_e2e_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with fresh_pg_database("fld_e2e") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, inspect
 
 from app import migrate
-from tests.fixtures.db import PG_ADMIN_URL
+from tests.fixtures.db import fresh_pg_database
 
 pytestmark = pytest.mark.integration
 
@@ -18,14 +15,8 @@ TABLES = {"nets", "jobs", "job_events", "net_events", "scale_events", "alembic_v
 
 @pytest.fixture
 def empty_pg():
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"fld_mig_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with fresh_pg_database("fld_mig") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
