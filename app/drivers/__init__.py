@@ -35,8 +35,7 @@ def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
     if isinstance(config, StaticDriverConfig):
         return StaticDriver(net.name)
     if isinstance(config, LocalDriverConfig):
-        # The ignore covers the window before app/drivers/local.py lands; drop it then.
-        from app.drivers.local import LocalDriver  # type: ignore[import-not-found,unused-ignore]
+        from app.drivers.local import LocalDriver
 
         driver: ScaleDriver = LocalDriver(
             net.name, config.server_kit_dir, settings.data_dir / "local-driver"
