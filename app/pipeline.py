@@ -663,13 +663,14 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
     return redriven
 
 
-def _net_row(rt: Runtime, name: str) -> tuple[NetState, datetime, bool]:
+def _net_row(rt: Runtime, name: str) -> tuple[NetState, datetime, Job | None]:
+    """The net's state, when it entered it, and its active job if any."""
     with rt.sessions() as session:
         net = services.get_net(session, name)
-        has_job = session.scalar(
-            select(exists().where((Job.net_name == name) & Job.state.in_(ACTIVE_JOB_STATES)))
+        job = session.scalar(
+            select(Job).where(Job.net_name == name, Job.state.in_(ACTIVE_JOB_STATES))
         )
-        return net.state, net.state_changed_at, bool(has_job)
+        return net.state, net.state_changed_at, job
 
 
 def _set_net_state(
@@ -689,11 +690,13 @@ def _set_net_state(
 
 
 def _repair_scaling_net(rt: Runtime, name: str) -> str:
-    state, changed_at, has_job = _net_row(rt, name)
+    state, changed_at, job = _net_row(rt, name)
     now = rt.clock()
     age_s = (now - changed_at).total_seconds()
-    if state in (NetState.BUSY, NetState.MISCONFIGURED) or has_job:
+    if state in (NetState.BUSY, NetState.MISCONFIGURED):
         return ""  # monitor owns busy nets; a misconfigured one waits for a human
+    if job is not None:
+        return _redrive_lost_scale_up(rt, name, state, job, age_s)
     observation = rt.driver(name).observe()
     up = observation.running > 0 or observation.pending > 0 or observation.desired > 0
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
@@ -719,13 +722,25 @@ def _repair_scaling_net(rt: Runtime, name: str) -> str:
     return ""
 
 
+def _redrive_lost_scale_up(rt: Runtime, name: str, state: NetState, job: Job, age_s: float) -> str:
+    """A STARTING net whose job is still ASSIGNED but whose driver was never asked for a
+    replica lost its chain before scale_up ran (a lost message, a dead worker): start it
+    again. Every step is idempotent, so a chain that was merely slow does no harm."""
+    if state != NetState.STARTING or job.state != JobState.ASSIGNED:
+        return ""
+    if age_s <= rt.settings.stuck_after_s or rt.driver(name).observe().desired > 0:
+        return ""
+    rt.outbox.start_pipeline(str(job.id), name)
+    return f"STARTING with no scale-up for {age_s:.0f}s: pipeline of job {job.id} re-driven"
+
+
 def _watch_always_on(rt: Runtime, name: str) -> str:
     """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY."""
-    state, _, has_job = _net_row(rt, name)
+    state, _, job = _net_row(rt, name)
     server = rt.admin(name).server_state()
     if server == ServerState.STARTED:
         if state in (NetState.OUTAGE, NetState.STOPPED):
-            target = NetState.BUSY if state == NetState.OUTAGE and has_job else NetState.READY
+            target = NetState.BUSY if state == NetState.OUTAGE and job else NetState.READY
             _set_net_state(rt, name, state, target, "always-on server reachable")
             if state == NetState.OUTAGE:
                 log.warning("outage over", extra={"net": name})

@@ -280,3 +280,19 @@ def test_reconcile_repairs_drift(world):
     result = pipeline.reconcile(world.rt)
     assert any("drift" in r for r in result.repaired)
     assert world.driver("net-a").replicas == 0
+
+
+def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(world):
+    job_id = world.enqueue("j", net="net-a")
+    pipeline.assign_jobs(world.rt)  # claimed; the chain message is lost before scale_up
+    world.outbox.sent.clear()
+    world.clock.advance(world.rt.settings.stuck_after_s - 1)
+    assert not any("re-driven" in r for r in pipeline.reconcile(world.rt).repaired)
+    world.clock.advance(2)
+    result = pipeline.reconcile(world.rt)
+    assert any("re-driven" in r for r in result.repaired)
+    assert ("pipeline", {"job_id": str(job_id), "net_name": "net-a"}) in world.outbox.sent
+    pipeline.scale_up(world.rt, job_id, "net-a")  # the re-driven chain runs
+    world.outbox.sent.clear()
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    assert not any("re-driven" in r for r in pipeline.reconcile(world.rt).repaired)
