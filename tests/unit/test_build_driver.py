@@ -96,7 +96,8 @@ def test_local_net_gets_its_kit_and_a_state_dir_under_data_dir(
 
 
 def test_local_net_builds_the_real_local_driver(kits: Path) -> None:
-    local = pytest.importorskip("app.drivers.local")
+    from app.drivers import local
+
     settings = _settings(kits, "true", {"kind": "local", "server_kit_dir": str(kits / "server")})
 
     driver = build_driver(settings.nets[0], settings)
