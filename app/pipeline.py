@@ -490,6 +490,7 @@ class Watched:
     net_name: str
     nvflare_job_id: str
     server_start_time: float | None
+    dispatched_at: datetime | None = None
 
 
 def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
@@ -497,7 +498,14 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY."""
     with rt.sessions() as session:
         rows = session.execute(
-            select(Job.id, Job.state, Job.net_name, Job.nvflare_job_id, Net.server_start_time)
+            select(
+                Job.id,
+                Job.state,
+                Job.net_name,
+                Job.nvflare_job_id,
+                Net.server_start_time,
+                Job.dispatched_at,
+            )
             .join(Net, Net.name == Job.net_name)
             .where(
                 Job.state.in_((JobState.RUNNING, JobState.ABORTING)),
@@ -505,8 +513,8 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
             )
         ).all()
     watched = [
-        Watched(job_id, state, net_name, nvflare_job_id, start)
-        for job_id, state, net_name, nvflare_job_id, start in rows
+        Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at)
+        for job_id, state, net_name, nvflare_job_id, start, dispatched_at in rows
         if net_name is not None and nvflare_job_id is not None
     ]
     outcomes: dict[str, str] = {}
@@ -555,11 +563,35 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         elif status in NVFLARE_LOST:
             results[str(job.job_id)] = _lost(rt, job, f"NVFLARE {status}")
             continue
+        elif _overran(rt, job, now):
+            results[str(job.job_id)] = _stop_overrun(rt, job, status)
+            continue
         results[str(job.job_id)] = status
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
         net.unreachable_since = None
     return results
+
+
+def _overran(rt: Runtime, job: Watched, now: datetime) -> bool:
+    """A RUNNING job past its net's maximum run time."""
+    if job.state != JobState.RUNNING or job.dispatched_at is None:
+        return False
+    net = rt.settings.net(job.net_name)
+    max_run_s = net.max_run_s if net.max_run_s is not None else rt.settings.max_run_s
+    return (now - job.dispatched_at).total_seconds() > max_run_s
+
+
+def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
+    """Abort a run that outlived its limit and fail the job: a hung NVFLARE run (e.g. one
+    whose clients crashed at start stays RUNNING in 2.9.0) must not keep a server up forever."""
+    result = rt.admin(job.net_name).abort(job.nvflare_job_id)
+    reason = f"exceeded the maximum run time (NVFLARE said {status}); abort: {result.outcome}"
+    with unit_of_work(rt.sessions) as session:
+        services.finish_job(session, job.job_id, JobState.FAILED, reason, rt.clock())
+    log.error("run overran", extra={"job": str(job.job_id), "net": job.net_name, "reason": reason})
+    _kick(rt)
+    return "failed: overran"
 
 
 def _lost(rt: Runtime, job: Watched, reason: str) -> str:

@@ -117,6 +117,7 @@ class NetConfig(_Strict):
     idle_timeout_s: float = Field(default=600.0, ge=0)
     ready_timeout_s: float = Field(default=900.0, gt=0)
     required_sites: tuple[str, ...] = ()
+    max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
     # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
     per_job_fl_server: bool | None = None
 
@@ -191,6 +192,7 @@ class Settings(BaseSettings):
     job_root: Path = Field(default=Path("jobs"), alias="JOB_ROOT")
     max_attempts: int = Field(default=3, ge=1, alias="MAX_ATTEMPTS")
     lost_job_policy: Literal["requeue", "fail"] = Field(default="requeue", alias="LOST_JOB_POLICY")
+    max_run_s: float = Field(default=86400.0, gt=0, alias="MAX_RUN_S")
     server_lost_grace_s: float = Field(default=120.0, ge=0, alias="SERVER_LOST_GRACE_S")
     stuck_after_s: float = Field(default=300.0, gt=0, alias="STUCK_AFTER_S")
     ready_poll_s: float = Field(default=1.0, gt=0, alias="READY_POLL_S")

@@ -296,3 +296,17 @@ def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     assert not any("re-driven" in r for r in pipeline.reconcile(world.rt).repaired)
+
+
+def test_a_run_past_its_maximum_time_is_aborted_on_the_server_and_failed(world):
+    world.rt.settings = world.rt.settings.model_copy(update={"max_run_s": 3600.0})
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.clock.advance(3599)
+    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "RUNNING"}
+    world.clock.advance(2)
+    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "failed: overran"}
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED and "maximum run time" in job.last_error
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert world.net("net-a").state == NetState.READY
