@@ -368,10 +368,11 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """Run the local end-to-end demo (its own settings; the environment's are not used)."""
     import logging
 
+    # The demo prints its own story; library INFO lines (alembic, nvflare) would drown it.
+    # Set before the import: alembic logs while its plugins load.
+    logging.getLogger().setLevel(logging.WARNING)
     from app.demo import run_demo
 
-    # The demo prints its own story; library INFO lines (alembic, nvflare) would drown it.
-    logging.getLogger().setLevel(logging.WARNING)
     return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
 
 
