@@ -104,32 +104,25 @@ def _record_scale(
 
 def _scale(rt: Runtime, net: str, replicas: int, reason: str) -> None:
     """Ask the driver for `replicas`, recording the decision and its outcome either way."""
-    action = "scale_up" if replicas else "scale_down"
+    outcome = "error: unexpected failure (see the worker log)"
     try:
         rt.driver(net).scale(replicas)
+        outcome = "ok"
     except DispatcherError as exc:
         kind = "misconfigured" if isinstance(exc, MisconfigurationError) else "error"
+        outcome = f"{kind}: {exc}"
+        raise
+    finally:
         with unit_of_work(rt.sessions) as session:
             _record_scale(
                 session,
                 net=net,
-                action=action,
+                action="scale_up" if replicas else "scale_down",
                 replicas=replicas,
                 reason=reason,
-                outcome=f"{kind}: {exc}",
+                outcome=outcome,
                 now=rt.clock(),
             )
-        raise
-    with unit_of_work(rt.sessions) as session:
-        _record_scale(
-            session,
-            net=net,
-            action=action,
-            replicas=replicas,
-            reason=reason,
-            outcome="ok",
-            now=rt.clock(),
-        )
 
 
 def _kick(rt: Runtime) -> None:
