@@ -188,6 +188,62 @@ def test_abort_while_scaling_up_while_running_and_with_the_server_down(stack):
     wait_scaled_to_zero(stack)
 
 
+def test_flower_shows_the_workers_and_tasks_and_requires_auth(stack):
+    """Flower on the stack's broker, as compose runs it: never open, and it sees our worker
+    and the tasks it runs (workers send task events)."""
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    celery_bin = Path(sys.executable).with_name("celery")
+    flower = subprocess.Popen(
+        [
+            str(celery_bin),
+            f"--broker={REDIS_URL}",
+            "flower",
+            "--address=127.0.0.1",
+            f"--port={port}",
+            "--basic-auth=ops:e2e-secret",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    auth = ("ops", "e2e-secret")
+    try:
+
+        def answers() -> bool:
+            try:
+                return httpx.get(base, timeout=2).status_code == 401
+            except httpx.TransportError:
+                return False
+
+        stack.wait_for("Flower to listen", answers, 60)
+        assert httpx.get(base, auth=("ops", "wrong"), timeout=5).status_code == 401
+
+        def workers() -> dict[str, object]:
+            reply = httpx.get(f"{base}/api/workers?refresh=1", auth=auth, timeout=10)
+            return {k: v for k, v in reply.json().items() if k.startswith("fl-dispatcher-")}
+
+        assert stack.wait_for("our worker in Flower", workers, 60)
+
+        def tasks() -> set[str]:
+            reply = httpx.get(f"{base}/api/tasks", auth=auth, timeout=10).json()
+            return {t["name"] for t in reply.values() if t.get("name")}
+
+        seen = stack.wait_for("beat's tasks in Flower", tasks, 60)
+        assert any(name.startswith("fl_dispatcher.") for name in seen)
+    finally:
+        flower.terminate()
+        flower.wait(timeout=20)
+
+
 def test_flag_off_static_view_reports_outage(stack, tmp_path: Path):
     """PER_JOB_FL_SERVER off: the same net is always-on; its server stopped is an OUTAGE,
     and the dispatcher never starts it."""
