@@ -113,7 +113,7 @@ def run_worker(
 ) -> None:
     """Run a worker in this process (with an embedded beat if asked: one beat in total)."""
     from app.db import make_engine, session_factory, unit_of_work
-    from app.services import sync_nets
+    from app.usecases.services import sync_nets
     from models import utcnow
 
     engine = make_engine(settings.database_url)

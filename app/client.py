@@ -15,7 +15,7 @@ from typing import Any
 from celery import Celery
 
 from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus
-from app.services import job_id_for
+from app.usecases.services import job_id_for
 
 ENQUEUE_JOB = "fl_dispatcher.enqueue_job"
 ABORT_JOB = "fl_dispatcher.abort_job"

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.admin import AdminClient
+from app.adapters.drivers import ScaleDriver, build_driver
+from app.adapters.nvflare.base import AdminClient
 from app.db import make_engine, session_factory
-from app.drivers import ScaleDriver, build_driver
 from app.settings import NetConfig, Settings
 from models import utcnow
 
@@ -30,7 +30,7 @@ AdminFactory = Callable[[NetConfig, Settings], AdminClient]
 
 
 def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
-    from app.nvflare_admin import build_admin_client
+    from app.adapters.nvflare.client import build_admin_client
 
     return build_admin_client(net, settings)
 

@@ -70,7 +70,7 @@ class DispatcherTask(Task):  # type: ignore[misc]
         """Count the retry on the job it belongs to (a metric)."""
         job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
         if job_id and isinstance(exc, TransientError):
-            from app.pipeline import count_retry
+            from app.usecases.dispatch import count_retry
 
             count_retry(runtime(), uuid.UUID(job_id))
 
@@ -80,7 +80,7 @@ class DispatcherTask(Task):  # type: ignore[misc]
         """Out of retries on a transient error: requeue the job, never drop it."""
         job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
         if job_id and isinstance(exc, TransientError) and self.name in PIPELINE_TASKS:
-            from app.pipeline import requeue_after_transient
+            from app.usecases.dispatch import requeue_after_transient
 
             log.warning(
                 "retries exhausted; requeueing",

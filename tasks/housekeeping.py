@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import pipeline
 from app.celery_app import HOUSEKEEPING_HARD_LIMIT_S, HOUSEKEEPING_SOFT_LIMIT_S
+from app.usecases import dispatch as pipeline
 from tasks.base import dispatcher_task, runtime
 
 

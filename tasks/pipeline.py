@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from app import pipeline
-from app.pipeline import Step
+from app.usecases import dispatch as pipeline
+from app.usecases.dispatch import Step
 from tasks.base import dispatcher_task, runtime
 
 

@@ -7,10 +7,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app import pipeline, services
 from app.db import unit_of_work
 from app.errors import InvalidRequest
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
+from app.usecases import dispatch as pipeline
+from app.usecases import services
 from tasks.base import dispatcher_task, runtime
 
 M = TypeVar("M", bound=BaseModel)

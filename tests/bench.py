@@ -20,10 +20,11 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app import migrate, services
+from app import migrate
 from app.db import make_engine, session_factory, unit_of_work
 from app.schemas import EnqueueJob
 from app.settings import Settings
+from app.usecases import services
 from models import utcnow
 
 PG_ADMIN_URL = "postgresql+psycopg://127.0.0.1:5432/test"

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.admin import AbortOutcome, AbortResult, Readiness, ServerState
-from app.drivers.base import Observation
+from app.adapters.drivers.base import Observation
+from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, ServerState
 from app.errors import ServerUnavailable
 
 

@@ -12,10 +12,11 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from app import pipeline, services
 from app.db import unit_of_work
+from app.local.stack import NET, LocalStack, StackOptions
 from app.runtime import Runtime
-from app.stack import NET, LocalStack, StackOptions
+from app.usecases import dispatch as pipeline
+from app.usecases import services
 from models import Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
 from tests.fixtures.db import fresh_pg_database
 

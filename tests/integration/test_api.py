@@ -18,14 +18,14 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from app import services
-from app.admin import ServerState
-from app.api import create_app, iter_routes
-from app.drivers import Observation
+from app.adapters.drivers import Observation
+from app.adapters.nvflare.base import ServerState
+from app.entrypoints.api import create_app, iter_routes
 from app.errors import AdminMisconfigured
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
+from app.usecases import services
 from models import Job, JobEvent, JobState, Net, NetState, ScaleEvent
 from tests.fixtures.db import net_decl
 

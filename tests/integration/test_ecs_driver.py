@@ -21,8 +21,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import Stubber
 
-from app.drivers.base import Observation
-from app.drivers.ecs import EcsDriver, make_ecs_client
+from app.adapters.drivers.base import Observation
+from app.adapters.drivers.ecs import EcsDriver, make_ecs_client
 from app.errors import DriverMisconfigured, DriverTransientError
 from app.settings import EcsDriverConfig
 from tests.fixtures.aws import MOTO_REGION

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from app import nvflare_local
-from app.admin import ServerState
-from app.drivers.base import Observation
-from app.drivers.local import LocalDriver
+from app.adapters.drivers.base import Observation
+from app.adapters.drivers.local import LocalDriver
+from app.adapters.nvflare.base import ServerState
+from app.adapters.nvflare.client import build_admin_client
 from app.errors import DriverMisconfigured
-from app.nvflare_admin import build_admin_client
-from app.nvflare_local import Deployment
+from app.local import nvflare as nvflare_local
+from app.local.nvflare import Deployment
 from tests.fixtures.nvflare import admin_settings, kit_processes, net_config, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.nvflare]
@@ -78,7 +78,7 @@ def run_driver_in_subprocess(
     kit, state = str(deployment.server_kit), str(state_dir)
     code = (
         "from pathlib import Path\n"
-        "from app.drivers.local import LocalDriver\n"
+        "from app.adapters.drivers.local import LocalDriver\n"
         f"driver = LocalDriver({NET!r}, Path({kit!r}), Path({state!r}))\n"
     ) + textwrap.dedent(body)
     process = subprocess.Popen(

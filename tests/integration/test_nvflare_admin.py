@@ -26,11 +26,12 @@ from typing import Any
 
 import pytest
 
-from app import nvflare_admin, nvflare_local
-from app.admin import AbortOutcome, Readiness, ServerState
+from app.adapters.nvflare import client as nvflare_admin
+from app.adapters.nvflare.base import AbortOutcome, Readiness, ServerState
+from app.adapters.nvflare.client import NvflareAdminClient, build_admin_client
 from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
-from app.nvflare_admin import NvflareAdminClient, build_admin_client
-from app.nvflare_local import Deployment
+from app.local import nvflare as nvflare_local
+from app.local.nvflare import Deployment
 from tests.fixtures.nvflare import (
     NvflareSystem,
     admin_settings,
@@ -220,7 +221,7 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
 _FORGETFUL_PROCESS = """
 import sys
 from pathlib import Path
-from app.nvflare_admin import NvflareAdminClient
+from app.adapters.nvflare.client import NvflareAdminClient
 
 client = NvflareAdminClient(
     net_name="n", kit_dir=Path(sys.argv[1]), username=sys.argv[2], login_timeout_s=5.0,

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
-from app import services
 from app.schemas import EnqueueJob
+from app.usecases import services
 from models import Job, JobState, Net, NetState
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from app import pipeline, services
-from app.pipeline import Step
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
+from app.usecases import dispatch as pipeline
+from app.usecases import services
+from app.usecases.dispatch import Step
 from models import Job, Net
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 from tests.fixtures.db import net_decl

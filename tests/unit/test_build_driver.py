@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.drivers import build_driver
-from app.drivers.ecs import EcsDriver
-from app.drivers.static import StaticDriver
+from app.adapters.drivers import build_driver
+from app.adapters.drivers.ecs import EcsDriver
+from app.adapters.drivers.static import StaticDriver
 from app.settings import NetConfig, Settings, load_settings
 
 
@@ -81,11 +81,11 @@ class _RecordingLocalDriver:
 def test_local_net_gets_its_kit_and_a_state_dir_under_data_dir(
     kits: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Stands in for app.drivers.local so this pins only build_driver's wiring; the real
+    # Stands in for app.adapters.drivers.local so this pins only build_driver's wiring; the real
     # driver is exercised by its own tests against a real NVFLARE server.
-    fake_module = types.ModuleType("app.drivers.local")
+    fake_module = types.ModuleType("app.adapters.drivers.local")
     fake_module.LocalDriver = _RecordingLocalDriver  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "app.drivers.local", fake_module)
+    monkeypatch.setitem(sys.modules, "app.adapters.drivers.local", fake_module)
     settings = _settings(kits, "true", {"kind": "local", "server_kit_dir": str(kits / "server")})
     net: NetConfig = settings.nets[0]
 
@@ -96,7 +96,7 @@ def test_local_net_gets_its_kit_and_a_state_dir_under_data_dir(
 
 
 def test_local_net_builds_the_real_local_driver(kits: Path) -> None:
-    from app.drivers import local
+    from app.adapters.drivers import local
 
     settings = _settings(kits, "true", {"kind": "local", "server_kit_dir": str(kits / "server")})
 

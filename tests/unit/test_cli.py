@@ -11,11 +11,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from app import services
-from app.cli import build_parser, main
 from app.db import make_engine, session_factory
+from app.entrypoints.cli import build_parser, main
 from app.schemas import EnqueueJob
 from app.settings import Settings
+from app.usecases import services
 from models import Job, JobEvent, JobState, Net, ScaleEvent
 from models.states import JOB_TRANSITIONS, NET_TRANSITIONS, mermaid
 from tests.fixtures.db import FrozenClock, net_decl

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.cli import build_parser
+from app.entrypoints.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yml"

@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 from botocore.stub import Stubber
 
-from app.drivers.ecs import EcsDriver, make_ecs_client
+from app.adapters.drivers.ecs import EcsDriver, make_ecs_client
 from app.errors import DriverMisconfigured, DriverTransientError
 from app.settings import EcsDriverConfig
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.drivers.ecs import iam_policy_for
+from app.adapters.drivers.ecs import iam_policy_for
 from app.settings import NetConfig
 
 SHIPPED = resources.files("app") / "policies" / "ecs-scale-policy.json"

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
+from app.adapters.nvflare.kit_check import check_kit_files
 from app.errors import AdminMisconfigured
-from app.kit_check import check_kit_files
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 _KEYS = [rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(4)]

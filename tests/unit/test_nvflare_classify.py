@@ -16,7 +16,9 @@ from nvflare.fuel.common.excepts import ConfigError
 from nvflare.fuel.f3.cellnet.cell_cipher import InvalidCertChain
 from nvflare.fuel.flare_api import api_spec as nv
 
-from app import nvflare_admin
+from app.adapters.nvflare import client as nvflare_admin
+from app.adapters.nvflare.client import AdminErrorCategory as C
+from app.adapters.nvflare.client import build_admin_client, classified_error, classify
 from app.errors import (
     AdminMisconfigured,
     InvalidRequest,
@@ -25,8 +27,6 @@ from app.errors import (
     ServerUnavailable,
     UnknownAdminError,
 )
-from app.nvflare_admin import AdminErrorCategory as C
-from app.nvflare_admin import build_admin_client, classified_error, classify
 from app.settings import NetConfig, Settings
 
 CASES: list[tuple[str, BaseException, C]] = [
@@ -137,7 +137,7 @@ def test_unknown_errors_are_logged_with_the_original_and_counted(
     before = nvflare_admin.unknown_errors["RuntimeError"]
     exc = RuntimeError("never seen before")
 
-    with caplog.at_level(logging.WARNING, logger="app.nvflare_admin"):
+    with caplog.at_level(logging.WARNING, logger="app.adapters.nvflare.client"):
         error = classified_error(exc)
 
     assert isinstance(error, UnknownAdminError)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app import pipeline
-from app.admin import ServerState
+from app.adapters.nvflare.base import ServerState
 from app.errors import DriverMisconfigured, ServerUnavailable
-from app.pipeline import Step
+from app.usecases import dispatch as pipeline
+from app.usecases.dispatch import Step
 from models import Job, JobState, NetState, ScaleEvent
 
 

@@ -7,9 +7,9 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from app import services
 from app.errors import InvalidRequest, NotFound
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
+from app.usecases import services
 from models import Job, JobEvent, JobState, Net, NetState
 
 

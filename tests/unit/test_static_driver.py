@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from app.drivers.base import Observation
-from app.drivers.static import StaticDriver
+from app.adapters.drivers.base import Observation
+from app.adapters.drivers.static import StaticDriver
 
 
 def test_observe_reports_one_running_replica() -> None:
@@ -21,7 +21,7 @@ def test_observe_reports_one_running_replica() -> None:
 def test_scale_is_recorded_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
     driver = StaticDriver("net-1")
 
-    with caplog.at_level(logging.INFO, logger="app.drivers.static"):
+    with caplog.at_level(logging.INFO, logger="app.adapters.drivers.static"):
         driver.scale(0)
         driver.scale(1)
         driver.scale(0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from app.drivers.base import Observation
+from app.adapters.drivers.base import Observation
 
 log = logging.getLogger(__name__)
 

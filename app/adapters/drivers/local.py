@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from app import nvflare_local
-from app.drivers.base import Observation
+from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured
+from app.local import nvflare as nvflare_local
 
 log = logging.getLogger(__name__)
 

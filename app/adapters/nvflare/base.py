@@ -1,6 +1,6 @@
 """The interface between use cases and a net's NVFLARE server (the admin side).
 
-The real implementation lives in `app.nvflare_admin`; unit tests use `tests.fakes`.
+The real implementation lives in `app.adapters.nvflare.client`; unit tests use `tests.fakes`.
 Use cases depend only on this module.
 """
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from app.stack import LocalStack, StackOptions
+from app.local.stack import LocalStack, StackOptions
 from models import JobEvent, JobState, NetEvent, NetState
 
 RUN_TIMEOUT_S = 600.0

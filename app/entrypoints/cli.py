@@ -77,7 +77,7 @@ def _runtime(settings: Settings) -> Runtime:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Every net (and its active job) and the queue."""
-    from app.api import Prober, collect_status
+    from app.entrypoints.api import Prober, collect_status
 
     runtime = _runtime(settings)
     try:
@@ -122,7 +122,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     """Jobs, newest first."""
-    from app.api import list_jobs, parse_job_state
+    from app.entrypoints.api import list_jobs, parse_job_state
 
     state = parse_job_state(args.state) if args.state else None
     runtime = _runtime(settings)
@@ -163,7 +163,7 @@ def _job_id(raw: str) -> uuid.UUID:
 
 def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     """One job with its history."""
-    from app.api import job_detail
+    from app.entrypoints.api import job_detail
 
     runtime = _runtime(settings)
     try:
@@ -189,7 +189,7 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
 def _send_task(settings: Settings, name: str, kwargs: dict[str, Any]) -> bool:
     from kombu.exceptions import KombuError
 
-    from app.api import celery_send_task
+    from app.entrypoints.api import celery_send_task
 
     # After commit: a lost message loses nothing, the reconciler finds the row again.
     try:
@@ -204,10 +204,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     """Queue a job (idempotent on --key), then ask a worker to assign it."""
     from pydantic import ValidationError
 
-    from app import services
-    from app.api import ASSIGN_TASK, ensure_net_rows
     from app.db import unit_of_work
+    from app.entrypoints.api import ASSIGN_TASK, ensure_net_rows
     from app.schemas import EnqueueJob
+    from app.usecases import services
 
     try:
         request = EnqueueJob(
@@ -247,10 +247,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
     """Abort a job; an active one is aborted on its server by the worker."""
-    from app import services
-    from app.api import ABORT_TASK
     from app.db import unit_of_work
+    from app.entrypoints.api import ABORT_TASK
     from app.schemas import AbortJob
+    from app.usecases import services
 
     request = AbortJob(job_id=args.job_id, reason=args.reason)
     runtime = _runtime(settings)
@@ -314,7 +314,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the status API with uvicorn."""
     import uvicorn
 
-    from app.api import create_app
+    from app.entrypoints.api import create_app
 
     app = create_app(_runtime(settings), close_runtime=True)
     # log_config=None: keep the handler configure_logging installed (plain or JSON).
@@ -324,7 +324,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 if the database and the broker answer (the /readyz checks); for healthchecks."""
-    from app.api import Prober, check_broker, check_database
+    from app.entrypoints.api import Prober, check_broker, check_database
 
     runtime = _runtime(settings)
     try:
@@ -371,7 +371,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     # The demo prints its own story; library INFO lines (alembic, nvflare) would drown it.
     # Set before the import: alembic logs while its plugins load.
     logging.getLogger().setLevel(logging.WARNING)
-    from app.demo import run_demo
+    from app.local.demo import run_demo
 
     return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
 

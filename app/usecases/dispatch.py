@@ -18,8 +18,8 @@ from enum import StrEnum
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from app import services
-from app.admin import AbortOutcome, Readiness, ServerState
+from app.adapters.jobdefs import materialize
+from app.adapters.nvflare.base import AbortOutcome, Readiness, ServerState
 from app.db import unit_of_work
 from app.errors import (
     DispatcherError,
@@ -29,8 +29,8 @@ from app.errors import (
     ServerUnavailable,
     TransientError,
 )
-from app.jobstore import materialize
 from app.runtime import Runtime
+from app.usecases import services
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, ScaleEvent
 
 log = logging.getLogger(__name__)

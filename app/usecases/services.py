@@ -2,7 +2,7 @@
 
 Each takes an open `Session` (the caller's unit of work commits or rolls back) and an
 explicit `now`, and never talks to NVFLARE or a cloud API: those calls live in
-`app.pipeline`, which uses these functions for every state change. Tasks, the CLI, the HTTP
+`app.usecases.dispatch`, which uses these functions for every state change. Tasks, the CLI, the HTTP
 API and the tests all call these same functions.
 """
 

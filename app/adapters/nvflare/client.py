@@ -1,6 +1,6 @@
-"""The NVFLARE admin side of one net (implements `app.admin.AdminClient`) on nvflare 2.9.
+"""The NVFLARE admin side of one net (implements `base.AdminClient`) on nvflare 2.9.
 
-Rules this module exists to keep (see DESIGN.md, "The NVFLARE admin session"):
+Rules this module exists to keep (README, "The NVFLARE admin session"):
 
 - Connect lazily, and build a FRESH `Session` on every (re)connect. nvflare's
   `AdminAPI.connect` creates and starts its cell before authenticating and returns early when
@@ -10,7 +10,7 @@ Rules this module exists to keep (see DESIGN.md, "The NVFLARE admin session"):
   the session; the next command starts from a fresh one.
 - Every nvflare exception is mapped in ONE place, `classify`, into the error classes of
   `app.errors`, with the raw nvflare exception as `__cause__`.
-- A wrong kit is never tolerated as "server down": `app.kit_check` checks the kit and the
+- A wrong kit is never tolerated as "server down": `kit_check` checks the kit and the
   certificate the server presents before any login, and a server whose port answers TLS with
   the right certificate but refuses our login past the net's readiness deadline is declared
   misconfigured.
@@ -30,8 +30,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app import kit_check
-from app.admin import AbortOutcome, AbortResult, Readiness, ServerState
+from app.adapters.nvflare import kit_check
+from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, ServerState
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.drivers.base import Observation, ScaleDriver
-from app.drivers.static import StaticDriver
+from app.adapters.drivers.base import Observation, ScaleDriver
+from app.adapters.drivers.static import StaticDriver
 from app.settings import (
     EcsDriverConfig,
     LocalDriverConfig,
@@ -29,13 +29,13 @@ def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
     # Adapters are imported only when a net uses them, so a laptop with local nets never
     # imports boto3 and an ECS deployment never imports the process manager.
     if isinstance(config, EcsDriverConfig):
-        from app.drivers.ecs import EcsDriver
+        from app.adapters.drivers.ecs import EcsDriver
 
         return EcsDriver(config)
     if isinstance(config, StaticDriverConfig):
         return StaticDriver(net.name)
     if isinstance(config, LocalDriverConfig):
-        from app.drivers.local import LocalDriver
+        from app.adapters.drivers.local import LocalDriver
 
         driver: ScaleDriver = LocalDriver(
             net.name, config.server_kit_dir, settings.data_dir / "local-driver"

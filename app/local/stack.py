@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 
 from app import migrate
+from app.adapters.drivers.local import LocalDriver
 from app.client import DispatcherClient
 from app.db import make_engine, session_factory, unit_of_work
-from app.drivers.local import LocalDriver
-from app.nvflare_local import (
+from app.local.nvflare import (
     Deployment,
     ProcessHandle,
     build_tiny_job,
@@ -35,8 +35,8 @@ from app.nvflare_local import (
     stop,
 )
 from app.schemas import EnqueueJob
-from app.services import sync_nets
 from app.settings import Settings
+from app.usecases.services import sync_nets
 from models import Job, JobEvent, Net, NetEvent, utcnow
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class LocalStack:
 
     def start_worker(self) -> None:
         """Start the worker (with beat embedded unless options say otherwise)."""
-        cli = [sys.executable, "-m", "app.cli"]
+        cli = [sys.executable, "-m", "app.entrypoints.cli"]
         worker = [*cli, "worker", f"--concurrency={self.options.concurrency}"]
         if self.options.embedded_beat:
             worker.append("--beat")

@@ -33,7 +33,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from app.drivers.base import Observation
+from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured, DriverTransientError
 from app.settings import EcsDriverConfig, NetConfig
 

@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path, PurePosixPath
 
 from app.errors import DriverTransientError, InvalidRequest
-from app.services import job_folder
 from app.settings import Settings
+from app.usecases.services import job_folder
 
 
 def materialize(settings: Settings, definition: str, job_id: uuid.UUID) -> Path:

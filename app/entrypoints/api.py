@@ -1,8 +1,9 @@
 """The status HTTP API: every net and job at a glance, enqueue and abort, health, metrics.
 
-Served by uvicorn (`fl-dispatcher api`, or `uvicorn --factory app.api:app_from_env`). Read
+Served by uvicorn (`fl-dispatcher api`, or
+`uvicorn --factory app.entrypoints.api:app_from_env`). Read
 routes are open; mutating routes need `X-API-Key: $API_SECRET` and are disabled while
-API_SECRET is unset. Routes call the same use cases as the Celery tasks (`app.services`)
+API_SECRET is unset. Routes call the same use cases as the Celery tasks (`app.usecases.services`)
 and send follow-up tasks by name only after their transaction has committed.
 
 `GET /fl/status` probes each net's driver and admin server in parallel with a deadline, so
@@ -41,15 +42,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from app import services
-from app.admin import ServerState
+from app.adapters.drivers import Observation
+from app.adapters.nvflare.base import ServerState
 from app.db import unit_of_work
-from app.drivers import Observation
 from app.errors import InvalidRequest, MisconfigurationError, NotFound
 from app.metrics import build_registry
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob
 from app.settings import redact_url
+from app.usecases import services
 from models import (
     ACTIVE_JOB_STATES,
     IllegalTransition,
@@ -716,7 +717,7 @@ def check_broker(broker_url: str, timeout_s: float) -> None:
 
 
 def app_from_env() -> FastAPI:
-    """The app for `uvicorn --factory app.api:app_from_env`: settings from the environment."""
+    """The app for `uvicorn --factory app.entrypoints.api:app_from_env` (settings from env)."""
     from app.errors import SettingsError
     from app.logs import configure_logging
     from app.settings import load_settings
