@@ -10,9 +10,10 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from celery import Celery, chain
+from celery import Celery, chain, signals
 
-from app.settings import Settings
+from app import names
+from app.settings import Settings, load_settings
 
 # Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with full
 # jitter from this factor, capped by RETRY_BACKOFF_MAX_S and bounded by RETRY_MAX; what is
@@ -35,17 +36,17 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
 
     def entry(name: str, seconds: float) -> dict[str, Any]:
         return {
-            "task": f"fl_dispatcher.{name}",
+            "task": name,
             "schedule": timedelta(seconds=seconds),
             "options": {"expires": seconds},
         }
 
     return {
-        "assign-next-job": entry("assign_next_job", every),
-        "scale-down-idle-nets": entry("scale_down_idle_nets", every),
-        "monitor-running-jobs": entry("monitor_running_jobs", every),
-        "reconcile": entry("reconcile", every * 2),
-        "keep-alive-busy-nets": entry("keep_alive_busy_nets", settings.keep_alive_interval_s),
+        "assign-next-job": entry(names.ASSIGN_NEXT_JOB, every),
+        "scale-down-idle-nets": entry(names.SCALE_DOWN_IDLE_NETS, every),
+        "monitor-running-jobs": entry(names.MONITOR_RUNNING_JOBS, every),
+        "reconcile": entry(names.RECONCILE, every * 2),
+        "keep-alive-busy-nets": entry(names.KEEP_ALIVE_BUSY_NETS, settings.keep_alive_interval_s),
     }
 
 
@@ -68,24 +69,57 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "task_default_queue": "fl_dispatcher",
+        "task_default_queue": names.QUEUE,
         "task_send_sent_event": True,
         "worker_send_task_events": True,  # Flower shows tasks live
         "worker_hijack_root_logger": False,
         "beat_schedule": beat_schedule(settings),
-        # Read by tasks.base when the task modules are imported (after configure()):
-        # Celery's autoretry captures its backoff options at task registration.
-        "fl_retry_max": settings.retry_max,
-        "fl_retry_backoff_max_s": settings.retry_backoff_max_s,
         "timezone": "UTC",
         "enable_utc": True,
     }
 
 
+class _Configured:
+    """The settings this process configured the app with, if any."""
+
+    settings: Settings | None = None
+
+
+def _config_on_first_use() -> dict[str, Any]:
+    # `celery -A app.celery_app worker|beat|flower` never calls configure(): Celery evaluates
+    # this promise the first time it reads its configuration, so the app is configured from
+    # Settings (the environment) there too. configure() sets the settings first, so a process
+    # that configures explicitly does not build a second Settings here.
+    return celery_config(_Configured.settings or load_settings())
+
+
+celery.add_defaults(_config_on_first_use)
+
+
 def configure(settings: Settings) -> Celery:
     """Apply Settings to the shared app (once per process)."""
+    _Configured.settings = settings
     celery.conf.update(celery_config(settings))
     return celery
+
+
+def _sync_nets_at_worker_start(**_: Any) -> None:
+    """Every worker start (`fl-dispatcher worker` or `celery -A app.celery_app worker`)
+    creates missing net rows and resets MISCONFIGURED nets: settings were just validated."""
+    from app.db import make_engine, session_factory, unit_of_work
+    from app.usecases.services import sync_nets
+    from models import utcnow
+
+    settings = _Configured.settings or load_settings()
+    engine = make_engine(settings.database_url)
+    try:
+        with unit_of_work(session_factory(engine)) as session:
+            sync_nets(session, settings, utcnow(), at_start=True)
+    finally:
+        engine.dispose()
+
+
+signals.worker_init.connect(_sync_nets_at_worker_start, weak=False)
 
 
 class CeleryOutbox:
@@ -102,9 +136,9 @@ class CeleryOutbox:
         """scale_up -> wait_ready -> dispatch as one chain of immutable signatures."""
         ids = {"job_id": job_id, "net_name": net_name}
         chain(
-            self.app.signature("fl_dispatcher.scale_up", kwargs=ids, immutable=True),
-            self.app.signature("fl_dispatcher.wait_ready", kwargs=ids, immutable=True),
-            self.app.signature("fl_dispatcher.dispatch", kwargs={"job_id": job_id}, immutable=True),
+            self.app.signature(names.SCALE_UP, kwargs=ids, immutable=True),
+            self.app.signature(names.WAIT_READY, kwargs=ids, immutable=True),
+            self.app.signature(names.DISPATCH, kwargs={"job_id": job_id}, immutable=True),
         ).apply_async()
 
 
@@ -112,14 +146,6 @@ def run_worker(
     settings: Settings, *, concurrency: int = 2, beat: bool = False, loglevel: str | None = None
 ) -> None:
     """Run a worker in this process (with an embedded beat if asked: one beat in total)."""
-    from app.db import make_engine, session_factory, unit_of_work
-    from app.usecases.services import sync_nets
-    from models import utcnow
-
-    engine = make_engine(settings.database_url)
-    with unit_of_work(session_factory(engine)) as session:
-        sync_nets(session, settings, utcnow(), at_start=True)
-    engine.dispose()
     app = configure(settings)
     argv = [
         "worker",

@@ -14,13 +14,8 @@ from typing import Any
 
 from celery import Celery
 
-from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus
-from app.usecases.services import job_id_for
-
-ENQUEUE_JOB = "fl_dispatcher.enqueue_job"
-ABORT_JOB = "fl_dispatcher.abort_job"
-REPORT_JOB_STATUS = "fl_dispatcher.report_job_status"
-QUEUE = "fl_dispatcher"
+from app.names import ABORT_JOB, ENQUEUE_JOB, QUEUE, REPORT_JOB_STATUS
+from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
 
 
 class DispatcherClient:

@@ -12,6 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.settings import NET_NAME_PATTERN
 
+# Job ids are derived from flip-api's key, so a caller knows the id without waiting for a
+# reply (Celery results are not used) and a repeated enqueue names the same job.
+JOB_ID_NAMESPACE = uuid.UUID("5b0f7c1e-7d2a-4f3c-9a57-3f1e2d9b8c41")
+
+
+def job_id_for(caller_key: str) -> uuid.UUID:
+    """The job id that enqueueing `caller_key` creates (stable across processes)."""
+    return uuid.uuid5(JOB_ID_NAMESPACE, caller_key)
+
 
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

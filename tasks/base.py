@@ -4,6 +4,7 @@ the job instead of losing it."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -11,8 +12,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
+from celery.utils.time import get_exponential_backoff_interval
 
 from app.celery_app import (
+    HOUSEKEEPING_HARD_LIMIT_S,
+    HOUSEKEEPING_SOFT_LIMIT_S,
     PIPELINE_HARD_LIMIT_S,
     PIPELINE_SOFT_LIMIT_S,
     RETRY_BACKOFF_S,
@@ -94,30 +98,56 @@ class DispatcherTask(Task):  # type: ignore[misc]
 PIPELINE_TASKS: set[str] = set()
 
 
-def dispatcher_task(name: str, *, pipeline: bool = False, **options: Any) -> Callable[[F], F]:
-    """Register a task as `fl_dispatcher.<name>` with the project's defaults.
+def _retry_transient(fun: F) -> F:
+    """Retry a classified transient error with exponential backoff and full jitter, reading
+    RETRY_MAX and RETRY_BACKOFF_MAX_S from this process's settings at retry time (Celery's
+    own autoretry would freeze them when the task module is imported)."""
 
-    Pipeline steps also autoretry classified transient errors (backoff, jitter, cap, count);
+    @functools.wraps(fun)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fun(self, *args, **kwargs)
+        except TransientError as exc:
+            settings = runtime().settings
+            countdown = get_exponential_backoff_interval(
+                factor=RETRY_BACKOFF_S,
+                retries=self.request.retries,
+                maximum=settings.retry_backoff_max_s,
+                full_jitter=True,
+            )
+            raise self.retry(exc=exc, countdown=countdown, max_retries=settings.retry_max) from exc
+
+    return run  # type: ignore[return-value]
+
+
+def dispatcher_task(
+    name: str, *, pipeline: bool = False, housekeeping: bool = False, **options: Any
+) -> Callable[[F], F]:
+    """Register a task under its full name (see `app.names`) with the project's defaults.
+
+    Pipeline steps also retry classified transient errors (backoff, jitter, cap, count);
     anything else fails at once and loudly. A blanket retry on Exception would turn a
-    misconfiguration into an endless loop.
+    misconfiguration into an endless loop. Housekeeping tasks get beat's longer limits.
     """
-    full_name = f"fl_dispatcher.{name}"
+    soft, hard = (
+        (HOUSEKEEPING_SOFT_LIMIT_S, HOUSEKEEPING_HARD_LIMIT_S)
+        if housekeeping
+        else (PIPELINE_SOFT_LIMIT_S, PIPELINE_HARD_LIMIT_S)
+    )
     defaults: dict[str, Any] = {
-        "name": full_name,
+        "name": name,
         "base": DispatcherTask,
         "bind": True,
-        "soft_time_limit": PIPELINE_SOFT_LIMIT_S,
-        "time_limit": PIPELINE_HARD_LIMIT_S,
+        "soft_time_limit": soft,
+        "time_limit": hard,
     }
     if pipeline:
-        PIPELINE_TASKS.add(full_name)
-        defaults |= {
-            "autoretry_for": (TransientError,),
-            "retry_backoff": RETRY_BACKOFF_S,
-            "retry_backoff_max": int(celery.conf.get("fl_retry_backoff_max_s", 60)),
-            "retry_jitter": True,
-            "max_retries": int(celery.conf.get("fl_retry_max", 6)),
-        }
+        PIPELINE_TASKS.add(name)
     defaults |= options
-    decorator: Callable[[F], F] = celery.task(**defaults)
-    return decorator
+
+    def register(fun: F) -> F:
+        body = _retry_transient(fun) if pipeline else fun
+        task: F = celery.task(**defaults)(body)
+        return task
+
+    return register

@@ -4,45 +4,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.celery_app import HOUSEKEEPING_HARD_LIMIT_S, HOUSEKEEPING_SOFT_LIMIT_S
-from app.usecases import dispatch as pipeline
+from app import names
+from app.usecases import housekeeping
 from tasks.base import dispatcher_task, runtime
 
 
-@dispatcher_task(
-    "scale_down_idle_nets",
-    soft_time_limit=HOUSEKEEPING_SOFT_LIMIT_S,
-    time_limit=HOUSEKEEPING_HARD_LIMIT_S,
-)
+@dispatcher_task(names.SCALE_DOWN_IDLE_NETS, housekeeping=True)
 def scale_down_idle_nets(self: Any) -> list[str]:
     """Scale nets idle past their grace to zero."""
-    return pipeline.scale_down_idle_nets(runtime())
+    return housekeeping.scale_down_idle_nets(runtime())
 
 
-@dispatcher_task(
-    "keep_alive_busy_nets",
-    soft_time_limit=HOUSEKEEPING_SOFT_LIMIT_S,
-    time_limit=HOUSEKEEPING_HARD_LIMIT_S,
-)
+@dispatcher_task(names.KEEP_ALIVE_BUSY_NETS, housekeeping=True)
 def keep_alive_busy_nets(self: Any) -> list[str]:
     """Ping BUSY nets only."""
-    return pipeline.keep_alive_busy_nets(runtime())
+    return housekeeping.keep_alive_busy_nets(runtime())
 
 
-@dispatcher_task(
-    "monitor_running_jobs",
-    soft_time_limit=HOUSEKEEPING_SOFT_LIMIT_S,
-    time_limit=HOUSEKEEPING_HARD_LIMIT_S,
-)
+@dispatcher_task(names.MONITOR_RUNNING_JOBS, housekeeping=True)
 def monitor_running_jobs(self: Any) -> dict[str, str]:
     """Settle finished or lost runs."""
-    return pipeline.monitor_running_jobs(runtime())
+    return housekeeping.monitor_running_jobs(runtime())
 
 
-@dispatcher_task(
-    "reconcile", soft_time_limit=HOUSEKEEPING_SOFT_LIMIT_S, time_limit=HOUSEKEEPING_HARD_LIMIT_S
-)
+@dispatcher_task(names.RECONCILE, housekeeping=True)
 def reconcile(self: Any) -> dict[str, list[str]]:
     """Re-drive stuck work and repair drift."""
-    result = pipeline.reconcile(runtime())
+    result = housekeeping.reconcile(runtime())
     return {"redriven": list(result.redriven), "repaired": list(result.repaired)}

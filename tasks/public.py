@@ -7,11 +7,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from app import names
 from app.db import unit_of_work
 from app.errors import InvalidRequest
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
-from app.usecases import dispatch as pipeline
-from app.usecases import services
+from app.usecases import abort, services
 from tasks.base import dispatcher_task, runtime
 
 M = TypeVar("M", bound=BaseModel)
@@ -27,30 +27,30 @@ def _validate(model: type[M], payload: Any) -> M:
         raise InvalidRequest(f"invalid {model.__name__} payload: {problems}") from None
 
 
-@dispatcher_task("enqueue_job")
+@dispatcher_task(names.ENQUEUE_JOB)
 def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Queue a job (idempotent on caller_key), then try to assign it at once."""
     request = _validate(EnqueueJob, payload)
     rt = runtime()
     with unit_of_work(rt.sessions) as session:
         result = services.enqueue_job(session, rt.settings, request, rt.clock())
-    rt.outbox.send(pipeline.ASSIGN_NEXT_JOB)  # after commit: the row exists for the claimer
+    rt.outbox.send(names.ASSIGN_NEXT_JOB)  # after commit: the row exists for the claimer
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 
 
-@dispatcher_task("abort_job")
+@dispatcher_task(names.ABORT_JOB)
 def abort_job(self: Any, payload: dict[str, Any]) -> str:
     """Abort a job wherever it is; a server that is down means nothing to abort."""
     request = _validate(AbortJob, payload)
-    return pipeline.abort(runtime(), request.job_id, request.reason)
+    return abort.abort(runtime(), request.job_id, request.reason)
 
 
-@dispatcher_task("report_job_status")
+@dispatcher_task(names.REPORT_JOB_STATUS)
 def report_job_status(self: Any, payload: dict[str, Any]) -> str:
     """flip-api's terminal-status signal for a job."""
     request = _validate(ReportJobStatus, payload)
     rt = runtime()
     with unit_of_work(rt.sessions) as session:
         state = services.report_job_status(session, request, rt.clock())
-    rt.outbox.send(pipeline.ASSIGN_NEXT_JOB)
+    rt.outbox.send(names.ASSIGN_NEXT_JOB)
     return state

@@ -91,7 +91,7 @@ def celery_send_task(broker_url: str) -> SendTask:
     def send(name: str, kwargs: dict[str, Any]) -> None:
         from celery import Celery
 
-        from app.client import QUEUE
+        from app.names import QUEUE
 
         with lock:
             if not holder:

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest, NotFound
-from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
+from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
 from app.settings import Settings
 from models import (
     ACTIVE_JOB_STATES,
@@ -33,16 +33,6 @@ from models import (
 )
 
 log = logging.getLogger(__name__)
-
-# Job ids are derived from flip-api's key, so a caller knows the id without waiting for a
-# reply (Celery results are not used) and a repeated enqueue names the same job.
-JOB_ID_NAMESPACE = uuid.UUID("5b0f7c1e-7d2a-4f3c-9a57-3f1e2d9b8c41")
-
-
-def job_id_for(caller_key: str) -> uuid.UUID:
-    """The job id that enqueueing `caller_key` creates (stable across processes)."""
-    return uuid.uuid5(JOB_ID_NAMESPACE, caller_key)
-
 
 _S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\0]+$")
 

@@ -15,8 +15,7 @@ from sqlalchemy import select
 from app.db import unit_of_work
 from app.local.stack import NET, LocalStack, StackOptions
 from app.runtime import Runtime
-from app.usecases import dispatch as pipeline
-from app.usecases import services
+from app.usecases import dispatch, services
 from models import Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
 from tests.fixtures.db import fresh_pg_database
 
@@ -131,11 +130,11 @@ def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack)
                 EnqueueJob(caller_key="e2e-lost", definition="tiny-fedavg", net=NET),
                 rt.clock(),
             ).job_id
-        [_claim] = pipeline.assign_jobs(rt)
-        assert pipeline.scale_up(rt, job_id, NET).step == pipeline.Step.DONE
+        [_claim] = dispatch.assign_jobs(rt)
+        assert dispatch.scale_up(rt, job_id, NET).step == dispatch.Step.DONE
 
         def ready() -> bool:
-            return pipeline.check_ready(rt, job_id, NET).step == pipeline.Step.DONE
+            return dispatch.check_ready(rt, job_id, NET).step == dispatch.Step.DONE
 
         stack.wait_for("the real server to be ready", ready, RUN_S, poll_s=0.5)
     finally:

@@ -9,8 +9,7 @@ import pytest
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import dispatch as pipeline
-from app.usecases import services
+from app.usecases import dispatch, services
 from app.usecases.dispatch import Step
 from models import Job, Net
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
@@ -76,10 +75,10 @@ class World:
 
     def run_pipeline(self, job_id) -> None:
         """What the chain does, step by step."""
-        assignment = next(a for a in pipeline.assign_jobs(self.rt) if a.job_id == job_id)
-        assert pipeline.scale_up(self.rt, job_id, assignment.net_name).step == Step.DONE
-        assert pipeline.check_ready(self.rt, job_id, assignment.net_name).step == Step.DONE
-        assert pipeline.dispatch(self.rt, job_id).step == Step.DONE
+        assignment = next(a for a in dispatch.assign_jobs(self.rt) if a.job_id == job_id)
+        assert dispatch.scale_up(self.rt, job_id, assignment.net_name).step == Step.DONE
+        assert dispatch.check_ready(self.rt, job_id, assignment.net_name).step == Step.DONE
+        assert dispatch.dispatch(self.rt, job_id).step == Step.DONE
 
 
 @pytest.fixture

@@ -7,23 +7,23 @@ from sqlalchemy import select
 
 from app.adapters.nvflare.base import ServerState
 from app.errors import DriverMisconfigured, ServerUnavailable
-from app.usecases import dispatch as pipeline
+from app.usecases import abort, dispatch, housekeeping
 from app.usecases.dispatch import Step
 from models import Job, JobState, NetState, ScaleEvent
 
 
 def test_cold_start_run_and_scale_to_zero(world):
     job_id = world.enqueue("j1", net="net-a")
-    claimed = pipeline.assign_jobs(world.rt)
+    claimed = dispatch.assign_jobs(world.rt)
     assert [(a.job_id, a.net_name) for a in claimed] == [(job_id, "net-a")]
     assert world.outbox.sent == [("pipeline", {"job_id": str(job_id), "net_name": "net-a"})]
     assert world.net("net-a").state == NetState.STARTING
 
-    assert pipeline.scale_up(world.rt, job_id, "net-a").step == Step.DONE
+    assert dispatch.scale_up(world.rt, job_id, "net-a").step == Step.DONE
     assert world.driver("net-a").calls == [1]
-    assert pipeline.check_ready(world.rt, job_id, "net-a").step == Step.DONE
+    assert dispatch.check_ready(world.rt, job_id, "net-a").step == Step.DONE
     assert world.net("net-a").state == NetState.READY
-    assert pipeline.dispatch(world.rt, job_id).step == Step.DONE
+    assert dispatch.dispatch(world.rt, job_id).step == Step.DONE
     job = world.job(job_id)
     assert (job.state, job.nvflare_job_id, job.submit_token) == (
         JobState.RUNNING,
@@ -33,14 +33,14 @@ def test_cold_start_run_and_scale_to_zero(world):
     assert world.net("net-a").state == NetState.BUSY
 
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    pipeline.monitor_running_jobs(world.rt)
+    housekeeping.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED
     assert world.net("net-a").state == NetState.READY
 
     world.clock.advance(59)
-    assert pipeline.scale_down_idle_nets(world.rt) == []
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
     world.clock.advance(2)
-    assert pipeline.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
     assert world.net("net-a").state == NetState.STOPPED
     assert world.driver("net-a").calls == [1, 0]
     with world.rt.sessions() as session:
@@ -52,10 +52,10 @@ def test_second_job_brings_the_server_back_with_a_fresh_admin_session(world):
     first = world.enqueue("j1", net="net-a")
     world.run_pipeline(first)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    pipeline.monitor_running_jobs(world.rt)
+    housekeeping.monitor_running_jobs(world.rt)
     old_admin = world.admin("net-a")
     world.clock.advance(61)
-    pipeline.scale_down_idle_nets(world.rt)
+    housekeeping.scale_down_idle_nets(world.rt)
     assert old_admin.closed == 1  # the admin client was dropped with the server
 
     second = world.enqueue("j2", net="net-a")
@@ -68,9 +68,9 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
     first = world.enqueue("j1", net="net-a")
     second = world.enqueue("j2", net="net-a")
     world.run_pipeline(first)
-    assert pipeline.assign_jobs(world.rt) == []  # the net is busy
+    assert dispatch.assign_jobs(world.rt) == []  # the net is busy
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    pipeline.monitor_running_jobs(world.rt)
+    housekeeping.monitor_running_jobs(world.rt)
     world.run_pipeline(second)
     assert world.driver("net-a").calls == [1]  # one scale-up for both jobs
     assert world.job(second).state == JobState.RUNNING
@@ -78,41 +78,41 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
 
 def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
     job_id = world.enqueue("j1", net="net-a", required_sites=["site-9"])
-    pipeline.assign_jobs(world.rt)
-    pipeline.scale_up(world.rt, job_id, "net-a")
-    result = pipeline.check_ready(world.rt, job_id, "net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a")
+    result = dispatch.check_ready(world.rt, job_id, "net-a")
     assert result.step == Step.NOT_READY and "site-9" in result.detail
     world.clock.advance(121)
-    assert pipeline.check_ready(world.rt, job_id, "net-a").step == Step.GAVE_UP
+    assert dispatch.check_ready(world.rt, job_id, "net-a").step == Step.GAVE_UP
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
     assert world.net("net-a").state == NetState.UNHEALTHY
     assert world.driver("net-a").calls == [1, 0]
-    pipeline.reconcile(world.rt)
+    housekeeping.reconcile(world.rt)
     assert world.net("net-a").state == NetState.STOPPED
 
 
 def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
     job_id = world.enqueue("j1", net="net-a")
-    pipeline.assign_jobs(world.rt)
-    pipeline.scale_up(world.rt, job_id, "net-a")
-    pipeline.check_ready(world.rt, job_id, "net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a")
+    dispatch.check_ready(world.rt, job_id, "net-a")
     admin = world.server("net-a")
     admin.submit_error = ServerUnavailable("connection reset")
     with pytest.raises(ServerUnavailable):
-        pipeline.dispatch(world.rt, job_id)
+        dispatch.dispatch(world.rt, job_id)
     job = world.job(job_id)
     assert (job.state, job.submit_token) == (JobState.DISPATCHING, f"{job_id}-0")
     admin.submit_error = None
-    assert pipeline.dispatch(world.rt, job_id).step == Step.DONE
-    assert pipeline.dispatch(world.rt, job_id).step == Step.SKIPPED  # redelivered
+    assert dispatch.dispatch(world.rt, job_id).step == Step.DONE
+    assert dispatch.dispatch(world.rt, job_id).step == Step.SKIPPED  # redelivered
     assert admin.submitted == {f"{job_id}-0": "nv-1"}
 
 
 def test_retries_exhausted_requeues_and_never_deletes(world):
     job_id = world.enqueue("j1", net="net-a")
-    pipeline.assign_jobs(world.rt)
-    assert pipeline.requeue_after_transient(world.rt, job_id, "dispatch: retries exhausted")
+    dispatch.assign_jobs(world.rt)
+    assert dispatch.requeue_after_transient(world.rt, job_id, "dispatch: retries exhausted")
     job = world.job(job_id)
     assert (job.state, job.attempts, job.net_name) == (JobState.QUEUED, 1, None)
     assert ("fl_dispatcher.assign_next_job", {}) in world.outbox.sent
@@ -120,36 +120,36 @@ def test_retries_exhausted_requeues_and_never_deletes(world):
 
 def test_misconfigured_driver_fails_loud_and_requeues(world):
     job_id = world.enqueue("j1", net="net-a")
-    pipeline.assign_jobs(world.rt)
+    dispatch.assign_jobs(world.rt)
     world.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a MISSING")
     with pytest.raises(DriverMisconfigured):
-        pipeline.scale_up(world.rt, job_id, "net-a")
+        dispatch.scale_up(world.rt, job_id, "net-a")
     assert world.net("net-a").state == NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.QUEUED
-    assert pipeline.assign_jobs(world.rt) == []  # never assigned to a misconfigured net
+    assert dispatch.assign_jobs(world.rt) == []  # never assigned to a misconfigured net
 
 
 def test_abort_in_every_phase(world):
     queued = world.enqueue("q", net="net-a", priority=-1)
-    assert pipeline.abort(world.rt, queued, "user") == JobState.ABORTED
+    assert abort.abort(world.rt, queued, "user") == JobState.ABORTED
 
     scaling = world.enqueue("s", net="net-a")
-    pipeline.assign_jobs(world.rt)
-    pipeline.scale_up(world.rt, scaling, "net-a")
-    assert pipeline.abort(world.rt, scaling, "user") == JobState.ABORTED
-    assert pipeline.check_ready(world.rt, scaling, "net-a").step == Step.SKIPPED
-    assert pipeline.dispatch(world.rt, scaling).step == Step.SKIPPED
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, scaling, "net-a")
+    assert abort.abort(world.rt, scaling, "user") == JobState.ABORTED
+    assert dispatch.check_ready(world.rt, scaling, "net-a").step == Step.SKIPPED
+    assert dispatch.dispatch(world.rt, scaling).step == Step.SKIPPED
 
     running = world.enqueue("r", net="net-a")
     world.run_pipeline(running)
-    assert pipeline.abort(world.rt, running, "user") == JobState.ABORTED
+    assert abort.abort(world.rt, running, "user") == JobState.ABORTED
     assert world.server("net-a").aborted == ["nv-1"]
     assert world.net("net-a").state == NetState.READY
 
     down = world.enqueue("d", net="net-a")
     world.run_pipeline(down)
     world.server("net-a").up = False
-    assert pipeline.abort(world.rt, down, "user") == JobState.ABORTED  # nothing to abort
+    assert abort.abort(world.rt, down, "user") == JobState.ABORTED  # nothing to abort
     job = world.job(down)
     assert job.state == JobState.ABORTED
     assert world.net("net-a").state == NetState.READY
@@ -157,22 +157,22 @@ def test_abort_in_every_phase(world):
 
 def test_abort_while_submit_in_flight_aborts_the_run_when_it_lands(world):
     job_id = world.enqueue("j", net="net-a")
-    pipeline.assign_jobs(world.rt)
-    pipeline.scale_up(world.rt, job_id, "net-a")
-    pipeline.check_ready(world.rt, job_id, "net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a")
+    dispatch.check_ready(world.rt, job_id, "net-a")
     # flip-api's abort arrives while the submit is on the wire.
-    world.server("net-a").on_submit = lambda: pipeline.abort(world.rt, job_id, "user")
-    pipeline.dispatch(world.rt, job_id)
+    world.server("net-a").on_submit = lambda: abort.abort(world.rt, job_id, "user")
+    dispatch.dispatch(world.rt, job_id)
     assert world.job(job_id).state == JobState.ABORTING
     assert ("fl_dispatcher.abort_on_server", {"job_id": str(job_id)}) in world.outbox.sent
-    assert pipeline.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
 
 
 def test_server_restart_under_a_job_requeues_it(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").start_time = 2000.0  # restarted
-    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
     assert world.job(job_id).state == JobState.QUEUED
 
 
@@ -180,9 +180,9 @@ def test_server_gone_waits_the_grace_then_applies_the_policy(world, monkeypatch)
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").up = False
-    assert "unreachable" in pipeline.monitor_running_jobs(world.rt)[str(job_id)]
+    assert "unreachable" in housekeeping.monitor_running_jobs(world.rt)[str(job_id)]
     world.clock.advance(31)
-    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
 
 
 def test_lost_policy_fail(world):
@@ -190,7 +190,7 @@ def test_lost_policy_fail(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:ABNORMAL"
-    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_monitor_maps_nvflare_status(world, status, state):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = status
-    pipeline.monitor_running_jobs(world.rt)
+    housekeeping.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == state
 
 
@@ -218,19 +218,19 @@ def test_idle_net_is_kept_while_a_job_waits_for_it(world):
     first = world.enqueue("j1", net="net-a")
     world.run_pipeline(first)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    pipeline.monitor_running_jobs(world.rt)
+    housekeeping.monitor_running_jobs(world.rt)
     world.enqueue("j2", net="net-a")
     world.clock.advance(600)
-    assert pipeline.scale_down_idle_nets(world.rt) == []
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
     assert world.net("net-a").state == NetState.READY
 
 
 def test_keep_alive_pings_only_busy_nets(world):
-    assert pipeline.keep_alive_busy_nets(world.rt) == []
+    assert housekeeping.keep_alive_busy_nets(world.rt) == []
     assert world.admins_built == []  # no admin client was even built for idle nets
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
-    assert pipeline.keep_alive_busy_nets(world.rt) == ["net-a"]
+    assert housekeeping.keep_alive_busy_nets(world.rt) == ["net-a"]
     assert world.server("net-a").pings == 1
     assert "fixed" not in {name for name, _ in world.admins_built}
 
@@ -240,14 +240,14 @@ def test_always_on_net_is_never_scaled_and_reports_outage(world):
     world.run_pipeline(job_id)
     assert world.driver("fixed").calls == []
     world.server("fixed").statuses["nv-1"] = "FINISHED:COMPLETED"
-    pipeline.monitor_running_jobs(world.rt)
+    housekeeping.monitor_running_jobs(world.rt)
     world.clock.advance(10_000)
-    assert pipeline.scale_down_idle_nets(world.rt) == []
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
     world.server("fixed").up = False
-    pipeline.reconcile(world.rt)
+    housekeeping.reconcile(world.rt)
     assert world.net("fixed").state == NetState.OUTAGE
     world.server("fixed").up = True
-    pipeline.reconcile(world.rt)
+    housekeeping.reconcile(world.rt)
     assert world.net("fixed").state == NetState.READY
     assert world.driver("fixed").calls == []
     assert world.admin("fixed").server_state() == ServerState.STARTED
@@ -255,47 +255,47 @@ def test_always_on_net_is_never_scaled_and_reports_outage(world):
 
 def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
     job_id = world.enqueue("j", net="net-a")
-    pipeline.assign_jobs(world.rt)  # the chain message is "lost": nothing runs it
+    dispatch.assign_jobs(world.rt)  # the chain message is "lost": nothing runs it
     world.clock.advance(120 + world.rt.settings.stuck_after_s + 1)
-    result = pipeline.reconcile(world.rt)
+    result = housekeeping.reconcile(world.rt)
     assert f"{job_id}: requeued" in result.redriven
     assert world.job(job_id).state == JobState.QUEUED
 
 
 def test_reconcile_redrives_a_stuck_dispatch(world):
     job_id = world.enqueue("j", net="net-a")
-    pipeline.assign_jobs(world.rt)
-    pipeline.scale_up(world.rt, job_id, "net-a")
-    pipeline.check_ready(world.rt, job_id, "net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a")
+    dispatch.check_ready(world.rt, job_id, "net-a")
     with world.rt.sessions.begin() as session:
         session.get(Job, job_id).start_dispatch(world.clock())
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    pipeline.reconcile(world.rt)
+    housekeeping.reconcile(world.rt)
     assert ("fl_dispatcher.dispatch", {"job_id": str(job_id)}) in world.outbox.sent
 
 
 def test_reconcile_repairs_drift(world):
     world.driver("net-a").replicas = 1  # a server runs although the net is STOPPED
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    result = pipeline.reconcile(world.rt)
+    result = housekeeping.reconcile(world.rt)
     assert any("drift" in r for r in result.repaired)
     assert world.driver("net-a").replicas == 0
 
 
 def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(world):
     job_id = world.enqueue("j", net="net-a")
-    pipeline.assign_jobs(world.rt)  # claimed; the chain message is lost before scale_up
+    dispatch.assign_jobs(world.rt)  # claimed; the chain message is lost before scale_up
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s - 1)
-    assert not any("re-driven" in r for r in pipeline.reconcile(world.rt).repaired)
+    assert not any("re-driven" in r for r in housekeeping.reconcile(world.rt).repaired)
     world.clock.advance(2)
-    result = pipeline.reconcile(world.rt)
+    result = housekeeping.reconcile(world.rt)
     assert any("re-driven" in r for r in result.repaired)
     assert ("pipeline", {"job_id": str(job_id), "net_name": "net-a"}) in world.outbox.sent
-    pipeline.scale_up(world.rt, job_id, "net-a")  # the re-driven chain runs
+    dispatch.scale_up(world.rt, job_id, "net-a")  # the re-driven chain runs
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    assert not any("re-driven" in r for r in pipeline.reconcile(world.rt).repaired)
+    assert not any("re-driven" in r for r in housekeeping.reconcile(world.rt).repaired)
 
 
 def test_a_run_past_its_maximum_time_is_aborted_on_the_server_and_failed(world):
@@ -303,9 +303,9 @@ def test_a_run_past_its_maximum_time_is_aborted_on_the_server_and_failed(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.clock.advance(3599)
-    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "RUNNING"}
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "RUNNING"}
     world.clock.advance(2)
-    assert pipeline.monitor_running_jobs(world.rt) == {str(job_id): "failed: overran"}
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "failed: overran"}
     job = world.job(job_id)
     assert job.state == JobState.FAILED and "maximum run time" in job.last_error
     assert world.server("net-a").aborted == ["nv-1"]

@@ -1,0 +1,117 @@
+"""Scale decisions shared by the dispatch chain and housekeeping: ask a driver, record the
+decision and its outcome, take a net out of service, and kick the assigner."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from app import names
+from app.db import unit_of_work
+from app.errors import (
+    DispatcherError,
+    MisconfigurationError,
+    TransientError,
+)
+from app.runtime import Runtime
+from app.usecases import services
+from models import NetState, ScaleEvent
+
+log = logging.getLogger(__name__)
+
+
+def _record_scale(
+    session: Session,
+    *,
+    net: str,
+    action: str,
+    replicas: int,
+    reason: str,
+    outcome: str,
+    now: datetime,
+) -> None:
+    session.add(
+        ScaleEvent(
+            net_name=net,
+            action=action,
+            replicas=replicas,
+            reason=reason,
+            outcome=outcome[:200],
+            at=now,
+        )
+    )
+    log.info(
+        "scale decision",
+        extra={
+            "net": net,
+            "action": action,
+            "replicas": replicas,
+            "reason": reason,
+            "outcome": outcome,
+        },
+    )
+
+
+def scale_net(rt: Runtime, net: str, replicas: int, reason: str) -> None:
+    """Ask the driver for `replicas`, recording the decision and its outcome either way."""
+    outcome = "error: unexpected failure (see the worker log)"
+    try:
+        rt.driver(net).scale(replicas)
+        outcome = "ok"
+    except DispatcherError as exc:
+        kind = "misconfigured" if isinstance(exc, MisconfigurationError) else "error"
+        outcome = f"{kind}: {exc}"
+        raise
+    finally:
+        with unit_of_work(rt.sessions) as session:
+            _record_scale(
+                session,
+                net=net,
+                action="scale_up" if replicas else "scale_down",
+                replicas=replicas,
+                reason=reason,
+                outcome=outcome,
+                now=rt.clock(),
+            )
+
+
+def kick(rt: Runtime) -> None:
+    rt.outbox.send(names.ASSIGN_NEXT_JOB)
+
+
+def net_misconfigured(rt: Runtime, net_name: str, job_id: uuid.UUID | None, reason: str) -> None:
+    """Fail loud: the net needs a human; its job goes back to the queue (not lost)."""
+    log.error("net misconfigured", extra={"net": net_name, "job": str(job_id), "reason": reason})
+    with unit_of_work(rt.sessions) as session:
+        if job_id is not None:
+            services.requeue_job(
+                session, job_id, f"net {net_name} misconfigured: {reason}", rt.clock()
+            )
+        net = services.get_net(session, net_name, lock=True)
+        net.transition(NetState.MISCONFIGURED, rt.clock(), reason)
+        net.last_error = reason
+    if not rt.settings.is_always_on(rt.settings.net(net_name)):
+        try:
+            scale_net(rt, net_name, 0, "net misconfigured")
+        except DispatcherError:
+            log.exception("scale-down of a misconfigured net failed", extra={"net": net_name})
+    kick(rt)
+
+
+def stop_net(rt: Runtime, name: str, reason: str) -> None:
+    """Drop the admin session, scale to 0, and record STOPPED once the driver agrees."""
+    rt.forget_admin(name)  # the next scale-up must log in afresh, never reuse this session
+    try:
+        scale_net(rt, name, 0, reason)
+        observation = rt.driver(name).observe()
+    except TransientError:
+        log.warning("scale-down not confirmed yet; reconcile retries", extra={"net": name})
+        return
+    if observation.running == 0 and observation.pending == 0:
+        with unit_of_work(rt.sessions) as session:
+            net = services.get_net(session, name, lock=True)
+            if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
+                net.transition(NetState.STOPPED, rt.clock(), reason)
