@@ -6,11 +6,13 @@ no result backend (the SQL tables are the job store), and one beat schedule.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 from typing import Any
 
 from celery import Celery, chain, signals
+from kombu.exceptions import KombuError
 
 from app import names
 from app.settings import Settings, load_settings
@@ -26,6 +28,8 @@ HOUSEKEEPING_HARD_LIMIT_S = 660
 # Longer than any countdown or ETA we use, so Redis never redelivers a task that is only
 # waiting for its retry time (kombu's default is 1 h; ours stays well above the caps).
 VISIBILITY_TIMEOUT_S = 2 * 3600
+
+log = logging.getLogger(__name__)
 
 celery = Celery("fl_dispatcher", include=["tasks.pipeline", "tasks.housekeeping", "tasks.public"])
 
@@ -128,9 +132,16 @@ class CeleryOutbox:
     def __init__(self, app: Celery) -> None:
         self.app = app
 
-    def send(self, task: str, **kwargs: Any) -> None:
-        """Send one task by name with JSON kwargs."""
-        self.app.send_task(task, kwargs=kwargs)
+    def send(self, task: str, **kwargs: Any) -> bool:
+        """Send one task by name with JSON kwargs, on the workers' queue. Called after the
+        commit that made it necessary: a broker failure is logged and reported, never
+        raised, since beat and the reconciler find the rows again."""
+        try:
+            self.app.send_task(task, kwargs=kwargs, queue=names.QUEUE)
+        except (KombuError, OSError) as exc:
+            log.warning("sending a task failed", extra={"task": task, "reason": str(exc)})
+            return False
+        return True
 
     def start_pipeline(self, job_id: str, net_name: str) -> None:
         """scale_up -> wait_ready -> dispatch as one chain of immutable signatures."""

@@ -38,8 +38,8 @@ def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
 class Outbox(Protocol):
     """Where use cases send follow-up work after their transaction has committed."""
 
-    def send(self, task: str, **kwargs: Any) -> None:
-        """Send one task by name with JSON kwargs."""
+    def send(self, task: str, **kwargs: Any) -> bool:
+        """Send one task by name with JSON kwargs; False (logged) if the broker refused."""
         ...
 
     def start_pipeline(self, job_id: str, net_name: str) -> None:
@@ -54,9 +54,10 @@ class RecordingOutbox:
 
     sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    def send(self, task: str, **kwargs: Any) -> None:
+    def send(self, task: str, **kwargs: Any) -> bool:
         """Record a task send."""
         self.sent.append((task, kwargs))
+        return True
 
     def start_pipeline(self, job_id: str, net_name: str) -> None:
         """Record a pipeline start."""

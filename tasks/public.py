@@ -11,7 +11,7 @@ from app import names
 from app.db import unit_of_work
 from app.errors import InvalidRequest
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
-from app.usecases import abort, services
+from app.usecases import intake, services
 from tasks.base import dispatcher_task, runtime
 
 M = TypeVar("M", bound=BaseModel)
@@ -31,10 +31,7 @@ def _validate(model: type[M], payload: Any) -> M:
 def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Queue a job (idempotent on caller_key), then try to assign it at once."""
     request = _validate(EnqueueJob, payload)
-    rt = runtime()
-    with unit_of_work(rt.sessions) as session:
-        result = services.enqueue_job(session, rt.settings, request, rt.clock())
-    rt.outbox.send(names.ASSIGN_NEXT_JOB)  # after commit: the row exists for the claimer
+    result = intake.submit_job(runtime(), request).enqueued
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 
 
@@ -42,7 +39,7 @@ def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
 def abort_job(self: Any, payload: dict[str, Any]) -> str:
     """Abort a job wherever it is; a server that is down means nothing to abort."""
     request = _validate(AbortJob, payload)
-    return abort.abort(runtime(), request.job_id, request.reason)
+    return str(intake.request_abort(runtime(), request.job_id, request.reason).decision.state)
 
 
 @dispatcher_task(names.REPORT_JOB_STATUS)

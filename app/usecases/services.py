@@ -76,6 +76,16 @@ def sync_nets(
     return created
 
 
+def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None:
+    """Create the rows of configured nets no worker has created yet, so a job that names a
+    net can be stored (jobs.requested_net references nets.name); cheap when all exist."""
+    configured = {n.name for n in settings.nets}
+    present = set(session.scalars(select(Net.name).where(Net.name.in_(configured))))
+    if present != configured:
+        sync_nets(session, settings, now)
+        session.flush()
+
+
 def resolve_definition(settings: Settings, definition: str) -> str:
     """Validate a job definition: an `s3://` URI, or a folder inside `JOB_ROOT` that exists.
 

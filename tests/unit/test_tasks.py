@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 from celery.exceptions import Retry
 
+from app import names
 from app.celery_app import celery, celery_config
 from app.errors import DriverTransientError, InvalidRequest
 from models import Job, JobState
@@ -129,8 +130,11 @@ def test_housekeeping_tasks_call_their_use_case(rt):
     assert set(housekeeping.reconcile.run()) == {"redriven", "repaired"}
 
 
-def test_abort_task_with_server_down_is_not_an_error(rt):
+def test_abort_task_of_a_running_job_hands_the_server_abort_to_a_worker(rt):
+    # The request is answered from SQL alone; the server is told by abort_on_server, sent
+    # after the commit (what a down server means there is pinned against a real server).
     job_id = rt.enqueue("j", net="net-a")
     rt.run_pipeline(job_id)
-    rt.server("net-a").up = False
-    assert public.abort_job.run(payload={"job_id": str(job_id)}) == JobState.ABORTED
+    rt.outbox.sent.clear()
+    assert public.abort_job.run(payload={"job_id": str(job_id)}) == JobState.ABORTING
+    assert rt.outbox.sent == [(names.ABORT_ON_SERVER, {"job_id": str(job_id)})]

@@ -1,0 +1,55 @@
+"""What a caller asks for, as one use case each, whichever door it comes through (Celery
+task, HTTP route, CLI): store it, then send the follow-up work through the outbox after the
+commit. A lost follow-up loses nothing: beat's assigner and the reconciler find the rows."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from app import names
+from app.db import unit_of_work
+from app.runtime import Runtime
+from app.schemas import EnqueueJob
+from app.usecases import services
+from models import JobState
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """An enqueue's result, and whether the assigner was told (None: nothing to tell)."""
+
+    enqueued: services.Enqueued
+    notified: bool | None
+
+
+def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
+    """Queue a job (idempotent on caller_key), then kick the assigner.
+
+    An existing QUEUED job kicks too: the caller's retry may follow a lost message.
+    """
+    with unit_of_work(rt.sessions) as session:
+        services.ensure_net_rows(session, rt.settings, rt.clock())
+        result = services.enqueue_job(session, rt.settings, request, rt.clock())
+    notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if result.state == JobState.QUEUED else None
+    return Submitted(result, notified)
+
+
+@dataclass(frozen=True)
+class AbortRequested:
+    """An abort's result in SQL, and whether the follow-up was sent."""
+
+    decision: services.AbortDecision
+    notified: bool | None
+
+
+def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested:
+    """Abort as far as SQL can; an active job's run is aborted on its server by a worker
+    (`abort_on_server`), a job that held a net frees it for the next one (kick)."""
+    with unit_of_work(rt.sessions) as session:
+        decision = services.abort_job(session, job_id, reason, rt.clock())
+    if decision.needs_server_abort:
+        notified = rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
+    else:
+        notified = rt.outbox.send(names.ASSIGN_NEXT_JOB)
+    return AbortRequested(decision, notified)
