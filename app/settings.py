@@ -120,6 +120,22 @@ class NetConfig(_Strict):
     max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
     # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
     per_job_fl_server: bool | None = None
+    # "host:port" the net's server serves on, as its admin kit must name it. The local driver
+    # reads it from the server kit; declare it for ecs and static nets to have a kit that
+    # points elsewhere reported as a misconfiguration instead of "server never came up".
+    server_endpoint: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
+    # Resolved once when Settings are built (the net's flag, else the global one).
+    _always_on: bool = PrivateAttr(default=True)
+
+    @property
+    def always_on(self) -> bool:
+        """True when the net's server must never be scaled (static driver, or flag off)."""
+        return self._always_on
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """True when the net's server runs only while a job needs it."""
+        return not self._always_on
 
     @field_validator("per_job_fl_server", mode="before")
     @classmethod
@@ -188,11 +204,13 @@ class Settings(BaseSettings):
     # Filled from nets_file / nets_inline by the validator below; private so that no
     # environment variable can set it around the per-net validation.
     _nets: tuple[NetConfig, ...] = PrivateAttr(default=())
+    _by_name: dict[str, NetConfig] = PrivateAttr(default_factory=dict)
 
     job_root: Path = Field(default=Path("jobs"), alias="JOB_ROOT")
     max_attempts: int = Field(default=3, ge=1, alias="MAX_ATTEMPTS")
     lost_job_policy: Literal["requeue", "fail"] = Field(default="requeue", alias="LOST_JOB_POLICY")
     max_run_s: float = Field(default=86400.0, gt=0, alias="MAX_RUN_S")
+    abort_timeout_s: float = Field(default=300.0, gt=0, alias="ABORT_TIMEOUT_S")
     server_lost_grace_s: float = Field(default=120.0, ge=0, alias="SERVER_LOST_GRACE_S")
     stuck_after_s: float = Field(default=300.0, gt=0, alias="STUCK_AFTER_S")
     ready_poll_s: float = Field(default=1.0, gt=0, alias="READY_POLL_S")
@@ -245,6 +263,12 @@ class Settings(BaseSettings):
             except json.JSONDecodeError as exc:
                 raise SettingsError(f"NETS: not valid JSON: {exc}") from None
             self._nets = parse_nets(raw, "NETS")
+        for net in self._nets:
+            per_job = (
+                self.per_job_fl_server if net.per_job_fl_server is None else net.per_job_fl_server
+            )
+            net._always_on = net.driver.kind == "static" or not per_job
+        self._by_name = {net.name: net for net in self._nets}
         return self
 
     @property
@@ -254,17 +278,11 @@ class Settings(BaseSettings):
 
     def net(self, name: str) -> NetConfig:
         """The configuration of one net; KeyError if it is not declared."""
-        for net in self.nets:
-            if net.name == name:
-                return net
-        raise KeyError(name)
+        return self._by_name[name]
 
-    def is_always_on(self, net: NetConfig) -> bool:
-        """True when the net's server must not be scaled (static driver or flag off)."""
-        if net.driver.kind == "static":
-            return True
-        per_job = self.per_job_fl_server if net.per_job_fl_server is None else net.per_job_fl_server
-        return not per_job
+    def has_net(self, name: str | None) -> bool:
+        """True when `name` is a declared net."""
+        return name is not None and name in self._by_name
 
     def redacted(self) -> dict[str, Any]:
         """The effective configuration with secrets and URL passwords masked."""
@@ -274,7 +292,7 @@ class Settings(BaseSettings):
             data[key] = redact_url(str(data[key]))
         data["nets"] = [n.model_dump(mode="json") for n in self.nets]
         for net in data["nets"]:
-            net["always_on"] = self.is_always_on(self.net(net["name"]))
+            net["always_on"] = self.net(net["name"]).always_on
         return data
 
 

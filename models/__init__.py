@@ -11,7 +11,7 @@ from models.states import (
     JobState,
     NetState,
 )
-from models.tables import Job, JobEvent, Net, NetEvent, ScaleEvent
+from models.tables import Job, JobEvent, Net, NetEvent, ScaleEvent, StrayRun
 
 __all__ = [
     "ACTIVE_JOB_STATES",
@@ -28,5 +28,6 @@ __all__ = [
     "NetEvent",
     "NetState",
     "ScaleEvent",
+    "StrayRun",
     "utcnow",
 ]

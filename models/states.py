@@ -53,14 +53,18 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 }
 
 NET_TRANSITIONS: Mapping[NetState, frozenset[NetState]] = {
-    N.STOPPED: frozenset({N.STARTING, N.READY, N.OUTAGE, N.MISCONFIGURED}),
+    # STOPPED -> STOPPING: reconcile takes down a server that runs while the net is STOPPED
+    # (drift), holding the state that no claimer may assign.
+    N.STOPPED: frozenset({N.STARTING, N.READY, N.OUTAGE, N.MISCONFIGURED, N.STOPPING}),
     N.STARTING: frozenset({N.READY, N.UNHEALTHY, N.MISCONFIGURED, N.STOPPING, N.STOPPED, N.OUTAGE}),
     N.READY: frozenset({N.BUSY, N.STOPPING, N.STOPPED, N.OUTAGE, N.UNHEALTHY, N.MISCONFIGURED}),
     N.BUSY: frozenset({N.READY, N.STOPPED, N.OUTAGE, N.UNHEALTHY, N.MISCONFIGURED}),
-    N.STOPPING: frozenset({N.STOPPED, N.UNHEALTHY}),
-    N.UNHEALTHY: frozenset({N.STOPPING, N.STOPPED, N.STARTING, N.READY}),
+    # STOPPING/UNHEALTHY -> OUTAGE or READY: PER_JOB_FL_SERVER was turned off across a
+    # redeploy, so the net is always-on now whatever it was doing.
+    N.STOPPING: frozenset({N.STOPPED, N.UNHEALTHY, N.OUTAGE, N.READY, N.MISCONFIGURED}),
+    N.UNHEALTHY: frozenset({N.STOPPING, N.STOPPED, N.STARTING, N.READY, N.OUTAGE, N.MISCONFIGURED}),
     N.OUTAGE: frozenset({N.READY, N.BUSY, N.STOPPED, N.MISCONFIGURED}),
-    N.MISCONFIGURED: frozenset({N.STOPPED, N.STARTING, N.READY, N.OUTAGE}),
+    N.MISCONFIGURED: frozenset({N.STOPPED, N.STARTING, N.READY, N.OUTAGE, N.STOPPING}),
 }
 
 ACTIVE_JOB_STATES: frozenset[JobState] = frozenset(

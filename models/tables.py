@@ -244,6 +244,24 @@ class Job(Base):
         self.transition(JobState.FAILED, now, reason)
 
 
+class StrayRun(Base):
+    """A run that exists, or may exist, on a net's server while no job counts it: a submit
+    that landed for a job that had moved on, a run left behind by a requeue or an abort that
+    could not be confirmed. The net takes no new job until each one is settled (aborted, or
+    gone with its server), so a job never runs twice at once."""
+
+    __tablename__ = "stray_runs"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # None: the submit's outcome is unknown, the run is known only by its token.
+    nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class JobEvent(Base):
     """Append-only history of a job's moves."""
 

@@ -325,7 +325,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
     probe_admin: dict[str, bool] = {}
     for net in settings.nets:
         row: _NetRow | None = sql["nets"].get(net.name)
-        always_on = settings.is_always_on(net)
+        always_on = net.always_on
         # A scaled-to-zero server is not contacted: down is its normal state.
         probe_admin[net.name] = always_on or (row is not None and row.state != NetState.STOPPED)
         if prober is None:
@@ -370,7 +370,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
                 "state": row.state.value if row else None,
                 "state_changed_at": _iso(row.state_changed_at) if row else None,
                 "idle_since": _iso(row.idle_since) if row else None,
-                "always_on": settings.is_always_on(net),
+                "always_on": net.always_on,
                 "driver_kind": net.driver.kind,
                 "driver": driver_view,
                 "server_state": server_state,

@@ -96,7 +96,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
         if job is None:
             return StepResult(Step.SKIPPED, "job no longer assigned to this net")
         net_state = services.get_net(session, net_name).state
-    if rt.settings.is_always_on(rt.settings.net(net_name)):
+    if rt.settings.net(net_name).always_on:
         return StepResult(Step.DONE, "always-on net: never scaled")
     if net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
         # A warm net is reused as is; but one whose server died unnoticed is scaled again.
@@ -114,7 +114,7 @@ def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
     answering, every required site connected. Past the readiness deadline: give up."""
     now = rt.clock()
     net_config = rt.settings.net(net_name)
-    always_on = rt.settings.is_always_on(net_config)
+    always_on = net_config.always_on
     with unit_of_work(rt.sessions) as session:
         job = _assigned(session, job_id, net_name)
         if job is None:
@@ -160,7 +160,7 @@ def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
 
 def _give_up_readiness(rt: Runtime, job_id: uuid.UUID, net_name: str, reason: str) -> StepResult:
     """Requeue the job and mark the net: UNHEALTHY (scaled down) or, always-on, OUTAGE."""
-    always_on = rt.settings.is_always_on(rt.settings.net(net_name))
+    always_on = rt.settings.net(net_name).always_on
     with unit_of_work(rt.sessions) as session:
         services.requeue_job(session, job_id, reason, rt.clock())
         net = services.get_net(session, net_name, lock=True)

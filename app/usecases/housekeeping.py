@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _scaling_nets(rt: Runtime) -> list[str]:
-    return [n.name for n in rt.settings.nets if not rt.settings.is_always_on(n)]
+    return [n.name for n in rt.settings.nets if not n.always_on]
 
 
 def scale_down_idle_nets(rt: Runtime) -> list[str]:
@@ -248,7 +248,7 @@ def reconcile(rt: Runtime) -> Reconciled:
         try:
             note = (
                 _watch_always_on(rt, net_config.name)
-                if rt.settings.is_always_on(net_config)
+                if net_config.always_on
                 else _repair_scaling_net(rt, net_config.name)
             )
         except MisconfigurationError as exc:

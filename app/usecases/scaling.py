@@ -93,7 +93,7 @@ def net_misconfigured(rt: Runtime, net_name: str, job_id: uuid.UUID | None, reas
         net = services.get_net(session, net_name, lock=True)
         net.transition(NetState.MISCONFIGURED, rt.clock(), reason)
         net.last_error = reason
-    if not rt.settings.is_always_on(rt.settings.net(net_name)):
+    if not rt.settings.net(net_name).always_on:
         try:
             scale_net(rt, net_name, 0, "net misconfigured")
         except DispatcherError:

@@ -44,7 +44,7 @@ class World:
 
     def server(self, name: str) -> FakeServer:
         if name not in self.servers:
-            always_on = self.rt.settings.is_always_on(self.rt.settings.net(name))
+            always_on = self.rt.settings.net(name).always_on
             driver = None if always_on else self.drivers.setdefault(name, FakeDriver())
             self.servers[name] = FakeServer(driver=driver)
         return self.servers[name]

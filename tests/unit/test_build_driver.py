@@ -57,7 +57,7 @@ def test_ecs_net_gets_an_ecs_driver_for_its_service(kits: Path) -> None:
 def test_always_on_ecs_net_still_gets_the_real_driver(kits: Path) -> None:
     settings = _settings(kits, "false", ECS)
     net = settings.nets[0]
-    assert settings.is_always_on(net)
+    assert net.always_on
 
     assert isinstance(build_driver(net, settings), EcsDriver)
 

@@ -72,8 +72,8 @@ def test_two_nets_fully_configured(tmp_path, monkeypatch):
     assert a.driver.kind == "ecs" and b.driver.kind == "local"
     assert a.required_sites == b.required_sites == ("site-1", "site-2")
     # Flag off globally: net-a is always-on, net-b's override makes it scale per job.
-    assert settings.is_always_on(a) is True
-    assert settings.is_always_on(b) is False
+    assert a.always_on is True
+    assert b.always_on is False
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ __all__ = ["Observation", "ScaleDriver", "build_driver"]
 def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
     """The driver for one net, from its validated config.
 
-    An always-on net (`settings.is_always_on(net)`) still gets its real driver: the
+    An always-on net (`net.always_on`) still gets its real driver: the
     dispatcher never calls `scale` on it, but `observe` keeps reporting what the platform
     sees, which is how an OUTAGE is told apart from a stopped service.
 
