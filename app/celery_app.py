@@ -143,13 +143,14 @@ class CeleryOutbox:
             return False
         return True
 
-    def start_pipeline(self, job_id: str, net_name: str) -> None:
-        """scale_up -> wait_ready -> dispatch as one chain of immutable signatures."""
-        ids = {"job_id": job_id, "net_name": net_name}
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+        """scale_up -> wait_ready -> dispatch as one chain of immutable signatures, each
+        bound to the job's attempt (a step of an older attempt skips)."""
+        ids = {"job_id": job_id, "net_name": net_name, "attempt": attempt}
         chain(
             self.app.signature(names.SCALE_UP, kwargs=ids, immutable=True),
             self.app.signature(names.WAIT_READY, kwargs=ids, immutable=True),
-            self.app.signature(names.DISPATCH, kwargs={"job_id": job_id}, immutable=True),
+            self.app.signature(names.DISPATCH, kwargs=ids, immutable=True),
         ).apply_async()
 
 

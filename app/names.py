@@ -20,6 +20,7 @@ SCALE_UP = PREFIX + "scale_up"
 WAIT_READY = PREFIX + "wait_ready"
 DISPATCH = PREFIX + "dispatch"
 ABORT_ON_SERVER = PREFIX + "abort_on_server"
+SETTLE_STRAY_RUNS = PREFIX + "settle_stray_runs"
 
 # beat's housekeeping
 SCALE_DOWN_IDLE_NETS = PREFIX + "scale_down_idle_nets"

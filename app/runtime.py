@@ -42,8 +42,8 @@ class Outbox(Protocol):
         """Send one task by name with JSON kwargs; False (logged) if the broker refused."""
         ...
 
-    def start_pipeline(self, job_id: str, net_name: str) -> None:
-        """Start scale_up -> wait_ready -> dispatch for a claimed job."""
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+        """Start scale_up -> wait_ready -> dispatch for a claimed job's attempt."""
         ...
 
 
@@ -59,9 +59,10 @@ class RecordingOutbox:
         self.sent.append((task, kwargs))
         return True
 
-    def start_pipeline(self, job_id: str, net_name: str) -> None:
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
         """Record a pipeline start."""
-        self.sent.append(("pipeline", {"job_id": job_id, "net_name": net_name}))
+        ids = {"job_id": job_id, "net_name": net_name, "attempt": attempt}
+        self.sent.append(("pipeline", ids))
 
 
 @dataclass

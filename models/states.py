@@ -63,7 +63,7 @@ NET_TRANSITIONS: Mapping[NetState, frozenset[NetState]] = {
     # redeploy, so the net is always-on now whatever it was doing.
     N.STOPPING: frozenset({N.STOPPED, N.UNHEALTHY, N.OUTAGE, N.READY, N.MISCONFIGURED}),
     N.UNHEALTHY: frozenset({N.STOPPING, N.STOPPED, N.STARTING, N.READY, N.OUTAGE, N.MISCONFIGURED}),
-    N.OUTAGE: frozenset({N.READY, N.BUSY, N.STOPPED, N.MISCONFIGURED}),
+    N.OUTAGE: frozenset({N.READY, N.BUSY, N.STOPPED, N.STOPPING, N.MISCONFIGURED}),
     N.MISCONFIGURED: frozenset({N.STOPPED, N.STARTING, N.READY, N.OUTAGE, N.STOPPING}),
 }
 

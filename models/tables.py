@@ -225,13 +225,16 @@ class Job(Base):
         self.nvflare_job_id = nvflare_job_id
         self.dispatched_at = now
 
-    def requeue(self, reason: str, now: datetime) -> bool:
+    def requeue(self, reason: str, now: datetime, *, count_attempt: bool = True) -> bool:
         """Back to QUEUED with one more attempt counted, net released; FAILED when the
-        attempts are used up. Returns True if the job was requeued."""
-        self.attempts += 1
+        attempts are used up. Returns True if the job was requeued. A requeue that is not the
+        job's fault (its net is misconfigured) does not count an attempt."""
+        if count_attempt:
+            self.attempts += 1
         self.last_error = reason
         self.net_name = None
         self.nvflare_job_id = None
+        self.submit_token = None
         if self.attempts >= self.max_attempts:
             self.transition(JobState.FAILED, now, f"attempts exhausted ({self.attempts}): {reason}")
             return False

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.adapters.drivers.base import Observation
-from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, ServerState
-from app.errors import ServerUnavailable
+from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, RunStatus, ServerState
+from app.adapters.nvflare.client import run_status
+from app.errors import NvflareJobNotFound, ServerUnavailable
 
 
 @dataclass
@@ -104,8 +105,14 @@ class FakeAdmin:
             server.statuses[nvflare_id] = "RUNNING"
         return server.submitted[submit_token]
 
-    def job_status(self, nvflare_job_id: str) -> str:
-        return self._require().statuses[nvflare_job_id]
+    def find_run(self, submit_token: str) -> str | None:
+        return self._require().submitted.get(submit_token)
+
+    def job_status(self, nvflare_job_id: str) -> RunStatus:
+        server = self._require()
+        if nvflare_job_id not in server.statuses:
+            raise NvflareJobNotFound(f"fake server does not know {nvflare_job_id}")
+        return run_status(server.statuses[nvflare_job_id])
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
         if not self.server.alive():

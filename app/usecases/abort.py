@@ -1,38 +1,37 @@
-"""Abort: flip-api's request, and the server-side abort of a run. A server that is down,
-or that does not know the run, means "nothing to abort"."""
+"""Aborting runs on a server: an ABORTING job's run, and stray runs no job counts. A server
+that is down, or that does not know the run, means "nothing to abort". Aborting ends within
+ABORT_TIMEOUT_S: past it the job is ABORTED anyway and a run that could not be stopped dies
+with its server (scale-to-zero nets) or waits as a stray run for the server to answer."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 
-from app.adapters.nvflare.base import AbortOutcome
+from sqlalchemy import select
+
+from app.adapters.nvflare.base import AbortOutcome, RunState
 from app.db import unit_of_work
-from app.errors import (
-    DispatcherError,
-)
+from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import services
-from app.usecases.dispatch import NVFLARE_OUTCOMES
-from app.usecases.scaling import kick
-from models import JobState
+from app.usecases.scaling import kick, take_down
+from models import JobState, StrayRun
 
 log = logging.getLogger(__name__)
 
-
-def abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> JobState:
-    """flip-api's abort: SQL first; a server abort only if the job may be running there."""
-    with unit_of_work(rt.sessions) as session:
-        decision = services.abort_job(session, job_id, reason, rt.clock())
-    if decision.needs_server_abort:
-        return abort_on_server(rt, job_id)
-    kick(rt)
-    return decision.state
+RUN_OUTCOMES = {
+    RunState.COMPLETED: JobState.COMPLETED,
+    RunState.FAILED: JobState.FAILED,
+    RunState.ABORTED: JobState.ABORTED,
+}
 
 
 def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     """Abort an ABORTING job's run. A server that is down, or that does not know the job or
-    has it not running, means "nothing to abort": ABORTED, net released, no error."""
+    has it not running, means "nothing to abort": ABORTED, net released, no error. An abort
+    the server could not confirm (an error it raised) is retried by the reconciler until
+    ABORT_TIMEOUT_S, then settled by `expire_abort`."""
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id)
         if job.state != JobState.ABORTING:
@@ -40,13 +39,20 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         nvflare_job_id, net_name = job.nvflare_job_id, job.net_name
     if nvflare_job_id is None or net_name is None:
         return JobState.ABORTING  # submit in flight: dispatch() sends the abort when it lands
-    result = rt.admin(net_name).abort(nvflare_job_id)
+    try:
+        result = rt.admin(net_name).abort(nvflare_job_id)
+    except DispatcherError as exc:
+        log.warning(
+            "abort not confirmed; retried until ABORT_TIMEOUT_S",
+            extra={"job": str(job_id), "net": net_name, "reason": str(exc)},
+        )
+        return JobState.ABORTING
     if result.outcome == AbortOutcome.ALREADY_FINISHED:
         return _settle_finished(rt, job_id, net_name, nvflare_job_id)
     reason = (
         "aborted on the server"
         if result.outcome == AbortOutcome.ABORTED
-        else (f"nothing to abort: {result.detail or result.outcome}")
+        else f"nothing to abort: {result.detail or result.outcome}"
     )
     with unit_of_work(rt.sessions) as session:
         services.finish_job(session, job_id, JobState.ABORTED, reason, rt.clock())
@@ -60,12 +66,83 @@ def _settle_finished(
     """The run had already finished when the abort came: record how it finished."""
     try:
         status = rt.admin(net_name).job_status(nvflare_job_id)
-    except DispatcherError:
-        status = ""
-    outcome = NVFLARE_OUTCOMES.get(status, JobState.ABORTED)
+        outcome = RUN_OUTCOMES.get(status.state, JobState.ABORTED)
+        detail = status.detail
+    except DispatcherError as exc:
+        outcome, detail = JobState.ABORTED, str(exc)
     with unit_of_work(rt.sessions) as session:
         services.finish_job(
-            session, job_id, outcome, f"finished before abort: {status}", rt.clock()
+            session, job_id, outcome, f"finished before abort: {detail}", rt.clock()
         )
     kick(rt)
     return outcome
+
+
+def expire_abort(rt: Runtime, job_id: uuid.UUID) -> JobState:
+    """An abort the server never confirmed within ABORT_TIMEOUT_S: the job is ABORTED with
+    the reason, and its run is not left running: a scale-to-zero net is taken down, an
+    always-on net keeps it as a stray run (no new job there until it is settled)."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        if job.state != JobState.ABORTING:
+            return job.state
+        net_name, nvflare_job_id, token = job.net_name, job.nvflare_job_id, job.submit_token
+        reason = f"abort not confirmed within {rt.settings.abort_timeout_s:.0f}s"
+        if net_name is not None:
+            services.add_stray_run(
+                session,
+                net_name=net_name,
+                job_id=job_id,
+                nvflare_job_id=nvflare_job_id,
+                submit_token=token,
+                reason=reason,
+                now=rt.clock(),
+            )
+        services.finish_job(session, job_id, JobState.ABORTED, reason, rt.clock())
+    log.error("abort expired", extra={"job": str(job_id), "net": net_name, "reason": reason})
+    if net_name is not None and _scales_to_zero(rt, net_name):
+        take_down(rt, net_name, f"run of job {job_id} could not be aborted")
+    kick(rt)
+    return JobState.ABORTED
+
+
+def _scales_to_zero(rt: Runtime, net_name: str) -> bool:
+    return rt.settings.has_net(net_name) and rt.settings.net(net_name).scales_to_zero
+
+
+def settle_stray_runs(rt: Runtime, net_name: str) -> int:
+    """Abort the net's stray runs that its server still holds; forget those that are over.
+    A server that cannot be reached keeps them (they are settled when it answers, or when
+    the net is scaled to zero). Returns how many are left."""
+    with rt.sessions() as session:
+        strays = [
+            (s.id, s.nvflare_job_id, s.submit_token)
+            for s in session.scalars(select(StrayRun).where(StrayRun.net_name == net_name))
+        ]
+    if not strays or not rt.settings.has_net(net_name):
+        return len(strays)
+    admin = rt.admin(net_name)
+    left = 0
+    for stray_id, nvflare_job_id, token in strays:
+        try:
+            run_id = nvflare_job_id or (admin.find_run(token) if token else None)
+            if run_id is not None and admin.abort(run_id).outcome == AbortOutcome.NOTHING_TO_ABORT:
+                # "Nothing to abort" also covers a server that could not be reached: only a
+                # server that answers now may settle the run (this raises if it does not).
+                admin.server_start_time()
+            settled = True
+        except NvflareJobNotFound:
+            settled = True
+        except DispatcherError as exc:
+            log.warning("stray run not settled yet", extra={"net": net_name, "reason": str(exc)})
+            settled = False
+        if settled:
+            with unit_of_work(rt.sessions) as session:
+                stray = session.get(StrayRun, stray_id)
+                if stray is not None:
+                    session.delete(stray)
+        else:
+            left += 1
+    if left < len(strays):
+        kick(rt)
+    return left

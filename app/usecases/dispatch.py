@@ -1,9 +1,11 @@
 """The dispatch chain: claim jobs onto nets, scale up, wait until ready, submit.
 
-Every function here is idempotent: it re-reads the rows it acts on, does nothing if the
-work is done, and keeps calls to a driver or an NVFLARE server OUTSIDE any transaction
-that holds a row lock (a slow server must never block the queue). Follow-up tasks go out
-through `rt.outbox` only after the transaction that made them necessary has committed.
+Every step acts only on the (job, net, attempt) it was started for, so a step of a chain
+that gave up, or a duplicate delivery, never touches the job's next attempt on another net.
+Every function is idempotent: it re-reads the rows it acts on, does nothing if the work is
+done, and keeps calls to a driver or an NVFLARE server OUTSIDE any transaction that holds a
+row lock (a slow server must never block the queue). Follow-up tasks go out through
+`rt.outbox` only after the transaction that made them necessary has committed.
 """
 
 from __future__ import annotations
@@ -28,24 +30,10 @@ from app.errors import (
 )
 from app.runtime import Runtime
 from app.usecases import services
-from app.usecases.scaling import kick, net_misconfigured, scale_net
+from app.usecases.scaling import kick, net_misconfigured, scale_net, take_down
 from models import Job, JobState, NetState
 
 log = logging.getLogger(__name__)
-
-
-# NVFLARE 2.9.0 RunStatus (nvflare/apis/job_def.py) -> our terminal state. Statuses not
-# listed (SUBMITTED, APPROVED, DISPATCHED, RUNNING) mean "still going": a SUBMITTED job
-# waits for its sites and still occupies the server.
-NVFLARE_OUTCOMES: dict[str, JobState] = {
-    "FINISHED:COMPLETED": JobState.COMPLETED,
-    "FINISHED:ABORTED": JobState.ABORTED,
-    "FINISHED:EXECUTION_EXCEPTION": JobState.FAILED,
-    "FINISHED:FAILED_TO_RUN": JobState.FAILED,
-    "FINISHED:CAN_NOT_SCHEDULE": JobState.FAILED,
-}
-# The run ended without a verdict: decided by LOST_JOB_POLICY like a lost server.
-NVFLARE_LOST = frozenset({"FINISHED:ABNORMAL", "FINISHED:ABANDONED"})
 
 
 class Step(StrEnum):
@@ -56,6 +44,11 @@ class Step(StrEnum):
     NOT_READY = "not_ready"  # poll again
     GAVE_UP = "gave_up"  # past the deadline: job requeued, net marked
 
+    @property
+    def ends_chain(self) -> bool:
+        """A chain stops after a step that skipped or gave up: its attempt is over."""
+        return self in (Step.SKIPPED, Step.GAVE_UP)
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -63,9 +56,6 @@ class StepResult:
 
     step: Step
     detail: str = ""
-
-
-# --- the dispatch pipeline -------------------------------------------------------------
 
 
 def assign_jobs(rt: Runtime, limit: int = 50) -> list[services.Assignment]:
@@ -77,24 +67,26 @@ def assign_jobs(rt: Runtime, limit: int = 50) -> list[services.Assignment]:
             assignment = services.assign_next_job(session, rt.settings, rt.clock())
         if assignment is None:
             break
-        rt.outbox.start_pipeline(str(assignment.job_id), assignment.net_name)
+        rt.outbox.start_pipeline(str(assignment.job_id), assignment.net_name, assignment.attempt)
         claimed.append(assignment)
     return claimed
 
 
-def _assigned(session: Session, job_id: uuid.UUID, net_name: str) -> Job | None:
+def _ours(job: Job, state: JobState, net_name: str, attempt: int) -> bool:
+    return job.state == state and job.net_name == net_name and job.attempts == attempt
+
+
+def _assigned(session: Session, job_id: uuid.UUID, net_name: str, attempt: int) -> Job | None:
     job = services.get_job(session, job_id)
-    if job.state != JobState.ASSIGNED or job.net_name != net_name:
-        return None
-    return job
+    return job if _ours(job, JobState.ASSIGNED, net_name, attempt) else None
 
 
-def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
+def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 1: the net's driver asked for one replica (no-op for a warm or always-on net)."""
     with unit_of_work(rt.sessions) as session:
-        job = _assigned(session, job_id, net_name)
+        job = _assigned(session, job_id, net_name, attempt)
         if job is None:
-            return StepResult(Step.SKIPPED, "job no longer assigned to this net")
+            return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
         net_state = services.get_net(session, net_name).state
     if rt.settings.net(net_name).always_on:
         return StepResult(Step.DONE, "always-on net: never scaled")
@@ -109,25 +101,26 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
     return StepResult(Step.DONE, "driver asked for 1 replica")
 
 
-def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
+def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 2: is the net ready for this job? Driver running, a FRESH admin login, server
     answering, every required site connected. Past the readiness deadline: give up."""
     now = rt.clock()
     net_config = rt.settings.net(net_name)
-    always_on = net_config.always_on
     with unit_of_work(rt.sessions) as session:
-        job = _assigned(session, job_id, net_name)
+        job = _assigned(session, job_id, net_name, attempt)
         if job is None:
-            return StepResult(Step.SKIPPED, "job no longer assigned to this net")
+            return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
         required = list(job.required_sites)
         assigned_at = job.assigned_at or now
 
     readiness: Readiness | None = None
     detail = ""
     try:
-        observation = None if always_on else rt.driver(net_name).observe()
+        observation = None if net_config.always_on else rt.driver(net_name).observe()
         if observation is not None and observation.failure:
-            return _give_up_readiness(rt, job_id, net_name, f"driver: {observation.failure}")
+            return _give_up_readiness(
+                rt, job_id, net_name, attempt, f"driver: {observation.failure}"
+            )
         if observation is not None and not observation.is_up:
             detail = (
                 f"driver: desired={observation.desired} running={observation.running} "
@@ -145,27 +138,40 @@ def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str) -> StepResult:
     if readiness is not None and readiness.ready:
         with unit_of_work(rt.sessions) as session:
             net = services.get_net(session, net_name, lock=True)
-            if net.state != NetState.READY:
+            # Re-checked under the lock: a duplicate chain may have dispatched the job while
+            # this check ran, and a late "ready" must never flip a BUSY net back to READY.
+            if _assigned(session, job_id, net_name, attempt) is None:
+                return StepResult(Step.SKIPPED, "job moved on while its net was checked")
+            if net.state in (NetState.STARTING, NetState.UNHEALTHY, NetState.OUTAGE):
                 net.transition(NetState.READY, rt.clock(), f"ready for job {job_id}")
-            net.server_start_time = readiness.server_start_time
+            if readiness.server_start_time is not None:
+                net.server_start_time = readiness.server_start_time
             net.unreachable_since = None
         return StepResult(Step.DONE, "ready")
 
     if (now - assigned_at).total_seconds() > net_config.ready_timeout_s:
         return _give_up_readiness(
-            rt, job_id, net_name, f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}"
+            rt,
+            job_id,
+            net_name,
+            attempt,
+            f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}",
         )
     return StepResult(Step.NOT_READY, detail)
 
 
-def _give_up_readiness(rt: Runtime, job_id: uuid.UUID, net_name: str, reason: str) -> StepResult:
+def _give_up_readiness(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, reason: str
+) -> StepResult:
     """Requeue the job and mark the net: UNHEALTHY (scaled down) or, always-on, OUTAGE."""
     always_on = rt.settings.net(net_name).always_on
     with unit_of_work(rt.sessions) as session:
+        if _assigned(session, job_id, net_name, attempt) is None:
+            return StepResult(Step.SKIPPED, "job moved on before the readiness deadline")
         services.requeue_job(session, job_id, reason, rt.clock())
         net = services.get_net(session, net_name, lock=True)
         target = NetState.OUTAGE if always_on else NetState.UNHEALTHY
-        if net.state != target:
+        if net.state in (NetState.STARTING, NetState.READY):
             net.transition(target, rt.clock(), reason)
         net.last_error = reason
     log.error(
@@ -175,26 +181,27 @@ def _give_up_readiness(rt: Runtime, job_id: uuid.UUID, net_name: str, reason: st
     if not always_on:
         try:
             scale_net(rt, net_name, 0, "readiness deadline passed")
-        except DispatcherError:
-            log.exception("scale-down after readiness failure failed", extra={"net": net_name})
+        except DispatcherError as exc:
+            log.error(
+                "scale-down after readiness failure failed; reconcile retries",
+                extra={"net": net_name, "reason": str(exc)},
+            )
     kick(rt)
     return StepResult(Step.GAVE_UP, reason)
 
 
-def dispatch(rt: Runtime, job_id: uuid.UUID) -> StepResult:
+def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 3: submit with the submit token stored FIRST, so a retry after an unknown
     outcome or a redelivered message finds the same NVFLARE job instead of a second run."""
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
-        if job.state == JobState.ASSIGNED:
+        if _ours(job, JobState.ASSIGNED, net_name, attempt):
             token = job.start_dispatch(rt.clock())
-        elif job.state == JobState.DISPATCHING and job.submit_token:
+        elif _ours(job, JobState.DISPATCHING, net_name, attempt) and job.submit_token:
             token = job.submit_token
         else:
-            return StepResult(Step.SKIPPED, f"job is {job.state}")
-        net_name = job.net_name
+            return StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
         definition = job.definition
-    assert net_name is not None
 
     admin = rt.admin(net_name)
     try:
@@ -211,27 +218,37 @@ def dispatch(rt: Runtime, job_id: uuid.UUID) -> StepResult:
         raise
     try:
         start_time: float | None = admin.server_start_time()
-    except TransientError:
-        start_time = None  # monitor learns it on its next round
+    except DispatcherError:
+        start_time = None  # keep the one readiness stored; monitor fills a missing one
 
     abort_needed = False
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
-        if job.state == JobState.ABORTING:
+        if job.state == JobState.DISPATCHING and job.submit_token == token:
+            services.mark_dispatched(session, job_id, nvflare_job_id, start_time, rt.clock())
+        elif job.state == JobState.ABORTING and job.submit_token == token:
             # Aborted while the submit was in flight: the run exists now, so stop it.
             job.nvflare_job_id = nvflare_job_id
             abort_needed = True
-        elif job.state == JobState.DISPATCHING:
-            services.mark_dispatched(session, job_id, nvflare_job_id, start_time, rt.clock())
-        elif job.state == JobState.RUNNING:
+        elif job.nvflare_job_id == nvflare_job_id:
             pass  # a repeated delivery already recorded it
         else:
-            log.warning(
-                "submitted a job that moved on meanwhile",
-                extra={"job": str(job_id), "state": str(job.state)},
+            # The job moved on while the submit was in flight (flip-api ended it, or it was
+            # requeued): this run counts for nobody, so it is stopped, never left running.
+            services.add_stray_run(
+                session,
+                net_name=net_name,
+                job_id=job_id,
+                nvflare_job_id=nvflare_job_id,
+                submit_token=token,
+                reason=f"submit landed for a job that is {job.state}",
+                now=rt.clock(),
             )
+            abort_needed = True
     if abort_needed:
         rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
+        rt.outbox.send(names.SETTLE_STRAY_RUNS, net_name=net_name)
+        return StepResult(Step.SKIPPED, f"run {nvflare_job_id} landed after the job moved on")
     log.info(
         "job dispatched",
         extra={"job": str(job_id), "net": net_name, "nvflare_job_id": nvflare_job_id},
@@ -240,11 +257,48 @@ def dispatch(rt: Runtime, job_id: uuid.UUID) -> StepResult:
 
 
 def requeue_after_transient(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
-    """A pipeline step ran out of retries on a transient error: requeue, never delete."""
+    """A pipeline step ran out of retries on a transient error: requeue, never delete.
+
+    A DISPATCHING job's submit may have landed with its reply lost, so its attempt is not
+    abandoned with a new token while the old one may own a run: it stays DISPATCHING (the
+    reconciler re-sends the same token, which adopts the run) until `abandon_dispatch`
+    settles it by taking the server down.
+    """
     with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        if job.state == JobState.DISPATCHING:
+            log.warning("submit outcome unknown; attempt kept", extra={"job": str(job_id)})
+            return False
         requeued = services.requeue_job(session, job_id, reason, rt.clock())
     kick(rt)
     return requeued
+
+
+def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
+    """Give up a DISPATCHING attempt whose submit outcome stayed unknown. Its token is
+    settled first: on a scale-to-zero net the server is taken down (any run dies with it);
+    an always-on net's possible run is recorded as a stray run to abort when it answers.
+    Returns True once the job is back in the queue (or FAILED past its attempts)."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id)
+        if job.state != JobState.DISPATCHING or job.net_name is None:
+            return False
+        net_name, token = job.net_name, job.submit_token
+    with unit_of_work(rt.sessions) as session:
+        services.add_stray_run(
+            session,
+            net_name=net_name,
+            job_id=job_id,
+            nvflare_job_id=None,
+            submit_token=token,
+            reason=reason,
+            now=rt.clock(),
+        )
+        services.requeue_job(session, job_id, reason, rt.clock())
+    if rt.settings.has_net(net_name) and rt.settings.net(net_name).scales_to_zero:
+        take_down(rt, net_name, f"settling job {job_id}'s unknown submit")
+    kick(rt)
+    return True
 
 
 def count_retry(rt: Runtime, job_id: uuid.UUID) -> None:

@@ -5,31 +5,50 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import exists, or_, select
 
 from app import names
-from app.adapters.nvflare.base import ServerState
+from app.adapters.nvflare.base import AdminClient, RunState, ServerState
 from app.db import unit_of_work
-from app.errors import (
-    DispatcherError,
-    MisconfigurationError,
-    ServerUnavailable,
-    TransientError,
-)
+from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound, TransientError
 from app.runtime import Runtime
 from app.usecases import services
-from app.usecases.dispatch import NVFLARE_LOST, NVFLARE_OUTCOMES, requeue_after_transient
-from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net
+from app.usecases.abort import RUN_OUTCOMES, expire_abort, settle_stray_runs
+from app.usecases.dispatch import abandon_dispatch, requeue_after_transient
+from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net, take_down
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState
 
 log = logging.getLogger(__name__)
 
+# Failures isolated to one net, per housekeeping loop, since the process started (a metric).
+HOUSEKEEPING_NET_FAILURES: dict[str, int] = {}
+
 
 def _scaling_nets(rt: Runtime) -> list[str]:
     return [n.name for n in rt.settings.nets if not n.always_on]
+
+
+@contextmanager
+def _isolated(rt: Runtime, loop: str, net_name: str) -> Iterator[None]:
+    """One net's failure in a housekeeping loop is logged, counted and recorded on that net,
+    never allowed to stop the loop for the others."""
+    try:
+        yield
+    except Exception as exc:
+        log.exception("housekeeping failed for one net", extra={"net": net_name, "loop": loop})
+        HOUSEKEEPING_NET_FAILURES[loop] = HOUSEKEEPING_NET_FAILURES.get(loop, 0) + 1
+        try:
+            with unit_of_work(rt.sessions) as session:
+                net = session.get(Net, net_name)
+                if net is not None:
+                    net.last_error = f"{loop}: {type(exc).__name__}: {exc}"[:2000]
+        except Exception:
+            log.exception("recording a net's failure failed", extra={"net": net_name})
 
 
 def scale_down_idle_nets(rt: Runtime) -> list[str]:
@@ -39,39 +58,44 @@ def scale_down_idle_nets(rt: Runtime) -> list[str]:
     stopped = []
     now = rt.clock()
     for name in _scaling_nets(rt):
-        idle_timeout_s = rt.settings.net(name).idle_timeout_s
-        with unit_of_work(rt.sessions) as session:
-            net = session.scalar(
-                select(Net)
-                .where(Net.name == name, Net.state == NetState.READY)
-                .with_for_update(skip_locked=True)
-            )
-            if net is None:
-                continue
-            idle_since = net.idle_since or net.state_changed_at
-            if (now - idle_since).total_seconds() < idle_timeout_s:
-                continue
-            busy = session.scalar(
-                select(
-                    exists().where(
-                        or_(
-                            (Job.net_name == name) & Job.state.in_(ACTIVE_JOB_STATES),
-                            (Job.state == JobState.QUEUED)
-                            & or_(Job.requested_net.is_(None), Job.requested_net == name),
-                        )
-                    )
-                )
-            )
-            if busy:
-                continue
-            net.transition(
-                NetState.STOPPING, now, f"idle for {(now - idle_since).total_seconds():.0f}s"
-            )
-        stop_net(rt, name, "idle grace passed")
-        stopped.append(name)
+        with _isolated(rt, "scale_down_idle_nets", name):
+            if _scale_down_if_idle(rt, name, now):
+                stopped.append(name)
     if stopped:
         kick(rt)  # a job that arrived while the net was stopping gets a fresh scale-up
     return stopped
+
+
+def _scale_down_if_idle(rt: Runtime, name: str, now: datetime) -> bool:
+    idle_timeout_s = rt.settings.net(name).idle_timeout_s
+    with unit_of_work(rt.sessions) as session:
+        net = session.scalar(
+            select(Net)
+            .where(Net.name == name, Net.state == NetState.READY)
+            .with_for_update(skip_locked=True)
+        )
+        if net is None:
+            return False
+        idle_since = net.idle_since or net.state_changed_at
+        idle_s = (now - idle_since).total_seconds()
+        if idle_s < idle_timeout_s:
+            return False
+        busy = session.scalar(
+            select(
+                exists().where(
+                    or_(
+                        (Job.net_name == name) & Job.state.in_(ACTIVE_JOB_STATES),
+                        (Job.state == JobState.QUEUED)
+                        & or_(Job.requested_net.is_(None), Job.requested_net == name),
+                    )
+                )
+            )
+        )
+        if busy:
+            return False
+        net.transition(NetState.STOPPING, now, f"idle for {idle_s:.0f}s")
+    stop_net(rt, name, "idle grace passed")
+    return True
 
 
 def keep_alive_busy_nets(rt: Runtime) -> list[str]:
@@ -81,13 +105,15 @@ def keep_alive_busy_nets(rt: Runtime) -> list[str]:
         busy = list(session.scalars(select(Net.name).where(Net.state == NetState.BUSY)))
     pinged = []
     for name in busy:
-        if name not in {n.name for n in rt.settings.nets}:
+        if not rt.settings.has_net(name):
             continue
-        try:
-            rt.admin(name).ping()
-            pinged.append(name)
-        except TransientError as exc:
-            log.warning("keep-alive failed", extra={"net": name, "reason": str(exc)})
+        with _isolated(rt, "keep_alive_busy_nets", name):
+            try:
+                rt.admin(name).ping()
+                pinged.append(name)
+            except DispatcherError as exc:
+                # Monitor decides what an unreachable or misconfigured BUSY net means.
+                log.warning("keep-alive failed", extra={"net": name, "reason": str(exc)})
     return pinged
 
 
@@ -105,7 +131,8 @@ class Watched:
 
 def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     """Poll NVFLARE for every RUNNING/ABORTING job and settle the finished ones; a server
-    that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY."""
+    that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY.
+    Each net is watched on its own: one net's failure never stops the others'."""
     with rt.sessions() as session:
         rows = session.execute(
             select(
@@ -129,8 +156,11 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     ]
     outcomes: dict[str, str] = {}
     for net_name in sorted({w.net_name for w in watched}):
+        if not rt.settings.has_net(net_name):
+            continue
         jobs = [w for w in watched if w.net_name == net_name]
-        outcomes |= _monitor_net(rt, net_name, jobs)
+        with _isolated(rt, "monitor_running_jobs", net_name):
+            outcomes |= _monitor_net(rt, net_name, jobs)
     return outcomes
 
 
@@ -139,18 +169,11 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     now = rt.clock()
     try:
         start_time = admin.server_start_time()
-    except ServerUnavailable as exc:
-        with unit_of_work(rt.sessions) as session:
-            net = services.get_net(session, net_name, lock=True)
-            if net.unreachable_since is None:
-                net.unreachable_since = now
-            gone_s = (now - net.unreachable_since).total_seconds()
-        if gone_s < rt.settings.server_lost_grace_s:
-            return {str(j.job_id): f"server unreachable for {gone_s:.0f}s" for j in jobs}
-        return {
-            str(j.job_id): _lost(rt, j, f"server unreachable for {gone_s:.0f}s: {exc}")
-            for j in jobs
-        }
+    except DispatcherError as exc:
+        # Unreachable, misconfigured (an admin certificate that expired) or an error nobody
+        # classified: the runs cannot be watched. Past the grace they are lost; a net whose
+        # admin access is misconfigured is then taken out of service (its server down).
+        return _unwatchable(rt, net_name, jobs, exc, now)
 
     results: dict[str, str] = {}
     for job in jobs:
@@ -159,27 +182,58 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
             # delete both refuse it), so the restart itself decides the job's fate.
             results[str(job.job_id)] = _lost(rt, job, "server restarted under the job")
             continue
-        try:
-            status = admin.job_status(job.nvflare_job_id)
-        except DispatcherError as exc:
-            results[str(job.job_id)] = f"status unknown: {exc}"
-            continue
-        if status in NVFLARE_OUTCOMES:
-            with unit_of_work(rt.sessions) as session:
-                services.finish_job(
-                    session, job.job_id, NVFLARE_OUTCOMES[status], f"NVFLARE {status}", rt.clock()
-                )
-            kick(rt)
-        elif status in NVFLARE_LOST:
-            results[str(job.job_id)] = _lost(rt, job, f"NVFLARE {status}")
-            continue
-        elif _overran(rt, job, now):
-            results[str(job.job_id)] = _stop_overrun(rt, job, status)
-            continue
-        results[str(job.job_id)] = status
+        results[str(job.job_id)] = _watch_run(rt, admin, job, now)
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
         net.unreachable_since = None
+        if net.server_start_time is None:
+            # The start time was unknown at dispatch: learn it now, or a later restart
+            # under the job would never be seen.
+            net.server_start_time = start_time
+    return results
+
+
+def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> str:
+    try:
+        status = admin.job_status(job.nvflare_job_id)
+    except NvflareJobNotFound:
+        return _lost(rt, job, "the server does not know the run")
+    except DispatcherError as exc:
+        # Unknown status: the run-time limit still applies, or a job whose status can
+        # never be read would keep its server up forever.
+        if _overran(rt, job, now):
+            return _stop_overrun(rt, job, f"status unknown: {exc}")
+        return f"status unknown: {exc}"
+    if status.state in RUN_OUTCOMES:
+        with unit_of_work(rt.sessions) as session:
+            services.finish_job(
+                session, job.job_id, RUN_OUTCOMES[status.state], status.detail, rt.clock()
+            )
+        kick(rt)
+        return str(status.state)
+    if status.state == RunState.LOST:
+        return _lost(rt, job, status.detail)
+    if _overran(rt, job, now):
+        return _stop_overrun(rt, job, status.detail)
+    return str(status.state)
+
+
+def _unwatchable(
+    rt: Runtime, net_name: str, jobs: list[Watched], exc: DispatcherError, now: datetime
+) -> dict[str, str]:
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.unreachable_since is None:
+            net.unreachable_since = now
+        net.last_error = f"monitor: {exc}"[:2000]
+        gone_s = (now - net.unreachable_since).total_seconds()
+    if gone_s < rt.settings.server_lost_grace_s:
+        return {str(j.job_id): f"server not answering for {gone_s:.0f}s: {exc}" for j in jobs}
+    results = {
+        str(j.job_id): _lost(rt, j, f"server not answering for {gone_s:.0f}s: {exc}") for j in jobs
+    }
+    if isinstance(exc, MisconfigurationError):
+        net_misconfigured(rt, net_name, None, f"admin access failed on a busy net: {exc}")
     return results
 
 
@@ -194,20 +248,50 @@ def _overran(rt: Runtime, job: Watched, now: datetime) -> bool:
 
 def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
     """Abort a run that outlived its limit and fail the job: a hung NVFLARE run (e.g. one
-    whose clients crashed at start stays RUNNING in 2.9.0) must not keep a server up forever."""
-    result = rt.admin(job.net_name).abort(job.nvflare_job_id)
-    reason = f"exceeded the maximum run time (NVFLARE said {status}); abort: {result.outcome}"
+    whose clients crashed at start stays RUNNING in 2.9.0) must not keep a server up forever.
+    An abort that cannot be confirmed leaves the run as a stray run (see abort.py)."""
+    try:
+        outcome = str(rt.admin(job.net_name).abort(job.nvflare_job_id).outcome)
+        confirmed = True
+    except DispatcherError as exc:
+        outcome, confirmed = f"not confirmed: {exc}", False
+    reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
+        if not confirmed:
+            services.add_stray_run(
+                session,
+                net_name=job.net_name,
+                job_id=job.job_id,
+                nvflare_job_id=job.nvflare_job_id,
+                submit_token=None,
+                reason=reason,
+                now=rt.clock(),
+            )
         services.finish_job(session, job.job_id, JobState.FAILED, reason, rt.clock())
     log.error("run overran", extra={"job": str(job.job_id), "net": job.net_name, "reason": reason})
+    if not confirmed and rt.settings.net(job.net_name).scales_to_zero:
+        take_down(rt, job.net_name, f"overrun of job {job.job_id} could not be aborted")
     kick(rt)
     return "failed: overran"
 
 
 def _lost(rt: Runtime, job: Watched, reason: str) -> str:
     """A run whose server was lost: requeue or fail per LOST_JOB_POLICY; an ABORTING job
-    is simply ABORTED (the user wanted it stopped and it is)."""
+    is simply ABORTED (the user wanted it stopped and it is). A run that may still be alive
+    (a server only the admin side could not reach) is recorded as a stray run and, on a
+    scale-to-zero net, dies with its server before the job can run anywhere again."""
+    still_there = not reason.startswith("server restarted")
     with unit_of_work(rt.sessions) as session:
+        if still_there:
+            services.add_stray_run(
+                session,
+                net_name=job.net_name,
+                job_id=job.job_id,
+                nvflare_job_id=job.nvflare_job_id,
+                submit_token=None,
+                reason=reason,
+                now=rt.clock(),
+            )
         if job.state == JobState.ABORTING:
             services.finish_job(session, job.job_id, JobState.ABORTED, reason, rt.clock())
             outcome = "aborted"
@@ -224,6 +308,8 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
         "run lost",
         extra={"job": str(job.job_id), "net": job.net_name, "reason": reason, "outcome": outcome},
     )
+    if still_there and rt.settings.net(job.net_name).scales_to_zero:
+        take_down(rt, job.net_name, f"run of job {job.job_id} lost: {reason}")
     kick(rt)
     return outcome
 
@@ -237,29 +323,47 @@ class Reconciled:
 
 
 def reconcile(rt: Runtime) -> Reconciled:
-    """Re-drive stuck jobs, settle nets whose chain was lost, repair drift between the nets
-    table and what the driver sees, and watch always-on servers for an OUTAGE."""
+    """Re-drive stuck jobs, settle stray runs and nets whose chain was lost, repair drift
+    between the nets table and what the driver sees, and watch always-on servers for an
+    OUTAGE. Each net is handled on its own: one net's failure never stops the others."""
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
         services.sync_nets(session, rt.settings, now)
     redriven = _redrive_stuck_jobs(rt, now)
     repaired = []
     for net_config in rt.settings.nets:
-        try:
-            note = (
-                _watch_always_on(rt, net_config.name)
-                if net_config.always_on
-                else _repair_scaling_net(rt, net_config.name)
-            )
-        except MisconfigurationError as exc:
-            net_misconfigured(rt, net_config.name, None, str(exc))
-            note = f"misconfigured: {exc}"
-        except TransientError as exc:
-            note = f"not checked: {exc}"
+        note = ""
+        with _isolated(rt, "reconcile", net_config.name):
+            try:
+                note = (
+                    _watch_always_on(rt, net_config.name)
+                    if net_config.always_on
+                    else _repair_scaling_net(rt, net_config.name)
+                )
+                left = settle_stray_runs(rt, net_config.name)
+                if left:
+                    note = (note + "; " if note else "") + f"{left} stray run(s) unsettled"
+            except MisconfigurationError as exc:
+                if _net_state(rt, net_config.name) != NetState.MISCONFIGURED:
+                    net_misconfigured(rt, net_config.name, None, str(exc))
+                note = f"misconfigured: {exc}"
+            except TransientError as exc:
+                note = f"not checked: {exc}"
         if note:
             repaired.append(f"{net_config.name}: {note}")
     kick(rt)
     return Reconciled(tuple(redriven), tuple(repaired))
+
+
+def _net_state(rt: Runtime, name: str) -> NetState:
+    with rt.sessions() as session:
+        return services.get_net(session, name).state
+
+
+def _retry_budget_s(rt: Runtime) -> float:
+    # How long a step's own retries may still be going: a re-send before then would only
+    # overlap them (harmless with the same token, but noise).
+    return float(rt.settings.retry_max * rt.settings.retry_backoff_max_s)
 
 
 def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
@@ -267,61 +371,58 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
     redriven = []
     with rt.sessions() as session:
         jobs = session.execute(
-            select(Job.id, Job.state, Job.net_name, Job.state_changed_at, Job.nvflare_job_id).where(
+            select(Job.id, Job.state, Job.net_name, Job.state_changed_at, Job.attempts).where(
                 Job.state.in_((JobState.ASSIGNED, JobState.DISPATCHING, JobState.ABORTING))
             )
         ).all()
-    for job_id, state, net_name, changed_at, nvflare_job_id in jobs:
+    for job_id, state, net_name, changed_at, attempt in jobs:
         age_s = (now - changed_at).total_seconds()
-        if state == JobState.ASSIGNED:
-            # The chain itself gives up at the readiness deadline; past that plus the stuck
-            # margin, the chain is gone (lost message, dead worker): requeue the job.
-            ready_timeout_s = (
-                rt.settings.net(net_name).ready_timeout_s
-                if net_name in {n.name for n in rt.settings.nets}
-                else 0.0
-            )
-            deadline = ready_timeout_s + stuck_s
-            if age_s > deadline:
-                requeue_after_transient(rt, job_id, f"stuck in ASSIGNED for {age_s:.0f}s")
-                redriven.append(f"{job_id}: requeued")
-        elif state == JobState.DISPATCHING and age_s > stuck_s:
-            rt.outbox.send(names.DISPATCH, job_id=str(job_id))  # same stored token: no second run
-            redriven.append(f"{job_id}: dispatch re-sent")
-        elif state == JobState.ABORTING and age_s > stuck_s:
-            if nvflare_job_id is None:
-                with unit_of_work(rt.sessions) as session:
-                    services.finish_job(
-                        session,
-                        job_id,
-                        JobState.ABORTED,
-                        "abort while submitting; no run recorded",
-                        now,
+        known = rt.settings.has_net(net_name)
+        with _isolated(rt, "reconcile", net_name or "-"):
+            if state == JobState.ASSIGNED:
+                # The chain itself gives up at the readiness deadline; past that plus the
+                # stuck margin, the chain is gone (lost message, dead worker): requeue.
+                ready_timeout_s = rt.settings.net(net_name or "").ready_timeout_s if known else 0.0
+                if age_s > ready_timeout_s + stuck_s:
+                    requeue_after_transient(rt, job_id, f"stuck in ASSIGNED for {age_s:.0f}s")
+                    redriven.append(f"{job_id}: requeued")
+            elif state == JobState.DISPATCHING:
+                settle_after_s = max(stuck_s, _retry_budget_s(rt))
+                if age_s > settle_after_s + stuck_s:
+                    abandon_dispatch(rt, job_id, f"submit outcome unknown for {age_s:.0f}s")
+                    redriven.append(f"{job_id}: dispatch abandoned, token settled")
+                elif age_s > settle_after_s and known:
+                    # Same stored token: adopts the run if the first submit landed.
+                    rt.outbox.send(
+                        names.DISPATCH, job_id=str(job_id), net_name=net_name, attempt=attempt
                     )
-                redriven.append(f"{job_id}: aborted")
-            else:
-                rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
-                redriven.append(f"{job_id}: abort re-sent")
+                    redriven.append(f"{job_id}: dispatch re-sent")
+            elif state == JobState.ABORTING:
+                if age_s > rt.settings.abort_timeout_s:
+                    expire_abort(rt, job_id)
+                    redriven.append(f"{job_id}: abort expired")
+                elif age_s > stuck_s:
+                    rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
+                    redriven.append(f"{job_id}: abort re-sent")
     return redriven
 
 
-def _net_row(rt: Runtime, name: str) -> tuple[NetState, datetime, Job | None]:
-    """The net's state, when it entered it, and its active job if any."""
-    with rt.sessions() as session:
-        net = services.get_net(session, name)
-        job = session.scalar(
-            select(Job).where(Job.net_name == name, Job.state.in_(ACTIVE_JOB_STATES))
-        )
-        return net.state, net.state_changed_at, job
-
-
 def _set_net_state(
-    rt: Runtime, name: str, expected: NetState, target: NetState, reason: str
+    rt: Runtime,
+    name: str,
+    expected: NetState,
+    target: NetState,
+    reason: str,
+    *,
+    require_idle: bool = False,
 ) -> bool:
-    """Move a net only if it is still in `expected` (checked under the row lock)."""
+    """Move a net only if it is still in `expected` (and, with `require_idle`, still has no
+    active job), checked under the row lock assignment takes."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
         if net.state != expected:
+            return False
+        if require_idle and services.active_job(session, name) is not None:
             return False
         if target == NetState.READY:
             net.transition(NetState.READY, rt.clock(), reason)
@@ -331,64 +432,108 @@ def _set_net_state(
         return True
 
 
-def _repair_scaling_net(rt: Runtime, name: str) -> str:
-    state, changed_at, job = _net_row(rt, name)
+def _repair_scaling_net(rt: Runtime, name: str) -> str:  # noqa: PLR0912
+    with rt.sessions() as session:
+        net = services.get_net(session, name)
+        state, changed_at = net.state, net.state_changed_at
+        job = services.active_job(session, name)
+        job_state = job.state if job is not None else None
+        job_id = job.id if job is not None else None
+        attempt = job.attempts if job is not None else 0
     now = rt.clock()
     age_s = (now - changed_at).total_seconds()
-    if state in (NetState.BUSY, NetState.MISCONFIGURED):
-        return ""  # monitor owns busy nets; a misconfigured one waits for a human
-    if job is not None:
-        return _redrive_lost_scale_up(rt, name, state, job, age_s)
+    if state == NetState.BUSY:
+        return ""  # monitor owns busy nets
+    if job_id is not None:
+        if state == NetState.STARTING and job_state == JobState.ASSIGNED:
+            return _redrive_lost_scale_up(rt, name, job_id, attempt, age_s)
+        return ""
     observation = rt.driver(name).observe()
     up = observation.running > 0 or observation.pending > 0 or observation.desired > 0
+    if state == NetState.MISCONFIGURED:
+        # A misconfigured net must not keep a server running (a failed scale-down earlier).
+        if up and _still_idle(rt, name):
+            stop_net(rt, name, "misconfigured net still had a server")
+            return "MISCONFIGURED net had a server; scaled to 0"
+        return ""
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
         stop_net(rt, name, f"settling {state}")
         return f"{state}: scale-down re-driven"
+    if state == NetState.OUTAGE:
+        # PER_JOB_FL_SERVER was turned on across a redeploy: a former always-on net.
+        target = NetState.READY if observation.is_up else NetState.STOPPED
+        _set_net_state(rt, name, NetState.OUTAGE, target, "now scales to zero")
+        return f"OUTAGE -> {target} (net scales to zero now)"
     if state == NetState.STARTING:
         # Its job went away (aborted, requeued) while the server came up.
         if observation.is_up:
             _set_net_state(rt, name, NetState.STARTING, NetState.READY, "up, no job: idle")
             return "STARTING without a job: now READY (idle)"
-        if age_s > rt.settings.net(name).ready_timeout_s:
-            if _set_net_state(rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned"):
-                stop_net(rt, name, "start abandoned")
+        if age_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
+            rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
+        ):
+            stop_net(rt, name, "start abandoned")
             return "STARTING without a job past the deadline: stopped"
         return ""
     if state == NetState.STOPPED and up and age_s > rt.settings.stuck_after_s:
         # Drift: a server runs that nobody uses (e.g. a crash between scale and commit).
-        scale_net(rt, name, 0, "drift: server up while STOPPED")
-        return "drift: STOPPED net had a server; scaled to 0"
+        # STOPPING first, under the lock and only if still idle: no job can be claimed onto
+        # the net while its server is being taken away.
+        if _set_net_state(
+            rt, name, NetState.STOPPED, NetState.STOPPING, "drift: server up", require_idle=True
+        ):
+            stop_net(rt, name, "drift: server up while STOPPED")
+            return "drift: STOPPED net had a server; scaled to 0"
+        return ""
     if state == NetState.READY and not up:
-        _set_net_state(rt, name, NetState.READY, NetState.STOPPED, "drift: server gone")
+        _set_net_state(
+            rt, name, NetState.READY, NetState.STOPPED, "drift: server gone", require_idle=True
+        )
         return "drift: READY net had no server; now STOPPED"
     return ""
 
 
-def _redrive_lost_scale_up(rt: Runtime, name: str, state: NetState, job: Job, age_s: float) -> str:
+def _still_idle(rt: Runtime, name: str) -> bool:
+    with rt.sessions() as session:
+        return services.active_job(session, name) is None
+
+
+def _redrive_lost_scale_up(
+    rt: Runtime, name: str, job_id: uuid.UUID, attempt: int, age_s: float
+) -> str:
     """A STARTING net whose job is still ASSIGNED but whose driver was never asked for a
     replica lost its chain before scale_up ran (a lost message, a dead worker): start it
     again. Every step is idempotent, so a chain that was merely slow does no harm."""
-    if state != NetState.STARTING or job.state != JobState.ASSIGNED:
-        return ""
     if age_s <= rt.settings.stuck_after_s or rt.driver(name).observe().desired > 0:
         return ""
-    rt.outbox.start_pipeline(str(job.id), name)
-    return f"STARTING with no scale-up for {age_s:.0f}s: pipeline of job {job.id} re-driven"
+    rt.outbox.start_pipeline(str(job_id), name, attempt)
+    return f"STARTING with no scale-up for {age_s:.0f}s: pipeline of job {job_id} re-driven"
 
 
 def _watch_always_on(rt: Runtime, name: str) -> str:
-    """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY."""
-    state, _, job = _net_row(rt, name)
+    """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY.
+    A net left STOPPING, UNHEALTHY or STOPPED by scale-to-zero mode (PER_JOB_FL_SERVER
+    turned off across a redeploy) is brought back up: always-on means one replica."""
+    with rt.sessions() as session:
+        state = services.get_net(session, name).state
+        job = services.active_job(session, name)
+    if state == NetState.MISCONFIGURED:
+        return ""
+    net_config = rt.settings.net(name)
+    scalable = net_config.driver.kind != "static"
+    left_down = state in (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED)
+    if scalable and left_down and rt.driver(name).observe().desired < 1:
+        scale_net(rt, name, 1, "always-on net: one replica")
     server = rt.admin(name).server_state()
     if server == ServerState.STARTED:
-        if state in (NetState.OUTAGE, NetState.STOPPED):
+        if state in (NetState.OUTAGE, NetState.STOPPED, NetState.STOPPING, NetState.UNHEALTHY):
             target = NetState.BUSY if state == NetState.OUTAGE and job else NetState.READY
             _set_net_state(rt, name, state, target, "always-on server reachable")
             if state == NetState.OUTAGE:
                 log.warning("outage over", extra={"net": name})
             return f"{state} -> {target}"
         return ""
-    if state not in (NetState.OUTAGE, NetState.MISCONFIGURED, NetState.STARTING):
+    if state not in (NetState.OUTAGE, NetState.STARTING):
         _set_net_state(rt, name, state, NetState.OUTAGE, f"always-on server {server}")
         log.error("OUTAGE: always-on server unreachable", extra={"net": name, "server": server})
         return f"{state} -> OUTAGE"

@@ -79,39 +79,68 @@ def scale_net(rt: Runtime, net: str, replicas: int, reason: str) -> None:
 
 
 def kick(rt: Runtime) -> None:
+    """Ask a worker to assign QUEUED jobs (after the commit that freed a net or queued one)."""
     rt.outbox.send(names.ASSIGN_NEXT_JOB)
 
 
 def net_misconfigured(rt: Runtime, net_name: str, job_id: uuid.UUID | None, reason: str) -> None:
-    """Fail loud: the net needs a human; its job goes back to the queue (not lost)."""
+    """Fail loud: the net needs a human; its job goes back to the queue without losing an
+    attempt (it is not the job's fault), and a scale-to-zero net is scaled down."""
     log.error("net misconfigured", extra={"net": net_name, "job": str(job_id), "reason": reason})
     with unit_of_work(rt.sessions) as session:
         if job_id is not None:
             services.requeue_job(
-                session, job_id, f"net {net_name} misconfigured: {reason}", rt.clock()
+                session,
+                job_id,
+                f"net {net_name} misconfigured: {reason}",
+                rt.clock(),
+                count_attempt=False,
             )
         net = services.get_net(session, net_name, lock=True)
         net.transition(NetState.MISCONFIGURED, rt.clock(), reason)
         net.last_error = reason
-    if not rt.settings.net(net_name).always_on:
+    if rt.settings.net(net_name).scales_to_zero:
         try:
             scale_net(rt, net_name, 0, "net misconfigured")
-        except DispatcherError:
-            log.exception("scale-down of a misconfigured net failed", extra={"net": net_name})
+        except DispatcherError as exc:
+            # Reconcile retries the scale-down of a MISCONFIGURED net that still runs.
+            log.error(
+                "scale-down of a misconfigured net failed",
+                extra={"net": net_name, "reason": str(exc)},
+            )
     kick(rt)
 
 
-def stop_net(rt: Runtime, name: str, reason: str) -> None:
-    """Drop the admin session, scale to 0, and record STOPPED once the driver agrees."""
+def stop_net(rt: Runtime, name: str, reason: str) -> bool:
+    """Drop the admin session, scale to 0, and record STOPPED once the driver agrees; runs
+    the server held die with it, so its stray runs are settled. True when confirmed."""
     rt.forget_admin(name)  # the next scale-up must log in afresh, never reuse this session
     try:
         scale_net(rt, name, 0, reason)
         observation = rt.driver(name).observe()
     except TransientError:
         log.warning("scale-down not confirmed yet; reconcile retries", extra={"net": name})
-        return
-    if observation.running == 0 and observation.pending == 0:
-        with unit_of_work(rt.sessions) as session:
-            net = services.get_net(session, name, lock=True)
-            if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
-                net.transition(NetState.STOPPED, rt.clock(), reason)
+        return False
+    if observation.running or observation.pending:
+        return False
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
+            net.transition(NetState.STOPPED, rt.clock(), reason)
+        services.clear_stray_runs(session, name)
+    return True
+
+
+def take_down(rt: Runtime, name: str, reason: str) -> bool:
+    """Take a scale-to-zero net's server away now, whatever it runs (a run that cannot be
+    stopped otherwise dies with its server). Holds the row lock assignment takes, so no job
+    is claimed onto a server that is going away. Returns True once confirmed down."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        if services.active_job(session, name) is not None:
+            return False  # a job was claimed meanwhile: it owns the server now
+        if net.state in (NetState.READY, NetState.STOPPED, NetState.STARTING, NetState.OUTAGE):
+            net.transition(NetState.STOPPING, rt.clock(), reason)
+        elif net.state == NetState.BUSY:
+            net.transition(NetState.UNHEALTHY, rt.clock(), reason)
+    return stop_net(rt, name, reason)

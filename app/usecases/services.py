@@ -30,6 +30,7 @@ from models import (
     JobState,
     Net,
     NetState,
+    StrayRun,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Assignment:
     job_id: uuid.UUID
     net_name: str
     net_state: NetState  # the net's state after the claim: STARTING needs a scale-up
+    attempt: int = 0  # the job's attempt number: every chain step checks it
 
 
 def sync_nets(
@@ -187,6 +189,8 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         Net.name.in_(configured),
         Net.state.in_(ASSIGNABLE_NET_STATES),
         ~_active_job_on(Net.name),  # type: ignore[operator]
+        # A run the server may still hold must be settled before the net takes a new job.
+        ~exists().where(StrayRun.net_name == Net.name),
     )
     candidates = session.scalars(select(Net.name).where(*free).order_by(warm_first, Net.name))
     for name in candidates.all():
@@ -215,7 +219,7 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         net.idle_since = None
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
-        return Assignment(job.id, net.name, net.state)
+        return Assignment(job.id, net.name, net.state, job.attempts)
     return None
 
 
@@ -257,14 +261,21 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
         net.mark_idle(now)
 
 
-def requeue_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -> bool:
+def requeue_job(
+    session: Session,
+    job_id: uuid.UUID,
+    reason: str,
+    now: datetime,
+    *,
+    count_attempt: bool = True,
+) -> bool:
     """Give the job back to the queue (attempts + 1) and free its net; FAILED past
     max_attempts. Returns True if requeued. A job that is no longer active is left alone."""
     job = get_job(session, job_id, lock=True)
     if job.state not in (JobState.ASSIGNED, JobState.DISPATCHING, JobState.RUNNING):
         return False
     net_name = job.net_name
-    requeued = job.requeue(reason, now)
+    requeued = job.requeue(reason, now, count_attempt=count_attempt)
     session.flush()
     if net_name is not None:
         release_net(session, net_name, now)
@@ -273,6 +284,48 @@ def requeue_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime)
         extra={"job": str(job_id), "net": net_name, "reason": reason},
     )
     return requeued
+
+
+def add_stray_run(
+    session: Session,
+    *,
+    net_name: str,
+    job_id: uuid.UUID,
+    nvflare_job_id: str | None,
+    submit_token: str | None,
+    reason: str,
+    now: datetime,
+) -> None:
+    """Record a run the net's server may hold that no job counts (see models.StrayRun)."""
+    session.add(
+        StrayRun(
+            net_name=net_name,
+            job_id=job_id,
+            nvflare_job_id=nvflare_job_id,
+            submit_token=submit_token,
+            reason=reason,
+            created_at=now,
+        )
+    )
+    log.warning(
+        "stray run recorded",
+        extra={"net": net_name, "job": str(job_id), "nvflare_job_id": nvflare_job_id},
+    )
+
+
+def clear_stray_runs(session: Session, net_name: str) -> int:
+    """The net's server is gone (confirmed at 0 replicas): its stray runs died with it."""
+    strays = list(session.scalars(select(StrayRun).where(StrayRun.net_name == net_name)))
+    for stray in strays:
+        session.delete(stray)
+    return len(strays)
+
+
+def active_job(session: Session, net_name: str) -> Job | None:
+    """The net's active job, if any (at most one: the database enforces it)."""
+    return session.scalar(
+        select(Job).where(Job.net_name == net_name, Job.state.in_(ACTIVE_JOB_STATES))
+    )
 
 
 def mark_dispatched(
@@ -290,7 +343,10 @@ def mark_dispatched(
     assert job.net_name is not None
     net = get_net(session, job.net_name, lock=True)
     net.transition(NetState.BUSY, now, f"job {job.id} running")
-    net.server_start_time = server_start_time
+    if server_start_time is not None:
+        # Never overwrite the start time readiness stored with "unknown": restart detection
+        # would switch itself off for the whole run.
+        net.server_start_time = server_start_time
     net.unreachable_since = None
 
 

@@ -131,10 +131,10 @@ def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack)
                 rt.clock(),
             ).job_id
         [_claim] = dispatch.assign_jobs(rt)
-        assert dispatch.scale_up(rt, job_id, NET).step == dispatch.Step.DONE
+        assert dispatch.scale_up(rt, job_id, NET, 0).step == dispatch.Step.DONE
 
         def ready() -> bool:
-            return dispatch.check_ready(rt, job_id, NET).step == dispatch.Step.DONE
+            return dispatch.check_ready(rt, job_id, NET, 0).step == dispatch.Step.DONE
 
         stack.wait_for("the real server to be ready", ready, RUN_S, poll_s=0.5)
     finally:

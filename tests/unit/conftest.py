@@ -9,7 +9,7 @@ import pytest
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import dispatch, services
+from app.usecases import abort, dispatch, intake, services
 from app.usecases.dispatch import Step
 from models import Job, Net
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
@@ -73,12 +73,20 @@ class World:
         with self.rt.sessions() as session:
             return session.get(Net, name)
 
+    def abort(self, job_id, reason: str = "user"):
+        """flip-api's abort, then what the worker does with the abort_on_server it sends."""
+        requested = intake.request_abort(self.rt, job_id, reason)
+        if requested.decision.needs_server_abort:
+            return abort.abort_on_server(self.rt, job_id)
+        return requested.decision.state
+
     def run_pipeline(self, job_id) -> None:
         """What the chain does, step by step."""
         assignment = next(a for a in dispatch.assign_jobs(self.rt) if a.job_id == job_id)
-        assert dispatch.scale_up(self.rt, job_id, assignment.net_name).step == Step.DONE
-        assert dispatch.check_ready(self.rt, job_id, assignment.net_name).step == Step.DONE
-        assert dispatch.dispatch(self.rt, job_id).step == Step.DONE
+        net, attempt = assignment.net_name, assignment.attempt
+        assert dispatch.scale_up(self.rt, job_id, net, attempt).step == Step.DONE
+        assert dispatch.check_ready(self.rt, job_id, net, attempt).step == Step.DONE
+        assert dispatch.dispatch(self.rt, job_id, net, attempt).step == Step.DONE
 
 
 @pytest.fixture

@@ -16,14 +16,16 @@ def test_cold_start_run_and_scale_to_zero(world):
     job_id = world.enqueue("j1", net="net-a")
     claimed = dispatch.assign_jobs(world.rt)
     assert [(a.job_id, a.net_name) for a in claimed] == [(job_id, "net-a")]
-    assert world.outbox.sent == [("pipeline", {"job_id": str(job_id), "net_name": "net-a"})]
+    assert world.outbox.sent == [
+        ("pipeline", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0})
+    ]
     assert world.net("net-a").state == NetState.STARTING
 
-    assert dispatch.scale_up(world.rt, job_id, "net-a").step == Step.DONE
+    assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
     assert world.driver("net-a").calls == [1]
-    assert dispatch.check_ready(world.rt, job_id, "net-a").step == Step.DONE
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.DONE
     assert world.net("net-a").state == NetState.READY
-    assert dispatch.dispatch(world.rt, job_id).step == Step.DONE
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE
     job = world.job(job_id)
     assert (job.state, job.nvflare_job_id, job.submit_token) == (
         JobState.RUNNING,
@@ -79,11 +81,11 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
 def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
     job_id = world.enqueue("j1", net="net-a", required_sites=["site-9"])
     dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a")
-    result = dispatch.check_ready(world.rt, job_id, "net-a")
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    result = dispatch.check_ready(world.rt, job_id, "net-a", 0)
     assert result.step == Step.NOT_READY and "site-9" in result.detail
     world.clock.advance(121)
-    assert dispatch.check_ready(world.rt, job_id, "net-a").step == Step.GAVE_UP
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
     assert world.net("net-a").state == NetState.UNHEALTHY
@@ -95,17 +97,17 @@ def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
 def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
     job_id = world.enqueue("j1", net="net-a")
     dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a")
-    dispatch.check_ready(world.rt, job_id, "net-a")
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
     admin = world.server("net-a")
     admin.submit_error = ServerUnavailable("connection reset")
     with pytest.raises(ServerUnavailable):
-        dispatch.dispatch(world.rt, job_id)
+        dispatch.dispatch(world.rt, job_id, "net-a", 0)
     job = world.job(job_id)
     assert (job.state, job.submit_token) == (JobState.DISPATCHING, f"{job_id}-0")
     admin.submit_error = None
-    assert dispatch.dispatch(world.rt, job_id).step == Step.DONE
-    assert dispatch.dispatch(world.rt, job_id).step == Step.SKIPPED  # redelivered
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED  # redelivered
     assert admin.submitted == {f"{job_id}-0": "nv-1"}
 
 
@@ -123,7 +125,7 @@ def test_misconfigured_driver_fails_loud_and_requeues(world):
     dispatch.assign_jobs(world.rt)
     world.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a MISSING")
     with pytest.raises(DriverMisconfigured):
-        dispatch.scale_up(world.rt, job_id, "net-a")
+        dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert world.net("net-a").state == NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.QUEUED
     assert dispatch.assign_jobs(world.rt) == []  # never assigned to a misconfigured net
@@ -131,25 +133,25 @@ def test_misconfigured_driver_fails_loud_and_requeues(world):
 
 def test_abort_in_every_phase(world):
     queued = world.enqueue("q", net="net-a", priority=-1)
-    assert abort.abort(world.rt, queued, "user") == JobState.ABORTED
+    assert world.abort(queued, "user") == JobState.ABORTED
 
     scaling = world.enqueue("s", net="net-a")
     dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, scaling, "net-a")
-    assert abort.abort(world.rt, scaling, "user") == JobState.ABORTED
-    assert dispatch.check_ready(world.rt, scaling, "net-a").step == Step.SKIPPED
-    assert dispatch.dispatch(world.rt, scaling).step == Step.SKIPPED
+    dispatch.scale_up(world.rt, scaling, "net-a", 0)
+    assert world.abort(scaling, "user") == JobState.ABORTED
+    assert dispatch.check_ready(world.rt, scaling, "net-a", 0).step == Step.SKIPPED
+    assert dispatch.dispatch(world.rt, scaling, "net-a", 0).step == Step.SKIPPED
 
     running = world.enqueue("r", net="net-a")
     world.run_pipeline(running)
-    assert abort.abort(world.rt, running, "user") == JobState.ABORTED
+    assert world.abort(running, "user") == JobState.ABORTED
     assert world.server("net-a").aborted == ["nv-1"]
     assert world.net("net-a").state == NetState.READY
 
     down = world.enqueue("d", net="net-a")
     world.run_pipeline(down)
     world.server("net-a").up = False
-    assert abort.abort(world.rt, down, "user") == JobState.ABORTED  # nothing to abort
+    assert world.abort(down, "user") == JobState.ABORTED  # nothing to abort
     job = world.job(down)
     assert job.state == JobState.ABORTED
     assert world.net("net-a").state == NetState.READY
@@ -158,11 +160,11 @@ def test_abort_in_every_phase(world):
 def test_abort_while_submit_in_flight_aborts_the_run_when_it_lands(world):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a")
-    dispatch.check_ready(world.rt, job_id, "net-a")
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
     # flip-api's abort arrives while the submit is on the wire.
-    world.server("net-a").on_submit = lambda: abort.abort(world.rt, job_id, "user")
-    dispatch.dispatch(world.rt, job_id)
+    world.server("net-a").on_submit = lambda: world.abort(job_id, "user")
+    dispatch.dispatch(world.rt, job_id, "net-a", 0)
     assert world.job(job_id).state == JobState.ABORTING
     assert ("fl_dispatcher.abort_on_server", {"job_id": str(job_id)}) in world.outbox.sent
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
@@ -180,7 +182,7 @@ def test_server_gone_waits_the_grace_then_applies_the_policy(world, monkeypatch)
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").up = False
-    assert "unreachable" in housekeeping.monitor_running_jobs(world.rt)[str(job_id)]
+    assert "not answering" in housekeeping.monitor_running_jobs(world.rt)[str(job_id)]
     world.clock.advance(31)
     assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
 
@@ -265,13 +267,19 @@ def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
 def test_reconcile_redrives_a_stuck_dispatch(world):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a")
-    dispatch.check_ready(world.rt, job_id, "net-a")
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
     with world.rt.sessions.begin() as session:
         session.get(Job, job_id).start_dispatch(world.clock())
-    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    # Not before the dispatch task's own retries could still be going (RETRY_MAX x cap).
+    settle_after_s = max(world.rt.settings.stuck_after_s, 6 * 60)
+    world.clock.advance(settle_after_s - 1)
     housekeeping.reconcile(world.rt)
-    assert ("fl_dispatcher.dispatch", {"job_id": str(job_id)}) in world.outbox.sent
+    sent = ("fl_dispatcher.dispatch", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0})
+    assert sent not in world.outbox.sent
+    world.clock.advance(2)
+    housekeeping.reconcile(world.rt)
+    assert sent in world.outbox.sent
 
 
 def test_reconcile_repairs_drift(world):
@@ -291,8 +299,10 @@ def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(
     world.clock.advance(2)
     result = housekeeping.reconcile(world.rt)
     assert any("re-driven" in r for r in result.repaired)
-    assert ("pipeline", {"job_id": str(job_id), "net_name": "net-a"}) in world.outbox.sent
-    dispatch.scale_up(world.rt, job_id, "net-a")  # the re-driven chain runs
+    assert ("pipeline", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}) in (
+        world.outbox.sent
+    )
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)  # the re-driven chain runs
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     assert not any("re-driven" in r for r in housekeeping.reconcile(world.rt).repaired)
@@ -303,7 +313,7 @@ def test_a_run_past_its_maximum_time_is_aborted_on_the_server_and_failed(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.clock.advance(3599)
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "RUNNING"}
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
     world.clock.advance(2)
     assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "failed: overran"}
     job = world.job(job_id)

@@ -29,6 +29,24 @@ class AbortOutcome(StrEnum):
     NOTHING_TO_ABORT = "nothing_to_abort"  # server down, job unknown, or job not running
 
 
+class RunState(StrEnum):
+    """A run's state in the dispatcher's own words; the adapter maps the server's."""
+
+    RUNNING = "running"  # submitted, scheduled or running: it still occupies the server
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    LOST = "lost"  # ended without a verdict (e.g. abandoned): decided by LOST_JOB_POLICY
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state and the server's own word for it (for reasons and logs)."""
+
+    state: RunState
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class AbortResult:
     """The outcome of an abort and why."""
@@ -78,8 +96,12 @@ class AdminClient(Protocol):
         """Submit a job folder; a repeated token returns the existing job's id."""
         ...
 
-    def job_status(self, nvflare_job_id: str) -> str:
-        """The raw NVFLARE RunStatus string (e.g. 'RUNNING', 'FINISHED:COMPLETED')."""
+    def find_run(self, submit_token: str) -> str | None:
+        """The id of the run submitted with this token, or None if the server has none."""
+        ...
+
+    def job_status(self, nvflare_job_id: str) -> RunStatus:
+        """The run's state; NvflareJobNotFound if the server does not know the run."""
         ...
 
     def abort(self, nvflare_job_id: str) -> AbortResult:

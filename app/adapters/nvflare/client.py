@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app.adapters.nvflare import kit_check
-from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, ServerState
+from app.adapters.nvflare.base import (
+    AbortOutcome,
+    AbortResult,
+    Readiness,
+    RunState,
+    RunStatus,
+    ServerState,
+)
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,
@@ -518,8 +525,21 @@ class NvflareAdminClient:
 
         return self._run(operation)
 
-    def job_status(self, nvflare_job_id: str) -> str:
-        """The raw NVFLARE RunStatus string (e.g. 'RUNNING', 'FINISHED:COMPLETED')."""
+    def find_run(self, submit_token: str) -> str | None:
+        """The id of the run submitted with this token (nvflare 2.9 resolves tokens in
+        `list_jobs`), or None: settles a submit whose reply was lost without resubmitting."""
+        jobs = self._run(lambda session: session.list_jobs(submit_token=submit_token))
+        for meta in jobs or []:
+            job_id = meta.get("job_id") if isinstance(meta, dict) else None
+            if job_id:
+                return str(job_id)
+        return None
+
+    def job_status(self, nvflare_job_id: str) -> RunStatus:
+        """The run's state in the dispatcher's words (see `run_status`)."""
+        return run_status(self._raw_status(nvflare_job_id))
+
+    def _raw_status(self, nvflare_job_id: str) -> str:
         status = self._run(lambda session: session.get_job_status(nvflare_job_id))
         if not status:
             raise UnknownAdminError(f"{self._context()}: job {nvflare_job_id} has no status")
@@ -529,7 +549,7 @@ class NvflareAdminClient:
         """Abort a job. A down server, an unknown job or a job that is not running is
         NOTHING_TO_ABORT and a finished job ALREADY_FINISHED, never an error."""
         try:
-            status = self.job_status(nvflare_job_id)
+            status = self._raw_status(nvflare_job_id)
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
             # The server answers OK for a finished job too, hence the status check first.
@@ -545,7 +565,7 @@ class NvflareAdminClient:
 
     def _not_running_outcome(self, nvflare_job_id: str, exc: Exception) -> AbortResult:
         try:
-            status = self.job_status(nvflare_job_id)
+            status = self._raw_status(nvflare_job_id)
         except (TransientError, NvflareJobNotFound):
             status = ""
         if status.startswith("FINISHED"):
@@ -555,6 +575,29 @@ class NvflareAdminClient:
     def ping(self) -> None:
         """A cheap command that keeps the session alive (`check_status server`)."""
         self._system_info()
+
+
+# NVFLARE 2.9.0 RunStatus (nvflare/apis/job_def.py) in the dispatcher's words. Statuses not
+# listed (SUBMITTED, APPROVED, DISPATCHED, RUNNING) mean "still going": a SUBMITTED job waits
+# for its sites and still occupies the server.
+NVFLARE_RUN_STATES: dict[str, RunState] = {
+    "FINISHED:COMPLETED": RunState.COMPLETED,
+    "FINISHED:ABORTED": RunState.ABORTED,
+    "FINISHED:EXECUTION_EXCEPTION": RunState.FAILED,
+    "FINISHED:FAILED_TO_RUN": RunState.FAILED,
+    "FINISHED:CAN_NOT_SCHEDULE": RunState.FAILED,
+    # The run ended without a verdict: decided by LOST_JOB_POLICY like a lost server.
+    "FINISHED:ABNORMAL": RunState.LOST,
+    "FINISHED:ABANDONED": RunState.LOST,
+}
+
+
+def run_status(raw: str) -> RunStatus:
+    """Map an NVFLARE RunStatus string; an unknown FINISHED:* is a run lost without verdict."""
+    state = NVFLARE_RUN_STATES.get(raw)
+    if state is None:
+        state = RunState.LOST if raw.startswith("FINISHED") else RunState.RUNNING
+    return RunStatus(state, f"NVFLARE {raw}")
 
 
 def build_admin_client(net: NetConfig, settings: Settings) -> NvflareAdminClient:
