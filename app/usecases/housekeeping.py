@@ -526,7 +526,13 @@ def _watch_always_on(rt: Runtime, name: str) -> str:
         scale_net(rt, name, 1, "always-on net: one replica")
     server = rt.admin(name).server_state()
     if server == ServerState.STARTED:
-        if state in (NetState.OUTAGE, NetState.STOPPED, NetState.STOPPING, NetState.UNHEALTHY):
+        left_behind = state in (
+            NetState.OUTAGE,
+            NetState.STOPPED,
+            NetState.STOPPING,
+            NetState.UNHEALTHY,
+        ) or (state == NetState.STARTING and job is None)
+        if left_behind:
             target = NetState.BUSY if state == NetState.OUTAGE and job else NetState.READY
             _set_net_state(rt, name, state, target, "always-on server reachable")
             if state == NetState.OUTAGE:

@@ -1,0 +1,303 @@
+"""One test per hole found in the pipeline's correctness review: a job lost, run twice, or a
+server left up. Each drives the real use cases on SQLite with the unit tier's fakes."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app import names
+from app.errors import (
+    AdminMisconfigured,
+    DriverTransientError,
+    ServerUnavailable,
+    UnknownAdminError,
+)
+from app.usecases import abort, dispatch, housekeeping, services
+from app.usecases.dispatch import Step
+from models import JobState, NetState, StrayRun
+from tests.fixtures.db import net_decl
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_one_net_misconfigured_admin_does_not_stop_monitoring_of_another(world):
+    # hole 1: net "fixed" (static, first by name) raises AdminMisconfigured on every probe;
+    # the job on net-a must still settle.
+    on_fixed = world.enqueue("f", net="fixed")
+    world.run_pipeline(on_fixed)
+    on_a = world.enqueue("a", net="net-a")
+    world.run_pipeline(on_a)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+
+    def broken() -> float:
+        raise AdminMisconfigured("admin certificate expired")
+
+    world.admin("fixed").server_start_time = broken  # type: ignore[method-assign]
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(on_a).state == JobState.COMPLETED
+    assert "expired" in (world.net("fixed").last_error or "")
+
+
+def test_an_unclassified_error_on_one_net_never_escapes_a_housekeeping_loop(world):
+    job_id = world.enqueue("a", net="net-a")
+    world.run_pipeline(job_id)
+
+    def boom() -> None:
+        raise RuntimeError("something nobody classified")
+
+    world.admin("net-a").ping = boom  # type: ignore[method-assign]
+    assert housekeeping.keep_alive_busy_nets(world.rt) == []
+    world.admin("net-a").server_start_time = boom  # type: ignore[method-assign]
+    housekeeping.monitor_running_jobs(world.rt)
+    assert "RuntimeError" in (world.net("net-a").last_error or "")
+
+
+def test_a_busy_net_whose_admin_access_broke_is_settled_after_the_grace(world):
+    job_id = world.enqueue("a", net="net-a")
+    world.run_pipeline(job_id)
+
+    def broken() -> float:
+        raise AdminMisconfigured("admin certificate expired")
+
+    world.admin("net-a").server_start_time = broken  # type: ignore[method-assign]
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING  # inside the grace
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.driver("net-a").replicas == 0  # no server left up
+
+
+def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
+    # hole 2: attempt 0's chain gives up; the job is claimed again (attempt 1); attempt 0's
+    # dispatch step arrives late and must skip.
+    job_id = world.enqueue("j", net="net-a", required_sites=["site-9"])
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    world.clock.advance(121)
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
+    housekeeping.reconcile(world.rt)  # net-a settles to STOPPED
+    [again] = dispatch.assign_jobs(world.rt)
+    assert again.attempt == 1
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert world.job(job_id).state == JobState.ASSIGNED
+    assert world.server("net-a").submitted == {}
+
+
+def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
+    # hole 3
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    admin = world.admin("net-a")
+    real = admin.server_start_time
+
+    def flaky() -> float:
+        raise ServerUnavailable("blip")
+
+    admin.server_start_time = flaky  # type: ignore[method-assign]
+    dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    admin.server_start_time = real  # type: ignore[method-assign]
+    assert world.net("net-a").server_start_time == 1000.0
+    world.server("net-a").start_time = 2000.0  # the server restarted under the job
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_a_run_the_server_forgot_is_lost_not_running_forever(world):
+    # hole 3 (second half)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses.clear()
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_status_errors_do_not_switch_off_the_run_time_limit(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+
+    def unknown(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin("net-a").job_status = unknown  # type: ignore[method-assign]
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+
+
+def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
+    # hole 4: the submit landed, the reply was lost, the task ran out of retries.
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    server = world.server("net-a")
+
+    def landed_then_lost() -> None:
+        token = f"{job_id}-0"
+        server.submitted[token] = "nv-1"
+        server.statuses["nv-1"] = "RUNNING"
+        raise ServerUnavailable("reply lost")
+
+    server.on_submit = landed_then_lost
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    assert not dispatch.requeue_after_transient(world.rt, job_id, "dispatch: retries exhausted")
+    assert world.job(job_id).state == JobState.DISPATCHING  # the attempt is not abandoned
+    server.on_submit = None
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE  # adopts it
+    assert world.job(job_id).nvflare_job_id == "nv-1"
+    assert len(server.submitted) == 1
+
+
+def test_an_abandoned_unknown_submit_takes_the_server_down_before_the_job_runs_again(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    world.server("net-a").submit_error = ServerUnavailable("no reply")
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").replicas == 0
+    assert _strays(world) == []  # settled by the server going away
+
+
+def test_a_lost_server_on_a_scale_to_zero_net_is_taken_down_before_the_requeue_runs(world):
+    # hole 5: only the admin side lost the server; the first run may still be going.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False
+    housekeeping.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").calls[-1] == 0  # the old run dies with its server
+
+
+def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
+    # hole 6
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    server = world.server("net-a")
+
+    def flip_api_reports_error() -> None:
+        with world.rt.sessions.begin() as session:
+            services.finish_job(session, job_id, JobState.FAILED, "flip-api: error", world.clock())
+
+    server.on_submit = flip_api_reports_error
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert (names.SETTLE_STRAY_RUNS, {"net_name": "net-a"}) in world.outbox.sent
+    assert len(_strays(world)) == 1
+    assert dispatch.assign_jobs(world.rt) == []  # net-a takes no job while it is unsettled
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert server.aborted == ["nv-1"]
+
+
+def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
+    # hole 7: drift (a server up while STOPPED) and a job claimed before reconcile decides.
+    world.driver("net-a").replicas = 1
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # the net is STARTING with a job now
+    housekeeping.reconcile(world.rt)
+    assert world.driver("net-a").replicas == 1
+    assert world.job(job_id).state == JobState.ASSIGNED
+
+
+@pytest.mark.parametrize("state", list(NetState))
+@pytest.mark.parametrize("to_always_on", [True, False])
+def test_a_flag_change_across_a_redeploy_is_legal_from_every_net_state(
+    tmp_path, job_root, sqlite_factory, clock, state, to_always_on
+):
+    # hole 8: PER_JOB_FL_SERVER flipped while the net was in any state.
+    import json
+
+    from app.settings import Settings
+    from tests.unit.conftest import World
+
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
+        PER_JOB_FL_SERVER="false" if to_always_on else "true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    with world.rt.sessions.begin() as session:
+        session.get(type(world.net("net-a")), "net-a").state = state
+    world.driver("net-a").replicas = 1 if state in (NetState.READY, NetState.BUSY) else 0
+    for _ in range(3):
+        world.clock.advance(world.rt.settings.stuck_after_s + 1)
+        housekeeping.reconcile(world.rt)  # must not raise, whatever the state
+    final = world.net("net-a").state
+    if state == NetState.MISCONFIGURED:
+        assert final == NetState.MISCONFIGURED
+    elif to_always_on:
+        assert final in (NetState.READY, NetState.OUTAGE, NetState.BUSY)
+    else:
+        assert final in (NetState.STOPPED, NetState.READY, NetState.BUSY)
+
+
+def test_a_misconfigured_net_whose_scale_down_failed_is_scaled_down_later(world):
+    # hole 9
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    driver = world.driver("net-a")
+    real_scale = driver.scale
+
+    def throttled(replicas: int) -> None:
+        raise DriverTransientError("throttled")
+
+    driver.scale = throttled  # type: ignore[method-assign]
+
+    def wrong_ca(sites):
+        raise AdminMisconfigured("kit signed by another CA")
+
+    world.admin("net-a").is_ready = wrong_ca  # type: ignore[method-assign]
+    with pytest.raises(AdminMisconfigured):
+        dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.job(job_id).attempts == 0  # not the job's fault: no attempt burnt
+    driver.scale = real_scale  # type: ignore[method-assign]
+    assert driver.replicas == 1
+    housekeeping.reconcile(world.rt)
+    assert driver.replicas == 0
+
+
+def test_aborting_ends_within_the_abort_timeout_and_takes_the_server_down(world):
+    # hole 10
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+
+    def unknown(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin("net-a").abort = unknown  # type: ignore[method-assign]
+    assert world.abort(job_id) == JobState.ABORTING
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    housekeeping.reconcile(world.rt)
+    job = world.job(job_id)
+    assert (job.state == JobState.ABORTED and "not confirmed" in (job.last_error or "")) or (
+        job.state == JobState.ABORTED
+    )
+    assert world.driver("net-a").replicas == 0
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+def test_a_late_readiness_check_never_flips_a_busy_net_back_to_ready(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert world.net("net-a").state == NetState.BUSY
