@@ -15,6 +15,7 @@ from celery import Celery, chain, signals
 from kombu.exceptions import KombuError
 
 from app import names
+from app.redis_transport import TRANSPORT_PATH
 from app.settings import Settings, load_settings
 
 # Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with full
@@ -57,12 +58,19 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from ours."""
     transport_options: dict[str, Any] = {}
+    transport: str | None = None
     if settings.broker_url.startswith(("redis://", "rediss://")):
         transport_options = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    if settings.broker_url.startswith("redis://"):
+        # kombu's Redis transport with a fix that keeps the worker alive across a Redis
+        # restart (see app/redis_transport.py). Not for rediss://: kombu picks its TLS
+        # defaults from that scheme name, which an explicit transport would bypass.
+        transport = TRANSPORT_PATH
     # kombu's SQLAlchemy transport hands broker_transport_options to create_engine (checked
     # with Celery 5.7), so transport knobs such as polling_interval must not go there.
     return {
         "broker_url": settings.broker_url,
+        "broker_transport": transport,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "result_backend": None,

@@ -42,7 +42,7 @@ def stack(tmp_path_factory, pg_database) -> Iterator[LocalStack]:
         ready_timeout_s=90,
         housekeeping_interval_s=1.5,
         embedded_beat=False,  # a separate beat process, as in production
-        extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2"},
+        extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2", "STUCK_AFTER_S": "5"},
     )
     with LocalStack(options) as running:
         yield running
@@ -115,7 +115,9 @@ def test_back_to_back_jobs_share_one_server_start(stack):
 def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack):
     """The worker is stopped, the first two steps run here against the real server, the
     server dies, then the worker gets the dispatch step: it fails transiently, retries,
-    runs out, requeues (never deletes), and the job completes on a later attempt."""
+    runs out; the submit's outcome is unknown, so the attempt is abandoned only once the
+    reconciler has settled its token (the net is taken down), then the job is requeued (never
+    deleted) and completes on a later attempt."""
     wait_scaled_to_zero(stack)
     stack.stop_worker()
     assert stack.settings is not None
@@ -142,7 +144,9 @@ def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack)
     stack.driver().scale(0)  # the server is gone between readiness and submit
     stack.start_worker()
     stack.client.app.send_task(
-        "fl_dispatcher.dispatch", kwargs={"job_id": str(job_id)}, queue="fl_dispatcher"
+        "fl_dispatcher.dispatch",
+        kwargs={"job_id": str(job_id), "net_name": NET, "attempt": 0},
+        queue="fl_dispatcher",
     )
     job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
     assert job.state == JobState.COMPLETED, job.last_error

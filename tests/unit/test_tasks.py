@@ -56,6 +56,20 @@ def test_celery_config_is_derived_from_settings(world):
     assert config["broker_transport_options"] == {}
     redis = celery_config(world.rt.settings.model_copy(update={"broker_url": "redis://x/0"}))
     assert redis["broker_transport_options"]["visibility_timeout"] > 3600
+    # kombu's Redis transport with the channel-close fix (tests/integration/test_broker_restart)
+    assert redis["broker_transport"] == "app.redis_transport:Transport"
+    assert config["broker_transport"] is None  # the embedded SQLAlchemy broker: kombu's own
+    tls = celery_config(world.rt.settings.model_copy(update={"broker_url": "rediss://x/0"}))
+    assert tls["broker_transport"] is None  # kombu derives its TLS defaults from the scheme
+
+
+def test_the_redis_transport_path_names_the_fixed_transport():
+    from kombu.transport import resolve_transport
+
+    from app.redis_transport import TRANSPORT_PATH, Channel, Transport
+
+    assert resolve_transport(TRANSPORT_PATH) is Transport
+    assert Transport.Channel is Channel
 
 
 def test_enqueue_task_rejects_an_invalid_payload_and_writes_nothing(rt):
