@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from app.adapters.nvflare import client as nvflare_admin
-from app.adapters.nvflare.base import AbortOutcome, Readiness, ServerState
+from app.adapters.nvflare.base import AbortOutcome, Readiness, RunState, ServerState
 from app.adapters.nvflare.client import NvflareAdminClient, build_admin_client
 from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
 from app.local import nvflare as nvflare_local
@@ -77,11 +77,16 @@ def _job_ids(deployment: Deployment) -> set[str]:
         session.close()
 
 
+def _raw(client: NvflareAdminClient, job_id: str) -> str:
+    """The server's own status word, as the adapter reports it beside its mapping."""
+    return client.job_status(job_id).detail.removeprefix("NVFLARE ")
+
+
 def _wait_status(client: NvflareAdminClient, job_id: str, done: Callable[[str], bool]) -> str:
     return str(
         poll(
             f"job {job_id}",
-            lambda: status if done(status := client.job_status(job_id)) else None,
+            lambda: status if done(status := _raw(client, job_id)) else None,
             JOB_TIMEOUT_S,
             0.5,
         )
@@ -430,6 +435,7 @@ def test_submit_runs_the_tiny_job_to_completion_and_a_repeated_token_makes_one_j
     status = _wait_status(client, job_id, lambda s: s.startswith("FINISHED"))
     record_property("tiny_job_submit_to_finished_s", round(time.monotonic() - submitted, 1))
     assert status == "FINISHED:COMPLETED"
+    assert client.job_status(job_id).state is RunState.COMPLETED
     assert _job_ids(deployment) - before == {job_id}
 
 
@@ -489,7 +495,7 @@ def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
 
     # nvflare 2.9 keeps the lost job's record as RUNNING after a restart, though nothing runs
     # it; the server refuses to abort it ("is not running"), which is nothing to abort.
-    assert client.job_status(job_id) == "RUNNING"
+    assert client.job_status(job_id).state is RunState.RUNNING
     assert client.abort(job_id).outcome is AbortOutcome.NOTHING_TO_ABORT
 
 
