@@ -10,7 +10,15 @@ from tests.fixtures.db import fresh_pg_database
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"nets", "jobs", "job_events", "net_events", "scale_events", "alembic_version"}
+TABLES = {
+    "nets",
+    "jobs",
+    "job_events",
+    "net_events",
+    "scale_events",
+    "stray_runs",
+    "alembic_version",
+}
 
 
 @pytest.fixture
