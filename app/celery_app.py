@@ -115,23 +115,34 @@ def configure(settings: Settings) -> Celery:
     return celery
 
 
-def _sync_nets_at_worker_start(**_: Any) -> None:
+def prepare_nets_at_start(settings: Settings) -> None:
     """Every worker start (`fl-dispatcher worker` or `celery -A app.celery_app worker`)
-    creates missing net rows and resets MISCONFIGURED nets: settings were just validated."""
+    creates missing net rows and resets MISCONFIGURED nets (settings were just validated),
+    then takes out of service a net whose admin kit names another server."""
+    from app.adapters.nvflare.kit_check import kit_endpoint_problem
     from app.db import make_engine, session_factory, unit_of_work
-    from app.usecases.services import sync_nets
+    from app.usecases.services import mark_misconfigured, sync_nets
     from models import utcnow
 
-    settings = _Configured.settings or load_settings()
     engine = make_engine(settings.database_url)
     try:
         with unit_of_work(session_factory(engine)) as session:
             sync_nets(session, settings, utcnow(), at_start=True)
+        for net in settings.nets:
+            problem = kit_endpoint_problem(net)
+            if problem is not None:
+                log.error("net misconfigured at start", extra={"net": net.name, "reason": problem})
+                with unit_of_work(session_factory(engine)) as session:
+                    mark_misconfigured(session, net.name, problem, utcnow())
     finally:
         engine.dispose()
 
 
-signals.worker_init.connect(_sync_nets_at_worker_start, weak=False)
+def _on_worker_init(**_: Any) -> None:
+    prepare_nets_at_start(_Configured.settings or load_settings())
+
+
+signals.worker_init.connect(_on_worker_init, weak=False)
 
 
 class CeleryOutbox:

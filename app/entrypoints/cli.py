@@ -60,13 +60,20 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     data = settings.redacted()
     if args.json:
         _print_json(data, sys.stdout)
-        return EXIT_OK
+        return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS
     for key, value in data.items():
         if key != "nets":
             sys.stdout.write(f"{key} = {value}\n")
     sys.stdout.write(f"nets: {len(data['nets'])}\n")
     for net in data["nets"]:
         sys.stdout.write(f"  {net['name']}: {json.dumps(net, sort_keys=True)}\n")
+    from app.adapters.nvflare.kit_check import kit_endpoint_problem
+
+    problems = [(n.name, p) for n in settings.nets if (p := kit_endpoint_problem(n)) is not None]
+    for name, problem in problems:
+        sys.stderr.write(f"fl-dispatcher: net {name}: {problem}\n")
+    if problems:
+        return EXIT_SETTINGS
     sys.stdout.write("configuration ok\n")
     return EXIT_OK
 

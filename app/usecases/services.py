@@ -78,6 +78,17 @@ def sync_nets(
     return created
 
 
+def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
+    """Take a net out of service until a human fixes its settings (jobs wait QUEUED).
+    Returns False when the net has an active job (monitor settles that one first)."""
+    net = get_net(session, name, lock=True)
+    if active_job(session, name) is not None:
+        return False
+    net.transition(NetState.MISCONFIGURED, now, reason)
+    net.last_error = reason
+    return True
+
+
 def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None:
     """Create the rows of configured nets no worker has created yet, so a job that names a
     net can be stored (jobs.requested_net references nets.name); cheap when all exist."""

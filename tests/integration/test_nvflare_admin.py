@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
+from app import procs
 from app.adapters.nvflare import client as nvflare_admin
 from app.adapters.nvflare.base import AbortOutcome, Readiness, RunState, ServerState
 from app.adapters.nvflare.client import NvflareAdminClient, build_admin_client
 from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
-from app.local import nvflare as nvflare_local
 from app.local.nvflare import Deployment
 from tests.fixtures.nvflare import (
     NvflareSystem,
@@ -205,7 +205,7 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
             break
         prober.wait(timeout=60)
     finally:
-        nvflare_local.terminate_tree(prober.pid, sig=signal.SIGKILL)
+        procs.terminate_tree(prober.pid, sig=signal.SIGKILL)
         prober.wait(timeout=10)
 
     assert client_first is not None, "the client never got through"

@@ -25,9 +25,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from app import procs
 from app.adapters.drivers.base import Observation
+from app.adapters.nvflare import participants
 from app.errors import DriverMisconfigured
-from app.local import nvflare as nvflare_local
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,13 @@ _SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
 
 # Servers started by this process, kept so they are reaped through their Popen (no zombie,
 # no "still running" warning when a driver instance goes away while its server runs on).
-_children: dict[int, nvflare_local.ProcessHandle] = {}
+_children: dict[int, participants.ProcessHandle] = {}
 
 
 def _reap(pid: int) -> None:
     handle = _children.get(pid)
     if handle is None:
-        nvflare_local.reap(pid)
+        procs.reap(pid)
     elif handle.popen.poll() is not None:
         _children.pop(pid, None)
 
@@ -99,7 +100,7 @@ class LocalDriver:
         state = self._read_state()
         alive = self._is_our_server(state)
         host, port = self._endpoint()
-        port_open = alive and nvflare_local.port_open(host, port)
+        port_open = alive and procs.port_open(host, port)
         failure = None
         if state.desired == 1 and not alive:
             failure = (
@@ -154,7 +155,7 @@ class LocalDriver:
 
     def _endpoint(self) -> tuple[str, int]:
         try:
-            return nvflare_local.server_endpoint(self.server_kit_dir)
+            return participants.server_endpoint(self.server_kit_dir)
         except (OSError, ValueError, KeyError, IndexError) as exc:
             raise DriverMisconfigured(
                 f"net {self.net_name}: {self.server_kit_dir} is not a readable NVFLARE server "
@@ -169,19 +170,19 @@ class LocalDriver:
         if state.pid is None or state.start_ticks is None:
             return False
         _reap(state.pid)  # our own exited child would otherwise linger as a zombie
-        if nvflare_local.proc_start_ticks(state.pid) != state.start_ticks:
+        if procs.proc_start_ticks(state.pid) != state.start_ticks:
             return False
-        cmdline = nvflare_local.proc_cmdline(state.pid) or []
+        cmdline = procs.proc_cmdline(state.pid) or []
         return _SERVER_MODULE in cmdline and bool(state.kit) and state.kit in cmdline
 
     # --- start / stop ------------------------------------------------------------------------
 
     def _start(self, previous: _State) -> None:
         host, port = self._endpoint()
-        if nvflare_local.port_open(host, port):
+        if procs.port_open(host, port):
             holders = [
-                f"{pid} ({' '.join((nvflare_local.proc_cmdline(pid) or ['?'])[:4])})"
-                for pid in nvflare_local.listener_pids(port)
+                f"{pid} ({' '.join((procs.proc_cmdline(pid) or ['?'])[:4])})"
+                for pid in procs.listener_pids(port)
             ]
             raise DriverMisconfigured(
                 f"net {self.net_name}: {host}:{port} is already served by a process this "
@@ -194,18 +195,18 @@ class LocalDriver:
                 self.net_name,
                 previous.pid,
             )
-        handle = nvflare_local.start_server(
+        handle = participants.start_server(
             self.server_kit_dir,
             log_dir=self.state_dir / "logs",
             track=False,  # the server must outlive the worker that started it
             name=self.net_name,
         )
         _children[handle.pid] = handle
-        ticks = nvflare_local.proc_start_ticks(handle.pid)
+        ticks = procs.proc_start_ticks(handle.pid)
         # Hold the lock until the child has exec'd the server: before that its cmdline is ours,
         # and another worker would not recognise it and start a second server.
         deadline = time.monotonic() + _STOP_TIMEOUT_S
-        while _SERVER_MODULE not in (nvflare_local.proc_cmdline(handle.pid) or []):
+        while _SERVER_MODULE not in (procs.proc_cmdline(handle.pid) or []):
             if not handle.alive() or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S / 5)
@@ -227,7 +228,7 @@ class LocalDriver:
     def _stop(self, pid: int, ticks: int) -> None:
         # The server's pid is its process group (own session); its job processes are found
         # through /proc (nvflare gives them sessions of their own).
-        nvflare_local.terminate_tree(
+        procs.terminate_tree(
             pid, sig=signal.SIGTERM, timeout=_STOP_TIMEOUT_S, reap=_reap, expected_ticks=ticks
         )
         log.info("net %s: stopped local server pid=%s", self.net_name, pid)

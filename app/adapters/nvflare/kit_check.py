@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from app.errors import AdminMisconfigured
+from app.settings import NetConfig
 
 ADMIN_CONFIG = "fed_admin.json"
 
@@ -252,3 +253,39 @@ def preflight(kit_dir: Path, *, timeout: float = 2.0) -> tuple[AdminKit, ServerP
     """Both checks: the kit on disk, then what its server presents."""
     kit = check_kit_files(kit_dir)
     return kit, probe_server(kit, timeout=timeout)
+
+
+def server_endpoint_of(net: NetConfig) -> str | None:
+    """host:port the net's server serves on, where it is known: declared in the net's config,
+    or read from the local driver's server kit. None for a net that declares none."""
+    if net.server_endpoint:
+        return net.server_endpoint
+    if net.driver.kind == "local":
+        from app.adapters.nvflare.participants import server_endpoint
+
+        try:
+            host, port = server_endpoint(net.driver.server_kit_dir)
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
+        return f"{host}:{port}"
+    return None
+
+
+def kit_endpoint_problem(net: NetConfig) -> str | None:
+    """Why the net's admin kit cannot be for the net's server, or None. A kit provisioned for
+    another project names another server: that is a misconfiguration, never a server that
+    "does not come up" (which is how it would look at readiness)."""
+    expected = server_endpoint_of(net)
+    if expected is None:
+        return None
+    try:
+        admin = _load_config(net.admin.kit_dir)
+        dialled = f"{admin.get('host')}:{admin.get('port')}"
+    except AdminMisconfigured as exc:
+        return str(exc)
+    if dialled.lower() != expected.lower():
+        return (
+            f"admin kit {net.admin.kit_dir} dials {dialled}, but net {net.name}'s server "
+            f"serves on {expected}: a kit provisioned for another project or server?"
+        )
+    return None
