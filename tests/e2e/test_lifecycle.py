@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import select
 
 from app.db import unit_of_work
@@ -18,10 +17,10 @@ from app.runtime import Runtime
 from app.usecases import dispatch, services
 from models import Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
 from tests.fixtures.db import fresh_pg_database
+from tests.fixtures.services import PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-REDIS_URL = "redis://127.0.0.1:6379/7"
 RUN_S = 240  # generous bounds for a 2-core CI machine; the measured numbers are far lower
 
 
@@ -32,12 +31,23 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, pg_database) -> Iterator[LocalStack]:
-    redis.Redis.from_url(REDIS_URL).flushdb()  # no message of an earlier run may leak in
+def broker_url(tmp_path_factory) -> Iterator[str]:
+    """A Redis of this module's own: no message of another run (or another checkout's
+    tests running at the same time) can reach this stack's worker."""
+    server = PrivateRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, pg_database, broker_url) -> Iterator[LocalStack]:
     options = StackOptions(
         workdir=tmp_path_factory.mktemp("e2e"),
         database_url=pg_database,
-        broker_url=REDIS_URL,
+        broker_url=broker_url,
         idle_timeout_s=4,
         ready_timeout_s=90,
         housekeeping_interval_s=1.5,
@@ -192,7 +202,7 @@ def test_abort_while_scaling_up_while_running_and_with_the_server_down(stack):
     wait_scaled_to_zero(stack)
 
 
-def test_flower_shows_the_workers_and_tasks_and_requires_auth(stack):
+def test_flower_shows_the_workers_and_tasks_and_requires_auth(stack, broker_url):
     """Flower on the stack's broker, as compose runs it: never open, and it sees our worker
     and the tasks it runs (workers send task events)."""
     import socket
@@ -208,7 +218,7 @@ def test_flower_shows_the_workers_and_tasks_and_requires_auth(stack):
     flower = subprocess.Popen(
         [
             str(celery_bin),
-            f"--broker={REDIS_URL}",
+            f"--broker={broker_url}",
             "flower",
             "--address=127.0.0.1",
             f"--port={port}",

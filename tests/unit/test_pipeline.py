@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.adapters.nvflare.base import ServerState
 from app.errors import DriverMisconfigured, ServerUnavailable
 from app.usecases import abort, dispatch, housekeeping
 from app.usecases.dispatch import Step
@@ -147,14 +146,8 @@ def test_abort_in_every_phase(world):
     assert world.abort(running, "user") == JobState.ABORTED
     assert world.server("net-a").aborted == ["nv-1"]
     assert world.net("net-a").state == NetState.READY
-
-    down = world.enqueue("d", net="net-a")
-    world.run_pipeline(down)
-    world.server("net-a").up = False
-    assert world.abort(down, "user") == JobState.ABORTED  # nothing to abort
-    job = world.job(down)
-    assert job.state == JobState.ABORTED
-    assert world.net("net-a").state == NetState.READY
+    # "A server that is down means nothing to abort" is the real admin client's answer:
+    # pinned against a real server in tests/integration/test_nvflare_admin.py and e2e.
 
 
 def test_abort_while_submit_in_flight_aborts_the_run_when_it_lands(world):
@@ -252,7 +245,6 @@ def test_always_on_net_is_never_scaled_and_reports_outage(world):
     housekeeping.reconcile(world.rt)
     assert world.net("fixed").state == NetState.READY
     assert world.driver("fixed").calls == []
-    assert world.admin("fixed").server_state() == ServerState.STARTED
 
 
 def test_reconcile_requeues_a_job_whose_chain_was_lost(world):

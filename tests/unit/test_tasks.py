@@ -13,7 +13,7 @@ from celery.exceptions import Retry
 
 from app import names
 from app.celery_app import celery, celery_config
-from app.errors import DriverTransientError, InvalidRequest
+from app.errors import DriverTransientError, InvalidRequest, ServerUnavailable
 from models import Job, JobState
 from tasks import base, housekeeping, public
 from tasks import pipeline as pipeline_tasks
@@ -130,6 +130,25 @@ def test_retries_exhausted_requeue_the_job(rt):
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
 
 
+def test_retries_exhausted_while_dispatching_keep_the_attempt_and_its_token(rt):
+    # The submit may have landed with its reply lost: a new attempt with a new token could
+    # start a second run, so the job stays DISPATCHING for the reconciler to settle.
+    job_id = rt.enqueue("j", net="net-a")
+    rt.run_pipeline(job_id)
+    with rt.rt.sessions.begin() as session:
+        job = session.get(Job, job_id)
+        job.state = JobState.DISPATCHING
+    pipeline_tasks.dispatch.on_failure(
+        ServerUnavailable("no reply"), "t", (), {"job_id": str(job_id)}, None
+    )
+    job = rt.job(job_id)
+    assert (job.state, job.attempts, job.submit_token) == (
+        JobState.DISPATCHING,
+        0,
+        f"{job_id}-0",
+    )
+
+
 def test_a_non_transient_failure_does_not_requeue(rt):
     job_id = rt.enqueue("j", net="net-a")
     pipeline_tasks.assign_next_job.run()
@@ -138,10 +157,20 @@ def test_a_non_transient_failure_does_not_requeue(rt):
 
 
 def test_housekeeping_tasks_call_their_use_case(rt):
-    assert housekeeping.keep_alive_busy_nets.run() == []
-    assert housekeeping.scale_down_idle_nets.run() == []
-    assert housekeeping.monitor_running_jobs.run() == {}
-    assert set(housekeeping.reconcile.run()) == {"redriven", "repaired"}
+    job_id = rt.enqueue("j", net="net-a")
+    rt.run_pipeline(job_id)
+    assert housekeeping.keep_alive_busy_nets.run() == ["net-a"]
+    assert rt.server("net-a").pings == 1
+    rt.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    assert housekeeping.monitor_running_jobs.run() == {str(job_id): "completed"}
+    assert rt.job(job_id).state == JobState.COMPLETED
+    rt.clock.advance(61)
+    assert housekeeping.scale_down_idle_nets.run() == ["net-a"]
+    rt.driver("net-a").replicas = 1  # drift: a server up while the net is STOPPED
+    rt.clock.advance(rt.rt.settings.stuck_after_s + 1)
+    result = housekeeping.reconcile.run()
+    assert any("drift" in note for note in result["repaired"])
+    assert rt.driver("net-a").replicas == 0
 
 
 def test_abort_task_of_a_running_job_hands_the_server_abort_to_a_worker(rt):
