@@ -1,0 +1,102 @@
+"""An nvflare error nobody classified, raised at nvflare's own boundary (the Session's
+methods) while the REAL admin client talks to a REAL server, during the status probe,
+monitor, keep-alive and abort: tolerated for that net, counted, and never escaping a
+housekeeping use case. The fakes cannot raise it, so this is where the claim lives."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.adapters.nvflare import client as nvflare_client
+from app.db import unit_of_work
+from app.migrate import upgrade
+from app.runtime import Runtime
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from app.usecases import abort, dispatch, housekeeping, intake, services
+from app.usecases.dispatch import Step
+from models import JobState
+from tests.fixtures.nvflare import NvflareSystem
+
+pytestmark = [pytest.mark.integration, pytest.mark.nvflare]
+
+NET = "net-test"
+
+
+@pytest.fixture
+def rt(tmp_path: Path, nvflare_sites: NvflareSystem, long_job: Path) -> Iterator[Runtime]:
+    deployment = nvflare_sites.deployment
+    net = {
+        "name": NET,
+        "driver": {"kind": "static"},
+        "admin": {"kit_dir": str(deployment.admin_kit), "username": deployment.admin_user},
+        "required_sites": list(deployment.sites),
+    }
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=long_job.parent,
+        NETS=json.dumps([net]),
+        ADMIN_LOGIN_TIMEOUT_S=5.0,
+        ADMIN_COMMAND_TIMEOUT_S=10.0,
+    )
+    upgrade(settings.database_url)
+    runtime = Runtime.from_settings(settings)
+    with unit_of_work(runtime.sessions) as session:
+        services.sync_nets(session, settings, runtime.clock())
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def _running_job(rt: Runtime, definition: str) -> object:
+    request = EnqueueJob(caller_key=f"unknown-{time.time_ns()}", definition=definition, net=NET)
+    job_id = intake.submit_job(rt, request).enqueued.job_id
+    [claim] = dispatch.assign_jobs(rt)
+    assert dispatch.scale_up(rt, job_id, NET, claim.attempt).step == Step.DONE
+    deadline = time.monotonic() + 60
+    while dispatch.check_ready(rt, job_id, NET, claim.attempt).step != Step.DONE:
+        assert time.monotonic() < deadline, "the real server never got ready"
+        time.sleep(0.5)
+    assert dispatch.dispatch(rt, job_id, NET, claim.attempt).step == Step.DONE
+    return job_id
+
+
+def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
+    rt: Runtime, long_job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvflare.fuel.flare_api.api_spec import InternalError
+    from nvflare.fuel.flare_api.flare_api import Session
+
+    job_id = _running_job(rt, long_job.name)
+    before = sum(nvflare_client.unknown_errors.values())
+
+    def unfamiliar(*_args: object, **_kwargs: object) -> object:
+        raise InternalError("zorblax: an answer no version of this code has seen")
+
+    for method in ("get_system_info", "get_job_status", "abort_job"):
+        monkeypatch.setattr(Session, method, unfamiliar)
+
+    # status probe (what /fl/status and readiness use)
+    assert rt.admin(NET).server_state() is not None
+    # monitor: the run cannot be watched, but nothing escapes and the job waits out the grace
+    outcomes = housekeeping.monitor_running_jobs(rt)
+    assert "zorblax" in outcomes[str(job_id)]
+    with rt.sessions() as session:
+        assert services.get_job(session, job_id).state == JobState.RUNNING
+        assert "zorblax" in (services.get_net(session, NET).last_error or "")
+    # keep-alive: the ping fails for this net, nothing escapes
+    assert housekeeping.keep_alive_busy_nets(rt) == []
+    # abort: the server's answer cannot be read, so the job stays ABORTING (bounded by
+    # ABORT_TIMEOUT_S), no error reaches the caller
+    assert intake.request_abort(rt, job_id, "test").decision.state == JobState.ABORTING
+    assert abort.abort_on_server(rt, job_id) == JobState.ABORTING
+    assert sum(nvflare_client.unknown_errors.values()) > before
+
+    monkeypatch.undo()  # nvflare answers normally again: the abort goes through
+    assert abort.abort_on_server(rt, job_id) == JobState.ABORTED
