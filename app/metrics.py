@@ -26,7 +26,8 @@ from prometheus_client.core import (
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent
+from app.usecases.services import REPORT_TIMEOUT_REASON
+from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent, StrayRun
 
 # Bucket bounds (seconds). Queue waits range from instant to hours behind a long job; a
 # cold start is an ECS task launch plus NVFLARE start plus sites reconnecting (minutes).
@@ -49,6 +50,8 @@ class Snapshot:
     uptime_s: dict[str, float] = field(default_factory=dict)
     job_retries: int = 0
     job_requeues: int = 0
+    stray_runs: dict[str, int] = field(default_factory=dict)
+    report_timeouts: int = 0
 
 
 def _seconds(start: datetime, end: datetime) -> float:
@@ -140,6 +143,21 @@ def read_snapshot(session: Session, now: datetime) -> Snapshot:
         )
     ):
         snap.scale_events[(net, action, outcome)] = int(count)
+    for net_name, count in session.execute(
+        select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)
+    ):
+        snap.stray_runs[net_name] = int(count)
+    snap.report_timeouts = int(
+        session.scalar(
+            select(func.count())
+            .select_from(JobEvent)
+            .where(
+                JobEvent.from_state == JobState.FINISHING,
+                JobEvent.reason.like(f"{REPORT_TIMEOUT_REASON}%"),
+            )
+        )
+        or 0
+    )
     snap.job_retries = int(session.scalar(select(func.coalesce(func.sum(Job.retries), 0))) or 0)
     snap.job_requeues = int(
         session.scalar(
@@ -237,7 +255,24 @@ def families(snap: Snapshot) -> list[Metric]:
             "Moves of a job back into QUEUED (job_events).",
             value=snap.job_requeues,
         ),
+        _stray_runs(snap),
+        CounterMetricFamily(
+            "fl_dispatcher_report_timeouts",
+            "FINISHING jobs settled because flip-api's results report never came.",
+            value=snap.report_timeouts,
+        ),
     ]
+
+
+def _stray_runs(snap: Snapshot) -> Metric:
+    family = GaugeMetricFamily(
+        "fl_dispatcher_stray_runs",
+        "Runs a net's server may hold that no job counts; the net takes no job until 0.",
+        labels=["net"],
+    )
+    for net in sorted(snap.net_states):
+        family.add_metric([net], snap.stray_runs.get(net, 0))
+    return family
 
 
 class SqlCollector:

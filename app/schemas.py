@@ -5,8 +5,10 @@ Shared by the tasks, the status API and `app.client`, so all three accept exactl
 
 from __future__ import annotations
 
+import json
 import uuid
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -22,6 +24,9 @@ def job_id_for(caller_key: str) -> uuid.UUID:
     return uuid.uuid5(JOB_ID_NAMESPACE, caller_key)
 
 
+METADATA_MAX_BYTES = 16 * 1024
+
+
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -35,6 +40,21 @@ class EnqueueJob(_Payload):
     net: str | None = Field(default=None, pattern=NET_NAME_PATTERN)
     priority: int = Field(default=0, ge=-1000, le=1000)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    # flip-api's own JSON object (FLIP puts model_id and project_id there; caller_key is its
+    # per-run job id, since model ids repeat across re-runs). Stored and returned as given.
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if any(not isinstance(key, str) for key in value):
+            raise ValueError("metadata keys must be strings")
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+        if size > METADATA_MAX_BYTES:
+            raise ValueError(f"metadata is {size} bytes serialised; at most {METADATA_MAX_BYTES}")
+        return value
 
     @field_validator("required_sites")
     @classmethod
@@ -58,6 +78,7 @@ class ReportedStatus(StrEnum):
     """flip-api's terminal-status signal for a job it was watching."""
 
     RESULTS_UPLOADED = "results_uploaded"
+    RESULTS_UPLOAD_FAILED = "results_upload_failed"
     ERROR = "error"
     STOPPED = "stopped"
 

@@ -124,6 +124,9 @@ class NetConfig(_Strict):
     # reads it from the server kit; declare it for ecs and static nets to have a kit that
     # points elsewhere reported as a misconfiguration instead of "server never came up".
     server_endpoint: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
+    # None: RELEASE_AFTER. "reported": hold the server after NVFLARE finished until flip-api
+    # reports the results uploaded (FLIP's fl-server uploads them from its own disk).
+    release_after: Literal["finished", "reported"] | None = None
     # Resolved once when Settings are built (the net's flag, else the global one).
     _always_on: bool = PrivateAttr(default=True)
 
@@ -131,6 +134,10 @@ class NetConfig(_Strict):
     def always_on(self) -> bool:
         """True when the net's server must never be scaled (static driver, or flag off)."""
         return self._always_on
+
+    def holds_for_report(self, default: str) -> bool:
+        """True when a finished run keeps the server until flip-api reports the upload."""
+        return (self.release_after or default) == "reported"
 
     @property
     def scales_to_zero(self) -> bool:
@@ -211,6 +218,14 @@ class Settings(BaseSettings):
     lost_job_policy: Literal["requeue", "fail"] = Field(default="requeue", alias="LOST_JOB_POLICY")
     max_run_s: float = Field(default=86400.0, gt=0, alias="MAX_RUN_S")
     abort_timeout_s: float = Field(default=300.0, gt=0, alias="ABORT_TIMEOUT_S")
+    release_after: Literal["finished", "reported"] = Field(
+        default="finished", alias="RELEASE_AFTER"
+    )
+    report_timeout_s: float = Field(default=3600.0, gt=0, alias="REPORT_TIMEOUT_S")
+    report_timeout_outcome: Literal["completed", "failed"] = Field(
+        default="failed", alias="REPORT_TIMEOUT_OUTCOME"
+    )
+    rejected_retention_s: float = Field(default=7 * 86400.0, gt=0, alias="REJECTED_RETENTION_S")
     server_lost_grace_s: float = Field(default=120.0, ge=0, alias="SERVER_LOST_GRACE_S")
     stuck_after_s: float = Field(default=300.0, gt=0, alias="STUCK_AFTER_S")
     ready_poll_s: float = Field(default=1.0, gt=0, alias="READY_POLL_S")

@@ -11,7 +11,7 @@ from models.states import (
     JobState,
     NetState,
 )
-from models.tables import Job, JobEvent, Net, NetEvent, ScaleEvent, StrayRun
+from models.tables import Job, JobEvent, Net, NetEvent, RejectedRequest, ScaleEvent, StrayRun
 
 __all__ = [
     "ACTIVE_JOB_STATES",
@@ -27,6 +27,7 @@ __all__ = [
     "Net",
     "NetEvent",
     "NetState",
+    "RejectedRequest",
     "ScaleEvent",
     "StrayRun",
     "utcnow",

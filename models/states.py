@@ -16,6 +16,9 @@ class JobState(StrEnum):
     ASSIGNED = "ASSIGNED"  # a net is reserved; its server may still be scaling up
     DISPATCHING = "DISPATCHING"  # server ready, submit in flight (submit token stored first)
     RUNNING = "RUNNING"
+    # NVFLARE finished the run; the server is held (net BUSY) until flip-api reports that the
+    # results were uploaded from its disk, or REPORT_TIMEOUT_S passes (release_after=reported).
+    FINISHING = "FINISHING"
     ABORTING = "ABORTING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
@@ -44,7 +47,8 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     # DISPATCHING -> ABORTING: the submit may have reached the server, so abort it there.
     J.DISPATCHING: frozenset({J.RUNNING, J.QUEUED, J.FAILED, J.ABORTING, J.ABORTED}),
     # RUNNING -> QUEUED: the server was lost under the job and the policy is "requeue".
-    J.RUNNING: frozenset({J.COMPLETED, J.FAILED, J.ABORTED, J.ABORTING, J.QUEUED}),
+    J.RUNNING: frozenset({J.COMPLETED, J.FAILED, J.ABORTED, J.ABORTING, J.QUEUED, J.FINISHING}),
+    J.FINISHING: frozenset({J.COMPLETED, J.FAILED, J.ABORTED}),
     # ABORTING -> COMPLETED/FAILED: the job finished before the abort took effect.
     J.ABORTING: frozenset({J.ABORTED, J.COMPLETED, J.FAILED}),
     J.COMPLETED: frozenset(),
@@ -68,7 +72,7 @@ NET_TRANSITIONS: Mapping[NetState, frozenset[NetState]] = {
 }
 
 ACTIVE_JOB_STATES: frozenset[JobState] = frozenset(
-    {J.ASSIGNED, J.DISPATCHING, J.RUNNING, J.ABORTING}
+    {J.ASSIGNED, J.DISPATCHING, J.RUNNING, J.FINISHING, J.ABORTING}
 )
 TERMINAL_JOB_STATES: frozenset[JobState] = frozenset({J.COMPLETED, J.FAILED, J.ABORTED})
 # A net in one of these states may be handed a new job if no job is active on it. STARTING

@@ -129,6 +129,9 @@ class Job(Base):
     caller_key: Mapped[str] = mapped_column(String(200), unique=True)
     definition: Mapped[str] = mapped_column(String(1024))
     required_sites: Mapped[list[str]] = mapped_column(JSON)
+    # flip-api's own JSON object (model_id, project_id, ...), returned in every view and
+    # event; `metadata` itself is SQLAlchemy's name for the table metadata.
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
     requested_net: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
@@ -165,6 +168,7 @@ class Job(Base):
         max_attempts: int,
         now: datetime,
         job_id: uuid.UUID | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
         job = cls(
@@ -173,6 +177,7 @@ class Job(Base):
             definition=definition,
             required_sites=required_sites,
             requested_net=requested_net,
+            metadata_=metadata,
             priority=priority,
             state=JobState.QUEUED,
             attempts=0,
@@ -263,6 +268,20 @@ class StrayRun(Base):
     submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class RejectedRequest(Base):
+    """An enqueue the worker refused (bad payload, unknown net, missing bundle...), kept for
+    a while so a caller can tell "rejected" from "not processed yet"."""
+
+    __tablename__ = "rejected_requests"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    # The id the job would have had (derived from caller_key), or None if no key was given.
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True, index=True)
+    caller_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
 
 
 class JobEvent(Base):

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import exists, or_, select
 
@@ -25,9 +25,6 @@ from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState
 
 log = logging.getLogger(__name__)
 
-# Failures isolated to one net, per housekeeping loop, since the process started (a metric).
-HOUSEKEEPING_NET_FAILURES: dict[str, int] = {}
-
 
 def _scaling_nets(rt: Runtime) -> list[str]:
     return [n.name for n in rt.settings.nets if not n.always_on]
@@ -35,13 +32,13 @@ def _scaling_nets(rt: Runtime) -> list[str]:
 
 @contextmanager
 def _isolated(rt: Runtime, loop: str, net_name: str) -> Iterator[None]:
-    """One net's failure in a housekeeping loop is logged, counted and recorded on that net,
-    never allowed to stop the loop for the others."""
+    """One net's failure in a housekeeping loop is logged (one ERROR line with the net and
+    the loop) and recorded on that net (`last_error`, shown by /fl/status and the CLI), never
+    allowed to stop the loop for the others."""
     try:
         yield
     except Exception as exc:
         log.exception("housekeeping failed for one net", extra={"net": net_name, "loop": loop})
-        HOUSEKEEPING_NET_FAILURES[loop] = HOUSEKEEPING_NET_FAILURES.get(loop, 0) + 1
         try:
             with unit_of_work(rt.sessions) as session:
                 net = session.get(Net, net_name)
@@ -154,7 +151,7 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
         for job_id, state, net_name, nvflare_job_id, start, dispatched_at in rows
         if net_name is not None and nvflare_job_id is not None
     ]
-    outcomes: dict[str, str] = {}
+    outcomes: dict[str, str] = _expire_report_waits(rt)
     for net_name in sorted({w.net_name for w in watched}):
         if not rt.settings.has_net(net_name):
             continue
@@ -162,6 +159,34 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
         with _isolated(rt, "monitor_running_jobs", net_name):
             outcomes |= _monitor_net(rt, net_name, jobs)
     return outcomes
+
+
+def _expire_report_waits(rt: Runtime) -> dict[str, str]:
+    """FINISHING jobs whose results report never came within REPORT_TIMEOUT_S: settled per
+    REPORT_TIMEOUT_OUTCOME, so a lost report cannot hold a server up forever."""
+    now = rt.clock()
+    deadline = now - timedelta(seconds=rt.settings.report_timeout_s)
+    with rt.sessions() as session:
+        overdue = list(
+            session.execute(
+                select(Job.id, Job.state_changed_at).where(
+                    Job.state == JobState.FINISHING, Job.state_changed_at < deadline
+                )
+            )
+        )
+    outcome = (
+        JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
+    )
+    results = {}
+    for job_id, since in overdue:
+        with unit_of_work(rt.sessions) as session:
+            services.expire_report_wait(
+                session, job_id, outcome, (now - since).total_seconds(), now
+            )
+        results[str(job_id)] = f"report timeout: {outcome}"
+    if results:
+        kick(rt)
+    return results
 
 
 def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, str]:
@@ -205,10 +230,19 @@ def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> 
             return _stop_overrun(rt, job, f"status unknown: {exc}")
         return f"status unknown: {exc}"
     if status.state in RUN_OUTCOMES:
+        outcome = RUN_OUTCOMES[status.state]
+        hold = (
+            outcome == JobState.COMPLETED
+            and job.state == JobState.RUNNING
+            and rt.settings.net(job.net_name).holds_for_report(rt.settings.release_after)
+        )
         with unit_of_work(rt.sessions) as session:
-            services.finish_job(
-                session, job.job_id, RUN_OUTCOMES[status.state], status.detail, rt.clock()
-            )
+            if hold:
+                services.hold_for_report(session, job.job_id, status.detail, rt.clock())
+            else:
+                services.finish_job(session, job.job_id, outcome, status.detail, rt.clock())
+        if hold:
+            return "finishing: waiting for flip-api's results report"
         kick(rt)
         return str(status.state)
     if status.state == RunState.LOST:

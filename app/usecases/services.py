@@ -12,10 +12,10 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 
-from sqlalchemy import and_, case, exists, or_, select
+from sqlalchemy import and_, case, delete, exists, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,6 +30,7 @@ from models import (
     JobState,
     Net,
     NetState,
+    RejectedRequest,
     StrayRun,
 )
 
@@ -164,6 +165,7 @@ def enqueue_job(
         max_attempts=request.max_attempts or settings.max_attempts,
         now=now,
         job_id=job_id_for(request.caller_key),
+        metadata=request.metadata,
     )
     try:
         # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
@@ -392,10 +394,11 @@ class AbortDecision:
 
 
 def abort_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -> AbortDecision:
-    """Abort as far as SQL can: QUEUED or ASSIGNED -> ABORTED at once (net released);
-    DISPATCHING or RUNNING -> ABORTING (the server must be told); terminal -> unchanged."""
+    """Abort as far as SQL can: QUEUED, ASSIGNED or FINISHING (the run is over) -> ABORTED at
+    once (net released); DISPATCHING or RUNNING -> ABORTING (the server must be told);
+    terminal -> unchanged."""
     job = get_job(session, job_id, lock=True)
-    if job.state in (JobState.QUEUED, JobState.ASSIGNED):
+    if job.state in (JobState.QUEUED, JobState.ASSIGNED, JobState.FINISHING):
         net_name = job.net_name
         job.transition(JobState.ABORTED, now, reason)
         session.flush()
@@ -410,9 +413,60 @@ def abort_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -
 
 _REPORTED_OUTCOME = {
     ReportedStatus.RESULTS_UPLOADED: JobState.COMPLETED,
+    ReportedStatus.RESULTS_UPLOAD_FAILED: JobState.FAILED,
     ReportedStatus.ERROR: JobState.FAILED,
     ReportedStatus.STOPPED: JobState.ABORTED,
 }
+
+
+REPORT_TIMEOUT_REASON = "no results report from flip-api"
+
+
+def hold_for_report(session: Session, job_id: uuid.UUID, detail: str, now: datetime) -> None:
+    """NVFLARE finished the run; its results are still on the server's disk: FINISHING keeps
+    the net BUSY (never scaled down) until flip-api reports the upload or time runs out."""
+    job = get_job(session, job_id, lock=True)
+    job.transition(JobState.FINISHING, now, f"{detail}; holding the server for results upload")
+
+
+def expire_report_wait(
+    session: Session, job_id: uuid.UUID, outcome: JobState, waited_s: float, now: datetime
+) -> bool:
+    """flip-api never reported the upload of a FINISHING job: settle it with `outcome`."""
+    job = get_job(session, job_id, lock=True)
+    if job.state != JobState.FINISHING:
+        return False
+    reason = f"{REPORT_TIMEOUT_REASON} within {waited_s:.0f}s"
+    log.warning("report timeout", extra={"job": str(job_id), "outcome": str(outcome)})
+    return finish_job(session, job_id, outcome, reason, now)
+
+
+def record_rejection(
+    session: Session, caller_key: str | None, reason: str, now: datetime, retention_s: float
+) -> None:
+    """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
+    rejections older than the retention."""
+    session.add(
+        RejectedRequest(
+            job_id=job_id_for(caller_key) if caller_key else None,
+            caller_key=caller_key,
+            reason=reason[:4000],
+            at=now,
+        )
+    )
+    session.execute(
+        delete(RejectedRequest).where(RejectedRequest.at < now - timedelta(seconds=retention_s))
+    )
+
+
+def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None:
+    """The latest rejection of an enqueue that would have created this job, if any."""
+    return session.scalar(
+        select(RejectedRequest)
+        .where(RejectedRequest.job_id == job_id)
+        .order_by(RejectedRequest.at.desc(), RejectedRequest.id.desc())
+        .limit(1)
+    )
 
 
 def report_job_status(session: Session, report: ReportJobStatus, now: datetime) -> JobState:

@@ -14,6 +14,7 @@ TABLES = {
     "nets",
     "jobs",
     "job_events",
+    "rejected_requests",
     "net_events",
     "scale_events",
     "stray_runs",
