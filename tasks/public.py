@@ -1,20 +1,24 @@
-"""The tasks flip-api sends by name. Payloads are validated first; an invalid payload is
-rejected with a clear error and writes nothing."""
+"""The tasks flip-api sends by name. Payloads are validated first; a refused request is
+logged as one clear line (no traceback: it is the caller's mistake, not ours), never
+retried, and a refused enqueue is recorded so the caller can tell "rejected" from "not yet
+processed"."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from app import names
 from app.db import unit_of_work
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, NotFound
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
 from app.usecases import intake, services
 from tasks.base import dispatcher_task, runtime
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 def _validate(model: type[M], payload: Any) -> M:
@@ -27,27 +31,47 @@ def _validate(model: type[M], payload: Any) -> M:
         raise InvalidRequest(f"invalid {model.__name__} payload: {problems}") from None
 
 
+def _caller_key(payload: Any) -> str | None:
+    key = payload.get("caller_key") if isinstance(payload, dict) else None
+    return key[:200] if isinstance(key, str) and key else None
+
+
 @dispatcher_task(names.ENQUEUE_JOB)
 def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    """Queue a job (idempotent on caller_key), then try to assign it at once."""
-    request = _validate(EnqueueJob, payload)
-    result = intake.submit_job(runtime(), request).enqueued
+    """Queue a job (idempotent on caller_key), then try to assign it at once. A refused
+    payload is recorded (the caller can see "rejected: <reason>") and logged as one line."""
+    rt = runtime()
+    try:
+        request = _validate(EnqueueJob, payload)
+        result = intake.submit_job(rt, request).enqueued
+    except InvalidRequest as exc:
+        key = _caller_key(payload)
+        intake.reject_enqueue(rt, key, str(exc))
+        return {"rejected": str(exc), "caller_key": key}
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 
 
 @dispatcher_task(names.ABORT_JOB)
 def abort_job(self: Any, payload: dict[str, Any]) -> str:
     """Abort a job wherever it is; a server that is down means nothing to abort."""
-    request = _validate(AbortJob, payload)
-    return str(intake.request_abort(runtime(), request.job_id, request.reason).decision.state)
+    try:
+        request = _validate(AbortJob, payload)
+        return str(intake.request_abort(runtime(), request.job_id, request.reason).decision.state)
+    except (InvalidRequest, NotFound) as exc:
+        log.warning("abort rejected: %s", exc)
+        return f"rejected: {exc}"
 
 
 @dispatcher_task(names.REPORT_JOB_STATUS)
 def report_job_status(self: Any, payload: dict[str, Any]) -> str:
     """flip-api's terminal-status signal for a job."""
-    request = _validate(ReportJobStatus, payload)
     rt = runtime()
-    with unit_of_work(rt.sessions) as session:
-        state = services.report_job_status(session, request, rt.clock())
+    try:
+        request = _validate(ReportJobStatus, payload)
+        with unit_of_work(rt.sessions) as session:
+            state = services.report_job_status(session, request, rt.clock())
+    except (InvalidRequest, NotFound) as exc:
+        log.warning("status report rejected: %s", exc)
+        return f"rejected: {exc}"
     rt.outbox.send(names.ASSIGN_NEXT_JOB)
-    return state
+    return str(state)

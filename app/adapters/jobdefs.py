@@ -1,12 +1,16 @@
-"""Where a job's definition folder comes from: a folder under JOB_ROOT, or an s3:// prefix
-downloaded into the data folder before submit."""
+"""Job definitions: where a job's folder comes from (a folder under JOB_ROOT, or an s3://
+prefix downloaded into the data folder), and the prepared copy that is submitted (its
+NVFLARE meta.json made to match the job)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from app.errors import DriverTransientError, InvalidRequest
 from app.settings import Settings
@@ -58,3 +62,84 @@ def _download_s3(settings: Settings, uri: str, job_id: uuid.UUID) -> Path:
         raise InvalidRequest(f"{uri}: no objects under this prefix")
     staging.rename(target)  # atomic: a half-downloaded folder is never submitted
     return target
+
+
+PREPARED_DIR = "prepared"
+
+
+def prepare(
+    settings: Settings,
+    bundle: Path,
+    job_id: uuid.UUID,
+    required_sites: Sequence[str],
+    metadata: Mapping[str, Any] | None,
+) -> Path:
+    """A copy of the bundle whose NVFLARE `meta.json` matches the job: the deploy map sends
+    the client apps to exactly the job's required sites (and the server app to the server),
+    `min_clients` is their number, and a `resource_spec` in the metadata is passed through.
+    The original bundle is never changed. InvalidRequest when no deploy map can be made."""
+    target = settings.data_dir.resolve() / PREPARED_DIR / str(job_id) / bundle.name
+    meta_path = bundle / "meta.json"
+    try:
+        original = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"{bundle.name}/meta.json is not readable JSON: {exc}") from None
+    if original is not None and not isinstance(original, dict):
+        raise InvalidRequest(f"{bundle.name}/meta.json is not a JSON object")
+    meta = prepared_meta(original, bundle, required_sites, metadata)
+    staging = target.with_name(bundle.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(bundle, staging, symlinks=False)
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(target, ignore_errors=True)  # a retry rebuilds it from the same inputs
+    staging.rename(target)
+    return target
+
+
+def prepared_meta(
+    original: Mapping[str, Any] | None,
+    bundle: Path,
+    required_sites: Sequence[str],
+    metadata: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The `meta.json` a prepared job is submitted with (see `prepare`)."""
+    meta = dict(original or {})
+    meta["name"] = meta.get("name") or bundle.name
+    deploy = meta.get("deploy_map")
+    if not deploy:
+        apps = sorted(d.name for d in bundle.iterdir() if d.is_dir() and (d / "config").is_dir())
+        if len(apps) != 1:
+            raise InvalidRequest(
+                f"{bundle.name} has no meta.json deploy map and {len(apps)} app folders "
+                "(folders with config/): cannot tell where each app goes"
+            )
+        deploy = {apps[0]: ["@ALL"]}
+    if not isinstance(deploy, Mapping):
+        raise InvalidRequest(f"{bundle.name}/meta.json deploy_map is not an object")
+    sites = list(required_sites)
+    prepared: dict[str, list[str]] = {}
+    for app_name, targets in deploy.items():
+        names = [str(t) for t in targets] if isinstance(targets, list) else []
+        to_server = "server" in names or "@ALL" in names
+        to_clients = "@ALL" in names or any(t != "server" for t in names)
+        prepared[str(app_name)] = (["server"] if to_server else []) + (sites if to_clients else [])
+    meta["deploy_map"] = prepared
+    meta["min_clients"] = len(sites)
+    resource_spec = (metadata or {}).get("resource_spec")
+    if resource_spec is not None:
+        meta["resource_spec"] = resource_spec
+    return meta
+
+
+def sweep_prepared(settings: Settings, active_job_ids: set[str]) -> list[str]:
+    """Remove the prepared copies of jobs that are no longer active (the data folder must not
+    grow without bound); returns the job ids removed."""
+    root = settings.data_dir.resolve() / PREPARED_DIR
+    if not root.is_dir():
+        return []
+    removed = []
+    for folder in root.iterdir():
+        if folder.name not in active_job_ids:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed

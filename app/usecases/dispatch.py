@@ -18,7 +18,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from app import names
-from app.adapters.jobdefs import materialize
+from app.adapters.jobdefs import materialize, prepare
 from app.adapters.nvflare.base import Readiness
 from app.db import unit_of_work
 from app.errors import (
@@ -201,11 +201,12 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
             token = job.submit_token
         else:
             return StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
-        definition = job.definition
+        definition, sites, metadata = job.definition, list(job.required_sites), job.metadata_
 
     admin = rt.admin(net_name)
     try:
-        folder = materialize(rt.settings, definition, job_id)
+        bundle = materialize(rt.settings, definition, job_id)
+        folder = prepare(rt.settings, bundle, job_id, sites, metadata)
         nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
         # The definition itself is bad: retrying cannot help, and the net is fine.

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, or_, select
 
 from app import names
+from app.adapters.jobdefs import sweep_prepared
 from app.adapters.nvflare.base import AdminClient, RunState, ServerState
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound, TransientError
@@ -364,6 +365,7 @@ def reconcile(rt: Runtime) -> Reconciled:
     with unit_of_work(rt.sessions) as session:
         services.sync_nets(session, rt.settings, now)
     redriven = _redrive_stuck_jobs(rt, now)
+    _sweep_prepared(rt)
     repaired = []
     for net_config in rt.settings.nets:
         note = ""
@@ -387,6 +389,16 @@ def reconcile(rt: Runtime) -> Reconciled:
             repaired.append(f"{net_config.name}: {note}")
     kick(rt)
     return Reconciled(tuple(redriven), tuple(repaired))
+
+
+def _sweep_prepared(rt: Runtime) -> None:
+    with rt.sessions() as session:
+        query = select(Job.id).where(Job.state.in_(ACTIVE_JOB_STATES))
+        active = {str(job_id) for job_id in session.scalars(query)}
+    try:
+        sweep_prepared(rt.settings, active)
+    except OSError as exc:
+        log.warning("removing prepared job copies failed", extra={"reason": str(exc)})
 
 
 def _net_state(rt: Runtime, name: str) -> NetState:

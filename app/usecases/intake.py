@@ -4,6 +4,7 @@ commit. A lost follow-up loses nothing: beat's assigner and the reconciler find 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -13,6 +14,8 @@ from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.usecases import services
 from models import JobState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,15 @@ def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
         result = services.enqueue_job(session, rt.settings, request, rt.clock())
     notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if result.state == JobState.QUEUED else None
     return Submitted(result, notified)
+
+
+def reject_enqueue(rt: Runtime, caller_key: str | None, reason: str) -> None:
+    """Record a refused enqueue for REJECTED_RETENTION_S and say so in one log line."""
+    log.warning("enqueue rejected", extra={"caller_key": caller_key, "reason": reason})
+    with unit_of_work(rt.sessions) as session:
+        services.record_rejection(
+            session, caller_key, reason, rt.clock(), rt.settings.rejected_retention_s
+        )
 
 
 @dataclass(frozen=True)

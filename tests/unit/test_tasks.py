@@ -13,7 +13,9 @@ from celery.exceptions import Retry
 
 from app import names
 from app.celery_app import celery, celery_config
-from app.errors import DriverTransientError, InvalidRequest, ServerUnavailable
+from app.errors import DriverTransientError, ServerUnavailable
+from app.schemas import job_id_for
+from app.usecases import services
 from models import Job, JobState
 from tasks import base, housekeeping, public
 from tasks import pipeline as pipeline_tasks
@@ -72,13 +74,25 @@ def test_the_redis_transport_path_names_the_fixed_transport():
     assert Transport.Channel is Channel
 
 
-def test_enqueue_task_rejects_an_invalid_payload_and_writes_nothing(rt):
-    with pytest.raises(InvalidRequest, match="caller_key"):
-        public.enqueue_job.run(payload={"definition": "tiny-job"})
-    with pytest.raises(InvalidRequest, match="unknown net"):
-        public.enqueue_job.run(payload={"caller_key": "a", "definition": "tiny-job", "net": "nope"})
+def test_enqueue_task_rejects_an_invalid_payload_writes_no_job_and_records_why(rt):
+    assert "caller_key" in public.enqueue_job.run(payload={"definition": "tiny-job"})["rejected"]
+    refused = public.enqueue_job.run(
+        payload={"caller_key": "a", "definition": "tiny-job", "net": "nope"}
+    )
+    assert "unknown net" in refused["rejected"]
     with rt.rt.sessions() as session:
         assert session.query(Job).count() == 0
+        rejection = services.get_rejection(session, job_id_for("a"))
+        assert rejection is not None and "unknown net" in rejection.reason
+
+
+def test_rejections_are_kept_for_their_retention_only(rt):
+    public.enqueue_job.run(payload={"caller_key": "old", "definition": "nope/../x"})
+    rt.clock.advance(rt.rt.settings.rejected_retention_s + 1)
+    public.enqueue_job.run(payload={"caller_key": "new", "definition": "nope/../x"})
+    with rt.rt.sessions() as session:
+        assert services.get_rejection(session, job_id_for("old")) is None
+        assert services.get_rejection(session, job_id_for("new")) is not None
 
 
 def test_enqueue_task_sends_assign_after_commit(rt):

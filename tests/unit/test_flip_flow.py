@@ -1,0 +1,127 @@
+"""FLIP's job flow on the unit tier: metadata, prepared jobs, holding the server until
+flip-api reports the results upload, and the report timeout."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from pydantic import ValidationError
+
+from app.adapters import jobdefs
+from app.errors import InvalidRequest
+from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
+from app.usecases import housekeeping, services
+from models import JobState, NetState
+from tests.unit.conftest import World
+
+
+@pytest.fixture
+def held(world: World) -> World:
+    """The world with net-a releasing its server only after flip-api's report."""
+    net = world.rt.settings.net("net-a")
+    object.__setattr__(net, "release_after", "reported")
+    return world
+
+
+def test_metadata_is_a_json_object_of_at_most_16_kib():
+    ok = EnqueueJob(caller_key="k", definition="d", metadata={"model_id": "m1", "n": [1, 2]})
+    assert ok.metadata == {"model_id": "m1", "n": [1, 2]}
+    with pytest.raises(ValidationError):
+        EnqueueJob.model_validate({"caller_key": "k", "definition": "d", "metadata": [1, 2]})
+    with pytest.raises(ValidationError, match="at most 16384"):
+        EnqueueJob(caller_key="k", definition="d", metadata={"blob": "x" * 16_400})
+
+
+def test_metadata_is_stored_with_the_job(world):
+    job_id = world.enqueue("j", net="net-a", metadata={"model_id": "m1", "project_id": "p"})
+    assert world.job(job_id).metadata_ == {"model_id": "m1", "project_id": "p"}
+
+
+def test_prepared_copy_deploys_to_the_required_sites_and_leaves_the_bundle_alone(world, job_root):
+    bundle = job_root / "tiny-job"
+    before = (bundle / "meta.json").read_text()
+    job_id = uuid.uuid4()
+    folder = jobdefs.prepare(
+        world.rt.settings, bundle, job_id, ["site-2"], {"resource_spec": {"site-2": {"gpu": 1}}}
+    )
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["deploy_map"] == {"app": ["server", "site-2"]}
+    assert meta["min_clients"] == 1
+    assert meta["resource_spec"] == {"site-2": {"gpu": 1}}
+    assert (bundle / "meta.json").read_text() == before
+    assert jobdefs.sweep_prepared(world.rt.settings, set()) == [str(job_id)]
+    assert not folder.exists()
+
+
+def test_a_bundle_without_meta_json_gets_one_for_its_single_app(tmp_path):
+    bundle = tmp_path / "fedavg"
+    (bundle / "app_x" / "config").mkdir(parents=True)
+    meta = jobdefs.prepared_meta(None, bundle, ["a", "b"], None)
+    assert meta == {
+        "name": "fedavg",
+        "deploy_map": {"app_x": ["server", "a", "b"]},
+        "min_clients": 2,
+    }
+    (bundle / "app_y" / "config").mkdir(parents=True)
+    with pytest.raises(InvalidRequest, match="2 app folders"):
+        jobdefs.prepared_meta(None, bundle, ["a"], None)
+
+
+def test_server_apps_stay_on_the_server(tmp_path):
+    deploy = {"deploy_map": {"srv": ["server"], "cli": ["site-1", "site-9"]}}
+    meta = jobdefs.prepared_meta(deploy, tmp_path, ["site-1", "site-2"], None)
+    assert meta["deploy_map"] == {"srv": ["server"], "cli": ["site-1", "site-2"]}
+
+
+def _finished_run(world: World) -> uuid.UUID:
+    job_id = world.enqueue("j", net="net-a", metadata={"model_id": "m"})
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    housekeeping.monitor_running_jobs(world.rt)
+    return job_id
+
+
+def test_a_completed_run_holds_the_server_until_results_are_reported(held):
+    job_id = _finished_run(held)
+    assert held.job(job_id).state == JobState.FINISHING
+    assert held.net("net-a").state == NetState.BUSY
+    held.clock.advance(10_000)
+    assert housekeeping.scale_down_idle_nets(held.rt) == []
+    assert housekeeping.keep_alive_busy_nets(held.rt) == ["net-a"]
+    assert held.driver("net-a").replicas == 1
+    with held.rt.sessions.begin() as session:
+        report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
+        assert services.report_job_status(session, report, held.clock()) == JobState.COMPLETED
+    assert held.net("net-a").state == NetState.READY
+
+
+def test_a_failed_upload_fails_the_job(held):
+    job_id = _finished_run(held)
+    with held.rt.sessions.begin() as session:
+        report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOAD_FAILED)
+        assert services.report_job_status(session, report, held.clock()) == JobState.FAILED
+
+
+def test_a_report_that_never_comes_settles_the_job_after_the_timeout(held):
+    job_id = _finished_run(held)
+    held.clock.advance(held.rt.settings.report_timeout_s - 1)
+    housekeeping.monitor_running_jobs(held.rt)
+    assert held.job(job_id).state == JobState.FINISHING
+    held.clock.advance(2)
+    outcomes = housekeeping.monitor_running_jobs(held.rt)
+    assert outcomes[str(job_id)].startswith("report timeout")
+    assert held.job(job_id).state == JobState.FAILED  # REPORT_TIMEOUT_OUTCOME default
+    assert held.net("net-a").state == NetState.READY
+
+
+def test_release_after_finished_is_the_default(world):
+    job_id = _finished_run(world)
+    assert world.job(job_id).state == JobState.COMPLETED
+
+
+def test_abort_of_a_finishing_job_is_immediate(held):
+    job_id = _finished_run(held)
+    assert held.abort(job_id) == JobState.ABORTED
+    assert held.net("net-a").state == NetState.READY
