@@ -15,7 +15,6 @@ import json
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -84,7 +83,8 @@ def _runtime(settings: Settings) -> Runtime:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Every net (and its active job) and the queue."""
-    from app.entrypoints.api import Prober, collect_status
+    from app.parallel import Prober
+    from app.usecases.views import collect_status
 
     runtime = _runtime(settings)
     try:
@@ -129,7 +129,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     """Jobs, newest first."""
-    from app.entrypoints.api import list_jobs, parse_job_state
+    from app.usecases.views import list_jobs, parse_job_state
 
     state = parse_job_state(args.state) if args.state else None
     runtime = _runtime(settings)
@@ -170,7 +170,7 @@ def _job_id(raw: str) -> uuid.UUID:
 
 def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     """One job with its history."""
-    from app.entrypoints.api import job_detail
+    from app.usecases.views import job_detail
 
     runtime = _runtime(settings)
     try:
@@ -212,7 +212,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from pydantic import ValidationError
 
     from app.db import unit_of_work
-    from app.entrypoints.api import ASSIGN_TASK, ensure_net_rows
+    from app.entrypoints.api import ASSIGN_TASK
     from app.schemas import EnqueueJob
     from app.usecases import services
 
@@ -233,7 +233,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     runtime = _runtime(settings)
     try:
         with unit_of_work(runtime.sessions) as session:
-            ensure_net_rows(session, runtime)
+            services.ensure_net_rows(session, settings, runtime.clock())
             result = services.enqueue_job(session, settings, request, runtime.clock())
     finally:
         runtime.close()
@@ -331,20 +331,16 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 if the database and the broker answer (the /readyz checks); for healthchecks."""
-    from app.entrypoints.api import Prober, check_broker, check_database
+    from app.db import make_engine
+    from app.parallel import Prober
+    from app.readiness import check_ready
 
-    runtime = _runtime(settings)
+    engine = make_engine(settings.database_url)
     try:
-        results = Prober().run(
-            {
-                "database": partial(check_database, runtime),
-                "broker": partial(check_broker, settings.broker_url, args.timeout),
-            },
-            args.timeout,
-        )
+        errors = check_ready(engine, settings.broker_url, Prober(), args.timeout)
     finally:
-        runtime.engine.dispose()
-    failed = {k: r.error for k, r in results.items() if r.error is not None}
+        engine.dispose()
+    failed = {k: error for k, error in errors.items() if error is not None}
     for key, error in sorted(failed.items()):
         sys.stderr.write(f"fl-dispatcher: {key} not ready: {error}\n")
     if not failed:
