@@ -16,9 +16,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -27,22 +26,20 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from kombu.exceptions import KombuError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
-from app.db import unit_of_work
 from app.errors import InvalidRequest, NotFound
 from app.metrics import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
 from app.runtime import Runtime
-from app.schemas import AbortJob, EnqueueJob
-from app.usecases import services
+from app.schemas import EnqueueJob
+from app.usecases import intake
 from app.usecases.views import collect_status, job_detail, list_jobs, parse_job_state
-from models import IllegalTransition, JobState
+from models import IllegalTransition
 
 log = logging.getLogger(__name__)
 
@@ -53,33 +50,7 @@ PROBE_TIMEOUT_S = 3.0
 READY_TIMEOUT_S = 3.0
 JOBS_PAGE_MAX = 1000
 
-# Celery task names (the pipeline owner's tasks, sent by name so the API imports no tasks).
-ASSIGN_TASK = "fl_dispatcher.assign_next_job"
-ABORT_TASK = "fl_dispatcher.abort_job"
-
-SendTask = Callable[[str, dict[str, Any]], None]
 M = TypeVar("M", bound=BaseModel)
-
-
-def celery_send_task(broker_url: str) -> SendTask:
-    """Send a task by name through the broker, on the queue the workers consume (tasks sent
-    to Celery's default queue would sit there unread); the Celery app is built on first use."""
-    lock = threading.Lock()
-    holder: list[Any] = []
-
-    def send(name: str, kwargs: dict[str, Any]) -> None:
-        from celery import Celery
-
-        from app.names import QUEUE
-
-        with lock:
-            if not holder:
-                app = Celery("fl_dispatcher_api", broker=broker_url)
-                app.conf.update(task_serializer="json", accept_content=["json"])
-                holder.append(app)
-        holder[0].send_task(name, kwargs=kwargs, queue=QUEUE)
-
-    return send
 
 
 # --- the app -----------------------------------------------------------------------------
@@ -95,7 +66,6 @@ class AbortBody(BaseModel):
 @dataclass(frozen=True)
 class _Context:
     runtime: Runtime
-    send_task: SendTask
     prober: Prober
     probe_timeout_s: float
     ready_timeout_s: float
@@ -103,18 +73,17 @@ class _Context:
 
 def create_app(
     runtime: Runtime,
-    send_task: SendTask | None = None,
     probe_timeout_s: float = PROBE_TIMEOUT_S,
     ready_timeout_s: float = READY_TIMEOUT_S,
     close_runtime: bool = False,
 ) -> FastAPI:
-    """The status API for `runtime`. `send_task(name, kwargs)` sends a Celery task by name
-    (default: through `settings.broker_url`); tests pass a recorder. `close_runtime`: the
-    app owns the runtime and closes its admin sessions and engine at shutdown."""
+    """The status API for `runtime`. Enqueue and abort send their follow-up tasks through
+    `runtime.outbox` after commit: a `CeleryOutbox` when served (`app_from_env`,
+    `fl-dispatcher api`), a `RecordingOutbox` in tests. `close_runtime`: the app owns the
+    runtime and closes its admin sessions and engine at shutdown."""
     prober = Prober()
     ctx = _Context(
         runtime=runtime,
-        send_task=send_task or celery_send_task(runtime.settings.broker_url),
         prober=prober,
         probe_timeout_s=probe_timeout_s,
         ready_timeout_s=ready_timeout_s,
@@ -265,17 +234,6 @@ async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:
         raise RequestValidationError(errors) from None
 
 
-def _notify(ctx: _Context, name: str, kwargs: dict[str, Any]) -> bool:
-    # Called after commit. A lost message loses nothing (the reconciler finds the row
-    # again), so a broker failure is logged and reported, never turned into an error.
-    try:
-        ctx.send_task(name, kwargs)
-    except (KombuError, OSError) as exc:
-        log.warning("sending a task failed", extra={"task": name, "reason": str(exc)})
-        return False
-    return True
-
-
 def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
     runtime = ctx.runtime
     settings = runtime.settings
@@ -290,15 +248,6 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             x_api_key.encode("utf-8"), secret.encode("utf-8")
         ):
             raise _Refused(401, "missing or wrong X-API-Key header")
-
-    def enqueue(payload: EnqueueJob) -> services.Enqueued:
-        with unit_of_work(runtime.sessions) as session:
-            services.ensure_net_rows(session, settings, runtime.clock())
-            return services.enqueue_job(session, settings, payload, runtime.clock())
-
-    def abort(payload: AbortJob) -> services.AbortDecision:
-        with unit_of_work(runtime.sessions) as session:
-            return services.abort_job(session, payload.job_id, payload.reason, runtime.clock())
 
     @app.post(
         "/jobs",
@@ -316,17 +265,14 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
     async def post_job(request: Request) -> JSONResponse:
         """Enqueue a job (idempotent on caller_key): 201 created, 200 existing."""
         payload = await _read_body(request, EnqueueJob, optional=False)
-        result = await run_in_threadpool(enqueue, payload)
-        notified = None
-        if result.state == JobState.QUEUED:
-            # Also for an existing QUEUED job: the caller's retry may follow a lost message.
-            notified = await run_in_threadpool(_notify, ctx, ASSIGN_TASK, {})
+        submitted = await run_in_threadpool(intake.submit_job, runtime, payload)
+        result = submitted.enqueued
         return JSONResponse(
             {
                 "job_id": str(result.job_id),
                 "state": result.state.value,
                 "created": result.created,
-                "notified": notified,
+                "notified": submitted.notified,
             },
             status_code=201 if result.created else 200,
             headers={"Location": f"/jobs/{result.job_id}"},
@@ -344,23 +290,16 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
         },
     )
     async def post_abort(job_id: uuid.UUID, request: Request) -> dict[str, Any]:
-        """Abort a job: QUEUED/ASSIGNED at once; an active job through its server (the
-        abort task is sent after commit)."""
+        """Abort a job: QUEUED/ASSIGNED at once; an active job is ABORTING and a worker
+        aborts its run on the server (`abort_on_server`, sent after commit)."""
         body = await _read_body(request, AbortBody, optional=True)
-        payload = AbortJob(job_id=job_id, reason=body.reason)
-        decision = await run_in_threadpool(abort, payload)
-        notified = None
-        if decision.needs_server_abort:
-            # The public task takes its payload like flip-api sends it (app.client); it
-            # re-reads the job (ABORTING) and aborts the run on its server.
-            notified = await run_in_threadpool(
-                _notify, ctx, ABORT_TASK, {"payload": payload.model_dump(mode="json")}
-            )
+        requested = await run_in_threadpool(intake.request_abort, runtime, job_id, body.reason)
+        decision = requested.decision
         return {
             "job_id": str(decision.job_id),
             "state": decision.state.value,
             "needs_server_abort": decision.needs_server_abort,
-            "notified": notified,
+            "notified": requested.notified,
         }
 
 
@@ -375,6 +314,7 @@ class _Refused(Exception):
 
 def app_from_env() -> FastAPI:
     """The app for `uvicorn --factory app.entrypoints.api:app_from_env` (settings from env)."""
+    from app.celery_app import celery_runtime
     from app.errors import SettingsError
     from app.logs import configure_logging
     from app.settings import load_settings
@@ -384,7 +324,7 @@ def app_from_env() -> FastAPI:
         configure_logging(settings)
     except SettingsError as exc:
         raise SystemExit(f"fl-dispatcher: {exc}") from None
-    return create_app(Runtime.from_settings(settings), close_runtime=True)
+    return create_app(celery_runtime(settings), close_runtime=True)
 
 
 def iter_routes(app: FastAPI) -> Iterator[tuple[str, str]]:

@@ -23,7 +23,6 @@ from sqlalchemy.exc import DBAPIError
 from app.errors import DispatcherError, SettingsError
 from app.runtime import Runtime
 from app.settings import Settings
-from models import JobState
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -78,7 +77,22 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _runtime(settings: Settings) -> Runtime:
+    """For commands that only read (nothing is sent: the outbox is a recorder)."""
     return Runtime.from_settings(settings)
+
+
+def _sending_runtime(settings: Settings) -> Runtime:
+    """For commands that write and then tell the workers (through the broker)."""
+    from app.celery_app import celery_runtime
+
+    return celery_runtime(settings)
+
+
+def _warn_unsent(notified: bool | None) -> None:
+    # The row is committed; only the nudge was lost, and beat's assigner or the
+    # reconciler finds the row on its next tick (the outbox logged the broker's error).
+    if notified is False:
+        sys.stderr.write("warning: the workers were not told; beat will find the job\n")
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -193,28 +207,12 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _send_task(settings: Settings, name: str, kwargs: dict[str, Any]) -> bool:
-    from kombu.exceptions import KombuError
-
-    from app.entrypoints.api import celery_send_task
-
-    # After commit: a lost message loses nothing, the reconciler finds the row again.
-    try:
-        celery_send_task(settings.broker_url)(name, kwargs)
-    except (KombuError, OSError) as exc:
-        sys.stderr.write(f"warning: could not send {name} ({exc}); the reconciler will\n")
-        return False
-    return True
-
-
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     """Queue a job (idempotent on --key), then ask a worker to assign it."""
     from pydantic import ValidationError
 
-    from app.db import unit_of_work
-    from app.entrypoints.api import ASSIGN_TASK
     from app.schemas import EnqueueJob
-    from app.usecases import services
+    from app.usecases import intake
 
     try:
         request = EnqueueJob(
@@ -230,56 +228,51 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             field = ".".join(str(p) for p in err["loc"])
             sys.stderr.write(f"fl-dispatcher: enqueue: {field}: {err['msg']}\n")
         return EXIT_FAILED
-    runtime = _runtime(settings)
+    runtime = _sending_runtime(settings)
     try:
-        with unit_of_work(runtime.sessions) as session:
-            services.ensure_net_rows(session, settings, runtime.clock())
-            result = services.enqueue_job(session, settings, request, runtime.clock())
+        submitted = intake.submit_job(runtime, request)
     finally:
         runtime.close()
-    notified = _send_task(settings, ASSIGN_TASK, {}) if result.state == JobState.QUEUED else None
+    result = submitted.enqueued
     data = {
         "job_id": str(result.job_id),
         "state": result.state.value,
         "created": result.created,
-        "notified": notified,
+        "notified": submitted.notified,
     }
     if args.json:
         _print_json(data, sys.stdout)
     else:
         verb = "queued" if result.created else "already known"
         sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
+    _warn_unsent(submitted.notified)
     return EXIT_OK
 
 
 def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
     """Abort a job; an active one is aborted on its server by the worker."""
-    from app.db import unit_of_work
-    from app.entrypoints.api import ABORT_TASK
     from app.schemas import AbortJob
-    from app.usecases import services
+    from app.usecases import intake
 
     request = AbortJob(job_id=args.job_id, reason=args.reason)
-    runtime = _runtime(settings)
+    runtime = _sending_runtime(settings)
     try:
-        with unit_of_work(runtime.sessions) as session:
-            decision = services.abort_job(session, request.job_id, request.reason, runtime.clock())
+        requested = intake.request_abort(runtime, request.job_id, request.reason)
     finally:
         runtime.close()
-    notified = None
-    if decision.needs_server_abort:
-        notified = _send_task(settings, ABORT_TASK, {"payload": request.model_dump(mode="json")})
+    decision = requested.decision
     data = {
         "job_id": str(decision.job_id),
         "state": decision.state.value,
         "needs_server_abort": decision.needs_server_abort,
-        "notified": notified,
+        "notified": requested.notified,
     }
     if args.json:
         _print_json(data, sys.stdout)
     else:
         then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
         sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")
+    _warn_unsent(requested.notified)
     return EXIT_OK
 
 
@@ -323,7 +316,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
     from app.entrypoints.api import create_app
 
-    app = create_app(_runtime(settings), close_runtime=True)
+    app = create_app(_sending_runtime(settings), close_runtime=True)
     # log_config=None: keep the handler configure_logging installed (plain or JSON).
     uvicorn.run(app, host=args.host, port=args.port, log_config=None)
     return EXIT_OK

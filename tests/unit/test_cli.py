@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import sqlite3
@@ -259,8 +260,7 @@ def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db,
         job = session.scalars(select(Job)).one()
         assert (job.required_sites, job.requested_net, job.priority) == (["site-9"], "net-b", 5)
     messages = broker_messages(cli_env)
-    assert len(messages) == 2
-    assert all("fl_dispatcher.assign_next_job" in m for m in messages)
+    assert task_names(messages) == ["fl_dispatcher.assign_next_job"] * 2
 
 
 def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
@@ -276,17 +276,45 @@ def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
         assert session.scalars(select(Job)).all() == []
 
 
-def test_abort_a_queued_job(capsys, db, world):
+def task_names(messages: list[str]) -> list[str]:
+    """The Celery task name of each broker message (protocol 2 keeps it in the headers)."""
+    return [json.loads(m)["headers"]["task"] for m in messages]
+
+
+def task_kwargs(message: str) -> dict:
+    """The kwargs of a broker message: the body is [args, kwargs, embed], base64 JSON."""
+    return json.loads(base64.b64decode(json.loads(message)["body"]))[1]
+
+
+def test_abort_a_queued_job(capsys, db, world, cli_env):
     code, out, _ = run(capsys, "abort", str(world["second"]), "--json")
     assert code == 0
     assert json.loads(out) == {
         "job_id": str(world["second"]),
         "state": "ABORTED",
         "needs_server_abort": False,
-        "notified": None,
+        "notified": True,
     }
     with db() as session:
         assert session.get(Job, world["second"]).state == JobState.ABORTED
+    assert task_names(broker_messages(cli_env)) == ["fl_dispatcher.assign_next_job"]
+
+
+def test_abort_a_dispatching_job_sends_only_the_server_abort(capsys, db, world, cli_env):
+    with db.begin() as session:  # it may have reached its server: only a worker can tell
+        services.get_job(session, world["first"]).start_dispatch(FrozenClock()())
+    code, out, _ = run(capsys, "abort", str(world["first"]), "--json")
+    assert code == 0
+    assert json.loads(out)["state"] == "ABORTING"
+    assert json.loads(out)["needs_server_abort"] is True
+    assert json.loads(out)["notified"] is True
+    # The SQL abort ran here; the worker is asked for the server part only (sending the
+    # public abort task would run the SQL abort a second time).
+    messages = broker_messages(cli_env)
+    assert task_names(messages) == ["fl_dispatcher.abort_on_server"]
+    assert task_kwargs(messages[0]) == {"job_id": str(world["first"])}
+    with db() as session:
+        assert session.get(Job, world["first"]).state == JobState.ABORTING
 
 
 def test_db_commands(capsys, cli_env, monkeypatch, tmp_path):
