@@ -2,8 +2,9 @@
 
 Human tables by default, `--json` for scripts. Every command builds Settings once from the
 environment; a settings error prints its message and exits 2. Commands call the same use
-cases and read models as the status API, and print no secrets (configuration is shown
-through `Settings.redacted()`).
+cases (`app.usecases.intake`) and read models (`app.usecases.views`) as the status API, and
+print no secrets (configuration is shown through `Settings.redacted()`). Only `api` loads
+the HTTP stack (FastAPI, uvicorn); heavy imports stay inside the command that needs them.
 
 Exit codes: 0 ok, 1 the command failed (not found, bad input, unreachable), 2 settings.
 """

@@ -383,3 +383,56 @@ def test_no_net_row_is_reported_not_crashed(capsys, cli_env):
     assert code == 0
     for net in json.loads(out)["nets"]:
         assert net["state"] is None and "no database row" in net["error"]
+
+
+def loaded_after(script: str, *args: str) -> dict:
+    """Run `script` in a fresh interpreter; it writes what it found as JSON to argv[1]."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        result_file = Path(folder) / "result.json"
+        subprocess.run(
+            [sys.executable, "-c", script, str(result_file), *args],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        return json.loads(result_file.read_text())
+
+
+LOADED_HTTP = """
+import json, sys
+loaded = lambda: sorted(m for m in sys.modules if m.split(".")[0] in {"fastapi", "starlette",
+    "uvicorn"} or m == "app.entrypoints.api")
+"""
+
+
+def test_importing_the_cli_loads_no_http_stack():
+    script = LOADED_HTTP + (
+        "import app.entrypoints.cli\n"
+        "open(sys.argv[1], 'w').write(json.dumps({'loaded': loaded()}))\n"
+    )
+    assert loaded_after(script) == {"loaded": []}
+
+
+def test_cli_commands_other_than_api_load_no_http_stack(db, world):
+    # Every command that reads or writes the job store, run in one fresh interpreter.
+    script = LOADED_HTTP + (
+        "from app.entrypoints.cli import main\n"
+        "codes = [main(a.split()) for a in sys.argv[2:]]\n"
+        "open(sys.argv[1], 'w').write(json.dumps({'codes': codes, 'loaded': loaded()}))\n"
+    )
+    commands = [
+        "status --no-probe",
+        "status --probe-timeout 1",
+        "jobs --state queued",
+        f"job {world['first']}",
+        "enqueue --key cli-http --definition tiny-job --net net-a",
+        f"abort {world['second']}",
+        "ready --timeout 2",
+        "config check",
+    ]
+    assert loaded_after(script, *commands) == {"codes": [0] * len(commands), "loaded": []}
