@@ -1,6 +1,7 @@
 """The payloads flip-api sends (Celery tasks and HTTP), validated by pydantic.
 
 Shared by the tasks, the status API and `app.client`, so all three accept exactly the same.
+Imports pydantic only (no settings, database or worker code), so `app.client` stays light.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.settings import NET_NAME_PATTERN
+# A net's name, in a payload and in the nets' declaration (app.settings).
+NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 # Job ids are derived from flip-api's key, so a caller knows the id without waiting for a
 # reply (Celery results are not used) and a repeated enqueue names the same job.
