@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import uuid
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app import names
 
 # A net's name, in a payload and in the nets' declaration (app.settings).
 NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -70,3 +73,21 @@ class ReportJobStatus(_Payload):
     job_id: uuid.UUID
     status: ReportedStatus
     detail: str = Field(default="", max_length=2000)
+
+
+# The payload each public task takes (as its `payload` kwarg), by task name.
+PUBLIC_PAYLOADS: dict[str, type[_Payload]] = {
+    names.ENQUEUE_JOB: EnqueueJob,
+    names.ABORT_JOB: AbortJob,
+    names.REPORT_JOB_STATUS: ReportJobStatus,
+}
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def payload_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each public task's payload, keyed by task name, so a caller in
+    any language can validate before sending (`fl-dispatcher schema` prints it)."""
+    return {
+        task: {"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()}
+        for task, model in PUBLIC_PAYLOADS.items()
+    }

@@ -311,6 +311,14 @@ def cmd_diagram(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The JSON Schema of the three public task payloads, keyed by task name."""
+    from app.schemas import payload_schemas
+
+    _print_json(payload_schemas(), sys.stdout)
+    return EXIT_OK
+
+
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the status API with uvicorn."""
     import uvicorn
@@ -448,6 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
         handler=None, plain=cmd_diagram
     )
 
+    add(
+        "schema", None, "print the JSON Schema of flip-api's task payloads, by task name"
+    ).set_defaults(handler=None, plain=cmd_schema)
+
     p = add("api", cmd_api, "serve the status HTTP API")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -477,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     plain = getattr(args, "plain", None)
     if plain is not None:
-        # Static output from the code (the diagrams): needs no configuration.
+        # Static output from the code (diagrams, schemas): needs no configuration.
         return int(plain(args))
     from app.logs import configure_logging
     from app.settings import load_settings

@@ -365,7 +365,7 @@ def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {
         "config", "status", "jobs", "job", "enqueue", "abort", "db",
-        "diagram", "api", "ready", "worker", "beat", "demo",
+        "diagram", "schema", "api", "ready", "worker", "beat", "demo",
     }  # fmt: skip
 
 
@@ -436,3 +436,65 @@ def test_cli_commands_other_than_api_load_no_http_stack(db, world):
         "config check",
     ]
     assert loaded_after(script, *commands) == {"codes": [0] * len(commands), "loaded": []}
+
+
+SCHEMA_SAMPLES = [
+    ("fl_dispatcher.enqueue_job", {"caller_key": "flip-1", "definition": "fedavg"}, True),
+    (
+        "fl_dispatcher.enqueue_job",
+        {
+            "caller_key": "flip-1",
+            "definition": "s3://bucket/job",
+            "required_sites": ["site-1"],
+            "net": "net-1",
+            "priority": -5,
+            "max_attempts": 3,
+        },
+        True,
+    ),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "bad key!", "definition": "d"}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k", "definition": "d", "colour": 1}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k", "definition": "d", "priority": 1001}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k", "definition": "d", "net": "Net 1"}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k"}, False),
+    ("fl_dispatcher.abort_job", {"job_id": str(uuid.uuid4())}, True),
+    ("fl_dispatcher.abort_job", {"job_id": str(uuid.uuid4()), "reason": "x" * 501}, False),
+    ("fl_dispatcher.abort_job", {"reason": "no id"}, False),
+    ("fl_dispatcher.abort_job", {"job_id": "not-a-uuid"}, False),
+    (
+        "fl_dispatcher.report_job_status",
+        {"job_id": str(uuid.uuid4()), "status": "results_uploaded", "detail": "ok"},
+        True,
+    ),
+    ("fl_dispatcher.report_job_status", {"job_id": str(uuid.uuid4()), "status": "done"}, False),
+]
+
+
+def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys, monkeypatch):
+    import jsonschema
+    from pydantic import ValidationError
+
+    from app.schemas import PUBLIC_PAYLOADS
+
+    monkeypatch.setenv("PER_JOB_FL_SERVER", "maybe")  # settings would fail; not needed here
+    assert main(["schema"]) == 0
+    schemas = json.loads(capsys.readouterr().out)
+    assert set(schemas) == {
+        "fl_dispatcher.enqueue_job",
+        "fl_dispatcher.abort_job",
+        "fl_dispatcher.report_job_status",
+    }
+    # A caller validating with any JSON Schema tool accepts and rejects what the worker does.
+    for task, payload, valid in SCHEMA_SAMPLES:
+        validator = jsonschema.Draft202012Validator(
+            schemas[task], format_checker=jsonschema.FormatChecker()
+        )
+        jsonschema.Draft202012Validator.check_schema(schemas[task])
+        assert validator.is_valid(payload) is valid, (task, payload)
+        try:
+            PUBLIC_PAYLOADS[task].model_validate(payload)
+        except ValidationError:
+            accepted = False
+        else:
+            accepted = True
+        assert accepted is valid, (task, payload)
