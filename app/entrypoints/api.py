@@ -25,12 +25,22 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
+from app.entrypoints.responses import (
+    AbortRequested,
+    Enqueued,
+    FlStatus,
+    Health,
+    JobDetail,
+    JobList,
+    Readiness,
+    error_responses,
+)
 from app.errors import InvalidRequest, NotFound
 from app.metrics import build_registry
 from app.parallel import Prober
@@ -164,37 +174,49 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
     registry = build_registry(ctx.runtime.sessions, ctx.runtime.clock)
     broker_url = ctx.runtime.settings.broker_url
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], response_model=Health)
     def healthz() -> dict[str, str]:
         """The process is up (no dependency checked)."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
-    def readyz() -> JSONResponse:
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=Readiness,
+        response_model_exclude_none=True,
+        responses={503: {"model": Readiness, "description": "A dependency is unreachable."}},
+    )
+    def readyz(response: Response) -> dict[str, Any]:
         """The database answers SELECT 1 and the broker accepts a connection; 503 naming
         the failed one otherwise."""
-        errors = check_ready(ctx.runtime.engine, broker_url, ctx.prober, ctx.ready_timeout_s)
-        checks = {key: error or "ok" for key, error in errors.items()}
+        found = check_ready(ctx.runtime.engine, broker_url, ctx.prober, ctx.ready_timeout_s)
+        checks = {key: error or "ok" for key, error in found.items()}
         failed = sorted(k for k, v in checks.items() if v != "ok")
         if failed:
-            return JSONResponse(
-                {"status": "unavailable", "failed": failed, "checks": checks}, status_code=503
-            )
-        return JSONResponse({"status": "ok", "checks": checks})
+            response.status_code = 503
+            return {"status": "unavailable", "failed": failed, "checks": checks}
+        return {"status": "ok", "checks": checks}
 
-    @app.get("/metrics", tags=["health"])
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus text exposition format."}},
+    )
     def metrics() -> Response:
         """Prometheus text, computed from SQL at scrape time."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
-    @app.get("/fl/status", tags=["status"])
+    @app.get("/fl/status", tags=["status"], response_model=FlStatus, responses=error_responses(503))
     def fl_status() -> dict[str, Any]:
         """Every configured net and the queue; a failing net reports its own error."""
         return collect_status(ctx.runtime, ctx.prober, ctx.probe_timeout_s)
 
-    @app.get("/jobs", tags=["jobs"])
+    @app.get(
+        "/jobs", tags=["jobs"], response_model=JobList, responses=error_responses(400, 422, 503)
+    )
     def get_jobs(
         state: Annotated[str | None, Query(description="a job state, any case")] = None,
         limit: Annotated[int, Query(ge=1, le=JOBS_PAGE_MAX)] = 100,
@@ -204,7 +226,12 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         with ctx.runtime.sessions() as session:
             return {"jobs": list_jobs(session, wanted, limit)}
 
-    @app.get("/jobs/{job_id}", tags=["jobs"])
+    @app.get(
+        "/jobs/{job_id}",
+        tags=["jobs"],
+        response_model=JobDetail,
+        responses=error_responses(404, 422, 503),
+    )
     def get_job(job_id: uuid.UUID) -> dict[str, Any]:
         """One job with its history."""
         with ctx.runtime.sessions() as session:
@@ -260,23 +287,28 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
                 "content": {"application/json": {"schema": EnqueueJob.model_json_schema()}},
             }
         },
-        responses={200: {"description": "The caller key already named a job: that job."}},
+        response_model=Enqueued,
+        responses={
+            200: {
+                "model": Enqueued,
+                "description": "The caller key already named a job: that job.",
+            },
+            **error_responses(400, 401, 403, 422, 503),
+        },
     )
-    async def post_job(request: Request) -> JSONResponse:
+    async def post_job(request: Request, response: Response) -> dict[str, Any]:
         """Enqueue a job (idempotent on caller_key): 201 created, 200 existing."""
         payload = await _read_body(request, EnqueueJob, optional=False)
         submitted = await run_in_threadpool(intake.submit_job, runtime, payload)
         result = submitted.enqueued
-        return JSONResponse(
-            {
-                "job_id": str(result.job_id),
-                "state": result.state.value,
-                "created": result.created,
-                "notified": submitted.notified,
-            },
-            status_code=201 if result.created else 200,
-            headers={"Location": f"/jobs/{result.job_id}"},
-        )
+        response.status_code = 201 if result.created else 200
+        response.headers["Location"] = f"/jobs/{result.job_id}"
+        return {
+            "job_id": str(result.job_id),
+            "state": result.state.value,
+            "created": result.created,
+            "notified": submitted.notified,
+        }
 
     @app.post(
         "/jobs/{job_id}/abort",
@@ -288,6 +320,8 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
                 "content": {"application/json": {"schema": AbortBody.model_json_schema()}},
             }
         },
+        response_model=AbortRequested,
+        responses=error_responses(401, 403, 404, 409, 422, 503),
     )
     async def post_abort(job_id: uuid.UUID, request: Request) -> dict[str, Any]:
         """Abort a job: QUEUED/ASSIGNED at once; an active job is ABORTING and a worker

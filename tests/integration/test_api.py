@@ -632,3 +632,69 @@ def test_database_down_is_a_503_not_a_crash(tmp_path, job_root, clock):
         assert "db-pw-31" not in json.dumps(ready)
         assert client.get("/healthz").status_code == 200
     engine.dispose()
+
+
+# FastAPI's own routes (the documentation itself), not ours.
+DOC_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def documented_schema(openapi: dict, method: str, path: str, status: int) -> dict:
+    """The JSON schema /openapi.json declares for one answer, resolvable on its own."""
+    answer = openapi["paths"][path][method.lower()]["responses"][str(status)]
+    schema = answer["content"]["application/json"]["schema"]
+    return {**schema, "components": openapi["components"]}
+
+
+def test_openapi_declares_a_response_model_for_every_json_route(three_nets):
+    import jsonschema
+
+    h = three_nets
+    with h.client() as client:
+        openapi = client.get("/openapi.json").json()
+        routes = sorted(r for r in iter_routes(client.app) if r[1] not in DOC_ROUTES)
+        # Every route that answers JSON names a model with its fields, for its successes
+        # and for each error it documents; /metrics says it is text.
+        for method, path in routes:
+            answers = openapi["paths"][path][method.lower()]["responses"]
+            if path == "/metrics":
+                assert list(answers["200"]["content"]) == ["text/plain"]
+                continue
+            successes = [code for code in answers if code.startswith("2")]
+            assert successes, (method, path)
+            for code, answer in answers.items():
+                ref = answer["content"]["application/json"]["schema"].get("$ref", "")
+                assert ref.startswith("#/components/schemas/"), (method, path, code)
+                model = openapi["components"]["schemas"][ref.rsplit("/", 1)[1]]
+                assert model["properties"], (method, path, code)
+
+        # And each route's real answer matches what it declares (models forbid extra keys).
+        job = str(h.job_id)
+        body = {"caller_key": "doc-1", "definition": "tiny-job", "net": "net-a"}
+        calls = [
+            ("GET", "/healthz", client.get("/healthz")),
+            ("GET", "/readyz", client.get("/readyz")),
+            ("GET", "/fl/status", client.get("/fl/status")),
+            ("GET", "/jobs", client.get("/jobs")),
+            ("GET", "/jobs", client.get("/jobs", params={"state": "nope"})),
+            ("GET", "/jobs/{job_id}", client.get(f"/jobs/{job}")),
+            ("GET", "/jobs/{job_id}", client.get(f"/jobs/{uuid.uuid4()}")),
+            ("POST", "/jobs", client.post("/jobs", json=body, headers=AUTH)),
+            ("POST", "/jobs", client.post("/jobs", json=body, headers=AUTH)),
+            ("POST", "/jobs", client.post("/jobs", json={"definition": "x"}, headers=AUTH)),
+            ("POST", "/jobs", client.post("/jobs", json=body)),
+            ("POST", "/jobs/{job_id}/abort", client.post(f"/jobs/{job}/abort", headers=AUTH)),
+        ]
+    statuses = [response.status_code for _, _, response in calls]
+    assert statuses == [200, 200, 200, 200, 400, 200, 404, 201, 200, 422, 401, 200]
+    for method, path, response in calls:
+        schema = documented_schema(openapi, method, path, response.status_code)
+        jsonschema.validate(response.json(), schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_the_documented_server_states_are_the_ones_the_view_reports():
+    from typing import get_args
+
+    from app.entrypoints.responses import ServerStateView
+    from app.usecases.views import NOT_PROBED, UNKNOWN
+
+    assert set(get_args(ServerStateView)) == {s.value for s in ServerState} | {NOT_PROBED, UNKNOWN}
