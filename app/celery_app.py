@@ -86,7 +86,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "task_default_queue": names.QUEUE,
         "task_send_sent_event": True,
-        "worker_send_task_events": True,  # Flower shows tasks live
+        "worker_send_task_events": True,  # Celery Flower shows tasks live
         "worker_hijack_root_logger": False,
         "beat_schedule": beat_schedule(settings),
         "timezone": "UTC",

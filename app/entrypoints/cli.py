@@ -474,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_process_commands(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
-    p = add("worker", cmd_worker, "run a Celery worker")
+    p = add("worker", cmd_worker, "run a Celery worker (its tasks show live in Celery Flower)")
     p.add_argument("--concurrency", type=int, default=2, metavar="N")
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
     add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
