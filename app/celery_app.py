@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain, signals
 from kombu.exceptions import KombuError
@@ -17,6 +17,9 @@ from kombu.exceptions import KombuError
 from app import names
 from app.redis_transport import TRANSPORT_PATH
 from app.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
 
 # Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with full
 # jitter from this factor, capped by RETRY_BACKOFF_MAX_S and bounded by RETRY_MAX; what is
@@ -83,7 +86,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "task_default_queue": names.QUEUE,
         "task_send_sent_event": True,
-        "worker_send_task_events": True,  # Flower shows tasks live
+        "worker_send_task_events": True,  # Celery Flower shows tasks live
         "worker_hijack_root_logger": False,
         "beat_schedule": beat_schedule(settings),
         "timezone": "UTC",
@@ -109,10 +112,26 @@ celery.add_defaults(_config_on_first_use)
 
 
 def configure(settings: Settings) -> Celery:
-    """Apply Settings to the shared app (once per process)."""
+    """Apply Settings to the shared app (once per process; a later call with another broker
+    URL sends to that broker from then on)."""
+    # Celery keeps the connection pool of its first send, bound to the broker URL of that
+    # moment; conf.update alone would leave sends going to the old broker.
+    previous = celery.conf.broker_url if celery.configured else None
     _Configured.settings = settings
     celery.conf.update(celery_config(settings))
+    if previous is not None and previous != settings.broker_url:
+        _drop_connection_pool(celery)
     return celery
+
+
+def _drop_connection_pool(app: Celery) -> None:
+    # What Celery itself does after a fork (Celery._after_fork), without the fork signal.
+    # The pools stay open in kombu's process-wide registry (keyed by broker), where a
+    # return to that broker finds them again.
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
 
 
 def prepare_nets_at_start(settings: Settings) -> None:
@@ -171,6 +190,14 @@ class CeleryOutbox:
             self.app.signature(names.WAIT_READY, kwargs=ids, immutable=True),
             self.app.signature(names.DISPATCH, kwargs=ids, immutable=True),
         ).apply_async()
+
+
+def celery_runtime(settings: Settings) -> Runtime:
+    """A runtime whose outbox sends through the shared app configured for `settings`: what
+    a worker child, the status API and the CLI's enqueue and abort use."""
+    from app.runtime import Runtime
+
+    return Runtime.from_settings(settings, outbox=CeleryOutbox(configure(settings)))
 
 
 def run_worker(

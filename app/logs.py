@@ -1,8 +1,10 @@
 """Logging for every process: plain lines for a terminal, JSON lines for a log pipeline.
 
 Use cases log with `extra={"net": ..., "job": ..., "reason": ...}`; the JSON formatter puts
-those keys next to the standard fields, so a log query can filter on a net or a job. A
-redacting filter on the handler masks the configured secrets wherever they would appear.
+those keys next to the standard fields, so a log query can filter on a net or a job. A line
+written while a Celery task runs also carries `task_id` and `task_name`, the keys Celery
+Flower shows, so a line leads to its task there and a task to its lines. A redacting filter
+on the handler masks the configured secrets wherever they would appear.
 """
 
 from __future__ import annotations
@@ -64,6 +66,32 @@ class RedactingFilter(logging.Filter):
             record.exc_text = self._clean(logging.Formatter().formatException(record.exc_info))
         elif record.exc_text:
             record.exc_text = self._clean(record.exc_text)
+        return True
+
+
+class CeleryTaskFilter(logging.Filter):
+    """Adds `task_id` and `task_name` to a line written while a Celery task runs (in this
+    thread); other lines are left alone.
+
+    Reads Celery's own record of the running task, so every line inside a task gets them:
+    ours, Celery's, and those of any library the task calls.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # No Celery loaded means no task running: the API and the CLI never import it here.
+        state = sys.modules.get("celery._state")
+        task = state.get_current_task() if state is not None else None
+        if task is not None:
+            task_id = getattr(task.request, "id", None)
+            if task_id is not None:  # None: a task called as a plain function (tests)
+                record.task_id = task_id
+            record.task_name = task.name
+        elif record.name == "celery.app.trace":
+            # Celery's "Task ... succeeded / raised / retry" lines are written just after the
+            # task left the stack; they name it in their own `data` extra.
+            data = record.__dict__.get("data")
+            if isinstance(data, dict) and "id" in data and "name" in data:
+                record.task_id, record.task_name = data["id"], data["name"]
         return True
 
 
@@ -143,6 +171,7 @@ def configure_logging(settings: Settings, stream: Any = None) -> logging.Handler
         )
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_json else PlainFormatter())
+    handler.addFilter(CeleryTaskFilter())
     handler.addFilter(RedactingFilter(secret_values(settings)))
     handler.set_name("fl-dispatcher")
     root = logging.getLogger()

@@ -1,6 +1,7 @@
 """The payloads flip-api sends (Celery tasks and HTTP), validated by pydantic.
 
 Shared by the tasks, the status API and `app.client`, so all three accept exactly the same.
+Imports pydantic only (no settings, database or worker code), so `app.client` stays light.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.settings import NET_NAME_PATTERN
+from app import names
+
+# A net's name, in a payload and in the nets' declaration (app.settings).
+NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 # Job ids are derived from flip-api's key, so a caller knows the id without waiting for a
 # reply (Celery results are not used) and a repeated enqueue names the same job.
@@ -89,3 +93,21 @@ class ReportJobStatus(_Payload):
     job_id: uuid.UUID
     status: ReportedStatus
     detail: str = Field(default="", max_length=2000)
+
+
+# The payload each public task takes (as its `payload` kwarg), by task name.
+PUBLIC_PAYLOADS: dict[str, type[_Payload]] = {
+    names.ENQUEUE_JOB: EnqueueJob,
+    names.ABORT_JOB: AbortJob,
+    names.REPORT_JOB_STATUS: ReportJobStatus,
+}
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def payload_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each public task's payload, keyed by task name, so a caller in
+    any language can validate before sending (`fl-dispatcher schema` prints it)."""
+    return {
+        task: {"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()}
+        for task, model in PUBLIC_PAYLOADS.items()
+    }

@@ -27,10 +27,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.errors import SettingsError
+from app.schemas import NET_NAME_PATTERN
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
-NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 
 def parse_flag(name: str, raw: object, default: bool) -> bool:

@@ -20,9 +20,8 @@ from app.celery_app import (
     PIPELINE_HARD_LIMIT_S,
     PIPELINE_SOFT_LIMIT_S,
     RETRY_BACKOFF_S,
-    CeleryOutbox,
     celery,
-    configure,
+    celery_runtime,
 )
 from app.errors import TransientError
 from app.runtime import Runtime
@@ -48,9 +47,7 @@ def runtime() -> Runtime:
     """This process's runtime."""
     with _process.lock:
         if _process.current is None:
-            settings = load_settings()
-            configure(settings)
-            _process.current = Runtime.from_settings(settings, outbox=CeleryOutbox(celery))
+            _process.current = celery_runtime(load_settings())
         return _process.current
 
 

@@ -2,8 +2,9 @@
 
 Human tables by default, `--json` for scripts. Every command builds Settings once from the
 environment; a settings error prints its message and exits 2. Commands call the same use
-cases and read models as the status API, and print no secrets (configuration is shown
-through `Settings.redacted()`).
+cases (`app.usecases.intake`) and read models (`app.usecases.views`) as the status API, and
+print no secrets (configuration is shown through `Settings.redacted()`). Only `api` loads
+the HTTP stack (FastAPI, uvicorn); heavy imports stay inside the command that needs them.
 
 Exit codes: 0 ok, 1 the command failed (not found, bad input, unreachable), 2 settings.
 """
@@ -15,7 +16,6 @@ import json
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,7 +24,6 @@ from sqlalchemy.exc import DBAPIError
 from app.errors import DispatcherError, SettingsError
 from app.runtime import Runtime
 from app.settings import Settings
-from models import JobState
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -79,12 +78,28 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _runtime(settings: Settings) -> Runtime:
+    """For commands that only read (nothing is sent: the outbox is a recorder)."""
     return Runtime.from_settings(settings)
+
+
+def _sending_runtime(settings: Settings) -> Runtime:
+    """For commands that write and then tell the workers (through the broker)."""
+    from app.celery_app import celery_runtime
+
+    return celery_runtime(settings)
+
+
+def _warn_unsent(notified: bool | None) -> None:
+    # The row is committed; only the nudge was lost, and beat's assigner or the
+    # reconciler finds the row on its next tick (the outbox logged the broker's error).
+    if notified is False:
+        sys.stderr.write("warning: the workers were not told; beat will find the job\n")
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Every net (and its active job) and the queue."""
-    from app.entrypoints.api import Prober, collect_status
+    from app.parallel import Prober
+    from app.usecases.views import collect_status
 
     runtime = _runtime(settings)
     try:
@@ -129,7 +144,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     """Jobs, newest first."""
-    from app.entrypoints.api import list_jobs, parse_job_state
+    from app.usecases.views import list_jobs, parse_job_state
 
     state = parse_job_state(args.state) if args.state else None
     runtime = _runtime(settings)
@@ -170,7 +185,7 @@ def _job_id(raw: str) -> uuid.UUID:
 
 def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     """One job with its history."""
-    from app.entrypoints.api import job_detail
+    from app.usecases.views import job_detail
 
     runtime = _runtime(settings)
     try:
@@ -193,28 +208,12 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _send_task(settings: Settings, name: str, kwargs: dict[str, Any]) -> bool:
-    from kombu.exceptions import KombuError
-
-    from app.entrypoints.api import celery_send_task
-
-    # After commit: a lost message loses nothing, the reconciler finds the row again.
-    try:
-        celery_send_task(settings.broker_url)(name, kwargs)
-    except (KombuError, OSError) as exc:
-        sys.stderr.write(f"warning: could not send {name} ({exc}); the reconciler will\n")
-        return False
-    return True
-
-
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     """Queue a job (idempotent on --key), then ask a worker to assign it."""
     from pydantic import ValidationError
 
-    from app.db import unit_of_work
-    from app.entrypoints.api import ASSIGN_TASK, ensure_net_rows
     from app.schemas import EnqueueJob
-    from app.usecases import services
+    from app.usecases import intake
 
     try:
         request = EnqueueJob(
@@ -230,56 +229,51 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             field = ".".join(str(p) for p in err["loc"])
             sys.stderr.write(f"fl-dispatcher: enqueue: {field}: {err['msg']}\n")
         return EXIT_FAILED
-    runtime = _runtime(settings)
+    runtime = _sending_runtime(settings)
     try:
-        with unit_of_work(runtime.sessions) as session:
-            ensure_net_rows(session, runtime)
-            result = services.enqueue_job(session, settings, request, runtime.clock())
+        submitted = intake.submit_job(runtime, request)
     finally:
         runtime.close()
-    notified = _send_task(settings, ASSIGN_TASK, {}) if result.state == JobState.QUEUED else None
+    result = submitted.enqueued
     data = {
         "job_id": str(result.job_id),
         "state": result.state.value,
         "created": result.created,
-        "notified": notified,
+        "notified": submitted.notified,
     }
     if args.json:
         _print_json(data, sys.stdout)
     else:
         verb = "queued" if result.created else "already known"
         sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
+    _warn_unsent(submitted.notified)
     return EXIT_OK
 
 
 def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
     """Abort a job; an active one is aborted on its server by the worker."""
-    from app.db import unit_of_work
-    from app.entrypoints.api import ABORT_TASK
     from app.schemas import AbortJob
-    from app.usecases import services
+    from app.usecases import intake
 
     request = AbortJob(job_id=args.job_id, reason=args.reason)
-    runtime = _runtime(settings)
+    runtime = _sending_runtime(settings)
     try:
-        with unit_of_work(runtime.sessions) as session:
-            decision = services.abort_job(session, request.job_id, request.reason, runtime.clock())
+        requested = intake.request_abort(runtime, request.job_id, request.reason)
     finally:
         runtime.close()
-    notified = None
-    if decision.needs_server_abort:
-        notified = _send_task(settings, ABORT_TASK, {"payload": request.model_dump(mode="json")})
+    decision = requested.decision
     data = {
         "job_id": str(decision.job_id),
         "state": decision.state.value,
         "needs_server_abort": decision.needs_server_abort,
-        "notified": notified,
+        "notified": requested.notified,
     }
     if args.json:
         _print_json(data, sys.stdout)
     else:
         then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
         sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")
+    _warn_unsent(requested.notified)
     return EXIT_OK
 
 
@@ -317,13 +311,21 @@ def cmd_diagram(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The JSON Schema of the three public task payloads, keyed by task name."""
+    from app.schemas import payload_schemas
+
+    _print_json(payload_schemas(), sys.stdout)
+    return EXIT_OK
+
+
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the status API with uvicorn."""
     import uvicorn
 
     from app.entrypoints.api import create_app
 
-    app = create_app(_runtime(settings), close_runtime=True)
+    app = create_app(_sending_runtime(settings), close_runtime=True)
     # log_config=None: keep the handler configure_logging installed (plain or JSON).
     uvicorn.run(app, host=args.host, port=args.port, log_config=None)
     return EXIT_OK
@@ -331,20 +333,16 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 if the database and the broker answer (the /readyz checks); for healthchecks."""
-    from app.entrypoints.api import Prober, check_broker, check_database
+    from app.db import make_engine
+    from app.parallel import Prober
+    from app.readiness import check_ready
 
-    runtime = _runtime(settings)
+    engine = make_engine(settings.database_url)
     try:
-        results = Prober().run(
-            {
-                "database": partial(check_database, runtime),
-                "broker": partial(check_broker, settings.broker_url, args.timeout),
-            },
-            args.timeout,
-        )
+        errors = check_ready(engine, settings.broker_url, Prober(), args.timeout)
     finally:
-        runtime.engine.dispose()
-    failed = {k: r.error for k, r in results.items() if r.error is not None}
+        engine.dispose()
+    failed = {k: error for k, error in errors.items() if error is not None}
     for key, error in sorted(failed.items()):
         sys.stderr.write(f"fl-dispatcher: {key} not ready: {error}\n")
     if not failed:
@@ -458,6 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
         handler=None, plain=cmd_diagram
     )
 
+    add(
+        "schema", None, "print the JSON Schema of flip-api's task payloads, by task name"
+    ).set_defaults(handler=None, plain=cmd_schema)
+
     p = add("api", cmd_api, "serve the status HTTP API")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -472,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_process_commands(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
-    p = add("worker", cmd_worker, "run a Celery worker")
+    p = add("worker", cmd_worker, "run a Celery worker (its tasks show live in Celery Flower)")
     p.add_argument("--concurrency", type=int, default=2, metavar="N")
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
     add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
@@ -487,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     plain = getattr(args, "plain", None)
     if plain is not None:
-        # Static output from the code (the diagrams): needs no configuration.
+        # Static output from the code (diagrams, schemas): needs no configuration.
         return int(plain(args))
     from app.logs import configure_logging
     from app.settings import load_settings

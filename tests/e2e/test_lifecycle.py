@@ -203,8 +203,8 @@ def test_abort_while_scaling_up_while_running_and_with_the_server_down(stack):
 
 
 def test_flower_shows_the_workers_and_tasks_and_requires_auth(stack, broker_url):
-    """Flower on the stack's broker, as compose runs it: never open, and it sees our worker
-    and the tasks it runs (workers send task events)."""
+    """Celery Flower on the stack's broker, as compose runs it: never open, and it sees our
+    worker    and the tasks it runs (workers send task events)."""
     import socket
     import subprocess
     import sys
@@ -238,20 +238,20 @@ def test_flower_shows_the_workers_and_tasks_and_requires_auth(stack, broker_url)
             except httpx.TransportError:
                 return False
 
-        stack.wait_for("Flower to listen", answers, 60)
+        stack.wait_for("Celery Flower to listen", answers, 60)
         assert httpx.get(base, auth=("ops", "wrong"), timeout=5).status_code == 401
 
         def workers() -> dict[str, object]:
             reply = httpx.get(f"{base}/api/workers?refresh=1", auth=auth, timeout=10)
             return {k: v for k, v in reply.json().items() if k.startswith("fl-dispatcher-")}
 
-        assert stack.wait_for("our worker in Flower", workers, 60)
+        assert stack.wait_for("our worker in Celery Flower", workers, 60)
 
         def tasks() -> set[str]:
             reply = httpx.get(f"{base}/api/tasks", auth=auth, timeout=10).json()
             return {t["name"] for t in reply.values() if t.get("name")}
 
-        seen = stack.wait_for("beat's tasks in Flower", tasks, 60)
+        seen = stack.wait_for("beat's tasks in Celery Flower", tasks, 60)
         assert any(name.startswith("fl_dispatcher.") for name in seen)
     finally:
         flower.terminate()

@@ -14,15 +14,17 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from celery import Celery
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from app.adapters.drivers import Observation
 from app.adapters.nvflare.base import ServerState
+from app.celery_app import CeleryOutbox
 from app.entrypoints.api import create_app, iter_routes
 from app.errors import AdminMisconfigured
-from app.runtime import Runtime
+from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import services
@@ -83,20 +85,16 @@ class FakeAdmin:
         pass
 
 
-class Recorder:
-    """A send_task that also records what the database said at send time."""
+class Recorder(RecordingOutbox):
+    """The API's outbox: records what was sent and what the database said at send time."""
 
     def __init__(self, sessions) -> None:
+        super().__init__()
         self.sessions = sessions
-        self.sent: list[tuple[str, dict]] = []
         self.seen_state: list[str | None] = []
-        self.fail: Exception | None = None
 
-    def __call__(self, name: str, kwargs: dict) -> None:
-        if self.fail is not None:
-            raise self.fail
-        self.sent.append((name, kwargs))
-        job_id = (kwargs.get("payload") or {}).get("job_id")
+    def send(self, task: str, **kwargs) -> bool:
+        job_id = kwargs.get("job_id")
         with self.sessions() as session:  # another connection: sees only committed rows
             if job_id:
                 self.seen_state.append(session.get(Job, uuid.UUID(job_id)).state.value)
@@ -105,6 +103,7 @@ class Recorder:
                     select(func.count()).select_from(Job).where(Job.state == JobState.QUEUED)
                 )
                 self.seen_state.append(f"queued={queued}")
+        return super().send(task, **kwargs)
 
 
 class Harness:
@@ -113,6 +112,7 @@ class Harness:
         self.admins_built: list[str] = []
         self.clock = clock
         self.sessions = pg_factory
+        self.send = Recorder(pg_factory)
         self.runtime = Runtime(
             settings=settings,
             engine=pg_engine,
@@ -120,15 +120,15 @@ class Harness:
             clock=clock,
             driver_factory=lambda net, s: FakeDriver(self.fakes[net.name]),
             admin_factory=self._admin,
+            outbox=self.send,
         )
-        self.send = Recorder(pg_factory)
 
     def _admin(self, net, settings):
         self.admins_built.append(net.name)
         return FakeAdmin(self.fakes[net.name])
 
     def client(self, **kw) -> TestClient:
-        app = create_app(self.runtime, send_task=self.send, **kw)
+        app = create_app(self.runtime, **kw)
         return TestClient(app)
 
     def sync(self) -> None:
@@ -379,13 +379,19 @@ def test_enqueue_is_idempotent_and_sends_assign_after_commit(three_nets):
 
 def test_enqueue_survives_a_broker_failure(three_nets):
     h = three_nets
-    h.send.fail = OSError("connection refused")
-    with h.client() as client:
-        response = client.post(
-            "/jobs",
-            json={"caller_key": "k-b", "definition": "tiny-job", "net": "net-a"},
-            headers=AUTH,
-        )
+    # A real Celery outbox whose broker refuses connections (port 1), as in production.
+    dead = Celery("api-test-dead-broker", broker="redis://127.0.0.1:1/0")
+    dead.conf.broker_connection_timeout = 1
+    h.runtime.outbox = CeleryOutbox(dead)
+    try:
+        with h.client() as client:
+            response = client.post(
+                "/jobs",
+                json={"caller_key": "k-b", "definition": "tiny-job", "net": "net-a"},
+                headers=AUTH,
+            )
+    finally:
+        dead.close()
     assert response.status_code == 201
     assert response.json()["notified"] is False  # the reconciler will find the row
     assert h.count(Job) == 2
@@ -427,7 +433,7 @@ def test_abort_a_queued_job_is_immediate(three_nets):
         "job_id": str(queued),
         "state": "ABORTED",
         "needs_server_abort": False,
-        "notified": None,
+        "notified": True,
     }
     assert again.json()["state"] == "ABORTED"  # a repeat is not an error
     assert job["history"][-1] == {
@@ -436,7 +442,9 @@ def test_abort_a_queued_job_is_immediate(three_nets):
         "at": job["history"][-1]["at"],
         "reason": "changed my mind",
     }
-    assert h.send.sent == []  # nothing to tell a server
+    # Nothing to tell a server; each abort only nudges the assigner, after its commit.
+    assert h.send.sent == [("fl_dispatcher.assign_next_job", {})] * 2
+    assert h.send.seen_state == ["queued=0", "queued=0"]
 
 
 def test_abort_a_running_job_sends_the_abort_task_after_commit(three_nets):
@@ -445,13 +453,16 @@ def test_abort_a_running_job_sends_the_abort_task_after_commit(three_nets):
         response = client.post(f"/jobs/{h.job_id}/abort", headers=AUTH)
     assert response.json()["state"] == "ABORTING"
     assert response.json()["needs_server_abort"] is True and response.json()["notified"] is True
-    assert h.send.sent == [
-        (
-            "fl_dispatcher.abort_job",
-            {"payload": {"job_id": str(h.job_id), "reason": "aborted via the status API"}},
-        )
-    ]
+    # Straight to the worker's server-side abort: the SQL part is done and not run again.
+    assert h.send.sent == [("fl_dispatcher.abort_on_server", {"job_id": str(h.job_id)})]
     assert h.send.seen_state == ["ABORTING"]
+    with h.sessions() as session:
+        aborting = [
+            e.to_state
+            for e in session.scalars(select(JobEvent).where(JobEvent.job_id == h.job_id))
+            if e.to_state == JobState.ABORTING
+        ]
+    assert aborting == [JobState.ABORTING]
 
 
 def test_readyz_names_the_failed_dependency(
@@ -592,7 +603,7 @@ def test_metrics_match_the_database(three_nets):
 
 
 def test_route_list(three_nets):
-    routes = set(iter_routes(create_app(three_nets.runtime, send_task=three_nets.send)))
+    routes = set(iter_routes(create_app(three_nets.runtime)))
     assert {
         ("GET", "/fl/status"),
         ("GET", "/jobs"),
@@ -611,7 +622,7 @@ def test_database_down_is_a_503_not_a_crash(tmp_path, job_root, clock):
     engine = make_engine("postgresql+psycopg://fl:db-pw-31@127.0.0.1:1/nowhere")
     settings = make_settings(tmp_path, job_root, [net_decl(tmp_path, "net-a")])
     runtime = Runtime(settings=settings, engine=engine, sessions=session_factory(engine))
-    with TestClient(create_app(runtime, send_task=lambda n, k: None)) as client:
+    with TestClient(create_app(runtime)) as client:
         for path in ("/fl/status", "/jobs", "/metrics"):
             response = client.get(path)
             assert response.status_code == 503, path
@@ -621,3 +632,69 @@ def test_database_down_is_a_503_not_a_crash(tmp_path, job_root, clock):
         assert "db-pw-31" not in json.dumps(ready)
         assert client.get("/healthz").status_code == 200
     engine.dispose()
+
+
+# FastAPI's own routes (the documentation itself), not ours.
+DOC_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def documented_schema(openapi: dict, method: str, path: str, status: int) -> dict:
+    """The JSON schema /openapi.json declares for one answer, resolvable on its own."""
+    answer = openapi["paths"][path][method.lower()]["responses"][str(status)]
+    schema = answer["content"]["application/json"]["schema"]
+    return {**schema, "components": openapi["components"]}
+
+
+def test_openapi_declares_a_response_model_for_every_json_route(three_nets):
+    import jsonschema
+
+    h = three_nets
+    with h.client() as client:
+        openapi = client.get("/openapi.json").json()
+        routes = sorted(r for r in iter_routes(client.app) if r[1] not in DOC_ROUTES)
+        # Every route that answers JSON names a model with its fields, for its successes
+        # and for each error it documents; /metrics says it is text.
+        for method, path in routes:
+            answers = openapi["paths"][path][method.lower()]["responses"]
+            if path == "/metrics":
+                assert list(answers["200"]["content"]) == ["text/plain"]
+                continue
+            successes = [code for code in answers if code.startswith("2")]
+            assert successes, (method, path)
+            for code, answer in answers.items():
+                ref = answer["content"]["application/json"]["schema"].get("$ref", "")
+                assert ref.startswith("#/components/schemas/"), (method, path, code)
+                model = openapi["components"]["schemas"][ref.rsplit("/", 1)[1]]
+                assert model["properties"], (method, path, code)
+
+        # And each route's real answer matches what it declares (models forbid extra keys).
+        job = str(h.job_id)
+        body = {"caller_key": "doc-1", "definition": "tiny-job", "net": "net-a"}
+        calls = [
+            ("GET", "/healthz", client.get("/healthz")),
+            ("GET", "/readyz", client.get("/readyz")),
+            ("GET", "/fl/status", client.get("/fl/status")),
+            ("GET", "/jobs", client.get("/jobs")),
+            ("GET", "/jobs", client.get("/jobs", params={"state": "nope"})),
+            ("GET", "/jobs/{job_id}", client.get(f"/jobs/{job}")),
+            ("GET", "/jobs/{job_id}", client.get(f"/jobs/{uuid.uuid4()}")),
+            ("POST", "/jobs", client.post("/jobs", json=body, headers=AUTH)),
+            ("POST", "/jobs", client.post("/jobs", json=body, headers=AUTH)),
+            ("POST", "/jobs", client.post("/jobs", json={"definition": "x"}, headers=AUTH)),
+            ("POST", "/jobs", client.post("/jobs", json=body)),
+            ("POST", "/jobs/{job_id}/abort", client.post(f"/jobs/{job}/abort", headers=AUTH)),
+        ]
+    statuses = [response.status_code for _, _, response in calls]
+    assert statuses == [200, 200, 200, 200, 400, 200, 404, 201, 200, 422, 401, 200]
+    for method, path, response in calls:
+        schema = documented_schema(openapi, method, path, response.status_code)
+        jsonschema.validate(response.json(), schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_the_documented_server_states_are_the_ones_the_view_reports():
+    from typing import get_args
+
+    from app.entrypoints.responses import ServerStateView
+    from app.usecases.views import NOT_PROBED, UNKNOWN
+
+    assert set(get_args(ServerStateView)) == {s.value for s in ServerState} | {NOT_PROBED, UNKNOWN}

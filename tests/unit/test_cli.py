@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import sqlite3
@@ -259,8 +260,7 @@ def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db,
         job = session.scalars(select(Job)).one()
         assert (job.required_sites, job.requested_net, job.priority) == (["site-9"], "net-b", 5)
     messages = broker_messages(cli_env)
-    assert len(messages) == 2
-    assert all("fl_dispatcher.assign_next_job" in m for m in messages)
+    assert task_names(messages) == ["fl_dispatcher.assign_next_job"] * 2
 
 
 def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
@@ -276,17 +276,45 @@ def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
         assert session.scalars(select(Job)).all() == []
 
 
-def test_abort_a_queued_job(capsys, db, world):
+def task_names(messages: list[str]) -> list[str]:
+    """The Celery task name of each broker message (protocol 2 keeps it in the headers)."""
+    return [json.loads(m)["headers"]["task"] for m in messages]
+
+
+def task_kwargs(message: str) -> dict:
+    """The kwargs of a broker message: the body is [args, kwargs, embed], base64 JSON."""
+    return json.loads(base64.b64decode(json.loads(message)["body"]))[1]
+
+
+def test_abort_a_queued_job(capsys, db, world, cli_env):
     code, out, _ = run(capsys, "abort", str(world["second"]), "--json")
     assert code == 0
     assert json.loads(out) == {
         "job_id": str(world["second"]),
         "state": "ABORTED",
         "needs_server_abort": False,
-        "notified": None,
+        "notified": True,
     }
     with db() as session:
         assert session.get(Job, world["second"]).state == JobState.ABORTED
+    assert task_names(broker_messages(cli_env)) == ["fl_dispatcher.assign_next_job"]
+
+
+def test_abort_a_dispatching_job_sends_only_the_server_abort(capsys, db, world, cli_env):
+    with db.begin() as session:  # it may have reached its server: only a worker can tell
+        services.get_job(session, world["first"]).start_dispatch(FrozenClock()())
+    code, out, _ = run(capsys, "abort", str(world["first"]), "--json")
+    assert code == 0
+    assert json.loads(out)["state"] == "ABORTING"
+    assert json.loads(out)["needs_server_abort"] is True
+    assert json.loads(out)["notified"] is True
+    # The SQL abort ran here; the worker is asked for the server part only (sending the
+    # public abort task would run the SQL abort a second time).
+    messages = broker_messages(cli_env)
+    assert task_names(messages) == ["fl_dispatcher.abort_on_server"]
+    assert task_kwargs(messages[0]) == {"job_id": str(world["first"])}
+    with db() as session:
+        assert session.get(Job, world["first"]).state == JobState.ABORTING
 
 
 def test_db_commands(capsys, cli_env, monkeypatch, tmp_path):
@@ -337,7 +365,7 @@ def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {
         "config", "status", "jobs", "job", "enqueue", "abort", "db",
-        "diagram", "api", "ready", "worker", "beat", "demo",
+        "diagram", "schema", "api", "ready", "worker", "beat", "demo",
     }  # fmt: skip
 
 
@@ -355,3 +383,118 @@ def test_no_net_row_is_reported_not_crashed(capsys, cli_env):
     assert code == 0
     for net in json.loads(out)["nets"]:
         assert net["state"] is None and "no database row" in net["error"]
+
+
+def loaded_after(script: str, *args: str) -> dict:
+    """Run `script` in a fresh interpreter; it writes what it found as JSON to argv[1]."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        result_file = Path(folder) / "result.json"
+        subprocess.run(
+            [sys.executable, "-c", script, str(result_file), *args],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        return json.loads(result_file.read_text())
+
+
+LOADED_HTTP = """
+import json, sys
+loaded = lambda: sorted(m for m in sys.modules if m.split(".")[0] in {"fastapi", "starlette",
+    "uvicorn"} or m == "app.entrypoints.api")
+"""
+
+
+def test_importing_the_cli_loads_no_http_stack():
+    script = LOADED_HTTP + (
+        "import app.entrypoints.cli\n"
+        "open(sys.argv[1], 'w').write(json.dumps({'loaded': loaded()}))\n"
+    )
+    assert loaded_after(script) == {"loaded": []}
+
+
+def test_cli_commands_other_than_api_load_no_http_stack(db, world):
+    # Every command that reads or writes the job store, run in one fresh interpreter.
+    script = LOADED_HTTP + (
+        "from app.entrypoints.cli import main\n"
+        "codes = [main(a.split()) for a in sys.argv[2:]]\n"
+        "open(sys.argv[1], 'w').write(json.dumps({'codes': codes, 'loaded': loaded()}))\n"
+    )
+    commands = [
+        "status --no-probe",
+        "status --probe-timeout 1",
+        "jobs --state queued",
+        f"job {world['first']}",
+        "enqueue --key cli-http --definition tiny-job --net net-a",
+        f"abort {world['second']}",
+        "ready --timeout 2",
+        "config check",
+    ]
+    assert loaded_after(script, *commands) == {"codes": [0] * len(commands), "loaded": []}
+
+
+SCHEMA_SAMPLES = [
+    ("fl_dispatcher.enqueue_job", {"caller_key": "flip-1", "definition": "fedavg"}, True),
+    (
+        "fl_dispatcher.enqueue_job",
+        {
+            "caller_key": "flip-1",
+            "definition": "s3://bucket/job",
+            "required_sites": ["site-1"],
+            "net": "net-1",
+            "priority": -5,
+            "max_attempts": 3,
+        },
+        True,
+    ),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "bad key!", "definition": "d"}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k", "definition": "d", "colour": 1}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k", "definition": "d", "priority": 1001}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k", "definition": "d", "net": "Net 1"}, False),
+    ("fl_dispatcher.enqueue_job", {"caller_key": "k"}, False),
+    ("fl_dispatcher.abort_job", {"job_id": str(uuid.uuid4())}, True),
+    ("fl_dispatcher.abort_job", {"job_id": str(uuid.uuid4()), "reason": "x" * 501}, False),
+    ("fl_dispatcher.abort_job", {"reason": "no id"}, False),
+    ("fl_dispatcher.abort_job", {"job_id": "not-a-uuid"}, False),
+    (
+        "fl_dispatcher.report_job_status",
+        {"job_id": str(uuid.uuid4()), "status": "results_uploaded", "detail": "ok"},
+        True,
+    ),
+    ("fl_dispatcher.report_job_status", {"job_id": str(uuid.uuid4()), "status": "done"}, False),
+]
+
+
+def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys, monkeypatch):
+    import jsonschema
+    from pydantic import ValidationError
+
+    from app.schemas import PUBLIC_PAYLOADS
+
+    monkeypatch.setenv("PER_JOB_FL_SERVER", "maybe")  # settings would fail; not needed here
+    assert main(["schema"]) == 0
+    schemas = json.loads(capsys.readouterr().out)
+    assert set(schemas) == {
+        "fl_dispatcher.enqueue_job",
+        "fl_dispatcher.abort_job",
+        "fl_dispatcher.report_job_status",
+    }
+    # A caller validating with any JSON Schema tool accepts and rejects what the worker does.
+    for task, payload, valid in SCHEMA_SAMPLES:
+        validator = jsonschema.Draft202012Validator(
+            schemas[task], format_checker=jsonschema.FormatChecker()
+        )
+        jsonschema.Draft202012Validator.check_schema(schemas[task])
+        assert validator.is_valid(payload) is valid, (task, payload)
+        try:
+            PUBLIC_PAYLOADS[task].model_validate(payload)
+        except ValidationError:
+            accepted = False
+        else:
+            accepted = True
+        assert accepted is valid, (task, payload)

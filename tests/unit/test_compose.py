@@ -1,4 +1,5 @@
-"""compose.yml runs what the code can run: real subcommands, authenticated Flower, one beat."""
+"""compose.yml runs what the code can run: real subcommands, authenticated Celery Flower, one
+beat."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_every_app_command_is_a_real_subcommand_or_flower(services):
             continue
         args = argv(service["command"])
         if args[0] == "celery":
-            assert "flower" in args, f"{name}: the only celery command is Flower"
+            assert "flower" in args, f"{name}: the only celery command is Celery Flower"
         else:
             assert_cli_accepts(args)
 

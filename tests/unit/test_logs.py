@@ -108,3 +108,69 @@ def test_configuring_twice_keeps_one_handler(log_to):
     log_to()
     mine = [h for h in logging.getLogger().handlers if h.get_name() == "fl-dispatcher"]
     assert len(mine) == 1
+
+
+@pytest.fixture
+def throwaway_celery():
+    from celery import Celery
+
+    app = Celery("log-test", set_as_current=False)
+    yield app
+    app.close()
+
+
+@pytest.mark.parametrize("json_lines", ["true", "false"])
+def test_lines_inside_a_celery_task_carry_its_id_and_name(log_to, throwaway_celery, json_lines):
+    buffer = log_to(LOG_JSON=json_lines)
+    log = logging.getLogger("app.usecases.dispatch")
+
+    @throwaway_celery.task(name="log_test.probe", shared=False)  # not on the shared app
+    def probe() -> None:
+        log.info("inside the task", extra={"net": "net-a"})
+
+    log.info("before the task")
+    probe.apply(task_id="6f1c2b9e-task-id")
+    log.info("after the task")
+    lines = buffer.getvalue().splitlines()
+    ours = [line for line in lines if "app.usecases.dispatch" in line]
+    # Celery's own line about the outcome, written as the task ends, is tied to it too.
+    (outcome,) = [line for line in lines if "celery.app.trace" in line]
+    assert len(ours) == 3 and "succeeded" in outcome
+    if json_lines == "true":
+        before, inside, after = (json.loads(line) for line in ours)
+        for line in (inside, json.loads(outcome)):
+            assert (line["task_id"], line["task_name"]) == (
+                "6f1c2b9e-task-id",
+                "log_test.probe",
+            )
+        assert inside["net"] == "net-a"
+        assert "task_id" not in before and "task_name" not in before
+        assert "task_id" not in after and "task_name" not in after
+    else:
+        before, inside, after = ours
+        for line in (inside, outcome):
+            assert "task_id=6f1c2b9e-task-id" in line
+            assert "task_name=log_test.probe" in line
+        assert "task_" not in before and "task_" not in after
+
+
+def test_a_project_task_logs_with_its_id(log_to, world):
+    # A real public task, run by Celery (apply), logging from deep inside its use case.
+    from app import names
+    from tasks import base, public
+
+    buffer = log_to(LOG_JSON="true")
+    base.set_runtime(world.rt)
+    try:
+        public.enqueue_job.apply(
+            kwargs={"payload": {"caller_key": "log-1", "definition": "tiny-job", "net": "net-a"}},
+            task_id="enqueue-task-1",
+        )
+    finally:
+        base.set_runtime(None)
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    enqueued = [line for line in lines if line["message"] == "job enqueued"]
+    assert len(enqueued) == 1
+    assert enqueued[0]["task_id"] == "enqueue-task-1"
+    assert enqueued[0]["task_name"] == names.ENQUEUE_JOB
+    assert enqueued[0]["caller_key"] == "log-1"

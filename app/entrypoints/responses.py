@@ -1,0 +1,216 @@
+"""What each HTTP route answers, as pydantic models, so /openapi.json describes every
+response and FastAPI checks each answer against its model before it leaves.
+
+The read models (`app.usecases.views`) build plain dicts that the CLI prints as they are;
+these models describe the same dicts for HTTP. They forbid extra keys: a field added to a
+view but not here fails the API tests instead of going out undocumented. Timestamps stay
+the ISO 8601 strings the views produce (with their UTC offset).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from models import JobState, NetState
+
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+class FieldError(_Response):
+    """One invalid field of a request."""
+
+    loc: list[str] = Field(description="where: body, path or query, then the field")
+    msg: str
+    type: str
+
+
+class ErrorResponse(_Response):
+    """Every error answer (400, 401, 403, 404, 409, 422, 503)."""
+
+    detail: str = Field(description="what is wrong, for a person")
+    errors: list[FieldError] | None = Field(
+        default=None, description="422 only: each invalid field"
+    )
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
+    """`responses=` for a route that can answer these error codes."""
+    meaning = {
+        400: "The request was understood and refused (e.g. unknown net, bad state).",
+        401: "Missing or wrong X-API-Key.",
+        403: "Mutating routes are disabled (API_SECRET is unset).",
+        404: "No such job.",
+        409: "The job or net changed meanwhile; read it again.",
+        422: "The request does not match its schema.",
+        503: "The database is unavailable.",
+    }
+    return {code: {"model": ErrorResponse, "description": meaning[code]} for code in codes}
+
+
+# --- health -----------------------------------------------------------------------------
+
+
+class Health(_Response):
+    """The process is up."""
+
+    status: Literal["ok"]
+
+
+class Readiness(_Response):
+    """The dependency checks: "ok" or the error, per dependency."""
+
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, str] = Field(description='"database" and "broker": "ok" or the error')
+    failed: list[str] | None = Field(default=None, description="503 only: the failed checks")
+
+
+# --- jobs ---------------------------------------------------------------------------------
+
+
+class JobView(_Response):
+    """A job as GET /jobs and the CLI show it."""
+
+    id: uuid.UUID
+    caller_key: str
+    state: JobState
+    definition: str
+    required_sites: list[str]
+    requested_net: str | None
+    net: str | None = Field(description="the net it is or was assigned to")
+    priority: int
+    attempts: int
+    max_attempts: int
+    retries: int
+    nvflare_job_id: str | None
+    last_error: str | None
+    created_at: Timestamp
+    state_changed_at: Timestamp
+    assigned_at: Timestamp | None
+    dispatched_at: Timestamp | None
+    finished_at: Timestamp | None
+
+
+class JobEventView(_Response):
+    """One move of a job's state."""
+
+    from_state: JobState | None
+    to_state: JobState
+    at: Timestamp
+    reason: str
+
+
+class JobDetail(JobView):
+    """A job with its history, oldest move first."""
+
+    history: list[JobEventView]
+
+
+class JobList(_Response):
+    """Jobs, newest first."""
+
+    jobs: list[JobView]
+
+
+class Enqueued(_Response):
+    """POST /jobs: the job (new: 201, or the one the caller key already named: 200)."""
+
+    job_id: uuid.UUID
+    state: JobState
+    created: bool
+    notified: bool | None = Field(
+        description="whether the workers were told (null: nothing to tell); "
+        "false is harmless, beat finds the job"
+    )
+
+
+class AbortRequested(_Response):
+    """POST /jobs/{id}/abort: where the job is now."""
+
+    job_id: uuid.UUID
+    state: JobState
+    needs_server_abort: bool = Field(description="a worker aborts the run on its server")
+    notified: bool | None = Field(description="whether the workers were told")
+
+
+# --- /fl/status -------------------------------------------------------------------------
+
+
+class DriverView(_Response):
+    """What the net's scale driver reports."""
+
+    desired: int
+    running: int
+    pending: int
+    failure: str | None
+
+
+class ActiveJob(_Response):
+    """The job that holds the net."""
+
+    id: uuid.UUID
+    caller_key: str
+    state: JobState
+    nvflare_job_id: str | None
+    state_changed_at: Timestamp
+
+
+class ScaleEventView(_Response):
+    """The net's latest scale decision."""
+
+    action: str
+    replicas: int
+    outcome: str = Field(description="ok, or the classified error")
+    reason: str
+    at: Timestamp
+
+
+ServerStateView = Literal["started", "starting", "unreachable", "not_probed", "unknown"]
+
+
+class NetStatus(_Response):
+    """One configured net."""
+
+    name: str
+    state: NetState | None = Field(description="null: no database row yet")
+    state_changed_at: Timestamp | None
+    idle_since: Timestamp | None
+    always_on: bool
+    driver_kind: str
+    driver: DriverView | None = Field(description="null: not probed, or the probe failed")
+    server_state: ServerStateView = Field(
+        description="the admin client's answer; not_probed for a STOPPED scale-to-zero net, "
+        "unknown when the probe failed or timed out (see error)"
+    )
+    connected_sites: list[str] | None
+    required_sites: list[str]
+    active_job: ActiveJob | None
+    last_scale_event: ScaleEventView | None
+    last_error: str | None = Field(description="the net's last recorded error (SQL)")
+    error: str | None = Field(description="this response's probe errors for the net")
+
+
+class QueueView(_Response):
+    """The queue."""
+
+    queued: int
+    oldest_queued_at: Timestamp | None
+
+
+class FlStatus(_Response):
+    """Every configured net and the queue."""
+
+    generated_at: Timestamp
+    probed: bool
+    probe_timeout_s: float
+    queue: QueueView
+    nets: list[NetStatus]

@@ -1,0 +1,236 @@
+"""Read models: jobs and nets as every door shows them (GET /jobs, GET /fl/status, the
+CLI's `jobs`, `job` and `status`), so the HTTP API and the CLI cannot drift apart.
+
+Reads only: nothing here writes a row. `collect_status` also probes each net's driver and
+admin server, in parallel with a deadline (`app.parallel.Prober`). The admin server of a
+net that is STOPPED and scaled to zero is not contacted: its `server_state` is reported as
+`not_probed` (contacting it would only say "unreachable", which is that net's normal state,
+and must not count as an outage).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.adapters.drivers import Observation
+from app.adapters.nvflare.base import ServerState
+from app.errors import InvalidRequest
+from app.parallel import Prober
+from app.runtime import Runtime
+from app.usecases import services
+from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetState, ScaleEvent
+
+NOT_PROBED = "not_probed"  # server_state of a STOPPED scale-to-zero net: not contacted
+UNKNOWN = "unknown"  # server_state when the probe failed or timed out (see `error`)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def job_view(job: Job) -> dict[str, Any]:
+    """A job as the API and the CLI show it."""
+    return {
+        "id": str(job.id),
+        "caller_key": job.caller_key,
+        "state": job.state.value,
+        "definition": job.definition,
+        "required_sites": list(job.required_sites),
+        "requested_net": job.requested_net,
+        "net": job.net_name,
+        "priority": job.priority,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "retries": job.retries,
+        "nvflare_job_id": job.nvflare_job_id,
+        "last_error": job.last_error,
+        "created_at": _iso(job.created_at),
+        "state_changed_at": _iso(job.state_changed_at),
+        "assigned_at": _iso(job.assigned_at),
+        "dispatched_at": _iso(job.dispatched_at),
+        "finished_at": _iso(job.finished_at),
+    }
+
+
+def job_detail(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
+    """A job with its full history, oldest move first; NotFound if there is no such job."""
+    job = services.get_job(session, job_id)
+    events = session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.at, JobEvent.id)
+    )
+    view = job_view(job)
+    view["history"] = [
+        {
+            "from_state": e.from_state.value if e.from_state is not None else None,
+            "to_state": e.to_state.value,
+            "at": _iso(e.at),
+            "reason": e.reason,
+        }
+        for e in events
+    ]
+    return view
+
+
+def parse_job_state(raw: str) -> JobState:
+    """A job state from user input (any case); InvalidRequest naming the accepted values."""
+    try:
+        return JobState(raw.strip().upper())
+    except ValueError:
+        accepted = ", ".join(s.value for s in JobState)
+        raise InvalidRequest(f"unknown job state {raw!r}; expected one of: {accepted}") from None
+
+
+def list_jobs(session: Session, state: JobState | None, limit: int) -> list[dict[str, Any]]:
+    """Jobs, newest first, optionally in one state."""
+    stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit)
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    return [job_view(job) for job in session.scalars(stmt)]
+
+
+@dataclass(frozen=True)
+class _NetRow:
+    state: NetState
+    state_changed_at: datetime
+    idle_since: datetime | None
+    last_error: str | None
+
+
+def _sql_view(session: Session, names: Sequence[str]) -> dict[str, Any]:
+    nets = {
+        n.name: _NetRow(n.state, n.state_changed_at, n.idle_since, n.last_error)
+        for n in session.scalars(select(Net).where(Net.name.in_(names)))
+    }
+    active = {
+        j.net_name: {
+            "id": str(j.id),
+            "caller_key": j.caller_key,
+            "state": j.state.value,
+            "nvflare_job_id": j.nvflare_job_id,
+            "state_changed_at": _iso(j.state_changed_at),
+        }
+        for j in session.scalars(
+            select(Job).where(Job.net_name.in_(names), Job.state.in_(ACTIVE_JOB_STATES))
+        )
+    }
+    latest = (
+        select(func.max(ScaleEvent.id))
+        .where(ScaleEvent.net_name.in_(names))
+        .group_by(ScaleEvent.net_name)
+        .scalar_subquery()
+    )
+    scale = {
+        e.net_name: {
+            "action": e.action,
+            "replicas": e.replicas,
+            "outcome": e.outcome,
+            "reason": e.reason,
+            "at": _iso(e.at),
+        }
+        for e in session.scalars(select(ScaleEvent).where(ScaleEvent.id.in_(latest)))
+    }
+    queued, oldest = session.execute(
+        select(func.count(), func.min(Job.created_at)).where(Job.state == JobState.QUEUED)
+    ).one()
+    return {"nets": nets, "active": active, "scale": scale, "queued": queued, "oldest": oldest}
+
+
+def _observe(runtime: Runtime, name: str) -> Observation:
+    return runtime.driver(name).observe()
+
+
+def _server(runtime: Runtime, name: str) -> tuple[ServerState, list[str] | None]:
+    admin = runtime.admin(name)
+    state = admin.server_state()
+    sites = sorted(admin.connected_sites()) if state == ServerState.STARTED else None
+    return state, sites
+
+
+def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) -> dict[str, Any]:
+    """Every configured net (SQL state, driver view, server state, sites, active job, last
+    scale event) and the queue. `prober=None` skips the driver and admin probes (SQL only).
+
+    A net's probe failure or timeout lands in that net's `error`; only the database being
+    unreachable fails the whole call.
+    """
+    settings = runtime.settings
+    names = [n.name for n in settings.nets]
+    with runtime.sessions() as session:
+        sql = _sql_view(session, names)
+
+    calls: dict[str, Callable[[], Any]] = {}
+    probe_admin: dict[str, bool] = {}
+    for net in settings.nets:
+        row: _NetRow | None = sql["nets"].get(net.name)
+        always_on = net.always_on
+        # A scaled-to-zero server is not contacted: down is its normal state.
+        probe_admin[net.name] = always_on or (row is not None and row.state != NetState.STOPPED)
+        if prober is None:
+            continue
+        calls[f"driver:{net.name}"] = partial(_observe, runtime, net.name)
+        if probe_admin[net.name]:
+            calls[f"admin:{net.name}"] = partial(_server, runtime, net.name)
+    results = prober.run(calls, timeout_s) if prober is not None else {}
+
+    views = []
+    for net in settings.nets:
+        row = sql["nets"].get(net.name)
+        errors = []
+        if row is None:
+            errors.append("no database row yet (the worker creates it at start)")
+        driver_view: dict[str, Any] | None = None
+        server_state = NOT_PROBED
+        sites: list[str] | None = None
+        if prober is not None:
+            observed = results[f"driver:{net.name}"]
+            if observed.error is not None:
+                errors.append(f"driver: {observed.error}")
+            else:
+                obs: Observation = observed.value
+                driver_view = {
+                    "desired": obs.desired,
+                    "running": obs.running,
+                    "pending": obs.pending,
+                    "failure": obs.failure,
+                }
+            if probe_admin[net.name]:
+                probed = results[f"admin:{net.name}"]
+                if probed.error is not None:
+                    server_state = UNKNOWN
+                    errors.append(f"admin: {probed.error}")
+                else:
+                    state, sites = probed.value
+                    server_state = state.value
+        views.append(
+            {
+                "name": net.name,
+                "state": row.state.value if row else None,
+                "state_changed_at": _iso(row.state_changed_at) if row else None,
+                "idle_since": _iso(row.idle_since) if row else None,
+                "always_on": net.always_on,
+                "driver_kind": net.driver.kind,
+                "driver": driver_view,
+                "server_state": server_state,
+                "connected_sites": sites,
+                "required_sites": list(net.required_sites),
+                "active_job": sql["active"].get(net.name),
+                "last_scale_event": sql["scale"].get(net.name),
+                "last_error": row.last_error if row else None,
+                "error": "; ".join(errors) or None,
+            }
+        )
+    return {
+        "generated_at": _iso(runtime.clock()),
+        "probed": prober is not None,
+        "probe_timeout_s": timeout_s,
+        "queue": {"queued": sql["queued"], "oldest_queued_at": _iso(sql["oldest"])},
+        "nets": views,
+    }
