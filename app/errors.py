@@ -51,6 +51,11 @@ class NotFound(DispatcherError):
     """The job or net named by a caller does not exist."""
 
 
+class RequestRejected(NotFound):
+    """No such job because the enqueue that would have created it was refused (the reason
+    is kept for REJECTED_RETENTION_S)."""
+
+
 class JobOutcomeError(DispatcherError):
     """A job-level answer from the server that is not a connection problem."""
 

@@ -41,7 +41,7 @@ from app.entrypoints.responses import (
     Readiness,
     error_responses,
 )
-from app.errors import InvalidRequest, NotFound
+from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.metrics import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
@@ -142,6 +142,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
         return _error(400, str(exc))
 
+    @app.exception_handler(RequestRejected)
+    async def _rejected(_: Request, exc: RequestRejected) -> JSONResponse:
+        # 410: the id names a job whose enqueue was refused, not one still on its way.
+        return _error(410, str(exc))
+
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
         return _error(404, str(exc))
@@ -230,7 +235,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         "/jobs/{job_id}",
         tags=["jobs"],
         response_model=JobDetail,
-        responses=error_responses(404, 422, 503),
+        responses=error_responses(404, 410, 422, 503),
     )
     def get_job(job_id: uuid.UUID) -> dict[str, Any]:
         """One job with its history."""

@@ -10,7 +10,7 @@ the ISO 8601 strings the views produce (with their UTC offset).
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +50,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         401: "Missing or wrong X-API-Key.",
         403: "Mutating routes are disabled (API_SECRET is unset).",
         404: "No such job.",
+        410: "No such job: the enqueue that would have created it was rejected (the reason).",
         409: "The job or net changed meanwhile; read it again.",
         422: "The request does not match its schema.",
         503: "The database is unavailable.",
@@ -85,6 +86,7 @@ class JobView(_Response):
     state: JobState
     definition: str
     required_sites: list[str]
+    metadata: dict[str, Any] | None = Field(description="flip-api's own object, as given")
     requested_net: str | None
     net: str | None = Field(description="the net it is or was assigned to")
     priority: int

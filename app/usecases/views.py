@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.adapters.drivers import Observation
 from app.adapters.nvflare.base import ServerState
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober
 from app.runtime import Runtime
 from app.usecases import services
@@ -44,6 +44,7 @@ def job_view(job: Job) -> dict[str, Any]:
         "state": job.state.value,
         "definition": job.definition,
         "required_sites": list(job.required_sites),
+        "metadata": job.metadata_,
         "requested_net": job.requested_net,
         "net": job.net_name,
         "priority": job.priority,
@@ -61,8 +62,17 @@ def job_view(job: Job) -> dict[str, Any]:
 
 
 def job_detail(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
-    """A job with its full history, oldest move first; NotFound if there is no such job."""
-    job = services.get_job(session, job_id)
+    """A job with its full history, oldest move first. RequestRejected if the enqueue that
+    would have created it was refused, NotFound if there is no such job at all."""
+    try:
+        job = services.get_job(session, job_id)
+    except NotFound:
+        rejection = services.get_rejection(session, job_id)
+        if rejection is None:
+            raise
+        raise RequestRejected(
+            f"job {job_id}: rejected at {_iso(rejection.at)}: {rejection.reason}"
+        ) from None
     events = session.scalars(
         select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.at, JobEvent.id)
     )

@@ -25,7 +25,7 @@ from app.celery_app import CeleryOutbox
 from app.entrypoints.api import create_app, iter_routes
 from app.errors import AdminMisconfigured
 from app.runtime import RecordingOutbox, Runtime
-from app.schemas import EnqueueJob
+from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
 from app.usecases import services
 from models import Job, JobEvent, JobState, Net, NetState, ScaleEvent
@@ -352,6 +352,14 @@ def test_other_bad_requests(three_nets):
         assert client.get(f"/jobs/{missing}").json() == {"detail": f"job {missing} not found"}
         assert client.get(f"/jobs/{missing}").status_code == 404
         assert client.post(f"/jobs/{missing}/abort", headers=AUTH).status_code == 404
+        with h.sessions.begin() as session:
+            services.record_rejection(session, "flip-bad", "unknown net 'x'", h.clock(), 3600)
+        rejected = client.get(f"/jobs/{job_id_for('flip-bad')}")
+        assert rejected.status_code == 410
+        assert (
+            "rejected" in rejected.json()["detail"]
+            and "unknown net 'x'" in rejected.json()["detail"]
+        )
         long_reason = {"reason": "x" * 501}
         too_long = client.post(f"/jobs/{h.job_id}/abort", json=long_reason, headers=AUTH)
         assert too_long.status_code == 422 and "body.reason" in too_long.json()["detail"]
