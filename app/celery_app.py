@@ -195,9 +195,14 @@ class CeleryOutbox:
 def celery_runtime(settings: Settings) -> Runtime:
     """A runtime whose outbox sends through the shared app configured for `settings`: what
     a worker child, the status API and the CLI's enqueue and abort use."""
+    from app.parallel import Prober
     from app.runtime import Runtime
 
-    return Runtime.from_settings(settings, outbox=CeleryOutbox(configure(settings)))
+    return Runtime.from_settings(
+        settings,
+        outbox=CeleryOutbox(configure(settings)),
+        fan_out=Prober(max_parallel=settings.housekeeping_parallel),
+    )
 
 
 def run_worker(

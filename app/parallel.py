@@ -35,6 +35,23 @@ def describe_error(exc: BaseException) -> str:
     return redact_url(f"{type(exc).__name__}: {exc}")
 
 
+class Sequential:
+    """Runs the calls one after another in this thread, with no deadline: deterministic, for
+    the unit tier and the simulator. Same results as `Prober.run`."""
+
+    def run(
+        self, calls: Mapping[str, Callable[[], Any]], timeout_s: float
+    ) -> dict[str, ProbeResult]:
+        """Run every call in order; an exception becomes the result's error."""
+        results: dict[str, ProbeResult] = {}
+        for key, call in calls.items():
+            try:
+                results[key] = ProbeResult(value=call())
+            except Exception as exc:  # noqa: BLE001 - reported like Prober reports it
+                results[key] = ProbeResult(error=describe_error(exc))
+        return results
+
+
 class Prober:
     """Runs probes in parallel, waiting at most a deadline for all of them.
 
@@ -47,20 +64,31 @@ class Prober:
     does not grow with the number of unreachable nets.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_parallel: int | None = None) -> None:
         self._inflight: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
+        # At most this many calls run at once (a fleet of a thousand nets must not start a
+        # thousand admin sessions); a call still waiting for a slot at its deadline is dropped.
+        self._slots = threading.BoundedSemaphore(max_parallel) if max_parallel else None
 
-    @staticmethod
-    def _start(key: str, call: Callable[[], Any]) -> Future[Any]:
+    def _start(self, key: str, call: Callable[[], Any], deadline: float) -> Future[Any]:
         future: Future[Any] = Future()
         future.set_running_or_notify_cancel()
+        slots = self._slots
 
         def target() -> None:
+            if slots is not None and not slots.acquire(
+                timeout=max(0.0, deadline - time.monotonic())
+            ):
+                future.set_exception(TimeoutError("no free slot before the deadline"))
+                return
             try:
                 future.set_result(call())
             except BaseException as exc:  # noqa: BLE001 - what an executor does: the waiter reports it
                 future.set_exception(exc)
+            finally:
+                if slots is not None:
+                    slots.release()
 
         threading.Thread(target=target, name=f"probe {key}", daemon=True).start()
         return future
@@ -80,7 +108,7 @@ class Prober:
                         error="probe timed out (previous probe still running)"
                     )
                     continue
-                started[key] = self._inflight[key] = self._start(key, call)
+                started[key] = self._inflight[key] = self._start(key, call, deadline)
         wait_futures(started.values(), timeout=max(0.0, deadline - time.monotonic()))
         for key, future in started.items():
             if not future.done():

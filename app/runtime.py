@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.adapters.drivers import ScaleDriver, build_driver
 from app.adapters.nvflare.base import AdminClient
 from app.db import make_engine, session_factory
+from app.parallel import ProbeResult, Sequential
 from app.settings import NetConfig, Settings
 from models import utcnow
 
@@ -33,6 +34,16 @@ def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
     from app.adapters.nvflare.client import build_admin_client
 
     return build_admin_client(net, settings)
+
+
+class FanOut(Protocol):
+    """Runs one call per key and returns each one's value or error (see app.parallel)."""
+
+    def run(
+        self, calls: Mapping[str, Callable[[], Any]], timeout_s: float
+    ) -> dict[str, ProbeResult]:
+        """Run the calls; those not done by the deadline are reported as timed out."""
+        ...
 
 
 class Outbox(Protocol):
@@ -76,6 +87,9 @@ class Runtime:
     driver_factory: DriverFactory = build_driver
     admin_factory: AdminFactory = _build_admin
     outbox: Outbox = field(default_factory=RecordingOutbox)
+    # How housekeeping talks to many servers at once: a bounded parallel Prober in a worker,
+    # in-line (deterministic) in unit tests and the simulator.
+    fan_out: FanOut = field(default_factory=Sequential)
     _drivers: dict[str, ScaleDriver] = field(default_factory=dict)
     _admins: dict[str, AdminClient] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -237,6 +237,7 @@ class Settings(BaseSettings):
     retry_backoff_max_s: int = Field(default=60, ge=1, alias="RETRY_BACKOFF_MAX_S")
     housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
     keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
+    housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
 
     api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
     flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from sqlalchemy import exists, or_, select
 
@@ -101,18 +102,27 @@ def keep_alive_busy_nets(rt: Runtime) -> list[str]:
     alone, so a scaled-to-zero server is never contacted."""
     with rt.sessions() as session:
         busy = list(session.scalars(select(Net.name).where(Net.state == NetState.BUSY)))
-    pinged = []
-    for name in busy:
-        if not rt.settings.has_net(name):
-            continue
+
+    def ping(name: str) -> bool:
         with _isolated(rt, "keep_alive_busy_nets", name):
             try:
                 rt.admin(name).ping()
-                pinged.append(name)
+                return True
             except DispatcherError as exc:
                 # Monitor decides what an unreachable or misconfigured BUSY net means.
                 log.warning("keep-alive failed", extra={"net": name, "reason": str(exc)})
-    return pinged
+        return False
+
+    calls = {name: partial(ping, name) for name in busy if rt.settings.has_net(name)}
+    results = rt.fan_out.run(calls, _round_deadline_s(rt))
+    return sorted(name for name, result in results.items() if result.value is True)
+
+
+def _round_deadline_s(rt: Runtime) -> float:
+    # Each net is talked to on its own (in parallel in a worker): one hung server costs the
+    # round one command timeout, not one per net. A net still busy past this is reported
+    # and left to finish in the background (at most one call per net at a time).
+    return rt.settings.admin_command_timeout_s + 2.0
 
 
 @dataclass(frozen=True)
@@ -153,12 +163,22 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
         if net_name is not None and nvflare_job_id is not None
     ]
     outcomes: dict[str, str] = _expire_report_waits(rt)
-    for net_name in sorted({w.net_name for w in watched}):
-        if not rt.settings.has_net(net_name):
-            continue
+
+    def watch(net_name: str) -> dict[str, str]:
         jobs = [w for w in watched if w.net_name == net_name]
         with _isolated(rt, "monitor_running_jobs", net_name):
-            outcomes |= _monitor_net(rt, net_name, jobs)
+            return _monitor_net(rt, net_name, jobs)
+        return {str(j.job_id): "monitor failed (see the net's last_error)" for j in jobs}
+
+    nets = sorted({w.net_name for w in watched if rt.settings.has_net(w.net_name)})
+    results = rt.fan_out.run({n: partial(watch, n) for n in nets}, _round_deadline_s(rt))
+    for net_name in nets:
+        result = results[net_name]
+        if result.error is not None:
+            for job in (w for w in watched if w.net_name == net_name):
+                outcomes[str(job.job_id)] = f"not watched this round: {result.error}"
+        else:
+            outcomes |= result.value
     return outcomes
 
 
