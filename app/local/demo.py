@@ -1,7 +1,8 @@
 """`fl-dispatcher demo`: the main job end to end on the embedded default.
 
 Provisions a local NVFLARE deployment (server + 2 sites), starts a real worker with beat on
-SQLite (tables and broker), enqueues a job, watches the server come up, the job run and the
+SQLite (tables and broker), enqueues a job, watches the server come up, the job run, the
+server held (FINISHING) until a stand-in for flip-api reports the results uploaded, and the
 server scale to zero; after an idle gap does it all again; prints every job and net state
 change live and ends with a summary. Leaves no process behind.
 """
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import TextIO
 
 from app.local.stack import LocalStack, StackOptions
+from app.schemas import ReportedStatus
 from models import JobEvent, JobState, NetEvent, NetState
 
 RUN_TIMEOUT_S = 600.0
+UPLOAD_S = 3.0  # how long the demo's stand-in for flip-api takes to "upload" results
 
 
 @dataclass
@@ -78,6 +81,32 @@ def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextIO) -> uu
         f"[{time.monotonic() - timeline.started:6.1f}s] enqueued {key} as job {str(job_id)[:8]}\n"
     )
 
+    def run_over() -> bool:
+        _poll(stack, timeline, out)
+        job = stack.job(job_id)
+        return job is not None and job.state in (
+            JobState.FINISHING,
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.ABORTED,
+        )
+
+    stack.wait_for(f"job {key}'s run to finish", run_over, RUN_TIMEOUT_S, poll_s=0.5)
+    job = stack.job(job_id)
+    if job is not None and job.state == JobState.FINISHING:
+        # FLIP's fl-server uploads the results from its own disk, then flip-api reports it:
+        # the server must stay up until then (RELEASE_AFTER=reported).
+        out.write(
+            f"[{time.monotonic() - timeline.started:6.1f}s] NVFLARE finished; the server is "
+            f"held (net {stack.net().state}) while flip-api uploads the results...\n"
+        )
+        time.sleep(UPLOAD_S)
+        _poll(stack, timeline, out)
+        out.write(
+            f"[{time.monotonic() - timeline.started:6.1f}s] flip-api reports results_uploaded\n"
+        )
+        stack.client.report_job_status(job_id, ReportedStatus.RESULTS_UPLOADED)
+
     def finished() -> bool:
         _poll(stack, timeline, out)
         job = stack.job(job_id)
@@ -121,7 +150,8 @@ def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextIO) -> None:
         out.write(
             f"  job {index}: cold start {_seconds(starting, ready)}   dispatch "
             f"{_seconds(ready, at.get(JobState.RUNNING))}   run "
-            f"{_seconds(at.get(JobState.RUNNING), at.get(JobState.COMPLETED))}   "
+            f"{_seconds(at.get(JobState.RUNNING), at.get(JobState.FINISHING))}   held "
+            f"{_seconds(at.get(JobState.FINISHING), at.get(JobState.COMPLETED))}   "
             f"enqueue->done {_seconds(at.get(JobState.QUEUED), at.get(JobState.COMPLETED))}\n"
         )
     out.write(
@@ -144,7 +174,8 @@ def run_demo(
     timeline = Timeline()
     succeeded = False
     try:
-        with LocalStack(StackOptions(workdir=root)) as stack:
+        options = StackOptions(workdir=root, extra_env={"RELEASE_AFTER": "reported"})
+        with LocalStack(options) as stack:
             out.write(
                 "provisioned a local NVFLARE deployment; sites started; worker + beat "
                 "running on SQLite\n"
