@@ -46,8 +46,9 @@ DEFAULT_EXCLUDED_PREFIXES = ("server_checkpoints/",)
 DEFAULT_MAX_BUNDLE_BYTES = 2 * 1024**3
 DEFAULT_MAX_BUNDLE_FILES = 10_000
 
-# botocore retries each call this many times in all ("standard" mode: throttling, 5xx,
-# connection errors, with backoff and jitter); the Celery task's retry adds the long tail.
+# botocore retries each call up to this many times after the first attempt ("standard"
+# mode: throttling, 5xx, connection errors, with backoff and jitter); the Celery task's
+# retry adds the long tail.
 S3_MAX_ATTEMPTS = 4
 S3_CONNECT_TIMEOUT_S = 5.0
 S3_READ_TIMEOUT_S = 30.0
