@@ -111,3 +111,8 @@ def sweep_prepared(settings: Settings, active_job_ids: set[str]) -> list[str]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder.name)
     return removed
+
+
+def cached_bundle_jobs(settings: Settings) -> set[uuid.UUID]:
+    """The ids of the jobs that have a cached S3 bundle."""
+    return BundleFetcher.from_settings(settings).cached_jobs()
