@@ -27,6 +27,11 @@ class DriverTransientError(TransientError):
     """The scale driver's platform throttled, timed out or was unreachable."""
 
 
+class BundleTransientError(TransientError):
+    """S3 throttled, failed (5xx), timed out, was unreachable or saw expired credentials
+    while a job bundle was listed or downloaded; the step retries, the job is not failed."""
+
+
 class MisconfigurationError(DispatcherError):
     """Fatal until a human fixes settings: never tolerated as "server down"."""
 
@@ -66,3 +71,8 @@ class NvflareJobNotFound(JobOutcomeError):
 
 class NvflareJobNotRunning(JobOutcomeError):
     """The server knows the job but it is not running (so nothing to abort)."""
+
+
+class BundleUnavailable(JobOutcomeError):
+    """The job's S3 bundle cannot be used: no bucket, no objects, access denied, an unsafe
+    key, or over a size or file-count cap. Retrying cannot help, so the job fails at once."""

@@ -239,6 +239,31 @@ class Settings(BaseSettings):
     keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
     housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
 
+    # --- S3 job bundles (app/adapters/s3_bundles.py) ---------------------------------
+    # Credentials are never settings: boto3's default chain (task role, env, profile).
+    s3_endpoint_url: str | None = Field(default=None, alias="S3_ENDPOINT_URL")  # tests: moto
+    # Key prefixes, relative to the job folder, never downloaded (comma-separated).
+    s3_excluded_prefixes: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("server_checkpoints/",), alias="S3_EXCLUDED_PREFIXES"
+    )
+    s3_max_bundle_bytes: int = Field(default=2 * 1024**3, gt=0, alias="S3_MAX_BUNDLE_BYTES")
+    s3_max_bundle_files: int = Field(default=10_000, gt=0, alias="S3_MAX_BUNDLE_FILES")
+
+    @field_validator("s3_endpoint_url", mode="before")
+    @classmethod
+    def _s3_endpoint_url(cls, value: object) -> object:
+        # Exported but empty means "AWS itself", like every other empty value.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("s3_excluded_prefixes", mode="before")
+    @classmethod
+    def _s3_excluded_prefixes(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    # --- end S3 job bundles ---------------------------------------------------------
+
     api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
     flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")
     log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")

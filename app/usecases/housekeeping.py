@@ -14,7 +14,7 @@ from functools import partial
 from sqlalchemy import exists, or_, select
 
 from app import names
-from app.adapters.jobdefs import sweep_prepared
+from app.adapters.jobdefs import cached_bundle_jobs, discard, sweep_prepared
 from app.adapters.nvflare.base import AdminClient, RunState, ServerState
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound, TransientError
@@ -23,7 +23,7 @@ from app.usecases import services
 from app.usecases.abort import RUN_OUTCOMES, expire_abort, settle_stray_runs
 from app.usecases.dispatch import abandon_dispatch, requeue_after_transient
 from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net, take_down
-from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState
+from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, NetState
 
 log = logging.getLogger(__name__)
 
@@ -386,6 +386,7 @@ def reconcile(rt: Runtime) -> Reconciled:
         services.sync_nets(session, rt.settings, now)
     redriven = _redrive_stuck_jobs(rt, now)
     _sweep_prepared(rt)
+    _discard_finished_bundles(rt)
     repaired = []
     for net_config in rt.settings.nets:
         note = ""
@@ -419,6 +420,31 @@ def _sweep_prepared(rt: Runtime) -> None:
         sweep_prepared(rt.settings, active)
     except OSError as exc:
         log.warning("removing prepared job copies failed", extra={"reason": str(exc)})
+
+
+def _discard_finished_bundles(rt: Runtime) -> list[uuid.UUID]:
+    """Delete the cached S3 bundles of jobs that ended or no longer exist.
+
+    Unlike the prepared copies, a QUEUED job keeps its bundle, so a requeue downloads only
+    the objects whose ETag changed.
+    """
+    try:
+        cached = cached_bundle_jobs(rt.settings)
+        if not cached:
+            return []
+        with rt.sessions() as session:
+            query = select(Job.id).where(Job.id.in_(cached), Job.state.not_in(TERMINAL_JOB_STATES))
+            live = set(session.scalars(query))
+        finished = sorted(cached - live)
+        for job_id in finished:
+            discard(rt.settings, job_id)
+    except OSError as exc:
+        # A full or read-only data folder must not stop the rest of reconcile.
+        log.warning("removing cached S3 bundles failed", extra={"reason": str(exc)})
+        return []
+    if finished:
+        log.info("cached S3 bundles removed", extra={"jobs": [str(j) for j in finished]})
+    return finished
 
 
 def _net_state(rt: Runtime, name: str) -> NetState:

@@ -19,6 +19,7 @@ from sqlalchemy import and_, case, delete, exists, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.adapters.s3_bundles import parse_s3_definition
 from app.errors import InvalidRequest, NotFound
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
 from app.settings import Settings
@@ -35,8 +36,6 @@ from models import (
 )
 
 log = logging.getLogger(__name__)
-
-_S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\0]+$")
 
 
 @dataclass(frozen=True)
@@ -106,9 +105,7 @@ def resolve_definition(settings: Settings, definition: str) -> str:
     Returns the normalised form stored on the job (the path relative to the root).
     """
     if definition.startswith("s3://"):
-        if not _S3_URI.match(definition):
-            raise InvalidRequest(f"definition {definition!r} is not a valid s3://bucket/key URI")
-        return definition
+        return parse_s3_definition(definition).uri  # network-free checks; raises InvalidRequest
     relative = PurePosixPath(definition)
     if relative.is_absolute() or ".." in relative.parts:
         raise InvalidRequest(

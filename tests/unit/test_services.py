@@ -68,7 +68,8 @@ def test_enqueue_takes_sites_from_the_requested_net(db, settings, clock):
         ("/etc", "relative folder"),
         ("missing-job", "not a folder"),
         ("tiny-job/../../x", "without '..'"),
-        ("s3://Bad_Bucket/x", "s3://bucket/key"),
+        ("s3://Bad_Bucket/x", "invalid bucket name"),
+        ("s3://flip-jobs/a/b c", "job folder name"),
     ],
 )
 def test_enqueue_rejects_bad_definitions_and_writes_nothing(

@@ -1,0 +1,123 @@
+"""S3 bundles inside the pipeline: dispatch fails the job for an unusable bundle, retries
+(raises) on a transient S3 error, and reconcile deletes the bundles of jobs that ended.
+
+S3 here is STUBBED at the botocore boundary (`Stubber` on a real S3 client handed to the
+fetcher in place of the default-chain client); the real-server tests are
+tests/integration/test_s3_bundles.py.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from pathlib import Path
+
+import botocore.session
+import pytest
+from botocore.response import StreamingBody
+from botocore.stub import Stubber
+
+from app.adapters import s3_bundles
+from app.errors import BundleTransientError
+from app.schemas import EnqueueJob
+from app.usecases import dispatch, housekeeping, services
+from app.usecases.dispatch import Step
+from models import JobState
+
+URI = "s3://flip-jobs/jobs/fedavg"
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    client = botocore.session.get_session().create_client(
+        "s3", region_name="eu-west-2", aws_access_key_id="stub", aws_secret_access_key="stub"
+    )
+    monkeypatch.setattr(s3_bundles, "make_s3_client", lambda *a, **k: client)
+    with Stubber(client) as stubber:
+        yield stubber
+
+
+def _dispatching(world) -> tuple[uuid.UUID, int]:
+    """An S3 job claimed by the always-on net, ready for the dispatch step, and its attempt."""
+    with world.rt.sessions.begin() as session:
+        job_id = services.enqueue_job(
+            session,
+            world.rt.settings,
+            EnqueueJob(caller_key="s3-job", definition=URI, net="fixed", required_sites=["s"]),
+            world.clock(),
+        ).job_id
+    world.server("fixed").sites = ["s"]
+    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    ready = dispatch.check_ready(world.rt, job_id, "fixed", assignment.attempt)
+    assert ready.step == Step.DONE
+    return job_id, assignment.attempt
+
+
+def test_an_unavailable_bundle_fails_the_job_at_once(world, stub):
+    job_id, attempt = _dispatching(world)
+    stub.add_client_error("list_objects_v2", "NoSuchBucket", "", 404)
+
+    result = dispatch.dispatch(world.rt, job_id, "fixed", attempt)
+
+    assert result.step == Step.GAVE_UP
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED
+    assert "s3://flip-jobs/jobs/fedavg: ListObjectsV2: NoSuchBucket" in (job.last_error or "")
+    assert world.server("fixed").submitted == {}
+
+
+def test_a_transient_s3_error_is_raised_for_the_task_to_retry(world, stub):
+    job_id, attempt = _dispatching(world)
+    stub.add_client_error("list_objects_v2", "SlowDown", "", 503)
+
+    with pytest.raises(BundleTransientError):
+        dispatch.dispatch(world.rt, job_id, "fixed", attempt)
+
+    assert world.job(job_id).state == JobState.DISPATCHING  # not failed, not requeued
+    assert world.server("fixed").submitted == {}
+
+
+def test_the_fetched_bundle_is_submitted(world, stub):
+    job_id, attempt = _dispatching(world)
+    meta = b'{"name": "fedavg", "deploy_map": {"app": ["@ALL"]}}'
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": [{"Key": "jobs/fedavg/meta.json", "ETag": '"e"', "Size": len(meta)}]},
+    )
+    stub.add_response("get_object", {"Body": StreamingBody(io.BytesIO(meta), len(meta))})
+
+    assert dispatch.dispatch(world.rt, job_id, "fixed", attempt).step == Step.DONE
+
+    assert world.job(job_id).state == JobState.RUNNING
+    folder = world.rt.settings.data_dir.resolve() / "job-cache" / str(job_id) / "bundle"
+    assert (folder / "fedavg" / "meta.json").read_bytes() == meta  # the cache is never edited
+
+
+def _cache(world, job_id) -> Path:
+    folder = world.rt.settings.data_dir.resolve() / "job-cache" / str(job_id)
+    (folder / "bundle" / "fedavg").mkdir(parents=True)
+    (folder / "bundle" / "fedavg" / "meta.json").write_text("{}")
+    return folder
+
+
+def test_reconcile_discards_bundles_of_ended_and_unknown_jobs_only(world):
+    queued = world.enqueue("still-queued", required_sites=["s"])
+    failed = world.enqueue("failed", required_sites=["s"])
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, failed, JobState.FAILED, "test", world.clock())
+    unknown = uuid.uuid4()  # e.g. a database reset under an old data folder
+    keep, drop, orphan = _cache(world, queued), _cache(world, failed), _cache(world, unknown)
+    stranger = keep.parent / "not-a-job"
+    stranger.mkdir()
+
+    housekeeping.reconcile(world.rt)
+
+    assert keep.is_dir()  # a requeue fetches only what changed
+    assert not drop.exists()
+    assert not orphan.exists()
+    assert stranger.is_dir()  # not ours to delete
+
+
+def test_reconcile_without_a_cache_folder_is_fine(world):
+    assert not (world.rt.settings.data_dir / "job-cache").exists()
+    housekeeping.reconcile(world.rt)
