@@ -27,6 +27,15 @@ def materialize(settings: Settings, definition: str, job_id: uuid.UUID) -> Path:
     return BundleFetcher.from_settings(settings).fetch(definition, job_id)
 
 
+def check_available(settings: Settings, definition: str) -> None:
+    """Fail fast, before a net is scaled up for it: the definition's folder exists, or its
+    S3 bundle is listed and checked (BundleUnavailable / BundleTransientError)."""
+    if definition.startswith("s3://"):
+        BundleFetcher.from_settings(settings).check(definition)
+    elif not job_folder(settings, definition).is_dir():
+        raise InvalidRequest(f"job folder {definition!r} disappeared from the job root")
+
+
 def discard(settings: Settings, job_id: uuid.UUID) -> bool:
     """Delete the job's cached S3 bundle, if it has one (the job has ended)."""
     return BundleFetcher.from_settings(settings).remove(job_id)

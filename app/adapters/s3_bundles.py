@@ -300,6 +300,12 @@ class BundleFetcher:
         )
         return folder
 
+    def check(self, definition: S3Definition | str) -> int:
+        """List the bundle and check it (exists, keys, caps) without downloading: what makes
+        a missing prefix fail a job before its net is scaled up. Returns its object count."""
+        bundle_def = parse_s3_definition(definition) if isinstance(definition, str) else definition
+        return len(self._list(bundle_def))
+
     def remove(self, job_id: uuid.UUID) -> bool:
         """Delete the job's cached bundle; False if it had none."""
         job_dir = self.job_dir(job_id)

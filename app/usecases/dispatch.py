@@ -18,7 +18,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from app import names
-from app.adapters.jobdefs import materialize, prepare
+from app.adapters.jobdefs import check_available, materialize, prepare
 from app.adapters.nvflare.base import Readiness
 from app.db import unit_of_work
 from app.errors import (
@@ -82,23 +82,44 @@ def _assigned(session: Session, job_id: uuid.UUID, net_name: str, attempt: int) 
 
 
 def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
-    """Step 1: the net's driver asked for one replica (no-op for a warm or always-on net)."""
+    """Step 1: check the job's bundle is there (a missing one fails the job before any
+    scale-up), ask the net's driver for one replica (no-op for a warm or always-on net), and
+    fetch the bundle while the server boots, so the download does not add to a cold start."""
     with unit_of_work(rt.sessions) as session:
         job = _assigned(session, job_id, net_name, attempt)
         if job is None:
             return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
         net_state = services.get_net(session, net_name).state
-    if rt.settings.net(net_name).always_on:
-        return StepResult(Step.DONE, "always-on net: never scaled")
-    if net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
-        # A warm net is reused as is; but one whose server died unnoticed is scaled again.
-        return StepResult(Step.DONE, "server already up")
+        definition = job.definition
     try:
-        scale_net(rt, net_name, 1, f"job {job_id} assigned")
-    except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc))
-        raise
-    return StepResult(Step.DONE, "driver asked for 1 replica")
+        check_available(rt.settings, definition)  # TransientError -> the task retries
+    except (InvalidRequest, JobOutcomeError) as exc:
+        return _reject_definition(rt, job_id, exc)
+    if rt.settings.net(net_name).always_on:
+        detail = "always-on net: never scaled"
+    elif net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
+        # A warm net is reused as is; but one whose server died unnoticed is scaled again.
+        detail = "server already up"
+    else:
+        try:
+            scale_net(rt, net_name, 1, f"job {job_id} assigned")
+        except MisconfigurationError as exc:
+            net_misconfigured(rt, net_name, job_id, str(exc))
+            raise
+        detail = "driver asked for 1 replica"
+    try:
+        materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
+    except (InvalidRequest, JobOutcomeError) as exc:
+        return _reject_definition(rt, job_id, exc)
+    return StepResult(Step.DONE, detail)
+
+
+def _reject_definition(rt: Runtime, job_id: uuid.UUID, exc: DispatcherError) -> StepResult:
+    """The job's definition itself is bad or gone: retrying cannot help, the net is fine."""
+    with unit_of_work(rt.sessions) as session:
+        services.finish_job(session, job_id, JobState.FAILED, f"rejected: {exc}", rt.clock())
+    kick(rt)
+    return StepResult(Step.GAVE_UP, str(exc))
 
 
 def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
@@ -209,11 +230,7 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
         nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        # The definition itself is bad: retrying cannot help, and the net is fine.
-        with unit_of_work(rt.sessions) as session:
-            services.finish_job(session, job_id, JobState.FAILED, f"rejected: {exc}", rt.clock())
-        kick(rt)
-        return StepResult(Step.GAVE_UP, str(exc))
+        return _reject_definition(rt, job_id, exc)
     except MisconfigurationError as exc:
         net_misconfigured(rt, net_name, job_id, str(exc))
         raise

@@ -121,3 +121,48 @@ def test_reconcile_discards_bundles_of_ended_and_unknown_jobs_only(world):
 def test_reconcile_without_a_cache_folder_is_fine(world):
     assert not (world.rt.settings.data_dir / "job-cache").exists()
     housekeeping.reconcile(world.rt)
+
+
+def _claimed_on_scaling_net(world) -> tuple[uuid.UUID, int]:
+    with world.rt.sessions.begin() as session:
+        job_id = services.enqueue_job(
+            session,
+            world.rt.settings,
+            EnqueueJob(caller_key="s3-cold", definition=URI, net="net-a", required_sites=["s"]),
+            world.clock(),
+        ).job_id
+    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    return job_id, assignment.attempt
+
+
+def test_a_missing_bundle_fails_the_job_before_any_scale_up(world, stub):
+    job_id, attempt = _claimed_on_scaling_net(world)
+    stub.add_response("list_objects_v2", {"KeyCount": 0, "IsTruncated": False})
+
+    result = dispatch.scale_up(world.rt, job_id, "net-a", attempt)
+
+    assert result.step == Step.GAVE_UP
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED and "flip-jobs" in (job.last_error or "")
+    assert world.driver("net-a").calls == []  # no scale-up wasted on it
+
+
+def test_the_bundle_is_downloaded_while_the_server_boots(world, stub):
+    job_id, attempt = _claimed_on_scaling_net(world)
+    listing = {
+        "KeyCount": 1,
+        "IsTruncated": False,
+        "Contents": [{"Key": "jobs/fedavg/meta.json", "ETag": '"e1"', "Size": 2}],
+    }
+    stub.add_response("list_objects_v2", listing)  # the check before scaling up
+    stub.add_response("list_objects_v2", listing)  # the fetch after it
+    stub.add_response(
+        "get_object",
+        {"Body": StreamingBody(io.BytesIO(b"{}"), 2), "ETag": '"e1"', "ContentLength": 2},
+    )
+
+    assert dispatch.scale_up(world.rt, job_id, "net-a", attempt).step == Step.DONE
+
+    assert world.driver("net-a").calls == [1]
+    assert job_id in s3_bundles.BundleFetcher.from_settings(world.rt.settings).cached_jobs()
+    stub.assert_no_pending_responses()
