@@ -138,11 +138,15 @@ class PlainFormatter(logging.Formatter):
 
 def secret_values(settings: Settings) -> list[str]:
     """Every configured secret, as the strings that must never reach a log line."""
-    values = [settings.api_secret.get_secret_value(), settings.flower_basic_auth.get_secret_value()]
+    values = [
+        settings.api_secret.get_secret_value(),
+        settings.flower_basic_auth.get_secret_value(),
+        settings.callback_secret.get_secret_value(),
+    ]
     # FLOWER_BASIC_AUTH is user:password[,user:password]; mask each password on its own too.
     for pair in settings.flower_basic_auth.get_secret_value().split(","):
         values.append(pair.partition(":")[2])
-    for url in (settings.database_url, settings.broker_url):
+    for url in (settings.database_url, settings.broker_url, settings.callback_url or ""):
         values.extend(_url_password(url))
     return [v for v in values if v]
 

@@ -264,6 +264,17 @@ class Settings(BaseSettings):
 
     # --- end S3 job bundles ---------------------------------------------------------
 
+    # Job status pushed to flip-api (app.usecases.callbacks); unset: off.
+    callback_url: str | None = Field(default=None, alias="CALLBACK_URL")
+    callback_secret: SecretStr = Field(default=SecretStr(""), alias="CALLBACK_SECRET")
+    callback_timeout_s: float = Field(default=10.0, gt=0, le=60, alias="CALLBACK_TIMEOUT_S")
+    # At most an hour: a retry waits as a Celery countdown, which must stay well inside the
+    # broker's visibility timeout (app.celery_app.VISIBILITY_TIMEOUT_S).
+    callback_max_backoff_s: float = Field(
+        default=300.0, ge=1, le=3600, alias="CALLBACK_MAX_BACKOFF_S"
+    )
+    callback_max_4xx_tries: int = Field(default=3, ge=1, alias="CALLBACK_MAX_4XX_TRIES")
+
     api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
     flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")
     log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")
@@ -279,6 +290,16 @@ class Settings(BaseSettings):
     def _nets_file(cls, value: object) -> object:
         # An exported-but-empty NETS_FILE means "not set", like every other empty value.
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("callback_url", mode="before")
+    @classmethod
+    def _callback_url(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value.strip()):
+            # The value may carry credentials: name the rule, not the value.
+            raise SettingsError("CALLBACK_URL must be an http:// or https:// URL")
+        return value.strip()
 
     @field_validator("log_json", mode="before")
     @classmethod
@@ -310,7 +331,18 @@ class Settings(BaseSettings):
             )
             net._always_on = net.driver.kind == "static" or not per_job
         self._by_name = {net.name: net for net in self._nets}
+        if self.callback_url is not None and len(self.callback_secret.get_secret_value()) < 16:
+            # Unsigned (or guessably signed) status pushes would let anyone on the path
+            # forge a job's end; refuse to start instead.
+            raise SettingsError(
+                "CALLBACK_SECRET must be set (at least 16 characters) when CALLBACK_URL is set"
+            )
         return self
+
+    @property
+    def callbacks_enabled(self) -> bool:
+        """True when job status changes are pushed to CALLBACK_URL."""
+        return self.callback_url is not None
 
     @property
     def nets(self) -> tuple[NetConfig, ...]:
@@ -334,6 +366,8 @@ class Settings(BaseSettings):
         data.pop("NETS", None)
         for key in ("DATABASE_URL", "BROKER_URL"):
             data[key] = redact_url(str(data[key]))
+        if data["CALLBACK_URL"] is not None:
+            data["CALLBACK_URL"] = redact_url(str(data["CALLBACK_URL"]))
         data["nets"] = [n.model_dump(mode="json") for n in self.nets]
         for net in data["nets"]:
             net["always_on"] = self.net(net["name"]).always_on
