@@ -1,6 +1,7 @@
 """The domain: SQLAlchemy models and the two state machines. No Celery, boto3 or NVFLARE here."""
 
 from models.base import Base, utcnow
+from models.callbacks import CallbackCursor, CallbackReceiver
 from models.states import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -20,6 +21,8 @@ __all__ = [
     "NET_TRANSITIONS",
     "TERMINAL_JOB_STATES",
     "Base",
+    "CallbackCursor",
+    "CallbackReceiver",
     "IllegalTransition",
     "Job",
     "JobEvent",

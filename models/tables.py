@@ -188,7 +188,12 @@ class Job(Base):
         )
         job.events.add(
             JobEvent(
-                job_id=job.id, from_state=None, to_state=JobState.QUEUED, at=now, reason="enqueued"
+                job_id=job.id,
+                from_state=None,
+                to_state=JobState.QUEUED,
+                at=now,
+                reason="enqueued",
+                attempt=0,
             )
         )
         return job
@@ -198,12 +203,28 @@ class Job(Base):
         """The job holds a net."""
         return self.state in ACTIVE_JOB_STATES
 
-    def transition(self, target: JobState, now: datetime, reason: str = "") -> None:
-        """Move to `target` if the table allows it, and record the move."""
+    def transition(
+        self,
+        target: JobState,
+        now: datetime,
+        reason: str = "",
+        *,
+        nvflare_job_id: str | None = None,
+    ) -> None:
+        """Move to `target` if the table allows it, and record the move with the attempt and
+        the NVFLARE run it concerns (`nvflare_job_id`: a run the move itself starts)."""
         if target not in JOB_TRANSITIONS[self.state]:
             raise IllegalTransition("job", str(self.id), self.state, target)
         self.events.add(
-            JobEvent(job_id=self.id, from_state=self.state, to_state=target, at=now, reason=reason)
+            JobEvent(
+                job_id=self.id,
+                from_state=self.state,
+                to_state=target,
+                at=now,
+                reason=reason,
+                attempt=self.attempts,
+                nvflare_job_id=nvflare_job_id or self.nvflare_job_id,
+            )
         )
         self.state = target
         self.state_changed_at = now
@@ -226,7 +247,9 @@ class Job(Base):
 
     def mark_running(self, nvflare_job_id: str, now: datetime) -> None:
         """The server accepted the job."""
-        self.transition(JobState.RUNNING, now, f"submitted as {nvflare_job_id}")
+        self.transition(
+            JobState.RUNNING, now, f"submitted as {nvflare_job_id}", nvflare_job_id=nvflare_job_id
+        )
         self.nvflare_job_id = nvflare_job_id
         self.dispatched_at = now
 
@@ -297,6 +320,11 @@ class JobEvent(Base):
     to_state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_event_to"))
     at: Mapped[datetime] = mapped_column(UTCDateTime())
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    # The job's attempt and NVFLARE run when the move happened: a status callback delivered
+    # late (its receiver was down across a requeue) must still tell the truth about its own
+    # move, not about the job's later state. NULL on rows written before migration 0003.
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="events")
 

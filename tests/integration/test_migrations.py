@@ -18,6 +18,8 @@ TABLES = {
     "net_events",
     "scale_events",
     "stray_runs",
+    "callback_cursors",
+    "callback_receiver",
     "alembic_version",
 }
 
