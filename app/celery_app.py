@@ -35,7 +35,10 @@ VISIBILITY_TIMEOUT_S = 2 * 3600
 
 log = logging.getLogger(__name__)
 
-celery = Celery("fl_dispatcher", include=["tasks.pipeline", "tasks.housekeeping", "tasks.public"])
+celery = Celery(
+    "fl_dispatcher",
+    include=["tasks.pipeline", "tasks.housekeeping", "tasks.public", "tasks.callbacks"],
+)
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -49,13 +52,17 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "options": {"expires": seconds},
         }
 
-    return {
+    schedule = {
         "assign-next-job": entry(names.ASSIGN_NEXT_JOB, every),
         "scale-down-idle-nets": entry(names.SCALE_DOWN_IDLE_NETS, every),
         "monitor-running-jobs": entry(names.MONITOR_RUNNING_JOBS, every),
         "reconcile": entry(names.RECONCILE, every * 2),
         "keep-alive-busy-nets": entry(names.KEEP_ALIVE_BUSY_NETS, settings.keep_alive_interval_s),
     }
+    if settings.callbacks_enabled:
+        # The sweep: events whose kick was lost, or made by a process that sends none.
+        schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every)
+    return schedule
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -194,15 +201,21 @@ class CeleryOutbox:
 
 def celery_runtime(settings: Settings) -> Runtime:
     """A runtime whose outbox sends through the shared app configured for `settings`: what
-    a worker child, the status API and the CLI's enqueue and abort use."""
+    a worker child, the status API and the CLI's enqueue and abort use. With callbacks on,
+    every commit of it that moves a job also sends the delivery task."""
     from app.parallel import Prober
     from app.runtime import Runtime
 
-    return Runtime.from_settings(
+    rt = Runtime.from_settings(
         settings,
         outbox=CeleryOutbox(configure(settings)),
         fan_out=Prober(max_parallel=settings.housekeeping_parallel),
     )
+    if settings.callbacks_enabled:
+        from app.usecases.callbacks import send_after_commit
+
+        send_after_commit(rt)
+    return rt
 
 
 def run_worker(

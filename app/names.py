@@ -27,3 +27,6 @@ SCALE_DOWN_IDLE_NETS = PREFIX + "scale_down_idle_nets"
 KEEP_ALIVE_BUSY_NETS = PREFIX + "keep_alive_busy_nets"
 MONITOR_RUNNING_JOBS = PREFIX + "monitor_running_jobs"
 RECONCILE = PREFIX + "reconcile"
+
+# job status pushed to flip-api (after every commit that moved a job, and beat's sweep)
+DELIVER_CALLBACKS = PREFIX + "deliver_callbacks"
