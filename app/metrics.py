@@ -26,6 +26,7 @@ from prometheus_client.core import (
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.usecases import callbacks as callbacks_uc
 from app.usecases.services import REPORT_TIMEOUT_REASON
 from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent, StrayRun
 
@@ -52,6 +53,10 @@ class Snapshot:
     job_requeues: int = 0
     stray_runs: dict[str, int] = field(default_factory=dict)
     report_timeouts: int = 0
+    # Status callbacks (all zero while CALLBACK_URL is unset).
+    callback_undelivered: int = 0
+    callback_oldest_undelivered_s: float = 0.0
+    callback_failed: int = 0
 
 
 def _seconds(start: datetime, end: datetime) -> float:
@@ -106,9 +111,16 @@ def dispatch_latencies(events: Iterable[JobEvent]) -> list[float]:
     return durations
 
 
-def read_snapshot(session: Session, now: datetime) -> Snapshot:
-    """Read the metrics from the tables (a few aggregate queries and the event histories)."""
+def read_snapshot(session: Session, now: datetime, *, callbacks: bool = False) -> Snapshot:
+    """Read the metrics from the tables (a few aggregate queries and the event histories);
+    `callbacks`: CALLBACK_URL is set, so the delivery backlog means something."""
     snap = Snapshot()
+    if callbacks:
+        backlog = callbacks_uc.backlog(session)
+        snap.callback_undelivered = backlog.undelivered
+        snap.callback_failed = backlog.failed
+        if backlog.oldest_undelivered_at is not None:
+            snap.callback_oldest_undelivered_s = _seconds(backlog.oldest_undelivered_at, now)
     for state, count in session.execute(select(Job.state, func.count()).group_by(Job.state)):
         snap.jobs_by_state[JobState(state)] = int(count)
     snap.net_states = {
@@ -261,6 +273,21 @@ def families(snap: Snapshot) -> list[Metric]:
             "FINISHING jobs settled because flip-api's results report never came.",
             value=snap.report_timeouts,
         ),
+        GaugeMetricFamily(
+            "fl_dispatcher_callback_undelivered_events",
+            "Job events not yet delivered to CALLBACK_URL (0 while callbacks are off).",
+            value=snap.callback_undelivered,
+        ),
+        GaugeMetricFamily(
+            "fl_dispatcher_callback_oldest_undelivered_seconds",
+            "Age of the oldest job event not yet delivered (0 when none).",
+            value=snap.callback_oldest_undelivered_s,
+        ),
+        CounterMetricFamily(
+            "fl_dispatcher_callback_failed_events",
+            "Job events the receiver rejected CALLBACK_MAX_4XX_TRIES times (given up).",
+            value=snap.callback_failed,
+        ),
     ]
 
 
@@ -278,21 +305,28 @@ def _stray_runs(snap: Snapshot) -> Metric:
 class SqlCollector:
     """A prometheus_client collector that reads a snapshot from SQL on every scrape."""
 
-    def __init__(self, sessions: sessionmaker[Session], clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        clock: Callable[[], datetime],
+        *,
+        callbacks: bool = False,
+    ) -> None:
         self._sessions = sessions
         self._clock = clock
+        self._callbacks = callbacks
 
     def collect(self) -> Iterator[Metric]:
         with self._sessions() as session:
-            snap = read_snapshot(session, self._clock())
+            snap = read_snapshot(session, self._clock(), callbacks=self._callbacks)
         yield from families(snap)
 
 
 def build_registry(
-    sessions: sessionmaker[Session], clock: Callable[[], datetime]
+    sessions: sessionmaker[Session], clock: Callable[[], datetime], *, callbacks: bool = False
 ) -> CollectorRegistry:
     """A registry holding only the SQL collector (its own, so several apps in one process,
     as in tests, never clash on the global registry)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SqlCollector(sessions, clock))
+    registry.register(SqlCollector(sessions, clock, callbacks=callbacks))
     return registry

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
 from app.settings import redact_url
 
 TIMESTAMP_HEADER = "X-FL-Dispatcher-Timestamp"
@@ -110,11 +108,15 @@ class HttpCallbackSender:
     from the environment (configuration comes from Settings only)."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
+        import httpx  # only a process that delivers loads it (the CLI's job view does not)
+
         self._url = url
         self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False)
 
     def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         """POST the body; an HTTP error status is an answer, not an exception."""
+        import httpx
+
         try:
             response = self._client.post(self._url, content=body, headers=dict(headers))
         except httpx.TransportError as exc:

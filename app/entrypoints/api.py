@@ -176,7 +176,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
-    registry = build_registry(ctx.runtime.sessions, ctx.runtime.clock)
+    registry = build_registry(
+        ctx.runtime.sessions,
+        ctx.runtime.clock,
+        callbacks=ctx.runtime.settings.callbacks_enabled,
+    )
     broker_url = ctx.runtime.settings.broker_url
 
     @app.get("/healthz", tags=["health"], response_model=Health)
@@ -240,7 +244,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job(job_id: uuid.UUID) -> dict[str, Any]:
         """One job with its history."""
         with ctx.runtime.sessions() as session:
-            return job_detail(session, job_id)
+            return job_detail(session, job_id, callbacks=ctx.runtime.settings.callbacks_enabled)
 
 
 async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:

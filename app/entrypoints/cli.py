@@ -190,7 +190,7 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     runtime = _runtime(settings)
     try:
         with runtime.sessions() as session:
-            job = job_detail(session, args.job_id)
+            job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
     finally:
         runtime.close()
     if args.json:

@@ -111,10 +111,21 @@ class JobEventView(_Response):
     reason: str
 
 
+class CallbackDelivery(_Response):
+    """How far the job's history was delivered to flip-api (README, "Status callbacks")."""
+
+    delivered: int = Field(description="events the receiver accepted")
+    pending: int = Field(description="events not delivered yet")
+    failed: int = Field(description="events rejected CALLBACK_MAX_4XX_TRIES times: given up")
+    last_error: str | None = Field(description="the last try that did not succeed, and why")
+    next_attempt_at: Timestamp | None = Field(description="the job's next try, if backing off")
+
+
 class JobDetail(JobView):
     """A job with its history, oldest move first."""
 
     history: list[JobEventView]
+    callbacks: CallbackDelivery | None = Field(description="null while CALLBACK_URL is unset")
 
 
 class JobList(_Response):

@@ -26,6 +26,7 @@ from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober
 from app.runtime import Runtime
 from app.usecases import services
+from app.usecases.callbacks import delivery_status
 from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetState, ScaleEvent
 
 NOT_PROBED = "not_probed"  # server_state of a STOPPED scale-to-zero net: not contacted
@@ -61,8 +62,9 @@ def job_view(job: Job) -> dict[str, Any]:
     }
 
 
-def job_detail(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
-    """A job with its full history, oldest move first. RequestRejected if the enqueue that
+def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) -> dict[str, Any]:
+    """A job with its full history, oldest move first, and with `callbacks` (CALLBACK_URL
+    set) how far that history was delivered to flip-api. RequestRejected if the enqueue that
     would have created it was refused, NotFound if there is no such job at all."""
     try:
         job = services.get_job(session, job_id)
@@ -86,6 +88,7 @@ def job_detail(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
         }
         for e in events
     ]
+    view["callbacks"] = delivery_status(session, job_id) if callbacks else None
     return view
 
 
