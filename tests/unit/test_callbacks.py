@@ -1,0 +1,551 @@
+"""Status callbacks: the signing scheme, and the delivery use case's ordering, retry and
+give-up rules, driven by the real use cases on an embedded database with a recording
+receiver in place of HTTP (tests/integration/test_callbacks_http.py does it over HTTP)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from celery.exceptions import Retry
+from sqlalchemy import select, update
+
+from app import names
+from app.adapters.callbacks import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    Answer,
+    ReceiverUnreachable,
+    describe_unreachable,
+    encode_body,
+    sign,
+    signed_headers,
+    verify,
+)
+from app.celery_app import beat_schedule
+from app.entrypoints.api import job_detail
+from app.errors import SettingsError
+from app.logs import secret_values
+from app.metrics import families, read_snapshot
+from app.runtime import RecordingOutbox
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from app.usecases import callbacks, housekeeping, intake, services
+from models import CallbackReceiver, Job, JobEvent, JobState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+
+SECRET = "a-callback-secret-of-some-length"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+class Receiver:
+    """flip-api as the sender sees it: answers by a rule, or does not answer while down."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, Any], dict[str, str], int]] = []
+        self.down = False
+        self.rule: Callable[[dict[str, Any]], int] = lambda payload: 200
+        self.during_post: Callable[[], None] | None = None
+
+    def post(self, body: bytes, headers) -> Answer:
+        if self.during_post is not None:
+            self.during_post()
+        if self.down:
+            raise ReceiverUnreachable("ConnectError: [Errno 111] Connection refused")
+        payload = json.loads(body)
+        assert verify(
+            SECRET,
+            headers[TIMESTAMP_HEADER],
+            headers[SIGNATURE_HEADER],
+            body,
+            now_s=float(headers[TIMESTAMP_HEADER]),
+        )
+        status = self.rule(payload)
+        self.requests.append((payload, dict(headers), status))
+        return Answer(status, "nope" if status >= 300 else "")
+
+    def close(self) -> None:
+        pass
+
+    def sent(self, job_id=None) -> list[tuple[int, str]]:
+        """(event_id, to_state) of every request, in the order they came."""
+        return [
+            (p["event_id"], p["to_state"])
+            for p, _, _ in self.requests
+            if job_id is None or p["job_id"] == str(job_id)
+        ]
+
+    def accepted(self, job_id=None) -> list[str]:
+        return [
+            p["to_state"]
+            for p, _, status in self.requests
+            if 200 <= status < 300 and (job_id is None or p["job_id"] == str(job_id))
+        ]
+
+
+def callback_settings(tmp_path, job_root, **extra: Any) -> Settings:
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
+        net_decl(tmp_path, "fixed", "static"),
+    ]
+    values: dict[str, Any] = {
+        "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
+        "JOB_ROOT": job_root,
+        "NETS": json.dumps(nets),
+        "PER_JOB_FL_SERVER": "true",
+        "CALLBACK_URL": "http://flip-api.invalid/fl/callbacks",
+        "CALLBACK_SECRET": SECRET,
+        "CALLBACK_MAX_BACKOFF_S": 10,
+    }
+    return Settings(**(values | extra))
+
+
+@pytest.fixture
+def cb(tmp_path, job_root, sqlite_factory, clock) -> World:
+    return World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
+
+
+@pytest.fixture
+def receiver() -> Receiver:
+    return Receiver()
+
+
+def deliver(world: World, receiver: Receiver) -> callbacks.DeliveryReport:
+    return callbacks.deliver_callbacks(world.rt, sender=receiver)
+
+
+def complete(world: World, job_id) -> None:
+    """The job's whole life through the real use cases: enqueued, run, finished."""
+    world.run_pipeline(job_id)
+    nvflare_id = world.job(job_id).nvflare_job_id
+    world.server("net-a").statuses[nvflare_id] = "FINISHED:COMPLETED"
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.COMPLETED
+
+
+LIFE = ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING", "COMPLETED"]
+
+
+def receiver_row(world: World) -> CallbackReceiver:
+    with world.rt.sessions() as session:
+        row = session.get(CallbackReceiver, callbacks.RECEIVER_ID)
+        assert row is not None
+        return row
+
+
+def status(world: World, job_id) -> dict[str, Any]:
+    with world.rt.sessions() as session:
+        return callbacks.delivery_status(session, job_id)
+
+
+# --- signing -------------------------------------------------------------------------------
+
+
+def test_the_signature_is_hmac_sha256_over_timestamp_dot_body():
+    # A fixed vector: the scheme is a contract with flip-api and must not drift.
+    assert sign("key", 1700000000, b'{"a":1}') == (
+        "sha256=a438e398bfafc57e4396bb7fc2304422f0f768e965d073ca313cb52e22e6ad03"
+    )
+
+
+def test_verify_accepts_the_signed_body_and_nothing_else():
+    body = encode_body({"b": 2, "a": "é"})
+    assert body == '{"a":"é","b":2}'.encode()  # compact, sorted keys, UTF-8
+    headers = signed_headers(SECRET, 1_000_000, body, 7)
+    ts, sig = headers[TIMESTAMP_HEADER], headers[SIGNATURE_HEADER]
+    assert verify(SECRET, ts, sig, body, now_s=1_000_100)
+    assert not verify("another-secret-entirely", ts, sig, body, now_s=1_000_100)
+    assert not verify(SECRET, ts, sig, body + b" ", now_s=1_000_100)  # tampered body
+    assert not verify(SECRET, "1000001", sig, body, now_s=1_000_100)  # timestamp swapped
+    assert not verify(SECRET, ts, sig, body, now_s=1_000_301)  # too old: a replay
+    assert not verify(SECRET, "soon", sig, body, now_s=1_000_100)
+    assert headers["X-FL-Dispatcher-Event-Id"] == "7"
+
+
+def _readme_snippet() -> str:
+    text = README.read_text()
+    section = text.split("## Status callbacks", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_verification_snippet_accepts_a_real_request_and_refuses_forgeries():
+    code = _readme_snippet()
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)
+    verify_callback = namespace["verify_callback"]
+    body = encode_body({"event_id": 1, "to_state": "RUNNING"})
+    headers = signed_headers(SECRET, int(time.time()), body, 1)
+    assert verify_callback(SECRET.encode(), headers, body)
+    assert not verify_callback(b"wrong-secret-wrong-secret", headers, body)
+    assert not verify_callback(SECRET.encode(), headers, body.replace(b"RUNNING", b"FAILED"))
+    stale = signed_headers(SECRET, int(time.time()) - 3600, body, 1)
+    assert not verify_callback(SECRET.encode(), stale, body)
+
+
+def test_an_unreachable_receiver_is_described_without_url_credentials():
+    url = "https://user:hunter2@flip-api.example/cb"
+    text = describe_unreachable(OSError(f"cannot reach {url}"), url)
+    assert "hunter2" not in text and "flip-api.example" in text
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+def test_callbacks_need_a_secret_and_an_http_url(tmp_path, job_root):
+    with pytest.raises(SettingsError, match="CALLBACK_SECRET"):
+        callback_settings(tmp_path, job_root, CALLBACK_SECRET="")
+    with pytest.raises(SettingsError, match="CALLBACK_SECRET"):
+        callback_settings(tmp_path, job_root, CALLBACK_SECRET="short")
+    with pytest.raises(SettingsError, match="CALLBACK_URL"):
+        callback_settings(tmp_path, job_root, CALLBACK_URL="ftp://flip-api/cb")
+    off = callback_settings(tmp_path, job_root, CALLBACK_URL="  ", CALLBACK_SECRET="")
+    assert not off.callbacks_enabled
+
+
+def test_the_secret_and_url_password_are_masked(tmp_path, job_root):
+    settings = callback_settings(
+        tmp_path, job_root, CALLBACK_URL="https://flip:pw-in-url@flip-api/cb"
+    )
+    shown = json.dumps(settings.redacted())
+    assert SECRET not in shown and "pw-in-url" not in shown
+    assert {SECRET, "pw-in-url"} <= set(secret_values(settings))
+
+
+def test_beat_sweeps_callbacks_only_when_they_are_on(cb, settings):
+    assert beat_schedule(cb.rt.settings)["deliver-callbacks"]["task"] == names.DELIVER_CALLBACKS
+    assert "deliver-callbacks" not in beat_schedule(settings)
+
+
+# --- delivery ------------------------------------------------------------------------------
+
+
+def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
+    job_id = cb.enqueue("j1", net="net-a")
+    complete(cb, job_id)
+
+    report = deliver(cb, receiver)
+    assert (report.delivered, report.failed, report.retry_in_s) == (5, 0, None)
+    assert [state for _, state in receiver.sent()] == LIFE
+    ids = [event_id for event_id, _ in receiver.sent()]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    first, *_, running, done = [p for p, _, _ in receiver.requests]
+    assert first == {
+        "event_id": ids[0],
+        "job_id": str(job_id),
+        "caller_key": "j1",
+        "metadata": {},
+        "from_state": None,
+        "to_state": "QUEUED",
+        "at": cb.job(job_id).created_at.isoformat(),
+        "reason": "enqueued",
+        "nvflare_job_id": None,
+        "attempt": 0,
+    }
+    assert (running["nvflare_job_id"], running["attempt"]) == ("nv-1", 0)
+    assert (done["from_state"], done["nvflare_job_id"]) == ("RUNNING", "nv-1")
+
+    assert deliver(cb, receiver).delivered == 0  # nothing is sent twice
+    assert len(receiver.requests) == 5
+    assert status(cb, job_id) == {
+        "delivered": 5,
+        "pending": 0,
+        "failed": 0,
+        "last_error": None,
+        "next_attempt_at": None,
+    }
+
+
+def test_a_late_callback_tells_its_own_move_not_the_jobs_later_state(cb, receiver):
+    """The receiver is down while the job runs and is requeued: the RUNNING event delivered
+    afterwards still names the run and attempt it was about."""
+    job_id = cb.enqueue("j1", net="net-a")
+    cb.run_pipeline(job_id)
+    cb.server("net-a").start_time = 2000.0  # the server restarted under the job
+    housekeeping.monitor_running_jobs(cb.rt)
+    job = cb.job(job_id)
+    assert (job.state, job.attempts, job.nvflare_job_id) == (JobState.QUEUED, 1, None)
+
+    deliver(cb, receiver)
+    by_state = {p["to_state"]: p for p, _, _ in receiver.requests}
+    assert (by_state["RUNNING"]["nvflare_job_id"], by_state["RUNNING"]["attempt"]) == ("nv-1", 0)
+    requeued = [p for p, _, _ in receiver.requests if p["from_state"] == "RUNNING"]
+    assert [(p["to_state"], p["attempt"], p["nvflare_job_id"]) for p in requeued] == [
+        ("QUEUED", 1, None)
+    ]
+
+
+def test_a_job_held_back_by_its_receiver_answer_keeps_its_order_and_holds_back_no_other(
+    cb, receiver
+):
+    a = cb.enqueue("a", net="net-a")
+    cb.run_pipeline(a)
+    b = cb.enqueue("b", net="fixed")
+    cb.run_pipeline(b)
+    with cb.rt.sessions() as session:
+        a_assigned = session.scalar(
+            select(JobEvent.id).where(JobEvent.job_id == a, JobEvent.to_state == JobState.ASSIGNED)
+        )
+    receiver.rule = lambda p: 503 if p["event_id"] == a_assigned else 200
+
+    report = deliver(cb, receiver)
+    assert receiver.accepted(b) == ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING"]
+    assert receiver.sent(a) == [(receiver.sent(a)[0][0], "QUEUED"), (a_assigned, "ASSIGNED")]
+    assert status(cb, a)["pending"] == 3
+    assert status(cb, a)["last_error"] == f"event {a_assigned}: HTTP 503: nope"
+    assert report.retry_in_s == 2.0  # the one wake-up, when job a's backoff ends
+
+    cb.clock.advance(1)
+    deliver(cb, receiver)
+    assert len(receiver.sent(a)) == 2  # not before its backoff
+
+    receiver.rule = lambda p: 200
+    cb.clock.advance(1)
+    deliver(cb, receiver)
+    assert receiver.accepted(a) == ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING"]
+    sent_a = [state for _, state in receiver.sent(a)]
+    assert sent_a == ["QUEUED", "ASSIGNED", "ASSIGNED", "DISPATCHING", "RUNNING"]
+
+
+def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver):
+    first = cb.enqueue("j1", net="net-a")
+    second = cb.enqueue("j2", net="fixed")
+    receiver.down = True
+    tries = []
+    waits = []
+    for _ in range(6):
+        before = receiver_row_failures(cb)
+        report = deliver(cb, receiver)
+        row = receiver_row(cb)
+        tries.append(row.failures - before)
+        waits.append((row.next_attempt_at - cb.clock()).total_seconds())
+        assert report.retry_in_s == waits[-1]
+        cb.clock.advance(1)
+        assert deliver(cb, receiver).retry_in_s is None  # resting; the wake-up is scheduled
+        assert receiver_row(cb).failures == row.failures  # and nothing was tried
+        cb.clock.advance(waits[-1])
+    # one try per rest, of the oldest event only; 2, 4, 8 s then CALLBACK_MAX_BACKOFF_S
+    assert tries == [1] * 6
+    assert waits == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    assert receiver.requests == []
+
+    receiver.down = False
+    deliver(cb, receiver)
+    assert receiver.accepted(first) == ["QUEUED"] and receiver.accepted(second) == ["QUEUED"]
+    assert receiver_row(cb).failures == 0
+    assert status(cb, first)["last_error"] == (
+        f"event {receiver.sent(first)[0][0]}: ConnectError: [Errno 111] Connection refused"
+    )
+
+
+def receiver_row_failures(world: World) -> int:
+    with world.rt.sessions() as session:
+        row = session.get(CallbackReceiver, callbacks.RECEIVER_ID)
+        return row.failures if row is not None else 0
+
+
+def test_a_rejected_event_is_given_up_after_the_4xx_limit_and_the_job_moves_on(cb, receiver):
+    job_id = cb.enqueue("j1", net="net-a")
+    complete(cb, job_id)
+    receiver.rule = lambda p: 422 if p["to_state"] == "ASSIGNED" else 200
+
+    for _ in range(10):
+        deliver(cb, receiver)
+        cb.clock.advance(10)
+    assert [state for _, state in receiver.sent()] == [
+        "QUEUED",
+        "ASSIGNED",
+        "ASSIGNED",
+        "ASSIGNED",  # CALLBACK_MAX_4XX_TRIES = 3, then never again
+        "DISPATCHING",
+        "RUNNING",
+        "COMPLETED",
+    ]
+    got = status(cb, job_id)
+    assert (got["delivered"], got["failed"], got["pending"]) == (4, 1, 0)
+    assert got["last_error"].endswith(
+        "HTTP 422: nope (rejected 3 times: given up, the job's next event goes out)"
+    )
+    with cb.rt.sessions() as session:
+        backlog = callbacks.backlog(session)
+    assert (backlog.undelivered, backlog.failed) == (0, 1)
+
+
+@pytest.mark.parametrize("answer", [408, 429, 500, 503])
+def test_a_failing_or_busy_receiver_is_retried_past_the_4xx_limit(cb, receiver, answer):
+    job_id = cb.enqueue("j1", net="net-a")
+    receiver.rule = lambda p: answer
+    for _ in range(6):
+        deliver(cb, receiver)
+        cb.clock.advance(10)
+    assert len(receiver.requests) == 6
+    assert status(cb, job_id)["failed"] == 0 and status(cb, job_id)["pending"] == 1
+    receiver.rule = lambda p: 200
+    deliver(cb, receiver)
+    assert receiver.accepted(job_id) == ["QUEUED"]
+
+
+def test_a_second_deliverer_waits_for_the_lease_and_takes_it_over_when_it_expires(cb, receiver):
+    job_id = cb.enqueue("j1", net="net-a")
+    assert callbacks._claim_lease(cb.rt, "a-worker-that-died")
+    report = deliver(cb, receiver)
+    assert report.busy and receiver.requests == []
+
+    cb.clock.advance(callbacks._lease_s(cb.rt) + 1)
+    assert deliver(cb, receiver).delivered == 1
+    assert receiver.accepted(job_id) == ["QUEUED"]
+
+
+def test_a_deliverer_that_lost_its_lease_records_nothing_and_the_event_goes_again(cb, receiver):
+    job_id = cb.enqueue("j1", net="net-a")
+
+    def taken_over() -> None:
+        with cb.rt.sessions.begin() as session:
+            session.execute(update(CallbackReceiver).values(lease_owner="someone-else"))
+
+    receiver.during_post = taken_over
+    assert deliver(cb, receiver).delivered == 0
+    assert status(cb, job_id)["pending"] == 1  # the answer was not recorded
+
+    receiver.during_post = None
+    cb.clock.advance(callbacks._lease_s(cb.rt) + 1)
+    deliver(cb, receiver)
+    (first, _), (again, _) = receiver.sent()
+    assert first == again  # a duplicate carries the same event_id
+    assert status(cb, job_id)["delivered"] == 1
+
+
+def test_events_committed_while_the_lease_is_held_go_out_in_the_same_call(cb, receiver):
+    """A kick that found the lease held returns at once; the holder looks again after
+    letting go, so the event does not wait for the sweep."""
+    first = cb.enqueue("j1", net="net-a")
+    late: list[Any] = []
+
+    def a_commit_meanwhile() -> None:
+        receiver.during_post = None
+        late.append(cb.enqueue("j2", net="fixed"))
+        assert deliver(cb, receiver).busy  # the kick for it finds the lease held
+
+    receiver.during_post = a_commit_meanwhile
+    report = deliver(cb, receiver)
+    assert report.delivered == 2 and report.retry_in_s is None
+    assert receiver.accepted(first) == ["QUEUED"] and receiver.accepted(late[0]) == ["QUEUED"]
+
+
+def test_only_one_retry_of_the_task_is_ever_scheduled(cb, receiver):
+    cb.enqueue("j1", net="net-a")
+    receiver.down = True
+    assert deliver(cb, receiver).retry_in_s == 2.0
+    cb.enqueue("j2", net="fixed")  # its kick finds work waiting, but a wake-up is due
+    assert deliver(cb, receiver).retry_in_s is None
+    cb.clock.advance(2)  # the scheduled retry runs, fails again, schedules the next one
+    assert deliver(cb, receiver).retry_in_s == 4.0
+    assert deliver(cb, receiver).retry_in_s is None
+
+
+def test_callbacks_off_sends_nothing(tmp_path, job_root, sqlite_factory, clock, receiver):
+    world = World(
+        callback_settings(tmp_path, job_root, CALLBACK_URL="", CALLBACK_SECRET=""),
+        sqlite_factory,
+        clock,
+    )
+    world.enqueue("j1", net="net-a")
+    assert deliver(world, receiver) == callbacks.DeliveryReport()
+    assert receiver.requests == []
+
+
+# --- the kick, the task, the views ---------------------------------------------------------
+
+
+class VisibilityOutbox(RecordingOutbox):
+    """Records, with each send, how many job events a new session could see right then."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.visible: list[int] = []
+
+    def send(self, task: str, **kwargs: Any) -> bool:
+        with self.world.rt.sessions() as session:
+            self.visible.append(len(session.scalars(select(JobEvent.id)).all()))
+        return super().send(task, **kwargs)
+
+
+def test_the_delivery_task_is_sent_through_the_outbox_after_the_commit(cb):
+    outbox = VisibilityOutbox(cb)
+    cb.rt.outbox = outbox
+    callbacks.send_after_commit(cb.rt)
+
+    job_id = intake.submit_job(
+        cb.rt, EnqueueJob(caller_key="j1", definition="tiny-job", net="net-a")
+    ).enqueued.job_id
+    assert outbox.sent == [(names.DELIVER_CALLBACKS, {}), (names.ASSIGN_NEXT_JOB, {})]
+    assert outbox.visible[0] == 1  # the QUEUED event was committed when the task was sent
+
+    outbox.sent.clear()
+    with pytest.raises(RuntimeError), cb.rt.sessions.begin() as session:
+        services.get_job(session, job_id).fail("about to roll back", cb.clock())
+        session.flush()
+        raise RuntimeError("the use case failed after its move")
+    assert outbox.sent == []  # a rolled-back move sends nothing
+    with cb.rt.sessions.begin() as session:
+        services.sync_nets(session, cb.rt.settings, cb.clock())  # no job moved
+    assert outbox.sent == []
+
+    intake.request_abort(cb.rt, job_id, "user")
+    assert (names.DELIVER_CALLBACKS, {}) in outbox.sent
+
+
+def test_the_task_delivers_and_comes_back_when_the_next_event_is_due(cb, monkeypatch):
+    from tasks import base
+    from tasks import callbacks as callback_tasks
+
+    cb.enqueue("j1", net="net-a")
+    # Nothing listens there: the real HTTP sender gets "connection refused" at once.
+    settings = cb.rt.settings.model_copy(update={"callback_url": "http://127.0.0.1:9/cb"})
+    monkeypatch.setattr(cb.rt, "settings", settings)
+    base.set_runtime(cb.rt)
+    try:
+        with (
+            mock.patch.object(
+                callback_tasks.deliver_callbacks, "retry", side_effect=Retry
+            ) as retry,
+            pytest.raises(Retry),
+        ):
+            callback_tasks.deliver_callbacks.run()
+    finally:
+        base.set_runtime(None)
+    assert retry.call_args.kwargs == {"countdown": 2.0, "max_retries": None}
+    assert "Connect" in receiver_row(cb).last_error
+
+
+def test_job_detail_and_metrics_show_what_is_undelivered(cb, receiver):
+    job_id = cb.enqueue("j1", net="net-a")
+    cb.clock.advance(30)
+    receiver.down = True
+    deliver(cb, receiver)
+    with cb.rt.sessions() as session:
+        view = job_detail(session, job_id, callbacks=True)
+        assert job_detail(session, job_id)["callbacks"] is None  # callbacks off
+        snap = read_snapshot(session, cb.clock(), callbacks=True)
+    assert view["callbacks"]["pending"] == 1 and view["callbacks"]["delivered"] == 0
+    assert "Connection refused" in view["callbacks"]["last_error"]
+    assert (snap.callback_undelivered, snap.callback_oldest_undelivered_s) == (1, 30.0)
+    named = {f.name: f for f in families(snap)}
+    assert named["fl_dispatcher_callback_undelivered_events"].samples[0].value == 1
+
+    receiver.down = False
+    cb.clock.advance(10)
+    deliver(cb, receiver)
+    with cb.rt.sessions() as session:
+        snap = read_snapshot(session, cb.clock(), callbacks=True)
+        job = session.get(Job, job_id)
+    assert (snap.callback_undelivered, snap.callback_oldest_undelivered_s) == (0, 0.0)
+    assert job is not None
