@@ -493,6 +493,9 @@ def send_after_commit(rt: Runtime) -> None:
 
     @event.listens_for(rt.sessions, "after_commit")
     def _kick(session: Session) -> None:
+        # Releasing a SAVEPOINT fires after_commit too; only the outermost commit counts.
+        if session.in_nested_transaction():
+            return
         if session.info.pop(_KICK_WANTED, False):
             rt.outbox.send(names.DELIVER_CALLBACKS)
 

@@ -1,0 +1,219 @@
+"""Status callbacks over real HTTP: a threaded http.server on loopback receives what the
+real httpx sender posts, while the real use cases drive jobs on PostgreSQL (fakes only for
+the NVFLARE server and the scale driver). Delivery is called as the task calls it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from app.adapters.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from app.settings import Settings
+from app.usecases import callbacks, housekeeping
+from models import JobState
+from tests.fixtures.db import FrozenClock, net_decl
+from tests.unit.conftest import World
+
+pytestmark = pytest.mark.integration
+
+SECRET = "integration-callback-secret"
+LIFE = ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING", "COMPLETED"]
+HANG = -1  # a rule's answer meaning: say nothing for longer than CALLBACK_TIMEOUT_S
+
+
+class HttpReceiver:
+    """flip-api's callback endpoint: verifies each request's signature against the raw
+    body and answers what `rule` says. Can be down (nothing listens on its port)."""
+
+    def __init__(self, port: int, clock: FrozenClock) -> None:
+        self.port = port
+        self.clock = clock
+        self.rule: Callable[[dict[str, Any]], int] = lambda payload: 200
+        self.requests: list[dict[str, Any]] = []  # payload + "_valid" + "_status"
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/fl/callbacks"
+
+    def start(self) -> None:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                payload = json.loads(body)
+                status = receiver.rule(payload)
+                payload["_valid"] = verify(
+                    SECRET,
+                    self.headers[TIMESTAMP_HEADER],
+                    self.headers[SIGNATURE_HEADER],
+                    body,
+                    now_s=receiver.clock().timestamp(),
+                )
+                payload["_status"] = status
+                receiver.requests.append(payload)
+                if status == HANG:
+                    time.sleep(1.0)
+                    return
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def states(self, job_id: Any) -> list[str]:
+        return [p["to_state"] for p in self.requests if p["job_id"] == str(job_id)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def receiver(clock) -> Iterator[HttpReceiver]:
+    receiver = HttpReceiver(free_port(), clock)
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture
+def make_world(tmp_path, job_root, pg_factory, clock, receiver):
+    def make(**extra: Any) -> World:
+        nets = [
+            net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
+            net_decl(tmp_path, "fixed", "static"),
+        ]
+        settings = Settings(
+            FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+            JOB_ROOT=job_root,
+            NETS=json.dumps(nets),
+            PER_JOB_FL_SERVER="true",
+            CALLBACK_URL=receiver.url,
+            CALLBACK_SECRET=SECRET,
+            CALLBACK_MAX_BACKOFF_S=30,
+            **extra,
+        )
+        return World(settings, pg_factory, clock)
+
+    return make
+
+
+def run_to_completion(world: World, key: str, net: str) -> Any:
+    job_id = world.enqueue(key, net=net)
+    world.run_pipeline(job_id)
+    world.server(net).statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.COMPLETED
+    return job_id
+
+
+def status(world: World, job_id: Any) -> dict[str, Any]:
+    with world.rt.sessions() as session:
+        return callbacks.delivery_status(session, job_id)
+
+
+def test_every_event_of_two_lives_arrives_in_order_and_signed(make_world, receiver):
+    world = make_world()
+    receiver.start()
+    a = run_to_completion(world, "a", "net-a")
+    b = run_to_completion(world, "b", "fixed")
+
+    report = callbacks.deliver_callbacks(world.rt)
+    assert (report.delivered, report.failed, report.retry_in_s) == (10, 0, None)
+    assert receiver.states(a) == LIFE and receiver.states(b) == LIFE
+    assert all(p["_valid"] for p in receiver.requests)
+    for job_id in (a, b):
+        ids = [p["event_id"] for p in receiver.requests if p["job_id"] == str(job_id)]
+        assert ids == sorted(ids)
+    running = next(p for p in receiver.requests if p["to_state"] == "RUNNING")
+    assert (running["caller_key"], running["nvflare_job_id"], running["attempt"]) == (
+        "a",
+        "nv-1",
+        0,
+    )
+    assert callbacks.deliver_callbacks(world.rt).delivered == 0
+    assert len(receiver.requests) == 10
+
+
+def test_a_receiver_that_was_down_gets_every_event_later_in_order(make_world, receiver, clock):
+    world = make_world()
+    job_id = run_to_completion(world, "a", "net-a")  # the pipeline never waits for it
+
+    waits = []
+    for _ in range(3):  # connection refused, each time after a longer rest
+        report = callbacks.deliver_callbacks(world.rt)
+        assert report.delivered == 0 and report.retry_in_s is not None
+        waits.append(report.retry_in_s)
+        clock.advance(report.retry_in_s)
+    assert waits == [2.0, 4.0, 8.0]
+    got = status(world, job_id)
+    assert got["pending"] == 5 and got["delivered"] == 0
+    assert "ConnectError" in got["last_error"]
+
+    late = run_to_completion(world, "b", "fixed")  # more history while it is down
+    receiver.start()
+    report = callbacks.deliver_callbacks(world.rt)
+    assert report.delivered == 10
+    assert receiver.states(job_id) == LIFE and receiver.states(late) == LIFE
+    assert all(p["_valid"] for p in receiver.requests)
+    assert status(world, job_id)["pending"] == 0
+
+
+def test_a_rejecting_receiver_is_not_retried_for_ever(make_world, receiver, clock):
+    world = make_world(CALLBACK_MAX_4XX_TRIES=2)
+    receiver.rule = lambda payload: 400
+    receiver.start()
+    job_id = run_to_completion(world, "a", "net-a")
+
+    for _ in range(12):
+        callbacks.deliver_callbacks(world.rt)
+        clock.advance(30)
+    # each event twice (CALLBACK_MAX_4XX_TRIES), in order, then given up
+    assert receiver.states(job_id) == [state for state in LIFE for _ in range(2)]
+    got = status(world, job_id)
+    assert (got["delivered"], got["failed"], got["pending"]) == (0, 5, 0)
+    assert "HTTP 400: ok (rejected 2 times" in got["last_error"]
+    before = len(receiver.requests)
+    clock.advance(3600)
+    callbacks.deliver_callbacks(world.rt)
+    assert len(receiver.requests) == before
+
+
+def test_a_receiver_that_times_out_gets_the_event_again_with_the_same_id(
+    make_world, receiver, clock
+):
+    world = make_world(CALLBACK_TIMEOUT_S=0.3)
+    answers = iter([HANG])
+    receiver.rule = lambda payload: next(answers, 200)
+    receiver.start()
+    job_id = world.enqueue("a", net="net-a")
+
+    report = callbacks.deliver_callbacks(world.rt)
+    assert report.delivered == 0 and report.retry_in_s == 2.0
+    assert "Timeout" in status(world, job_id)["last_error"]
+    clock.advance(2)
+    assert callbacks.deliver_callbacks(world.rt).delivered == 1
+    first, again = receiver.requests
+    assert first["event_id"] == again["event_id"] and again["_status"] == 200
