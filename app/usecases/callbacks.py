@@ -496,8 +496,14 @@ def send_after_commit(rt: Runtime) -> None:
         # Releasing a SAVEPOINT fires after_commit too; only the outermost commit counts.
         if session.in_nested_transaction():
             return
-        if session.info.pop(_KICK_WANTED, False):
+        if not session.info.pop(_KICK_WANTED, False):
+            return
+        try:
             rt.outbox.send(names.DELIVER_CALLBACKS)
+        except Exception:
+            # Raising here would surface from commit() and fail a use case whose move is
+            # already stored; a lost kick only delays delivery until beat's sweep.
+            log.exception("sending the callback delivery task failed")
 
     @event.listens_for(rt.sessions, "after_rollback")
     def _forget(session: Session) -> None:

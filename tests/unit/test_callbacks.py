@@ -549,3 +549,14 @@ def test_job_detail_and_metrics_show_what_is_undelivered(cb, receiver):
         job = session.get(Job, job_id)
     assert (snap.callback_undelivered, snap.callback_oldest_undelivered_s) == (0, 0.0)
     assert job is not None
+
+
+def test_a_kick_that_cannot_be_sent_never_fails_the_committed_move(cb):
+    class BrokenOutbox(RecordingOutbox):
+        def send(self, task: str, **kwargs: Any) -> bool:
+            raise RuntimeError("the broker client blew up")
+
+    cb.rt.outbox = BrokenOutbox()
+    callbacks.send_after_commit(cb.rt)
+    job_id = cb.enqueue("j1", net="net-a")  # would raise out of commit() otherwise
+    assert cb.job(job_id).state == JobState.QUEUED
