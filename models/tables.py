@@ -322,7 +322,7 @@ class JobEvent(Base):
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     # The job's attempt and NVFLARE run when the move happened: a status callback delivered
     # late (its receiver was down across a requeue) must still tell the truth about its own
-    # move, not about the job's later state. NULL on rows written before migration 0003.
+    # move, not about the job's later state. NULL on rows written before migration 0004.
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
 

@@ -90,9 +90,7 @@ def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
         "event_id": event.id,
         "job_id": str(job.id),
         "caller_key": job.caller_key,
-        # TODO(metadata): send the job's `metadata` (the optional JSON object flip-api gives
-        # at enqueue, `Job.metadata_`) once the jobs table has it; until then always {}.
-        "metadata": {},
+        "metadata": job.metadata_ if job.metadata_ is not None else {},
         "from_state": event.from_state.value if event.from_state is not None else None,
         "to_state": event.to_state.value,
         "at": event.at.isoformat(),
@@ -483,8 +481,8 @@ def _record(
 def send_after_commit(rt: Runtime) -> None:
     """After every commit of `rt`'s sessions that wrote job history, send the delivery task
     through the outbox. One listener for every use case, present and future, so no move can
-    forget its callback; rolled-back moves send nothing. Install once per runtime (the
-    worker's); other processes' moves are delivered by the next kick or beat's sweep."""
+    forget its callback; rolled-back moves send nothing. Install once per runtime
+    (`app.celery_app.celery_runtime` does); a lost kick is covered by beat's sweep."""
 
     @event.listens_for(rt.sessions, "after_flush")
     def _note(session: Session, _context: Any) -> None:

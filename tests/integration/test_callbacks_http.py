@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -217,3 +218,33 @@ def test_a_receiver_that_times_out_gets_the_event_again_with_the_same_id(
     assert callbacks.deliver_callbacks(world.rt).delivered == 1
     first, again = receiver.requests
     assert first["event_id"] == again["event_id"] and again["_status"] == 200
+
+
+def test_the_status_api_shows_what_is_not_delivered_yet(make_world, receiver, clock):
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from app.entrypoints.api import create_app
+
+    world = make_world()
+    receiver.rule = lambda payload: 503
+    receiver.start()
+    job_id = world.enqueue("a", net="net-a")
+    clock.advance(20)
+    callbacks.deliver_callbacks(world.rt)
+
+    with TestClient(create_app(world.rt)) as client:
+        detail = client.get(f"/jobs/{job_id}")
+        metrics = client.get("/metrics").text
+    assert detail.status_code == 200
+    assert detail.json()["callbacks"] == {
+        "delivered": 0,
+        "pending": 1,
+        "failed": 0,
+        "last_error": f"event {receiver.requests[0]['event_id']}: HTTP 503: ok",
+        "next_attempt_at": (clock() + timedelta(seconds=2)).isoformat(),
+    }
+    values = {s.name: s.value for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert values["fl_dispatcher_callback_undelivered_events"] == 1
+    assert values["fl_dispatcher_callback_oldest_undelivered_seconds"] == 20
+    assert values["fl_dispatcher_callback_failed_events_total"] == 0

@@ -228,7 +228,7 @@ def test_beat_sweeps_callbacks_only_when_they_are_on(cb, settings):
 
 
 def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
-    job_id = cb.enqueue("j1", net="net-a")
+    job_id = cb.enqueue("j1", net="net-a", metadata={"model_id": "m-42", "project_id": "p-7"})
     complete(cb, job_id)
 
     report = deliver(cb, receiver)
@@ -241,7 +241,7 @@ def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
         "event_id": ids[0],
         "job_id": str(job_id),
         "caller_key": "j1",
-        "metadata": {},
+        "metadata": {"model_id": "m-42", "project_id": "p-7"},
         "from_state": None,
         "to_state": "QUEUED",
         "at": cb.job(job_id).created_at.isoformat(),
@@ -250,6 +250,7 @@ def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
         "attempt": 0,
     }
     assert (running["nvflare_job_id"], running["attempt"]) == ("nv-1", 0)
+    assert running["metadata"] == first["metadata"]
     assert (done["from_state"], done["nvflare_job_id"]) == ("RUNNING", "nv-1")
 
     assert deliver(cb, receiver).delivered == 0  # nothing is sent twice
@@ -560,3 +561,28 @@ def test_a_kick_that_cannot_be_sent_never_fails_the_committed_move(cb):
     callbacks.send_after_commit(cb.rt)
     job_id = cb.enqueue("j1", net="net-a")  # would raise out of commit() otherwise
     assert cb.job(job_id).state == JobState.QUEUED
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_every_door_kicks_delivery_through_the_real_broker(tmp_path, job_root, sqlite_url, enabled):
+    """celery_runtime is what a worker, the status API and the CLI build: with callbacks on,
+    an enqueue puts deliver_callbacks on the broker's queue beside assign_next_job."""
+    from app.celery_app import celery_runtime
+    from tests.unit.test_celery_app import queued_tasks
+
+    broker = tmp_path / "broker.db"
+    extra = {} if enabled else {"CALLBACK_URL": "", "CALLBACK_SECRET": ""}
+    settings = callback_settings(
+        tmp_path,
+        job_root,
+        DATABASE_URL=sqlite_url,
+        BROKER_URL=f"sqla+sqlite:///{broker}",
+        **extra,
+    )
+    rt = celery_runtime(settings)
+    try:
+        intake.submit_job(rt, EnqueueJob(caller_key="j1", definition="tiny-job", net="net-a"))
+    finally:
+        rt.close()
+    expected = [names.DELIVER_CALLBACKS] if enabled else []
+    assert queued_tasks(broker) == [*expected, names.ASSIGN_NEXT_JOB]

@@ -1,7 +1,7 @@
 """status callbacks: delivery cursors, the receiver row, each event's attempt and run
 
-Revision ID: 0003_callbacks
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-11-30 09:00:00
 
 """
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003_callbacks"
-down_revision: str | Sequence[str] | None = "0002"
+revision: str = "0004"
+down_revision: str | Sequence[str] | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
