@@ -28,10 +28,6 @@ from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, N
 log = logging.getLogger(__name__)
 
 
-def _scaling_nets(rt: Runtime) -> list[str]:
-    return [n.name for n in rt.settings.nets if not n.always_on]
-
-
 @contextmanager
 def _isolated(rt: Runtime, loop: str, net_name: str) -> Iterator[None]:
     """One net's failure in a housekeeping loop is logged (one ERROR line with the net and
@@ -56,7 +52,24 @@ def scale_down_idle_nets(rt: Runtime) -> list[str]:
     locks it, so a job claimed at the same moment is never stranded on a vanishing server."""
     stopped = []
     now = rt.clock()
-    for name in _scaling_nets(rt):
+    # One read finds the candidates (READY nets idle past their grace): the cost follows the
+    # nets that are up, not the declared fleet; each candidate is then re-checked under its
+    # row lock.
+    with rt.sessions() as session:
+        ready = session.execute(
+            select(Net.name, Net.idle_since, Net.state_changed_at).where(
+                Net.state == NetState.READY
+            )
+        ).all()
+    candidates = [
+        name
+        for name, idle_since, changed_at in ready
+        if rt.settings.has_net(name)
+        and rt.settings.net(name).scales_to_zero
+        and (now - (idle_since or changed_at)).total_seconds()
+        >= rt.settings.net(name).idle_timeout_s
+    ]
+    for name in candidates:
         with _isolated(rt, "scale_down_idle_nets", name):
             if _scale_down_if_idle(rt, name, now):
                 stopped.append(name)
