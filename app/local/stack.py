@@ -33,6 +33,7 @@ from app.local.nvflare import (
     provision,
     start_site,
     stop,
+    terminate_tree,
 )
 from app.schemas import EnqueueJob
 from app.settings import Settings
@@ -146,13 +147,31 @@ class LocalStack:
 
     def start_worker(self) -> None:
         """Start the worker (with beat embedded unless options say otherwise)."""
-        cli = [sys.executable, "-m", "app.entrypoints.cli"]
-        worker = [*cli, "worker", f"--concurrency={self.options.concurrency}"]
-        if self.options.embedded_beat:
-            worker.append("--beat")
-        self.processes["worker"] = self._spawn("worker", worker)
+        self.start_process("worker")
         if not self.options.embedded_beat:
-            self.processes["beat"] = self._spawn("beat", [*cli, "beat"])
+            self.start_process("beat")
+
+    def start_process(self, name: str) -> None:
+        """Start one of the stack's processes, `worker` or `beat` (again, after a crash:
+        in production the container's restart policy does this)."""
+        cli = [sys.executable, "-m", "app.entrypoints.cli"]
+        if name == "worker":
+            argv = [*cli, "worker", f"--concurrency={self.options.concurrency}"]
+            if self.options.embedded_beat:
+                argv.append("--beat")
+        elif name == "beat" and not self.options.embedded_beat:
+            argv = [*cli, "beat"]
+        else:
+            raise ValueError(f"no such stack process: {name!r}")
+        running = self.processes.get(name)
+        if running is not None and running.poll() is None:
+            raise RuntimeError(f"{name} is already running (pid {running.pid})")
+        self.processes[name] = self._spawn(name, argv)
+
+    def kill_process(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal one process's whole group (SIGKILL: a crash, no shutdown, no acks) and
+        forget it, so `wait_for` does not report the death the test caused."""
+        _stop_group(self.processes.pop(name), sig)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log_path = self.workdir / f"{name}.log"
@@ -181,10 +200,36 @@ class LocalStack:
             self._client = DispatcherClient(self.settings.broker_url)
         return self._client
 
-    def enqueue(self, key: str, **overrides: Any) -> uuid.UUID:
-        """Enqueue the tiny job through the public task, as flip-api would."""
-        request = EnqueueJob(caller_key=key, definition=JOB_NAME, net=NET, **overrides)
+    def enqueue(self, key: str, definition: str = JOB_NAME, **overrides: Any) -> uuid.UUID:
+        """Enqueue a job (the tiny one unless told) through the public task, as flip-api
+        would."""
+        request = EnqueueJob(caller_key=key, definition=definition, net=NET, **overrides)
         return self.client.enqueue_job(request)
+
+    def add_job_definition(self, name: str, num_rounds: int) -> str:
+        """A further tiny FedAvg job under the stack's job root (more rounds run longer)."""
+        build_tiny_job(self.workdir / "jobs" / name, name=name, num_rounds=num_rounds)
+        return name
+
+    def kill_server(self) -> bool:
+        """SIGKILL the net's NVFLARE server and the job processes it spawned (a crashed
+        container); False if none was running. The driver still wants it up."""
+        server = self.driver().server_process()
+        if server is None:
+            return False
+        pid, ticks = server
+        terminate_tree(pid, sig=signal.SIGKILL, expected_ticks=ticks)
+        return True
+
+    def job_store_runs(self) -> list[dict[str, Any]]:
+        """Every run the server's job store holds (read from its folder, so it also works
+        while the server is down): the meta of each, with `job_id` and `submit_token`."""
+        assert self.deployment is not None
+        store = self.deployment.workspace / self.deployment.project / "server-store"
+        runs = []
+        for meta in sorted((store / "jobs-storage").glob("*/meta")):
+            runs.append(json.loads(meta.read_text()))
+        return runs
 
     def driver(self) -> LocalDriver:
         """A local driver on the net's server (the same PID file the worker uses)."""

@@ -115,6 +115,13 @@ class LocalDriver:
             failure=failure,
         )
 
+    def server_process(self) -> tuple[int, int] | None:
+        """(pid, start ticks) of the live server this driver started, or None."""
+        state = self._read_state()
+        if not self._is_our_server(state) or state.pid is None or state.start_ticks is None:
+            return None
+        return state.pid, state.start_ticks
+
     # --- state -------------------------------------------------------------------------------
 
     @contextlib.contextmanager
