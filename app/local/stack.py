@@ -33,8 +33,8 @@ from app.local.nvflare import (
     provision,
     start_site,
     stop,
-    terminate_tree,
 )
+from app.procs import terminate_tree
 from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases.services import sync_nets
