@@ -54,8 +54,17 @@ def prepare(
     """A copy of the bundle whose NVFLARE `meta.json` matches the job: the deploy map sends
     the client apps to exactly the job's required sites (and the server app to the server),
     `min_clients` is their number, and a `resource_spec` in the metadata is passed through.
-    The original bundle is never changed. InvalidRequest when no deploy map can be made."""
+    The original bundle is never changed. InvalidRequest when no deploy map can be made.
+
+    Two workers may prepare one job at once (reconcile re-sends the dispatch of a job stuck
+    in DISPATCHING while the first may still run): each builds in a staging folder of its
+    own, and a complete copy, once in place, is never replaced or removed while the job is
+    active, since another worker may be submitting it. Only a rename puts it there, so an
+    existing copy is complete, and it was built from the same inputs (a job's definition,
+    sites and metadata do not change)."""
     target = settings.data_dir.resolve() / PREPARED_DIR / str(job_id) / bundle.name
+    if target.is_dir():
+        return target
     meta_path = bundle / "meta.json"
     try:
         original = json.loads(meta_path.read_text()) if meta_path.is_file() else None
@@ -64,12 +73,18 @@ def prepare(
     if original is not None and not isinstance(original, dict):
         raise InvalidRequest(f"{bundle.name}/meta.json is not a JSON object")
     meta = prepared_meta(original, bundle, required_sites, metadata)
-    staging = target.with_name(bundle.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(bundle, staging, symlinks=False)
-    (staging / "meta.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(target, ignore_errors=True)  # a retry rebuilds it from the same inputs
-    staging.rename(target)
+    staging = target.with_name(f"{bundle.name}.partial-{uuid.uuid4().hex}")
+    try:
+        shutil.copytree(bundle, staging, symlinks=False)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2))
+        try:
+            staging.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            # Another worker put its complete copy in place first: use that one.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

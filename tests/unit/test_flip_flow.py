@@ -125,3 +125,41 @@ def test_abort_of_a_finishing_job_is_immediate(held):
     job_id = _finished_run(held)
     assert held.abort(job_id) == JobState.ABORTED
     assert held.net("net-a").state == NetState.READY
+
+
+def test_concurrent_prepares_of_one_job_never_pull_the_folder_from_under_a_submit(world, job_root):
+    """Reconcile re-sends a DISPATCHING job's dispatch while the first may still run (the
+    submit token keeps that harmless), so two workers prepare the same job at once. A folder
+    one of them is submitting must never vanish or change under it (NVFLARE then rejects the
+    job as invalid and it FAILs: seen in tests/e2e/test_faults.py)."""
+    import threading
+
+    bundle = job_root / "tiny-job"
+    (bundle / "data.bin").write_bytes(b"x" * 200_000)  # a copy that takes a moment
+    job_id = uuid.uuid4()
+    first = jobdefs.prepare(world.rt.settings, bundle, job_id, ["site-1"], None)
+    meta_inode = (first / "meta.json").stat().st_ino
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def preparer() -> None:
+        try:
+            while not stop.is_set():
+                assert jobdefs.prepare(world.rt.settings, bundle, job_id, ["site-1"], None) == first
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=preparer) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(200):  # what a submit does: read the folder it was handed
+            assert (first / "meta.json").stat().st_ino == meta_inode
+            assert (first / "data.bin").stat().st_size == 200_000
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert not list(first.parent.glob("*.partial*"))  # no staging copy left behind
