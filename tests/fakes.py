@@ -52,6 +52,7 @@ class FakeServer:
     aborted: list[str] = field(default_factory=list)
     pings: int = 0
     on_submit: Callable[[], object] | None = None  # runs while a submit is "on the wire"
+    on_start_time: Callable[[], object] | None = None  # runs while that call is "on the wire"
 
     def alive(self) -> bool:
         return self.up and (self.driver is None or self.driver.replicas > 0)
@@ -76,7 +77,11 @@ class FakeAdmin:
         return ServerState.STARTED if self.server.alive() else ServerState.UNREACHABLE
 
     def server_start_time(self) -> float:
-        return self._require().start_time
+        server = self._require()
+        if server.on_start_time is not None:
+            hook, server.on_start_time = server.on_start_time, None
+            hook()
+        return server.start_time
 
     def connected_sites(self) -> list[str]:
         return list(self._require().sites)

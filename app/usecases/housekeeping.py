@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from sqlalchemy import exists, or_, select
+from sqlalchemy.orm import Session
 
 from app import names
 from app.adapters.jobdefs import cached_bundle_jobs, discard, sweep_prepared
@@ -150,6 +151,21 @@ class Watched:
     dispatched_at: datetime | None = None
 
 
+STALE = "job moved on since this round read it; nothing done"
+
+
+def _watched_state(session: Session, job: Watched) -> JobState | None:
+    """The job's state now (row locked) if it still has the run this round watched, else
+    None. A round's snapshot can be seconds old when it acts (a call to a dead server waits
+    its timeout, and rounds overlap); by then the job may have been settled and even be on
+    its next attempt, which a verdict about the old run must never touch."""
+    row = services.get_job(session, job.job_id, lock=True)
+    watching = (JobState.RUNNING, JobState.ABORTING)
+    if row.state in watching and row.nvflare_job_id == job.nvflare_job_id:
+        return row.state
+    return None
+
+
 def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     """Poll NVFLARE for every RUNNING/ABORTING job and settle the finished ones; a server
     that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY.
@@ -271,6 +287,8 @@ def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> 
             and rt.settings.net(job.net_name).holds_for_report(rt.settings.release_after)
         )
         with unit_of_work(rt.sessions) as session:
+            if _watched_state(session, job) is None:
+                return STALE
             if hold:
                 services.hold_for_report(session, job.job_id, status.detail, rt.clock())
             else:
@@ -325,6 +343,8 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
         outcome, confirmed = f"not confirmed: {exc}", False
     reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
+        if _watched_state(session, job) is None:
+            return STALE
         if not confirmed:
             services.add_stray_run(
                 session,
@@ -350,6 +370,9 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
     scale-to-zero net, dies with its server before the job can run anywhere again."""
     still_there = not reason.startswith("server restarted")
     with unit_of_work(rt.sessions) as session:
+        state = _watched_state(session, job)
+        if state is None:
+            return STALE
         if still_there:
             services.add_stray_run(
                 session,
@@ -360,7 +383,7 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
                 reason=reason,
                 now=rt.clock(),
             )
-        if job.state == JobState.ABORTING:
+        if state == JobState.ABORTING:
             services.finish_job(session, job.job_id, JobState.ABORTED, reason, rt.clock())
             outcome = "aborted"
         elif rt.settings.lost_job_policy == "requeue":

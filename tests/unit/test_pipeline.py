@@ -171,6 +171,26 @@ def test_server_restart_under_a_job_requeues_it(world):
     assert world.job(job_id).state == JobState.QUEUED
 
 
+def test_a_monitor_round_that_outlived_its_snapshot_leaves_the_next_attempt_alone(world):
+    """Monitor rounds overlap (a call to a dead server waits its timeout): a round that read
+    the job RUNNING on the old server must not requeue its next attempt when it finally sees
+    the new server (seen in tests/e2e/test_faults.py: an attempt wasted per server crash)."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    server = world.server("net-a")
+
+    def meanwhile() -> None:  # while the slow round waits, another settles and restarts it
+        server.start_time = 2000.0
+        assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+        world.run_pipeline(job_id)
+
+    server.on_start_time = meanwhile
+    outcome = housekeeping.monitor_running_jobs(world.rt)[str(job_id)]
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.RUNNING, 1), outcome
+    assert outcome == housekeeping.STALE
+
+
 def test_server_gone_waits_the_grace_then_applies_the_policy(world, monkeypatch):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
