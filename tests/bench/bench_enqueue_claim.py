@@ -1,6 +1,6 @@
-"""Benchmarks (not tests): speed and memory figures reported in issue notes.
+"""Benchmark (not a test): enqueue and claim latency, and peak RSS.
 
-    .venv/bin/python tests/bench.py [--jobs 500] [--nets 20]
+    .venv/bin/python -m tests.bench.bench_enqueue_claim [--jobs 500] [--nets 20]
 
 Runs against the machine's PostgreSQL in a throw-away database: enqueue throughput,
 the claim latency of assign_next_job with a deep queue, and this process's peak RSS.

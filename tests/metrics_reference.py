@@ -1,0 +1,65 @@
+"""What every metric means, as a full scan of the tables: the collector as it was before it
+became incremental (app.metrics). Tests and the scrape benchmark compare the collector with
+it; it is far too slow to serve a scrape with a long history, which is why it lives here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.metrics import Snapshot, cold_starts, dispatch_latencies, uptimes
+from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent
+
+
+def _seconds(start: datetime, end: datetime) -> float:
+    return max(0.0, (end - start).total_seconds())
+
+
+def reference_snapshot(session: Session, now: datetime) -> Snapshot:
+    """Every metric recomputed from every row."""
+    snap = Snapshot()
+    for state, count in session.execute(select(Job.state, func.count()).group_by(Job.state)):
+        snap.jobs_by_state[JobState(state)] = int(count)
+    snap.net_states = {
+        name: NetState(state) for name, state in session.execute(select(Net.name, Net.state))
+    }
+    for created, assigned in session.execute(
+        select(Job.created_at, Job.assigned_at).where(Job.assigned_at.is_not(None))
+    ):
+        snap.queue_waits_s.append(_seconds(created, assigned))
+    oldest = session.scalar(select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED))
+    snap.oldest_queued_s = _seconds(oldest, now) if oldest is not None else 0.0
+
+    net_events = session.scalars(
+        select(NetEvent).order_by(NetEvent.net_name, NetEvent.at, NetEvent.id)
+    ).all()
+    snap.cold_starts_s = cold_starts(net_events)
+    snap.uptime_s = uptimes(net_events, now)
+    for name in snap.net_states:
+        snap.uptime_s.setdefault(name, 0.0)
+
+    job_events = session.scalars(
+        select(JobEvent)
+        .where(JobEvent.to_state.in_((JobState.ASSIGNED, JobState.RUNNING)))
+        .order_by(JobEvent.job_id, JobEvent.at, JobEvent.id)
+    ).all()
+    snap.dispatch_latencies_s = dispatch_latencies(job_events)
+
+    for net, action, outcome, count in session.execute(
+        select(ScaleEvent.net_name, ScaleEvent.action, ScaleEvent.outcome, func.count()).group_by(
+            ScaleEvent.net_name, ScaleEvent.action, ScaleEvent.outcome
+        )
+    ):
+        snap.scale_events[(net, action, outcome)] = int(count)
+    snap.job_retries = int(session.scalar(select(func.coalesce(func.sum(Job.retries), 0))) or 0)
+    snap.job_requeues = int(
+        session.scalar(
+            select(func.count())
+            .select_from(JobEvent)
+            .where(JobEvent.to_state == JobState.QUEUED, JobEvent.from_state.is_not(None))
+        )
+        or 0
+    )
+    return snap
