@@ -9,7 +9,8 @@ BUSY with a running job, 10% READY idle, the rest STOPPED; PostgreSQL). Passes c
 - reconcile: what beat's reconcile task runs (tasks.housekeeping.reconcile);
 - /fl/status: the status view probing every net (app.entrypoints.api.collect_status).
 Calls are counted in botocore (every client in this process). Goal: DescribeServices batched
-10 services a call, so at most 100 calls per pass at 1,000 nets.
+10 services a call, so at most 100 calls per pass at 1,000 nets. The process's peak RSS is
+reported too (the ECS clients of every net live in it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import logging
 import math
 import os
+import resource
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -154,6 +156,7 @@ def run(n_nets: int, endpoint: str) -> dict[str, Any]:
                     "other_calls": sum(calls.values()) - calls["DescribeServices"],
                     "ms": timing.median_ms,
                 }
+            result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
             return result
         finally:
             world.close()
@@ -175,12 +178,22 @@ def main() -> None:
         for name, p in r["passes"].items():
             calls = p["DescribeServices"]
             rows.append(
-                [r["nets"], name, calls, goal, ratio(calls, goal), p["other_calls"], p["ms"]]
-            )
+                [r["nets"], name, calls, goal, ratio(calls, goal), p["other_calls"], p["ms"],
+                 r["peak_rss_mib"]]
+            )  # fmt: skip
     print_table(
         f"ECS calls per pass (moto server on loopback; goal: ceil(nets/10) DescribeServices) "
         f"{environment()}",
-        ["nets", "pass", "DescribeServices", "goal", "vs goal", "other calls", "pass ms"],
+        [
+            "nets",
+            "pass",
+            "DescribeServices",
+            "goal",
+            "vs goal",
+            "other calls",
+            "pass ms",
+            "peak RSS MiB",
+        ],
         rows,
     )
 
