@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.metrics import Snapshot, cold_starts, dispatch_latencies, uptimes
-from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent
+from app.usecases.services import REPORT_TIMEOUT_REASON
+from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent, StrayRun
 
 
 def _seconds(start: datetime, end: datetime) -> float:
@@ -53,6 +54,21 @@ def reference_snapshot(session: Session, now: datetime) -> Snapshot:
         )
     ):
         snap.scale_events[(net, action, outcome)] = int(count)
+    for net_name, count in session.execute(
+        select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)
+    ):
+        snap.stray_runs[net_name] = int(count)
+    snap.report_timeouts = int(
+        session.scalar(
+            select(func.count())
+            .select_from(JobEvent)
+            .where(
+                JobEvent.from_state == JobState.FINISHING,
+                JobEvent.reason.like(f"{REPORT_TIMEOUT_REASON}%"),
+            )
+        )
+        or 0
+    )
     snap.job_retries = int(session.scalar(select(func.coalesce(func.sum(Job.retries), 0))) or 0)
     snap.job_requeues = int(
         session.scalar(
