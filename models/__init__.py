@@ -12,7 +12,17 @@ from models.states import (
     JobState,
     NetState,
 )
-from models.tables import Job, JobEvent, Net, NetEvent, RejectedRequest, ScaleEvent, StrayRun
+from models.tables import (
+    Job,
+    JobEvent,
+    MetricNetClock,
+    MetricTotal,
+    Net,
+    NetEvent,
+    RejectedRequest,
+    ScaleEvent,
+    StrayRun,
+)
 
 __all__ = [
     "ACTIVE_JOB_STATES",
@@ -27,6 +37,8 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobState",
+    "MetricNetClock",
+    "MetricTotal",
     "Net",
     "NetEvent",
     "NetState",

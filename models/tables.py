@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Enum,
     Float,
     ForeignKey,
@@ -51,6 +52,17 @@ def _state_enum(enum: type[JobState] | type[NetState], name: str) -> Enum:
         length=16,
         values_callable=lambda e: [m.value for m in e],
         validate_strings=True,
+    )
+
+
+def _uncounted_index(table: str) -> Index:
+    # The history rows app.metrics has not folded into its running totals yet: few at any
+    # time (those written since the last scrape), found without reading the history.
+    return Index(
+        f"ix_{table}_uncounted",
+        "id",
+        postgresql_where=text("NOT counted"),
+        sqlite_where=text("counted = 0"),
     )
 
 
@@ -123,6 +135,18 @@ class Job(Base):
             sqlite_where=text(_ACTIVE_SQL),
         ),
         Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
+        # Which nets the queue waits for: a claim that cannot place any job knows so from
+        # this index alone (app.usecases.services.assign_next_job).
+        Index(
+            "ix_jobs_queued_requested_net",
+            "requested_net",
+            postgresql_where=text("state = 'QUEUED'"),
+            sqlite_where=text("state = 'QUEUED'"),
+        ),
+        # Jobs whose retries app.metrics has not counted yet: `retries - retries_counted > 0`.
+        # An expression index, not a partial one: the planner keeps statistics on the
+        # expression, so it knows how few rows match.
+        Index("ix_jobs_retries_uncounted", text("(retries - retries_counted)")),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
@@ -139,6 +163,8 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # Transient-error retries of this job's pipeline steps (all attempts), for metrics.
     retries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # The part of `retries` app.metrics has added to its running total.
+    retries_counted: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     max_attempts: Mapped[int] = mapped_column(Integer)
     submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
@@ -311,6 +337,7 @@ class JobEvent(Base):
     """Append-only history of a job's moves."""
 
     __tablename__ = "job_events"
+    __table_args__ = (_uncounted_index("job_events"),)
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -325,6 +352,9 @@ class JobEvent(Base):
     # move, not about the job's later state. NULL on rows written before migration 0004.
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    # Folded into app.metrics' running totals yet? Written false (the server default), set
+    # once by the scrape that counts the row.
+    counted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
     job: Mapped[Job] = relationship(back_populates="events")
 
@@ -333,6 +363,7 @@ class NetEvent(Base):
     """Append-only history of a net's moves."""
 
     __tablename__ = "net_events"
+    __table_args__ = (_uncounted_index("net_events"),)
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
@@ -342,6 +373,9 @@ class NetEvent(Base):
     to_state: Mapped[NetState] = mapped_column(_state_enum(NetState, "net_event_to"))
     at: Mapped[datetime] = mapped_column(UTCDateTime())
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    # Folded into app.metrics' running totals yet? Written false (the server default), set
+    # once by the scrape that counts the row.
+    counted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
     net: Mapped[Net] = relationship(back_populates="events")
 
@@ -350,6 +384,7 @@ class ScaleEvent(Base):
     """Append-only record of every scale decision and what the driver said."""
 
     __tablename__ = "scale_events"
+    __table_args__ = (_uncounted_index("scale_events"),)
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
@@ -358,3 +393,33 @@ class ScaleEvent(Base):
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     outcome: Mapped[str] = mapped_column(String(200))  # ok, or the classified error
     at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Folded into app.metrics' running totals yet? Written false (the server default), set
+    # once by the scrape that counts the row.
+    counted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class MetricTotal(Base):
+    """A running total of app.metrics: a counter, a histogram bucket or a histogram's sum
+    (microseconds), kept up to date by folding the history rows written since the last
+    scrape (see app.metrics)."""
+
+    __tablename__ = "metric_totals"
+
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # "" for a plain counter; a bucket's upper bound; a JSON list of label values.
+    labels: Mapped[str] = mapped_column(String(512), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+
+
+class MetricNetClock(Base):
+    """What app.metrics keeps of one net's history between scrapes: its uptime so far, since
+    when it is out of STOPPED, and when it last entered STARTING (the next cold start)."""
+
+    __tablename__ = "metric_net_clocks"
+
+    net_name: Mapped[str] = mapped_column(
+        ForeignKey("nets.name", ondelete="CASCADE"), primary_key=True
+    )
+    starting_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    up_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    uptime_us: Mapped[int] = mapped_column(BigInteger)

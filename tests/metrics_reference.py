@@ -9,7 +9,16 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.metrics import Snapshot, cold_starts, dispatch_latencies, uptimes
+from app.metrics import (
+    COLD_START_BUCKETS_S,
+    DISPATCH_LATENCY_BUCKETS_S,
+    QUEUE_WAIT_BUCKETS_S,
+    Histogram,
+    Snapshot,
+    cold_starts,
+    dispatch_latencies,
+    uptimes,
+)
 from app.usecases.services import REPORT_TIMEOUT_REASON
 from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent, StrayRun
 
@@ -26,17 +35,22 @@ def reference_snapshot(session: Session, now: datetime) -> Snapshot:
     snap.net_states = {
         name: NetState(state) for name, state in session.execute(select(Net.name, Net.state))
     }
-    for created, assigned in session.execute(
-        select(Job.created_at, Job.assigned_at).where(Job.assigned_at.is_not(None))
-    ):
-        snap.queue_waits_s.append(_seconds(created, assigned))
+    snap.queue_wait = Histogram.of(
+        (
+            _seconds(created, assigned)
+            for created, assigned in session.execute(
+                select(Job.created_at, Job.assigned_at).where(Job.assigned_at.is_not(None))
+            )
+        ),
+        QUEUE_WAIT_BUCKETS_S,
+    )
     oldest = session.scalar(select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED))
     snap.oldest_queued_s = _seconds(oldest, now) if oldest is not None else 0.0
 
     net_events = session.scalars(
         select(NetEvent).order_by(NetEvent.net_name, NetEvent.at, NetEvent.id)
     ).all()
-    snap.cold_starts_s = cold_starts(net_events)
+    snap.cold_start = Histogram.of(cold_starts(net_events), COLD_START_BUCKETS_S)
     snap.uptime_s = uptimes(net_events, now)
     for name in snap.net_states:
         snap.uptime_s.setdefault(name, 0.0)
@@ -46,7 +60,7 @@ def reference_snapshot(session: Session, now: datetime) -> Snapshot:
         .where(JobEvent.to_state.in_((JobState.ASSIGNED, JobState.RUNNING)))
         .order_by(JobEvent.job_id, JobEvent.at, JobEvent.id)
     ).all()
-    snap.dispatch_latencies_s = dispatch_latencies(job_events)
+    snap.dispatch_latency = Histogram.of(dispatch_latencies(job_events), DISPATCH_LATENCY_BUCKETS_S)
 
     for net, action, outcome, count in session.execute(
         select(ScaleEvent.net_name, ScaleEvent.action, ScaleEvent.outcome, func.count()).group_by(

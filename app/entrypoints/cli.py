@@ -277,6 +277,19 @@ def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _fold_metrics_backlog(database_url: str) -> int:
+    # History written before the running totals existed (or while nothing scraped) is
+    # counted now, in batches, so no /metrics scrape has to.
+    from app.db import make_engine, session_factory
+    from app.metrics import catch_up
+
+    engine = make_engine(database_url)
+    try:
+        return catch_up(session_factory(engine))
+    finally:
+        engine.dispose()
+
+
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     """Alembic upgrade / downgrade / drift check on DATABASE_URL."""
     from app import migrate
@@ -286,6 +299,10 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     if args.db_command == "upgrade":
         migrate.upgrade(settings.database_url, args.revision)
         sys.stdout.write(f"database at {args.revision}: {target}\n")
+        if args.revision == "head":
+            folded = _fold_metrics_backlog(settings.database_url)
+            if folded:
+                sys.stdout.write(f"metrics: {folded} history rows counted into the totals\n")
     elif args.db_command == "downgrade":
         migrate.downgrade(settings.database_url, args.revision)
         sys.stdout.write(f"database downgraded to {args.revision}: {target}\n")

@@ -7,8 +7,9 @@ For each size, a throw-away PostgreSQL database (built by migrations) gets `fini
 finished jobs with their job_events (5 per job, 7 for the 2% requeued once), plus net_events
 (start/ready/busy/idle/stop cycles) and scale_events, so that the three history tables hold
 `finished x history-per-job` rows in all (1,000,000 at 100k). Then:
-- first scrape: the first one after the history exists (an incremental collector catches up
-  on the whole history here, once);
+- catch-up: what `fl-dispatcher db upgrade` does once after the migration that added the
+  running totals (app.metrics.catch_up, when the code has it): fold the existing history;
+- first scrape: the first one after that (the old collector read the whole history here);
 - steady scrape: median of `--scrapes`, each after one beat interval's worth of new
   activity (5 more finished jobs and 5 net start/stop cycles), the cost a Prometheus scrape
   pays in operation. Goal: <= 100 ms with 100k finished jobs and 1M history rows, and flat as
@@ -29,10 +30,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
+import app.metrics
 from app.db import make_engine, session_factory
 from app.metrics import build_registry, families
 from tests.bench.common import (
     StatementCounter,
+    StatementProfile,
     Timing,
     common_args,
     environment,
@@ -190,13 +193,20 @@ def reference_text(engine: Engine) -> bytes:
     return generate_latest(registry)
 
 
-def run(finished: int, per_job: int, nets: int, scrapes: int, verify: bool) -> dict[str, Any]:
+def run(
+    finished: int, per_job: int, nets: int, scrapes: int, verify: bool, profile: bool
+) -> dict[str, Any]:
     with pg_database() as url:
         engine = make_engine(url)
         try:
             history = History(engine, nets, finished, per_job)
             rows = history.rows()
-            registry = build_registry(session_factory(engine), lambda: NOW)
+            sessions = session_factory(engine)
+            registry = build_registry(sessions, lambda: NOW)
+            catch_up = getattr(app.metrics, "catch_up", None)
+            caught_up = Timing()
+            if catch_up is not None:
+                caught_up.measure(lambda: catch_up(sessions))
             counter = StatementCounter().attach(engine)
             first = Timing()
             body = first.measure(lambda: generate_latest(registry))
@@ -209,16 +219,25 @@ def run(finished: int, per_job: int, nets: int, scrapes: int, verify: bool) -> d
                 body = steady.measure(lambda: generate_latest(registry))
             if verify:
                 problems += differences(body, reference_text(engine))
+            top: list[tuple[int, float, str]] = []
+            if profile:
+                history.add(jobs=5, cycles=5)
+                shapes = StatementProfile().attach(engine)
+                generate_latest(registry)
+                shapes.detach(engine)
+                top = shapes.top(40)
             return {
                 "finished_jobs": finished,
                 "history_rows": rows["job_events"] + rows["net_events"] + rows["scale_events"],
                 "rows": rows,
+                "catch_up_ms": caught_up.median_ms if catch_up is not None else None,
                 "first_ms": first.median_ms,
                 "first_statements": first_statements,
                 "steady_ms": steady.median_ms,
                 "steady_statements": counter.statements,
                 "verified": (not problems) if verify else None,
                 "problems": problems[:20],
+                "top_statements": top,
             }
         finally:
             engine.dispose()
@@ -231,20 +250,23 @@ def main() -> None:
     parser.add_argument("--nets", type=int, default=100)
     parser.add_argument("--scrapes", type=int, default=5)
     parser.add_argument("--verify", action="store_true", help="compare with a full table scan")
+    parser.add_argument("--profile", action="store_true", help="statements of a steady scrape")
     args = parser.parse_args()
     results = [
-        run(n, args.history_per_job, args.nets, args.scrapes, args.verify) for n in args.finished
+        run(n, args.history_per_job, args.nets, args.scrapes, args.verify, args.profile)
+        for n in args.finished
     ]
     if args.json:
         print(json.dumps({"benchmark": "metrics_scrape", "goal_ms": GOAL_MS, "env": environment(),
                           "results": results}, indent=2))  # fmt: skip
         return
-    header = ["finished jobs", "history rows", "first ms", "steady ms", "statements",
-              "vs 100 ms", "equals tables"]  # fmt: skip
+    header = ["finished jobs", "history rows", "catch-up ms", "first ms", "steady ms",
+              "statements", "vs 100 ms", "equals tables"]  # fmt: skip
     rows = [
         [
             r["finished_jobs"],
             r["history_rows"],
+            "-" if r["catch_up_ms"] is None else r["catch_up_ms"],
             r["first_ms"],
             r["steady_ms"],
             r["steady_statements"],
@@ -262,6 +284,10 @@ def main() -> None:
     for r in results:
         for problem in r["problems"]:
             print(f"  {r['finished_jobs']}: {problem}")
+        if r["top_statements"]:
+            print(f"\n  a steady scrape at {r['finished_jobs']} finished jobs (count, ms):")
+            for count, total, sql in r["top_statements"]:
+                print(f"    {count:4d} {total:8.1f}  {sql}")
 
 
 if __name__ == "__main__":

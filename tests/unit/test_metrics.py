@@ -9,6 +9,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.metrics import (
+    COLD_START_BUCKETS_S,
+    DISPATCH_LATENCY_BUCKETS_S,
+    QUEUE_WAIT_BUCKETS_S,
+    Histogram,
     Snapshot,
     cold_starts,
     dispatch_latencies,
@@ -76,9 +80,9 @@ def test_families_expose_every_series_with_the_snapshot_values():
     snap = Snapshot(
         jobs_by_state={JobState.QUEUED: 2, JobState.RUNNING: 1},
         net_states={"net-a": NetState.BUSY},
-        queue_waits_s=[0.5, 12.0, 4000.0],
-        cold_starts_s=[75.0],
-        dispatch_latencies_s=[3.0, 8.0],
+        queue_wait=Histogram.of([0.5, 12.0, 4000.0], QUEUE_WAIT_BUCKETS_S),
+        cold_start=Histogram.of([75.0], COLD_START_BUCKETS_S),
+        dispatch_latency=Histogram.of([3.0, 8.0], DISPATCH_LATENCY_BUCKETS_S),
         scale_events={("net-a", "scale_up", "ok"): 4},
         uptime_s={"net-a": 1234.5},
         job_retries=7,
