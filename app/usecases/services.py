@@ -188,22 +188,33 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     never block each other and never get the same job or net; on SQLite the transaction
     holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
+
+    The first statement lists only the free nets some QUEUED job could run on (an unpinned
+    job fits every free net; a pinned one only its own), so a claim that cannot place any
+    job returns after that one query, whatever the number of nets or jobs.
     """
-    configured = [n.name for n in settings.nets]
-    if not configured:
+    if not settings.nets:
         return None
     warm_first = case(
         (Net.state == NetState.READY, 0), (Net.state == NetState.STARTING, 1), else_=2
     )
     free = (
-        Net.name.in_(configured),
         Net.state.in_(ASSIGNABLE_NET_STATES),
         ~_active_job_on(Net.name),  # type: ignore[operator]
         # A run the server may still hold must be settled before the net takes a new job.
         ~exists().where(StrayRun.net_name == Net.name),
     )
-    candidates = session.scalars(select(Net.name).where(*free).order_by(warm_first, Net.name))
-    for name in candidates.all():
+    queued = Job.state == JobState.QUEUED
+    wanted = or_(
+        exists().where(queued, Job.requested_net.is_(None)),
+        Net.name.in_(select(Job.requested_net).where(queued, Job.requested_net.is_not(None))),
+    )
+    candidates = session.scalars(
+        select(Net.name).where(*free, wanted).order_by(warm_first, Net.name)
+    ).all()
+    for name in candidates:
+        if not settings.has_net(name):
+            continue  # a row left by a net no longer declared
         # Lock one net at a time: locking every free net in one statement would let the
         # first claimer hide all nets from the others until it commits.
         net = session.scalar(
@@ -213,16 +224,13 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
             continue  # another claimer holds it, or it stopped being free
         job = session.scalar(
             select(Job)
-            .where(
-                Job.state == JobState.QUEUED,
-                or_(Job.requested_net.is_(None), Job.requested_net == net.name),
-            )
+            .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
             .order_by(Job.priority.desc(), Job.created_at, Job.id)
             .limit(1)
             .with_for_update(skip_locked=True)
         )
         if job is None:
-            continue
+            continue  # another claimer took the jobs that fit
         job.assign(net.name, now)
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
