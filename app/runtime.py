@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -17,7 +18,8 @@ from typing import Any, Protocol
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.adapters.drivers import ScaleDriver, build_driver
+from app.adapters.drivers import Observation, ScaleDriver, build_driver
+from app.adapters.drivers.base import ObservationPass, observation_pass
 from app.adapters.nvflare.base import AdminClient
 from app.db import make_engine, session_factory
 from app.parallel import ProbeResult, Sequential
@@ -108,6 +110,44 @@ class Runtime:
                     self.settings.net(net_name), self.settings
                 )
             return self._drivers[net_name]
+
+    def observation_pass(
+        self, order: Sequence[str] = ()
+    ) -> AbstractContextManager[ObservationPass]:
+        """A block in which many nets are observed (see drivers.base.ObservationPass): ECS
+        nets then cost one DescribeServices call per 10."""
+        return observation_pass(order)
+
+    def observe_many(self, names: Sequence[str]) -> dict[str, Observation | Exception]:
+        """Observe these nets in one pass; a net's failure is its own entry."""
+        results: dict[str, Observation | Exception] = {}
+        with observation_pass(names):
+            for name in names:
+                try:
+                    results[name] = self.driver(name).observe()
+                except Exception as exc:  # noqa: BLE001 - reported per net, as a probe's error
+                    results[name] = exc
+        return results
+
+    def observation_batches(self, names: Iterable[str], size: int = 10) -> list[list[str]]:
+        """The nets grouped as `observe_many` reads them in one platform call (nets whose
+        drivers share a `batch_key`, `size` at a time); any other net alone."""
+        batches: list[list[str]] = []
+        open_batches: dict[object, list[str]] = {}
+        for name in names:
+            try:
+                key = getattr(self.driver(name), "batch_key", None)
+            except Exception:  # noqa: BLE001 - observing it alone reports the error per net
+                key = None
+            if key is None:
+                batches.append([name])
+                continue
+            batch = open_batches.get(key)
+            if batch is None or len(batch) == size:
+                batch = open_batches[key] = []
+                batches.append(batch)
+            batch.append(name)
+        return batches
 
     def admin(self, net_name: str) -> AdminClient:
         """The net's admin client, built on first use (it connects lazily itself)."""

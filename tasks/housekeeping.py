@@ -30,5 +30,8 @@ def monitor_running_jobs(self: Any) -> dict[str, str]:
 @dispatcher_task(names.RECONCILE, housekeeping=True)
 def reconcile(self: Any) -> dict[str, list[str]]:
     """Re-drive stuck work and repair drift."""
-    result = housekeeping.reconcile(runtime())
+    rt = runtime()
+    # One observation pass: the nets' drivers are read in batches (ECS: 10 services a call).
+    with rt.observation_pass():
+        result = housekeeping.reconcile(rt)
     return {"redriven": list(result.redriven), "repaired": list(result.repaired)}

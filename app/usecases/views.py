@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from app.adapters.drivers import Observation
 from app.adapters.nvflare.base import ServerState
 from app.errors import InvalidRequest, NotFound, RequestRejected
-from app.parallel import Prober
+from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
 from app.usecases import services
 from app.usecases.callbacks import delivery_status
@@ -156,8 +156,14 @@ def _sql_view(session: Session, names: Sequence[str]) -> dict[str, Any]:
     return {"nets": nets, "active": active, "scale": scale, "queued": queued, "oldest": oldest}
 
 
-def _observe(runtime: Runtime, name: str) -> Observation:
-    return runtime.driver(name).observe()
+def _observed(batch_result: ProbeResult, name: str) -> ProbeResult:
+    """One net's share of a batch observation (app.runtime.Runtime.observe_many)."""
+    if batch_result.error is not None:
+        return batch_result
+    value = batch_result.value[name]
+    if isinstance(value, Exception):
+        return ProbeResult(error=describe_error(value))
+    return ProbeResult(value=value)
 
 
 def _server(runtime: Runtime, name: str) -> tuple[ServerState, list[str] | None]:
@@ -181,15 +187,18 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
 
     calls: dict[str, Callable[[], Any]] = {}
     probe_admin: dict[str, bool] = {}
+    # Drivers are asked in batches: ECS nets of one cluster 10 per DescribeServices call.
+    driver_call: dict[str, str] = {}
+    for batch in runtime.observation_batches(names) if prober is not None else []:
+        key = "driver:" + ",".join(batch)
+        calls[key] = partial(runtime.observe_many, batch)
+        driver_call |= dict.fromkeys(batch, key)
     for net in settings.nets:
         row: _NetRow | None = sql["nets"].get(net.name)
         always_on = net.always_on
         # A scaled-to-zero server is not contacted: down is its normal state.
         probe_admin[net.name] = always_on or (row is not None and row.state != NetState.STOPPED)
-        if prober is None:
-            continue
-        calls[f"driver:{net.name}"] = partial(_observe, runtime, net.name)
-        if probe_admin[net.name]:
+        if prober is not None and probe_admin[net.name]:
             calls[f"admin:{net.name}"] = partial(_server, runtime, net.name)
     results = prober.run(calls, timeout_s) if prober is not None else {}
 
@@ -203,7 +212,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
         server_state = NOT_PROBED
         sites: list[str] | None = None
         if prober is not None:
-            observed = results[f"driver:{net.name}"]
+            observed = _observed(results[driver_call[net.name]], net.name)
             if observed.error is not None:
                 errors.append(f"driver: {observed.error}")
             else:

@@ -22,16 +22,17 @@ def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
     dispatcher never calls `scale` on it, but `observe` keeps reporting what the platform
     sees, which is how an OUTAGE is told apart from a stopped service.
 
-    Each call builds a new driver (for ECS, a new boto3 client): build once per net and
-    process, not once per task.
+    Each call builds a new driver: build once per net and process, not once per task. ECS
+    nets on one cluster share one boto3 client (and session and service model) per process,
+    and are observed 10 per DescribeServices call inside an observation pass.
     """
     config = net.driver
     # Adapters are imported only when a net uses them, so a laptop with local nets never
     # imports boto3 and an ECS deployment never imports the process manager.
     if isinstance(config, EcsDriverConfig):
-        from app.adapters.drivers.ecs import EcsDriver
+        from app.adapters.drivers.ecs import driver_for
 
-        return EcsDriver(config)
+        return driver_for(net, settings)
     if isinstance(config, StaticDriverConfig):
         return StaticDriver(net.name)
     if isinstance(config, LocalDriverConfig):

@@ -1,5 +1,10 @@
 """The `ecs` scale driver: a net's fl-server is an ECS service scaled between 0 and 1 task.
 
+Every net declared on the same cluster (same region and endpoint) shares one client and
+one `EcsServiceGroup`: a process holds one boto3 session and service model per cluster, not
+per net, and inside an observation pass (app.adapters.drivers.base) DescribeServices reads
+up to 10 of the group's services in one call.
+
 Two API calls only, `DescribeServices` and `UpdateService(desiredCount)`, so the IAM policy
 can be limited to those two actions on the net's service ARN (`iam_policy_for`, shipped as
 `app/policies/ecs-scale-policy.json`). Credentials come from boto3's standard chain (task
@@ -13,9 +18,11 @@ DriverMisconfigured (fatal, loud), with the botocore exception kept as `__cause_
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import boto3
@@ -33,9 +40,9 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from app.adapters.drivers.base import Observation
-from app.errors import DriverMisconfigured, DriverTransientError
-from app.settings import EcsDriverConfig, NetConfig
+from app.adapters.drivers.base import Observation, ObservationPass, current_pass
+from app.errors import DispatcherError, DriverMisconfigured, DriverTransientError
+from app.settings import EcsDriverConfig, NetConfig, Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs.client import ECSClient
@@ -48,6 +55,9 @@ log = logging.getLogger(__name__)
 ECS_MAX_RETRY_ATTEMPTS = 4
 ECS_CONNECT_TIMEOUT_S = 5.0
 ECS_READ_TIMEOUT_S = 15.0
+
+# DescribeServices takes at most this many services per call.
+DESCRIBE_BATCH = 10
 
 POLICY_VERSION = "2012-10-17"
 POLICY_ACTIONS = ("ecs:DescribeServices", "ecs:UpdateService")
@@ -94,14 +104,153 @@ def default_botocore_config() -> Config:
 
 def make_ecs_client(config: EcsDriverConfig, botocore_config: Config | None = None) -> ECSClient:
     """An ECS client for the net's region (and moto's endpoint in tests)."""
+    return _client(config.region, config.endpoint_url, botocore_config)
+
+
+def _client(region: str, endpoint_url: str | None, botocore_config: Config | None) -> ECSClient:
     # A session of our own: boto3's default session is shared module state and creating
     # clients from it is not thread-safe; the client itself is.
     session = boto3.session.Session()
     return session.client(
         "ecs",
-        region_name=config.region,
-        endpoint_url=config.endpoint_url,
+        region_name=region,
+        endpoint_url=endpoint_url,
         config=botocore_config or default_botocore_config(),
+    )
+
+
+GroupKey = tuple[str, str | None, str]  # region, endpoint_url, cluster
+
+
+def group_key(config: EcsDriverConfig) -> GroupKey:
+    """Which services one DescribeServices call can read together."""
+    return (config.region, config.endpoint_url, config.cluster)
+
+
+class EcsServiceGroup:
+    """The ECS services of one cluster (one region, one endpoint) that a process's nets
+    use, in declaration order, behind one client."""
+
+    def __init__(
+        self,
+        key: GroupKey,
+        nets: Sequence[tuple[str, str]],
+        *,
+        client: ECSClient | None = None,
+        botocore_config: Config | None = None,
+    ) -> None:
+        """`nets`: (net name, service) pairs in declaration order."""
+        self.key = key
+        self.region, endpoint_url, self.cluster = key
+        self.services = tuple(dict.fromkeys(service for _, service in nets))
+        self._position = {service: i for i, service in enumerate(self.services)}
+        self._by_net = dict(nets)
+        self.client = (
+            client if client is not None else _client(self.region, endpoint_url, botocore_config)
+        )
+
+    def target(self, service: str) -> str:
+        """How errors and logs name one service: region, cluster and service."""
+        return f"ECS service {self.cluster}/{service} in {self.region}"
+
+    def describe(self, services: Sequence[str]) -> dict[str, ServiceTypeDef | DispatcherError]:
+        """One DescribeServices call for up to 10 services. A service's own problem (missing,
+        deleted) is its entry; a call that fails as a whole raises, classified."""
+        if not 0 < len(services) <= DESCRIBE_BATCH:
+            raise ValueError(f"DescribeServices takes 1 to {DESCRIBE_BATCH} services")
+        target = (
+            self.target(services[0])
+            if len(services) == 1
+            else f"ECS services {self.cluster}/{{{','.join(services)}}} in {self.region}"
+        )
+        try:
+            response = self.client.describe_services(cluster=self.cluster, services=[*services])
+        except (ClientError, BotoCoreError) as exc:
+            _classify(exc, "DescribeServices", target)
+        found: dict[str, ServiceTypeDef | DispatcherError] = {}
+        for failure in response.get("failures", []):
+            name = failure.get("arn", "").rsplit("/", 1)[-1]
+            if name not in services and len(services) == 1:
+                name = services[0]
+            reason = failure.get("reason", "unknown")
+            detail = f" ({_redact(failure['detail'])})" if failure.get("detail") else ""
+            found[name] = DriverMisconfigured(
+                f"{self.target(name)}: DescribeServices says {reason}{detail}"
+            )
+        for service in response.get("services", []):
+            name = service.get("serviceName", "")
+            status = service.get("status", "")
+            # DRAINING: being deleted; INACTIVE: deleted. Neither will run a task again, and
+            # UpdateService on them fails, so this is a settings problem, not a wait.
+            found[name] = (
+                DriverMisconfigured(
+                    f"{self.target(name)} is {status} (deleted or being deleted); "
+                    "point the net at an ACTIVE service"
+                )
+                if status in ("INACTIVE", "DRAINING")
+                else service
+            )
+        return {
+            name: found.get(name)
+            or DriverMisconfigured(f"{self.target(name)}: DescribeServices returned no service")
+            for name in services
+        }
+
+    def describe_one(self, service: str) -> ServiceTypeDef:
+        """One service, read afresh; its problem raised."""
+        found = self.describe([service])[service]
+        if isinstance(found, DispatcherError):
+            raise found
+        return found
+
+    def neighbours(self, service: str, within: ObservationPass, n: int) -> list[str]:
+        """Up to `n` services a pass will want next and has not read yet: those of the nets
+        it plans to observe (`within.order`) or, without a plan, the group's services after
+        `service` in declaration order."""
+        if within.order:
+            planned = [s for s in (self._by_net.get(name) for name in within.order) if s]
+        else:
+            at = self._position.get(service, -1) + 1
+            planned = [*self.services[at:], *self.services[:at]]
+        picked: list[str] = []
+        for other in planned:
+            if len(picked) == n:
+                break
+            if other != service and other not in picked and not within.was_read((self.key, other)):
+                picked.append(other)
+        return picked
+
+
+@functools.lru_cache(maxsize=32)
+def _shared_group(pid: int, key: GroupKey, nets: tuple[tuple[str, str], ...]) -> EcsServiceGroup:
+    # One per process (a forked child builds its own: clients are not fork-safe), cluster and
+    # set of declared nets.
+    del pid
+    return EcsServiceGroup(key, nets)
+
+
+def driver_for(net: NetConfig, settings: Settings) -> EcsDriver:
+    """The net's driver, sharing its client and batches with every net declared on the
+    same cluster."""
+    config = net.driver
+    if not isinstance(config, EcsDriverConfig):
+        raise TypeError(f"net {net.name!r} does not use the ecs driver")
+    key = group_key(config)
+    members = tuple(
+        (other.name, other.driver.service)
+        for other in settings.nets
+        if isinstance(other.driver, EcsDriverConfig) and group_key(other.driver) == key
+    )
+    return EcsDriver(config, group=_shared_group(os.getpid(), key, members))
+
+
+def observed(service: ServiceTypeDef) -> Observation:
+    """Desired/running/pending from a service; a FAILED deployment becomes `failure`."""
+    return Observation(
+        desired=service.get("desiredCount", 0),
+        running=service.get("runningCount", 0),
+        pending=service.get("pendingCount", 0),
+        failure=_deployment_failure(service),
     )
 
 
@@ -110,22 +259,43 @@ class EcsDriver:
 
     kind = "ecs"
 
-    def __init__(self, config: EcsDriverConfig, *, client: ECSClient | None = None) -> None:
+    def __init__(
+        self,
+        config: EcsDriverConfig,
+        *,
+        client: ECSClient | None = None,
+        group: EcsServiceGroup | None = None,
+    ) -> None:
         self.config = config
-        self.client = client if client is not None else make_ecs_client(config)
+        # Alone, the driver is a group of one (its own client, or the one given).
+        service = config.service
+        self.group = group or EcsServiceGroup(
+            group_key(config), [(service, service)], client=client
+        )
+        self.client = self.group.client
+        self._key = (self.group.key, config.service)
 
     @property
     def target(self) -> str:
         """How errors and logs name the service: region, cluster and service."""
-        return f"ECS service {self.config.cluster}/{self.config.service} in {self.config.region}"
+        return self.group.target(self.config.service)
+
+    @property
+    def batch_key(self) -> object:
+        """Nets whose drivers share this key can be observed in one call (see
+        Runtime.observation_batches)."""
+        return ("ecs", id(self.group))
 
     def scale(self, replicas: int) -> None:
         """Set desiredCount to `replicas`; no UpdateService call if it already is."""
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
+        within = current_pass()
+        if within is not None:
+            within.forget(self._key)
         # Read-then-write is safe here: the write sets an absolute count, and the use cases
         # serialize scale calls per net on the net's row lock.
-        service = self._describe()
+        service = self.group.describe_one(self.config.service)
         if service.get("desiredCount") == replicas:
             log.debug("%s already has desiredCount=%d", self.target, replicas)
             return
@@ -138,39 +308,41 @@ class EcsDriver:
             _classify(exc, "UpdateService", self.target)
 
     def observe(self) -> Observation:
-        """Desired/running/pending from the service; a FAILED deployment becomes `failure`."""
-        service = self._describe()
-        return Observation(
-            desired=service.get("desiredCount", 0),
-            running=service.get("runningCount", 0),
-            pending=service.get("pendingCount", 0),
-            failure=_deployment_failure(service),
-        )
-
-    def _describe(self) -> ServiceTypeDef:
-        try:
-            response = self.client.describe_services(
-                cluster=self.config.cluster, services=[self.config.service]
-            )
-        except (ClientError, BotoCoreError) as exc:
-            _classify(exc, "DescribeServices", self.target)
-        for failure in response.get("failures", []):
-            reason = failure.get("reason", "unknown")
-            detail = f" ({_redact(failure['detail'])})" if failure.get("detail") else ""
-            raise DriverMisconfigured(f"{self.target}: DescribeServices says {reason}{detail}")
-        services = response.get("services", [])
-        if not services:
-            raise DriverMisconfigured(f"{self.target}: DescribeServices returned no service")
-        service = services[0]
-        status = service.get("status", "")
-        # DRAINING: being deleted; INACTIVE: deleted. Neither will run a task again, and
-        # UpdateService on them fails, so this is a settings problem, not a wait.
-        if status in ("INACTIVE", "DRAINING"):
-            raise DriverMisconfigured(
-                f"{self.target} is {status} (deleted or being deleted); "
-                "point the net at an ACTIVE service"
-            )
-        return service
+        """Desired/running/pending from the service; a FAILED deployment becomes `failure`.
+        In an observation pass, one DescribeServices call also reads up to 9 services the
+        pass will want next, and what the pass holds for this one is used once."""
+        within = current_pass()
+        if within is None:
+            return observed(self.group.describe_one(self.config.service))
+        held = within.take(self._key)
+        if isinstance(held, Observation):
+            return held
+        if isinstance(held, DispatcherError):
+            raise held
+        within.mark_read(self._key)
+        batch = [
+            self.config.service,
+            *self.group.neighbours(self.config.service, within, DESCRIBE_BATCH - 1),
+        ]
+        if len(batch) > 1:
+            try:
+                found = self.group.describe(batch)
+            except DispatcherError:
+                # The call failed as a whole, perhaps for a neighbour's sake (IAM refusing
+                # one service, say): this net is read alone, for its own answer or error.
+                batch = [self.config.service]
+            else:
+                for other in batch[1:]:
+                    value = found[other]
+                    within.offer(
+                        (self.group.key, other),
+                        value if isinstance(value, DispatcherError) else observed(value),
+                    )
+                own = found[self.config.service]
+                if isinstance(own, DispatcherError):
+                    raise own
+                return observed(own)
+        return observed(self.group.describe_one(self.config.service))
 
 
 def _deployment_failure(service: ServiceTypeDef) -> str | None:
