@@ -218,6 +218,7 @@ def run(
                 history.add(jobs=5, cycles=5)
                 counter.reset()
                 body = steady.measure(lambda: generate_latest(registry))
+            steady_statements = counter.statements
             if verify:
                 problems += differences(body, reference_text(engine))
             top: list[tuple[int, float, str]] = []
@@ -235,7 +236,7 @@ def run(
                 "first_ms": first.median_ms,
                 "first_statements": first_statements,
                 "steady_ms": steady.median_ms,
-                "steady_statements": counter.statements,
+                "steady_statements": steady_statements,
                 "verified": (not problems) if verify else None,
                 "problems": problems[:20],
                 "top_statements": top,
