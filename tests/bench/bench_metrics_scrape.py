@@ -195,7 +195,13 @@ def reference_text(engine: Engine) -> bytes:
 
 
 def run(
-    finished: int, per_job: int, nets: int, scrapes: int, verify: bool, profile: bool
+    finished: int,
+    per_job: int,
+    nets: int,
+    scrapes: int,
+    verify: bool,
+    profile: bool,
+    callbacks: bool = False,
 ) -> dict[str, Any]:
     with pg_database() as url:
         engine = make_engine(url)
@@ -203,7 +209,11 @@ def run(
             history = History(engine, nets, finished, per_job)
             rows = history.rows()
             sessions = session_factory(engine)
-            registry = build_registry(sessions, lambda: NOW)
+            registry = (
+                build_registry(sessions, lambda: NOW, callbacks=True)
+                if callbacks
+                else build_registry(sessions, lambda: NOW)
+            )
             catch_up = getattr(app.metrics, "catch_up", None)
             caught_up = Timing()
             if catch_up is not None:
@@ -253,9 +263,20 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=5)
     parser.add_argument("--verify", action="store_true", help="compare with a full table scan")
     parser.add_argument("--profile", action="store_true", help="statements of a steady scrape")
+    parser.add_argument(
+        "--callbacks", action="store_true", help="as with CALLBACK_URL set (delivery backlog)"
+    )
     args = parser.parse_args()
     results = [
-        run(n, args.history_per_job, args.nets, args.scrapes, args.verify, args.profile)
+        run(
+            n,
+            args.history_per_job,
+            args.nets,
+            args.scrapes,
+            args.verify,
+            args.profile,
+            args.callbacks,
+        )
         for n in args.finished
     ]
     if args.json:
