@@ -191,8 +191,9 @@ class EcsServiceGroup:
                 else service
             )
         return {
-            name: found.get(name)
-            or DriverMisconfigured(f"{self.target(name)}: DescribeServices returned no service")
+            name: found[name]
+            if name in found
+            else DriverMisconfigured(f"{self.target(name)}: DescribeServices returned no service")
             for name in services
         }
 
