@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from app import names
@@ -24,7 +24,7 @@ from app.usecases import services
 from app.usecases.abort import RUN_OUTCOMES, expire_abort, settle_stray_runs
 from app.usecases.dispatch import abandon_dispatch, requeue_after_transient
 from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net, take_down
-from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, NetState
+from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class Watched:
     nvflare_job_id: str
     server_start_time: float | None
     dispatched_at: datetime | None = None
+    unreachable: bool = False  # the net had a monitor failure pending (unreachable_since)
 
 
 STALE = "job moved on since this round read it; nothing done"
@@ -179,6 +180,7 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
                 Job.nvflare_job_id,
                 Net.server_start_time,
                 Job.dispatched_at,
+                Net.unreachable_since,
             )
             .join(Net, Net.name == Job.net_name)
             .where(
@@ -187,8 +189,8 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
             )
         ).all()
     watched = [
-        Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at)
-        for job_id, state, net_name, nvflare_job_id, start, dispatched_at in rows
+        Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at, since is not None)
+        for job_id, state, net_name, nvflare_job_id, start, dispatched_at, since in rows
         if net_name is not None and nvflare_job_id is not None
     ]
     outcomes: dict[str, str] = _expire_report_waits(rt)
@@ -258,6 +260,8 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
             results[str(job.job_id)] = _lost(rt, job, "server restarted under the job")
             continue
         results[str(job.job_id)] = _watch_run(rt, admin, job, now)
+    if not any(j.unreachable or j.server_start_time is None for j in jobs):
+        return results  # nothing to write: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
         net.unreachable_since = None
@@ -419,21 +423,25 @@ def reconcile(rt: Runtime) -> Reconciled:
     OUTAGE. Each net is handled on its own: one net's failure never stops the others."""
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
-        services.sync_nets(session, rt.settings, now)
+        services.ensure_net_rows(session, rt.settings, now)
     redriven = _redrive_stuck_jobs(rt, now)
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
+    rows = _net_rows(rt)  # one read for the fleet; each net's decision re-checks under lock
     repaired = []
     for net_config in rt.settings.nets:
         note = ""
+        row = rows.get(net_config.name)
+        if row is None:
+            continue
         with _isolated(rt, "reconcile", net_config.name):
             try:
                 note = (
-                    _watch_always_on(rt, net_config.name)
+                    _watch_always_on(rt, net_config.name, row)
                     if net_config.always_on
-                    else _repair_scaling_net(rt, net_config.name)
+                    else _repair_scaling_net(rt, net_config.name, row)
                 )
-                left = settle_stray_runs(rt, net_config.name)
+                left = settle_stray_runs(rt, net_config.name) if row.strays else 0
                 if left:
                     note = (note + "; " if note else "") + f"{left} stray run(s) unsettled"
             except MisconfigurationError as exc:
@@ -446,6 +454,44 @@ def reconcile(rt: Runtime) -> Reconciled:
             repaired.append(f"{net_config.name}: {note}")
     kick(rt)
     return Reconciled(tuple(redriven), tuple(repaired))
+
+
+@dataclass(frozen=True)
+class _NetRow:
+    """A net as one reconcile round read it (decisions re-check under the row lock)."""
+
+    state: NetState
+    changed_at: datetime
+    job_id: uuid.UUID | None = None
+    job_state: JobState | None = None
+    attempt: int = 0
+    strays: int = 0
+
+
+def _net_rows(rt: Runtime) -> dict[str, _NetRow]:
+    """Every net with its active job and stray-run count, in three statements whatever the
+    size of the fleet (not three per net)."""
+    with rt.sessions() as session:
+        nets = session.execute(select(Net.name, Net.state, Net.state_changed_at)).all()
+        active = {
+            net_name: (job_id, state, attempts)
+            for job_id, net_name, state, attempts in session.execute(
+                select(Job.id, Job.net_name, Job.state, Job.attempts).where(
+                    Job.state.in_(ACTIVE_JOB_STATES), Job.net_name.is_not(None)
+                )
+            )
+        }
+        strays = {
+            net_name: int(count)
+            for net_name, count in session.execute(
+                select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)
+            )
+        }
+    rows = {}
+    for name, state, changed_at in nets:
+        job_id, job_state, attempt = active.get(name, (None, None, 0))
+        rows[name] = _NetRow(state, changed_at, job_id, job_state, attempt, strays.get(name, 0))
+    return rows
 
 
 def _sweep_prepared(rt: Runtime) -> None:
@@ -560,14 +606,9 @@ def _set_net_state(
         return True
 
 
-def _repair_scaling_net(rt: Runtime, name: str) -> str:  # noqa: PLR0912
-    with rt.sessions() as session:
-        net = services.get_net(session, name)
-        state, changed_at = net.state, net.state_changed_at
-        job = services.active_job(session, name)
-        job_state = job.state if job is not None else None
-        job_id = job.id if job is not None else None
-        attempt = job.attempts if job is not None else 0
+def _repair_scaling_net(rt: Runtime, name: str, row: _NetRow) -> str:  # noqa: PLR0912
+    state, changed_at = row.state, row.changed_at
+    job_state, job_id, attempt = row.job_state, row.job_id, row.attempt
     now = rt.clock()
     age_s = (now - changed_at).total_seconds()
     if state == NetState.BUSY:
@@ -638,13 +679,11 @@ def _redrive_lost_scale_up(
     return f"STARTING with no scale-up for {age_s:.0f}s: pipeline of job {job_id} re-driven"
 
 
-def _watch_always_on(rt: Runtime, name: str) -> str:
+def _watch_always_on(rt: Runtime, name: str, row: _NetRow) -> str:
     """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY.
     A net left STOPPING, UNHEALTHY or STOPPED by scale-to-zero mode (PER_JOB_FL_SERVER
     turned off across a redeploy) is brought back up: always-on means one replica."""
-    with rt.sessions() as session:
-        state = services.get_net(session, name).state
-        job = services.active_job(session, name)
+    state, job = row.state, row.job_id
     if state == NetState.MISCONFIGURED:
         return ""
     net_config = rt.settings.net(name)
