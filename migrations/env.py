@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from logging.config import fileConfig
+from pathlib import Path
 
 from alembic import context
 
@@ -11,15 +12,30 @@ from app.db import make_engine
 from models import Base
 
 config = context.config
-if config.config_file_name is not None and config.attributes.get("configure_logger", True):
-    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _logging_ini() -> str:
+    """The ini file whose [loggers] configure logging: the caller's, or ours next to this file
+    when the command line took its settings from pyproject.toml's [tool.alembic] (plain
+    `alembic ...` from the repository root, where there is no alembic.ini)."""
+    name = config.config_file_name
+    if name is not None and Path(name).is_file():
+        return name
+    return str(Path(__file__).with_name("alembic.ini"))
+
+
+if config.attributes.get("configure_logger", True):
+    fileConfig(_logging_ini(), disable_existing_loggers=False)
 
 target_metadata = Base.metadata
 
 
 def _url() -> str:
-    url = config.get_main_option("sqlalchemy.url")
-    if url:
+    # A caller's Config (`fl-dispatcher db`, tests) may name the URL; get_main_option would
+    # raise when the command line found no alembic.ini, so ask the way that also reads
+    # pyproject.toml.
+    url = config.get_alembic_option("sqlalchemy.url")
+    if isinstance(url, str) and url:
         return url
     from app.settings import load_settings  # only when no caller gave a URL
 
