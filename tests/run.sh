@@ -8,14 +8,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${FL_VENV:-.venv}"
-if [ ! -x "$VENV/bin/fl-dispatcher" ] || [ pyproject.toml -nt "$VENV/.installed" ]; then
+# The versions come from .ci/constraints.txt (README "Dependencies"), so every machine and
+# CI run tests the same set.
+if [ ! -x "$VENV/bin/fl-dispatcher" ] || [ pyproject.toml -nt "$VENV/.installed" ] \
+  || [ .ci/constraints.txt -nt "$VENV/.installed" ]; then
   echo "== installing into $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  "$VENV/bin/python" -m pip install --quiet -c .ci/constraints.txt -e '.[dev]'
   touch "$VENV/.installed"
 fi
-PATH="$PWD/$VENV/bin:$PATH"
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # FL_VENV may be absolute
+PATH="$VENV/bin:$PATH"
 
 echo "== services"
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
