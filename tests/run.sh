@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command (README "Run the tests"; .ci/run calls exactly this).
+# The test command (README "The two commands"; .ci/run calls exactly this).
 #   bash tests/run.sh              everything: lint, types, unit, integration, e2e
-#   bash tests/run.sh -m unit ...  extra arguments go to pytest
+#   bash tests/run.sh -m unit      one tier: -m unit | -m integration | -m e2e (README "Tests")
+#   bash tests/run.sh ARGS...      any other pytest arguments, e.g. a path or -k
 # Sets up what it needs on a fresh machine: a virtualenv with the project and its dev
 # extras, and the PostgreSQL and Redis servers the integration and e2e tiers talk to.
 set -euo pipefail

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,16 @@ from app.usecases.dispatch import Step
 from models import Job, Net
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 from tests.fixtures.db import net_decl
+
+UNIT_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder is the unit tier, so `pytest -m unit` selects exactly it.
+    (This hook sees the whole session's items, hence the path check.)"""
+    for item in items:
+        if item.path.resolve().is_relative_to(UNIT_DIR):
+            item.add_marker(pytest.mark.unit)
 
 
 class World:

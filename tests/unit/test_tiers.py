@@ -1,0 +1,38 @@
+"""`-m unit`, `-m integration` and `-m e2e` select exactly their folders (tests/run.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+TIERS = ("unit", "integration", "e2e")
+
+
+def test_every_collected_test_carries_exactly_its_folders_tier_marker(request):
+    # Whatever this run collected: everything in a full run, only the unit tier under -m unit
+    # (so an integration or e2e test marked `unit` would show up here).
+    items = request.session.items
+    assert request.node in items
+    wrong = []
+    for item in items:
+        folder = item.path.resolve().relative_to(TESTS).parts[0]
+        tiers = {t for t in TIERS if item.get_closest_marker(t) is not None}
+        if tiers != {folder}:
+            wrong.append(f"{item.nodeid}: {sorted(tiers)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_unit_marker_is_registered():
+    import tomllib
+
+    markers = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"
+    ]["markers"]
+    assert {m.split(":", 1)[0] for m in markers} >= set(TIERS)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_each_tier_folder_exists(tier):
+    assert (TESTS / tier).is_dir()
