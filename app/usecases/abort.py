@@ -54,10 +54,32 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         if result.outcome == AbortOutcome.ABORTED
         else f"nothing to abort: {result.detail or result.outcome}"
     )
+    # "Nothing to abort" also covers a server that could not be reached: a blip must not
+    # leave the run going while its net takes the next job. Unless the server answers now,
+    # the run is kept as a stray run (aborted when it answers, or gone with its server).
+    unconfirmed = result.outcome == AbortOutcome.NOTHING_TO_ABORT and not _answers(rt, net_name)
     with unit_of_work(rt.sessions) as session:
+        if unconfirmed:
+            services.add_stray_run(
+                session,
+                net_name=net_name,
+                job_id=job_id,
+                nvflare_job_id=nvflare_job_id,
+                submit_token=None,
+                reason=reason,
+                now=rt.clock(),
+            )
         services.finish_job(session, job_id, JobState.ABORTED, reason, rt.clock())
     kick(rt)
     return JobState.ABORTED
+
+
+def _answers(rt: Runtime, net_name: str) -> bool:
+    try:
+        rt.admin(net_name).server_start_time()
+    except DispatcherError:
+        return False
+    return True
 
 
 def _settle_finished(

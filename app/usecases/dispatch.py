@@ -95,18 +95,18 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         check_available(rt.settings, definition)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, exc)
-    if rt.settings.net(net_name).always_on:
-        detail = "always-on net: never scaled"
-    elif net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
-        # A warm net is reused as is; but one whose server died unnoticed is scaled again.
-        detail = "server already up"
-    else:
-        try:
+    try:
+        if rt.settings.net(net_name).always_on:
+            detail = "always-on net: never scaled"
+        elif net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
+            # A warm net is reused as is; but one whose server died unnoticed is scaled again.
+            detail = "server already up"
+        else:
             scale_net(rt, net_name, 1, f"job {job_id} assigned")
-        except MisconfigurationError as exc:
-            net_misconfigured(rt, net_name, job_id, str(exc))
-            raise
-        detail = "driver asked for 1 replica"
+            detail = "driver asked for 1 replica"
+    except MisconfigurationError as exc:
+        net_misconfigured(rt, net_name, job_id, str(exc))
+        raise
     try:
         materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
     except (InvalidRequest, JobOutcomeError) as exc:
@@ -302,6 +302,25 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
         if job.state != JobState.DISPATCHING or job.net_name is None:
             return False
         net_name, token = job.net_name, job.submit_token
+    if token and rt.settings.has_net(net_name):
+        # A server that answers settles the token itself: adopt its run, or know there is none.
+        try:
+            admin = rt.admin(net_name)
+            run_id = admin.find_run(token)
+            start_time = admin.server_start_time() if run_id is not None else None
+        except DispatcherError:
+            pass  # not answering: settled below by taking the server down
+        else:
+            with unit_of_work(rt.sessions) as session:
+                current = services.get_job(session, job_id, lock=True)
+                if current.state != JobState.DISPATCHING or current.submit_token != token:
+                    return False
+                if run_id is not None:
+                    services.mark_dispatched(session, job_id, run_id, start_time, rt.clock())
+                else:
+                    services.requeue_job(session, job_id, reason, rt.clock())
+            kick(rt)
+            return run_id is None
     with unit_of_work(rt.sessions) as session:
         services.add_stray_run(
             session,

@@ -625,6 +625,11 @@ def _repair_scaling_net(rt: Runtime, name: str, row: _NetRow) -> str:  # noqa: P
             stop_net(rt, name, "misconfigured net still had a server")
             return "MISCONFIGURED net had a server; scaled to 0"
         return ""
+    if state == NetState.STOPPED and not up and row.strays:
+        # The server is confirmed at zero replicas: whatever it ran died with it.
+        with unit_of_work(rt.sessions) as session:
+            services.clear_stray_runs(session, name)
+        return "STOPPED at zero replicas: stray runs gone with the server"
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
         stop_net(rt, name, f"settling {state}")
         return f"{state}: scale-down re-driven"

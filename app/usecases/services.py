@@ -204,7 +204,8 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         # A run the server may still hold must be settled before the net takes a new job.
         ~exists().where(StrayRun.net_name == Net.name),
     )
-    queued = Job.state == JobState.QUEUED
+    # A job whose earlier run may still be alive (a stray run) waits: one live run per job.
+    queued = and_(Job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == Job.id))
     wanted = or_(
         exists().where(queued, Job.requested_net.is_(None)),
         Net.name.in_(select(Job.requested_net).where(queued, Job.requested_net.is_not(None))),
@@ -478,8 +479,9 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
     """flip-api's terminal-status signal; a job already terminal keeps its state."""
     job = get_job(session, report.job_id)
     if job.state not in TERMINAL_JOB_STATES:
-        if job.state == JobState.QUEUED and report.status != ReportedStatus.STOPPED:
-            raise InvalidRequest(f"job {job.id} never ran; only 'stopped' applies to it")
+        not_run_yet = (JobState.QUEUED, JobState.ASSIGNED, JobState.DISPATCHING)
+        if job.state in not_run_yet and report.status != ReportedStatus.STOPPED:
+            raise InvalidRequest(f"job {job.id} has not run yet; only 'stopped' applies to it")
         reason = f"flip-api reported {report.status.value}"
         if report.detail:
             reason += f": {report.detail}"

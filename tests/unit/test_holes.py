@@ -158,7 +158,7 @@ def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
     assert len(server.submitted) == 1
 
 
-def test_an_abandoned_unknown_submit_takes_the_server_down_before_the_job_runs_again(world):
+def _unknown_submit(world):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
@@ -166,6 +166,31 @@ def test_an_abandoned_unknown_submit_takes_the_server_down_before_the_job_runs_a
     world.server("net-a").submit_error = ServerUnavailable("no reply")
     with pytest.raises(ServerUnavailable):
         dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    world.server("net-a").submit_error = None
+    return job_id
+
+
+def test_an_abandoned_submit_the_server_never_got_is_requeued_with_the_server_kept(world):
+    job_id = _unknown_submit(world)
+    assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").replicas == 1  # the server said the token has no run
+    assert _strays(world) == []
+
+
+def test_an_abandoned_submit_that_landed_is_adopted_not_run_again(world):
+    job_id = _unknown_submit(world)
+    server = world.server("net-a")
+    server.submitted[f"{job_id}-0"] = "nv-7"  # it had landed; only the reply was lost
+    server.statuses["nv-7"] = "RUNNING"
+    assert not dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    job = world.job(job_id)
+    assert (job.state, job.nvflare_job_id) == (JobState.RUNNING, "nv-7")
+
+
+def test_an_abandoned_submit_on_a_silent_server_takes_it_down_before_the_job_runs_again(world):
+    job_id = _unknown_submit(world)
+    world.server("net-a").up = False  # the admin side cannot reach it; the replica still runs
     assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
     assert world.job(job_id).state == JobState.QUEUED
     assert world.driver("net-a").replicas == 0
@@ -301,3 +326,46 @@ def test_a_late_readiness_check_never_flips_a_busy_net_back_to_ready(world):
     world.run_pipeline(job_id)
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
     assert world.net("net-a").state == NetState.BUSY
+
+
+def test_results_reported_for_a_job_that_has_not_run_is_refused_plainly(world):
+    from app.errors import InvalidRequest
+    from app.schemas import ReportedStatus, ReportJobStatus
+
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
+    with world.rt.sessions.begin() as session, pytest.raises(InvalidRequest):
+        services.report_job_status(session, report, world.clock())
+    assert world.job(job_id).state == JobState.ASSIGNED
+
+
+def test_an_abort_the_server_did_not_hear_leaves_a_stray_run_not_a_second_job_beside_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False  # a blip: the admin side cannot reach the server
+    assert world.abort(job_id) == JobState.ABORTED  # no error reaches the caller
+    assert [s.nvflare_job_id for s in _strays(world)] == ["nv-1"]
+    world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that may still go on
+    world.server("net-a").up = True
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
+
+
+def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False
+    world.driver("net-a").fail_with = DriverTransientError("throttled")  # cannot take it down
+    housekeeping.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert len(_strays(world)) == 1
+    assert dispatch.assign_jobs(world.rt) == []  # one live run per job, even on another net
+    world.driver("net-a").fail_with = None
+    world.driver("net-a").replicas = 0  # the platform finally stopped it
+    housekeeping.reconcile(world.rt)
+    assert _strays(world) == []

@@ -1,7 +1,7 @@
 """classify(): every nvflare 2.9 admin exception maps to one meaning, decided in one place.
 
 The exceptions are the real nvflare classes with the messages nvflare raises (see
-NVFLARE_NOTES.md and fuel/flare_api/flare_api.py, fuel/hci/client/api.py,
+nvflare 2.9.0 in site-packages: fuel/flare_api/flare_api.py, fuel/hci/client/api.py,
 private/fed/authenticator.py); the behaviour behind them is pinned by the integration tests.
 """
 
