@@ -1,0 +1,425 @@
+"""Invariants, checked after every step of a simulation and once more at quiescence.
+
+They read the database directly (raw SQL on the simulation's one connection: cheap) and the
+cluster's TRUE record of runs and replicas. Time bounds derive from the settings the world
+runs with plus a slack for what the fault profile may legitimately delay; a clean world gets
+no slack beyond two beat ticks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from models import (
+    ACTIVE_JOB_STATES,
+    ASSIGNABLE_NET_STATES,
+    JOB_TRANSITIONS,
+    NET_TRANSITIONS,
+    TERMINAL_JOB_STATES,
+    JobState,
+    NetState,
+)
+from tests.sim.clock import seconds_of
+from tests.sim.fakes import Run
+
+if TYPE_CHECKING:
+    from tests.sim.simulation import Simulation
+
+J = JobState
+N = NetState
+REPORTED = "flip-api reported"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: which, when (simulated seconds), about what, and details."""
+
+    invariant: str
+    t: float
+    subject: str
+    detail: str
+
+    def line(self) -> str:
+        return f"[{self.invariant}] t={self.t:.1f}s {self.subject}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str  # canonical UUID text, as in submit tokens
+    state: JobState
+    net: str | None
+    nvflare_id: str | None
+    token: str | None
+    changed_s: float
+    dispatched_s: float | None
+    requested_net: str | None
+
+
+@dataclass(frozen=True)
+class NetRow:
+    name: str
+    state: NetState
+    changed_s: float
+
+
+_SECS: dict[str, float] = {}
+_UUIDS: dict[str, str] = {}
+
+
+def _secs(text: str | None) -> float | None:
+    """A stored timestamp as simulation seconds (memoised: the same values recur)."""
+    if text is None:
+        return None
+    value = _SECS.get(text)
+    if value is None:
+        if len(_SECS) > 100_000:
+            _SECS.clear()
+        value = _SECS[text] = seconds_of(datetime.fromisoformat(text))
+    return value
+
+
+def _uuid(hex_text: str) -> str:
+    """A stored UUID (32 hex digits on SQLite) in its canonical text form."""
+    value = _UUIDS.get(hex_text)
+    if value is None:
+        if len(_UUIDS) > 100_000:
+            _UUIDS.clear()
+        value = _UUIDS[hex_text] = str(uuid.UUID(hex_text))
+    return value
+
+
+class Bounds:
+    """How long each bounded condition may last (simulated seconds)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        world = sim.world
+        settings = sim.settings
+        tick = world.housekeeping_interval_s
+        reconcile = 2 * tick
+        budget = world.retry_budget_s()
+        slack = sim.profile.slack_s(budget) + 2 * tick
+        stuck = world.stuck_after_s
+        abort_timeout = float(getattr(settings, "abort_timeout_s", stuck))
+        stop_s = 20.0 if sim.profile.driver_slow else 4.0
+        self.slack = slack
+        self.assigned = {
+            n.name: n.ready_timeout_s + stuck + 2 * reconcile + slack for n in world.nets
+        }
+        self.dispatching = stuck + 2 * reconcile + budget + slack
+        self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + slack
+        self.idle = {
+            n.name: max(n.idle_timeout_s, stuck, n.ready_timeout_s) + 2 * reconcile + stop_s + slack
+            for n in world.nets
+        }
+        self.orphan = stuck + 2 * reconcile + slack
+        self.settle = world.server_lost_grace_s + 3 * tick + slack
+        self.max_run = world.max_run_s + 3 * tick + slack
+
+
+class Checker:
+    """Keeps what it needs between steps (last history rows seen, since-when clocks)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.bounds = Bounds(sim)
+        self.violations: list[Violation] = []
+        self._seen: set[tuple[str, str]] = set()
+        self._job_event_id = 0
+        self._net_event_id = 0
+        self._job_state: dict[str, JobState] = {}
+        self._net_state: dict[str, NetState] = {}
+        self.reported_s: dict[str, float] = {}
+        self._unneeded_since: dict[str, float] = {}
+        self._orphan_since: dict[str, float] = {}
+        self._dead_since: dict[str, float] = {}
+        self.jobs: list[JobRow] = []
+        self.nets: list[NetRow] = []
+
+    # --- reporting ---------------------------------------------------------------------------
+
+    def report(self, invariant: str, subject: str, detail: str) -> None:
+        """Record a violation once per (invariant, subject)."""
+        key = (invariant, subject)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        violation = Violation(invariant, self.sim.clock.t, subject, detail)
+        self.violations.append(violation)
+        self.sim.trace(f"!! {violation.line()}")
+
+    # --- reading the world --------------------------------------------------------------------
+
+    def read(self) -> None:
+        conn = self.sim.conn
+        self.jobs = [
+            JobRow(
+                id=_uuid(row[0]),
+                state=JobState(row[1]),
+                net=row[2],
+                nvflare_id=row[3],
+                token=row[4],
+                changed_s=_secs(row[5]) or 0.0,
+                dispatched_s=_secs(row[6]),
+                requested_net=row[7],
+            )
+            for row in conn.execute(
+                "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
+                " dispatched_at, requested_net FROM jobs ORDER BY created_at, id"
+            )
+        ]
+        self.nets = [
+            NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0)
+            for row in conn.execute("SELECT name, state, state_changed_at FROM nets ORDER BY name")
+        ]
+
+    def job(self, job_id: str) -> JobRow | None:
+        for job in self.jobs:
+            if job.id == job_id:
+                return job
+        return None
+
+    def counts(self, run: Run) -> bool:
+        """Whether the dispatcher counts this run as its job's run."""
+        job = self.job(run.job_id)
+        if job is None or job.state not in ACTIVE_JOB_STATES or job.net != run.net:
+            return False
+        if job.nvflare_id is not None:
+            return job.nvflare_id == run.nvflare_id
+        return job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING)
+
+    def excused(self, run: Run) -> bool:
+        """flip-api declared the job over after this run started: stopping the run was its
+        call, not the dispatcher's (the dispatcher is never asked to)."""
+        reported = self.reported_s.get(run.job_id)
+        return reported is not None and reported >= run.submitted_at
+
+    def needed(self, net: str) -> bool:
+        """A net's server is needed: an active job on it, or a QUEUED job that could take
+        it while it is assignable."""
+        if any(j.net == net and j.state in ACTIVE_JOB_STATES for j in self.jobs):
+            return True
+        row = next((n for n in self.nets if n.name == net), None)
+        if row is None or row.state not in ASSIGNABLE_NET_STATES:
+            return False
+        return any(j.state == J.QUEUED and j.requested_net in (None, net) for j in self.jobs)
+
+    # --- the checks ----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Every invariant, after one step."""
+        sim = self.sim
+        t = sim.clock.t
+        sim.cluster.advance(t)
+        self.read()
+        self._history()
+        self._nets_and_jobs(t)
+        self._runs(t)
+        self._scale_to_zero(t)
+
+    def _history(self) -> None:
+        conn = self.sim.conn
+        for event_id, job_hex, src, dst, at, reason in conn.execute(
+            "SELECT id, job_id, from_state, to_state, at, reason FROM job_events"
+            " WHERE id > ? ORDER BY id",
+            (self._job_event_id,),
+        ):
+            self._job_event_id = event_id
+            job_id = _uuid(job_hex)
+            previous = self._job_state.get(job_id)
+            if src is None:
+                legal = dst == J.QUEUED and previous is None
+            else:
+                legal = JobState(dst) in JOB_TRANSITIONS[JobState(src)] and previous == src
+            if not legal:
+                self.report(
+                    "legal-history",
+                    f"job {job_id[:8]} event {event_id}",
+                    f"{src} -> {dst} (last seen {previous}): {reason}",
+                )
+            self._job_state[job_id] = JobState(dst)
+            if reason.startswith(REPORTED):
+                self.reported_s[job_id] = _secs(at) or 0.0
+        for event_id, net, src, dst, reason in conn.execute(
+            "SELECT id, net_name, from_state, to_state, reason FROM net_events"
+            " WHERE id > ? ORDER BY id",
+            (self._net_event_id,),
+        ):
+            self._net_event_id = event_id
+            last = self._net_state.get(net, N.STOPPED)
+            if NetState(dst) not in NET_TRANSITIONS[NetState(src)] or src != last:
+                self.report(
+                    "legal-history",
+                    f"net {net} event {event_id}",
+                    f"{src} -> {dst} (last seen {last}): {reason}",
+                )
+            self._net_state[net] = NetState(dst)
+
+    def _nets_and_jobs(self, t: float) -> None:
+        b = self.bounds
+        net_state = {n.name: n.state for n in self.nets}
+        for net in self.nets:
+            if net.state == N.BUSY and not any(
+                j.net == net.name and j.state in ACTIVE_JOB_STATES for j in self.jobs
+            ):
+                self.report("busy-without-job", f"net {net.name}", "BUSY with no active job")
+        for job in self.jobs:
+            age = t - job.changed_s
+            if job.state in ACTIVE_JOB_STATES and job.net is not None:
+                state = net_state.get(job.net)
+                if state in (N.STOPPED, N.STOPPING):
+                    self.report(
+                        "job-on-stopped-net",
+                        f"job {job.id[:8]}",
+                        f"{job.state} on net {job.net} which is {state}",
+                    )
+            bound = {
+                J.ASSIGNED: b.assigned.get(job.net or "", 0.0),
+                J.DISPATCHING: b.dispatching,
+                J.ABORTING: b.aborting,
+            }.get(job.state)
+            if bound is not None and age > bound:
+                self.report(
+                    "job-state-bounded",
+                    f"job {job.id[:8]} {job.state}",
+                    f"{job.state} for {age:.0f}s (bound {bound:.0f}s) on net {job.net}",
+                )
+            if (
+                job.state == J.RUNNING
+                and job.dispatched_s is not None
+                and t - job.dispatched_s > b.max_run
+            ):
+                self.report(
+                    "max-run-enforced",
+                    f"job {job.id[:8]}",
+                    f"RUNNING for {t - job.dispatched_s:.0f}s (MAX_RUN_S bound {b.max_run:.0f}s)",
+                )
+
+    def _runs(self, t: float) -> None:
+        b = self.bounds
+        live: dict[str, list[Run]] = defaultdict(list)
+        completed: dict[str, list[Run]] = defaultdict(list)
+        by_id: dict[str, Run] = {}
+        for run in self.sim.cluster.runs:
+            by_id[run.nvflare_id] = run
+            if run.live(t):
+                live[run.job_id].append(run)
+            elif run.completed(t) and run.nvflare_id in self.sim.cluster.servers[run.net].store:
+                # Counted only while its server still knows it: a run forgotten with its
+                # server's job store cannot be told from a lost one.
+                completed[run.job_id].append(run)
+        for job_id, runs in live.items():
+            if len(runs) > 1:
+                self.report(
+                    "one-live-run",
+                    f"job {job_id[:8]}",
+                    "live runs " + ", ".join(f"{r.nvflare_id} ({r.token[-2:]})" for r in runs),
+                )
+            for run in runs:
+                if self.counts(run) or self.excused(run):
+                    self._orphan_since.pop(run.nvflare_id, None)
+                    continue
+                since = self._orphan_since.setdefault(run.nvflare_id, t)
+                if t - since > b.orphan:
+                    job = self.job(job_id)
+                    self.report(
+                        "orphan-run",
+                        f"run {run.nvflare_id}",
+                        f"live for {t - since:.0f}s (bound {b.orphan:.0f}s) while its job "
+                        f"{job_id[:8]} is {job.state if job else '?'} on {job.net if job else '?'}",
+                    )
+        for job_id, runs in completed.items():
+            if len(runs) > 1:
+                self.report(
+                    "one-counted-run",
+                    f"job {job_id[:8]}",
+                    "completed runs " + ", ".join(r.nvflare_id for r in runs),
+                )
+        for job in self.jobs:
+            if job.state not in (J.RUNNING, J.ABORTING) or job.nvflare_id is None:
+                self._dead_since.pop(job.id, None)
+                continue
+            recorded = by_id.get(job.nvflare_id)
+            if recorded is None or recorded.live(t) or recorded.poisoned:
+                # A run whose status the server never gives cannot be seen to end: only
+                # MAX_RUN_S (max-run-enforced) bounds it.
+                self._dead_since.pop(job.id, None)
+                continue
+            since = self._dead_since.setdefault(job.id, t)
+            if t - since > b.settle:
+                how = _how_ended(recorded, t)
+                self.report(
+                    "ended-run-settled",
+                    f"job {job.id[:8]}",
+                    f"{job.state} for {t - since:.0f}s after its run {job.nvflare_id} {how}"
+                    f" (bound {b.settle:.0f}s)",
+                )
+
+    def _scale_to_zero(self, t: float) -> None:
+        sim = self.sim
+        for net in self.nets:
+            if not sim.scales_to_zero(net.name):
+                self._unneeded_since.pop(net.name, None)
+                continue
+            if self.needed(net.name):
+                self._unneeded_since.pop(net.name, None)
+                continue
+            since = self._unneeded_since.setdefault(net.name, t)
+            bound = self.bounds.idle[net.name]
+            if t - since > bound and sim.cluster.replicas(net.name) > 0:
+                self.report(
+                    "idle-net-at-zero",
+                    f"net {net.name}",
+                    f"{net.state} with no job needing it for {t - since:.0f}s (bound "
+                    f"{bound:.0f}s) but the platform still runs its server",
+                )
+
+    # --- quiescence ------------------------------------------------------------------------------
+
+    def unsettled(self) -> list[str]:
+        """Why the world is not at rest yet (empty: at rest)."""
+        sim = self.sim
+        t = sim.clock.t
+        sim.cluster.advance(t)
+        self.read()
+        reasons = []
+        for job in self.jobs:
+            if job.state not in TERMINAL_JOB_STATES and job.state != J.QUEUED:
+                reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
+        assignable = {n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES}
+        for job in self.jobs:
+            if job.state == J.QUEUED and any(
+                job.requested_net in (None, n) for n in sorted(assignable)
+            ):
+                reasons.append(f"job {job.id[:8]} QUEUED while a net could take it")
+        for net in self.nets:
+            if (
+                sim.scales_to_zero(net.name)
+                and not self.needed(net.name)
+                and sim.cluster.replicas(net.name) > 0
+            ):
+                reasons.append(f"net {net.name} {net.state} still has a server")
+        for run in sim.cluster.live_runs(t):
+            if not self.excused(run):
+                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+        if sim.broker.work_pending():
+            reasons.append("messages pending")
+        return reasons
+
+    def quiescence(self, reasons: list[str]) -> None:
+        """The world did not come to rest: report what stayed unsettled."""
+        for reason in reasons:
+            if reason == "messages pending":
+                continue
+            self.report("quiescence", reason.split(" ", 2)[0] + " " + reason.split(" ")[1], reason)
+
+
+def _how_ended(run: Run, t: float) -> str:
+    if run.aborted_at is not None:
+        return f"was aborted at {run.aborted_at:.0f}s"
+    if run.killed_at is not None:
+        return f"died with its server at {run.killed_at:.0f}s"
+    return f"finished {run.status(t)} at {run.end_at:.0f}s"
