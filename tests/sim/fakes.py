@@ -136,11 +136,13 @@ class SimServer:
     def name(self) -> str:
         return self.spec.name
 
-    def start(self, t: float, rng: random.Random) -> None:
+    def start(self, t: float, rng: random.Random, no_start_time_p: float = 0.0) -> None:
         self.incarnation += 1
         self.up_at = t
         self.boot_s = rng.uniform(0.5, 4.0)
         self.site_delays = tuple(rng.uniform(0.5, 8.0) for _ in self.spec.sites)
+        if no_start_time_p and rng.random() < no_start_time_p:
+            self.no_start_time_until = t + self.boot_s + rng.uniform(5.0, 40.0)
         if not self.spec.keeps_jobs:
             self.store.clear()
             self.tokens.clear()
@@ -304,7 +306,7 @@ class SimDriver:
         self.pinned = True
         self.desired = 1
         self.running = True
-        self.server.start(t, self.cluster.rng)
+        self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
 
     # --- the ScaleDriver protocol ---------------------------------------------------------
 
@@ -378,7 +380,7 @@ class SimDriver:
             return
         self.start_at = None
         self.running = True
-        self.server.start(t, self.cluster.rng)
+        self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
 
     def _down(self, t: float, gen: int) -> None:
         if gen != self._gen:
@@ -401,7 +403,7 @@ class SimDriver:
 
     def _restart_pinned(self, t: float, gen: int) -> None:
         if gen == self._gen:
-            self.server.start(t, self.cluster.rng)
+            self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
 
 
 class SimAdmin:

@@ -34,6 +34,7 @@ class FaultProfile:
     admin_latency_max_s: float = 0.0  # every admin call takes up to this long
     submit_latency_max_s: float = 0.0
     no_start_time: float = 0.0  # per server_start_time/is_ready: the server reports none
+    no_start_time_at_boot: float = 0.0  # per server start: none reported for its first 5-40 s
     poisoned_status: float = 0.0  # per run: job_status never answers (UnknownAdminError)
     hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
     failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
@@ -48,6 +49,7 @@ class FaultProfile:
     partition_max_s: float = 60.0
     kit_broken_rate: float = 0.0  # AdminMisconfigured until a human fixes it
     driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
+    drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
     settings_flip: float = 0.0  # probability of one PER_JOB_FL_SERVER change (a redeploy)
     # --- the caller (flip-api) ---
     abort_p: float = 0.0  # per job: an abort at a random moment
@@ -64,18 +66,6 @@ class FaultProfile:
 
     def with_(self, **changes: object) -> FaultProfile:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-    def slack_s(self, retry_budget_s: float) -> float:
-        """How much later than in a clean world a bounded thing may legitimately happen."""
-        if self.clean:
-            return 0.0
-        slack = self.msg_delay_max_s + self.worker_restart_s + retry_budget_s
-        slack += self.admin_latency_max_s * 4 + self.submit_latency_max_s
-        if self.partition_rate or self.lost_reply_partition:
-            slack += self.partition_max_s
-        if self.driver_slow:
-            slack += 40.0
-        return slack
 
 
 CLEAN = FaultProfile()
@@ -118,12 +108,14 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="servers",
+        admin_unknown=0.01,
         restart_rate=6.0,
         partition_rate=6.0,
         partition_max_s=90.0,
         lost_reply=0.1,
         lost_reply_partition=0.5,
         no_start_time=0.05,
+        no_start_time_at_boot=0.3,
         hung_run=0.1,
         poisoned_status=0.05,
         failed_run=0.1,
@@ -140,6 +132,21 @@ PROFILES: tuple[FaultProfile, ...] = (
         abort_p=0.2,
     ),
     FaultProfile(
+        name="drift",
+        drift_rate=15.0,
+        interleave=0.25,
+        driver_slow=True,
+        driver_failure=0.1,
+        abort_p=0.4,
+    ),
+    FaultProfile(
+        name="misconfig",
+        kit_broken_rate=10.0,
+        driver_broken_rate=4.0,
+        driver_transient=0.3,
+        abort_p=0.3,
+    ),
+    FaultProfile(
         name="chaos",
         msg_drop=0.02,
         msg_dup=0.05,
@@ -153,6 +160,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         lost_reply_partition=0.3,
         admin_latency_max_s=1.0,
         no_start_time=0.02,
+        no_start_time_at_boot=0.1,
         poisoned_status=0.03,
         hung_run=0.05,
         failed_run=0.05,
@@ -164,6 +172,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         partition_rate=3.0,
         kit_broken_rate=1.5,
         driver_broken_rate=1.0,
+        drift_rate=2.0,
         settings_flip=0.2,
         abort_p=0.2,
         report_p=0.1,

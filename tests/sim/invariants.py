@@ -93,31 +93,40 @@ def _uuid(hex_text: str) -> str:
 
 
 class Bounds:
-    """How long each bounded condition may last (simulated seconds)."""
+    """How long each bounded condition may last (simulated seconds): what the settings
+    promise, plus what this fault profile may legitimately add to that one path."""
 
     def __init__(self, sim: Simulation) -> None:
         world = sim.world
-        settings = sim.settings
+        p = sim.profile
         tick = world.housekeeping_interval_s
         reconcile = 2 * tick
-        budget = world.retry_budget_s()
-        slack = sim.profile.slack_s(budget) + 2 * tick
+        budget = world.retry_budget_s() if not p.clean else 0.0
         stuck = world.stuck_after_s
-        abort_timeout = float(getattr(settings, "abort_timeout_s", stuck))
-        stop_s = 20.0 if sim.profile.driver_slow else 4.0
-        self.slack = slack
+        abort_timeout = float(getattr(sim.settings, "abort_timeout_s", stuck))
+        # Slack common to every path: a beat tick or two, delayed or redelivered messages,
+        # slow admin calls.
+        common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
+        if p.worker_kill:
+            common += p.worker_restart_s
+        partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
+        stop_s = 20.0 if p.driver_slow else 4.0
         self.assigned = {
-            n.name: n.ready_timeout_s + stuck + 2 * reconcile + slack for n in world.nets
+            n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in world.nets
         }
-        self.dispatching = stuck + 2 * reconcile + budget + slack
-        self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + slack
+        self.dispatching = stuck + 2 * reconcile + budget + common
+        self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
         self.idle = {
-            n.name: max(n.idle_timeout_s, stuck, n.ready_timeout_s) + 2 * reconcile + stop_s + slack
+            n.name: max(n.idle_timeout_s, stuck, n.ready_timeout_s)
+            + 2 * reconcile
+            + stop_s
+            + common
             for n in world.nets
         }
-        self.orphan = stuck + 2 * reconcile + slack
-        self.settle = world.server_lost_grace_s + 3 * tick + slack
-        self.max_run = world.max_run_s + 3 * tick + slack
+        self.orphan = stuck + 2 * reconcile + budget + common
+        self.unaccounted = 2 * tick + common
+        self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
+        self.max_run = world.max_run_s + 3 * tick + common
 
 
 class Checker:
@@ -138,6 +147,12 @@ class Checker:
         self._dead_since: dict[str, float] = {}
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
+        self._has_strays = (
+            sim.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
+            ).fetchone()
+            is not None
+        )
 
     # --- reporting ---------------------------------------------------------------------------
 
@@ -190,6 +205,18 @@ class Checker:
         if job.nvflare_id is not None:
             return job.nvflare_id == run.nvflare_id
         return job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING)
+
+    def recorded_stray(self, run: Run) -> bool:
+        """The dispatcher knows this run is a stray (a stray_runs row, where that table
+        exists: it does not on the code before the fix)."""
+        if not self._has_strays:
+            return False
+        row = self.sim.conn.execute(
+            "SELECT 1 FROM stray_runs WHERE net_name = ? AND (nvflare_job_id = ? OR"
+            " submit_token = ?) LIMIT 1",
+            (run.net, run.nvflare_id, run.token),
+        ).fetchone()
+        return row is not None
 
     def excused(self, run: Run) -> bool:
         """flip-api declared the job over after this run started: stopping the run was its
@@ -311,6 +338,19 @@ class Checker:
                 # Counted only while its server still knows it: a run forgotten with its
                 # server's job store cannot be told from a lost one.
                 completed[run.job_id].append(run)
+        per_net: dict[str, list[Run]] = defaultdict(list)
+        for runs in live.values():
+            for run in runs:
+                if not self.excused(run):
+                    per_net[run.net].append(run)
+        for net, runs in sorted(per_net.items()):
+            if len(runs) > 1:
+                self.report(
+                    "one-run-per-server",
+                    f"net {net}",
+                    "live runs "
+                    + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in runs),
+                )
         for job_id, runs in live.items():
             if len(runs) > 1:
                 self.report(
@@ -323,13 +363,21 @@ class Checker:
                     self._orphan_since.pop(run.nvflare_id, None)
                     continue
                 since = self._orphan_since.setdefault(run.nvflare_id, t)
-                if t - since > b.orphan:
-                    job = self.job(job_id)
+                job = self.job(job_id)
+                state, net = (job.state, job.net) if job else ("?", "?")
+                where = f"its job {job_id[:8]} is {state} on {net}"
+                if t - since > b.unaccounted and not self.recorded_stray(run):
                     self.report(
-                        "orphan-run",
+                        "unaccounted-run",
                         f"run {run.nvflare_id}",
-                        f"live for {t - since:.0f}s (bound {b.orphan:.0f}s) while its job "
-                        f"{job_id[:8]} is {job.state if job else '?'} on {job.net if job else '?'}",
+                        f"live for {t - since:.0f}s (bound {b.unaccounted:.0f}s), neither counted"
+                        f" by its job nor recorded as a stray run: {where}",
+                    )
+                if t - since > b.orphan:
+                    self.report(
+                        "stray-run-stopped",
+                        f"run {run.nvflare_id}",
+                        f"live for {t - since:.0f}s (bound {b.orphan:.0f}s) while {where}",
                     )
         for job_id, runs in completed.items():
             if len(runs) > 1:

@@ -45,7 +45,7 @@ from tests.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
 from tests.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
 
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
-HUMAN_FIX_DELAY_S = 150.0  # a human fixes a misconfigured net and restarts the workers
+HUMAN_FIX_DELAY_S = 300.0  # a human fixes a misconfigured net and restarts the workers
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
 
 
@@ -193,6 +193,8 @@ class Simulation:
             ("steps", "messages", "retries", "kills", "interleaved", "escapes"), 0
         )
         self._flip_window: tuple[float, float] | None = None
+        self._triggers: list[tuple[str, str, str, Callable[[], None]]] = []
+        self._current: list[Message] = []  # the messages being processed, outermost first
         self._draining = False
 
     @classmethod
@@ -274,19 +276,32 @@ class Simulation:
                 point,
                 f"{point} on net {net} called while a transaction holds the database",
             )
+        fired = bool(self._triggers) and not self.conn.in_transaction and self._fire_triggers()
         if (
             faults.interleave
             and len(self._stack) == 1
             and not self.conn.in_transaction
-            and self.rng.random() < faults.interleave
+            # A caller's message sent at this very moment is taken by another worker at
+            # once half the time: that is the race the trigger was armed for.
+            and self.rng.random() < (0.5 if fired else faults.interleave)
         ):
             due = self.broker.due(self.clock.t)
             if due:
-                message = self.rng_msg.choice(due)
+                message = self._pick_concurrent(due)
                 self.broker.take(message)
                 self.stats["interleaved"] += 1
                 self.trace(f"   || w1 runs {message.label()} during {point}")
                 self._deliver(message, 1)
+
+    def _pick_concurrent(self, due: list[Message]) -> Message:
+        """The message another worker runs now: half the time one that conflicts with the
+        current one (same job, or a claim/scale step against housekeeping), since races
+        between those are the ones that matter."""
+        outer = self._current[0]
+        conflicting = [m for m in due if _conflicts(outer, m)]
+        if conflicting and self.rng_msg.random() < 0.7:
+            return self.rng_msg.choice(conflicting)
+        return self.rng_msg.choice(due)
 
     def on_submit(self, net: str, token: str) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this
@@ -334,6 +349,7 @@ class Simulation:
         self.stats["messages"] += 1
         rt = self.workers[slot]
         self._stack.append(slot)
+        self._current.append(message)
         try:
             self._run_task(rt, message, spec, slot)
         except WorkerKilled:
@@ -343,6 +359,7 @@ class Simulation:
             self._restart_worker(slot, f"after a kill during {message.label()}")
         finally:
             self._stack.pop()
+            self._current.pop()
 
     def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
         retry_max = self.settings.retry_max
@@ -454,21 +471,40 @@ class Simulation:
         for event in self.workload.events:
             job_id = str(job_id_for(event.key))
             if event.kind == "abort":
+                task = names.ABORT_JOB
                 payload = {"job_id": job_id, "reason": "aborted by the user"}
-                self.at(
-                    event.at_s,
-                    f"flip-api aborts {event.key}",
-                    self._caller(names.ABORT_JOB, payload),
-                )
+                label = f"flip-api aborts {event.key}"
             else:
+                task = names.REPORT_JOB_STATUS
                 payload = {"job_id": job_id, "status": event.status}
+                label = f"flip-api reports {event.key} {event.status}"
+            if event.on_state is None:
+                self.at(event.at_s, label, self._caller(task, payload))
+            else:
+                send = self._caller(task, payload)
                 self.at(
                     event.at_s,
-                    f"flip-api reports {event.key} {event.status}",
-                    self._caller(names.REPORT_JOB_STATUS, payload),
+                    f"{label} once it is {event.on_state}",
+                    functools.partial(self._arm, job_id, event.on_state, label, send),
                 )
         self._schedule_faults()
         self.at(self.workload.horizon_s, "drain: faults stop", self._drain)
+
+    def _arm(self, job_id: str, state: str, label: str, send: Callable[[], None]) -> None:
+        self._triggers.append((job_id.replace("-", ""), state, label, send))
+
+    def _fire_triggers(self) -> bool:
+        """Send the caller events waiting for a job state the job is in right now."""
+        fired = False
+        for trigger in list(self._triggers):
+            job_hex, state, label, send = trigger
+            row = self.conn.execute("SELECT state FROM jobs WHERE id = ?", (job_hex,)).fetchone()
+            if row is not None and row[0] == state:
+                self._triggers.remove(trigger)
+                self.trace(f"== {label} (now {state})")
+                send()
+                fired = True
+        return fired
 
     def _caller(self, task: str, payload: dict[str, object]) -> Callable[[], None]:
         def send() -> None:
@@ -510,12 +546,28 @@ class Simulation:
                     f"driver of {name} misconfigured ({length:.0f}s)",
                     functools.partial(self._break_driver, name, length),
                 )
+            for _ in range(_poisson(rng, p.drift_rate * horizon / 3600)):
+                self.at(
+                    rng.uniform(0, horizon),
+                    f"someone scales {name} by hand",
+                    functools.partial(self._drift, name),
+                )
         if rng.random() < p.settings_flip:
             start = rng.uniform(30.0, horizon - 30.0)
             self._flip_window = (start, start + rng.uniform(30.0, 120.0))
 
     def _crash(self, net: str, down_s: float) -> None:
         self.cluster.crash(net, self.clock.t, down_s)
+
+    def _drift(self, net: str) -> None:
+        """Drift between the nets table and the platform: a hand-made scale change."""
+        driver = self.cluster.drivers[net]
+        if driver.pinned:
+            return
+        self.cluster.advance(self.clock.t)
+        target = 0 if driver.desired or driver.running else 1
+        self.trace(f"   {net}: desired {driver.desired} -> {target} by hand")
+        driver.apply(target, self.clock.t)
 
     def _deploy(self, net: str) -> None:
         self.cluster.drivers[net].apply(1, self.clock.t)
@@ -624,7 +676,11 @@ class Simulation:
             (names.KEEP_ALIVE_BUSY_NETS, self.world.keep_alive_interval_s),
         ]
         next_beat = [period for _, period in beats]
-        deadline = self.workload.horizon_s + self.world.max_run_s + 2 * HUMAN_FIX_DELAY_S
+        reconcile = 2 * tick
+        deadline = self.workload.horizon_s + max(
+            self.world.max_run_s + 4 * tick,
+            HUMAN_FIX_DELAY_S + self.world.stuck_after_s + 3 * reconcile,
+        )
         settled_ticks = 0
         checker = self.checker
         while True:
@@ -635,6 +691,8 @@ class Simulation:
                 self.broker.take(message)
                 self._deliver(message, 0)
                 self.stats["steps"] += 1
+                if self._triggers:
+                    self._fire_triggers()
                 self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
                 self._maybe_flip()
                 checker.check()
@@ -673,6 +731,31 @@ class Simulation:
             stats=dict(self.stats),
             trace=self.lines,
         )
+
+
+# Which concurrent messages race with which: housekeeping against claims and scale steps.
+_RACES = {
+    names.RECONCILE: (names.ASSIGN_NEXT_JOB, names.SCALE_UP),
+    names.SCALE_DOWN_IDLE_NETS: (names.ASSIGN_NEXT_JOB, names.SCALE_UP),
+    names.MONITOR_RUNNING_JOBS: (names.DISPATCH, names.ABORT_JOB, names.REPORT_JOB_STATUS),
+    names.ASSIGN_NEXT_JOB: (names.RECONCILE, names.SCALE_DOWN_IDLE_NETS),
+}
+
+
+def job_of(message: Message) -> str | None:
+    """The job a message is about, if any."""
+    job = message.kwargs.get("job_id")
+    payload = message.kwargs.get("payload")
+    if job is None and isinstance(payload, dict):
+        job = payload.get("job_id")
+    return str(job) if job is not None else None
+
+
+def _conflicts(outer: Message, other: Message) -> bool:
+    job = job_of(outer)
+    if job is not None and job_of(other) == job:
+        return True
+    return other.task in _RACES.get(outer.task, ())
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

@@ -46,6 +46,9 @@ class CallerEvent:
     key: str
     kind: str  # "abort" | "report"
     status: str = ""  # report: results_uploaded | error | stopped
+    # Set: the event waits (from at_s on) until the job is in this state, and is sent at
+    # that very moment, possibly while a worker is in the middle of a step of that job.
+    on_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,15 @@ def random_workload(
             )
         )
         if rng.random() < abort_p:
-            events.append(CallerEvent(round(arrive + rng.uniform(0, 150), 1), key, "abort"))
+            at = round(arrive + rng.uniform(0, 150), 1)
+            trigger = rng.choice((None, None, "DISPATCHING", "ASSIGNED", "RUNNING"))
+            events.append(CallerEvent(at if trigger is None else arrive, key, "abort", "", trigger))
         if rng.random() < report_p:
             status = rng.choice(("results_uploaded", "error", "stopped"))
+            at = round(arrive + rng.uniform(5, 200), 1)
+            trigger = rng.choice((None, None, "DISPATCHING", "RUNNING"))
             events.append(
-                CallerEvent(round(arrive + rng.uniform(5, 200), 1), key, "report", status)
+                CallerEvent(at if trigger is None else arrive, key, "report", status, trigger)
             )
     events.sort(key=lambda e: (e.at_s, e.key, e.kind))
     return Workload(jobs=tuple(jobs), events=tuple(events), horizon_s=horizon)
