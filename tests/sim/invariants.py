@@ -364,8 +364,8 @@ class Checker:
                     continue
                 since = self._orphan_since.setdefault(run.nvflare_id, t)
                 job = self.job(job_id)
-                state, net = (job.state, job.net) if job else ("?", "?")
-                where = f"its job {job_id[:8]} is {state} on {net}"
+                job_state, job_net = (str(job.state), str(job.net)) if job else ("?", "?")
+                where = f"its job {job_id[:8]} is {job_state} on {job_net}"
                 if t - since > b.unaccounted and not self.recorded_stray(run):
                     self.report(
                         "unaccounted-run",
