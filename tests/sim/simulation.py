@@ -162,8 +162,10 @@ class Simulation:
         seed: int,
         *,
         tracing: bool = False,
+        fail_fast: bool = False,
     ) -> None:
         self.world = world
+        self.fail_fast = fail_fast
         self.workload = workload
         self.profile = profile
         self.faults = profile
@@ -199,14 +201,19 @@ class Simulation:
 
     @classmethod
     def from_seed(
-        cls, seed: int, profile: FaultProfile | None = None, *, tracing: bool = False
+        cls,
+        seed: int,
+        profile: FaultProfile | None = None,
+        *,
+        tracing: bool = False,
+        fail_fast: bool = False,
     ) -> Simulation:
         """The seed's random world, workload and (unless given) fault profile."""
         profile = profile or profile_for_seed(seed)
         rng = random.Random(f"{seed}/workload")
         world = random_world(rng)
         workload = random_workload(rng, world, abort_p=profile.abort_p, report_p=profile.report_p)
-        return cls(world, workload, profile, seed, tracing=tracing)
+        return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
 
     # --- wiring ------------------------------------------------------------------------------
 
@@ -624,17 +631,12 @@ class Simulation:
         self.checker.bounds = type(self.checker.bounds)(self)
 
     def _drain(self) -> None:
-        """The end of the workload: no more faults; ongoing ones heal; a human fixes
-        misconfigured nets and restarts the workers a while later."""
+        """The end of the workload: no new faults (ongoing ones, a broken kit or a partition,
+        run their course); a human restarts the workers a while later if a net is still
+        MISCONFIGURED."""
         self._draining = True
         self.faults = self.profile.quiet()
         t = self.clock.t
-        for server in self.cluster.servers.values():
-            server.partition_until = min(server.partition_until, t)
-            server.no_start_time_until = min(server.no_start_time_until, t)
-            server.kit_broken = False
-        for driver in self.cluster.drivers.values():
-            driver.broken = False
         if self._flip_window is not None:
             self._flip_window = (self._flip_window[0], t)
             self._maybe_flip()
@@ -696,6 +698,8 @@ class Simulation:
                 self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
                 self._maybe_flip()
                 checker.check()
+                if self.fail_fast and checker.violations:
+                    break
                 continue
             candidates = [t for t in (self.broker.next_time(), min(next_beat)) if t is not None]
             if self._events:
@@ -714,6 +718,8 @@ class Simulation:
                     beat_fired = beat_fired or i == 0
             self._maybe_flip()
             checker.check()
+            if self.fail_fast and checker.violations:
+                break
             if beat_fired and self._draining:
                 reasons = checker.unsettled()
                 settled_ticks = 0 if reasons else settled_ticks + 1
@@ -788,6 +794,12 @@ def _app_frame(exc: BaseException) -> str:
     return where
 
 
-def run_seed(seed: int, profile: FaultProfile | None = None, *, tracing: bool = False) -> Result:
-    """One seed, from scratch."""
-    return Simulation.from_seed(seed, profile, tracing=tracing).run()
+def run_seed(
+    seed: int,
+    profile: FaultProfile | None = None,
+    *,
+    tracing: bool = False,
+    fail_fast: bool = False,
+) -> Result:
+    """One seed, from scratch (fail_fast: stop at the first violation)."""
+    return Simulation.from_seed(seed, profile, tracing=tracing, fail_fast=fail_fast).run()

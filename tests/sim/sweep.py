@@ -24,16 +24,20 @@ def worker_count() -> int:
     return max(1, int(os.environ.get("SIM_WORKERS", default)))
 
 
-def _one(args: tuple[int, FaultProfile | None]) -> Result:
-    seed, profile = args
-    return run_seed(seed, profile)
+def _one(args: tuple[int, FaultProfile | None, bool]) -> Result:
+    seed, profile, fail_fast = args
+    return run_seed(seed, profile, fail_fast=fail_fast)
 
 
 def run_seeds(
-    seeds: Iterable[int], profile: FaultProfile | None = None, workers: int | None = None
+    seeds: Iterable[int],
+    profile: FaultProfile | None = None,
+    workers: int | None = None,
+    *,
+    fail_fast: bool = False,
 ) -> Iterator[Result]:
     """Results as they come (order not guaranteed with several workers)."""
-    todo = [(seed, profile) for seed in seeds]
+    todo = [(seed, profile, fail_fast) for seed in seeds]
     workers = worker_count() if workers is None else workers
     if workers <= 1 or len(todo) < 8:
         for item in todo:

@@ -64,7 +64,7 @@ class WorldSpec:
     retry_backoff_max_s: int = 8
     stuck_after_s: float = 40.0
     server_lost_grace_s: float = 25.0
-    max_run_s: float = 240.0
+    max_run_s: float = 150.0
     max_attempts: int = 3
     lost_job_policy: str = "requeue"
 
@@ -79,7 +79,7 @@ class Workload:
 
     jobs: tuple[JobSpec, ...]
     events: tuple[CallerEvent, ...] = ()
-    horizon_s: float = 200.0
+    horizon_s: float = 170.0
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -104,14 +104,14 @@ def random_world(rng: random.Random) -> WorldSpec:
 def random_workload(
     rng: random.Random, world: WorldSpec, *, abort_p: float, report_p: float
 ) -> Workload:
-    """3 to 7 jobs arriving over the first two and a half minutes, some aborted or reported
-    on; faults stop at 200 s."""
-    horizon = 200.0
+    """3 to 7 jobs arriving over the first two minutes, some aborted or reported on; faults
+    stop at 170 s."""
+    horizon = 170.0
     jobs = []
     events = []
     names = [n.name for n in world.nets]
     for i in range(rng.randint(3, 7)):
-        arrive = round(rng.uniform(0, 150), 1)
+        arrive = round(rng.uniform(0, 120), 1)
         key = f"job-{i}"
         sites = SITES if rng.random() > 0.08 else (*SITES, "site-9")  # site-9 never connects
         jobs.append(

@@ -30,7 +30,8 @@ def sweep(request: pytest.FixtureRequest) -> dict[int, Result]:
         for item in request.session.items
         if getattr(item, "originalname", "") == "test_sweep" and hasattr(item, "callspec")
     )
-    return {result.seed: result for result in run_seeds(selected)}
+    # Fail fast: a failing seed stops at its first violation; its replay shows them all.
+    return {result.seed: result for result in run_seeds(selected, fail_fast=True)}
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda seed: f"seed-{seed}")
