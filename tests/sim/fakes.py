@@ -129,6 +129,7 @@ class SimServer:
     store: dict[str, Run] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     partition_until: float = -1.0
+    partitions: list[tuple[float, float]] = field(default_factory=list)
     kit_broken: bool = False
     no_start_time_until: float = -1.0
 
@@ -158,6 +159,14 @@ class SimServer:
         if not self.spec.keeps_jobs:
             self.store.clear()
             self.tokens.clear()
+
+    def partition(self, start: float, end: float) -> None:
+        """The admin port is unreachable from `start` to `end` (the server runs on)."""
+        self.partition_until = max(self.partition_until, end)
+        self.partitions.append((start, end))
+
+    def partitioned_at(self, t: float) -> bool:
+        return any(start <= t < end for start, end in self.partitions)
 
     def answering(self, t: float) -> bool:
         return (
@@ -506,8 +515,8 @@ class SimAdmin:
         faults = host.faults
         if host.rng.random() < faults.lost_reply:
             if host.rng.random() < faults.lost_reply_partition:
-                until = host.clock.t + host.rng.uniform(10.0, faults.partition_max_s)
-                self.server.partition_until = max(self.server.partition_until, until)
+                now = host.clock.t
+                self.server.partition(now, now + host.rng.uniform(10.0, faults.partition_max_s))
             self._connected = False
             raise ServerUnavailable(f"{self.net}: {op} sent, reply lost (simulated)")
 

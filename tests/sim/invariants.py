@@ -145,6 +145,8 @@ class Checker:
         self._unneeded_since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._dead_since: dict[str, float] = {}
+        self._completions: dict[str, bool] = {}
+        self._seen_answering: dict[str, float] = {}
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
         self._has_strays = (
@@ -217,6 +219,33 @@ class Checker:
             (run.net, run.nvflare_id, run.token),
         ).fetchone()
         return row is not None
+
+    def _counted_completion(self, run: Run, t: float) -> bool:
+        """A completed run counts if the dispatcher could have seen it complete: after it
+        completed, while its job still held it, its server answered (and still knew it) for
+        a whole housekeeping interval, so a monitor round could ask. (A run that finished
+        while its server was unreachable, or just before the server died, cannot be told
+        from a lost run.)"""
+        counted = self._completions.get(run.nvflare_id)
+        if counted is not None:
+            return counted
+        server = self.sim.cluster.servers[run.net]
+        job = self.job(run.job_id)
+        held = job is not None and (
+            job.nvflare_id == run.nvflare_id
+            or (job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING))
+        )
+        if not held:
+            self._completions[run.nvflare_id] = False
+            return False
+        if server.answering(t) and run.nvflare_id in server.store:
+            since = self._seen_answering.setdefault(run.nvflare_id, t)
+            if t - since >= self.sim.world.housekeeping_interval_s:
+                self._completions[run.nvflare_id] = True  # a monitor round saw it answer
+                return True
+        else:
+            self._seen_answering.pop(run.nvflare_id, None)
+        return False  # undecided: asked again at the next step
 
     def excused(self, run: Run) -> bool:
         """flip-api declared the job over after this run started: stopping the run was its
@@ -334,9 +363,7 @@ class Checker:
             by_id[run.nvflare_id] = run
             if run.live(t):
                 live[run.job_id].append(run)
-            elif run.completed(t) and run.nvflare_id in self.sim.cluster.servers[run.net].store:
-                # Counted only while its server still knows it: a run forgotten with its
-                # server's job store cannot be told from a lost one.
+            elif run.completed(t) and self._counted_completion(run, t):
                 completed[run.job_id].append(run)
         per_net: dict[str, list[Run]] = defaultdict(list)
         for runs in live.values():

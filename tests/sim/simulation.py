@@ -580,8 +580,7 @@ class Simulation:
         self.cluster.drivers[net].apply(1, self.clock.t)
 
     def _partition(self, net: str, length: float) -> None:
-        server = self.cluster.servers[net]
-        server.partition_until = max(server.partition_until, self.clock.t + length)
+        self.cluster.servers[net].partition(self.clock.t, self.clock.t + length)
 
     def _break_kit(self, net: str, length: float) -> None:
         self.cluster.servers[net].kit_broken = True
