@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Protocol
 
 from app.adapters.drivers.base import Observation
-from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, ServerState
+from app.adapters.nvflare.base import (
+    AbortOutcome,
+    AbortResult,
+    Readiness,
+    RunState,
+    RunStatus,
+    ServerState,
+)
 from app.errors import (
     AdminMisconfigured,
     DriverMisconfigured,
@@ -38,6 +45,16 @@ from tests.sim.faults import FaultProfile
 from tests.sim.workload import COMPLETED, JobSpec, NetSpec
 
 ABORTED = "FINISHED:ABORTED"
+# NVFLARE 2.9 statuses in the dispatcher's words (app.adapters.nvflare.client's mapping).
+RUN_STATES = {
+    COMPLETED: RunState.COMPLETED,
+    ABORTED: RunState.ABORTED,
+    "FINISHED:EXECUTION_EXCEPTION": RunState.FAILED,
+    "FINISHED:FAILED_TO_RUN": RunState.FAILED,
+    "FINISHED:CAN_NOT_SCHEDULE": RunState.FAILED,
+    "FINISHED:ABNORMAL": RunState.LOST,
+    "FINISHED:ABANDONED": RunState.LOST,
+}
 JOB_ID_LEN = 36  # a UUID in its canonical text form, as submit tokens start with it
 
 
@@ -520,7 +537,7 @@ class SimAdmin:
             self._connected = False
             raise ServerUnavailable(f"{self.net}: {op} sent, reply lost (simulated)")
 
-    def job_status(self, nvflare_job_id: str) -> str:
+    def _raw_status(self, nvflare_job_id: str) -> str:
         server = self._reach("job_status")
         run = server.store.get(nvflare_job_id)
         if run is None:
@@ -529,11 +546,25 @@ class SimAdmin:
             raise UnknownAdminError(f"{self.net}: job {nvflare_job_id} has no status")
         return run.status(self.cluster.host.clock.t)
 
+    def job_status(self, nvflare_job_id: str) -> RunStatus:
+        """The run's state in the dispatcher's words (as app.adapters.nvflare.client maps)."""
+        raw = self._raw_status(nvflare_job_id)
+        state = RUN_STATES.get(raw)
+        if state is None:
+            state = RunState.LOST if raw.startswith("FINISHED") else RunState.RUNNING
+        return RunStatus(state, f"NVFLARE {raw}")
+
+    def find_run(self, submit_token: str) -> str | None:
+        """The run submitted with this token, if the server (still) knows one."""
+        server = self._reach("find_run")
+        run_id = server.tokens.get(submit_token)
+        return run_id if run_id is not None and run_id in server.store else None
+
     def abort(self, nvflare_job_id: str) -> AbortResult:
         """As the real client: status first, then abort; down/unknown/not running is
         NOTHING_TO_ABORT; UnknownAdminError and AdminMisconfigured escape."""
         try:
-            status = self.job_status(nvflare_job_id)
+            status = self._raw_status(nvflare_job_id)
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
             server = self._reach("abort")
@@ -552,7 +583,7 @@ class SimAdmin:
             return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"unknown job: {exc}")
         except NvflareJobNotRunning as exc:
             try:
-                status = self.job_status(nvflare_job_id)
+                status = self._raw_status(nvflare_job_id)
             except (TransientError, NvflareJobNotFound):
                 status = ""
             if status.startswith("FINISHED"):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import names
 from app.db import unit_of_work
+from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
 from app.usecases import abort, dispatch, housekeeping, intake, services
@@ -34,19 +35,35 @@ def _job(kw: dict[str, Any]) -> uuid.UUID:
     return uuid.UUID(kw["job_id"])
 
 
-def _report(rt: Runtime, kw: dict[str, Any]) -> object:
-    """tasks.public.report_job_status."""
-    request = ReportJobStatus.model_validate(kw["payload"])
-    with unit_of_work(rt.sessions) as session:
-        state = services.report_job_status(session, request, rt.clock())
-    rt.outbox.send(names.ASSIGN_NEXT_JOB)
-    return state
+def _enqueue(rt: Runtime, kw: dict[str, Any]) -> object:
+    """tasks.public.enqueue_job: a refused payload is recorded, not raised."""
+    try:
+        request = EnqueueJob.model_validate(kw["payload"])
+        return intake.submit_job(rt, request).enqueued
+    except InvalidRequest as exc:
+        intake.reject_enqueue(rt, kw["payload"].get("caller_key"), str(exc))
+        return f"rejected: {exc}"
 
 
 def _abort_job(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.abort_job."""
-    request = AbortJob.model_validate(kw["payload"])
-    return intake.request_abort(rt, request.job_id, request.reason).decision.state
+    try:
+        request = AbortJob.model_validate(kw["payload"])
+        return intake.request_abort(rt, request.job_id, request.reason).decision.state
+    except (InvalidRequest, NotFound) as exc:
+        return f"rejected: {exc}"
+
+
+def _report(rt: Runtime, kw: dict[str, Any]) -> object:
+    """tasks.public.report_job_status."""
+    try:
+        request = ReportJobStatus.model_validate(kw["payload"])
+        with unit_of_work(rt.sessions) as session:
+            state = services.report_job_status(session, request, rt.clock())
+    except (InvalidRequest, NotFound) as exc:
+        return f"rejected: {exc}"
+    rt.outbox.send(names.ASSIGN_NEXT_JOB)
+    return state
 
 
 @dataclass(frozen=True)
@@ -58,20 +75,24 @@ class TaskSpec:
     polls: bool = False  # wait_ready: NOT_READY -> retry after READY_POLL_S
 
 
+def _step(kw: dict[str, Any]) -> tuple[uuid.UUID, str, int]:
+    return _job(kw), kw["net_name"], int(kw["attempt"])
+
+
 # The ONE mapping from task names to use cases; mirrors tasks/pipeline.py, tasks/housekeeping.py
-# and tasks/public.py.
+# and tasks/public.py. Chain steps return their StepResult: a step that skipped or gave up
+# ends its chain (tasks.pipeline._end_chain_if_over).
 TASKS: dict[str, TaskSpec] = {
     names.ASSIGN_NEXT_JOB: TaskSpec(lambda rt, kw: len(dispatch.assign_jobs(rt)), "plain"),
-    names.SCALE_UP: TaskSpec(
-        lambda rt, kw: dispatch.scale_up(rt, _job(kw), kw["net_name"]).step, "pipeline"
-    ),
+    names.SCALE_UP: TaskSpec(lambda rt, kw: dispatch.scale_up(rt, *_step(kw)), "pipeline"),
     names.WAIT_READY: TaskSpec(
-        lambda rt, kw: dispatch.check_ready(rt, _job(kw), kw["net_name"]).step,
-        "pipeline",
-        polls=True,
+        lambda rt, kw: dispatch.check_ready(rt, *_step(kw)), "pipeline", polls=True
     ),
-    names.DISPATCH: TaskSpec(lambda rt, kw: dispatch.dispatch(rt, _job(kw)).step, "pipeline"),
+    names.DISPATCH: TaskSpec(lambda rt, kw: dispatch.dispatch(rt, *_step(kw)), "pipeline"),
     names.ABORT_ON_SERVER: TaskSpec(lambda rt, kw: abort.abort_on_server(rt, _job(kw)), "pipeline"),
+    names.SETTLE_STRAY_RUNS: TaskSpec(
+        lambda rt, kw: abort.settle_stray_runs(rt, kw["net_name"]), "plain"
+    ),
     names.SCALE_DOWN_IDLE_NETS: TaskSpec(
         lambda rt, kw: housekeeping.scale_down_idle_nets(rt), "housekeeping"
     ),
@@ -82,22 +103,27 @@ TASKS: dict[str, TaskSpec] = {
         lambda rt, kw: housekeeping.monitor_running_jobs(rt), "housekeeping"
     ),
     names.RECONCILE: TaskSpec(lambda rt, kw: housekeeping.reconcile(rt), "housekeeping"),
-    names.ENQUEUE_JOB: TaskSpec(
-        lambda rt, kw: intake.submit_job(rt, EnqueueJob.model_validate(kw["payload"])), "public"
-    ),
+    names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),
     names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),
 }
 
 
-def pipeline_links(job_id: str, net_name: str) -> list[tuple[str, dict[str, Any]]]:
-    """app.celery_app.CeleryOutbox.start_pipeline: scale_up -> wait_ready -> dispatch."""
-    ids = {"job_id": job_id, "net_name": net_name}
-    return [
-        (names.SCALE_UP, dict(ids)),
-        (names.WAIT_READY, dict(ids)),
-        (names.DISPATCH, {"job_id": job_id}),
-    ]
+def pipeline_links(job_id: str, net_name: str, attempt: int) -> list[tuple[str, dict[str, Any]]]:
+    """app.celery_app.CeleryOutbox.start_pipeline: scale_up -> wait_ready -> dispatch, each
+    bound to the job's attempt."""
+    ids = {"job_id": job_id, "net_name": net_name, "attempt": attempt}
+    return [(names.SCALE_UP, dict(ids)), (names.WAIT_READY, dict(ids)), (names.DISPATCH, dict(ids))]
+
+
+def step_of(result: object) -> object:
+    """A chain step's Step (its StepResult's), or the result itself."""
+    return getattr(result, "step", result)
+
+
+def ends_chain(result: object) -> bool:
+    """tasks.pipeline._end_chain_if_over: Celery runs no further step of this chain."""
+    return bool(getattr(step_of(result), "ends_chain", False))
 
 
 def on_retry(rt: Runtime, kw: dict[str, Any]) -> None:
@@ -233,12 +259,12 @@ class SimOutbox:
         self.broker.sim.hook("outbox.send", None)
         return self.broker.push(task, kwargs, origin=f"w{self.slot}")
 
-    def start_pipeline(self, job_id: str, net_name: str) -> None:
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
         self.broker.sim.hook("outbox.send", None)
-        links = pipeline_links(job_id, net_name)
+        links = pipeline_links(job_id, net_name, attempt)
         (task, kwargs), rest = links[0], tuple(links[1:])
         self.broker.push(task, kwargs, chain=rest, origin=f"w{self.slot}")
 
 
 def is_poll(spec: TaskSpec, result: object) -> bool:
-    return spec.polls and result == Step.NOT_READY
+    return spec.polls and step_of(result) == Step.NOT_READY

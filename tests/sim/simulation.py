@@ -34,6 +34,7 @@ from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.usecases import services
+from app.usecases.dispatch import Step
 from models import NetState
 from tests.sim import messages
 from tests.sim.clock import SimClock
@@ -107,7 +108,11 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
     kit = root / "kit"
     (kit / "startup").mkdir(parents=True, exist_ok=True)
     (kit / "startup" / "fed_admin.json").write_text("{}")
-    (root / "jobs" / "job").mkdir(parents=True, exist_ok=True)
+    # A minimal bundle as NVFLARE exports one: an app folder and a meta.json deploy map.
+    (root / "jobs" / "job" / "app" / "config").mkdir(parents=True, exist_ok=True)
+    (root / "jobs" / "job" / "meta.json").write_text(
+        '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
+    )
     nets = []
     for net in world.nets:
         driver: dict[str, object] = {"kind": net.kind}
@@ -132,6 +137,7 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
         MAX_ATTEMPTS=world.max_attempts,
         LOST_JOB_POLICY=world.lost_job_policy,
         MAX_RUN_S=world.max_run_s,
+        ABORT_TIMEOUT_S=world.abort_timeout_s,  # ignored by code that predates it
         SERVER_LOST_GRACE_S=world.server_lost_grace_s,
         STUCK_AFTER_S=world.stuck_after_s,
         READY_POLL_S=world.ready_poll_s,
@@ -399,9 +405,9 @@ class Simulation:
         if messages.is_poll(spec, result):
             self._push_again(message, self.settings.ready_poll_s)
             return
-        if message.task == names.WAIT_READY and result == "done":
+        if message.task == names.WAIT_READY and messages.step_of(result) == Step.DONE:
             self._note_ready(message.kwargs)
-        if message.chain:
+        if message.chain and not messages.ends_chain(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.broker.push(task, kwargs, chain=rest, origin=message.origin)
 
@@ -776,6 +782,9 @@ def _poisson(rng: random.Random, mean: float) -> int:
 
 
 def _short_result(result: object) -> str:
+    step, detail = getattr(result, "step", None), getattr(result, "detail", "")
+    if step is not None:
+        result = f"{step}: {detail}" if detail else str(step)
     text = repr(result) if not isinstance(result, str) else result
     return text if len(text) < 160 else text[:157] + "..."
 

@@ -65,6 +65,7 @@ class WorldSpec:
     stuck_after_s: float = 40.0
     server_lost_grace_s: float = 25.0
     max_run_s: float = 150.0
+    abort_timeout_s: float = 60.0
     max_attempts: int = 3
     lost_job_policy: str = "requeue"
 
