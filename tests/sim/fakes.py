@@ -190,6 +190,10 @@ class SimServer:
             self.up_at is not None and t >= self.up_at + self.boot_s and t >= self.partition_until
         )
 
+    def reachable(self, t: float) -> bool:
+        """The dispatcher's admin client can talk to it (up, not partitioned, kit fine)."""
+        return self.answering(t) and not self.kit_broken
+
     def booting(self, t: float) -> bool:
         return self.up_at is not None and t < self.up_at + self.boot_s
 

@@ -125,6 +125,8 @@ class Bounds:
         }
         self.orphan = stuck + 2 * reconcile + budget + common
         self.unaccounted = 2 * tick + common
+        # A free net may legitimately refuse new jobs while it settles stray runs.
+        self.starved = self.orphan + partition
         self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
         self.max_run = world.max_run_s + 3 * tick + common
 
@@ -147,6 +149,7 @@ class Checker:
         self._dead_since: dict[str, float] = {}
         self._completions: dict[str, bool] = {}
         self._seen_answering: dict[str, float] = {}
+        self._starved_since: dict[str, float] = {}
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
         self._has_strays = (
@@ -238,7 +241,7 @@ class Checker:
         if not held:
             self._completions[run.nvflare_id] = False
             return False
-        if server.answering(t) and run.nvflare_id in server.store:
+        if server.reachable(t) and run.nvflare_id in server.store:
             since = self._seen_answering.setdefault(run.nvflare_id, t)
             if t - since >= self.sim.world.housekeeping_interval_s:
                 self._completions[run.nvflare_id] = True  # a monitor round saw it answer
@@ -274,6 +277,7 @@ class Checker:
         self._history()
         self._nets_and_jobs(t)
         self._runs(t)
+        self._queued_while_free(t)
         self._scale_to_zero(t)
 
     def _history(self) -> None:
@@ -431,6 +435,26 @@ class Checker:
                     f"job {job.id[:8]}",
                     f"{job.state} for {t - since:.0f}s after its run {job.nvflare_id} {how}"
                     f" (bound {b.settle:.0f}s)",
+                )
+
+    def _queued_while_free(self, t: float) -> None:
+        """A QUEUED job does not wait while a net it may run on is free (assignable, no
+        active job): assign runs every tick and after every release."""
+        busy = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
+        free = [
+            n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES and n.name not in busy
+        ]
+        for job in self.jobs:
+            if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
+                self._starved_since.pop(job.id, None)
+                continue
+            since = self._starved_since.setdefault(job.id, t)
+            if t - since > self.bounds.starved:
+                self.report(
+                    "queued-while-free",
+                    f"job {job.id[:8]}",
+                    f"QUEUED for {t - since:.0f}s (bound {self.bounds.starved:.0f}s) while"
+                    f" {', '.join(n for n in free if job.requested_net in (None, n))} is free",
                 )
 
     def _scale_to_zero(self, t: float) -> None:
