@@ -238,7 +238,7 @@ class Checker:
             job.nvflare_id == run.nvflare_id
             or (job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING))
         )
-        if not held:
+        if not held or run.poisoned:  # a status that never answers hides the completion
             self._completions[run.nvflare_id] = False
             return False
         if server.reachable(t) and run.nvflare_id in server.store:

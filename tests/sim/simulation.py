@@ -683,11 +683,8 @@ class Simulation:
             (names.KEEP_ALIVE_BUSY_NETS, self.world.keep_alive_interval_s),
         ]
         next_beat = [period for _, period in beats]
-        reconcile = 2 * tick
-        deadline = self.workload.horizon_s + max(
-            self.world.max_run_s + 4 * tick,
-            HUMAN_FIX_DELAY_S + self.world.stuck_after_s + 3 * reconcile,
-        )
+        # Time for the slowest legitimate tail: a human fix, then a job's whole run.
+        deadline = self.workload.horizon_s + HUMAN_FIX_DELAY_S + self.world.max_run_s + 8 * tick
         settled_ticks = 0
         checker = self.checker
         while True:
