@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from tests.sim.faults import FaultProfile
 from tests.sim.simulation import Result, run_seed
 
-DEFAULT_SEEDS = 240
+DEFAULT_SEEDS = 200
 
 
 def seed_count() -> int:
