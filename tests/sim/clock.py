@@ -1,0 +1,34 @@
+"""The simulated clock: seconds since the simulation's epoch, read as UTC datetimes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+EPOCH = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+# NVFLARE reports its start time in epoch seconds; the fake servers use this base.
+EPOCH_S = EPOCH.timestamp()
+
+
+class SimClock:
+    """`Runtime.clock`: never reads the wall clock; only the simulation moves it."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.t)
+
+    def advance_to(self, t: float) -> None:
+        """Move to `t` (never backwards)."""
+        if t > self.t:
+            self.t = t
+
+    def advance(self, seconds: float) -> None:
+        self.t += max(0.0, seconds)
+
+
+def seconds_of(value: datetime) -> float:
+    """A datetime from the database as simulation seconds."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - EPOCH).total_seconds()

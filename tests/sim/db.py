@@ -1,0 +1,70 @@
+"""The simulation's database: the schema is built ONCE per process by the real Alembic
+migrations into a template file, and every simulation gets an in-memory copy of it (SQLite's
+backup API, well under a millisecond), bound to one connection the whole run shares."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.pool import StaticPool
+
+from app import migrate
+
+
+class _Scratch:
+    root: Path | None = None
+    template: Path | None = None
+    pid: int | None = None
+
+
+def scratch_dir() -> Path:
+    """A per-process folder for the template database, admin kits and job folders (a
+    forked sweep worker makes its own)."""
+    if _Scratch.root is None or _Scratch.pid != os.getpid():
+        root = Path(tempfile.mkdtemp(prefix="fl-sim-"))
+        atexit.register(shutil.rmtree, root, True)
+        _Scratch.root, _Scratch.template, _Scratch.pid = root, None, os.getpid()
+    return _Scratch.root
+
+
+def template_db() -> Path:
+    """The migrated (alembic upgrade head) template database of this process."""
+    root = scratch_dir()
+    if _Scratch.template is None:
+        path = root / "template.db"
+        migrate.upgrade(f"sqlite:///{path}")
+        _Scratch.template = path
+    return _Scratch.template
+
+
+def memory_db() -> tuple[Engine, sqlite3.Connection]:
+    """A fresh in-memory copy of the template, and its single shared connection.
+
+    Transactions start with BEGIN IMMEDIATE, as app.db configures SQLite, so a use case's
+    read-then-write runs under the write lock exactly as in the embedded deployment.
+    """
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    source = sqlite3.connect(template_db())
+    try:
+        source.backup(conn)
+    finally:
+        source.close()
+    engine = create_engine("sqlite://", creator=lambda: conn, poolclass=StaticPool)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine, conn

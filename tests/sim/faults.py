@@ -1,0 +1,186 @@
+"""Fault profiles: what can go wrong in a simulated world, and how often.
+
+`FaultProfile()` (every field at its default) is a clean world: messages arrive once and in
+time, adapters answer at once and never fail, servers never restart. Named profiles switch
+groups of faults on; `profile_for_seed` picks one per seed so a sweep covers all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FaultProfile:
+    """Probabilities are per opportunity (per message, per adapter call, per hook point);
+    rates are per net per simulated hour; durations are simulated seconds."""
+
+    name: str = "clean"
+    # --- the message layer (Celery + broker) ---
+    msg_drop: float = 0.0  # a sent message is lost by the broker
+    msg_refuse: float = 0.0  # the broker refuses a send (the outbox reports False)
+    msg_dup: float = 0.0  # a message is delivered twice
+    msg_delay: float = 0.0  # a message is delayed by up to msg_delay_max_s
+    msg_delay_max_s: float = 0.0
+    worker_kill: float = 0.0  # per hook point: the worker dies; its message is redelivered
+    worker_restart_s: float = 5.0  # redelivery delay of a killed worker's message
+    interleave: float = 0.0  # per hook point: another worker runs a due message right now
+    # --- the NVFLARE admin side ---
+    admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
+    admin_unknown: float = 0.0  # per call: UnknownAdminError before acting
+    lost_reply: float = 0.0  # submit/abort act on the server, then ServerUnavailable
+    lost_reply_partition: float = 0.0  # ...and the network stays broken for a while
+    admin_latency_max_s: float = 0.0  # every admin call takes up to this long
+    submit_latency_max_s: float = 0.0
+    no_start_time: float = 0.0  # per server_start_time/is_ready: the server reports none
+    no_start_time_at_boot: float = 0.0  # per server start: none reported for its first 5-40 s
+    poisoned_status: float = 0.0  # per run: job_status never answers (UnknownAdminError)
+    hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
+    failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
+    # --- the scale driver ---
+    driver_transient: float = 0.0  # per call: DriverTransientError before acting
+    driver_lost_reply: float = 0.0  # scale acts, then DriverTransientError
+    driver_slow: bool = False  # replicas take up to 40 s to start and 20 s to stop
+    driver_failure: float = 0.0  # per scale-up: the platform fails the replica
+    # --- events on the servers and the deployment (per net per hour) ---
+    restart_rate: float = 0.0  # server process killed and restarted
+    partition_rate: float = 0.0  # admin port unreachable while the server runs on
+    partition_max_s: float = 60.0
+    kit_broken_rate: float = 0.0  # AdminMisconfigured until a human fixes it
+    driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
+    drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
+    settings_flip: float = 0.0  # probability of one PER_JOB_FL_SERVER change (a redeploy)
+    # --- the caller (flip-api) ---
+    abort_p: float = 0.0  # per job: an abort at a random moment
+    report_p: float = 0.0  # per job: a status report at a random moment
+
+    @property
+    def clean(self) -> bool:
+        """No fault of any kind (aborts and reports are the caller's business, not faults)."""
+        return self == FaultProfile(name=self.name, abort_p=self.abort_p, report_p=self.report_p)
+
+    def quiet(self) -> FaultProfile:
+        """The same profile with every per-call fault off (the drain at the end of a run)."""
+        return FaultProfile(name=self.name + "/drain", worker_restart_s=self.worker_restart_s)
+
+    def with_(self, **changes: object) -> FaultProfile:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+CLEAN = FaultProfile()
+
+PROFILES: tuple[FaultProfile, ...] = (
+    CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
+    FaultProfile(
+        name="flaky",
+        msg_dup=0.05,
+        msg_delay=0.1,
+        msg_delay_max_s=8.0,
+        admin_unavailable=0.05,
+        admin_unknown=0.03,
+        driver_transient=0.05,
+        admin_latency_max_s=1.0,
+        abort_p=0.2,
+        report_p=0.1,
+    ),
+    FaultProfile(
+        name="crashy",
+        msg_drop=0.03,
+        msg_refuse=0.02,
+        msg_dup=0.05,
+        worker_kill=0.01,
+        lost_reply=0.15,
+        driver_lost_reply=0.1,
+        abort_p=0.15,
+    ),
+    FaultProfile(
+        name="racy",
+        interleave=0.15,
+        msg_dup=0.1,
+        msg_delay=0.2,
+        msg_delay_max_s=10.0,
+        admin_latency_max_s=2.0,
+        submit_latency_max_s=5.0,
+        driver_slow=True,
+        abort_p=0.3,
+        report_p=0.2,
+    ),
+    FaultProfile(
+        name="servers",
+        admin_unknown=0.01,
+        restart_rate=6.0,
+        partition_rate=6.0,
+        partition_max_s=90.0,
+        lost_reply=0.1,
+        lost_reply_partition=0.5,
+        no_start_time=0.05,
+        no_start_time_at_boot=0.3,
+        hung_run=0.1,
+        poisoned_status=0.05,
+        failed_run=0.1,
+        abort_p=0.15,
+    ),
+    FaultProfile(
+        name="ops",
+        kit_broken_rate=4.0,
+        driver_broken_rate=3.0,
+        driver_transient=0.1,
+        driver_slow=True,
+        driver_failure=0.1,
+        settings_flip=0.6,
+        abort_p=0.2,
+    ),
+    FaultProfile(
+        name="drift",
+        drift_rate=15.0,
+        interleave=0.25,
+        driver_slow=True,
+        driver_failure=0.1,
+        abort_p=0.4,
+    ),
+    FaultProfile(
+        name="misconfig",
+        kit_broken_rate=10.0,
+        driver_broken_rate=4.0,
+        driver_transient=0.3,
+        abort_p=0.3,
+    ),
+    FaultProfile(
+        name="chaos",
+        msg_drop=0.02,
+        msg_dup=0.05,
+        msg_delay=0.1,
+        msg_delay_max_s=10.0,
+        worker_kill=0.005,
+        interleave=0.08,
+        admin_unavailable=0.03,
+        admin_unknown=0.02,
+        lost_reply=0.08,
+        lost_reply_partition=0.3,
+        admin_latency_max_s=1.0,
+        no_start_time=0.02,
+        no_start_time_at_boot=0.1,
+        poisoned_status=0.03,
+        hung_run=0.05,
+        failed_run=0.05,
+        driver_transient=0.05,
+        driver_lost_reply=0.05,
+        driver_slow=True,
+        driver_failure=0.05,
+        restart_rate=3.0,
+        partition_rate=3.0,
+        kit_broken_rate=1.5,
+        driver_broken_rate=1.0,
+        drift_rate=2.0,
+        settings_flip=0.2,
+        abort_p=0.2,
+        report_p=0.1,
+    ),
+)
+PROFILES_BY_NAME = {p.name: p for p in PROFILES}
+
+
+def profile_for_seed(seed: int) -> FaultProfile:
+    """The profile a seed runs with: the sweep cycles through every named profile."""
+    return PROFILES[seed % len(PROFILES)]

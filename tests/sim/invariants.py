@@ -1,0 +1,524 @@
+"""Invariants, checked after every step of a simulation and once more at quiescence.
+
+They read the database directly (raw SQL on the simulation's one connection: cheap) and the
+cluster's TRUE record of runs and replicas. Time bounds derive from the settings the world
+runs with plus a slack for what the fault profile may legitimately delay; a clean world gets
+no slack beyond two beat ticks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from models import (
+    ACTIVE_JOB_STATES,
+    ASSIGNABLE_NET_STATES,
+    JOB_TRANSITIONS,
+    NET_TRANSITIONS,
+    TERMINAL_JOB_STATES,
+    JobState,
+    NetState,
+)
+from tests.sim.clock import seconds_of
+from tests.sim.fakes import Run
+
+if TYPE_CHECKING:
+    from tests.sim.simulation import Simulation
+
+J = JobState
+N = NetState
+REPORTED = "flip-api reported"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: which, when (simulated seconds), about what, and details."""
+
+    invariant: str
+    t: float
+    subject: str
+    detail: str
+
+    def line(self) -> str:
+        return f"[{self.invariant}] t={self.t:.1f}s {self.subject}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str  # canonical UUID text, as in submit tokens
+    state: JobState
+    net: str | None
+    nvflare_id: str | None
+    token: str | None
+    changed_s: float
+    dispatched_s: float | None
+    requested_net: str | None
+
+
+@dataclass(frozen=True)
+class NetRow:
+    name: str
+    state: NetState
+    changed_s: float
+
+
+_SECS: dict[str, float] = {}
+_UUIDS: dict[str, str] = {}
+
+
+def _secs(text: str | None) -> float | None:
+    """A stored timestamp as simulation seconds (memoised: the same values recur)."""
+    if text is None:
+        return None
+    value = _SECS.get(text)
+    if value is None:
+        if len(_SECS) > 100_000:
+            _SECS.clear()
+        value = _SECS[text] = seconds_of(datetime.fromisoformat(text))
+    return value
+
+
+def _uuid(hex_text: str) -> str:
+    """A stored UUID (32 hex digits on SQLite) in its canonical text form."""
+    value = _UUIDS.get(hex_text)
+    if value is None:
+        if len(_UUIDS) > 100_000:
+            _UUIDS.clear()
+        value = _UUIDS[hex_text] = str(uuid.UUID(hex_text))
+    return value
+
+
+class Bounds:
+    """How long each bounded condition may last (simulated seconds): what the settings
+    promise, plus what this fault profile may legitimately add to that one path."""
+
+    def __init__(self, sim: Simulation) -> None:
+        world = sim.world
+        p = sim.profile
+        tick = world.housekeeping_interval_s
+        reconcile = 2 * tick
+        budget = world.retry_budget_s() if not p.clean else 0.0
+        stuck = world.stuck_after_s
+        abort_timeout = float(getattr(sim.settings, "abort_timeout_s", stuck))
+        # Slack common to every path: a beat tick or two, delayed or redelivered messages,
+        # slow admin calls.
+        common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
+        if p.worker_kill:
+            common += p.worker_restart_s
+        partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
+        stop_s = 20.0 if p.driver_slow else 4.0
+        self.assigned = {
+            n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in world.nets
+        }
+        self.dispatching = stuck + 2 * reconcile + budget + common
+        self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
+        self.idle = {
+            n.name: max(n.idle_timeout_s, stuck, n.ready_timeout_s)
+            + 2 * reconcile
+            + stop_s
+            + common
+            for n in world.nets
+        }
+        self.orphan = stuck + 2 * reconcile + budget + common
+        self.unaccounted = 2 * tick + common
+        # A free net may legitimately refuse new jobs while it settles stray runs.
+        self.starved = self.orphan + partition
+        self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
+        self.max_run = world.max_run_s + 3 * tick + common
+
+
+class Checker:
+    """Keeps what it needs between steps (last history rows seen, since-when clocks)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.bounds = Bounds(sim)
+        self.violations: list[Violation] = []
+        self._seen: set[tuple[str, str]] = set()
+        self._job_event_id = 0
+        self._net_event_id = 0
+        self._job_state: dict[str, JobState] = {}
+        self._net_state: dict[str, NetState] = {}
+        self.reported_s: dict[str, float] = {}
+        self._unneeded_since: dict[str, float] = {}
+        self._orphan_since: dict[str, float] = {}
+        self._dead_since: dict[str, float] = {}
+        self._completions: dict[str, bool] = {}
+        self._seen_answering: dict[str, float] = {}
+        self._starved_since: dict[str, float] = {}
+        self.jobs: list[JobRow] = []
+        self.nets: list[NetRow] = []
+        self._has_strays = (
+            sim.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
+            ).fetchone()
+            is not None
+        )
+
+    # --- reporting ---------------------------------------------------------------------------
+
+    def report(self, invariant: str, subject: str, detail: str) -> None:
+        """Record a violation once per (invariant, subject)."""
+        key = (invariant, subject)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        violation = Violation(invariant, self.sim.clock.t, subject, detail)
+        self.violations.append(violation)
+        self.sim.trace(f"!! {violation.line()}")
+
+    # --- reading the world --------------------------------------------------------------------
+
+    def read(self) -> None:
+        conn = self.sim.conn
+        self.jobs = [
+            JobRow(
+                id=_uuid(row[0]),
+                state=JobState(row[1]),
+                net=row[2],
+                nvflare_id=row[3],
+                token=row[4],
+                changed_s=_secs(row[5]) or 0.0,
+                dispatched_s=_secs(row[6]),
+                requested_net=row[7],
+            )
+            for row in conn.execute(
+                "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
+                " dispatched_at, requested_net FROM jobs ORDER BY created_at, id"
+            )
+        ]
+        self.nets = [
+            NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0)
+            for row in conn.execute("SELECT name, state, state_changed_at FROM nets ORDER BY name")
+        ]
+
+    def job(self, job_id: str) -> JobRow | None:
+        for job in self.jobs:
+            if job.id == job_id:
+                return job
+        return None
+
+    def counts(self, run: Run) -> bool:
+        """Whether the dispatcher counts this run as its job's run."""
+        job = self.job(run.job_id)
+        if job is None or job.state not in ACTIVE_JOB_STATES or job.net != run.net:
+            return False
+        if job.nvflare_id is not None:
+            return job.nvflare_id == run.nvflare_id
+        return job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING)
+
+    def recorded_stray(self, run: Run) -> bool:
+        """The dispatcher knows this run is a stray (a stray_runs row, where that table
+        exists: it does not on the code before the fix)."""
+        if not self._has_strays:
+            return False
+        row = self.sim.conn.execute(
+            "SELECT 1 FROM stray_runs WHERE net_name = ? AND (nvflare_job_id = ? OR"
+            " submit_token = ?) LIMIT 1",
+            (run.net, run.nvflare_id, run.token),
+        ).fetchone()
+        return row is not None
+
+    def _counted_completion(self, run: Run, t: float) -> bool:
+        """A completed run counts if the dispatcher could have seen it complete: after it
+        completed, while its job still held it, its server answered (and still knew it) for
+        a whole housekeeping interval, so a monitor round could ask. (A run that finished
+        while its server was unreachable, or just before the server died, cannot be told
+        from a lost run.)"""
+        counted = self._completions.get(run.nvflare_id)
+        if counted is not None:
+            return counted
+        server = self.sim.cluster.servers[run.net]
+        job = self.job(run.job_id)
+        held = job is not None and (
+            job.nvflare_id == run.nvflare_id
+            or (job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING))
+        )
+        if not held or run.poisoned:  # a status that never answers hides the completion
+            self._completions[run.nvflare_id] = False
+            return False
+        if server.reachable(t) and run.nvflare_id in server.store:
+            since = self._seen_answering.setdefault(run.nvflare_id, t)
+            if t - since >= self.sim.world.housekeeping_interval_s:
+                self._completions[run.nvflare_id] = True  # a monitor round saw it answer
+                return True
+        else:
+            self._seen_answering.pop(run.nvflare_id, None)
+        return False  # undecided: asked again at the next step
+
+    def excused(self, run: Run) -> bool:
+        """flip-api declared the job over after this run started: stopping the run was its
+        call, not the dispatcher's (the dispatcher is never asked to)."""
+        reported = self.reported_s.get(run.job_id)
+        return reported is not None and reported >= run.submitted_at
+
+    def needed(self, net: str) -> bool:
+        """A net's server is needed: an active job on it, or a QUEUED job that could take
+        it while it is assignable."""
+        if any(j.net == net and j.state in ACTIVE_JOB_STATES for j in self.jobs):
+            return True
+        row = next((n for n in self.nets if n.name == net), None)
+        if row is None or row.state not in ASSIGNABLE_NET_STATES:
+            return False
+        return any(j.state == J.QUEUED and j.requested_net in (None, net) for j in self.jobs)
+
+    # --- the checks ----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Every invariant, after one step."""
+        sim = self.sim
+        t = sim.clock.t
+        sim.cluster.advance(t)
+        self.read()
+        self._history()
+        self._nets_and_jobs(t)
+        self._runs(t)
+        self._queued_while_free(t)
+        self._scale_to_zero(t)
+
+    def _history(self) -> None:
+        conn = self.sim.conn
+        for event_id, job_hex, src, dst, at, reason in conn.execute(
+            "SELECT id, job_id, from_state, to_state, at, reason FROM job_events"
+            " WHERE id > ? ORDER BY id",
+            (self._job_event_id,),
+        ):
+            self._job_event_id = event_id
+            job_id = _uuid(job_hex)
+            previous = self._job_state.get(job_id)
+            if src is None:
+                legal = dst == J.QUEUED and previous is None
+            else:
+                legal = JobState(dst) in JOB_TRANSITIONS[JobState(src)] and previous == src
+            if not legal:
+                self.report(
+                    "legal-history",
+                    f"job {job_id[:8]} event {event_id}",
+                    f"{src} -> {dst} (last seen {previous}): {reason}",
+                )
+            self._job_state[job_id] = JobState(dst)
+            if reason.startswith(REPORTED):
+                self.reported_s[job_id] = _secs(at) or 0.0
+        for event_id, net, src, dst, reason in conn.execute(
+            "SELECT id, net_name, from_state, to_state, reason FROM net_events"
+            " WHERE id > ? ORDER BY id",
+            (self._net_event_id,),
+        ):
+            self._net_event_id = event_id
+            last = self._net_state.get(net, N.STOPPED)
+            if NetState(dst) not in NET_TRANSITIONS[NetState(src)] or src != last:
+                self.report(
+                    "legal-history",
+                    f"net {net} event {event_id}",
+                    f"{src} -> {dst} (last seen {last}): {reason}",
+                )
+            self._net_state[net] = NetState(dst)
+
+    def _nets_and_jobs(self, t: float) -> None:
+        b = self.bounds
+        net_state = {n.name: n.state for n in self.nets}
+        for net in self.nets:
+            if net.state == N.BUSY and not any(
+                j.net == net.name and j.state in ACTIVE_JOB_STATES for j in self.jobs
+            ):
+                self.report("busy-without-job", f"net {net.name}", "BUSY with no active job")
+        for job in self.jobs:
+            age = t - job.changed_s
+            if job.state in ACTIVE_JOB_STATES and job.net is not None:
+                state = net_state.get(job.net)
+                if state in (N.STOPPED, N.STOPPING):
+                    self.report(
+                        "job-on-stopped-net",
+                        f"job {job.id[:8]}",
+                        f"{job.state} on net {job.net} which is {state}",
+                    )
+            bound = {
+                J.ASSIGNED: b.assigned.get(job.net or "", 0.0),
+                J.DISPATCHING: b.dispatching,
+                J.ABORTING: b.aborting,
+            }.get(job.state)
+            if bound is not None and age > bound:
+                self.report(
+                    "job-state-bounded",
+                    f"job {job.id[:8]} {job.state}",
+                    f"{job.state} for {age:.0f}s (bound {bound:.0f}s) on net {job.net}",
+                )
+            if (
+                job.state == J.RUNNING
+                and job.dispatched_s is not None
+                and t - job.dispatched_s > b.max_run
+            ):
+                self.report(
+                    "max-run-enforced",
+                    f"job {job.id[:8]}",
+                    f"RUNNING for {t - job.dispatched_s:.0f}s (MAX_RUN_S bound {b.max_run:.0f}s)",
+                )
+
+    def _runs(self, t: float) -> None:
+        b = self.bounds
+        live: dict[str, list[Run]] = defaultdict(list)
+        completed: dict[str, list[Run]] = defaultdict(list)
+        by_id: dict[str, Run] = {}
+        for run in self.sim.cluster.runs:
+            by_id[run.nvflare_id] = run
+            if run.live(t):
+                live[run.job_id].append(run)
+            elif run.completed(t) and self._counted_completion(run, t):
+                completed[run.job_id].append(run)
+        per_net: dict[str, list[Run]] = defaultdict(list)
+        for runs in live.values():
+            for run in runs:
+                if not self.excused(run):
+                    per_net[run.net].append(run)
+        for net, runs in sorted(per_net.items()):
+            if len(runs) > 1:
+                self.report(
+                    "one-run-per-server",
+                    f"net {net}",
+                    "live runs "
+                    + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in runs),
+                )
+        for job_id, runs in live.items():
+            if len(runs) > 1:
+                self.report(
+                    "one-live-run",
+                    f"job {job_id[:8]}",
+                    "live runs " + ", ".join(f"{r.nvflare_id} ({r.token[-2:]})" for r in runs),
+                )
+            for run in runs:
+                if self.counts(run) or self.excused(run):
+                    self._orphan_since.pop(run.nvflare_id, None)
+                    continue
+                since = self._orphan_since.setdefault(run.nvflare_id, t)
+                job = self.job(job_id)
+                job_state, job_net = (str(job.state), str(job.net)) if job else ("?", "?")
+                where = f"its job {job_id[:8]} is {job_state} on {job_net}"
+                if t - since > b.unaccounted and not self.recorded_stray(run):
+                    self.report(
+                        "unaccounted-run",
+                        f"run {run.nvflare_id}",
+                        f"live for {t - since:.0f}s (bound {b.unaccounted:.0f}s), neither counted"
+                        f" by its job nor recorded as a stray run: {where}",
+                    )
+                if t - since > b.orphan:
+                    self.report(
+                        "stray-run-stopped",
+                        f"run {run.nvflare_id}",
+                        f"live for {t - since:.0f}s (bound {b.orphan:.0f}s) while {where}",
+                    )
+        for job_id, runs in completed.items():
+            if len(runs) > 1:
+                self.report(
+                    "one-counted-run",
+                    f"job {job_id[:8]}",
+                    "completed runs " + ", ".join(r.nvflare_id for r in runs),
+                )
+        for job in self.jobs:
+            if job.state not in (J.RUNNING, J.ABORTING) or job.nvflare_id is None:
+                self._dead_since.pop(job.id, None)
+                continue
+            recorded = by_id.get(job.nvflare_id)
+            if recorded is None or recorded.live(t) or recorded.poisoned:
+                # A run whose status the server never gives cannot be seen to end: only
+                # MAX_RUN_S (max-run-enforced) bounds it.
+                self._dead_since.pop(job.id, None)
+                continue
+            since = self._dead_since.setdefault(job.id, t)
+            if t - since > b.settle:
+                how = _how_ended(recorded, t)
+                self.report(
+                    "ended-run-settled",
+                    f"job {job.id[:8]}",
+                    f"{job.state} for {t - since:.0f}s after its run {job.nvflare_id} {how}"
+                    f" (bound {b.settle:.0f}s)",
+                )
+
+    def _queued_while_free(self, t: float) -> None:
+        """A QUEUED job does not wait while a net it may run on is free (assignable, no
+        active job): assign runs every tick and after every release."""
+        busy = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
+        free = [
+            n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES and n.name not in busy
+        ]
+        for job in self.jobs:
+            if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
+                self._starved_since.pop(job.id, None)
+                continue
+            since = self._starved_since.setdefault(job.id, t)
+            if t - since > self.bounds.starved:
+                self.report(
+                    "queued-while-free",
+                    f"job {job.id[:8]}",
+                    f"QUEUED for {t - since:.0f}s (bound {self.bounds.starved:.0f}s) while"
+                    f" {', '.join(n for n in free if job.requested_net in (None, n))} is free",
+                )
+
+    def _scale_to_zero(self, t: float) -> None:
+        sim = self.sim
+        for net in self.nets:
+            if not sim.scales_to_zero(net.name):
+                self._unneeded_since.pop(net.name, None)
+                continue
+            if self.needed(net.name):
+                self._unneeded_since.pop(net.name, None)
+                continue
+            since = self._unneeded_since.setdefault(net.name, t)
+            bound = self.bounds.idle[net.name]
+            if t - since > bound and sim.cluster.replicas(net.name) > 0:
+                self.report(
+                    "idle-net-at-zero",
+                    f"net {net.name}",
+                    f"{net.state} with no job needing it for {t - since:.0f}s (bound "
+                    f"{bound:.0f}s) but the platform still runs its server",
+                )
+
+    # --- quiescence ------------------------------------------------------------------------------
+
+    def unsettled(self) -> list[str]:
+        """Why the world is not at rest yet (empty: at rest)."""
+        sim = self.sim
+        t = sim.clock.t
+        sim.cluster.advance(t)
+        self.read()
+        reasons = []
+        for job in self.jobs:
+            if job.state not in TERMINAL_JOB_STATES and job.state != J.QUEUED:
+                reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
+        assignable = {n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES}
+        for job in self.jobs:
+            if job.state == J.QUEUED and any(
+                job.requested_net in (None, n) for n in sorted(assignable)
+            ):
+                reasons.append(f"job {job.id[:8]} QUEUED while a net could take it")
+        for net in self.nets:
+            if (
+                sim.scales_to_zero(net.name)
+                and not self.needed(net.name)
+                and sim.cluster.replicas(net.name) > 0
+            ):
+                reasons.append(f"net {net.name} {net.state} still has a server")
+        for run in sim.cluster.live_runs(t):
+            if not self.excused(run):
+                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+        if sim.broker.work_pending():
+            reasons.append("messages pending")
+        return reasons
+
+    def quiescence(self, reasons: list[str]) -> None:
+        """The world did not come to rest: report what stayed unsettled."""
+        for reason in reasons:
+            if reason == "messages pending":
+                continue
+            self.report("quiescence", reason.split(" ", 2)[0] + " " + reason.split(" ")[1], reason)
+
+
+def _how_ended(run: Run, t: float) -> str:
+    if run.aborted_at is not None:
+        return f"was aborted at {run.aborted_at:.0f}s"
+    if run.killed_at is not None:
+        return f"died with its server at {run.killed_at:.0f}s"
+    return f"finished {run.status(t)} at {run.end_at:.0f}s"

@@ -1,0 +1,810 @@
+"""A deterministic, seeded simulation of the whole dispatcher: the REAL use cases and
+tables on an in-memory copy of the migrated schema, driven by a simulated clock, a message
+layer standing in for Celery (tests.sim.messages), beat ticks, a caller (flip-api), and fake
+servers and drivers (tests.sim.fakes) that are slow, fail, lose replies and restart. The
+invariants (tests.sim.invariants) are checked after every step.
+
+Everything random comes from `random.Random` streams seeded from the seed (the workload,
+the world's delays, the faults, the message order), nothing reads the wall clock, nothing
+iterates a set, and there are no threads: a seed replays exactly.
+
+    result = Simulation.from_seed(123).run()
+    assert result.ok, result.report()
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import json
+import random
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import names
+from app.db import session_factory, unit_of_work
+from app.errors import InvalidRequest, MisconfigurationError, NotFound, TransientError
+from app.runtime import Runtime
+from app.schemas import job_id_for
+from app.settings import Settings
+from app.usecases import services
+from app.usecases.dispatch import Step
+from models import NetState
+from tests.sim import messages
+from tests.sim.clock import SimClock
+from tests.sim.db import memory_db, scratch_dir
+from tests.sim.fakes import Cluster, SimAdmin
+from tests.sim.faults import FaultProfile, profile_for_seed
+from tests.sim.invariants import Checker, Violation
+from tests.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
+from tests.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
+
+PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
+HUMAN_FIX_DELAY_S = 300.0  # a human fixes a misconfigured net and restarts the workers
+SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
+
+
+class WorkerKilled(BaseException):
+    """The worker process died here (SIGKILL): nothing after this point runs on it.
+
+    A BaseException, so no `except Exception` in the code under test swallows it; its
+    message is not acked and comes back later (acks_late, reject_on_worker_lost).
+    """
+
+
+def replay_command(seed: int) -> str:
+    return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/unit/test_simulation.py -k replay -s"
+
+
+@dataclass
+class Result:
+    """What one simulation found."""
+
+    seed: int
+    profile: str
+    violations: list[Violation]
+    stats: dict[str, int | float]
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def summary(self) -> str:
+        head = f"seed {self.seed} (profile {self.profile})"
+        if self.ok:
+            return f"{head}: ok"
+        lines = [f"{head}: {len(self.violations)} violation(s)"]
+        lines += [f"  {v.line()}" for v in self.violations]
+        lines.append(f"  replay: {replay_command(self.seed)}")
+        return "\n".join(lines)
+
+
+class HookedSessions:
+    """`Runtime.sessions`: the real sessionmaker, with a hook before every new session (a
+    point where another worker may run, or this one may die, between two transactions)."""
+
+    def __init__(self, factory: sessionmaker[Session], sim: Simulation) -> None:
+        self._factory = factory
+        self._sim = sim
+
+    def __call__(self, **kwargs: Any) -> Session:
+        self._sim.hook("db.session", None)
+        return self._factory(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._factory, name)
+
+
+def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
+    """Settings as the deployment's environment would give them, for this world."""
+    root = scratch_dir()
+    kit = root / "kit"
+    (kit / "startup").mkdir(parents=True, exist_ok=True)
+    (kit / "startup" / "fed_admin.json").write_text("{}")
+    # A minimal bundle as NVFLARE exports one: an app folder and a meta.json deploy map.
+    (root / "jobs" / "job" / "app" / "config").mkdir(parents=True, exist_ok=True)
+    (root / "jobs" / "job" / "meta.json").write_text(
+        '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
+    )
+    nets = []
+    for net in world.nets:
+        driver: dict[str, object] = {"kind": net.kind}
+        if net.kind == "ecs":
+            driver |= {"region": "eu-west-2", "cluster": "sim", "service": f"fl-{net.name}"}
+        nets.append(
+            {
+                "name": net.name,
+                "driver": driver,
+                "admin": {"kit_dir": str(kit), "username": "admin"},
+                "required_sites": list(net.sites),
+                "idle_timeout_s": net.idle_timeout_s,
+                "ready_timeout_s": net.ready_timeout_s,
+            }
+        )
+    return Settings(
+        FL_DISPATCHER_DATA_DIR=root / "data",
+        DATABASE_URL="sqlite://",
+        JOB_ROOT=root / "jobs",
+        NETS=json.dumps(nets),
+        PER_JOB_FL_SERVER="true" if per_job_fl_server else "false",
+        MAX_ATTEMPTS=world.max_attempts,
+        LOST_JOB_POLICY=world.lost_job_policy,
+        MAX_RUN_S=world.max_run_s,
+        ABORT_TIMEOUT_S=world.abort_timeout_s,  # ignored by code that predates it
+        SERVER_LOST_GRACE_S=world.server_lost_grace_s,
+        STUCK_AFTER_S=world.stuck_after_s,
+        READY_POLL_S=world.ready_poll_s,
+        RETRY_MAX=world.retry_max,
+        RETRY_BACKOFF_MAX_S=world.retry_backoff_max_s,
+        HOUSEKEEPING_INTERVAL_S=world.housekeeping_interval_s,
+        KEEP_ALIVE_INTERVAL_S=world.keep_alive_interval_s,
+    )
+
+
+def always_on(settings: Settings, net: str) -> bool:
+    """The settings' verdict on a net (one place, as the API for it is changing)."""
+    config = settings.net(net)
+    flag = getattr(config, "always_on", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(getattr(settings, "is_always_on")(config))  # noqa: B009 (gone on main)
+
+
+class Simulation:
+    """A world (nets, settings), a workload, a fault profile and a seed; `run()` plays it."""
+
+    def __init__(
+        self,
+        world: WorldSpec,
+        workload: Workload,
+        profile: FaultProfile,
+        seed: int,
+        *,
+        tracing: bool = False,
+        fail_fast: bool = False,
+    ) -> None:
+        self.world = world
+        self.fail_fast = fail_fast
+        self.workload = workload
+        self.profile = profile
+        self.faults = profile
+        self.seed = seed
+        self.tracing = tracing
+        self.lines: list[str] = []
+        self.rng = random.Random(f"{seed}/faults")
+        self.rng_msg = random.Random(f"{seed}/messages")
+        self.clock = SimClock()
+        self.engine, self.conn = memory_db()
+        self.sessions = session_factory(self.engine)
+        self.cluster = Cluster(self, world.nets, random.Random(f"{seed}/world"))
+        self.broker = Broker(self)
+        self.per_job_fl_server = world.per_job_fl_server
+        self.settings = settings_for(world, self.per_job_fl_server)
+        self._scales: dict[str, bool] = {}
+        self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
+        self._events: list[tuple[float, int, str, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._stack: list[int] = []  # worker slots of the messages being processed
+        self._dead: set[int] = set()  # slots whose current message was killed
+        self.workers = [self._runtime(slot) for slot in (0, 1)]
+        self._restart_worker(0, "start")
+        self.checker = Checker(self)
+        self.ready_seen: dict[tuple[str, str], str] = {}  # (job, net) -> assigned_at seen ready
+        self.stats: dict[str, int | float] = dict.fromkeys(
+            ("steps", "messages", "retries", "kills", "interleaved", "escapes"), 0
+        )
+        self._flip_window: tuple[float, float] | None = None
+        self._triggers: list[tuple[str, str, str, Callable[[], None]]] = []
+        self._current: list[Message] = []  # the messages being processed, outermost first
+        self._draining = False
+
+    @classmethod
+    def from_seed(
+        cls,
+        seed: int,
+        profile: FaultProfile | None = None,
+        *,
+        tracing: bool = False,
+        fail_fast: bool = False,
+    ) -> Simulation:
+        """The seed's random world, workload and (unless given) fault profile."""
+        profile = profile or profile_for_seed(seed)
+        rng = random.Random(f"{seed}/workload")
+        world = random_world(rng)
+        workload = random_workload(rng, world, abort_p=profile.abort_p, report_p=profile.report_p)
+        return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
+
+    # --- wiring ------------------------------------------------------------------------------
+
+    def _runtime(self, slot: int) -> Runtime:
+        return Runtime(
+            settings=self.settings,
+            engine=self.engine,
+            sessions=HookedSessions(self.sessions, self),  # type: ignore[arg-type]
+            clock=self.clock,
+            driver_factory=lambda net, _s: self.cluster.drivers[net.name],
+            admin_factory=lambda net, _s: SimAdmin(self.cluster, net.name),
+            outbox=SimOutbox(self.broker, slot),
+        )
+
+    def _restart_worker(self, slot: int, why: str) -> None:
+        """A (new) worker process: fresh runtime and admin sessions, and the worker_init
+        signal's sync_nets(at_start=True), which resets MISCONFIGURED nets."""
+        self.workers[slot] = self._runtime(slot)
+        with unit_of_work(self.sessions) as session:
+            services.sync_nets(session, self.settings, self.clock(), at_start=True)
+        self.trace(f"   worker w{slot} (re)started: {why}")
+
+    def scales_to_zero(self, net: str) -> bool:
+        cached = self._scales.get(net)
+        if cached is None:
+            cached = self._scales[net] = not always_on(self.settings, net)
+        return cached
+
+    def job_spec(self, job_id: str) -> JobSpec | None:
+        return self._jobs.get(job_id)
+
+    def job_states(self) -> dict[str, str]:
+        """Each enqueued job's state by its caller key (as the checker last read it)."""
+        return {
+            self._jobs[row.id].key: str(row.state)
+            for row in self.checker.jobs
+            if row.id in self._jobs
+        }
+
+    def trace(self, line: str) -> None:
+        if self.tracing:
+            self.lines.append(f"{self.clock.t:8.2f} {line}")
+
+    # --- hooks the fakes, sessions and outbox call ------------------------------------------
+
+    def hook(self, point: str, net: str | None) -> None:
+        """A point where time passes, the worker may die, or another worker may run."""
+        faults = self.faults
+        slot = self._stack[-1] if self._stack else 0
+        if slot in self._dead:
+            raise WorkerKilled(point)
+        if point.startswith("admin."):
+            latency = faults.submit_latency_max_s if point == "admin.submit" else 0.0
+            latency += faults.admin_latency_max_s
+            if latency:
+                self.clock.advance(self.rng.uniform(0.0, latency))
+        if not self._stack:
+            return  # not inside a worker (the harness itself)
+        if faults.worker_kill and self.rng.random() < faults.worker_kill:
+            self._dead.add(slot)
+            self.stats["kills"] += 1
+            self.trace(f"   xx worker w{slot} killed at {point}")
+            raise WorkerKilled(point)
+        if point.startswith(("admin.", "driver.")) and self.conn.in_transaction:
+            self.checker.report(
+                "adapter-outside-transaction",
+                point,
+                f"{point} on net {net} called while a transaction holds the database",
+            )
+        fired = bool(self._triggers) and not self.conn.in_transaction and self._fire_triggers()
+        if (
+            faults.interleave
+            and len(self._stack) == 1
+            and not self.conn.in_transaction
+            # A caller's message sent at this very moment is taken by another worker at
+            # once half the time: that is the race the trigger was armed for.
+            and self.rng.random() < (0.5 if fired else faults.interleave)
+        ):
+            due = self.broker.due(self.clock.t)
+            if due:
+                message = self._pick_concurrent(due)
+                self.broker.take(message)
+                self.stats["interleaved"] += 1
+                self.trace(f"   || w1 runs {message.label()} during {point}")
+                self._deliver(message, 1)
+
+    def _pick_concurrent(self, due: list[Message]) -> Message:
+        """The message another worker runs now: half the time one that conflicts with the
+        current one (same job, or a claim/scale step against housekeeping), since races
+        between those are the ones that matter."""
+        outer = self._current[0]
+        conflicting = [m for m in due if _conflicts(outer, m)]
+        if conflicting and self.rng_msg.random() < 0.7:
+            return self.rng_msg.choice(conflicting)
+        return self.rng_msg.choice(due)
+
+    def on_submit(self, net: str, token: str) -> None:
+        """A submit reaches a server: it must be for a job whose current assignment to this
+        net passed the readiness check (wait_ready), as the chain promises."""
+        row = self.conn.execute(
+            "SELECT state, net_name, assigned_at, submit_token FROM jobs WHERE id = ?",
+            (token[:36].replace("-", ""),),
+        ).fetchone()
+        if row is None:
+            return
+        state, job_net, assigned_at, job_token = row
+        if job_net == net and self.ready_seen.get((token[:36], net)) == assigned_at:
+            return
+        self.checker.report(
+            "submit-after-ready",
+            f"job {token[:8]} on {net}",
+            f"submit {token[-2:]} reached {net} while the job is {state} on {job_net}"
+            f" (token {str(job_token)[-2:]}) without a readiness check for this assignment",
+        )
+
+    def on_scale(self, net: str, replicas: int) -> None:
+        """A scale-down must never take a server from under an active job."""
+        if replicas:
+            return
+        row = self.conn.execute(
+            "SELECT id, state FROM jobs WHERE net_name = ? AND state IN"
+            " ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'ABORTING')",
+            (net,),
+        ).fetchone()
+        if row is not None:
+            self.checker.report(
+                "no-scale-down-under-job",
+                f"net {net}",
+                f"scaled to 0 while job {row[0][:8]} is {row[1]} on it",
+            )
+
+    # --- the message layer ---------------------------------------------------------------------
+
+    def _deliver(self, message: Message, slot: int) -> None:
+        """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
+        spec = TASKS[message.task]
+        if message.expires_at is not None and self.clock.t > message.expires_at:
+            self.trace(f"   expired {message.label()}")
+            return
+        self.stats["messages"] += 1
+        rt = self.workers[slot]
+        self._stack.append(slot)
+        self._current.append(message)
+        try:
+            self._run_task(rt, message, spec, slot)
+        except WorkerKilled:
+            delay = self.rng.uniform(1.0, max(1.0, self.faults.worker_restart_s))
+            self.broker.redeliver(message, delay)
+            self._dead.discard(slot)
+            self._restart_worker(slot, f"after a kill during {message.label()}")
+        finally:
+            self._stack.pop()
+            self._current.pop()
+
+    def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
+        retry_max = self.settings.retry_max
+        try:
+            result = spec.call(rt, message.kwargs)
+        except TransientError as exc:
+            if spec.kind != "pipeline":
+                self._escaped(message, spec, exc)
+                return
+            if message.retries + 1 > retry_max:
+                self.trace(f"w{slot} {message.label()} -> retries exhausted: {exc}")
+                self._call_hook(
+                    message,
+                    spec,
+                    lambda error=exc: messages.on_failure(rt, message.task, message.kwargs, error),
+                )
+                return
+            self.stats["retries"] += 1
+            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs))
+            countdown = messages.backoff_s(
+                self.rng_msg, message.retries, self.settings.retry_backoff_max_s
+            )
+            self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
+            self._push_again(message, countdown)
+            return
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+            return
+        self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
+        if messages.is_poll(spec, result):
+            self._push_again(message, self.settings.ready_poll_s)
+            return
+        if message.task == names.WAIT_READY and messages.step_of(result) == Step.DONE:
+            self._note_ready(message.kwargs)
+        if message.chain and not messages.ends_chain(result):
+            (task, kwargs), rest = message.chain[0], message.chain[1:]
+            self.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _push_again(self, message: Message, countdown: float) -> None:
+        self.broker.push(
+            message.task,
+            message.kwargs,
+            delay=countdown,
+            chain=message.chain,
+            retries=message.retries + 1,
+            origin=message.origin,
+        )
+
+    def _call_hook(self, message: Message, spec: TaskSpec, call: Callable[..., None]) -> None:
+        """on_retry/on_failure: use-case calls too, so their errors are findings too."""
+        try:
+            call()
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+
+    def _note_ready(self, kwargs: dict[str, Any]) -> None:
+        row = self.conn.execute(
+            "SELECT assigned_at FROM jobs WHERE id = ?", (kwargs["job_id"].replace("-", ""),)
+        ).fetchone()
+        if row is not None:
+            self.ready_seen[(kwargs["job_id"], kwargs["net_name"])] = row[0]
+
+    def _escaped(self, message: Message, spec: TaskSpec, exc: Exception) -> None:
+        """An exception left a use case: a finding, unless the design wants it loud."""
+        if spec.kind == "public" and isinstance(exc, (InvalidRequest, NotFound)):
+            self.trace(f"   {message.label()} rejected: {exc}")
+            return
+        if (
+            isinstance(exc, MisconfigurationError)
+            and message.task in PIPELINE_STEPS_THAT_MARK_MISCONFIGURED
+            and self._net_state(message.kwargs.get("net_name")) == NetState.MISCONFIGURED
+        ):
+            self.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
+            return
+        self.stats["escapes"] += 1
+        where = _app_frame(exc)
+        self.checker.report(
+            "no-escape",
+            f"{message.task.removeprefix(names.PREFIX)}: {type(exc).__name__} at {where}",
+            f"{exc}"[:300],
+        )
+
+    def _net_state(self, net: str | None) -> NetState | None:
+        if net is None:
+            return None
+        row = self.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
+        return None if row is None else NetState(row[0])
+
+    # --- scheduled events -----------------------------------------------------------------------
+
+    def at(self, t: float, label: str, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), label, action))
+
+    def _schedule(self) -> None:
+        for job in self.workload.jobs:
+            payload: dict[str, object] = {
+                "caller_key": job.key,
+                "definition": "job",
+                "required_sites": list(job.sites),
+                "priority": job.priority,
+            }
+            if job.net is not None:
+                payload["net"] = job.net
+            self.at(
+                job.arrive_s,
+                f"flip-api enqueues {job.key}",
+                self._caller(names.ENQUEUE_JOB, payload),
+            )
+        for event in self.workload.events:
+            job_id = str(job_id_for(event.key))
+            if event.kind == "abort":
+                task = names.ABORT_JOB
+                payload = {"job_id": job_id, "reason": "aborted by the user"}
+                label = f"flip-api aborts {event.key}"
+            else:
+                task = names.REPORT_JOB_STATUS
+                payload = {"job_id": job_id, "status": event.status}
+                label = f"flip-api reports {event.key} {event.status}"
+            if event.on_state is None:
+                self.at(event.at_s, label, self._caller(task, payload))
+            else:
+                send = self._caller(task, payload)
+                self.at(
+                    event.at_s,
+                    f"{label} once it is {event.on_state}",
+                    functools.partial(self._arm, job_id, event.on_state, label, send),
+                )
+        self._schedule_faults()
+        self.at(self.workload.horizon_s, "drain: faults stop", self._drain)
+
+    def _arm(self, job_id: str, state: str, label: str, send: Callable[[], None]) -> None:
+        self._triggers.append((job_id.replace("-", ""), state, label, send))
+
+    def _fire_triggers(self) -> bool:
+        """Send the caller events waiting for a job state the job is in right now."""
+        fired = False
+        for trigger in list(self._triggers):
+            job_hex, state, label, send = trigger
+            row = self.conn.execute("SELECT state FROM jobs WHERE id = ?", (job_hex,)).fetchone()
+            if row is not None and row[0] == state:
+                self._triggers.remove(trigger)
+                self.trace(f"== {label} (now {state})")
+                send()
+                fired = True
+        return fired
+
+    def _caller(self, task: str, payload: dict[str, object]) -> Callable[[], None]:
+        def send() -> None:
+            self.broker.push(task, {"payload": payload}, origin="flip-api")
+
+        return send
+
+    def _schedule_faults(self) -> None:
+        p = self.profile
+        horizon = self.workload.horizon_s
+        rng = random.Random(f"{self.seed}/events")
+        for net in self.world.nets:
+            name = net.name
+            for _ in range(_poisson(rng, p.restart_rate * horizon / 3600)):
+                down = rng.uniform(3.0, 15.0)
+                self.at(
+                    rng.uniform(0, horizon),
+                    f"server {name} killed and restarted",
+                    functools.partial(self._crash, name, down),
+                )
+            for _ in range(_poisson(rng, p.partition_rate * horizon / 3600)):
+                length = rng.uniform(10.0, p.partition_max_s)
+                self.at(
+                    rng.uniform(0, horizon),
+                    f"network partition of {name} ({length:.0f}s)",
+                    functools.partial(self._partition, name, length),
+                )
+            for _ in range(_poisson(rng, p.kit_broken_rate * horizon / 3600)):
+                length = rng.uniform(30.0, 150.0)
+                self.at(
+                    rng.uniform(0, horizon),
+                    f"admin kit of {name} broken ({length:.0f}s)",
+                    functools.partial(self._break_kit, name, length),
+                )
+            for _ in range(_poisson(rng, p.driver_broken_rate * horizon / 3600)):
+                length = rng.uniform(20.0, 90.0)
+                self.at(
+                    rng.uniform(0, horizon),
+                    f"driver of {name} misconfigured ({length:.0f}s)",
+                    functools.partial(self._break_driver, name, length),
+                )
+            for _ in range(_poisson(rng, p.drift_rate * horizon / 3600)):
+                self.at(
+                    rng.uniform(0, horizon),
+                    f"someone scales {name} by hand",
+                    functools.partial(self._drift, name),
+                )
+        if rng.random() < p.settings_flip:
+            start = rng.uniform(30.0, horizon - 30.0)
+            self._flip_window = (start, start + rng.uniform(30.0, 120.0))
+
+    def _crash(self, net: str, down_s: float) -> None:
+        self.cluster.crash(net, self.clock.t, down_s)
+
+    def _drift(self, net: str) -> None:
+        """Drift between the nets table and the platform: a hand-made scale change."""
+        driver = self.cluster.drivers[net]
+        if driver.pinned:
+            return
+        self.cluster.advance(self.clock.t)
+        target = 0 if driver.desired or driver.running else 1
+        self.trace(f"   {net}: desired {driver.desired} -> {target} by hand")
+        driver.apply(target, self.clock.t)
+
+    def _deploy(self, net: str) -> None:
+        self.cluster.drivers[net].apply(1, self.clock.t)
+
+    def _partition(self, net: str, length: float) -> None:
+        self.cluster.servers[net].partition(self.clock.t, self.clock.t + length)
+
+    def _break_kit(self, net: str, length: float) -> None:
+        self.cluster.servers[net].kit_broken = True
+        self.at(self.clock.t + length, f"admin kit of {net} fixed", lambda: self._fix_kit(net))
+
+    def _fix_kit(self, net: str) -> None:
+        self.cluster.servers[net].kit_broken = False
+
+    def _break_driver(self, net: str, length: float) -> None:
+        self.cluster.drivers[net].broken = True
+        self.at(
+            self.clock.t + length,
+            f"driver of {net} fixed",
+            lambda: setattr(self.cluster.drivers[net], "broken", False),
+        )
+
+    def _maybe_flip(self) -> None:
+        """A redeploy that flips PER_JOB_FL_SERVER, preferably while a net is STOPPING or
+        UNHEALTHY (the adversary picks the moment within its window)."""
+        if self._flip_window is None:
+            return
+        start, end = self._flip_window
+        t = self.clock.t
+        if t < start:
+            return
+        states = {r[0] for r in self.conn.execute("SELECT state FROM nets")}
+        if t < end and not states & {NetState.STOPPING.value, NetState.UNHEALTHY.value}:
+            return
+        self._flip_window = None
+        self.per_job_fl_server = not self.per_job_fl_server
+        self.settings = settings_for(self.world, self.per_job_fl_server)
+        self._scales = {}
+        self.trace(
+            f"== redeploy: PER_JOB_FL_SERVER={self.per_job_fl_server} (nets {sorted(states)})"
+        )
+        for slot in (0, 1):
+            self._restart_worker(slot, "redeploy with new settings")
+        for net in self.world.nets:
+            if net.kind == "ecs" and not self.per_job_fl_server:
+                # Always-on now: the operator's deploy runs the service at 1 replica.
+                delay = self.rng.uniform(0.0, 60.0)
+                self.at(
+                    t + delay,
+                    f"operator deploys {net.name} at 1 replica",
+                    functools.partial(self._deploy, net.name),
+                )
+        self.checker.bounds = type(self.checker.bounds)(self)
+
+    def _drain(self) -> None:
+        """The end of the workload: no new faults (ongoing ones, a broken kit or a partition,
+        run their course); a human restarts the workers a while later if a net is still
+        MISCONFIGURED."""
+        self._draining = True
+        self.faults = self.profile.quiet()
+        t = self.clock.t
+        if self._flip_window is not None:
+            self._flip_window = (self._flip_window[0], t)
+            self._maybe_flip()
+
+        def human() -> None:
+            if self._net_states() & {NetState.MISCONFIGURED}:
+                for slot in (0, 1):
+                    self._restart_worker(slot, "a human fixed the settings")
+
+        self.at(
+            t + HUMAN_FIX_DELAY_S, "a human restarts the workers if a net is MISCONFIGURED", human
+        )
+
+    def _net_states(self) -> set[NetState]:
+        return {NetState(r[0]) for r in self.conn.execute("SELECT state FROM nets")}
+
+    # --- the run loop ----------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        """Play the workload, then drain until the world is at rest (or a deadline)."""
+        import logging
+
+        logging.disable(logging.CRITICAL)
+        try:
+            return self._run()
+        finally:
+            logging.disable(logging.NOTSET)
+            self.engine.dispose()
+            self.conn.close()
+
+    def _run(self) -> Result:
+        self._schedule()
+        tick = self.world.housekeeping_interval_s
+        beats = [
+            (names.ASSIGN_NEXT_JOB, tick),
+            (names.SCALE_DOWN_IDLE_NETS, tick),
+            (names.MONITOR_RUNNING_JOBS, tick),
+            (names.RECONCILE, 2 * tick),
+            (names.KEEP_ALIVE_BUSY_NETS, self.world.keep_alive_interval_s),
+        ]
+        next_beat = [period for _, period in beats]
+        # Time for the slowest legitimate tail: a human fix, then a job's whole run.
+        deadline = self.workload.horizon_s + HUMAN_FIX_DELAY_S + self.world.max_run_s + 8 * tick
+        settled_ticks = 0
+        checker = self.checker
+        while True:
+            now = self.clock.t
+            due = self.broker.due(now)
+            if due:
+                message = self.rng_msg.choice(due)
+                self.broker.take(message)
+                self._deliver(message, 0)
+                self.stats["steps"] += 1
+                if self._triggers:
+                    self._fire_triggers()
+                self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
+                self._maybe_flip()
+                checker.check()
+                if self.fail_fast and checker.violations:
+                    break
+                continue
+            candidates = [t for t in (self.broker.next_time(), min(next_beat)) if t is not None]
+            if self._events:
+                candidates.append(self._events[0][0])
+            self.clock.advance_to(min(candidates))
+            now = self.clock.t
+            while self._events and self._events[0][0] <= now:
+                _, _, label, action = heapq.heappop(self._events)
+                self.trace(f"== {label}")
+                action()
+            beat_fired = False
+            for i, (task, period) in enumerate(beats):
+                if next_beat[i] <= now:
+                    next_beat[i] += period
+                    self.broker.push(task, {}, expires_in=period, origin="beat")
+                    beat_fired = beat_fired or i == 0
+            self._maybe_flip()
+            checker.check()
+            if self.fail_fast and checker.violations:
+                break
+            if beat_fired and self._draining:
+                reasons = checker.unsettled()
+                settled_ticks = 0 if reasons else settled_ticks + 1
+                if settled_ticks >= SETTLED_TICKS:
+                    break
+                if now > deadline:
+                    checker.quiescence(reasons)
+                    break
+        self.stats["sim_s"] = round(self.clock.t, 1)
+        self.stats["runs"] = len(self.cluster.runs)
+        return Result(
+            seed=self.seed,
+            profile=self.profile.name,
+            violations=list(checker.violations),
+            stats=dict(self.stats),
+            trace=self.lines,
+        )
+
+
+# Which concurrent messages race with which: housekeeping against claims and scale steps.
+_RACES = {
+    names.RECONCILE: (names.ASSIGN_NEXT_JOB, names.SCALE_UP),
+    names.SCALE_DOWN_IDLE_NETS: (names.ASSIGN_NEXT_JOB, names.SCALE_UP),
+    names.MONITOR_RUNNING_JOBS: (names.DISPATCH, names.ABORT_JOB, names.REPORT_JOB_STATUS),
+    names.ASSIGN_NEXT_JOB: (names.RECONCILE, names.SCALE_DOWN_IDLE_NETS),
+}
+
+
+def job_of(message: Message) -> str | None:
+    """The job a message is about, if any."""
+    job = message.kwargs.get("job_id")
+    payload = message.kwargs.get("payload")
+    if job is None and isinstance(payload, dict):
+        job = payload.get("job_id")
+    return str(job) if job is not None else None
+
+
+def _conflicts(outer: Message, other: Message) -> bool:
+    job = job_of(outer)
+    if job is not None and job_of(other) == job:
+        return True
+    return other.task in _RACES.get(outer.task, ())
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw (Knuth), for event counts."""
+    if mean <= 0:
+        return 0
+    limit, k, p = pow(2.718281828459045, -mean), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def _short_result(result: object) -> str:
+    step, detail = getattr(result, "step", None), getattr(result, "detail", "")
+    if step is not None:
+        result = f"{step}: {detail}" if detail else str(step)
+    text = repr(result) if not isinstance(result, str) else result
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+def _app_frame(exc: BaseException) -> str:
+    """The innermost frame of the code under test (app/, models/) in the traceback."""
+    where = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        parts = Path(frame.filename).parts
+        if "app" in parts or "models" in parts:
+            if "tests" in parts:
+                continue
+            idx = max(i for i, p in enumerate(parts) if p in ("app", "models"))
+            where = f"{'/'.join(parts[idx:])}:{frame.name}:{frame.lineno}"
+    return where
+
+
+def run_seed(
+    seed: int,
+    profile: FaultProfile | None = None,
+    *,
+    tracing: bool = False,
+    fail_fast: bool = False,
+) -> Result:
+    """One seed, from scratch (fail_fast: stop at the first violation)."""
+    return Simulation.from_seed(seed, profile, tracing=tracing, fail_fast=fail_fast).run()

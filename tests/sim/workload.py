@@ -1,0 +1,140 @@
+"""What a simulation runs: the nets (a `WorldSpec`) and the jobs with their timing (a
+`Workload`). A seed draws both at random; a later `fl-dispatcher simulate TRACE` builds them
+from a trace file instead and hands them to the same `Simulation`."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+SITES = ("site-1", "site-2")
+COMPLETED = "FINISHED:COMPLETED"
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """One net: scale-to-zero (`ecs`, driven by our fake driver) or always-on (`static`)."""
+
+    name: str
+    kind: str = "ecs"  # "ecs" | "static"
+    idle_timeout_s: float = 30.0
+    ready_timeout_s: float = 50.0
+    sites: tuple[str, ...] = SITES
+    # The server's job store survives a restart (NVFLARE 2.9 then reports a killed run as
+    # RUNNING forever) or is lost with the process (the run is forgotten).
+    keeps_jobs: bool = True
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job arriving at `arrive_s`; each run of it lasts `duration_s` (None: hangs)."""
+
+    key: str
+    arrive_s: float
+    duration_s: float | None = 60.0
+    outcome: str = COMPLETED
+    net: str | None = None
+    sites: tuple[str, ...] = SITES
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class CallerEvent:
+    """flip-api acting on a job at `at_s`: an abort, or a terminal-status report."""
+
+    at_s: float
+    key: str
+    kind: str  # "abort" | "report"
+    status: str = ""  # report: results_uploaded | error | stopped
+    # Set: the event waits (from at_s on) until the job is in this state, and is sent at
+    # that very moment, possibly while a worker is in the middle of a step of that job.
+    on_state: str | None = None
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """The deployment: nets and the dispatcher's timing settings (simulated seconds)."""
+
+    nets: tuple[NetSpec, ...]
+    per_job_fl_server: bool = True
+    housekeeping_interval_s: float = 15.0
+    keep_alive_interval_s: float = 60.0
+    ready_poll_s: float = 4.0
+    retry_max: int = 4
+    retry_backoff_max_s: int = 8
+    stuck_after_s: float = 40.0
+    server_lost_grace_s: float = 25.0
+    max_run_s: float = 150.0
+    abort_timeout_s: float = 60.0
+    max_attempts: int = 3
+    lost_job_policy: str = "requeue"
+
+    def retry_budget_s(self) -> float:
+        """The longest a pipeline step keeps retrying a transient error (sum of caps)."""
+        return float(sum(min(self.retry_backoff_max_s, 2 * 2**k) for k in range(self.retry_max)))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Jobs and caller events; faults stop and the world drains after `horizon_s`."""
+
+    jobs: tuple[JobSpec, ...]
+    events: tuple[CallerEvent, ...] = ()
+    horizon_s: float = 170.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def random_world(rng: random.Random) -> WorldSpec:
+    """2 to 4 nets, scale-to-zero, sometimes one always-on."""
+    count = rng.randint(2, 4)
+    nets = []
+    for i in range(count):
+        static = i == count - 1 and rng.random() < 0.35
+        nets.append(
+            NetSpec(
+                name=f"net-{chr(ord('a') + i)}",
+                kind="static" if static else "ecs",
+                idle_timeout_s=float(rng.choice((20, 30, 45))),
+                ready_timeout_s=float(rng.choice((40, 50, 60))),
+                keeps_jobs=rng.random() < 0.6,
+            )
+        )
+    return WorldSpec(nets=tuple(nets), lost_job_policy=rng.choice(("requeue", "requeue", "fail")))
+
+
+def random_workload(
+    rng: random.Random, world: WorldSpec, *, abort_p: float, report_p: float
+) -> Workload:
+    """3 to 7 jobs arriving over the first two minutes, some aborted or reported on; faults
+    stop at 170 s."""
+    horizon = 170.0
+    jobs = []
+    events = []
+    names = [n.name for n in world.nets]
+    for i in range(rng.randint(3, 7)):
+        arrive = round(rng.uniform(0, 120), 1)
+        key = f"job-{i}"
+        sites = SITES if rng.random() > 0.08 else (*SITES, "site-9")  # site-9 never connects
+        jobs.append(
+            JobSpec(
+                key=key,
+                arrive_s=arrive,
+                duration_s=round(rng.uniform(15, 100), 1),
+                net=rng.choice(names) if rng.random() < 0.3 else None,
+                sites=sites,
+                priority=rng.choice((0, 0, 0, 5)),
+            )
+        )
+        if rng.random() < abort_p:
+            at = round(arrive + rng.uniform(0, 150), 1)
+            trigger = rng.choice((None, None, "DISPATCHING", "ASSIGNED", "RUNNING"))
+            events.append(CallerEvent(at if trigger is None else arrive, key, "abort", "", trigger))
+        if rng.random() < report_p:
+            status = rng.choice(("results_uploaded", "error", "stopped"))
+            at = round(arrive + rng.uniform(5, 200), 1)
+            trigger = rng.choice((None, None, "DISPATCHING", "RUNNING"))
+            events.append(
+                CallerEvent(at if trigger is None else arrive, key, "report", status, trigger)
+            )
+    events.sort(key=lambda e: (e.at_s, e.key, e.kind))
+    return Workload(jobs=tuple(jobs), events=tuple(events), horizon_s=horizon)
