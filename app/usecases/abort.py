@@ -57,7 +57,9 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     # "Nothing to abort" also covers a server that could not be reached: a blip must not
     # leave the run going while its net takes the next job. Unless the server answers now,
     # the run is kept as a stray run (aborted when it answers, or gone with its server).
-    unconfirmed = result.outcome == AbortOutcome.NOTHING_TO_ABORT and not _answers(rt, net_name)
+    unconfirmed = result.outcome == AbortOutcome.NOTHING_TO_ABORT and not _run_is_over(
+        rt, net_name, nvflare_job_id
+    )
     with unit_of_work(rt.sessions) as session:
         if unconfirmed:
             services.add_stray_run(
@@ -74,12 +76,14 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     return JobState.ABORTED
 
 
-def _answers(rt: Runtime, net_name: str) -> bool:
+def _run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
+    """Only the server, answering now, can say a run is over (or unknown to it)."""
     try:
-        rt.admin(net_name).server_start_time()
+        return rt.admin(net_name).job_status(nvflare_job_id).state != RunState.RUNNING
+    except NvflareJobNotFound:
+        return True
     except DispatcherError:
         return False
-    return True
 
 
 def _settle_finished(

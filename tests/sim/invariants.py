@@ -223,6 +223,15 @@ class Checker:
         ).fetchone()
         return row is not None
 
+    def _waits_for_its_stray(self, job_id: str) -> bool:
+        if not self._has_strays:
+            return False
+        row = self.sim.conn.execute(
+            "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
+            (job_id.replace("-", ""),),
+        ).fetchone()
+        return row is not None
+
     def _counted_completion(self, run: Run, t: float) -> bool:
         """A completed run counts if the dispatcher could have seen it complete: after it
         completed, while its job still held it, its server answered (and still knew it) for
@@ -446,6 +455,12 @@ class Checker:
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
+                self._starved_since.pop(job.id, None)
+                continue
+            if self._waits_for_its_stray(job.id):
+                # By design: a job whose earlier run may still be alive is not started again
+                # until that run is settled (one live run per job); stray-run-stopped and
+                # unaccounted-run police the settling itself.
                 self._starved_since.pop(job.id, None)
                 continue
             since = self._starved_since.setdefault(job.id, t)

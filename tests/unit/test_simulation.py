@@ -19,7 +19,19 @@ from tests.sim.simulation import Result, Simulation, replay_command, run_seed
 from tests.sim.sweep import run_seeds, seed_count
 from tests.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 
-SEEDS = list(range(seed_count()))
+# Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
+# a fix makes its seed pass (and this entry must then go); see tests/sim/FINDINGS.md.
+KNOWN_OPEN = {
+    143: "a job waits QUEUED past the bound while a net is free (starvation after a stray)",
+    161: "two live runs of one job: an earlier run on another net not yet settled as a stray",
+    184: "a stray run whose status the server never gives is never stopped (needs a bound)",
+}
+SEEDS = [
+    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN[s]))
+    if s in KNOWN_OPEN
+    else s
+    for s in range(seed_count())
+]
 
 
 @pytest.fixture(scope="module")
