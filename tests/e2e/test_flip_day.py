@@ -13,7 +13,6 @@ with the README's own snippet. One stack for the module; each test uses its own 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -333,13 +332,11 @@ def test_flip_day_cold_start_run_hold_for_the_upload_report_then_scale_to_zero(
     # grace and several housekeeping ticks.
     job = wait_state(stack, job_id, JobState.FINISHING, JobState.FAILED, JobState.COMPLETED)
     assert job.state == JobState.FINISHING, job.last_error
-    deployment = stack.deployment
-    store = deployment.workspace / deployment.project / "server-store" / "jobs-storage"
-    run = json.loads((store / job.nvflare_job_id / "meta").read_text())
+    [run] = [r for r in stack.job_store_runs() if r["job_id"] == job.nvflare_job_id]
     assert run["status"] == "FINISHED:COMPLETED"
     assert run["deploy_map"] == {"app": ["server", *SITES]} and run["min_clients"] == 2
     assert run["job_deploy_detail"] == ["server: OK", "site-1: OK", "site-2: OK"]
-    assert all((deployment.site_kits[site] / job.nvflare_job_id).is_dir() for site in SITES)
+    assert all((stack.deployment.site_kits[s] / job.nvflare_job_id).is_dir() for s in SITES)
     held_until = time.monotonic() + IDLE_TIMEOUT_S + 3 * HOUSEKEEPING_S
     while time.monotonic() < held_until:
         assert stack.job(job_id).state == JobState.FINISHING
