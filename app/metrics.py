@@ -650,17 +650,17 @@ def families(snap: Snapshot) -> list[Metric]:
         ),
         GaugeMetricFamily(
             "fl_dispatcher_callback_undelivered_events",
-            "Job events not yet delivered to CALLBACK_URL (0 while callbacks are off).",
+            "Job events and rejected enqueues not yet delivered to CALLBACK_URL (0 while off).",
             value=snap.callback_undelivered,
         ),
         GaugeMetricFamily(
             "fl_dispatcher_callback_oldest_undelivered_seconds",
-            "Age of the oldest job event not yet delivered (0 when none).",
+            "Age of the oldest job event or rejected enqueue not yet delivered (0 when none).",
             value=snap.callback_oldest_undelivered_s,
         ),
         CounterMetricFamily(
             "fl_dispatcher_callback_failed_events",
-            "Job events the receiver rejected CALLBACK_MAX_4XX_TRIES times (given up).",
+            "Events the receiver rejected CALLBACK_MAX_4XX_TRIES times (given up).",
             value=snap.callback_failed,
         ),
     ]

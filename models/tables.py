@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     Uuid,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, WriteOnlyMapped, mapped_column, relationship
@@ -331,6 +332,15 @@ class RejectedRequest(Base):
     caller_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    # Delivery of its `rejected` status callback (app.usecases.callbacks), as a job's cursor
+    # keeps it for the job's events: settled once delivered or given up (`callback_failed`);
+    # with CALLBACK_URL set an unsettled row outlives REJECTED_RETENTION_S (at least once).
+    callback_settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    callback_failed: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    callback_tries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    callback_rejections: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    callback_next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    callback_last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class JobEvent(Base):

@@ -60,7 +60,7 @@ def verify(
     return hmac.compare_digest(sign(secret, sent_at, body), signature)
 
 
-def signed_headers(secret: str, timestamp: int, body: bytes, event_id: int) -> dict[str, str]:
+def signed_headers(secret: str, timestamp: int, body: bytes, event_id: int | str) -> dict[str, str]:
     """Every header of one try."""
     return {
         "Content-Type": "application/json",

@@ -4,27 +4,62 @@ Provisions a local NVFLARE deployment (server + 2 sites), starts a real worker w
 SQLite (tables and broker), enqueues a job, watches the server come up, the job run, the
 server held (FINISHING) until a stand-in for flip-api reports the results uploaded, and the
 server scale to zero; after an idle gap does it all again; prints every job and net state
-change live and ends with a summary. Leaves no process behind.
+change live and ends with a summary. A tiny local receiver stands in for flip-api's
+callback endpoint (loopback, a free port, a CALLBACK_SECRET made for the run): each signed
+status callback is printed as it arrives, and counted at the end. Leaves no process behind.
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol
 
+from sqlalchemy import func, select
+
+from app.local.receiver import LocalReceiver, Received
 from app.local.stack import LocalStack, StackOptions
 from app.schemas import ReportedStatus
 from models import JobEvent, JobState, NetEvent, NetState
 
 RUN_TIMEOUT_S = 600.0
 UPLOAD_S = 3.0  # how long the demo's stand-in for flip-api takes to "upload" results
+CALLBACKS_SETTLE_S = 30.0  # how long the end waits for the last callbacks to arrive
+
+
+class TextOut(Protocol):
+    """Where the demo prints (sys.stdout, or a test's StringIO)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class SharedOut:
+    """Whole lines from two threads (the main loop and the callback receiver) never mix."""
+
+    def __init__(self, out: TextOut) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+
+    def write(self, text: str, /) -> int:
+        with self._lock:
+            written = self._out.write(text)
+            self._out.flush()
+            return written
+
+    def flush(self) -> None:
+        with self._lock:
+            self._out.flush()
 
 
 @dataclass
@@ -47,7 +82,7 @@ class Timeline:
         )
 
 
-def _poll(stack: LocalStack, timeline: Timeline, out: TextIO) -> None:
+def _poll(stack: LocalStack, timeline: Timeline, out: TextOut) -> None:
     jobs, nets = stack.events_since(timeline.last_job_event, timeline.last_net_event)
     merged: list[tuple[datetime, str]] = []
     for event in jobs:
@@ -75,7 +110,7 @@ def _poll(stack: LocalStack, timeline: Timeline, out: TextIO) -> None:
     out.flush()
 
 
-def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextIO) -> uuid.UUID:
+def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextOut) -> uuid.UUID:
     job_id = stack.enqueue(key)
     out.write(
         f"[{time.monotonic() - timeline.started:6.1f}s] enqueued {key} as job {str(job_id)[:8]}\n"
@@ -134,7 +169,7 @@ def _seconds(a: datetime | None, b: datetime | None) -> str:
     return f"{(b - a).total_seconds():6.1f}s" if a and b else "     n/a"
 
 
-def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextIO) -> None:
+def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextOut) -> None:
     wall = time.monotonic() - timeline.started
     out.write("\nSummary\n")
     up_total = 0.0
@@ -160,33 +195,73 @@ def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextIO) -> None:
     )
 
 
+def _callback_printer(timeline: Timeline, out: TextOut) -> Callable[[Received], None]:
+    def show(received: Received) -> None:
+        out.write(
+            f"[{time.monotonic() - timeline.started:6.1f}s] callback  {received.describe()}\n"
+        )
+
+    return show
+
+
+def _callbacks_summary(stack: LocalStack, receiver: LocalReceiver, out: TextOut) -> None:
+    """Wait (a little) for the last events, then count what flip-api's stand-in heard."""
+    stored = stack.read(lambda s: int(s.scalar(select(func.count()).select_from(JobEvent)) or 0))
+
+    def distinct() -> set[int | str | None]:
+        return {r.event_id for r in receiver.received if r.status == 200}
+
+    deadline = time.monotonic() + CALLBACKS_SETTLE_S
+    while len(distinct()) < stored and time.monotonic() < deadline:
+        time.sleep(0.25)
+    received = receiver.received
+    accepted = [r for r in received if r.status == 200]
+    out.write(
+        f"  callbacks: {len(distinct())} events received of {stored} job moves stored, "
+        f"{len(accepted)} requests, all signed: "
+        f"{'yes' if accepted and all(r.valid for r in received) else 'NO'}\n"
+    )
+
+
 def run_demo(
     workdir: Path | None = None,
     *,
     idle_gap_s: float = 5.0,
     keep: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextOut = sys.stdout,
 ) -> int:
     """Run the demo; returns the process exit code."""
     own_dir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="fl-dispatcher-demo-")) if workdir is None else workdir
+    shared = SharedOut(out)
+    out = shared
     out.write(f"fl-dispatcher demo in {root}\n")
     timeline = Timeline()
     succeeded = False
+    secret = secrets.token_urlsafe(32)  # this run's CALLBACK_SECRET, never printed
     try:
-        options = StackOptions(workdir=root, extra_env={"RELEASE_AFTER": "reported"})
-        with LocalStack(options) as stack:
-            out.write(
-                "provisioned a local NVFLARE deployment; sites started; worker + beat "
-                "running on SQLite\n"
+        with LocalReceiver(secret, on_event=_callback_printer(timeline, out)) as receiver:
+            options = StackOptions(
+                workdir=root,
+                extra_env={
+                    "RELEASE_AFTER": "reported",
+                    "CALLBACK_URL": receiver.url,
+                    "CALLBACK_SECRET": secret,
+                },
             )
-            first = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-1", out)
-            out.write(f"--- idle gap of {idle_gap_s:.0f}s: the server stays at zero ---\n")
-            time.sleep(idle_gap_s)
-            second = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-2", out)
-            _poll(stack, timeline, out)
-            _summary(timeline, [first, second], out)
-            succeeded = True
+            with LocalStack(options) as stack:
+                out.write(
+                    "provisioned a local NVFLARE deployment; sites started; worker + beat "
+                    f"running on SQLite; status callbacks to {receiver.url}\n"
+                )
+                first = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-1", out)
+                out.write(f"--- idle gap of {idle_gap_s:.0f}s: the server stays at zero ---\n")
+                time.sleep(idle_gap_s)
+                second = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-2", out)
+                _poll(stack, timeline, out)
+                _summary(timeline, [first, second], out)
+                _callbacks_summary(stack, receiver, out)
+                succeeded = True
     except (RuntimeError, TimeoutError) as exc:
         out.write(f"demo failed: {exc}\n(logs kept in {root})\n")
         return 1

@@ -18,10 +18,16 @@ signed, to CALLBACK_URL, at least once and in order per job.
   goes out. Progress over completeness: a receiver that refuses one payload must not
   withhold every later status of the job (above all its end) for ever; the failure stays
   visible (job detail, metrics, log) and the order of what is delivered is unchanged.
+- A refused enqueue (`rejected_requests`, written by `intake.reject_enqueue`) is an event of
+  its own, `kind: "rejected"`, with an `event_id` of its own sequence ("rejected-<row id>",
+  a string: it can never equal a job event's integer id). It belongs to no job's history:
+  its delivery state is on its row, it is sent before the jobs' events of the same round,
+  and the same retry and give-up rules hold it back alone, never a job's events.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -45,7 +51,7 @@ from app.adapters.callbacks import (
 )
 from app.db import unit_of_work
 from app.runtime import Runtime
-from models import CallbackCursor, CallbackReceiver, Job, JobEvent
+from models import CallbackCursor, CallbackReceiver, Job, JobEvent, RejectedRequest
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,7 @@ ROUND_BUDGET_S = 60.0
 LEASE_MARGIN_S = 30.0
 JOBS_PER_READ = 100
 EVENTS_PER_READ = 50
+REJECTIONS_PER_READ = 50
 BACKOFF_FIRST_S = 2.0
 _KICK_WANTED = "fl_dispatcher.callbacks.kick"
 
@@ -84,10 +91,22 @@ def backoff_s(tries: int, cap_s: float) -> float:
     return float(min(cap_s, BACKOFF_FIRST_S * 2 ** max(0, tries - 1)))
 
 
+# What a payload's `kind` says: a job's move, or an enqueue that created no job.
+STATE_CHANGE = "state_change"
+REJECTED = "rejected"
+REJECTED_EVENT_PREFIX = "rejected-"
+
+
+def rejected_event_id(rejection_id: int) -> str:
+    """A rejected event's id: a string, so it never equals a job event's integer id."""
+    return f"{REJECTED_EVENT_PREFIX}{rejection_id}"
+
+
 def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
-    """The JSON one event is sent as (README, "Status callbacks")."""
+    """The JSON one job event is sent as (README, "Status callbacks")."""
     return {
         "event_id": event.id,
+        "kind": STATE_CHANGE,
         "job_id": str(job.id),
         "caller_key": job.caller_key,
         "metadata": job.metadata_ if job.metadata_ is not None else {},
@@ -97,6 +116,19 @@ def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
         "reason": event.reason,
         "nvflare_job_id": event.nvflare_job_id,
         "attempt": event.attempt,
+    }
+
+
+def rejection_payload(rejection: RejectedRequest) -> dict[str, Any]:
+    """The JSON a refused enqueue is sent as: no job was created; `job_id` is the id the
+    job would have had (null when the payload carried no caller_key)."""
+    return {
+        "event_id": rejected_event_id(rejection.id),
+        "kind": REJECTED,
+        "job_id": str(rejection.job_id) if rejection.job_id is not None else None,
+        "caller_key": rejection.caller_key,
+        "reason": rejection.reason,
+        "at": rejection.at.isoformat(),
     }
 
 
@@ -115,6 +147,27 @@ def _pending_events() -> Any:
         .outerjoin(CallbackCursor, CallbackCursor.job_id == JobEvent.job_id)
         .where(JobEvent.id > _settled())
     )
+
+
+def _unsettled_rejection() -> Any:
+    return RejectedRequest.callback_settled_at.is_(None)
+
+
+def _due_rejections(session: Session, now: datetime) -> list[int]:
+    """Rejected events not yet settled whose backoff is over, oldest first."""
+    stmt = (
+        select(RejectedRequest.id)
+        .where(
+            _unsettled_rejection(),
+            or_(
+                RejectedRequest.callback_next_attempt_at.is_(None),
+                RejectedRequest.callback_next_attempt_at <= now,
+            ),
+        )
+        .order_by(RejectedRequest.id)
+        .limit(REJECTIONS_PER_READ)
+    )
+    return list(session.scalars(stmt))
 
 
 def _due_jobs(session: Session, now: datetime) -> list[uuid.UUID]:
@@ -137,9 +190,15 @@ def _next_due(session: Session, now: datetime) -> datetime | None:
         .add_columns(CallbackCursor.next_attempt_at)
         .group_by(JobEvent.job_id, CallbackCursor.next_attempt_at)
     ).all()
-    if not rows:
+    waits: list[datetime | None] = [at for _, at in rows]
+    waits += session.scalars(
+        select(RejectedRequest.callback_next_attempt_at)
+        .where(_unsettled_rejection())
+        .group_by(RejectedRequest.callback_next_attempt_at)
+    ).all()
+    if not waits:
         return None
-    due = min(max(now, at) if at is not None else now for _, at in rows)
+    due = min(max(now, at) if at is not None else now for at in waits)
     receiver = session.get(CallbackReceiver, RECEIVER_ID)
     if receiver is not None and receiver.next_attempt_at is not None:
         due = max(due, receiver.next_attempt_at)
@@ -156,15 +215,27 @@ class Backlog:
 
 
 def backlog(session: Session) -> Backlog:
-    """Unsettled events (one aggregate over the history) and events failed for good."""
+    """Unsettled events (one aggregate over the history, one over the rejected enqueues)
+    and events failed for good."""
     count, oldest = session.execute(
         select(func.count(), func.min(JobEvent.at))
         .select_from(JobEvent)
         .outerjoin(CallbackCursor, CallbackCursor.job_id == JobEvent.job_id)
         .where(JobEvent.id > _settled())
     ).one()
+    rejected, oldest_rejected = session.execute(
+        select(func.count(), func.min(RejectedRequest.at)).where(_unsettled_rejection())
+    ).one()
     failed = session.scalar(select(func.coalesce(func.sum(CallbackCursor.failed), 0)))
-    return Backlog(int(count), oldest, int(failed or 0))
+    failed_rejected = session.scalar(
+        select(func.count()).select_from(RejectedRequest).where(RejectedRequest.callback_failed)
+    )
+    oldest_of = [at for at in (oldest, oldest_rejected) if at is not None]
+    return Backlog(
+        int(count) + int(rejected),
+        min(oldest_of) if oldest_of else None,
+        int(failed or 0) + int(failed_rejected or 0),
+    )
 
 
 def delivery_status(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
@@ -343,17 +414,30 @@ def _deliver_due(rt: Runtime, sender: CallbackSender, owner: str, deadline: floa
             receiver = session.get(CallbackReceiver, RECEIVER_ID)
             if receiver and receiver.next_attempt_at and receiver.next_attempt_at > now:
                 return done  # the receiver is resting; nothing is tried before then
+            rejections = _due_rejections(session, now)
             jobs = _due_jobs(session, now)
-        if not jobs:
+        if not jobs and not rejections:
             return done
-        for job_id in jobs:
-            verdict = _deliver_job(rt, sender, owner, job_id, deadline=deadline, done=done)
+        # Rejected events first: each is one request, and an enqueue refused before a
+        # later one with the same caller_key was accepted then usually arrives first.
+        steps = [
+            functools.partial(_deliver_rejection, rt, sender, owner, rejection_id, done=done)
+            for rejection_id in rejections
+        ] + [
+            functools.partial(_deliver_job, rt, sender, owner, job_id, deadline=deadline, done=done)
+            for job_id in jobs
+        ]
+        for step in steps:
+            verdict = step()
             if verdict == Verdict.UNREACHABLE:
                 return done
             if verdict == Verdict.LEASE_LOST:
                 done.lease_lost = True
                 return done
             if done.out_of_time:
+                return done
+            if time.monotonic() >= deadline:
+                done.out_of_time = True
                 return done
 
 
@@ -402,11 +486,101 @@ def _deliver_job(
     return verdict
 
 
+def _deliver_rejection(
+    rt: Runtime, sender: CallbackSender, owner: str, rejection_id: int, *, done: _Round
+) -> Verdict | None:
+    """Send one rejected event (None: its row is gone or already settled)."""
+    with rt.sessions() as session:
+        rejection = session.get(RejectedRequest, rejection_id)
+        if rejection is None or rejection.callback_settled_at is not None:
+            return None
+        body = encode_body(rejection_payload(rejection))
+    secret = rt.settings.callback_secret.get_secret_value()
+    event_id = rejected_event_id(rejection_id)
+    headers = signed_headers(secret, int(rt.clock().timestamp()), body, event_id)
+    try:
+        answer: Answer | str = sender.post(body, headers)
+    except ReceiverUnreachable as exc:
+        answer = str(exc)
+    verdict = _record_rejection(rt, owner, rejection_id, answer=answer, now=rt.clock())
+    if verdict == Verdict.DELIVERED:
+        done.delivered += 1
+    elif verdict == Verdict.FAILED:
+        done.failed += 1
+    return verdict
+
+
 def _settle(cursor: CallbackCursor, event_id: int) -> None:
     cursor.settled_through = event_id
     cursor.tries = 0
     cursor.rejections = 0
     cursor.next_attempt_at = None
+
+
+def _is_rejection(answer: Answer | str) -> bool:
+    """An answer that refuses the payload (a 4xx other than 408/429, or a 3xx)."""
+    return isinstance(answer, Answer) and answer.status >= 300 and not retryable(answer.status)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One try's outcome, for the row that keeps the event's delivery state."""
+
+    verdict: Verdict
+    error: str | None = None
+    retry_at: datetime | None = None
+
+
+def _leased_receiver(
+    rt: Runtime, session: Session, owner: str, now: datetime
+) -> CallbackReceiver | None:
+    """The receiver row with its lease renewed, or None if `owner` no longer holds it."""
+    receiver = session.get(CallbackReceiver, RECEIVER_ID, with_for_update=True)
+    if receiver is None or receiver.lease_owner != owner:
+        return None
+    receiver.lease_until = now + timedelta(seconds=_lease_s(rt))
+    return receiver
+
+
+def _judge(
+    rt: Runtime,
+    receiver: CallbackReceiver,
+    *,
+    label: str,
+    given_up: str,
+    answer: Answer | str,
+    tries: int,
+    rejections: int,
+    now: datetime,
+    extra: dict[str, Any],
+) -> _Judged:
+    """What an answer means (the same rules for every kind of event): `tries` and
+    `rejections` count this try; a silent receiver rests on the receiver row."""
+    settings = rt.settings
+    cap = settings.callback_max_backoff_s
+    if isinstance(answer, str):
+        receiver.failures += 1
+        wait = backoff_s(receiver.failures, cap)
+        receiver.next_attempt_at = now + timedelta(seconds=wait)
+        receiver.last_error = answer
+        log.warning(
+            "callback receiver unreachable; retrying in %.0f s",
+            wait,
+            extra={**extra, "reason": answer},
+        )
+        return _Judged(Verdict.UNREACHABLE, f"{label}: {answer}")
+    receiver.failures = 0
+    receiver.next_attempt_at = None
+    if 200 <= answer.status < 300:
+        log.debug("callback delivered", extra=extra)
+        return _Judged(Verdict.DELIVERED)
+    error = f"{label}: HTTP {answer.status}" + (f": {answer.excerpt}" if answer.excerpt else "")
+    if not retryable(answer.status) and rejections >= settings.callback_max_4xx_tries:
+        log.error("callback rejected for good", extra={**extra, "reason": error})
+        tries_s = settings.callback_max_4xx_tries
+        return _Judged(Verdict.FAILED, f"{error} (rejected {tries_s} times: {given_up})")
+    log.warning("callback not accepted; retrying", extra={**extra, "reason": error})
+    return _Judged(Verdict.RETRY_LATER, error, now + timedelta(seconds=backoff_s(tries, cap)))
 
 
 def _record(
@@ -418,15 +592,12 @@ def _record(
     answer: Answer | str,
     now: datetime,
 ) -> Verdict:
-    """Record one try's outcome and renew the lease, only while still holding it (a
+    """Record one try of a job event and renew the lease, only while still holding it (a
     deliverer that lost its lease records nothing: the new holder redelivers)."""
-    settings = rt.settings
-    cap = settings.callback_max_backoff_s
     with unit_of_work(rt.sessions) as session:
-        receiver = session.get(CallbackReceiver, RECEIVER_ID, with_for_update=True)
-        if receiver is None or receiver.lease_owner != owner:
+        receiver = _leased_receiver(rt, session, owner, now)
+        if receiver is None:
             return Verdict.LEASE_LOST
-        receiver.lease_until = now + timedelta(seconds=_lease_s(rt))
         cursor = session.get(CallbackCursor, job_id)
         if cursor is None:
             cursor = CallbackCursor(
@@ -435,58 +606,83 @@ def _record(
             session.add(cursor)
         cursor.tries += 1
         cursor.updated_at = now
-        extra = {"job": str(job_id), "event_id": event_id}
-        if isinstance(answer, str):
-            receiver.failures += 1
-            wait = backoff_s(receiver.failures, cap)
-            receiver.next_attempt_at = now + timedelta(seconds=wait)
-            receiver.last_error = answer
-            cursor.last_error = f"event {event_id}: {answer}"
-            log.warning(
-                "callback receiver unreachable; retrying in %.0f s",
-                wait,
-                extra={**extra, "reason": answer},
-            )
-            return Verdict.UNREACHABLE
-        receiver.failures = 0
-        receiver.next_attempt_at = None
-        if 200 <= answer.status < 300:
-            _settle(cursor, event_id)
-            cursor.delivered += 1
-            log.debug("callback delivered", extra=extra)
-            return Verdict.DELIVERED
-        error = f"event {event_id}: HTTP {answer.status}" + (
-            f": {answer.excerpt}" if answer.excerpt else ""
-        )
-        if not retryable(answer.status):
+        if _is_rejection(answer):
             cursor.rejections += 1
-            if cursor.rejections >= settings.callback_max_4xx_tries:
-                _settle(cursor, event_id)
-                cursor.failed += 1
-                cursor.last_error = (
-                    f"{error} (rejected {settings.callback_max_4xx_tries} times: given up, "
-                    "the job's next event goes out)"
-                )
-                log.error("callback rejected for good", extra={**extra, "reason": error})
-                return Verdict.FAILED
-        cursor.next_attempt_at = now + timedelta(seconds=backoff_s(cursor.tries, cap))
-        cursor.last_error = error
-        log.warning("callback not accepted; retrying", extra={**extra, "reason": error})
-        return Verdict.RETRY_LATER
+        judged = _judge(
+            rt,
+            receiver,
+            label=f"event {event_id}",
+            given_up="given up, the job's next event goes out",
+            answer=answer,
+            tries=cursor.tries,
+            rejections=cursor.rejections,
+            now=now,
+            extra={"job": str(job_id), "event_id": event_id},
+        )
+        if judged.verdict in (Verdict.DELIVERED, Verdict.FAILED):
+            _settle(cursor, event_id)
+        if judged.verdict == Verdict.DELIVERED:
+            cursor.delivered += 1
+        elif judged.verdict == Verdict.FAILED:
+            cursor.failed += 1
+        elif judged.verdict == Verdict.RETRY_LATER:
+            cursor.next_attempt_at = judged.retry_at
+        if judged.error is not None:
+            cursor.last_error = judged.error
+        return judged.verdict
+
+
+def _record_rejection(
+    rt: Runtime, owner: str, rejection_id: int, *, answer: Answer | str, now: datetime
+) -> Verdict | None:
+    """Record one try of a rejected event on its row, as `_record` does for a job's (None:
+    the row is gone)."""
+    with unit_of_work(rt.sessions) as session:
+        receiver = _leased_receiver(rt, session, owner, now)
+        if receiver is None:
+            return Verdict.LEASE_LOST
+        row = session.get(RejectedRequest, rejection_id)
+        if row is None:
+            return None
+        row.callback_tries += 1
+        if _is_rejection(answer):
+            row.callback_rejections += 1
+        event_id = rejected_event_id(rejection_id)
+        judged = _judge(
+            rt,
+            receiver,
+            label=f"event {event_id}",
+            given_up="given up",
+            answer=answer,
+            tries=row.callback_tries,
+            rejections=row.callback_rejections,
+            now=now,
+            extra={"caller_key": row.caller_key, "event_id": event_id},
+        )
+        if judged.verdict in (Verdict.DELIVERED, Verdict.FAILED):
+            row.callback_settled_at = now
+            row.callback_next_attempt_at = None
+            row.callback_failed = judged.verdict == Verdict.FAILED
+        elif judged.verdict == Verdict.RETRY_LATER:
+            row.callback_next_attempt_at = judged.retry_at
+        if judged.error is not None:
+            row.callback_last_error = judged.error
+        return judged.verdict
 
 
 # --- the kick after commit ----------------------------------------------------------------
 
 
 def send_after_commit(rt: Runtime) -> None:
-    """After every commit of `rt`'s sessions that wrote job history, send the delivery task
-    through the outbox. One listener for every use case, present and future, so no move can
-    forget its callback; rolled-back moves send nothing. Install once per runtime
-    (`app.celery_app.celery_runtime` does); a lost kick is covered by beat's sweep."""
+    """After every commit of `rt`'s sessions that wrote job history or a rejected enqueue,
+    send the delivery task through the outbox. One listener for every use case, present and
+    future, so no move can forget its callback; rolled-back moves send nothing. Install once
+    per runtime (`app.celery_app.celery_runtime` does); a lost kick is covered by beat's
+    sweep."""
 
     @event.listens_for(rt.sessions, "after_flush")
     def _note(session: Session, _context: Any) -> None:
-        if any(isinstance(obj, JobEvent) for obj in session.new):
+        if any(isinstance(obj, JobEvent | RejectedRequest) for obj in session.new):
             session.info[_KICK_WANTED] = True
 
     @event.listens_for(rt.sessions, "after_commit")

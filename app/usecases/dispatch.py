@@ -94,7 +94,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     try:
         check_available(rt.settings, definition)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, exc)
+        return _reject_definition(rt, job_id, net_name, exc)
     try:
         if rt.settings.net(net_name).always_on:
             detail = "always-on net: never scaled"
@@ -110,16 +110,45 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     try:
         materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, exc)
+        return _reject_definition(rt, job_id, net_name, exc)
     return StepResult(Step.DONE, detail)
 
 
-def _reject_definition(rt: Runtime, job_id: uuid.UUID, exc: DispatcherError) -> StepResult:
+def _reject_definition(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, exc: DispatcherError
+) -> StepResult:
     """The job's definition itself is bad or gone: retrying cannot help, the net is fine."""
     with unit_of_work(rt.sessions) as session:
         services.finish_job(session, job_id, JobState.FAILED, f"rejected: {exc}", rt.clock())
+    _release_unstarted_net(rt, net_name, job_id)
     kick(rt)
     return StepResult(Step.GAVE_UP, str(exc))
+
+
+def _release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> None:
+    """The claim moved a stopped net to STARTING, but the job failed before its scale-up (a
+    missing bundle): nothing was started, so the net is STOPPED again now, instead of
+    reading STARTING until reconcile gives the start up after `ready_timeout_s`. A net the
+    driver was asked to start, or that another job has claimed meanwhile, is left alone."""
+    with rt.sessions() as session:
+        if services.get_net(session, net_name).state != NetState.STARTING:
+            return
+    if not rt.settings.net(net_name).scales_to_zero:
+        return
+    try:
+        observation = rt.driver(net_name).observe()
+    except DispatcherError as exc:
+        log.warning(
+            "net left STARTING: its driver did not answer; reconcile settles it",
+            extra={"net": net_name, "job": str(job_id), "reason": str(exc)},
+        )
+        return
+    if observation.desired or observation.running or observation.pending:
+        return
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state == NetState.STARTING and services.active_job(session, net_name) is None:
+            net.transition(NetState.STOPPED, rt.clock(), f"job {job_id} failed before any scale-up")
 
 
 def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
@@ -230,7 +259,7 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
         nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, exc)
+        return _reject_definition(rt, job_id, net_name, exc)
     except MisconfigurationError as exc:
         net_misconfigured(rt, net_name, job_id, str(exc))
         raise

@@ -39,11 +39,19 @@ def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
 
 
 def reject_enqueue(rt: Runtime, caller_key: str | None, reason: str) -> None:
-    """Record a refused enqueue for REJECTED_RETENTION_S and say so in one log line."""
+    """Record a refused enqueue for REJECTED_RETENTION_S and say so in one log line. With
+    CALLBACK_URL set the record is also a `rejected` event: the commit kicks its delivery
+    like any job move's (`callbacks.send_after_commit`), and beat's sweep finds it if that
+    kick is lost; nothing here waits for the receiver."""
     log.warning("enqueue rejected", extra={"caller_key": caller_key, "reason": reason})
     with unit_of_work(rt.sessions) as session:
         services.record_rejection(
-            session, caller_key, reason, rt.clock(), rt.settings.rejected_retention_s
+            session,
+            caller_key,
+            reason,
+            rt.clock(),
+            rt.settings.rejected_retention_s,
+            callbacks=rt.settings.callbacks_enabled,
         )
 
 

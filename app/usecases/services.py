@@ -448,21 +448,30 @@ def expire_report_wait(
 
 
 def record_rejection(
-    session: Session, caller_key: str | None, reason: str, now: datetime, retention_s: float
-) -> None:
+    session: Session,
+    caller_key: str | None,
+    reason: str,
+    now: datetime,
+    retention_s: float,
+    *,
+    callbacks: bool = False,
+) -> RejectedRequest:
     """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
-    rejections older than the retention."""
-    session.add(
-        RejectedRequest(
-            job_id=job_id_for(caller_key) if caller_key else None,
-            caller_key=caller_key,
-            reason=reason[:4000],
-            at=now,
-        )
+    rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
+    the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
+    retention until it is."""
+    rejection = RejectedRequest(
+        job_id=job_id_for(caller_key) if caller_key else None,
+        caller_key=caller_key,
+        reason=reason[:4000],
+        at=now,
     )
-    session.execute(
-        delete(RejectedRequest).where(RejectedRequest.at < now - timedelta(seconds=retention_s))
-    )
+    session.add(rejection)
+    expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
+    if callbacks:
+        expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
+    session.execute(delete(RejectedRequest).where(expired))
+    return rejection
 
 
 def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.adapters.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from app.adapters.callbacks import EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from app.settings import Settings
 from app.usecases import callbacks, housekeeping
 from models import JobState
@@ -60,6 +60,7 @@ class HttpReceiver:
                     now_s=receiver.clock().timestamp(),
                 )
                 payload["_status"] = status
+                payload["_event_id_header"] = self.headers[EVENT_ID_HEADER]
                 receiver.requests.append(payload)
                 if status == HANG:
                     time.sleep(1.0)
@@ -83,7 +84,11 @@ class HttpReceiver:
             self._server = None
 
     def states(self, job_id: Any) -> list[str]:
-        return [p["to_state"] for p in self.requests if p["job_id"] == str(job_id)]
+        return [
+            p["to_state"]
+            for p in self.requests
+            if p["job_id"] == str(job_id) and p["kind"] == "state_change"
+        ]
 
 
 def free_port() -> int:
@@ -248,3 +253,40 @@ def test_the_status_api_shows_what_is_not_delivered_yet(make_world, receiver, cl
     assert values["fl_dispatcher_callback_undelivered_events"] == 1
     assert values["fl_dispatcher_callback_oldest_undelivered_seconds"] == 20
     assert values["fl_dispatcher_callback_failed_events_total"] == 0
+
+
+def test_a_refused_enqueue_reaches_the_receiver_as_a_rejected_event(make_world, receiver, clock):
+    """Through the worker's door (the enqueue task refuses the payload), on PostgreSQL, over
+    HTTP: the receiver is down at first, then gets the rejected event and a job's whole life,
+    each signed, with ids that cannot collide."""
+    from app.schemas import job_id_for
+    from tasks import base, public
+
+    world = make_world()
+    base.set_runtime(world.rt)
+    try:
+        refused = public.enqueue_job.run(
+            payload={"caller_key": "flip-bad", "definition": "tiny-job", "net": "nope"}
+        )
+    finally:
+        base.set_runtime(None)
+    job_id = run_to_completion(world, "a", "net-a")  # never waits for the rejected event
+
+    report = callbacks.deliver_callbacks(world.rt)
+    assert report.delivered == 0 and report.retry_in_s == 2.0
+    clock.advance(2)
+    receiver.start()
+    report = callbacks.deliver_callbacks(world.rt)
+    assert (report.delivered, report.failed, report.retry_in_s) == (6, 0, None)
+
+    assert all(p["_valid"] and p["_status"] == 200 for p in receiver.requests)
+    [rejected] = [p for p in receiver.requests if p["kind"] == "rejected"]
+    assert rejected["job_id"] == str(job_id_for("flip-bad"))
+    assert rejected["caller_key"] == "flip-bad"
+    assert rejected["reason"] == refused["rejected"] and "unknown net 'nope'" in rejected["reason"]
+    assert rejected["event_id"] == rejected["_event_id_header"]
+    assert rejected["event_id"].startswith("rejected-")
+    assert receiver.states(job_id) == LIFE
+    ids = [str(p["event_id"]) for p in receiver.requests]
+    assert len(set(ids)) == len(ids) == 6
+    assert callbacks.deliver_callbacks(world.rt).delivered == 0  # once, not again

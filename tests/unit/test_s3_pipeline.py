@@ -16,13 +16,14 @@ import botocore.session
 import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
+from sqlalchemy import select
 
 from app.adapters import s3_bundles
 from app.errors import BundleTransientError
 from app.schemas import EnqueueJob
 from app.usecases import dispatch, housekeeping, services
 from app.usecases.dispatch import Step
-from models import JobState
+from models import JobState, NetEvent, NetState
 
 URI = "s3://flip-jobs/jobs/fedavg"
 
@@ -145,6 +146,50 @@ def test_a_missing_bundle_fails_the_job_before_any_scale_up(world, stub):
     job = world.job(job_id)
     assert job.state == JobState.FAILED and "flip-jobs" in (job.last_error or "")
     assert world.driver("net-a").calls == []  # no scale-up wasted on it
+    # The claim had moved the net to STARTING; nothing started, so it is STOPPED again now
+    # rather than after reconcile's ready_timeout_s.
+    net = world.net("net-a")
+    assert net.state == NetState.STOPPED
+    with world.rt.sessions() as session:
+        last = session.scalars(
+            select(NetEvent).where(NetEvent.net_name == "net-a").order_by(NetEvent.id.desc())
+        ).first()
+    assert (last.from_state, last.to_state) == (NetState.STARTING, NetState.STOPPED)
+    assert str(job_id) in last.reason
+
+
+def test_a_net_whose_driver_was_asked_is_not_marked_stopped_when_the_download_fails(world, stub):
+    job_id, attempt = _claimed_on_scaling_net(world)
+    listing = {
+        "KeyCount": 1,
+        "IsTruncated": False,
+        "Contents": [{"Key": "jobs/fedavg/meta.json", "ETag": '"e1"', "Size": 2}],
+    }
+    stub.add_response("list_objects_v2", listing)  # the check passes: the net is scaled
+    stub.add_client_error("list_objects_v2", "NoSuchBucket", "", 404)  # then it is gone
+
+    assert dispatch.scale_up(world.rt, job_id, "net-a", attempt).step == Step.GAVE_UP
+
+    assert world.job(job_id).state == JobState.FAILED
+    assert world.driver("net-a").calls == [1]
+    assert world.net("net-a").state == NetState.STARTING  # a server is coming: reconcile's
+
+
+def test_a_net_claimed_by_another_job_meanwhile_stays_starting(world, stub):
+    job_id, attempt = _claimed_on_scaling_net(world)
+    stub.add_response("list_objects_v2", {"KeyCount": 0, "IsTruncated": False})
+    other = world.enqueue("next-job", net="net-a", required_sites=["s"])
+    real_observe = world.driver("net-a").observe
+
+    def claimed_while_observed():  # the failed job freed the net; the next one takes it
+        assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [other]
+        return real_observe()
+
+    world.driver("net-a").observe = claimed_while_observed
+    dispatch.scale_up(world.rt, job_id, "net-a", attempt)
+
+    assert world.net("net-a").state == NetState.STARTING
+    assert world.job(other).state == JobState.ASSIGNED
 
 
 def test_the_bundle_is_downloaded_while_the_server_boots(world, stub):
