@@ -1,7 +1,8 @@
 """An nvflare error nobody classified, raised at nvflare's own boundary (the Session's
 methods) while the REAL admin client talks to a REAL server, during the status probe,
 monitor, keep-alive and abort: tolerated for that net, counted, and never escaping a
-housekeeping use case. The fakes cannot raise it, so this is where the claim lives."""
+housekeeping use case. The fakes cannot raise it, so this is where the claim lives. And a
+bundle the real server refuses fails its job with NVFLARE's reason, without a retry."""
 
 from __future__ import annotations
 
@@ -100,3 +101,30 @@ def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
 
     monkeypatch.undo()  # nvflare answers normally again: the abort goes through
     assert abort.abort_on_server(rt, job_id) == JobState.ABORTED
+
+
+def test_a_bundle_nvflare_rejects_fails_the_job_with_nvflares_reason(
+    rt: Runtime, long_job: Path
+) -> None:
+    """Not retried, not requeued: the definition itself is wrong, and the net is fine."""
+    broken = long_job.parent / "broken-job"
+    (broken / "app" / "config").mkdir(parents=True, exist_ok=True)
+    # A deploy map naming an app the bundle does not have: NVFLARE refuses the job.
+    (broken / "meta.json").write_text(
+        json.dumps({"name": "broken-job", "deploy_map": {"ghost": ["@ALL"]}, "min_clients": 2})
+    )
+    request = EnqueueJob(caller_key=f"broken-{time.time_ns()}", definition="broken-job", net=NET)
+    job_id = intake.submit_job(rt, request).enqueued.job_id
+    [claim] = dispatch.assign_jobs(rt)
+    assert dispatch.scale_up(rt, job_id, NET, claim.attempt).step == Step.DONE
+    deadline = time.monotonic() + 60
+    while dispatch.check_ready(rt, job_id, NET, claim.attempt).step != Step.DONE:
+        assert time.monotonic() < deadline, "the real server never got ready"
+        time.sleep(0.5)
+    result = dispatch.dispatch(rt, job_id, NET, claim.attempt)
+    assert result.step == Step.GAVE_UP
+    with rt.sessions() as session:
+        job = services.get_job(session, job_id)
+        assert job.state == JobState.FAILED and job.attempts == 0
+        assert "rejected" in (job.last_error or "")
+        assert services.get_net(session, NET).state != "MISCONFIGURED"
