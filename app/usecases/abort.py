@@ -152,11 +152,14 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     for stray_id, nvflare_job_id, token in strays:
         try:
             run_id = nvflare_job_id or (admin.find_run(token) if token else None)
-            if run_id is not None and admin.abort(run_id).outcome == AbortOutcome.NOTHING_TO_ABORT:
-                # "Nothing to abort" also covers a server that could not be reached: only a
-                # server that answers now may settle the run (this raises if it does not).
-                admin.server_start_time()
-            settled = True
+            if run_id is not None:
+                admin.abort(run_id)
+                # Settled only once the server, answering now, says the run is over: an
+                # accepted abort takes a moment to stop it, and "nothing to abort" also
+                # covers a server that could not be reached.
+                settled = admin.job_status(run_id).state != RunState.RUNNING
+            else:
+                settled = True
         except NvflareJobNotFound:
             settled = True
         except DispatcherError as exc:

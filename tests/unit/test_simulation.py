@@ -23,7 +23,6 @@ from tests.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpe
 # a fix makes its seed pass (and this entry must then go); see tests/sim/FINDINGS.md.
 KNOWN_OPEN = {
     143: "a job waits QUEUED past the bound while a net is free (starvation after a stray)",
-    161: "two live runs of one job: an earlier run on another net not yet settled as a stray",
     184: "a stray run whose status the server never gives is never stopped (needs a bound)",
 }
 SEEDS = [
