@@ -234,7 +234,7 @@ class Checker:
 
     def _counted_completion(self, run: Run, t: float) -> bool:
         """A completed run counts if the dispatcher could have seen it complete: after it
-        completed, while its job still held it, its server answered (and still knew it) for
+        completed, while its job still held its id, its server answered (and still knew it) for
         a whole housekeeping interval, so a monitor round could ask. (A run that finished
         while its server was unreachable, or just before the server died, cannot be told
         from a lost run.)"""
@@ -243,10 +243,9 @@ class Checker:
             return counted
         server = self.sim.cluster.servers[run.net]
         job = self.job(run.job_id)
-        held = job is not None and (
-            job.nvflare_id == run.nvflare_id
-            or (job.token == run.token and job.state in (J.DISPATCHING, J.ABORTING))
-        )
+        # Held by its id: a run known only by its submit token (a DISPATCHING job whose
+        # reply was lost) is seen only when a submit or token lookup reaches the server.
+        held = job is not None and job.nvflare_id == run.nvflare_id
         if not held or run.poisoned:  # a status that never answers hides the completion
             self._completions[run.nvflare_id] = False
             return False
