@@ -1,8 +1,8 @@
-"""The seeded whole-pipeline simulation (tests/sim): a sweep over seeds, a replay of one
+"""The seeded whole-pipeline simulation (app/sim): a sweep over seeds, a replay of one
 seed, and checks of the harness itself.
 
 `test_sweep` is EXPECTED TO FAIL on code that still has the holes listed in
-tests/sim/FINDINGS.md; it must pass once they are fixed. Every failing seed prints its
+app/sim/FINDINGS.md; it must pass once they are fixed. Every failing seed prints its
 violations and a one-line replay command. SIM_SEEDS sets how many seeds the sweep runs,
 SIM_WORKERS how many processes share them.
 """
@@ -13,14 +13,14 @@ import os
 
 import pytest
 
+from app.sim.faults import CLEAN, PROFILES_BY_NAME
+from app.sim.simulation import Result, Simulation, replay_command, run_seed
+from app.sim.sweep import run_seeds, seed_count
+from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import services
-from tests.sim.faults import CLEAN, PROFILES_BY_NAME
-from tests.sim.simulation import Result, Simulation, replay_command, run_seed
-from tests.sim.sweep import run_seeds, seed_count
-from tests.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
-# a fix makes its seed pass (and this entry must then go); see tests/sim/FINDINGS.md.
+# a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
 KNOWN_OPEN = {
     143: "a job waits QUEUED past the bound while a net is free (starvation after a stray)",
     184: "a stray run whose status the server never gives is never stopped (needs a bound)",

@@ -7,8 +7,8 @@ import multiprocessing
 import os
 from collections.abc import Iterable, Iterator
 
-from tests.sim.faults import FaultProfile
-from tests.sim.simulation import Result, run_seed
+from app.sim.faults import FaultProfile
+from app.sim.simulation import Result, run_seed
 
 DEFAULT_SEEDS = 200
 

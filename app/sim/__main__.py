@@ -1,9 +1,9 @@
 """Hunt seeds from the command line:
 
-.venv/bin/python -m tests.sim 0:500                  # every profile, by seed
-.venv/bin/python -m tests.sim 0:500 --profile ops    # one profile for every seed
-.venv/bin/python -m tests.sim 123 --trace            # one seed with its full trace
-.venv/bin/python -m tests.sim 0:2000 --grep one-live-run
+.venv/bin/python -m app.sim 0:500                  # every profile, by seed
+.venv/bin/python -m app.sim 0:500 --profile ops    # one profile for every seed
+.venv/bin/python -m app.sim 123 --trace            # one seed with its full trace
+.venv/bin/python -m app.sim 0:2000 --grep one-live-run
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import argparse
 import time
 from collections import Counter, defaultdict
 
-from tests.sim.faults import PROFILES_BY_NAME
-from tests.sim.simulation import replay_command, run_seed
-from tests.sim.sweep import run_seeds
+from app.sim.faults import PROFILES_BY_NAME
+from app.sim.simulation import replay_command, run_seed
+from app.sim.sweep import run_seeds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.sim")
+    parser = argparse.ArgumentParser(prog="python -m app.sim")
     parser.add_argument("seeds", help="N or A:B")
     parser.add_argument("--profile", choices=sorted(PROFILES_BY_NAME))
     parser.add_argument("--workers", type=int)

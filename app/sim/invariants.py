@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from app.sim.clock import seconds_of
+from app.sim.fakes import Run
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -23,11 +25,9 @@ from models import (
     JobState,
     NetState,
 )
-from tests.sim.clock import seconds_of
-from tests.sim.fakes import Run
 
 if TYPE_CHECKING:
-    from tests.sim.simulation import Simulation
+    from app.sim.simulation import Simulation
 
 J = JobState
 N = NetState

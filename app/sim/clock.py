@@ -20,8 +20,7 @@ class SimClock:
 
     def advance_to(self, t: float) -> None:
         """Move to `t` (never backwards)."""
-        if t > self.t:
-            self.t = t
+        self.t = max(self.t, t)
 
     def advance(self, seconds: float) -> None:
         self.t += max(0.0, seconds)

@@ -40,9 +40,9 @@ from app.errors import (
     TransientError,
     UnknownAdminError,
 )
-from tests.sim.clock import EPOCH_S, SimClock
-from tests.sim.faults import FaultProfile
-from tests.sim.workload import COMPLETED, JobSpec, NetSpec
+from app.sim.clock import EPOCH_S, SimClock
+from app.sim.faults import FaultProfile
+from app.sim.workload import COMPLETED, JobSpec, NetSpec
 
 ABORTED = "FINISHED:ABORTED"
 # NVFLARE 2.9 statuses in the dispatcher's words (app.adapters.nvflare.client's mapping).

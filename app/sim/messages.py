@@ -26,7 +26,7 @@ from app.usecases import abort, dispatch, housekeeping, intake, services
 from app.usecases.dispatch import Step
 
 if TYPE_CHECKING:
-    from tests.sim.simulation import Simulation
+    from app.sim.simulation import Simulation
 
 RETRY_BACKOFF_S = 2  # app.celery_app.RETRY_BACKOFF_S
 

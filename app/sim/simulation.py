@@ -1,8 +1,8 @@
 """A deterministic, seeded simulation of the whole dispatcher: the REAL use cases and
 tables on an in-memory copy of the migrated schema, driven by a simulated clock, a message
-layer standing in for Celery (tests.sim.messages), beat ticks, a caller (flip-api), and fake
-servers and drivers (tests.sim.fakes) that are slow, fail, lose replies and restart. The
-invariants (tests.sim.invariants) are checked after every step.
+layer standing in for Celery (app.sim.messages), beat ticks, a caller (flip-api), and fake
+servers and drivers (app.sim.fakes) that are slow, fail, lose replies and restart. The
+invariants (app.sim.invariants) are checked after every step.
 
 Everything random comes from `random.Random` streams seeded from the seed (the workload,
 the world's delays, the faults, the message order), nothing reads the wall clock, nothing
@@ -33,17 +33,17 @@ from app.errors import InvalidRequest, MisconfigurationError, NotFound, Transien
 from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
+from app.sim import messages
+from app.sim.clock import SimClock
+from app.sim.db import memory_db, scratch_dir
+from app.sim.fakes import Cluster, SimAdmin
+from app.sim.faults import FaultProfile, profile_for_seed
+from app.sim.invariants import Checker, Violation
+from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
+from app.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
 from app.usecases import services
 from app.usecases.dispatch import Step
 from models import NetState
-from tests.sim import messages
-from tests.sim.clock import SimClock
-from tests.sim.db import memory_db, scratch_dir
-from tests.sim.fakes import Cluster, SimAdmin
-from tests.sim.faults import FaultProfile, profile_for_seed
-from tests.sim.invariants import Checker, Violation
-from tests.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
-from tests.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
 
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
 HUMAN_FIX_DELAY_S = 300.0  # a human fixes a misconfigured net and restarts the workers
