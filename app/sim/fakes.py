@@ -568,7 +568,10 @@ class SimAdmin:
         """As the real client: status first, then abort; down/unknown/not running is
         NOTHING_TO_ABORT; UnknownAdminError and AdminMisconfigured escape."""
         try:
-            status = self._raw_status(nvflare_job_id)
+            try:
+                status = self._raw_status(nvflare_job_id)
+            except UnknownAdminError:
+                status = ""  # as the real client: the abort is sent anyway
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
             server = self._reach("abort")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from app.adapters.nvflare.base import AbortOutcome, RunState
 from app.db import unit_of_work
@@ -175,3 +175,22 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     if left < len(strays):
         kick(rt)
     return left
+
+
+def expire_stray_runs(rt: Runtime, net_name: str) -> bool:
+    """A scale-to-zero net whose server has not let a stray run be settled within
+    ABORT_TIMEOUT_S (it cannot say how the run stands, or the abort does not take) is taken
+    down while idle: the run dies with its server, and jobs waiting for the net get a fresh
+    one. An always-on net keeps its strays (nothing here can restart its server): they are
+    logged for an operator. True when the net was taken down."""
+    with rt.sessions() as session:
+        oldest = session.scalar(
+            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == net_name)
+        )
+    if oldest is None or (rt.clock() - oldest).total_seconds() < rt.settings.abort_timeout_s:
+        return False
+    reason = f"stray run(s) unsettled for over {rt.settings.abort_timeout_s:.0f}s"
+    if not _scales_to_zero(rt, net_name):
+        log.error("stray runs need an operator", extra={"net": net_name, "reason": reason})
+        return False
+    return take_down(rt, net_name, reason)

@@ -21,7 +21,7 @@ from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound, TransientError
 from app.runtime import Runtime
 from app.usecases import services
-from app.usecases.abort import RUN_OUTCOMES, expire_abort, settle_stray_runs
+from app.usecases.abort import RUN_OUTCOMES, expire_abort, expire_stray_runs, settle_stray_runs
 from app.usecases.dispatch import abandon_dispatch, requeue_after_transient
 from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net, take_down
 from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, NetState, StrayRun
@@ -443,17 +443,30 @@ def reconcile(rt: Runtime) -> Reconciled:
                 )
                 left = settle_stray_runs(rt, net_config.name) if row.strays else 0
                 if left:
+                    taken_down = expire_stray_runs(rt, net_config.name)
                     note = (note + "; " if note else "") + f"{left} stray run(s) unsettled"
+                    note += "; net taken down" if taken_down else ""
             except MisconfigurationError as exc:
-                if _net_state(rt, net_config.name) != NetState.MISCONFIGURED:
-                    net_misconfigured(rt, net_config.name, None, str(exc))
-                note = f"misconfigured: {exc}"
+                note = _misconfigured(rt, net_config.name, row, exc)
             except TransientError as exc:
                 note = f"not checked: {exc}"
         if note:
             repaired.append(f"{net_config.name}: {note}")
     kick(rt)
     return Reconciled(tuple(redriven), tuple(repaired))
+
+
+def _misconfigured(rt: Runtime, name: str, row: _NetRow, exc: MisconfigurationError) -> str:
+    """Take a net reconcile found misconfigured out of service. A job only claimed onto it
+    (ASSIGNED) goes back to the queue with it, never left on a net a restart resets to
+    STOPPED; a job past that point is its chain's or the monitor's to settle first."""
+    if _net_state(rt, name) == NetState.MISCONFIGURED:
+        return f"misconfigured: {exc}"
+    if row.job_id is not None and row.job_state != JobState.ASSIGNED:
+        return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
+    if not net_misconfigured(rt, name, row.job_id, str(exc), only_while_assigned=True):
+        return f"misconfigured: {exc} (job {row.job_id} moved on: left to it)"
+    return f"misconfigured: {exc}"
 
 
 @dataclass(frozen=True)
@@ -711,8 +724,15 @@ def _watch_always_on(rt: Runtime, name: str, row: _NetRow) -> str:
                 log.warning("outage over", extra={"net": name})
             return f"{state} -> {target}"
         return ""
+    note = ""
     if state not in (NetState.OUTAGE, NetState.STARTING):
         _set_net_state(rt, name, state, NetState.OUTAGE, f"always-on server {server}")
         log.error("OUTAGE: always-on server unreachable", extra={"net": name, "server": server})
-        return f"{state} -> OUTAGE"
-    return ""
+        note = f"{state} -> OUTAGE"
+    if scalable and row.strays and not rt.driver(name).observe().is_up:
+        # Scaled to zero by hand (or crashed for good): the runs it held died with it, and a
+        # job waiting on its own stray run may go elsewhere instead of waiting for an operator.
+        with unit_of_work(rt.sessions) as session:
+            services.clear_stray_runs(session, name)
+        note = (note + "; " if note else "") + "no server: stray runs gone with it"
+    return note

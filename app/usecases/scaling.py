@@ -18,7 +18,7 @@ from app.errors import (
 )
 from app.runtime import Runtime
 from app.usecases import services
-from models import NetState, ScaleEvent
+from models import JobState, NetState, ScaleEvent
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,25 @@ def kick(rt: Runtime) -> None:
     rt.outbox.send(names.ASSIGN_NEXT_JOB)
 
 
-def net_misconfigured(rt: Runtime, net_name: str, job_id: uuid.UUID | None, reason: str) -> None:
+def net_misconfigured(
+    rt: Runtime,
+    net_name: str,
+    job_id: uuid.UUID | None,
+    reason: str,
+    *,
+    only_while_assigned: bool = False,
+) -> bool:
     """Fail loud: the net needs a human; its job goes back to the queue without losing an
-    attempt (it is not the job's fault), and a scale-to-zero net is scaled down."""
-    log.error("net misconfigured", extra={"net": net_name, "job": str(job_id), "reason": reason})
+    attempt (it is not the job's fault), and a scale-to-zero net is scaled down.
+    `only_while_assigned`: a caller that read the job earlier (reconcile) leaves everything
+    as it is if the job moved past ASSIGNED meanwhile. True when the net was marked."""
     with unit_of_work(rt.sessions) as session:
+        if (
+            only_while_assigned
+            and job_id is not None
+            and services.get_job(session, job_id, lock=True).state != JobState.ASSIGNED
+        ):
+            return False
         if job_id is not None:
             services.requeue_job(
                 session,
@@ -99,6 +113,7 @@ def net_misconfigured(rt: Runtime, net_name: str, job_id: uuid.UUID | None, reas
         net = services.get_net(session, net_name, lock=True)
         net.transition(NetState.MISCONFIGURED, rt.clock(), reason)
         net.last_error = reason
+    log.error("net misconfigured", extra={"net": net_name, "job": str(job_id), "reason": reason})
     if rt.settings.net(net_name).scales_to_zero:
         try:
             scale_net(rt, net_name, 0, "net misconfigured")
@@ -109,6 +124,7 @@ def net_misconfigured(rt: Runtime, net_name: str, job_id: uuid.UUID | None, reas
                 extra={"net": net_name, "reason": str(exc)},
             )
     kick(rt)
+    return True
 
 
 def stop_net(rt: Runtime, name: str, reason: str) -> bool:

@@ -72,7 +72,11 @@ def sync_nets(
         if net is None:
             session.add(Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now))
             created.append(net_config.name)
-        elif at_start and net.state == NetState.MISCONFIGURED:
+        elif (
+            at_start
+            and net.state == NetState.MISCONFIGURED
+            and active_job(session, net.name) is None  # never STOPPED under a job
+        ):
             net.transition(NetState.STOPPED, now, "settings reloaded at start")
             net.last_error = None
     return created

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.adapters.nvflare import client as nvflare_client
+from app.adapters.nvflare.base import RunState
 from app.db import unit_of_work
 from app.migrate import upgrade
 from app.runtime import Runtime
@@ -128,3 +129,32 @@ def test_a_bundle_nvflare_rejects_fails_the_job_with_nvflares_reason(
         assert job.state == JobState.FAILED and job.attempts == 0
         assert "rejected" in (job.last_error or "")
         assert services.get_net(session, NET).state != "MISCONFIGURED"
+
+
+def test_a_run_whose_status_cannot_be_read_is_still_aborted(
+    rt: Runtime, long_job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status read before an abort fails with an error nobody classified, while the server
+    takes commands: the abort is sent anyway and the REAL run stops (an unreadable status must
+    not keep a run, and with it a server, going; the simulator found it as seeds 143/184)."""
+    from nvflare.fuel.flare_api.api_spec import InternalError
+    from nvflare.fuel.flare_api.flare_api import Session
+
+    job_id = _running_job(rt, long_job.name)
+    with rt.sessions() as session:
+        run_id = services.get_job(session, job_id).nvflare_job_id
+    assert run_id is not None
+
+    def unreadable(*_args: object, **_kwargs: object) -> object:
+        raise InternalError("zorblax: no status for this job")
+
+    monkeypatch.setattr(Session, "get_job_status", unreadable)
+    assert intake.request_abort(rt, job_id, "test").decision.state == JobState.ABORTING
+    assert abort.abort_on_server(rt, job_id) == JobState.ABORTED
+
+    monkeypatch.undo()
+    deadline = time.monotonic() + 30
+    while (status := rt.admin(NET).job_status(run_id)).state == RunState.RUNNING:
+        assert time.monotonic() < deadline, f"the run was not aborted: {status}"
+        time.sleep(0.5)
+    assert status.state == RunState.ABORTED

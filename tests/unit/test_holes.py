@@ -369,3 +369,92 @@ def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
     world.driver("net-a").replicas = 0  # the platform finally stopped it
     housekeeping.reconcile(world.rt)
     assert _strays(world) == []
+
+
+def test_reconcile_finding_a_starting_net_misconfigured_requeues_its_assigned_job(world):
+    # simulator seed 548 (chaos): the chain's wait_ready message was lost, reconcile found the
+    # net's service gone and marked it MISCONFIGURED with the job still ASSIGNED to it; a
+    # worker restart then reset the net to STOPPED under the job.
+    from app.errors import DriverMisconfigured
+
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
+    world.driver("net-a").fail_with = DriverMisconfigured("service not found")
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)  # its chain is long gone
+    housekeeping.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    job = world.job(job_id)
+    assert (job.state, job.net_name, job.attempts) == (JobState.QUEUED, None, 0)
+
+
+def test_a_restart_never_resets_a_misconfigured_net_to_stopped_under_a_job(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:  # however it came to be marked
+        services.get_net(session, "net-a").transition(NetState.MISCONFIGURED, world.clock(), "x")
+        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_stray_the_server_cannot_settle_takes_an_idle_scale_to_zero_net_down(world):
+    # simulator seeds 139/143: a stray whose status the server cannot give stayed unsettled
+    # for ever, and the job waiting for the net with it starved.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False  # a blip while the abort goes out: kept as a stray
+    assert world.abort(job_id) == JobState.ABORTED
+    world.server("net-a").up = True
+
+    def unreadable(_: str):
+        raise UnknownAdminError("job has no status")
+
+    world.admin("net-a").job_status = unreadable  # type: ignore[method-assign]
+    waiting = world.enqueue("next", net="net-a")
+    housekeeping.reconcile(world.rt)
+    assert len(_strays(world)) == 1 and world.driver("net-a").replicas == 1  # not yet
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    housekeeping.reconcile(world.rt)
+    assert _strays(world) == [] and world.driver("net-a").replicas == 0
+    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [waiting]
+
+
+def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its_stray(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    # simulator seed 476 (chaos): an always-on net scaled to 0 by hand while its job ran; the
+    # job was requeued with its run kept as a stray, and waited for ever although the run had
+    # died with the server and another net was free.
+    import json
+
+    from app.settings import Settings
+    from tests.unit.conftest import World
+
+    nets = [
+        net_decl(tmp_path, "always", "ecs", per_job_fl_server=False),
+        net_decl(tmp_path, "net-b", "ecs"),
+    ]
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps(nets),
+        PER_JOB_FL_SERVER="true",
+        SERVER_LOST_GRACE_S=30,
+    )
+    world = World(settings, sqlite_factory, clock)
+    world.driver("always").replicas = 1
+    housekeeping.reconcile(world.rt)  # READY
+    job_id = world.enqueue("j", required_sites=["site-1", "site-2"])
+    world.run_pipeline(job_id)
+    assert world.job(job_id).net_name == "always"
+    world.driver("always").replicas = 0  # by hand: the server and its run are gone
+    world.server("always").up = False
+    housekeeping.monitor_running_jobs(world.rt)
+    world.clock.advance(settings.server_lost_grace_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED and len(_strays(world)) == 1
+    assert dispatch.assign_jobs(world.rt) == []  # its own run may still go on: it waits
+    housekeeping.reconcile(world.rt)
+    assert _strays(world) == []
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-b"]

@@ -21,10 +21,7 @@ from app.usecases import services
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
 # a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
-KNOWN_OPEN = {
-    143: "a job waits QUEUED past the bound while a net is free (starvation after a stray)",
-    184: "a stray run whose status the server never gives is never stopped (needs a bound)",
-}
+KNOWN_OPEN = {}
 SEEDS = [
     pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN[s]))
     if s in KNOWN_OPEN
