@@ -1,0 +1,118 @@
+"""The simulator keeps finding the holes it found once: each safeguard a hole taught us is
+switched off again (monkeypatched back to what the old code did), and a small sweep must
+report the invariant that hole broke. This is what keeps the sweep in test_simulation.py
+meaningful as the code moves on: a sweep that no longer notices a lost safeguard would pass
+whatever the code does. (The first hunt ran on the code before the fixes; app/sim/FINDINGS.md
+lists the holes, seeds and invariants.)
+
+Seeds are tied to the code (a change in what the use cases do changes later random draws), so
+each case sweeps a range of its profile's seeds and needs one hit. If a case stops finding its
+hole after an unrelated change, widen its range (hunt with the same patch over more seeds of
+the profile): the safeguard it names must stay detectable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from app.sim.faults import PROFILES
+from app.sim.sweep import run_seeds
+from app.usecases import dispatch, housekeeping, services
+from models import JobState
+
+
+@contextmanager
+def _not_isolated(*_args: object) -> Iterator[None]:
+    yield  # hole 1: one net's error ends the housekeeping round for every net
+
+
+@dataclass(frozen=True)
+class Safeguard:
+    """A safeguard, how to switch it off, where the sweep finds that, and what it reports."""
+
+    name: str
+    switch_off: Callable[[pytest.MonkeyPatch], None]
+    profile: str
+    seeds: range
+    finds: frozenset[str]
+
+    def seed_list(self) -> list[int]:
+        return [s for s in self.seeds if PROFILES[s % len(PROFILES)].name == self.profile]
+
+
+def _set(module: Any, attr: str, value: object) -> Callable[[pytest.MonkeyPatch], None]:
+    return lambda mp: mp.setattr(module, attr, value)
+
+
+SAFEGUARDS = [
+    Safeguard(
+        "each net isolated in housekeeping loops (hole 1)",
+        _set(housekeeping, "_isolated", _not_isolated),
+        "misconfig",
+        range(0, 120),
+        frozenset({"no-escape"}),
+    ),
+    Safeguard(
+        "chain steps bound to (job, net, attempt) (hole 2)",
+        _set(dispatch, "_ours", lambda job, state, _net, _attempt: job.state == state),
+        "racy",
+        range(0, 45),
+        frozenset({"submit-after-ready", "no-scale-down-under-job", "no-escape"}),
+    ),
+    Safeguard(
+        "runs no job counts are recorded as strays (holes 4, 5, 6)",
+        _set(services, "add_stray_run", lambda _session, **_kw: None),
+        "servers",
+        range(0, 90),
+        frozenset({"one-live-run", "one-run-per-server", "unaccounted-run"}),
+    ),
+    Safeguard(
+        "the maximum run time holds (hole 3b)",
+        _set(housekeeping, "_overran", lambda *_args: False),
+        "servers",
+        range(0, 90),
+        frozenset({"max-run-enforced"}),
+    ),
+    Safeguard(
+        "an abort ends within ABORT_TIMEOUT_S (hole 10)",
+        _set(housekeeping, "expire_abort", lambda *_args: JobState.ABORTING),
+        "servers",
+        range(0, 90),
+        frozenset({"job-state-bounded", "quiescence"}),
+    ),
+    Safeguard(
+        "a misconfigured net does not keep its server (hole 9)",
+        _set(housekeeping, "_still_idle", lambda *_args: False),
+        "misconfig",
+        range(0, 120),
+        frozenset({"idle-net-at-zero"}),
+    ),
+    Safeguard(
+        "a stray that never settles takes its idle net down (seed 139)",
+        _set(housekeeping, "expire_stray_runs", lambda *_args: False),
+        "servers",
+        range(120, 150),
+        frozenset({"queued-while-free", "quiescence"}),
+    ),
+]
+
+
+@pytest.mark.parametrize("safeguard", SAFEGUARDS, ids=lambda s: s.name)
+def test_the_sweep_notices_a_safeguard_switched_off(
+    safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    safeguard.switch_off(monkeypatch)  # worker processes are forked: they inherit it
+    seen: dict[int, set[str]] = {}
+    for result in run_seeds(safeguard.seed_list(), fail_fast=True):
+        found = {v.invariant for v in result.violations}
+        seen[result.seed] = found
+        if found & safeguard.finds:
+            return
+    pytest.fail(
+        f"no seed of {safeguard.profile} in {safeguard.seeds} reports any of "
+        f"{sorted(safeguard.finds)} with the safeguard off; seen: {seen}"
+    )
