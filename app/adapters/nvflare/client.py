@@ -551,7 +551,7 @@ class NvflareAdminClient:
         """Abort a job. A down server, an unknown job or a job that is not running is
         NOTHING_TO_ABORT and a finished job ALREADY_FINISHED, never an error."""
         try:
-            status = self._raw_status(nvflare_job_id)
+            status = self._status_before_abort(nvflare_job_id)
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
             # The server answers OK for a finished job too, hence the status check first.
@@ -564,6 +564,18 @@ class NvflareAdminClient:
             # It may have finished between the status read and the abort.
             return self._not_running_outcome(nvflare_job_id, exc)
         return AbortResult(AbortOutcome.ABORTED, str(message or ""))
+
+    def _status_before_abort(self, nvflare_job_id: str) -> str:
+        """The run's status, or "" when the server answers but cannot give one: the abort is
+        sent anyway, because a run whose status is unreadable must still be stoppable."""
+        try:
+            return self._raw_status(nvflare_job_id)
+        except UnknownAdminError as exc:
+            log.warning(
+                "run status unreadable; sending the abort anyway",
+                extra={"net": self.net_name, "reason": str(exc)},
+            )
+            return ""
 
     def _not_running_outcome(self, nvflare_job_id: str, exc: Exception) -> AbortResult:
         try:
