@@ -100,12 +100,8 @@ class World:
         assert dispatch.dispatch(self.rt, job_id, net, attempt).step == Step.DONE
 
 
-@pytest.fixture
-def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
-    nets = [
-        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
-        net_decl(tmp_path, "fixed", "static"),
-    ]
+def world_of(nets, tmp_path, job_root, sqlite_factory, clock) -> World:
+    """A world with these net declarations (scale-to-zero by default, 30 s lost grace)."""
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
@@ -114,3 +110,12 @@ def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
         SERVER_LOST_GRACE_S=30,
     )
     return World(settings, sqlite_factory, clock)
+
+
+@pytest.fixture
+def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
+        net_decl(tmp_path, "fixed", "static"),
+    ]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)

@@ -426,23 +426,13 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     # simulator seed 476 (chaos): an always-on net scaled to 0 by hand while its job ran; the
     # job was requeued with its run kept as a stray, and waited for ever although the run had
     # died with the server and another net was free.
-    import json
-
-    from app.settings import Settings
-    from tests.unit.conftest import World
+    from tests.unit.conftest import world_of
 
     nets = [
         net_decl(tmp_path, "always", "ecs", per_job_fl_server=False),
         net_decl(tmp_path, "net-b", "ecs"),
     ]
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps(nets),
-        PER_JOB_FL_SERVER="true",
-        SERVER_LOST_GRACE_S=30,
-    )
-    world = World(settings, sqlite_factory, clock)
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
     world.driver("always").replicas = 1
     housekeeping.reconcile(world.rt)  # READY
     job_id = world.enqueue("j", required_sites=["site-1", "site-2"])
@@ -451,7 +441,7 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     world.driver("always").replicas = 0  # by hand: the server and its run are gone
     world.server("always").up = False
     housekeeping.monitor_running_jobs(world.rt)
-    world.clock.advance(settings.server_lost_grace_s + 1)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     housekeeping.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED and len(_strays(world)) == 1
     assert dispatch.assign_jobs(world.rt) == []  # its own run may still go on: it waits
