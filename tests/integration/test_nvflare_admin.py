@@ -418,6 +418,35 @@ def test_port_with_the_right_certificate_that_never_logs_us_in_is_misconfigured_
 # --- 5-6: jobs ---------------------------------------------------------------------------
 
 
+def test_readiness_reuses_a_live_session_and_replaces_it_when_it_failed(
+    nvflare_sites: NvflareSystem, make_client: Callable[..., NvflareAdminClient]
+) -> None:
+    """A readiness poll asks the live session instead of logging in again (the login was
+    most of a warm dispatch's readiness time); a session that fails is dropped, closed and
+    replaced by a fresh login within the same poll, which still says ready."""
+    sites = ["site-1", "site-2"]
+    client = make_client()
+    first_check = client.is_ready(sites)
+    assert first_check.ready
+    first = client.session
+    assert first is not None and client.sessions_created == 1
+
+    for _ in range(3):
+        again = client.is_ready(sites)
+        assert again.ready
+        assert again.server_start_time == first_check.server_start_time
+    assert client.session is first and client.sessions_created == 1  # no new login
+
+    # What nvflare does to a session the server expired (1800 s idle): every command on it
+    # raises SessionExpired from then on.
+    first.api.session_expired_reason = "session expired (set by the test)"
+    replaced = client.is_ready(sites)
+    assert replaced.ready, replaced
+    assert client.session is not None and client.session is not first
+    assert client.sessions_created == 2
+    assert first.api.closed  # the failed session was closed, not leaked
+
+
 def test_submit_runs_the_tiny_job_to_completion_and_a_repeated_token_makes_one_job(
     nvflare_sites: NvflareSystem,
     make_client: Callable[..., NvflareAdminClient],

@@ -18,7 +18,7 @@ class ServerState(StrEnum):
 
     UNREACHABLE = "unreachable"  # no connection, login impossible (down or scaled to zero)
     STARTING = "starting"  # the port answers but login is not possible yet (cold start)
-    STARTED = "started"  # a fresh login worked and the server answered a command
+    STARTED = "started"  # the server answered a command on a logged-in session
 
 
 class AbortOutcome(StrEnum):
@@ -88,8 +88,9 @@ class AdminClient(Protocol):
         ...
 
     def is_ready(self, required_sites: Sequence[str]) -> Readiness:
-        """Fresh login works, server answered, every required site connected; never raises
-        for "not ready yet" (only AdminMisconfigured escapes)."""
+        """The server answers now (on the live session, or a fresh login if it has none or it
+        failed), every required site connected; never raises for "not ready yet" (only
+        AdminMisconfigured escapes)."""
         ...
 
     def submit(self, job_folder: Path, submit_token: str) -> str:
