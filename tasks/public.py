@@ -15,6 +15,7 @@ from app.db import unit_of_work
 from app.errors import InvalidRequest, NotFound
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
 from app.usecases import intake, services
+from models import JobState
 from tasks.base import dispatcher_task, runtime
 
 M = TypeVar("M", bound=BaseModel)
@@ -73,5 +74,8 @@ def report_job_status(self: Any, payload: dict[str, Any]) -> str:
     except (InvalidRequest, NotFound) as exc:
         log.warning("status report rejected: %s", exc)
         return f"rejected: {exc}"
-    rt.outbox.send(names.ASSIGN_NEXT_JOB)
+    if state == JobState.ABORTING:
+        rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))
+    else:
+        rt.outbox.send(names.ASSIGN_NEXT_JOB)
     return str(state)

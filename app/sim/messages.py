@@ -24,6 +24,7 @@ from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
 from app.usecases import abort, dispatch, housekeeping, intake, services
 from app.usecases.dispatch import Step
+from models import JobState
 
 if TYPE_CHECKING:
     from app.sim.simulation import Simulation
@@ -62,7 +63,10 @@ def _report(rt: Runtime, kw: dict[str, Any]) -> object:
             state = services.report_job_status(session, request, rt.clock())
     except (InvalidRequest, NotFound) as exc:
         return f"rejected: {exc}"
-    rt.outbox.send(names.ASSIGN_NEXT_JOB)
+    if state == JobState.ABORTING:
+        rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))
+    else:
+        rt.outbox.send(names.ASSIGN_NEXT_JOB)
     return state
 
 

@@ -489,7 +489,8 @@ def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None
 
 
 def report_job_status(session: Session, report: ReportJobStatus, now: datetime) -> JobState:
-    """flip-api's terminal-status signal; a job already terminal keeps its state."""
+    """flip-api's terminal-status signal; a job already terminal keeps its state, and a
+    DISPATCHING one goes ABORTING (its caller sends the server abort)."""
     job = get_job(session, report.job_id)
     if job.state not in TERMINAL_JOB_STATES:
         not_run_yet = (JobState.QUEUED, JobState.ASSIGNED, JobState.DISPATCHING)
@@ -498,5 +499,9 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
         reason = f"flip-api reported {report.status.value}"
         if report.detail:
             reason += f": {report.detail}"
+        if job.state == JobState.DISPATCHING:
+            # Its submit may be in flight: stopped like an abort (ABORTING, the server told),
+            # so the net is not handed to the next job while this one's run may still land.
+            return abort_job(session, job.id, reason, now).state
         finish_job(session, job.id, _REPORTED_OUTCOME[report.status], reason, now)
     return job.state
