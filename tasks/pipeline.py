@@ -1,5 +1,6 @@
 """The dispatch chain: assign_next_job -> scale_up -> wait_ready -> dispatch. Each step is
-bound to one (job, net, attempt); a step that skipped or gave up ends its chain."""
+bound to one (job, net, attempt); a step that skipped or gave up ends its chain, and so does
+a scale_up that found the net warm and submitted the job itself."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def assign_next_job(self: Any) -> int:
 
 @dispatcher_task(names.SCALE_UP, pipeline=True)
 def scale_up(self: Any, job_id: str, net_name: str, attempt: int = 0) -> str:
-    """Ask the net's driver for one replica."""
-    result = dispatch_uc.scale_up(runtime(), uuid.UUID(job_id), net_name, attempt)
+    """Ask the net's driver for one replica; on a warm net, also check readiness and submit
+    (the chain then ends here)."""
+    result = dispatch_uc.start(runtime(), uuid.UUID(job_id), net_name, attempt)
     return _end_chain_if_over(self, result)
 
 

@@ -88,7 +88,7 @@ def _step(kw: dict[str, Any]) -> tuple[uuid.UUID, str, int]:
 # ends its chain (tasks.pipeline._end_chain_if_over).
 TASKS: dict[str, TaskSpec] = {
     names.ASSIGN_NEXT_JOB: TaskSpec(lambda rt, kw: len(dispatch.assign_jobs(rt)), "plain"),
-    names.SCALE_UP: TaskSpec(lambda rt, kw: dispatch.scale_up(rt, *_step(kw)), "pipeline"),
+    names.SCALE_UP: TaskSpec(lambda rt, kw: dispatch.start(rt, *_step(kw)), "pipeline"),
     names.WAIT_READY: TaskSpec(
         lambda rt, kw: dispatch.check_ready(rt, *_step(kw)), "pipeline", polls=True
     ),

@@ -14,13 +14,14 @@ iterates a set, and there are no threads: a seed replays exactly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import itertools
 import json
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from app.sim.faults import FaultProfile, profile_for_seed
 from app.sim.invariants import Checker, Violation
 from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
 from app.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
+from app.usecases import dispatch as dispatch_uc
 from app.usecases import services
 from app.usecases.dispatch import Step
 from models import NetState
@@ -377,7 +379,8 @@ class Simulation:
     def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
         retry_max = self.settings.retry_max
         try:
-            result = spec.call(rt, message.kwargs)
+            with self._noting_inline_readiness(message):
+                result = spec.call(rt, message.kwargs)
         except TransientError as exc:
             if spec.kind != "pipeline":
                 self._escaped(message, spec, exc)
@@ -427,6 +430,29 @@ class Simulation:
             call()
         except Exception as exc:
             self._escaped(message, spec, exc)
+
+    @contextlib.contextmanager
+    def _noting_inline_readiness(self, message: Message) -> Iterator[None]:
+        """scale_up runs readiness and the submit itself on a warm net (dispatch.start): a
+        readiness check that passes inside it counts for `on_submit` as wait_ready's does.
+        Noted by the check's own (job, net), so a message interleaved meanwhile is noted
+        for itself, never for this one."""
+        if message.task != names.SCALE_UP:
+            yield
+            return
+        original = dispatch_uc.check_ready
+
+        def noting(rt: Runtime, job_id: Any, net_name: str, attempt: int, **kw: Any) -> Any:
+            result = original(rt, job_id, net_name, attempt, **kw)
+            if result.step == Step.DONE:
+                self._note_ready({"job_id": str(job_id), "net_name": net_name})
+            return result
+
+        dispatch_uc.check_ready = noting
+        try:
+            yield
+        finally:
+            dispatch_uc.check_ready = original
 
     def _note_ready(self, kwargs: dict[str, Any]) -> None:
         row = self.conn.execute(

@@ -43,11 +43,13 @@ class Step(StrEnum):
     SKIPPED = "skipped"  # the job moved on (aborted, requeued, already done): nothing to do
     NOT_READY = "not_ready"  # poll again
     GAVE_UP = "gave_up"  # past the deadline: job requeued, net marked
+    DISPATCHED = "dispatched"  # a warm net: the whole chain's work was done in this step
 
     @property
     def ends_chain(self) -> bool:
-        """A chain stops after a step that skipped or gave up: its attempt is over."""
-        return self in (Step.SKIPPED, Step.GAVE_UP)
+        """A chain stops after a step that skipped or gave up (its attempt is over), or that
+        already submitted the job (nothing is left for the later steps)."""
+        return self in (Step.SKIPPED, Step.GAVE_UP, Step.DISPATCHED)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class StepResult:
 
     step: Step
     detail: str = ""
+    warm: bool = False  # scale_up: the server was up already (nothing had to be started)
 
 
 def assign_jobs(rt: Runtime, limit: int = 50) -> list[services.Assignment]:
@@ -96,6 +99,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, net_name, exc)
     try:
+        warm = True
         if rt.settings.net(net_name).always_on:
             detail = "always-on net: never scaled"
         elif net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
@@ -104,6 +108,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         else:
             scale_net(rt, net_name, 1, f"job {job_id} assigned")
             detail = "driver asked for 1 replica"
+            warm = False
     except MisconfigurationError as exc:
         net_misconfigured(rt, net_name, job_id, str(exc))
         raise
@@ -111,7 +116,37 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, net_name, exc)
-    return StepResult(Step.DONE, detail)
+    return StepResult(Step.DONE, detail, warm=warm)
+
+
+def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
+    """The chain's first step: scale_up, and on a warm net the rest of the chain in the same
+    task. A net whose server is up already and ready at once gets its job submitted here,
+    which saves two task round trips (wait_ready, dispatch) on the broker; anything else
+    (a server being started, a site missing) is left to the chain's wait_ready and dispatch.
+
+    A retry of this step after its submit failed transiently finds the job DISPATCHING for
+    this attempt and resumes the submit with the stored token, as a retried dispatch step
+    does; every other step of the chain keeps its (job, net, attempt) guard.
+    """
+    with rt.sessions() as session:
+        resuming = _ours(services.get_job(session, job_id), JobState.DISPATCHING, net_name, attempt)
+    if resuming:
+        return _whole_chain(dispatch(rt, job_id, net_name, attempt))
+    scaled = scale_up(rt, job_id, net_name, attempt)
+    if scaled.step != Step.DONE or not scaled.warm:
+        return scaled
+    # scale_up has just seen the server up: readiness need not ask the driver again.
+    ready = check_ready(rt, job_id, net_name, attempt, server_seen_up=True)
+    if ready.step != Step.DONE:
+        return ready  # NOT_READY: wait_ready polls on; SKIPPED/GAVE_UP: the chain ends
+    return _whole_chain(dispatch(rt, job_id, net_name, attempt))
+
+
+def _whole_chain(result: StepResult) -> StepResult:
+    if result.step == Step.DONE:
+        return StepResult(Step.DISPATCHED, result.detail)
+    return result
 
 
 def _reject_definition(
@@ -151,9 +186,12 @@ def _release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> Non
             net.transition(NetState.STOPPED, rt.clock(), f"job {job_id} failed before any scale-up")
 
 
-def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
-    """Step 2: is the net ready for this job? Driver running, a FRESH admin login, server
-    answering, every required site connected. Past the readiness deadline: give up."""
+def check_ready(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, *, server_seen_up: bool = False
+) -> StepResult:
+    """Step 2: is the net ready for this job? Driver running, the server answering an admin
+    command (the live session's, else a fresh login's), every required site connected. Past
+    the readiness deadline: give up."""
     now = rt.clock()
     net_config = rt.settings.net(net_name)
     with unit_of_work(rt.sessions) as session:
@@ -166,7 +204,8 @@ def check_ready(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> 
     readiness: Readiness | None = None
     detail = ""
     try:
-        observation = None if net_config.always_on else rt.driver(net_name).observe()
+        skip_driver = net_config.always_on or server_seen_up
+        observation = None if skip_driver else rt.driver(net_name).observe()
         if observation is not None and observation.failure:
             return _give_up_readiness(
                 rt, job_id, net_name, attempt, f"driver: {observation.failure}"
