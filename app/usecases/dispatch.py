@@ -129,11 +129,9 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     this attempt and resumes the submit with the stored token, as a retried dispatch step
     does; every other step of the chain keeps its (job, net, attempt) guard.
     """
-    with rt.sessions() as session:
-        resuming = _ours(services.get_job(session, job_id), JobState.DISPATCHING, net_name, attempt)
-    if resuming:
-        return _whole_chain(dispatch(rt, job_id, net_name, attempt))
     scaled = scale_up(rt, job_id, net_name, attempt)
+    if scaled.step == Step.SKIPPED and _resuming(rt, job_id, net_name, attempt):
+        return _whole_chain(dispatch(rt, job_id, net_name, attempt))
     if scaled.step != Step.DONE or not scaled.warm:
         return scaled
     # scale_up has just seen the server up: readiness need not ask the driver again.
@@ -141,6 +139,12 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     if ready.step != Step.DONE:
         return ready  # NOT_READY: wait_ready polls on; SKIPPED/GAVE_UP: the chain ends
     return _whole_chain(dispatch(rt, job_id, net_name, attempt))
+
+
+def _resuming(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> bool:
+    # Asked only when scale_up skipped, so the warm path pays no extra transaction.
+    with rt.sessions() as session:
+        return _ours(services.get_job(session, job_id), JobState.DISPATCHING, net_name, attempt)
 
 
 def _whole_chain(result: StepResult) -> StepResult:
