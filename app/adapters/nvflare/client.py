@@ -226,8 +226,9 @@ def _install_fast_challenge_retry() -> None:
     nvflare 2.9's `AdminAPI.connect` sends its first identity challenge right after starting
     its cell, before the cell's connector has connected, so that challenge always fails; the
     `Authenticator` then sleeps a hard-coded `retry_interval=1.0` before the next one. Every
-    fresh login (one per readiness check) paid that second. The admin API's own module-level
-    reference to `Authenticator` is replaced, once, by a subclass that retries after 0.1 s;
+    fresh login (each readiness poll of a cold start until one gets in) paid that second.
+    The admin API's own module-level reference to `Authenticator` is replaced, once, by a
+    subclass that retries after 0.1 s;
     sites and servers import the class elsewhere and are unaffected, and the overall login
     timeout is unchanged.
     """
