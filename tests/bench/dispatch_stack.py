@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, redirect_stdout
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,9 @@ def dispatch_stack(
 ) -> Iterator[LocalStack]:
     """A started local stack on a private Redis and a fresh database; all stopped after."""
     with ExitStack() as stack:
+        if args.json:
+            # nvflare's session prints "Connecting to FLARE ..." to stdout: keep the JSON clean.
+            stack.enter_context(redirect_stdout(sys.stderr))
         workdir = Path(tempfile.mkdtemp(prefix="fld-bench-dispatch-"))
         if not args.keep:
             import shutil
