@@ -11,11 +11,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from app import names
-from app.db import unit_of_work
 from app.errors import InvalidRequest, NotFound
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
-from app.usecases import intake, services
-from models import JobState
+from app.usecases import intake
 from tasks.base import dispatcher_task, runtime
 
 M = TypeVar("M", bound=BaseModel)
@@ -69,13 +67,7 @@ def report_job_status(self: Any, payload: dict[str, Any]) -> str:
     rt = runtime()
     try:
         request = _validate(ReportJobStatus, payload)
-        with unit_of_work(rt.sessions) as session:
-            state = services.report_job_status(session, request, rt.clock())
+        return str(intake.report_status(rt, request))
     except (InvalidRequest, NotFound) as exc:
         log.warning("status report rejected: %s", exc)
         return f"rejected: {exc}"
-    if state == JobState.ABORTING:
-        rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))
-    else:
-        rt.outbox.send(names.ASSIGN_NEXT_JOB)
-    return str(state)

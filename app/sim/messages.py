@@ -18,13 +18,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from app import names
-from app.db import unit_of_work
 from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
-from app.usecases import abort, dispatch, housekeeping, intake, services
+from app.usecases import abort, dispatch, housekeeping, intake
 from app.usecases.dispatch import Step
-from models import JobState
 
 if TYPE_CHECKING:
     from app.sim.simulation import Simulation
@@ -59,15 +57,9 @@ def _report(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.report_job_status."""
     try:
         request = ReportJobStatus.model_validate(kw["payload"])
-        with unit_of_work(rt.sessions) as session:
-            state = services.report_job_status(session, request, rt.clock())
+        return intake.report_status(rt, request)
     except (InvalidRequest, NotFound) as exc:
         return f"rejected: {exc}"
-    if state == JobState.ABORTING:
-        rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))
-    else:
-        rt.outbox.send(names.ASSIGN_NEXT_JOB)
-    return state
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from app import names
 from app.db import unit_of_work
 from app.runtime import Runtime
-from app.schemas import EnqueueJob
+from app.schemas import EnqueueJob, ReportJobStatus
 from app.usecases import services
 from models import JobState
 
@@ -73,3 +73,21 @@ def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested
     else:
         notified = rt.outbox.send(names.ASSIGN_NEXT_JOB)
     return AbortRequested(decision, notified)
+
+
+def report_status(rt: Runtime, request: ReportJobStatus) -> JobState:
+    """flip-api's terminal signal for a job (`services.report_job_status`), then the follow-up:
+    a DISPATCHING job's server abort; for a job that was RUNNING, the settling of its run,
+    which may still be live (recorded as a stray: the net takes no new job until its server
+    says the run is over, aborting it if need be); otherwise a kick for the freed net."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, request.job_id, lock=True)
+        was_running, net_name = job.state == JobState.RUNNING, job.net_name
+        state = services.report_job_status(session, request, rt.clock())
+    if state == JobState.ABORTING:
+        rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))
+        return state
+    if was_running and net_name is not None:
+        rt.outbox.send(names.SETTLE_STRAY_RUNS, net_name=net_name)
+    rt.outbox.send(names.ASSIGN_NEXT_JOB)
+    return state

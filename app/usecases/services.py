@@ -489,8 +489,9 @@ def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None
 
 
 def report_job_status(session: Session, report: ReportJobStatus, now: datetime) -> JobState:
-    """flip-api's terminal-status signal; a job already terminal keeps its state, and a
-    DISPATCHING one goes ABORTING (its caller sends the server abort)."""
+    """flip-api's terminal-status signal; a job already terminal keeps its state, a
+    DISPATCHING one goes ABORTING (its caller sends the server abort), and a RUNNING one's run
+    is kept as a stray run until its server says it is over (its caller settles it)."""
     job = get_job(session, report.job_id)
     if job.state not in TERMINAL_JOB_STATES:
         not_run_yet = (JobState.QUEUED, JobState.ASSIGNED, JobState.DISPATCHING)
@@ -503,5 +504,17 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
             # Its submit may be in flight: stopped like an abort (ABORTING, the server told),
             # so the net is not handed to the next job while this one's run may still land.
             return abort_job(session, job.id, reason, now).state
+        if job.state == JobState.RUNNING and job.net_name is not None:
+            # NVFLARE has not said the run is over: until its server does, the run counts
+            # for nobody and must not have the next job beside it.
+            add_stray_run(
+                session,
+                net_name=job.net_name,
+                job_id=job.id,
+                nvflare_job_id=job.nvflare_job_id,
+                submit_token=job.submit_token,
+                reason=reason,
+                now=now,
+            )
         finish_job(session, job.id, _REPORTED_OUTCOME[report.status], reason, now)
     return job.state

@@ -448,3 +448,21 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     housekeeping.reconcile(world.rt)
     assert _strays(world) == []
     assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-b"]
+
+
+def test_a_report_for_a_running_job_never_puts_the_next_job_beside_its_live_run(world):
+    # flip-api says the job is over (its side failed, or the user stopped it) while NVFLARE
+    # still runs it: the job ends as reported, and its run is settled before the net is reused.
+    from app.schemas import ReportedStatus, ReportJobStatus
+    from app.usecases import intake
+
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.ERROR, detail="upload failed")
+    assert intake.report_status(world.rt, report) == JobState.FAILED
+    assert world.server("net-a").statuses["nv-1"] == "RUNNING"
+    world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that still goes on
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
