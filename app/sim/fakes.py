@@ -157,8 +157,13 @@ class SimServer:
     def start(self, t: float, rng: random.Random, no_start_time_p: float = 0.0) -> None:
         self.incarnation += 1
         self.up_at = t
-        self.boot_s = rng.uniform(0.5, 4.0)
-        self.site_delays = tuple(rng.uniform(0.5, 8.0) for _ in self.spec.sites)
+        cold = self.spec.cold_start
+        if cold is not None:
+            self.boot_s = cold.login_s
+            self.site_delays = tuple(cold.sites_s for _ in self.spec.sites)
+        else:
+            self.boot_s = rng.uniform(0.5, 4.0)
+            self.site_delays = tuple(rng.uniform(0.5, 8.0) for _ in self.spec.sites)
         if no_start_time_p and rng.random() < no_start_time_p:
             self.no_start_time_until = t + self.boot_s + rng.uniform(5.0, 40.0)
         if not self.spec.keeps_jobs:
@@ -327,6 +332,10 @@ class SimDriver:
         self.pinned = False  # a static (always-on) server: scale changes nothing
         self._gen = 0
         self.calls: list[int] = []
+        # (t, replicas) at every change of what the platform runs for the net (server-hours),
+        # and when each start from zero was asked for (cold starts).
+        self.timeline: list[tuple[float, int]] = []
+        self.cold_starts: list[float] = []
 
     @property
     def server(self) -> SimServer:
@@ -337,6 +346,7 @@ class SimDriver:
         self.desired = 1
         self.running = True
         self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
+        self._note(t)
 
     # --- the ScaleDriver protocol ---------------------------------------------------------
 
@@ -385,8 +395,13 @@ class SimDriver:
                 if host.rng.random() < host.faults.driver_failure:
                     self.failure = "tasks failed to start (circuit breaker, simulated)"
                     return
-                slow = host.faults.driver_slow
-                self._schedule_up(t + self.cluster.rng.uniform(2.0, 40.0 if slow else 10.0))
+                cold = self.spec.cold_start
+                if cold is not None:
+                    self.cold_starts.append(t)
+                    self._schedule_up(t + cold.provision_s)
+                else:
+                    slow = host.faults.driver_slow
+                    self._schedule_up(t + self.cluster.rng.uniform(2.0, 40.0 if slow else 10.0))
         else:
             self.desired = 0
             self.failure = None
@@ -394,10 +409,20 @@ class SimDriver:
                 self.start_at = None
                 self._gen += 1
             if self.running and self.stop_at is None:
-                slow = self.cluster.host.faults.driver_slow
-                self.stop_at = t + self.cluster.rng.uniform(0.0, 20.0 if slow else 4.0)
+                cold = self.spec.cold_start
+                if cold is not None:
+                    self.stop_at = t + cold.stop_s
+                else:
+                    slow = self.cluster.host.faults.driver_slow
+                    self.stop_at = t + self.cluster.rng.uniform(0.0, 20.0 if slow else 4.0)
                 gen = self._gen
                 self.cluster.at(self.stop_at, lambda when: self._down(when, gen))
+        self._note(t)
+
+    def _note(self, t: float) -> None:
+        replicas = self.cluster.replicas(self.name)
+        if not self.timeline or self.timeline[-1][1] != replicas:
+            self.timeline.append((t, replicas))
 
     def _schedule_up(self, at: float) -> None:
         self._gen += 1
@@ -411,6 +436,7 @@ class SimDriver:
         self.start_at = None
         self.running = True
         self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
+        self._note(t)
 
     def _down(self, t: float, gen: int) -> None:
         if gen != self._gen:
@@ -418,6 +444,7 @@ class SimDriver:
         self.stop_at = None
         self.running = False
         self.server.stop(t, self.cluster.runs)
+        self._note(t)
 
     def replica_died(self, t: float, down_s: float) -> None:
         """The process was killed; the platform replaces it if it is still wanted."""
@@ -430,6 +457,7 @@ class SimDriver:
         self.stop_at = None
         if self.desired >= 1:
             self._schedule_up(t + down_s)
+        self._note(t)
 
     def _restart_pinned(self, t: float, gen: int) -> None:
         if gen == self._gen:

@@ -19,12 +19,14 @@ import functools
 import heapq
 import itertools
 import json
+import math
 import random
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,7 +37,7 @@ from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.sim import messages
-from app.sim.clock import SimClock
+from app.sim.clock import SimClock, seconds_of
 from app.sim.db import memory_db, scratch_dir
 from app.sim.fakes import Cluster, SimAdmin
 from app.sim.faults import FaultProfile, profile_for_seed
@@ -45,8 +47,9 @@ from app.sim.workload import JobSpec, Workload, WorldSpec, random_workload, rand
 from app.usecases import dispatch as dispatch_uc
 from app.usecases import services
 from app.usecases.dispatch import Step
-from models import NetState
+from models import ASSIGNABLE_NET_STATES, NetState
 
+T = TypeVar("T")
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
 HUMAN_FIX_DELAY_S = 300.0  # a human fixes a misconfigured net and restarts the workers
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
@@ -86,6 +89,37 @@ class Result:
         lines += [f"  {v.line()}" for v in self.violations]
         lines.append(f"  replay: {replay_command(self.seed)}")
         return "\n".join(lines)
+
+
+@dataclass
+class Calm:
+    """fast_forward's reading of the world between two steps."""
+
+    in_flight: bool = False  # a pipeline, abort, stray, start, stop or message under way
+    assign_due: bool = False  # a QUEUED job and a free net it may take
+    monitor_due: bool = False  # a run ended, or a job outlived MAX_RUN_S, or a report wait
+    scale_down_due: bool = False  # an idle net past its grace
+    times: list[float] = field(default_factory=list)  # when the world changes by itself
+
+    def needs(self, task: str) -> bool:
+        """Whether a beat loop has anything to do now (keep-alive only pings: always)."""
+        if task == names.ASSIGN_NEXT_JOB:
+            return self.assign_due
+        if task == names.SCALE_DOWN_IDLE_NETS:
+            return self.scale_down_due
+        if task == names.MONITOR_RUNNING_JOBS:
+            return self.monitor_due
+        if task == names.RECONCILE:
+            return self.in_flight
+        return True
+
+    def quiet_until(self, now: float) -> float | None:
+        """When nothing is due: the world's next change (None: something is due, or
+        nothing will ever change by itself)."""
+        if self.in_flight or self.assign_due or self.monitor_due or self.scale_down_due:
+            return None
+        until = min(self.times, default=None)
+        return until if until is not None and until > now else None
 
 
 class HookedSessions:
@@ -171,9 +205,16 @@ class Simulation:
         *,
         tracing: bool = False,
         fail_fast: bool = False,
+        check_invariants: bool = True,
+        fast_forward: bool = False,
     ) -> None:
+        if fast_forward and not profile.clean:
+            # Skipping beat ticks would skip the faults they would have met.
+            raise ValueError("fast_forward needs a fault-free profile")
         self.world = world
         self.fail_fast = fail_fast
+        self.check_invariants = check_invariants
+        self.fast_forward = fast_forward
         self.workload = workload
         self.profile = profile
         self.faults = profile
@@ -361,6 +402,14 @@ class Simulation:
         if message.expires_at is not None and self.clock.t > message.expires_at:
             self.trace(f"   expired {message.label()}")
             return
+        if (
+            self.fast_forward
+            and message.task == names.ASSIGN_NEXT_JOB
+            and not self._calm().assign_due
+        ):
+            # No QUEUED job has a free net to go to: assign would read and do nothing.
+            self.stats["skipped"] = self.stats.get("skipped", 0) + 1
+            return
         self.stats["messages"] += 1
         rt = self.workers[slot]
         self._stack.append(slot)
@@ -406,13 +455,47 @@ class Simulation:
             return
         self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
         if messages.is_poll(spec, result):
-            self._push_again(message, self.settings.ready_poll_s)
+            self._push_again(message, self._poll_delay(message.kwargs))
             return
         if message.task == names.WAIT_READY and messages.step_of(result) == Step.DONE:
             self._note_ready(message.kwargs)
         if message.chain and not messages.ends_chain(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _poll_delay(self, kwargs: dict[str, Any]) -> float:
+        """READY_POLL_S; with fast_forward and a fixed cold start, the whole number of polls
+        until the first one that can see the server ready (or the readiness deadline pass):
+        the ones in between would answer NOT_READY and write nothing."""
+        poll = self.settings.ready_poll_s
+        net = kwargs.get("net_name")
+        spec = self.job_spec(str(kwargs.get("job_id")))
+        if not self.fast_forward or net not in self.cluster.drivers or spec is None:
+            return poll
+        driver = self.cluster.drivers[net]
+        server = driver.server
+        cold = server.spec.cold_start
+        if cold is None:
+            return poll
+        never = any(site not in server.spec.sites for site in spec.sites)
+        if driver.start_at is not None:
+            ready = driver.start_at + cold.login_s + cold.sites_s
+        elif driver.running and server.up_at is not None:
+            connects = [server.site_connects_at(site) for site in spec.sites]
+            ready = max([server.up_at + server.boot_s, *(c for c in connects if c is not None)])
+        else:
+            return poll
+        row = self.conn.execute(
+            "SELECT assigned_at FROM jobs WHERE id = ?", (kwargs["job_id"].replace("-", ""),)
+        ).fetchone()
+        if row is None or row[0] is None:
+            return poll
+        deadline = (
+            seconds_of(datetime.fromisoformat(row[0])) + self.settings.net(net).ready_timeout_s
+        )
+        target = deadline if never else min(ready, deadline)
+        ahead = target - self.clock.t
+        return poll if ahead <= poll else math.ceil(ahead / poll) * poll
 
     def _push_again(self, message: Message, countdown: float) -> None:
         self.broker.push(
@@ -698,6 +781,109 @@ class Simulation:
             self.engine.dispose()
             self.conn.close()
 
+    def run_then(self, read: Callable[[Simulation], T]) -> tuple[Result, T]:
+        """`run()`, then `read(self)` while the database is still open (figures a caller
+        wants from the tables the run left behind)."""
+        import logging
+
+        logging.disable(logging.CRITICAL)
+        try:
+            result = self._run()
+            return result, read(self)
+        finally:
+            logging.disable(logging.NOTSET)
+            self.engine.dispose()
+            self.conn.close()
+
+    def _calm(self) -> Calm:
+        """fast_forward: which beat loops have something to do now, and when the world next
+        changes by itself. Read from the tables and the fake world; errs towards "due" (a
+        loop run for nothing costs time, never a decision)."""
+        calm = Calm()
+        drivers = self.cluster.drivers.values()
+        if (
+            self.broker.work_pending()
+            or self._triggers
+            or self._flip_window is not None
+            or any(d.start_at is not None or d.stop_at is not None for d in drivers)
+        ):
+            calm.in_flight = True
+        conn = self.conn
+        if conn.execute("SELECT 1 FROM stray_runs LIMIT 1").fetchone() is not None:
+            calm.in_flight = True
+        t = self.clock.t
+        self.cluster.advance(t)
+        if self._events:
+            calm.times.append(self._events[0][0])
+        queued: list[str | None] = []
+        active: set[str] = set()
+        for state, net, requested, nvflare_id, dispatched in conn.execute(
+            "SELECT state, net_name, requested_net, nvflare_job_id, dispatched_at FROM jobs"
+            " WHERE state IN ('QUEUED', 'RUNNING', 'ASSIGNED', 'DISPATCHING', 'FINISHING',"
+            " 'ABORTING')"
+        ):
+            if state == "QUEUED":
+                queued.append(requested)
+                continue
+            if net is not None:
+                active.add(net)
+            if state in ("FINISHING", "ABORTING"):
+                calm.monitor_due = True  # monitor settles aborts and report waits
+            if state != "RUNNING" or net is None or nvflare_id is None or dispatched is None:
+                calm.in_flight = True  # a step of the pipeline, an abort, a report wait
+                continue
+            run = self.cluster.servers[net].store.get(nvflare_id)
+            if run is None or not run.live(t):
+                calm.monitor_due = True  # ended: the next monitor round settles it
+                continue
+            config = self.settings.net(net)
+            max_run_s = config.max_run_s if config.max_run_s is not None else self.world.max_run_s
+            deadline = seconds_of(datetime.fromisoformat(dispatched)) + max_run_s
+            if deadline <= t:
+                calm.monitor_due = True
+            calm.times.append(deadline)
+            if run.end_at is not None:
+                calm.times.append(run.end_at)
+        for name, state, idle_since, changed in conn.execute(
+            "SELECT name, state, idle_since, state_changed_at FROM nets"
+        ):
+            up = self.cluster.replicas(name) > 0
+            if (
+                state in ASSIGNABLE_NET_STATES
+                and name not in active
+                and any(r in (None, name) for r in queued)
+            ):
+                calm.assign_due = True  # assign places a job there
+            if state == "STOPPED" and not up:
+                continue
+            if state == "BUSY" and name in active and up:
+                continue
+            if state != "READY" or name in active or not up:
+                calm.in_flight = True  # starting, stopping, unhealthy, or drifted
+                continue
+            if self.scales_to_zero(name):
+                since = seconds_of(datetime.fromisoformat(idle_since or changed))
+                expiry = since + self.settings.net(name).idle_timeout_s
+                if expiry <= t:
+                    calm.scale_down_due = True
+                calm.times.append(expiry)
+        return calm
+
+    def _beats_to_skip(
+        self, beats: list[tuple[str, float]], next_beat: list[float]
+    ) -> tuple[set[str], Calm]:
+        """The beat loops due now that would find nothing to do (not sent), and, when no
+        loop has anything to do, every beat moved on to its first tick at or after the
+        world's next change (fast_forward)."""
+        calm = self._calm()
+        skip = {task for task, _ in beats if not calm.needs(task)}
+        until = calm.quiet_until(self.clock.t)
+        if until is not None:
+            for i, (_, period) in enumerate(beats):
+                if next_beat[i] < until:
+                    next_beat[i] += math.ceil((until - next_beat[i]) / period) * period
+        return skip, calm
+
     def _run(self) -> Result:
         self._schedule()
         tick = self.world.housekeeping_interval_s
@@ -725,10 +911,13 @@ class Simulation:
                     self._fire_triggers()
                 self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
                 self._maybe_flip()
-                checker.check()
+                if self.check_invariants:
+                    checker.check()
                 if self.fail_fast and checker.violations:
                     break
                 continue
+            if self.fast_forward:
+                self._beats_to_skip(beats, next_beat)
             candidates = [t for t in (self.broker.next_time(), min(next_beat)) if t is not None]
             if self._events:
                 candidates.append(self._events[0][0])
@@ -739,13 +928,19 @@ class Simulation:
                 self.trace(f"== {label}")
                 action()
             beat_fired = False
+            idle: set[str] = set()
+            if self.fast_forward and any(t <= now for t in next_beat):
+                idle, _ = self._beats_to_skip(beats, list(next_beat))
             for i, (task, period) in enumerate(beats):
                 if next_beat[i] <= now:
                     next_beat[i] += period
-                    self.broker.push(task, {}, expires_in=period, origin="beat")
                     beat_fired = beat_fired or i == 0
+                    if task in idle:
+                        continue  # fast_forward: it would read the tables and do nothing
+                    self.broker.push(task, {}, expires_in=period, origin="beat")
             self._maybe_flip()
-            checker.check()
+            if self.check_invariants:
+                checker.check()
             if self.fail_fast and checker.violations:
                 break
             if beat_fired and self._draining:
@@ -756,6 +951,7 @@ class Simulation:
                 if now > deadline:
                     checker.quiescence(reasons)
                     break
+        self.cluster.advance(self.clock.t)  # timed changes nobody looked at since
         self.stats["sim_s"] = round(self.clock.t, 1)
         self.stats["runs"] = len(self.cluster.runs)
         return Result(

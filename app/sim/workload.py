@@ -12,6 +12,24 @@ COMPLETED = "FINISHED:COMPLETED"
 
 
 @dataclass(frozen=True)
+class ColdStart:
+    """How long a net's server takes to come up and to go away (simulated seconds, fixed
+    figures): the scale-to-zero replay's model of a cold start, instead of the seeded random
+    delays the bug-hunting sweep draws."""
+
+    name: str
+    provision_s: float  # scale-up asked -> the server process starts (task placement, image pull)
+    login_s: float  # process started -> a fresh admin login works
+    sites_s: float  # login-ready -> every site has re-registered
+    stop_s: float = 1.0  # scale-down asked -> the process is gone
+
+    @property
+    def total_s(self) -> float:
+        """Scale-up asked to server ready for a job (what one cold start adds to a wait)."""
+        return self.provision_s + self.login_s + self.sites_s
+
+
+@dataclass(frozen=True)
 class NetSpec:
     """One net: scale-to-zero (`ecs`, driven by our fake driver) or always-on (`static`)."""
 
@@ -23,6 +41,8 @@ class NetSpec:
     # The server's job store survives a restart (NVFLARE 2.9 then reports a killed run as
     # RUNNING forever) or is lost with the process (the run is forgotten).
     keeps_jobs: bool = True
+    # Fixed start-up and stop delays; None: the sweep's seeded random ones.
+    cold_start: ColdStart | None = None
 
 
 @dataclass(frozen=True)
