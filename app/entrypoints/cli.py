@@ -336,6 +336,52 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay a trace (or a synthetic one) at each idle grace: what scale-to-zero saves."""
+    from app.sim import savings, trace
+
+    try:
+        if args.synthetic:
+            # Sized for the nets it is replayed on: the utilization is per net.
+            nets = savings.parse_nets(args.nets, trace.Trace(()))
+            spec = trace.Synthetic(
+                seed=args.seed, days=args.days, nets=len(nets), utilization=args.utilization
+            )
+            workload = trace.synthesize(spec)
+        else:
+            workload = trace.read_trace(args.trace)
+            nets = savings.parse_nets(args.nets, workload)
+        if args.write_trace is not None:
+            trace.write_trace(workload, args.write_trace)
+        report = savings.simulate(
+            workload,
+            nets,
+            args.grace,
+            args.cold_start,
+            workers=args.workers,
+            wait_budget_s=args.wait_budget,
+        )
+    except trace.TraceError as exc:
+        sys.stderr.write("".join(f"fl-dispatcher: {line}\n" for line in exc.problems))
+        return EXIT_FAILED
+    except ValueError as exc:
+        sys.stderr.write(f"fl-dispatcher: {exc}\n")
+        return EXIT_FAILED
+    if args.plot is not None:
+        try:
+            savings.plot(report, args.plot)
+        except ImportError:
+            sys.stderr.write(
+                "fl-dispatcher: --plot needs matplotlib: pip install 'fl-dispatcher[plot]'\n"
+            )
+            return EXIT_FAILED
+    if args.json:
+        _print_json(report.to_json(), sys.stdout)
+    else:
+        sys.stdout.write(savings.table(report) + "\n")
+    return EXIT_OK
+
+
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the status API with uvicorn."""
     import uvicorn
@@ -477,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
         "schema", None, "print the JSON Schema of flip-api's task payloads, by task name"
     ).set_defaults(handler=None, plain=cmd_schema)
 
+    _add_simulate(add)
+
     p = add("api", cmd_api, "serve the status HTTP API")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -486,6 +534,64 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_process_commands(add)
     return parser
+
+
+def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentParser]) -> None:
+    from app.sim import savings, trace
+
+    p = add(
+        "simulate", None, "replay a workload trace at each idle grace: server-hours saved, waits"
+    )
+    p.set_defaults(handler=None, plain=cmd_simulate)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "trace", nargs="?", type=Path, default=None, help="CSV or JSON lines (README)"
+    )
+    source.add_argument(
+        "--synthetic", action="store_true", help="generate a trace shaped like FLIP's load"
+    )
+    p.add_argument(
+        "--grace",
+        type=savings.parse_graces,
+        default=savings.DEFAULT_GRACES,
+        metavar="S,S,...",
+        help="idle grace values in seconds (default 0,60,300,600,1800)",
+    )
+    p.add_argument(
+        "--nets",
+        default=None,
+        metavar="N|A,B,...",
+        help="how many nets, or their names (default: the trace's named nets, else 4)",
+    )
+    p.add_argument(
+        "--cold-start",
+        type=savings.parse_cold_start,
+        default=savings.LOCAL,
+        metavar="PROFILE",
+        help="local (default), fargate, or PROVISION,LOGIN,SITES[,STOP] in seconds",
+    )
+    p.add_argument(
+        "--wait-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="p95 added wait a recommended grace may cost (default: one cold start)",
+    )
+    p.add_argument("--workers", type=int, default=2, help="replays in parallel (default 2)")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="write the plot here")
+    p.add_argument(
+        "--write-trace", type=Path, default=None, metavar="PATH", help="save the trace replayed"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    synthetic = p.add_argument_group("--synthetic")
+    synthetic.add_argument("--seed", type=int, default=0)
+    synthetic.add_argument("--days", type=float, default=30.0)
+    synthetic.add_argument(
+        "--utilization",
+        type=float,
+        default=trace.FLIP_UTILIZATION,
+        help=f"busy share per net (default {trace.FLIP_UTILIZATION:.3f}, FLIP's 16.4 h of 70.2 h)",
+    )
 
 
 def _add_process_commands(

@@ -99,6 +99,7 @@ class Calm:
     assign_due: bool = False  # a QUEUED job and a free net it may take
     monitor_due: bool = False  # a run ended, or a job outlived MAX_RUN_S, or a report wait
     scale_down_due: bool = False  # an idle net past its grace
+    reconcile_due: bool = False  # a net to settle, or a job or start past STUCK_AFTER_S
     times: list[float] = field(default_factory=list)  # when the world changes by itself
 
     def needs(self, task: str) -> bool:
@@ -110,13 +111,15 @@ class Calm:
         if task == names.MONITOR_RUNNING_JOBS:
             return self.monitor_due
         if task == names.RECONCILE:
-            return self.in_flight
+            return self.reconcile_due
         return True
 
     def quiet_until(self, now: float) -> float | None:
         """When nothing is due: the world's next change (None: something is due, or
         nothing will ever change by itself)."""
         if self.in_flight or self.assign_due or self.monitor_due or self.scale_down_due:
+            return None
+        if self.reconcile_due:
             return None
         until = min(self.times, default=None)
         return until if until is not None and until > now else None
@@ -801,26 +804,28 @@ class Simulation:
         loop run for nothing costs time, never a decision)."""
         calm = Calm()
         drivers = self.cluster.drivers.values()
-        if (
-            self.broker.work_pending()
-            or self._triggers
-            or self._flip_window is not None
-            or any(d.start_at is not None or d.stop_at is not None for d in drivers)
-        ):
+        if self.broker.work_pending() or self._triggers or self._flip_window is not None:
             calm.in_flight = True
+        if any(d.start_at is not None or d.stop_at is not None for d in drivers):
+            calm.in_flight = True
+            if any(d.stop_at is not None for d in drivers):
+                calm.reconcile_due = True  # a scale-down is confirmed by reconcile
         conn = self.conn
         if conn.execute("SELECT 1 FROM stray_runs LIMIT 1").fetchone() is not None:
-            calm.in_flight = True
+            calm.in_flight = calm.reconcile_due = True
         t = self.clock.t
         self.cluster.advance(t)
         if self._events:
             calm.times.append(self._events[0][0])
         queued: list[str | None] = []
         active: set[str] = set()
-        for state, net, requested, nvflare_id, dispatched in conn.execute(
-            "SELECT state, net_name, requested_net, nvflare_job_id, dispatched_at FROM jobs"
-            " WHERE state IN ('QUEUED', 'RUNNING', 'ASSIGNED', 'DISPATCHING', 'FINISHING',"
-            " 'ABORTING')"
+        # Reconcile acts on a job or a starting net only past STUCK_AFTER_S (its smallest
+        # threshold) or ABORT_TIMEOUT_S in that state.
+        stuck_s = min(self.world.stuck_after_s, self.world.abort_timeout_s)
+        for state, net, requested, nvflare_id, dispatched, changed in conn.execute(
+            "SELECT state, net_name, requested_net, nvflare_job_id, dispatched_at,"
+            " state_changed_at FROM jobs WHERE state IN ('QUEUED', 'RUNNING', 'ASSIGNED',"
+            " 'DISPATCHING', 'FINISHING', 'ABORTING')"
         ):
             if state == "QUEUED":
                 queued.append(requested)
@@ -831,6 +836,8 @@ class Simulation:
                 calm.monitor_due = True  # monitor settles aborts and report waits
             if state != "RUNNING" or net is None or nvflare_id is None or dispatched is None:
                 calm.in_flight = True  # a step of the pipeline, an abort, a report wait
+                if t - seconds_of(datetime.fromisoformat(changed)) > stuck_s:
+                    calm.reconcile_due = True
                 continue
             run = self.cluster.servers[net].store.get(nvflare_id)
             if run is None or not run.live(t):
@@ -858,8 +865,13 @@ class Simulation:
                 continue
             if state == "BUSY" and name in active and up:
                 continue
+            if state == "STARTING" and name in active:
+                calm.in_flight = True  # a cold start for a job: its pipeline drives it
+                if t - seconds_of(datetime.fromisoformat(changed)) > stuck_s:
+                    calm.reconcile_due = True
+                continue
             if state != "READY" or name in active or not up:
-                calm.in_flight = True  # starting, stopping, unhealthy, or drifted
+                calm.in_flight = calm.reconcile_due = True  # stopping, unhealthy, drifted...
                 continue
             if self.scales_to_zero(name):
                 since = seconds_of(datetime.fromisoformat(idle_since or changed))

@@ -330,11 +330,13 @@ def test_simulate_prints_a_row_per_grace_and_the_recommendation(capsys, tmp_path
     assert [r[0] for r in rows] == ["0s", "10m"]
     assert "recommended grace: 10m" in out
 
-    code = main([str(a) for a in ("simulate", path, "--grace", "0,600", "--nets", "1", "--json")])
+    # A budget of a minute lets the cheapest grace through.
+    argv = ("simulate", path, "--grace", "0,600", "--nets", "1", "--json", "--wait-budget", "60")
+    code = main([str(a) for a in argv])
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     assert [r["grace_s"] for r in data["results"]] == [0.0, 600.0]
-    assert data["recommended_s"] == 600.0
+    assert data["recommended_s"] == 0.0 and data["wait_budget_s"] == 60.0
     assert data["always_on_h"] == pytest.approx((200 * 19 + 60) / 3600, abs=1e-3)
     first, second = data["results"]
     assert first["cold_starts"] == first["cold_waits"] == 20

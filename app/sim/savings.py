@@ -1,0 +1,479 @@
+"""What scale-to-zero saves on a workload, by idle grace: `fl-dispatcher simulate`.
+
+Each grace value replays the trace through the same `Simulation` the bug-hunting sweep uses
+(the real use cases and tables, beat, the Celery-like message layer), fault-free, with fake
+servers whose cold start takes fixed, configurable times (`ColdStart`) and runs that last
+their traced duration. One more replay with every net always on gives each job's wait
+without cold starts; a job's added wait is its wait at a grace minus that one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import multiprocessing
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app.schemas import job_id_for
+from app.settings import NetConfig, Settings
+from app.sim.clock import seconds_of
+from app.sim.faults import CLEAN
+from app.sim.simulation import Simulation
+from app.sim.trace import Trace, TraceError
+from app.sim.workload import ColdStart, JobSpec, NetSpec, Workload, WorldSpec
+
+DEFAULT_GRACES = (0.0, 60.0, 300.0, 600.0, 1800.0)
+# This repository's local NVFLARE 2.9 (server and two sites on one machine; the local driver
+# starts the server process at once and stops it synchronously): the medians of
+# `python -m tests.bench.bench_cold_start --reps 3` (README "Simulating scale-to-zero").
+LOCAL = ColdStart("local", provision_s=0.0, login_s=3.8, sites_s=15.6, stop_s=0.1)
+# ECS Fargate: placing the task, pulling the NVFLARE image and starting the container come
+# first, and a stopped task drains for a while. NOT measured here (no AWS from this
+# machine): an assumption to replace with what your cluster shows (the STARTING -> READY
+# times in the net history), e.g. `--cold-start 60,3.8,15.6,30`.
+FARGATE = ColdStart("fargate", provision_s=60.0, login_s=3.8, sites_s=15.6, stop_s=30.0)
+PROFILES = {p.name: p for p in (LOCAL, FARGATE)}
+
+
+def _default(name: str) -> Any:
+    """The dispatcher's own default for a setting (what a deployment runs with)."""
+    fields = Settings.model_fields if name in Settings.model_fields else NetConfig.model_fields
+    return fields[name].default
+
+
+@dataclass(frozen=True)
+class GraceResult:
+    """The figures of one grace value."""
+
+    grace_s: float
+    server_h: float  # server-hours used (replica asked for or running), scale-to-zero nets
+    saved_h: float  # always-on server-hours minus server_h
+    saved_pct: float
+    cold_starts: int
+    wait_p50_s: float  # added wait per job against the always-on replay
+    wait_p95_s: float
+    wait_max_s: float
+    cold_waits: int  # jobs whose server was started while they waited
+    unfinished: int  # jobs that did not complete (should be 0: the replay is fault-free)
+    wall_s: float  # how long the replay took (wall clock)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every grace's figures and the recommended one."""
+
+    source: str
+    jobs: int
+    nets: tuple[str, ...]
+    horizon_h: float
+    utilization: float
+    always_on_h: float
+    cold_start: ColdStart
+    wait_budget_s: float  # the p95 added wait a recommended grace may cost
+    results: tuple[GraceResult, ...]
+    recommended_s: float | None
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON values."""
+        data = asdict(self)
+        data["cold_start"] = asdict(self.cold_start) | {"total_s": self.cold_start.total_s}
+        return data
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One replay's raw outcome."""
+
+    waits: dict[int, float]  # trace index -> wait from submission to dispatch
+    up_s: float  # scale-to-zero nets' server-seconds
+    cold_starts: int
+    cold_waits: int
+    unfinished: int
+    wall_s: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile (`q` in 0..100): the smallest value with at least q% of
+    the values at or below it; 0 for no values."""
+    if not values:
+        return 0.0
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} outside 0..100")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def recommend(results: Sequence[GraceResult], cold_start_s: float) -> float | None:
+    """The cheapest grace (fewest server-hours; the shorter grace on a tie) whose p95 added
+    wait stays within one cold start; None if none does."""
+    fitting = [r for r in results if r.wait_p95_s <= cold_start_s]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda r: (r.server_h, r.grace_s)).grace_s
+
+
+def parse_graces(text: str) -> tuple[float, ...]:
+    """`0,60,300` -> (0.0, 60.0, 300.0); ValueError on a bad or negative value."""
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise ValueError(f"grace values must be seconds, comma-separated: {text!r}") from exc
+    if not values or any(v < 0 or not math.isfinite(v) for v in values):
+        raise ValueError(f"grace values must be seconds >= 0: {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def parse_cold_start(text: str) -> ColdStart:
+    """A profile name (local, fargate) or PROVISION,LOGIN,SITES[,STOP] in seconds."""
+    if text in PROFILES:
+        return PROFILES[text]
+    try:
+        parts = [float(v) for v in text.split(",")]
+    except ValueError as exc:
+        raise ValueError(f"cold start {text!r}: a profile ({', '.join(PROFILES)})") from exc
+    if len(parts) not in (3, 4) or any(v < 0 or not math.isfinite(v) for v in parts):
+        raise ValueError(f"cold start {text!r}: PROVISION,LOGIN,SITES[,STOP], seconds >= 0")
+    return ColdStart("custom", *parts)
+
+
+def parse_nets(text: str | None, trace: Trace) -> tuple[str, ...]:
+    """--nets: a count (nets net-1..net-N) or names; default: the nets the trace names, else
+    4. Every net a job names must be among them."""
+    named = trace.nets_named()
+    if text is None:
+        nets = tuple(named) if named else tuple(f"net-{i}" for i in range(1, 5))
+    elif text.strip().isdigit():
+        count = int(text)
+        if count < 1:
+            raise ValueError("--nets: at least one net")
+        nets = tuple(f"net-{i}" for i in range(1, count + 1))
+    else:
+        nets = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        if not nets:
+            raise ValueError("--nets: name at least one net")
+    check_nets(trace, nets)
+    return nets
+
+
+def world_for(
+    trace: Trace,
+    nets: Sequence[str],
+    grace_s: float | None,
+    cold: ColdStart,
+    timings: Mapping[str, float] | None = None,
+) -> WorldSpec:
+    """The simulated deployment: every net has every site the trace needs, the dispatcher's
+    default timings (`timings` overrides WorldSpec fields, e.g. a deployment's own
+    housekeeping_interval_s); grace None: every net always on (the baseline)."""
+    sites = trace.sites()
+    longest = max((j.duration_s for j in trace.jobs), default=0.0)
+    specs = tuple(
+        NetSpec(
+            name=name,
+            kind="ecs" if grace_s is not None else "static",
+            idle_timeout_s=grace_s if grace_s is not None else 0.0,
+            ready_timeout_s=max(float(_default("ready_timeout_s")), 3 * cold.total_s),
+            sites=sites,
+            cold_start=cold,
+        )
+        for name in nets
+    )
+    world = WorldSpec(
+        nets=specs,
+        housekeeping_interval_s=_default("housekeeping_interval_s"),
+        keep_alive_interval_s=_default("keep_alive_interval_s"),
+        ready_poll_s=_default("ready_poll_s"),
+        retry_max=_default("retry_max"),
+        retry_backoff_max_s=_default("retry_backoff_max_s"),
+        stuck_after_s=_default("stuck_after_s"),
+        server_lost_grace_s=_default("server_lost_grace_s"),
+        # A traced job must run its traced length, not be cut by the limit.
+        max_run_s=max(float(_default("max_run_s")), 2 * longest),
+        abort_timeout_s=_default("abort_timeout_s"),
+        max_attempts=_default("max_attempts"),
+    )
+    return dataclasses.replace(world, **(timings or {}))  # type: ignore[arg-type]
+
+
+def workload_for(trace: Trace) -> Workload:
+    """The trace's jobs as the simulation's caller submits them."""
+    jobs = tuple(
+        JobSpec(
+            key=f"job-{i:06d}",
+            arrive_s=j.submitted_at,
+            duration_s=j.duration_s,
+            net=j.net,
+            sites=j.required_sites,
+            priority=j.priority,
+        )
+        for i, j in enumerate(trace.jobs)
+    )
+    return Workload(jobs=jobs, horizon_s=max((j.arrive_s for j in jobs), default=0.0))
+
+
+def check_nets(trace: Trace, nets: Sequence[str]) -> None:
+    """TraceError naming each line that asks for a net the simulation does not have."""
+    known = set(nets)
+    bad = [
+        f"{trace.source}:{j.line}: net {j.net!r} is not one of the simulated nets"
+        f" ({', '.join(nets)})"
+        for j in trace.jobs
+        if j.net is not None and j.net not in known
+    ]
+    if bad:
+        raise TraceError(bad)
+
+
+def replay(
+    trace: Trace,
+    nets: Sequence[str],
+    grace_s: float | None,
+    cold: ColdStart,
+    *,
+    seed: int = 0,
+    timings: Mapping[str, float] | None = None,
+) -> Replay:
+    """One replay of the trace at one grace (None: always on)."""
+    started = time.perf_counter()
+    world = world_for(trace, nets, grace_s, cold, timings)
+    workload = workload_for(trace)
+    sim = Simulation(world, workload, CLEAN, seed, check_invariants=False, fast_forward=True)
+    keys = {str(job_id_for(j.key)).replace("-", ""): i for i, j in enumerate(workload.jobs)}
+
+    def read(sim: Simulation) -> tuple[dict[int, float], int]:
+        waits: dict[int, float] = {}
+        for job_hex, state, dispatched in sim.conn.execute(
+            "SELECT id, state, dispatched_at FROM jobs"
+        ):
+            index = keys.get(job_hex)
+            if index is not None and state == "COMPLETED" and dispatched is not None:
+                waits[index] = _secs(dispatched) - trace.jobs[index].submitted_at
+        return waits, len(keys) - len(waits)
+
+    _, (waits, unfinished) = sim.run_then(read)
+    up_s = 0.0
+    cold_starts = 0
+    starts: dict[str, list[float]] = {}
+    end = sim.clock.t
+    for name, driver in sim.cluster.drivers.items():
+        starts[name] = driver.cold_starts
+        if grace_s is None:
+            continue
+        cold_starts += len(driver.cold_starts)
+        up_s += _up_seconds(driver.timeline, end)
+    cold_waits = 0
+    for run in sim.cluster.runs:
+        index = keys.get(run.job_id.replace("-", ""))
+        if index is None or index not in waits:
+            continue
+        arrived = trace.jobs[index].submitted_at
+        times = starts[run.net]
+        # A start asked for between the job's arrival and its dispatch: it waited for it.
+        i = bisect.bisect_left(times, arrived)
+        if i < len(times) and times[i] <= arrived + waits[index]:
+            cold_waits += 1
+    return Replay(waits, up_s, cold_starts, cold_waits, unfinished, time.perf_counter() - started)
+
+
+def _secs(stored: str) -> float:
+    from datetime import datetime
+
+    return seconds_of(datetime.fromisoformat(stored))
+
+
+def _up_seconds(timeline: Sequence[tuple[float, int]], end: float) -> float:
+    """Seconds with at least one replica asked for or running, from a (t, replicas) record."""
+    total = 0.0
+    since: float | None = None
+    for t, replicas in timeline:
+        if replicas > 0 and since is None:
+            since = t
+        elif replicas == 0 and since is not None:
+            total += t - since
+            since = None
+    if since is not None:
+        total += max(0.0, end - since)
+    return total
+
+
+def _replay_job(args: tuple[Trace, tuple[str, ...], float | None, ColdStart]) -> Replay:
+    trace, nets, grace, cold = args
+    return replay(trace, nets, grace, cold)
+
+
+def simulate(
+    trace: Trace,
+    nets: Sequence[str],
+    graces: Sequence[float] = DEFAULT_GRACES,
+    cold: ColdStart = LOCAL,
+    *,
+    workers: int = 1,
+    wait_budget_s: float | None = None,
+) -> Report:
+    """Replay the trace at every grace and once always on; the figures and the
+    recommendation (the cheapest grace whose p95 added wait is within `wait_budget_s`,
+    default one cold start)."""
+    budget = cold.total_s if wait_budget_s is None else wait_budget_s
+    started = time.perf_counter()
+    check_nets(trace, nets)
+    todo: list[float | None] = [None, *graces]
+    args = [(trace, tuple(nets), g, cold) for g in todo]
+    if workers > 1 and len(args) > 1:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(args))) as pool:
+            replays = pool.map(_replay_job, args, chunksize=1)
+    else:
+        replays = [_replay_job(a) for a in args]
+    baseline, by_grace = replays[0], replays[1:]
+    horizon = trace.horizon_s
+    always_on_h = len(nets) * horizon / 3600
+    results = []
+    for grace, run in zip(graces, by_grace, strict=True):
+        added = [
+            max(0.0, wait - baseline.waits.get(i, wait)) for i, wait in sorted(run.waits.items())
+        ]
+        server_h = run.up_s / 3600
+        saved_h = always_on_h - server_h
+        results.append(
+            GraceResult(
+                grace_s=grace,
+                server_h=round(server_h, 3),
+                saved_h=round(saved_h, 3),
+                saved_pct=round(100 * saved_h / always_on_h, 2) if always_on_h else 0.0,
+                cold_starts=run.cold_starts,
+                wait_p50_s=round(percentile(added, 50), 2),
+                wait_p95_s=round(percentile(added, 95), 2),
+                wait_max_s=round(max(added, default=0.0), 2),
+                cold_waits=run.cold_waits,
+                unfinished=run.unfinished,
+                wall_s=round(run.wall_s, 2),
+            )
+        )
+    return Report(
+        source=trace.source,
+        jobs=len(trace.jobs),
+        nets=tuple(nets),
+        horizon_h=round(horizon / 3600, 3),
+        utilization=round(trace.utilization(len(nets)), 4),
+        always_on_h=round(always_on_h, 3),
+        cold_start=cold,
+        wait_budget_s=budget,
+        results=tuple(results),
+        recommended_s=recommend(results, budget),
+        wall_s=round(time.perf_counter() - started, 2),
+    )
+
+
+def table(report: Report) -> str:
+    """The report as a human table."""
+    cold = report.cold_start
+    lines = [
+        f"trace {report.source}: {report.jobs} jobs on {len(report.nets)} nets over "
+        f"{report.horizon_h:.1f} h, utilization {100 * report.utilization:.1f}%",
+        f"cold start ({cold.name}): {cold.total_s:.1f}s = provision {cold.provision_s:g}s"
+        f" + login {cold.login_s:g}s + sites {cold.sites_s:g}s",
+        f"always on: {report.always_on_h:.1f} server-hours",
+        "",
+        f"{'grace':>7} {'server-h':>9} {'saved-h':>8} {'saved':>7} {'cold':>5}"
+        f" {'wait p50':>9} {'p95':>7} {'max':>7} {'cold-waited':>11}",
+    ]
+    for r in report.results:
+        mark = "  <- recommended" if r.grace_s == report.recommended_s else ""
+        lines.append(
+            f"{_dur(r.grace_s):>7} {r.server_h:9.1f} {r.saved_h:8.1f} {r.saved_pct:6.1f}%"
+            f" {r.cold_starts:5d} {r.wait_p50_s:8.1f}s {r.wait_p95_s:6.1f}s"
+            f" {r.wait_max_s:6.1f}s {r.cold_waits:11d}{mark}"
+        )
+        if r.unfinished:
+            lines.append(f"        ({r.unfinished} job(s) did not complete)")
+    lines.append("")
+    budget = (
+        f"one cold start, {cold.total_s:.1f}s"
+        if report.wait_budget_s == cold.total_s
+        else f"{report.wait_budget_s:g}s"
+    )
+    if report.recommended_s is None:
+        lines.append(f"no grace keeps the p95 added wait within the budget ({budget})")
+    else:
+        lines.append(
+            f"recommended grace: {_dur(report.recommended_s)} (the cheapest whose p95 added"
+            f" wait stays within the budget, {budget})"
+        )
+    lines.append(f"simulated in {report.wall_s:.1f}s")
+    return "\n".join(lines)
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds / 60:g}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def plot(report: Report, path: Path) -> None:
+    """A PNG of saved % against p95 added wait, one labelled point per grace (matplotlib's
+    Agg backend: no display needed). ImportError if matplotlib is not installed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    try:
+        xs = [r.wait_p95_s for r in report.results]
+        ys = [r.saved_pct for r in report.results]
+        ax.plot(xs, ys, "o-", color="tab:blue")
+        for r in report.results:
+            best = r.grace_s == report.recommended_s
+            ax.annotate(
+                f"grace {_dur(r.grace_s)}" + (" (recommended)" if best else ""),
+                (r.wait_p95_s, r.saved_pct),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=8,
+                fontweight="bold" if best else "normal",
+            )
+        cold = report.cold_start.total_s
+        ax.axvline(cold, color="tab:red", linestyle="--", linewidth=1)
+        ax.text(cold, min(ys, default=0), " one cold start", color="tab:red", fontsize=8)
+        if report.wait_budget_s != cold:
+            ax.axvline(report.wait_budget_s, color="tab:green", linestyle=":", linewidth=1)
+            ax.text(
+                report.wait_budget_s,
+                max(ys, default=0),
+                " wait budget",
+                color="tab:green",
+                fontsize=8,
+            )
+        ax.set_xlabel("p95 added wait per job (s)")
+        ax.set_ylabel("server-hours saved vs always on (%)")
+        ax.set_title(
+            f"{report.jobs} jobs, {len(report.nets)} nets, {report.horizon_h / 24:.1f} days,"
+            f" utilization {100 * report.utilization:.0f}%, cold start {cold:.0f}s",
+            fontsize=9,
+        )
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+
+
+__all__ = [
+    "DEFAULT_GRACES",
+    "FARGATE",
+    "LOCAL",
+    "PROFILES",
+    "GraceResult",
+    "Replay",
+    "Report",
+    "percentile",
+    "plot",
+    "recommend",
+    "replay",
+    "simulate",
+    "table",
+]

@@ -1,0 +1,147 @@
+"""`fl-dispatcher simulate` checked against reality once: a tiny trace replayed on the real
+local stack (a real Celery worker and a separate beat, a private Redis, PostgreSQL, the local
+driver and a real NVFLARE server with two sites) and on the simulator, whose server-up time
+must agree within 10%.
+
+The real side's server-up time comes from the dispatcher's own net history (net_events:
+from leaving STOPPED to being STOPPED again). The simulator replays the same submissions
+(the times the real jobs were created) with the default `local` cold-start profile and the
+stack's own timings; a job's traced duration is how long it really ran (RUNNING to
+COMPLETED in its history), since NVFLARE's run time for a FedAvg job is not set by a trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from sqlalchemy import select
+
+from app.local.stack import NET, LocalStack, StackOptions
+from app.sim import savings
+from app.sim.trace import Trace, TraceJob
+from models import JobEvent, JobState, NetEvent, NetState
+from tests.fixtures.db import fresh_pg_database
+from tests.fixtures.services import PrivateRedis
+
+pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
+
+GRACE_S = 15.0
+HOUSEKEEPING_S = 1.5
+# Submission offsets (s): two back to back (the second waits for the first on the one net,
+# warm), then one after the server has gone (a second cold start).
+PLAN = (("sim-a", 0.0), ("sim-b", 1.0), ("sim-c", 80.0))
+RUN_S = 240.0
+TOLERANCE = 0.10
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[LocalStack]:
+    with fresh_pg_database("fld_e2e_sim") as url:
+        redis = PrivateRedis(tmp_path_factory.mktemp("redis"))
+        redis.start()
+        try:
+            options = StackOptions(
+                workdir=tmp_path_factory.mktemp("e2e-sim"),
+                database_url=url,
+                broker_url=redis.url(),
+                idle_timeout_s=GRACE_S,
+                ready_timeout_s=90,
+                housekeeping_interval_s=HOUSEKEEPING_S,
+                embedded_beat=False,
+            )
+            with LocalStack(options) as running:
+                yield running
+        finally:
+            redis.stop()
+
+
+def _seconds(at: datetime, since: datetime) -> float:
+    return (at - since).total_seconds()
+
+
+def real_up_s(events: list[tuple[str, str, datetime]]) -> tuple[float, int]:
+    """Server-up seconds and cold starts from a net's history: each stretch from leaving
+    STOPPED to entering STOPPED again."""
+    total, starts, since = 0.0, 0, None
+    for src, dst, at in events:
+        if src == NetState.STOPPED and since is None:
+            since, starts = at, starts + 1
+        elif dst == NetState.STOPPED and since is not None:
+            total += _seconds(at, since)
+            since = None
+    assert since is None, "the net did not end STOPPED"
+    return total, starts
+
+
+def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalStack) -> None:
+    assert stack.net().state == NetState.STOPPED
+    started = time.monotonic()
+    ids = []
+    for key, offset in PLAN:
+        time.sleep(max(0.0, started + offset - time.monotonic()))
+        ids.append(stack.enqueue(key))
+    for job_id in ids:
+        job = stack.wait_for(
+            f"job {job_id} done",
+            lambda job_id=job_id: (
+                j
+                if (j := stack.job(job_id)) is not None
+                and j.state in (JobState.COMPLETED, JobState.FAILED)
+                else None
+            ),
+            RUN_S,
+        )
+        assert job.state == JobState.COMPLETED, job.last_error
+    stack.wait_for(
+        "the net STOPPED and its server process gone",
+        lambda: stack.net().state == NetState.STOPPED and stack.driver().observe().running == 0,
+        RUN_S,
+    )
+
+    jobs = [stack.job(job_id) for job_id in ids]
+    history = stack.read(
+        lambda s: [
+            (e.job_id, str(e.to_state), e.at)
+            for e in s.scalars(select(JobEvent).order_by(JobEvent.id))
+        ]
+    )
+    net_history = stack.read(
+        lambda s: [
+            (str(e.from_state), str(e.to_state), e.at)
+            for e in s.scalars(
+                select(NetEvent).where(NetEvent.net_name == NET).order_by(NetEvent.id)
+            )
+        ]
+    )
+    real_s, real_starts = real_up_s(net_history)
+
+    first = min(j.created_at for j in jobs if j is not None)
+    traced = []
+    for job in jobs:
+        assert job is not None
+        ran = [at for job_id, state, at in history if job_id == job.id and state == "RUNNING"]
+        ended = [at for job_id, state, at in history if job_id == job.id and state == "COMPLETED"]
+        traced.append(TraceJob(_seconds(job.created_at, first), _seconds(ended[-1], ran[-1])))
+    trace = Trace(tuple(traced), source="e2e")
+    assert stack.settings is not None
+    settings = stack.settings
+    timings = {
+        "housekeeping_interval_s": settings.housekeeping_interval_s,
+        "ready_poll_s": settings.ready_poll_s,
+        "stuck_after_s": settings.stuck_after_s,
+        "server_lost_grace_s": settings.server_lost_grace_s,
+        "keep_alive_interval_s": settings.keep_alive_interval_s,
+    }
+    sim = savings.replay(trace, [NET], GRACE_S, savings.LOCAL, timings=timings)
+    difference = abs(sim.up_s - real_s) / real_s
+    print(
+        f"\nserver up: real {real_s:.1f}s ({real_starts} cold starts), simulated"
+        f" {sim.up_s:.1f}s ({sim.cold_starts} cold starts): {100 * difference:.1f}% apart;"
+        f" trace {[(round(j.submitted_at, 1), round(j.duration_s, 1)) for j in traced]}"
+    )
+    assert sim.unfinished == 0
+    assert sim.cold_starts == real_starts == 2
+    assert difference <= TOLERANCE, f"real {real_s:.1f}s vs simulated {sim.up_s:.1f}s"
