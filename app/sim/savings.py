@@ -29,14 +29,16 @@ from app.sim.workload import ColdStart, JobSpec, NetSpec, Workload, WorldSpec
 
 DEFAULT_GRACES = (0.0, 60.0, 300.0, 600.0, 1800.0)
 # This repository's local NVFLARE 2.9 (server and two sites on one machine; the local driver
-# starts the server process at once and stops it synchronously): the medians of
-# `python -m tests.bench.bench_cold_start --reps 3` (README "Simulating scale-to-zero").
-LOCAL = ColdStart("local", provision_s=0.0, login_s=3.8, sites_s=15.6, stop_s=0.1)
+# starts the server process at once and stops it synchronously): the means of
+# `python -m tests.bench.bench_cold_start --reps 6 --down 20` (README "Simulating
+# scale-to-zero"). A site re-registers on its own retry timer, so one cold start's `sites`
+# is about 6-8 s or 16-18 s; the mean is what server-hours add up to.
+LOCAL = ColdStart("local", provision_s=0.0, login_s=3.2, sites_s=13.4, stop_s=0.1)
 # ECS Fargate: placing the task, pulling the NVFLARE image and starting the container come
 # first, and a stopped task drains for a while. NOT measured here (no AWS from this
 # machine): an assumption to replace with what your cluster shows (the STARTING -> READY
-# times in the net history), e.g. `--cold-start 60,3.8,15.6,30`.
-FARGATE = ColdStart("fargate", provision_s=60.0, login_s=3.8, sites_s=15.6, stop_s=30.0)
+# times in the net history), e.g. `--cold-start 60,3.2,13.4,30`.
+FARGATE = ColdStart("fargate", provision_s=60.0, login_s=3.2, sites_s=13.4, stop_s=30.0)
 PROFILES = {p.name: p for p in (LOCAL, FARGATE)}
 
 
