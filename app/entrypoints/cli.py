@@ -356,7 +356,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         report = savings.simulate(
             workload,
             nets,
-            args.grace,
+            savings.DEFAULT_GRACES if args.grace is None else args.grace,
             args.cold_start,
             workers=args.workers,
             wait_budget_s=args.wait_budget,
@@ -536,8 +536,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _graces(text: str) -> tuple[float, ...]:
+    from app.sim.savings import parse_graces  # the simulator loads only for `simulate`
+
+    return parse_graces(text)
+
+
+def _cold_start(text: str) -> Any:
+    from app.sim.savings import parse_cold_start
+
+    return parse_cold_start(text)
+
+
 def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentParser]) -> None:
-    from app.sim import savings, trace
+    from app.sim import trace  # light: the standard library only
 
     p = add(
         "simulate", None, "replay a workload trace at each idle grace: server-hours saved, waits"
@@ -552,8 +564,8 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument(
         "--grace",
-        type=savings.parse_graces,
-        default=savings.DEFAULT_GRACES,
+        type=_graces,
+        default=None,
         metavar="S,S,...",
         help="idle grace values in seconds (default 0,60,300,600,1800)",
     )
@@ -565,8 +577,8 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument(
         "--cold-start",
-        type=savings.parse_cold_start,
-        default=savings.LOCAL,
+        type=_cold_start,
+        default="local",
         metavar="PROFILE",
         help="local (default), fargate, or PROVISION,LOGIN,SITES[,STOP] in seconds",
     )

@@ -365,7 +365,7 @@ def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {
         "config", "status", "jobs", "job", "enqueue", "abort", "db",
-        "diagram", "schema", "api", "ready", "worker", "beat", "demo",
+        "diagram", "schema", "api", "ready", "worker", "beat", "demo", "simulate",
     }  # fmt: skip
 
 
