@@ -5,13 +5,19 @@ must agree within 10%.
 
 The real side's server-up time comes from the dispatcher's own net history (net_events:
 from leaving STOPPED to being STOPPED again). The simulator replays the same submissions
-(the times the real jobs were created) with the default `local` cold-start profile and the
-stack's own timings; a job's traced duration is how long it really ran (RUNNING to
-COMPLETED in its history), since NVFLARE's run time for a FedAvg job is not set by a trace.
+(the times the real jobs were created) with the stack's own timings; a job's traced
+duration is how long it really ran (RUNNING to COMPLETED in its history), since NVFLARE's
+run time for a FedAvg job is not set by a trace. Its cold start is the mean of this run's
+real ones (STARTING to READY): a local cold start is about 4-11 s or about 19 s (a site
+re-registers on its own retry timer), so two draws of it, not the model, would decide a
+comparison with the `local` profile's mean; that comparison is printed, not asserted.
+What is checked is everything else: queueing, readiness, dispatch, monitoring, the grace,
+scale-down.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +29,7 @@ from sqlalchemy import func, select
 from app.local.stack import NET, LocalStack, StackOptions
 from app.sim import savings
 from app.sim.trace import Trace, TraceJob
+from app.sim.workload import ColdStart
 from models import JobEvent, JobState, NetEvent, NetState
 from tests.fixtures.db import fresh_pg_database
 from tests.fixtures.services import PrivateRedis
@@ -86,6 +93,18 @@ def wait_stopped(stack: LocalStack) -> None:
 
 def _seconds(at: datetime, since: datetime) -> float:
     return (at - since).total_seconds()
+
+
+def real_cold_starts(events: list[tuple[str, str, datetime]]) -> list[float]:
+    """Seconds from leaving STOPPED to READY, per start."""
+    starts, since = [], None
+    for src, dst, at in events:
+        if src == NetState.STOPPED:
+            since = at
+        elif dst == NetState.READY and since is not None:
+            starts.append(_seconds(at, since))
+            since = None
+    return starts
 
 
 def real_up_s(events: list[tuple[str, str, datetime]]) -> tuple[float, int]:
@@ -164,7 +183,17 @@ def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalSt
         "server_lost_grace_s": settings.server_lost_grace_s,
         "keep_alive_interval_s": settings.keep_alive_interval_s,
     }
-    sim = savings.replay(trace, [NET], GRACE_S, savings.LOCAL, timings=timings)
+    colds = real_cold_starts(net_history)
+    local = savings.LOCAL
+    measured = ColdStart(
+        "this run",
+        provision_s=0.0,
+        login_s=local.login_s,
+        sites_s=max(0.0, statistics.fmean(colds) - local.login_s),
+        stop_s=local.stop_s,
+    )
+    sim = savings.replay(trace, [NET], GRACE_S, measured, timings=timings)
+    profile = savings.replay(trace, [NET], GRACE_S, local, timings=timings)
     difference = abs(sim.up_s - real_s) / real_s
     origin = net_history[0][2]
     print(
@@ -176,8 +205,11 @@ def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalSt
         [(str(job_id)[:4], state, round(_seconds(at, origin), 1)) for job_id, state, at in history],
     )
     print(
-        f"\nserver up: real {real_s:.1f}s ({real_starts} cold starts), simulated"
-        f" {sim.up_s:.1f}s ({sim.cold_starts} cold starts): {100 * difference:.1f}% apart;"
+        f"\nserver up: real {real_s:.1f}s ({real_starts} cold starts of"
+        f" {', '.join(f'{c:.1f}s' for c in colds)}), simulated {sim.up_s:.1f}s"
+        f" ({sim.cold_starts} cold starts of {measured.total_s:.1f}s):"
+        f" {100 * difference:.1f}% apart; with the local profile ({local.total_s:.1f}s):"
+        f" {profile.up_s:.1f}s, {100 * abs(profile.up_s - real_s) / real_s:.1f}% apart;"
         f" trace {[(round(j.submitted_at, 1), round(j.duration_s, 1)) for j in traced]}"
     )
     assert sim.unfinished == 0
