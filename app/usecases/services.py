@@ -484,7 +484,7 @@ def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None
         select(RejectedRequest)
         .where(RejectedRequest.job_id == job_id)
         .order_by(RejectedRequest.at.desc(), RejectedRequest.id.desc())
-        .limit(1)
+        .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
     )
 
 

@@ -1,0 +1,50 @@
+"""A net whose settings are wrong is taken out of service until a human fixes them: at a
+worker's start (`prepare_nets_at_start` uses these), and reset when the worker restarts."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from app.usecases import services
+from models import NetEvent, NetState
+
+
+def _net_with_history(session, name):
+    net = services.get_net(session, name)
+    events = session.scalars(select(NetEvent).where(NetEvent.net_name == name)).all()
+    return net, [(e.from_state, e.to_state, e.reason) for e in events]
+
+
+def test_a_misconfigured_net_says_why_and_takes_no_job(world):
+    with world.rt.sessions.begin() as session:
+        assert services.mark_misconfigured(
+            session, "net-a", "kit names another server", world.clock()
+        )
+    with world.rt.sessions() as session:
+        net, history = _net_with_history(session, "net-a")
+    assert (net.state, net.last_error) == (NetState.MISCONFIGURED, "kit names another server")
+    assert history[-1] == (NetState.STOPPED, NetState.MISCONFIGURED, "kit names another server")
+    world.enqueue("j", net="net-a")
+    with world.rt.sessions.begin() as session:
+        assert services.assign_next_job(session, world.rt.settings, world.clock()) is None
+
+
+def test_a_net_with_an_active_job_is_not_taken_out_of_service(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        assert not services.mark_misconfigured(session, "net-a", "kit check failed", world.clock())
+    net = world.net("net-a")
+    assert (net.state, net.last_error) == (NetState.BUSY, None)
+
+
+def test_a_worker_restart_puts_a_misconfigured_net_back_in_service(world):
+    with world.rt.sessions.begin() as session:
+        services.mark_misconfigured(session, "net-a", "kit names another server", world.clock())
+    with world.rt.sessions.begin() as session:  # a mere sync (not a start) keeps it out
+        assert services.sync_nets(session, world.rt.settings, world.clock()) == []
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    with world.rt.sessions.begin() as session:
+        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+    net = world.net("net-a")
+    assert (net.state, net.last_error) == (NetState.STOPPED, None)

@@ -1,0 +1,66 @@
+"""A run past its net's maximum run time is aborted and its job FAILED; an abort the server
+does not confirm must not leave the run going: a scale-to-zero net is taken down, an
+always-on net keeps it as a stray run that blocks the net until it is settled."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from app.errors import UnknownAdminError
+from app.usecases import dispatch, housekeeping
+from models import JobState, NetState, StrayRun
+
+
+def _overrunning(world, net: str):
+    job_id = world.enqueue("j", net=net)
+    world.run_pipeline(job_id)
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    return job_id
+
+
+def _abort_fails(world, net: str) -> None:
+    def unconfirmed(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin(net).abort = unconfirmed  # type: ignore[method-assign]
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_a_confirmed_abort_fails_the_job_and_keeps_the_server(world):
+    job_id = _overrunning(world, "net-a")
+    assert housekeeping.monitor_running_jobs(world.rt)[str(job_id)] == "failed: overran"
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED
+    assert "exceeded the maximum run time" in (job.last_error or "")
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert _strays(world) == []
+    assert world.driver("net-a").replicas == 1  # idle now; scale-down waits for its grace
+
+
+def test_an_unconfirmed_abort_on_a_scale_to_zero_net_takes_the_server_down(world):
+    job_id = _overrunning(world, "net-a")
+    _abort_fails(world, "net-a")
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+    assert world.driver("net-a").replicas == 0  # the run died with its server
+    assert world.net("net-a").state == NetState.STOPPED
+    assert _strays(world) == []  # settled by the server going away
+
+
+def test_an_unconfirmed_abort_on_an_always_on_net_leaves_a_stray_run_that_blocks_it(world):
+    job_id = _overrunning(world, "fixed")
+    _abort_fails(world, "fixed")
+    housekeeping.monitor_running_jobs(world.rt)
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED
+    assert "not confirmed" in (job.last_error or "")
+    [stray] = _strays(world)
+    assert (stray.net_name, stray.job_id, stray.nvflare_job_id) == ("fixed", job_id, "nv-1")
+    assert stray.reason == job.last_error
+    assert world.drivers.get("fixed") is None or world.drivers["fixed"].calls == []
+    world.enqueue("next", net="fixed")
+    assert dispatch.assign_jobs(world.rt) == []  # no new job beside a run that may live
