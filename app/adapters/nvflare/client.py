@@ -200,15 +200,15 @@ def classified_error(exc: BaseException, context: str = "") -> DispatcherError:
     return error
 
 
+# Mutation testing covers this module's error classification and run-status mapping only
+# (pyproject [tool.mutmut]): the session handling below talks to a real server and is what the
+# integration tier's real-NVFLARE tests are for.
+# pragma: no mutate start
 def _is_connection_failure(error: DispatcherError) -> bool:
     # Anything but a job-level answer means the session can no longer be trusted.
     return not isinstance(error, (NvflareJobNotFound, NvflareJobNotRunning, InvalidRequest))
 
 
-# Mutation testing covers this module's error classification and run-status mapping only
-# (pyproject [tool.mutmut]): the session handling below talks to a real server and is what the
-# integration tier's real-NVFLARE tests are for.
-# pragma: no mutate start
 def _close_quietly(session: Any, *, logout: bool) -> None:
     """Close an nvflare session so its cell threads stop (an unclosed one keeps the process
     alive for 40 s+). `logout=False` skips the logout round trip to a server known gone."""
