@@ -3,10 +3,12 @@ worker's start (`prepare_nets_at_start` uses these), and reset when the worker r
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
-from app.usecases import services
-from models import NetEvent, NetState
+from app.errors import AdminMisconfigured
+from app.usecases import dispatch, services
+from models import JobState, NetEvent, NetState
 
 
 def _net_with_history(session, name):
@@ -48,3 +50,25 @@ def test_a_worker_restart_puts_a_misconfigured_net_back_in_service(world):
         services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.STOPPED, None)
+
+
+def test_a_net_found_misconfigured_in_the_pipeline_says_why_and_so_does_its_job(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+
+    def wrong_ca(sites):
+        raise AdminMisconfigured("kit signed by another CA")
+
+    world.admin("net-a").is_ready = wrong_ca  # type: ignore[method-assign]
+    with pytest.raises(AdminMisconfigured):
+        dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    net = world.net("net-a")
+    assert (net.state, net.last_error) == (NetState.MISCONFIGURED, "kit signed by another CA")
+    with world.rt.sessions() as session:
+        _, history = _net_with_history(session, "net-a")
+    assert history[-1][1:] == (NetState.MISCONFIGURED, "kit signed by another CA")
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 0)
+    assert job.last_error == "net net-a misconfigured: kit signed by another CA"
+    assert world.driver("net-a").replicas == 0
