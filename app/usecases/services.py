@@ -436,8 +436,7 @@ def hold_for_report(session: Session, job_id: uuid.UUID, detail: str, now: datet
     """NVFLARE finished the run; its results are still on the server's disk: FINISHING keeps
     the net BUSY (never scaled down) until flip-api reports the upload or time runs out."""
     job = get_job(session, job_id, lock=True)
-    reason = f"{detail}; holding the server for results upload"  # pragma: no mutate (words)
-    job.transition(JobState.FINISHING, now, reason)
+    job.transition(JobState.FINISHING, now, f"{detail}; holding the server for results upload")
 
 
 def expire_report_wait(
