@@ -72,3 +72,14 @@ def test_a_net_found_misconfigured_in_the_pipeline_says_why_and_so_does_its_job(
     assert (job.state, job.attempts) == (JobState.QUEUED, 0)
     assert job.last_error == "net net-a misconfigured: kit signed by another CA"
     assert world.driver("net-a").replicas == 0
+
+
+def test_another_nets_job_does_not_keep_a_net_in_service(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        assert services.mark_misconfigured(
+            session, "fixed", "kit names another server", world.clock()
+        )
+    assert world.net("fixed").state == NetState.MISCONFIGURED
+    assert world.net("net-a").state == NetState.BUSY
