@@ -58,6 +58,16 @@ def test_a_run_that_finished_before_the_abort_keeps_its_verdict(world, nvflare_s
     assert world.server("net-a").aborted == []
 
 
+def test_a_confirmed_abort_says_so(world):
+    job_id = _running(world)
+    _aborting(world, job_id)
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    assert _last_reason(world, job_id) == "aborted on the server"
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert _strays(world) == []
+    assert KICK in world.outbox.sent
+
+
 def test_a_finished_run_whose_verdict_cannot_be_read_is_aborted(world):
     job_id = _running(world)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
@@ -90,6 +100,7 @@ def test_nothing_to_abort_is_believed_only_if_the_server_says_the_run_is_over(
     )
     _aborting(world, job_id)
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    assert _last_reason(world, job_id) == "nothing to abort: not running"
     strays = _strays(world)
     assert [(s.job_id, s.nvflare_job_id) for s in strays] == (
         [(job_id, "nv-1")] if stray_kept else []
