@@ -458,7 +458,7 @@ def record_rejection(
     now: datetime,
     retention_s: float,
     *,
-    callbacks: bool = False,
+    callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
 ) -> RejectedRequest:
     """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also

@@ -12,6 +12,7 @@ from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable, UnknownAdminError
 from app.usecases import abort, dispatch, intake, services
 from models import JobEvent, JobState, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
 
 KICK = (names.ASSIGN_NEXT_JOB, {})
 
@@ -197,3 +198,29 @@ def test_strays_of_a_silent_server_are_kept_and_the_others_settled(world):
     server.up = True
     assert abort.settle_stray_runs(world.rt, "fixed") == 0
     assert dispatch.assign_jobs(world.rt) != []  # the net takes jobs again
+
+
+def test_a_stray_the_server_has_never_heard_of_is_forgotten(world):
+    _stray_on_fixed(world, nvflare_job_id="nv-unknown", token=None)
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0
+    assert _strays(world) == []
+
+
+def test_every_stray_a_silent_server_holds_is_counted(world):
+    server = world.server("fixed")
+    for run in ("nv-8", "nv-9"):
+        server.statuses[run] = "RUNNING"
+        _stray_on_fixed(world, nvflare_job_id=run, token=None)
+    server.up = False
+    assert abort.settle_stray_runs(world.rt, "fixed") == 2
+
+
+def test_an_expired_abort_on_a_scale_to_zero_net_takes_the_server_down(world):
+    job_id = _running(world)
+    world.admin("net-a").abort = _unconfirmed  # type: ignore[method-assign]
+    _aborting(world, job_id)
+    abort.abort_on_server(world.rt, job_id)
+    assert abort.expire_abort(world.rt, job_id) == JobState.ABORTED
+    assert world.driver("net-a").replicas == 0
+    assert scale_decisions(world, "net-a")[-1] == (0, f"run of job {job_id} could not be aborted")
+    assert _strays(world) == []  # gone with the server

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from app.errors import AdminMisconfigured
 from app.usecases import dispatch, services
 from models import JobState, NetEvent, NetState
+from tests.unit.scale_history import scale_decisions
 
 
 def _net_with_history(session, name):
@@ -72,6 +73,7 @@ def test_a_net_found_misconfigured_in_the_pipeline_says_why_and_so_does_its_job(
     assert (job.state, job.attempts) == (JobState.QUEUED, 0)
     assert job.last_error == "net net-a misconfigured: kit signed by another CA"
     assert world.driver("net-a").replicas == 0
+    assert scale_decisions(world, "net-a")[-1] == (0, "net misconfigured")
 
 
 def test_another_nets_job_does_not_keep_a_net_in_service(world):

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from app.errors import UnknownAdminError
 from app.usecases import dispatch, housekeeping
 from models import JobState, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
 
 
 def _overrunning(world, net: str):
@@ -48,6 +49,10 @@ def test_an_unconfirmed_abort_on_a_scale_to_zero_net_takes_the_server_down(world
     assert world.job(job_id).state == JobState.FAILED
     assert world.driver("net-a").replicas == 0  # the run died with its server
     assert world.net("net-a").state == NetState.STOPPED
+    assert scale_decisions(world, "net-a")[-1] == (
+        0,
+        f"overrun of job {job_id} could not be aborted",
+    )
     assert _strays(world) == []  # settled by the server going away
 
 

@@ -8,6 +8,7 @@ from app.adapters.drivers.base import Observation
 from app.usecases import dispatch, services
 from app.usecases.dispatch import Step
 from models import JobState, NetState
+from tests.unit.scale_history import scale_decisions
 
 
 def _claimed(world, net: str):
@@ -21,12 +22,15 @@ def test_a_scale_to_zero_net_past_its_deadline_is_unhealthy_and_scaled_down(worl
     job_id = _claimed(world, "net-a")
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.NOT_READY
     world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
-    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
+    result = dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    assert result.step == Step.GAVE_UP
     job, net = world.job(job_id), world.net("net-a")
+    assert result.detail == job.last_error
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
     assert job.last_error is not None and job.last_error.startswith("not ready after 120s")
     assert (net.state, net.last_error) == (NetState.UNHEALTHY, job.last_error)
     assert world.driver("net-a").replicas == 0
+    assert scale_decisions(world, "net-a")[-1] == (0, "readiness deadline passed")
 
 
 def test_an_always_on_net_past_its_deadline_is_an_outage_and_never_scaled(world):

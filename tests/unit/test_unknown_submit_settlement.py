@@ -11,6 +11,7 @@ from sqlalchemy import select
 from app.errors import ServerUnavailable
 from app.usecases import dispatch, services
 from models import JobState, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
 
 REASON = "submit outcome unknown"
 
@@ -40,6 +41,14 @@ def test_a_job_that_is_not_dispatching_is_left_alone(world):
     assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
     assert (job.state, job.attempts, job.nvflare_job_id) == (JobState.RUNNING, 0, "nv-1")
+    assert _strays(world) == []
+
+
+def test_an_assigned_job_is_left_alone(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert world.job(job_id).state == JobState.ASSIGNED
     assert _strays(world) == []
 
 
@@ -93,7 +102,8 @@ def test_a_silent_always_on_server_keeps_the_possible_run_as_a_stray_run(world):
     job_id = _unknown_submit(world, net="fixed")
     world.server("fixed").up = False
     assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
-    assert world.job(job_id).state == JobState.QUEUED
+    job = world.job(job_id)
+    assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
     [stray] = _strays(world)
     assert (stray.net_name, stray.job_id, stray.submit_token, stray.reason) == (
         "fixed",
@@ -104,3 +114,12 @@ def test_a_silent_always_on_server_keeps_the_possible_run_as_a_stray_run(world):
     # An always-on server is never taken down: the stray run is aborted when it answers.
     assert world.net("fixed").state not in (NetState.STOPPING, NetState.STOPPED)
     assert world.driver("fixed").calls == []
+
+
+def test_a_silent_scale_to_zero_server_is_taken_down_saying_for_which_job(world):
+    job_id = _unknown_submit(world)
+    world.server("net-a").up = False
+    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
+    assert scale_decisions(world, "net-a")[-1] == (0, f"settling job {job_id}'s unknown submit")
