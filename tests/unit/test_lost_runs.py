@@ -10,6 +10,7 @@ from app.errors import AdminMisconfigured, ServerUnavailable
 from app.schemas import EnqueueJob
 from app.usecases import housekeeping, intake, services
 from models import JobEvent, JobState, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
 
 
 def _strays(world):
@@ -99,3 +100,18 @@ def test_a_busy_net_whose_admin_access_is_misconfigured_says_so_past_the_grace(w
     net = world.net("net-a")
     assert net.state == NetState.MISCONFIGURED
     assert net.last_error == "admin access failed on a busy net: admin certificate expired"
+
+
+def test_a_run_lost_on_a_silent_scale_to_zero_server_dies_with_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    _unreachable(world, "net-a", ServerUnavailable("no route"))
+    housekeeping.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s)
+    housekeeping.monitor_running_jobs(world.rt)
+    grace = f"{world.rt.settings.server_lost_grace_s:.0f}s"
+    assert scale_decisions(world, "net-a")[-1] == (
+        0,
+        f"run of job {job_id} lost: server not answering for {grace}: no route",
+    )
+    assert _strays(world) == []  # gone with the server

@@ -105,3 +105,26 @@ def test_a_driver_that_says_misconfigured_takes_the_net_out_of_service_once(worl
             .where(NetEvent.net_name == "net-a", NetEvent.to_state == NetState.MISCONFIGURED)
         )
     assert marked == 1
+
+
+def test_a_starting_net_claimed_while_reconcile_looks_is_ready_for_its_job(world):
+    _starting_without_a_job(world)
+    driver = world.driver("net-a")
+    driver.replicas = 1
+    real_observe = driver.observe
+    late = world.enqueue("late", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        return real_observe()
+
+    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    housekeeping.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY  # its server is up
+    assert world.job(late).state == JobState.ASSIGNED
+
+
+def test_a_scale_up_not_yet_overdue_is_no_repair(world):
+    world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # its chain is on the way: nothing to repair yet
+    assert not [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("net-a")]

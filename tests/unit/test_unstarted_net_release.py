@@ -34,6 +34,8 @@ def test_a_net_is_stopped_again_only_if_no_server_is_on_its_way(world, observed,
     result = dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
 
     assert result.step == Step.GAVE_UP
-    assert world.job(job_id).state == JobState.FAILED
+    job = world.job(job_id)
+    assert (job.state, job.last_error) == (JobState.FAILED, f"rejected: {result.detail}")
+    assert "disappeared" in result.detail
     assert world.driver("net-a").calls == []  # never asked to scale up for a bundle-less job
     assert world.net("net-a").state == net_after

@@ -1,0 +1,34 @@
+"""A housekeeping loop that fails on one net records it on that net (`last_error`, shown by
+/fl/status and the CLI, naming the loop) and goes on with the other nets."""
+
+from __future__ import annotations
+
+import json
+
+from app.settings import Settings
+from app.usecases import housekeeping
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+
+
+def test_a_keep_alive_that_crashes_on_one_net_is_recorded_there_and_pings_the_others(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]),
+        PER_JOB_FL_SERVER="true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    for name in ("net-a", "net-b"):
+        world.run_pipeline(world.enqueue(f"job-{name}", net=name))
+
+    def crash() -> None:
+        raise RuntimeError("bug in a client")
+
+    world.admin("net-a").ping = crash  # type: ignore[method-assign]
+    assert housekeeping.keep_alive_busy_nets(world.rt) == ["net-b"]
+    assert world.net("net-a").last_error == "keep_alive_busy_nets: RuntimeError: bug in a client"
+    assert world.net("net-b").last_error is None
+    assert world.server("net-b").pings == 1
