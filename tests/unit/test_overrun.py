@@ -4,11 +4,16 @@ always-on net keeps it as a stray run that blocks the net until it is settled.""
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import select
 
 from app.errors import UnknownAdminError
+from app.settings import Settings
 from app.usecases import dispatch, housekeeping
 from models import JobState, NetState, StrayRun
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
 from tests.unit.scale_history import scale_decisions
 
 
@@ -69,3 +74,36 @@ def test_an_unconfirmed_abort_on_an_always_on_net_leaves_a_stray_run_that_blocks
     assert world.drivers.get("fixed") is None or world.drivers["fixed"].calls == []
     world.enqueue("next", net="fixed")
     assert dispatch.assign_jobs(world.rt) == []  # no new job beside a run that may live
+
+
+def test_a_run_at_exactly_its_limit_is_not_an_overrun(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.clock.advance(world.rt.settings.max_run_s)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_nets_own_limit_wins_over_the_default(tmp_path, job_root, sqlite_factory, clock):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs", max_run_s=600)]),
+        PER_JOB_FL_SERVER="true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.clock.advance(601)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+
+
+def test_an_aborting_job_is_left_to_the_abort_timeout_not_failed_as_an_overrun(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    _abort_fails(world, "net-a")
+    assert world.abort(job_id) == JobState.ABORTING
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.ABORTING
