@@ -103,8 +103,8 @@ def test_nothing_to_abort_is_believed_only_if_the_server_says_the_run_is_over(
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
     assert _last_reason(world, job_id) == "nothing to abort: not running"
     strays = _strays(world)
-    assert [(s.job_id, s.nvflare_job_id) for s in strays] == (
-        [(job_id, "nv-1")] if stray_kept else []
+    assert [(s.job_id, s.nvflare_job_id, s.reason) for s in strays] == (
+        [(job_id, "nv-1", "nothing to abort: not running")] if stray_kept else []
     )
 
 

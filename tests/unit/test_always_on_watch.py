@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import select
 
 from app.settings import Settings
 from app.usecases import dispatch, housekeeping, services
-from models import JobState, NetState
+from models import JobState, NetEvent, NetState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 from tests.unit.scale_history import scale_decisions
@@ -98,3 +99,39 @@ def test_a_misconfigured_always_on_net_is_no_repair(always_on):
     assert not [r for r in repaired if r.startswith("fixed")]
     assert world.net("fixed").state == NetState.MISCONFIGURED
     assert dispatch.assign_jobs(world.rt) == []
+
+
+def _last_move(world, name: str):
+    with world.rt.sessions() as session:
+        e = session.scalars(
+            select(NetEvent).where(NetEvent.net_name == name).order_by(NetEvent.id)
+        ).all()[-1]
+        return e.from_state, e.to_state, e.reason
+
+
+def test_an_outage_under_a_running_job_ends_busy_and_says_why(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    world.server("fixed").up = False
+    housekeeping.reconcile(world.rt)
+    assert _last_move(world, "fixed") == (
+        NetState.BUSY,
+        NetState.OUTAGE,
+        "always-on server unreachable",
+    )
+    world.server("fixed").up = True
+    housekeeping.reconcile(world.rt)
+    assert _last_move(world, "fixed") == (
+        NetState.OUTAGE,
+        NetState.BUSY,
+        "always-on server reachable",
+    )
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_healthy_always_on_net_is_no_repair(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    assert not [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("fixed")]
