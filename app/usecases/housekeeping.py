@@ -583,7 +583,13 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
             if state == JobState.ASSIGNED:
                 # The chain itself gives up at the readiness deadline; past that plus the
                 # stuck margin, the chain is gone (lost message, dead worker): requeue.
-                ready_timeout_s = rt.settings.net(net_name or "").ready_timeout_s if known else 0.0
+                # `or ""` never applies (a known net has a name; it is there for mypy), so
+                # that line is not mutated.
+                ready_timeout_s = (
+                    rt.settings.net(net_name or "").ready_timeout_s  # pragma: no mutate
+                    if known
+                    else 0.0
+                )
                 if age_s > ready_timeout_s + stuck_s:
                     requeue_after_transient(rt, job_id, f"stuck in ASSIGNED for {age_s:.0f}s")
                     redriven.append(f"{job_id}: requeued")

@@ -61,3 +61,34 @@ def test_an_idle_scale_down_that_crashes_on_one_net_is_recorded_there_and_stops_
     assert housekeeping.scale_down_idle_nets(world.rt) == ["net-b"]
     assert world.net("net-a").last_error == "scale_down_idle_nets: RuntimeError: bug in a driver"
     assert world.net("net-b").state == NetState.STOPPED
+
+
+def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]),
+        PER_JOB_FL_SERVER="true",
+        ABORT_TIMEOUT_S=3600,  # stuck, not expired: the abort is re-sent
+    )
+    world = World(settings, sqlite_factory, clock)
+    jobs = {}
+    for name in ("net-a", "net-b"):
+        jobs[name] = world.enqueue(f"job-{name}", net=name)
+        world.run_pipeline(jobs[name])
+        with world.rt.sessions.begin() as session:
+            services.abort_job(session, jobs[name], "user", world.clock())  # ABORTING
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    real_send = world.outbox.send
+
+    def send(task: str, **kwargs):
+        if kwargs.get("job_id") == str(jobs["net-a"]):
+            raise RuntimeError("broker bug")
+        return real_send(task, **kwargs)
+
+    world.outbox.send = send  # type: ignore[method-assign]
+    redriven = housekeeping.reconcile(world.rt).redriven
+    assert redriven == (f"{jobs['net-b']}: abort re-sent",)
+    assert world.net("net-a").last_error == "reconcile: RuntimeError: broker bug"

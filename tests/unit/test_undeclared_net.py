@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.errors import ServerUnavailable
 from app.settings import Settings
-from app.usecases import abort, dispatch, services
+from app.usecases import abort, dispatch, housekeeping, services
 from models import JobState, StrayRun
 from tests.fixtures.db import net_decl
 
@@ -57,3 +57,14 @@ def test_stray_runs_of_a_net_no_longer_declared_are_kept(world, tmp_path, job_ro
         )
     _redeploy_without_net_a(world, tmp_path, job_root)
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
+
+
+def test_a_job_assigned_to_a_net_no_longer_declared_is_requeued_once_stuck(
+    world, tmp_path, job_root
+):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)  # no readiness deadline to wait
+    assert f"{job_id}: requeued" in housekeeping.reconcile(world.rt).redriven
+    assert world.job(job_id).state == JobState.QUEUED
