@@ -94,17 +94,22 @@ def render(results: list[FileResult], with_diffs: bool) -> str:
         "Written by `bash tests/mutation/run.sh` (README, Tests: Mutation testing); do not edit.",
         "Score = killed / (killed + survived + no tests); timeouts count as killed.",
         "",
-        "| File | Mutants | Killed | Survived | No tests | Score |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| File | Mutants | Killed | Survived | No tests | Not checked | Score |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in [*results, total]:
         name = f"**{r.path}**" if r is total else f"`{r.path}`"
+        score = f"{r.score:.1f}%" if r.scored else "-"
         out.append(
             f"| {name} | {r.scored + sum(r.other.values())} | {r.killed} | {len(r.survived)} "
-            f"| {len(r.no_tests)} | {r.score:.1f}% |"
+            f"| {len(r.no_tests)} | {sum(r.other.values())} | {score} |"
         )
     if total.other:
-        out += ["", "Not scored: " + ", ".join(f"{n} {k}" for k, n in sorted(total.other.items()))]
+        out += [
+            "",
+            "Not checked (the run was stopped before them; the score is over the checked "
+            "ones): " + ", ".join(f"{n} {k}" for k, n in sorted(total.other.items())),
+        ]
     out += ["", "## Survivors", ""]
     if not (total.survived or total.no_tests):
         out.append("None: every mutant is killed or marked `# pragma: no mutate` with a reason.")
@@ -124,7 +129,8 @@ def main() -> None:
     REPORT.write_text(render(results, with_diffs="--no-diffs" not in sys.argv))
     print(f"wrote {REPORT.relative_to(ROOT)}")
     for r in results:
-        print(f"  {r.path}: {r.score:.1f}% ({r.killed}/{r.scored})")
+        unchecked = sum(r.other.values())
+        print(f"  {r.path}: {r.score:.1f}% ({r.killed}/{r.scored}; {unchecked} not checked)")
 
 
 if __name__ == "__main__":
