@@ -127,6 +127,8 @@ def test_a_jobless_starting_net_is_stopped_only_past_its_deadline(world):
     world.clock.advance(1)
     assert _notes(world) == ["net-a: STARTING without a job past the deadline: stopped"]
     assert world.net("net-a").state == NetState.STOPPED
+    assert scale_decisions(world, "net-a") == [(0, "start abandoned")]
+    assert _last_move(world) == (NetState.STOPPING, NetState.STOPPED, "start abandoned")
 
 
 def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):
@@ -139,3 +141,33 @@ def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     assert _notes(world) == []
     assert [t for t, _ in world.outbox.sent if t == "pipeline"] == []
+
+
+def test_a_ready_net_whose_server_is_gone_is_stopped(world):
+    _set_state(world, NetState.READY)  # the driver shows no replica
+    assert _notes(world) == ["net-a: drift: READY net had no server; now STOPPED"]
+    assert _last_move(world) == (NetState.READY, NetState.STOPPED, "drift: server gone")
+
+
+def test_a_ready_net_with_its_server_is_left_alone(world):
+    world.driver("net-a").replicas = 1
+    _set_state(world, NetState.READY)
+    assert _notes(world) == []
+    assert world.net("net-a").state == NetState.READY
+
+
+def test_a_stopped_net_with_a_server_is_scaled_down_once_past_the_stuck_margin(world):
+    world.driver("net-a").replicas = 1
+    world.clock.advance(world.rt.settings.stuck_after_s)
+    assert _notes(world) == []  # may be a scale-up on its way
+    world.clock.advance(1)
+    assert _notes(world) == ["net-a: drift: STOPPED net had a server; scaled to 0"]
+    assert scale_decisions(world, "net-a") == [(0, "drift: server up while STOPPED")]
+    with world.rt.sessions() as session:
+        moves = session.scalars(
+            select(NetEvent).where(NetEvent.net_name == "net-a").order_by(NetEvent.id)
+        ).all()
+    assert [(m.from_state, m.to_state, m.reason) for m in moves][-2:] == [
+        (NetState.STOPPED, NetState.STOPPING, "drift: server up"),
+        (NetState.STOPPING, NetState.STOPPED, "drift: server up while STOPPED"),
+    ]
