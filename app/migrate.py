@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from alembic import command
@@ -12,7 +13,10 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 def alembic_config(database_url: str) -> Config:
     """An Alembic Config for `database_url`, independent of the current directory."""
-    cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    # Alembic's default stdout is the sys.stdout of the moment alembic was imported; its
+    # messages (`db check`'s verdict) go to the one in place now, which may have been replaced
+    # since (by the CLI's caller, or a test runner that captures output per run).
+    cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"), stdout=sys.stdout)
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     # A literal '%' in a URL would be read as interpolation by configparser.
     cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))

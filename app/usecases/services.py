@@ -458,7 +458,7 @@ def record_rejection(
     now: datetime,
     retention_s: float,
     *,
-    callbacks: bool = False,
+    callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
 ) -> RejectedRequest:
     """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
@@ -484,7 +484,7 @@ def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None
         select(RejectedRequest)
         .where(RejectedRequest.job_id == job_id)
         .order_by(RejectedRequest.at.desc(), RejectedRequest.id.desc())
-        .limit(1)
+        .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
     )
 
 

@@ -1,0 +1,226 @@
+"""How an abort ends: a run that had finished keeps its verdict, a run the server says is
+over (or does not know) leaves nothing behind, and whatever may still be alive is kept as a
+stray run until the server confirms it stopped; the queue is kicked once a net is free."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app import names
+from app.adapters.nvflare.base import AbortOutcome, AbortResult
+from app.errors import ServerUnavailable, UnknownAdminError
+from app.usecases import abort, dispatch, intake, services
+from models import JobEvent, JobState, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
+
+KICK = (names.ASSIGN_NEXT_JOB, {})
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def _last_reason(world, job_id) -> str:
+    with world.rt.sessions() as session:
+        events = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id)).all()
+        return events[-1].reason
+
+
+def _running(world, net: str = "net-a"):
+    job_id = world.enqueue("j", net=net)
+    world.run_pipeline(job_id)
+    world.outbox.sent.clear()
+    return job_id
+
+
+def _aborting(world, job_id) -> None:
+    assert intake.request_abort(world.rt, job_id, "user").decision.state == JobState.ABORTING
+
+
+@pytest.mark.parametrize(
+    ("nvflare_status", "verdict"),
+    [
+        ("FINISHED:COMPLETED", JobState.COMPLETED),
+        ("FINISHED:EXECUTION_EXCEPTION", JobState.FAILED),
+        ("FINISHED:ABNORMAL", JobState.ABORTED),  # no verdict: the abort's
+    ],
+)
+def test_a_run_that_finished_before_the_abort_keeps_its_verdict(world, nvflare_status, verdict):
+    job_id = _running(world)
+    world.server("net-a").statuses["nv-1"] = nvflare_status
+    _aborting(world, job_id)
+    assert abort.abort_on_server(world.rt, job_id) == verdict
+    assert world.job(job_id).state == verdict
+    assert _last_reason(world, job_id) == f"finished before abort: NVFLARE {nvflare_status}"
+    assert world.net("net-a").state == NetState.READY
+    assert KICK in world.outbox.sent
+    assert world.server("net-a").aborted == []
+
+
+def test_a_confirmed_abort_says_so(world):
+    job_id = _running(world)
+    _aborting(world, job_id)
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    assert _last_reason(world, job_id) == "aborted on the server"
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert _strays(world) == []
+    assert KICK in world.outbox.sent
+
+
+def test_a_finished_run_whose_verdict_cannot_be_read_is_aborted(world):
+    job_id = _running(world)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    _aborting(world, job_id)
+
+    def no_status(_: str):
+        raise ServerUnavailable("gone again")
+
+    world.admin("net-a").job_status = no_status  # type: ignore[method-assign]
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    assert _last_reason(world, job_id) == "finished before abort: gone again"
+
+
+@pytest.mark.parametrize(
+    ("status_now", "stray_kept"),
+    [("RUNNING", True), ("FINISHED:ABORTED", False), (None, False)],
+    ids=["still-running", "over", "unknown-to-the-server"],
+)
+def test_nothing_to_abort_is_believed_only_if_the_server_says_the_run_is_over(
+    world, status_now, stray_kept
+):
+    job_id = _running(world)
+    server = world.server("net-a")
+    if status_now is None:
+        del server.statuses["nv-1"]
+    else:
+        server.statuses["nv-1"] = status_now
+    world.admin("net-a").abort = lambda _: AbortResult(  # type: ignore[method-assign]
+        AbortOutcome.NOTHING_TO_ABORT, "not running"
+    )
+    _aborting(world, job_id)
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    assert _last_reason(world, job_id) == "nothing to abort: not running"
+    strays = _strays(world)
+    assert [(s.job_id, s.nvflare_job_id, s.reason) for s in strays] == (
+        [(job_id, "nv-1", "nothing to abort: not running")] if stray_kept else []
+    )
+
+
+def test_an_expired_abort_on_an_always_on_net_keeps_the_run_as_a_stray(world):
+    job_id = _running(world, "fixed")
+    world.admin("fixed").abort = _unconfirmed  # type: ignore[method-assign]
+    _aborting(world, job_id)
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTING
+
+    assert abort.expire_abort(world.rt, job_id) == JobState.ABORTED
+    reason = f"abort not confirmed within {world.rt.settings.abort_timeout_s:.0f}s"
+    assert _last_reason(world, job_id) == reason
+    [stray] = _strays(world)
+    assert (stray.net_name, stray.nvflare_job_id, stray.submit_token, stray.reason) == (
+        "fixed",
+        "nv-1",
+        f"{job_id}-0",
+        reason,
+    )
+    assert world.net("fixed").state not in (NetState.STOPPING, NetState.STOPPED)
+    assert world.drivers.get("fixed") is None or world.drivers["fixed"].calls == []
+    assert KICK in world.outbox.sent
+
+
+def test_an_expired_abort_leaves_a_job_that_is_no_longer_aborting_alone(world):
+    job_id = _running(world)
+    assert abort.expire_abort(world.rt, job_id) == JobState.RUNNING
+    assert _strays(world) == []
+
+
+def _unconfirmed(_: str):
+    raise UnknownAdminError("odd reply")
+
+
+def _stray_on_fixed(world, *, nvflare_job_id: str | None, token: str | None):
+    job_id = world.enqueue(f"stray-{nvflare_job_id}-{token}", net="fixed")
+    with world.rt.sessions.begin() as session:
+        services.add_stray_run(
+            session,
+            net_name="fixed",
+            job_id=job_id,
+            nvflare_job_id=nvflare_job_id,
+            submit_token=token,
+            reason="test",
+            now=world.clock(),
+        )
+    return job_id
+
+
+def test_a_stray_known_only_by_its_token_is_found_and_aborted(world):
+    server = world.server("fixed")
+    server.submitted["tok-1"] = "nv-9"
+    server.statuses["nv-9"] = "RUNNING"
+    _stray_on_fixed(world, nvflare_job_id=None, token="tok-1")
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0
+    assert server.aborted == ["nv-9"]
+    assert _strays(world) == []
+
+
+def test_a_stray_whose_abort_has_not_taken_effect_yet_is_kept(world):
+    server = world.server("fixed")
+    server.statuses["nv-9"] = "RUNNING"
+    _stray_on_fixed(world, nvflare_job_id="nv-9", token=None)
+    accepted = []
+    world.admin("fixed").abort = lambda run: (  # type: ignore[method-assign]
+        accepted.append(run) or AbortResult(AbortOutcome.ABORTED)
+    )
+    world.outbox.sent.clear()
+    assert abort.settle_stray_runs(world.rt, "fixed") == 1
+    assert accepted == ["nv-9"]
+    assert len(_strays(world)) == 1
+    assert KICK not in world.outbox.sent  # nothing was freed
+    server.statuses["nv-9"] = "FINISHED:ABORTED"  # it stopped meanwhile
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0
+    assert KICK in world.outbox.sent
+
+
+def test_strays_of_a_silent_server_are_kept_and_the_others_settled(world):
+    server = world.server("fixed")
+    server.statuses["nv-9"] = "RUNNING"
+    _stray_on_fixed(world, nvflare_job_id="nv-9", token=None)
+    _stray_on_fixed(world, nvflare_job_id=None, token=None)  # nothing to look for
+    server.up = False
+    world.outbox.sent.clear()
+    assert abort.settle_stray_runs(world.rt, "fixed") == 1  # only the one without a run went
+    assert [s.nvflare_job_id for s in _strays(world)] == ["nv-9"]
+    assert KICK in world.outbox.sent
+    world.outbox.sent.clear()
+    assert abort.settle_stray_runs(world.rt, "fixed") == 1
+    assert KICK not in world.outbox.sent
+    server.up = True
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0
+    assert dispatch.assign_jobs(world.rt) != []  # the net takes jobs again
+
+
+def test_a_stray_the_server_has_never_heard_of_is_forgotten(world):
+    _stray_on_fixed(world, nvflare_job_id="nv-unknown", token=None)
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0
+    assert _strays(world) == []
+
+
+def test_every_stray_a_silent_server_holds_is_counted(world):
+    server = world.server("fixed")
+    for run in ("nv-8", "nv-9"):
+        server.statuses[run] = "RUNNING"
+        _stray_on_fixed(world, nvflare_job_id=run, token=None)
+    server.up = False
+    assert abort.settle_stray_runs(world.rt, "fixed") == 2
+
+
+def test_an_expired_abort_on_a_scale_to_zero_net_takes_the_server_down(world):
+    job_id = _running(world)
+    world.admin("net-a").abort = _unconfirmed  # type: ignore[method-assign]
+    _aborting(world, job_id)
+    abort.abort_on_server(world.rt, job_id)
+    assert abort.expire_abort(world.rt, job_id) == JobState.ABORTED
+    assert world.driver("net-a").replicas == 0
+    assert scale_decisions(world, "net-a")[-1] == (0, f"run of job {job_id} could not be aborted")
+    assert _strays(world) == []  # gone with the server

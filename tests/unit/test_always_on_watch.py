@@ -1,0 +1,137 @@
+"""reconcile's watch of always-on nets (PER_JOB_FL_SERVER off, or a static server): a
+scalable net left down by scale-to-zero mode gets exactly one replica asked for, once; a
+static server is never scaled; a reachable server brings a net that was left behind (or in
+OUTAGE) back to READY, while a STARTING net with a job is left to its chain."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from app.settings import Settings
+from app.usecases import dispatch, housekeeping, services
+from models import JobState, NetEvent, NetState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+from tests.unit.scale_history import scale_decisions
+
+
+@pytest.fixture
+def always_on(tmp_path, job_root, sqlite_factory, clock):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs"), net_decl(tmp_path, "fixed")]),
+        PER_JOB_FL_SERVER="false",
+    )
+    return World(settings, sqlite_factory, clock)
+
+
+def _set_state(world, name: str, state: NetState) -> None:
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, name).state = state
+
+
+def test_a_scalable_net_left_down_gets_one_replica_once(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    assert scale_decisions(world, "net-a") == [(1, "always-on net: one replica")]
+    assert world.driver("net-a").replicas == 1
+    assert world.net("net-a").state == NetState.READY
+    housekeeping.reconcile(world.rt)
+    assert len(scale_decisions(world, "net-a")) == 1  # asked for already: not again
+
+
+def test_a_net_left_down_whose_replica_is_already_asked_for_is_not_asked_again(always_on):
+    world = always_on
+    world.driver("net-a").replicas = 1  # desired 1, the net row still says STOPPED
+    housekeeping.reconcile(world.rt)
+    assert scale_decisions(world, "net-a") == []
+    assert world.net("net-a").state == NetState.READY
+
+
+def test_a_static_server_is_never_scaled(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    assert scale_decisions(world, "fixed") == []
+    assert world.net("fixed").state == NetState.READY
+
+
+@pytest.mark.parametrize("state", [NetState.READY, NetState.BUSY, NetState.STARTING])
+def test_a_net_that_is_up_is_not_scaled(always_on, state):
+    world = always_on
+    world.driver("net-a").replicas = 0
+    _set_state(world, "net-a", state)
+    housekeeping.reconcile(world.rt)
+    assert scale_decisions(world, "net-a") == []
+
+
+def test_a_reachable_server_ends_an_outage(always_on):
+    world = always_on
+    world.server("fixed").up = False
+    housekeeping.reconcile(world.rt)
+    assert world.net("fixed").state == NetState.OUTAGE
+    world.server("fixed").up = True
+    repaired = housekeeping.reconcile(world.rt).repaired
+    assert world.net("fixed").state == NetState.READY
+    assert "fixed: OUTAGE -> READY" in repaired
+
+
+def test_a_starting_net_with_a_job_is_left_to_its_chain(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    _set_state(world, "fixed", NetState.STARTING)
+    job_id = world.enqueue("j", net="fixed")
+    with world.rt.sessions.begin() as session:
+        services.get_job(session, job_id).assign("fixed", world.clock())
+    repaired = housekeeping.reconcile(world.rt).repaired
+    assert world.net("fixed").state == NetState.STARTING
+    assert not [r for r in repaired if r.startswith("fixed")]
+    assert world.job(job_id).state == JobState.ASSIGNED
+
+
+def test_a_misconfigured_always_on_net_is_no_repair(always_on):
+    world = always_on
+    _set_state(world, "fixed", NetState.MISCONFIGURED)
+    repaired = housekeeping.reconcile(world.rt).repaired
+    assert not [r for r in repaired if r.startswith("fixed")]
+    assert world.net("fixed").state == NetState.MISCONFIGURED
+    assert dispatch.assign_jobs(world.rt) == []
+
+
+def _last_move(world, name: str):
+    with world.rt.sessions() as session:
+        e = session.scalars(
+            select(NetEvent).where(NetEvent.net_name == name).order_by(NetEvent.id)
+        ).all()[-1]
+        return e.from_state, e.to_state, e.reason
+
+
+def test_an_outage_under_a_running_job_ends_busy_and_says_why(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    world.server("fixed").up = False
+    housekeeping.reconcile(world.rt)
+    assert _last_move(world, "fixed") == (
+        NetState.BUSY,
+        NetState.OUTAGE,
+        "always-on server unreachable",
+    )
+    world.server("fixed").up = True
+    housekeeping.reconcile(world.rt)
+    assert _last_move(world, "fixed") == (
+        NetState.OUTAGE,
+        NetState.BUSY,
+        "always-on server reachable",
+    )
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_healthy_always_on_net_is_no_repair(always_on):
+    world = always_on
+    housekeeping.reconcile(world.rt)
+    assert not [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("fixed")]

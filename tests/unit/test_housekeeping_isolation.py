@@ -1,0 +1,94 @@
+"""A housekeeping loop that fails on one net records it on that net (`last_error`, shown by
+/fl/status and the CLI, naming the loop) and goes on with the other nets."""
+
+from __future__ import annotations
+
+import json
+
+from app.settings import Settings
+from app.usecases import housekeeping, services
+from models import JobState, NetState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+
+
+def test_a_keep_alive_that_crashes_on_one_net_is_recorded_there_and_pings_the_others(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]),
+        PER_JOB_FL_SERVER="true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    for name in ("net-a", "net-b"):
+        world.run_pipeline(world.enqueue(f"job-{name}", net=name))
+
+    def crash() -> None:
+        raise RuntimeError("bug in a client")
+
+    world.admin("net-a").ping = crash  # type: ignore[method-assign]
+    assert housekeeping.keep_alive_busy_nets(world.rt) == ["net-b"]
+    assert world.net("net-a").last_error == "keep_alive_busy_nets: RuntimeError: bug in a client"
+    assert world.net("net-b").last_error is None
+    assert world.server("net-b").pings == 1
+
+
+def test_an_idle_scale_down_that_crashes_on_one_net_is_recorded_there_and_stops_the_others(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps(
+            [net_decl(tmp_path, n, "ecs", idle_timeout_s=60) for n in ("net-a", "net-b")]
+        ),
+        PER_JOB_FL_SERVER="true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    for name in ("net-a", "net-b"):
+        job_id = world.enqueue(f"job-{name}", net=name)
+        world.run_pipeline(job_id)
+        with world.rt.sessions.begin() as session:
+            services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+    world.clock.advance(60)
+
+    def crash(replicas: int) -> None:
+        raise RuntimeError("bug in a driver")
+
+    world.driver("net-a").scale = crash  # type: ignore[method-assign]
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-b"]
+    assert world.net("net-a").last_error == "scale_down_idle_nets: RuntimeError: bug in a driver"
+    assert world.net("net-b").state == NetState.STOPPED
+
+
+def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]),
+        PER_JOB_FL_SERVER="true",
+        ABORT_TIMEOUT_S=3600,  # stuck, not expired: the abort is re-sent
+    )
+    world = World(settings, sqlite_factory, clock)
+    jobs = {}
+    for name in ("net-a", "net-b"):
+        jobs[name] = world.enqueue(f"job-{name}", net=name)
+        world.run_pipeline(jobs[name])
+        with world.rt.sessions.begin() as session:
+            services.abort_job(session, jobs[name], "user", world.clock())  # ABORTING
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    real_send = world.outbox.send
+
+    def send(task: str, **kwargs):
+        if kwargs.get("job_id") == str(jobs["net-a"]):
+            raise RuntimeError("broker bug")
+        return real_send(task, **kwargs)
+
+    world.outbox.send = send  # type: ignore[method-assign]
+    redriven = housekeeping.reconcile(world.rt).redriven
+    assert redriven == (f"{jobs['net-b']}: abort re-sent",)
+    assert world.net("net-a").last_error == "reconcile: RuntimeError: broker bug"

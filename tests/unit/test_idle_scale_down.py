@@ -1,0 +1,90 @@
+"""Idle scale-down: a READY scale-to-zero net idle for its whole grace (to the second) is
+stopped, unless a job holds it or a QUEUED job could run there; another net's job is no
+reason to keep it, and a net still in its grace is left alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.settings import Settings
+from app.usecases import dispatch, housekeeping, services
+from models import JobState, NetState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+from tests.unit.scale_history import scale_decisions
+
+IDLE_S = 60
+
+
+@pytest.fixture
+def two_nets(tmp_path, job_root, sqlite_factory, clock):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps(
+            [net_decl(tmp_path, n, "ecs", idle_timeout_s=IDLE_S) for n in ("net-a", "net-b")]
+        ),
+        PER_JOB_FL_SERVER="true",
+    )
+    return World(settings, sqlite_factory, clock)
+
+
+def _idle(world, name: str) -> None:
+    """The net ran a job that is over: READY, its idle grace starting now."""
+    job_id = world.enqueue(f"done-{name}", net=name)
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+    assert world.net(name).state == NetState.READY
+
+
+def test_a_net_idle_for_exactly_its_grace_is_stopped_saying_why(two_nets):
+    world = two_nets
+    _idle(world, "net-a")
+    world.clock.advance(IDLE_S - 1)
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    world.clock.advance(1)
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert world.net("net-a").state == NetState.STOPPED
+    assert scale_decisions(world, "net-a")[-1] == (0, "idle grace passed")
+
+
+def test_only_the_nets_past_their_grace_are_stopped(two_nets):
+    world = two_nets
+    _idle(world, "net-b")
+    world.clock.advance(IDLE_S / 2)
+    _idle(world, "net-a")
+    world.clock.advance(IDLE_S / 2)
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-b"]
+    assert world.net("net-a").state == NetState.READY
+
+
+def test_another_nets_job_does_not_keep_an_idle_net_up(two_nets):
+    world = two_nets
+    _idle(world, "net-a")
+    world.run_pipeline(world.enqueue("busy", net="net-b"))
+    world.clock.advance(IDLE_S)
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert world.net("net-b").state == NetState.BUSY
+
+
+def test_a_net_claimed_by_a_job_is_not_stopped_though_long_ready(two_nets):
+    world = two_nets
+    _idle(world, "net-a")
+    world.clock.advance(IDLE_S)
+    job_id = world.enqueue("next", net="net-a")
+    dispatch.assign_jobs(world.rt)  # a warm net: claimed, still READY
+    assert world.job(job_id).state == JobState.ASSIGNED
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert world.driver("net-a").replicas == 1
+
+
+def test_a_queued_job_that_could_run_there_keeps_an_idle_net_up(two_nets):
+    world = two_nets
+    _idle(world, "net-a")
+    world.clock.advance(IDLE_S)
+    world.enqueue("unpinned", required_sites=["site-1"])  # not claimed yet: any net will do
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert world.driver("net-a").replicas == 1

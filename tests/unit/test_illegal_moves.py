@@ -1,0 +1,43 @@
+"""A move the state table refuses says what was refused (the HTTP API answers it as a 409
+with this text) and leaves the row and its history as they were."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from models import IllegalTransition, Job, JobEvent, JobState, Net, NetEvent, NetState
+
+
+def test_a_refused_job_move_names_the_job_and_the_move(clock, sqlite_factory):
+    with sqlite_factory() as session:
+        job = Job.new(
+            caller_key="k",
+            definition="d",
+            required_sites=["s"],
+            requested_net=None,
+            priority=0,
+            max_attempts=3,
+            now=clock(),
+        )
+        session.add(job)
+        session.flush()
+        with pytest.raises(IllegalTransition) as refused:
+            job.transition(JobState.RUNNING, clock.advance(1), "skipping the queue")
+        assert str(refused.value) == f"job {job.id}: QUEUED -> RUNNING is not allowed"
+        assert (refused.value.current, refused.value.target) == (JobState.QUEUED, JobState.RUNNING)
+        assert job.state == JobState.QUEUED
+        assert session.scalar(select(func.count()).select_from(JobEvent)) == 1  # "enqueued"
+
+
+def test_a_refused_net_move_names_the_net_and_the_move(clock, sqlite_factory):
+    with sqlite_factory() as session:
+        net = Net(name="net-a", state=NetState.STOPPED, state_changed_at=clock())
+        session.add(net)
+        session.flush()
+        with pytest.raises(IllegalTransition) as refused:
+            net.transition(NetState.BUSY, clock.advance(1), "a job without a server")
+        assert str(refused.value) == "net net-a: STOPPED -> BUSY is not allowed"
+        assert (refused.value.current, refused.value.target) == (NetState.STOPPED, NetState.BUSY)
+        assert net.state == NetState.STOPPED
+        assert session.scalar(select(func.count()).select_from(NetEvent)) == 0

@@ -1,0 +1,55 @@
+"""A net found misconfigured takes its job back to the queue without costing an attempt,
+wherever in the chain that is found; reconcile, which read the job earlier, leaves a job that
+moved past ASSIGNED meanwhile (and its net) to whoever moved it, and says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.errors import AdminMisconfigured, DriverMisconfigured
+from app.usecases import dispatch, housekeeping, services
+from models import JobState, NetState
+
+
+def test_a_submit_refused_as_misconfigured_takes_the_net_out_and_requeues_the_job(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    world.server("net-a").submit_error = AdminMisconfigured("admin not authorized")
+    with pytest.raises(AdminMisconfigured):
+        dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 0)
+
+
+def _claimed_and_overdue(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # its chain is lost before scale_up
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    return job_id
+
+
+def test_reconcile_marks_the_net_and_requeues_a_job_still_assigned(world):
+    job_id = _claimed_and_overdue(world)
+    world.driver("net-a").fail_with = DriverMisconfigured("service missing")
+    repaired = housekeeping.reconcile(world.rt).repaired
+    assert "net-a: misconfigured: service missing" in repaired
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_reconcile_leaves_a_job_that_moved_on_while_it_looked(world):
+    job_id = _claimed_and_overdue(world)
+
+    def aborted_meanwhile():
+        with world.rt.sessions.begin() as session:
+            services.abort_job(session, job_id, "flip-api: stop", world.clock())
+        raise DriverMisconfigured("service missing")
+
+    world.driver("net-a").observe = aborted_meanwhile  # type: ignore[method-assign]
+    repaired = housekeeping.reconcile(world.rt).repaired
+    assert f"net-a: misconfigured: service missing (job {job_id} moved on: left to it)" in repaired
+    assert world.net("net-a").state != NetState.MISCONFIGURED
+    assert world.job(job_id).state == JobState.ABORTED

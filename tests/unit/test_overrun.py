@@ -1,0 +1,109 @@
+"""A run past its net's maximum run time is aborted and its job FAILED; an abort the server
+does not confirm must not leave the run going: a scale-to-zero net is taken down, an
+always-on net keeps it as a stray run that blocks the net until it is settled."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select
+
+from app.errors import UnknownAdminError
+from app.settings import Settings
+from app.usecases import dispatch, housekeeping
+from models import JobState, NetState, StrayRun
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+from tests.unit.scale_history import scale_decisions
+
+
+def _overrunning(world, net: str):
+    job_id = world.enqueue("j", net=net)
+    world.run_pipeline(job_id)
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    return job_id
+
+
+def _abort_fails(world, net: str) -> None:
+    def unconfirmed(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin(net).abort = unconfirmed  # type: ignore[method-assign]
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_a_confirmed_abort_fails_the_job_and_keeps_the_server(world):
+    job_id = _overrunning(world, "net-a")
+    assert housekeeping.monitor_running_jobs(world.rt)[str(job_id)] == "failed: overran"
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED
+    assert "exceeded the maximum run time" in (job.last_error or "")
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert _strays(world) == []
+    assert world.driver("net-a").replicas == 1  # idle now; scale-down waits for its grace
+
+
+def test_an_unconfirmed_abort_on_a_scale_to_zero_net_takes_the_server_down(world):
+    job_id = _overrunning(world, "net-a")
+    _abort_fails(world, "net-a")
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+    assert world.driver("net-a").replicas == 0  # the run died with its server
+    assert world.net("net-a").state == NetState.STOPPED
+    assert scale_decisions(world, "net-a")[-1] == (
+        0,
+        f"overrun of job {job_id} could not be aborted",
+    )
+    assert _strays(world) == []  # settled by the server going away
+
+
+def test_an_unconfirmed_abort_on_an_always_on_net_leaves_a_stray_run_that_blocks_it(world):
+    job_id = _overrunning(world, "fixed")
+    _abort_fails(world, "fixed")
+    housekeeping.monitor_running_jobs(world.rt)
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED
+    assert "not confirmed" in (job.last_error or "")
+    [stray] = _strays(world)
+    assert (stray.net_name, stray.job_id, stray.nvflare_job_id) == ("fixed", job_id, "nv-1")
+    assert stray.reason == job.last_error
+    assert world.drivers.get("fixed") is None or world.drivers["fixed"].calls == []
+    world.enqueue("next", net="fixed")
+    assert dispatch.assign_jobs(world.rt) == []  # no new job beside a run that may live
+
+
+def test_a_run_at_exactly_its_limit_is_not_an_overrun(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.clock.advance(world.rt.settings.max_run_s)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_nets_own_limit_wins_over_the_default(tmp_path, job_root, sqlite_factory, clock):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs", max_run_s=600)]),
+        PER_JOB_FL_SERVER="true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.clock.advance(601)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+
+
+def test_an_aborting_job_is_left_to_the_abort_timeout_not_failed_as_an_overrun(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    _abort_fails(world, "net-a")
+    assert world.abort(job_id) == JobState.ABORTING
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.ABORTING

@@ -1,0 +1,41 @@
+"""What every reconcile round tidies besides the nets: the stray runs of every net that has
+some (each net counted on its own), and the prepared job copies of jobs no longer active."""
+
+from __future__ import annotations
+
+from app.usecases import dispatch, housekeeping, services
+from models import JobState
+
+
+def test_the_stray_runs_of_every_net_are_settled(world):
+    for net in ("net-a", "fixed"):
+        job_id = world.enqueue(f"j-{net}", net=net)
+        with world.rt.sessions.begin() as session:
+            services.add_stray_run(
+                session,
+                net_name=net,
+                job_id=job_id,
+                nvflare_job_id=f"nv-{net}",
+                submit_token=None,
+                reason="x",
+                now=world.clock(),
+            )
+        world.server(net).statuses[f"nv-{net}"] = "RUNNING"
+    world.driver("net-a").replicas = 1
+    housekeeping.reconcile(world.rt)
+    assert world.server("net-a").aborted == ["nv-net-a"]
+    assert world.server("fixed").aborted == ["nv-fixed"]
+
+
+def test_prepared_copies_of_jobs_no_longer_active_are_removed(world):
+    prepared = world.rt.settings.data_dir.resolve() / "prepared"
+    done = world.enqueue("done", net="net-a")
+    world.run_pipeline(done)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, done, JobState.COMPLETED, "ok", world.clock())
+    running = world.enqueue("running", net="fixed")
+    world.run_pipeline(running)
+    assert {p.name for p in prepared.iterdir()} == {str(done), str(running)}
+    housekeeping.reconcile(world.rt)
+    assert {p.name for p in prepared.iterdir()} == {str(running)}
+    assert dispatch.assign_jobs(world.rt) == []

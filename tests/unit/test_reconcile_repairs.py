@@ -1,0 +1,130 @@
+"""reconcile's repairs of scale-to-zero nets: a lost scale-up is re-driven only once it is
+overdue and the driver was never asked; a net left STARTING without a job becomes READY
+when its server is up; and nothing is stopped under a job claimed while reconcile looked
+at the driver. A driver that says the net is misconfigured takes it out of service once."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from app.errors import DriverMisconfigured
+from app.usecases import dispatch, housekeeping, services
+from models import JobState, NetEvent, NetState
+
+
+def _pipelines(world):
+    return [kw for task, kw in world.outbox.sent if task == "pipeline"]
+
+
+def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # the chain is lost before scale_up
+    world.outbox.sent.clear()
+    world.clock.advance(world.rt.settings.stuck_after_s)  # not overdue yet
+    housekeeping.reconcile(world.rt)
+    assert _pipelines(world) == []
+    world.clock.advance(1)
+    housekeeping.reconcile(world.rt)
+    assert _pipelines(world) == [{"job_id": str(job_id), "net_name": "net-a", "attempt": 0}]
+
+
+def test_a_scale_up_the_driver_was_asked_for_is_not_redriven(world):
+    world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    world.driver("net-a").replicas = 1  # asked for: the chain is slow, not lost
+    world.outbox.sent.clear()
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    housekeeping.reconcile(world.rt)
+    assert _pipelines(world) == []
+
+
+def _starting_without_a_job(world):
+    job_id = world.enqueue("first", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "flip-api: stop", world.clock())
+    assert world.net("net-a").state == NetState.STARTING
+
+
+def test_a_starting_net_whose_job_went_away_is_ready_and_idle_once_up(world):
+    _starting_without_a_job(world)
+    world.driver("net-a").replicas = 1
+    housekeeping.reconcile(world.rt)
+    net = world.net("net-a")
+    assert (net.state, net.idle_since) == (NetState.READY, world.clock())
+
+
+def test_a_job_claimed_while_reconcile_looks_at_the_driver_keeps_its_server(world):
+    _starting_without_a_job(world)
+    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)  # start abandoned
+    driver = world.driver("net-a")
+    real_observe = driver.observe
+    late = world.enqueue("late", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        return real_observe()
+
+    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    housekeeping.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING
+    assert world.job(late).state == JobState.ASSIGNED
+    assert driver.calls == []  # never scaled down under the new job
+
+
+def test_a_drifted_server_is_left_to_a_job_claimed_meanwhile(world):
+    driver = world.driver("net-a")
+    driver.replicas = 1  # up while STOPPED: drift
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    real_observe = driver.observe
+    late = world.enqueue("late", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        return real_observe()
+
+    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    housekeeping.reconcile(world.rt)
+    assert driver.replicas == 1
+    assert world.job(late).state == JobState.ASSIGNED
+
+
+def test_a_driver_that_says_misconfigured_takes_the_net_out_of_service_once(world):
+    world.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a missing")
+    housekeeping.reconcile(world.rt)
+    net = world.net("net-a")
+    assert (net.state, net.last_error) == (
+        NetState.MISCONFIGURED,
+        "service fl-server-net-a missing",
+    )
+    housekeeping.reconcile(world.rt)
+    with world.rt.sessions() as session:
+        marked = session.scalar(
+            select(func.count())
+            .select_from(NetEvent)
+            .where(NetEvent.net_name == "net-a", NetEvent.to_state == NetState.MISCONFIGURED)
+        )
+    assert marked == 1
+
+
+def test_a_starting_net_claimed_while_reconcile_looks_is_ready_for_its_job(world):
+    _starting_without_a_job(world)
+    driver = world.driver("net-a")
+    driver.replicas = 1
+    real_observe = driver.observe
+    late = world.enqueue("late", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        return real_observe()
+
+    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    housekeeping.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY  # its server is up
+    assert world.job(late).state == JobState.ASSIGNED
+
+
+def test_a_scale_up_not_yet_overdue_is_no_repair(world):
+    world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # its chain is on the way: nothing to repair yet
+    assert not [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("net-a")]

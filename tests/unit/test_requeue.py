@@ -1,0 +1,28 @@
+"""Requeueing gives an active job back to the queue without its run's identity (token, run
+id, net), and never touches a job that is already over."""
+
+from __future__ import annotations
+
+from app.usecases import services
+from models import JobState
+
+
+def test_a_requeued_job_keeps_nothing_of_its_last_run(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        assert services.requeue_job(session, job_id, "server lost", world.clock())
+    job = world.job(job_id)
+    assert (job.state, job.attempts, job.last_error) == (JobState.QUEUED, 1, "server lost")
+    assert (job.net_name, job.nvflare_job_id, job.submit_token) == (None, None, None)
+
+
+def test_a_job_that_is_over_is_not_requeued(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+    with world.rt.sessions.begin() as session:
+        assert not services.requeue_job(session, job_id, "late signal", world.clock())
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.COMPLETED, 0)

@@ -1,0 +1,173 @@
+"""reconcile's repairs of a scale-to-zero net by its state and what the driver sees ("up":
+any replica desired, running or pending), each reported in reconcile's result and recorded
+with why: a MISCONFIGURED net must not keep a server, a STOPPED one at zero replicas has no
+stray runs left, STOPPING/UNHEALTHY are stopped again, a former always-on net in OUTAGE
+becomes READY or STOPPED, and a jobless STARTING net is stopped once past its deadline."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app.adapters.drivers.base import Observation
+from app.errors import UnknownAdminError
+from app.usecases import dispatch, housekeeping, services
+from models import NetEvent, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
+
+
+def _set_state(world, state: NetState) -> None:
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a").state = state
+
+
+def _sees(world, observed: Observation) -> None:
+    world.driver("net-a").observe = lambda: observed  # type: ignore[method-assign]
+
+
+def _notes(world) -> list[str]:
+    return [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("net-a")]
+
+
+def _last_move(world):
+    with world.rt.sessions() as session:
+        e = session.scalars(
+            select(NetEvent).where(NetEvent.net_name == "net-a").order_by(NetEvent.id)
+        ).all()[-1]
+        return e.from_state, e.to_state, e.reason
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [Observation(1, 0, 0), Observation(0, 1, 0), Observation(0, 0, 1)],
+    ids=["desired", "running", "pending"],
+)
+def test_a_misconfigured_net_with_a_server_is_scaled_down(world, observed):
+    _set_state(world, NetState.MISCONFIGURED)
+    _sees(world, observed)
+    assert _notes(world) == ["net-a: MISCONFIGURED net had a server; scaled to 0"]
+    assert scale_decisions(world, "net-a") == [(0, "misconfigured net still had a server")]
+
+
+def test_a_misconfigured_net_at_zero_replicas_is_left_alone(world):
+    _set_state(world, NetState.MISCONFIGURED)
+    _sees(world, Observation(0, 0, 0))
+    assert _notes(world) == []
+    assert scale_decisions(world, "net-a") == []
+
+
+def _stray(world) -> None:
+    job_id = world.enqueue("j", net="net-a")
+    with world.rt.sessions.begin() as session:
+        services.add_stray_run(
+            session,
+            net_name="net-a",
+            job_id=job_id,
+            nvflare_job_id="nv-3",
+            submit_token=None,
+            reason="x",
+            now=world.clock(),
+        )
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_a_stopped_net_at_zero_replicas_has_no_stray_runs_left(world):
+    _stray(world)
+    world.server("net-a").up = False  # nothing to ask: the server is gone
+    assert "net-a: STOPPED at zero replicas: stray runs gone with the server" in _notes(world)
+    assert _strays(world) == []
+
+
+def test_a_stopped_net_with_a_server_keeps_its_stray_runs_until_settled(world):
+    _stray(world)
+    world.server("net-a").statuses["nv-3"] = "RUNNING"
+    world.driver("net-a").replicas = 1  # up: drift, and its strays may still run
+
+    def unreadable(_: str):
+        raise UnknownAdminError("no status")
+
+    world.admin("net-a").job_status = unreadable  # type: ignore[method-assign]
+    housekeeping.reconcile(world.rt)
+    assert len(_strays(world)) == 1
+
+
+@pytest.mark.parametrize("state", [NetState.STOPPING, NetState.UNHEALTHY])
+def test_a_net_left_stopping_or_unhealthy_is_stopped_again(world, state):
+    world.driver("net-a").replicas = 1
+    _set_state(world, state)
+    assert _notes(world) == [f"net-a: {state}: scale-down re-driven"]
+    assert scale_decisions(world, "net-a") == [(0, f"settling {state}")]
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+@pytest.mark.parametrize(("replicas", "target"), [(1, NetState.READY), (0, NetState.STOPPED)])
+def test_a_former_always_on_net_in_outage_now_scales_to_zero(world, replicas, target):
+    world.driver("net-a").replicas = replicas
+    _set_state(world, NetState.OUTAGE)
+    assert _notes(world) == [f"net-a: OUTAGE -> {target} (net scales to zero now)"]
+    assert _last_move(world) == (NetState.OUTAGE, target, "now scales to zero")
+
+
+def test_a_jobless_starting_net_that_is_up_is_ready(world):
+    world.driver("net-a").replicas = 1
+    _set_state(world, NetState.STARTING)
+    assert _notes(world) == ["net-a: STARTING without a job: now READY (idle)"]
+    assert _last_move(world) == (NetState.STARTING, NetState.READY, "up, no job: idle")
+
+
+def test_a_jobless_starting_net_is_stopped_only_past_its_deadline(world):
+    _set_state(world, NetState.STARTING)
+    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s)
+    assert _notes(world) == []
+    assert world.net("net-a").state == NetState.STARTING
+    world.clock.advance(1)
+    assert _notes(world) == ["net-a: STARTING without a job past the deadline: stopped"]
+    assert world.net("net-a").state == NetState.STOPPED
+    assert scale_decisions(world, "net-a") == [(0, "start abandoned")]
+    assert _last_move(world) == (NetState.STOPPING, NetState.STOPPED, "start abandoned")
+
+
+def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):
+    world.driver("net-a").replicas = 1
+    _set_state(world, NetState.READY)
+    world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # READY with an ASSIGNED job
+    world.driver("net-a").replicas = 0
+    world.outbox.sent.clear()
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    assert _notes(world) == []
+    assert [t for t, _ in world.outbox.sent if t == "pipeline"] == []
+
+
+def test_a_ready_net_whose_server_is_gone_is_stopped(world):
+    _set_state(world, NetState.READY)  # the driver shows no replica
+    assert _notes(world) == ["net-a: drift: READY net had no server; now STOPPED"]
+    assert _last_move(world) == (NetState.READY, NetState.STOPPED, "drift: server gone")
+
+
+def test_a_ready_net_with_its_server_is_left_alone(world):
+    world.driver("net-a").replicas = 1
+    _set_state(world, NetState.READY)
+    assert _notes(world) == []
+    assert world.net("net-a").state == NetState.READY
+
+
+def test_a_stopped_net_with_a_server_is_scaled_down_once_past_the_stuck_margin(world):
+    world.driver("net-a").replicas = 1
+    world.clock.advance(world.rt.settings.stuck_after_s)
+    assert _notes(world) == []  # may be a scale-up on its way
+    world.clock.advance(1)
+    assert _notes(world) == ["net-a: drift: STOPPED net had a server; scaled to 0"]
+    assert scale_decisions(world, "net-a") == [(0, "drift: server up while STOPPED")]
+    with world.rt.sessions() as session:
+        moves = session.scalars(
+            select(NetEvent).where(NetEvent.net_name == "net-a").order_by(NetEvent.id)
+        ).all()
+    assert [(m.from_state, m.to_state, m.reason) for m in moves][-2:] == [
+        (NetState.STOPPED, NetState.STOPPING, "drift: server up"),
+        (NetState.STOPPING, NetState.STOPPED, "drift: server up while STOPPED"),
+    ]

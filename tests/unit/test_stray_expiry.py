@@ -1,0 +1,69 @@
+"""A stray run the server cannot settle within ABORT_TIMEOUT_S (to the second): a
+scale-to-zero net is taken down while idle, saying why; an always-on net keeps its strays
+for an operator (nothing here can restart its server)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from app.errors import UnknownAdminError
+from app.usecases import abort, services
+from models import StrayRun
+from tests.unit.scale_history import scale_decisions
+
+
+def _unsettleable_stray(world, net: str) -> None:
+    job_id = world.enqueue(f"j-{net}", net=net)
+    with world.rt.sessions.begin() as session:
+        services.add_stray_run(
+            session,
+            net_name=net,
+            job_id=job_id,
+            nvflare_job_id="nv-7",
+            submit_token=None,
+            reason="abort unheard",
+            now=world.clock(),
+        )
+    world.server(net).statuses["nv-7"] = "RUNNING"
+
+    def unreadable(_: str):
+        raise UnknownAdminError("job has no status")
+
+    world.admin(net).job_status = unreadable  # type: ignore[method-assign]
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_a_scale_to_zero_net_is_taken_down_at_exactly_the_abort_timeout(world):
+    world.driver("net-a").replicas = 1
+    _unsettleable_stray(world, "net-a")
+    world.clock.advance(world.rt.settings.abort_timeout_s - 1)
+    assert not abort.expire_stray_runs(world.rt, "net-a")
+    assert world.driver("net-a").replicas == 1
+    world.clock.advance(1)
+    assert abort.expire_stray_runs(world.rt, "net-a")
+    assert world.driver("net-a").replicas == 0
+    timeout = f"{world.rt.settings.abort_timeout_s:.0f}s"
+    assert scale_decisions(world, "net-a")[-1] == (
+        0,
+        f"stray run(s) unsettled for over {timeout}",
+    )
+    assert _strays(world) == []  # gone with the server
+
+
+def test_an_always_on_net_keeps_its_strays_for_an_operator(world):
+    _unsettleable_stray(world, "fixed")
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    assert not abort.expire_stray_runs(world.rt, "fixed")
+    assert len(_strays(world)) == 1
+    assert scale_decisions(world, "fixed") == []
+
+
+def test_a_net_without_strays_is_left_alone(world):
+    world.driver("net-a").replicas = 1
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    assert not abort.expire_stray_runs(world.rt, "net-a")
+    assert world.driver("net-a").replicas == 1

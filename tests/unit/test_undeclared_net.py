@@ -1,0 +1,70 @@
+"""A net removed from the settings by a redeploy keeps its rows; its leftovers are settled
+without asking a server nobody declares any more (and without crashing the loop)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from app.errors import ServerUnavailable
+from app.settings import Settings
+from app.usecases import abort, dispatch, housekeeping, services
+from models import JobState, StrayRun
+from tests.fixtures.db import net_decl
+
+
+def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
+    world.rt.settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "fixed", "static")]),
+        PER_JOB_FL_SERVER="true",
+    )
+
+
+def test_an_unknown_submit_on_a_net_no_longer_declared_is_settled_as_a_stray(
+    world, tmp_path, job_root
+):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    world.server("net-a").submit_error = ServerUnavailable("no reply")
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+
+    assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert world.job(job_id).state == JobState.QUEUED
+    with world.rt.sessions() as session:
+        [stray] = session.scalars(select(StrayRun))
+    assert (stray.net_name, stray.submit_token) == ("net-a", f"{job_id}-0")
+
+
+def test_stray_runs_of_a_net_no_longer_declared_are_kept(world, tmp_path, job_root):
+    job_id = world.enqueue("j", net="net-a")
+    with world.rt.sessions.begin() as session:
+        services.add_stray_run(
+            session,
+            net_name="net-a",
+            job_id=job_id,
+            nvflare_job_id="nv-5",
+            submit_token=None,
+            reason="test",
+            now=world.clock(),
+        )
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
+
+
+def test_a_job_assigned_to_a_net_no_longer_declared_is_requeued_once_stuck(
+    world, tmp_path, job_root
+):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)  # no readiness deadline to wait
+    assert f"{job_id}: requeued" in housekeeping.reconcile(world.rt).redriven
+    assert world.job(job_id).state == JobState.QUEUED

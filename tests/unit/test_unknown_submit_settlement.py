@@ -1,0 +1,125 @@
+"""abandon_dispatch: a DISPATCHING attempt whose submit outcome stayed unknown is settled by
+its token before the job may run again: adopted if the server has the run, requeued if the
+server says it has none, and otherwise its possible run is made harmless (the server taken
+down, or, always-on, a stray run kept to abort)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app.errors import ServerUnavailable
+from app.usecases import dispatch, services
+from models import JobState, NetState, StrayRun
+from tests.unit.scale_history import scale_decisions
+
+REASON = "submit outcome unknown"
+
+
+def _unknown_submit(world, net: str = "net-a"):
+    """A job left DISPATCHING on `net`: its submit raised and no run is known."""
+    job_id = world.enqueue("j", net=net)
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, net, 0)
+    dispatch.check_ready(world.rt, job_id, net, 0)
+    world.server(net).submit_error = ServerUnavailable("no reply")
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, job_id, net, 0)
+    world.server(net).submit_error = None
+    assert world.job(job_id).state == JobState.DISPATCHING
+    return job_id
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_a_job_that_is_not_dispatching_is_left_alone(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.attempts, job.nvflare_job_id) == (JobState.RUNNING, 0, "nv-1")
+    assert _strays(world) == []
+
+
+def test_an_assigned_job_is_left_alone(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert world.job(job_id).state == JobState.ASSIGNED
+    assert _strays(world) == []
+
+
+def test_a_requeue_says_why(world):
+    job_id = _unknown_submit(world)
+    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.attempts, job.last_error) == (JobState.QUEUED, 1, REASON)
+
+
+def test_an_adopted_run_records_the_server_start_time_for_restart_detection(world):
+    job_id = _unknown_submit(world)
+    with world.rt.sessions.begin() as session:  # readiness could not read it
+        services.get_net(session, "net-a").server_start_time = None
+    server = world.server("net-a")
+    server.submitted[f"{job_id}-0"] = "nv-7"
+    server.statuses["nv-7"] = "RUNNING"
+    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert world.net("net-a").server_start_time == server.start_time
+
+
+def test_a_server_that_says_there_is_no_run_keeps_running_even_if_its_start_time_fails(world):
+    job_id = _unknown_submit(world)
+
+    def start_time_lost() -> None:
+        raise ServerUnavailable("reply lost")
+
+    world.server("net-a").on_start_time = start_time_lost
+    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").replicas == 1  # the token was settled: nothing to take down
+
+
+def test_a_job_that_moved_on_while_the_server_was_asked_is_not_requeued(world):
+    job_id = _unknown_submit(world)
+    admin = world.admin("net-a")
+    real_find_run = admin.find_run
+
+    def aborted_meanwhile(token: str) -> str | None:
+        with world.rt.sessions.begin() as session:
+            services.abort_job(session, job_id, "flip-api: stop", world.clock())
+        return real_find_run(token)
+
+    admin.find_run = aborted_meanwhile  # type: ignore[method-assign]
+    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.ABORTING, 0)
+
+
+def test_a_silent_always_on_server_keeps_the_possible_run_as_a_stray_run(world):
+    job_id = _unknown_submit(world, net="fixed")
+    world.server("fixed").up = False
+    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
+    [stray] = _strays(world)
+    assert (stray.net_name, stray.job_id, stray.submit_token, stray.reason) == (
+        "fixed",
+        job_id,
+        f"{job_id}-0",
+        REASON,
+    )
+    # An always-on server is never taken down: the stray run is aborted when it answers.
+    assert world.net("fixed").state not in (NetState.STOPPING, NetState.STOPPED)
+    assert world.driver("fixed").calls == []
+
+
+def test_a_silent_scale_to_zero_server_is_taken_down_saying_for_which_job(world):
+    job_id = _unknown_submit(world)
+    world.server("net-a").up = False
+    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
+    assert scale_decisions(world, "net-a")[-1] == (0, f"settling job {job_id}'s unknown submit")
