@@ -88,3 +88,27 @@ def test_a_queued_job_that_could_run_there_keeps_an_idle_net_up(two_nets):
     world.enqueue("unpinned", required_sites=["site-1"])  # not claimed yet: any net will do
     assert housekeeping.scale_down_idle_nets(world.rt) == []
     assert world.driver("net-a").replicas == 1
+
+
+def test_the_locked_recheck_decides_on_the_net_as_it_is_now(two_nets):
+    """Between the candidate read and the row lock another worker may have used the net: the
+    re-check under the lock, not the earlier read, decides (a net that is no longer READY, or
+    whose grace restarted, keeps its server)."""
+    world = two_nets
+    _idle(world, "net-a")
+    world.clock.advance(IDLE_S + 1)
+    busy = world.enqueue("meanwhile", net="net-a")
+    world.run_pipeline(busy)  # claimed and running after the candidate read
+    assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, busy, JobState.COMPLETED, "done", world.clock())
+    # READY again, its grace restarted now: idle by the earlier read, not by the row
+    assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert world.driver("net-a").replicas == 1 and world.net("net-a").state == NetState.READY
+    world.clock.advance(IDLE_S)
+    assert housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert world.driver("net-a").replicas == 0
+    world.clock.advance(IDLE_S + 1)  # a net that is not READY (here STOPPED) is never taken
+    calls = list(world.driver("net-a").calls)
+    assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert world.driver("net-a").calls == calls and world.net("net-a").state == NetState.STOPPED
