@@ -59,6 +59,9 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "reconcile": entry(names.RECONCILE, every * 2),
         "keep-alive-busy-nets": entry(names.KEEP_ALIVE_BUSY_NETS, settings.keep_alive_interval_s),
     }
+    if settings.queued_poll_s > 0:
+        # Reads the tables only while no QUEUED job waits for a busy net.
+        schedule["monitor-awaited-runs"] = entry(names.MONITOR_AWAITED_RUNS, settings.queued_poll_s)
     if settings.callbacks_enabled:
         # The sweep: events whose kick was lost, or made by a process that sends none.
         schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every)

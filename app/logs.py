@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from app import names
 from app.errors import SettingsError
 from app.settings import Settings, redact_url
 
@@ -92,6 +93,29 @@ class CeleryTaskFilter(logging.Filter):
             data = record.__dict__.get("data")
             if isinstance(data, dict) and "id" in data and "name" in data:
                 record.task_id, record.task_name = data["id"], data["name"]
+        return True
+
+
+# Beat's once-a-second poll (QUEUED_POLL_S): Celery's own INFO lines for it (sent, received,
+# succeeded, expired) would be most of a worker's log. Its warnings, errors and the lines the
+# task itself writes (a run settled) still appear.
+QUIET_TASKS = frozenset({names.MONITOR_AWAITED_RUNS})
+_CELERY_TASK_NAME_ARG = {"celery.beat": 1, "celery.worker.request": 0}
+
+
+class QuietPollFilter(logging.Filter):
+    """Drops Celery's routine INFO lines about the tasks in QUIET_TASKS."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or not record.name.startswith("celery."):
+            return True
+        data = record.__dict__.get("data")
+        if isinstance(data, dict):  # celery.app.trace, celery.worker.strategy
+            return data.get("name") not in QUIET_TASKS
+        position = _CELERY_TASK_NAME_ARG.get(record.name)
+        args = record.args
+        if position is not None and isinstance(args, tuple) and len(args) > position:
+            return args[position] not in QUIET_TASKS
         return True
 
 
@@ -175,6 +199,7 @@ def configure_logging(settings: Settings, stream: Any = None) -> logging.Handler
         )
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_json else PlainFormatter())
+    handler.addFilter(QuietPollFilter())
     handler.addFilter(CeleryTaskFilter())
     handler.addFilter(RedactingFilter(secret_values(settings)))
     handler.set_name("fl-dispatcher")

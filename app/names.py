@@ -26,6 +26,7 @@ SETTLE_STRAY_RUNS = PREFIX + "settle_stray_runs"
 SCALE_DOWN_IDLE_NETS = PREFIX + "scale_down_idle_nets"
 KEEP_ALIVE_BUSY_NETS = PREFIX + "keep_alive_busy_nets"
 MONITOR_RUNNING_JOBS = PREFIX + "monitor_running_jobs"
+MONITOR_AWAITED_RUNS = PREFIX + "monitor_awaited_runs"
 RECONCILE = PREFIX + "reconcile"
 
 # job status pushed to flip-api (after every commit that moved a job, and beat's sweep)

@@ -240,6 +240,10 @@ class Settings(BaseSettings):
     retry_backoff_max_s: int = Field(default=60, ge=1, alias="RETRY_BACKOFF_MAX_S")
     housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
     keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
+    # While a QUEUED job waits for a busy net, that net's runs are polled this often (beat's
+    # monitor-awaited-runs), so the job starts soon after the run before it ends; 0: only
+    # every HOUSEKEEPING_INTERVAL_S.
+    queued_poll_s: float = Field(default=1.0, ge=0, alias="QUEUED_POLL_S")
     housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
 
     # --- S3 job bundles (app/adapters/s3_bundles.py) ---------------------------------

@@ -27,6 +27,14 @@ def monitor_running_jobs(self: Any) -> dict[str, str]:
     return housekeeping.monitor_running_jobs(runtime())
 
 
+# No task events: a poll a second would crowd the job chains out of Flower's task list (it
+# keeps the newest 100,000: a day of polls); what it settles shows in the jobs' history.
+@dispatcher_task(names.MONITOR_AWAITED_RUNS, housekeeping=True, send_events=False)
+def monitor_awaited_runs(self: Any) -> dict[str, str]:
+    """Settle the runs a QUEUED job waits for, soon after they end."""
+    return housekeeping.monitor_awaited_runs(runtime())
+
+
 @dispatcher_task(names.RECONCILE, housekeeping=True)
 def reconcile(self: Any) -> dict[str, list[str]]:
     """Re-drive stuck work and repair drift."""

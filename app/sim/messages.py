@@ -98,6 +98,9 @@ TASKS: dict[str, TaskSpec] = {
     names.MONITOR_RUNNING_JOBS: TaskSpec(
         lambda rt, kw: housekeeping.monitor_running_jobs(rt), "housekeeping"
     ),
+    names.MONITOR_AWAITED_RUNS: TaskSpec(
+        lambda rt, kw: housekeeping.monitor_awaited_runs(rt), "housekeeping"
+    ),
     names.RECONCILE: TaskSpec(lambda rt, kw: housekeeping.reconcile(rt), "housekeeping"),
     names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),

@@ -112,10 +112,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def recommend(results: Sequence[GraceResult], cold_start_s: float) -> float | None:
+def seen_cold_start_s(cold: ColdStart) -> float:
+    """One cold start as the dispatcher can see it, the default wait budget: the server's
+    own time, plus up to one READY_POLL_S until a readiness poll sees it ready, plus up to one
+    QUEUED_POLL_S for a job queued behind the cold-started one (its start follows the poll
+    that sees the run before it end, which in the always-on replay fell elsewhere)."""
+    return float(cold.total_s + _default("ready_poll_s") + _default("queued_poll_s"))
+
+
+def recommend(results: Sequence[GraceResult], budget_s: float) -> float | None:
     """The cheapest grace (fewest server-hours; the shorter grace on a tie) whose p95 added
-    wait stays within one cold start; None if none does."""
-    fitting = [r for r in results if r.wait_p95_s <= cold_start_s]
+    wait stays within the budget; None if none does."""
+    fitting = [r for r in results if r.wait_p95_s <= budget_s]
     if not fitting:
         return None
     return min(fitting, key=lambda r: (r.server_h, r.grace_s)).grace_s
@@ -191,6 +199,7 @@ def world_for(
         nets=specs,
         housekeeping_interval_s=_default("housekeeping_interval_s"),
         keep_alive_interval_s=_default("keep_alive_interval_s"),
+        queued_poll_s=_default("queued_poll_s"),
         ready_poll_s=_default("ready_poll_s"),
         retry_max=_default("retry_max"),
         retry_backoff_max_s=_default("retry_backoff_max_s"),
@@ -321,8 +330,8 @@ def simulate(
 ) -> Report:
     """Replay the trace at every grace and once always on; the figures and the
     recommendation (the cheapest grace whose p95 added wait is within `wait_budget_s`,
-    default one cold start)."""
-    budget = cold.total_s if wait_budget_s is None else wait_budget_s
+    default one cold start as the dispatcher sees it: `seen_cold_start_s`)."""
+    budget = seen_cold_start_s(cold) if wait_budget_s is None else wait_budget_s
     started = time.perf_counter()
     check_nets(trace, nets)
     todo: list[float | None] = [None, *graces]
@@ -396,8 +405,10 @@ def table(report: Report) -> str:
             lines.append(f"        ({r.unfinished} job(s) did not complete)")
     lines.append("")
     budget = (
-        f"one cold start, {cold.total_s:.1f}s"
-        if report.wait_budget_s == cold.total_s
+        f"one cold start as the dispatcher sees it, {report.wait_budget_s:.1f}s ="
+        f" {cold.total_s:.1f}s + READY_POLL_S {_default('ready_poll_s'):g}s"
+        f" + QUEUED_POLL_S {_default('queued_poll_s'):g}s"
+        if report.wait_budget_s == seen_cold_start_s(cold)
         else f"{report.wait_budget_s:g}s"
     )
     if report.recommended_s is None:
@@ -428,33 +439,39 @@ def plot(report: Report, path: Path) -> None:
         xs = [r.wait_p95_s for r in report.results]
         ys = [r.saved_pct for r in report.results]
         ax.plot(xs, ys, "o-", color="tab:blue")
-        for r in report.results:
+        for i, r in enumerate(report.results):
             best = r.grace_s == report.recommended_s
             ax.annotate(
                 f"grace {_dur(r.grace_s)}" + (" (recommended)" if best else ""),
                 (r.wait_p95_s, r.saved_pct),
                 textcoords="offset points",
-                xytext=(6, 6),
+                xytext=(8, -3) if i % 2 == 0 else (-8, -3),
+                ha="left" if i % 2 == 0 else "right",
                 fontsize=8,
                 fontweight="bold" if best else "normal",
             )
         cold = report.cold_start.total_s
         ax.axvline(cold, color="tab:red", linestyle="--", linewidth=1)
-        ax.text(cold, min(ys, default=0), " one cold start", color="tab:red", fontsize=8)
-        if report.wait_budget_s != cold:
-            ax.axvline(report.wait_budget_s, color="tab:green", linestyle=":", linewidth=1)
-            ax.text(
-                report.wait_budget_s,
-                max(ys, default=0),
-                " wait budget",
-                color="tab:green",
-                fontsize=8,
-            )
+        mid = (min(ys, default=0) + max(ys, default=0)) / 2
+        ax.text(cold, mid, "one cold start ", color="tab:red", fontsize=8, rotation=90, ha="right")
+        seen = report.wait_budget_s == seen_cold_start_s(report.cold_start)
+        ax.axvline(report.wait_budget_s, color="tab:green", linestyle=":", linewidth=1)
+        label = "wait budget" + (" (one cold start + the two polls)" if seen else "")
+        ax.text(
+            report.wait_budget_s,
+            mid,
+            label + " ",
+            color="tab:green",
+            fontsize=8,
+            rotation=90,
+            ha="right",
+            va="center",
+        )
         ax.set_xlabel("p95 added wait per job (s)")
         ax.set_ylabel("server-hours saved vs always on (%)")
         ax.set_title(
             f"{report.jobs} jobs, {len(report.nets)} nets, {report.horizon_h / 24:.1f} days,"
-            f" utilization {100 * report.utilization:.0f}%, cold start {cold:.0f}s",
+            f" utilization {100 * report.utilization:.0f}%, cold start {cold:.1f}s",
             fontsize=9,
         )
         ax.grid(True, alpha=0.3)
@@ -476,6 +493,7 @@ __all__ = [
     "plot",
     "recommend",
     "replay",
+    "seen_cold_start_s",
     "simulate",
     "table",
 ]

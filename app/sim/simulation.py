@@ -15,6 +15,7 @@ iterates a set, and there are no threads: a seed replays exactly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -98,6 +99,7 @@ class Calm:
     in_flight: bool = False  # a pipeline, abort, stray, start, stop or message under way
     assign_due: bool = False  # a QUEUED job and a free net it may take
     monitor_due: bool = False  # a run ended, or a job outlived MAX_RUN_S, or a report wait
+    awaited_due: bool = False  # monitor_due for a net a QUEUED job could take
     scale_down_due: bool = False  # an idle net past its grace
     reconcile_due: bool = False  # a net to settle, or a job or start past STUCK_AFTER_S
     times: list[float] = field(default_factory=list)  # when the world changes by itself
@@ -110,6 +112,8 @@ class Calm:
             return self.scale_down_due
         if task == names.MONITOR_RUNNING_JOBS:
             return self.monitor_due
+        if task == names.MONITOR_AWAITED_RUNS:
+            return self.awaited_due
         if task == names.RECONCILE:
             return self.reconcile_due
         return True
@@ -184,7 +188,24 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
         RETRY_BACKOFF_MAX_S=world.retry_backoff_max_s,
         HOUSEKEEPING_INTERVAL_S=world.housekeeping_interval_s,
         KEEP_ALIVE_INTERVAL_S=world.keep_alive_interval_s,
+        QUEUED_POLL_S=world.queued_poll_s,
     )
+
+
+def beat_loops(world: WorldSpec) -> list[tuple[str, float]]:
+    """Beat's schedule as (task, period), assign first: app.celery_app.beat_schedule's, which
+    a unit test holds this to (the simulator does not import Celery)."""
+    tick = world.housekeeping_interval_s
+    beats = [
+        (names.ASSIGN_NEXT_JOB, tick),
+        (names.SCALE_DOWN_IDLE_NETS, tick),
+        (names.MONITOR_RUNNING_JOBS, tick),
+        (names.RECONCILE, 2 * tick),
+        (names.KEEP_ALIVE_BUSY_NETS, world.keep_alive_interval_s),
+    ]
+    if world.queued_poll_s > 0:
+        beats.append((names.MONITOR_AWAITED_RUNS, world.queued_poll_s))
+    return beats
 
 
 def always_on(settings: Settings, net: str) -> bool:
@@ -265,6 +286,11 @@ class Simulation:
         rng = random.Random(f"{seed}/workload")
         world = random_world(rng)
         workload = random_workload(rng, world, abort_p=profile.abort_p, report_p=profile.report_p)
+        # Half the worlds run without the awaited-run poll (QUEUED_POLL_S=0, a supported
+        # setting): both ways must keep every invariant. Its own generator leaves the world
+        # and the workload of every seed as they were before the poll existed.
+        poll = random.Random(f"{seed}/queued-poll").choice((0.0, 1.0))
+        world = dataclasses.replace(world, queued_poll_s=poll)
         return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
 
     # --- wiring ------------------------------------------------------------------------------
@@ -819,6 +845,7 @@ class Simulation:
             calm.times.append(self._events[0][0])
         queued: list[str | None] = []
         active: set[str] = set()
+        to_settle: set[str] = set()  # nets with a run monitor would settle or stop now
         # Reconcile acts on a job or a starting net only past STUCK_AFTER_S (its smallest
         # threshold) or ABORT_TIMEOUT_S in that state.
         stuck_s = min(self.world.stuck_after_s, self.world.abort_timeout_s)
@@ -834,6 +861,8 @@ class Simulation:
                 active.add(net)
             if state in ("FINISHING", "ABORTING"):
                 calm.monitor_due = True  # monitor settles aborts and report waits
+                if state == "ABORTING" and net is not None:
+                    to_settle.add(net)
             if state != "RUNNING" or net is None or nvflare_id is None or dispatched is None:
                 calm.in_flight = True  # a step of the pipeline, an abort, a report wait
                 if t - seconds_of(datetime.fromisoformat(changed)) > stuck_s:
@@ -842,15 +871,18 @@ class Simulation:
             run = self.cluster.servers[net].store.get(nvflare_id)
             if run is None or not run.live(t):
                 calm.monitor_due = True  # ended: the next monitor round settles it
+                to_settle.add(net)
                 continue
             config = self.settings.net(net)
             max_run_s = config.max_run_s if config.max_run_s is not None else self.world.max_run_s
             deadline = seconds_of(datetime.fromisoformat(dispatched)) + max_run_s
             if deadline <= t:
                 calm.monitor_due = True
+                to_settle.add(net)
             calm.times.append(deadline)
             if run.end_at is not None:
                 calm.times.append(run.end_at)
+        calm.awaited_due = any(any(r in (None, n) for r in queued) for n in to_settle)
         for name, state, idle_since, changed in conn.execute(
             "SELECT name, state, idle_since, state_changed_at FROM nets"
         ):
@@ -881,6 +913,14 @@ class Simulation:
                 calm.times.append(expiry)
         return calm
 
+    def _maybe_awaited(self) -> bool:
+        """A QUEUED job and a run under way: monitor_awaited_runs may have work."""
+        row = self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'QUEUED'),"
+            " EXISTS (SELECT 1 FROM jobs WHERE state IN ('RUNNING', 'ABORTING'))"
+        ).fetchone()
+        return bool(row[0] and row[1])
+
     def _beats_to_skip(
         self, beats: list[tuple[str, float]], next_beat: list[float]
     ) -> tuple[set[str], Calm]:
@@ -899,13 +939,7 @@ class Simulation:
     def _run(self) -> Result:
         self._schedule()
         tick = self.world.housekeeping_interval_s
-        beats = [
-            (names.ASSIGN_NEXT_JOB, tick),
-            (names.SCALE_DOWN_IDLE_NETS, tick),
-            (names.MONITOR_RUNNING_JOBS, tick),
-            (names.RECONCILE, 2 * tick),
-            (names.KEEP_ALIVE_BUSY_NETS, self.world.keep_alive_interval_s),
-        ]
+        beats = beat_loops(self.world)
         next_beat = [period for _, period in beats]
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
         deadline = self.workload.horizon_s + HUMAN_FIX_DELAY_S + self.world.max_run_s + 8 * tick
@@ -949,6 +983,10 @@ class Simulation:
                     beat_fired = beat_fired or i == 0
                     if task in idle:
                         continue  # fast_forward: it would read the tables and do nothing
+                    if task == names.MONITOR_AWAITED_RUNS and not self._maybe_awaited():
+                        # Nothing queued behind a run: the poll would only read the tables
+                        # (sending it every second would swamp the sweep's message order).
+                        continue
                     self.broker.push(task, {}, expires_in=period, origin="beat")
             self._maybe_flip()
             if self.check_invariants:
@@ -979,7 +1017,18 @@ class Simulation:
 _RACES = {
     names.RECONCILE: (names.ASSIGN_NEXT_JOB, names.SCALE_UP),
     names.SCALE_DOWN_IDLE_NETS: (names.ASSIGN_NEXT_JOB, names.SCALE_UP),
-    names.MONITOR_RUNNING_JOBS: (names.DISPATCH, names.ABORT_JOB, names.REPORT_JOB_STATUS),
+    names.MONITOR_RUNNING_JOBS: (
+        names.DISPATCH,
+        names.ABORT_JOB,
+        names.REPORT_JOB_STATUS,
+        names.MONITOR_AWAITED_RUNS,
+    ),
+    names.MONITOR_AWAITED_RUNS: (
+        names.DISPATCH,
+        names.ABORT_JOB,
+        names.REPORT_JOB_STATUS,
+        names.MONITOR_RUNNING_JOBS,
+    ),
     names.ASSIGN_NEXT_JOB: (names.RECONCILE, names.SCALE_DOWN_IDLE_NETS),
 }
 

@@ -176,29 +176,51 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     """Poll NVFLARE for every RUNNING/ABORTING job and settle the finished ones; a server
     that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY.
     Each net is watched on its own: one net's failure never stops the others'."""
+    watched = _watched(rt, awaited_only=False)
+    outcomes = _expire_report_waits(rt)
+    return outcomes | _monitor(rt, watched)
+
+
+def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
+    """Monitor, every QUEUED_POLL_S, only the runs of nets a QUEUED job waits for, so that job
+    starts within seconds of the run before it ending, not up to a whole
+    HOUSEKEEPING_INTERVAL_S later. A net whose server is not answering is left to the full
+    round: a dead server is not called every second."""
+    return _monitor(rt, _watched(rt, awaited_only=True))
+
+
+def _watched(rt: Runtime, *, awaited_only: bool) -> list[Watched]:
+    """The runs to watch: every RUNNING/ABORTING job with a run on the server, or only those
+    on answering nets some QUEUED job could take."""
+    stmt = (
+        select(
+            Job.id,
+            Job.state,
+            Job.net_name,
+            Job.nvflare_job_id,
+            Net.server_start_time,
+            Job.dispatched_at,
+            Net.unreachable_since,
+        )
+        .join(Net, Net.name == Job.net_name)
+        .where(
+            Job.state.in_((JobState.RUNNING, JobState.ABORTING)),
+            Job.nvflare_job_id.is_not(None),
+        )
+    )
+    if awaited_only:
+        stmt = stmt.where(Net.unreachable_since.is_(None), services.wanted_by_queued_job(Net.name))
     with rt.sessions() as session:
-        rows = session.execute(
-            select(
-                Job.id,
-                Job.state,
-                Job.net_name,
-                Job.nvflare_job_id,
-                Net.server_start_time,
-                Job.dispatched_at,
-                Net.unreachable_since,
-            )
-            .join(Net, Net.name == Job.net_name)
-            .where(
-                Job.state.in_((JobState.RUNNING, JobState.ABORTING)),
-                Job.nvflare_job_id.is_not(None),
-            )
-        ).all()
-    watched = [
+        rows = session.execute(stmt).all()
+    return [
         Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at, since is not None)
         for job_id, state, net_name, nvflare_job_id, start, dispatched_at, since in rows
         if net_name is not None and nvflare_job_id is not None
     ]
-    outcomes: dict[str, str] = _expire_report_waits(rt)
+
+
+def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
+    """Watch these runs, each net on its own and in parallel (see _round_deadline_s)."""
 
     def watch(net_name: str) -> dict[str, str]:
         jobs = [w for w in watched if w.net_name == net_name]
@@ -206,6 +228,7 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
             return _monitor_net(rt, net_name, jobs)
         return {str(j.job_id): "monitor failed (see the net's last_error)" for j in jobs}
 
+    outcomes: dict[str, str] = {}
     nets = sorted({w.net_name for w in watched if rt.settings.has_net(w.net_name)})
     results = rt.fan_out.run({n: partial(watch, n) for n in nets}, _round_deadline_s(rt))
     for net_name in nets:

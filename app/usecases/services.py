@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from sqlalchemy import and_, case, delete, exists, or_, select
+from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -185,6 +186,20 @@ def _active_job_on(net_name_column: object) -> object:
     return exists().where(and_(Job.net_name == net_name_column, Job.state.in_(ACTIVE_JOB_STATES)))
 
 
+def _claimable() -> ColumnElement[bool]:
+    """A QUEUED job that may be claimed: one whose earlier run may still be alive (a stray
+    run) waits, so a job never has two live runs."""
+    return and_(Job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == Job.id))
+
+
+def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
+    """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
+    pinned one only its own)."""
+    queued = _claimable()
+    pinned = select(Job.requested_net).where(queued, Job.requested_net.is_not(None))
+    return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
+
+
 def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
     """Claim the next QUEUED job (priority, then age) and a free net for it.
 
@@ -208,14 +223,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         # A run the server may still hold must be settled before the net takes a new job.
         ~exists().where(StrayRun.net_name == Net.name),
     )
-    # A job whose earlier run may still be alive (a stray run) waits: one live run per job.
-    queued = and_(Job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == Job.id))
-    wanted = or_(
-        exists().where(queued, Job.requested_net.is_(None)),
-        Net.name.in_(select(Job.requested_net).where(queued, Job.requested_net.is_not(None))),
-    )
+    queued = _claimable()
     candidates = session.scalars(
-        select(Net.name).where(*free, wanted).order_by(warm_first, Net.name)
+        select(Net.name).where(*free, wanted_by_queued_job(Net.name)).order_by(warm_first, Net.name)
     ).all()
     for name in candidates:
         if not settings.has_net(name):

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from app import names
 from app.errors import SettingsError
 from app.logs import configure_logging
 from app.settings import Settings
@@ -174,3 +175,27 @@ def test_a_project_task_logs_with_its_id(log_to, world):
     assert enqueued[0]["task_id"] == "enqueue-task-1"
     assert enqueued[0]["task_name"] == names.ENQUEUE_JOB
     assert enqueued[0]["caller_key"] == "log-1"
+
+
+def test_celerys_routine_lines_about_the_once_a_second_poll_are_left_out(log_to, throwaway_celery):
+    buffer = log_to()
+    own = logging.getLogger("app.usecases.housekeeping")
+
+    @throwaway_celery.task(name=names.MONITOR_AWAITED_RUNS, shared=False)
+    def poll() -> None:
+        own.info("run settled")
+
+    poll.apply(task_id="poll-id")
+    beat = logging.getLogger("celery.beat")
+    beat.info("Scheduler: Sending due task %s (%s)", "monitor-awaited-runs", poll.name)
+    beat.info("Scheduler: Sending due task %s (%s)", "reconcile", names.RECONCILE)
+    request = logging.getLogger("celery.worker.request")
+    request.info("Discarding revoked task: %s[%s]", poll.name, "poll-id")
+    request.warning("Task %s[%s] odd", poll.name, "poll-id")
+    lines = buffer.getvalue().splitlines()
+    assert any("run settled" in line for line in lines)
+    assert not any("succeeded" in line for line in lines)  # Celery's line for the poll
+    assert not any("monitor-awaited-runs" in line for line in lines)
+    assert not any("Discarding" in line for line in lines)
+    assert any(names.RECONCILE in line for line in lines)
+    assert any("odd" in line for line in lines)  # a warning about it is never dropped

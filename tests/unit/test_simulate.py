@@ -208,17 +208,17 @@ def _result(grace: float, server_h: float, p95: float) -> GraceResult:
     return GraceResult(grace, server_h, 0.0, 0.0, 0, 0.0, p95, p95, 0, 0, 0.0)
 
 
-def test_the_recommended_grace_is_the_cheapest_within_one_cold_start():
+def test_the_recommended_grace_is_the_cheapest_within_the_budget():
     results = [
         _result(0, 10.0, 40.0),  # cheapest, but waits too long
         _result(60, 12.0, 9.0),
         _result(300, 12.0, 2.0),  # as cheap as 60 s: the shorter grace wins the tie
         _result(600, 15.0, 0.0),
     ]
-    assert recommend(results, cold_start_s=10.0) == 60
-    assert recommend(results, cold_start_s=50.0) == 0
-    assert recommend(results, cold_start_s=1.0) == 600
-    assert recommend(results[:1], cold_start_s=1.0) is None
+    assert recommend(results, budget_s=10.0) == 60
+    assert recommend(results, budget_s=50.0) == 0
+    assert recommend(results, budget_s=1.0) == 600
+    assert recommend(results[:1], budget_s=1.0) is None
 
 
 def test_server_time_is_the_time_with_a_replica():
@@ -317,8 +317,8 @@ def test_fast_forward_refuses_a_faulty_world():
 
 def test_simulate_prints_a_row_per_grace_and_the_recommendation(capsys, tmp_path: Path):
     path = tmp_path / "t.csv"
-    # A job every 200 s: grace 0 starts a server for each (p95 = a cold start and then
-    # some), 600 s keeps it up from the first on.
+    # A job every 200 s: grace 0 starts a server for each (every job waits one cold start,
+    # within the default budget), 600 s keeps it up from the first on.
     path.write_text("submitted_at,duration_s\n" + "".join(f"{200 * i},60\n" for i in range(20)))
     code = main(
         [str(a) for a in ("simulate", path, "--grace", "0,600", "--nets", "1", "--workers", "1")]
@@ -328,7 +328,13 @@ def test_simulate_prints_a_row_per_grace_and_the_recommendation(capsys, tmp_path
     assert "20 jobs on 1 nets" in out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0s", "10m"))]
     assert [r[0] for r in rows] == ["0s", "10m"]
-    assert "recommended grace: 10m" in out
+    assert "recommended grace: 0s" in out
+    assert "budget, one cold start as the dispatcher sees it, 18.6s = 16.6s" in out
+
+    # A budget below one cold start leaves only the grace that avoids them.
+    argv = ("simulate", path, "--grace", "0,600", "--nets", "1", "--wait-budget", "5")
+    assert main([str(a) for a in argv]) == 0
+    assert "recommended grace: 10m" in capsys.readouterr().out
 
     # A budget of a minute lets the cheapest grace through.
     argv = ("simulate", path, "--grace", "0,600", "--nets", "1", "--json", "--wait-budget", "60")

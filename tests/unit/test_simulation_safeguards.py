@@ -81,7 +81,10 @@ SAFEGUARDS = [
         "an abort ends within ABORT_TIMEOUT_S (hole 10)",
         _set(housekeeping, "expire_abort", lambda *_args: JobState.ABORTING),
         "servers",
-        range(0, 90),
+        # Rare: an abort of a job that is DISPATCHING whose run the server never confirms.
+        # Seeds 4, 706 and 958 of the 111 servers seeds below 1,000 before the awaited-run
+        # poll; since half the worlds poll, seed 958.
+        range(940, 960),
         frozenset({"job-state-bounded", "quiescence"}),
     ),
     Safeguard(
