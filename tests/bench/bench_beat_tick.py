@@ -5,7 +5,8 @@
 
 A tick is what beat asks for every HOUSEKEEPING_INTERVAL_S: assign_jobs, then
 scale_down_idle_nets, keep_alive_busy_nets, monitor_running_jobs and reconcile, each called as
-the task calls it. PostgreSQL is real (a throw-away database built by migrations); the driver
+the task calls it, plus one call of monitor_awaited_runs (beat sends that one every
+QUEUED_POLL_S; here it polls the busy nets the QUEUED jobs are pinned to). PostgreSQL is real (a throw-away database built by migrations); the driver
 and the admin client are the project's fakes (tests/fakes.py), so only the dispatcher's own
 cost is measured.
 
@@ -59,6 +60,8 @@ LOOPS: dict[str, Callable[[Runtime], Any]] = {
     "keep_alive_busy_nets": housekeeping.keep_alive_busy_nets,
     "monitor_running_jobs": housekeeping.monitor_running_jobs,
     "reconcile": housekeeping.reconcile,
+    # Beat sends this one every QUEUED_POLL_S (1 s), not once a tick: its column is one call.
+    "monitor_awaited_runs": housekeeping.monitor_awaited_runs,
 }
 SHORT = {
     "assign_jobs": "assign",
@@ -66,6 +69,7 @@ SHORT = {
     "keep_alive_busy_nets": "keepalive",
     "monitor_running_jobs": "monitor",
     "reconcile": "reconcile",
+    "monitor_awaited_runs": "awaited",
 }
 
 
