@@ -6,9 +6,9 @@
 A tick is what beat asks for every HOUSEKEEPING_INTERVAL_S: assign_jobs, then
 scale_down_idle_nets, keep_alive_busy_nets, monitor_running_jobs and reconcile, each called as
 the task calls it, plus one call of monitor_awaited_runs (beat sends that one every
-QUEUED_POLL_S; here it polls the busy nets the QUEUED jobs are pinned to). PostgreSQL is real (a throw-away database built by migrations); the driver
-and the admin client are the project's fakes (tests/fakes.py), so only the dispatcher's own
-cost is measured.
+QUEUED_POLL_S; here it polls the busy nets the QUEUED jobs are pinned to). PostgreSQL is
+real (a throw-away database built by migrations); the driver and the admin client are the
+project's fakes (tests/fakes.py), so only the dispatcher's own cost is measured.
 
 The world at N declared nets (scale to zero, PER_JOB_FL_SERVER=true): 10% BUSY with a
 RUNNING job, 10% READY and idle inside their grace, the rest STOPPED; QUEUED jobs worth 5% of
