@@ -280,7 +280,10 @@ class Job(Base):
     def mark_running(self, nvflare_job_id: str, now: datetime) -> None:
         """The server accepted the job."""
         self.transition(
-            JobState.RUNNING, now, f"submitted as {nvflare_job_id}", nvflare_job_id=nvflare_job_id
+            JobState.RUNNING,
+            now,
+            f"submitted as {nvflare_job_id}",  # pragma: no mutate (history words, as in moves)
+            nvflare_job_id=nvflare_job_id,
         )
         self.nvflare_job_id = nvflare_job_id
         self.dispatched_at = now
