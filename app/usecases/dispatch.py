@@ -217,7 +217,7 @@ def check_ready(
         assigned_at = job.assigned_at or now
 
     readiness: Readiness | None = None
-    detail = ""
+    detail = ""  # pragma: no mutate (every path that reads it sets it first)
     try:
         skip_driver = net_config.always_on or server_seen_up
         observation = None if skip_driver else rt.driver(net_name).observe()
