@@ -61,7 +61,10 @@ class StepResult:
     warm: bool = False  # scale_up: the server was up already (nothing had to be started)
 
 
-def assign_jobs(rt: Runtime, limit: int = 50) -> list[services.Assignment]:
+def assign_jobs(
+    rt: Runtime,
+    limit: int = 50,  # pragma: no mutate (a bound per round; any will do)
+) -> list[services.Assignment]:
     """Claim QUEUED jobs onto free nets, one transaction per claim, and start a pipeline
     for each after its claim has committed."""
     claimed = []

@@ -260,7 +260,12 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     return None
 
 
-def get_job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+def get_job(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    lock: bool = False,  # pragma: no mutate (a lock: no-op on SQLite)
+) -> Job:
     """The job with this id, optionally locked for update; NotFound otherwise."""
     stmt = select(Job).where(Job.id == job_id)
     if lock:
@@ -271,7 +276,12 @@ def get_job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
     return job
 
 
-def get_net(session: Session, name: str, *, lock: bool = False) -> Net:
+def get_net(
+    session: Session,
+    name: str,
+    *,
+    lock: bool = False,  # pragma: no mutate (a lock: no-op on SQLite)
+) -> Net:
     """The net with this name, optionally locked for update; NotFound otherwise."""
     stmt = select(Net).where(Net.name == name)
     if lock:
