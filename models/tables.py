@@ -114,7 +114,11 @@ class Net(Base):
             raise IllegalTransition("net", self.name, self.state, target)
         self.events.add(
             NetEvent(
-                net_name=self.name, from_state=self.state, to_state=target, at=now, reason=reason
+                net_name=self.name,  # pragma: no mutate (events.add sets it as well)
+                from_state=self.state,
+                to_state=target,
+                at=now,
+                reason=reason,
             )
         )
         self.state = target
@@ -254,7 +258,7 @@ class Job(Base):
             raise IllegalTransition("job", str(self.id), self.state, target)
         self.events.add(
             JobEvent(
-                job_id=self.id,
+                job_id=self.id,  # pragma: no mutate (events.add sets it as well)
                 from_state=self.state,
                 to_state=target,
                 at=now,

@@ -126,3 +126,19 @@ def test_a_warm_net_claimed_after_its_grace_keeps_its_server_without_an_error(tw
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.READY, None)
     assert world.driver("net-a").replicas == 1
+
+
+def test_a_net_that_stopped_is_no_longer_idle_and_a_finished_job_says_when(two_nets):
+    world = two_nets
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert world.job(job_id).finished_at is None  # running
+    world.clock.advance(5)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+    assert world.job(job_id).finished_at == world.clock()
+    assert world.net("net-a").idle_since == world.clock()
+    world.clock.advance(IDLE_S)
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    net = world.net("net-a")
+    assert (net.state, net.idle_since) == (NetState.STOPPED, None)
