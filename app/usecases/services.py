@@ -229,7 +229,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     if not settings.nets:
         return None
     warm_first = case(
-        (Net.state == NetState.READY, 0), (Net.state == NetState.STARTING, 1), else_=2
+        (Net.state == NetState.READY, 0),
+        (Net.state == NetState.STARTING, 1),
+        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
     )
     free = (
         Net.state.in_(ASSIGNABLE_NET_STATES),
@@ -259,8 +261,10 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
             select(Job)
             .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
             .order_by(
-                Job.priority.desc(), Job.created_at, Job.id
-            )  # pragma: no mutate (a tie-break)
+                Job.priority.desc(),
+                Job.created_at,
+                Job.id,  # pragma: no mutate (a tie-break)
+            )
             .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
             .with_for_update(skip_locked=True)
         )
