@@ -26,7 +26,9 @@ if [ "$#" -eq 0 ]; then rm -rf mutants; fi
 wall=$(( $(date +%s) - start ))
 # CPU seconds (user + system) of mutmut and every process it started: with the wall time and
 # the load average, whether a slow run was the code's or a busy machine's.
-cpu=$(times | tail -1 | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] } printf "%.0f", s }')
+# (`times` in this shell: in a pipe or $(...) it would report a subshell's, which is nothing.)
+times > mutants/.times
+cpu=$(tail -1 mutants/.times | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] } printf "%.0f", s }')
 summary="$wall s wall, $cpu CPU-s (user + system) on $(nproc) cores, load average $load_start at the start and $(cut -d' ' -f1 /proc/loadavg) at the end ($(date -u '+%Y-%m-%d %H:%M UTC'))"
 echo "mutmut: $summary"
 # A run from scratch leaves its figures for the report (a run with names keeps them).
