@@ -176,7 +176,7 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     """Poll NVFLARE for every RUNNING/ABORTING job and settle the finished ones; a server
     that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY.
     Each net is watched on its own: one net's failure never stops the others'."""
-    watched = _watched(rt, awaited_only=False)
+    watched = _watched(rt, awaited_only=False)  # pragma: no mutate (None is as false)
     outcomes = _expire_report_waits(rt)
     return outcomes | _monitor(rt, watched)
 
