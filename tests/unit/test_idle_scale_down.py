@@ -112,3 +112,33 @@ def test_the_locked_recheck_decides_on_the_net_as_it_is_now(two_nets):
     calls = list(world.driver("net-a").calls)
     assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
     assert world.driver("net-a").calls == calls and world.net("net-a").state == NetState.STOPPED
+
+
+def test_a_warm_net_claimed_after_its_grace_keeps_its_server_without_an_error(two_nets):
+    """Claimed, a READY net has no idle time (the claim ended it): it is no candidate
+    failure, just not idle."""
+    world = two_nets
+    _idle(world, "net-a")
+    world.clock.advance(IDLE_S + 1)
+    world.enqueue("claimed", net="net-a")
+    dispatch.assign_jobs(world.rt)  # READY with an ASSIGNED job: its chain comes next
+    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    net = world.net("net-a")
+    assert (net.state, net.last_error) == (NetState.READY, None)
+    assert world.driver("net-a").replicas == 1
+
+
+def test_a_net_that_stopped_is_no_longer_idle_and_a_finished_job_says_when(two_nets):
+    world = two_nets
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert world.job(job_id).finished_at is None  # running
+    world.clock.advance(5)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+    assert world.job(job_id).finished_at == world.clock()
+    assert world.net("net-a").idle_since == world.clock()
+    world.clock.advance(IDLE_S)
+    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    net = world.net("net-a")
+    assert (net.state, net.idle_since) == (NetState.STOPPED, None)

@@ -84,9 +84,31 @@ def test_a_drifted_server_is_left_to_a_job_claimed_meanwhile(world):
         return real_observe()
 
     driver.observe = claimed_meanwhile  # type: ignore[method-assign]
-    housekeeping.reconcile(world.rt)
+    repaired = housekeeping.reconcile(world.rt).repaired
     assert driver.replicas == 1
     assert world.job(late).state == JobState.ASSIGNED
+    assert [r for r in repaired if r.startswith("net-a")] == []  # nothing was repaired
+
+
+def test_a_ready_net_claimed_while_its_server_looked_gone_is_left_to_its_job(world):
+    """The round read a READY net without a job and its driver shows no server: drift, but a
+    job claimed onto the warm net meanwhile owns it now, so the net stays READY for the
+    job's chain (which scales it up again) and the round reports no repair."""
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a").state = NetState.READY  # the driver has 0 replicas
+    driver = world.driver("net-a")
+    real_observe = driver.observe
+    late = world.enqueue("late", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        return real_observe()
+
+    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    repaired = housekeeping.reconcile(world.rt).repaired
+    assert world.net("net-a").state == NetState.READY
+    assert world.job(late).state == JobState.ASSIGNED
+    assert [r for r in repaired if r.startswith("net-a")] == []
 
 
 def test_a_driver_that_says_misconfigured_takes_the_net_out_of_service_once(world):

@@ -29,12 +29,16 @@ def _notes(world) -> list[str]:
     return [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("net-a")]
 
 
-def _last_move(world):
+def _moves(world):
     with world.rt.sessions() as session:
-        e = session.scalars(
+        events = session.scalars(
             select(NetEvent).where(NetEvent.net_name == "net-a").order_by(NetEvent.id)
-        ).all()[-1]
-        return e.from_state, e.to_state, e.reason
+        ).all()
+        return [(e.from_state, e.to_state, e.reason) for e in events]
+
+
+def _last_move(world):
+    return _moves(world)[-1]
 
 
 @pytest.mark.parametrize(
@@ -128,6 +132,10 @@ def test_a_jobless_starting_net_is_stopped_only_past_its_deadline(world):
     assert _notes(world) == ["net-a: STARTING without a job past the deadline: stopped"]
     assert world.net("net-a").state == NetState.STOPPED
     assert scale_decisions(world, "net-a") == [(0, "start abandoned")]
+    assert _moves(world)[-2:] == [
+        (NetState.STARTING, NetState.STOPPING, "start abandoned"),
+        (NetState.STOPPING, NetState.STOPPED, "start abandoned"),
+    ]
     assert _last_move(world) == (NetState.STOPPING, NetState.STOPPED, "start abandoned")
 
 
@@ -141,6 +149,15 @@ def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     assert _notes(world) == []
     assert [t for t, _ in world.outbox.sent if t == "pipeline"] == []
+
+
+def test_a_busy_net_is_left_to_the_monitor(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.driver("net-a").replicas = 0  # even a server gone under it is the monitor's call
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    assert _notes(world) == []
+    assert world.net("net-a").state == NetState.BUSY
 
 
 def test_a_ready_net_whose_server_is_gone_is_stopped(world):

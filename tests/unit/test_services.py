@@ -41,6 +41,11 @@ def test_sync_nets_creates_rows_once(db, settings, clock):
         }
 
 
+def test_sync_nets_returns_the_names_of_the_rows_it_created(sqlite_factory, settings, clock):
+    with sqlite_factory.begin() as session:
+        assert services.sync_nets(session, settings, clock()) == ["net-a", "net-b"]
+
+
 def test_enqueue_is_idempotent_on_caller_key(db, settings, clock):
     first = enqueue(db, settings, clock, required_sites=["site-1"])
     second = enqueue(db, settings, clock, required_sites=["site-1"])

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from app.errors import ServerUnavailable
 from app.settings import Settings
 from app.usecases import abort, dispatch, housekeeping, services
-from models import JobState, StrayRun
+from models import JobState, NetState, StrayRun
 from tests.fixtures.db import net_decl
 
 
@@ -68,3 +68,12 @@ def test_a_job_assigned_to_a_net_no_longer_declared_is_requeued_once_stuck(
     world.clock.advance(world.rt.settings.stuck_after_s + 1)  # no readiness deadline to wait
     assert f"{job_id}: requeued" in housekeeping.reconcile(world.rt).redriven
     assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_path, job_root):
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a").state = NetState.READY  # first in the claim order
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    job_id = world.enqueue("anywhere", required_sites=["site-1"])
+    claims = dispatch.assign_jobs(world.rt)
+    assert [(a.job_id, a.net_name) for a in claims] == [(job_id, "fixed")]

@@ -1,0 +1,74 @@
+"""What flip-api is told when it enqueues: a caller key seen before returns that job even if
+the request would be refused now, and each refusal says what to fix (the nets it could
+name, that sites are needed, that no net is configured, which characters a definition's
+folder may hold); a folder named with capitals and digits is fine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.errors import InvalidRequest
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from app.usecases import services
+from models import JobState
+
+
+def _enqueue(sqlite_factory, settings, clock, key="k", **kw):
+    request = EnqueueJob(caller_key=key, definition=kw.pop("definition", "tiny-job"), **kw)
+    with sqlite_factory.begin() as session:
+        services.sync_nets(session, settings, clock())
+        return services.enqueue_job(session, settings, request, clock())
+
+
+def _refusal(sqlite_factory, settings, clock, **kw) -> str:
+    with pytest.raises(InvalidRequest) as refused:
+        _enqueue(sqlite_factory, settings, clock, **kw)
+    return str(refused.value)
+
+
+def test_a_caller_key_seen_before_returns_its_job_even_if_now_refused(
+    sqlite_factory, settings, clock
+):
+    first = _enqueue(sqlite_factory, settings, clock, required_sites=["site-1"])
+    again = _enqueue(sqlite_factory, settings, clock, net="gone")  # would be refused now
+    assert (again.job_id, again.created, again.state) == (first.job_id, False, JobState.QUEUED)
+
+
+def test_each_refusal_says_what_to_fix(sqlite_factory, settings, clock):
+    assert _refusal(sqlite_factory, settings, clock, net="gone") == (
+        "unknown net 'gone' (known: net-a, net-b)"
+    )
+    assert _refusal(sqlite_factory, settings, clock) == (
+        "required_sites is empty and no net default applies"
+    )
+
+
+def test_with_no_nets_configured_a_job_is_refused_saying_so(
+    sqlite_factory, tmp_path, job_root, clock
+):
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS="[]")
+    assert _refusal(sqlite_factory, settings, clock, net="any") == (
+        "unknown net 'any' (known: none)"
+    )
+    assert _refusal(sqlite_factory, settings, clock, required_sites=["site-1"]) == (
+        "no nets are configured, so no job can run"
+    )
+
+
+def test_a_definition_folder_is_named_with_letters_digits_dot_dash_underscore(
+    sqlite_factory, settings, clock
+):
+    for name in ("Job_2.v-1", "bad name"):
+        (settings.job_root / name / "app" / "config").mkdir(parents=True)
+        (settings.job_root / name / "meta.json").write_text(json.dumps({"name": name}))
+    ok = _enqueue(sqlite_factory, settings, clock, "ok", definition="Job_2.v-1", net="net-a")
+    assert ok.created
+    refused = _refusal(
+        sqlite_factory, settings, clock, key="bad", definition="bad name", net="net-a"
+    )
+    assert refused == (
+        "definition folder name 'bad name' may hold only letters, digits, '.', '_', '-'"
+    )

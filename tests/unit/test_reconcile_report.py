@@ -1,0 +1,116 @@
+"""What a reconcile round reports per net (its task result, which is what an operator reads
+in the worker log): stray runs it could not settle, and whether that took the net down; an
+always-on server found unreachable (OUTAGE) and stray runs gone with a server that is not
+there; a net it could not check this round and why. Each note is exactly what happened,
+one repair after the other."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.errors import DriverTransientError, UnknownAdminError
+from app.settings import Settings
+from app.usecases import housekeeping, services
+from models import NetState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+
+
+def _stray(world, net: str, *, readable: bool = True) -> None:
+    """A run left on the net's server (its abort unheard), still RUNNING there."""
+    job_id = world.enqueue(f"j-{net}", net=net)
+    with world.rt.sessions.begin() as session:
+        services.add_stray_run(
+            session,
+            net_name=net,
+            job_id=job_id,
+            nvflare_job_id="nv-7",
+            submit_token=None,
+            reason="abort unheard",
+            now=world.clock(),
+        )
+    world.server(net).statuses["nv-7"] = "RUNNING"
+    if not readable:
+
+        def unreadable(_: str):
+            raise UnknownAdminError("job has no status")
+
+        world.admin(net).job_status = unreadable  # type: ignore[method-assign]
+
+
+def _set_state(world, name: str, state: NetState) -> None:
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, name).state = state
+
+
+def _notes(world, net: str) -> list[str]:
+    return [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith(f"{net}:")]
+
+
+def test_strays_left_unsettled_are_reported_and_so_is_the_take_down(world):
+    world.driver("net-a").replicas = 1
+    _set_state(world, "net-a", NetState.READY)
+    _stray(world, "net-a", readable=False)
+    assert _notes(world, "net-a") == ["net-a: 1 stray run(s) unsettled"]
+    world.clock.advance(world.rt.settings.abort_timeout_s)
+    assert _notes(world, "net-a") == ["net-a: 1 stray run(s) unsettled; net taken down"]
+    assert world.driver("net-a").replicas == 0
+
+
+def test_an_always_on_net_keeps_its_unsettled_strays_and_says_only_that(world):
+    housekeeping.reconcile(world.rt)  # the static server is READY
+    _stray(world, "fixed", readable=False)
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    assert _notes(world, "fixed") == ["fixed: 1 stray run(s) unsettled"]
+
+
+def test_unsettled_strays_follow_the_repair_of_the_same_round(world):
+    _set_state(world, "net-a", NetState.READY)  # no replica: drift
+    _stray(world, "net-a")  # the server is not there to settle it
+    assert _notes(world, "net-a") == [
+        "net-a: drift: READY net had no server; now STOPPED; 1 stray run(s) unsettled"
+    ]
+
+
+def test_a_net_the_driver_cannot_tell_about_is_reported_not_checked(world):
+    world.driver("net-a").fail_with = DriverTransientError("ECS throttled")
+    assert _notes(world, "net-a") == ["net-a: not checked: ECS throttled"]
+
+
+@pytest.fixture
+def always_on(tmp_path, job_root, sqlite_factory, clock):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs"), net_decl(tmp_path, "fixed")]),
+        PER_JOB_FL_SERVER="false",
+    )
+    return World(settings, sqlite_factory, clock)
+
+
+def test_an_unreachable_always_on_server_is_reported_as_an_outage(always_on):
+    world = always_on
+    _set_state(world, "net-a", NetState.READY)  # scaled to 0 by hand, no strays
+    world.server("net-a").up = False
+    assert _notes(world, "net-a") == ["net-a: READY -> OUTAGE"]
+
+
+def test_strays_gone_with_an_always_on_server_are_reported_after_the_outage(always_on):
+    world = always_on
+    _set_state(world, "net-a", NetState.READY)  # scaled to 0 by hand
+    world.server("net-a").up = False
+    _stray(world, "net-a")
+    assert _notes(world, "net-a") == ["net-a: READY -> OUTAGE; no server: stray runs gone with it"]
+    _stray(world, "net-a")  # and one more while the outage goes on
+    assert _notes(world, "net-a") == ["net-a: no server: stray runs gone with it"]
+
+
+def test_an_unreachable_server_that_still_runs_keeps_its_strays(always_on):
+    world = always_on
+    world.driver("net-a").replicas = 1
+    _set_state(world, "net-a", NetState.READY)
+    world.server("net-a").up = False  # the replica runs; its server does not answer
+    _stray(world, "net-a")
+    assert _notes(world, "net-a") == ["net-a: READY -> OUTAGE; 1 stray run(s) unsettled"]

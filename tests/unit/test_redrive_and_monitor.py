@@ -1,0 +1,234 @@
+"""What reconcile's re-drive and the monitor report, and when, to the second: a job stuck in
+ASSIGNED is requeued, a DISPATCHING one's submit re-sent then abandoned, an ABORTING one's
+abort re-sent then expired, each only once strictly past its margin and each saying why; a
+FINISHING job's report wait expires strictly past REPORT_TIMEOUT_S with the configured
+outcome; the monitor's result has a verdict for every watched job, one whose net's round
+crashed included, and a server that answered again gets a fresh grace next time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import names
+from app.adapters.nvflare.base import Readiness, ServerState
+from app.errors import ServerUnavailable
+from app.parallel import ProbeResult, Sequential
+from app.settings import Settings
+from app.usecases import dispatch, housekeeping, services, views
+from models import Job, JobState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+
+
+def _world(tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]),
+        PER_JOB_FL_SERVER="true",
+        SERVER_LOST_GRACE_S=30,
+        **extra,
+    )
+    return World(settings, sqlite_factory, clock)
+
+
+def _redriven(world) -> tuple[str, ...]:
+    return housekeeping.reconcile(world.rt).redriven
+
+
+def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # its chain is lost
+    margin = world.rt.settings.net("net-a").ready_timeout_s + world.rt.settings.stuck_after_s
+    world.clock.advance(margin)
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: requeued",)
+    job = world.job(job_id)
+    assert (job.state, job.last_error) == (
+        JobState.QUEUED,
+        f"stuck in ASSIGNED for {margin + 1:.0f}s",
+    )
+
+
+def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    with world.rt.sessions.begin() as session:
+        session.get(Job, job_id).start_dispatch(world.clock())  # the submit is never heard of
+    settings = world.rt.settings
+    settle_s = max(settings.stuck_after_s, settings.retry_max * settings.retry_backoff_max_s)
+    world.clock.advance(settle_s)
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
+    world.clock.advance(settings.stuck_after_s - 1)  # settle_s + stuck_after_s
+    assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: dispatch abandoned, token settled",)
+    job = world.job(job_id)
+    age = settle_s + settings.stuck_after_s + 1
+    assert (job.state, job.last_error) == (
+        JobState.QUEUED,
+        f"submit outcome unknown for {age:.0f}s",
+    )
+
+
+def test_a_stuck_abort_is_re_sent_then_expired_each_strictly_past_its_margin(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    world = _world(tmp_path, job_root, sqlite_factory, clock, ABORT_TIMEOUT_S=3600)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False  # the abort is never heard
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "user", world.clock())
+    world.clock.advance(world.rt.settings.stuck_after_s)
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    world.outbox.sent.clear()
+    assert _redriven(world) == (f"{job_id}: abort re-sent",)
+    assert (names.ABORT_ON_SERVER, {"job_id": str(job_id)}) in world.outbox.sent
+    world.clock.advance(3600 - world.rt.settings.stuck_after_s - 1)  # exactly the timeout
+    assert _redriven(world) == (f"{job_id}: abort re-sent",)
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: abort expired",)
+
+
+def _finishing(world, key: str = "j"):
+    job_id = world.enqueue(key, net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    assert housekeeping.monitor_running_jobs(world.rt) == {
+        str(job_id): "finishing: waiting for flip-api's results report"
+    }
+    return job_id
+
+
+@pytest.mark.parametrize("outcome", ["completed", "failed"])
+def test_a_report_wait_expires_strictly_past_the_timeout_as_configured(
+    tmp_path, job_root, sqlite_factory, clock, outcome
+):
+    world = _world(
+        tmp_path,
+        job_root,
+        sqlite_factory,
+        clock,
+        RELEASE_AFTER="reported",
+        REPORT_TIMEOUT_OUTCOME=outcome,
+    )
+    world.enqueue("old-and-queued", net="net-b")  # older than the timeout, never FINISHING
+    job_id = _finishing(world)
+    with world.rt.sessions() as session:
+        history = views.job_detail(session, job_id)["history"]
+    assert history[-1]["reason"] == (
+        "NVFLARE FINISHED:COMPLETED; holding the server for results upload"
+    )
+    world.clock.advance(world.rt.settings.report_timeout_s)
+    assert housekeeping.monitor_running_jobs(world.rt) == {}
+    world.clock.advance(1)
+    target = JobState(outcome.upper())
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): f"report timeout: {target}"}
+    assert world.job(job_id).state == target
+
+
+def test_every_watched_job_has_a_verdict_a_crashed_nets_too(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    a = world.enqueue("a", net="net-a")
+    world.run_pipeline(a)
+    b = world.enqueue("b", net="net-b")
+    world.run_pipeline(b)
+
+    def boom() -> float:
+        raise RuntimeError("bug")
+
+    world.admin("net-a").server_start_time = boom  # type: ignore[method-assign]
+    assert housekeeping.monitor_running_jobs(world.rt) == {
+        str(a): "monitor failed (see the net's last_error)",
+        str(b): "running",
+    }
+    assert world.net("net-a").last_error == "monitor_running_jobs: RuntimeError: bug"
+    assert world.net("net-b").last_error is None
+
+
+def test_a_server_that_answered_again_gets_a_fresh_grace(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    grace = world.rt.settings.server_lost_grace_s
+    world.server("net-a").up = False
+    housekeeping.monitor_running_jobs(world.rt)  # unreachable from now
+    world.clock.advance(grace - 1)
+    world.server("net-a").up = True
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    world.clock.advance(grace - 1)
+    world.server("net-a").up = False
+    housekeeping.monitor_running_jobs(world.rt)  # quiet again: a new grace starts here
+    world.clock.advance(grace - 1)
+    assert world.job(job_id).state == JobState.RUNNING
+    assert housekeeping.monitor_running_jobs(world.rt)[str(job_id)].startswith(
+        "server not answering for"
+    )
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_start_time_unknown_at_dispatch_is_learnt_by_the_monitor(world):
+    """Neither readiness nor the submit could tell the server's start time: the monitor
+    learns it, so a restart under the job is still seen."""
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    admin = world.admin("net-a")
+    admin.is_ready = lambda sites: Readiness(  # type: ignore[method-assign]
+        True, ServerState.STARTED, ("site-1", "site-2"), (), server_start_time=None
+    )
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    real = admin.server_start_time
+
+    def flaky() -> float:
+        raise ServerUnavailable("blip")
+
+    admin.server_start_time = flaky  # type: ignore[method-assign]
+    dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    admin.server_start_time = real  # type: ignore[method-assign]
+    assert world.net("net-a").server_start_time is None
+    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert world.net("net-a").server_start_time == 1000.0
+    world.server("net-a").start_time = 2000.0  # the server restarted under the job
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+class _NetAHangs(Sequential):
+    """A round in which net-a's server hangs past the round's deadline (as Prober reports it),
+    noting the deadline each round was given."""
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+
+    def run(self, calls, timeout_s):
+        self.deadlines.append(timeout_s)
+        results = super().run({k: c for k, c in calls.items() if k != "net-a"}, timeout_s)
+        return results | {"net-a": ProbeResult(error="probe timed out")}
+
+
+def test_a_net_whose_round_outlived_its_deadline_has_its_jobs_reported_not_watched(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    a = world.enqueue("a", net="net-a")
+    world.run_pipeline(a)
+    b = world.enqueue("b", net="net-b")
+    world.run_pipeline(b)
+    world.rt.fan_out = hangs = _NetAHangs()
+    assert housekeeping.monitor_running_jobs(world.rt) == {
+        str(a): "not watched this round: probe timed out",
+        str(b): "running",
+    }
+    # a round waits out one admin command on a hung server, and a little more
+    assert hangs.deadlines[0] > world.rt.settings.admin_command_timeout_s

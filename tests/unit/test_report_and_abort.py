@@ -1,0 +1,125 @@
+"""What an abort request decides (the state the caller is told, and whether the server must
+be told too), what flip-api's report leaves behind (its words in the job's history, a run
+still going kept as a stray that names it, nothing for a run that is over), and when a
+scale-down counts as confirmed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from app.adapters.drivers.base import Observation
+from app.errors import DriverTransientError
+from app.schemas import ReportedStatus, ReportJobStatus
+from app.settings import Settings
+from app.usecases import dispatch, housekeeping, intake, scaling, services, views
+from app.usecases.services import AbortDecision
+from models import JobState, NetState, StrayRun
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return [
+            (s.job_id, s.nvflare_job_id, s.submit_token, s.reason)
+            for s in session.scalars(select(StrayRun))
+        ]
+
+
+def _abort(world, job_id) -> AbortDecision:
+    with world.rt.sessions.begin() as session:
+        return services.abort_job(session, job_id, "user", world.clock())
+
+
+def test_aborting_a_running_job_asks_the_server_and_so_does_asking_again(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert _abort(world, job_id) == AbortDecision(job_id, JobState.ABORTING, True)
+    assert _abort(world, job_id) == AbortDecision(job_id, JobState.ABORTING, True)
+
+
+def test_aborting_a_job_that_is_over_changes_nothing(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+    assert _abort(world, job_id) == AbortDecision(job_id, JobState.COMPLETED, False)
+
+
+def test_a_stop_reported_for_a_dispatching_job_shows_flip_apis_words(world):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    with world.rt.sessions.begin() as session:
+        services.get_job(session, job_id).start_dispatch(world.clock())
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.STOPPED, detail="by the user")
+    assert intake.report_status(world.rt, report) == JobState.ABORTING
+    with world.rt.sessions() as session:
+        last = views.job_detail(session, job_id)["history"][-1]
+    assert (last["to_state"], last["reason"]) == (
+        "ABORTING",
+        "flip-api reported stopped: by the user",
+    )
+
+
+def test_a_report_for_a_running_job_keeps_its_run_as_a_stray_that_names_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.ERROR, detail="upload failed")
+    assert intake.report_status(world.rt, report) == JobState.FAILED
+    assert _strays(world) == [
+        (job_id, "nv-1", f"{job_id}-0", "flip-api reported error: upload failed")
+    ]
+
+
+def test_a_report_for_a_run_held_for_it_leaves_nothing_to_settle(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
+        PER_JOB_FL_SERVER="true",
+        RELEASE_AFTER="reported",
+    )
+    world = World(settings, sqlite_factory, clock)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FINISHING
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
+    assert intake.report_status(world.rt, report) == JobState.COMPLETED
+    assert _strays(world) == []
+    following = world.enqueue("next", net="net-a")
+    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [following]
+
+
+def _stopping(world) -> None:
+    world.driver("net-a").replicas = 1
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a").state = NetState.STOPPING
+
+
+@pytest.mark.parametrize(
+    "left", [Observation(0, 1, 0), Observation(0, 0, 1)], ids=["running", "pending"]
+)
+def test_a_scale_down_is_confirmed_only_with_nothing_running_or_pending(world, left):
+    _stopping(world)
+    world.driver("net-a").observe = lambda: left  # type: ignore[method-assign]
+    assert not scaling.stop_net(world.rt, "net-a", "idle")
+    assert world.net("net-a").state == NetState.STOPPING
+    world.driver("net-a").observe = lambda: Observation(0, 0, 0)  # type: ignore[method-assign]
+    assert scaling.stop_net(world.rt, "net-a", "idle")
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+def test_a_scale_down_the_driver_could_not_take_is_not_confirmed(world):
+    _stopping(world)
+    world.driver("net-a").fail_with = DriverTransientError("throttled")
+    assert not scaling.stop_net(world.rt, "net-a", "idle")
+    assert world.net("net-a").state == NetState.STOPPING
