@@ -65,7 +65,17 @@ def stack(tmp_path_factory, redis_server, postgres) -> Iterator[LocalStack]:
         server_lost_grace_s=SERVER_LOST_GRACE_S,
         stuck_after_s=STUCK_AFTER_S,
         embedded_beat=False,  # a separate beat process, as in production
-        extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2", "LOST_JOB_POLICY": "requeue"},
+        extra_env={
+            "RETRY_MAX": "2",
+            "RETRY_BACKOFF_MAX_S": "2",
+            "LOST_JOB_POLICY": "requeue",
+            # The cases kill the worker while it holds a given message (a wait_ready countdown,
+            # a dispatch). Beat's once-a-second awaited-run poll competes for the worker's
+            # prefetch slots, so that message could still be in Redis at the kill and simply
+            # run on the restarted worker (a correct outcome, but not the case under test).
+            # No job here queues behind a run: the poll has nothing to do in these cases.
+            "QUEUED_POLL_S": "0",
+        },
     )
     with LocalStack(options) as running:
         yield running
