@@ -76,6 +76,21 @@ class World:
                 self.clock(),
             ).job_id
 
+    def add_stray(
+        self, job_id, net: str, nvflare_job_id: str | None, token: str | None = None
+    ) -> None:
+        """Record a run the net's server may hold that no job counts (a stray run)."""
+        with self.rt.sessions.begin() as session:
+            services.add_stray_run(
+                session,
+                net_name=net,
+                job_id=job_id,
+                nvflare_job_id=nvflare_job_id,
+                submit_token=token,
+                reason="test",
+                now=self.clock(),
+            )
+
     def job(self, job_id) -> Job:
         with self.rt.sessions() as session:
             return session.get(Job, job_id)

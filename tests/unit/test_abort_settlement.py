@@ -10,7 +10,7 @@ from sqlalchemy import select
 from app import names
 from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable, UnknownAdminError
-from app.usecases import abort, dispatch, intake, services
+from app.usecases import abort, dispatch, intake
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -141,16 +141,7 @@ def _unconfirmed(_: str):
 
 def _stray_on_fixed(world, *, nvflare_job_id: str | None, token: str | None):
     job_id = world.enqueue(f"stray-{nvflare_job_id}-{token}", net="fixed")
-    with world.rt.sessions.begin() as session:
-        services.add_stray_run(
-            session,
-            net_name="fixed",
-            job_id=job_id,
-            nvflare_job_id=nvflare_job_id,
-            submit_token=token,
-            reason="test",
-            now=world.clock(),
-        )
+    world.add_stray(job_id, "fixed", nvflare_job_id, token)
     return job_id
 
 

@@ -10,7 +10,6 @@ import pytest
 
 from app import names
 from app.celery_app import beat_schedule
-from app.db import unit_of_work
 from app.settings import Settings
 from app.sim.savings import LOCAL, replay
 from app.sim.simulation import beat_loops, settings_for
@@ -83,16 +82,7 @@ def test_a_job_held_by_its_own_stray_run_does_not_count_as_waiting(two_nets):
     a = world.enqueue("on-a", net="net-a")
     world.run_pipeline(a)
     held = world.enqueue("held", net="net-a")
-    with unit_of_work(world.rt.sessions) as session:
-        services.add_stray_run(
-            session,
-            net_name="net-b",
-            job_id=held,
-            nvflare_job_id=None,
-            submit_token="token",
-            reason="test",
-            now=world.clock(),
-        )
+    world.add_stray(held, "net-b", None, "token")
     calls = polled(world, "net-a")
     assert housekeeping.monitor_awaited_runs(world.rt) == {}
     assert calls == []

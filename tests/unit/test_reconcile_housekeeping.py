@@ -10,16 +10,7 @@ from models import JobState
 def test_the_stray_runs_of_every_net_are_settled(world):
     for net in ("net-a", "fixed"):
         job_id = world.enqueue(f"j-{net}", net=net)
-        with world.rt.sessions.begin() as session:
-            services.add_stray_run(
-                session,
-                net_name=net,
-                job_id=job_id,
-                nvflare_job_id=f"nv-{net}",
-                submit_token=None,
-                reason="x",
-                now=world.clock(),
-            )
+        world.add_stray(job_id, net, f"nv-{net}")
         world.server(net).statuses[f"nv-{net}"] = "RUNNING"
     world.driver("net-a").replicas = 1
     housekeeping.reconcile(world.rt)

@@ -21,16 +21,7 @@ from tests.unit.conftest import World
 def _stray(world, net: str, *, readable: bool = True) -> None:
     """A run left on the net's server (its abort unheard), still RUNNING there."""
     job_id = world.enqueue(f"j-{net}", net=net)
-    with world.rt.sessions.begin() as session:
-        services.add_stray_run(
-            session,
-            net_name=net,
-            job_id=job_id,
-            nvflare_job_id="nv-7",
-            submit_token=None,
-            reason="abort unheard",
-            now=world.clock(),
-        )
+    world.add_stray(job_id, net, "nv-7")
     world.server(net).statuses["nv-7"] = "RUNNING"
     if not readable:
 

@@ -62,16 +62,7 @@ def test_a_misconfigured_net_at_zero_replicas_is_left_alone(world):
 
 def _stray(world) -> None:
     job_id = world.enqueue("j", net="net-a")
-    with world.rt.sessions.begin() as session:
-        services.add_stray_run(
-            session,
-            net_name="net-a",
-            job_id=job_id,
-            nvflare_job_id="nv-3",
-            submit_token=None,
-            reason="x",
-            now=world.clock(),
-        )
+    world.add_stray(job_id, "net-a", "nv-3")
 
 
 def _strays(world):

@@ -7,23 +7,14 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from app.errors import UnknownAdminError
-from app.usecases import abort, services
+from app.usecases import abort
 from models import StrayRun
 from tests.unit.scale_history import scale_decisions
 
 
 def _unsettleable_stray(world, net: str) -> None:
     job_id = world.enqueue(f"j-{net}", net=net)
-    with world.rt.sessions.begin() as session:
-        services.add_stray_run(
-            session,
-            net_name=net,
-            job_id=job_id,
-            nvflare_job_id="nv-7",
-            submit_token=None,
-            reason="abort unheard",
-            now=world.clock(),
-        )
+    world.add_stray(job_id, net, "nv-7")
     world.server(net).statuses["nv-7"] = "RUNNING"
 
     def unreadable(_: str):

@@ -45,16 +45,7 @@ def test_an_unknown_submit_on_a_net_no_longer_declared_is_settled_as_a_stray(
 
 def test_stray_runs_of_a_net_no_longer_declared_are_kept(world, tmp_path, job_root):
     job_id = world.enqueue("j", net="net-a")
-    with world.rt.sessions.begin() as session:
-        services.add_stray_run(
-            session,
-            net_name="net-a",
-            job_id=job_id,
-            nvflare_job_id="nv-5",
-            submit_token=None,
-            reason="test",
-            now=world.clock(),
-        )
+    world.add_stray(job_id, "net-a", "nv-5")
     _redeploy_without_net_a(world, tmp_path, job_root)
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
 
