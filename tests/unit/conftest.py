@@ -115,14 +115,18 @@ class World:
         assert dispatch.dispatch(self.rt, job_id, net, attempt).step == Step.DONE
 
 
-def world_of(nets, tmp_path, job_root, sqlite_factory, clock) -> World:
-    """A world with these net declarations (scale-to-zero by default, 30 s lost grace)."""
+def world_of(nets, tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
+    """A world with these net declarations (scale-to-zero by default, 30 s lost grace) and
+    any further settings."""
     settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps(nets),
-        PER_JOB_FL_SERVER="true",
-        SERVER_LOST_GRACE_S=30,
+        **{
+            "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
+            "JOB_ROOT": job_root,
+            "NETS": json.dumps(nets),
+            "PER_JOB_FL_SERVER": "true",
+            "SERVER_LOST_GRACE_S": 30,
+        }
+        | extra
     )
     return World(settings, sqlite_factory, clock)
 
@@ -134,3 +138,11 @@ def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
         net_decl(tmp_path, "fixed", "static"),
     ]
     return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+
+
+@pytest.fixture
+def held_for_report(tmp_path, job_root, sqlite_factory, clock) -> World:
+    """One scale-to-zero net whose server a completed run holds until flip-api reports its
+    results (RELEASE_AFTER=reported)."""
+    nets = [net_decl(tmp_path, "net-a", "ecs")]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock, RELEASE_AFTER="reported")

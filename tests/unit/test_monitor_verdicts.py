@@ -10,7 +10,6 @@ from app.settings import Settings
 from app.usecases import housekeeping
 from models import JobState, NetState
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import World
 
 
 def test_a_failed_run_fails_its_job_with_nvflares_status(world):
@@ -48,17 +47,8 @@ def test_an_overrun_whose_status_cannot_be_read_says_so(world):
     assert "exceeded the maximum run time (status unknown: odd reply)" in (job.last_error or "")
 
 
-def test_with_release_after_reported_a_completed_run_holds_its_server(
-    tmp_path, job_root, sqlite_factory, clock
-):
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
-        PER_JOB_FL_SERVER="true",
-        RELEASE_AFTER="reported",
-    )
-    world = World(settings, sqlite_factory, clock)
+def test_with_release_after_reported_a_completed_run_holds_its_server(held_for_report):
+    world = held_for_report
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"

@@ -46,6 +46,20 @@ def _starting_without_a_job(world):
     assert world.net("net-a").state == NetState.STARTING
 
 
+def _claimed_while_the_driver_is_read(world, driver) -> str:
+    """Enqueue a job on net-a that is claimed just as reconcile reads the driver (after the
+    round read the net's row): the race its re-checks under lock are for. Its id."""
+    real_observe = driver.observe
+    late = world.enqueue("late", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        return real_observe()
+
+    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    return late
+
+
 def test_a_starting_net_whose_job_went_away_is_ready_and_idle_once_up(world):
     _starting_without_a_job(world)
     world.driver("net-a").replicas = 1
@@ -58,14 +72,7 @@ def test_a_job_claimed_while_reconcile_looks_at_the_driver_keeps_its_server(worl
     _starting_without_a_job(world)
     world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)  # start abandoned
     driver = world.driver("net-a")
-    real_observe = driver.observe
-    late = world.enqueue("late", net="net-a")
-
-    def claimed_meanwhile():
-        dispatch.assign_jobs(world.rt)
-        return real_observe()
-
-    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    late = _claimed_while_the_driver_is_read(world, driver)
     housekeeping.reconcile(world.rt)
     assert world.net("net-a").state == NetState.STARTING
     assert world.job(late).state == JobState.ASSIGNED
@@ -76,14 +83,7 @@ def test_a_drifted_server_is_left_to_a_job_claimed_meanwhile(world):
     driver = world.driver("net-a")
     driver.replicas = 1  # up while STOPPED: drift
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    real_observe = driver.observe
-    late = world.enqueue("late", net="net-a")
-
-    def claimed_meanwhile():
-        dispatch.assign_jobs(world.rt)
-        return real_observe()
-
-    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    late = _claimed_while_the_driver_is_read(world, driver)
     repaired = housekeeping.reconcile(world.rt).repaired
     assert driver.replicas == 1
     assert world.job(late).state == JobState.ASSIGNED
@@ -97,14 +97,7 @@ def test_a_ready_net_claimed_while_its_server_looked_gone_is_left_to_its_job(wor
     with world.rt.sessions.begin() as session:
         services.get_net(session, "net-a").state = NetState.READY  # the driver has 0 replicas
     driver = world.driver("net-a")
-    real_observe = driver.observe
-    late = world.enqueue("late", net="net-a")
-
-    def claimed_meanwhile():
-        dispatch.assign_jobs(world.rt)
-        return real_observe()
-
-    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    late = _claimed_while_the_driver_is_read(world, driver)
     repaired = housekeeping.reconcile(world.rt).repaired
     assert world.net("net-a").state == NetState.READY
     assert world.job(late).state == JobState.ASSIGNED
@@ -133,14 +126,7 @@ def test_a_starting_net_claimed_while_reconcile_looks_is_ready_for_its_job(world
     _starting_without_a_job(world)
     driver = world.driver("net-a")
     driver.replicas = 1
-    real_observe = driver.observe
-    late = world.enqueue("late", net="net-a")
-
-    def claimed_meanwhile():
-        dispatch.assign_jobs(world.rt)
-        return real_observe()
-
-    driver.observe = claimed_meanwhile  # type: ignore[method-assign]
+    late = _claimed_while_the_driver_is_read(world, driver)
     housekeeping.reconcile(world.rt)
     assert world.net("net-a").state == NetState.READY  # its server is up
     assert world.job(late).state == JobState.ASSIGNED

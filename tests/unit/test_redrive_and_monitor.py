@@ -7,31 +7,21 @@ crashed included, and a server that answered again gets a fresh grace next time.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from app import names
 from app.adapters.nvflare.base import Readiness, ServerState
 from app.errors import ServerUnavailable
 from app.parallel import ProbeResult, Sequential
-from app.settings import Settings
 from app.usecases import dispatch, housekeeping, services, views
 from models import Job, JobState
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import World
+from tests.unit.conftest import World, world_of
 
 
 def _world(tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps([net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]),
-        PER_JOB_FL_SERVER="true",
-        SERVER_LOST_GRACE_S=30,
-        **extra,
-    )
-    return World(settings, sqlite_factory, clock)
+    nets = [net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock, **extra)
 
 
 def _redriven(world) -> tuple[str, ...]:

@@ -5,20 +5,15 @@ scale-down counts as confirmed."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from sqlalchemy import select
 
 from app.adapters.drivers.base import Observation
 from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.settings import Settings
 from app.usecases import dispatch, housekeeping, intake, scaling, services, views
 from app.usecases.services import AbortDecision
 from models import JobState, NetState, StrayRun
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import World
 
 
 def _strays(world):
@@ -76,17 +71,8 @@ def test_a_report_for_a_running_job_keeps_its_run_as_a_stray_that_names_it(world
     ]
 
 
-def test_a_report_for_a_run_held_for_it_leaves_nothing_to_settle(
-    tmp_path, job_root, sqlite_factory, clock
-):
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
-        PER_JOB_FL_SERVER="true",
-        RELEASE_AFTER="reported",
-    )
-    world = World(settings, sqlite_factory, clock)
+def test_a_report_for_a_run_held_for_it_leaves_nothing_to_settle(held_for_report):
+    world = held_for_report
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
