@@ -22,6 +22,7 @@ REPORT = ROOT / "tests" / "mutation" / "REPORT.md"
 
 # mutmut 3's exit codes per mutant (mutmut/stats.py), folded into the columns of the report.
 KILLED_CODES = {1, 3, 36, -24, 24, 152, 255, 37}  # failed tests, timeouts, type check
+TYPE_CHECK_CODE = 37  # mypy rejected the mutant, so no test ran (pyproject's type_check_command)
 SURVIVED_CODES = {0}
 NO_TESTS_CODES = {5, 33}
 
@@ -30,6 +31,7 @@ NO_TESTS_CODES = {5, 33}
 class FileResult:
     path: str
     killed: int = 0
+    by_mypy: int = 0  # of the killed
     survived: list[str] = field(default_factory=list)
     no_tests: list[str] = field(default_factory=list)
     other: Counter[str] = field(default_factory=Counter)
@@ -58,6 +60,7 @@ def read_results(path: str) -> FileResult:
     for name, code in sorted(codes.items()):
         if code in KILLED_CODES:
             result.killed += 1
+            result.by_mypy += code == TYPE_CHECK_CODE
         elif code in SURVIVED_CODES:
             result.survived.append(name)
         elif code in NO_TESTS_CODES:
@@ -85,6 +88,7 @@ def render(results: list[FileResult], with_diffs: bool) -> str:
     total = FileResult("total")
     for r in results:
         total.killed += r.killed
+        total.by_mypy += r.by_mypy
         total.survived += r.survived
         total.no_tests += r.no_tests
         total.other += r.other
@@ -92,16 +96,19 @@ def render(results: list[FileResult], with_diffs: bool) -> str:
         "# Mutation testing report",
         "",
         "Written by `bash tests/mutation/run.sh` (README, Tests: Mutation testing); do not edit.",
-        "Score = killed / (killed + survived + no tests); timeouts count as killed.",
+        "Score = killed / (killed + survived + no tests); timeouts count as killed, and so do",
+        "mutants mypy rejects (the test command runs mypy, so they cannot land); the column",
+        "By mypy says how many of the killed those are.",
         "",
-        "| File | Mutants | Killed | Survived | No tests | Not checked | Score |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| File | Mutants | Killed | By mypy | Survived | No tests | Not checked | Score |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in [*results, total]:
         name = f"**{r.path}**" if r is total else f"`{r.path}`"
         score = f"{r.score:.1f}%" if r.scored else "-"
         out.append(
-            f"| {name} | {r.scored + sum(r.other.values())} | {r.killed} | {len(r.survived)} "
+            f"| {name} | {r.scored + sum(r.other.values())} | {r.killed} | {r.by_mypy} "
+            f"| {len(r.survived)} "
             f"| {len(r.no_tests)} | {sum(r.other.values())} | {score} |"
         )
     if total.other:

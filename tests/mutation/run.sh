@@ -19,6 +19,7 @@ fi
 # tests, which run whole worlds too, stay.
 export SIM_SEEDS="${SIM_SEEDS:-0}"
 export SIM_WORKERS=1  # in-process: mutmut only sees calls made in its own process
+export PATH="$(cd "$VENV/bin" && pwd):$PATH"  # mypy, for type_check_command (pyproject.toml)
 start=$(date +%s)
 load_start=$(cut -d' ' -f1 /proc/loadavg)
 if [ "$#" -eq 0 ]; then rm -rf mutants; fi
