@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.errors import ServerUnavailable
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
@@ -108,11 +109,25 @@ class World:
 
     def run_pipeline(self, job_id) -> None:
         """What the chain does, step by step."""
+        net, attempt = self.run_until_ready(job_id)
+        assert dispatch.dispatch(self.rt, job_id, net, attempt).step == Step.DONE
+
+    def run_until_ready(self, job_id) -> tuple[str, int]:
+        """The chain's steps before the submit: claimed, scaled up, seen ready. Its net and
+        attempt."""
         assignment = next(a for a in dispatch.assign_jobs(self.rt) if a.job_id == job_id)
         net, attempt = assignment.net_name, assignment.attempt
         assert dispatch.scale_up(self.rt, job_id, net, attempt).step == Step.DONE
         assert dispatch.check_ready(self.rt, job_id, net, attempt).step == Step.DONE
-        assert dispatch.dispatch(self.rt, job_id, net, attempt).step == Step.DONE
+        return net, attempt
+
+    def stuck_in_dispatching(self, key: str, net: str = "net-a") -> str:
+        """A job whose submit began (DISPATCHING) and was never heard of again: its id."""
+        job_id = self.enqueue(key, net=net)
+        self.run_until_ready(job_id)
+        with self.rt.sessions.begin() as session:
+            services.get_job(session, job_id).start_dispatch(self.clock())
+        return job_id
 
 
 def world_of(nets, tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
@@ -146,3 +161,24 @@ def held_for_report(tmp_path, job_root, sqlite_factory, clock) -> World:
     results (RELEASE_AFTER=reported)."""
     nets = [net_decl(tmp_path, "net-a", "ecs")]
     return world_of(nets, tmp_path, job_root, sqlite_factory, clock, RELEASE_AFTER="reported")
+
+
+@pytest.fixture
+def always_on(tmp_path, job_root, sqlite_factory, clock) -> World:
+    """net-a (ECS) and a static net, with PER_JOB_FL_SERVER=false: both servers always on."""
+    nets = [net_decl(tmp_path, "net-a", "ecs"), net_decl(tmp_path, "fixed")]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock, PER_JOB_FL_SERVER="false")
+
+
+def dispatch_through_a_start_time_blip(world: World, job_id: str, net: str = "net-a") -> None:
+    """Dispatch a job whose server is ready, while the server's start time cannot be read
+    (one ServerUnavailable), then let the admin read it again."""
+    admin = world.admin(net)
+    real = admin.server_start_time
+
+    def flaky() -> float:
+        raise ServerUnavailable("blip")
+
+    admin.server_start_time = flaky  # type: ignore[method-assign]
+    dispatch.dispatch(world.rt, job_id, net, 0)
+    admin.server_start_time = real  # type: ignore[method-assign]

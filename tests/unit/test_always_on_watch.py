@@ -5,28 +5,12 @@ OUTAGE) back to READY, while a STARTING net with a job is left to its chain."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from sqlalchemy import select
 
-from app.settings import Settings
 from app.usecases import dispatch, housekeeping, services
 from models import JobState, NetEvent, NetState
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import World
 from tests.unit.scale_history import scale_decisions
-
-
-@pytest.fixture
-def always_on(tmp_path, job_root, sqlite_factory, clock):
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs"), net_decl(tmp_path, "fixed")]),
-        PER_JOB_FL_SERVER="false",
-    )
-    return World(settings, sqlite_factory, clock)
 
 
 def _set_state(world, name: str, state: NetState) -> None:

@@ -17,6 +17,7 @@ from app.usecases import abort, dispatch, housekeeping, services
 from app.usecases.dispatch import Step
 from models import JobState, NetState, StrayRun
 from tests.fixtures.db import net_decl
+from tests.unit.conftest import dispatch_through_a_start_time_blip
 
 
 def _strays(world):
@@ -96,15 +97,7 @@ def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    admin = world.admin("net-a")
-    real = admin.server_start_time
-
-    def flaky() -> float:
-        raise ServerUnavailable("blip")
-
-    admin.server_start_time = flaky  # type: ignore[method-assign]
-    dispatch.dispatch(world.rt, job_id, "net-a", 0)
-    admin.server_start_time = real  # type: ignore[method-assign]
+    dispatch_through_a_start_time_blip(world, job_id)
     assert world.net("net-a").server_start_time == 1000.0
     world.server("net-a").start_time = 2000.0  # the server restarted under the job
     housekeeping.monitor_running_jobs(world.rt)

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from app.errors import DriverMisconfigured, ServerUnavailable
 from app.usecases import abort, dispatch, housekeeping
 from app.usecases.dispatch import Step
-from models import Job, JobState, NetState, ScaleEvent
+from models import JobState, NetState, ScaleEvent
 
 
 def test_cold_start_run_and_scale_to_zero(world):
@@ -277,12 +277,7 @@ def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
 
 
 def test_reconcile_redrives_a_stuck_dispatch(world):
-    job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a", 0)
-    dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    with world.rt.sessions.begin() as session:
-        session.get(Job, job_id).start_dispatch(world.clock())
+    job_id = world.stuck_in_dispatching("j")
     # Not before the dispatch task's own retries could still be going (RETRY_MAX x cap).
     settle_after_s = max(world.rt.settings.stuck_after_s, 6 * 60)
     world.clock.advance(settle_after_s - 1)

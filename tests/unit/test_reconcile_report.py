@@ -6,16 +6,9 @@ one repair after the other."""
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
 from app.errors import DriverTransientError, UnknownAdminError
-from app.settings import Settings
 from app.usecases import housekeeping, services
 from models import NetState
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import World
 
 
 def _stray(world, net: str, *, readable: bool = True) -> None:
@@ -68,17 +61,6 @@ def test_unsettled_strays_follow_the_repair_of_the_same_round(world):
 def test_a_net_the_driver_cannot_tell_about_is_reported_not_checked(world):
     world.driver("net-a").fail_with = DriverTransientError("ECS throttled")
     assert _notes(world, "net-a") == ["net-a: not checked: ECS throttled"]
-
-
-@pytest.fixture
-def always_on(tmp_path, job_root, sqlite_factory, clock):
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs"), net_decl(tmp_path, "fixed")]),
-        PER_JOB_FL_SERVER="false",
-    )
-    return World(settings, sqlite_factory, clock)
 
 
 def test_an_unreachable_always_on_server_is_reported_as_an_outage(always_on):

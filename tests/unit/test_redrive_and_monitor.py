@@ -11,17 +11,25 @@ import pytest
 
 from app import names
 from app.adapters.nvflare.base import Readiness, ServerState
-from app.errors import ServerUnavailable
 from app.parallel import ProbeResult, Sequential
 from app.usecases import dispatch, housekeeping, services, views
-from models import Job, JobState
+from models import JobState
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import World, world_of
+from tests.unit.conftest import World, dispatch_through_a_start_time_blip, world_of
 
 
 def _world(tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
     nets = [net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b")]
     return world_of(nets, tmp_path, job_root, sqlite_factory, clock, **extra)
+
+
+def _running_on_each_net(world) -> tuple[str, str]:
+    """A running job on net-a and one on net-b: their ids."""
+    a = world.enqueue("a", net="net-a")
+    world.run_pipeline(a)
+    b = world.enqueue("b", net="net-b")
+    world.run_pipeline(b)
+    return a, b
 
 
 def _redriven(world) -> tuple[str, ...]:
@@ -44,12 +52,7 @@ def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
 
 
 def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(world):
-    job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a", 0)
-    dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    with world.rt.sessions.begin() as session:
-        session.get(Job, job_id).start_dispatch(world.clock())  # the submit is never heard of
+    job_id = world.stuck_in_dispatching("j")  # the submit is never heard of
     settings = world.rt.settings
     settle_s = max(settings.stuck_after_s, settings.retry_max * settings.retry_backoff_max_s)
     world.clock.advance(settle_s)
@@ -130,10 +133,7 @@ def test_every_watched_job_has_a_verdict_a_crashed_nets_too(
     tmp_path, job_root, sqlite_factory, clock
 ):
     world = _world(tmp_path, job_root, sqlite_factory, clock)
-    a = world.enqueue("a", net="net-a")
-    world.run_pipeline(a)
-    b = world.enqueue("b", net="net-b")
-    world.run_pipeline(b)
+    a, b = _running_on_each_net(world)
 
     def boom() -> float:
         raise RuntimeError("bug")
@@ -178,14 +178,7 @@ def test_a_start_time_unknown_at_dispatch_is_learnt_by_the_monitor(world):
         True, ServerState.STARTED, ("site-1", "site-2"), (), server_start_time=None
     )
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    real = admin.server_start_time
-
-    def flaky() -> float:
-        raise ServerUnavailable("blip")
-
-    admin.server_start_time = flaky  # type: ignore[method-assign]
-    dispatch.dispatch(world.rt, job_id, "net-a", 0)
-    admin.server_start_time = real  # type: ignore[method-assign]
+    dispatch_through_a_start_time_blip(world, job_id)
     assert world.net("net-a").server_start_time is None
     assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
     assert world.net("net-a").server_start_time == 1000.0
@@ -211,10 +204,7 @@ def test_a_net_whose_round_outlived_its_deadline_has_its_jobs_reported_not_watch
     tmp_path, job_root, sqlite_factory, clock
 ):
     world = _world(tmp_path, job_root, sqlite_factory, clock)
-    a = world.enqueue("a", net="net-a")
-    world.run_pipeline(a)
-    b = world.enqueue("b", net="net-b")
-    world.run_pipeline(b)
+    a, b = _running_on_each_net(world)
     world.rt.fan_out = hangs = _NetAHangs()
     assert housekeeping.monitor_running_jobs(world.rt) == {
         str(a): "not watched this round: probe timed out",

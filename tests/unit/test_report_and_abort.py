@@ -45,12 +45,7 @@ def test_aborting_a_job_that_is_over_changes_nothing(world):
 
 
 def test_a_stop_reported_for_a_dispatching_job_shows_flip_apis_words(world):
-    job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a", 0)
-    dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    with world.rt.sessions.begin() as session:
-        services.get_job(session, job_id).start_dispatch(world.clock())
+    job_id = world.stuck_in_dispatching("j")
     report = ReportJobStatus(job_id=job_id, status=ReportedStatus.STOPPED, detail="by the user")
     assert intake.report_status(world.rt, report) == JobState.ABORTING
     with world.rt.sessions() as session:
