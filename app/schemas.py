@@ -7,6 +7,7 @@ Imports pydantic only (no settings, database or worker code), so `app.client` st
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from enum import StrEnum
 from typing import Any
@@ -45,6 +46,9 @@ def unstorable(text: str) -> str | None:
 
 
 def _check_storable(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no such number: PostgreSQL's json refuses it, a callback could not carry it.
+        raise ValueError(f"{where} is {value}, which JSON cannot hold: it cannot be stored")
     if isinstance(value, str):
         problem = unstorable(value)
         if problem is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -99,14 +100,31 @@ def built_from(
 ) -> str:
     """A short digest of everything a prepared copy is made from."""
     digest = hashlib.sha256()
-    for path in sorted(bundle.rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            relative = path.relative_to(bundle).as_posix()
-            digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    for relative, stat in _files(bundle):
+        digest.update(os.fsencode(relative) + f"\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     spec = (metadata or {}).get("resource_spec")
     digest.update(json.dumps([list(required_sites), spec], sort_keys=True).encode())
     return digest.hexdigest()[:16]
+
+
+def _files(bundle: Path) -> list[tuple[str, os.stat_result]]:
+    """Every file the copy will hold, as `copytree(symlinks=False)` sees them: linked
+    folders are followed (a folder met again through a link loop is not), and any file name
+    the disk holds is fine (bytes that are not UTF-8 are kept as surrogate escapes)."""
+    found = []
+    seen: set[str] = set()
+    for top, folders, files in os.walk(bundle, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        folders.sort()
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            if os.path.isfile(path):
+                found.append((os.path.relpath(path, bundle), os.stat(path)))
+    return found
 
 
 def prepared_meta(

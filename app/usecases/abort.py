@@ -78,7 +78,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     # covers a server that could not be reached: a blip must not leave the run going while
     # its net takes the next job. Unless the server confirms, the run is kept as a stray
     # run (aborted when it answers, or gone with its server).
-    unconfirmed = not _run_is_over(rt, net_name, nvflare_job_id)
+    unconfirmed = not run_is_over(rt, net_name, nvflare_job_id)
     with unit_of_work(rt.sessions) as session:
         if unconfirmed:
             services.add_stray_run(
@@ -95,7 +95,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     return JobState.ABORTED
 
 
-def _run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
+def run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
     """Only the server, answering now, can say a run is over (or unknown to it)."""
     try:
         return rt.admin(net_name).job_status(nvflare_job_id).state != RunState.RUNNING

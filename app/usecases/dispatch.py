@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
@@ -106,7 +106,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     try:
         check_available(rt.settings, definition)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, exc)
+        return _reject_definition(rt, job_id, net_name, (JobState.ASSIGNED, attempt), exc)
     try:
         warm = True
         if rt.settings.net(net_name).always_on:
@@ -119,12 +119,12 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
             detail = "driver asked for 1 replica"
             warm = False
     except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc))
+        net_misconfigured(rt, net_name, job_id, str(exc), attempt=(JobState.ASSIGNED, attempt))
         raise
     try:
         materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, exc)
+        return _reject_definition(rt, job_id, net_name, (JobState.ASSIGNED, attempt), exc)
     return StepResult(Step.DONE, detail, warm=warm)
 
 
@@ -174,10 +174,18 @@ def _whole_chain(result: StepResult) -> StepResult:
 
 
 def _reject_definition(
-    rt: Runtime, job_id: uuid.UUID, net_name: str, exc: DispatcherError
+    rt: Runtime,
+    job_id: uuid.UUID,
+    net_name: str,
+    attempt: tuple[JobState, int],
+    exc: DispatcherError,
 ) -> StepResult:
-    """The job's definition itself is bad or gone: retrying cannot help, the net is fine."""
+    """The job's definition itself is bad or gone: retrying cannot help, the net is fine.
+    Only the attempt the step was started for is failed (a job that moved on is left)."""
     with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        if not _ours(job, attempt[0], net_name, attempt[1]):
+            return StepResult(Step.SKIPPED, f"job moved on ({job.state}); not failed")
         services.finish_job(session, job_id, JobState.FAILED, f"rejected: {exc}", rt.clock())
     _release_unstarted_net(rt, net_name, job_id)
     kick(rt)
@@ -243,7 +251,7 @@ def check_ready(
             readiness = rt.admin(net_name).is_ready(required)
             detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     except MisconfigurationError as exc:  # wrong kit or CA, missing service: never "down"
-        net_misconfigured(rt, net_name, job_id, str(exc))
+        net_misconfigured(rt, net_name, job_id, str(exc), attempt=(JobState.ASSIGNED, attempt))
         raise
     except TransientError as exc:
         detail = f"transient: {exc}"
@@ -338,14 +346,17 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         definition, sites, metadata = job.definition, list(job.required_sites), job.metadata_
 
     admin = rt.admin(net_name)
+    ours = (JobState.DISPATCHING, attempt)
     try:
         bundle = materialize(rt.settings, definition, job_id)
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
+        if not _hold_submit(rt, job_id, net_name, attempt, token):
+            return StepResult(Step.SKIPPED, "job moved on while its copy was prepared")
         nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, exc)
+        return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc))
+        net_misconfigured(rt, net_name, job_id, str(exc), attempt=ours)
         raise
     try:
         start_time: float | None = admin.server_start_time()
@@ -385,6 +396,25 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         extra={"job": str(job_id), "net": net_name, "nvflare_job_id": nvflare_job_id},
     )
     return StepResult(Step.DONE, nvflare_job_id)
+
+
+def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, token: str) -> bool:
+    """Right before the submit goes out: the job is still this attempt's, DISPATCHING or
+    ABORTING with this token (an ABORTING job's run is stopped once it lands), and its lease
+    is renewed for the submit itself, so the time spent fetching and copying the bundle is
+    never mistaken for a dead worker. Under the row lock `abandon_dispatch` takes: either
+    the attempt is abandoned first and nothing is sent, or this holds it and it is not."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        holding = job.state in (JobState.DISPATCHING, JobState.ABORTING)
+        if not holding or (job.net_name, job.attempts, job.submit_token) != (
+            net_name,
+            attempt,
+            token,
+        ):
+            return False
+        job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
+        return True
 
 
 def requeue_after_transient(
@@ -446,7 +476,7 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
         else:
             with unit_of_work(rt.sessions) as session:
                 current = services.get_job(session, job_id, lock=True)
-                if current.state != JobState.DISPATCHING or current.submit_token != token:
+                if not _unheld(current, token, rt.clock()):
                     return False
                 if run_id is not None:
                     services.mark_dispatched(session, job_id, run_id, start_time, rt.clock())
@@ -455,6 +485,8 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
             kick(rt)
             return run_id is None
     with unit_of_work(rt.sessions) as session:
+        if not _unheld(services.get_job(session, job_id, lock=True), token, rt.clock()):
+            return False
         services.add_stray_run(
             session,
             net_name=net_name,
@@ -475,6 +507,14 @@ def submit_try_s(settings: Settings) -> float:
     """How long one submit try may take: a fresh login, the submit command, and a margin
     for the worker's own bookkeeping. A worker not heard of past it is gone."""
     return settings.admin_login_timeout_s + settings.admin_command_timeout_s + TRY_MARGIN_S
+
+
+def _unheld(job: Job, token: str | None, now: datetime) -> bool:
+    """Still the DISPATCHING attempt of `token`, and no worker holds its submit (its lease,
+    renewed right before every submit, has passed)."""
+    if job.state != JobState.DISPATCHING or job.submit_token != token:
+        return False
+    return job.step_due_at is None or now > job.step_due_at
 
 
 def count_retry(rt: Runtime, job_id: uuid.UUID, next_try_in_s: float | None = None) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
-from sqlalchemy import exists, func, literal, or_, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from app import names
@@ -25,6 +25,7 @@ from app.usecases.abort import (
     RUN_OUTCOMES,
     expire_abort,
     expire_stray_runs,
+    run_is_over,
     run_outcome,
     settle_stray_runs,
 )
@@ -104,15 +105,8 @@ def _scale_down_if_idle(rt: Runtime, name: str, now: datetime) -> bool:
             return False
         # Only a job that could be claimed keeps the server: one waiting for its stray run
         # to be settled (on another net, maybe one an operator must see to) cannot run here.
-        busy = session.scalar(
-            select(
-                or_(
-                    exists().where(Job.net_name == name, Job.state.in_(ACTIVE_JOB_STATES)),
-                    services.wanted_by_queued_job(literal(name)),
-                )
-            )
-        )
-        if busy:
+        active = exists().where(Job.net_name == name, Job.state.in_(ACTIVE_JOB_STATES))
+        if session.scalar(select(active)) or services.queued_job_fits(session, rt.settings, name):
             return False
         net.transition(NetState.STOPPING, now, f"idle for {idle_s:.0f}s")
     stop_net(rt, name, "idle grace passed")
@@ -377,9 +371,11 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
     An abort that cannot be confirmed leaves the run as a stray run (see abort.py)."""
     try:
         outcome = str(rt.admin(job.net_name).abort(job.nvflare_job_id).outcome)
-        confirmed = True
     except DispatcherError as exc:
-        outcome, confirmed = f"not confirmed: {exc}", False
+        outcome = f"not confirmed: {exc}"
+    # One rule with abort_on_server: over only when the server, answering now, says so (an
+    # accepted abort takes a moment; "nothing to abort" also covers a blip).
+    confirmed = run_is_over(rt, job.net_name, job.nvflare_job_id)
     reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
         if _watched_state(session, job) is None:
@@ -459,6 +455,7 @@ def reconcile(rt: Runtime) -> Reconciled:
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
         services.ensure_net_rows(session, rt.settings, now)
+        services.note_declared(session, rt.settings, now)
     redriven = _settle_undeclared(rt) + _redrive_stuck_jobs(rt, now)
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
@@ -506,26 +503,32 @@ def _settle_undeclared(rt: Runtime) -> list[str]:
     kept); a job that may have a run there, or whose earlier run may still be there (a
     stray), FAILS with the reason: running it elsewhere could make a second live run. An
     ABORTING job is ABORTED; a FINISHING one is left to flip-api's report or its timeout
-    (its run is over). A QUEUED job pinned to such a net fails: it can never run."""
-    declared = [n.name for n in rt.settings.nets]
+    (its run is over). A QUEUED job pinned to such a net fails: it can never run.
+
+    A net counts as removed only once no process has declared it for a while
+    (`services.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
+    never settles the jobs of a net just added."""
     with rt.sessions() as session:
+        removed = services.undeclared_nets(session, rt.settings, rt.clock())
+        if not removed:
+            return []
         jobs = session.execute(
             select(Job.id, Job.state, Job.net_name, Job.requested_net).where(
                 or_(
-                    Job.state.in_(ACTIVE_JOB_STATES) & Job.net_name.not_in(declared),
-                    (Job.state == JobState.QUEUED) & Job.requested_net.not_in(declared),
+                    Job.state.in_(ACTIVE_JOB_STATES) & Job.net_name.in_(removed),
+                    (Job.state == JobState.QUEUED) & Job.requested_net.in_(removed),
                 )
             )
         ).all()
         strays = session.execute(
             select(StrayRun.id, StrayRun.job_id, StrayRun.net_name).where(
-                StrayRun.net_name.not_in(declared)
+                StrayRun.net_name.in_(removed)
             )
         ).all()
     settled = []
     for job_id, _state, net_name, requested in jobs:
         with _isolated(rt, "reconcile", net_name or requested or "-"):
-            note = _settle_undeclared_job(rt, job_id, declared)
+            note = _settle_undeclared_job(rt, job_id, removed)
             if note:
                 settled.append(f"{job_id}: {note}")
     for stray_id, job_id, net_name in strays:
@@ -551,11 +554,11 @@ def _settle_undeclared(rt: Runtime) -> list[str]:
     return settled
 
 
-def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, declared: list[str]) -> str:
+def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -> str:
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         net_name = job.net_name if job.state in ACTIVE_JOB_STATES else job.requested_net
-        if net_name is None or net_name in declared:
+        if net_name is None or net_name not in removed:
             return ""  # pragma: no mutate (the job moved on since the read)
         reason = undeclared_reason(net_name)
         if job.state == JobState.ASSIGNED:
@@ -580,7 +583,8 @@ def _misconfigured(rt: Runtime, name: str, row: _NetRow, exc: MisconfigurationEr
         return f"misconfigured: {exc}"
     if row.job_id is not None and row.job_state != JobState.ASSIGNED:
         return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
-    if not net_misconfigured(rt, name, row.job_id, str(exc), only_while_assigned=True):
+    bound = (JobState.ASSIGNED, row.attempt)
+    if not net_misconfigured(rt, name, row.job_id, str(exc), attempt=bound):
         return f"misconfigured: {exc} (job {row.job_id} moved on: left to it)"
     return f"misconfigured: {exc}"
 

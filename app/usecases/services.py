@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select
+from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +30,7 @@ from app.schemas import (
     storable,
     unstorable,
 )
-from app.settings import Settings
+from app.settings import NetConfig, Settings
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -78,7 +78,8 @@ def sync_nets(
     for net_config in settings.nets:
         net = existing.get(net_config.name)
         if net is None:
-            session.add(Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now))
+            net = Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now)
+            session.add(net)
             created.append(net_config.name)
         elif (
             at_start
@@ -87,7 +88,43 @@ def sync_nets(
         ):
             net.transition(NetState.STOPPED, now, "settings reloaded at start")
             net.last_error = None
+        net.declared_at = now
     return created
+
+
+def note_declared(session: Session, settings: Settings, now: datetime) -> None:
+    """This process declares these nets now (see `undeclared_nets`)."""
+    names = [n.name for n in settings.nets]
+    if names:
+        session.execute(
+            update(Net)
+            .where(Net.name.in_(names))
+            .values(declared_at=now)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
+    """Nets with rows that no process has declared for `undeclared_after_s(settings)`: a
+    redeploy removed them. One this process lacks but another declared lately is in the
+    middle of a rolling deploy (added, or about to go) and is not among them."""
+    declared = [n.name for n in settings.nets]
+    since = now - timedelta(seconds=undeclared_after_s(settings))
+    return list(
+        session.scalars(
+            select(Net.name).where(
+                Net.name.not_in(declared),
+                or_(Net.declared_at.is_(None), Net.declared_at < since),
+            )
+        )
+    )
+
+
+def undeclared_after_s(settings: Settings) -> float:
+    """How long no process may have declared a net before it counts as removed: longer than
+    a rolling deploy leaves old and new processes side by side, and than ten reconcile
+    rounds (each declares its nets)."""
+    return max(settings.stuck_after_s, 20 * settings.housekeeping_interval_s)
 
 
 def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
@@ -277,17 +314,7 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
             continue  # pragma: no mutate
-        job = session.scalar(
-            select(Job)
-            .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
-            .order_by(
-                Job.priority.desc(),
-                Job.created_at,
-                Job.id,  # pragma: no mutate (a tie-break)
-            )
-            .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
-            .with_for_update(skip_locked=True)
-        )
+        job = _next_job_for(session, settings.net(name), queued)
         if job is None:
             continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
@@ -298,6 +325,50 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
+
+
+# How many of a net's next QUEUED jobs a claim looks through for one whose sites the net
+# declares it has (a net that declares none takes the first).
+SITES_SCAN = 50
+
+
+def _next_job_for(session: Session, net: NetConfig, queued: ColumnElement[bool]) -> Job | None:
+    """The next QUEUED job (priority, then age) that may run on `net`, locked."""
+    stmt = (
+        select(Job)
+        .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
+        .order_by(
+            Job.priority.desc(),
+            Job.created_at,
+            Job.id,  # pragma: no mutate (a tie-break)
+        )
+        .with_for_update(skip_locked=True)
+    )
+    if net.sites is None:
+        # (a bound only: scalar() reads the first row anyway)
+        return session.scalar(stmt.limit(1))  # pragma: no mutate
+    # A net that declares its sites never takes a job needing one it lacks: enqueue refused
+    # such a job only when no net could run it, so another net may.
+    return next(
+        (
+            job
+            for job in session.scalars(stmt.limit(SITES_SCAN))
+            if not net.lacks(job.required_sites)
+        ),
+        None,
+    )
+
+
+def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
+    """A QUEUED job that could be claimed onto this net waits (claimable, pinned to it or
+    unpinned, and with sites the net has where it declares them)."""
+    net = settings.net(net_name)
+    sites = select(Job.required_sites).where(
+        _claimable(), or_(Job.requested_net.is_(None), Job.requested_net == net_name)
+    )
+    if net.sites is None:
+        return bool(session.scalar(select(exists(sites))))
+    return any(not net.lacks(required) for required in session.scalars(sites))
 
 
 def get_job(
@@ -528,6 +599,9 @@ def expire_report_wait(
     return finish_job(session, job_id, outcome, reason, now)
 
 
+CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
+
+
 def record_rejection(
     session: Session,
     caller_key: str | None,
@@ -546,7 +620,7 @@ def record_rejection(
     valid_key = caller_key is not None and unstorable(caller_key) is None
     rejection = RejectedRequest(
         job_id=job_id_for(caller_key) if caller_key and valid_key else None,
-        caller_key=storable(caller_key) if caller_key is not None else None,
+        caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
         reason=storable(reason)[:4000],
         at=now,
     )
@@ -574,14 +648,19 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
     is kept as a stray run until its server says it is over (its caller settles it)."""
     job = get_job(session, report.job_id)
     if job.state not in TERMINAL_JOB_STATES:
-        not_run_yet = (JobState.QUEUED, JobState.ASSIGNED, JobState.DISPATCHING)
-        if job.state in not_run_yet and report.status != ReportedStatus.STOPPED:
+        # A submit in flight: DISPATCHING, or ABORTING before its run was recorded.
+        in_flight = job.state == JobState.DISPATCHING or (
+            job.state == JobState.ABORTING and job.nvflare_job_id is None
+        )
+        not_run_yet = job.state in (JobState.QUEUED, JobState.ASSIGNED) or in_flight
+        if not_run_yet and report.status != ReportedStatus.STOPPED:
             raise InvalidRequest(f"job {job.id} has not run yet; only 'stopped' applies to it")
         reason = f"flip-api reported {report.status.value}"
         if report.detail:
             reason += f": {report.detail}"
-        if job.state == JobState.DISPATCHING:
-            # Its submit may be in flight: stopped like an abort (ABORTING, the server told),
+        if in_flight:
+            # Its submit may land yet: stopped like an abort (ABORTING until the server was
+            # told, which dispatch does once the run lands, within ABORT_TIMEOUT_S at most),
             # so the net is not handed to the next job while this one's run may still land.
             return abort_job(session, job.id, reason, now).state
         if job.state in (JobState.RUNNING, JobState.ABORTING) and job.net_name is not None:

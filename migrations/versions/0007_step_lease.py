@@ -1,4 +1,4 @@
-"""the lease of a job's in-flight submit: when its worker must be heard of again
+"""the lease of a job's in-flight submit, and when a net was last declared
 
 Revision ID: 0007
 Revises: 0006
@@ -22,8 +22,10 @@ def upgrade() -> None:
     # Plain ALTER TABLE on every database: SQLite's batch mode would copy the table and lose
     # its expression index (ix_jobs_retries_uncounted).
     op.add_column("jobs", sa.Column("step_due_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("nets", sa.Column("declared_at", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
     """Downgrade schema."""
-    op.drop_column("jobs", "step_due_at")  # SQLite 3.35+ drops a column in place
+    op.drop_column("nets", "declared_at")  # SQLite 3.35+ drops a column in place
+    op.drop_column("jobs", "step_due_at")

@@ -327,7 +327,9 @@ def two_nets(tmp_path, job_root, sqlite_factory, clock) -> World:
 
 
 def _without_net_b(world: World, tmp_path) -> Runtime:
-    """The same database after a redeploy whose NETS no longer declare net-b."""
+    """The same database after a redeploy whose NETS no longer declare net-b, once no
+    process has declared it for the whole grace (a rolling deploy is over)."""
+    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=world.rt.settings.job_root,

@@ -16,6 +16,8 @@ from tests.fixtures.db import net_decl
 
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
+    """NETS without net-a, and no process has declared it for the whole grace since."""
+    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
     world.rt.settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
