@@ -381,10 +381,7 @@ class Settings(BaseSettings):
         return name is not None and name in self._by_name
 
     def redacted(self) -> dict[str, Any]:
-        """The effective configuration with secrets and URL passwords masked, and for each
-        net whether its admin kit names another server (`kit_problem`)."""
-        from app.adapters.nvflare.kit_check import kit_endpoint_problem
-
+        """The effective configuration with secrets and URL passwords masked."""
         data = self.model_dump(mode="json", by_alias=True)
         data.pop("NETS", None)
         for key in ("DATABASE_URL", "BROKER_URL"):
@@ -394,7 +391,6 @@ class Settings(BaseSettings):
         data["nets"] = [n.model_dump(mode="json") for n in self.nets]
         for net in data["nets"]:
             net["always_on"] = self.net(net["name"]).always_on
-            net["kit_problem"] = kit_endpoint_problem(self.net(net["name"]))
         return data
 
 
