@@ -58,6 +58,8 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         nvflare_job_id, net_name = job.nvflare_job_id, job.net_name
     if nvflare_job_id is None or net_name is None:
         return JobState.ABORTING  # submit in flight: dispatch() sends the abort when it lands
+    if not rt.settings.has_net(net_name):
+        return JobState.ABORTING  # a net a redeploy removed: reconcile settles the job
     try:
         result = rt.admin(net_name).abort(nvflare_job_id)
     except DispatcherError as exc:

@@ -97,6 +97,8 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     """Step 1: check the job's bundle is there (a missing one fails the job before any
     scale-up), ask the net's driver for one replica (no-op for a warm or always-on net), and
     fetch the bundle while the server boots, so the download does not add to a cold start."""
+    if not rt.settings.has_net(net_name):
+        return _undeclared(net_name)
     with unit_of_work(rt.sessions) as session:
         job = _assigned(session, job_id, net_name, attempt)
         if job is None:
@@ -159,6 +161,12 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     if ready.step != Step.DONE:
         return ready  # NOT_READY: wait_ready polls on; SKIPPED/GAVE_UP: the chain ends
     return _whole_chain(dispatch(rt, job_id, net_name, attempt))
+
+
+def _undeclared(net_name: str) -> StepResult:
+    """A step in flight for a net a redeploy removed from NETS: nothing here can reach it any
+    more. The chain ends; reconcile settles the job once the net is known removed."""
+    return StepResult(Step.SKIPPED, f"net {net_name} is no longer declared (NETS)")
 
 
 def _resuming(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> bool:
@@ -224,6 +232,8 @@ def check_ready(
     """Step 2: is the net ready for this job? Driver running, the server answering an admin
     command (the live session's, else a fresh login's), every required site connected. Past
     the readiness deadline: give up."""
+    if not rt.settings.has_net(net_name):
+        return _undeclared(net_name)
     now = rt.clock()
     net_config = rt.settings.net(net_name)
     with unit_of_work(rt.sessions) as session:
@@ -334,6 +344,8 @@ def _give_up_readiness(
 def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 3: submit with the submit token stored FIRST, so a retry after an unknown
     outcome or a redelivered message finds the same NVFLARE job instead of a second run."""
+    if not rt.settings.has_net(net_name):
+        return _undeclared(net_name)
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
