@@ -234,6 +234,12 @@ def check_ready(
     the readiness deadline: give up."""
     if not rt.settings.has_net(net_name):
         return _undeclared(net_name)
+    return _check_ready(rt, job_id, net_name, attempt, server_seen_up=server_seen_up)
+
+
+def _check_ready(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, *, server_seen_up: bool
+) -> StepResult:
     now = rt.clock()
     net_config = rt.settings.net(net_name)
     with unit_of_work(rt.sessions) as session:
@@ -346,6 +352,10 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     outcome or a redelivered message finds the same NVFLARE job instead of a second run."""
     if not rt.settings.has_net(net_name):
         return _undeclared(net_name)
+    return _dispatch(rt, job_id, net_name, attempt)
+
+
+def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
