@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+# A human fixes a misconfigured net and restarts the workers this long after faults stop.
+HUMAN_FIX_DELAY_S = 300.0
+
 
 @dataclass(frozen=True)
 class FaultProfile:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from app.sim.clock import seconds_of
 from app.sim.fakes import Run
+from app.sim.faults import HUMAN_FIX_DELAY_S
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 J = JobState
 N = NetState
-REPORTED = "flip-api reported"
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class JobRow:
     changed_s: float
     dispatched_s: float | None
     requested_net: str | None
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,10 @@ class Bounds:
         self.starved = self.orphan + partition
         self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
         self.max_run = world.max_run_s + 3 * tick + common
+        self.finishing = world.report_timeout_s + 2 * tick + common
+        # Every job ends within this long after faults stop: a human's fix of a broken
+        # setting, then a whole run, then some ticks.
+        self.liveness = HUMAN_FIX_DELAY_S + world.max_run_s + 8 * tick
 
 
 class Checker:
@@ -143,13 +148,13 @@ class Checker:
         self._net_event_id = 0
         self._job_state: dict[str, JobState] = {}
         self._net_state: dict[str, NetState] = {}
-        self.reported_s: dict[str, float] = {}
         self._unneeded_since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._dead_since: dict[str, float] = {}
         self._completions: dict[str, bool] = {}
         self._seen_answering: dict[str, float] = {}
         self._starved_since: dict[str, float] = {}
+        self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
         self._has_strays = (
@@ -185,10 +190,11 @@ class Checker:
                 changed_s=_secs(row[5]) or 0.0,
                 dispatched_s=_secs(row[6]),
                 requested_net=row[7],
+                attempt=row[8],
             )
             for row in conn.execute(
                 "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
-                " dispatched_at, requested_net FROM jobs ORDER BY created_at, id"
+                " dispatched_at, requested_net, attempts FROM jobs ORDER BY created_at, id"
             )
         ]
         self.nets = [
@@ -258,12 +264,6 @@ class Checker:
             self._seen_answering.pop(run.nvflare_id, None)
         return False  # undecided: asked again at the next step
 
-    def excused(self, run: Run) -> bool:
-        """flip-api declared the job over after this run started: stopping the run was its
-        call, not the dispatcher's (the dispatcher is never asked to)."""
-        reported = self.reported_s.get(run.job_id)
-        return reported is not None and reported >= run.submitted_at
-
     def needed(self, net: str) -> bool:
         """A net's server is needed: an active job on it, or a QUEUED job that could take
         it while it is assignable."""
@@ -285,12 +285,13 @@ class Checker:
         self._history()
         self._nets_and_jobs(t)
         self._runs(t)
+        self._claims(t)
         self._queued_while_free(t)
         self._scale_to_zero(t)
 
     def _history(self) -> None:
         conn = self.sim.conn
-        for event_id, job_hex, src, dst, at, reason in conn.execute(
+        for event_id, job_hex, src, dst, _at, reason in conn.execute(
             "SELECT id, job_id, from_state, to_state, at, reason FROM job_events"
             " WHERE id > ? ORDER BY id",
             (self._job_event_id,),
@@ -309,8 +310,6 @@ class Checker:
                     f"{src} -> {dst} (last seen {previous}): {reason}",
                 )
             self._job_state[job_id] = JobState(dst)
-            if reason.startswith(REPORTED):
-                self.reported_s[job_id] = _secs(at) or 0.0
         for event_id, net, src, dst, reason in conn.execute(
             "SELECT id, net_name, from_state, to_state, reason FROM net_events"
             " WHERE id > ? ORDER BY id",
@@ -348,6 +347,7 @@ class Checker:
                 J.ASSIGNED: b.assigned.get(job.net or "", 0.0),
                 J.DISPATCHING: b.dispatching,
                 J.ABORTING: b.aborting,
+                J.FINISHING: b.finishing,
             }.get(job.state)
             if bound is not None and age > bound:
                 self.report(
@@ -380,8 +380,7 @@ class Checker:
         per_net: dict[str, list[Run]] = defaultdict(list)
         for runs in live.values():
             for run in runs:
-                if not self.excused(run):
-                    per_net[run.net].append(run)
+                per_net[run.net].append(run)
         for net, runs in sorted(per_net.items()):
             if len(runs) > 1:
                 self.report(
@@ -398,8 +397,16 @@ class Checker:
                     "live runs " + ", ".join(f"{r.nvflare_id} ({r.token[-2:]})" for r in runs),
                 )
             for run in runs:
-                if self.counts(run) or self.excused(run):
+                if self.counts(run):
                     self._orphan_since.pop(run.nvflare_id, None)
+                    if self.recorded_stray(run):
+                        # Counted twice: the net could be settled under its job, or the job
+                        # held back by a run it owns.
+                        self.report(
+                            "counted-once",
+                            f"run {run.nvflare_id}",
+                            f"counted by its job {job_id[:8]} and recorded as a stray run",
+                        )
                     continue
                 since = self._orphan_since.setdefault(run.nvflare_id, t)
                 job = self.job(job_id)
@@ -443,6 +450,32 @@ class Checker:
                     f"job {job.id[:8]}",
                     f"{job.state} for {t - since:.0f}s after its run {job.nvflare_id} {how}"
                     f" (bound {b.settle:.0f}s)",
+                )
+
+    def _claims(self, t: float) -> None:
+        """A net with a live run never takes another job: when a claim is first seen (the
+        step right after it), no run of another job or attempt lives on the net."""
+        for job in self.jobs:
+            if job.state != J.ASSIGNED or job.net is None:
+                continue
+            key = (job.id, job.attempt)
+            if key in self._claims_seen:
+                continue
+            self._claims_seen.add(key)
+            beside = [
+                r
+                for r in self.sim.cluster.runs
+                if r.net == job.net
+                and r.live(t)
+                and (r.job_id != job.id or r.attempt != job.attempt)
+            ]
+            if beside:
+                self.report(
+                    "claim-beside-live-run",
+                    f"net {job.net}",
+                    f"job {job.id[:8]} (attempt {job.attempt}) claimed it while run "
+                    + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in beside)
+                    + " lives there",
                 )
 
     def _queued_while_free(self, t: float) -> None:
@@ -500,14 +533,11 @@ class Checker:
         self.read()
         reasons = []
         for job in self.jobs:
-            if job.state not in TERMINAL_JOB_STATES and job.state != J.QUEUED:
+            # Liveness: once faults stop, every job ends (not only: none is stuck where a
+            # net could take it). The one wait the design leaves to an operator: a job whose
+            # own stray run on an always-on net has a status its server never gives.
+            if job.state not in TERMINAL_JOB_STATES and not self._left_to_operator(job):
                 reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
-        assignable = {n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES}
-        for job in self.jobs:
-            if job.state == J.QUEUED and any(
-                job.requested_net in (None, n) for n in sorted(assignable)
-            ):
-                reasons.append(f"job {job.id[:8]} QUEUED while a net could take it")
         for net in self.nets:
             if (
                 sim.scales_to_zero(net.name)
@@ -516,18 +546,87 @@ class Checker:
             ):
                 reasons.append(f"net {net.name} {net.state} still has a server")
         for run in sim.cluster.live_runs(t):
-            if not self.excused(run):
-                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+            reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
         if sim.broker.work_pending():
             reasons.append("messages pending")
+        if sim.world.callbacks:
+            reasons += [f"callbacks {line}" for line in self.undelivered()]
         return reasons
 
+    def undelivered(self) -> list[str]:
+        """Job events and refused enqueues neither delivered (the receiver accepted them) nor
+        visibly undeliverable (settled as failed, with the error kept on the job's cursor or
+        the rejection's row), one line per job or rejection."""
+        conn = self.sim.conn
+        accepted = self.sim.receiver.accepted
+        lines = []
+        cursors = {
+            _uuid(job): (settled, failed, error)
+            for job, settled, failed, error in conn.execute(
+                "SELECT job_id, settled_through, failed, last_error FROM callback_cursors"
+            )
+        }
+        events: dict[str, list[int]] = defaultdict(list)
+        for event_id, job_hex in conn.execute("SELECT id, job_id FROM job_events ORDER BY id"):
+            events[_uuid(job_hex)].append(event_id)
+        for job_id, ids in events.items():
+            settled, failed, error = cursors.get(job_id, (0, 0, None))
+            delivered = set(accepted.get(job_id, ()))
+            missing = [i for i in ids if i not in delivered]
+            visible = [i for i in missing if i <= settled and failed and error]
+            hidden = [i for i in missing if i not in visible]
+            if hidden:
+                lines.append(f"{job_id[:8]} events {hidden} neither delivered nor failed visibly")
+        for row_id, settled_at, failed, error in conn.execute(
+            "SELECT id, callback_settled_at, callback_failed, callback_last_error"
+            " FROM rejected_requests"
+        ):
+            if f"rejected-{row_id}" in self.sim.receiver.accepted_rejections:
+                continue
+            if settled_at is None or not (failed and error):
+                lines.append(f"rejected-{row_id} neither delivered nor failed visibly")
+        return lines
+
+    def _left_to_operator(self, job: JobRow) -> bool:
+        if job.state != J.QUEUED or not self._has_strays:
+            return False
+        rows = self.sim.conn.execute(
+            "SELECT net_name, nvflare_job_id, submit_token FROM stray_runs"
+            " WHERE replace(job_id, '-', '') = ?",
+            (job.id.replace("-", ""),),
+        ).fetchall()
+        for net, nvflare_id, token in rows:
+            if self.sim.scales_to_zero(net):
+                continue
+            run = next(
+                (r for r in self.sim.cluster.runs if (nvflare_id or token) in (r.nvflare_id, r.token)),
+                None,
+            )
+            if run is not None and run.poisoned:
+                return True
+        return False
+
     def quiescence(self, reasons: list[str]) -> None:
-        """The world did not come to rest: report what stayed unsettled."""
+        """The world did not come to rest within the liveness bound (`Bounds.liveness` after
+        faults stopped): report what stayed unsettled; a job not ended is a liveness
+        violation."""
         for reason in reasons:
             if reason == "messages pending":
                 continue
-            self.report("quiescence", reason.split(" ", 2)[0] + " " + reason.split(" ")[1], reason)
+            subject = reason.split(" ", 2)[0] + " " + reason.split(" ")[1]
+            bound = self.bounds.liveness
+            if reason.startswith("job "):
+                self.report(
+                    "liveness", subject, f"{reason}: not ended {bound:.0f}s after faults stopped"
+                )
+            elif reason.startswith("callbacks "):
+                self.report(
+                    "callback-delivered",
+                    subject,
+                    f"{reason} {bound:.0f}s after faults stopped",
+                )
+            else:
+                self.report("quiescence", subject, reason)
 
 
 def _how_ended(run: Run, t: float) -> str:

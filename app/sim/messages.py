@@ -67,7 +67,9 @@ class TaskSpec:
     """How a task runs: its use-case call and which of tasks/base.py's rules apply."""
 
     call: Callable[[Runtime, dict[str, Any]], object]
-    kind: str  # "pipeline" (retries, on_failure requeue) | "housekeeping" | "public" | "plain"
+    # "pipeline" (retries, on_failure requeue) | "housekeeping" | "public" | "plain" |
+    # "callbacks" (delivery to the simulation's receiver; retries itself with a countdown)
+    kind: str
     polls: bool = False  # wait_ready: NOT_READY -> retry after READY_POLL_S
 
 
@@ -105,6 +107,8 @@ TASKS: dict[str, TaskSpec] = {
     names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),
     names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),
+    # tasks.callbacks.deliver_callbacks; the simulation passes its receiver as the sender.
+    names.DELIVER_CALLBACKS: TaskSpec(lambda rt, kw: None, "callbacks"),
 }
 
 

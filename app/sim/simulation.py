@@ -41,10 +41,12 @@ from app.sim import messages
 from app.sim.clock import SimClock, seconds_of
 from app.sim.db import memory_db, scratch_dir
 from app.sim.fakes import Cluster, SimAdmin
-from app.sim.faults import FaultProfile, profile_for_seed
+from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile, profile_for_seed
 from app.sim.invariants import Checker, Violation
 from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
+from app.sim.receiver import SECRET, URL, Outage, SimReceiver, random_receiver
 from app.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
+from app.usecases import callbacks as callbacks_uc
 from app.usecases import dispatch as dispatch_uc
 from app.usecases import services
 from app.usecases.dispatch import Step
@@ -52,7 +54,6 @@ from models import ASSIGNABLE_NET_STATES, NetState
 
 T = TypeVar("T")
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
-HUMAN_FIX_DELAY_S = 300.0  # a human fixes a misconfigured net and restarts the workers
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
 
 
@@ -171,7 +172,16 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
                 "ready_timeout_s": net.ready_timeout_s,
             }
         )
+    extra: dict[str, Any] = {}
+    if world.callbacks:
+        extra = {
+            "CALLBACK_URL": URL,
+            "CALLBACK_SECRET": SECRET,
+            "CALLBACK_TIMEOUT_S": 5.0,
+            "CALLBACK_MAX_BACKOFF_S": world.callback_max_backoff_s,
+        }
     return Settings(
+        **extra,
         FL_DISPATCHER_DATA_DIR=root / "data",
         DATABASE_URL="sqlite://",
         JOB_ROOT=root / "jobs",
@@ -189,6 +199,8 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
         HOUSEKEEPING_INTERVAL_S=world.housekeeping_interval_s,
         KEEP_ALIVE_INTERVAL_S=world.keep_alive_interval_s,
         QUEUED_POLL_S=world.queued_poll_s,
+        RELEASE_AFTER=world.release_after,
+        REPORT_TIMEOUT_S=world.report_timeout_s,
     )
 
 
@@ -205,6 +217,8 @@ def beat_loops(world: WorldSpec) -> list[tuple[str, float]]:
     ]
     if world.queued_poll_s > 0:
         beats.append((names.MONITOR_AWAITED_RUNS, world.queued_poll_s))
+    if world.callbacks:
+        beats.append((names.DELIVER_CALLBACKS, tick))
     return beats
 
 
@@ -260,6 +274,14 @@ class Simulation:
         self._seq = itertools.count()
         self._stack: list[int] = []  # worker slots of the messages being processed
         self._dead: set[int] = set()  # slots whose current message was killed
+        self.receiver: SimReceiver = random_receiver(
+            self,
+            random.Random(f"{seed}/receiver"),
+            workload.horizon_s,
+            faulty=not profile.clean or world.receiver_failures_before > 0,
+        )
+        if world.receiver_failures_before:
+            self._receiver_down_before(world.receiver_failures_before)
         self.workers = [self._runtime(slot) for slot in (0, 1)]
         self._restart_worker(0, "start")
         self.checker = Checker(self)
@@ -291,20 +313,65 @@ class Simulation:
         # and the workload of every seed as they were before the poll existed.
         poll = random.Random(f"{seed}/queued-poll").choice((0.0, 1.0))
         world = dataclasses.replace(world, queued_poll_s=poll)
+        # A third of the worlds hold a finished run's server for flip-api's results report
+        # (RELEASE_AFTER=reported), so reports and aborts meet FINISHING jobs too.
+        extra = random.Random(f"{seed}/world-extra")
+        if extra.random() < 0.35:
+            world = dataclasses.replace(
+                world, release_after="reported", report_timeout_s=extra.choice((20.0, 60.0))
+            )
+        # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
+        # start in the middle of a receiver outage thousands of tries long.
+        if extra.random() < 0.6:
+            world = dataclasses.replace(
+                world,
+                callbacks=True,
+                callback_max_backoff_s=extra.choice((1.0, 8.0, 30.0)),
+                receiver_failures_before=1020 if extra.random() < 0.1 else 0,
+            )
         return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
 
     # --- wiring ------------------------------------------------------------------------------
 
     def _runtime(self, slot: int) -> Runtime:
-        return Runtime(
+        # A sessionmaker per worker process, as each has its own: the callback kick after
+        # commit (app.celery_app.celery_runtime installs it) listens on it.
+        factory = session_factory(self.engine) if self.world.callbacks else self.sessions
+        rt = Runtime(
             settings=self.settings,
             engine=self.engine,
-            sessions=HookedSessions(self.sessions, self),  # type: ignore[arg-type]
+            sessions=factory,
             clock=self.clock,
             driver_factory=lambda net, _s: self.cluster.drivers[net.name],
             admin_factory=lambda net, _s: SimAdmin(self.cluster, net.name),
             outbox=SimOutbox(self.broker, slot),
         )
+        if self.world.callbacks:
+            callbacks_uc.send_after_commit(rt)
+        rt.sessions = HookedSessions(factory, self)  # type: ignore[assignment]
+        return rt
+
+    def _receiver_down_before(self, failures: int) -> None:
+        """The world starts in the middle of a long receiver outage: `failures` tries in a
+        row have failed, and it stays down a while longer."""
+        from sqlalchemy import insert
+
+        from models import CallbackReceiver
+
+        with unit_of_work(self.sessions) as session:
+            session.execute(
+                insert(CallbackReceiver).values(
+                    id=callbacks_uc.RECEIVER_ID,
+                    failures=failures,
+                    next_attempt_at=self.clock(),
+                    last_error="ConnectError: connection refused (before the simulation)",
+                )
+            )
+        self.receiver.outages.append(Outage(0.0, self.receiver.rng.uniform(30.0, 150.0), "down"))
+
+    def report(self, invariant: str, subject: str, detail: str) -> None:
+        """A violation found by a fake (the receiver)."""
+        self.checker.report(invariant, subject, detail)
 
     def _restart_worker(self, slot: int, why: str) -> None:
         """A (new) worker process: fresh runtime and admin sessions, and the worker_init
@@ -456,6 +523,9 @@ class Simulation:
 
     def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
         retry_max = self.settings.retry_max
+        if spec.kind == "callbacks":
+            self._deliver_callbacks(rt, message, spec, slot)
+            return
         try:
             with self._noting_inline_readiness(message):
                 result = spec.call(rt, message.kwargs)
@@ -491,6 +561,18 @@ class Simulation:
         if message.chain and not messages.ends_chain(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _deliver_callbacks(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
+        """tasks.callbacks.deliver_callbacks: deliver, then come back when the use case says
+        (a Celery retry with that countdown, no retry limit)."""
+        try:
+            report = callbacks_uc.deliver_callbacks(rt, self.receiver)
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+            return
+        self.trace(f"w{slot} {message.label()} -> {report}")
+        if report.retry_in_s is not None:
+            self._push_again(message, report.retry_in_s)
 
     def _poll_delay(self, kwargs: dict[str, Any]) -> float:
         """READY_POLL_S; with fast_forward and a fixed cold start, the whole number of polls
@@ -779,6 +861,7 @@ class Simulation:
         MISCONFIGURED."""
         self._draining = True
         self.faults = self.profile.quiet()
+        self.receiver.quiet = True
         t = self.clock.t
         if self._flip_window is not None:
             self._flip_window = (self._flip_window[0], t)
@@ -938,13 +1021,12 @@ class Simulation:
 
     def _run(self) -> Result:
         self._schedule()
-        tick = self.world.housekeeping_interval_s
+        checker = self.checker
         beats = beat_loops(self.world)
         next_beat = [period for _, period in beats]
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
-        deadline = self.workload.horizon_s + HUMAN_FIX_DELAY_S + self.world.max_run_s + 8 * tick
+        deadline = self.workload.horizon_s + checker.bounds.liveness
         settled_ticks = 0
-        checker = self.checker
         while True:
             now = self.clock.t
             due = self.broker.due(now)

@@ -65,7 +65,7 @@ class CallerEvent:
     at_s: float
     key: str
     kind: str  # "abort" | "report"
-    status: str = ""  # report: results_uploaded | error | stopped
+    status: str = ""  # report: any ReportedStatus value (results_uploaded, error, ...)
     # Set: the event waits (from at_s on) until the job is in this state, and is sent at
     # that very moment, possibly while a worker is in the middle of a step of that job.
     on_state: str | None = None
@@ -89,6 +89,16 @@ class WorldSpec:
     abort_timeout_s: float = 60.0
     max_attempts: int = 3
     lost_job_policy: str = "requeue"
+    # "reported": a finished run holds its server (FINISHING) until flip-api reports the
+    # upload, or REPORT_TIMEOUT_S passes.
+    release_after: str = "finished"
+    report_timeout_s: float = 60.0
+    # Job status pushed to flip-api's callback endpoint (app.usecases.callbacks).
+    callbacks: bool = False
+    callback_max_backoff_s: float = 8.0
+    # The receiver had already failed this many tries in a row when the world starts (a
+    # receiver down for days: thousands of tries at CALLBACK_MAX_BACKOFF_S apart).
+    receiver_failures_before: int = 0
 
     def retry_budget_s(self) -> float:
         """The longest a pipeline step keeps retrying a transient error (sum of caps)."""
@@ -123,6 +133,12 @@ def random_world(rng: random.Random) -> WorldSpec:
     return WorldSpec(nets=tuple(nets), lost_job_policy=rng.choice(("requeue", "requeue", "fail")))
 
 
+REPORTED_STATUSES = ("results_uploaded", "results_upload_failed", "error", "stopped")
+# The states a caller's event may wait for: every state a job can be in while flip-api
+# still watches it (a report or an abort may come at any moment, whatever the job does).
+EVENT_STATES = ("QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING", "FINISHING", "ABORTING")
+
+
 def random_workload(
     rng: random.Random, world: WorldSpec, *, abort_p: float, report_p: float
 ) -> Workload:
@@ -132,6 +148,8 @@ def random_workload(
     jobs = []
     events = []
     names = [n.name for n in world.nets]
+    # Its own stream, so the jobs and the first events of a seed are drawn as before.
+    caller = random.Random(rng.random())
     for i in range(rng.randint(3, 7)):
         arrive = round(rng.uniform(0, 120), 1)
         key = f"job-{i}"
@@ -146,14 +164,24 @@ def random_workload(
                 priority=rng.choice((0, 0, 0, 5)),
             )
         )
+        aborted = False
         if rng.random() < abort_p:
+            aborted = True
             at = round(arrive + rng.uniform(0, 150), 1)
             trigger = rng.choice((None, None, "DISPATCHING", "ASSIGNED", "RUNNING"))
+            if trigger is None and caller.random() < 0.3:
+                trigger = caller.choice(EVENT_STATES)
             events.append(CallerEvent(at if trigger is None else arrive, key, "abort", "", trigger))
         if rng.random() < report_p:
             status = rng.choice(("results_uploaded", "error", "stopped"))
             at = round(arrive + rng.uniform(5, 200), 1)
             trigger = rng.choice((None, None, "DISPATCHING", "RUNNING"))
+            if caller.random() < 0.4:
+                status = caller.choice(REPORTED_STATUSES)
+                trigger = caller.choice((None, *EVENT_STATES))
+            if trigger == "ABORTING" and not aborted:
+                # A report that races an abort: flip-api stops a job, then says it stopped.
+                events.append(CallerEvent(arrive, key, "abort", "", "RUNNING"))
             events.append(
                 CallerEvent(at if trigger is None else arrive, key, "report", status, trigger)
             )
