@@ -598,10 +598,8 @@ class Checker:
         for net, nvflare_id, token in rows:
             if self.sim.scales_to_zero(net):
                 continue
-            run = next(
-                (r for r in self.sim.cluster.runs if (nvflare_id or token) in (r.nvflare_id, r.token)),
-                None,
-            )
+            key = nvflare_id or token
+            run = next((r for r in self.sim.cluster.runs if key in (r.nvflare_id, r.token)), None)
             if run is not None and run.poisoned:
                 return True
         return False
