@@ -367,7 +367,7 @@ class Simulation:
                     last_error="ConnectError: connection refused (before the simulation)",
                 )
             )
-        self.receiver.outages.append(Outage(0.0, self.receiver.rng.uniform(30.0, 150.0), "down"))
+        self.receiver.outages.append(Outage(0.0, self.receiver.rng.uniform(100.0, 170.0), "down"))
 
     def report(self, invariant: str, subject: str, detail: str) -> None:
         """A violation found by a fake (the receiver)."""
@@ -696,6 +696,10 @@ class Simulation:
             }
             if job.net is not None:
                 payload["net"] = job.net
+            if job.metadata is not None:
+                payload["metadata"] = job.metadata
+            if job.max_attempts is not None:
+                payload["max_attempts"] = job.max_attempts
             self.at(
                 job.arrive_s,
                 f"flip-api enqueues {job.key}",
@@ -705,11 +709,13 @@ class Simulation:
             job_id = str(job_id_for(event.key))
             if event.kind == "abort":
                 task = names.ABORT_JOB
-                payload = {"job_id": job_id, "reason": "aborted by the user"}
+                payload = {"job_id": job_id, "reason": event.text or "aborted by the user"}
                 label = f"flip-api aborts {event.key}"
             else:
                 task = names.REPORT_JOB_STATUS
                 payload = {"job_id": job_id, "status": event.status}
+                if event.text:
+                    payload["detail"] = event.text
                 label = f"flip-api reports {event.key} {event.status}"
             if event.on_state is None:
                 self.at(event.at_s, label, self._caller(task, payload))
@@ -740,8 +746,12 @@ class Simulation:
         return fired
 
     def _caller(self, task: str, payload: dict[str, object]) -> Callable[[], None]:
+        # Celery's JSON serializer carries the payload: what survives json.dumps (as kombu
+        # calls it) and json.loads is what the task gets.
+        sent = json.loads(json.dumps(payload))
+
         def send() -> None:
-            self.broker.push(task, {"payload": payload}, origin="flip-api")
+            self.broker.push(task, {"payload": sent}, origin="flip-api")
 
         return send
 
@@ -996,6 +1006,15 @@ class Simulation:
                 calm.times.append(expiry)
         return calm
 
+    def _callbacks_pending(self) -> bool:
+        """A job event or a refused enqueue not settled yet (callbacks._pending_events)."""
+        row = self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM job_events e LEFT JOIN callback_cursors c"
+            " ON c.job_id = e.job_id WHERE e.id > coalesce(c.settled_through, 0)),"
+            " EXISTS (SELECT 1 FROM rejected_requests WHERE callback_settled_at IS NULL)"
+        ).fetchone()
+        return bool(row[0] or row[1])
+
     def _maybe_awaited(self) -> bool:
         """A QUEUED job and a run under way: monitor_awaited_runs may have work."""
         row = self.conn.execute(
@@ -1065,6 +1084,8 @@ class Simulation:
                     beat_fired = beat_fired or i == 0
                     if task in idle:
                         continue  # fast_forward: it would read the tables and do nothing
+                    if task == names.DELIVER_CALLBACKS and not self._callbacks_pending():
+                        continue  # the sweep would read, find nothing due, and return
                     if task == names.MONITOR_AWAITED_RUNS and not self._maybe_awaited():
                         # Nothing queued behind a run: the poll would only read the tables
                         # (sending it every second would swamp the sweep's message order).

@@ -4,8 +4,10 @@ from a trace file instead and hands them to the same `Simulation`."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 SITES = ("site-1", "site-2")
 COMPLETED = "FINISHED:COMPLETED"
@@ -56,6 +58,9 @@ class JobSpec:
     net: str | None = None
     sites: tuple[str, ...] = SITES
     priority: int = 0
+    # flip-api's own JSON object, sent as is (None: none sent).
+    metadata: dict[str, Any] | None = None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class CallerEvent:
     # Set: the event waits (from at_s on) until the job is in this state, and is sent at
     # that very moment, possibly while a worker is in the middle of a step of that job.
     on_state: str | None = None
+    text: str = ""  # a report's detail, an abort's reason ("": the caller's default)
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,51 @@ def random_world(rng: random.Random) -> WorldSpec:
     return WorldSpec(nets=tuple(nets), lost_job_policy=rng.choice(("requeue", "requeue", "fail")))
 
 
+METADATA_MAX_BYTES = 16 * 1024  # app.schemas.METADATA_MAX_BYTES
+# Valid but hostile text: a lone surrogate (JSON can carry it escaped, UTF-8 cannot), NUL,
+# bidi overrides, combining marks, a BOM, astral characters, a non-character.
+HOSTILE_TEXT = ("\ud800", "\udfff", "\x00", "\u202e", "e\u0301", "\ufeff", "\U0001f600", "\uffff")
+
+
+def _sized(fill: str, size: int) -> dict[str, Any]:
+    """Metadata whose compact JSON (as the schema measures it) is exactly `size` bytes."""
+    base = len(json.dumps({"pad": ""}, separators=(",", ":")).encode())
+    unit = len(json.dumps(fill).encode()) - 2
+    count, rest = divmod(size - base, unit)
+    return {"pad": fill * count + "x" * rest}
+
+
+def hostile_metadata(rng: random.Random) -> dict[str, Any] | None:
+    """What flip-api may put in a job's metadata: nothing, the usual ids, unicode edge
+    cases, or a size at the limit, one byte under or one over it."""
+    kind = rng.choice(("none", "ids", "unicode", "unicode", "size", "deep"))
+    if kind == "none":
+        return None
+    if kind == "ids":
+        return {"model_id": f"m-{rng.randint(1, 9)}", "project_id": "p-1"}
+    if kind == "unicode":
+        text = "".join(rng.choice(HOSTILE_TEXT) for _ in range(rng.randint(1, 4)))
+        return {"name": text, text: [text, {"k": text}]}
+    if kind == "deep":
+        nested: Any = "leaf"
+        for _ in range(rng.randint(20, 60)):
+            nested = [nested]
+        return {"nested": nested, "resource_spec": {"site-1": {"num_of_gpus": 0}}}
+    fill = rng.choice(("a", "\u00e9", "\U0001f600"))
+    return _sized(fill, METADATA_MAX_BYTES + rng.choice((-1, 0, 1)))
+
+
+def hostile_text(rng: random.Random, limit: int) -> str:
+    """A report's detail or an abort's reason: empty, unicode edge cases, or exactly at
+    its length limit."""
+    kind = rng.choice(("empty", "unicode", "limit"))
+    if kind == "empty":
+        return ""
+    if kind == "unicode":
+        return "".join(rng.choice(HOSTILE_TEXT) for _ in range(rng.randint(1, 6)))
+    return "".join(rng.choice(("d", "\u00e9", "\U0001f600")) for _ in range(limit))
+
+
 REPORTED_STATUSES = ("results_uploaded", "results_upload_failed", "error", "stopped")
 # The states a caller's event may wait for: every state a job can be in while flip-api
 # still watches it (a report or an abort may come at any moment, whatever the job does).
@@ -164,6 +215,20 @@ def random_workload(
                 priority=rng.choice((0, 0, 0, 5)),
             )
         )
+        if caller.random() < 0.35:
+            # Hostile but valid (or just past a limit): a caller key of the longest length,
+            # metadata at every edge, the most attempts, the lowest priority.
+            jobs[-1] = JobSpec(
+                key=f"{key}-" + "k" * (199 - len(key)),
+                arrive_s=arrive,
+                duration_s=jobs[-1].duration_s,
+                net=jobs[-1].net,
+                sites=jobs[-1].sites,
+                priority=caller.choice((-1000, 0, 1000)),
+                metadata=hostile_metadata(caller),
+                max_attempts=caller.choice((None, 1, 100)),
+            )
+            key = jobs[-1].key
         aborted = False
         if rng.random() < abort_p:
             aborted = True
@@ -171,7 +236,10 @@ def random_workload(
             trigger = rng.choice((None, None, "DISPATCHING", "ASSIGNED", "RUNNING"))
             if trigger is None and caller.random() < 0.3:
                 trigger = caller.choice(EVENT_STATES)
-            events.append(CallerEvent(at if trigger is None else arrive, key, "abort", "", trigger))
+            text = hostile_text(caller, 500) if caller.random() < 0.3 else ""
+            events.append(
+                CallerEvent(at if trigger is None else arrive, key, "abort", "", trigger, text)
+            )
         if rng.random() < report_p:
             status = rng.choice(("results_uploaded", "error", "stopped"))
             at = round(arrive + rng.uniform(5, 200), 1)
@@ -182,8 +250,9 @@ def random_workload(
             if trigger == "ABORTING" and not aborted:
                 # A report that races an abort: flip-api stops a job, then says it stopped.
                 events.append(CallerEvent(arrive, key, "abort", "", "RUNNING"))
+            text = hostile_text(caller, 2000) if caller.random() < 0.3 else ""
             events.append(
-                CallerEvent(at if trigger is None else arrive, key, "report", status, trigger)
+                CallerEvent(at if trigger is None else arrive, key, "report", status, trigger, text)
             )
     events.sort(key=lambda e: (e.at_s, e.key, e.kind))
     return Workload(jobs=tuple(jobs), events=tuple(events), horizon_s=horizon)
