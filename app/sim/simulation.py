@@ -347,7 +347,8 @@ class Simulation:
             outbox=SimOutbox(self.broker, slot),
         )
         if self.world.callbacks:
-            callbacks_uc.send_after_commit(rt)
+            kicker = dataclasses.replace(rt, outbox=SimOutbox(self.broker, slot, hooked=False))
+            callbacks_uc.send_after_commit(kicker)
         rt.sessions = HookedSessions(factory, self)  # type: ignore[assignment]
         return rt
 
