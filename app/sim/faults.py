@@ -54,6 +54,7 @@ class FaultProfile:
     driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
     drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
     settings_flip: float = 0.0  # probability of one PER_JOB_FL_SERVER change (a redeploy)
+    redeploy_p: float = 0.0  # probability of a NETS change (each of up to two; app.sim.redeploy)
     # --- the caller (flip-api) ---
     abort_p: float = 0.0  # per job: an abort at a random moment
     report_p: float = 0.0  # per job: a status report at a random moment
@@ -77,6 +78,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
     FaultProfile(
         name="flaky",
+        redeploy_p=0.1,
         msg_dup=0.05,
         msg_delay=0.1,
         msg_delay_max_s=8.0,
@@ -89,6 +91,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="crashy",
+        redeploy_p=0.1,
         msg_drop=0.03,
         msg_refuse=0.02,
         msg_dup=0.05,
@@ -99,6 +102,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        redeploy_p=0.25,
         interleave=0.15,
         msg_dup=0.1,
         msg_delay=0.2,
@@ -111,6 +115,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="servers",
+        redeploy_p=0.2,
         admin_unknown=0.01,
         restart_rate=6.0,
         partition_rate=6.0,
@@ -126,6 +131,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="ops",
+        redeploy_p=0.6,
         kit_broken_rate=4.0,
         driver_broken_rate=3.0,
         driver_transient=0.1,
@@ -136,6 +142,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="drift",
+        redeploy_p=0.3,
         drift_rate=15.0,
         interleave=0.25,
         driver_slow=True,
@@ -144,6 +151,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="misconfig",
+        redeploy_p=0.2,
         kit_broken_rate=10.0,
         driver_broken_rate=4.0,
         driver_transient=0.3,
@@ -151,6 +159,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        redeploy_p=0.3,
         msg_drop=0.02,
         msg_dup=0.05,
         msg_delay=0.1,

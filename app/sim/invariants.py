@@ -112,8 +112,11 @@ class Bounds:
             common += p.worker_restart_s
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
         stop_s = 20.0 if p.driver_slow else 4.0
+        # Every net the platform has, with the timeouts NETS gives it now (or last gave it).
+        nets = {n.name: n for n in (*world.nets, *world.spare)}
+        nets |= {n.name: n for n in sim.declared.nets}
         self.assigned = {
-            n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in world.nets
+            n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in nets.values()
         }
         self.dispatching = stuck + 2 * reconcile + budget + common
         self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
@@ -122,7 +125,7 @@ class Bounds:
             + 2 * reconcile
             + stop_s
             + common
-            for n in world.nets
+            for n in nets.values()
         }
         self.orphan = stuck + 2 * reconcile + budget + common
         self.unaccounted = 2 * tick + common

@@ -45,7 +45,16 @@ from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile, profile_for_seed
 from app.sim.invariants import Checker, Violation
 from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
 from app.sim.receiver import SECRET, URL, Outage, SimReceiver, random_receiver
-from app.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
+from app.sim.redeploy import Declared
+from app.sim.redeploy import plan as plan_redeploys
+from app.sim.workload import (
+    JobSpec,
+    NetSpec,
+    Workload,
+    WorldSpec,
+    random_workload,
+    random_world,
+)
 from app.usecases import callbacks as callbacks_uc
 from app.usecases import dispatch as dispatch_uc
 from app.usecases import services
@@ -146,8 +155,11 @@ class HookedSessions:
         return getattr(self._factory, name)
 
 
-def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
-    """Settings as the deployment's environment would give them, for this world."""
+def settings_for(
+    world: WorldSpec, per_job_fl_server: bool, declared: Declared | None = None
+) -> Settings:
+    """Settings as the deployment's environment would give them, for this world (and what
+    NETS declares after redeploys)."""
     root = scratch_dir()
     kit = root / "kit"
     (kit / "startup").mkdir(parents=True, exist_ok=True)
@@ -158,7 +170,8 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
         '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
     )
     nets = []
-    for net in world.nets:
+    per_job = declared.per_job if declared is not None else {}
+    for net in declared.nets if declared is not None else world.nets:
         driver: dict[str, object] = {"kind": net.kind}
         if net.kind == "ecs":
             driver |= {"region": "eu-west-2", "cluster": "sim", "service": f"fl-{net.name}"}
@@ -170,6 +183,7 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
                 "required_sites": list(net.sites),
                 "idle_timeout_s": net.idle_timeout_s,
                 "ready_timeout_s": net.ready_timeout_s,
+                "per_job_fl_server": per_job.get(net.name),
             }
         )
     extra: dict[str, Any] = {}
@@ -264,10 +278,11 @@ class Simulation:
         self.clock = SimClock()
         self.engine, self.conn = memory_db()
         self.sessions = session_factory(self.engine)
-        self.cluster = Cluster(self, world.nets, random.Random(f"{seed}/world"))
+        self.cluster = Cluster(self, (*world.nets, *world.spare), random.Random(f"{seed}/world"))
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server
-        self.settings = settings_for(world, self.per_job_fl_server)
+        self.declared = Declared(list(world.nets), {})
+        self.settings = settings_for(world, self.per_job_fl_server, self.declared)
         self._scales: dict[str, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
         self._events: list[tuple[float, int, str, Callable[[], None]]] = []
@@ -320,6 +335,9 @@ class Simulation:
             world = dataclasses.replace(
                 world, release_after="reported", report_timeout_s=extra.choice((20.0, 60.0))
             )
+        # Where NETS may change, the platform often runs a net NETS declares only later.
+        if profile.redeploy_p and extra.random() < 0.5:
+            world = dataclasses.replace(world, spare=(NetSpec("net-z", idle_timeout_s=20.0),))
         # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
         # start in the middle of a receiver outage thousands of tries long.
         if extra.random() < 0.6:
@@ -383,10 +401,16 @@ class Simulation:
         self.trace(f"   worker w{slot} (re)started: {why}")
 
     def scales_to_zero(self, net: str) -> bool:
+        """The settings' verdict; False for a net NETS no longer declares (the dispatcher
+        does not scale it: its server is the operator's)."""
         cached = self._scales.get(net)
         if cached is None:
-            cached = self._scales[net] = not always_on(self.settings, net)
+            declared = self.settings.has_net(net)
+            cached = self._scales[net] = declared and not always_on(self.settings, net)
         return cached
+
+    def declared_net(self, net: str | None) -> bool:
+        return self.settings.has_net(net)
 
     def job_spec(self, job_id: str) -> JobSpec | None:
         return self._jobs.get(job_id)
@@ -799,6 +823,7 @@ class Simulation:
         if rng.random() < p.settings_flip:
             start = rng.uniform(30.0, horizon - 30.0)
             self._flip_window = (start, start + rng.uniform(30.0, 120.0))
+        plan_redeploys(self, random.Random(f"{self.seed}/redeploy"), p.redeploy_p)
 
     def _crash(self, net: str, down_s: float) -> None:
         self.cluster.crash(net, self.clock.t, down_s)
@@ -848,15 +873,24 @@ class Simulation:
             return
         self._flip_window = None
         self.per_job_fl_server = not self.per_job_fl_server
-        self.settings = settings_for(self.world, self.per_job_fl_server)
+        self.apply_settings(f"PER_JOB_FL_SERVER={self.per_job_fl_server} (nets {sorted(states)})")
+
+    def apply_settings(self, what: str) -> None:
+        """A redeploy: new settings, every worker restarted with them; an operator deploys
+        at 1 replica each scalable net that is always-on now and was not before."""
+        t = self.clock.t
+        before = {n.name: self.scales_to_zero(n.name) for n in self.declared.nets}
+        self.settings = settings_for(self.world, self.per_job_fl_server, self.declared)
         self._scales = {}
-        self.trace(
-            f"== redeploy: PER_JOB_FL_SERVER={self.per_job_fl_server} (nets {sorted(states)})"
-        )
+        self.trace(f"== redeploy: {what}")
         for slot in (0, 1):
             self._restart_worker(slot, "redeploy with new settings")
-        for net in self.world.nets:
-            if net.kind == "ecs" and not self.per_job_fl_server:
+        for net in self.declared.nets:
+            if (
+                net.kind == "ecs"
+                and before.get(net.name, True)
+                and not self.scales_to_zero(net.name)
+            ):
                 # Always-on now: the operator's deploy runs the service at 1 replica.
                 delay = self.rng.uniform(0.0, 60.0)
                 self.at(

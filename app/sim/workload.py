@@ -82,6 +82,8 @@ class WorldSpec:
     """The deployment: nets and the dispatcher's timing settings (simulated seconds)."""
 
     nets: tuple[NetSpec, ...]
+    # Nets the platform runs that NETS declares only once a redeploy adds them.
+    spare: tuple[NetSpec, ...] = ()
     per_job_fl_server: bool = True
     housekeeping_interval_s: float = 15.0
     keep_alive_interval_s: float = 60.0
