@@ -149,6 +149,10 @@ class SimServer:
     partitions: list[tuple[float, float]] = field(default_factory=list)
     kit_broken: bool = False
     no_start_time_until: float = -1.0
+    # Windows in which every submit reaches the server but its reply is lost (a proxy that
+    # times out answers): a dispatch's every retry, the last included, and reconcile's
+    # re-sent submits with the same token all lose theirs.
+    reply_loss: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -562,6 +566,9 @@ class SimAdmin:
     def _lose_reply(self, op: str) -> None:
         host = self.cluster.host
         faults = host.faults
+        if op == "submit" and any(a <= host.clock.t < b for a, b in self.server.reply_loss):
+            self._connected = False
+            raise ServerUnavailable(f"{self.net}: submit sent, reply timed out (simulated)")
         if host.rng.random() < faults.lost_reply:
             if host.rng.random() < faults.lost_reply_partition:
                 now = host.clock.t

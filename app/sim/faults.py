@@ -50,6 +50,7 @@ class FaultProfile:
     restart_rate: float = 0.0  # server process killed and restarted
     partition_rate: float = 0.0  # admin port unreachable while the server runs on
     partition_max_s: float = 60.0
+    reply_loss_rate: float = 0.0  # windows of 30-100 s in which every submit loses its reply
     kit_broken_rate: float = 0.0  # AdminMisconfigured until a human fixes it
     driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
     drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
@@ -91,6 +92,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="crashy",
+        reply_loss_rate=4.0,
         redeploy_p=0.1,
         msg_drop=0.03,
         msg_refuse=0.02,
@@ -102,6 +104,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        reply_loss_rate=6.0,
         redeploy_p=0.25,
         interleave=0.15,
         msg_dup=0.1,
@@ -142,6 +145,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="drift",
+        reply_loss_rate=3.0,
         redeploy_p=0.3,
         drift_rate=15.0,
         interleave=0.25,
@@ -159,6 +163,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        reply_loss_rate=2.0,
         redeploy_p=0.3,
         msg_drop=0.02,
         msg_dup=0.05,

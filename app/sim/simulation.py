@@ -820,6 +820,13 @@ class Simulation:
                     f"someone scales {name} by hand",
                     functools.partial(self._drift, name),
                 )
+        loss = random.Random(f"{self.seed}/reply-loss")
+        for net in self.world.nets:
+            for _ in range(_poisson(loss, p.reply_loss_rate * horizon / 3600)):
+                start = loss.uniform(0, horizon)
+                window = (start, start + loss.uniform(30.0, 100.0))
+                self.cluster.servers[net.name].reply_loss.append(window)
+                self.trace(f"== submit replies of {net.name} lost {window[0]:.0f}-{window[1]:.0f}s")
         if rng.random() < p.settings_flip:
             start = rng.uniform(30.0, horizon - 30.0)
             self._flip_window = (start, start + rng.uniform(30.0, 120.0))
