@@ -189,6 +189,10 @@ class Job(Base):
     assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # While DISPATCHING: when the worker holding the submit (a try, or its retry) must be
+    # heard of again. Past it the reconciler knows that worker is gone and re-sends at once,
+    # instead of waiting out the whole retry budget.
+    step_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
     events: WriteOnlyMapped[JobEvent] = relationship(

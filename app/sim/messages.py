@@ -151,16 +151,24 @@ def ends_chain(result: object) -> bool:
     return bool(getattr(step_of(result), "ends_chain", False))
 
 
-def on_retry(rt: Runtime, kw: dict[str, Any]) -> None:
-    """tasks.base.DispatcherTask.on_retry (a transient retry of a job's step)."""
+def on_retry(rt: Runtime, kw: dict[str, Any], countdown: float) -> None:
+    """tasks.base._retry_transient's count (a transient retry of a job's step, and when it
+    will be tried again)."""
     if kw.get("job_id"):
-        dispatch.count_retry(rt, _job(kw))
+        dispatch.count_retry(rt, _job(kw), next_try_in_s=countdown)
 
 
 def on_failure(rt: Runtime, task: str, kw: dict[str, Any], exc: BaseException) -> None:
     """tasks.base.DispatcherTask.on_failure (retries of a transient error exhausted)."""
     if kw.get("job_id"):
-        dispatch.requeue_after_transient(rt, _job(kw), f"{task}: retries exhausted: {exc}")
+        attempt = kw.get("attempt")
+        dispatch.requeue_after_transient(
+            rt,
+            _job(kw),
+            f"{task}: retries exhausted: {exc}",
+            net_name=kw.get("net_name"),
+            attempt=int(attempt) if attempt is not None else None,
+        )
 
 
 def backoff_s(rng: random.Random, retries: int, maximum: int) -> float:

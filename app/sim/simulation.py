@@ -567,10 +567,10 @@ class Simulation:
                 )
                 return
             self.stats["retries"] += 1
-            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs))
             countdown = messages.backoff_s(
                 self.rng_msg, message.retries, self.settings.retry_backoff_max_s
             )
+            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
             self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
             self._push_again(message, countdown)
             return

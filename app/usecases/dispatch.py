@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
@@ -29,11 +30,16 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
+from app.settings import Settings
 from app.usecases import services
 from app.usecases.scaling import kick, net_misconfigured, scale_net, take_down
 from models import Job, JobState, NetState
 
 log = logging.getLogger(__name__)
+
+# Added to a submit try's own timeouts before its worker counts as gone (a commit, a log
+# line, a busy machine).
+TRY_MARGIN_S = 15.0
 
 
 class Step(StrEnum):
@@ -257,14 +263,31 @@ def check_ready(
         return StepResult(Step.DONE, "ready")
 
     if (now - assigned_at).total_seconds() > net_config.ready_timeout_s:
-        return _give_up_readiness(
-            rt,
-            job_id,
-            net_name,
-            attempt,
-            f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}",
-        )
+        reason = f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}"
+        if readiness is not None and readiness.missing_sites:
+            # The server answers; only the job's sites never came: the job's problem (a
+            # typo, a site offline), never the net's health.
+            return _give_up_on_sites(rt, job_id, net_name, attempt, reason)
+        return _give_up_readiness(rt, job_id, net_name, attempt, reason)
     return StepResult(Step.NOT_READY, detail)
+
+
+def _give_up_on_sites(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, reason: str
+) -> StepResult:
+    """Requeue (an attempt spent) a job whose required sites never connected to a server
+    that answers; the net stays as it is, to its idle grace or the next job."""
+    with unit_of_work(rt.sessions) as session:
+        if _assigned(session, job_id, net_name, attempt) is None:
+            return StepResult(Step.SKIPPED, "job moved on before the readiness deadline")
+        net = services.get_net(session, net_name, lock=True)
+        services.requeue_job(session, job_id, reason, rt.clock())
+        if net.state == NetState.STARTING:
+            net.transition(NetState.READY, rt.clock(), "up; the job's sites never came")
+            net.idle_since = rt.clock()
+    log.warning("required sites never connected", extra={"net": net_name, "job": str(job_id)})
+    kick(rt)
+    return StepResult(Step.GAVE_UP, reason)
 
 
 def _give_up_readiness(
@@ -311,6 +334,7 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
             token = job.submit_token
         else:
             return StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
+        job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
         definition, sites, metadata = job.definition, list(job.required_sites), job.metadata_
 
     admin = rt.admin(net_name)
@@ -363,18 +387,38 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     return StepResult(Step.DONE, nvflare_job_id)
 
 
-def requeue_after_transient(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
+def requeue_after_transient(
+    rt: Runtime,
+    job_id: uuid.UUID,
+    reason: str,
+    *,
+    net_name: str | None = None,
+    attempt: int | None = None,
+) -> bool:
     """A pipeline step ran out of retries on a transient error: requeue, never delete.
+
+    Only the attempt the step was started for is touched (the job ASSIGNED to `net_name`
+    at `attempt`, re-read under its lock): by the time retries run out, a re-sent step may
+    have dispatched the job, or it may be on its next attempt elsewhere, and neither is this
+    step's to move. A step with no such binding moves nothing.
 
     A DISPATCHING job's submit may have landed with its reply lost, so its attempt is not
     abandoned with a new token while the old one may own a run: it stays DISPATCHING (the
     reconciler re-sends the same token, which adopts the run) until `abandon_dispatch`
     settles it by taking the server down.
     """
+    if net_name is None or attempt is None:
+        return False
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
-        if job.state == JobState.DISPATCHING:
+        if _ours(job, JobState.DISPATCHING, net_name, attempt):
             log.warning("submit outcome unknown; attempt kept", extra={"job": str(job_id)})
+            return False
+        if not _ours(job, JobState.ASSIGNED, net_name, attempt):
+            log.info(
+                "retries exhausted for an attempt that is over; nothing to requeue",
+                extra={"job": str(job_id), "net": net_name, "state": str(job.state)},
+            )
             return False
         requeued = services.requeue_job(session, job_id, reason, rt.clock())
     kick(rt)
@@ -427,9 +471,19 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
     return True
 
 
-def count_retry(rt: Runtime, job_id: uuid.UUID) -> None:
-    """One more transient retry of this job's pipeline (a metric, not a state)."""
+def submit_try_s(settings: Settings) -> float:
+    """How long one submit try may take: a fresh login, the submit command, and a margin
+    for the worker's own bookkeeping. A worker not heard of past it is gone."""
+    return settings.admin_login_timeout_s + settings.admin_command_timeout_s + TRY_MARGIN_S
+
+
+def count_retry(rt: Runtime, job_id: uuid.UUID, next_try_in_s: float | None = None) -> None:
+    """One more transient retry of this job's pipeline (a metric), and, for a submit in
+    flight, when its worker will be heard of again: the next try's start plus one try."""
     with unit_of_work(rt.sessions) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is not None:
             job.retries += 1
+            if job.state == JobState.DISPATCHING and next_try_in_s is not None:
+                due_in_s = next_try_in_s + submit_try_s(rt.settings)
+                job.step_due_at = rt.clock() + timedelta(seconds=due_in_s)

@@ -22,7 +22,14 @@ from sqlalchemy.orm import Session
 
 from app.adapters.s3_bundles import parse_s3_definition
 from app.errors import InvalidRequest, NotFound
-from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
+from app.schemas import (
+    EnqueueJob,
+    ReportedStatus,
+    ReportJobStatus,
+    job_id_for,
+    storable,
+    unstorable,
+)
 from app.settings import Settings
 from models import (
     ACTIVE_JOB_STATES,
@@ -156,10 +163,23 @@ def enqueue_job(
             known = ", ".join(n.name for n in settings.nets) or "none"
             raise InvalidRequest(f"unknown net {request.net!r} (known: {known})") from None
         sites = sites or list(net_config.required_sites)
+        lacking = net_config.lacks(sites)
+        if lacking:
+            assert net_config.sites is not None  # lacks() finds nothing otherwise
+            raise InvalidRequest(
+                f"required sites {lacking} are not on net {net_config.name}: "
+                f"{net_config.name} has {', '.join(net_config.sites)}"
+            )
     if not sites:
         raise InvalidRequest("required_sites is empty and no net default applies")
     if not settings.nets:
         raise InvalidRequest("no nets are configured, so no job can run")
+    if request.net is None and all(n.lacks(sites) for n in settings.nets):
+        # Every net declares its sites and none has them all: the job could never start.
+        raise InvalidRequest(
+            f"no net has every site in {sites}; "
+            + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
+        )
     definition = resolve_definition(settings, request.definition)
 
     job = Job.new(
@@ -362,7 +382,19 @@ def add_stray_run(
     reason: str,
     now: datetime,
 ) -> None:
-    """Record a run the net's server may hold that no job counts (see models.StrayRun)."""
+    """Record a run the net's server may hold that no job counts (see models.StrayRun).
+    A run already recorded (the same job's run on the same net, known by its id or its
+    token) stays one stray, completed with what this call knows: every live run is counted
+    once."""
+    for known in session.scalars(
+        select(StrayRun).where(StrayRun.net_name == net_name, StrayRun.job_id == job_id)
+    ):
+        same_id = nvflare_job_id is not None and known.nvflare_job_id == nvflare_job_id
+        same_token = submit_token is not None and known.submit_token == submit_token
+        if same_id or same_token:
+            known.nvflare_job_id = known.nvflare_job_id or nvflare_job_id
+            known.submit_token = known.submit_token or submit_token
+            return
     session.add(
         StrayRun(
             net_name=net_name,
@@ -509,10 +541,13 @@ def record_rejection(
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
     the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
     retention until it is."""
+    # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
+    # itself is never lost; no job could ever have had such a key, hence no job id.
+    valid_key = caller_key is not None and unstorable(caller_key) is None
     rejection = RejectedRequest(
-        job_id=job_id_for(caller_key) if caller_key else None,
-        caller_key=caller_key,
-        reason=reason[:4000],
+        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
+        caller_key=storable(caller_key) if caller_key is not None else None,
+        reason=storable(reason)[:4000],
         at=now,
     )
     session.add(rejection)
@@ -549,9 +584,10 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
             # Its submit may be in flight: stopped like an abort (ABORTING, the server told),
             # so the net is not handed to the next job while this one's run may still land.
             return abort_job(session, job.id, reason, now).state
-        if job.state == JobState.RUNNING and job.net_name is not None:
-            # NVFLARE has not said the run is over: until its server does, the run counts
-            # for nobody and must not have the next job beside it.
+        if job.state in (JobState.RUNNING, JobState.ABORTING) and job.net_name is not None:
+            # NVFLARE has not said the run is over (an ABORTING job's abort may not have
+            # reached its server yet): until its server does, the run counts for nobody and
+            # must not have the next job beside it.
             add_stray_run(
                 session,
                 net_name=job.net_name,
