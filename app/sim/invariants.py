@@ -485,8 +485,11 @@ class Checker:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no
         active job): assign runs every tick and after every release."""
         busy = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
+        declared = self.sim.declared_net
         free = [
-            n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES and n.name not in busy
+            n.name
+            for n in self.nets
+            if n.state in ASSIGNABLE_NET_STATES and n.name not in busy and declared(n.name)
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):

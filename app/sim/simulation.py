@@ -425,6 +425,8 @@ class Simulation:
 
     def trace(self, line: str) -> None:
         if self.tracing:
+            # Hostile payloads put lone surrogates in labels: printable all the same.
+            line = line.encode("utf-8", "backslashreplace").decode("utf-8")
             self.lines.append(f"{self.clock.t:8.2f} {line}")
 
     # --- hooks the fakes, sessions and outbox call ------------------------------------------
