@@ -69,7 +69,7 @@ class Host(Protocol):
 
     def hook(self, point: str, net: str | None) -> None: ...
 
-    def on_submit(self, net: str, token: str) -> None: ...
+    def on_submit(self, net: str, token: str, folder: Path) -> None: ...
 
     def on_scale(self, net: str, replicas: int) -> None: ...
 
@@ -557,7 +557,7 @@ class SimAdmin:
     def submit(self, job_folder: Path, submit_token: str) -> str:
         host = self.cluster.host
         server = self._reach("submit")
-        host.on_submit(self.net, submit_token)
+        host.on_submit(self.net, submit_token, job_folder)
         run = self.cluster.submit(server, submit_token, host.clock.t)
         host.hook("admin.submit.after", self.net)
         self._lose_reply("submit")

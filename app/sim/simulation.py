@@ -38,6 +38,14 @@ from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.sim import messages
+from app.sim.bundles import (
+    S3_DEFINITION,
+    FakeS3,
+    LocalBundle,
+    remove_tree,
+    serving,
+    version_of,
+)
 from app.sim.clock import SimClock, seconds_of
 from app.sim.db import memory_db, scratch_dir
 from app.sim.fakes import Cluster, SimAdmin
@@ -64,6 +72,9 @@ from models import ASSIGNABLE_NET_STATES, NetState
 T = TypeVar("T")
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
+
+
+_SIMULATIONS = itertools.count()  # each simulation's folder in this process
 
 
 class WorkerKilled(BaseException):
@@ -156,19 +167,25 @@ class HookedSessions:
 
 
 def settings_for(
-    world: WorldSpec, per_job_fl_server: bool, declared: Declared | None = None
+    world: WorldSpec,
+    per_job_fl_server: bool,
+    declared: Declared | None = None,
+    root: Path | None = None,
 ) -> Settings:
     """Settings as the deployment's environment would give them, for this world (and what
-    NETS declares after redeploys)."""
-    root = scratch_dir()
-    kit = root / "kit"
-    (kit / "startup").mkdir(parents=True, exist_ok=True)
-    (kit / "startup" / "fed_admin.json").write_text("{}")
-    # A minimal bundle as NVFLARE exports one: an app folder and a meta.json deploy map.
-    (root / "jobs" / "job" / "app" / "config").mkdir(parents=True, exist_ok=True)
-    (root / "jobs" / "job" / "meta.json").write_text(
-        '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
-    )
+    NETS declares after redeploys); `root` holds the simulation's job root and data folder
+    (its bundles, caches and prepared copies are its own)."""
+    kit = scratch_dir() / "kit"
+    if not (kit / "startup" / "fed_admin.json").is_file():
+        (kit / "startup").mkdir(parents=True, exist_ok=True)
+        (kit / "startup" / "fed_admin.json").write_text("{}")
+    if root is None:
+        root = scratch_dir()
+        # A minimal bundle as NVFLARE exports one: an app folder and a meta.json deploy map.
+        (root / "jobs" / "job" / "app" / "config").mkdir(parents=True, exist_ok=True)
+        (root / "jobs" / "job" / "meta.json").write_text(
+            '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
+        )
     nets = []
     per_job = declared.per_job if declared is not None else {}
     for net in declared.nets if declared is not None else world.nets:
@@ -282,7 +299,11 @@ class Simulation:
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server
         self.declared = Declared(list(world.nets), {})
-        self.settings = settings_for(world, self.per_job_fl_server, self.declared)
+        self.root = scratch_dir() / f"sim-{next(_SIMULATIONS)}"
+        self.local_bundle = LocalBundle(self.root / "jobs", self)
+        placeholders = random.Random(f"{seed}/bundles").random() < 0.5
+        self.s3 = FakeS3(self, placeholders=placeholders)
+        self.settings = self._settings()
         self._scales: dict[str, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
         self._events: list[tuple[float, int, str, Callable[[], None]]] = []
@@ -369,6 +390,9 @@ class Simulation:
             callbacks_uc.send_after_commit(kicker)
         rt.sessions = HookedSessions(factory, self)  # type: ignore[assignment]
         return rt
+
+    def _settings(self) -> Settings:
+        return settings_for(self.world, self.per_job_fl_server, self.declared, self.root)
 
     def _receiver_down_before(self, failures: int) -> None:
         """The world starts in the middle of a long receiver outage: `failures` tries in a
@@ -482,16 +506,18 @@ class Simulation:
             return self.rng_msg.choice(conflicting)
         return self.rng_msg.choice(due)
 
-    def on_submit(self, net: str, token: str) -> None:
+    def on_submit(self, net: str, token: str, folder: Path) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this
-        net passed the readiness check (wait_ready), as the chain promises."""
+        net passed the readiness check (wait_ready), as the chain promises, and carry its
+        bundle as it was when this attempt was claimed, or newer."""
         row = self.conn.execute(
-            "SELECT state, net_name, assigned_at, submit_token FROM jobs WHERE id = ?",
+            "SELECT state, net_name, assigned_at, submit_token, definition FROM jobs WHERE id = ?",
             (token[:36].replace("-", ""),),
         ).fetchone()
         if row is None:
             return
-        state, job_net, assigned_at, job_token = row
+        state, job_net, assigned_at, job_token, definition = row
+        self._check_bundle(token, definition, assigned_at, folder)
         if job_net == net and self.ready_seen.get((token[:36], net)) == assigned_at:
             return
         self.checker.report(
@@ -500,6 +526,24 @@ class Simulation:
             f"submit {token[-2:]} reached {net} while the job is {state} on {job_net}"
             f" (token {str(job_token)[-2:]}) without a readiness check for this assignment",
         )
+
+    def _check_bundle(self, token: str, definition: str, assigned_at: str, folder: Path) -> None:
+        bundle = self.s3.bundle if definition == S3_DEFINITION else self.local_bundle.bundle
+        submitted = version_of(folder)
+        claimed = bundle.version_at(seconds_of(datetime.fromisoformat(assigned_at)))
+        if submitted is None:
+            self.checker.report(
+                "submitted-bundle-current",
+                f"submit {token[:8]}-{token[37:]}",
+                f"the folder it submits ({folder.name}) is gone or has no {definition} VERSION",
+            )
+        elif submitted < claimed:
+            self.checker.report(
+                "submitted-bundle-current",
+                f"submit {token[:8]}-{token[37:]}",
+                f"carries {definition} v{submitted}; v{claimed} was current when this attempt"
+                f" was claimed (now v{bundle.version})",
+            )
 
     def on_scale(self, net: str, replicas: int) -> None:
         """A scale-down must never take a server from under an active job."""
@@ -717,7 +761,7 @@ class Simulation:
         for job in self.workload.jobs:
             payload: dict[str, object] = {
                 "caller_key": job.key,
-                "definition": "job",
+                "definition": job.definition,
                 "required_sites": list(job.sites),
                 "priority": job.priority,
             }
@@ -822,6 +866,15 @@ class Simulation:
                     f"someone scales {name} by hand",
                     functools.partial(self._drift, name),
                 )
+        changes = random.Random(f"{self.seed}/bundle-changes")
+        if not p.clean and changes.random() < 0.5:
+            for _ in range(changes.randint(1, 3)):
+                which = changes.choice((self.local_bundle, self.s3))
+                self.at(
+                    changes.uniform(0, horizon),
+                    f"bundle {which.bundle.definition} replaced",
+                    which.replace,
+                )
         loss = random.Random(f"{self.seed}/reply-loss")
         for net in self.world.nets:
             for _ in range(_poisson(loss, p.reply_loss_rate * horizon / 3600)):
@@ -889,7 +942,7 @@ class Simulation:
         at 1 replica each scalable net that is always-on now and was not before."""
         t = self.clock.t
         before = {n.name: self.scales_to_zero(n.name) for n in self.declared.nets}
-        self.settings = settings_for(self.world, self.per_job_fl_server, self.declared)
+        self.settings = self._settings()
         self._scales = {}
         self.trace(f"== redeploy: {what}")
         for slot in (0, 1):
@@ -941,11 +994,13 @@ class Simulation:
 
         logging.disable(logging.CRITICAL)
         try:
-            return self._run()
+            with serving(self.s3):
+                return self._run()
         finally:
             logging.disable(logging.NOTSET)
             self.engine.dispose()
             self.conn.close()
+            remove_tree(self.root)
 
     def run_then(self, read: Callable[[Simulation], T]) -> tuple[Result, T]:
         """`run()`, then `read(self)` while the database is still open (figures a caller
@@ -954,12 +1009,14 @@ class Simulation:
 
         logging.disable(logging.CRITICAL)
         try:
-            result = self._run()
+            with serving(self.s3):
+                result = self._run()
             return result, read(self)
         finally:
             logging.disable(logging.NOTSET)
             self.engine.dispose()
             self.conn.close()
+            remove_tree(self.root)
 
     def _calm(self) -> Calm:
         """fast_forward: which beat loops have something to do now, and when the world next

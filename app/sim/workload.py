@@ -4,6 +4,7 @@ from a trace file instead and hands them to the same `Simulation`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class JobSpec:
     net: str | None = None
     sites: tuple[str, ...] = SITES
     priority: int = 0
+    definition: str = "job"  # a folder under JOB_ROOT, or app.sim.bundles.S3_DEFINITION
     # flip-api's own JSON object, sent as is (None: none sent).
     metadata: dict[str, Any] | None = None
     max_attempts: int | None = None
@@ -217,6 +219,8 @@ def random_workload(
                 priority=rng.choice((0, 0, 0, 5)),
             )
         )
+        if caller.random() < 0.3:
+            jobs[-1] = dataclasses.replace(jobs[-1], definition="s3://sim-bundles/jobs/fedavg")
         if caller.random() < 0.35:
             # Hostile but valid (or just past a limit): a caller key of the longest length,
             # metadata at every edge, the most attempts, the lowest priority.
@@ -229,6 +233,7 @@ def random_workload(
                 priority=caller.choice((-1000, 0, 1000)),
                 metadata=hostile_metadata(caller),
                 max_attempts=caller.choice((None, 1, 100)),
+                definition=jobs[-1].definition,
             )
             key = jobs[-1].key
         aborted = False
