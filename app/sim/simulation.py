@@ -998,7 +998,7 @@ class Simulation:
                 return self._run()
         finally:
             logging.disable(logging.NOTSET)
-            self.engine.dispose()
+            self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)
 
@@ -1014,7 +1014,7 @@ class Simulation:
             return result, read(self)
         finally:
             logging.disable(logging.NOTSET)
-            self.engine.dispose()
+            self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)
 
