@@ -134,8 +134,10 @@ class Bounds:
         self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
         self.max_run = world.max_run_s + 3 * tick + common
         self.finishing = world.report_timeout_s + 2 * tick + common
-        # Every job ends within this long after faults stop: a human's fix of a broken
-        # setting, then a whole run, then some ticks.
+        # Every job ends within `liveness_s(its max_attempts)` after faults stop: a human's
+        # fix of a broken setting, each attempt given up at its readiness deadline and
+        # waiting its turn again, then a whole run, then some ticks.
+        self.per_attempt = max(self.assigned.values()) + self.starved
         self.liveness = HUMAN_FIX_DELAY_S + world.max_run_s + 8 * tick
 
 
@@ -559,6 +561,10 @@ class Checker:
             reasons += [f"callbacks {line}" for line in self.undelivered()]
         return reasons
 
+    def liveness_s(self, max_attempts: int) -> float:
+        """How long after faults stop a job with this many attempts must have ended."""
+        return self.bounds.liveness + max_attempts * self.bounds.per_attempt
+
     def undelivered(self) -> list[str]:
         """Job events and refused enqueues neither delivered (the receiver accepted them) nor
         visibly undeliverable (settled as failed, with the error kept on the job's cursor or
@@ -618,16 +624,19 @@ class Checker:
             if reason == "messages pending":
                 continue
             subject = reason.split(" ", 2)[0] + " " + reason.split(" ")[1]
-            bound = self.bounds.liveness
+            t = self.sim.clock.t - self.sim.workload.horizon_s
             if reason.startswith("job "):
                 self.report(
-                    "liveness", subject, f"{reason}: not ended {bound:.0f}s after faults stopped"
+                    "liveness",
+                    subject,
+                    f"{reason}: not ended {t:.0f}s after faults stopped (bound: "
+                    f"{self.bounds.liveness:.0f}s + max_attempts x {self.bounds.per_attempt:.0f}s)",
                 )
             elif reason.startswith("callbacks "):
                 self.report(
                     "callback-delivered",
                     subject,
-                    f"{reason} {bound:.0f}s after faults stopped",
+                    f"{reason} {t:.0f}s after faults stopped",
                 )
             else:
                 self.report("quiescence", subject, reason)

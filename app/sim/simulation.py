@@ -1145,7 +1145,8 @@ class Simulation:
         beats = beat_loops(self.world)
         next_beat = [period for _, period in beats]
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
-        deadline = self.workload.horizon_s + checker.bounds.liveness
+        attempts = max(j.max_attempts or self.world.max_attempts for j in self.workload.jobs)
+        deadline = self.workload.horizon_s + checker.liveness_s(attempts)
         settled_ticks = 0
         while True:
             now = self.clock.t
