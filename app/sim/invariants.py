@@ -8,6 +8,7 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -560,6 +561,36 @@ class Checker:
         if sim.world.callbacks:
             reasons += [f"callbacks {line}" for line in self.undelivered()]
         return reasons
+
+    def storable(self) -> None:
+        """Every text the run stored could be stored on PostgreSQL too (the simulation's
+        SQLite takes anything): no NUL in a text column, no lone surrogate in a JSON one
+        (json.dumps escapes it; PostgreSQL refuses the escape's value in text it extracts,
+        and no callback can encode it)."""
+        conn = self.sim.conn
+        texts = {
+            "jobs": ("caller_key", "definition", "last_error"),
+            "job_events": ("reason",),
+            "net_events": ("reason",),
+            "nets": ("last_error",),
+            "stray_runs": ("reason",),
+            "rejected_requests": ("caller_key", "reason", "callback_last_error"),
+            "callback_cursors": ("last_error",),
+        }
+        for table, columns in texts.items():
+            for column in columns:
+                row = conn.execute(
+                    f"SELECT rowid, {column} FROM {table} WHERE instr({column}, char(0)) > 0"  # noqa: S608 (our own names)
+                ).fetchone()
+                if row is not None:
+                    self.report(
+                        "postgres-storable", f"{table}.{column}", f"row {row[0]} holds a NUL"
+                    )
+        for (text,) in conn.execute("SELECT metadata FROM jobs WHERE metadata IS NOT NULL"):
+            try:
+                json.dumps(json.loads(text), ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                self.report("postgres-storable", "jobs.metadata", "holds a lone surrogate")
 
     def liveness_s(self, max_attempts: int) -> float:
         """How long after faults stop a job with this many attempts must have ended."""

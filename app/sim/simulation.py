@@ -1206,6 +1206,8 @@ class Simulation:
                 if now > deadline:
                     checker.quiescence(reasons)
                     break
+        if self.check_invariants:
+            checker.storable()
         self.cluster.advance(self.clock.t)  # timed changes nobody looked at since
         self.stats["sim_s"] = round(self.clock.t, 1)
         self.stats["runs"] = len(self.cluster.runs)
