@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import dispatch
+from app.usecases import abort, dispatch, services
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -20,6 +20,9 @@ def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
         NETS=json.dumps([net_decl(tmp_path, "fixed", "static")]),
         PER_JOB_FL_SERVER="true",
     )
+    # The redeploy restarts the workers: no adapter built from the old settings survives.
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
 
 
 @pytest.mark.xfail(
@@ -46,3 +49,23 @@ def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_pat
 
     assert result.step.ends_chain
     assert world.job(job_id).state != JobState.RUNNING
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sweep seed 33 (no-escape abort_on_server: KeyError): an abort in flight for a "
+    "job on a net a redeploy removed asks for the net's admin client, which reads settings",
+)
+def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_reconcile(
+    world, tmp_path, job_root
+):
+    """flip-api aborts a RUNNING job on net-a; the redeploy that drops net-a lands before the
+    worker runs abort_on_server: it must leave the job to reconcile (fix 7 aborts it), not
+    raise KeyError."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "user", world.clock())
+    _redeploy_without_net_a(world, tmp_path, job_root)
+
+    assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)
