@@ -278,7 +278,14 @@ class Checker:
         row = next((n for n in self.nets if n.name == net), None)
         if row is None or row.state not in ASSIGNABLE_NET_STATES:
             return False
-        return any(j.state == J.QUEUED and j.requested_net in (None, net) for j in self.jobs)
+        # Only a job that could be claimed: one waiting for its own stray run (on this net
+        # or another) cannot run here, so it keeps no server up.
+        return any(
+            j.state == J.QUEUED
+            and j.requested_net in (None, net)
+            and not self._waits_for_its_stray(j.id)
+            for j in self.jobs
+        )
 
     # --- the checks ----------------------------------------------------------------------------
 
