@@ -247,6 +247,11 @@ def random_workload(
             events.append(
                 CallerEvent(at if trigger is None else arrive, key, "abort", "", trigger, text)
             )
+        if aborted and caller.random() < 0.3:
+            # flip-api says a job stopped while its abort is still under way (ABORTING).
+            status = caller.choice(REPORTED_STATUSES)
+            text = hostile_text(caller, 2000) if caller.random() < 0.3 else ""
+            events.append(CallerEvent(arrive, key, "report", status, "ABORTING", text))
         if rng.random() < report_p:
             status = rng.choice(("results_uploaded", "error", "stopped"))
             at = round(arrive + rng.uniform(5, 200), 1)
