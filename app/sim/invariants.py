@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 J = JobState
 N = NetState
+BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,10 @@ class Checker:
                     f"{src} -> {dst} (last seen {previous}): {reason}",
                 )
             self._job_state[job_id] = JobState(dst)
+            if dst == J.FAILED and reason.startswith(BUNDLE_REFUSED):
+                # Every bundle the simulation serves is usable (a folder under JOB_ROOT, an
+                # S3 prefix with a deploy map, the console's folder placeholders at most).
+                self.report("bundle-refused", f"job {job_id[:8]}", reason[:300])
         for event_id, net, src, dst, reason in conn.execute(
             "SELECT id, net_name, from_state, to_state, reason FROM net_events"
             " WHERE id > ? ORDER BY id",
