@@ -324,6 +324,8 @@ class Checker:
                     f"{src} -> {dst} (last seen {previous}): {reason}",
                 )
             self._job_state[job_id] = JobState(dst)
+            if dst == J.QUEUED and src is not None:
+                self.sim.on_requeued(job_id)
             if dst == J.FAILED and reason.startswith(BUNDLE_REFUSED):
                 # Every bundle the simulation serves is usable (a folder under JOB_ROOT, an
                 # S3 prefix with a deploy map, the console's folder placeholders at most).

@@ -303,6 +303,10 @@ class Simulation:
         self.local_bundle = LocalBundle(self.root / "jobs", self)
         placeholders = random.Random(f"{seed}/bundles").random() < 0.5
         self.s3 = FakeS3(self, placeholders=placeholders)
+        adversary = random.Random(f"{seed}/bundle-adversary")
+        self._bundle_adversary = (
+            adversary if not profile.clean and adversary.random() < 0.5 else None
+        )
         self.settings = self._settings()
         self._scales: dict[str, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
@@ -544,6 +548,17 @@ class Simulation:
                 f"carries {definition} v{submitted}; v{claimed} was current when this attempt"
                 f" was claimed (now v{bundle.version})",
             )
+
+    def on_requeued(self, job_id: str) -> None:
+        """The adversary's moment for a bundle change: between two attempts of a job (in
+        half the worlds, half the time)."""
+        if not self._bundle_adversary or self._bundle_adversary.random() < 0.5:
+            return
+        spec = self.job_spec(job_id)
+        if spec is None:
+            return
+        which = self.s3 if spec.definition == S3_DEFINITION else self.local_bundle
+        self.at(self.clock.t, f"bundle {spec.definition} replaced between attempts", which.replace)
 
     def on_scale(self, net: str, replicas: int) -> None:
         """A scale-down must never take a server from under an active job."""
