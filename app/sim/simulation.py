@@ -558,7 +558,8 @@ class Simulation:
         if spec is None:
             return
         which = self.s3 if spec.definition == S3_DEFINITION else self.local_bundle
-        self.at(self.clock.t, f"bundle {spec.definition} replaced between attempts", which.replace)
+        self.trace(f"== bundle {spec.definition} replaced between attempts of {job_id[:8]}")
+        which.replace()
 
     def on_scale(self, net: str, replicas: int) -> None:
         """A scale-down must never take a server from under an active job."""
