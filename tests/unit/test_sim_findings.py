@@ -25,11 +25,6 @@ def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
     world.rt._drivers.clear()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sweep seeds 3, 23 (no-escape wait_ready: KeyError): a chain step in flight for "
-    "a net a redeploy removed reads its settings first and raises KeyError",
-)
 @pytest.mark.parametrize("step", ["start", "check_ready", "dispatch"])
 def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_path, job_root, step):
     """The chain of a job claimed onto net-a is in flight when a redeploy drops net-a from
@@ -51,11 +46,6 @@ def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_pat
     assert world.job(job_id).state != JobState.RUNNING
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sweep seed 33 (no-escape abort_on_server: KeyError): an abort in flight for a "
-    "job on a net a redeploy removed asks for the net's admin client, which reads settings",
-)
 def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_reconcile(
     world, tmp_path, job_root
 ):
