@@ -58,8 +58,8 @@ def prepare(
     `min_clients` is their number, and a `resource_spec` in the metadata is passed through.
     The original bundle is never changed. InvalidRequest when no deploy map can be made.
 
-    A copy is keyed by what it is built from (`built_from`: every file's path, size and
-    modification time, the sites and the resource spec), so a bundle replaced between two
+    A copy is keyed by what it is built from (`built_from`: every file's path and content,
+    the sites and the resource spec), so a bundle replaced between two
     attempts (an S3 object changed, a job folder edited) gets a new copy and is submitted as
     it is now, never as an earlier attempt saw it.
 
@@ -100,14 +100,19 @@ def built_from(
 ) -> str:
     """A short digest of everything a prepared copy is made from."""
     digest = hashlib.sha256()
-    for relative, stat in _files(bundle):
-        digest.update(os.fsencode(relative) + f"\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    for relative, path in _files(bundle):
+        # The content itself, not the size and mtime: a reproducible build or an unpacked
+        # archive gives every version the same mtimes. Reading it costs about what the
+        # copy it keys costs.
+        with open(path, "rb") as handle:
+            content = hashlib.file_digest(handle, "sha256").hexdigest()
+        digest.update(os.fsencode(relative) + f"\0{content}\n".encode())
     spec = (metadata or {}).get("resource_spec")
     digest.update(json.dumps([list(required_sites), spec], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
-def _files(bundle: Path) -> list[tuple[str, os.stat_result]]:
+def _files(bundle: Path) -> list[tuple[str, str]]:
     """Every file the copy will hold, as `copytree(symlinks=False)` sees them: linked
     folders are followed (a folder met again through a link loop is not), and any file name
     the disk holds is fine (bytes that are not UTF-8 are kept as surrogate escapes)."""
@@ -123,7 +128,7 @@ def _files(bundle: Path) -> list[tuple[str, os.stat_result]]:
         for name in sorted(files):
             path = os.path.join(top, name)
             if os.path.isfile(path):
-                found.append((os.path.relpath(path, bundle), os.stat(path)))
+                found.append((os.path.relpath(path, bundle), path))
     return found
 
 

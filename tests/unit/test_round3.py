@@ -81,6 +81,27 @@ def test_a_bundle_changed_between_attempts_is_submitted_as_it_is_now(world, job_
     assert (second / "app" / "config" / "train.py").read_text() == "v2"
 
 
+def test_a_bundle_rebuilt_with_the_same_sizes_and_mtimes_is_submitted_as_it_is_now(
+    world, job_root
+):
+    # A reproducible build (or an unpacked archive) gives every version the same mtimes:
+    # the simulator's sweep found the copy keyed by size and mtime reused (seed 34).
+    import os
+
+    script = job_root / "tiny-job" / "app" / "config" / "train.py"
+    script.write_text("v1")
+    os.utime(script, ns=(10**18, 10**18))
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, job_id, "server restarted", world.clock())
+    script.write_text("v2")
+    os.utime(script, ns=(10**18, 10**18))
+    world.run_pipeline(job_id)
+    second = world.server("net-a").folders[-1]
+    assert (second / "app" / "config" / "train.py").read_text() == "v2"
+
+
 def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
