@@ -162,6 +162,7 @@ def _unknown_submit(world):
     with pytest.raises(ServerUnavailable):
         dispatch.dispatch(world.rt, job_id, "net-a", 0)
     world.server("net-a").submit_error = None
+    world.clock.advance(dispatch.submit_try_s(world.rt.settings) + 1)  # its holder is gone
     return job_id
 
 

@@ -27,6 +27,8 @@ def _unknown_submit(world, net: str = "net-a"):
         dispatch.dispatch(world.rt, job_id, net, 0)
     world.server(net).submit_error = None
     assert world.job(job_id).state == JobState.DISPATCHING
+    # No worker holds it any more: its lease (renewed right before the submit) has passed.
+    world.clock.advance(dispatch.submit_try_s(world.rt.settings) + 1)
     return job_id
 
 
