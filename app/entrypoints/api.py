@@ -1,7 +1,8 @@
 """The status HTTP API: every net and job at a glance, enqueue and abort, health, metrics.
 
 Served by uvicorn (`fl-dispatcher api`, or
-`uvicorn --factory app.entrypoints.api:app_from_env`). Read routes are open; mutating
+`uvicorn --factory app.entrypoints.api:app_from_env`). Read routes (the nets page among
+them) are open; mutating
 routes need `X-API-Key: $API_SECRET` and are disabled while API_SECRET is unset.
 
 This module is the HTTP door only: routing, authentication, error handlers. What a route
@@ -25,12 +26,13 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
+from app.entrypoints import nets_page
 from app.entrypoints.responses import (
     AbortRequested,
     Enqueued,
@@ -48,6 +50,7 @@ from app.readiness import check_ready
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.usecases import intake
+from app.usecases.net_history import nets_overview
 from app.usecases.views import collect_status, job_detail, list_jobs, parse_job_state
 from models import IllegalTransition
 
@@ -222,6 +225,27 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def fl_status() -> dict[str, Any]:
         """Every configured net and the queue; a failing net reports its own error."""
         return collect_status(ctx.runtime, ctx.prober, ctx.probe_timeout_s)
+
+    @app.get(
+        "/nets",
+        tags=["status"],
+        response_class=HTMLResponse,
+        responses={
+            200: {"description": "The nets page (HTML, self-contained)."},
+            **error_responses(400, 503),
+        },
+    )
+    def get_nets_page(
+        net: Annotated[str | None, Query(description="one declared net only")] = None,
+    ) -> HTMLResponse:
+        """Every net's last 24 h, current job, queue, cold starts, idle grace and last
+        error, and the recent jobs with their history; reloads itself."""
+        settings = ctx.runtime.settings
+        if net is not None and net not in {n.name for n in settings.nets}:
+            raise InvalidRequest(f"unknown net {net!r}")
+        with ctx.runtime.sessions() as session:
+            overview = nets_overview(session, settings, ctx.runtime.clock(), net=net)
+        return HTMLResponse(nets_page.render(overview))
 
     @app.get(
         "/jobs", tags=["jobs"], response_model=JobList, responses=error_responses(400, 422, 503)

@@ -1,0 +1,349 @@
+"""Read model of the nets page (GET /nets): each net's last day from its history, and the
+recent jobs with theirs.
+
+Reads only. Every query is bounded by the page, not by the history: the window's moves are
+found by the `at` indexes of net_events and job_events (migration 0007), the recent jobs by
+jobs' `state_changed_at` index and their moves by `job_id`, and the rest are current rows
+(nets, active and queued jobs, stray runs). So a year of history costs what a day does.
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from app.metrics import cold_starts
+from app.settings import Settings
+from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, NetState, StrayRun
+
+WINDOW = timedelta(hours=24)
+RECENT_JOBS = 30  # jobs shown with their history, most recently changed first
+COLD_STARTS_SHOWN = 5
+
+# What a timeline segment shows: the net's state, except that a BUSY net whose job is
+# FINISHING (its run is over, its results are being uploaded) is told apart.
+KIND_OF_STATE: dict[NetState, str] = {
+    NetState.STOPPED: "down",
+    NetState.STARTING: "starting",
+    NetState.READY: "up",
+    NetState.BUSY: "busy",
+    NetState.STOPPING: "stopping",
+    NetState.UNHEALTHY: "unhealthy",
+    NetState.OUTAGE: "outage",
+    NetState.MISCONFIGURED: "misconfigured",
+}
+FINISHING = "finishing"
+UNKNOWN = "unknown"  # before the net's first recorded move
+KINDS: tuple[str, ...] = ("up", "starting", "busy", FINISHING, "stopping", "down")
+KINDS += ("unhealthy", "outage", "misconfigured", UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    id: uuid.UUID
+    caller_key: str
+    state: JobState
+    since: datetime
+    attempts: int
+
+
+@dataclass(frozen=True)
+class NetPanel:
+    name: str
+    state: NetState | None  # None: no row yet (the worker creates it at start)
+    since: datetime | None
+    always_on: bool
+    idle_timeout_s: float
+    segments: list[Segment]
+    active_job: ActiveJob | None
+    queued_here: int  # QUEUED jobs pinned to this net
+    cold_starts_s: list[float]  # completed in the window, oldest first
+    idle_left_s: float | None  # READY scale-to-zero net: grace left (negative: overdue)
+    strays: int
+    last_error: str | None
+
+    @property
+    def needs_attention(self) -> bool:
+        bad_state = self.state in (NetState.MISCONFIGURED, NetState.OUTAGE, NetState.UNHEALTHY)
+        overdue = self.idle_left_s is not None and self.idle_left_s < 0
+        return bad_state or self.strays > 0 or overdue
+
+    @property
+    def median_cold_start_s(self) -> float | None:
+        return statistics.median(self.cold_starts_s) if self.cold_starts_s else None
+
+
+@dataclass(frozen=True)
+class Move:
+    state: JobState
+    at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobHistory:
+    id: uuid.UUID
+    caller_key: str
+    net: str | None
+    state: JobState
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    moves: list[Move]
+
+
+@dataclass(frozen=True)
+class Overview:
+    now: datetime
+    since: datetime
+    net_filter: str | None
+    nets: list[NetPanel]
+    queued: int
+    queued_anywhere: int  # QUEUED jobs that take any net
+    oldest_queued_at: datetime | None
+    jobs: list[JobHistory]
+    nets_by_state: dict[str, int] = field(default_factory=dict)
+
+
+def nets_overview(
+    session: Session,
+    settings: Settings,
+    now: datetime,
+    *,
+    net: str | None = None,
+    jobs_limit: int = RECENT_JOBS,
+) -> Overview:
+    """The declared nets (one of them with `net`), their last day, and the recent jobs."""
+    since = now - WINDOW
+    configs = [n for n in settings.nets if net is None or n.name == net]
+    names = {n.name for n in configs}
+    net_rows = select(Net.name, Net.state, Net.state_changed_at, Net.idle_since, Net.last_error)
+    if net is not None:
+        net_rows = net_rows.where(Net.name == net)
+    rows: dict[str, tuple[NetState, datetime, datetime | None, str | None]] = {
+        name: (state, changed, idle_since, error)
+        for name, state, changed, idle_since, error in session.execute(net_rows)
+        if name in names
+    }
+    moves = _net_moves(session, since, net)
+    finishing = _finishing_spans(session, since, now, net)
+    active = {
+        j.net_name: ActiveJob(j.id, j.caller_key, j.state, j.state_changed_at, j.attempts)
+        for j in session.execute(
+            select(Job.net_name, Job.id, Job.caller_key, Job.state, Job.state_changed_at)
+            .add_columns(Job.attempts)
+            .where(Job.state.in_(ACTIVE_JOB_STATES))
+        )
+    }
+    queued_by_net: dict[str | None, int] = {
+        requested: int(count)
+        for requested, count in session.execute(
+            select(Job.requested_net, func.count())
+            .where(Job.state == JobState.QUEUED)
+            .group_by(Job.requested_net)
+        )
+    }
+    oldest = session.scalar(select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED))
+    strays = dict(
+        session.execute(select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)).all()
+    )
+
+    panels = []
+    for config in configs:
+        row = rows.get(config.name)
+        state, changed, idle_since, error = row if row else (None, None, None, None)
+        net_moves = moves.get(config.name, [])
+        idle_left = None
+        if state == NetState.READY and idle_since is not None and not config.always_on:
+            idle_left = config.idle_timeout_s - (now - idle_since).total_seconds()
+        panels.append(
+            NetPanel(
+                name=config.name,
+                state=state,
+                since=changed,
+                always_on=config.always_on,
+                idle_timeout_s=config.idle_timeout_s,
+                segments=timeline(
+                    state, net_moves, finishing.get(config.name, []), since=since, now=now
+                ),
+                active_job=active.get(config.name),
+                queued_here=queued_by_net.get(config.name, 0),
+                cold_starts_s=cold_starts(_Moved(config.name, f, t, at) for f, t, at in net_moves),
+                idle_left_s=idle_left,
+                strays=int(strays.get(config.name, 0)),
+                last_error=error,
+            )
+        )
+    by_state: dict[str, int] = defaultdict(int)
+    for panel in panels:
+        by_state[panel.state.value if panel.state else "NO ROW"] += 1
+    return Overview(
+        now=now,
+        since=since,
+        net_filter=net,
+        nets=panels,
+        queued=sum(queued_by_net.values()),
+        queued_anywhere=queued_by_net.get(None, 0),
+        oldest_queued_at=oldest,
+        jobs=recent_jobs(session, jobs_limit, net),
+        nets_by_state=dict(by_state),
+    )
+
+
+@dataclass
+class _Moved:
+    net_name: str
+    from_state: NetState | None
+    to_state: NetState
+    at: datetime
+
+
+def _net_moves(
+    session: Session, since: datetime, net: str | None
+) -> dict[str, list[tuple[NetState | None, NetState, datetime]]]:
+    """Each net's moves inside the window, oldest first (ix_net_events_at)."""
+    stmt = (
+        select(NetEvent.net_name, NetEvent.from_state, NetEvent.to_state, NetEvent.at)
+        .where(NetEvent.at >= since)
+        .order_by(NetEvent.at, NetEvent.id)
+    )
+    if net is not None:
+        stmt = stmt.where(NetEvent.net_name == net)
+    moves: dict[str, list[tuple[NetState | None, NetState, datetime]]] = defaultdict(list)
+    for name, from_state, to_state, at in session.execute(stmt):
+        moves[name].append((from_state, to_state, at))
+    return moves
+
+
+def _finishing_spans(
+    session: Session, since: datetime, now: datetime, net: str | None
+) -> dict[str, list[tuple[datetime, datetime]]]:
+    """When each net's job was FINISHING inside the window: from the window's moves into
+    and out of FINISHING (ix_job_events_at), plus jobs FINISHING since before it."""
+    into_or_out = or_(
+        JobEvent.to_state == JobState.FINISHING, JobEvent.from_state == JobState.FINISHING
+    )
+    stmt = (
+        select(Job.net_name, JobEvent.job_id, JobEvent.to_state, JobEvent.at)
+        .join(Job, Job.id == JobEvent.job_id)
+        .where(JobEvent.at >= since, into_or_out, Job.net_name.is_not(None))
+        .order_by(JobEvent.at, JobEvent.id)
+    )
+    if net is not None:
+        stmt = stmt.where(Job.net_name == net)
+    started: dict[uuid.UUID, datetime] = {}
+    spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for name, job_id, to_state, at in session.execute(stmt):
+        assert name is not None  # (the query's own condition)
+        if to_state == JobState.FINISHING:
+            started[job_id] = at
+        else:  # left FINISHING: since its entry, or since before the window
+            spans[name].append((started.pop(job_id, since), at))
+    still = select(Job.id, Job.net_name, Job.state_changed_at).where(
+        Job.state == JobState.FINISHING, Job.net_name.is_not(None)
+    )
+    if net is not None:
+        still = still.where(Job.net_name == net)
+    for job_id, name, changed in session.execute(still):
+        assert name is not None  # (the query's own condition)
+        spans[name].append((started.pop(job_id, max(changed, since)), now))
+    return spans
+
+
+def timeline(
+    state: NetState | None,
+    moves: list[tuple[NetState | None, NetState, datetime]],
+    finishing: list[tuple[datetime, datetime]],
+    *,
+    since: datetime,
+    now: datetime,
+) -> list[Segment]:
+    """The window as segments of one kind each, from the net's moves inside it (oldest
+    first) and its current state. Before the first move the net was in that move's
+    `from_state` (unknown for a net's first recorded move); with no move, in `state`."""
+    first = moves[0][0] if moves else state
+    points: list[tuple[datetime, NetState | None]] = [(since, first)]
+    points += [(at, to_state) for _from, to_state, at in moves]
+    base: list[Segment] = []
+    for (start, current), (end, _next) in zip(points, [*points[1:], (now, None)], strict=True):
+        if end > start:
+            kind = KIND_OF_STATE[current] if current is not None else UNKNOWN
+            base.append(Segment(kind, start, end))
+    return _merge(_overlay_finishing(base, finishing))
+
+
+def _overlay_finishing(
+    base: list[Segment], finishing: list[tuple[datetime, datetime]]
+) -> list[Segment]:
+    """Busy segments split where the net's job was FINISHING."""
+    out: list[Segment] = []
+    for seg in base:
+        if seg.kind != "busy":
+            out.append(seg)
+            continue
+        cursor = seg.start
+        for start, end in sorted(finishing):
+            lo, hi = max(start, seg.start), min(end, seg.end)
+            if hi <= lo or hi <= cursor:
+                continue
+            lo = max(lo, cursor)
+            if lo > cursor:
+                out.append(Segment("busy", cursor, lo))
+            out.append(Segment(FINISHING, lo, hi))
+            cursor = hi
+        if cursor < seg.end:
+            out.append(Segment("busy", cursor, seg.end))
+    return out
+
+
+def _merge(segments: list[Segment]) -> list[Segment]:
+    merged: list[Segment] = []
+    for seg in segments:
+        if merged and merged[-1].kind == seg.kind and merged[-1].end == seg.start:
+            merged[-1] = Segment(seg.kind, merged[-1].start, seg.end)
+        else:
+            merged.append(seg)
+    return merged
+
+
+def recent_jobs(session: Session, limit: int, net: str | None = None) -> list[JobHistory]:
+    """The `limit` most recently changed jobs (of one net: run on it or pinned to it), each
+    with its whole history, oldest move first."""
+    stmt = select(Job).order_by(Job.state_changed_at.desc(), Job.id).limit(limit)
+    if net is not None:
+        stmt = stmt.where(or_(Job.net_name == net, Job.requested_net == net))
+    jobs = list(session.scalars(stmt))
+    moves: dict[uuid.UUID, list[Move]] = defaultdict(list)
+    if jobs:
+        for job_id, to_state, at, reason in session.execute(
+            select(JobEvent.job_id, JobEvent.to_state, JobEvent.at, JobEvent.reason)
+            .where(JobEvent.job_id.in_([j.id for j in jobs]))
+            .order_by(JobEvent.at, JobEvent.id)
+        ):
+            moves[job_id].append(Move(to_state, at, reason))
+    return [
+        JobHistory(
+            id=j.id,
+            caller_key=j.caller_key,
+            net=j.net_name or j.requested_net,
+            state=j.state,
+            attempts=j.attempts,
+            max_attempts=j.max_attempts,
+            last_error=j.last_error,
+            moves=moves[j.id],
+        )
+        for j in jobs
+    ]
