@@ -183,6 +183,9 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
         ctx.runtime.sessions,
         ctx.runtime.clock,
         callbacks=ctx.runtime.settings.callbacks_enabled,
+        idle_grace_s={
+            n.name: n.idle_timeout_s for n in ctx.runtime.settings.nets if n.scales_to_zero
+        },
     )
     broker_url = ctx.runtime.settings.broker_url
 
