@@ -50,11 +50,9 @@ letter-spacing:.02em;color:#fff;background:var(--muted)}
 .b-down{background:#8a95a3}.b-unhealthy{background:#c85a12}.b-outage{background:var(--outage)}
 .b-misconfigured{background:var(--misconfigured)}
 .tl{display:flex;height:22px;border-radius:4px;overflow:hidden;background:var(--down);
-border:1px solid var(--line);position:relative}
-.tl::after{content:"";position:absolute;inset:0;pointer-events:none;
-background:repeating-linear-gradient(90deg,transparent 0,transparent calc(25% - 1px),
-rgba(29,35,48,.35) calc(25% - 1px),rgba(29,35,48,.35) 25%)}
+border:1px solid var(--line)}
 .tl i{display:block;height:100%}
+.tl .k-starting,.tl .k-stopping,.tl .k-unhealthy,.tl .k-outage{min-width:2px}
 .k-up{background:var(--up)}.k-starting{background:var(--starting)}.k-busy{background:var(--busy)}
 .k-finishing{background:var(--finishing)}.k-stopping{background:var(--stopping)}
 .k-down{background:var(--down)}.k-unhealthy{background:var(--unhealthy)}
@@ -91,7 +89,7 @@ footer{color:var(--muted);font-size:12.5px;padding:8px 20px 20px;max-width:1400p
 main{padding:10px}header{padding:10px 12px}
 table,thead,tbody,tr,td{display:block}thead{display:none}
 tr{border-top:1px solid var(--line);padding:6px 0}td{border:0;padding:2px 10px}
-td[data-l]::before{content:attr(data-l) ": ";color:var(--muted)}}
+td[data-l]::before{content:attr(data-l) ": ";color:var(--muted)}td:empty{display:none}}
 """
 
 # The timeline's state names as the legend shows them.
