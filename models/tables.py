@@ -401,8 +401,11 @@ class NetEvent(Base):
     """Append-only history of a net's moves."""
 
     __tablename__ = "net_events"
-    # ix_net_events_at: the nets page's window (app.usecases.net_history), a day of a year.
-    __table_args__ = (_uncounted_index("net_events"), Index("ix_net_events_at", "at"))
+    # The nets page's window of a page's nets (app.usecases.net_history): a day of a year.
+    __table_args__ = (
+        _uncounted_index("net_events"),
+        Index("ix_net_events_net_name_at", "net_name", "at"),
+    )
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)

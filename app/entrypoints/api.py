@@ -50,7 +50,7 @@ from app.readiness import check_ready
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.usecases import intake
-from app.usecases.net_history import nets_overview
+from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import collect_status, job_detail, list_jobs, parse_job_state
 from models import IllegalTransition
 
@@ -224,6 +224,9 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
 
 
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
+    declared = declared_nets(ctx.runtime.settings)
+    declared_names = {n.name for n in declared}
+
     @app.get("/fl/status", tags=["status"], response_model=FlStatus, responses=error_responses(503))
     def fl_status() -> dict[str, Any]:
         """Every configured net and the queue; a failing net reports its own error."""
@@ -235,19 +238,19 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_class=HTMLResponse,
         responses={
             200: {"description": "The nets page (HTML, self-contained)."},
-            **error_responses(400, 503),
+            **error_responses(400, 422, 503),
         },
     )
     def get_nets_page(
         net: Annotated[str | None, Query(description="one declared net only")] = None,
+        page: Annotated[int, Query(ge=1, description="of 50 nets, those in trouble first")] = 1,
     ) -> HTMLResponse:
         """Every net's last 24 h, current job, queue, cold starts, idle grace and last
         error, and the recent jobs with their history; reloads itself."""
-        settings = ctx.runtime.settings
-        if net is not None and net not in {n.name for n in settings.nets}:
+        if net is not None and net not in declared_names:
             raise InvalidRequest(f"unknown net {net!r}")
         with ctx.runtime.sessions() as session:
-            overview = nets_overview(session, settings, ctx.runtime.clock(), net=net)
+            overview = nets_overview(session, declared, ctx.runtime.clock(), net=net, page=page)
         return HTMLResponse(nets_page.render(overview))
 
     @app.get(

@@ -11,7 +11,7 @@ from datetime import datetime
 from html import escape
 from urllib.parse import quote
 
-from app.usecases.net_history import KINDS, NetPanel, Overview, Segment
+from app.usecases.net_history import COLD_STARTS_SHOWN, KINDS, NetNow, NetPanel, Overview, Segment
 
 REFRESH_S = 30
 
@@ -36,8 +36,10 @@ border-radius:6px;padding:8px 14px;margin:0 0 16px}
 .attention h2{font-size:15px;margin:2px 0 4px;color:#8f1414}
 .attention ul{margin:0;padding-left:18px}
 .attention li{margin:2px 0}
+.pager{margin:10px 0;font-size:14px;color:var(--muted)}
 h2.section{font-size:16px;margin:18px 0 8px}
-.nets{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,420px),1fr));gap:12px}
+.nets{margin:10px 0;display:grid;gap:12px;
+grid-template-columns:repeat(auto-fill,minmax(min(100%,420px),1fr))}
 .net{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 14px}
 .net.alert{border-color:#e3a096;box-shadow:inset 4px 0 0 var(--outage)}
 .net h3{margin:0 0 6px;font-size:16px;display:flex;flex-wrap:wrap;align-items:baseline;gap:6px}
@@ -160,12 +162,13 @@ def _timeline(segments: list[Segment], ov: Overview) -> str:
     )
 
 
-def _net_card(net: NetPanel, ov: Overview) -> str:
+def _net_card(panel: NetPanel, ov: Overview) -> str:
+    net = panel.now
     state = net.state.value if net.state else None
     since = f" since {_clock(net.since, ov.now)}" if net.since else ""
     mode = "always on" if net.always_on else f"scale to zero, grace {duration(net.idle_timeout_s)}"
     rows = []
-    job = net.active_job
+    job = panel.active_job
     if job is not None:
         rows.append(
             (
@@ -176,11 +179,12 @@ def _net_card(net: NetPanel, ov: Overview) -> str:
         )
     else:
         rows.append(("Job", "none"))
-    rows.append(("Queue", f"{net.queued_here} pinned here, {ov.queued_anywhere} for any net"))
-    if net.cold_starts_s:
-        shown = ", ".join(duration(s) for s in net.cold_starts_s[-5:])
-        median = duration(net.median_cold_start_s or 0)
-        rows.append(("Cold starts", f"{len(net.cold_starts_s)} in 24 h, median {median} ({shown})"))
+    rows.append(("Queue", f"{panel.queued_here} pinned here, {ov.queued_anywhere} for any net"))
+    if panel.cold_starts_s:
+        shown = ", ".join(duration(s) for s in panel.cold_starts_s[-COLD_STARTS_SHOWN:])
+        median = duration(panel.median_cold_start_s or 0)
+        count = len(panel.cold_starts_s)
+        rows.append(("Cold starts", f"{count} in 24 h, median {median} ({shown})"))
     else:
         rows.append(("Cold starts", "none in 24 h"))
     if net.idle_left_s is not None:
@@ -198,9 +202,9 @@ def _net_card(net: NetPanel, ov: Overview) -> str:
     css = "net alert" if net.needs_attention else "net"
     return (
         f'<article class="{css}" id="net-{escape(net.name)}"><h3>'
-        f'<a href="?net={quote(net.name)}">{escape(net.name)}</a> {_badge(state)}'
+        f'<a href="nets?net={quote(net.name)}">{escape(net.name)}</a> {_badge(state)}'
         f'<span class="kind">{since} \u00b7 {mode}</span></h3>'
-        f"{_timeline(net.segments, ov)}<dl>{items}</dl></article>"
+        f"{_timeline(panel.segments, ov)}<dl>{items}</dl></article>"
     )
 
 
@@ -208,24 +212,46 @@ def _badge_job(state: str) -> str:
     return f'<span class="badge j-{state}">{state}</span>'
 
 
+def _reasons(net: NetNow) -> str:
+    why: list[str] = []
+    if net.state is not None and net.state.value in ("MISCONFIGURED", "OUTAGE", "UNHEALTHY"):
+        why.append(net.state.value)
+    if net.strays:
+        why.append(f"{net.strays} stray run(s)")
+    if net.idle_left_s is not None and net.idle_left_s < 0:
+        why.append(f"idle {duration(net.idle_left_s)} past its grace")
+    detail = f": {escape(net.last_error)}" if net.last_error else ""
+    return f"{', '.join(why)}{detail}"
+
+
 def _attention(ov: Overview) -> str:
-    items = []
-    for net in ov.nets:
-        if not net.needs_attention:
-            continue
-        name = f'<a href="#net-{escape(net.name)}">{escape(net.name)}</a>'
-        why: list[str] = []
-        if net.state is not None and net.state.value in ("MISCONFIGURED", "OUTAGE", "UNHEALTHY"):
-            why.append(net.state.value)
-        if net.strays:
-            why.append(f"{net.strays} stray run(s)")
-        if net.idle_left_s is not None and net.idle_left_s < 0:
-            why.append(f"idle {duration(net.idle_left_s)} past its grace")
-        detail = f": {escape(net.last_error)}" if net.last_error else ""
-        items.append(f"<li>{name} {', '.join(why)}{detail}</li>")
-    if not items:
+    if not ov.attention:
         return ""
-    return f'<section class="attention"><h2>Needs attention</h2><ul>{"".join(items)}</ul></section>'
+    items = "".join(
+        f'<li><a href="nets?net={quote(net.name)}">{escape(net.name)}</a> {_reasons(net)}</li>'
+        for net in ov.attention
+    )
+    more = ov.attention_total - len(ov.attention)
+    if more > 0:
+        items += f"<li>and {more} more (first on the pages below)</li>"
+    return f'<section class="attention"><h2>Needs attention</h2><ul>{items}</ul></section>'
+
+
+def _pager(ov: Overview) -> str:
+    if ov.pages <= 1:
+        return ""
+    first, last = ov.offset + 1, ov.offset + len(ov.nets)
+    links = []
+    if ov.page > 1:
+        links.append(f'<a href="nets?page={ov.page - 1}">\u2039 previous</a>')
+    if ov.page < ov.pages:
+        links.append(f'<a href="nets?page={ov.page + 1}">next \u203a</a>')
+    return (
+        f'<nav class="pager">Nets {first:,}\u2013{last:,} of {ov.total_nets:,}'
+        f" (page {ov.page} of {ov.pages}, those that need attention first) "
+        + " \u00b7 ".join(links)
+        + "</nav>"
+    )
 
 
 def _jobs(ov: Overview) -> str:
@@ -265,7 +291,7 @@ def render(ov: Overview, refresh_s: int = REFRESH_S) -> str:
     title = f"net {escape(ov.net_filter)}" if ov.net_filter else "nets"
     back = ' \u00b7 <a href="nets">all nets</a>' if ov.net_filter else ""
     legend = "".join(f'<span><i class="k-{kind}"></i>{_LEGEND[kind]}</span>' for kind in KINDS)
-    cards = "".join(_net_card(net, ov) for net in ov.nets)
+    cards = "".join(_net_card(panel, ov) for panel in ov.nets)
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
@@ -274,11 +300,11 @@ def render(ov: Overview, refresh_s: int = REFRESH_S) -> str:
         f"<header><h1>fl-dispatcher \u00b7 {title}</h1>"
         f'<span class="meta">{ov.now.strftime("%Y-%m-%d %H:%M:%S")} UTC \u00b7 '
         f"refreshes every {refresh_s} s{back}</span></header><main>"
-        f'<div class="summary"><span class="chip"><b>{len(ov.nets)} nets</b>: {counts}</span>'
+        f'<div class="summary"><span class="chip"><b>{ov.total_nets:,} nets</b>: {counts}</span>'
         f'<span class="chip"><b>Queue</b>: {ov.queued} job(s){oldest}</span></div>'
         f"{_attention(ov)}"
         f'<h2 class="section">Last 24 hours</h2><div class="legend">{legend}</div>'
-        f'<div class="nets" style="margin-top:10px">{cards}</div>'
+        f'{_pager(ov)}<div class="nets">{cards}</div>{_pager(ov)}'
         f'<h2 class="section">Recent jobs</h2>{_jobs(ov)}'
         "</main><footer>Times are UTC. Timeline from net_events and job_events; "
         "hover a segment or a state for its times and reason.</footer></body></html>"

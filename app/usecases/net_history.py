@@ -1,10 +1,11 @@
 """Read model of the nets page (GET /nets): each net's last day from its history, and the
 recent jobs with theirs.
 
-Reads only. Every query is bounded by the page, not by the history: the window's moves are
-found by the `at` indexes of net_events and job_events (migration 0007), the recent jobs by
-jobs' `state_changed_at` index and their moves by `job_id`, and the rest are current rows
-(nets, active and queued jobs, stray runs). So a year of history costs what a day does.
+Reads only. Every query is bounded by the page, not by the history or the fleet: a page
+shows PAGE_NETS nets, whose moves in the window are found by net_events' (net_name, at)
+index and job_events' `at` index (migration 0007), the recent jobs by jobs'
+`state_changed_at` index and their moves by `job_id`; the rest are current rows (nets,
+active and queued jobs, stray runs). So a year of history costs what a day does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import statistics
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select
@@ -24,6 +25,8 @@ from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, Ne
 
 WINDOW = timedelta(hours=24)
 RECENT_JOBS = 30  # jobs shown with their history, most recently changed first
+PAGE_NETS = 50  # nets a page: a page's cost follows it, not the fleet
+ATTENTION_SHOWN = 100  # nets listed as needing attention (the count covers them all)
 COLD_STARTS_SHOWN = 5
 
 # What a timeline segment shows: the net's state, except that a BUSY net whose job is
@@ -61,16 +64,30 @@ class ActiveJob:
 
 
 @dataclass(frozen=True)
-class NetPanel:
+class DeclaredNet:
+    """What the page needs of a net's settings, read once per process: pydantic's private
+    attributes (`always_on`) cost microseconds a read, which a thousand nets a request add
+    up."""
+
+    name: str
+    always_on: bool
+    idle_timeout_s: float
+
+
+def declared_nets(settings: Settings) -> list[DeclaredNet]:
+    return [DeclaredNet(n.name, n.always_on, n.idle_timeout_s) for n in settings.nets]
+
+
+@dataclass(frozen=True)
+class NetNow:
+    """What every net shows on every page, from current rows only: its row, grace and strays
+    (enough to order the nets and list those that need a human)."""
+
     name: str
     state: NetState | None  # None: no row yet (the worker creates it at start)
     since: datetime | None
     always_on: bool
     idle_timeout_s: float
-    segments: list[Segment]
-    active_job: ActiveJob | None
-    queued_here: int  # QUEUED jobs pinned to this net
-    cold_starts_s: list[float]  # completed in the window, oldest first
     idle_left_s: float | None  # READY scale-to-zero net: grace left (negative: overdue)
     strays: int
     last_error: str | None
@@ -80,6 +97,17 @@ class NetPanel:
         bad_state = self.state in (NetState.MISCONFIGURED, NetState.OUTAGE, NetState.UNHEALTHY)
         overdue = self.idle_left_s is not None and self.idle_left_s < 0
         return bad_state or self.strays > 0 or overdue
+
+
+@dataclass(frozen=True)
+class NetPanel:
+    """One net of the page: its state now and its last day."""
+
+    now: NetNow
+    segments: list[Segment]
+    active_job: ActiveJob | None
+    queued_here: int  # QUEUED jobs pinned to this net
+    cold_starts_s: list[float]  # completed in the window, oldest first
 
     @property
     def median_cold_start_s(self) -> float | None:
@@ -110,42 +138,54 @@ class Overview:
     now: datetime
     since: datetime
     net_filter: str | None
-    nets: list[NetPanel]
+    page: int
+    pages: int
+    offset: int  # of this page's first net among all
+    total_nets: int
+    nets: list[NetPanel]  # this page's
+    attention: list[NetNow]  # nets that need a human, whatever the page (ATTENTION_SHOWN)
+    attention_total: int
+    nets_by_state: dict[str, int]
     queued: int
     queued_anywhere: int  # QUEUED jobs that take any net
     oldest_queued_at: datetime | None
     jobs: list[JobHistory]
-    nets_by_state: dict[str, int] = field(default_factory=dict)
 
 
 def nets_overview(
     session: Session,
-    settings: Settings,
+    declared: list[DeclaredNet],
     now: datetime,
     *,
     net: str | None = None,
+    page: int = 1,
+    page_size: int = PAGE_NETS,
     jobs_limit: int = RECENT_JOBS,
 ) -> Overview:
-    """The declared nets (one of them with `net`), their last day, and the recent jobs."""
+    """The declared nets, those that need a human first, `page_size` of them a page (or
+    only `net`), each with its last day; and the recent jobs (of `net`)."""
     since = now - WINDOW
-    configs = [n for n in settings.nets if net is None or n.name == net]
-    names = {n.name for n in configs}
-    net_rows = select(Net.name, Net.state, Net.state_changed_at, Net.idle_since, Net.last_error)
-    if net is not None:
-        net_rows = net_rows.where(Net.name == net)
-    rows: dict[str, tuple[NetState, datetime, datetime | None, str | None]] = {
-        name: (state, changed, idle_since, error)
-        for name, state, changed, idle_since, error in session.execute(net_rows)
-        if name in names
-    }
-    moves = _net_moves(session, since, net)
-    finishing = _finishing_spans(session, since, now, net)
+    everyone = _nets_now(session, declared, now)
+    ordered = sorted(everyone, key=lambda n: (not n.needs_attention, n.name))
+    pages = max(1, -(-len(ordered) // page_size))
+    page = min(max(page, 1), pages)
+    shown = (
+        [n for n in ordered if n.name == net]
+        if net is not None
+        else ordered[(page - 1) * page_size : page * page_size]
+    )
+    attention = [n for n in ordered if n.needs_attention]
+    detailed = _with_details(session, [*shown, *attention[:ATTENTION_SHOWN]])
+    shown = [detailed[n.name] for n in shown]
+    names = [n.name for n in shown]
+    moves = _net_moves(session, since, names)
+    finishing = _finishing_spans(session, since, now, names)
     active = {
         j.net_name: ActiveJob(j.id, j.caller_key, j.state, j.state_changed_at, j.attempts)
         for j in session.execute(
             select(Job.net_name, Job.id, Job.caller_key, Job.state, Job.state_changed_at)
             .add_columns(Job.attempts)
-            .where(Job.state.in_(ACTIVE_JOB_STATES))
+            .where(Job.state.in_(ACTIVE_JOB_STATES), Job.net_name.in_(names))
         )
     }
     queued_by_net: dict[str | None, int] = {
@@ -157,50 +197,93 @@ def nets_overview(
         )
     }
     oldest = session.scalar(select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED))
-    strays = dict(
-        session.execute(select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)).all()
-    )
-
-    panels = []
-    for config in configs:
-        row = rows.get(config.name)
-        state, changed, idle_since, error = row if row else (None, None, None, None)
-        net_moves = moves.get(config.name, [])
-        idle_left = None
-        if state == NetState.READY and idle_since is not None and not config.always_on:
-            idle_left = config.idle_timeout_s - (now - idle_since).total_seconds()
-        panels.append(
-            NetPanel(
-                name=config.name,
-                state=state,
-                since=changed,
-                always_on=config.always_on,
-                idle_timeout_s=config.idle_timeout_s,
-                segments=timeline(
-                    state, net_moves, finishing.get(config.name, []), since=since, now=now
-                ),
-                active_job=active.get(config.name),
-                queued_here=queued_by_net.get(config.name, 0),
-                cold_starts_s=cold_starts(_Moved(config.name, f, t, at) for f, t, at in net_moves),
-                idle_left_s=idle_left,
-                strays=int(strays.get(config.name, 0)),
-                last_error=error,
-            )
+    panels = [
+        NetPanel(
+            now=one,
+            segments=timeline(
+                one.state,
+                moves.get(one.name, []),
+                finishing.get(one.name, []),
+                since=since,
+                now=now,
+            ),
+            active_job=active.get(one.name),
+            queued_here=queued_by_net.get(one.name, 0),
+            cold_starts_s=cold_starts(
+                _Moved(one.name, f, t, at) for f, t, at in moves.get(one.name, [])
+            ),
         )
+        for one in shown
+    ]
     by_state: dict[str, int] = defaultdict(int)
-    for panel in panels:
-        by_state[panel.state.value if panel.state else "NO ROW"] += 1
+    for one in everyone:
+        by_state[one.state.value if one.state else "NO ROW"] += 1
     return Overview(
         now=now,
         since=since,
         net_filter=net,
+        page=page,
+        pages=1 if net is not None else pages,
+        offset=0 if net is not None else (page - 1) * page_size,
+        total_nets=len(everyone),
         nets=panels,
+        attention=[detailed[n.name] for n in attention[:ATTENTION_SHOWN]],
+        attention_total=len(attention),
+        nets_by_state=dict(by_state),
         queued=sum(queued_by_net.values()),
         queued_anywhere=queued_by_net.get(None, 0),
         oldest_queued_at=oldest,
         jobs=recent_jobs(session, jobs_limit, net),
-        nets_by_state=dict(by_state),
     )
+
+
+def _nets_now(session: Session, declared: list[DeclaredNet], now: datetime) -> list[NetNow]:
+    """Every declared net from its row: state and idle time only, the least a thousand
+    nets cost to order and sort out (`_with_details` adds the rest for those shown)."""
+    rows: dict[str, tuple[NetState, datetime | None]] = {
+        name: (state, idle_since)
+        for name, state, idle_since in session.execute(select(Net.name, Net.state, Net.idle_since))
+    }
+    strays = dict(
+        session.execute(select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)).all()
+    )
+    out = []
+    for config in declared:
+        state, idle_since = rows.get(config.name, (None, None))
+        idle_left = None
+        if state == NetState.READY and idle_since is not None and not config.always_on:
+            idle_left = config.idle_timeout_s - (now - idle_since).total_seconds()
+        out.append(
+            NetNow(
+                name=config.name,
+                state=state,
+                since=None,
+                always_on=config.always_on,
+                idle_timeout_s=config.idle_timeout_s,
+                idle_left_s=idle_left,
+                strays=int(strays.get(config.name, 0)),
+                last_error=None,
+            )
+        )
+    return out
+
+
+def _with_details(session: Session, nets: list[NetNow]) -> dict[str, NetNow]:
+    """These nets with their row's `state_changed_at` and `last_error`, by name."""
+    details = {
+        name: (changed, error)
+        for name, changed, error in session.execute(
+            select(Net.name, Net.state_changed_at, Net.last_error).where(
+                Net.name.in_([n.name for n in nets])
+            )
+        )
+    }
+    return {
+        n.name: replace(n, since=details[n.name][0], last_error=details[n.name][1])
+        if n.name in details
+        else n
+        for n in nets
+    }
 
 
 @dataclass
@@ -212,24 +295,21 @@ class _Moved:
 
 
 def _net_moves(
-    session: Session, since: datetime, net: str | None
+    session: Session, since: datetime, names: list[str]
 ) -> dict[str, list[tuple[NetState | None, NetState, datetime]]]:
-    """Each net's moves inside the window, oldest first (ix_net_events_at)."""
-    stmt = (
-        select(NetEvent.net_name, NetEvent.from_state, NetEvent.to_state, NetEvent.at)
-        .where(NetEvent.at >= since)
-        .order_by(NetEvent.at, NetEvent.id)
-    )
-    if net is not None:
-        stmt = stmt.where(NetEvent.net_name == net)
+    """These nets' moves inside the window, oldest first (ix_net_events_net_name_at)."""
     moves: dict[str, list[tuple[NetState | None, NetState, datetime]]] = defaultdict(list)
-    for name, from_state, to_state, at in session.execute(stmt):
+    for name, from_state, to_state, at in session.execute(
+        select(NetEvent.net_name, NetEvent.from_state, NetEvent.to_state, NetEvent.at)
+        .where(NetEvent.net_name.in_(names), NetEvent.at >= since)
+        .order_by(NetEvent.at, NetEvent.id)
+    ):
         moves[name].append((from_state, to_state, at))
     return moves
 
 
 def _finishing_spans(
-    session: Session, since: datetime, now: datetime, net: str | None
+    session: Session, since: datetime, now: datetime, names: list[str]
 ) -> dict[str, list[tuple[datetime, datetime]]]:
     """When each net's job was FINISHING inside the window: from the window's moves into
     and out of FINISHING (ix_job_events_at), plus jobs FINISHING since before it."""
@@ -239,11 +319,9 @@ def _finishing_spans(
     stmt = (
         select(Job.net_name, JobEvent.job_id, JobEvent.to_state, JobEvent.at)
         .join(Job, Job.id == JobEvent.job_id)
-        .where(JobEvent.at >= since, into_or_out, Job.net_name.is_not(None))
+        .where(JobEvent.at >= since, into_or_out, Job.net_name.in_(names))
         .order_by(JobEvent.at, JobEvent.id)
     )
-    if net is not None:
-        stmt = stmt.where(Job.net_name == net)
     started: dict[uuid.UUID, datetime] = {}
     spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
     for name, job_id, to_state, at in session.execute(stmt):
@@ -253,10 +331,8 @@ def _finishing_spans(
         else:  # left FINISHING: since its entry, or since before the window
             spans[name].append((started.pop(job_id, since), at))
     still = select(Job.id, Job.net_name, Job.state_changed_at).where(
-        Job.state == JobState.FINISHING, Job.net_name.is_not(None)
+        Job.state == JobState.FINISHING, Job.net_name.in_(names)
     )
-    if net is not None:
-        still = still.where(Job.net_name == net)
     for job_id, name, changed in session.execute(still):
         assert name is not None  # (the query's own condition)
         spans[name].append((started.pop(job_id, max(changed, since)), now))
@@ -322,28 +398,28 @@ def _merge(segments: list[Segment]) -> list[Segment]:
 def recent_jobs(session: Session, limit: int, net: str | None = None) -> list[JobHistory]:
     """The `limit` most recently changed jobs (of one net: run on it or pinned to it), each
     with its whole history, oldest move first."""
-    stmt = select(Job).order_by(Job.state_changed_at.desc(), Job.id).limit(limit)
+    stmt = (
+        select(
+            Job.id,
+            Job.caller_key,
+            func.coalesce(Job.net_name, Job.requested_net),
+            Job.state,
+            Job.attempts,
+            Job.max_attempts,
+            Job.last_error,
+        )
+        .order_by(Job.state_changed_at.desc(), Job.id)
+        .limit(limit)
+    )
     if net is not None:
         stmt = stmt.where(or_(Job.net_name == net, Job.requested_net == net))
-    jobs = list(session.scalars(stmt))
+    jobs = session.execute(stmt).all()
     moves: dict[uuid.UUID, list[Move]] = defaultdict(list)
     if jobs:
         for job_id, to_state, at, reason in session.execute(
             select(JobEvent.job_id, JobEvent.to_state, JobEvent.at, JobEvent.reason)
-            .where(JobEvent.job_id.in_([j.id for j in jobs]))
+            .where(JobEvent.job_id.in_([j[0] for j in jobs]))
             .order_by(JobEvent.at, JobEvent.id)
         ):
             moves[job_id].append(Move(to_state, at, reason))
-    return [
-        JobHistory(
-            id=j.id,
-            caller_key=j.caller_key,
-            net=j.net_name or j.requested_net,
-            state=j.state,
-            attempts=j.attempts,
-            max_attempts=j.max_attempts,
-            last_error=j.last_error,
-            moves=moves[j.id],
-        )
-        for j in jobs
-    ]
+    return [JobHistory(*job, moves=moves[job[0]]) for job in jobs]

@@ -4,9 +4,9 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-01 16:00:00
 
-The nets page (GET /nets) reads each net's last day: indexes on the `at` of net_events and
-job_events find a day's moves in a year of history, and one on jobs' `state_changed_at` the
-most recently changed jobs. `housekeeping_runs` keeps when each beat loop last finished a
+The nets page (GET /nets) reads its nets' last day: an index on net_events' (net_name, at)
+and one on job_events' `at` find a day's moves in a year of history, and one on jobs'
+`state_changed_at` the most recently changed jobs. `housekeeping_runs` keeps when each beat loop last finished a
 round, for the metric that tells beat (or every worker) has stopped.
 """
 
@@ -23,7 +23,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     """Upgrade schema."""
-    op.create_index("ix_net_events_at", "net_events", ["at"])
+    op.create_index("ix_net_events_net_name_at", "net_events", ["net_name", "at"])
     op.create_index("ix_job_events_at", "job_events", ["at"])
     op.create_index("ix_jobs_state_changed_at", "jobs", ["state_changed_at"])
     op.create_table(
@@ -39,4 +39,4 @@ def downgrade() -> None:
     op.drop_table("housekeeping_runs")
     op.drop_index("ix_jobs_state_changed_at", table_name="jobs")
     op.drop_index("ix_job_events_at", table_name="job_events")
-    op.drop_index("ix_net_events_at", table_name="net_events")
+    op.drop_index("ix_net_events_net_name_at", table_name="net_events")

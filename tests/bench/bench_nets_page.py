@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.without_indexes:
                 with engine.begin() as conn:
                     for index in (
-                        "ix_net_events_at",
+                        "ix_net_events_net_name_at",
                         "ix_job_events_at",
                         "ix_jobs_state_changed_at",
                     ):

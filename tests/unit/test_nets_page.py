@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.entrypoints.api import create_app
-from app.entrypoints.nets_page import duration
+from app.entrypoints.nets_page import duration, render
 from app.runtime import RecordingOutbox, Runtime
-from app.usecases.net_history import Segment, nets_overview, timeline
+from app.usecases.net_history import Segment, declared_nets, nets_overview, timeline
 from models import NetState
 from tests.fixtures.day import MISCONFIGURED_ERROR, build_day, day_settings
 
@@ -34,7 +34,7 @@ def day(tmp_path, job_root, sqlite_factory, clock):
 
 def overview(runtime, net=None):
     with runtime.sessions() as session:
-        return nets_overview(session, runtime.settings, runtime.clock(), net=net)
+        return nets_overview(session, declared_nets(runtime.settings), runtime.clock(), net=net)
 
 
 def test_timeline_starts_in_the_state_before_the_windows_first_move(clock):
@@ -62,29 +62,32 @@ def test_timeline_starts_in_the_state_before_the_windows_first_move(clock):
 
 def test_each_net_of_the_day_as_its_history_tells_it(day, clock):
     ov = overview(day)
-    nets = {n.name: n for n in ov.nets}
+    nets = {n.now.name: n for n in ov.nets}
+    # Those that need a human first (net-b's stray, net-c misconfigured), then by name.
+    assert list(nets) == ["net-b", "net-c", "net-a"]
+    assert [n.name for n in ov.attention] == ["net-b", "net-c"]
     a, b, c = nets["net-a"], nets["net-b"], nets["net-c"]
 
-    assert a.state == N.BUSY and a.active_job is not None
+    assert a.now.state == N.BUSY and a.active_job is not None
     assert a.active_job.state.value == "FINISHING"
     kinds = [s.kind for s in a.segments]
     assert kinds[0] == "down" and kinds[-1] == "finishing"
     assert {"starting", "up", "busy", "stopping", "unhealthy"} <= set(kinds)
     # Seven cold starts completed in the window (the lost run's restart included).
     assert a.cold_starts_s == [48, 52, 45, 61, 47, 55, 50]
-    assert a.queued_here == 1 and a.idle_left_s is None and not a.needs_attention
+    assert a.queued_here == 1 and a.now.idle_left_s is None and not a.now.needs_attention
     # The segments tile the window exactly.
     for net in ov.nets:
         assert net.segments[0].start == ov.since and net.segments[-1].end == ov.now
         for left, right in zip(net.segments, net.segments[1:], strict=False):
             assert left.end == right.start and left.kind != right.kind
 
-    assert b.always_on and b.state == N.READY and b.idle_left_s is None
-    assert b.strays == 1 and b.needs_attention
+    assert b.now.always_on and b.now.state == N.READY and b.now.idle_left_s is None
+    assert b.now.strays == 1 and b.now.needs_attention
     assert [s.kind for s in b.segments][:2] == ["up", "busy"]
 
-    assert c.state == N.MISCONFIGURED and c.last_error == MISCONFIGURED_ERROR
-    assert c.segments[-1].kind == "misconfigured" and c.needs_attention
+    assert c.now.state == N.MISCONFIGURED and c.now.last_error == MISCONFIGURED_ERROR
+    assert c.segments[-1].kind == "misconfigured" and c.now.needs_attention
     assert c.cold_starts_s == [75, 82] and c.queued_here == 1
 
     assert ov.queued == 2 and ov.queued_anywhere == 0
@@ -114,9 +117,9 @@ def test_idle_grace_left_and_overdue(day, clock):
         net = session.get(Net, "net-a")
         assert net is not None
         net.state, net.idle_since = N.READY, clock() - timedelta(seconds=200)
-    assert overview(day, "net-a").nets[0].idle_left_s == 400
+    assert overview(day, "net-a").nets[0].now.idle_left_s == 400
     clock.advance(700)
-    net_a = overview(day, "net-a").nets[0]
+    net_a = overview(day, "net-a").nets[0].now
     assert net_a.idle_left_s == -300 and net_a.needs_attention
 
 
@@ -137,6 +140,7 @@ def test_the_served_page(day):
     assert "7 in 24 h, median 50 s" in html
     assert "1 pinned here" in html
 
+    assert client.get("/nets", params={"page": 0}).status_code == 422
     one = client.get("/nets", params={"net": "net-c"})
     assert one.status_code == 200
     assert 'id="net-net-c"' in one.text and 'id="net-net-a"' not in one.text
@@ -151,3 +155,26 @@ def test_duration_words():
         "1d 1h",
         "2m 05s",
     ]
+
+
+def test_a_page_holds_page_size_nets_and_every_trouble_is_listed(day, clock):
+    with day.sessions() as session:
+        first = nets_overview(session, declared_nets(day.settings), clock(), page_size=2)
+        second = nets_overview(session, declared_nets(day.settings), clock(), page=2, page_size=2)
+        beyond = nets_overview(session, declared_nets(day.settings), clock(), page=9, page_size=2)
+    assert (first.page, first.pages, first.offset) == (1, 2, 0)
+    assert [p.now.name for p in first.nets] == ["net-b", "net-c"]
+    assert [p.now.name for p in second.nets] == ["net-a"] and second.offset == 2
+    assert beyond.page == 2  # past the last page: the last page
+    # Every page lists every net in trouble and counts the whole fleet.
+    assert [n.name for n in second.attention] == ["net-b", "net-c"]
+    assert second.total_nets == 3 and second.nets_by_state == {
+        "BUSY": 1,
+        "MISCONFIGURED": 1,
+        "READY": 1,
+    }
+    # The page's window holds its own nets' moves only.
+    assert second.nets[0].cold_starts_s == [48, 52, 45, 61, 47, 55, 50]
+    pager = "Nets 1\u20132 of 3 (page 1 of 2, those that need attention first)"
+    assert pager in render(first) and 'href="nets?page=2">next' in render(first)
+    assert "Nets 3\u20133 of 3" in render(second) and "previous" in render(second)
