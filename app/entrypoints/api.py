@@ -223,6 +223,20 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """error_responses for a route whose success is not JSON: FastAPI would document a
+    model's errors in the route's own media type, but they are JSON like every route's."""
+    return {
+        code: {
+            "description": answer["description"],
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+            },
+        }
+        for code, answer in error_responses(*codes).items()
+    }
+
+
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     declared = declared_nets(ctx.runtime.settings)
     declared_names = {n.name for n in declared}
@@ -238,7 +252,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_class=HTMLResponse,
         responses={
             200: {"description": "The nets page (HTML, self-contained)."},
-            **error_responses(400, 422, 503),
+            **_json_errors(400, 422, 503),
         },
     )
     def get_nets_page(
