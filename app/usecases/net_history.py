@@ -3,7 +3,7 @@ recent jobs with theirs.
 
 Reads only. Every query is bounded by the page, not by the history or the fleet: a page
 shows PAGE_NETS nets, whose moves in the window are found by net_events' (net_name, at)
-index and job_events' `at` index (migration 0007), the recent jobs by jobs'
+index and job_events' `at` index (migration 0008), the recent jobs by jobs'
 `state_changed_at` index and their moves by `job_id`; the rest are current rows (nets,
 active and queued jobs, stray runs). So a year of history costs what a day does.
 """

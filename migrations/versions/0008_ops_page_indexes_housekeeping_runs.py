@@ -6,8 +6,8 @@ Create Date: 2026-12-01 16:00:00
 
 The nets page (GET /nets) reads its nets' last day: an index on net_events' (net_name, at)
 and one on job_events' `at` find a day's moves in a year of history, and one on jobs'
-`state_changed_at` the most recently changed jobs. `housekeeping_runs` keeps when each beat loop last finished a
-round, for the metric that tells beat (or every worker) has stopped.
+`state_changed_at` the most recently changed jobs. `housekeeping_runs` keeps when each beat
+loop last finished a round, for the metric that tells beat (or every worker) has stopped.
 """
 
 from collections.abc import Sequence

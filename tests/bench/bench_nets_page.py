@@ -12,7 +12,7 @@ with a queued job pinned to each, and one stray run on 1% of them. Then the page
 requested through the real app (FastAPI's TestClient: routing, the queries, the HTML) and
 timed (wall, and this process's CPU: the app and the test client, which a loaded machine's
 wall time hides). Goal: <= 100 ms at 1,000 nets and a year. `--without-indexes` drops migration
-0007's indexes first, to show what they buy; `--profile` prints the statements' times.
+0008's indexes first, to show what they buy; `--profile` prints the statements' times.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def main() -> None:
     print_table(
         f"GET /nets, {rows['nets']:,} nets, {args.days} days: {rows['jobs']:,} jobs, "
         f"{rows['job_events']:,} job_events, {rows['net_events']:,} net_events"
-        f"{' (without 0007 indexes)' if args.without_indexes else ''}; median of "
+        f"{' (without 0008 indexes)' if args.without_indexes else ''}; median of "
         f"{args.requests} requests; PostgreSQL {environment()}",
         ["page", "median ms", "max ms", "statements", "HTML KiB", "vs 100 ms"],
         [
