@@ -1,11 +1,12 @@
 """Read model of the nets page (GET /nets): each net's last day from its history, and the
 recent jobs with theirs.
 
-Reads only. Every query is bounded by the page, not by the history or the fleet: a page
-shows PAGE_NETS nets, whose moves in the window are found by net_events' (net_name, at)
-index and job_events' `at` index (migration 0008), the recent jobs by jobs'
-`state_changed_at` index and their moves by `job_id`; the rest are current rows (nets,
-active and queued jobs, stray runs). So a year of history costs what a day does.
+Reads only. The history is read for the page only: a page shows PAGE_NETS nets, whose
+moves in the window are found by net_events' (net_name, at) index and job_events' `at`
+index (migration 0008), and the recent jobs by jobs' `state_changed_at` index and their
+moves by `job_id`. The fleet costs one read of its current rows (nets' state and idle time,
+stray runs, queued jobs by net), to order the nets and count them. So a year of history
+costs what a day does.
 """
 
 from __future__ import annotations
