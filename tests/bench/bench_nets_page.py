@@ -257,12 +257,13 @@ def main() -> None:
         f"{rows['job_events']:,} job_events, {rows['net_events']:,} net_events"
         f"{' (without 0008 indexes)' if args.without_indexes else ''}; median of "
         f"{args.requests} requests; PostgreSQL {environment()}",
-        ["page", "median ms", "max ms", "statements", "HTML KiB", "vs 100 ms"],
+        ["page", "median ms", "max ms", "app CPU ms", "statements", "HTML KiB", "vs 100 ms"],
         [
             [
                 label,
                 p["median_ms"],
                 p["max_ms"],
+                p["cpu_ms"],
                 p["statements"],
                 p["html_kib"],
                 ratio(p["median_ms"], GOAL_MS),
