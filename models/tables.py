@@ -166,8 +166,10 @@ class Job(Base):
         # An expression index, not a partial one: the planner keeps statistics on the
         # expression, so it knows how few rows match.
         Index("ix_jobs_retries_uncounted", text("(retries - retries_counted)")),
-        # The nets page's recent jobs (app.usecases.net_history), newest change first.
+        # The nets page's recent jobs (app.usecases.net_history), newest change first: of
+        # all nets, and of one net.
         Index("ix_jobs_state_changed_at", "state_changed_at"),
+        Index("ix_jobs_net_name_state_changed_at", "net_name", "state_changed_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)

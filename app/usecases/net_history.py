@@ -397,24 +397,28 @@ def _merge(segments: list[Segment]) -> list[Segment]:
 
 
 def recent_jobs(session: Session, limit: int, net: str | None = None) -> list[JobHistory]:
-    """The `limit` most recently changed jobs (of one net: run on it or pinned to it), each
-    with its whole history, oldest move first."""
-    stmt = (
-        select(
-            Job.id,
-            Job.caller_key,
-            func.coalesce(Job.net_name, Job.requested_net),
-            Job.state,
-            Job.attempts,
-            Job.max_attempts,
-            Job.last_error,
-        )
-        .order_by(Job.state_changed_at.desc(), Job.id)
-        .limit(limit)
+    """The `limit` most recently changed jobs, each with its whole history, oldest move
+    first. Of one net: the jobs it ran (ix_jobs_net_name_state_changed_at) and those queued
+    for it (ix_jobs_queued_requested_net), each found by its own index rather than by
+    walking every net's jobs."""
+    columns = (
+        Job.id,
+        Job.caller_key,
+        func.coalesce(Job.net_name, Job.requested_net),
+        Job.state,
+        Job.attempts,
+        Job.max_attempts,
+        Job.last_error,
+        Job.state_changed_at,
     )
-    if net is not None:
-        stmt = stmt.where(or_(Job.net_name == net, Job.requested_net == net))
-    jobs = session.execute(stmt).all()
+    newest = (Job.state_changed_at.desc(), Job.id)
+    if net is None:
+        jobs = session.execute(select(*columns).order_by(*newest).limit(limit)).all()
+    else:
+        ran = select(*columns).where(Job.net_name == net).order_by(*newest).limit(limit)
+        waiting = select(*columns).where(Job.state == JobState.QUEUED, Job.requested_net == net)
+        found = {row[0]: row for stmt in (ran, waiting) for row in session.execute(stmt)}
+        jobs = sorted(found.values(), key=lambda r: (-r[-1].timestamp(), r[0]))[:limit]
     moves: dict[uuid.UUID, list[Move]] = defaultdict(list)
     if jobs:
         for job_id, to_state, at, reason in session.execute(
@@ -423,4 +427,4 @@ def recent_jobs(session: Session, limit: int, net: str | None = None) -> list[Jo
             .order_by(JobEvent.at, JobEvent.id)
         ):
             moves[job_id].append(Move(to_state, at, reason))
-    return [JobHistory(*job, moves=moves[job[0]]) for job in jobs]
+    return [JobHistory(*job[:-1], moves=moves[job[0]]) for job in jobs]

@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "ix_net_events_net_name_at",
                         "ix_job_events_at",
                         "ix_jobs_state_changed_at",
+                        "ix_jobs_net_name_state_changed_at",
                     ):
                         conn.execute(text(f"DROP INDEX {index}"))
                     conn.execute(text("ANALYZE"))

@@ -110,6 +110,22 @@ def test_each_net_of_the_day_as_its_history_tells_it(day, clock):
     ]
 
 
+def test_one_nets_jobs_are_those_it_ran_and_those_queued_for_it(day):
+    # model-14 was requeued off net-c when it became MISCONFIGURED: pinned, waiting.
+    assert [j.caller_key for j in overview(day, "net-c").jobs] == [
+        "model-14-train",
+        "model-13-train",
+        "model-12-train",
+    ]
+    with day.sessions() as session:
+        from app.usecases.net_history import recent_jobs
+
+        assert [j.caller_key for j in recent_jobs(session, 2, "net-c")] == [
+            "model-14-train",
+            "model-13-train",
+        ]
+
+
 def test_idle_grace_left_and_overdue(day, clock):
     with day.sessions.begin() as session:
         from models import Net
