@@ -181,13 +181,16 @@ def nets_overview(
     names = [n.name for n in shown]
     moves = _net_moves(session, since, names)
     finishing = _finishing_spans(session, since, now, names)
+    # Active jobs are few (one a net at most): read them all by state and keep the page's,
+    # rather than let the planner walk the page's nets' whole job history by net name.
     active = {
         j.net_name: ActiveJob(j.id, j.caller_key, j.state, j.state_changed_at, j.attempts)
         for j in session.execute(
             select(Job.net_name, Job.id, Job.caller_key, Job.state, Job.state_changed_at)
             .add_columns(Job.attempts)
-            .where(Job.state.in_(ACTIVE_JOB_STATES), Job.net_name.in_(names))
+            .where(Job.state.in_(ACTIVE_JOB_STATES))
         )
+        if j.net_name in names
     }
     queued_by_net: dict[str | None, int] = {
         requested: int(count)
@@ -312,31 +315,42 @@ def _net_moves(
 def _finishing_spans(
     session: Session, since: datetime, now: datetime, names: list[str]
 ) -> dict[str, list[tuple[datetime, datetime]]]:
-    """When each net's job was FINISHING inside the window: from the window's moves into
-    and out of FINISHING (ix_job_events_at), plus jobs FINISHING since before it."""
+    """When each of these nets' job was FINISHING inside the window: from the window's moves
+    into and out of FINISHING (few, found by ix_job_events_at), plus the jobs FINISHING now
+    (one a net at most). Their nets are looked up by job id afterwards, so the planner is
+    never tempted to start from the nets' whole job history."""
     into_or_out = or_(
         JobEvent.to_state == JobState.FINISHING, JobEvent.from_state == JobState.FINISHING
     )
-    stmt = (
-        select(Job.net_name, JobEvent.job_id, JobEvent.to_state, JobEvent.at)
-        .join(Job, Job.id == JobEvent.job_id)
-        .where(JobEvent.at >= since, into_or_out, Job.net_name.in_(names))
+    events = session.execute(
+        select(JobEvent.job_id, JobEvent.to_state, JobEvent.at)
+        .where(JobEvent.at >= since, into_or_out)
         .order_by(JobEvent.at, JobEvent.id)
-    )
+    ).all()
+    finishing_now = session.execute(
+        select(Job.id, Job.net_name, Job.state_changed_at).where(Job.state == JobState.FINISHING)
+    ).all()
+    net_of: dict[uuid.UUID, str | None] = {job_id: net for job_id, net, _ in finishing_now}
+    unknown = {job_id for job_id, _, _ in events} - net_of.keys()
+    if unknown:
+        for job_id, net in session.execute(
+            select(Job.id, Job.net_name).where(Job.id.in_(sorted(unknown)))
+        ):
+            net_of[job_id] = net
+    wanted = set(names)
     started: dict[uuid.UUID, datetime] = {}
     spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
-    for name, job_id, to_state, at in session.execute(stmt):
-        assert name is not None  # (the query's own condition)
+    for job_id, to_state, at in events:
+        name = net_of.get(job_id)
+        if name not in wanted:
+            continue
         if to_state == JobState.FINISHING:
             started[job_id] = at
         else:  # left FINISHING: since its entry, or since before the window
             spans[name].append((started.pop(job_id, since), at))
-    still = select(Job.id, Job.net_name, Job.state_changed_at).where(
-        Job.state == JobState.FINISHING, Job.net_name.in_(names)
-    )
-    for job_id, name, changed in session.execute(still):
-        assert name is not None  # (the query's own condition)
-        spans[name].append((started.pop(job_id, max(changed, since)), now))
+    for job_id, name, changed in finishing_now:
+        if name in wanted:
+            spans[name].append((started.pop(job_id, max(changed, since)), now))
     return spans
 
 
