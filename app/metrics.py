@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -50,6 +50,7 @@ from app.usecases.services import REPORT_TIMEOUT_REASON
 from models import (
     TERMINAL_JOB_STATES,
     Base,
+    HousekeepingRun,
     Job,
     JobEvent,
     JobState,
@@ -154,6 +155,12 @@ class Snapshot:
     callback_undelivered: int = 0
     callback_oldest_undelivered_s: float = 0.0
     callback_failed: int = 0
+    # Seconds each READY net has been without a job (0 when not idle), and the grace of each
+    # scale-to-zero net (always-on nets have none): a server up past it has been forgotten.
+    idle_s: dict[str, float] = field(default_factory=dict)
+    idle_grace_s: dict[str, float] = field(default_factory=dict)
+    # Unix time each beat loop last finished a round (housekeeping_runs).
+    housekeeping_last_run: dict[str, float] = field(default_factory=dict)
 
 
 class _Move(Protocol):
@@ -493,12 +500,20 @@ def _histogram_total(totals: dict[tuple[str, str], int], metric: str) -> Histogr
     return hist
 
 
-def read_snapshot(session: Session, now: datetime, *, callbacks: bool = False) -> Snapshot:
+def read_snapshot(
+    session: Session,
+    now: datetime,
+    *,
+    callbacks: bool = False,
+    idle_grace_s: Mapping[str, float] | None = None,
+) -> Snapshot:
     """Fold the new history (see `fold`; the caller commits), then read every metric: the
     current state from the tables, the history from the running totals. `callbacks`:
-    CALLBACK_URL is set, so the delivery backlog means something."""
+    CALLBACK_URL is set, so the delivery backlog means something. `idle_grace_s`: each
+    scale-to-zero net's idle_timeout_s (settings, not tables)."""
     fold(session)
     snap = Snapshot()
+    read_current_extras(session, now, snap, idle_grace_s)
     if callbacks:
         backlog = callbacks_uc.backlog(session)
         snap.callback_undelivered = backlog.undelivered
@@ -517,9 +532,6 @@ def read_snapshot(session: Session, now: datetime, *, callbacks: bool = False) -
         snap.jobs_by_state[JobState(state)] = int(count)
     for state in TERMINAL_JOB_STATES:
         snap.jobs_by_state[state] = totals.get((JOBS_FINISHED, str(state)), 0)
-    snap.net_states = {
-        name: NetState(state) for name, state in session.execute(select(Net.name, Net.state))
-    }
     oldest = session.scalar(select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED))
     snap.oldest_queued_s = _seconds(oldest, now) if oldest is not None else 0.0
     for net_name, count in session.execute(
@@ -555,6 +567,24 @@ def read_snapshot(session: Session, now: datetime, *, callbacks: bool = False) -
     snap.job_requeues = totals.get((JOB_REQUEUES, ""), 0)
     snap.report_timeouts = totals.get((REPORT_TIMEOUTS, ""), 0)
     return snap
+
+
+def read_current_extras(
+    session: Session, now: datetime, snap: Snapshot, idle_grace_s: Mapping[str, float] | None
+) -> None:
+    """The nets' states and idle times, their grace, and the housekeeping rounds: current
+    rows only, read the same way by the collector and by tests/metrics_reference.py."""
+    for name, state, idle_since in session.execute(select(Net.name, Net.state, Net.idle_since)):
+        snap.net_states[name] = NetState(state)
+        idle_from = idle_since if state == NetState.READY else None
+        snap.idle_s[name] = _seconds(idle_from, now) if idle_from is not None else 0.0
+    snap.idle_grace_s = {
+        name: grace for name, grace in (idle_grace_s or {}).items() if name in snap.net_states
+    }
+    for loop, finished_at in session.execute(
+        select(HousekeepingRun.loop, HousekeepingRun.finished_at)
+    ):
+        snap.housekeeping_last_run[loop] = finished_at.timestamp()
 
 
 # --- exposition ---------------------------------------------------------------------------
@@ -607,6 +637,8 @@ def families(snap: Snapshot) -> list[Metric]:
     return [
         jobs,
         nets,
+        *_idle(snap),
+        _housekeeping(snap),
         _histogram(
             "fl_dispatcher_queue_wait_seconds",
             "Seconds from enqueue to the (latest) assignment of each assigned job.",
@@ -666,6 +698,36 @@ def families(snap: Snapshot) -> list[Metric]:
     ]
 
 
+def _idle(snap: Snapshot) -> list[Metric]:
+    idle = GaugeMetricFamily(
+        "fl_dispatcher_net_idle_seconds",
+        "Seconds a READY net has been without a job (0 when it is not idle).",
+        labels=["net"],
+    )
+    for net, seconds in sorted(snap.idle_s.items()):
+        idle.add_metric([net], seconds)
+    grace = GaugeMetricFamily(
+        "fl_dispatcher_net_idle_grace_seconds",
+        "A scale-to-zero net's idle grace (idle_timeout_s); always-on nets have none.",
+        labels=["net"],
+    )
+    for net, seconds in sorted(snap.idle_grace_s.items()):
+        grace.add_metric([net], seconds)
+    return [idle, grace]
+
+
+def _housekeeping(snap: Snapshot) -> Metric:
+    family = GaugeMetricFamily(
+        "fl_dispatcher_housekeeping_last_run_timestamp_seconds",
+        "Unix time a beat loop last finished a round (reconcile: every 2 x "
+        "HOUSEKEEPING_INTERVAL_S); absent until the first.",
+        labels=["loop"],
+    )
+    for loop, at in sorted(snap.housekeeping_last_run.items()):
+        family.add_metric([loop], at)
+    return family
+
+
 def _stray_runs(snap: Snapshot) -> Metric:
     family = GaugeMetricFamily(
         "fl_dispatcher_stray_runs",
@@ -687,22 +749,30 @@ class SqlCollector:
         clock: Callable[[], datetime],
         *,
         callbacks: bool = False,
+        idle_grace_s: Mapping[str, float] | None = None,
     ) -> None:
         self._sessions = sessions
         self._clock = clock
         self._callbacks = callbacks
+        self._idle_grace_s = dict(idle_grace_s or {})
 
     def collect(self) -> Iterator[Metric]:
         with unit_of_work(self._sessions) as session:  # the fold commits with the read
-            snap = read_snapshot(session, self._clock(), callbacks=self._callbacks)
+            snap = read_snapshot(
+                session, self._clock(), callbacks=self._callbacks, idle_grace_s=self._idle_grace_s
+            )
         yield from families(snap)
 
 
 def build_registry(
-    sessions: sessionmaker[Session], clock: Callable[[], datetime], *, callbacks: bool = False
+    sessions: sessionmaker[Session],
+    clock: Callable[[], datetime],
+    *,
+    callbacks: bool = False,
+    idle_grace_s: Mapping[str, float] | None = None,
 ) -> CollectorRegistry:
     """A registry holding only the SQL collector (its own, so several apps in one process,
     as in tests, never clash on the global registry)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SqlCollector(sessions, clock, callbacks=callbacks))
+    registry.register(SqlCollector(sessions, clock, callbacks=callbacks, idle_grace_s=idle_grace_s))
     return registry

@@ -13,6 +13,7 @@ from models.states import (
     NetState,
 )
 from models.tables import (
+    HousekeepingRun,
     Job,
     JobEvent,
     MetricNetClock,
@@ -33,6 +34,7 @@ __all__ = [
     "Base",
     "CallbackCursor",
     "CallbackReceiver",
+    "HousekeepingRun",
     "IllegalTransition",
     "Job",
     "JobEvent",

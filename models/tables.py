@@ -166,6 +166,10 @@ class Job(Base):
         # An expression index, not a partial one: the planner keeps statistics on the
         # expression, so it knows how few rows match.
         Index("ix_jobs_retries_uncounted", text("(retries - retries_counted)")),
+        # The nets page's recent jobs (app.usecases.net_history), newest change first: of
+        # all nets, and of one net.
+        Index("ix_jobs_state_changed_at", "state_changed_at"),
+        Index("ix_jobs_net_name_state_changed_at", "net_name", "state_changed_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
@@ -372,7 +376,8 @@ class JobEvent(Base):
     """Append-only history of a job's moves."""
 
     __tablename__ = "job_events"
-    __table_args__ = (_uncounted_index("job_events"),)
+    # ix_job_events_at: the nets page's window (app.usecases.net_history), a day of a year.
+    __table_args__ = (_uncounted_index("job_events"), Index("ix_job_events_at", "at"))
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -398,7 +403,11 @@ class NetEvent(Base):
     """Append-only history of a net's moves."""
 
     __tablename__ = "net_events"
-    __table_args__ = (_uncounted_index("net_events"),)
+    # The nets page's window of a page's nets (app.usecases.net_history): a day of a year.
+    __table_args__ = (
+        _uncounted_index("net_events"),
+        Index("ix_net_events_net_name_at", "net_name", "at"),
+    )
 
     id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
@@ -458,3 +467,14 @@ class MetricNetClock(Base):
     starting_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     up_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     uptime_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class HousekeepingRun(Base):
+    """When a beat loop last finished a round. Only beat sends those rounds and only a
+    worker runs them, so an old time here means beat, every worker or the broker is down
+    (fl_dispatcher_housekeeping_last_run_timestamp_seconds; the alert that reads it)."""
+
+    __tablename__ = "housekeeping_runs"
+
+    loop: Mapped[str] = mapped_column(String(64), primary_key=True)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -4,6 +4,7 @@ it; it is far too slow to serve a scrape with a long history, which is why it li
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -17,24 +18,27 @@ from app.metrics import (
     Snapshot,
     cold_starts,
     dispatch_latencies,
+    read_current_extras,
     uptimes,
 )
 from app.usecases.services import REPORT_TIMEOUT_REASON
-from models import Job, JobEvent, JobState, Net, NetEvent, NetState, ScaleEvent, StrayRun
+from models import Job, JobEvent, JobState, NetEvent, ScaleEvent, StrayRun
 
 
 def _seconds(start: datetime, end: datetime) -> float:
     return max(0.0, (end - start).total_seconds())
 
 
-def reference_snapshot(session: Session, now: datetime) -> Snapshot:
+def reference_snapshot(
+    session: Session, now: datetime, idle_grace_s: Mapping[str, float] | None = None
+) -> Snapshot:
     """Every metric recomputed from every row."""
     snap = Snapshot()
     for state, count in session.execute(select(Job.state, func.count()).group_by(Job.state)):
         snap.jobs_by_state[JobState(state)] = int(count)
-    snap.net_states = {
-        name: NetState(state) for name, state in session.execute(select(Net.name, Net.state))
-    }
+    read_current_extras(
+        session, now, snap, idle_grace_s
+    )  # current rows: read as the collector does
     snap.queue_wait = Histogram.of(
         (
             _seconds(created, assigned)

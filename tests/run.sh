@@ -4,7 +4,8 @@
 #   bash tests/run.sh -m unit      one tier: -m unit | -m integration | -m e2e (README "Tests")
 #   bash tests/run.sh ARGS...      any other pytest arguments, e.g. a path or -k
 # Sets up what it needs on a fresh machine: a virtualenv with the project and its dev
-# extras, and the PostgreSQL and Redis servers the integration and e2e tiers talk to.
+# extras, the PostgreSQL and Redis servers the integration and e2e tiers talk to, promtool
+# and chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,18 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
   for _ in $(seq 30); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 1; done
+fi
+
+echo "== tools"
+# promtool runs the alert rules' tests, chromium takes the nets page's screenshot: Debian's
+# packages (prometheus brings promtool), installed once where missing.
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 echo "== ruff"

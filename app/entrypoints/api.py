@@ -1,7 +1,8 @@
 """The status HTTP API: every net and job at a glance, enqueue and abort, health, metrics.
 
 Served by uvicorn (`fl-dispatcher api`, or
-`uvicorn --factory app.entrypoints.api:app_from_env`). Read routes are open; mutating
+`uvicorn --factory app.entrypoints.api:app_from_env`). Read routes (the nets page among
+them) are open; mutating
 routes need `X-API-Key: $API_SECRET` and are disabled while API_SECRET is unset.
 
 This module is the HTTP door only: routing, authentication, error handlers. What a route
@@ -25,12 +26,13 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
+from app.entrypoints import nets_page
 from app.entrypoints.responses import (
     AbortRequested,
     Enqueued,
@@ -48,6 +50,7 @@ from app.readiness import check_ready
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.usecases import intake
+from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import collect_status, job_detail, list_jobs, parse_job_state
 from models import IllegalTransition
 
@@ -180,6 +183,9 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
         ctx.runtime.sessions,
         ctx.runtime.clock,
         callbacks=ctx.runtime.settings.callbacks_enabled,
+        idle_grace_s={
+            n.name: n.idle_timeout_s for n in ctx.runtime.settings.nets if n.scales_to_zero
+        },
     )
     broker_url = ctx.runtime.settings.broker_url
 
@@ -217,11 +223,49 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """error_responses for a route whose success is not JSON: FastAPI would document a
+    model's errors in the route's own media type, but they are JSON like every route's."""
+    return {
+        code: {
+            "description": answer["description"],
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+            },
+        }
+        for code, answer in error_responses(*codes).items()
+    }
+
+
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
+    declared = declared_nets(ctx.runtime.settings)
+    declared_names = {n.name for n in declared}
+
     @app.get("/fl/status", tags=["status"], response_model=FlStatus, responses=error_responses(503))
     def fl_status() -> dict[str, Any]:
         """Every configured net and the queue; a failing net reports its own error."""
         return collect_status(ctx.runtime, ctx.prober, ctx.probe_timeout_s)
+
+    @app.get(
+        "/nets",
+        tags=["status"],
+        response_class=HTMLResponse,
+        responses={
+            200: {"description": "The nets page (HTML, self-contained)."},
+            **_json_errors(400, 422, 503),
+        },
+    )
+    def get_nets_page(
+        net: Annotated[str | None, Query(description="one declared net only")] = None,
+        page: Annotated[int, Query(ge=1, description="of 50 nets, those in trouble first")] = 1,
+    ) -> HTMLResponse:
+        """Every net's last 24 h, current job, queue, cold starts, idle grace and last
+        error, and the recent jobs with their history; reloads itself."""
+        if net is not None and net not in declared_names:
+            raise InvalidRequest(f"unknown net {net!r}")
+        with ctx.runtime.sessions() as session:
+            overview = nets_overview(session, declared, ctx.runtime.clock(), net=net, page=page)
+        return HTMLResponse(nets_page.render(overview))
 
     @app.get(
         "/jobs", tags=["jobs"], response_model=JobList, responses=error_responses(400, 422, 503)

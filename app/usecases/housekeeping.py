@@ -20,7 +20,7 @@ from app.adapters.nvflare.base import AdminClient, RunState, ServerState
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound, TransientError
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import heartbeat, services
 from app.usecases.abort import (
     RUN_OUTCOMES,
     expire_abort,
@@ -486,6 +486,8 @@ def reconcile(rt: Runtime) -> Reconciled:
         if note:
             repaired.append(f"{net_config.name}: {note}")
     kick(rt)
+    with unit_of_work(rt.sessions) as session:
+        heartbeat.record_run(session, heartbeat.RECONCILE, rt.clock())
     return Reconciled(tuple(redriven), tuple(repaired))
 
 

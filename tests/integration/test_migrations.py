@@ -26,6 +26,7 @@ TABLES = {
     "callback_receiver",
     "metric_totals",
     "metric_net_clocks",
+    "housekeeping_runs",
     "alembic_version",
 }
 
