@@ -1,17 +1,20 @@
 """The Celery app: its configuration is derived from Settings, never written by hand.
 
 JSON only, explicit dotted task names, late acks with requeue on a lost worker, prefetch 1,
-no result backend (the SQL tables are the job store), and one beat schedule.
+no result backend (the SQL tables are the job store), three queues (`app.names`), and one
+beat schedule, sent to the housekeeping queue.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain, signals
+from kombu.entity import Exchange, Queue
 from kombu.exceptions import KombuError
 
 from app import names
@@ -42,14 +45,16 @@ celery = Celery(
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The one housekeeping schedule; each entry expires before the next one is due."""
+    """The one housekeeping schedule; each entry expires before the next one is due. Every
+    entry goes to the housekeeping queue, the assign round and the callback sweep included:
+    they are what covers a lost kick, so no backlog of kicks or requests may hold them."""
     every = settings.housekeeping_interval_s
 
     def entry(name: str, seconds: float) -> dict[str, Any]:
         return {
             "task": name,
             "schedule": timedelta(seconds=seconds),
-            "options": {"expires": seconds},
+            "options": {"expires": seconds, "queue": names.HOUSEKEEPING_QUEUE},
         }
 
     schedule = {
@@ -93,8 +98,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
+        # With late acks a worker holds at most `concurrency` messages, each one running:
+        # a backlog stays in the broker, where the next free slot picks among the worker's
+        # queues in turn (kombu's Redis transport rotates its BRPOP keys after each message,
+        # the SQL transport polls them round robin), so no queue waits behind another's.
         "worker_prefetch_multiplier": 1,
         "task_default_queue": names.QUEUE,
+        # A worker started without -Q consumes every queue (the demo's single worker).
+        "task_queues": tuple(_queue(name) for name in names.QUEUES),
+        "task_routes": {task: {"queue": queue} for task, queue in names.ROUTES.items()},
         "task_send_sent_event": True,
         "worker_send_task_events": True,  # Celery Flower shows tasks live
         "worker_hijack_root_logger": False,
@@ -102,6 +114,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "timezone": "UTC",
         "enable_utc": True,
     }
+
+
+def _queue(name: str) -> Queue:
+    # What Celery declares for a queue it is only told the name of: a direct exchange of the
+    # same name, routed by that name.
+    return Queue(name, Exchange(name), routing_key=name)  # type: ignore[no-untyped-call]
 
 
 class _Configured:
@@ -181,11 +199,11 @@ class CeleryOutbox:
         self.app = app
 
     def send(self, task: str, **kwargs: Any) -> bool:
-        """Send one task by name with JSON kwargs, on the workers' queue. Called after the
-        commit that made it necessary: a broker failure is logged and reported, never
-        raised, since beat and the reconciler find the rows again."""
+        """Send one task by name with JSON kwargs, on its queue (`names.queue_for`). Called
+        after the commit that made it necessary: a broker failure is logged and reported,
+        never raised, since beat and the reconciler find the rows again."""
         try:
-            self.app.send_task(task, kwargs=kwargs, queue=names.QUEUE)
+            self.app.send_task(task, kwargs=kwargs, queue=names.queue_for(task))
         except (KombuError, OSError) as exc:
             log.warning("sending a task failed", extra={"task": task, "reason": str(exc)})
             return False
@@ -222,9 +240,15 @@ def celery_runtime(settings: Settings) -> Runtime:
 
 
 def run_worker(
-    settings: Settings, *, concurrency: int = 2, beat: bool = False, loglevel: str | None = None
+    settings: Settings,
+    *,
+    concurrency: int = 2,
+    beat: bool = False,
+    queues: Sequence[str] = (),
+    loglevel: str | None = None,
 ) -> None:
-    """Run a worker in this process (with an embedded beat if asked: one beat in total)."""
+    """Run a worker in this process (with an embedded beat if asked: one beat in total), on
+    the given queues (none given: all of them)."""
     app = configure(settings)
     argv = [
         "worker",
@@ -234,6 +258,8 @@ def run_worker(
         "--without-gossip",
         "--without-mingle",
     ]
+    if queues:
+        argv.append(f"--queues={','.join(queues)}")
     if beat:
         argv += ["--beat", f"--schedule={settings.data_dir.resolve() / 'celerybeat-schedule'}"]
     app.worker_main(argv)

@@ -10,12 +10,12 @@ from app.celery_app import CeleryOutbox, configure
 from app.settings import Settings
 
 
-def queued_tasks(broker_db) -> list[str]:
+def queued_tasks(broker_db, queue: str = names.QUEUE) -> list[str]:
     with sqlite3.connect(broker_db) as conn:
         rows = conn.execute(
             "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON m.queue_id = q.id"
-            " WHERE q.name = ?",
-            (names.QUEUE,),
+            " WHERE q.name = ? ORDER BY m.id",
+            (queue,),
         ).fetchall()
     return [json.loads(payload)["headers"]["task"] for (payload,) in rows]
 
