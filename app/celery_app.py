@@ -222,16 +222,19 @@ class CeleryOutbox:
 
 def celery_runtime(settings: Settings) -> Runtime:
     """A runtime whose outbox sends through the shared app configured for `settings`: what
-    a worker child, the status API and the CLI's enqueue and abort use. With callbacks on,
-    every commit of it that moves a job also sends the delivery task."""
+    a worker child, the status API and the CLI's enqueue and abort use. Its assigner kicks
+    are coalesced (`app.usecases.kicks`). With callbacks on, every commit of it that moves a
+    job also sends the delivery task."""
     from app.parallel import Prober
     from app.runtime import Runtime
+    from app.usecases.kicks import coalesce_kicks
 
     rt = Runtime.from_settings(
         settings,
         outbox=CeleryOutbox(configure(settings)),
         fan_out=Prober(max_parallel=settings.housekeeping_parallel),
     )
+    coalesce_kicks(rt)
     if settings.callbacks_enabled:
         from app.usecases.callbacks import send_after_commit
 

@@ -26,6 +26,7 @@ TABLES = {
     "callback_receiver",
     "metric_totals",
     "metric_net_clocks",
+    "pending_kicks",
     "alembic_version",
 }
 
