@@ -46,15 +46,15 @@ celery = Celery(
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The one housekeeping schedule; each entry expires before the next one is due. Every
-    entry goes to the housekeeping queue, the assign round and the callback sweep included:
-    they are what covers a lost kick, so no backlog of kicks or requests may hold them."""
+    entry goes to the housekeeping queue, the assign round included (it is what covers a
+    lost kick, so no backlog of requests may hold it), except the callback sweep (below)."""
     every = settings.housekeeping_interval_s
 
-    def entry(name: str, seconds: float) -> dict[str, Any]:
+    def entry(name: str, seconds: float, queue: str = names.HOUSEKEEPING_QUEUE) -> dict[str, Any]:
         return {
             "task": name,
             "schedule": timedelta(seconds=seconds),
-            "options": {"expires": seconds, "queue": names.HOUSEKEEPING_QUEUE},
+            "options": {"expires": seconds, "queue": queue},
         }
 
     schedule = {
@@ -69,7 +69,9 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         schedule["monitor-awaited-runs"] = entry(names.MONITOR_AWAITED_RUNS, settings.queued_poll_s)
     if settings.callbacks_enabled:
         # The sweep: events whose kick was lost, or made by a process that sends none.
-        schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every)
+        # With the deliveries' own kicks, not on the housekeeping queue: a delivery round
+        # holds its slot up to ROUND_BUDGET_S (60 s) and re-sends itself while events wait.
+        schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every, names.PIPELINE_QUEUE)
     return schedule
 
 
