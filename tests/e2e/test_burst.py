@@ -24,16 +24,17 @@ MIN_DRAIN_INTERVALS = 3
 
 def test_beat_runs_within_one_interval_while_a_burst_drains(tmp_path):
     with burst_stack(tmp_path / "burst", SPLIT, INTERVAL_S) as (stack, events):
-        burst = stack.burst(JOBS, timeout_s=600)
-        settle(burst.drained, INTERVAL_S)
-        beat = events.lateness(burst.send_start, burst.drained)
-        kicks = events.kicks(burst.send_start, burst.drained)
+        burst = stack.burst(JOBS, timeout_s=600, drain_cap_s=120)
+        settle(burst.end, INTERVAL_S)
+        beat = events.lateness(burst.send_start, burst.end, INTERVAL_S)
+        kicks = events.kicks(burst.send_start, burst.end)
 
     assert burst.drain_s >= MIN_DRAIN_INTERVALS * INTERVAL_S, (
         f"the burst drained in {burst.drain_s:.1f} s: no backlog to test against"
     )
+    assert burst.drained is not None, f"{burst.left} messages still queued"
     summary = {
-        name: (entry.sent, len(entry.started_s), entry.expired, entry.unrun, entry.max_s)
+        name: (entry.sent, len(entry.started_s), entry.late, entry.max_s)
         for name, entry in beat.items()
     }
     # Every interval entry was sent while the burst drained, and each one ran in time.
@@ -41,7 +42,6 @@ def test_beat_runs_within_one_interval_while_a_burst_drains(tmp_path):
         if name.endswith("keep_alive_busy_nets"):
             continue  # every KEEP_ALIVE_INTERVAL_S (300 s): none fall in the window
         assert entry.sent >= 2, (name, summary)
-        assert entry.expired == 0 and entry.unrun == 0, (name, summary)
-        assert entry.max_s <= INTERVAL_S, (name, summary)
+        assert entry.late == 0, (name, summary)  # each started within one interval
     # Coalesced: one kick while one is pending, not one per enqueue (JOBS before).
     assert kicks <= JOBS // 10, kicks
