@@ -1,17 +1,20 @@
 """The Celery app: its configuration is derived from Settings, never written by hand.
 
 JSON only, explicit dotted task names, late acks with requeue on a lost worker, prefetch 1,
-no result backend (the SQL tables are the job store), and one beat schedule.
+no result backend (the SQL tables are the job store), three queues (`app.names`), and one
+beat schedule, sent to the housekeeping queue.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain, signals
+from kombu.entity import Exchange, Queue
 from kombu.exceptions import KombuError
 
 from app import names
@@ -42,14 +45,16 @@ celery = Celery(
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The one housekeeping schedule; each entry expires before the next one is due."""
+    """The one housekeeping schedule; each entry expires before the next one is due. Every
+    entry goes to the housekeeping queue, the assign round included (it is what covers a
+    lost kick, so no backlog of requests may hold it), except the callback sweep (below)."""
     every = settings.housekeeping_interval_s
 
-    def entry(name: str, seconds: float) -> dict[str, Any]:
+    def entry(name: str, seconds: float, queue: str = names.HOUSEKEEPING_QUEUE) -> dict[str, Any]:
         return {
             "task": name,
             "schedule": timedelta(seconds=seconds),
-            "options": {"expires": seconds},
+            "options": {"expires": seconds, "queue": queue},
         }
 
     schedule = {
@@ -64,7 +69,9 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         schedule["monitor-awaited-runs"] = entry(names.MONITOR_AWAITED_RUNS, settings.queued_poll_s)
     if settings.callbacks_enabled:
         # The sweep: events whose kick was lost, or made by a process that sends none.
-        schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every)
+        # With the deliveries' own kicks, not on the housekeeping queue: a delivery round
+        # holds its slot up to ROUND_BUDGET_S (60 s) and re-sends itself while events wait.
+        schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every, names.PIPELINE_QUEUE)
     return schedule
 
 
@@ -93,8 +100,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
+        # With late acks a worker holds at most `concurrency` messages, each one running:
+        # a backlog stays in the broker, where the next free slot picks among the worker's
+        # queues in turn (kombu's Redis transport rotates its BRPOP keys after each message,
+        # the SQL transport polls them round robin), so no queue waits behind another's.
         "worker_prefetch_multiplier": 1,
         "task_default_queue": names.QUEUE,
+        # A worker started without -Q consumes every queue (the demo's single worker).
+        "task_queues": tuple(_queue(name) for name in names.QUEUES),
+        "task_routes": {task: {"queue": queue} for task, queue in names.ROUTES.items()},
         "task_send_sent_event": True,
         "worker_send_task_events": True,  # Celery Flower shows tasks live
         "worker_hijack_root_logger": False,
@@ -102,6 +116,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "timezone": "UTC",
         "enable_utc": True,
     }
+
+
+def _queue(name: str) -> Queue:
+    # What Celery declares for a queue it is only told the name of: a direct exchange of the
+    # same name, routed by that name.
+    return Queue(name, Exchange(name), routing_key=name)  # type: ignore[no-untyped-call]
 
 
 class _Configured:
@@ -181,11 +201,11 @@ class CeleryOutbox:
         self.app = app
 
     def send(self, task: str, **kwargs: Any) -> bool:
-        """Send one task by name with JSON kwargs, on the workers' queue. Called after the
-        commit that made it necessary: a broker failure is logged and reported, never
-        raised, since beat and the reconciler find the rows again."""
+        """Send one task by name with JSON kwargs, on its queue (`names.queue_for`). Called
+        after the commit that made it necessary: a broker failure is logged and reported,
+        never raised, since beat and the reconciler find the rows again."""
         try:
-            self.app.send_task(task, kwargs=kwargs, queue=names.QUEUE)
+            self.app.send_task(task, kwargs=kwargs, queue=names.queue_for(task))
         except (KombuError, OSError) as exc:
             log.warning("sending a task failed", extra={"task": task, "reason": str(exc)})
             return False
@@ -204,16 +224,19 @@ class CeleryOutbox:
 
 def celery_runtime(settings: Settings) -> Runtime:
     """A runtime whose outbox sends through the shared app configured for `settings`: what
-    a worker child, the status API and the CLI's enqueue and abort use. With callbacks on,
-    every commit of it that moves a job also sends the delivery task."""
+    a worker child, the status API and the CLI's enqueue and abort use. Its assigner kicks
+    are coalesced (`app.usecases.kicks`). With callbacks on, every commit of it that moves a
+    job also sends the delivery task."""
     from app.parallel import Prober
     from app.runtime import Runtime
+    from app.usecases.kicks import coalesce_kicks
 
     rt = Runtime.from_settings(
         settings,
         outbox=CeleryOutbox(configure(settings)),
         fan_out=Prober(max_parallel=settings.housekeeping_parallel),
     )
+    coalesce_kicks(rt)
     if settings.callbacks_enabled:
         from app.usecases.callbacks import send_after_commit
 
@@ -222,9 +245,15 @@ def celery_runtime(settings: Settings) -> Runtime:
 
 
 def run_worker(
-    settings: Settings, *, concurrency: int = 2, beat: bool = False, loglevel: str | None = None
+    settings: Settings,
+    *,
+    concurrency: int = 2,
+    beat: bool = False,
+    queues: Sequence[str] = (),
+    loglevel: str | None = None,
 ) -> None:
-    """Run a worker in this process (with an embedded beat if asked: one beat in total)."""
+    """Run a worker in this process (with an embedded beat if asked: one beat in total), on
+    the given queues (none given: all of them)."""
     app = configure(settings)
     argv = [
         "worker",
@@ -234,6 +263,8 @@ def run_worker(
         "--without-gossip",
         "--without-mingle",
     ]
+    if queues:
+        argv.append(f"--queues={','.join(queues)}")
     if beat:
         argv += ["--beat", f"--schedule={settings.data_dir.resolve() / 'celerybeat-schedule'}"]
     app.worker_main(argv)

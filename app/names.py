@@ -1,12 +1,18 @@
-"""Every Celery task name and the queue, in one place: tasks register under these names,
-the outbox, the HTTP API, the CLI and `app.client` send by them, and beat schedules them.
+"""Every Celery task name and queue, in one place: tasks register under these names, the
+outbox, the HTTP API, the CLI and `app.client` send by them, and beat schedules them.
 
 Imports nothing, so `app.client` stays light.
 """
 
 from __future__ import annotations
 
+# Three queues, so that no backlog of one kind of work delays another (README "Queues"):
+# flip-api's requests (and the assigner's kicks, which run after the requests ahead of
+# them), the dispatch chains, and beat's housekeeping, which a worker of its own consumes.
 QUEUE = "fl_dispatcher"
+PIPELINE_QUEUE = "fl_dispatcher.pipeline"
+HOUSEKEEPING_QUEUE = "fl_dispatcher.housekeeping"
+QUEUES = (QUEUE, PIPELINE_QUEUE, HOUSEKEEPING_QUEUE)
 PREFIX = "fl_dispatcher."
 
 # flip-api's public tasks (payloads in app.schemas)
@@ -31,3 +37,29 @@ RECONCILE = PREFIX + "reconcile"
 
 # job status pushed to flip-api (after every commit that moved a job, and beat's sweep)
 DELIVER_CALLBACKS = PREFIX + "deliver_callbacks"
+
+# Where a task goes when beat does not send it (beat sends everything it schedules to
+# HOUSEKEEPING_QUEUE); any other task goes to QUEUE. The assigner's kick stays there: a
+# kick sent during a burst runs once the requests ahead of it are stored, so one assign
+# round claims for all of them.
+ROUTES: dict[str, str] = {
+    **dict.fromkeys(
+        (SCALE_UP, WAIT_READY, DISPATCH, ABORT_ON_SERVER, SETTLE_STRAY_RUNS, DELIVER_CALLBACKS),
+        PIPELINE_QUEUE,
+    ),
+    **dict.fromkeys(
+        (
+            SCALE_DOWN_IDLE_NETS,
+            KEEP_ALIVE_BUSY_NETS,
+            MONITOR_RUNNING_JOBS,
+            MONITOR_AWAITED_RUNS,
+            RECONCILE,
+        ),
+        HOUSEKEEPING_QUEUE,
+    ),
+}
+
+
+def queue_for(task: str) -> str:
+    """The queue a task is sent to outside beat's schedule."""
+    return ROUTES.get(task, QUEUE)

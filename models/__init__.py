@@ -2,6 +2,7 @@
 
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
+from models.kicks import PendingKick
 from models.states import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -44,6 +45,7 @@ __all__ = [
     "Net",
     "NetEvent",
     "NetState",
+    "PendingKick",
     "RejectedRequest",
     "ScaleEvent",
     "StrayRun",

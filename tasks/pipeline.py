@@ -10,6 +10,7 @@ from typing import Any
 from app import names
 from app.usecases import abort as abort_uc
 from app.usecases import dispatch as dispatch_uc
+from app.usecases import kicks
 from app.usecases.dispatch import Step, StepResult
 from tasks.base import dispatcher_task, runtime
 
@@ -22,8 +23,9 @@ def _end_chain_if_over(task: Any, result: StepResult) -> str:
 
 @dispatcher_task(names.ASSIGN_NEXT_JOB)
 def assign_next_job(self: Any) -> int:
-    """Claim QUEUED jobs onto free nets and start a chain for each claim."""
-    return len(dispatch_uc.assign_jobs(runtime()))
+    """Take the pending kick, then claim QUEUED jobs onto free nets and start a chain for
+    each claim."""
+    return len(kicks.assign_after_kick(runtime()))
 
 
 @dispatcher_task(names.SCALE_UP, pipeline=True)

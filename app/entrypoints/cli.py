@@ -423,8 +423,23 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Run a Celery worker (with an embedded beat only if asked: one beat per deployment)."""
     from app.celery_app import run_worker
 
-    run_worker(settings, concurrency=args.concurrency, beat=args.beat)
+    run_worker(settings, concurrency=args.concurrency, beat=args.beat, queues=args.queues)
     return EXIT_OK
+
+
+def _queue_list(text: str) -> list[str]:
+    """`-Q a,b`: names from app.names only, so a typo is an error at start, not a worker
+    that silently consumes a queue nobody sends to."""
+    from app import names
+
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    unknown = [q for q in queues if q not in names.QUEUES]
+    if unknown or not queues:
+        raise argparse.ArgumentTypeError(
+            f"unknown queue(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(names.QUEUES)}"
+        )
+    return queues
 
 
 def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
@@ -616,6 +631,14 @@ def _add_process_commands(
     p = add("worker", cmd_worker, "run a Celery worker (its tasks show live in Celery Flower)")
     p.add_argument("--concurrency", type=int, default=2, metavar="N")
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
+    p.add_argument(
+        "-Q",
+        "--queues",
+        type=_queue_list,
+        default=[],
+        metavar="Q1,Q2",
+        help='consume only these queues (default: all; README "Queues")',
+    )
     add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
     p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")

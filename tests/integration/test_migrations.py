@@ -27,6 +27,7 @@ TABLES = {
     "metric_totals",
     "metric_net_clocks",
     "housekeeping_runs",
+    "pending_kicks",
     "alembic_version",
 }
 

@@ -114,7 +114,7 @@ def test_beat_polls_awaited_runs_every_queued_poll_s_unless_off(tmp_path, job_ro
     entry = beat_schedule(settings("2.5"))["monitor-awaited-runs"]
     assert entry["task"] == names.MONITOR_AWAITED_RUNS
     assert entry["schedule"] == timedelta(seconds=2.5)
-    assert entry["options"] == {"expires": 2.5}
+    assert entry["options"] == {"expires": 2.5, "queue": names.HOUSEKEEPING_QUEUE}
     assert beat_schedule(settings("1"))["monitor-awaited-runs"]["schedule"] == timedelta(seconds=1)
     assert "monitor-awaited-runs" not in beat_schedule(settings("0"))
 

@@ -567,7 +567,7 @@ def test_a_kick_that_cannot_be_sent_never_fails_the_committed_move(cb):
 @pytest.mark.parametrize("enabled", [True, False])
 def test_every_door_kicks_delivery_through_the_real_broker(tmp_path, job_root, sqlite_url, enabled):
     """celery_runtime is what a worker, the status API and the CLI build: with callbacks on,
-    an enqueue puts deliver_callbacks on the broker's queue beside assign_next_job."""
+    an enqueue puts deliver_callbacks on the pipeline queue beside assign_next_job's kick."""
     from app.celery_app import celery_runtime
     from tests.unit.test_celery_app import queued_tasks
 
@@ -586,7 +586,8 @@ def test_every_door_kicks_delivery_through_the_real_broker(tmp_path, job_root, s
     finally:
         rt.close()
     expected = [names.DELIVER_CALLBACKS] if enabled else []
-    assert queued_tasks(broker) == [*expected, names.ASSIGN_NEXT_JOB]
+    assert queued_tasks(broker, names.PIPELINE_QUEUE) == expected
+    assert queued_tasks(broker) == [names.ASSIGN_NEXT_JOB]
 
 
 # --- rejected enqueues -----------------------------------------------------------------------

@@ -6,16 +6,16 @@ import json
 import sqlite3
 
 from app import names
-from app.celery_app import CeleryOutbox, configure
+from app.celery_app import CeleryOutbox, beat_schedule, celery_config, configure
 from app.settings import Settings
 
 
-def queued_tasks(broker_db) -> list[str]:
+def queued_tasks(broker_db, queue: str = names.QUEUE) -> list[str]:
     with sqlite3.connect(broker_db) as conn:
         rows = conn.execute(
             "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON m.queue_id = q.id"
-            " WHERE q.name = ?",
-            (names.QUEUE,),
+            " WHERE q.name = ? ORDER BY m.id",
+            (queue,),
         ).fetchall()
     return [json.loads(payload)["headers"]["task"] for (payload,) in rows]
 
@@ -31,3 +31,39 @@ def test_configure_with_another_broker_sends_there(tmp_path):
         assert CeleryOutbox(configure(settings)).send(names.ASSIGN_NEXT_JOB) is True
     assert queued_tasks(brokers["a"]) == [names.ASSIGN_NEXT_JOB] * 2
     assert queued_tasks(brokers["b"]) == [names.ASSIGN_NEXT_JOB]
+
+
+def test_beat_sends_housekeeping_to_its_own_queue_and_the_callback_sweep_with_deliveries(tmp_path):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path,
+        CALLBACK_URL="http://127.0.0.1:9/cb",
+        CALLBACK_SECRET="s" * 16,
+    )
+    queues = {name: e["options"]["queue"] for name, e in beat_schedule(settings).items()}
+    assert queues.pop("deliver-callbacks") == names.PIPELINE_QUEUE
+    assert set(queues) == {
+        "assign-next-job",
+        "scale-down-idle-nets",
+        "monitor-running-jobs",
+        "reconcile",
+        "keep-alive-busy-nets",
+        "monitor-awaited-runs",
+    }
+    assert set(queues.values()) == {names.HOUSEKEEPING_QUEUE}
+
+
+def test_a_chain_and_a_kick_go_to_their_queues_on_the_embedded_broker(tmp_path):
+    broker = tmp_path / "broker.db"
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, BROKER_URL=f"sqla+sqlite:///{broker}")
+    outbox = CeleryOutbox(configure(settings))
+    outbox.start_pipeline("job-1", "net-a", 0)
+    assert outbox.send(names.SETTLE_STRAY_RUNS, net_name="net-a") is True
+    assert outbox.send(names.ASSIGN_NEXT_JOB) is True
+    assert queued_tasks(broker, names.PIPELINE_QUEUE) == [names.SCALE_UP, names.SETTLE_STRAY_RUNS]
+    assert queued_tasks(broker, names.QUEUE) == [names.ASSIGN_NEXT_JOB]
+    assert queued_tasks(broker, names.HOUSEKEEPING_QUEUE) == []
+
+
+def test_a_worker_without_q_consumes_every_queue(tmp_path):
+    config = celery_config(Settings(FL_DISPATCHER_DATA_DIR=tmp_path))
+    assert [q.name for q in config["task_queues"]] == list(names.QUEUES)

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
+from app import names
 from app.db import make_engine, session_factory
 from app.entrypoints.cli import build_parser, main
 from app.schemas import EnqueueJob
@@ -236,13 +237,16 @@ def test_job_unknown_and_malformed_ids(capsys, world):
 
 
 def broker_messages(cli_env) -> list[str]:
+    """What the CLI left on the dispatcher's queues, in the order it was sent."""
     path = cli_env["BROKER_URL"].removeprefix("sqla+sqlite:///")
+    marks = ", ".join("?" * len(names.QUEUES))
     with sqlite3.connect(path) as conn:
         return [
             payload
             for (payload,) in conn.execute(
                 "SELECT m.payload FROM kombu_message m JOIN kombu_queue q ON m.queue_id = q.id"
-                " WHERE q.name = 'fl_dispatcher'"
+                f" WHERE q.name IN ({marks}) ORDER BY m.id",
+                names.QUEUES,
             )
         ]
 
@@ -259,8 +263,10 @@ def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db,
     with db() as session:
         job = session.scalars(select(Job)).one()
         assert (job.required_sites, job.requested_net, job.priority) == (["site-9"], "net-b", 5)
+    # One kick: no worker took the first before the repeat, so the repeat's is coalesced
+    # into it (app.usecases.kicks).
     messages = broker_messages(cli_env)
-    assert task_names(messages) == ["fl_dispatcher.assign_next_job"] * 2
+    assert task_names(messages) == ["fl_dispatcher.assign_next_job"]
 
 
 def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
@@ -346,11 +352,24 @@ def test_worker_and_beat_start_with_the_loaded_settings(capsys, cli_env, monkeyp
     monkeypatch.setattr(app.celery_app, "run_beat", lambda s: calls.append(("beat", s, {})))
     assert run(capsys, "worker", "--beat", "--concurrency", "3")[0] == 0
     assert run(capsys, "beat")[0] == 0
+    assert run(capsys, "worker", "-Q", f"{names.QUEUE}, {names.PIPELINE_QUEUE}")[0] == 0
     assert [(c[0], c[2]) for c in calls] == [
-        ("worker", {"concurrency": 3, "beat": True}),
+        ("worker", {"concurrency": 3, "beat": True, "queues": []}),
         ("beat", {}),
+        (
+            "worker",
+            {"concurrency": 2, "beat": False, "queues": [names.QUEUE, names.PIPELINE_QUEUE]},
+        ),
     ]
     assert all(isinstance(c[1], Settings) for c in calls)
+
+
+def test_a_worker_on_an_unknown_queue_does_not_start(capsys, cli_env):
+    # A typo would start a worker that waits on a queue nobody sends to.
+    with pytest.raises(SystemExit) as exc:
+        main(["worker", "-Q", f"{names.QUEUE},fl_dispatcher.housekeep"])
+    assert exc.value.code == 2
+    assert "unknown queue(s) fl_dispatcher.housekeep" in capsys.readouterr().err
 
 
 def test_ready_reports_which_dependency_failed(capsys, cli_env, monkeypatch):

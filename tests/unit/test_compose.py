@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app import names
 from app.entrypoints.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,38 @@ def assert_cli_accepts(args: list[str]) -> None:
 
 
 def test_parses_and_has_the_stack(services):
-    assert set(services) == {"redis", "postgres", "migrate", "worker", "beat", "flower", "api"}
+    assert set(services) == {
+        "redis",
+        "postgres",
+        "migrate",
+        "worker",
+        "housekeeper",
+        "beat",
+        "flower",
+        "api",
+    }
+
+
+def consumed_queues(service: dict) -> list[str]:
+    """The queues a `fl-dispatcher worker` service consumes (no -Q: all of them)."""
+    args = build_parser().parse_args(argv(service["command"])[1:])
+    return list(args.queues) or list(names.QUEUES)
+
+
+def test_every_queue_has_a_worker_and_beat_s_has_one_of_its_own(services):
+    workers = {
+        name: consumed_queues(s)
+        for name, s in services.items()
+        if "command" in s and argv(s["command"])[:2] == ["fl-dispatcher", "worker"]
+    }
+    assert {q for queues in workers.values() for q in queues} == set(names.QUEUES), workers
+    # No backlog of requests or chains can delay housekeeping (README "Queues").
+    assert workers["housekeeper"] == [names.HOUSEKEEPING_QUEUE], workers
+    assert all(
+        names.HOUSEKEEPING_QUEUE not in queues
+        for name, queues in workers.items()
+        if name != "housekeeper"
+    ), workers
 
 
 def test_every_app_command_is_a_real_subcommand_or_flower(services):
@@ -108,7 +140,7 @@ def test_every_long_running_service_has_a_healthcheck_and_restart_policy(service
 
 
 def test_app_services_wait_for_migrations_and_dependencies(services):
-    for name in ("worker", "beat", "api"):
+    for name in ("worker", "housekeeper", "beat", "api"):
         deps = services[name]["depends_on"]
         assert deps["migrate"] == {"condition": "service_completed_successfully"}, name
         assert deps["redis"] == {"condition": "service_healthy"}, name
@@ -128,7 +160,7 @@ def test_exactly_one_beat(services):
 
 
 def test_nets_come_from_a_mounted_nets_file(services):
-    for name in ("migrate", "worker", "beat", "api"):
+    for name in ("migrate", "worker", "housekeeper", "beat", "api"):
         env = services[name]["environment"]
         mounts = services[name]["volumes"]
         target = env["NETS_FILE"]

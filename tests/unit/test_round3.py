@@ -81,9 +81,7 @@ def test_a_bundle_changed_between_attempts_is_submitted_as_it_is_now(world, job_
     assert (second / "app" / "config" / "train.py").read_text() == "v2"
 
 
-def test_a_bundle_rebuilt_with_the_same_sizes_and_mtimes_is_submitted_as_it_is_now(
-    world, job_root
-):
+def test_a_bundle_rebuilt_with_the_same_sizes_and_mtimes_is_submitted_as_it_is_now(world, job_root):
     # A reproducible build (or an unpacked archive) gives every version the same mtimes:
     # the simulator's sweep found the copy keyed by size and mtime reused (seed 34).
     import os

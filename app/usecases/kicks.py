@@ -1,0 +1,140 @@
+"""Coalesced kicks: the many commits that each want the assigner to run (every enqueue, an
+abort, a report, a freed net) send `assign_next_job` once while one is pending, not once
+each, so a burst of N enqueues puts O(1) assign rounds on the broker instead of N.
+
+What loses no kick is the order on both sides, with a marker row (`pending_kicks`) in the
+SQL database, which every process has whatever the broker:
+
+- a sender commits its work first, then looks at the marker: present and fresh means a
+  kick is on its way that has not started reading yet, so it will see this work; absent
+  (or stale) means the sender sets it and sends;
+- the assign round deletes the marker and commits BEFORE it reads the queue, so a job
+  committed after that read finds no marker and sends a kick of its own.
+
+A kick whose message is lost (a broker restart, a worker killed before the round started)
+leaves a marker nobody deletes. It holds back other kicks for at most `stale_after`
+(`HOUSEKEEPING_INTERVAL_S`), after which the next sender sends again; and beat's own assign
+round, every `HOUSEKEEPING_INTERVAL_S` on the housekeeping queue, takes the marker and
+assigns whatever waits. So a QUEUED job waits at most one housekeeping interval (plus that
+round's own delay) for a lost kick, as it did before kicks were coalesced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import names
+from app.db import unit_of_work
+from app.runtime import Outbox, Runtime
+from app.usecases import dispatch, services
+from models import PendingKick
+
+log = logging.getLogger(__name__)
+
+# Tasks whose sends are coalesced: they take no arguments and do all the work there is, so
+# one pending message does what any number would.
+COALESCED = frozenset({names.ASSIGN_NEXT_JOB})
+
+
+def mark_pending(session: Session, task: str, now: datetime, stale_before: datetime) -> bool:
+    """Whether the caller must send `task`: True if no kick of it was pending (or the
+    pending one was sent before `stale_before`, its message presumed lost); the marker then
+    says one is pending from `now`. Call it after the commit of the work the kick is for."""
+    sent_at = session.scalar(select(PendingKick.sent_at).where(PendingKick.task == task))
+    if sent_at is not None and sent_at >= stale_before:
+        return False  # the common case in a burst: a read, no write, no row lock
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    # One statement, so two senders that both saw no marker cannot both send: the loser's
+    # conflict finds the winner's fresh marker and changes nothing, so returns no row.
+    upsert = (
+        insert(PendingKick)
+        .values(task=task, sent_at=now)
+        .on_conflict_do_update(
+            index_elements=[PendingKick.task],
+            set_={"sent_at": now},
+            where=PendingKick.sent_at < stale_before,
+        )
+        .returning(PendingKick.task)
+    )
+    return session.execute(upsert).first() is not None
+
+
+def take(session: Session, task: str) -> None:
+    """The pending kick of `task` is being acted on: later work needs a kick of its own.
+    Commit this before reading the work."""
+    session.execute(delete(PendingKick).where(PendingKick.task == task))
+
+
+class CoalescingOutbox:
+    """An outbox that sends a COALESCED task only when no kick of it is pending; every other
+    send and the pipeline go straight to the outbox it wraps."""
+
+    def __init__(
+        self,
+        inner: Outbox,
+        sessions: sessionmaker[Session],
+        clock: Callable[[], datetime],
+        stale_after: timedelta,
+    ) -> None:
+        self.inner = inner
+        self.sessions = sessions
+        self.clock = clock
+        self.stale_after = stale_after
+
+    def send(self, task: str, **kwargs: Any) -> bool:
+        """Send `task`, or count on the kick already pending. True if a worker will act."""
+        if task not in COALESCED or kwargs:
+            return self.inner.send(task, **kwargs)
+        now = self.clock()
+        try:
+            with unit_of_work(self.sessions) as session:
+                must_send = mark_pending(session, task, now, now - self.stale_after)
+        except SQLAlchemyError as exc:
+            # Cannot tell whether one is pending: send. A duplicate kick costs one empty
+            # round; a missing one would cost the job a housekeeping interval.
+            log.warning("kick marker unavailable; sending", extra={"reason": str(exc)})
+            return self.inner.send(task, **kwargs)
+        if not must_send:
+            return True
+        if self.inner.send(task):
+            return True
+        # Nothing is on its way: let the next sender try at once rather than after the
+        # marker goes stale. (Deleting a newer sender's marker only costs a duplicate.)
+        try:
+            with unit_of_work(self.sessions) as session:
+                take(session, task)
+        except SQLAlchemyError as exc:
+            log.warning("kick marker not cleared", extra={"reason": str(exc)})
+        return False
+
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+        """Start a claimed job's chain (never coalesced: each is bound to its attempt)."""
+        self.inner.start_pipeline(job_id, net_name, attempt)
+
+
+def coalesce_kicks(rt: Runtime) -> None:
+    """Wrap `rt`'s outbox so its kicks are coalesced, stale after one housekeeping interval
+    (beat's assign round covers a lost one within that interval anyway)."""
+    rt.outbox = CoalescingOutbox(
+        rt.outbox,
+        rt.sessions,
+        rt.clock,
+        timedelta(seconds=rt.settings.housekeeping_interval_s),
+    )
+
+
+def assign_after_kick(rt: Runtime) -> list[services.Assignment]:
+    """The assign round a kick (or beat) asks for: take the pending kick, commit, and only
+    then claim, so a job committed after the claim's read sends a new kick."""
+    with unit_of_work(rt.sessions) as session:
+        take(session, names.ASSIGN_NEXT_JOB)
+    return dispatch.assign_jobs(rt)

@@ -1,0 +1,66 @@
+"""Coalesced kicks on PostgreSQL: senders racing on real concurrent connections send one
+kick between them (the unit tier's SQLite takes its write lock at BEGIN, so it never
+reaches the upsert's conflict path)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from app import names
+from app.usecases import kicks
+from models import PendingKick
+
+pytestmark = pytest.mark.integration
+
+SENDERS = 8
+STALE_AFTER = timedelta(seconds=15)
+
+
+def race(pg_factory, now) -> list[bool]:
+    """SENDERS transactions that each decide whether to send, started together."""
+    barrier = threading.Barrier(SENDERS, timeout=10)
+    decisions: list[bool] = []
+
+    def send() -> None:
+        barrier.wait()
+        with pg_factory.begin() as session:
+            decided = kicks.mark_pending(session, names.ASSIGN_NEXT_JOB, now, now - STALE_AFTER)
+        decisions.append(decided)
+
+    threads = [threading.Thread(target=send) for _ in range(SENDERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert len(decisions) == SENDERS
+    return decisions
+
+
+def test_racing_senders_send_one_kick(pg_factory, clock):
+    assert race(pg_factory, clock()).count(True) == 1
+
+
+def test_racing_senders_replace_a_stale_marker_once(pg_factory, clock):
+    with pg_factory.begin() as session:
+        session.add(PendingKick(task=names.ASSIGN_NEXT_JOB, sent_at=clock()))
+    clock.advance(STALE_AFTER.total_seconds() + 1)  # its message presumed lost
+    assert race(pg_factory, clock()).count(True) == 1
+    with pg_factory() as session:
+        assert session.get(PendingKick, names.ASSIGN_NEXT_JOB).sent_at == clock()
+
+
+def test_a_taken_marker_lets_the_next_sender_send(pg_factory, clock):
+    now = clock()
+    for expected in (True, False):
+        with pg_factory.begin() as session:
+            assert (
+                kicks.mark_pending(session, names.ASSIGN_NEXT_JOB, now, now - STALE_AFTER)
+                is expected
+            )
+    with pg_factory.begin() as session:
+        kicks.take(session, names.ASSIGN_NEXT_JOB)
+    with pg_factory.begin() as session:
+        assert kicks.mark_pending(session, names.ASSIGN_NEXT_JOB, now, now - STALE_AFTER) is True
