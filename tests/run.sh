@@ -42,18 +42,20 @@ echo "== container engine"
 # The containers tier (tests/containers, README "Tests") runs real containers: podman (its
 # Docker-compatible API service, which each test starts on a socket of its own, and its CLI
 # under podman-compose), runc, mmdebstrap (base images built from Debian packages, as no image
-# registry is reachable) and a static busybox (the driver tests' image).
+# registry is reachable), a static busybox (the driver tests' image) and HAProxy (the shipped
+# least-privilege socket proxy, app/policies/docker-socket-proxy.haproxy.cfg, is tested).
 if ! command -v podman >/dev/null || ! command -v runc >/dev/null \
-  || ! command -v mmdebstrap >/dev/null || [ ! -x /bin/busybox ]; then
+  || ! command -v mmdebstrap >/dev/null || [ ! -x /bin/busybox ] \
+  || ! command -v haproxy >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing podman, runc, mmdebstrap, busybox-static"
-    packages=(podman runc mmdebstrap busybox-static)
+    echo "installing podman, runc, mmdebstrap, busybox-static, haproxy"
+    packages=(podman runc mmdebstrap busybox-static haproxy)
     apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 \
       || { apt-get update -q >/dev/null && apt-get install -y -q "${packages[@]}" >/dev/null; }
   else
     # The other tiers do not need it; the containers tier fails, naming what is missing.
     echo "WARNING: the containers tier needs podman 4 (or Docker with compose), runc," \
-      "mmdebstrap and busybox-static; this is not a Debian machine run as root, so install" \
+      "mmdebstrap, busybox-static and haproxy; this is not a Debian machine run as root, so install" \
       "them yourself, or leave the tier out: bash tests/run.sh -m 'not containers'" >&2
   fi
 fi
