@@ -458,6 +458,22 @@ def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_participant(args: argparse.Namespace) -> int:
+    """Become the NVFLARE participant (server or site) of a startup kit: the command its
+    `startup/sub_start.sh --once` would exec, without nvflare's restart loop (a container's
+    engine or the scale driver decides whether it runs). compose.yml's fl-server and sites."""
+    import os
+
+    from app.adapters.nvflare.participants import kit_command
+
+    kit = args.kit.resolve()
+    command = kit_command(kit)
+    (kit / "transfer").mkdir(exist_ok=True)  # sub_start.sh creates it before exec
+    os.chdir(kit)
+    sys.stdout.flush()
+    os.execv(command[0], command)  # noqa: S606 (the kit's own command line, as nvflare runs it)
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """Run the local end-to-end demo (its own settings; the environment's are not used)."""
     import logging
@@ -666,6 +682,9 @@ def _add_process_commands(
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
     _wait_flag(p)
     _wait_flag(add("beat", cmd_beat, "run Celery beat (exactly one active per deployment)"))
+    p = add("participant", None, "run the NVFLARE server or site of a startup kit (containers)")
+    p.set_defaults(handler=None, plain=cmd_participant)
+    p.add_argument("kit", type=Path, metavar="KIT_DIR", help="the participant's folder")
     p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--idle-gap", type=float, default=5.0, metavar="S")
