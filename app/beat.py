@@ -9,10 +9,12 @@ without it stands by, asking again every `STANDBY_POLL_S`:
 - PostgreSQL: a session advisory lock (`pg_try_advisory_lock`) on a connection of its own,
   held for the beat's life and checked on every tick. A beat that dies, is killed or loses
   its database connection loses the lock with its session, and a standby takes over within
-  `STANDBY_POLL_S`. A rolling deploy cannot break it: the new beat stands by until the old
-  one's session ends. The one window: a beat whose connection drops between its check and
-  its sends may send that one tick while a standby already took over (every task is
-  idempotent; the cost is one duplicate tick).
+  `STANDBY_POLL_S`; a beat that lost its connection asks again on a new one, so after a
+  database restart one beat schedules again within a second of the database's return. A
+  rolling deploy cannot break it: the new beat stands by until the old one's session ends.
+  The one window: a beat whose connection drops between its check and its sends may send
+  that one tick while a standby already took over (every task is idempotent; the cost is one
+  duplicate tick).
 - SQLite (the embedded default): an exclusive `flock` on `<data dir>/beat.lock`, which holds
   between processes of one machine sharing the data folder, the only place the embedded
   database can be shared anyway.
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 
 # "fl_beat"; other advisory locks of this schema: app.metrics._FOLD_LOCK_KEY.
 BEAT_LOCK_KEY = 0x666C5F62656174
-STANDBY_POLL_S = 5.0
+STANDBY_POLL_S = 1.0
 HEARTBEAT_FILE = "beat-heartbeat.json"
 
 
@@ -53,41 +55,36 @@ class BeatLock(Protocol):
 
 
 class PgAdvisoryLock:
-    """A session advisory lock on a connection this beat keeps open (autocommit: it holds no
-    transaction open, so no idle-in-transaction timeout ends it)."""
+    """A session advisory lock on a connection this beat keeps open, the standby's too (so
+    asking again every second costs one query, not a new connection). Autocommit: it holds
+    no transaction open, so no idle-in-transaction timeout ends the session."""
 
     def __init__(self, database_url: str) -> None:
         # NullPool: closing the connection ends the session, which is what releases the lock.
         self._engine = create_engine(database_url, poolclass=NullPool)
         self._conn: Connection | None = None
+        self._held = False
 
     def hold(self) -> bool:
-        if self._conn is not None:
-            try:
-                self._conn.execute(text("SELECT 1"))
+        try:
+            if self._conn is None:
+                self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            if self._held:
+                self._conn.execute(text("SELECT 1"))  # the session, and so the lock, lives
                 return True
-            except SQLAlchemyError as exc:
+            lock = select(func.pg_try_advisory_lock(BEAT_LOCK_KEY))
+            self._held = bool(self._conn.execute(lock).scalar())
+        except SQLAlchemyError as exc:
+            if self._held:
                 log.error("beat lock lost with its database session: standing by: %s", exc)
-                self._drop()
-        try:
-            conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        except SQLAlchemyError as exc:
-            log.warning("beat lock: database unreachable, standing by: %s", exc)
+            self._drop()
             return False
-        try:
-            taken = bool(conn.execute(select(func.pg_try_advisory_lock(BEAT_LOCK_KEY))).scalar())
-        except SQLAlchemyError as exc:
-            log.warning("beat lock: could not ask for it, standing by: %s", exc)
-            conn.close()
-            return False
-        if not taken:
-            conn.close()
-            return False
-        self._conn = conn
-        log.info("beat lock taken: this beat schedules")
-        return True
+        if self._held:
+            log.info("beat lock taken: this beat schedules")
+        return self._held
 
     def _drop(self) -> None:
+        self._held = False
         if self._conn is not None:
             with contextlib.suppress(SQLAlchemyError):  # closing a dead connection
                 self._conn.invalidate()  # never back to a pool: the session must end
