@@ -7,11 +7,12 @@ Imports pydantic only (no settings, database or worker code), so `app.client` st
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app import names
 
@@ -31,8 +32,55 @@ def job_id_for(caller_key: str) -> uuid.UUID:
 METADATA_MAX_BYTES = 16 * 1024
 
 
+def unstorable(text: str) -> str | None:
+    """Why `text` cannot be stored or sent as is (None: it can): PostgreSQL's text and
+    JSONB refuse NUL, and a lone surrogate (valid in JSON as an escape) has no UTF-8 form,
+    so it could be neither stored on PostgreSQL nor sent in a callback."""
+    if "\x00" in text:
+        return "holds a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (not UTF-8)"
+    return None
+
+
+def _check_storable(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no such number: PostgreSQL's json refuses it, a callback could not carry it.
+        raise ValueError(f"{where} is {value}, which JSON cannot hold: it cannot be stored")
+    if isinstance(value, str):
+        problem = unstorable(value)
+        if problem is not None:
+            raise ValueError(f"{where} {problem}: it cannot be stored or sent")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_storable(key, f"{where} key")
+            _check_storable(item, f"{where}.{key}" if unstorable(str(key)) is None else where)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_storable(item, f"{where}[{index}]")
+
+
+def storable(text: str) -> str:
+    """`text` with NUL and lone surrogates escaped (`\\x00`, `\\ud800`), for recording a
+    refused request whose own words could not be stored."""
+    if unstorable(text) is None:
+        return text
+    escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escaped.replace("\x00", "\\x00")
+
+
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _storable(self) -> _Payload:
+        # Every string of a payload, however deep, is stored (PostgreSQL) and sent back in
+        # callbacks: one that can be neither is refused here, with the field it is in.
+        for name in type(self).model_fields:
+            _check_storable(getattr(self, name), name)
+        return self
 
 
 class EnqueueJob(_Payload):

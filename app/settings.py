@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -144,6 +144,10 @@ class NetConfig(_Strict):
     idle_timeout_s: float = Field(default=600.0, ge=0)
     ready_timeout_s: float = Field(default=900.0, gt=0)
     required_sites: tuple[str, ...] = ()
+    # The sites provisioned for this net (None: not declared). Declared, a job that needs a
+    # site the net does not have is refused at enqueue instead of waiting out the readiness
+    # deadline for a site that can never connect.
+    sites: tuple[str, ...] | None = None
     max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
     # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
     per_job_fl_server: bool | None = None
@@ -170,6 +174,18 @@ class NetConfig(_Strict):
     def scales_to_zero(self) -> bool:
         """True when the net's server runs only while a job needs it."""
         return not self._always_on
+
+    @model_validator(mode="after")
+    def _defaults_among_sites(self) -> NetConfig:
+        if self.sites is not None:
+            unknown = [s for s in self.required_sites if s not in self.sites]
+            if unknown:
+                raise ValueError(f"required_sites {unknown} are not among its sites")
+        return self
+
+    def lacks(self, sites: Sequence[str]) -> list[str]:
+        """The sites of `sites` this net does not have (none when its sites are undeclared)."""
+        return [] if self.sites is None else [s for s in sites if s not in self.sites]
 
     @field_validator("per_job_fl_server", mode="before")
     @classmethod
@@ -389,10 +405,7 @@ class Settings(BaseSettings):
         return name is not None and name in self._by_name
 
     def redacted(self) -> dict[str, Any]:
-        """The effective configuration with secrets and URL passwords masked, and for each
-        net whether its admin kit names another server (`kit_problem`)."""
-        from app.adapters.nvflare.kit_check import kit_endpoint_problem
-
+        """The effective configuration with secrets and URL passwords masked."""
         data = self.model_dump(mode="json", by_alias=True)
         data.pop("NETS", None)
         for key in ("DATABASE_URL", "BROKER_URL"):
@@ -402,7 +415,6 @@ class Settings(BaseSettings):
         data["nets"] = [n.model_dump(mode="json") for n in self.nets]
         for net in data["nets"]:
             net["always_on"] = self.net(net["name"]).always_on
-            net["kit_problem"] = kit_endpoint_problem(self.net(net["name"]))
         return data
 
 

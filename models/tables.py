@@ -91,6 +91,10 @@ class Net(Base):
     # value later means the server restarted under the job.
     server_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # When a process last found the net in its NETS (each reconcile, each start). A net that
+    # no process has declared for a while was removed; one that only some process lacks is
+    # being added or removed by a rolling deploy, and is left alone.
+    declared_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
     events: WriteOnlyMapped[NetEvent] = relationship(
@@ -189,6 +193,10 @@ class Job(Base):
     assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # While DISPATCHING: when the worker holding the submit (a try, or its retry) must be
+    # heard of again. Past it the reconciler knows that worker is gone and re-sends at once,
+    # instead of waiting out the whole retry budget.
+    step_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
     events: WriteOnlyMapped[JobEvent] = relationship(

@@ -23,7 +23,7 @@ from app.celery_app import (
     celery,
     celery_runtime,
 )
-from app.errors import TransientError
+from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.settings import load_settings
 
@@ -65,16 +65,6 @@ class DispatcherTask(Task):  # type: ignore[misc]
     ignore_result = True
     typing = True
 
-    def on_retry(
-        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
-    ) -> None:
-        """Count the retry on the job it belongs to (a metric)."""
-        job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
-        if job_id and isinstance(exc, TransientError):
-            from app.usecases.dispatch import count_retry
-
-            count_retry(runtime(), uuid.UUID(job_id))
-
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
@@ -87,12 +77,19 @@ class DispatcherTask(Task):  # type: ignore[misc]
                 "retries exhausted; requeueing",
                 extra={"job": job_id, "task": self.name, "reason": str(exc)},
             )
+            attempt = kwargs.get("attempt")
             requeue_after_transient(
-                runtime(), uuid.UUID(job_id), f"{self.name}: retries exhausted: {exc}"
+                runtime(),
+                uuid.UUID(job_id),
+                f"{self.name}: retries exhausted: {exc}",
+                net_name=kwargs.get("net_name"),
+                attempt=int(attempt) if attempt is not None else None,
             )
 
 
 PIPELINE_TASKS: set[str] = set()
+# What a pipeline step returns when its net turned out misconfigured (handled, chain ended).
+MISCONFIGURED = "misconfigured"
 
 
 def _retry_transient(fun: F) -> F:
@@ -104,6 +101,16 @@ def _retry_transient(fun: F) -> F:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fun(self, *args, **kwargs)
+        except MisconfigurationError as exc:
+            # Already handled by the use case (net MISCONFIGURED, job back in the queue, one
+            # ERROR line): the chain ends here, without Celery's "raised unexpected" and its
+            # traceback, which would read as a bug.
+            log.info(
+                "step ended: net misconfigured",
+                extra={"job": kwargs.get("job_id"), "task": self.name, "reason": str(exc)},
+            )
+            self.request.chain = None
+            return MISCONFIGURED
         except TransientError as exc:
             settings = runtime().settings
             countdown = get_exponential_backoff_interval(
@@ -112,6 +119,13 @@ def _retry_transient(fun: F) -> F:
                 maximum=settings.retry_backoff_max_s,
                 full_jitter=True,
             )
+            job_id = kwargs.get("job_id")
+            if job_id and self.request.retries < settings.retry_max:
+                from app.usecases.dispatch import count_retry
+
+                # Counted on the job, which also learns when this task will try again: a
+                # worker that dies in the wait is then known gone soon after (reconcile).
+                count_retry(runtime(), uuid.UUID(job_id), next_try_in_s=countdown)
             raise self.retry(exc=exc, countdown=countdown, max_retries=settings.retry_max) from exc
 
     return run  # type: ignore[return-value]

@@ -74,5 +74,30 @@ ruff check .
 ruff format --check .
 echo "== mypy"
 mypy app tasks models migrations
-echo "== pytest"
-exec python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  echo "== pytest $*"
+  exec python -m pytest "$@"
+fi
+
+# The whole suite, in two phases, each in parallel workers (pytest-xdist; each test already
+# owns its ports, databases, Redis servers and folders, and a file stays on one worker, so
+# its module fixtures are made once). The unit tier first, so a unit failure shows within
+# the first two minutes; then everything that waits on real servers, where more workers
+# than cores pay because the tests mostly wait. Workers: FL_TEST_WORKERS_UNIT (default 2)
+# and FL_TEST_WORKERS (default 6).
+REPORTS="$(mktemp -d)"
+trap 'rm -rf "$REPORTS"' EXIT
+status=0
+phase() {
+  local name="$1" workers="$2"
+  shift 2
+  echo "== pytest: $name ($workers workers)"
+  local start=$SECONDS
+  python -m pytest -n "$workers" --dist loadfile --junitxml="$REPORTS/$name.xml" -q "$@" \
+    || status=$?
+  echo "== $name: $((SECONDS - start)) s"
+}
+phase unit "${FL_TEST_WORKERS_UNIT:-2}" -m unit
+phase others "${FL_TEST_WORKERS:-6}" -m "not unit"
+python -m tests.tools.test_report "$REPORTS"/*.xml
+exit "$status"

@@ -4,7 +4,9 @@ NVFLARE meta.json made to match the job)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -56,13 +58,18 @@ def prepare(
     `min_clients` is their number, and a `resource_spec` in the metadata is passed through.
     The original bundle is never changed. InvalidRequest when no deploy map can be made.
 
+    A copy is keyed by what it is built from (`built_from`: every file's path, size and
+    modification time, the sites and the resource spec), so a bundle replaced between two
+    attempts (an S3 object changed, a job folder edited) gets a new copy and is submitted as
+    it is now, never as an earlier attempt saw it.
+
     Two workers may prepare one job at once (reconcile re-sends the dispatch of a job stuck
     in DISPATCHING while the first may still run): each builds in a staging folder of its
-    own, and a complete copy, once in place, is never replaced or removed while the job is
-    active, since another worker may be submitting it. Only a rename puts it there, so an
-    existing copy is complete, and it was built from the same inputs (a job's definition,
-    sites and metadata do not change)."""
-    target = settings.data_dir.resolve() / PREPARED_DIR / str(job_id) / bundle.name
+    own, and a complete copy, once in place, is never replaced, and removed only once its
+    job has ended (`sweep_prepared`), since another worker may be submitting it. Only a
+    rename puts it there, so an existing copy is complete and built from the same inputs."""
+    key = built_from(bundle, required_sites, metadata)
+    target = settings.data_dir.resolve() / PREPARED_DIR / str(job_id) / key / bundle.name
     if target.is_dir():
         return target
     meta_path = bundle / "meta.json"
@@ -86,6 +93,38 @@ def prepare(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def built_from(
+    bundle: Path, required_sites: Sequence[str], metadata: Mapping[str, Any] | None
+) -> str:
+    """A short digest of everything a prepared copy is made from."""
+    digest = hashlib.sha256()
+    for relative, stat in _files(bundle):
+        digest.update(os.fsencode(relative) + f"\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    spec = (metadata or {}).get("resource_spec")
+    digest.update(json.dumps([list(required_sites), spec], sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def _files(bundle: Path) -> list[tuple[str, os.stat_result]]:
+    """Every file the copy will hold, as `copytree(symlinks=False)` sees them: linked
+    folders are followed (a folder met again through a link loop is not), and any file name
+    the disk holds is fine (bytes that are not UTF-8 are kept as surrogate escapes)."""
+    found = []
+    seen: set[str] = set()
+    for top, folders, files in os.walk(bundle, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        folders.sort()
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            if os.path.isfile(path):
+                found.append((os.path.relpath(path, bundle), os.stat(path)))
+    return found
 
 
 def prepared_meta(
@@ -123,17 +162,22 @@ def prepared_meta(
     return meta
 
 
-def sweep_prepared(settings: Settings, active_job_ids: set[str]) -> list[str]:
-    """Remove the prepared copies of jobs that are no longer active (the data folder must not
-    grow without bound); returns the job ids removed."""
+def prepared_jobs(settings: Settings) -> set[str]:
+    """The ids (folder names) of the jobs that have prepared copies."""
     root = settings.data_dir.resolve() / PREPARED_DIR
-    if not root.is_dir():
-        return []
+    return {folder.name for folder in root.iterdir()} if root.is_dir() else set()
+
+
+def sweep_prepared(settings: Settings, ended_job_ids: set[str]) -> list[str]:
+    """Remove the prepared copies of jobs that have ended (the data folder must not grow
+    without bound); returns the job ids removed. Only an ended job's: a job that ended
+    never runs again, while one merely not active now (QUEUED) may be claimed and
+    submitting its copy by the time this runs."""
+    root = settings.data_dir.resolve() / PREPARED_DIR
     removed = []
-    for folder in root.iterdir():
-        if folder.name not in active_job_ids:
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder.name)
+    for name in sorted(ended_job_ids & prepared_jobs(settings)):
+        shutil.rmtree(root / name, ignore_errors=True)
+        removed.append(name)
     return removed
 
 

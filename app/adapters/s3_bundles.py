@@ -338,8 +338,10 @@ class BundleFetcher:
                 for item in page.get("Contents", []):
                     relative = item["Key"][start:]
                     size = int(item.get("Size", 0))
-                    if relative.endswith("/") and size == 0:
-                        continue  # a "folder" placeholder (the S3 console makes these)
+                    if relative == "" or (relative.endswith("/") and size == 0):
+                        # A "folder" placeholder (the S3 console makes these), for a
+                        # sub-folder or for the job folder itself (the key is the prefix).
+                        continue
                     if relative.startswith(self.excluded_prefixes):
                         continue
                     _check_key(bundle_def, relative)

@@ -56,8 +56,13 @@ def _when(iso: str | None) -> str:
 
 
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
-    """Print the effective configuration with secrets masked."""
+    """Print the effective configuration with secrets masked, and for each net whether its
+    admin kit names another server (`kit_problem`)."""
+    from app.adapters.nvflare.kit_check import kit_endpoint_problem
+
     data = settings.redacted()
+    for net in data["nets"]:
+        net["kit_problem"] = kit_endpoint_problem(settings.net(net["name"]))
     if args.json:
         _print_json(data, sys.stdout)
         return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS
@@ -67,8 +72,6 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     sys.stdout.write(f"nets: {len(data['nets'])}\n")
     for net in data["nets"]:
         sys.stdout.write(f"  {net['name']}: {json.dumps(net, sort_keys=True)}\n")
-    from app.adapters.nvflare.kit_check import kit_endpoint_problem
-
     problems = [(n.name, p) for n in settings.nets if (p := kit_endpoint_problem(n)) is not None]
     for name, problem in problems:
         sys.stderr.write(f"fl-dispatcher: net {name}: {problem}\n")

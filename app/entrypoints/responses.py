@@ -126,6 +126,11 @@ class JobDetail(JobView):
 
     history: list[JobEventView]
     callbacks: CallbackDelivery | None = Field(description="null while CALLBACK_URL is unset")
+    waiting_for: str | None = Field(
+        default=None,
+        description="a QUEUED job: what holds it besides a free net (its earlier run not "
+        "settled yet, its net out of service); null otherwise",
+    )
 
 
 class JobList(_Response):

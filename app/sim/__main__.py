@@ -4,6 +4,7 @@
 .venv/bin/python -m app.sim 0:500 --profile ops    # one profile for every seed
 .venv/bin/python -m app.sim 123 --trace            # one seed with its full trace
 .venv/bin/python -m app.sim 0:2000 --grep one-live-run
+.venv/bin/python -m app.sim sweep --seeds 10000    # the long sweep: seeds 0..9999
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from app.sim.sweep import run_seeds
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m app.sim")
-    parser.add_argument("seeds", help="N or A:B")
+    parser.add_argument("seeds", help="N, A:B, or `sweep` (with --seeds N)")
     parser.add_argument("--profile", choices=sorted(PROFILES_BY_NAME))
     parser.add_argument("--workers", type=int)
     parser.add_argument("--trace", action="store_true", help="print a single seed's trace")
     parser.add_argument("--grep", default="", help="only violations whose text contains this")
+    parser.add_argument(
+        "--seeds", dest="count", type=int, default=10_000, help="`sweep`: seeds 0..N-1"
+    )
     args = parser.parse_args()
     profile = PROFILES_BY_NAME[args.profile] if args.profile else None
+    if args.seeds == "sweep":
+        args.seeds = f"0:{args.count}"
     if ":" in args.seeds:
         lo, hi = (int(x) for x in args.seeds.split(":"))
         seeds = list(range(lo, hi))

@@ -69,7 +69,7 @@ class Host(Protocol):
 
     def hook(self, point: str, net: str | None) -> None: ...
 
-    def on_submit(self, net: str, token: str) -> None: ...
+    def on_submit(self, net: str, token: str, folder: Path) -> None: ...
 
     def on_scale(self, net: str, replicas: int) -> None: ...
 
@@ -149,6 +149,10 @@ class SimServer:
     partitions: list[tuple[float, float]] = field(default_factory=list)
     kit_broken: bool = False
     no_start_time_until: float = -1.0
+    # Windows in which every submit reaches the server but its reply is lost (a proxy that
+    # times out answers): a dispatch's every retry, the last included, and reconcile's
+    # re-sent submits with the same token all lose theirs.
+    reply_loss: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -553,7 +557,7 @@ class SimAdmin:
     def submit(self, job_folder: Path, submit_token: str) -> str:
         host = self.cluster.host
         server = self._reach("submit")
-        host.on_submit(self.net, submit_token)
+        host.on_submit(self.net, submit_token, job_folder)
         run = self.cluster.submit(server, submit_token, host.clock.t)
         host.hook("admin.submit.after", self.net)
         self._lose_reply("submit")
@@ -562,6 +566,9 @@ class SimAdmin:
     def _lose_reply(self, op: str) -> None:
         host = self.cluster.host
         faults = host.faults
+        if op == "submit" and any(a <= host.clock.t < b for a, b in self.server.reply_loss):
+            self._connected = False
+            raise ServerUnavailable(f"{self.net}: submit sent, reply timed out (simulated)")
         if host.rng.random() < faults.lost_reply:
             if host.rng.random() < faults.lost_reply_partition:
                 now = host.clock.t

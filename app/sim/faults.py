@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+# A human fixes a misconfigured net and restarts the workers this long after faults stop.
+HUMAN_FIX_DELAY_S = 300.0
+
 
 @dataclass(frozen=True)
 class FaultProfile:
@@ -47,10 +50,12 @@ class FaultProfile:
     restart_rate: float = 0.0  # server process killed and restarted
     partition_rate: float = 0.0  # admin port unreachable while the server runs on
     partition_max_s: float = 60.0
+    reply_loss_rate: float = 0.0  # windows of 30-100 s in which every submit loses its reply
     kit_broken_rate: float = 0.0  # AdminMisconfigured until a human fixes it
     driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
     drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
     settings_flip: float = 0.0  # probability of one PER_JOB_FL_SERVER change (a redeploy)
+    redeploy_p: float = 0.0  # probability of a NETS change (each of up to two; app.sim.redeploy)
     # --- the caller (flip-api) ---
     abort_p: float = 0.0  # per job: an abort at a random moment
     report_p: float = 0.0  # per job: a status report at a random moment
@@ -74,6 +79,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
     FaultProfile(
         name="flaky",
+        redeploy_p=0.1,
         msg_dup=0.05,
         msg_delay=0.1,
         msg_delay_max_s=8.0,
@@ -86,6 +92,8 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="crashy",
+        reply_loss_rate=4.0,
+        redeploy_p=0.1,
         msg_drop=0.03,
         msg_refuse=0.02,
         msg_dup=0.05,
@@ -96,6 +104,8 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        reply_loss_rate=6.0,
+        redeploy_p=0.25,
         interleave=0.15,
         msg_dup=0.1,
         msg_delay=0.2,
@@ -108,6 +118,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="servers",
+        redeploy_p=0.2,
         admin_unknown=0.01,
         restart_rate=6.0,
         partition_rate=6.0,
@@ -123,6 +134,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="ops",
+        redeploy_p=0.6,
         kit_broken_rate=4.0,
         driver_broken_rate=3.0,
         driver_transient=0.1,
@@ -133,6 +145,8 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="drift",
+        reply_loss_rate=3.0,
+        redeploy_p=0.3,
         drift_rate=15.0,
         interleave=0.25,
         driver_slow=True,
@@ -141,6 +155,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="misconfig",
+        redeploy_p=0.2,
         kit_broken_rate=10.0,
         driver_broken_rate=4.0,
         driver_transient=0.3,
@@ -148,6 +163,8 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        reply_loss_rate=2.0,
+        redeploy_p=0.3,
         msg_drop=0.02,
         msg_dup=0.05,
         msg_delay=0.1,

@@ -8,6 +8,7 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from app.sim.clock import seconds_of
 from app.sim.fakes import Run
+from app.sim.faults import HUMAN_FIX_DELAY_S
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
 J = JobState
 N = NetState
-REPORTED = "flip-api reported"
+BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class JobRow:
     changed_s: float
     dispatched_s: float | None
     requested_net: str | None
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,11 @@ class Bounds:
             common += p.worker_restart_s
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
         stop_s = 20.0 if p.driver_slow else 4.0
+        # Every net the platform has, with the timeouts NETS gives it now (or last gave it).
+        nets = {n.name: n for n in (*world.nets, *world.spare)}
+        nets |= {n.name: n for n in sim.declared.nets}
         self.assigned = {
-            n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in world.nets
+            n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in nets.values()
         }
         self.dispatching = stuck + 2 * reconcile + budget + common
         self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
@@ -121,7 +127,7 @@ class Bounds:
             + 2 * reconcile
             + stop_s
             + common
-            for n in world.nets
+            for n in nets.values()
         }
         self.orphan = stuck + 2 * reconcile + budget + common
         self.unaccounted = 2 * tick + common
@@ -129,6 +135,12 @@ class Bounds:
         self.starved = self.orphan + partition
         self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
         self.max_run = world.max_run_s + 3 * tick + common
+        self.finishing = world.report_timeout_s + 2 * tick + common
+        # Every job ends within `liveness_s(its max_attempts)` after faults stop: a human's
+        # fix of a broken setting, each attempt given up at its readiness deadline and
+        # waiting its turn again, then a whole run, then some ticks.
+        self.per_attempt = max(self.assigned.values()) + self.starved
+        self.liveness = HUMAN_FIX_DELAY_S + world.max_run_s + 8 * tick
 
 
 class Checker:
@@ -143,13 +155,13 @@ class Checker:
         self._net_event_id = 0
         self._job_state: dict[str, JobState] = {}
         self._net_state: dict[str, NetState] = {}
-        self.reported_s: dict[str, float] = {}
         self._unneeded_since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._dead_since: dict[str, float] = {}
         self._completions: dict[str, bool] = {}
         self._seen_answering: dict[str, float] = {}
         self._starved_since: dict[str, float] = {}
+        self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
         self._has_strays = (
@@ -185,10 +197,11 @@ class Checker:
                 changed_s=_secs(row[5]) or 0.0,
                 dispatched_s=_secs(row[6]),
                 requested_net=row[7],
+                attempt=row[8],
             )
             for row in conn.execute(
                 "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
-                " dispatched_at, requested_net FROM jobs ORDER BY created_at, id"
+                " dispatched_at, requested_net, attempts FROM jobs ORDER BY created_at, id"
             )
         ]
         self.nets = [
@@ -258,12 +271,6 @@ class Checker:
             self._seen_answering.pop(run.nvflare_id, None)
         return False  # undecided: asked again at the next step
 
-    def excused(self, run: Run) -> bool:
-        """flip-api declared the job over after this run started: stopping the run was its
-        call, not the dispatcher's (the dispatcher is never asked to)."""
-        reported = self.reported_s.get(run.job_id)
-        return reported is not None and reported >= run.submitted_at
-
     def needed(self, net: str) -> bool:
         """A net's server is needed: an active job on it, or a QUEUED job that could take
         it while it is assignable."""
@@ -272,7 +279,14 @@ class Checker:
         row = next((n for n in self.nets if n.name == net), None)
         if row is None or row.state not in ASSIGNABLE_NET_STATES:
             return False
-        return any(j.state == J.QUEUED and j.requested_net in (None, net) for j in self.jobs)
+        # Only a job that could be claimed: one waiting for its own stray run (on this net
+        # or another) cannot run here, so it keeps no server up.
+        return any(
+            j.state == J.QUEUED
+            and j.requested_net in (None, net)
+            and not self._waits_for_its_stray(j.id)
+            for j in self.jobs
+        )
 
     # --- the checks ----------------------------------------------------------------------------
 
@@ -285,12 +299,13 @@ class Checker:
         self._history()
         self._nets_and_jobs(t)
         self._runs(t)
+        self._claims(t)
         self._queued_while_free(t)
         self._scale_to_zero(t)
 
     def _history(self) -> None:
         conn = self.sim.conn
-        for event_id, job_hex, src, dst, at, reason in conn.execute(
+        for event_id, job_hex, src, dst, _at, reason in conn.execute(
             "SELECT id, job_id, from_state, to_state, at, reason FROM job_events"
             " WHERE id > ? ORDER BY id",
             (self._job_event_id,),
@@ -309,8 +324,12 @@ class Checker:
                     f"{src} -> {dst} (last seen {previous}): {reason}",
                 )
             self._job_state[job_id] = JobState(dst)
-            if reason.startswith(REPORTED):
-                self.reported_s[job_id] = _secs(at) or 0.0
+            if dst == J.QUEUED and src is not None:
+                self.sim.on_requeued(job_id)
+            if dst == J.FAILED and reason.startswith(BUNDLE_REFUSED):
+                # Every bundle the simulation serves is usable (a folder under JOB_ROOT, an
+                # S3 prefix with a deploy map, the console's folder placeholders at most).
+                self.report("bundle-refused", f"job {job_id[:8]}", reason[:300])
         for event_id, net, src, dst, reason in conn.execute(
             "SELECT id, net_name, from_state, to_state, reason FROM net_events"
             " WHERE id > ? ORDER BY id",
@@ -348,6 +367,7 @@ class Checker:
                 J.ASSIGNED: b.assigned.get(job.net or "", 0.0),
                 J.DISPATCHING: b.dispatching,
                 J.ABORTING: b.aborting,
+                J.FINISHING: b.finishing,
             }.get(job.state)
             if bound is not None and age > bound:
                 self.report(
@@ -380,8 +400,7 @@ class Checker:
         per_net: dict[str, list[Run]] = defaultdict(list)
         for runs in live.values():
             for run in runs:
-                if not self.excused(run):
-                    per_net[run.net].append(run)
+                per_net[run.net].append(run)
         for net, runs in sorted(per_net.items()):
             if len(runs) > 1:
                 self.report(
@@ -398,8 +417,16 @@ class Checker:
                     "live runs " + ", ".join(f"{r.nvflare_id} ({r.token[-2:]})" for r in runs),
                 )
             for run in runs:
-                if self.counts(run) or self.excused(run):
+                if self.counts(run):
                     self._orphan_since.pop(run.nvflare_id, None)
+                    if self.recorded_stray(run):
+                        # Counted twice: the net could be settled under its job, or the job
+                        # held back by a run it owns.
+                        self.report(
+                            "counted-once",
+                            f"run {run.nvflare_id}",
+                            f"counted by its job {job_id[:8]} and recorded as a stray run",
+                        )
                     continue
                 since = self._orphan_since.setdefault(run.nvflare_id, t)
                 job = self.job(job_id)
@@ -445,12 +472,41 @@ class Checker:
                     f" (bound {b.settle:.0f}s)",
                 )
 
+    def _claims(self, t: float) -> None:
+        """A net with a live run never takes another job: when a claim is first seen (the
+        step right after it), no run of another job or attempt lives on the net."""
+        for job in self.jobs:
+            if job.state != J.ASSIGNED or job.net is None:
+                continue
+            key = (job.id, job.attempt)
+            if key in self._claims_seen:
+                continue
+            self._claims_seen.add(key)
+            beside = [
+                r
+                for r in self.sim.cluster.runs
+                if r.net == job.net
+                and r.live(t)
+                and (r.job_id != job.id or r.attempt != job.attempt)
+            ]
+            if beside:
+                self.report(
+                    "claim-beside-live-run",
+                    f"net {job.net}",
+                    f"job {job.id[:8]} (attempt {job.attempt}) claimed it while run "
+                    + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in beside)
+                    + " lives there",
+                )
+
     def _queued_while_free(self, t: float) -> None:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no
         active job): assign runs every tick and after every release."""
         busy = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
+        declared = self.sim.declared_net
         free = [
-            n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES and n.name not in busy
+            n.name
+            for n in self.nets
+            if n.state in ASSIGNABLE_NET_STATES and n.name not in busy and declared(n.name)
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
@@ -500,14 +556,11 @@ class Checker:
         self.read()
         reasons = []
         for job in self.jobs:
-            if job.state not in TERMINAL_JOB_STATES and job.state != J.QUEUED:
+            # Liveness: once faults stop, every job ends (not only: none is stuck where a
+            # net could take it). The one wait the design leaves to an operator: a job whose
+            # own stray run on an always-on net has a status its server never gives.
+            if job.state not in TERMINAL_JOB_STATES and not self._left_to_operator(job):
                 reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
-        assignable = {n.name for n in self.nets if n.state in ASSIGNABLE_NET_STATES}
-        for job in self.jobs:
-            if job.state == J.QUEUED and any(
-                job.requested_net in (None, n) for n in sorted(assignable)
-            ):
-                reasons.append(f"job {job.id[:8]} QUEUED while a net could take it")
         for net in self.nets:
             if (
                 sim.scales_to_zero(net.name)
@@ -516,18 +569,122 @@ class Checker:
             ):
                 reasons.append(f"net {net.name} {net.state} still has a server")
         for run in sim.cluster.live_runs(t):
-            if not self.excused(run):
-                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+            reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
         if sim.broker.work_pending():
             reasons.append("messages pending")
+        if sim.world.callbacks:
+            reasons += [f"callbacks {line}" for line in self.undelivered()]
         return reasons
 
+    def storable(self) -> None:
+        """Every text the run stored could be stored on PostgreSQL too (the simulation's
+        SQLite takes anything): no NUL in a text column, no lone surrogate in a JSON one
+        (json.dumps escapes it; PostgreSQL refuses the escape's value in text it extracts,
+        and no callback can encode it)."""
+        conn = self.sim.conn
+        texts = {
+            "jobs": ("caller_key", "definition", "last_error"),
+            "job_events": ("reason",),
+            "net_events": ("reason",),
+            "nets": ("last_error",),
+            "stray_runs": ("reason",),
+            "rejected_requests": ("caller_key", "reason", "callback_last_error"),
+            "callback_cursors": ("last_error",),
+        }
+        for table, columns in texts.items():
+            for column in columns:
+                row = conn.execute(
+                    f"SELECT rowid, {column} FROM {table} WHERE instr({column}, char(0)) > 0"  # noqa: S608 (our own names)
+                ).fetchone()
+                if row is not None:
+                    self.report(
+                        "postgres-storable", f"{table}.{column}", f"row {row[0]} holds a NUL"
+                    )
+        for (text,) in conn.execute("SELECT metadata FROM jobs WHERE metadata IS NOT NULL"):
+            try:
+                json.dumps(json.loads(text), ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                self.report("postgres-storable", "jobs.metadata", "holds a lone surrogate")
+
+    def liveness_s(self, max_attempts: int) -> float:
+        """How long after faults stop a job with this many attempts must have ended."""
+        return self.bounds.liveness + max_attempts * self.bounds.per_attempt
+
+    def undelivered(self) -> list[str]:
+        """Job events and refused enqueues neither delivered (the receiver accepted them) nor
+        visibly undeliverable (settled as failed, with the error kept on the job's cursor or
+        the rejection's row), one line per job or rejection."""
+        conn = self.sim.conn
+        accepted = self.sim.receiver.accepted
+        lines = []
+        cursors = {
+            _uuid(job): (settled, failed, error)
+            for job, settled, failed, error in conn.execute(
+                "SELECT job_id, settled_through, failed, last_error FROM callback_cursors"
+            )
+        }
+        events: dict[str, list[int]] = defaultdict(list)
+        for event_id, job_hex in conn.execute("SELECT id, job_id FROM job_events ORDER BY id"):
+            events[_uuid(job_hex)].append(event_id)
+        for job_id, ids in events.items():
+            settled, failed, error = cursors.get(job_id, (0, 0, None))
+            delivered = set(accepted.get(job_id, ()))
+            missing = [i for i in ids if i not in delivered]
+            visible = [i for i in missing if i <= settled and failed and error]
+            hidden = [i for i in missing if i not in visible]
+            if hidden:
+                lines.append(f"{job_id[:8]} events {hidden} neither delivered nor failed visibly")
+        for row_id, settled_at, failed, error in conn.execute(
+            "SELECT id, callback_settled_at, callback_failed, callback_last_error"
+            " FROM rejected_requests"
+        ):
+            if f"rejected-{row_id}" in self.sim.receiver.accepted_rejections:
+                continue
+            if settled_at is None or not (failed and error):
+                lines.append(f"rejected-{row_id} neither delivered nor failed visibly")
+        return lines
+
+    def _left_to_operator(self, job: JobRow) -> bool:
+        if job.state != J.QUEUED or not self._has_strays:
+            return False
+        rows = self.sim.conn.execute(
+            "SELECT net_name, nvflare_job_id, submit_token FROM stray_runs"
+            " WHERE replace(job_id, '-', '') = ?",
+            (job.id.replace("-", ""),),
+        ).fetchall()
+        for net, nvflare_id, token in rows:
+            if self.sim.scales_to_zero(net):
+                continue
+            key = nvflare_id or token
+            run = next((r for r in self.sim.cluster.runs if key in (r.nvflare_id, r.token)), None)
+            if run is not None and run.poisoned:
+                return True
+        return False
+
     def quiescence(self, reasons: list[str]) -> None:
-        """The world did not come to rest: report what stayed unsettled."""
+        """The world did not come to rest within the liveness bound (`Bounds.liveness` after
+        faults stopped): report what stayed unsettled; a job not ended is a liveness
+        violation."""
         for reason in reasons:
             if reason == "messages pending":
                 continue
-            self.report("quiescence", reason.split(" ", 2)[0] + " " + reason.split(" ")[1], reason)
+            subject = reason.split(" ", 2)[0] + " " + reason.split(" ")[1]
+            t = self.sim.clock.t - self.sim.workload.horizon_s
+            if reason.startswith("job "):
+                self.report(
+                    "liveness",
+                    subject,
+                    f"{reason}: not ended {t:.0f}s after faults stopped (bound: "
+                    f"{self.bounds.liveness:.0f}s + max_attempts x {self.bounds.per_attempt:.0f}s)",
+                )
+            elif reason.startswith("callbacks "):
+                self.report(
+                    "callback-delivered",
+                    subject,
+                    f"{reason} {t:.0f}s after faults stopped",
+                )
+            else:
+                self.report("quiescence", subject, reason)
 
 
 def _how_ended(run: Run, t: float) -> str:

@@ -15,7 +15,9 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from app import names
 from app.errors import InvalidRequest, NotFound
@@ -34,20 +36,40 @@ def _job(kw: dict[str, Any]) -> uuid.UUID:
     return uuid.UUID(kw["job_id"])
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate(model: type[M], payload: Any) -> M:
+    """tasks.public._validate: a payload pydantic refuses is an InvalidRequest."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidRequest(f"invalid {model.__name__} payload: {problems}") from None
+
+
+def _caller_key(payload: Any) -> str | None:
+    """tasks.public._caller_key."""
+    key = payload.get("caller_key") if isinstance(payload, dict) else None
+    return key[:200] if isinstance(key, str) and key else None
+
+
 def _enqueue(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.enqueue_job: a refused payload is recorded, not raised."""
     try:
-        request = EnqueueJob.model_validate(kw["payload"])
+        request = _validate(EnqueueJob, kw["payload"])
         return intake.submit_job(rt, request).enqueued
     except InvalidRequest as exc:
-        intake.reject_enqueue(rt, kw["payload"].get("caller_key"), str(exc))
+        intake.reject_enqueue(rt, _caller_key(kw["payload"]), str(exc))
         return f"rejected: {exc}"
 
 
 def _abort_job(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.abort_job."""
     try:
-        request = AbortJob.model_validate(kw["payload"])
+        request = _validate(AbortJob, kw["payload"])
         return intake.request_abort(rt, request.job_id, request.reason).decision.state
     except (InvalidRequest, NotFound) as exc:
         return f"rejected: {exc}"
@@ -56,7 +78,7 @@ def _abort_job(rt: Runtime, kw: dict[str, Any]) -> object:
 def _report(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.report_job_status."""
     try:
-        request = ReportJobStatus.model_validate(kw["payload"])
+        request = _validate(ReportJobStatus, kw["payload"])
         return intake.report_status(rt, request)
     except (InvalidRequest, NotFound) as exc:
         return f"rejected: {exc}"
@@ -67,7 +89,9 @@ class TaskSpec:
     """How a task runs: its use-case call and which of tasks/base.py's rules apply."""
 
     call: Callable[[Runtime, dict[str, Any]], object]
-    kind: str  # "pipeline" (retries, on_failure requeue) | "housekeeping" | "public" | "plain"
+    # "pipeline" (retries, on_failure requeue) | "housekeeping" | "public" | "plain" |
+    # "callbacks" (delivery to the simulation's receiver; retries itself with a countdown)
+    kind: str
     polls: bool = False  # wait_ready: NOT_READY -> retry after READY_POLL_S
 
 
@@ -105,6 +129,8 @@ TASKS: dict[str, TaskSpec] = {
     names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),
     names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),
+    # tasks.callbacks.deliver_callbacks; the simulation passes its receiver as the sender.
+    names.DELIVER_CALLBACKS: TaskSpec(lambda rt, kw: None, "callbacks"),
 }
 
 
@@ -125,16 +151,24 @@ def ends_chain(result: object) -> bool:
     return bool(getattr(step_of(result), "ends_chain", False))
 
 
-def on_retry(rt: Runtime, kw: dict[str, Any]) -> None:
-    """tasks.base.DispatcherTask.on_retry (a transient retry of a job's step)."""
+def on_retry(rt: Runtime, kw: dict[str, Any], countdown: float) -> None:
+    """tasks.base._retry_transient's count (a transient retry of a job's step, and when it
+    will be tried again)."""
     if kw.get("job_id"):
-        dispatch.count_retry(rt, _job(kw))
+        dispatch.count_retry(rt, _job(kw), next_try_in_s=countdown)
 
 
 def on_failure(rt: Runtime, task: str, kw: dict[str, Any], exc: BaseException) -> None:
     """tasks.base.DispatcherTask.on_failure (retries of a transient error exhausted)."""
     if kw.get("job_id"):
-        dispatch.requeue_after_transient(rt, _job(kw), f"{task}: retries exhausted: {exc}")
+        attempt = kw.get("attempt")
+        dispatch.requeue_after_transient(
+            rt,
+            _job(kw),
+            f"{task}: retries exhausted: {exc}",
+            net_name=kw.get("net_name"),
+            attempt=int(attempt) if attempt is not None else None,
+        )
 
 
 def backoff_s(rng: random.Random, retries: int, maximum: int) -> float:
@@ -202,6 +236,18 @@ class Broker:
             # sees every row this one would see. (Saves most of the simulation's time.)
             self.coalesced += 1
             return True
+        if (
+            task == names.DELIVER_CALLBACKS
+            and not retries
+            and any(
+                m.task == task and m.deliver_at <= sim.clock.t + delay and not m.retries
+                for m in self.pending
+            )
+        ):
+            # The same for a delivery kick after a commit: one already due delivers what
+            # this one would (the lease makes a second deliverer return at once anyway).
+            self.coalesced += 1
+            return True
         if faulty:
             if rng.random() < faults.msg_refuse:
                 return False
@@ -250,12 +296,17 @@ class Broker:
 class SimOutbox:
     """`Runtime.outbox` of one simulated worker process."""
 
-    def __init__(self, broker: Broker, slot: int) -> None:
+    def __init__(self, broker: Broker, slot: int, *, hooked: bool = True) -> None:
         self.broker = broker
         self.slot = slot
+        # Not a hook point: the callback kick sent from a session's after_commit, where a
+        # simulated death (an exception) would surface from commit() itself; a real worker
+        # dying there just loses the kick, which the message layer's drops cover.
+        self.hooked = hooked
 
     def send(self, task: str, **kwargs: Any) -> bool:
-        self.broker.sim.hook("outbox.send", None)
+        if self.hooked:
+            self.broker.sim.hook("outbox.send", None)
         return self.broker.push(task, kwargs, origin=f"w{self.slot}")
 
     def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:

@@ -38,13 +38,32 @@ from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.sim import messages
+from app.sim.bundles import (
+    S3_DEFINITION,
+    FakeS3,
+    LocalBundle,
+    remove_tree,
+    serving,
+    version_of,
+)
 from app.sim.clock import SimClock, seconds_of
 from app.sim.db import memory_db, scratch_dir
 from app.sim.fakes import Cluster, SimAdmin
-from app.sim.faults import FaultProfile, profile_for_seed
+from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile, profile_for_seed
 from app.sim.invariants import Checker, Violation
 from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
-from app.sim.workload import JobSpec, Workload, WorldSpec, random_workload, random_world
+from app.sim.receiver import SECRET, URL, Outage, SimReceiver, random_receiver
+from app.sim.redeploy import Declared
+from app.sim.redeploy import plan as plan_redeploys
+from app.sim.workload import (
+    JobSpec,
+    NetSpec,
+    Workload,
+    WorldSpec,
+    random_workload,
+    random_world,
+)
+from app.usecases import callbacks as callbacks_uc
 from app.usecases import dispatch as dispatch_uc
 from app.usecases import services
 from app.usecases.dispatch import Step
@@ -52,8 +71,10 @@ from models import ASSIGNABLE_NET_STATES, NetState
 
 T = TypeVar("T")
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
-HUMAN_FIX_DELAY_S = 300.0  # a human fixes a misconfigured net and restarts the workers
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
+
+
+_SIMULATIONS = itertools.count()  # each simulation's folder in this process
 
 
 class WorkerKilled(BaseException):
@@ -145,19 +166,29 @@ class HookedSessions:
         return getattr(self._factory, name)
 
 
-def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
-    """Settings as the deployment's environment would give them, for this world."""
-    root = scratch_dir()
-    kit = root / "kit"
-    (kit / "startup").mkdir(parents=True, exist_ok=True)
-    (kit / "startup" / "fed_admin.json").write_text("{}")
-    # A minimal bundle as NVFLARE exports one: an app folder and a meta.json deploy map.
-    (root / "jobs" / "job" / "app" / "config").mkdir(parents=True, exist_ok=True)
-    (root / "jobs" / "job" / "meta.json").write_text(
-        '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
-    )
+def settings_for(
+    world: WorldSpec,
+    per_job_fl_server: bool,
+    declared: Declared | None = None,
+    root: Path | None = None,
+) -> Settings:
+    """Settings as the deployment's environment would give them, for this world (and what
+    NETS declares after redeploys); `root` holds the simulation's job root and data folder
+    (its bundles, caches and prepared copies are its own)."""
+    kit = scratch_dir() / "kit"
+    if not (kit / "startup" / "fed_admin.json").is_file():
+        (kit / "startup").mkdir(parents=True, exist_ok=True)
+        (kit / "startup" / "fed_admin.json").write_text("{}")
+    if root is None:
+        root = scratch_dir()
+        # A minimal bundle as NVFLARE exports one: an app folder and a meta.json deploy map.
+        (root / "jobs" / "job" / "app" / "config").mkdir(parents=True, exist_ok=True)
+        (root / "jobs" / "job" / "meta.json").write_text(
+            '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
+        )
     nets = []
-    for net in world.nets:
+    per_job = declared.per_job if declared is not None else {}
+    for net in declared.nets if declared is not None else world.nets:
         driver: dict[str, object] = {"kind": net.kind}
         if net.kind == "ecs":
             driver |= {"region": "eu-west-2", "cluster": "sim", "service": f"fl-{net.name}"}
@@ -169,9 +200,19 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
                 "required_sites": list(net.sites),
                 "idle_timeout_s": net.idle_timeout_s,
                 "ready_timeout_s": net.ready_timeout_s,
+                "per_job_fl_server": per_job.get(net.name),
             }
         )
+    extra: dict[str, Any] = {}
+    if world.callbacks:
+        extra = {
+            "CALLBACK_URL": URL,
+            "CALLBACK_SECRET": SECRET,
+            "CALLBACK_TIMEOUT_S": 5.0,
+            "CALLBACK_MAX_BACKOFF_S": world.callback_max_backoff_s,
+        }
     return Settings(
+        **extra,
         FL_DISPATCHER_DATA_DIR=root / "data",
         DATABASE_URL="sqlite://",
         JOB_ROOT=root / "jobs",
@@ -189,6 +230,8 @@ def settings_for(world: WorldSpec, per_job_fl_server: bool) -> Settings:
         HOUSEKEEPING_INTERVAL_S=world.housekeeping_interval_s,
         KEEP_ALIVE_INTERVAL_S=world.keep_alive_interval_s,
         QUEUED_POLL_S=world.queued_poll_s,
+        RELEASE_AFTER=world.release_after,
+        REPORT_TIMEOUT_S=world.report_timeout_s,
     )
 
 
@@ -205,6 +248,8 @@ def beat_loops(world: WorldSpec) -> list[tuple[str, float]]:
     ]
     if world.queued_poll_s > 0:
         beats.append((names.MONITOR_AWAITED_RUNS, world.queued_poll_s))
+    if world.callbacks:
+        beats.append((names.DELIVER_CALLBACKS, tick))
     return beats
 
 
@@ -250,16 +295,33 @@ class Simulation:
         self.clock = SimClock()
         self.engine, self.conn = memory_db()
         self.sessions = session_factory(self.engine)
-        self.cluster = Cluster(self, world.nets, random.Random(f"{seed}/world"))
+        self.cluster = Cluster(self, (*world.nets, *world.spare), random.Random(f"{seed}/world"))
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server
-        self.settings = settings_for(world, self.per_job_fl_server)
+        self.declared = Declared(list(world.nets), {})
+        self.root = scratch_dir() / f"sim-{next(_SIMULATIONS)}"
+        self.local_bundle = LocalBundle(self.root / "jobs", self)
+        placeholders = random.Random(f"{seed}/bundles").random() < 0.5
+        self.s3 = FakeS3(self, placeholders=placeholders)
+        adversary = random.Random(f"{seed}/bundle-adversary")
+        self._bundle_adversary = (
+            adversary if not profile.clean and adversary.random() < 0.5 else None
+        )
+        self.settings = self._settings()
         self._scales: dict[str, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
         self._events: list[tuple[float, int, str, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._stack: list[int] = []  # worker slots of the messages being processed
         self._dead: set[int] = set()  # slots whose current message was killed
+        self.receiver: SimReceiver = random_receiver(
+            self,
+            random.Random(f"{seed}/receiver"),
+            workload.horizon_s,
+            faulty=not profile.clean or world.receiver_failures_before > 0,
+        )
+        if world.receiver_failures_before:
+            self._receiver_down_before(world.receiver_failures_before)
         self.workers = [self._runtime(slot) for slot in (0, 1)]
         self._restart_worker(0, "start")
         self.checker = Checker(self)
@@ -291,20 +353,72 @@ class Simulation:
         # and the workload of every seed as they were before the poll existed.
         poll = random.Random(f"{seed}/queued-poll").choice((0.0, 1.0))
         world = dataclasses.replace(world, queued_poll_s=poll)
+        # A third of the worlds hold a finished run's server for flip-api's results report
+        # (RELEASE_AFTER=reported), so reports and aborts meet FINISHING jobs too.
+        extra = random.Random(f"{seed}/world-extra")
+        if extra.random() < 0.35:
+            world = dataclasses.replace(
+                world, release_after="reported", report_timeout_s=extra.choice((20.0, 60.0))
+            )
+        # Where NETS may change, the platform often runs a net NETS declares only later.
+        if profile.redeploy_p and extra.random() < 0.5:
+            world = dataclasses.replace(world, spare=(NetSpec("net-z", idle_timeout_s=20.0),))
+        # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
+        # start in the middle of a receiver outage thousands of tries long.
+        if extra.random() < 0.6:
+            world = dataclasses.replace(
+                world,
+                callbacks=True,
+                callback_max_backoff_s=extra.choice((1.0, 8.0, 30.0)),
+                receiver_failures_before=1020 if extra.random() < 0.1 else 0,
+            )
         return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
 
     # --- wiring ------------------------------------------------------------------------------
 
     def _runtime(self, slot: int) -> Runtime:
-        return Runtime(
+        # A sessionmaker per worker process, as each has its own: the callback kick after
+        # commit (app.celery_app.celery_runtime installs it) listens on it.
+        factory = session_factory(self.engine) if self.world.callbacks else self.sessions
+        rt = Runtime(
             settings=self.settings,
             engine=self.engine,
-            sessions=HookedSessions(self.sessions, self),  # type: ignore[arg-type]
+            sessions=factory,
             clock=self.clock,
             driver_factory=lambda net, _s: self.cluster.drivers[net.name],
             admin_factory=lambda net, _s: SimAdmin(self.cluster, net.name),
             outbox=SimOutbox(self.broker, slot),
         )
+        if self.world.callbacks:
+            kicker = dataclasses.replace(rt, outbox=SimOutbox(self.broker, slot, hooked=False))
+            callbacks_uc.send_after_commit(kicker)
+        rt.sessions = HookedSessions(factory, self)  # type: ignore[assignment]
+        return rt
+
+    def _settings(self) -> Settings:
+        return settings_for(self.world, self.per_job_fl_server, self.declared, self.root)
+
+    def _receiver_down_before(self, failures: int) -> None:
+        """The world starts in the middle of a long receiver outage: `failures` tries in a
+        row have failed, and it stays down a while longer."""
+        from sqlalchemy import insert
+
+        from models import CallbackReceiver
+
+        with unit_of_work(self.sessions) as session:
+            session.execute(
+                insert(CallbackReceiver).values(
+                    id=callbacks_uc.RECEIVER_ID,
+                    failures=failures,
+                    next_attempt_at=self.clock(),
+                    last_error="ConnectError: connection refused (before the simulation)",
+                )
+            )
+        self.receiver.outages.append(Outage(0.0, self.receiver.rng.uniform(100.0, 170.0), "down"))
+
+    def report(self, invariant: str, subject: str, detail: str) -> None:
+        """A violation found by a fake (the receiver)."""
+        self.checker.report(invariant, subject, detail)
 
     def _restart_worker(self, slot: int, why: str) -> None:
         """A (new) worker process: fresh runtime and admin sessions, and the worker_init
@@ -315,10 +429,16 @@ class Simulation:
         self.trace(f"   worker w{slot} (re)started: {why}")
 
     def scales_to_zero(self, net: str) -> bool:
+        """The settings' verdict; False for a net NETS no longer declares (the dispatcher
+        does not scale it: its server is the operator's)."""
         cached = self._scales.get(net)
         if cached is None:
-            cached = self._scales[net] = not always_on(self.settings, net)
+            declared = self.settings.has_net(net)
+            cached = self._scales[net] = declared and not always_on(self.settings, net)
         return cached
+
+    def declared_net(self, net: str | None) -> bool:
+        return self.settings.has_net(net)
 
     def job_spec(self, job_id: str) -> JobSpec | None:
         return self._jobs.get(job_id)
@@ -333,6 +453,8 @@ class Simulation:
 
     def trace(self, line: str) -> None:
         if self.tracing:
+            # Hostile payloads put lone surrogates in labels: printable all the same.
+            line = line.encode("utf-8", "backslashreplace").decode("utf-8")
             self.lines.append(f"{self.clock.t:8.2f} {line}")
 
     # --- hooks the fakes, sessions and outbox call ------------------------------------------
@@ -388,16 +510,18 @@ class Simulation:
             return self.rng_msg.choice(conflicting)
         return self.rng_msg.choice(due)
 
-    def on_submit(self, net: str, token: str) -> None:
+    def on_submit(self, net: str, token: str, folder: Path) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this
-        net passed the readiness check (wait_ready), as the chain promises."""
+        net passed the readiness check (wait_ready), as the chain promises, and carry its
+        bundle as it was when this attempt was claimed, or newer."""
         row = self.conn.execute(
-            "SELECT state, net_name, assigned_at, submit_token FROM jobs WHERE id = ?",
+            "SELECT state, net_name, assigned_at, submit_token, definition FROM jobs WHERE id = ?",
             (token[:36].replace("-", ""),),
         ).fetchone()
         if row is None:
             return
-        state, job_net, assigned_at, job_token = row
+        state, job_net, assigned_at, job_token, definition = row
+        self._check_bundle(token, definition, assigned_at, folder)
         if job_net == net and self.ready_seen.get((token[:36], net)) == assigned_at:
             return
         self.checker.report(
@@ -406,6 +530,36 @@ class Simulation:
             f"submit {token[-2:]} reached {net} while the job is {state} on {job_net}"
             f" (token {str(job_token)[-2:]}) without a readiness check for this assignment",
         )
+
+    def _check_bundle(self, token: str, definition: str, assigned_at: str, folder: Path) -> None:
+        bundle = self.s3.bundle if definition == S3_DEFINITION else self.local_bundle.bundle
+        submitted = version_of(folder)
+        claimed = bundle.version_at(seconds_of(datetime.fromisoformat(assigned_at)))
+        if submitted is None:
+            self.checker.report(
+                "submitted-bundle-current",
+                f"submit {token[:8]}-{token[37:]}",
+                f"the folder it submits ({folder.name}) is gone or has no {definition} VERSION",
+            )
+        elif submitted < claimed:
+            self.checker.report(
+                "submitted-bundle-current",
+                f"submit {token[:8]}-{token[37:]}",
+                f"carries {definition} v{submitted}; v{claimed} was current when this attempt"
+                f" was claimed (now v{bundle.version})",
+            )
+
+    def on_requeued(self, job_id: str) -> None:
+        """The adversary's moment for a bundle change: between two attempts of a job (in
+        half the worlds, half the time)."""
+        if not self._bundle_adversary or self._bundle_adversary.random() < 0.5:
+            return
+        spec = self.job_spec(job_id)
+        if spec is None:
+            return
+        which = self.s3 if spec.definition == S3_DEFINITION else self.local_bundle
+        self.trace(f"== bundle {spec.definition} replaced between attempts of {job_id[:8]}")
+        which.replace()
 
     def on_scale(self, net: str, replicas: int) -> None:
         """A scale-down must never take a server from under an active job."""
@@ -456,6 +610,9 @@ class Simulation:
 
     def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
         retry_max = self.settings.retry_max
+        if spec.kind == "callbacks":
+            self._deliver_callbacks(rt, message, spec, slot)
+            return
         try:
             with self._noting_inline_readiness(message):
                 result = spec.call(rt, message.kwargs)
@@ -472,10 +629,10 @@ class Simulation:
                 )
                 return
             self.stats["retries"] += 1
-            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs))
             countdown = messages.backoff_s(
                 self.rng_msg, message.retries, self.settings.retry_backoff_max_s
             )
+            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
             self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
             self._push_again(message, countdown)
             return
@@ -491,6 +648,18 @@ class Simulation:
         if message.chain and not messages.ends_chain(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _deliver_callbacks(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
+        """tasks.callbacks.deliver_callbacks: deliver, then come back when the use case says
+        (a Celery retry with that countdown, no retry limit)."""
+        try:
+            report = callbacks_uc.deliver_callbacks(rt, self.receiver)
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+            return
+        self.trace(f"w{slot} {message.label()} -> {report}")
+        if report.retry_in_s is not None:
+            self._push_again(message, report.retry_in_s)
 
     def _poll_delay(self, kwargs: dict[str, Any]) -> float:
         """READY_POLL_S; with fast_forward and a fixed cold start, the whole number of polls
@@ -608,12 +777,16 @@ class Simulation:
         for job in self.workload.jobs:
             payload: dict[str, object] = {
                 "caller_key": job.key,
-                "definition": "job",
+                "definition": job.definition,
                 "required_sites": list(job.sites),
                 "priority": job.priority,
             }
             if job.net is not None:
                 payload["net"] = job.net
+            if job.metadata is not None:
+                payload["metadata"] = job.metadata
+            if job.max_attempts is not None:
+                payload["max_attempts"] = job.max_attempts
             self.at(
                 job.arrive_s,
                 f"flip-api enqueues {job.key}",
@@ -623,11 +796,13 @@ class Simulation:
             job_id = str(job_id_for(event.key))
             if event.kind == "abort":
                 task = names.ABORT_JOB
-                payload = {"job_id": job_id, "reason": "aborted by the user"}
+                payload = {"job_id": job_id, "reason": event.text or "aborted by the user"}
                 label = f"flip-api aborts {event.key}"
             else:
                 task = names.REPORT_JOB_STATUS
                 payload = {"job_id": job_id, "status": event.status}
+                if event.text:
+                    payload["detail"] = event.text
                 label = f"flip-api reports {event.key} {event.status}"
             if event.on_state is None:
                 self.at(event.at_s, label, self._caller(task, payload))
@@ -658,8 +833,12 @@ class Simulation:
         return fired
 
     def _caller(self, task: str, payload: dict[str, object]) -> Callable[[], None]:
+        # Celery's JSON serializer carries the payload: what survives json.dumps (as kombu
+        # calls it) and json.loads is what the task gets.
+        sent = json.loads(json.dumps(payload))
+
         def send() -> None:
-            self.broker.push(task, {"payload": payload}, origin="flip-api")
+            self.broker.push(task, {"payload": sent}, origin="flip-api")
 
         return send
 
@@ -703,9 +882,26 @@ class Simulation:
                     f"someone scales {name} by hand",
                     functools.partial(self._drift, name),
                 )
+        changes = random.Random(f"{self.seed}/bundle-changes")
+        if not p.clean and changes.random() < 0.5:
+            for _ in range(changes.randint(1, 3)):
+                which = changes.choice((self.local_bundle, self.s3))
+                self.at(
+                    changes.uniform(0, horizon),
+                    f"bundle {which.bundle.definition} replaced",
+                    which.replace,
+                )
+        loss = random.Random(f"{self.seed}/reply-loss")
+        for net in self.world.nets:
+            for _ in range(_poisson(loss, p.reply_loss_rate * horizon / 3600)):
+                start = loss.uniform(0, horizon)
+                window = (start, start + loss.uniform(30.0, 100.0))
+                self.cluster.servers[net.name].reply_loss.append(window)
+                self.trace(f"== submit replies of {net.name} lost {window[0]:.0f}-{window[1]:.0f}s")
         if rng.random() < p.settings_flip:
             start = rng.uniform(30.0, horizon - 30.0)
             self._flip_window = (start, start + rng.uniform(30.0, 120.0))
+        plan_redeploys(self, random.Random(f"{self.seed}/redeploy"), p.redeploy_p)
 
     def _crash(self, net: str, down_s: float) -> None:
         self.cluster.crash(net, self.clock.t, down_s)
@@ -755,15 +951,24 @@ class Simulation:
             return
         self._flip_window = None
         self.per_job_fl_server = not self.per_job_fl_server
-        self.settings = settings_for(self.world, self.per_job_fl_server)
+        self.apply_settings(f"PER_JOB_FL_SERVER={self.per_job_fl_server} (nets {sorted(states)})")
+
+    def apply_settings(self, what: str) -> None:
+        """A redeploy: new settings, every worker restarted with them; an operator deploys
+        at 1 replica each scalable net that is always-on now and was not before."""
+        t = self.clock.t
+        before = {n.name: self.scales_to_zero(n.name) for n in self.declared.nets}
+        self.settings = self._settings()
         self._scales = {}
-        self.trace(
-            f"== redeploy: PER_JOB_FL_SERVER={self.per_job_fl_server} (nets {sorted(states)})"
-        )
+        self.trace(f"== redeploy: {what}")
         for slot in (0, 1):
             self._restart_worker(slot, "redeploy with new settings")
-        for net in self.world.nets:
-            if net.kind == "ecs" and not self.per_job_fl_server:
+        for net in self.declared.nets:
+            if (
+                net.kind == "ecs"
+                and before.get(net.name, True)
+                and not self.scales_to_zero(net.name)
+            ):
                 # Always-on now: the operator's deploy runs the service at 1 replica.
                 delay = self.rng.uniform(0.0, 60.0)
                 self.at(
@@ -779,6 +984,7 @@ class Simulation:
         MISCONFIGURED."""
         self._draining = True
         self.faults = self.profile.quiet()
+        self.receiver.quiet = True
         t = self.clock.t
         if self._flip_window is not None:
             self._flip_window = (self._flip_window[0], t)
@@ -804,11 +1010,13 @@ class Simulation:
 
         logging.disable(logging.CRITICAL)
         try:
-            return self._run()
+            with serving(self.s3):
+                return self._run()
         finally:
             logging.disable(logging.NOTSET)
-            self.engine.dispose()
+            self.engine.dispose(close=False)
             self.conn.close()
+            remove_tree(self.root)
 
     def run_then(self, read: Callable[[Simulation], T]) -> tuple[Result, T]:
         """`run()`, then `read(self)` while the database is still open (figures a caller
@@ -817,12 +1025,14 @@ class Simulation:
 
         logging.disable(logging.CRITICAL)
         try:
-            result = self._run()
+            with serving(self.s3):
+                result = self._run()
             return result, read(self)
         finally:
             logging.disable(logging.NOTSET)
-            self.engine.dispose()
+            self.engine.dispose(close=False)
             self.conn.close()
+            remove_tree(self.root)
 
     def _calm(self) -> Calm:
         """fast_forward: which beat loops have something to do now, and when the world next
@@ -913,6 +1123,15 @@ class Simulation:
                 calm.times.append(expiry)
         return calm
 
+    def _callbacks_pending(self) -> bool:
+        """A job event or a refused enqueue not settled yet (callbacks._pending_events)."""
+        row = self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM job_events e LEFT JOIN callback_cursors c"
+            " ON c.job_id = e.job_id WHERE e.id > coalesce(c.settled_through, 0)),"
+            " EXISTS (SELECT 1 FROM rejected_requests WHERE callback_settled_at IS NULL)"
+        ).fetchone()
+        return bool(row[0] or row[1])
+
     def _maybe_awaited(self) -> bool:
         """A QUEUED job and a run under way: monitor_awaited_runs may have work."""
         row = self.conn.execute(
@@ -938,13 +1157,13 @@ class Simulation:
 
     def _run(self) -> Result:
         self._schedule()
-        tick = self.world.housekeeping_interval_s
+        checker = self.checker
         beats = beat_loops(self.world)
         next_beat = [period for _, period in beats]
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
-        deadline = self.workload.horizon_s + HUMAN_FIX_DELAY_S + self.world.max_run_s + 8 * tick
+        attempts = max(j.max_attempts or self.world.max_attempts for j in self.workload.jobs)
+        deadline = self.workload.horizon_s + checker.liveness_s(attempts)
         settled_ticks = 0
-        checker = self.checker
         while True:
             now = self.clock.t
             due = self.broker.due(now)
@@ -983,6 +1202,8 @@ class Simulation:
                     beat_fired = beat_fired or i == 0
                     if task in idle:
                         continue  # fast_forward: it would read the tables and do nothing
+                    if task == names.DELIVER_CALLBACKS and not self._callbacks_pending():
+                        continue  # the sweep would read, find nothing due, and return
                     if task == names.MONITOR_AWAITED_RUNS and not self._maybe_awaited():
                         # Nothing queued behind a run: the poll would only read the tables
                         # (sending it every second would swamp the sweep's message order).
@@ -1001,6 +1222,8 @@ class Simulation:
                 if now > deadline:
                     checker.quiescence(reasons)
                     break
+        if self.check_invariants:
+            checker.storable()
         self.cluster.advance(self.clock.t)  # timed changes nobody looked at since
         self.stats["sim_s"] = round(self.clock.t, 1)
         self.stats["runs"] = len(self.cluster.runs)

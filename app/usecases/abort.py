@@ -27,6 +27,25 @@ RUN_OUTCOMES = {
 }
 
 
+COMPLETED_BEFORE_ABORT = "run completed before the abort took effect"
+
+
+def run_outcome(
+    run: RunState, detail: str, job_state: JobState, holds_for_report: bool
+) -> tuple[JobState, str]:
+    """How a job ends (or FINISHING: held for flip-api's report) once NVFLARE says its run
+    finished, and the reason to record. One rule for the monitor and for an abort that
+    found the run over: a completed run of a job flip-api asked to abort ends COMPLETED
+    where that means "NVFLARE finished it", but ABORTED on a net that holds for results,
+    where COMPLETED would mean "results uploaded" and no report will ever come."""
+    outcome = RUN_OUTCOMES.get(run, JobState.ABORTED)
+    if outcome != JobState.COMPLETED or not holds_for_report:
+        return outcome, detail
+    if job_state == JobState.RUNNING:
+        return JobState.FINISHING, detail
+    return JobState.ABORTED, f"{COMPLETED_BEFORE_ABORT} ({detail}); no results report: aborted"
+
+
 def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     """Abort an ABORTING job's run. A server that is down, or that does not know the job or
     has it not running, means "nothing to abort": ABORTED, net released, no error. An abort
@@ -39,6 +58,8 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         nvflare_job_id, net_name = job.nvflare_job_id, job.net_name
     if nvflare_job_id is None or net_name is None:
         return JobState.ABORTING  # submit in flight: dispatch() sends the abort when it lands
+    if not rt.settings.has_net(net_name):
+        return JobState.ABORTING  # a net a redeploy removed: reconcile settles the job
     try:
         result = rt.admin(net_name).abort(nvflare_job_id)
     except DispatcherError as exc:
@@ -54,12 +75,12 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         if result.outcome == AbortOutcome.ABORTED
         else f"nothing to abort: {result.detail or result.outcome}"
     )
-    # "Nothing to abort" also covers a server that could not be reached: a blip must not
-    # leave the run going while its net takes the next job. Unless the server answers now,
-    # the run is kept as a stray run (aborted when it answers, or gone with its server).
-    unconfirmed = result.outcome == AbortOutcome.NOTHING_TO_ABORT and not _run_is_over(
-        rt, net_name, nvflare_job_id
-    )
+    # One rule with settle_stray_runs: a run is over only when its server, answering now,
+    # says so. An accepted abort takes a moment to stop the run, and "nothing to abort" also
+    # covers a server that could not be reached: a blip must not leave the run going while
+    # its net takes the next job. Unless the server confirms, the run is kept as a stray
+    # run (aborted when it answers, or gone with its server).
+    unconfirmed = not run_is_over(rt, net_name, nvflare_job_id)
     with unit_of_work(rt.sessions) as session:
         if unconfirmed:
             services.add_stray_run(
@@ -76,7 +97,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     return JobState.ABORTED
 
 
-def _run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
+def run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
     """Only the server, answering now, can say a run is over (or unknown to it)."""
     try:
         return rt.admin(net_name).job_status(nvflare_job_id).state != RunState.RUNNING
@@ -89,11 +110,12 @@ def _run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
 def _settle_finished(
     rt: Runtime, job_id: uuid.UUID, net_name: str, nvflare_job_id: str
 ) -> JobState:
-    """The run had already finished when the abort came: record how it finished."""
+    """The run had already finished when the abort came: record how it finished
+    (`run_outcome`: never COMPLETED on a net where that means "results uploaded")."""
+    holds = _holds_for_report(rt, net_name)
     try:
         status = rt.admin(net_name).job_status(nvflare_job_id)
-        outcome = RUN_OUTCOMES.get(status.state, JobState.ABORTED)
-        detail = status.detail
+        outcome, detail = run_outcome(status.state, status.detail, JobState.ABORTING, holds)
     except DispatcherError as exc:
         outcome, detail = JobState.ABORTED, str(exc)
     with unit_of_work(rt.sessions) as session:
@@ -130,6 +152,12 @@ def expire_abort(rt: Runtime, job_id: uuid.UUID) -> JobState:
         take_down(rt, net_name, f"run of job {job_id} could not be aborted")
     kick(rt)
     return JobState.ABORTED
+
+
+def _holds_for_report(rt: Runtime, net_name: str) -> bool:
+    return rt.settings.has_net(net_name) and rt.settings.net(net_name).holds_for_report(
+        rt.settings.release_after
+    )
 
 
 def _scales_to_zero(rt: Runtime, net_name: str) -> bool:

@@ -31,6 +31,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -66,6 +67,7 @@ JOBS_PER_READ = 100
 EVENTS_PER_READ = 50
 REJECTIONS_PER_READ = 50
 BACKOFF_FIRST_S = 2.0
+MAX_DOUBLINGS = 40  # 2 s x 2**40 is far past any cap
 _KICK_WANTED = "fl_dispatcher.callbacks.kick"
 
 
@@ -88,7 +90,10 @@ def retryable(status: int) -> bool:
 def backoff_s(tries: int, cap_s: float) -> float:
     """Wait after the `tries`-th failure in a row: 2, 4, 8 ... seconds, capped. No jitter:
     there is one deliverer, so there is no herd to spread."""
-    return float(min(cap_s, BACKOFF_FIRST_S * 2 ** max(0, tries - 1)))
+    # The exponent is clamped before computing: 2.0 * 2**1024 overflows a float, and a
+    # receiver that fails for days reaches such counts.
+    doublings = min(max(0, tries - 1), MAX_DOUBLINGS)
+    return float(min(cap_s, BACKOFF_FIRST_S * 2**doublings))
 
 
 # What a payload's `kind` says: a job's move, or an enqueue that created no job.
@@ -463,7 +468,7 @@ def _deliver_job(
         ).all()
         if job is None:
             return None
-        bodies = [(e.id, encode_body(event_payload(job, e))) for e in events]
+        bodies = [(e.id, _encoded(event_payload, job, e)) for e in events]
     secret = rt.settings.callback_secret.get_secret_value()
     verdict: Verdict | None = None
     for event_id, body in bodies:
@@ -471,6 +476,14 @@ def _deliver_job(
             done.out_of_time = True
             return verdict
         now = rt.clock()
+        if isinstance(body, Undeliverable):
+            # Poison: no try can ever send it. Failed for good at once (visible on the job,
+            # in metrics and the log), so the job's later events and every other job go on.
+            verdict = _record(rt, owner, job_id, event_id, answer=body, now=now)
+            if verdict == Verdict.FAILED:
+                done.failed += 1
+                continue
+            return verdict
         headers = signed_headers(secret, int(now.timestamp()), body, event_id)
         try:
             answer: Answer | str = sender.post(body, headers)
@@ -494,20 +507,39 @@ def _deliver_rejection(
         rejection = session.get(RejectedRequest, rejection_id)
         if rejection is None or rejection.callback_settled_at is not None:
             return None
-        body = encode_body(rejection_payload(rejection))
+        body = _encoded(rejection_payload, rejection)
     secret = rt.settings.callback_secret.get_secret_value()
     event_id = rejected_event_id(rejection_id)
-    headers = signed_headers(secret, int(rt.clock().timestamp()), body, event_id)
-    try:
-        answer: Answer | str = sender.post(body, headers)
-    except ReceiverUnreachable as exc:
-        answer = str(exc)
+    answer: Answer | str | Undeliverable
+    if isinstance(body, Undeliverable):
+        answer = body
+    else:
+        headers = signed_headers(secret, int(rt.clock().timestamp()), body, event_id)
+        try:
+            answer = sender.post(body, headers)
+        except ReceiverUnreachable as exc:
+            answer = str(exc)
     verdict = _record_rejection(rt, owner, rejection_id, answer=answer, now=rt.clock())
     if verdict == Verdict.DELIVERED:
         done.delivered += 1
     elif verdict == Verdict.FAILED:
         done.failed += 1
     return verdict
+
+
+@dataclass(frozen=True)
+class Undeliverable:
+    """An event whose payload cannot be encoded (stored before payloads were checked, or a
+    reason no encoder takes): it is failed for good without a try."""
+
+    problem: str
+
+
+def _encoded(payload_of: Callable[..., dict[str, Any]], *rows: Any) -> bytes | Undeliverable:
+    try:
+        return encode_body(payload_of(*rows))
+    except (UnicodeError, ValueError, TypeError) as exc:
+        return Undeliverable(f"payload cannot be encoded: {type(exc).__name__}: {exc}"[:500])
 
 
 def _settle(cursor: CallbackCursor, event_id: int) -> None:
@@ -517,7 +549,7 @@ def _settle(cursor: CallbackCursor, event_id: int) -> None:
     cursor.next_attempt_at = None
 
 
-def _is_rejection(answer: Answer | str) -> bool:
+def _is_rejection(answer: Answer | str | Undeliverable) -> bool:
     """An answer that refuses the payload (a 4xx other than 408/429, or a 3xx)."""
     return isinstance(answer, Answer) and answer.status >= 300 and not retryable(answer.status)
 
@@ -548,7 +580,7 @@ def _judge(
     *,
     label: str,
     given_up: str,
-    answer: Answer | str,
+    answer: Answer | str | Undeliverable,
     tries: int,
     rejections: int,
     now: datetime,
@@ -558,6 +590,9 @@ def _judge(
     `rejections` count this try; a silent receiver rests on the receiver row."""
     settings = rt.settings
     cap = settings.callback_max_backoff_s
+    if isinstance(answer, Undeliverable):
+        log.error("callback undeliverable", extra={**extra, "reason": answer.problem})
+        return _Judged(Verdict.FAILED, f"{label}: undeliverable: {answer.problem}")
     if isinstance(answer, str):
         receiver.failures += 1
         wait = backoff_s(receiver.failures, cap)
@@ -589,7 +624,7 @@ def _record(
     job_id: uuid.UUID,
     event_id: int,
     *,
-    answer: Answer | str,
+    answer: Answer | str | Undeliverable,
     now: datetime,
 ) -> Verdict:
     """Record one try of a job event and renew the lease, only while still holding it (a
@@ -633,7 +668,12 @@ def _record(
 
 
 def _record_rejection(
-    rt: Runtime, owner: str, rejection_id: int, *, answer: Answer | str, now: datetime
+    rt: Runtime,
+    owner: str,
+    rejection_id: int,
+    *,
+    answer: Answer | str | Undeliverable,
+    now: datetime,
 ) -> Verdict | None:
     """Record one try of a rejected event on its row, as `_record` does for a job's (None:
     the row is gone)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
@@ -29,11 +30,16 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
+from app.settings import Settings
 from app.usecases import services
 from app.usecases.scaling import kick, net_misconfigured, scale_net, take_down
 from models import Job, JobState, NetState
 
 log = logging.getLogger(__name__)
+
+# Added to a submit try's own timeouts before its worker counts as gone (a commit, a log
+# line, a busy machine).
+TRY_MARGIN_S = 15.0
 
 
 class Step(StrEnum):
@@ -91,6 +97,8 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     """Step 1: check the job's bundle is there (a missing one fails the job before any
     scale-up), ask the net's driver for one replica (no-op for a warm or always-on net), and
     fetch the bundle while the server boots, so the download does not add to a cold start."""
+    if not rt.settings.has_net(net_name):
+        return _undeclared(net_name)
     with unit_of_work(rt.sessions) as session:
         job = _assigned(session, job_id, net_name, attempt)
         if job is None:
@@ -100,7 +108,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     try:
         check_available(rt.settings, definition)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, exc)
+        return _reject_definition(rt, job_id, net_name, (JobState.ASSIGNED, attempt), exc)
     try:
         warm = True
         if rt.settings.net(net_name).always_on:
@@ -113,12 +121,12 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
             detail = "driver asked for 1 replica"
             warm = False
     except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc))
+        net_misconfigured(rt, net_name, job_id, str(exc), attempt=(JobState.ASSIGNED, attempt))
         raise
     try:
         materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, exc)
+        return _reject_definition(rt, job_id, net_name, (JobState.ASSIGNED, attempt), exc)
     return StepResult(Step.DONE, detail, warm=warm)
 
 
@@ -155,6 +163,12 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     return _whole_chain(dispatch(rt, job_id, net_name, attempt))
 
 
+def _undeclared(net_name: str) -> StepResult:
+    """A step in flight for a net a redeploy removed from NETS: nothing here can reach it any
+    more. The chain ends; reconcile settles the job once the net is known removed."""
+    return StepResult(Step.SKIPPED, f"net {net_name} is no longer declared (NETS)")
+
+
 def _resuming(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> bool:
     # Asked only when scale_up skipped, so the warm path pays no extra transaction.
     with rt.sessions() as session:
@@ -168,10 +182,18 @@ def _whole_chain(result: StepResult) -> StepResult:
 
 
 def _reject_definition(
-    rt: Runtime, job_id: uuid.UUID, net_name: str, exc: DispatcherError
+    rt: Runtime,
+    job_id: uuid.UUID,
+    net_name: str,
+    attempt: tuple[JobState, int],
+    exc: DispatcherError,
 ) -> StepResult:
-    """The job's definition itself is bad or gone: retrying cannot help, the net is fine."""
+    """The job's definition itself is bad or gone: retrying cannot help, the net is fine.
+    Only the attempt the step was started for is failed (a job that moved on is left)."""
     with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        if not _ours(job, attempt[0], net_name, attempt[1]):
+            return StepResult(Step.SKIPPED, f"job moved on ({job.state}); not failed")
         services.finish_job(session, job_id, JobState.FAILED, f"rejected: {exc}", rt.clock())
     _release_unstarted_net(rt, net_name, job_id)
     kick(rt)
@@ -210,6 +232,14 @@ def check_ready(
     """Step 2: is the net ready for this job? Driver running, the server answering an admin
     command (the live session's, else a fresh login's), every required site connected. Past
     the readiness deadline: give up."""
+    if not rt.settings.has_net(net_name):
+        return _undeclared(net_name)
+    return _check_ready(rt, job_id, net_name, attempt, server_seen_up=server_seen_up)
+
+
+def _check_ready(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, *, server_seen_up: bool
+) -> StepResult:
     now = rt.clock()
     net_config = rt.settings.net(net_name)
     with unit_of_work(rt.sessions) as session:
@@ -237,7 +267,7 @@ def check_ready(
             readiness = rt.admin(net_name).is_ready(required)
             detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     except MisconfigurationError as exc:  # wrong kit or CA, missing service: never "down"
-        net_misconfigured(rt, net_name, job_id, str(exc))
+        net_misconfigured(rt, net_name, job_id, str(exc), attempt=(JobState.ASSIGNED, attempt))
         raise
     except TransientError as exc:
         detail = f"transient: {exc}"
@@ -257,14 +287,31 @@ def check_ready(
         return StepResult(Step.DONE, "ready")
 
     if (now - assigned_at).total_seconds() > net_config.ready_timeout_s:
-        return _give_up_readiness(
-            rt,
-            job_id,
-            net_name,
-            attempt,
-            f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}",
-        )
+        reason = f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}"
+        if readiness is not None and readiness.missing_sites:
+            # The server answers; only the job's sites never came: the job's problem (a
+            # typo, a site offline), never the net's health.
+            return _give_up_on_sites(rt, job_id, net_name, attempt, reason)
+        return _give_up_readiness(rt, job_id, net_name, attempt, reason)
     return StepResult(Step.NOT_READY, detail)
+
+
+def _give_up_on_sites(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, reason: str
+) -> StepResult:
+    """Requeue (an attempt spent) a job whose required sites never connected to a server
+    that answers; the net stays as it is, to its idle grace or the next job."""
+    with unit_of_work(rt.sessions) as session:
+        if _assigned(session, job_id, net_name, attempt) is None:
+            return StepResult(Step.SKIPPED, "job moved on before the readiness deadline")
+        net = services.get_net(session, net_name, lock=True)
+        services.requeue_job(session, job_id, reason, rt.clock())
+        if net.state == NetState.STARTING:
+            net.transition(NetState.READY, rt.clock(), "up; the job's sites never came")
+            net.idle_since = rt.clock()
+    log.warning("required sites never connected", extra={"net": net_name, "job": str(job_id)})
+    kick(rt)
+    return StepResult(Step.GAVE_UP, reason)
 
 
 def _give_up_readiness(
@@ -303,6 +350,12 @@ def _give_up_readiness(
 def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 3: submit with the submit token stored FIRST, so a retry after an unknown
     outcome or a redelivered message finds the same NVFLARE job instead of a second run."""
+    if not rt.settings.has_net(net_name):
+        return _undeclared(net_name)
+    return _dispatch(rt, job_id, net_name, attempt)
+
+
+def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
@@ -311,17 +364,21 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
             token = job.submit_token
         else:
             return StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
+        job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
         definition, sites, metadata = job.definition, list(job.required_sites), job.metadata_
 
     admin = rt.admin(net_name)
+    ours = (JobState.DISPATCHING, attempt)
     try:
         bundle = materialize(rt.settings, definition, job_id)
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
+        if not _hold_submit(rt, job_id, net_name, attempt, token):
+            return StepResult(Step.SKIPPED, "job moved on while its copy was prepared")
         nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, exc)
+        return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc))
+        net_misconfigured(rt, net_name, job_id, str(exc), attempt=ours)
         raise
     try:
         start_time: float | None = admin.server_start_time()
@@ -363,18 +420,57 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     return StepResult(Step.DONE, nvflare_job_id)
 
 
-def requeue_after_transient(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
+def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, token: str) -> bool:
+    """Right before the submit goes out: the job is still this attempt's, DISPATCHING or
+    ABORTING with this token (an ABORTING job's run is stopped once it lands), and its lease
+    is renewed for the submit itself, so the time spent fetching and copying the bundle is
+    never mistaken for a dead worker. Under the row lock `abandon_dispatch` takes: either
+    the attempt is abandoned first and nothing is sent, or this holds it and it is not."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        holding = job.state in (JobState.DISPATCHING, JobState.ABORTING)
+        if not holding or (job.net_name, job.attempts, job.submit_token) != (
+            net_name,
+            attempt,
+            token,
+        ):
+            return False
+        job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
+        return True
+
+
+def requeue_after_transient(
+    rt: Runtime,
+    job_id: uuid.UUID,
+    reason: str,
+    *,
+    net_name: str | None = None,
+    attempt: int | None = None,
+) -> bool:
     """A pipeline step ran out of retries on a transient error: requeue, never delete.
+
+    Only the attempt the step was started for is touched (the job ASSIGNED to `net_name`
+    at `attempt`, re-read under its lock): by the time retries run out, a re-sent step may
+    have dispatched the job, or it may be on its next attempt elsewhere, and neither is this
+    step's to move. A step with no such binding moves nothing.
 
     A DISPATCHING job's submit may have landed with its reply lost, so its attempt is not
     abandoned with a new token while the old one may own a run: it stays DISPATCHING (the
     reconciler re-sends the same token, which adopts the run) until `abandon_dispatch`
     settles it by taking the server down.
     """
+    if net_name is None or attempt is None:
+        return False
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
-        if job.state == JobState.DISPATCHING:
+        if _ours(job, JobState.DISPATCHING, net_name, attempt):
             log.warning("submit outcome unknown; attempt kept", extra={"job": str(job_id)})
+            return False
+        if not _ours(job, JobState.ASSIGNED, net_name, attempt):
+            log.info(
+                "retries exhausted for an attempt that is over; nothing to requeue",
+                extra={"job": str(job_id), "net": net_name, "state": str(job.state)},
+            )
             return False
         requeued = services.requeue_job(session, job_id, reason, rt.clock())
     kick(rt)
@@ -402,7 +498,7 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
         else:
             with unit_of_work(rt.sessions) as session:
                 current = services.get_job(session, job_id, lock=True)
-                if current.state != JobState.DISPATCHING or current.submit_token != token:
+                if not _unheld(current, token, rt.clock()):
                     return False
                 if run_id is not None:
                     services.mark_dispatched(session, job_id, run_id, start_time, rt.clock())
@@ -411,6 +507,8 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
             kick(rt)
             return run_id is None
     with unit_of_work(rt.sessions) as session:
+        if not _unheld(services.get_job(session, job_id, lock=True), token, rt.clock()):
+            return False
         services.add_stray_run(
             session,
             net_name=net_name,
@@ -427,9 +525,27 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
     return True
 
 
-def count_retry(rt: Runtime, job_id: uuid.UUID) -> None:
-    """One more transient retry of this job's pipeline (a metric, not a state)."""
+def submit_try_s(settings: Settings) -> float:
+    """How long one submit try may take: a fresh login, the submit command, and a margin
+    for the worker's own bookkeeping. A worker not heard of past it is gone."""
+    return settings.admin_login_timeout_s + settings.admin_command_timeout_s + TRY_MARGIN_S
+
+
+def _unheld(job: Job, token: str | None, now: datetime) -> bool:
+    """Still the DISPATCHING attempt of `token`, and no worker holds its submit (its lease,
+    renewed right before every submit, has passed)."""
+    if job.state != JobState.DISPATCHING or job.submit_token != token:
+        return False
+    return job.step_due_at is None or now > job.step_due_at
+
+
+def count_retry(rt: Runtime, job_id: uuid.UUID, next_try_in_s: float | None = None) -> None:
+    """One more transient retry of this job's pipeline (a metric), and, for a submit in
+    flight, when its worker will be heard of again: the next try's start plus one try."""
     with unit_of_work(rt.sessions) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is not None:
             job.retries += 1
+            if job.state == JobState.DISPATCHING and next_try_in_s is not None:
+                due_in_s = next_try_in_s + submit_try_s(rt.settings)
+                job.step_due_at = rt.clock() + timedelta(seconds=due_in_s)

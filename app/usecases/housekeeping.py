@@ -15,14 +15,21 @@ from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from app import names
-from app.adapters.jobdefs import cached_bundle_jobs, discard, sweep_prepared
+from app.adapters.jobdefs import cached_bundle_jobs, discard, prepared_jobs, sweep_prepared
 from app.adapters.nvflare.base import AdminClient, RunState, ServerState
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound, TransientError
 from app.runtime import Runtime
 from app.usecases import services
-from app.usecases.abort import RUN_OUTCOMES, expire_abort, expire_stray_runs, settle_stray_runs
-from app.usecases.dispatch import abandon_dispatch, requeue_after_transient
+from app.usecases.abort import (
+    RUN_OUTCOMES,
+    expire_abort,
+    expire_stray_runs,
+    run_is_over,
+    run_outcome,
+    settle_stray_runs,
+)
+from app.usecases.dispatch import abandon_dispatch, requeue_after_transient, submit_try_s
 from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net, take_down
 from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
@@ -96,18 +103,10 @@ def _scale_down_if_idle(rt: Runtime, name: str, now: datetime) -> bool:
         idle_s = (now - idle_since).total_seconds()
         if idle_s < idle_timeout_s:
             return False
-        busy = session.scalar(
-            select(
-                exists().where(
-                    or_(
-                        (Job.net_name == name) & Job.state.in_(ACTIVE_JOB_STATES),
-                        (Job.state == JobState.QUEUED)
-                        & or_(Job.requested_net.is_(None), Job.requested_net == name),
-                    )
-                )
-            )
-        )
-        if busy:
+        # Only a job that could be claimed keeps the server: one waiting for its stray run
+        # to be settled (on another net, maybe one an operator must see to) cannot run here.
+        active = exists().where(Job.net_name == name, Job.state.in_(ACTIVE_JOB_STATES))
+        if session.scalar(select(active)) or services.queued_job_fits(session, rt.settings, name):
             return False
         net.transition(NetState.STOPPING, now, f"idle for {idle_s:.0f}s")
     stop_net(rt, name, "idle grace passed")
@@ -314,19 +313,19 @@ def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> 
             return _stop_overrun(rt, job, f"status unknown: {exc}")
         return f"status unknown: {exc}"
     if status.state in RUN_OUTCOMES:
-        outcome = RUN_OUTCOMES[status.state]
-        hold = (
-            outcome == JobState.COMPLETED
-            and job.state == JobState.RUNNING
-            and rt.settings.net(job.net_name).holds_for_report(rt.settings.release_after)
-        )
+        holds = rt.settings.net(job.net_name).holds_for_report(rt.settings.release_after)
         with unit_of_work(rt.sessions) as session:
-            if _watched_state(session, job) is None:
+            # The verdict follows the job's state now, under its lock, not the round's read:
+            # the job may have been aborted since.
+            state = _watched_state(session, job)
+            if state is None:
                 return STALE
+            outcome, detail = run_outcome(status.state, status.detail, state, holds)
+            hold = outcome == JobState.FINISHING
             if hold:
-                services.hold_for_report(session, job.job_id, status.detail, rt.clock())
+                services.hold_for_report(session, job.job_id, detail, rt.clock())
             else:
-                services.finish_job(session, job.job_id, outcome, status.detail, rt.clock())
+                services.finish_job(session, job.job_id, outcome, detail, rt.clock())
         if hold:
             return "finishing: waiting for flip-api's results report"
         kick(rt)
@@ -372,9 +371,11 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
     An abort that cannot be confirmed leaves the run as a stray run (see abort.py)."""
     try:
         outcome = str(rt.admin(job.net_name).abort(job.nvflare_job_id).outcome)
-        confirmed = True
     except DispatcherError as exc:
-        outcome, confirmed = f"not confirmed: {exc}", False
+        outcome = f"not confirmed: {exc}"
+    # One rule with abort_on_server: over only when the server, answering now, says so (an
+    # accepted abort takes a moment; "nothing to abort" also covers a blip).
+    confirmed = run_is_over(rt, job.net_name, job.nvflare_job_id)
     reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
         if _watched_state(session, job) is None:
@@ -454,7 +455,8 @@ def reconcile(rt: Runtime) -> Reconciled:
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
         services.ensure_net_rows(session, rt.settings, now)
-    redriven = _redrive_stuck_jobs(rt, now)
+        services.note_declared(session, rt.settings, now)
+    redriven = _settle_undeclared(rt) + _redrive_stuck_jobs(rt, now)
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
     rows = _net_rows(rt)  # one read for the fleet; each net's decision re-checks under lock
@@ -487,6 +489,92 @@ def reconcile(rt: Runtime) -> Reconciled:
     return Reconciled(tuple(redriven), tuple(repaired))
 
 
+def undeclared_reason(net_name: str) -> str:
+    """Why work on a net that NETS no longer declares was settled."""
+    return (
+        f"net {net_name} is no longer declared (NETS): its server is no longer watched "
+        "or scaled; stop it by hand if it still runs"
+    )
+
+
+def _settle_undeclared(rt: Runtime) -> list[str]:
+    """Settle the work left on nets a redeploy removed from NETS: nothing here can reach
+    their servers any more. A job only claimed there goes back to the queue (its attempt
+    kept); a job that may have a run there, or whose earlier run may still be there (a
+    stray), FAILS with the reason: running it elsewhere could make a second live run. An
+    ABORTING job is ABORTED; a FINISHING one is left to flip-api's report or its timeout
+    (its run is over). A QUEUED job pinned to such a net fails: it can never run.
+
+    A net counts as removed only once no process has declared it for a while
+    (`services.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
+    never settles the jobs of a net just added."""
+    with rt.sessions() as session:
+        removed = services.undeclared_nets(session, rt.settings, rt.clock())
+        if not removed:
+            return []
+        jobs = session.execute(
+            select(Job.id, Job.state, Job.net_name, Job.requested_net).where(
+                or_(
+                    Job.state.in_(ACTIVE_JOB_STATES) & Job.net_name.in_(removed),
+                    (Job.state == JobState.QUEUED) & Job.requested_net.in_(removed),
+                )
+            )
+        ).all()
+        strays = session.execute(
+            select(StrayRun.id, StrayRun.job_id, StrayRun.net_name).where(
+                StrayRun.net_name.in_(removed)
+            )
+        ).all()
+    settled = []
+    for job_id, _state, net_name, requested in jobs:
+        with _isolated(rt, "reconcile", net_name or requested or "-"):
+            note = _settle_undeclared_job(rt, job_id, removed)
+            if note:
+                settled.append(f"{job_id}: {note}")
+    for stray_id, job_id, net_name in strays:
+        with _isolated(rt, "reconcile", net_name):
+            with unit_of_work(rt.sessions) as session:
+                stray = session.get(StrayRun, stray_id)
+                if stray is not None:
+                    session.delete(stray)
+                job = services.get_job(session, job_id, lock=True)
+                if job.state == JobState.QUEUED:
+                    services.finish_job(
+                        session,
+                        job_id,
+                        JobState.FAILED,
+                        f"an earlier run may still be live: {undeclared_reason(net_name)}",
+                        rt.clock(),
+                    )
+            log.error(
+                "stray run on an undeclared net dropped",
+                extra={"net": net_name, "job": str(job_id), "reason": undeclared_reason(net_name)},
+            )
+            settled.append(f"{job_id}: stray run on undeclared net {net_name} dropped")
+    return settled
+
+
+def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -> str:
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        net_name = job.net_name if job.state in ACTIVE_JOB_STATES else job.requested_net
+        if net_name is None or net_name not in removed:
+            return ""  # pragma: no mutate (the job moved on since the read)
+        reason = undeclared_reason(net_name)
+        if job.state == JobState.ASSIGNED:
+            services.requeue_job(session, job_id, reason, rt.clock(), count_attempt=False)
+            if job.requested_net == net_name:
+                services.finish_job(session, job_id, JobState.FAILED, reason, rt.clock())
+                return "failed: pinned to an undeclared net"
+            return "requeued from an undeclared net"
+        if job.state == JobState.FINISHING:
+            return ""
+        outcome = JobState.ABORTED if job.state == JobState.ABORTING else JobState.FAILED
+        services.finish_job(session, job_id, outcome, reason, rt.clock())
+    log.error("job on an undeclared net settled", extra={"job": str(job_id), "net": net_name})
+    return f"{outcome.lower()}: on undeclared net {net_name}"
+
+
 def _misconfigured(rt: Runtime, name: str, row: _NetRow, exc: MisconfigurationError) -> str:
     """Take a net reconcile found misconfigured out of service. A job only claimed onto it
     (ASSIGNED) goes back to the queue with it, never left on a net a restart resets to
@@ -495,7 +583,8 @@ def _misconfigured(rt: Runtime, name: str, row: _NetRow, exc: MisconfigurationEr
         return f"misconfigured: {exc}"
     if row.job_id is not None and row.job_state != JobState.ASSIGNED:
         return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
-    if not net_misconfigured(rt, name, row.job_id, str(exc), only_while_assigned=True):
+    bound = (JobState.ASSIGNED, row.attempt)
+    if not net_misconfigured(rt, name, row.job_id, str(exc), attempt=bound):
         return f"misconfigured: {exc} (job {row.job_id} moved on: left to it)"
     return f"misconfigured: {exc}"
 
@@ -543,13 +632,29 @@ def _net_rows(rt: Runtime) -> dict[str, _NetRow]:
 
 
 def _sweep_prepared(rt: Runtime) -> None:
-    with rt.sessions() as session:
-        query = select(Job.id).where(Job.state.in_(ACTIVE_JOB_STATES))
-        active = {str(job_id) for job_id in session.scalars(query)}
+    """Remove the prepared copies of jobs that ended (or no longer exist): those never run
+    again, so no submit can be racing the removal."""
     try:
-        sweep_prepared(rt.settings, active)
+        prepared = prepared_jobs(rt.settings)
+        ids = {uuid.UUID(name) for name in prepared if _is_uuid(name)}
+        with rt.sessions() as session:
+            live = {
+                str(job_id)
+                for job_id in session.scalars(
+                    select(Job.id).where(Job.id.in_(ids), Job.state.not_in(TERMINAL_JOB_STATES))
+                )
+            }
+        sweep_prepared(rt.settings, prepared - live)
     except OSError as exc:
         log.warning("removing prepared job copies failed", extra={"reason": str(exc)})
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _discard_finished_bundles(rt: Runtime) -> list[uuid.UUID]:
@@ -588,9 +693,27 @@ def _net_state(rt: Runtime, name: str) -> NetState:
 
 
 def _retry_budget_s(rt: Runtime) -> float:
-    # How long a step's own retries may still be going: a re-send before then would only
-    # overlap them (harmless with the same token, but noise).
-    return float(rt.settings.retry_max * rt.settings.retry_backoff_max_s)
+    # How long a submit's own tries may go on: every retry's wait and every try's own time
+    # (a login and the submit command), not only the waits.
+    settings = rt.settings
+    return float(settings.retry_max * (settings.retry_backoff_max_s + submit_try_s(settings)))
+
+
+def _submit_holder_gone(due_at: datetime | None, now: datetime) -> bool:
+    """No worker holds the DISPATCHING job's submit any more: the time by which its holder
+    (a try, or a retry it announced) had to be heard of again is past. A row from before
+    the lease existed has none: its holder is taken as gone."""
+    return due_at is None or now > due_at
+
+
+def _lease_resent_submit(rt: Runtime, job_id: uuid.UUID) -> None:
+    """The re-sent submit holds the job now: it has until its own try would end (plus the
+    time to reach a worker) before it, in turn, counts as gone."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        if job.state == JobState.DISPATCHING:
+            wait_s = rt.settings.housekeeping_interval_s + submit_try_s(rt.settings)
+            job.step_due_at = rt.clock() + timedelta(seconds=wait_s)
 
 
 def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
@@ -598,11 +721,11 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
     redriven = []
     with rt.sessions() as session:
         jobs = session.execute(
-            select(Job.id, Job.state, Job.net_name, Job.state_changed_at, Job.attempts).where(
-                Job.state.in_((JobState.ASSIGNED, JobState.DISPATCHING, JobState.ABORTING))
-            )
+            select(
+                Job.id, Job.state, Job.net_name, Job.state_changed_at, Job.attempts, Job.step_due_at
+            ).where(Job.state.in_((JobState.ASSIGNED, JobState.DISPATCHING, JobState.ABORTING)))
         ).all()
-    for job_id, state, net_name, changed_at, attempt in jobs:
+    for job_id, state, net_name, changed_at, attempt, due_at in jobs:
         age_s = (now - changed_at).total_seconds()
         known = rt.settings.has_net(net_name)
         with _isolated(rt, "reconcile", net_name or "-"):  # pragma: no mutate (no such net row)
@@ -617,15 +740,25 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
                     else 0.0
                 )
                 if age_s > ready_timeout_s + stuck_s:
-                    requeue_after_transient(rt, job_id, f"stuck in ASSIGNED for {age_s:.0f}s")
+                    requeue_after_transient(
+                        rt,
+                        job_id,
+                        f"stuck in ASSIGNED for {age_s:.0f}s",
+                        net_name=net_name,
+                        attempt=attempt,
+                    )
                     redriven.append(f"{job_id}: requeued")
             elif state == JobState.DISPATCHING:
-                settle_after_s = max(stuck_s, _retry_budget_s(rt))
-                if age_s > settle_after_s + stuck_s:
+                if not _submit_holder_gone(due_at, now):
+                    continue  # a worker still holds the submit: its own retries go on
+                if age_s > _retry_budget_s(rt) + stuck_s:
                     abandon_dispatch(rt, job_id, f"submit outcome unknown for {age_s:.0f}s")
                     redriven.append(f"{job_id}: dispatch abandoned, token settled")
-                elif age_s > settle_after_s and known:
-                    # Same stored token: adopts the run if the first submit landed.
+                elif known:
+                    # Its worker is gone (killed, or its retry message lost): re-sent at
+                    # once with the same stored token, which adopts the run if the first
+                    # submit landed.
+                    _lease_resent_submit(rt, job_id)
                     rt.outbox.send(
                         names.DISPATCH, job_id=str(job_id), net_name=net_name, attempt=attempt
                     )
@@ -680,10 +813,7 @@ def _repair_scaling_net(rt: Runtime, name: str, row: _NetRow) -> str:  # noqa: P
     up = observation.running > 0 or observation.pending > 0 or observation.desired > 0
     if state == NetState.MISCONFIGURED:
         # A misconfigured net must not keep a server running (a failed scale-down earlier).
-        if up and _still_idle(
-            rt,
-            name,  # pragma: no mutate (no test can see _still_idle's guard fail: see there)
-        ):
+        if up and _still(rt, name, state):
             stop_net(rt, name, "misconfigured net still had a server")
             return "MISCONFIGURED net had a server; scaled to 0"
         return ""
@@ -693,6 +823,10 @@ def _repair_scaling_net(rt: Runtime, name: str, row: _NetRow) -> str:  # noqa: P
             services.clear_stray_runs(session, name)
         return "STOPPED at zero replicas: stray runs gone with the server"
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
+        # Decided on the round's read: re-checked under the lock, so a net that was stopped
+        # and claimed since (STARTING, its job's server coming up) keeps its replica.
+        if not _still(rt, name, state):
+            return ""
         stop_net(rt, name, f"settling {state}")
         return f"{state}: scale-down re-driven"
     if state == NetState.OUTAGE:
@@ -738,11 +872,13 @@ def _repair_scaling_net(rt: Runtime, name: str, row: _NetRow) -> str:  # noqa: P
     return ""
 
 
-def _still_idle(rt: Runtime, name: str) -> bool:
-    with rt.sessions() as session:
-        # Not mutated: a MISCONFIGURED net takes no job, and reconcile returns before this for
-        # one that has a job, so no test can see this guard fail (it guards a future race).
-        return services.active_job(session, name) is None  # pragma: no mutate
+def _still(rt: Runtime, name: str, state: NetState) -> bool:
+    """The net is still in `state` with no active job, read under the row lock claims take.
+    None of these states is one a claim takes a net from, so the answer holds until the
+    scale-down that follows."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        return net.state == state and services.active_job(session, name) is None
 
 
 def _redrive_lost_scale_up(

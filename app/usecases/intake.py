@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from app import names
 from app.db import unit_of_work
 from app.runtime import Runtime
-from app.schemas import EnqueueJob, ReportJobStatus
+from app.schemas import EnqueueJob, ReportJobStatus, storable
 from app.usecases import services
 from models import JobState
 
@@ -43,7 +43,8 @@ def reject_enqueue(rt: Runtime, caller_key: str | None, reason: str) -> None:
     CALLBACK_URL set the record is also a `rejected` event: the commit kicks its delivery
     like any job move's (`callbacks.send_after_commit`), and beat's sweep finds it if that
     kick is lost; nothing here waits for the receiver."""
-    log.warning("enqueue rejected", extra={"caller_key": caller_key, "reason": reason})
+    shown = storable(caller_key) if caller_key is not None else None
+    log.warning("enqueue rejected", extra={"caller_key": shown, "reason": storable(reason)})
     with unit_of_work(rt.sessions) as session:
         services.record_rejection(
             session,
@@ -77,12 +78,15 @@ def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested
 
 def report_status(rt: Runtime, request: ReportJobStatus) -> JobState:
     """flip-api's terminal signal for a job (`services.report_job_status`), then the follow-up:
-    a DISPATCHING job's server abort; for a job that was RUNNING, the settling of its run,
-    which may still be live (recorded as a stray: the net takes no new job until its server
-    says the run is over, aborting it if need be); otherwise a kick for the freed net."""
+    a DISPATCHING job's server abort; for a job that was RUNNING or ABORTING, the settling of
+    its run, which may still be live (recorded as a stray: the net takes no new job until its
+    server says the run is over, aborting it if need be); otherwise a kick for the freed
+    net."""
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, request.job_id, lock=True)
-        was_running, net_name = job.state == JobState.RUNNING, job.net_name
+        # An ABORTING job's run may be live too: its abort may not have reached the server.
+        was_running = job.state in (JobState.RUNNING, JobState.ABORTING)
+        net_name = job.net_name
         state = services.report_job_status(session, request, rt.clock())
     if state == JobState.ABORTING:
         rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))

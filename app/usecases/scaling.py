@@ -89,19 +89,34 @@ def net_misconfigured(
     job_id: uuid.UUID | None,
     reason: str,
     *,
-    only_while_assigned: bool = False,
+    attempt: tuple[JobState, int] | None = None,
 ) -> bool:
     """Fail loud: the net needs a human; its job goes back to the queue without losing an
     attempt (it is not the job's fault), and a scale-to-zero net is scaled down.
-    `only_while_assigned`: a caller that read the job earlier (reconcile) leaves everything
-    as it is if the job moved past ASSIGNED meanwhile. True when the net was marked."""
+    `attempt` (the state and attempt number the caller's step was started for, on this
+    net): a step acts only on what it still owns, so if the job moved on meanwhile (a re-sent
+    submit adopted its run, it is on its next attempt) everything is left as it is. A
+    DISPATCHING job's submit may have landed on an earlier try: that run is kept as a stray
+    before the job goes back to the queue. True when the net was marked."""
     with unit_of_work(rt.sessions) as session:
-        if (
-            only_while_assigned
-            and job_id is not None
-            and services.get_job(session, job_id, lock=True).state != JobState.ASSIGNED
-        ):
-            return False
+        if job_id is not None and attempt is not None:
+            job = services.get_job(session, job_id, lock=True)
+            if (job.state, job.attempts, job.net_name) != (*attempt, net_name):
+                log.info(
+                    "misconfiguration seen by a step whose job moved on; left to it",
+                    extra={"net": net_name, "job": str(job_id), "state": str(job.state)},
+                )
+                return False
+            if job.state == JobState.DISPATCHING:
+                services.add_stray_run(
+                    session,
+                    net_name=net_name,
+                    job_id=job_id,
+                    nvflare_job_id=None,
+                    submit_token=job.submit_token,
+                    reason=f"submit outcome unknown: net {net_name} misconfigured",
+                    now=rt.clock(),
+                )
         if job_id is not None:
             services.requeue_job(
                 session,

@@ -16,14 +16,21 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select
+from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.adapters.s3_bundles import parse_s3_definition
 from app.errors import InvalidRequest, NotFound
-from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
-from app.settings import Settings
+from app.schemas import (
+    EnqueueJob,
+    ReportedStatus,
+    ReportJobStatus,
+    job_id_for,
+    storable,
+    unstorable,
+)
+from app.settings import NetConfig, Settings
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -71,7 +78,8 @@ def sync_nets(
     for net_config in settings.nets:
         net = existing.get(net_config.name)
         if net is None:
-            session.add(Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now))
+            net = Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now)
+            session.add(net)
             created.append(net_config.name)
         elif (
             at_start
@@ -80,7 +88,43 @@ def sync_nets(
         ):
             net.transition(NetState.STOPPED, now, "settings reloaded at start")
             net.last_error = None
+        net.declared_at = now
     return created
+
+
+def note_declared(session: Session, settings: Settings, now: datetime) -> None:
+    """This process declares these nets now (see `undeclared_nets`)."""
+    names = [n.name for n in settings.nets]
+    if names:
+        session.execute(
+            update(Net)
+            .where(Net.name.in_(names))
+            .values(declared_at=now)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
+    """Nets with rows that no process has declared for `undeclared_after_s(settings)`: a
+    redeploy removed them. One this process lacks but another declared lately is in the
+    middle of a rolling deploy (added, or about to go) and is not among them."""
+    declared = [n.name for n in settings.nets]
+    since = now - timedelta(seconds=undeclared_after_s(settings))
+    return list(
+        session.scalars(
+            select(Net.name).where(
+                Net.name.not_in(declared),
+                or_(Net.declared_at.is_(None), Net.declared_at < since),
+            )
+        )
+    )
+
+
+def undeclared_after_s(settings: Settings) -> float:
+    """How long no process may have declared a net before it counts as removed: longer than
+    a rolling deploy leaves old and new processes side by side, and than ten reconcile
+    rounds (each declares its nets)."""
+    return max(settings.stuck_after_s, 20 * settings.housekeeping_interval_s)
 
 
 def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
@@ -156,10 +200,23 @@ def enqueue_job(
             known = ", ".join(n.name for n in settings.nets) or "none"
             raise InvalidRequest(f"unknown net {request.net!r} (known: {known})") from None
         sites = sites or list(net_config.required_sites)
+        lacking = net_config.lacks(sites)
+        if lacking:
+            assert net_config.sites is not None  # lacks() finds nothing otherwise
+            raise InvalidRequest(
+                f"required sites {lacking} are not on net {net_config.name}: "
+                f"{net_config.name} has {', '.join(net_config.sites)}"
+            )
     if not sites:
         raise InvalidRequest("required_sites is empty and no net default applies")
     if not settings.nets:
         raise InvalidRequest("no nets are configured, so no job can run")
+    if request.net is None and all(n.lacks(sites) for n in settings.nets):
+        # Every net declares its sites and none has them all: the job could never start.
+        raise InvalidRequest(
+            f"no net has every site in {sites}; "
+            + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
+        )
     definition = resolve_definition(settings, request.definition)
 
     job = Job.new(
@@ -257,17 +314,7 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
             continue  # pragma: no mutate
-        job = session.scalar(
-            select(Job)
-            .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
-            .order_by(
-                Job.priority.desc(),
-                Job.created_at,
-                Job.id,  # pragma: no mutate (a tie-break)
-            )
-            .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
-            .with_for_update(skip_locked=True)
-        )
+        job = _next_job_for(session, settings.net(name), queued)
         if job is None:
             continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
@@ -278,6 +325,50 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
+
+
+# How many of a net's next QUEUED jobs a claim looks through for one whose sites the net
+# declares it has (a net that declares none takes the first).
+SITES_SCAN = 50
+
+
+def _next_job_for(session: Session, net: NetConfig, queued: ColumnElement[bool]) -> Job | None:
+    """The next QUEUED job (priority, then age) that may run on `net`, locked."""
+    stmt = (
+        select(Job)
+        .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
+        .order_by(
+            Job.priority.desc(),
+            Job.created_at,
+            Job.id,  # pragma: no mutate (a tie-break)
+        )
+        .with_for_update(skip_locked=True)
+    )
+    if net.sites is None:
+        # (a bound only: scalar() reads the first row anyway)
+        return session.scalar(stmt.limit(1))  # pragma: no mutate
+    # A net that declares its sites never takes a job needing one it lacks: enqueue refused
+    # such a job only when no net could run it, so another net may.
+    return next(
+        (
+            job
+            for job in session.scalars(stmt.limit(SITES_SCAN))
+            if not net.lacks(job.required_sites)
+        ),
+        None,
+    )
+
+
+def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
+    """A QUEUED job that could be claimed onto this net waits (claimable, pinned to it or
+    unpinned, and with sites the net has where it declares them)."""
+    net = settings.net(net_name)
+    sites = select(Job.required_sites).where(
+        _claimable(), or_(Job.requested_net.is_(None), Job.requested_net == net_name)
+    )
+    if net.sites is None:
+        return bool(session.scalar(select(exists(sites))))
+    return any(not net.lacks(required) for required in session.scalars(sites))
 
 
 def get_job(
@@ -362,7 +453,19 @@ def add_stray_run(
     reason: str,
     now: datetime,
 ) -> None:
-    """Record a run the net's server may hold that no job counts (see models.StrayRun)."""
+    """Record a run the net's server may hold that no job counts (see models.StrayRun).
+    A run already recorded (the same job's run on the same net, known by its id or its
+    token) stays one stray, completed with what this call knows: every live run is counted
+    once."""
+    for known in session.scalars(
+        select(StrayRun).where(StrayRun.net_name == net_name, StrayRun.job_id == job_id)
+    ):
+        same_id = nvflare_job_id is not None and known.nvflare_job_id == nvflare_job_id
+        same_token = submit_token is not None and known.submit_token == submit_token
+        if same_id or same_token:
+            known.nvflare_job_id = known.nvflare_job_id or nvflare_job_id
+            known.submit_token = known.submit_token or submit_token
+            return
     session.add(
         StrayRun(
             net_name=net_name,
@@ -496,6 +599,9 @@ def expire_report_wait(
     return finish_job(session, job_id, outcome, reason, now)
 
 
+CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
+
+
 def record_rejection(
     session: Session,
     caller_key: str | None,
@@ -509,10 +615,13 @@ def record_rejection(
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
     the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
     retention until it is."""
+    # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
+    # itself is never lost; no job could ever have had such a key, hence no job id.
+    valid_key = caller_key is not None and unstorable(caller_key) is None
     rejection = RejectedRequest(
-        job_id=job_id_for(caller_key) if caller_key else None,
-        caller_key=caller_key,
-        reason=reason[:4000],
+        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
+        caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
+        reason=storable(reason)[:4000],
         at=now,
     )
     session.add(rejection)
@@ -539,19 +648,25 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
     is kept as a stray run until its server says it is over (its caller settles it)."""
     job = get_job(session, report.job_id)
     if job.state not in TERMINAL_JOB_STATES:
-        not_run_yet = (JobState.QUEUED, JobState.ASSIGNED, JobState.DISPATCHING)
-        if job.state in not_run_yet and report.status != ReportedStatus.STOPPED:
+        # A submit in flight: DISPATCHING, or ABORTING before its run was recorded.
+        in_flight = job.state == JobState.DISPATCHING or (
+            job.state == JobState.ABORTING and job.nvflare_job_id is None
+        )
+        not_run_yet = job.state in (JobState.QUEUED, JobState.ASSIGNED) or in_flight
+        if not_run_yet and report.status != ReportedStatus.STOPPED:
             raise InvalidRequest(f"job {job.id} has not run yet; only 'stopped' applies to it")
         reason = f"flip-api reported {report.status.value}"
         if report.detail:
             reason += f": {report.detail}"
-        if job.state == JobState.DISPATCHING:
-            # Its submit may be in flight: stopped like an abort (ABORTING, the server told),
+        if in_flight:
+            # Its submit may land yet: stopped like an abort (ABORTING until the server was
+            # told, which dispatch does once the run lands, within ABORT_TIMEOUT_S at most),
             # so the net is not handed to the next job while this one's run may still land.
             return abort_job(session, job.id, reason, now).state
-        if job.state == JobState.RUNNING and job.net_name is not None:
-            # NVFLARE has not said the run is over: until its server does, the run counts
-            # for nobody and must not have the next job beside it.
+        if job.state in (JobState.RUNNING, JobState.ABORTING) and job.net_name is not None:
+            # NVFLARE has not said the run is over (an ABORTING job's abort may not have
+            # reached its server yet): until its server does, the run counts for nobody and
+            # must not have the next job beside it.
             add_stray_run(
                 session,
                 net_name=job.net_name,

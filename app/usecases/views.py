@@ -27,7 +27,16 @@ from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
 from app.usecases import services
 from app.usecases.callbacks import delivery_status
-from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetState, ScaleEvent
+from models import (
+    ACTIVE_JOB_STATES,
+    Job,
+    JobEvent,
+    JobState,
+    Net,
+    NetState,
+    ScaleEvent,
+    StrayRun,
+)
 
 NOT_PROBED = "not_probed"  # server_state of a STOPPED scale-to-zero net: not contacted
 UNKNOWN = "unknown"  # server_state when the probe failed or timed out (see `error`)
@@ -89,7 +98,23 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
         for e in events
     ]
     view["callbacks"] = delivery_status(session, job_id) if callbacks else None
+    view["waiting_for"] = waiting_for(session, job) if job.state == JobState.QUEUED else None
     return view
+
+
+def waiting_for(session: Session, job: Job) -> str | None:
+    """Why a QUEUED job is not running yet, when something other than a free net holds it:
+    an earlier run of it not yet settled, or the net it is pinned to out of service."""
+    stray = session.scalar(select(StrayRun).where(StrayRun.job_id == job.id).limit(1))
+    if stray is not None:
+        return f"an earlier run of it on net {stray.net_name} is not settled yet: {stray.reason}"
+    if job.requested_net is None:
+        return None
+    net = session.get(Net, job.requested_net)
+    if net is not None and net.state in (NetState.MISCONFIGURED, NetState.UNHEALTHY):
+        why = f": {net.last_error}" if net.last_error else ""
+        return f"net {net.name} is {net.state}{why}"
+    return None
 
 
 def parse_job_state(raw: str) -> JobState:

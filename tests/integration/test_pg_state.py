@@ -158,3 +158,38 @@ def test_a_stale_writer_cannot_overwrite_a_newer_state(db, settings, clock):
         stale_job.priority = 9
         with pytest.raises(Exception, match="expected to update 1 row"):
             stale.commit()
+
+
+def test_a_refused_enqueue_whose_words_cannot_be_stored_is_recorded_on_postgresql(
+    db, settings, clock
+):
+    # PostgreSQL's text refuses NUL and has no form for a lone surrogate: the refusal of
+    # such a payload was itself lost (psycopg DataError). It is kept escaped.
+    from app.usecases import intake
+    from models import RejectedRequest
+    from tests.unit.conftest import World
+
+    world = World(settings, db, clock)
+    intake.reject_enqueue(world.rt, "bad\x00key\ud800", "caller_key: bad \x00 \ud800")
+    with db() as session:
+        row = session.scalars(select(RejectedRequest)).one()
+    assert (row.caller_key, row.job_id) == ("bad\\x00key\\ud800", None)
+    assert row.reason == "caller_key: bad \\x00 \\ud800"
+
+
+def test_a_payload_postgresql_cannot_store_is_refused_before_it_reaches_it(db, settings, clock):
+    from pydantic import ValidationError
+    from sqlalchemy.exc import DataError
+
+    from app.schemas import ReportedStatus, ReportJobStatus
+
+    with pytest.raises(ValidationError, match="NUL"):
+        ReportJobStatus(job_id=uuid.uuid4(), status=ReportedStatus.STOPPED, detail="a\x00b")
+    # What the check spares: the report's words go into the history, a text column.
+    job_id = enqueue(db, settings, clock, "k")
+    unchecked = ReportJobStatus.model_construct(
+        job_id=job_id, status=ReportedStatus.STOPPED, detail="a\x00b"
+    )
+    with pytest.raises(DataError, match="0x00"), db.begin() as session:
+        services.report_job_status(session, unchecked, clock())
+        session.flush()

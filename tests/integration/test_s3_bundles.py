@@ -84,10 +84,12 @@ def s3(moto_endpoint: str) -> Any:
     )
     for key, body in BUNDLE.items():
         client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{key}", Body=body)
-    # Not part of the job: excluded by default, a console "folder" placeholder, and a
-    # sibling prefix that shares the job folder's name as a string prefix.
+    # Not part of the job: excluded by default, the console's "folder" placeholders (of a
+    # sub-folder and of the job folder itself), and a sibling prefix that shares the job
+    # folder's name as a string prefix.
     client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/server_checkpoints/model.pt", Body=b"x" * 999)
     client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/app/", Body=b"")
+    client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/", Body=b"")  # the job folder's own
     client.put_object(Bucket=BUCKET, Key=f"{PREFIX}-old/meta.json", Body=b"{}")
     return client
 
@@ -176,6 +178,21 @@ def test_materialize_and_discard_use_the_settings(s3, moto_endpoint, tmp_path):
     assert jobdefs.discard(settings, job_id) is True
     assert not (tmp_path / "data" / "job-cache" / str(job_id)).exists()
     assert jobdefs.discard(settings, job_id) is False
+
+
+def test_a_requeued_job_is_submitted_from_the_bundle_as_s3_now_has_it(s3, moto_endpoint, tmp_path):
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", S3_ENDPOINT_URL=moto_endpoint)
+    job_id = uuid.uuid4()
+    first = jobdefs.prepare(
+        settings, jobdefs.materialize(settings, URI, job_id), job_id, ["site-1"], None
+    )
+    # Between two attempts, flip-api uploads a new training script under the same prefix.
+    s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/app/custom/train.py", Body=b"print('v2')\n")
+    second = jobdefs.prepare(
+        settings, jobdefs.materialize(settings, URI, job_id), job_id, ["site-1"], None
+    )
+    assert (second / "app/custom/train.py").read_bytes() == b"print('v2')\n"
+    assert (first / "app/custom/train.py").read_bytes() == BUNDLE["app/custom/train.py"]
 
 
 @pytest.mark.parametrize(

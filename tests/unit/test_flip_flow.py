@@ -51,7 +51,8 @@ def test_prepared_copy_deploys_to_the_required_sites_and_leaves_the_bundle_alone
     assert meta["min_clients"] == 1
     assert meta["resource_spec"] == {"site-2": {"gpu": 1}}
     assert (bundle / "meta.json").read_text() == before
-    assert jobdefs.sweep_prepared(world.rt.settings, set()) == [str(job_id)]
+    assert jobdefs.sweep_prepared(world.rt.settings, set()) == []  # not ended: kept
+    assert jobdefs.sweep_prepared(world.rt.settings, {str(job_id)}) == [str(job_id)]
     assert not folder.exists()
 
 

@@ -143,7 +143,9 @@ def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
     server.on_submit = landed_then_lost
     with pytest.raises(ServerUnavailable):
         dispatch.dispatch(world.rt, job_id, "net-a", 0)
-    assert not dispatch.requeue_after_transient(world.rt, job_id, "dispatch: retries exhausted")
+    assert not dispatch.requeue_after_transient(
+        world.rt, job_id, "dispatch: retries exhausted", net_name="net-a", attempt=0
+    )
     assert world.job(job_id).state == JobState.DISPATCHING  # the attempt is not abandoned
     server.on_submit = None
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE  # adopts it

@@ -78,11 +78,12 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
 
 
 def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
-    job_id = world.enqueue("j1", net="net-a", required_sites=["site-9"])
+    job_id = world.enqueue("j1", net="net-a")
+    world.server("net-a").up = False  # the server process never answers
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     result = dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    assert result.step == Step.NOT_READY and "site-9" in result.detail
+    assert result.step == Step.NOT_READY and "down" in result.detail
     world.clock.advance(121)
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
     job = world.job(job_id)
@@ -113,7 +114,9 @@ def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
 def test_retries_exhausted_requeues_and_never_deletes(world):
     job_id = world.enqueue("j1", net="net-a")
     dispatch.assign_jobs(world.rt)
-    assert dispatch.requeue_after_transient(world.rt, job_id, "dispatch: retries exhausted")
+    assert dispatch.requeue_after_transient(
+        world.rt, job_id, "dispatch: retries exhausted", net_name="net-a", attempt=0
+    )
     job = world.job(job_id)
     assert (job.state, job.attempts, job.net_name) == (JobState.QUEUED, 1, None)
     assert ("fl_dispatcher.assign_next_job", {}) in world.outbox.sent
@@ -278,13 +281,14 @@ def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
 
 def test_reconcile_redrives_a_stuck_dispatch(world):
     job_id = world.stuck_in_dispatching("j")
-    # Not before the dispatch task's own retries could still be going (RETRY_MAX x cap).
-    settle_after_s = max(world.rt.settings.stuck_after_s, 6 * 60)
-    world.clock.advance(settle_after_s - 1)
+    # Not while a worker still holds the submit: a retry announced its next try.
+    dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
+    due_s = 60 + dispatch.submit_try_s(world.rt.settings)
+    world.clock.advance(due_s)
     housekeeping.reconcile(world.rt)
     sent = ("fl_dispatcher.dispatch", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0})
     assert sent not in world.outbox.sent
-    world.clock.advance(2)
+    world.clock.advance(1)
     housekeeping.reconcile(world.rt)
     assert sent in world.outbox.sent
 

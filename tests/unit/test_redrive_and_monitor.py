@@ -52,22 +52,35 @@ def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
 
 
 def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(world):
-    job_id = world.stuck_in_dispatching("j")  # the submit is never heard of
+    job_id = world.stuck_in_dispatching("j")  # the submit is never heard of again
     settings = world.rt.settings
-    settle_s = max(settings.stuck_after_s, settings.retry_max * settings.retry_backoff_max_s)
-    world.clock.advance(settle_s)
+    try_s = dispatch.submit_try_s(settings)
+    dispatch.count_retry(world.rt, job_id, next_try_in_s=60)  # its last word: a retry
+    world.clock.advance(60 + try_s)  # exactly when it had to be heard of again
     assert _redriven(world) == ()
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
-    world.clock.advance(settings.stuck_after_s - 1)  # settle_s + stuck_after_s
+    # The re-sent submit holds the job in turn, until it too would have been heard of.
+    world.clock.advance(settings.housekeeping_interval_s + try_s)
+    assert _redriven(world) == ()
+    world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
+    # Abandoned strictly past every try and wait its retries could take, plus the margin.
+    give_up_s = settings.retry_max * (settings.retry_backoff_max_s + try_s) + settings.stuck_after_s
+    with world.rt.sessions.begin() as session:
+        job = services.get_job(session, job_id)
+        job.step_due_at = None  # nobody holds it
+        age_s = (world.clock() - job.state_changed_at).total_seconds()
+    world.clock.advance(give_up_s - age_s)
+    assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
+    with world.rt.sessions.begin() as session:
+        services.get_job(session, job_id).step_due_at = None
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch abandoned, token settled",)
     job = world.job(job_id)
-    age = settle_s + settings.stuck_after_s + 1
     assert (job.state, job.last_error) == (
         JobState.QUEUED,
-        f"submit outcome unknown for {age:.0f}s",
+        f"submit outcome unknown for {give_up_s + 1:.0f}s",
     )
 
 

@@ -89,7 +89,7 @@ SAFEGUARDS = [
     ),
     Safeguard(
         "a misconfigured net does not keep its server (hole 9)",
-        _set(housekeeping, "_still_idle", lambda *_args: False),
+        _set(housekeeping, "_still", lambda *_args: False),
         "misconfig",
         range(0, 120),
         frozenset({"idle-net-at-zero"}),

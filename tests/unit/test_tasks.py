@@ -128,9 +128,6 @@ def test_transient_errors_autoretry_and_are_counted(rt):
     ):
         pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
     assert isinstance(retry.call_args.kwargs["exc"], DriverTransientError)
-    pipeline_tasks.scale_up.on_retry(
-        DriverTransientError("x"), "t", (), {"job_id": str(job_id)}, None
-    )
     assert rt.job(job_id).retries == 1
 
 
@@ -138,7 +135,11 @@ def test_retries_exhausted_requeue_the_job(rt):
     job_id = rt.enqueue("j", net="net-a")
     pipeline_tasks.assign_next_job.run()
     pipeline_tasks.dispatch.on_failure(
-        DriverTransientError("still throttled"), "t", (), {"job_id": str(job_id)}, None
+        DriverTransientError("still throttled"),
+        "t",
+        (),
+        {"job_id": str(job_id), "net_name": "net-a", "attempt": 0},
+        None,
     )
     job = rt.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
@@ -153,7 +154,11 @@ def test_retries_exhausted_while_dispatching_keep_the_attempt_and_its_token(rt):
         job = session.get(Job, job_id)
         job.state = JobState.DISPATCHING
     pipeline_tasks.dispatch.on_failure(
-        ServerUnavailable("no reply"), "t", (), {"job_id": str(job_id)}, None
+        ServerUnavailable("no reply"),
+        "t",
+        (),
+        {"job_id": str(job_id), "net_name": "net-a", "attempt": 0},
+        None,
     )
     job = rt.job(job_id)
     assert (job.state, job.attempts, job.submit_token) == (
@@ -166,7 +171,8 @@ def test_retries_exhausted_while_dispatching_keep_the_attempt_and_its_token(rt):
 def test_a_non_transient_failure_does_not_requeue(rt):
     job_id = rt.enqueue("j", net="net-a")
     pipeline_tasks.assign_next_job.run()
-    pipeline_tasks.dispatch.on_failure(ValueError("bug"), "t", (), {"job_id": str(job_id)}, None)
+    ids = {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}
+    pipeline_tasks.dispatch.on_failure(ValueError("bug"), "t", (), ids, None)
     assert rt.job(job_id).state == JobState.ASSIGNED
 
 
@@ -195,3 +201,22 @@ def test_abort_task_of_a_running_job_hands_the_server_abort_to_a_worker(rt):
     rt.outbox.sent.clear()
     assert public.abort_job.run(payload={"job_id": str(job_id)}) == JobState.ABORTING
     assert rt.outbox.sent == [(names.ABORT_ON_SERVER, {"job_id": str(job_id)})]
+
+
+def test_a_step_that_found_its_net_misconfigured_ends_its_chain_without_raising(rt, caplog):
+    # The use case handled it (net MISCONFIGURED, job back in the queue, one ERROR line);
+    # raising on would have Celery log "raised unexpected" with a traceback.
+    from app.errors import DriverMisconfigured
+    from tests.unit.test_warm_dispatch import chain_request
+
+    job_id = rt.enqueue("j", net="net-a")
+    pipeline_tasks.assign_next_job.run()
+    rt.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a missing")
+    with chain_request() as request:
+        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a") == (
+            "misconfigured"
+        )
+        assert request.chain is None
+    job = rt.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 0)
+    assert "misconfigured" in (job.last_error or "")

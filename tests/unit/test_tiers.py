@@ -37,3 +37,27 @@ def test_the_unit_marker_is_registered():
 @pytest.mark.parametrize("tier", TIERS)
 def test_each_tier_folder_exists(tier):
     assert (TESTS / tier).is_dir()
+
+
+def test_the_closing_report_counts_every_tier_and_names_the_slowest(tmp_path):
+    from tests.tools import test_report
+
+    junit = tmp_path / "unit.xml"
+    junit.write_text(
+        "<testsuites><testsuite>"
+        '<testcase classname="tests.unit.test_a" name="test_ok" time="0.5"/>'
+        '<testcase classname="tests.unit.test_a" name="test_bad" time="2.0">'
+        '<failure message="x"/></testcase>'
+        '<testcase classname="tests.e2e.test_b" name="test_slow" time="30.0"/>'
+        '<testcase classname="tests.e2e.test_b" name="test_skip" time="0">'
+        '<skipped message="y"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    text = test_report.report(test_report.read(junit))
+    lines = text.splitlines()
+    assert "         e2e:     2 tests,    30.0 s" in lines
+    assert "        unit:     2 tests,     2.5 s" in lines
+    assert lines.index("    30.0 s  tests/e2e/test_b.py::test_slow") < lines.index(
+        "     2.0 s  tests/unit/test_a.py::test_bad"
+    )
+    assert lines[-1] == "total: 2 passed, 1 failed, 1 skipped"

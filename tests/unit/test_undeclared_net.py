@@ -16,6 +16,8 @@ from tests.fixtures.db import net_decl
 
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
+    """NETS without net-a, and no process has declared it for the whole grace since."""
+    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
     world.rt.settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
@@ -50,15 +52,17 @@ def test_stray_runs_of_a_net_no_longer_declared_are_kept(world, tmp_path, job_ro
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
 
 
-def test_a_job_assigned_to_a_net_no_longer_declared_is_requeued_once_stuck(
+def test_a_job_assigned_to_a_net_no_longer_declared_and_pinned_to_it_fails_at_once(
     world, tmp_path, job_root
 ):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
     _redeploy_without_net_a(world, tmp_path, job_root)
-    world.clock.advance(world.rt.settings.stuck_after_s + 1)  # no readiness deadline to wait
-    assert f"{job_id}: requeued" in housekeeping.reconcile(world.rt).redriven
-    assert world.job(job_id).state == JobState.QUEUED
+    redriven = housekeeping.reconcile(world.rt).redriven  # no deadline to wait out
+    assert f"{job_id}: failed: pinned to an undeclared net" in redriven
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.FAILED, 0)
+    assert job.last_error == housekeeping.undeclared_reason("net-a")
 
 
 def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_path, job_root):

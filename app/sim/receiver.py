@@ -1,0 +1,161 @@
+"""flip-api's callback endpoint as the simulation sees it: a `CallbackSender` whose receiver
+is down for a while, answers 5xx or 4xx, times out, or refuses one job's payloads for good,
+and that keeps the TRUE record of what it accepted, so the invariants can check delivery
+(every event delivered or visibly undeliverable, in order per job, correctly signed)
+instead of trusting the dispatcher's own counters.
+
+Every post first calls `host.hook("callback.post", None)`: time passes there (a timeout
+costs CALLBACK_TIMEOUT_S), the worker may die, another worker may run a message.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.adapters.callbacks import (
+    EVENT_ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    Answer,
+    ReceiverUnreachable,
+    verify,
+)
+from app.sim.clock import EPOCH_S, SimClock
+
+SECRET = "sim-callback-secret-0123456789"  # noqa: S105 (a simulated receiver's, not a credential)
+URL = "http://flip-api.sim/fl/callbacks"
+
+
+class Host(Protocol):
+    clock: SimClock
+
+    def hook(self, point: str, net: str | None) -> None: ...
+
+    def report(self, invariant: str, subject: str, detail: str) -> None: ...
+
+
+@dataclass
+class Outage:
+    """From `start` to `end` the receiver answers every post with `answer`: "down" (no
+    answer: refused or timed out), or an HTTP status."""
+
+    start: float
+    end: float
+    answer: str | int
+
+
+@dataclass
+class SimReceiver:
+    """The receiver's behaviour over time and what it accepted."""
+
+    host: Host
+    rng: random.Random
+    timeout_s: float
+    outages: list[Outage] = field(default_factory=list)
+    refused_jobs: dict[str, int] = field(default_factory=dict)  # job id -> 4xx it answers
+    accepted: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    accepted_rejections: set[str] = field(default_factory=set)
+    posts: int = 0
+    quiet: bool = False  # faults have stopped: outages end, only refusals of a job remain
+
+    def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
+        host = self.host
+        host.hook("callback.post", None)
+        self.posts += 1
+        t = host.clock.t
+        answer = self._answer(t, body)
+        if answer == "down":
+            if self.rng.random() < 0.5:
+                host.clock.advance(self.timeout_s)  # a read timeout: the whole budget spent
+                raise ReceiverUnreachable("ReadTimeout: timed out (simulated)")
+            raise ReceiverUnreachable("ConnectError: connection refused (simulated)")
+        host.clock.advance(self.rng.uniform(0.01, 0.3))
+        status = int(answer)
+        if 200 <= status < 300:
+            self._accept(body, headers)
+        return Answer(status, "" if status < 300 else f"simulated {status}")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def _answer(self, t: float, body: bytes) -> str | int:
+        job_id = _job_of(body)
+        if job_id is not None and job_id in self.refused_jobs:
+            return self.refused_jobs[job_id]
+        if not self.quiet:
+            for outage in self.outages:
+                if outage.start <= t < outage.end:
+                    return outage.answer
+        return 200
+
+    def _accept(self, body: bytes, headers: Mapping[str, str]) -> None:
+        """Check what a receiver checks (the README's snippet: signature over the raw body,
+        timestamp near its clock), then note the event as delivered."""
+        host = self.host
+        event_id = headers.get(EVENT_ID_HEADER, "?")
+        now_s = EPOCH_S + host.clock.t
+        ok = verify(
+            SECRET,
+            headers.get(TIMESTAMP_HEADER, ""),
+            headers.get(SIGNATURE_HEADER, ""),
+            body,
+            now_s=now_s,
+        )
+        try:
+            payload = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            host.report("callback-well-formed", f"event {event_id}", f"body is not JSON: {exc}")
+            return
+        if not ok:
+            host.report(
+                "callback-well-formed", f"event {event_id}", "signature or timestamp refused"
+            )
+        if str(payload.get("event_id")) != event_id:
+            host.report(
+                "callback-well-formed",
+                f"event {event_id}",
+                f"header names event {event_id}, body {payload.get('event_id')}",
+            )
+        if payload.get("kind") == "rejected":
+            self.accepted_rejections.add(str(payload.get("event_id")))
+            return
+        job_id = str(payload.get("job_id"))
+        seen = self.accepted[job_id]
+        if seen and int(payload["event_id"]) < seen[-1]:
+            host.report(
+                "callback-order",
+                f"job {job_id[:8]}",
+                f"event {payload['event_id']} delivered after event {seen[-1]}",
+            )
+        seen.append(int(payload["event_id"]))
+
+
+def _job_of(body: bytes) -> str | None:
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    job = payload.get("job_id") if isinstance(payload, dict) else None
+    return str(job) if job is not None else None
+
+
+def random_receiver(host: Host, rng: random.Random, horizon_s: float, faulty: bool) -> SimReceiver:
+    """A receiver for a seed: clean, or with outages (down, 5xx, 429, 408) within the
+    workload's horizon."""
+    receiver = SimReceiver(host, rng, timeout_s=rng.choice((1.0, 5.0)))
+    if faulty:
+        for _ in range(rng.randint(1, 3)):
+            start = rng.uniform(0.0, horizon_s)
+            receiver.outages.append(
+                Outage(
+                    start,
+                    start + rng.uniform(5.0, 120.0),
+                    rng.choice(("down", "down", 500, 503, 429, 408, 400)),
+                )
+            )
+    return receiver

@@ -1,0 +1,61 @@
+"""What the simulator's sweep found beyond issue 20's eight defects, each as a minimal
+reproduction on the use cases; an open one is a strict xfail with what it shows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.settings import Settings
+from app.usecases import abort, dispatch, services
+from models import JobState
+from tests.fixtures.db import net_decl
+
+
+def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
+    world.rt.settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "fixed", "static")]),
+        PER_JOB_FL_SERVER="true",
+    )
+    # The redeploy restarts the workers: no adapter built from the old settings survives.
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
+
+
+@pytest.mark.parametrize("step", ["start", "check_ready", "dispatch"])
+def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_path, job_root, step):
+    """The chain of a job claimed onto net-a is in flight when a redeploy drops net-a from
+    NETS: its next step must end the chain (reconcile settles the job), not raise an
+    unclassified KeyError (Celery's "raised unexpected", a traceback per step)."""
+    job_id = world.enqueue("j", net="net-a")
+    if step == "dispatch":
+        world.run_until_ready(job_id)
+    else:
+        [claim] = dispatch.assign_jobs(world.rt)
+        assert claim.net_name == "net-a"
+        if step == "check_ready":
+            dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+
+    result = getattr(dispatch, step)(world.rt, job_id, "net-a", 0)
+
+    assert result.step.ends_chain
+    assert world.job(job_id).state != JobState.RUNNING
+
+
+def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_reconcile(
+    world, tmp_path, job_root
+):
+    """flip-api aborts a RUNNING job on net-a; the redeploy that drops net-a lands before the
+    worker runs abort_on_server: it must leave the job to reconcile (fix 7 aborts it), not
+    raise KeyError."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "user", world.clock())
+    _redeploy_without_net_a(world, tmp_path, job_root)
+
+    assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)
