@@ -113,6 +113,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,  # Celery Flower shows tasks live
         "worker_hijack_root_logger": False,
         "beat_schedule": beat_schedule(settings),
+        # Sends only while it holds the deployment's beat lock (app/beat.py).
+        "beat_scheduler": "app.beat:SingleBeatScheduler",
         "timezone": "UTC",
         "enable_utc": True,
     }
@@ -128,6 +130,11 @@ class _Configured:
     """The settings this process configured the app with, if any."""
 
     settings: Settings | None = None
+
+
+def current_settings() -> Settings:
+    """The settings this process configured the app with, else the environment's."""
+    return _Configured.settings or load_settings()
 
 
 def _config_on_first_use() -> dict[str, Any]:

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -37,3 +40,10 @@ def downgrade(database_url: str, revision: str = "base") -> None:
 def check(database_url: str) -> None:
     """Raise if the models and the migrations have drifted apart."""
     command.check(alembic_config(database_url))
+
+
+def at_head(engine: Engine) -> bool:
+    """True when the database's schema is at the migrations' head."""
+    heads = set(ScriptDirectory.from_config(alembic_config("")).get_heads())
+    with engine.connect() as conn:
+        return set(MigrationContext.configure(conn).get_current_heads()) == heads

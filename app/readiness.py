@@ -7,11 +7,22 @@ healthcheck hang past it.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from functools import partial
 
+from kombu.exceptions import KombuError
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
+from app.errors import DispatcherError
 from app.parallel import Prober
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WAIT_POLL_S = 2.0
 
 # Key prefix in the Prober: an API's Prober also holds the per-net probes.
 _KEY = "ready:"
@@ -44,3 +55,65 @@ def check_ready(
         timeout_s,
     )
     return {key.removeprefix(_KEY): r.error for key, r in results.items()}
+
+
+class DependencyTimeout(DispatcherError):
+    """What a process waited for at start did not come within its time."""
+
+
+def missing_dependencies(
+    engine: Engine, broker_url: str | None, *, schema: bool, timeout_s: float = 3.0
+) -> list[str]:
+    """What is not there yet: the database, its schema at the migrations' head (`schema`),
+    the broker (unless `broker_url` is None). Empty when everything is."""
+    from app.migrate import at_head
+
+    missing = []
+    try:
+        check_database(engine)
+        if schema and not at_head(engine):
+            missing.append("database schema: not at the migrations' head (migrate has not run)")
+    except SQLAlchemyError as exc:
+        missing.append(f"database: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    if broker_url is not None:
+        try:
+            check_broker(broker_url, timeout_s)
+        except (KombuError, OSError) as exc:
+            missing.append(f"broker: {type(exc).__name__}: {exc}")
+    return missing
+
+
+def wait_for_dependencies(
+    settings: Settings,
+    timeout_s: float,
+    *,
+    schema: bool,
+    broker: bool,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Retry until the database (at the migrations' head if `schema`) and the broker (if
+    `broker`) answer; DependencyTimeout naming what is missing after `timeout_s`.
+
+    Why a process waits itself: an engine may start every container at once (podman ignores
+    compose's `depends_on` conditions), and a process that exits on a missing dependency
+    only shows up as a restart loop."""
+    from app.db import make_engine
+
+    engine = make_engine(settings.database_url)
+    deadline = clock() + timeout_s
+    try:
+        while True:
+            missing = missing_dependencies(
+                engine, settings.broker_url if broker else None, schema=schema
+            )
+            if not missing:
+                return
+            if clock() >= deadline:
+                raise DependencyTimeout(
+                    f"still missing after {timeout_s:.0f}s: " + "; ".join(missing)
+                )
+            log.info("waiting for: %s", "; ".join(missing))
+            sleep(WAIT_POLL_S)
+    finally:
+        engine.dispose()

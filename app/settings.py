@@ -92,8 +92,32 @@ class StaticDriverConfig(_Strict):
     kind: Literal["static"]
 
 
+# Docker's own rule for container names.
+DOCKER_CONTAINER_NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$"
+
+
+class DockerDriverConfig(_Strict):
+    """An fl-server run as an existing container, started and stopped through the Docker
+    Engine API (Docker, or podman's Docker-compatible service). The container is created
+    by the operator (compose), never by the driver: see app/adapters/drivers/docker.py."""
+
+    kind: Literal["docker"]
+    container: str = Field(pattern=DOCKER_CONTAINER_NAME_PATTERN)
+    # The Engine API endpoint: the engine's socket, or (least privilege) a socket proxy
+    # that allows only start, stop and inspect of the fl-server containers. Never read
+    # from DOCKER_HOST: one home for configuration.
+    engine_url: str = Field(
+        default="unix:///var/run/docker.sock", pattern=r"^(unix|tcp|http|https)://.+$"
+    )
+    # How long the server gets to stop on SIGTERM before the engine sends SIGKILL.
+    stop_timeout_s: int = Field(default=30, ge=0, le=600)
+    # Bound on one Engine API call (a stop waits stop_timeout_s on top).
+    api_timeout_s: int = Field(default=10, gt=0, le=120)
+
+
 DriverConfig = Annotated[
-    EcsDriverConfig | LocalDriverConfig | StaticDriverConfig, Field(discriminator="kind")
+    EcsDriverConfig | LocalDriverConfig | StaticDriverConfig | DockerDriverConfig,
+    Field(discriminator="kind"),
 ]
 
 

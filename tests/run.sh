@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The test command (README "The two commands"; .ci/run calls exactly this).
 #   bash tests/run.sh              everything: lint, types, unit, integration, e2e
-#   bash tests/run.sh -m unit      one tier: -m unit | -m integration | -m e2e (README "Tests")
+#   bash tests/run.sh -m unit      one tier: -m unit | -m integration | -m e2e | -m containers
+#                                  (README "Tests"); -m 'not containers' needs no container engine
 #   bash tests/run.sh ARGS...      any other pytest arguments, e.g. a path or -k
 # Sets up what it needs on a fresh machine: a virtualenv with the project and its dev
 # extras, the PostgreSQL and Redis servers the integration and e2e tiers talk to, promtool
-# and chromium.
+# and chromium, and the container engine of the containers tier (podman, on Debian as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,37 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+echo "== container engine"
+# The containers tier (tests/containers, README "Tests") runs real containers: podman (its
+# Docker-compatible API service, which each test starts on a socket of its own, and its CLI
+# under podman-compose), runc, mmdebstrap (base images built from Debian packages, as no image
+# registry is reachable), a static busybox (the driver tests' image) and HAProxy (the shipped
+# least-privilege socket proxy, app/policies/docker-socket-proxy.haproxy.cfg, is tested).
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null \
+  || ! command -v mmdebstrap >/dev/null || [ ! -x /bin/busybox ] \
+  || ! command -v haproxy >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing podman, runc, mmdebstrap, busybox-static, haproxy"
+    packages=(podman runc mmdebstrap busybox-static haproxy)
+    apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q "${packages[@]}" >/dev/null; }
+  else
+    # The other tiers do not need it; the containers tier fails, naming what is missing.
+    echo "WARNING: the containers tier needs podman 4 (or Docker with compose), runc," \
+      "mmdebstrap, busybox-static and haproxy; this is not a Debian machine run as root, so install" \
+      "them yourself, or leave the tier out: bash tests/run.sh -m 'not containers'" >&2
+  fi
+fi
+# No container starts without this where the container may not raise its limits ("error
+# setting rlimit"); runc, not crun: crun refuses a hybrid cgroup v1/v2 host. Written only
+# where no containers.conf exists yet, never over an operator's.
+if command -v podman >/dev/null && [ ! -e /etc/containers/containers.conf ] \
+  && [ "$(id -u)" = 0 ]; then
+  mkdir -p /etc/containers
+  printf '%s\n' '# Written by fl-dispatcher tests/run.sh.' '[containers]' 'default_ulimits = []' \
+    '' '[engine]' 'runtime = "runc"' > /etc/containers/containers.conf
 fi
 
 echo "== ruff"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -300,6 +301,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
     target = redact_url(settings.database_url)
     if args.db_command == "upgrade":
+        _wait_for(args, settings, schema=False, broker=False)
         migrate.upgrade(settings.database_url, args.revision)
         sys.stdout.write(f"database at {args.revision}: {target}\n")
         if args.revision == "head":
@@ -391,6 +393,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
     from app.entrypoints.api import create_app
 
+    _wait_for(args, settings, schema=True, broker=True)
     app = create_app(_sending_runtime(settings), close_runtime=True)
     # log_config=None: keep the handler configure_logging installed (plain or JSON).
     uvicorn.run(app, host=args.host, port=args.port, log_config=None)
@@ -398,7 +401,8 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
-    """Exit 0 if the database and the broker answer (the /readyz checks); for healthchecks."""
+    """Exit 0 if the database and the broker answer (the /readyz checks) and, if asked,
+    this data folder's beat ticked recently; for healthchecks."""
     from app.db import make_engine
     from app.parallel import Prober
     from app.readiness import check_ready
@@ -408,12 +412,32 @@ def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
         errors = check_ready(engine, settings.broker_url, Prober(), args.timeout)
     finally:
         engine.dispose()
+    if args.beat_ticked_within is not None:
+        from app.beat import heartbeat_age_s, heartbeat_path
+
+        age = heartbeat_age_s(heartbeat_path(settings), time.time())
+        errors["beat"] = (
+            f"no tick for {age:.0f}s (more than {args.beat_ticked_within:.0f}s)"
+            if age is not None and age > args.beat_ticked_within
+            else "never ticked"
+            if age is None
+            else None
+        )
     failed = {k: error for k, error in errors.items() if error is not None}
     for key, error in sorted(failed.items()):
         sys.stderr.write(f"fl-dispatcher: {key} not ready: {error}\n")
     if not failed:
-        sys.stdout.write("database and broker reachable\n")
+        beat = ", beat ticking" if "beat" in errors else ""
+        sys.stdout.write(f"database and broker reachable{beat}\n")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _wait_for(args: argparse.Namespace, settings: Settings, *, schema: bool, broker: bool) -> None:
+    """`--wait S`: retry the process's dependencies for up to S seconds before starting."""
+    if getattr(args, "wait", 0) > 0:
+        from app.readiness import wait_for_dependencies
+
+        wait_for_dependencies(settings, args.wait, schema=schema, broker=broker)
 
 
 # --- processes: worker, beat, demo --------------------------------------------------------
@@ -423,6 +447,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Run a Celery worker (with an embedded beat only if asked: one beat per deployment)."""
     from app.celery_app import run_worker
 
+    _wait_for(args, settings, schema=True, broker=True)
     run_worker(settings, concurrency=args.concurrency, beat=args.beat, queues=args.queues)
     return EXIT_OK
 
@@ -446,8 +471,25 @@ def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
     """Run the deployment's one beat."""
     from app.celery_app import run_beat
 
+    _wait_for(args, settings, schema=True, broker=True)
     run_beat(settings)
     return EXIT_OK
+
+
+def cmd_participant(args: argparse.Namespace) -> int:
+    """Become the NVFLARE participant (server or site) of a startup kit: the command its
+    `startup/sub_start.sh --once` would exec, without nvflare's restart loop (a container's
+    engine or the scale driver decides whether it runs). compose.yml's fl-server and sites."""
+    import os
+
+    from app.adapters.nvflare.participants import kit_command
+
+    kit = args.kit.resolve()
+    command = kit_command(kit)
+    (kit / "transfer").mkdir(exist_ok=True)  # sub_start.sh creates it before exec
+    os.chdir(kit)
+    sys.stdout.flush()
+    os.execv(command[0], command)  # noqa: S606 (the kit's own command line, as nvflare runs it)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -521,9 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = add("db", cmd_db, "database schema (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
-    db_sub.add_parser("upgrade", help="migrate up").add_argument(
-        "revision", nargs="?", default="head", help="default: head"
-    )
+    upgrade = db_sub.add_parser("upgrade", help="migrate up")
+    upgrade.add_argument("revision", nargs="?", default="head", help="default: head")
+    _wait_flag(upgrade, "the database")
     db_sub.add_parser("downgrade", help="migrate down").add_argument(
         # One step by default: `base` drops every table and would be a costly typo.
         "revision",
@@ -543,12 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_simulate(add)
 
-    p = add("api", cmd_api, "serve the status HTTP API")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-
-    p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    _add_api_and_ready(add)
 
     _add_process_commands(add)
     return parser
@@ -625,6 +662,36 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
 
 
+def _add_api_and_ready(
+    add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
+) -> None:
+    p = add("api", cmd_api, "serve the status HTTP API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    _wait_flag(p)
+    p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--beat-ticked-within",
+        type=float,
+        default=None,
+        metavar="S",
+        help="also fail unless this data folder's beat ticked within S seconds",
+    )
+
+
+def _wait_flag(
+    p: argparse.ArgumentParser, what: str = "the database at the migrations' head and the broker"
+) -> None:
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help=f"first wait up to S seconds for {what} (default 0: do not wait)",
+    )
+
+
 def _add_process_commands(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
@@ -639,7 +706,11 @@ def _add_process_commands(
         metavar="Q1,Q2",
         help='consume only these queues (default: all; README "Queues")',
     )
-    add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
+    _wait_flag(p)
+    _wait_flag(add("beat", cmd_beat, "run Celery beat (exactly one active per deployment)"))
+    p = add("participant", None, "run the NVFLARE server or site of a startup kit (containers)")
+    p.set_defaults(handler=None, plain=cmd_participant)
+    p.add_argument("kit", type=Path, metavar="KIT_DIR", help="the participant's folder")
     p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--idle-gap", type=float, default=5.0, metavar="S")

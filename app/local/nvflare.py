@@ -84,10 +84,12 @@ class _ProvisionLog:
         logger.error("provision: %s", msg)
 
 
-def _project_dict(project: str, port: int, sites: Sequence[str], admin: str) -> dict[str, Any]:
+def _project_dict(
+    project: str, port: int, sites: Sequence[str], admin: str, server_name: str = SERVER_NAME
+) -> dict[str, Any]:
     participants: list[dict[str, Any]] = [
         {
-            "name": SERVER_NAME,
+            "name": server_name,
             "type": "server",
             "org": _ORG,
             # FL and admin traffic share one port in 2.9.
@@ -136,12 +138,17 @@ def provision(
     port: int | None = None,
     sites: Sequence[str] = ("site-1", "site-2"),
     admin: str = "admin@nvidia.com",
+    server_name: str = SERVER_NAME,
+    store_dir: Path | None = None,
 ) -> Deployment:
     """Provision a server, `sites` and one project admin into `workspace/<project>/`.
 
     Each project gets its own root CA, so a second project is an unrelated deployment whose
     kits the first one's server rejects. The server's identity and every target read
-    `localhost:<port>`; `port` defaults to a free one.
+    `<server_name>:<port>` (`localhost` unless given: a container network's name for the
+    server, say); `port` defaults to a free one. The server keeps its job store in
+    `store_dir` as the server sees it (default: in the workspace; a container mounts the
+    kit elsewhere).
     """
     from nvflare.lighter.constants import CtxKey
     from nvflare.lighter.prov_utils import prepare_builders, prepare_packager
@@ -150,7 +157,7 @@ def provision(
 
     workspace = workspace.resolve()
     chosen_port = port if port is not None else free_port()
-    project_dict = _project_dict(project, chosen_port, tuple(sites), admin)
+    project_dict = _project_dict(project, chosen_port, tuple(sites), admin, server_name)
     root = workspace / "provision"
     root.mkdir(parents=True, exist_ok=True)
     provisioner = Provisioner(
@@ -162,8 +169,8 @@ def provision(
     if ctx.get(CtxKey.BUILD_ERROR):
         raise RuntimeError(f"provisioning {project!r} failed: {ctx.get(CtxKey.ERRORS)}")
     prod = Path(ctx[CtxKey.CURRENT_PROD_DIR])
-    server_kit = prod / SERVER_NAME
-    _localize_server_storage(server_kit, workspace / project / "server-store")
+    server_kit = prod / server_name
+    _localize_server_storage(server_kit, store_dir or workspace / project / "server-store")
     return Deployment(
         workspace=workspace,
         project=project,
@@ -172,6 +179,7 @@ def provision(
         site_kits={site: prod / site for site in sites},
         admin_kit=prod / admin,
         admin_user=admin,
+        host=server_name,
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from app.adapters.drivers import build_driver
 from app.adapters.drivers.ecs import EcsDriver
 from app.adapters.drivers.static import StaticDriver
+from app.errors import SettingsError
 from app.settings import NetConfig, Settings, load_settings
 
 
@@ -104,3 +105,64 @@ def test_local_net_builds_the_real_local_driver(kits: Path) -> None:
 
     assert isinstance(driver, local.LocalDriver)
     assert driver.kind == "local"
+
+
+DOCKER = {"kind": "docker", "container": "fl-server-net-1"}
+
+
+def test_docker_net_gets_a_docker_driver_for_its_container(kits: Path) -> None:
+    from app.adapters.drivers.docker import DOCKER_API_VERSION, DockerDriver
+
+    engine = "unix:///run/podman/podman.sock"
+    settings = _settings(kits, "true", {**DOCKER, "engine_url": engine, "stop_timeout_s": 5})
+
+    # Building it calls no engine (this socket need not exist): the API version is pinned.
+    driver = build_driver(settings.nets[0], settings)
+
+    assert isinstance(driver, DockerDriver)
+    assert driver.kind == "docker"
+    assert driver.config == settings.nets[0].driver
+    assert driver.client.api_version == DOCKER_API_VERSION
+    assert driver.target == f"container fl-server-net-1 on {engine}"
+
+
+def test_docker_driver_defaults_to_the_docker_socket_and_a_30s_stop(kits: Path) -> None:
+    settings = _settings(kits, "true", DOCKER)
+
+    config = settings.nets[0].driver
+
+    assert config.model_dump() == {
+        "kind": "docker",
+        "container": "fl-server-net-1",
+        "engine_url": "unix:///var/run/docker.sock",
+        "stop_timeout_s": 30,
+        "api_timeout_s": 10,
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("container", ""),
+        ("container", "-leading-dash"),
+        ("container", "has/slash"),
+        ("engine_url", "/var/run/docker.sock"),
+        ("engine_url", "ssh://host"),
+        ("stop_timeout_s", -1),
+        ("stop_timeout_s", 601),
+        ("api_timeout_s", 0),
+    ],
+)
+def test_a_bad_docker_field_stops_the_process_naming_net_and_field(
+    kits: Path, field: str, value: object
+) -> None:
+    with pytest.raises(SettingsError) as raised:
+        _settings(kits, "true", {**DOCKER, field: value})
+
+    assert "net 'net-0'" in str(raised.value)
+    assert f"driver.docker.{field}" in str(raised.value)
+
+
+def test_a_docker_net_without_a_container_is_refused(kits: Path) -> None:
+    with pytest.raises(SettingsError, match=r"driver\.docker\.container.*Field required"):
+        _settings(kits, "true", {"kind": "docker"})

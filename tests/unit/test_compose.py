@@ -1,5 +1,5 @@
 """compose.yml runs what the code can run: real subcommands, authenticated Celery Flower, one
-beat."""
+beat, real setting names. (tests/containers/test_compose_stack.py runs it for real.)"""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yml"
 APP_IMAGE = "fl-dispatcher:local"
 ONE_SHOT = {"migrate"}
+# Started and stopped by the docker scale driver, never by the engine's restart policy.
+SCALED = {"fl-server"}
+CORE = {"redis", "postgres", "migrate", "worker", "housekeeper", "beat", "flower", "api"}
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +49,14 @@ def assert_cli_accepts(args: list[str]) -> None:
 
 
 def test_parses_and_has_the_stack(services):
-    assert set(services) == {
-        "redis",
-        "postgres",
-        "migrate",
-        "worker",
-        "housekeeper",
-        "beat",
-        "flower",
-        "api",
+    core = {name for name, service in services.items() if not service.get("profiles")}
+    assert core == CORE
+    profiled = {name: s["profiles"] for name, s in services.items() if s.get("profiles")}
+    assert profiled == {
+        "docker-proxy": ["docker"],
+        "fl-server": ["net"],
+        "site-1": ["net"],
+        "site-2": ["net"],
     }
 
 
@@ -82,7 +84,7 @@ def test_every_queue_has_a_worker_and_beat_s_has_one_of_its_own(services):
 
 def test_every_app_command_is_a_real_subcommand_or_flower(services):
     for name, service in services.items():
-        if service.get("image") != APP_IMAGE:
+        if APP_IMAGE not in str(service.get("image")):
             continue
         args = argv(service["command"])
         if args[0] == "celery":
@@ -115,18 +117,26 @@ def test_a_bad_subcommand_would_be_caught():
 
 
 def test_flower_requires_basic_auth_from_the_environment(services):
-    flower = argv(services["flower"]["command"])
-    assert flower[0] == "celery"
-    auth = [a for a in flower if a.startswith("--basic-auth=")]
-    # `${VAR:?msg}`: compose refuses to run when VAR is unset or empty.
-    assert len(auth) == 1
-    assert re.fullmatch(r"--basic-auth=\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth[0]), auth
+    flower = services["flower"]
+    assert argv(flower["command"]) == ["celery", "flower", "--port=5555"]
+    # `${VAR:?msg}`: compose refuses to run when VAR is unset or empty. Flower reads
+    # FLOWER_BASIC_AUTH itself; on the command line `ps` would show it to anyone.
+    auth = flower["environment"]["FLOWER_BASIC_AUTH"]
+    assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth), auth
+    assert flower["environment"]["CELERY_BROKER_URL"].startswith("${BROKER_URL")
+    assert set(flower["environment"]) == {"FLOWER_BASIC_AUTH", "CELERY_BROKER_URL"}
     text = COMPOSE.read_text()
     # No default that would let it start without a password, no unauthenticated switches.
     assert not re.search(r"\$\{FLOWER_BASIC_AUTH(:?-|-)", text)
-    assert not any("unauthenticated" in a for a in flower)
     assert "FLOWER_UNAUTHENTICATED_API" not in text
-    assert "environment" not in services["flower"]  # nothing there could override the flag
+    assert not any("unauthenticated" in a for a in argv(flower["command"]))
+
+
+def test_no_secret_on_a_command_line(services):
+    for name, service in services.items():
+        command = " ".join(argv(service.get("command", [])))
+        for secret in ("FLOWER_BASIC_AUTH", "POSTGRES_PASSWORD", "BROKER_URL", "API_SECRET"):
+            assert secret not in command, (name, secret)
 
 
 def test_every_long_running_service_has_a_healthcheck_and_restart_policy(services):
@@ -136,11 +146,20 @@ def test_every_long_running_service_has_a_healthcheck_and_restart_policy(service
             continue
         health = service.get("healthcheck")
         assert health and not health.get("disable") and health.get("test"), name
+        if name in SCALED:
+            assert service["restart"] == "no", name
+            continue
+        health = service.get("healthcheck")
+        assert health and not health.get("disable") and health.get("test"), name
         assert service.get("restart") in {"unless-stopped", "always", "on-failure"}, name
 
 
 def test_app_services_wait_for_migrations_and_dependencies(services):
+    # podman ignores the conditions: every process also retries its dependencies itself.
+    assert argv(services["migrate"]["command"])[-2:] == ["--wait", "300"]
     for name in ("worker", "housekeeper", "beat", "api"):
+        args = argv(services[name]["command"])
+        assert args[args.index("--wait") + 1] == "300", name
         deps = services[name]["depends_on"]
         assert deps["migrate"] == {"condition": "service_completed_successfully"}, name
         assert deps["redis"] == {"condition": "service_healthy"}, name
@@ -159,6 +178,36 @@ def test_exactly_one_beat(services):
     assert services["beat"]["deploy"]["replicas"] == 1
 
 
+def test_beats_health_is_its_heartbeat(services):
+    test = services["beat"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "fl-dispatcher", "ready"]
+    assert "--beat-ticked-within" in test
+    # Its data folder (where the heartbeat is) is the beat's own volume.
+    assert any(m.endswith(":/var/lib/fl-dispatcher") for m in services["beat"]["volumes"])
+
+
+def test_every_passed_through_variable_is_a_real_setting(compose):
+    from app.settings import Settings
+
+    aliases = {field.alias for field in Settings.model_fields.values()}
+    environment = compose["x-app-environment"]
+    unknown = [name for name in environment if name not in aliases and not name.startswith("AWS_")]
+    assert not unknown, unknown
+    flip = {
+        "CALLBACK_URL", "CALLBACK_SECRET", "RELEASE_AFTER", "REPORT_TIMEOUT_S", "MAX_ATTEMPTS",
+        "S3_ENDPOINT_URL", "S3_EXCLUDED_PREFIXES", "S3_MAX_BUNDLE_BYTES", "S3_MAX_BUNDLE_FILES",
+    }  # fmt: skip
+    # Passed through (a bare name): unset in the environment, unset in the container.
+    assert {name: environment[name] for name in flip} == dict.fromkeys(flip)
+
+
+def test_other_settings_come_from_an_optional_env_file(services):
+    for name in ("migrate", "worker", "beat", "api"):
+        [env_file] = services[name]["env_file"]
+        assert env_file["required"] is False
+        assert env_file["path"].startswith("${FL_DISPATCHER_ENV_FILE:-")
+
+
 def test_nets_come_from_a_mounted_nets_file(services):
     for name in ("migrate", "worker", "housekeeper", "beat", "api"):
         env = services[name]["environment"]
@@ -173,8 +222,9 @@ def test_image_is_built_inline_from_existing_paths(compose, services):
     assert build["context"] == "."
     dockerfile = build["dockerfile_inline"]
     assert dockerfile.startswith("FROM python:3.11-slim")
-    # The image installs the versions the tests ran with.
-    assert "pip install -c .ci/constraints.txt ." in dockerfile
+    # The image installs the versions the tests ran with: the dependencies, then the project.
+    assert "pip install -c .ci/constraints.txt -r /tmp/dependencies.txt" in dockerfile
+    assert "pip install --no-deps -c .ci/constraints.txt ." in dockerfile
     for line in dockerfile.splitlines():
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:

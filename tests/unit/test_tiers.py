@@ -1,4 +1,5 @@
-"""`-m unit`, `-m integration` and `-m e2e` select exactly their folders (tests/run.sh)."""
+"""`-m unit`, `-m integration`, `-m e2e` and `-m containers` select exactly their folders
+(tests/run.sh)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-TIERS = ("unit", "integration", "e2e")
+TIERS = ("unit", "integration", "e2e", "containers")
 
 
 def test_every_collected_test_carries_exactly_its_folders_tier_marker(request):

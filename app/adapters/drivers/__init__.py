@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.adapters.drivers.base import Observation, ScaleDriver
 from app.adapters.drivers.static import StaticDriver
 from app.settings import (
+    DockerDriverConfig,
     EcsDriverConfig,
     LocalDriverConfig,
     NetConfig,
@@ -28,7 +29,7 @@ def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
     """
     config = net.driver
     # Adapters are imported only when a net uses them, so a laptop with local nets never
-    # imports boto3 and an ECS deployment never imports the process manager.
+    # imports boto3 and an ECS deployment never imports the process manager or the docker SDK.
     if isinstance(config, EcsDriverConfig):
         from app.adapters.drivers.ecs import driver_for
 
@@ -42,4 +43,8 @@ def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
             net.name, config.server_kit_dir, settings.data_dir / "local-driver"
         )
         return driver
+    if isinstance(config, DockerDriverConfig):
+        from app.adapters.drivers.docker import DockerDriver
+
+        return DockerDriver(net.name, config)
     raise TypeError(f"net {net.name!r}: unknown driver config {type(config).__name__}")

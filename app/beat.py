@@ -1,0 +1,179 @@
+"""Exactly one beat schedules, whatever runs: Celery's beat scheduler behind the deployment's
+beat lock, and a heartbeat file that proves the scheduler is ticking.
+
+Two beats would double every housekeeping tick (compose pins one replica, but a rolling
+deploy, a second `docker compose up` with another project name or an operator's `celery beat`
+all start another). So every beat takes the lock before it sends anything, and a beat
+without it stands by, asking again every `STANDBY_POLL_S`:
+
+- PostgreSQL: a session advisory lock (`pg_try_advisory_lock`) on a connection of its own,
+  held for the beat's life and checked on every tick. A beat that dies, is killed or loses
+  its database connection loses the lock with its session, and a standby takes over within
+  `STANDBY_POLL_S`; a beat that lost its connection asks again on a new one, so after a
+  database restart one beat schedules again within a second of the database's return. A
+  rolling deploy cannot break it: the new beat stands by until the old one's session ends.
+  The one window: a beat whose connection drops between its check and its sends may send
+  that one tick while a standby already took over (every task is idempotent; the cost is one
+  duplicate tick).
+- SQLite (the embedded default): an exclusive `flock` on `<data dir>/beat.lock`, which holds
+  between processes of one machine sharing the data folder, the only place the embedded
+  database can be shared anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from celery.beat import PersistentScheduler
+from sqlalchemy import Connection, create_engine, func, select, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# "fl_beat"; other advisory locks of this schema: app.metrics._FOLD_LOCK_KEY.
+BEAT_LOCK_KEY = 0x666C5F62656174
+STANDBY_POLL_S = 1.0
+HEARTBEAT_FILE = "beat-heartbeat.json"
+
+
+class BeatLock(Protocol):
+    def hold(self) -> bool:
+        """Take the lock, or check it is still ours; False while another beat holds it."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class PgAdvisoryLock:
+    """A session advisory lock on a connection this beat keeps open, the standby's too (so
+    asking again every second costs one query, not a new connection). Autocommit: it holds
+    no transaction open, so no idle-in-transaction timeout ends the session."""
+
+    def __init__(self, database_url: str) -> None:
+        # NullPool: closing the connection ends the session, which is what releases the lock.
+        self._engine = create_engine(database_url, poolclass=NullPool)
+        self._conn: Connection | None = None
+        self._held = False
+
+    def hold(self) -> bool:
+        try:
+            if self._conn is None:
+                self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            if self._held:
+                self._conn.execute(text("SELECT 1"))  # the session, and so the lock, lives
+                return True
+            lock = select(func.pg_try_advisory_lock(BEAT_LOCK_KEY))
+            self._held = bool(self._conn.execute(lock).scalar())
+        except SQLAlchemyError as exc:
+            if self._held:
+                log.error("beat lock lost with its database session: standing by: %s", exc)
+            self._drop()
+            return False
+        if self._held:
+            log.info("beat lock taken: this beat schedules")
+        return self._held
+
+    def _drop(self) -> None:
+        self._held = False
+        if self._conn is not None:
+            with contextlib.suppress(SQLAlchemyError):  # closing a dead connection
+                self._conn.invalidate()  # never back to a pool: the session must end
+            self._conn = None
+
+    def release(self) -> None:
+        self._drop()  # ending the session releases the lock
+        self._engine.dispose()
+
+
+class FileLock:
+    """An exclusive flock on a file in the data folder, held open for the beat's life."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def hold(self) -> bool:
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        log.info("beat lock taken (%s): this beat schedules", self.path)
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+
+def beat_lock_for(settings: Settings) -> BeatLock:
+    """PostgreSQL's advisory lock on a PostgreSQL database, else a file lock."""
+    if settings.database_url.startswith("postgresql"):
+        return PgAdvisoryLock(settings.database_url)
+    return FileLock(settings.data_dir.resolve() / "beat.lock")
+
+
+def heartbeat_path(settings: Settings) -> Path:
+    return settings.data_dir.resolve() / HEARTBEAT_FILE
+
+
+def write_heartbeat(path: Path, *, active: bool, now: float) -> None:
+    """Write-then-rename, so a health check never reads half a file."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"at": now, "active": active, "pid": os.getpid()}))
+    tmp.replace(path)
+
+
+def heartbeat_age_s(path: Path, now: float) -> float | None:
+    """Seconds since this data folder's beat last ticked; None if it never did."""
+    try:
+        return now - float(json.loads(path.read_text())["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
+    """Celery's persistent scheduler that sends only while it holds the beat lock, and
+    writes a heartbeat on every tick (active or standing by)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from app.celery_app import current_settings
+
+        settings = current_settings()
+        self._beat_lock = beat_lock_for(settings)
+        self._heartbeat = heartbeat_path(settings)
+        self._active = False
+        super().__init__(*args, **kwargs)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        held = self._beat_lock.hold()
+        if held != self._active:
+            log.warning(
+                "beat %s", "active: scheduling" if held else "standing by: another beat holds"
+            )
+            self._active = held
+        interval = float(super().tick(*args, **kwargs)) if held else STANDBY_POLL_S
+        write_heartbeat(self._heartbeat, active=held, now=time.time())
+        return interval
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._beat_lock.release()

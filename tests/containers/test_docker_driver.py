@@ -1,0 +1,209 @@
+"""DockerDriver against a real engine: podman's Docker-compatible API service on a private
+socket (tests/fixtures/containers.py), real containers, no fake anywhere between the driver
+and the engine. A plain Engine API client arranges and checks state independently."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.adapters.drivers import build_driver
+from app.adapters.drivers.base import Observation
+from app.adapters.drivers.docker import DockerDriver
+from app.errors import DriverMisconfigured, DriverTransientError
+from app.runtime import RecordingOutbox, Runtime
+from app.schemas import EnqueueJob
+from app.settings import DockerDriverConfig, Settings
+from app.usecases import dispatch, services
+from app.usecases.dispatch import Step
+from models import NetState
+from tests.fakes import FakeAdmin, FakeServer
+from tests.fixtures.containers import (
+    SERVES_UNTIL_STOPPED,
+    Containers,
+    PodmanService,
+    wait_for,
+)
+from tests.fixtures.db import make_admin_kit
+
+
+def _driver(engine_url: str, container: str) -> DockerDriver:
+    config = DockerDriverConfig(
+        kind="docker", container=container, engine_url=engine_url, stop_timeout_s=5
+    )
+    return DockerDriver("net-d", config)
+
+
+def _running(engine: PodmanService, name: str) -> bool:
+    with engine.client() as client:
+        return bool(client.inspect_container(name)["State"]["Running"])
+
+
+def _started_at(engine: PodmanService, name: str) -> str:
+    with engine.client() as client:
+        return str(client.inspect_container(name)["State"]["StartedAt"])
+
+
+def test_start_then_stop_a_container(podman_service: PodmanService, containers: Containers):
+    name = containers.create("server", SERVES_UNTIL_STOPPED)
+    driver = _driver(podman_service.url, name)
+    assert driver.observe() == Observation(desired=0, running=0, pending=0)  # created only
+
+    driver.scale(1)
+
+    assert _running(podman_service, name)
+    assert driver.observe() == Observation(desired=1, running=1, pending=0)
+    started = _started_at(podman_service, name)
+    driver.scale(1)  # already running: the engine answers 304, nothing restarts
+    assert _started_at(podman_service, name) == started
+
+    driver.scale(0)
+
+    assert not _running(podman_service, name)
+    assert driver.observe() == Observation(desired=0, running=0, pending=0)
+    driver.scale(0)  # already stopped: 304, no error
+    driver.scale(1)  # and it starts again
+    assert driver.observe().is_up
+
+
+def test_a_stop_that_times_out_still_reads_as_stopped(
+    podman_service: PodmanService, containers: Containers
+):
+    # A server that ignores SIGTERM is killed by the engine after stop_timeout_s (exit 137):
+    # that is a stop, not a crash.
+    name = containers.create("stubborn", "trap '' TERM; while :; do sleep 0.1; done")
+    config = DockerDriverConfig(
+        kind="docker", container=name, engine_url=podman_service.url, stop_timeout_s=1
+    )
+    driver = DockerDriver("net-d", config)
+    driver.scale(1)
+
+    driver.scale(0)
+
+    with podman_service.client() as client:
+        assert client.inspect_container(name)["State"]["ExitCode"] == 137
+    assert driver.observe() == Observation(desired=0, running=0, pending=0)
+
+
+@pytest.mark.parametrize("call", ["scale(1)", "scale(0)", "observe()"])
+def test_a_missing_container_is_misconfigured_and_named(
+    podman_service: PodmanService, containers: Containers, call: str
+):
+    missing = containers.name("never-created")
+    driver = _driver(podman_service.url, missing)
+
+    with pytest.raises(DriverMisconfigured) as raised:
+        if call == "scale(1)":
+            driver.scale(1)
+        elif call == "scale(0)":
+            driver.scale(0)
+        else:
+            driver.observe()
+
+    assert missing in str(raised.value)
+    assert podman_service.url in str(raised.value)
+    assert "create it first" in str(raised.value)
+
+
+def test_a_container_that_exits_on_its_own_is_not_running_and_says_why(
+    podman_service: PodmanService, containers: Containers
+):
+    name = containers.create("crashing", "sleep 0.5; exit 3")
+    driver = _driver(podman_service.url, name)
+    driver.scale(1)
+
+    wait_for("the container to exit", lambda: not _running(podman_service, name))
+    observation = driver.observe()
+
+    assert observation.running == 0
+    assert not observation.is_up
+    assert observation.desired == 1  # it was meant to run: the engine did not stop it for us
+    assert observation.failure is not None
+    assert "exited on its own with code 3" in observation.failure
+
+
+@pytest.mark.parametrize("call", ["scale(1)", "scale(0)", "observe()"])
+def test_an_unreachable_engine_is_transient(tmp_path: Path, call: str):
+    driver = _driver(f"unix://{tmp_path / 'nobody-serves-this.sock'}", "fl-server-net-d")
+
+    with pytest.raises(DriverTransientError) as raised:
+        if call == "scale(1)":
+            driver.scale(1)
+        elif call == "scale(0)":
+            driver.scale(0)
+        else:
+            driver.observe()
+
+    assert "engine unreachable" in str(raised.value)
+    assert "fl-server-net-d" in str(raised.value)
+
+
+@pytest.fixture
+def own_engine(tmp_path: Path) -> Iterator[PodmanService]:
+    """An API service this test alone uses, so it may stop and restart it."""
+    service = PodmanService(tmp_path / "engine")
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def test_an_engine_restart_while_the_net_comes_up_is_waited_out(
+    own_engine: PodmanService, containers: Containers, tmp_path, job_root, sqlite_factory, clock
+):
+    """The readiness step, on the real driver, while the engine's API restarts: the job
+    keeps waiting (NOT_READY, net STARTING, nothing requeued or marked), then is ready once
+    the engine answers again and says the container runs."""
+    name = containers.create("server", SERVES_UNTIL_STOPPED)
+    net = {
+        "name": "net-d",
+        "driver": {"kind": "docker", "container": name, "engine_url": own_engine.url},
+        "admin": {"kit_dir": str(make_admin_kit(tmp_path / "admin")), "username": "admin"},
+        "required_sites": ["site-1", "site-2"],
+    }
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net]),
+        PER_JOB_FL_SERVER="true",
+    )
+    server = FakeServer()  # the NVFLARE side answers; the driver's view is what is tested
+    rt = Runtime(
+        settings=settings,
+        engine=sqlite_factory.kw["bind"],
+        sessions=sqlite_factory,
+        clock=clock,
+        driver_factory=build_driver,
+        admin_factory=lambda net, s: FakeAdmin(server),
+        outbox=RecordingOutbox(),
+    )
+    with sqlite_factory.begin() as session:
+        services.sync_nets(session, settings, clock())
+        request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-d")
+        job_id = services.enqueue_job(session, settings, request, clock()).job_id
+    [assignment] = dispatch.assign_jobs(rt)
+    assert dispatch.scale_up(rt, job_id, "net-d", assignment.attempt).step == Step.DONE
+    assert _running(own_engine, name)
+
+    own_engine.stop()
+    clock.advance(5)
+    down = dispatch.check_ready(rt, job_id, "net-d", assignment.attempt)
+
+    assert down.step == Step.NOT_READY
+    assert "engine unreachable" in down.detail
+    with sqlite_factory() as session:
+        assert services.get_net(session, "net-d").state == NetState.STARTING
+        assert services.get_job(session, job_id).net_name == "net-d"
+
+    own_engine.start()
+    clock.advance(5)
+    back = dispatch.check_ready(rt, job_id, "net-d", assignment.attempt)
+
+    assert back.step == Step.DONE, back.detail
+    with sqlite_factory() as session:
+        assert services.get_net(session, "net-d").state == NetState.READY
+    assert _running(own_engine, name)  # the container outlived the engine's API service

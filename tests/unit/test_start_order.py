@@ -1,0 +1,90 @@
+"""What lets every compose service start in any order: the file lock that keeps one beat
+active on the embedded database, and `--wait`, which retries a process's dependencies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app import migrate
+from app.beat import FileLock, heartbeat_age_s, write_heartbeat
+from app.readiness import DependencyTimeout, wait_for_dependencies
+from app.settings import Settings
+
+
+def test_one_file_lock_holder_at_a_time(tmp_path: Path):
+    first, second = FileLock(tmp_path / "beat.lock"), FileLock(tmp_path / "beat.lock")
+
+    assert first.hold()
+    assert first.hold()  # still ours
+    assert not second.hold()
+
+    first.release()
+
+    assert second.hold()
+    second.release()
+
+
+def test_the_heartbeat_age(tmp_path: Path):
+    path = tmp_path / "beat-heartbeat.json"
+    assert heartbeat_age_s(path, now=100.0) is None
+
+    write_heartbeat(path, active=False, now=100.0)
+
+    assert heartbeat_age_s(path, now=112.5) == 12.5
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _settings(tmp_path: Path, database_url: str) -> Settings:
+    return Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        DATABASE_URL=database_url,
+        BROKER_URL=f"sqla+sqlite:///{tmp_path / 'broker.db'}",
+    )
+
+
+def test_wait_gives_up_naming_an_unmigrated_schema(tmp_path: Path):
+    settings = _settings(tmp_path, f"sqlite:///{tmp_path / 'empty.db'}")
+    clock = _Clock()
+
+    with pytest.raises(DependencyTimeout, match="not at the migrations' head"):
+        wait_for_dependencies(
+            settings, 10, schema=True, broker=True, sleep=clock.sleep, clock=clock
+        )
+
+    assert clock.slept == [2.0] * 5  # retried until the deadline, then gave up
+
+
+def test_wait_returns_once_the_schema_is_at_head(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'db.db'}"
+    settings = _settings(tmp_path, url)
+    clock = _Clock()
+
+    def migrate_on_second_try(seconds: float) -> None:
+        clock.sleep(seconds)
+        migrate.upgrade(url)
+
+    wait_for_dependencies(
+        settings, 60, schema=True, broker=True, sleep=migrate_on_second_try, clock=clock
+    )
+
+    assert clock.slept == [2.0]
+
+
+def test_migrate_waits_for_the_database_only(tmp_path: Path):
+    settings = _settings(tmp_path, f"sqlite:///{tmp_path / 'empty.db'}")
+
+    wait_for_dependencies(settings, 0, schema=False, broker=False)  # an empty db answers
