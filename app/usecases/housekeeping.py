@@ -279,7 +279,11 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         # Unreachable, misconfigured (an admin certificate that expired) or an error nobody
         # classified: the runs cannot be watched. Past the grace they are lost; a net whose
         # admin access is misconfigured is then taken out of service (its server down).
-        return _unwatchable(rt, net_name, jobs, exc, now)
+        # But a run the server still reports finished is finished, whatever its start time:
+        # settled as such, never taken for lost and run again.
+        finished = {} if isinstance(exc, MisconfigurationError) else _finished(rt, admin, jobs, now)
+        rest = [j for j in jobs if str(j.job_id) not in finished]
+        return finished | (_unwatchable(rt, net_name, rest, exc, now) if rest else {})
 
     results: dict[str, str] = {}
     for job in jobs:
@@ -299,6 +303,21 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
             # under the job would never be seen.
             net.server_start_time = start_time
     return results
+
+
+def _finished(
+    rt: Runtime, admin: AdminClient, jobs: list[Watched], now: datetime
+) -> dict[str, str]:
+    """The verdicts of the runs the server reports finished (the others are left out)."""
+    verdicts = {}
+    for job in jobs:
+        try:
+            state = admin.job_status(job.nvflare_job_id).state
+        except DispatcherError:
+            continue
+        if state in RUN_OUTCOMES:
+            verdicts[str(job.job_id)] = _watch_run(rt, admin, job, now)
+    return verdicts
 
 
 def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> str:

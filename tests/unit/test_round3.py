@@ -538,3 +538,25 @@ def test_one_undeliverable_job_holds_back_no_other(tmp_path, job_root, sqlite_fa
         status = callbacks.delivery_status(session, bad)
     assert (status["failed"], status["pending"]) == (1, 0)
     assert "undeliverable" in status["last_error"]
+
+
+# --- a run the server reports finished while its start time cannot be read -----------------
+
+
+def test_a_run_finished_while_the_start_time_cannot_be_read_is_settled_not_lost(world):
+    # The simulator's sweep (seed 310): a restarted server answered job statuses but not its
+    # start time; monitor took the run for lost, requeued it, and the job completed twice.
+    from app.errors import ServerUnavailable
+
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    admin = world.admin("net-a")
+    world.server("net-a").statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+
+    def no_start_time() -> float:
+        raise ServerUnavailable("server reported no start time")
+
+    admin.server_start_time = no_start_time  # type: ignore[method-assign]
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    outcomes = housekeeping.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.COMPLETED, outcomes
