@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from celery import Celery
 
 from app import names
@@ -45,10 +46,9 @@ SERVER_PORT = 8002
 ADMIN = "admin@nvidia.com"
 IMAGE_UID = 10001  # the image's user (compose.yml)
 GRACE_S = 5
-SERVICES = (
-    "redis", "postgres", "migrate", "worker", "beat", "flower", "api",
-    "docker-proxy", "fl-server", "site-1", "site-2",
-)  # fmt: skip
+# Every service compose.yml declares (the profiles' included), read from the file itself so
+# that a service added there is started here too.
+SERVICES = tuple(yaml.safe_load((ROOT / "compose.yml").read_text())["services"])
 
 
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
