@@ -6,6 +6,7 @@ Imports pydantic only (no settings, database or worker code), so `app.client` st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
@@ -107,6 +108,14 @@ class EnqueueJob(_Payload):
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes serialised; at most {METADATA_MAX_BYTES}")
         return value
+
+    def digest(self) -> str:
+        """What makes two enqueues of one caller_key the same request: the payload with its
+        defaults filled in (an omitted field equals its default sent), sites in any order."""
+        fields = self.model_dump(mode="json")
+        fields["required_sites"] = sorted(fields["required_sites"])
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @field_validator("required_sites")
     @classmethod

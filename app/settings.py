@@ -7,6 +7,8 @@ process at start instead of running half-configured.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import tomllib
@@ -299,6 +301,8 @@ class Settings(BaseSettings):
     callback_max_4xx_tries: int = Field(default=3, ge=1, alias="CALLBACK_MAX_4XX_TRIES")
 
     api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
+    # Bounds what one request may make the status API receive; an enqueue is a few KiB.
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, alias="API_MAX_BODY_BYTES")
     flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")
     log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
@@ -360,6 +364,7 @@ class Settings(BaseSettings):
             raise SettingsError(
                 "CALLBACK_SECRET must be set (at least 16 characters) when CALLBACK_URL is set"
             )
+        _check_webhook_secret(self.callback_secret.get_secret_value())
         return self
 
     @property
@@ -419,3 +424,19 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 # pragma: no mutate end
+
+
+def _check_webhook_secret(secret: str) -> None:
+    """A `whsec_` CALLBACK_SECRET is a Standard Webhooks secret: base64 after the prefix
+    (app.adapters.callbacks.webhook_key decodes it). The message never quotes the secret."""
+    if not secret.startswith("whsec_"):
+        return
+    try:
+        key = base64.b64decode(secret[len("whsec_") :], validate=True)
+    except binascii.Error:
+        key = b""
+    if len(key) < 16:
+        raise SettingsError(
+            "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after "
+            "whsec_ (e.g. whsec_ + `openssl rand -base64 32`)"
+        )

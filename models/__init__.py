@@ -2,6 +2,7 @@
 
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
+from models.reasons import REASONS, FlipStatus, ReasonCode
 from models.states import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -29,10 +30,12 @@ __all__ = [
     "ASSIGNABLE_NET_STATES",
     "JOB_TRANSITIONS",
     "NET_TRANSITIONS",
+    "REASONS",
     "TERMINAL_JOB_STATES",
     "Base",
     "CallbackCursor",
     "CallbackReceiver",
+    "FlipStatus",
     "IllegalTransition",
     "Job",
     "JobEvent",
@@ -42,6 +45,7 @@ __all__ = [
     "Net",
     "NetEvent",
     "NetState",
+    "ReasonCode",
     "RejectedRequest",
     "ScaleEvent",
     "StrayRun",

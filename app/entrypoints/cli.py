@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from sqlalchemy.exc import DBAPIError
 
-from app.errors import DispatcherError, SettingsError
+from app.errors import DispatcherError, RequestRejected, SettingsError
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -157,11 +157,12 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         _print_json(jobs, sys.stdout)
         return EXIT_OK
     _table(
-        ["ID", "STATE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
+        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
         [
             [
                 j["id"],
                 j["state"],
+                j["reason_code"],
                 j["net"] or j["requested_net"],
                 j["caller_key"],
                 j["priority"],
@@ -201,8 +202,11 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
     sys.stdout.write("\nhistory:\n")
     _table(
-        ["AT", "FROM", "TO", "REASON"],
-        [[_when(e["at"]), e["from_state"], e["to_state"], e["reason"]] for e in history],
+        ["AT", "FROM", "TO", "CODE", "REASON"],
+        [
+            [_when(e["at"]), e["from_state"], e["to_state"], e["reason_code"], e["reason"]]
+            for e in history
+        ],
         sys.stdout,
     )
     return EXIT_OK
@@ -329,10 +333,11 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    """The JSON Schema of the three public task payloads, keyed by task name."""
-    from app.schemas import payload_schemas
+    """The public contract (app.contract): task payloads, callbacks, reason codes, job ids,
+    signatures."""
+    from app.contract import contract_document
 
-    _print_json(payload_schemas(), sys.stdout)
+    _print_json(contract_document(), sys.stdout)
     return EXIT_OK
 
 
@@ -520,7 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add(
-        "schema", None, "print the JSON Schema of flip-api's task payloads, by task name"
+        "schema",
+        None,
+        "print the public contract as JSON: task payload and callback schemas, reason codes "
+        "with FLIP's statuses, the job-id rule, the signature scheme",
     ).set_defaults(handler=None, plain=cmd_schema)
 
     _add_simulate(add)
@@ -639,6 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args, settings)
+    except RequestRejected as exc:
+        sys.stderr.write(f"fl-dispatcher: {exc} (reason_code: {exc.reason_code})\n")
+        return EXIT_FAILED
     except DispatcherError as exc:  # NotFound, InvalidRequest, misconfiguration: say so
         sys.stderr.write(f"fl-dispatcher: {exc}\n")
         return EXIT_FAILED

@@ -37,7 +37,7 @@ from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
 from app.usecases import callbacks, housekeeping, intake, services
-from models import CallbackReceiver, Job, JobEvent, JobState, RejectedRequest
+from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode, RejectedRequest
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -247,12 +247,14 @@ def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
         "to_state": "QUEUED",
         "at": cb.job(job_id).created_at.isoformat(),
         "reason": "enqueued",
+        "reason_code": None,
         "nvflare_job_id": None,
         "attempt": 0,
     }
     assert (running["nvflare_job_id"], running["attempt"]) == ("nv-1", 0)
     assert running["metadata"] == first["metadata"]
     assert (done["from_state"], done["nvflare_job_id"]) == ("RUNNING", "nv-1")
+    assert done["reason_code"] == "run_completed"
 
     assert deliver(cb, receiver).delivered == 0  # nothing is sent twice
     assert len(receiver.requests) == 5
@@ -493,7 +495,9 @@ def test_the_delivery_task_is_sent_through_the_outbox_after_the_commit(cb):
 
     outbox.sent.clear()
     with pytest.raises(RuntimeError), cb.rt.sessions.begin() as session:
-        services.get_job(session, job_id).fail("about to roll back", cb.clock())
+        services.get_job(session, job_id).fail(
+            "about to roll back", cb.clock(), ReasonCode.REPORTED_ERROR
+        )
         session.flush()
         raise RuntimeError("the use case failed after its move")
     assert outbox.sent == []  # a rolled-back move sends nothing
@@ -636,6 +640,7 @@ def test_a_refused_enqueue_is_pushed_as_a_rejected_event_signed_with_its_own_id(
         "job_id": str(job_id_for("flip-run-9")),
         "caller_key": "flip-run-9",
         "reason": refused["rejected"],
+        "reason_code": "rejected",
         "at": cb.clock().isoformat(),
     }
     assert "unknown net 'nope'" in first["reason"]

@@ -253,9 +253,13 @@ def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db,
     assert code == 0
     first = json.loads(out)
     assert first["created"] is True and first["state"] == "QUEUED" and first["notified"] is True
-    code, out, _ = run(capsys, *argv, "--json")
+    code, out, _ = run(capsys, *argv, "--net", "net-b", "--priority", "5", "--json")
     assert json.loads(out)["job_id"] == first["job_id"]
     assert json.loads(out)["created"] is False
+    # The same key with another payload is refused, saying so, and changes nothing.
+    code, out, err = run(capsys, *argv, "--json")
+    assert (code, out) == (1, "")
+    assert "already names job" in err and "different payload" in err
     with db() as session:
         job = session.scalars(select(Job)).one()
         assert (job.required_sites, job.requested_net, job.priority) == (["site-9"], "net-b", 5)
@@ -478,7 +482,7 @@ def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys,
 
     monkeypatch.setenv("PER_JOB_FL_SERVER", "maybe")  # settings would fail; not needed here
     assert main(["schema"]) == 0
-    schemas = json.loads(capsys.readouterr().out)
+    schemas = json.loads(capsys.readouterr().out)["tasks"]
     assert set(schemas) == {
         "fl_dispatcher.enqueue_job",
         "fl_dispatcher.abort_job",
