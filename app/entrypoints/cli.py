@@ -177,6 +177,15 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fl-dispatcher")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _job_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
@@ -185,13 +194,19 @@ def _job_id(raw: str) -> uuid.UUID:
 
 
 def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
-    """One job with its history."""
-    from app.usecases.views import job_detail
+    """One job with its history, by id or by caller key."""
+    from app.usecases.views import job_detail, job_detail_by_key
 
+    if (args.job_id is None) == (args.key is None):
+        sys.stderr.write("fl-dispatcher: job: give a job ID or --key, not both\n")
+        return EXIT_FAILED
     runtime = _runtime(settings)
     try:
         with runtime.sessions() as session:
-            job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
+            if args.key is not None:
+                job = job_detail_by_key(session, args.key, callbacks=settings.callbacks_enabled)
+            else:
+                job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
     finally:
         runtime.close()
     if args.json:
@@ -227,6 +242,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             net=args.net,
             priority=args.priority,
             max_attempts=args.max_attempts,
+            metadata=args.metadata,
         )
     except ValidationError as exc:
         for err in exc.errors():
@@ -458,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fl-dispatcher",
         description="Queue federated-learning jobs and scale each net's NVFLARE server.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Handler | None, help_: str) -> argparse.ArgumentParser:
@@ -483,28 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-timeout", type=float, default=3.0, metavar="S", help="per-net probe deadline"
     )
 
-    p = add("jobs", cmd_jobs, "list jobs, newest first")
-    p.add_argument("--state", help="only jobs in this state (any case)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    json_flag(p)
-
-    p = add("job", cmd_job, "one job with its history")
-    p.add_argument("job_id", type=_job_id, metavar="ID")
-    json_flag(p)
-
-    p = add("enqueue", cmd_enqueue, "queue a job (idempotent on --key)")
-    p.add_argument("--key", required=True, help="the caller's idempotency key")
-    p.add_argument("--definition", required=True, help="folder under JOB_ROOT, or s3:// URI")
-    p.add_argument("--site", action="append", metavar="S", help="a required site (repeat)")
-    p.add_argument("--net", help="run only on this net")
-    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    p.add_argument("--max-attempts", type=int, default=None, help="default MAX_ATTEMPTS")
-    json_flag(p)
-
-    p = add("abort", cmd_abort, "abort a job")
-    p.add_argument("job_id", type=_job_id, metavar="ID")
-    p.add_argument("--reason", default="aborted via the CLI")
-    json_flag(p)
+    _add_job_commands(add, json_flag)
 
     db = add("db", cmd_db, "database schema (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
@@ -534,14 +530,64 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(add)
 
     p = add("api", cmd_api, "serve the status HTTP API")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
 
     p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="per-check deadline (default 5)"
+    )
 
     _add_process_commands(add)
     return parser
+
+
+def _add_job_commands(
+    add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
+    json_flag: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    p = add("jobs", cmd_jobs, "list jobs, newest first")
+    p.add_argument("--state", help="only jobs in this state (any case)")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    json_flag(p)
+
+    p = add("job", cmd_job, "one job with its history, by ID or by --key")
+    p.add_argument("job_id", type=_job_id, metavar="ID", nargs="?", help="the job's id (a UUID)")
+    p.add_argument("--key", help="the caller_key flip-api enqueued it with, instead of ID")
+    json_flag(p)
+
+    p = add("enqueue", cmd_enqueue, "queue a job (idempotent on --key)")
+    p.add_argument("--key", required=True, help="the caller's idempotency key")
+    p.add_argument("--definition", required=True, help="folder under JOB_ROOT, or s3:// URI")
+    p.add_argument("--site", action="append", metavar="S", help="a required site (repeat)")
+    p.add_argument("--net", help="run only on this net")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--max-attempts", type=int, default=None, help="default MAX_ATTEMPTS")
+    p.add_argument(
+        "--metadata",
+        type=_json_object,
+        metavar="JSON",
+        help="a JSON object kept with the job and sent in its callbacks "
+        '(e.g. \'{"model_id": "m-42"}\')',
+    )
+    json_flag(p)
+
+    p = add("abort", cmd_abort, "abort a job")
+    p.add_argument("job_id", type=_job_id, metavar="ID", help="the job's id (a UUID)")
+    p.add_argument(
+        "--reason", default="aborted via the CLI", help="why, kept in its history (default: CLI)"
+    )
+    json_flag(p)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object ({...})")
+    return value
 
 
 def _graces(text: str) -> tuple[float, ...]:
@@ -605,8 +651,12 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     synthetic = p.add_argument_group("--synthetic")
-    synthetic.add_argument("--seed", type=int, default=0)
-    synthetic.add_argument("--days", type=float, default=30.0)
+    synthetic.add_argument(
+        "--seed", type=int, default=0, help="random seed of the synthetic trace (default 0)"
+    )
+    synthetic.add_argument(
+        "--days", type=float, default=30.0, help="length of the synthetic trace (default 30)"
+    )
     synthetic.add_argument(
         "--utilization",
         type=float,
@@ -619,12 +669,16 @@ def _add_process_commands(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
     p = add("worker", cmd_worker, "run a Celery worker (its tasks show live in Celery Flower)")
-    p.add_argument("--concurrency", type=int, default=2, metavar="N")
+    p.add_argument(
+        "--concurrency", type=int, default=2, metavar="N", help="worker processes (default 2)"
+    )
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
     add("beat", cmd_beat, "run Celery beat (exactly one per deployment)")
     p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
-    p.add_argument("--idle-gap", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--idle-gap", type=float, default=5.0, metavar="S", help="pause between the two jobs"
+    )
     p.add_argument("--keep", action="store_true", help="keep the work folder")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import logging
@@ -224,6 +225,24 @@ def test_job_json_has_the_history(capsys, db, world):
 
     code, out, _ = run(capsys, "job", str(world["first"]))
     assert code == 0 and "history:" in out and "ASSIGNED" in out
+
+
+def test_job_by_caller_key_shows_the_reason_code_of_its_end(capsys, world):
+    code, out, _ = run(capsys, "job", "--key", "third", "--json")
+    assert code == 0
+    job = json.loads(out)
+    assert (job["id"], job["state"], job["reason_code"]) == (
+        str(world["third"]),
+        "ABORTED",
+        "aborted",
+    )
+    assert job["history"][-1]["reason_code"] == "aborted"
+    code, out, _ = run(capsys, "job", "--key", "third")
+    assert code == 0 and "reason_code       aborted" in out
+    code, _, err = run(capsys, "job", "--key", "nobody")
+    assert code == 1 and "no job with caller_key 'nobody'" in err
+    code, _, err = run(capsys, "job")
+    assert code == 1 and "give a job ID or --key" in err
 
 
 def test_job_unknown_and_malformed_ids(capsys, world):
@@ -502,3 +521,43 @@ def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys,
         else:
             accepted = True
         assert accepted is valid, (task, payload)
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "fl-dispatcher"):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, f"{path} {name}")
+
+
+def test_every_option_and_argument_has_help_text():
+    missing = [
+        f"{path} {action.option_strings or action.dest}"
+        for path, parser in _parsers(build_parser())
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction | argparse._HelpAction)
+        and not action.help
+    ]
+    assert missing == []
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fl-dispatcher {version('fl-dispatcher')}"
+
+
+def test_enqueue_takes_metadata_as_a_json_object(capsys, db, cli_env):
+    argv = ["enqueue", "--key", "meta-1", "--definition", "tiny-job", "--net", "net-a"]
+    code, _, _ = run(capsys, *argv, "--metadata", '{"model_id": "m-42"}', "--json")
+    assert code == 0
+    with db() as session:
+        assert session.scalars(select(Job)).one().metadata_ == {"model_id": "m-42"}
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--metadata", "[1, 2]"])
+    assert exc.value.code == 2
+    assert "must be a JSON object" in capsys.readouterr().err
