@@ -444,4 +444,6 @@ def iter_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
     for route in app.routes:
         methods: set[str] = getattr(route, "methods", None) or set()
         for method in sorted(methods - {"HEAD"}):
-            yield method, getattr(route, "path", "")
+            # path_format drops converters ("{caller_key:path}" is "{caller_key}"), as the
+            # OpenAPI document names the path.
+            yield method, getattr(route, "path_format", getattr(route, "path", ""))
