@@ -149,3 +149,19 @@ def contract_document() -> dict[str, Any]:
         "reason_codes": reason_codes(),
         "signature": signature_scheme(),
     }
+
+
+def reason_table_markdown() -> str:
+    """The README's reason-code table, generated from REASONS (a test keeps them equal)."""
+    lines = [
+        "| `reason_code` | Ends a job in | FLIP model status | FLIP job status | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for code, reason in REASONS.items():
+        for state, status in reason.flip.items():
+            lines.append(
+                f"| `{code.value}` | {state.value if state else '(no job: `rejected` event)'} "
+                f"| {status.model_status or 'unchanged'} | {status.job_status or 'unchanged'} "
+                f"| {reason.meaning} |"
+            )
+    return "\n".join(lines)
