@@ -169,14 +169,34 @@ def test_verify_accepts_the_signed_body_and_nothing_else():
     assert headers["X-FL-Dispatcher-Event-Id"] == "7"
 
 
-def _readme_snippet() -> str:
+def _readme_snippet(function: str) -> str:
     text = README.read_text()
     section = text.split("## Status callbacks", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    return next(block for block in blocks if f"def {function}(" in block)
+
+
+def test_the_readme_standard_webhooks_snippet_accepts_a_real_request_and_refuses_forgeries():
+    from standardwebhooks.webhooks import WebhookVerificationError
+
+    namespace: dict[str, Any] = {}
+    exec(_readme_snippet("verify_event"), namespace)
+    verify_event = namespace["verify_event"]
+    body = encode_body({"event_id": 1, "to_state": "RUNNING"})
+    headers = signed_headers(SECRET, int(time.time()), body, 1)
+    assert verify_event(SECRET, headers, body) == {"event_id": 1, "to_state": "RUNNING"}
+    for forged in (
+        (SECRET, {**headers, "webhook-id": "2"}, body),  # the id is signed
+        ("wrong-secret-wrong-secret", headers, body),
+        (SECRET, headers, body.replace(b"RUNNING", b"FAILED")),
+        (SECRET, signed_headers(SECRET, int(time.time()) - 3600, body, 1), body),
+    ):
+        with pytest.raises(WebhookVerificationError):
+            verify_event(*forged)
 
 
 def test_the_readme_verification_snippet_accepts_a_real_request_and_refuses_forgeries():
-    code = _readme_snippet()
+    code = _readme_snippet("verify_callback")
     assert len([line for line in code.splitlines() if line.strip()]) <= 10
     namespace: dict[str, Any] = {}
     exec(code, namespace)
