@@ -339,6 +339,7 @@ class Settings(BaseSettings):
         data = self.data_dir.resolve()
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{data / 'fl-dispatcher.db'}")
+        object.__setattr__(self, "database_url", normalise_database_url(self.database_url))
         if not self.broker_url:
             object.__setattr__(self, "broker_url", f"sqla+sqlite:///{data / 'broker.db'}")
         if self.nets_file is not None and self.nets_inline.strip():
@@ -401,6 +402,28 @@ class Settings(BaseSettings):
             net["always_on"] = self.net(net["name"]).always_on
             net["kit_problem"] = kit_endpoint_problem(self.net(net["name"]))
         return data
+
+
+# The PostgreSQL driver this project installs; Heroku-style and plain URLs name it implicitly.
+_PG_SCHEMES = ("postgres", "postgresql")
+_PG_DRIVER = "postgresql+psycopg"
+
+
+def normalise_database_url(url: str) -> str:
+    """`postgres://` and `postgresql://` mean PostgreSQL through psycopg 3 (SQLAlchemy would
+    refuse the first and look for psycopg2 for the second); another PostgreSQL driver is
+    refused with the fix, since it is not installed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    if scheme in _PG_SCHEMES:
+        return f"{_PG_DRIVER}://{rest}"
+    if scheme.startswith("postgresql+") and scheme != _PG_DRIVER:
+        raise SettingsError(
+            f"DATABASE_URL: driver {scheme.split('+', 1)[1]!r} is not installed; "
+            f"use {_PG_DRIVER}://... (psycopg 3), or postgresql://... which means the same"
+        )
+    return url
 
 
 def redact_url(url: str) -> str:

@@ -12,6 +12,7 @@ Exit codes: 0 ok, 1 the command failed (not found, bad input, unreachable), 2 se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import uuid
@@ -23,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.errors import DispatcherError, RequestRejected, SettingsError
 from app.runtime import Runtime
-from app.settings import Settings
+from app.settings import Settings, redact_url
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -35,8 +36,16 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 # --- output ------------------------------------------------------------------------------
 
 
+# With --json, stdout carries the JSON document and nothing else: main() sends whatever else
+# is printed there to stderr (NVFLARE 2.9's admin client prints "Connecting to FLARE ..."
+# to stdout while a net is probed) and keeps the real stdout here for the document.
+_JSON_STDOUT: dict[str, TextIO] = {}
+
+
 def _print_json(data: Any, out: TextIO) -> None:
+    out = _JSON_STDOUT.get("out", out)
     out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    out.flush()
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
@@ -699,6 +708,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"fl-dispatcher: {exc}\n")
         return EXIT_SETTINGS
     handler: Handler = args.handler
+    if not getattr(args, "json", False):
+        return _run(handler, args, settings)
+    _JSON_STDOUT["out"] = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run(handler, args, settings)
+    finally:
+        _JSON_STDOUT.clear()
+
+
+def _run(handler: Handler, args: argparse.Namespace, settings: Settings) -> int:
     try:
         return handler(args, settings)
     except RequestRejected as exc:
@@ -710,8 +730,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DBAPIError as exc:
         # The driver's own first line (e.g. "connection refused"); not the SQL or its values.
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        if _missing_table(reason):
+            where = redact_url(settings.database_url)
+            sys.stderr.write(
+                f"fl-dispatcher: the database has no fl-dispatcher tables ({reason}): "
+                f"run `fl-dispatcher db upgrade` on {where}\n"
+            )
+            return EXIT_FAILED
         sys.stderr.write(f"fl-dispatcher: database error: {reason}\n")
         return EXIT_FAILED
+
+
+def _missing_table(reason: str) -> bool:
+    # SQLite: "no such table: jobs"; PostgreSQL: 'relation "jobs" does not exist'.
+    return reason.startswith("no such table") or (
+        reason.startswith("relation ") and reason.endswith("does not exist")
+    )
 
 
 if __name__ == "__main__":

@@ -561,3 +561,61 @@ def test_enqueue_takes_metadata_as_a_json_object(capsys, db, cli_env):
         main([*argv, "--metadata", "[1, 2]"])
     assert exc.value.code == 2
     assert "must be a JSON object" in capsys.readouterr().err
+
+
+class _ChattyAdmin:
+    """A net's admin client that, like NVFLARE 2.9's, prints to stdout while connecting
+    (with NVFLARE's own printer), then answers."""
+
+    def server_state(self):
+        from nvflare.fuel.hci.client.api import _print_hci_message
+
+        from app.adapters.nvflare.base import ServerState
+
+        _print_hci_message("Connecting to FLARE ...")
+        return ServerState.STARTED
+
+    def connected_sites(self) -> list[str]:
+        return ["site-1"]
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_json_command_prints_only_json_while_a_net_is_probed(
+    capsys, world, cli_env, monkeypatch
+):
+    from app.entrypoints import cli
+    from app.runtime import Runtime
+    from tests.fakes import FakeDriver
+
+    def chatty_runtime(settings):
+        return Runtime.from_settings(
+            settings,
+            admin_factory=lambda net, s: _ChattyAdmin(),
+            driver_factory=lambda net, s: FakeDriver(),
+        )
+
+    monkeypatch.setattr(cli, "_runtime", chatty_runtime)
+    enqueue = ["enqueue", "--key", "json-1", "--definition", "tiny-job", "--net", "net-a"]
+    commands = [
+        ["config", "check", "--json"],
+        ["status", "--json"],
+        ["jobs", "--json"],
+        ["job", str(world["first"]), "--json"],
+        [*enqueue, "--json"],
+        ["abort", str(world["second"]), "--json"],
+    ]
+    for argv in commands:
+        code, out, err = run(capsys, *argv)
+        assert code == 0, (argv, err)
+        json.loads(out)  # nothing but the document
+        if argv[0] == "status":
+            assert "Connecting to FLARE" in err  # it was printed, and went to stderr
+
+
+def test_a_database_without_tables_says_to_run_db_upgrade(capsys, cli_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
+    code, out, err = run(capsys, "jobs")
+    assert (code, out) == (1, "")
+    assert "run `fl-dispatcher db upgrade` on sqlite:///" in err and "empty.db" in err
