@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -321,6 +322,9 @@ def _fold_metrics_backlog(database_url: str) -> int:
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     """Alembic upgrade / downgrade / drift check on DATABASE_URL."""
+    # Alembic 1.16+ logs one INFO line per autogenerate plugin it sets up, on every command:
+    # noise around the one line that matters. Its migration lines stay.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from app import migrate
     from app.settings import redact_url
 

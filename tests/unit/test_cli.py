@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import logging
+import os
 import sqlite3
 import uuid
 from datetime import timedelta
@@ -619,3 +620,22 @@ def test_a_database_without_tables_says_to_run_db_upgrade(capsys, cli_env, tmp_p
     code, out, err = run(capsys, "jobs")
     assert (code, out) == (1, "")
     assert "run `fl-dispatcher db upgrade` on sqlite:///" in err and "empty.db" in err
+
+
+def test_db_commands_are_quiet_about_alembic_plugins(cli_env, tmp_path):
+    """A fresh process (Alembic sets its plugins up once per process, on first use)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **cli_env, "DATABASE_URL": f"sqlite:///{tmp_path / 'quiet.db'}"}
+    for argv in (["db", "upgrade"], ["db", "check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "app.entrypoints.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "plugin" not in done.stderr and "plugin" not in done.stdout
