@@ -127,6 +127,7 @@ class NetConfig(_Strict):
     # deadline for a site that can never connect.
     sites: tuple[str, ...] | None = None
     max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
+    report_timeout_s: float | None = Field(default=None, gt=0)  # None: REPORT_TIMEOUT_S
     # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
     per_job_fl_server: bool | None = None
     # "host:port" the net's server serves on, as its admin kit must name it. The local driver
@@ -367,6 +368,14 @@ class Settings(BaseSettings):
             )
         _check_webhook_secret(self.callback_secret.get_secret_value())
         return self
+
+    def report_timeout_for(self, net_name: str | None) -> float:
+        """How long a FINISHING job on this net waits for flip-api's report (the net's
+        `report_timeout_s`, else REPORT_TIMEOUT_S; an undeclared net has the global one)."""
+        net = self._by_name.get(net_name) if net_name is not None else None
+        if net is not None and net.report_timeout_s is not None:
+            return net.report_timeout_s
+        return self.report_timeout_s
 
     @property
     def callbacks_enabled(self) -> bool:

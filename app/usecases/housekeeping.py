@@ -252,18 +252,27 @@ def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
 
 
 def _expire_report_waits(rt: Runtime) -> dict[str, str]:
-    """FINISHING jobs whose results report never came within REPORT_TIMEOUT_S: settled per
-    REPORT_TIMEOUT_OUTCOME, so a lost report cannot hold a server up forever."""
+    """FINISHING jobs whose results report never came within their net's report timeout
+    (`report_timeout_s`, else REPORT_TIMEOUT_S): settled per REPORT_TIMEOUT_OUTCOME, so a
+    lost report cannot hold a server up forever."""
     now = rt.clock()
-    deadline = now - timedelta(seconds=rt.settings.report_timeout_s)
+    settings = rt.settings
+    shortest = min(
+        [settings.report_timeout_s] + [settings.report_timeout_for(n.name) for n in settings.nets]
+    )
     with rt.sessions() as session:
-        overdue = list(
-            session.execute(
-                select(Job.id, Job.state_changed_at).where(
-                    Job.state == JobState.FINISHING, Job.state_changed_at < deadline
-                )
+        # The shortest timeout bounds the read; each job is then held to its own net's.
+        candidates = session.execute(
+            select(Job.id, Job.state_changed_at, Job.net_name).where(
+                Job.state == JobState.FINISHING,
+                Job.state_changed_at < now - timedelta(seconds=shortest),
             )
         )
+        overdue = [
+            (job_id, since)
+            for job_id, since, net_name in candidates
+            if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
+        ]
     outcome = (
         JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
     )
