@@ -337,7 +337,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _derive(self) -> Settings:
         # Derived defaults live in the data folder so a laptop needs no server at all.
+        # Resolved once, here: a process that changes directory later (a worker, a test)
+        # keeps the one folder it started with.
         data = self.data_dir.resolve()
+        object.__setattr__(self, "data_dir", data)
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{data / 'fl-dispatcher.db'}")
         object.__setattr__(self, "database_url", normalise_database_url(self.database_url))
@@ -368,6 +371,12 @@ class Settings(BaseSettings):
             )
         _check_webhook_secret(self.callback_secret.get_secret_value())
         return self
+
+    @property
+    def data_dir_defaulted(self) -> bool:
+        """FL_DISPATCHER_DATA_DIR was not set: the data folder is `.fl-dispatcher` under the
+        directory the process started in (the CLI says so)."""
+        return "data_dir" not in self.model_fields_set
 
     def report_timeout_for(self, net_name: str | None) -> float:
         """How long a FINISHING job on this net waits for flip-api's report (the net's

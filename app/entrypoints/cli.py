@@ -67,6 +67,12 @@ def _when(iso: str | None) -> str:
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     """Print the effective configuration with secrets masked."""
     data = settings.redacted()
+    if settings.data_dir_defaulted:
+        sys.stderr.write(
+            f"fl-dispatcher: warning: FL_DISPATCHER_DATA_DIR is unset, so the data folder is "
+            f"{settings.data_dir} (.fl-dispatcher under the current directory): set it to "
+            "use one folder whatever directory a command runs from\n"
+        )
     if args.json:
         _print_json(data, sys.stdout)
         return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS

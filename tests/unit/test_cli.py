@@ -639,3 +639,18 @@ def test_db_commands_are_quiet_about_alembic_plugins(cli_env, tmp_path):
         )
         assert done.returncode == 0, done.stderr
         assert "plugin" not in done.stderr and "plugin" not in done.stdout
+
+
+def test_config_check_says_loudly_where_an_unset_data_folder_is(
+    capsys, cli_env, monkeypatch, tmp_path
+):
+    monkeypatch.delenv("FL_DISPATCHER_DATA_DIR")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "config", "check", "--json")
+    assert code == 0
+    where = str(tmp_path.resolve() / ".fl-dispatcher")
+    assert json.loads(out)["FL_DISPATCHER_DATA_DIR"] == where  # absolute, resolved at start
+    assert f"FL_DISPATCHER_DATA_DIR is unset, so the data folder is {where}" in err
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "set"))
+    _, _, err = run(capsys, "config", "check", "--json")
+    assert "unset" not in err
