@@ -42,7 +42,7 @@ class StateChangeEvent(_Event):
     caller_key: str = Field(description="as flip-api enqueued it")
     metadata: dict[str, Any] = Field(description="flip-api's object from the enqueue ({} if none)")
     from_state: JobState | None = Field(description="null on the first event (enqueued)")
-    to_state: JobState
+    to_state: JobState = Field(description="the state the job moved to")
     at: str = Field(
         description="when the move happened (ISO 8601, UTC)",
         json_schema_extra={"format": "date-time"},
@@ -64,11 +64,11 @@ class RejectedEvent(_Event):
         pattern=r"^rejected-[0-9]+$",
         description="'rejected-<n>': a string, never equal to a state change's integer id",
     )
-    kind: Literal["rejected"]
+    kind: Literal["rejected"] = Field(description="switch on it first")
     job_id: uuid.UUID | None = Field(
         description="the id the job would have had (null without a usable caller_key)"
     )
-    caller_key: str | None
+    caller_key: str | None = Field(description="as sent (null when it had none)")
     reason: str = Field(description="why it was refused, for a person")
     reason_code: Literal[ReasonCode.REJECTED, ReasonCode.CALLER_KEY_CONFLICT] = Field(
         description="rejected, or caller_key_conflict: the key names a job enqueued with "

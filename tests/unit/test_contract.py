@@ -53,9 +53,11 @@ def test_the_task_payloads_the_client_sends_validate(contract):
     }
     for task, payload in sent.items():
         _valid(contract["tasks"][task], payload.model_dump(mode="json"))
-    # Field descriptions travel with the schema.
-    enqueue = contract["tasks"]["fl_dispatcher.enqueue_job"]
-    assert enqueue["description"]
+    # Field descriptions travel with the schema, for every field of every payload.
+    for task, schema in [*contract["tasks"].items(), *contract["callbacks"].items()]:
+        assert schema["description"], task
+        for name, field in schema["properties"].items():
+            assert field.get("description"), (task, name)
     assert contract["queue"] == "fl_dispatcher"
 
 
