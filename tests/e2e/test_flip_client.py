@@ -129,6 +129,14 @@ def test_flip_api_drives_a_job_through_the_contract_alone(flip, endpoint, contra
     celery = Celery("flip-api", broker=flip.broker_url)
     celery.conf.update(task_serializer="json", accept_content=["json"])
     http = httpx.Client(base_url=flip.api_url, timeout=10)
+
+    def api_up() -> bool:
+        try:
+            return http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    _wait("the status API to answer", api_up, 60)
     openapi = http.get("/openapi.json").json()
 
     def send(task: str, payload: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -830,3 +831,28 @@ def test_callbacks_off_keep_no_rejection_past_its_retention_and_send_nothing(
     with world.rt.sessions() as session:
         assert services.get_rejection(session, job_id_for("old")) is None
     assert receiver.requests == []
+
+
+def test_a_reused_caller_key_with_another_payload_is_a_rejected_event_and_changes_nothing(
+    task_rt, receiver
+):
+    from tasks import public
+
+    cb = task_rt
+    payload = {"caller_key": "flip-run-10", "definition": "tiny-job", "net": "net-a"}
+    first = public.enqueue_job.run(payload=payload)
+    assert public.enqueue_job.run(payload=payload) == {**first, "created": False}
+    conflict = public.enqueue_job.run(payload={**payload, "priority": 7})
+    assert conflict["reason_code"] == "caller_key_conflict"
+    assert conflict["rejected"].startswith(
+        f"caller_key 'flip-run-10' already names job {first['job_id']}"
+    )
+    row = rejection_row(cb, "flip-run-10")
+    assert (row.reason_code, row.job_id) == ("caller_key_conflict", job_id_for("flip-run-10"))
+    assert cb.job(uuid.UUID(first["job_id"])).priority == 0
+
+    deliver(cb, receiver)
+    rejected = [p for p, _, _ in receiver.requests if p["kind"] == "rejected"]
+    assert [(p["reason_code"], p["job_id"]) for p in rejected] == [
+        ("caller_key_conflict", first["job_id"])
+    ]
