@@ -52,13 +52,22 @@ class InvalidRequest(DispatcherError):
     """A caller's request is wrong (bad payload, unknown net, definition outside its root)."""
 
 
+class CallerKeyConflict(InvalidRequest):
+    """The caller_key already names a job that was enqueued with a different payload: no new
+    job, the existing one unchanged (reason code `caller_key_conflict`; HTTP 409)."""
+
+
 class NotFound(DispatcherError):
     """The job or net named by a caller does not exist."""
 
 
 class RequestRejected(NotFound):
     """No such job because the enqueue that would have created it was refused (the reason
-    is kept for REJECTED_RETENTION_S)."""
+    is kept for REJECTED_RETENTION_S), with its reason code (models.reasons)."""
+
+    def __init__(self, message: str, reason_code: str = "rejected") -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
 
 
 class JobOutcomeError(DispatcherError):
@@ -76,3 +85,12 @@ class NvflareJobNotRunning(JobOutcomeError):
 class BundleUnavailable(JobOutcomeError):
     """The job's S3 bundle cannot be used: no bucket, no objects, access denied, an unsafe
     key, or over a size or file-count cap. Retrying cannot help, so the job fails at once."""
+
+
+class BundleMissing(BundleUnavailable):
+    """The job's bundle is not there: no bucket, no objects under the prefix, or a local
+    job folder gone from the job root."""
+
+
+class BundleTooLarge(BundleUnavailable):
+    """The bundle is over S3_MAX_BUNDLE_BYTES or S3_MAX_BUNDLE_FILES."""

@@ -6,6 +6,7 @@ Imports pydantic only (no settings, database or worker code), so `app.client` st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
@@ -86,15 +87,37 @@ class _Payload(BaseModel):
 class EnqueueJob(_Payload):
     """Ask for a training job to run; idempotent on `caller_key`."""
 
-    caller_key: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/-]+$")
-    definition: str = Field(min_length=1, max_length=1024)
-    required_sites: list[str] = Field(default_factory=list)
-    net: str | None = Field(default=None, pattern=NET_NAME_PATTERN)
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    caller_key: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:@/-]+$",
+        description="flip-api's key for this run, unique per job; the job id is "
+        "uuid5(job_id namespace, caller_key). A repeat with the same payload names the same "
+        "job; with another payload it is refused (caller_key_conflict)",
+    )
+    definition: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="the job bundle: a folder name under JOB_ROOT, or s3://bucket/prefix",
+    )
+    required_sites: list[str] = Field(
+        default_factory=list,
+        description="the NVFLARE sites the job runs on (empty: the net's required_sites)",
+    )
+    net: str | None = Field(
+        default=None, pattern=NET_NAME_PATTERN, description="run only on this net (null: any)"
+    )
+    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
+    max_attempts: int | None = Field(
+        default=None, ge=1, le=100, description="attempts before FAILED (null: MAX_ATTEMPTS)"
+    )
     # flip-api's own JSON object (FLIP puts model_id and project_id there; caller_key is its
     # per-run job id, since model ids repeat across re-runs). Stored and returned as given.
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="flip-api's JSON object (string keys, at most 16 KiB), returned in every "
+        "view and callback; a resource_spec in it goes into the submitted meta.json",
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -107,6 +130,14 @@ class EnqueueJob(_Payload):
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes serialised; at most {METADATA_MAX_BYTES}")
         return value
+
+    def digest(self) -> str:
+        """What makes two enqueues of one caller_key the same request: the payload with its
+        defaults filled in (an omitted field equals its default sent), sites in any order."""
+        fields = self.model_dump(mode="json")
+        fields["required_sites"] = sorted(fields["required_sites"])
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @field_validator("required_sites")
     @classmethod
@@ -122,8 +153,10 @@ class EnqueueJob(_Payload):
 class AbortJob(_Payload):
     """Abort a job by its id."""
 
-    job_id: uuid.UUID
-    reason: str = Field(default="aborted by caller", max_length=500)
+    job_id: uuid.UUID = Field(description="the job to abort")
+    reason: str = Field(
+        default="aborted by caller", max_length=500, description="kept in the job's history"
+    )
 
 
 class ReportedStatus(StrEnum):
@@ -138,9 +171,12 @@ class ReportedStatus(StrEnum):
 class ReportJobStatus(_Payload):
     """flip-api says a job reached a terminal state on its side."""
 
-    job_id: uuid.UUID
-    status: ReportedStatus
-    detail: str = Field(default="", max_length=2000)
+    job_id: uuid.UUID = Field(description="the job flip-api reports on")
+    status: ReportedStatus = Field(
+        description="results_uploaded: COMPLETED; results_upload_failed or error: FAILED; "
+        "stopped: ABORTED"
+    )
+    detail: str = Field(default="", max_length=2000, description="appended to the reason")
 
 
 # The payload each public task takes (as its `payload` kwarg), by task name.

@@ -7,6 +7,8 @@ process at start instead of running half-configured.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import tomllib
@@ -149,6 +151,7 @@ class NetConfig(_Strict):
     # deadline for a site that can never connect.
     sites: tuple[str, ...] | None = None
     max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
+    report_timeout_s: float | None = Field(default=None, gt=0)  # None: REPORT_TIMEOUT_S
     # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
     per_job_fl_server: bool | None = None
     # "host:port" the net's server serves on, as its admin kit must name it. The local driver
@@ -323,6 +326,8 @@ class Settings(BaseSettings):
     callback_max_4xx_tries: int = Field(default=3, ge=1, alias="CALLBACK_MAX_4XX_TRIES")
 
     api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
+    # Bounds what one request may make the status API receive; an enqueue is a few KiB.
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, alias="API_MAX_BODY_BYTES")
     flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")
     log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
@@ -356,9 +361,13 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _derive(self) -> Settings:
         # Derived defaults live in the data folder so a laptop needs no server at all.
+        # Resolved once, here: a process that changes directory later (a worker, a test)
+        # keeps the one folder it started with.
         data = self.data_dir.resolve()
+        object.__setattr__(self, "data_dir", data)
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{data / 'fl-dispatcher.db'}")
+        object.__setattr__(self, "database_url", normalise_database_url(self.database_url))
         if not self.broker_url:
             object.__setattr__(self, "broker_url", f"sqla+sqlite:///{data / 'broker.db'}")
         if self.nets_file is not None and self.nets_inline.strip():
@@ -384,7 +393,22 @@ class Settings(BaseSettings):
             raise SettingsError(
                 "CALLBACK_SECRET must be set (at least 16 characters) when CALLBACK_URL is set"
             )
+        _check_webhook_secret(self.callback_secret.get_secret_value())
         return self
+
+    @property
+    def data_dir_defaulted(self) -> bool:
+        """FL_DISPATCHER_DATA_DIR was not set: the data folder is `.fl-dispatcher` under the
+        directory the process started in (the CLI says so)."""
+        return "data_dir" not in self.model_fields_set
+
+    def report_timeout_for(self, net_name: str | None) -> float:
+        """How long a FINISHING job on this net waits for flip-api's report (the net's
+        `report_timeout_s`, else REPORT_TIMEOUT_S; an undeclared net has the global one)."""
+        net = self._by_name.get(net_name) if net_name is not None else None
+        if net is not None and net.report_timeout_s is not None:
+            return net.report_timeout_s
+        return self.report_timeout_s
 
     @property
     def callbacks_enabled(self) -> bool:
@@ -418,6 +442,28 @@ class Settings(BaseSettings):
         return data
 
 
+# The PostgreSQL driver this project installs; Heroku-style and plain URLs name it implicitly.
+_PG_SCHEMES = ("postgres", "postgresql")
+_PG_DRIVER = "postgresql+psycopg"
+
+
+def normalise_database_url(url: str) -> str:
+    """`postgres://` and `postgresql://` mean PostgreSQL through psycopg 3 (SQLAlchemy would
+    refuse the first and look for psycopg2 for the second); another PostgreSQL driver is
+    refused with the fix, since it is not installed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    if scheme in _PG_SCHEMES:
+        return f"{_PG_DRIVER}://{rest}"
+    if scheme.startswith("postgresql+") and scheme != _PG_DRIVER:
+        raise SettingsError(
+            f"DATABASE_URL: driver {scheme.split('+', 1)[1]!r} is not installed; "
+            f"use {_PG_DRIVER}://... (psycopg 3), or postgresql://... which means the same"
+        )
+    return url
+
+
 def redact_url(url: str) -> str:
     """Mask the password in a URL such as postgresql://user:secret@host/db."""
     return re.sub(r"(://[^:/@]*:)[^@]+@", r"\1***@", url)
@@ -439,3 +485,19 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 # pragma: no mutate end
+
+
+def _check_webhook_secret(secret: str) -> None:
+    """A `whsec_` CALLBACK_SECRET is a Standard Webhooks secret: base64 after the prefix
+    (app.adapters.callbacks.webhook_key decodes it). The message never quotes the secret."""
+    if not secret.startswith("whsec_"):
+        return
+    try:
+        key = base64.b64decode(secret[len("whsec_") :], validate=True)
+    except binascii.Error:
+        key = b""
+    if len(key) < 16:
+        raise SettingsError(
+            "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after "
+            "whsec_ (e.g. whsec_ + `openssl rand -base64 32`)"
+        )

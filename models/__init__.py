@@ -3,6 +3,7 @@
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
 from models.kicks import PendingKick
+from models.reasons import REASONS, FlipStatus, ReasonCode
 from models.states import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -31,10 +32,12 @@ __all__ = [
     "ASSIGNABLE_NET_STATES",
     "JOB_TRANSITIONS",
     "NET_TRANSITIONS",
+    "REASONS",
     "TERMINAL_JOB_STATES",
     "Base",
     "CallbackCursor",
     "CallbackReceiver",
+    "FlipStatus",
     "HousekeepingRun",
     "IllegalTransition",
     "Job",
@@ -46,6 +49,7 @@ __all__ = [
     "NetEvent",
     "NetState",
     "PendingKick",
+    "ReasonCode",
     "RejectedRequest",
     "ScaleEvent",
     "StrayRun",

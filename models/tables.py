@@ -29,10 +29,12 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, WriteOnlyMapped, mapped_column, relationship
 
 from models.base import Base, UTCDateTime
+from models.reasons import ReasonCode, allowed
 from models.states import (
     ACTIVE_JOB_STATES,
     JOB_TRANSITIONS,
     NET_TRANSITIONS,
+    TERMINAL_JOB_STATES,
     IllegalTransition,
     JobState,
     NetState,
@@ -174,6 +176,9 @@ class Job(Base):
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     caller_key: Mapped[str] = mapped_column(String(200), unique=True)
+    # app.schemas.EnqueueJob.digest() of the request that created it: a repeat with another
+    # payload is a conflict, not the same job. NULL on jobs enqueued before migration 0009.
+    request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     definition: Mapped[str] = mapped_column(String(1024))
     required_sites: Mapped[list[str]] = mapped_column(JSON)
     # flip-api's own JSON object (model_id, project_id, ...), returned in every view and
@@ -192,6 +197,8 @@ class Job(Base):
     submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Why it ended (models.reasons.ReasonCode), set with its terminal move; NULL while active.
+    reason_code: Mapped[str | None] = mapped_column(String(40), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     state_changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
     assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -222,11 +229,13 @@ class Job(Base):
         now: datetime,
         job_id: uuid.UUID | None = None,
         metadata: dict[str, Any] | None = None,
+        request_digest: str | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
         job = cls(
             id=job_id or uuid.uuid4(),
             caller_key=caller_key,
+            request_digest=request_digest,
             definition=definition,
             required_sites=required_sites,
             requested_net=requested_net,
@@ -263,11 +272,18 @@ class Job(Base):
         reason: str = "",  # pragma: no mutate (history words, as in the move patterns)
         *,
         nvflare_job_id: str | None = None,
+        code: ReasonCode | None = None,
     ) -> None:
         """Move to `target` if the table allows it, and record the move with the attempt and
-        the NVFLARE run it concerns (`nvflare_job_id`: a run the move itself starts)."""
+        the NVFLARE run it concerns (`nvflare_job_id`: a run the move itself starts). A move
+        to a terminal state needs a `code` that `models.reasons.REASONS` lists for it, so
+        no end reaches flip-api without its machine-readable reason."""
         if target not in JOB_TRANSITIONS[self.state]:
             raise IllegalTransition("job", str(self.id), self.state, target)
+        if (target in TERMINAL_JOB_STATES) != (code is not None) or (
+            code is not None and not allowed(code, target)
+        ):
+            raise IllegalTransition("job", f"{self.id} (reason code {code})", self.state, target)
         self.events.add(
             JobEvent(
                 job_id=self.id,  # pragma: no mutate (events.add sets it as well)
@@ -277,12 +293,14 @@ class Job(Base):
                 reason=reason,
                 attempt=self.attempts,
                 nvflare_job_id=nvflare_job_id or self.nvflare_job_id,
+                reason_code=code,
             )
         )
         self.state = target
         self.state_changed_at = now
-        if target in (JobState.COMPLETED, JobState.FAILED, JobState.ABORTED):
+        if code is not None:
             self.finished_at = now
+            self.reason_code = code
 
     def assign(self, net_name: str, now: datetime) -> None:
         """Reserve `net_name` for this job."""
@@ -320,15 +338,20 @@ class Job(Base):
         self.nvflare_job_id = None
         self.submit_token = None
         if self.attempts >= self.max_attempts:
-            self.transition(JobState.FAILED, now, f"attempts exhausted ({self.attempts}): {reason}")
+            self.transition(
+                JobState.FAILED,
+                now,
+                f"attempts exhausted ({self.attempts}): {reason}",
+                code=ReasonCode.MAX_ATTEMPTS,
+            )
             return False
         self.transition(JobState.QUEUED, now, f"requeued (attempt {self.attempts}): {reason}")
         return True
 
-    def fail(self, reason: str, now: datetime) -> None:
+    def fail(self, reason: str, now: datetime, code: ReasonCode) -> None:
         """A final failure with its reason."""
         self.last_error = reason
-        self.transition(JobState.FAILED, now, reason)
+        self.transition(JobState.FAILED, now, reason, code=code)
 
 
 class StrayRun(Base):
@@ -360,6 +383,9 @@ class RejectedRequest(Base):
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True, index=True)
     caller_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     reason: Mapped[str] = mapped_column(Text)
+    # models.reasons.ReasonCode: `rejected`, or `caller_key_conflict` (the key names a job
+    # enqueued with another payload).
+    reason_code: Mapped[str] = mapped_column(String(40), server_default=text("'rejected'"))
     at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     # Delivery of its `rejected` status callback (app.usecases.callbacks), as a job's cursor
     # keeps it for the job's events: settled once delivered or given up (`callback_failed`);
@@ -392,6 +418,9 @@ class JobEvent(Base):
     # move, not about the job's later state. NULL on rows written before migration 0004.
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    # A terminal move's models.reasons.ReasonCode (NULL on other moves, and on terminal rows
+    # written before migration 0009).
+    reason_code: Mapped[str | None] = mapped_column(String(40), nullable=True)
     # Folded into app.metrics' running totals yet? Written false (the server default), set
     # once by the scrape that counts the row.
     counted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))

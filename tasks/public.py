@@ -45,8 +45,8 @@ def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         result = intake.submit_job(rt, request).enqueued
     except InvalidRequest as exc:
         key = _caller_key(payload)
-        intake.reject_enqueue(rt, key, str(exc))
-        return {"rejected": str(exc), "caller_key": key}
+        code = intake.refuse_enqueue(rt, key, exc)
+        return {"rejected": str(exc), "reason_code": str(code), "caller_key": key}
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 
 

@@ -1,15 +1,26 @@
 """The status callback receiver (flip-api) behind a small interface: the signing scheme,
 its verification (what a receiver runs), and the HTTP sender.
 
-Scheme: the body is compact JSON with sorted keys, sent as is. The signature is
-`sha256=<hex HMAC-SHA256(CALLBACK_SECRET, "<timestamp>.<body>")>` where `<timestamp>` is
-the sender's Unix time in whole seconds, also sent in its own header. A receiver recomputes
-it over the raw body bytes, compares in constant time, and refuses a timestamp far from its
-own clock (a captured request cannot be replayed later). Every try is signed afresh.
+Two signatures on every request, over the same raw body (compact JSON, sorted keys):
+
+- Standard Webhooks (https://www.standardwebhooks.com): `webhook-id` (the event id),
+  `webhook-timestamp` (Unix seconds) and `webhook-signature: v1,<base64 HMAC-SHA256 of
+  "<id>.<timestamp>.<body>">`, so the event id is signed too and any Standard Webhooks
+  library verifies it. The key: a CALLBACK_SECRET of the form `whsec_<base64>` is that
+  secret (the decoded bytes); any other CALLBACK_SECRET is used as its UTF-8 bytes, which a
+  receiver hands its library as `"whsec_" + base64(CALLBACK_SECRET)`.
+- The earlier X-FL-Dispatcher-* headers, kept for one release so a receiver can switch:
+  `sha256=<hex HMAC-SHA256(CALLBACK_SECRET as UTF-8, "<timestamp>.<body>")>`.
+
+A receiver recomputes over the raw body bytes, compares in constant time, and refuses a
+timestamp far from its own clock (a captured request cannot be replayed later). Every try
+is signed afresh.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -23,6 +34,10 @@ TIMESTAMP_HEADER = "X-FL-Dispatcher-Timestamp"
 SIGNATURE_HEADER = "X-FL-Dispatcher-Signature"
 EVENT_ID_HEADER = "X-FL-Dispatcher-Event-Id"
 SIGNATURE_PREFIX = "sha256="
+WEBHOOK_ID_HEADER = "webhook-id"
+WEBHOOK_TIMESTAMP_HEADER = "webhook-timestamp"
+WEBHOOK_SIGNATURE_HEADER = "webhook-signature"
+WEBHOOK_SECRET_PREFIX = "whsec_"  # noqa: S105 (the format's prefix, not a secret)
 # How far a receiver should accept the timestamp from its own clock, by default.
 DEFAULT_TOLERANCE_S = 300
 # A receiver's answer is kept in last_error only this far (it is for an operator's eye).
@@ -60,10 +75,70 @@ def verify(
     return hmac.compare_digest(sign(secret, sent_at, body), signature)
 
 
+def webhook_key(secret: str) -> bytes:
+    """The Standard Webhooks HMAC key CALLBACK_SECRET stands for: the decoded bytes of a
+    `whsec_<base64>` secret, otherwise the secret's UTF-8 bytes. ValueError for a `whsec_`
+    secret that is not base64 (settings refuse it at start)."""
+    if not secret.startswith(WEBHOOK_SECRET_PREFIX):
+        return secret.encode()
+    try:
+        key = base64.b64decode(secret[len(WEBHOOK_SECRET_PREFIX) :], validate=True)
+    except binascii.Error:
+        raise ValueError("a whsec_ secret must be base64 after its prefix") from None
+    if not key:
+        raise ValueError("a whsec_ secret must not be empty after its prefix")
+    return key
+
+
+def receiver_secret(secret: str) -> str:
+    """What a receiver gives a Standard Webhooks library for this CALLBACK_SECRET."""
+    if secret.startswith(WEBHOOK_SECRET_PREFIX):
+        return secret
+    return WEBHOOK_SECRET_PREFIX + base64.b64encode(secret.encode()).decode()
+
+
+def webhook_signature(secret: str, event_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` value: `v1,` and the base64 HMAC-SHA256 of
+    `<id>.<timestamp>.<body>`."""
+    signed = f"{event_id}.{timestamp}.".encode() + body
+    mac = hmac.new(webhook_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def verify_webhook(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now_s: float,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+) -> bool:
+    """What a Standard Webhooks receiver checks (`headers` with lower-case names): a `v1`
+    signature among those sent matches id, timestamp and raw body, and the timestamp is
+    within `tolerance_s` of its own clock."""
+    event_id = headers.get(WEBHOOK_ID_HEADER)
+    timestamp = headers.get(WEBHOOK_TIMESTAMP_HEADER)
+    signatures = headers.get(WEBHOOK_SIGNATURE_HEADER)
+    if not (event_id and timestamp and signatures):
+        return False
+    try:
+        sent_at = int(timestamp)
+    except ValueError:
+        return False
+    if abs(now_s - sent_at) > tolerance_s:
+        return False
+    expected = webhook_signature(secret, event_id, sent_at, body)
+    return any(hmac.compare_digest(expected, sent) for sent in signatures.split(" "))
+
+
 def signed_headers(secret: str, timestamp: int, body: bytes, event_id: int | str) -> dict[str, str]:
-    """Every header of one try."""
+    """Every header of one try: Standard Webhooks', and the earlier X-FL-Dispatcher-* ones
+    (README "Status callbacks": kept for one release)."""
     return {
         "Content-Type": "application/json",
+        WEBHOOK_ID_HEADER: str(event_id),
+        WEBHOOK_TIMESTAMP_HEADER: str(timestamp),
+        WEBHOOK_SIGNATURE_HEADER: webhook_signature(secret, str(event_id), timestamp, body),
         TIMESTAMP_HEADER: str(timestamp),
         SIGNATURE_HEADER: sign(secret, timestamp, body),
         EVENT_ID_HEADER: str(event_id),

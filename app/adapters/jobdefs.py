@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from app.adapters.s3_bundles import BundleFetcher
-from app.errors import InvalidRequest
+from app.errors import BundleMissing, InvalidRequest
 from app.settings import Settings
 from app.usecases.services import job_folder
 
@@ -24,7 +24,7 @@ def materialize(settings: Settings, definition: str, job_id: uuid.UUID) -> Path:
     if not definition.startswith("s3://"):
         folder = job_folder(settings, definition)
         if not folder.is_dir():
-            raise InvalidRequest(f"job folder {definition!r} disappeared from the job root")
+            raise BundleMissing(f"job folder {definition!r} disappeared from the job root")
         return folder
     return BundleFetcher.from_settings(settings).fetch(definition, job_id)
 
@@ -35,7 +35,7 @@ def check_available(settings: Settings, definition: str) -> None:
     if definition.startswith("s3://"):
         BundleFetcher.from_settings(settings).check(definition)
     elif not job_folder(settings, definition).is_dir():
-        raise InvalidRequest(f"job folder {definition!r} disappeared from the job root")
+        raise BundleMissing(f"job folder {definition!r} disappeared from the job root")
 
 
 def discard(settings: Settings, job_id: uuid.UUID) -> bool:

@@ -31,7 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from app.errors import BundleTransientError, BundleUnavailable, InvalidRequest
+from app.errors import (
+    BundleMissing,
+    BundleTooLarge,
+    BundleTransientError,
+    BundleUnavailable,
+    InvalidRequest,
+)
 
 if TYPE_CHECKING:
     from botocore.config import Config
@@ -349,12 +355,12 @@ class BundleFetcher:
                     total_bytes += size
                     # Checked while listing: a prefix with a million objects fails early.
                     if len(wanted) > self.max_files:
-                        raise BundleUnavailable(
+                        raise BundleTooLarge(
                             f"{bundle_def.uri}: more than {self.max_files} files "
                             "(S3_MAX_BUNDLE_FILES)"
                         )
                     if total_bytes > self.max_bytes:
-                        raise BundleUnavailable(
+                        raise BundleTooLarge(
                             f"{bundle_def.uri}: more than {self.max_bytes} bytes "
                             "(S3_MAX_BUNDLE_BYTES)"
                         )
@@ -362,7 +368,7 @@ class BundleFetcher:
             _classify(exc, bundle_def, "ListObjectsV2")
         if not wanted:
             excluded = f" outside {list(self.excluded_prefixes)}" if self.excluded_prefixes else ""
-            raise BundleUnavailable(
+            raise BundleMissing(
                 f"{bundle_def.uri}: no objects under s3://{bundle_def.bucket}/"
                 f"{bundle_def.list_prefix}{excluded} (missing or empty prefix)"
             )
@@ -497,7 +503,8 @@ def _classify(
         if code in _TRANSIENT_CODES or status >= 500 or status == 429:
             raise BundleTransientError(f"{where}: {code} (HTTP {status}); will retry") from exc
         hint = f": {_HINTS[code]}" if code in _HINTS else ""
-        raise BundleUnavailable(f"{where}: {code} (HTTP {status}){hint}") from exc
+        missing = BundleMissing if code in ("NoSuchBucket", "NoSuchKey") else BundleUnavailable
+        raise missing(f"{where}: {code} (HTTP {status}){hint}") from exc
     kind = type(exc).__name__
     if isinstance(
         exc,

@@ -23,16 +23,19 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import APIKeyHeader
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
+from app.contract import RejectedEvent, StateChangeEvent
 from app.entrypoints import nets_page
+from app.entrypoints.limits import BodySizeLimit
 from app.entrypoints.responses import (
     AbortRequested,
     Enqueued,
@@ -43,7 +46,7 @@ from app.entrypoints.responses import (
     Readiness,
     error_responses,
 )
-from app.errors import InvalidRequest, NotFound, RequestRejected
+from app.errors import CallerKeyConflict, InvalidRequest, NotFound, RequestRejected
 from app.metrics import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
@@ -51,7 +54,13 @@ from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.usecases import intake
 from app.usecases.net_history import declared_nets, nets_overview
-from app.usecases.views import collect_status, job_detail, list_jobs, parse_job_state
+from app.usecases.views import (
+    collect_status,
+    job_detail,
+    job_detail_by_key,
+    page_jobs,
+    parse_job_state,
+)
 from models import IllegalTransition
 
 log = logging.getLogger(__name__)
@@ -62,6 +71,11 @@ PROBE_TIMEOUT_S = 3.0
 # Deadline for each /readyz dependency check.
 READY_TIMEOUT_S = 3.0
 JOBS_PAGE_MAX = 1000
+# The mutating routes' credential, declared as an OpenAPI API-key scheme so generated
+# clients know to send it; checked by hand (auto_error=False) for our own 401/403 words.
+API_KEY = APIKeyHeader(
+    name="X-API-Key", auto_error=False, description="equal to API_SECRET", scheme_name="ApiKey"
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -113,13 +127,30 @@ def create_app(
         summary="Federated-learning job queue and per-net NVFLARE server scaling",
         lifespan=lifespan,
     )
+    # Outermost: an oversized body is refused before anything reads or parses it.
+    app.add_middleware(BodySizeLimit, max_bytes=runtime.settings.api_max_body_bytes)
     app.state.runtime = runtime
     app.state.prober = prober
     _install_error_handlers(app)
     _install_health_routes(app, ctx)
     _install_status_routes(app, ctx)
     _install_job_routes(app, ctx)
+    _install_webhooks(app)
     return app
+
+
+def _install_webhooks(app: FastAPI) -> None:
+    """The status callbacks, as OpenAPI 3.1 `webhooks`: what CALLBACK_URL receives, POSTed
+    and signed (Standard Webhooks; the `signature` of `fl-dispatcher schema`). Documentation
+    only: these are requests the dispatcher makes, not routes it serves."""
+
+    @app.webhooks.post("state_change", operation_id="callback_state_change", status_code=200)
+    def state_change(event: StateChangeEvent) -> None:
+        """A job moved (one row of its history); any 2xx acknowledges it."""
+
+    @app.webhooks.post("rejected", operation_id="callback_rejected", status_code=200)
+    def rejected(event: RejectedEvent) -> None:
+        """An enqueue was refused and created no job; any 2xx acknowledges it."""
 
 
 def _error(status: int, detail: str, **more: Any) -> JSONResponse:
@@ -145,10 +176,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
         return _error(400, str(exc))
 
+    @app.exception_handler(CallerKeyConflict)
+    async def _key_conflict(_: Request, exc: CallerKeyConflict) -> JSONResponse:
+        # A reused caller_key with another payload: nothing was created or changed.
+        return _error(409, str(exc), reason_code="caller_key_conflict")
+
     @app.exception_handler(RequestRejected)
     async def _rejected(_: Request, exc: RequestRejected) -> JSONResponse:
         # 410: the id names a job whose enqueue was refused, not one still on its way.
-        return _error(410, str(exc))
+        return _error(410, str(exc), reason_code=exc.reason_code)
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -189,7 +225,7 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
     )
     broker_url = ctx.runtime.settings.broker_url
 
-    @app.get("/healthz", tags=["health"], response_model=Health)
+    @app.get("/healthz", tags=["health"], response_model=Health, operation_id="get_health")
     def healthz() -> dict[str, str]:
         """The process is up (no dependency checked)."""
         return {"status": "ok"}
@@ -197,6 +233,7 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
     @app.get(
         "/readyz",
         tags=["health"],
+        operation_id="get_readiness",
         response_model=Readiness,
         response_model_exclude_none=True,
         responses={503: {"model": Readiness, "description": "A dependency is unreachable."}},
@@ -215,6 +252,7 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
     @app.get(
         "/metrics",
         tags=["health"],
+        operation_id="get_metrics",
         response_class=PlainTextResponse,
         responses={200: {"description": "Prometheus text exposition format."}},
     )
@@ -242,6 +280,13 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     declared_names = {n.name for n in declared}
 
     @app.get("/fl/status", tags=["status"], response_model=FlStatus, responses=error_responses(503))
+    @app.get(
+        "/fl/status",
+        tags=["status"],
+        operation_id="get_fl_status",
+        response_model=FlStatus,
+        responses=error_responses(503),
+    )
     def fl_status() -> dict[str, Any]:
         """Every configured net and the queue; a failing net reports its own error."""
         return collect_status(ctx.runtime, ctx.prober, ctx.probe_timeout_s)
@@ -249,6 +294,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     @app.get(
         "/nets",
         tags=["status"],
+        operation_id="get_nets_page",
         response_class=HTMLResponse,
         responses={
             200: {"description": "The nets page (HTML, self-contained)."},
@@ -268,20 +314,45 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         return HTMLResponse(nets_page.render(overview))
 
     @app.get(
-        "/jobs", tags=["jobs"], response_model=JobList, responses=error_responses(400, 422, 503)
+        "/jobs",
+        tags=["jobs"],
+        operation_id="list_jobs",
+        response_model=JobList,
+        responses=error_responses(400, 422, 503),
     )
     def get_jobs(
         state: Annotated[str | None, Query(description="a job state, any case")] = None,
-        limit: Annotated[int, Query(ge=1, le=JOBS_PAGE_MAX)] = 100,
+        limit: Annotated[int, Query(ge=1, le=JOBS_PAGE_MAX, description="page size")] = 100,
+        cursor: Annotated[
+            str | None, Query(description="`next_cursor` of the previous page; omit for the first")
+        ] = None,
+        caller_key: Annotated[
+            str | None, Query(description="only the job this caller_key names")
+        ] = None,
     ) -> dict[str, Any]:
-        """Jobs, newest first."""
+        """Jobs, newest first, a page at a time (`next_cursor` is null on the last page)."""
         wanted = parse_job_state(state) if state is not None else None
         with ctx.runtime.sessions() as session:
-            return {"jobs": list_jobs(session, wanted, limit)}
+            return page_jobs(session, wanted, limit, cursor=cursor, caller_key=caller_key)
+
+    @app.get(
+        "/jobs/by-key/{caller_key:path}",
+        tags=["jobs"],
+        operation_id="get_job_by_caller_key",
+        response_model=JobDetail,
+        responses=error_responses(404, 410, 503),
+    )
+    def get_job_by_key(caller_key: str) -> dict[str, Any]:
+        """The job a caller_key names, with its history (410: its enqueue was refused)."""
+        with ctx.runtime.sessions() as session:
+            return job_detail_by_key(
+                session, caller_key, callbacks=ctx.runtime.settings.callbacks_enabled
+            )
 
     @app.get(
         "/jobs/{job_id}",
         tags=["jobs"],
+        operation_id="get_job",
         response_model=JobDetail,
         responses=error_responses(404, 410, 422, 503),
     )
@@ -318,9 +389,7 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
     runtime = ctx.runtime
     settings = runtime.settings
 
-    def require_api_key(
-        x_api_key: Annotated[str | None, Header(description="equal to API_SECRET")] = None,
-    ) -> None:
+    def require_api_key(x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> None:
         secret = settings.api_secret.get_secret_value()
         if not secret:
             raise _Refused(403, "mutating routes are disabled: API_SECRET is unset")
@@ -332,6 +401,7 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
     @app.post(
         "/jobs",
         tags=["jobs"],
+        operation_id="enqueue_job",
         status_code=201,
         dependencies=[Depends(require_api_key)],
         openapi_extra={
@@ -346,7 +416,7 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
                 "model": Enqueued,
                 "description": "The caller key already named a job: that job.",
             },
-            **error_responses(400, 401, 403, 422, 503),
+            **error_responses(400, 401, 403, 409, 413, 422, 503),
         },
     )
     async def post_job(request: Request, response: Response) -> dict[str, Any]:
@@ -366,6 +436,7 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
     @app.post(
         "/jobs/{job_id}/abort",
         tags=["jobs"],
+        operation_id="abort_job",
         dependencies=[Depends(require_api_key)],
         openapi_extra={
             "requestBody": {
@@ -374,7 +445,7 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             }
         },
         response_model=AbortRequested,
-        responses=error_responses(401, 403, 404, 409, 422, 503),
+        responses=error_responses(401, 403, 404, 409, 413, 422, 503),
     )
     async def post_abort(job_id: uuid.UUID, request: Request) -> dict[str, Any]:
         """Abort a job: QUEUED/ASSIGNED at once; an active job is ABORTING and a worker
@@ -419,4 +490,6 @@ def iter_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
     for route in app.routes:
         methods: set[str] = getattr(route, "methods", None) or set()
         for method in sorted(methods - {"HEAD"}):
-            yield method, getattr(route, "path", "")
+            # path_format drops converters ("{caller_key:path}" is "{caller_key}"), as the
+            # OpenAPI document names the path.
+            yield method, getattr(route, "path_format", getattr(route, "path", ""))

@@ -12,7 +12,9 @@ Exit codes: 0 ok, 1 the command failed (not found, bad input, unreachable), 2 se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 import time
 import uuid
@@ -22,9 +24,9 @@ from typing import Any, TextIO
 
 from sqlalchemy.exc import DBAPIError
 
-from app.errors import DispatcherError, SettingsError
+from app.errors import DispatcherError, RequestRejected, SettingsError
 from app.runtime import Runtime
-from app.settings import Settings
+from app.settings import Settings, redact_url
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -36,8 +38,16 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 # --- output ------------------------------------------------------------------------------
 
 
+# With --json, stdout carries the JSON document and nothing else: main() sends whatever else
+# is printed there to stderr (NVFLARE 2.9's admin client prints "Connecting to FLARE ..."
+# to stdout while a net is probed) and keeps the real stdout here for the document.
+_JSON_STDOUT: dict[str, TextIO] = {}
+
+
 def _print_json(data: Any, out: TextIO) -> None:
+    out = _JSON_STDOUT.get("out", out)
     out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    out.flush()
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
@@ -63,6 +73,12 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     data = settings.redacted()
     for net in data["nets"]:
         net["kit_problem"] = kit_endpoint_problem(settings.net(net["name"]))
+    if settings.data_dir_defaulted:
+        sys.stderr.write(
+            f"fl-dispatcher: warning: FL_DISPATCHER_DATA_DIR is unset, so the data folder is "
+            f"{settings.data_dir} (.fl-dispatcher under the current directory): set it to "
+            "use one folder whatever directory a command runs from\n"
+        )
     if args.json:
         _print_json(data, sys.stdout)
         return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS
@@ -161,11 +177,12 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         _print_json(jobs, sys.stdout)
         return EXIT_OK
     _table(
-        ["ID", "STATE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
+        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
         [
             [
                 j["id"],
                 j["state"],
+                j["reason_code"],
                 j["net"] or j["requested_net"],
                 j["caller_key"],
                 j["priority"],
@@ -180,6 +197,15 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fl-dispatcher")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _job_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
@@ -188,13 +214,19 @@ def _job_id(raw: str) -> uuid.UUID:
 
 
 def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
-    """One job with its history."""
-    from app.usecases.views import job_detail
+    """One job with its history, by id or by caller key."""
+    from app.usecases.views import job_detail, job_detail_by_key
 
+    if (args.job_id is None) == (args.key is None):
+        sys.stderr.write("fl-dispatcher: job: give a job ID or --key, not both\n")
+        return EXIT_FAILED
     runtime = _runtime(settings)
     try:
         with runtime.sessions() as session:
-            job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
+            if args.key is not None:
+                job = job_detail_by_key(session, args.key, callbacks=settings.callbacks_enabled)
+            else:
+                job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
     finally:
         runtime.close()
     if args.json:
@@ -205,8 +237,11 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
     sys.stdout.write("\nhistory:\n")
     _table(
-        ["AT", "FROM", "TO", "REASON"],
-        [[_when(e["at"]), e["from_state"], e["to_state"], e["reason"]] for e in history],
+        ["AT", "FROM", "TO", "CODE", "REASON"],
+        [
+            [_when(e["at"]), e["from_state"], e["to_state"], e["reason_code"], e["reason"]]
+            for e in history
+        ],
         sys.stdout,
     )
     return EXIT_OK
@@ -227,6 +262,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             net=args.net,
             priority=args.priority,
             max_attempts=args.max_attempts,
+            metadata=args.metadata,
         )
     except ValidationError as exc:
         for err in exc.errors():
@@ -296,6 +332,9 @@ def _fold_metrics_backlog(database_url: str) -> int:
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     """Alembic upgrade / downgrade / drift check on DATABASE_URL."""
+    # Alembic 1.16+ logs one INFO line per autogenerate plugin it sets up, on every command:
+    # noise around the one line that matters. Its migration lines stay.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from app import migrate
     from app.settings import redact_url
 
@@ -334,10 +373,11 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    """The JSON Schema of the three public task payloads, keyed by task name."""
-    from app.schemas import payload_schemas
+    """The public contract (app.contract): task payloads, callbacks, reason codes, job ids,
+    signatures."""
+    from app.contract import contract_document
 
-    _print_json(payload_schemas(), sys.stdout)
+    _print_json(contract_document(), sys.stdout)
     return EXIT_OK
 
 
@@ -513,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fl-dispatcher",
         description="Queue federated-learning jobs and scale each net's NVFLARE server.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Handler | None, help_: str) -> argparse.ArgumentParser:
@@ -538,28 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-timeout", type=float, default=3.0, metavar="S", help="per-net probe deadline"
     )
 
-    p = add("jobs", cmd_jobs, "list jobs, newest first")
-    p.add_argument("--state", help="only jobs in this state (any case)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    json_flag(p)
-
-    p = add("job", cmd_job, "one job with its history")
-    p.add_argument("job_id", type=_job_id, metavar="ID")
-    json_flag(p)
-
-    p = add("enqueue", cmd_enqueue, "queue a job (idempotent on --key)")
-    p.add_argument("--key", required=True, help="the caller's idempotency key")
-    p.add_argument("--definition", required=True, help="folder under JOB_ROOT, or s3:// URI")
-    p.add_argument("--site", action="append", metavar="S", help="a required site (repeat)")
-    p.add_argument("--net", help="run only on this net")
-    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    p.add_argument("--max-attempts", type=int, default=None, help="default MAX_ATTEMPTS")
-    json_flag(p)
-
-    p = add("abort", cmd_abort, "abort a job")
-    p.add_argument("job_id", type=_job_id, metavar="ID")
-    p.add_argument("--reason", default="aborted via the CLI")
-    json_flag(p)
+    _add_job_commands(add, json_flag)
 
     db = add("db", cmd_db, "database schema (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
@@ -580,15 +600,65 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add(
-        "schema", None, "print the JSON Schema of flip-api's task payloads, by task name"
+        "schema",
+        None,
+        "print the public contract as JSON: task payload and callback schemas, reason codes "
+        "with FLIP's statuses, the job-id rule, the signature scheme",
     ).set_defaults(handler=None, plain=cmd_schema)
 
     _add_simulate(add)
 
     _add_api_and_ready(add)
-
     _add_process_commands(add)
     return parser
+
+
+def _add_job_commands(
+    add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
+    json_flag: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    p = add("jobs", cmd_jobs, "list jobs, newest first")
+    p.add_argument("--state", help="only jobs in this state (any case)")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    json_flag(p)
+
+    p = add("job", cmd_job, "one job with its history, by ID or by --key")
+    p.add_argument("job_id", type=_job_id, metavar="ID", nargs="?", help="the job's id (a UUID)")
+    p.add_argument("--key", help="the caller_key flip-api enqueued it with, instead of ID")
+    json_flag(p)
+
+    p = add("enqueue", cmd_enqueue, "queue a job (idempotent on --key)")
+    p.add_argument("--key", required=True, help="the caller's idempotency key")
+    p.add_argument("--definition", required=True, help="folder under JOB_ROOT, or s3:// URI")
+    p.add_argument("--site", action="append", metavar="S", help="a required site (repeat)")
+    p.add_argument("--net", help="run only on this net")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--max-attempts", type=int, default=None, help="default MAX_ATTEMPTS")
+    p.add_argument(
+        "--metadata",
+        type=_json_object,
+        metavar="JSON",
+        help="a JSON object kept with the job and sent in its callbacks "
+        '(e.g. \'{"model_id": "m-42"}\')',
+    )
+    json_flag(p)
+
+    p = add("abort", cmd_abort, "abort a job")
+    p.add_argument("job_id", type=_job_id, metavar="ID", help="the job's id (a UUID)")
+    p.add_argument(
+        "--reason", default="aborted via the CLI", help="why, kept in its history (default: CLI)"
+    )
+    json_flag(p)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object ({...})")
+    return value
 
 
 def _graces(text: str) -> tuple[float, ...]:
@@ -652,8 +722,12 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     synthetic = p.add_argument_group("--synthetic")
-    synthetic.add_argument("--seed", type=int, default=0)
-    synthetic.add_argument("--days", type=float, default=30.0)
+    synthetic.add_argument(
+        "--seed", type=int, default=0, help="random seed of the synthetic trace (default 0)"
+    )
+    synthetic.add_argument(
+        "--days", type=float, default=30.0, help="length of the synthetic trace (default 30)"
+    )
     synthetic.add_argument(
         "--utilization",
         type=float,
@@ -666,11 +740,13 @@ def _add_api_and_ready(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
     p = add("api", cmd_api, "serve the status HTTP API")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
     _wait_flag(p)
     p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="per-check deadline (default 5)"
+    )
     p.add_argument(
         "--beat-ticked-within",
         type=float,
@@ -696,7 +772,9 @@ def _add_process_commands(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
     p = add("worker", cmd_worker, "run a Celery worker (its tasks show live in Celery Flower)")
-    p.add_argument("--concurrency", type=int, default=2, metavar="N")
+    p.add_argument(
+        "--concurrency", type=int, default=2, metavar="N", help="worker processes (default 2)"
+    )
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
     p.add_argument(
         "-Q",
@@ -713,7 +791,9 @@ def _add_process_commands(
     p.add_argument("kit", type=Path, metavar="KIT_DIR", help="the participant's folder")
     p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
-    p.add_argument("--idle-gap", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--idle-gap", type=float, default=5.0, metavar="S", help="pause between the two jobs"
+    )
     p.add_argument("--keep", action="store_true", help="keep the work folder")
 
 
@@ -734,16 +814,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"fl-dispatcher: {exc}\n")
         return EXIT_SETTINGS
     handler: Handler = args.handler
+    if not getattr(args, "json", False):
+        return _run(handler, args, settings)
+    _JSON_STDOUT["out"] = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run(handler, args, settings)
+    finally:
+        _JSON_STDOUT.clear()
+
+
+def _run(handler: Handler, args: argparse.Namespace, settings: Settings) -> int:
     try:
         return handler(args, settings)
+    except RequestRejected as exc:
+        sys.stderr.write(f"fl-dispatcher: {exc} (reason_code: {exc.reason_code})\n")
+        return EXIT_FAILED
     except DispatcherError as exc:  # NotFound, InvalidRequest, misconfiguration: say so
         sys.stderr.write(f"fl-dispatcher: {exc}\n")
         return EXIT_FAILED
     except DBAPIError as exc:
         # The driver's own first line (e.g. "connection refused"); not the SQL or its values.
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        if _missing_table(reason):
+            where = redact_url(settings.database_url)
+            sys.stderr.write(
+                f"fl-dispatcher: the database has no fl-dispatcher tables ({reason}): "
+                f"run `fl-dispatcher db upgrade` on {where}\n"
+            )
+            return EXIT_FAILED
         sys.stderr.write(f"fl-dispatcher: database error: {reason}\n")
         return EXIT_FAILED
+
+
+def _missing_table(reason: str) -> bool:
+    # SQLite: "no such table: jobs"; PostgreSQL: 'relation "jobs" does not exist'.
+    return reason.startswith("no such table") or (
+        reason.startswith("relation ") and reason.endswith("does not exist")
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models import JobState, NetState
+from models import JobState, NetState, ReasonCode
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
@@ -41,6 +41,10 @@ class ErrorResponse(_Response):
     errors: list[FieldError] | None = Field(
         default=None, description="422 only: each invalid field"
     )
+    reason_code: ReasonCode | None = Field(
+        default=None,
+        description="410 and a caller-key 409 only: `rejected` or `caller_key_conflict`",
+    )
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
@@ -51,7 +55,9 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         403: "Mutating routes are disabled (API_SECRET is unset).",
         404: "No such job.",
         410: "No such job: the enqueue that would have created it was rejected (the reason).",
-        409: "The job or net changed meanwhile; read it again.",
+        409: "The job or net changed meanwhile (read it again), or the caller_key already "
+        "names a job enqueued with another payload (reason_code caller_key_conflict).",
+        413: "The request body is larger than API_MAX_BODY_BYTES (refused unread).",
         422: "The request does not match its schema.",
         503: "The database is unavailable.",
     }
@@ -95,6 +101,9 @@ class JobView(_Response):
     retries: int
     nvflare_job_id: str | None
     last_error: str | None
+    reason_code: ReasonCode | None = Field(
+        description='why it ended (a terminal job only; README "Reason codes")'
+    )
     created_at: Timestamp
     state_changed_at: Timestamp
     assigned_at: Timestamp | None
@@ -108,7 +117,10 @@ class JobEventView(_Response):
     from_state: JobState | None
     to_state: JobState
     at: Timestamp
-    reason: str
+    reason: str = Field(description="why, for a person")
+    reason_code: ReasonCode | None = Field(
+        description="why, for a program: set on a move to a terminal state"
+    )
 
 
 class CallbackDelivery(_Response):
@@ -134,9 +146,12 @@ class JobDetail(JobView):
 
 
 class JobList(_Response):
-    """Jobs, newest first."""
+    """A page of jobs, newest first."""
 
     jobs: list[JobView]
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next page; null on the last page"
+    )
 
 
 class Enqueued(_Response):

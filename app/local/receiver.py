@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from app.adapters.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from app.adapters.callbacks import (
+    WEBHOOK_ID_HEADER,
+    WEBHOOK_SIGNATURE_HEADER,
+    WEBHOOK_TIMESTAMP_HEADER,
+    verify_webhook,
+)
 from app.procs import free_port
 
 HOST = "127.0.0.1"
@@ -104,10 +109,11 @@ class LocalReceiver:
         self.stop()
 
     def _verify(self, headers: Headers, body: bytes) -> bool:
-        timestamp, signature = headers[TIMESTAMP_HEADER], headers[SIGNATURE_HEADER]
-        if timestamp is None or signature is None:
-            return False
-        return verify(self.secret, timestamp, signature, body, now_s=time.time())
+        # The Standard Webhooks signature, which signs the event id as well.
+        names = (WEBHOOK_ID_HEADER, WEBHOOK_TIMESTAMP_HEADER, WEBHOOK_SIGNATURE_HEADER)
+        sent = {name: headers[name] for name in names}
+        present = {name: value for name, value in sent.items() if value is not None}
+        return verify_webhook(self.secret, present, body, now_s=time.time())
 
     def _handle(self, headers: Headers, items: dict[str, str], body: bytes) -> int:
         try:

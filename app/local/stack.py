@@ -62,6 +62,7 @@ class StackOptions:
     stuck_after_s: float = 60.0
     embedded_beat: bool = True  # worker --beat (one process) or a separate beat process
     concurrency: int = 2
+    api_port: int | None = None  # also serve the status HTTP API on this loopback port
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -150,6 +151,8 @@ class LocalStack:
         self.start_process("worker")
         if not self.options.embedded_beat:
             self.start_process("beat")
+        if self.options.api_port is not None:
+            self.start_process("api")
 
     def start_process(self, name: str) -> None:
         """Start one of the stack's processes, `worker` or `beat` (again, after a crash:
@@ -161,6 +164,8 @@ class LocalStack:
                 argv.append("--beat")
         elif name == "beat" and not self.options.embedded_beat:
             argv = [*cli, "beat"]
+        elif name == "api" and self.options.api_port is not None:
+            argv = [*cli, "api", "--host", "127.0.0.1", "--port", str(self.options.api_port)]
         else:
             raise ValueError(f"no such stack process: {name!r}")
         running = self.processes.get(name)

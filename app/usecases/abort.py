@@ -16,7 +16,7 @@ from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import services
 from app.usecases.scaling import kick, take_down
-from models import JobState, StrayRun
+from models import JobState, ReasonCode, StrayRun
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,29 @@ COMPLETED_BEFORE_ABORT = "run completed before the abort took effect"
 
 def run_outcome(
     run: RunState, detail: str, job_state: JobState, holds_for_report: bool
-) -> tuple[JobState, str]:
+) -> tuple[JobState, str, ReasonCode | None]:
     """How a job ends (or FINISHING: held for flip-api's report) once NVFLARE says its run
     finished, and the reason to record. One rule for the monitor and for an abort that
     found the run over: a completed run of a job flip-api asked to abort ends COMPLETED
     where that means "NVFLARE finished it", but ABORTED on a net that holds for results,
-    where COMPLETED would mean "results uploaded" and no report will ever come."""
+    where COMPLETED would mean "results uploaded" and no report will ever come. The code is
+    None for FINISHING (not an end)."""
     outcome = RUN_OUTCOMES.get(run, JobState.ABORTED)
     if outcome != JobState.COMPLETED or not holds_for_report:
-        return outcome, detail
+        return outcome, detail, _run_code(outcome, job_state)
     if job_state == JobState.RUNNING:
-        return JobState.FINISHING, detail
-    return JobState.ABORTED, f"{COMPLETED_BEFORE_ABORT} ({detail}); no results report: aborted"
+        return JobState.FINISHING, detail, None
+    reason = f"{COMPLETED_BEFORE_ABORT} ({detail}); no results report: aborted"
+    return JobState.ABORTED, reason, ReasonCode.ABORTED
+
+
+def _run_code(outcome: JobState, job_state: JobState) -> ReasonCode:
+    if outcome == JobState.COMPLETED:
+        return ReasonCode.RUN_COMPLETED
+    if outcome == JobState.FAILED:
+        return ReasonCode.RUN_FAILED
+    # An ABORTED run of a job being aborted is the abort it asked for.
+    return ReasonCode.ABORTED if job_state == JobState.ABORTING else ReasonCode.RUN_ABORTED
 
 
 def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
@@ -92,7 +103,9 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
                 reason=reason,
                 now=rt.clock(),
             )
-        services.finish_job(session, job_id, JobState.ABORTED, reason, rt.clock())
+        services.finish_job(
+            session, job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
+        )
     kick(rt)
     return JobState.ABORTED
 
@@ -115,12 +128,17 @@ def _settle_finished(
     holds = _holds_for_report(rt, net_name)
     try:
         status = rt.admin(net_name).job_status(nvflare_job_id)
-        outcome, detail = run_outcome(status.state, status.detail, JobState.ABORTING, holds)
+        outcome, detail, code = run_outcome(status.state, status.detail, JobState.ABORTING, holds)
     except DispatcherError as exc:
-        outcome, detail = JobState.ABORTED, str(exc)
+        outcome, detail, code = JobState.ABORTED, str(exc), ReasonCode.ABORTED
     with unit_of_work(rt.sessions) as session:
         services.finish_job(
-            session, job_id, outcome, f"finished before abort: {detail}", rt.clock()
+            session,
+            job_id,
+            outcome,
+            f"finished before abort: {detail}",
+            rt.clock(),
+            code=code or ReasonCode.ABORTED,  # an ABORTING job is never held: never None
         )
     kick(rt)
     return outcome
@@ -146,7 +164,14 @@ def expire_abort(rt: Runtime, job_id: uuid.UUID) -> JobState:
                 reason=reason,
                 now=rt.clock(),
             )
-        services.finish_job(session, job_id, JobState.ABORTED, reason, rt.clock())
+        services.finish_job(
+            session,
+            job_id,
+            JobState.ABORTED,
+            reason,
+            rt.clock(),
+            code=ReasonCode.ABORT_UNCONFIRMED,
+        )
     log.error("abort expired", extra={"job": str(job_id), "net": net_name, "reason": reason})
     if net_name is not None and _scales_to_zero(rt, net_name):
         take_down(rt, net_name, f"run of job {job_id} could not be aborted")

@@ -119,6 +119,7 @@ def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
         "to_state": event.to_state.value,
         "at": event.at.isoformat(),
         "reason": event.reason,
+        "reason_code": event.reason_code,
         "nvflare_job_id": event.nvflare_job_id,
         "attempt": event.attempt,
     }
@@ -133,6 +134,7 @@ def rejection_payload(rejection: RejectedRequest) -> dict[str, Any]:
         "job_id": str(rejection.job_id) if rejection.job_id is not None else None,
         "caller_key": rejection.caller_key,
         "reason": rejection.reason,
+        "reason_code": rejection.reason_code,
         "at": rejection.at.isoformat(),
     }
 

@@ -23,6 +23,9 @@ from app.adapters.jobdefs import check_available, materialize, prepare
 from app.adapters.nvflare.base import Readiness
 from app.db import unit_of_work
 from app.errors import (
+    BundleMissing,
+    BundleTooLarge,
+    BundleUnavailable,
     DispatcherError,
     InvalidRequest,
     JobOutcomeError,
@@ -33,7 +36,7 @@ from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import services
 from app.usecases.scaling import kick, net_misconfigured, scale_net, take_down
-from models import Job, JobState, NetState
+from models import Job, JobState, NetState, ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +197,25 @@ def _reject_definition(
         job = services.get_job(session, job_id, lock=True)
         if not _ours(job, attempt[0], net_name, attempt[1]):
             return StepResult(Step.SKIPPED, f"job moved on ({job.state}); not failed")
-        services.finish_job(session, job_id, JobState.FAILED, f"rejected: {exc}", rt.clock())
+        code = definition_code(exc)
+        # Never worded "rejected": that is a refused enqueue, which created no job.
+        services.finish_job(
+            session, job_id, JobState.FAILED, f"{code}: {exc}", rt.clock(), code=code
+        )
     _release_unstarted_net(rt, net_name, job_id)
     kick(rt)
     return StepResult(Step.GAVE_UP, str(exc))
+
+
+def definition_code(exc: DispatcherError) -> ReasonCode:
+    """Why a job's definition cannot run, as its reason code."""
+    if isinstance(exc, BundleMissing):
+        return ReasonCode.BUNDLE_MISSING
+    if isinstance(exc, BundleTooLarge):
+        return ReasonCode.BUNDLE_TOO_LARGE
+    if isinstance(exc, BundleUnavailable):
+        return ReasonCode.BUNDLE_UNAVAILABLE
+    return ReasonCode.DEFINITION_INVALID
 
 
 def _release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> None:

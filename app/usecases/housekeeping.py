@@ -31,7 +31,16 @@ from app.usecases.abort import (
 )
 from app.usecases.dispatch import abandon_dispatch, requeue_after_transient, submit_try_s
 from app.usecases.scaling import kick, net_misconfigured, scale_net, stop_net, take_down
-from models import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, Job, JobState, Net, NetState, StrayRun
+from models import (
+    ACTIVE_JOB_STATES,
+    TERMINAL_JOB_STATES,
+    Job,
+    JobState,
+    Net,
+    NetState,
+    ReasonCode,
+    StrayRun,
+)
 
 log = logging.getLogger(__name__)
 
@@ -243,18 +252,27 @@ def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
 
 
 def _expire_report_waits(rt: Runtime) -> dict[str, str]:
-    """FINISHING jobs whose results report never came within REPORT_TIMEOUT_S: settled per
-    REPORT_TIMEOUT_OUTCOME, so a lost report cannot hold a server up forever."""
+    """FINISHING jobs whose results report never came within their net's report timeout
+    (`report_timeout_s`, else REPORT_TIMEOUT_S): settled per REPORT_TIMEOUT_OUTCOME, so a
+    lost report cannot hold a server up forever."""
     now = rt.clock()
-    deadline = now - timedelta(seconds=rt.settings.report_timeout_s)
+    settings = rt.settings
+    shortest = min(
+        [settings.report_timeout_s] + [settings.report_timeout_for(n.name) for n in settings.nets]
+    )
     with rt.sessions() as session:
-        overdue = list(
-            session.execute(
-                select(Job.id, Job.state_changed_at).where(
-                    Job.state == JobState.FINISHING, Job.state_changed_at < deadline
-                )
+        # The shortest timeout bounds the read; each job is then held to its own net's.
+        candidates = session.execute(
+            select(Job.id, Job.state_changed_at, Job.net_name).where(
+                Job.state == JobState.FINISHING,
+                Job.state_changed_at < now - timedelta(seconds=shortest),
             )
         )
+        overdue = [
+            (job_id, since)
+            for job_id, since, net_name in candidates
+            if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
+        ]
     outcome = (
         JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
     )
@@ -339,12 +357,12 @@ def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> 
             state = _watched_state(session, job)
             if state is None:
                 return STALE
-            outcome, detail = run_outcome(status.state, status.detail, state, holds)
-            hold = outcome == JobState.FINISHING
-            if hold:
+            outcome, detail, code = run_outcome(status.state, status.detail, state, holds)
+            if code is None:
                 services.hold_for_report(session, job.job_id, detail, rt.clock())
             else:
-                services.finish_job(session, job.job_id, outcome, detail, rt.clock())
+                services.finish_job(session, job.job_id, outcome, detail, rt.clock(), code=code)
+            hold = code is None
         if hold:
             return "finishing: waiting for flip-api's results report"
         kick(rt)
@@ -409,7 +427,9 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
                 reason=reason,
                 now=rt.clock(),
             )
-        services.finish_job(session, job.job_id, JobState.FAILED, reason, rt.clock())
+        services.finish_job(
+            session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
+        )
     log.error("run overran", extra={"job": str(job.job_id), "net": job.net_name, "reason": reason})
     if not confirmed and rt.settings.net(job.net_name).scales_to_zero:
         take_down(rt, job.net_name, f"overrun of job {job.job_id} could not be aborted")
@@ -438,7 +458,9 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
                 now=rt.clock(),
             )
         if state == JobState.ABORTING:
-            services.finish_job(session, job.job_id, JobState.ABORTED, reason, rt.clock())
+            services.finish_job(
+                session, job.job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
+            )
             outcome = "aborted"
         elif rt.settings.lost_job_policy == "requeue":
             outcome = (
@@ -447,7 +469,14 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
                 else "failed"
             )
         else:
-            services.finish_job(session, job.job_id, JobState.FAILED, reason, rt.clock())
+            services.finish_job(
+                session,
+                job.job_id,
+                JobState.FAILED,
+                reason,
+                rt.clock(),
+                code=ReasonCode.SERVER_LOST,
+            )
             outcome = "failed"
     log.warning(
         "run lost",
@@ -566,6 +595,7 @@ def _settle_undeclared(rt: Runtime) -> list[str]:
                         JobState.FAILED,
                         f"an earlier run may still be live: {undeclared_reason(net_name)}",
                         rt.clock(),
+                        code=ReasonCode.NET_REMOVED,
                     )
             log.error(
                 "stray run on an undeclared net dropped",
@@ -585,13 +615,22 @@ def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -
         if job.state == JobState.ASSIGNED:
             services.requeue_job(session, job_id, reason, rt.clock(), count_attempt=False)
             if job.requested_net == net_name:
-                services.finish_job(session, job_id, JobState.FAILED, reason, rt.clock())
+                services.finish_job(
+                    session,
+                    job_id,
+                    JobState.FAILED,
+                    reason,
+                    rt.clock(),
+                    code=ReasonCode.NET_REMOVED,
+                )
                 return "failed: pinned to an undeclared net"
             return "requeued from an undeclared net"
         if job.state == JobState.FINISHING:
             return ""
         outcome = JobState.ABORTED if job.state == JobState.ABORTING else JobState.FAILED
-        services.finish_job(session, job_id, outcome, reason, rt.clock())
+        services.finish_job(
+            session, job_id, outcome, reason, rt.clock(), code=ReasonCode.NET_REMOVED
+        )
     log.error("job on an undeclared net settled", extra={"job": str(job_id), "net": net_name})
     return f"{outcome.lower()}: on undeclared net {net_name}"
 

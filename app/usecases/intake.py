@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from app import names
 from app.db import unit_of_work
+from app.errors import CallerKeyConflict, InvalidRequest
 from app.runtime import Runtime
 from app.schemas import EnqueueJob, ReportJobStatus, storable
 from app.usecases import services
-from models import JobState
+from models import JobState, ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,21 @@ def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
     return Submitted(result, notified)
 
 
-def reject_enqueue(rt: Runtime, caller_key: str | None, reason: str) -> None:
+def reject_enqueue(
+    rt: Runtime,
+    caller_key: str | None,
+    reason: str,
+    code: ReasonCode = ReasonCode.REJECTED,
+) -> None:
     """Record a refused enqueue for REJECTED_RETENTION_S and say so in one log line. With
     CALLBACK_URL set the record is also a `rejected` event: the commit kicks its delivery
     like any job move's (`callbacks.send_after_commit`), and beat's sweep finds it if that
     kick is lost; nothing here waits for the receiver."""
     shown = storable(caller_key) if caller_key is not None else None
-    log.warning("enqueue rejected", extra={"caller_key": shown, "reason": storable(reason)})
+    log.warning(
+        "enqueue rejected",
+        extra={"caller_key": shown, "reason": storable(reason), "code": str(code)},
+    )
     with unit_of_work(rt.sessions) as session:
         services.record_rejection(
             session,
@@ -53,7 +62,20 @@ def reject_enqueue(rt: Runtime, caller_key: str | None, reason: str) -> None:
             rt.clock(),
             rt.settings.rejected_retention_s,
             callbacks=rt.settings.callbacks_enabled,
+            code=code,
         )
+
+
+def refuse_enqueue(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> ReasonCode:
+    """Record a refused enqueue with its code: `caller_key_conflict` when the key names a
+    job enqueued with another payload, `rejected` for anything else. Returns the code."""
+    code = (
+        ReasonCode.CALLER_KEY_CONFLICT
+        if isinstance(exc, CallerKeyConflict)
+        else ReasonCode.REJECTED
+    )
+    reject_enqueue(rt, caller_key, str(exc), code)
+    return code
 
 
 @dataclass(frozen=True)

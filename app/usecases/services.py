@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.adapters.s3_bundles import parse_s3_definition
-from app.errors import InvalidRequest, NotFound
+from app.errors import CallerKeyConflict, InvalidRequest, NotFound
 from app.schemas import (
     EnqueueJob,
     ReportedStatus,
@@ -39,6 +39,7 @@ from models import (
     JobState,
     Net,
     NetState,
+    ReasonCode,
     RejectedRequest,
     StrayRun,
 )
@@ -187,10 +188,11 @@ def job_folder(settings: Settings, definition: str) -> Path:
 def enqueue_job(
     session: Session, settings: Settings, request: EnqueueJob, now: datetime
 ) -> Enqueued:
-    """Queue a job; the same caller key twice returns the first job."""
+    """Queue a job; the same caller key twice with the same payload returns the first job,
+    with another payload is a CallerKeyConflict."""
     existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
     if existing is not None:
-        return Enqueued(existing.id, created=False, state=existing.state)
+        return _repeat(existing, request)
 
     sites = list(request.required_sites)
     if request.net is not None:
@@ -229,6 +231,7 @@ def enqueue_job(
         now=now,
         job_id=job_id_for(request.caller_key),
         metadata=request.metadata,
+        request_digest=request.digest(),
     )
     try:
         # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
@@ -242,9 +245,48 @@ def enqueue_job(
         )
         if winner is None:  # pragma: no mutate (the race path, as above)
             raise
-        return Enqueued(winner.id, created=False, state=winner.state)  # pragma: no mutate
+        return _repeat(winner, request)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     return Enqueued(job.id, created=True, state=job.state)
+
+
+def _repeat(existing: Job, request: EnqueueJob) -> Enqueued:
+    """A repeat of an enqueue: the same request (a retry) names the existing job; another
+    payload under the same key is refused, since answering with the first job would let the
+    caller believe its new request was queued."""
+    if existing.request_digest is not None and existing.request_digest != request.digest():
+        raise CallerKeyConflict(
+            f"caller_key {request.caller_key!r} already names job {existing.id} "
+            f"({existing.state.value}), enqueued with a different payload"
+            f"{_differences(existing, request)}; a new job needs a new caller_key"
+        )
+    return Enqueued(existing.id, created=False, state=existing.state)
+
+
+def _differences(job: Job, request: EnqueueJob) -> str:
+    """The fields that visibly differ, for the message (the digest decides)."""
+    differ = [
+        name
+        for name, sent, kept in (
+            ("net", request.net, job.requested_net),
+            ("priority", request.priority, job.priority),
+            ("metadata", request.metadata, job.metadata_),
+        )
+        if sent != kept
+    ]
+    if request.required_sites and sorted(request.required_sites) != sorted(job.required_sites):
+        differ.append("required_sites")
+    if request.max_attempts is not None and request.max_attempts != job.max_attempts:
+        differ.append("max_attempts")
+    return f" (differs in: {', '.join(differ)})" if differ else ""
+
+
+def get_job_by_key(session: Session, caller_key: str) -> Job:
+    """The job a caller_key names; NotFound if none."""
+    job = session.scalar(select(Job).where(Job.caller_key == caller_key))
+    if job is None:
+        raise NotFound(f"no job with caller_key {caller_key!r}")
+    return job
 
 
 def _active_job_on(net_name_column: object) -> object:
@@ -522,23 +564,33 @@ def mark_dispatched(
 
 
 def finish_job(
-    session: Session, job_id: uuid.UUID, outcome: JobState, reason: str, now: datetime
+    session: Session,
+    job_id: uuid.UUID,
+    outcome: JobState,
+    reason: str,
+    now: datetime,
+    *,
+    code: ReasonCode,
 ) -> bool:
-    """Move an active job to a terminal state and free its net. Returns False if the job
-    was already terminal (a repeated signal is not an error)."""
+    """Move an active job to a terminal state, `code` saying why (models.reasons), and free
+    its net. Returns False if the job was already terminal (a repeated signal is not an
+    error)."""
     if outcome not in TERMINAL_JOB_STATES:
         raise ValueError(f"{outcome} is not a terminal state")  # pragma: no mutate (a bug's text)
     job = get_job(session, job_id, lock=True)
     if job.state in TERMINAL_JOB_STATES:
         return False
     if outcome == JobState.FAILED:
-        job.fail(reason, now)
+        job.fail(reason, now, code)
     else:
-        job.transition(outcome, now, reason)
+        job.transition(outcome, now, reason, code=code)
     session.flush()
     if job.net_name is not None:
         release_net(session, job.net_name, now)
-    log.info("job finished", extra={"job": str(job_id), "state": str(outcome), "reason": reason})
+    log.info(
+        "job finished",
+        extra={"job": str(job_id), "state": str(outcome), "reason": reason, "code": str(code)},
+    )
     return True
 
 
@@ -551,14 +603,20 @@ class AbortDecision:
     needs_server_abort: bool
 
 
-def abort_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -> AbortDecision:
+def abort_job(
+    session: Session,
+    job_id: uuid.UUID,
+    reason: str,
+    now: datetime,
+    code: ReasonCode = ReasonCode.ABORTED,
+) -> AbortDecision:
     """Abort as far as SQL can: QUEUED, ASSIGNED or FINISHING (the run is over) -> ABORTED at
     once (net released); DISPATCHING or RUNNING -> ABORTING (the server must be told);
     terminal -> unchanged."""
     job = get_job(session, job_id, lock=True)
     if job.state in (JobState.QUEUED, JobState.ASSIGNED, JobState.FINISHING):
         net_name = job.net_name
-        job.transition(JobState.ABORTED, now, reason)
+        job.transition(JobState.ABORTED, now, reason, code=code)
         session.flush()
         if net_name is not None:
             release_net(session, net_name, now)
@@ -570,10 +628,10 @@ def abort_job(session: Session, job_id: uuid.UUID, reason: str, now: datetime) -
 
 
 _REPORTED_OUTCOME = {
-    ReportedStatus.RESULTS_UPLOADED: JobState.COMPLETED,
-    ReportedStatus.RESULTS_UPLOAD_FAILED: JobState.FAILED,
-    ReportedStatus.ERROR: JobState.FAILED,
-    ReportedStatus.STOPPED: JobState.ABORTED,
+    ReportedStatus.RESULTS_UPLOADED: (JobState.COMPLETED, ReasonCode.RESULTS_UPLOADED),
+    ReportedStatus.RESULTS_UPLOAD_FAILED: (JobState.FAILED, ReasonCode.RESULTS_UPLOAD_FAILED),
+    ReportedStatus.ERROR: (JobState.FAILED, ReasonCode.REPORTED_ERROR),
+    ReportedStatus.STOPPED: (JobState.ABORTED, ReasonCode.REPORTED_STOPPED),
 }
 
 
@@ -596,7 +654,7 @@ def expire_report_wait(
         return False
     reason = f"{REPORT_TIMEOUT_REASON} within {waited_s:.0f}s"
     log.warning("report timeout", extra={"job": str(job_id), "outcome": str(outcome)})
-    return finish_job(session, job_id, outcome, reason, now)
+    return finish_job(session, job_id, outcome, reason, now, code=ReasonCode.REPORT_TIMEOUT)
 
 
 CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
@@ -610,6 +668,7 @@ def record_rejection(
     retention_s: float,
     *,
     callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
+    code: ReasonCode = ReasonCode.REJECTED,
 ) -> RejectedRequest:
     """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
@@ -622,6 +681,7 @@ def record_rejection(
         job_id=job_id_for(caller_key) if caller_key and valid_key else None,
         caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
         reason=storable(reason)[:4000],
+        reason_code=code,
         at=now,
     )
     session.add(rejection)
@@ -662,7 +722,7 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
             # Its submit may land yet: stopped like an abort (ABORTING until the server was
             # told, which dispatch does once the run lands, within ABORT_TIMEOUT_S at most),
             # so the net is not handed to the next job while this one's run may still land.
-            return abort_job(session, job.id, reason, now).state
+            return abort_job(session, job.id, reason, now, ReasonCode.REPORTED_STOPPED).state
         if job.state in (JobState.RUNNING, JobState.ABORTING) and job.net_name is not None:
             # NVFLARE has not said the run is over (an ABORTING job's abort may not have
             # reached its server yet): until its server does, the run counts for nobody and
@@ -676,5 +736,6 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
                 reason=reason,
                 now=now,
             )
-        finish_job(session, job.id, _REPORTED_OUTCOME[report.status], reason, now)
+        outcome, code = _REPORTED_OUTCOME[report.status]
+        finish_job(session, job.id, outcome, reason, now, code=code)
     return job.state

@@ -10,6 +10,7 @@ and must not count as an outage).
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.adapters.drivers import Observation
@@ -25,6 +26,7 @@ from app.adapters.nvflare.base import ServerState
 from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
+from app.schemas import job_id_for
 from app.usecases import services
 from app.usecases.callbacks import delivery_status
 from models import (
@@ -63,6 +65,7 @@ def job_view(job: Job) -> dict[str, Any]:
         "retries": job.retries,
         "nvflare_job_id": job.nvflare_job_id,
         "last_error": job.last_error,
+        "reason_code": job.reason_code,
         "created_at": _iso(job.created_at),
         "state_changed_at": _iso(job.state_changed_at),
         "assigned_at": _iso(job.assigned_at),
@@ -82,7 +85,8 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
         if rejection is None:
             raise
         raise RequestRejected(
-            f"job {job_id}: rejected at {_iso(rejection.at)}: {rejection.reason}"
+            f"job {job_id}: rejected at {_iso(rejection.at)}: {rejection.reason}",
+            reason_code=rejection.reason_code,
         ) from None
     events = session.scalars(
         select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.at, JobEvent.id)
@@ -94,6 +98,7 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
             "to_state": e.to_state.value,
             "at": _iso(e.at),
             "reason": e.reason,
+            "reason_code": e.reason_code,
         }
         for e in events
     ]
@@ -127,11 +132,68 @@ def parse_job_state(raw: str) -> JobState:
 
 
 def list_jobs(session: Session, state: JobState | None, limit: int) -> list[dict[str, Any]]:
-    """Jobs, newest first, optionally in one state."""
-    stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit)
+    """Jobs, newest first, optionally in one state (the first page)."""
+    jobs: list[dict[str, Any]] = page_jobs(session, state, limit)["jobs"]
+    return jobs
+
+
+def _encode_cursor(job: Job) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|")
+        return datetime.fromisoformat(created), uuid.UUID(job_id)
+    except ValueError:
+        raise InvalidRequest("cursor is not one this API returned") from None
+
+
+def page_jobs(
+    session: Session,
+    state: JobState | None,
+    limit: int,
+    *,
+    cursor: str | None = None,
+    caller_key: str | None = None,
+) -> dict[str, Any]:
+    """A page of jobs, newest first, and the cursor of the next one (None on the last).
+    Keyset pagination on (created_at, id): a job enqueued meanwhile never shifts a page."""
+    stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit + 1)
     if state is not None:
         stmt = stmt.where(Job.state == state)
-    return [job_view(job) for job in session.scalars(stmt)]
+    if caller_key is not None:
+        stmt = stmt.where(Job.caller_key == caller_key)
+    if cursor is not None:
+        created, after = _decode_cursor(cursor)
+        stmt = stmt.where(
+            or_(Job.created_at < created, and_(Job.created_at == created, Job.id > after))
+        )
+    jobs = list(session.scalars(stmt))
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return {
+        "jobs": [job_view(job) for job in jobs],
+        "next_cursor": _encode_cursor(jobs[-1]) if more else None,
+    }
+
+
+def job_detail_by_key(
+    session: Session, caller_key: str, *, callbacks: bool = False
+) -> dict[str, Any]:
+    """The job a caller_key names, as `job_detail` shows it (RequestRejected when its enqueue
+    was refused, NotFound when there is neither)."""
+    job = session.scalar(select(Job.id).where(Job.caller_key == caller_key))
+    try:
+        return job_detail(
+            session, job if job is not None else job_id_for(caller_key), callbacks=callbacks
+        )
+    except RequestRejected:
+        raise
+    except NotFound:
+        raise NotFound(f"no job with caller_key {caller_key!r}") from None
 
 
 @dataclass(frozen=True)

@@ -111,10 +111,11 @@ def bundle(tmp_path_factory) -> dict[str, bytes]:
 def readme_verify_callback() -> Callable[..., bool]:
     """The README's verification snippet, executed as flip-api would copy it."""
     section = README.read_text().split("## Status callbacks", 1)[1]
-    found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None, "the README lost its verification snippet"
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    found = [block for block in blocks if "def verify_callback(" in block]
+    assert found, "the README lost its verification snippet"
     namespace: dict[str, Any] = {}
-    exec(found.group(1), namespace)
+    exec(found[0], namespace)
     return namespace["verify_callback"]  # type: ignore[no-any-return]
 
 

@@ -16,7 +16,7 @@ from app.sim.simulation import beat_loops, settings_for
 from app.sim.trace import parse_trace
 from app.sim.workload import NetSpec, WorldSpec
 from app.usecases import housekeeping, services
-from models import JobState
+from models import JobState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -147,7 +147,9 @@ def test_an_unpinned_job_that_is_over_makes_no_net_awaited(two_nets):
     done = world.enqueue("done", required_sites=["site-1"])  # could have run on any net
     world.run_pipeline(done)
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, done, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session, done, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
+        )
     running = world.enqueue("running", net="net-a")
     world.run_pipeline(running)
     calls = polled(world, "net-a", "net-b")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
 from app.usecases import callbacks, housekeeping, intake, services
-from models import CallbackReceiver, Job, JobEvent, JobState, RejectedRequest
+from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode, RejectedRequest
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -169,14 +170,34 @@ def test_verify_accepts_the_signed_body_and_nothing_else():
     assert headers["X-FL-Dispatcher-Event-Id"] == "7"
 
 
-def _readme_snippet() -> str:
+def _readme_snippet(function: str) -> str:
     text = README.read_text()
     section = text.split("## Status callbacks", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    return next(block for block in blocks if f"def {function}(" in block)
+
+
+def test_the_readme_standard_webhooks_snippet_accepts_a_real_request_and_refuses_forgeries():
+    from standardwebhooks.webhooks import WebhookVerificationError
+
+    namespace: dict[str, Any] = {}
+    exec(_readme_snippet("verify_event"), namespace)
+    verify_event = namespace["verify_event"]
+    body = encode_body({"event_id": 1, "to_state": "RUNNING"})
+    headers = signed_headers(SECRET, int(time.time()), body, 1)
+    assert verify_event(SECRET, headers, body) == {"event_id": 1, "to_state": "RUNNING"}
+    for forged in (
+        (SECRET, {**headers, "webhook-id": "2"}, body),  # the id is signed
+        ("wrong-secret-wrong-secret", headers, body),
+        (SECRET, headers, body.replace(b"RUNNING", b"FAILED")),
+        (SECRET, signed_headers(SECRET, int(time.time()) - 3600, body, 1), body),
+    ):
+        with pytest.raises(WebhookVerificationError):
+            verify_event(*forged)
 
 
 def test_the_readme_verification_snippet_accepts_a_real_request_and_refuses_forgeries():
-    code = _readme_snippet()
+    code = _readme_snippet("verify_callback")
     assert len([line for line in code.splitlines() if line.strip()]) <= 10
     namespace: dict[str, Any] = {}
     exec(code, namespace)
@@ -247,12 +268,14 @@ def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
         "to_state": "QUEUED",
         "at": cb.job(job_id).created_at.isoformat(),
         "reason": "enqueued",
+        "reason_code": None,
         "nvflare_job_id": None,
         "attempt": 0,
     }
     assert (running["nvflare_job_id"], running["attempt"]) == ("nv-1", 0)
     assert running["metadata"] == first["metadata"]
     assert (done["from_state"], done["nvflare_job_id"]) == ("RUNNING", "nv-1")
+    assert done["reason_code"] == "run_completed"
 
     assert deliver(cb, receiver).delivered == 0  # nothing is sent twice
     assert len(receiver.requests) == 5
@@ -493,7 +516,9 @@ def test_the_delivery_task_is_sent_through_the_outbox_after_the_commit(cb):
 
     outbox.sent.clear()
     with pytest.raises(RuntimeError), cb.rt.sessions.begin() as session:
-        services.get_job(session, job_id).fail("about to roll back", cb.clock())
+        services.get_job(session, job_id).fail(
+            "about to roll back", cb.clock(), ReasonCode.REPORTED_ERROR
+        )
         session.flush()
         raise RuntimeError("the use case failed after its move")
     assert outbox.sent == []  # a rolled-back move sends nothing
@@ -637,6 +662,7 @@ def test_a_refused_enqueue_is_pushed_as_a_rejected_event_signed_with_its_own_id(
         "job_id": str(job_id_for("flip-run-9")),
         "caller_key": "flip-run-9",
         "reason": refused["rejected"],
+        "reason_code": "rejected",
         "at": cb.clock().isoformat(),
     }
     assert "unknown net 'nope'" in first["reason"]
@@ -806,3 +832,28 @@ def test_callbacks_off_keep_no_rejection_past_its_retention_and_send_nothing(
     with world.rt.sessions() as session:
         assert services.get_rejection(session, job_id_for("old")) is None
     assert receiver.requests == []
+
+
+def test_a_reused_caller_key_with_another_payload_is_a_rejected_event_and_changes_nothing(
+    task_rt, receiver
+):
+    from tasks import public
+
+    cb = task_rt
+    payload = {"caller_key": "flip-run-10", "definition": "tiny-job", "net": "net-a"}
+    first = public.enqueue_job.run(payload=payload)
+    assert public.enqueue_job.run(payload=payload) == {**first, "created": False}
+    conflict = public.enqueue_job.run(payload={**payload, "priority": 7})
+    assert conflict["reason_code"] == "caller_key_conflict"
+    assert conflict["rejected"].startswith(
+        f"caller_key 'flip-run-10' already names job {first['job_id']}"
+    )
+    row = rejection_row(cb, "flip-run-10")
+    assert (row.reason_code, row.job_id) == ("caller_key_conflict", job_id_for("flip-run-10"))
+    assert cb.job(uuid.UUID(first["job_id"])).priority == 0
+
+    deliver(cb, receiver)
+    rejected = [p for p, _, _ in receiver.requests if p["kind"] == "rejected"]
+    assert [(p["reason_code"], p["job_id"]) for p in rejected] == [
+        ("caller_key_conflict", first["job_id"])
+    ]

@@ -11,7 +11,7 @@ import pytest
 from app.errors import BundleUnavailable, DriverMisconfigured, DriverTransientError
 from app.usecases import dispatch, services
 from app.usecases.dispatch import Step, StepResult
-from models import JobState, NetState
+from models import JobState, NetState, ReasonCode
 from tests.unit.scale_history import scale_decisions
 
 
@@ -34,7 +34,9 @@ def test_scale_up_says_what_it_did_with_the_net(world):
     assert dispatch.check_ready(world.rt, cold, "net-a", 0) == StepResult(Step.DONE, "ready")
     assert dispatch.dispatch(world.rt, cold, "net-a", 0).step == Step.DONE
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, cold, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session, cold, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
+        )
     warm = _claim(world, "net-a", "warm")
     assert dispatch.scale_up(world.rt, warm, "net-a", 0) == StepResult(
         Step.DONE, "server already up", warm=True
@@ -60,7 +62,12 @@ def test_a_bundle_that_cannot_be_fetched_fails_the_job_saying_why(world, monkeyp
     result = dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert result == StepResult(Step.GAVE_UP, "s3://bucket/j.zip is gone")
     job = world.job(job_id)
-    assert (job.state, job.last_error) == (JobState.FAILED, "rejected: s3://bucket/j.zip is gone")
+    # Worded by its code, never "rejected" (that is a refused enqueue, which has no job).
+    assert (job.state, job.reason_code, job.last_error) == (
+        JobState.FAILED,
+        "bundle_unavailable",
+        "bundle_unavailable: s3://bucket/j.zip is gone",
+    )
 
 
 def test_a_driver_found_misconfigured_by_scale_up_says_why_on_the_net(world):

@@ -10,7 +10,7 @@ from sqlalchemy import event
 
 from app.settings import Settings
 from app.usecases import services
-from models import JobState, NetState
+from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -63,7 +63,9 @@ def test_a_placeable_job_goes_to_the_warmest_free_net(many: World):
     warm = many.enqueue("warm", net="net-30")
     many.run_pipeline(warm)
     with many.rt.sessions.begin() as session:
-        services.finish_job(session, warm, JobState.COMPLETED, "done", many.clock())
+        services.finish_job(
+            session, warm, JobState.COMPLETED, "done", many.clock(), code=ReasonCode.RUN_COMPLETED
+        )
     assert many.net("net-30").state == NetState.READY
     pinned = many.enqueue("pinned", net="net-12", priority=5)
     anywhere = many.enqueue("anywhere", required_sites=["site-1"])

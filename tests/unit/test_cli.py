@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import logging
+import os
 import sqlite3
 import uuid
 from datetime import timedelta
@@ -227,6 +229,24 @@ def test_job_json_has_the_history(capsys, db, world):
     assert code == 0 and "history:" in out and "ASSIGNED" in out
 
 
+def test_job_by_caller_key_shows_the_reason_code_of_its_end(capsys, world):
+    code, out, _ = run(capsys, "job", "--key", "third", "--json")
+    assert code == 0
+    job = json.loads(out)
+    assert (job["id"], job["state"], job["reason_code"]) == (
+        str(world["third"]),
+        "ABORTED",
+        "aborted",
+    )
+    assert job["history"][-1]["reason_code"] == "aborted"
+    code, out, _ = run(capsys, "job", "--key", "third")
+    assert code == 0 and "reason_code       aborted" in out
+    code, _, err = run(capsys, "job", "--key", "nobody")
+    assert code == 1 and "no job with caller_key 'nobody'" in err
+    code, _, err = run(capsys, "job")
+    assert code == 1 and "give a job ID or --key" in err
+
+
 def test_job_unknown_and_malformed_ids(capsys, world):
     code, _, err = run(capsys, "job", str(uuid.uuid4()))
     assert code == 1 and "not found" in err
@@ -257,9 +277,13 @@ def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db,
     assert code == 0
     first = json.loads(out)
     assert first["created"] is True and first["state"] == "QUEUED" and first["notified"] is True
-    code, out, _ = run(capsys, *argv, "--json")
+    code, out, _ = run(capsys, *argv, "--net", "net-b", "--priority", "5", "--json")
     assert json.loads(out)["job_id"] == first["job_id"]
     assert json.loads(out)["created"] is False
+    # The same key with another payload is refused, saying so, and changes nothing.
+    code, out, err = run(capsys, *argv, "--json")
+    assert (code, out) == (1, "")
+    assert "already names job" in err and "different payload" in err
     with db() as session:
         job = session.scalars(select(Job)).one()
         assert (job.required_sites, job.requested_net, job.priority) == (["site-9"], "net-b", 5)
@@ -498,7 +522,7 @@ def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys,
 
     monkeypatch.setenv("PER_JOB_FL_SERVER", "maybe")  # settings would fail; not needed here
     assert main(["schema"]) == 0
-    schemas = json.loads(capsys.readouterr().out)
+    schemas = json.loads(capsys.readouterr().out)["tasks"]
     assert set(schemas) == {
         "fl_dispatcher.enqueue_job",
         "fl_dispatcher.abort_job",
@@ -518,3 +542,135 @@ def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys,
         else:
             accepted = True
         assert accepted is valid, (task, payload)
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "fl-dispatcher"):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, f"{path} {name}")
+
+
+def test_every_option_and_argument_has_help_text():
+    missing = [
+        f"{path} {action.option_strings or action.dest}"
+        for path, parser in _parsers(build_parser())
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction | argparse._HelpAction)
+        and not action.help
+    ]
+    assert missing == []
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fl-dispatcher {version('fl-dispatcher')}"
+
+
+def test_enqueue_takes_metadata_as_a_json_object(capsys, db, cli_env):
+    argv = ["enqueue", "--key", "meta-1", "--definition", "tiny-job", "--net", "net-a"]
+    code, _, _ = run(capsys, *argv, "--metadata", '{"model_id": "m-42"}', "--json")
+    assert code == 0
+    with db() as session:
+        assert session.scalars(select(Job)).one().metadata_ == {"model_id": "m-42"}
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--metadata", "[1, 2]"])
+    assert exc.value.code == 2
+    assert "must be a JSON object" in capsys.readouterr().err
+
+
+class _ChattyAdmin:
+    """A net's admin client that, like NVFLARE 2.9's, prints to stdout while connecting
+    (with NVFLARE's own printer), then answers."""
+
+    def server_state(self):
+        from nvflare.fuel.hci.client.api import _print_hci_message
+
+        from app.adapters.nvflare.base import ServerState
+
+        _print_hci_message("Connecting to FLARE ...")
+        return ServerState.STARTED
+
+    def connected_sites(self) -> list[str]:
+        return ["site-1"]
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_json_command_prints_only_json_while_a_net_is_probed(
+    capsys, world, cli_env, monkeypatch
+):
+    from app.entrypoints import cli
+    from app.runtime import Runtime
+    from tests.fakes import FakeDriver
+
+    def chatty_runtime(settings):
+        return Runtime.from_settings(
+            settings,
+            admin_factory=lambda net, s: _ChattyAdmin(),
+            driver_factory=lambda net, s: FakeDriver(),
+        )
+
+    monkeypatch.setattr(cli, "_runtime", chatty_runtime)
+    enqueue = ["enqueue", "--key", "json-1", "--definition", "tiny-job", "--net", "net-a"]
+    commands = [
+        ["config", "check", "--json"],
+        ["status", "--json"],
+        ["jobs", "--json"],
+        ["job", str(world["first"]), "--json"],
+        [*enqueue, "--json"],
+        ["abort", str(world["second"]), "--json"],
+    ]
+    for argv in commands:
+        code, out, err = run(capsys, *argv)
+        assert code == 0, (argv, err)
+        json.loads(out)  # nothing but the document
+        if argv[0] == "status":
+            assert "Connecting to FLARE" in err  # it was printed, and went to stderr
+
+
+def test_a_database_without_tables_says_to_run_db_upgrade(capsys, cli_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
+    code, out, err = run(capsys, "jobs")
+    assert (code, out) == (1, "")
+    assert "run `fl-dispatcher db upgrade` on sqlite:///" in err and "empty.db" in err
+
+
+def test_db_commands_are_quiet_about_alembic_plugins(cli_env, tmp_path):
+    """A fresh process (Alembic sets its plugins up once per process, on first use)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **cli_env, "DATABASE_URL": f"sqlite:///{tmp_path / 'quiet.db'}"}
+    for argv in (["db", "upgrade"], ["db", "check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "app.entrypoints.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "plugin" not in done.stderr and "plugin" not in done.stdout
+
+
+def test_config_check_says_loudly_where_an_unset_data_folder_is(
+    capsys, cli_env, monkeypatch, tmp_path
+):
+    monkeypatch.delenv("FL_DISPATCHER_DATA_DIR")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "config", "check", "--json")
+    assert code == 0
+    where = str(tmp_path.resolve() / ".fl-dispatcher")
+    assert json.loads(out)["FL_DISPATCHER_DATA_DIR"] == where  # absolute, resolved at start
+    assert f"FL_DISPATCHER_DATA_DIR is unset, so the data folder is {where}" in err
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "set"))
+    _, _, err = run(capsys, "config", "check", "--json")
+    assert "unset" not in err

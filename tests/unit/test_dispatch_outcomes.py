@@ -15,7 +15,7 @@ from app import names
 from app.errors import AdminMisconfigured
 from app.usecases import abort, dispatch, housekeeping, services
 from app.usecases.dispatch import Step, StepResult
-from models import JobState, NetState, StrayRun
+from models import JobState, NetState, ReasonCode, StrayRun
 
 
 def _ready(world, key: str = "j", **kw):
@@ -40,7 +40,9 @@ def test_a_warm_start_runs_the_whole_chain_and_names_the_run(world):
     first = world.enqueue("first", net="net-a")
     world.run_pipeline(first)
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, first, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session, first, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
+        )
     job_id = world.enqueue("warm", net="net-a")
     [claim] = dispatch.assign_jobs(world.rt)
     assert dispatch.start(world.rt, job_id, "net-a", claim.attempt) == StepResult(
@@ -90,7 +92,14 @@ def test_a_run_landing_for_a_job_gone_meanwhile_is_kept_as_a_stray_naming_it(wor
 
     def failed_in_flight() -> None:
         with world.rt.sessions.begin() as session:
-            services.finish_job(session, job_id, JobState.FAILED, "flip-api", world.clock())
+            services.finish_job(
+                session,
+                job_id,
+                JobState.FAILED,
+                "flip-api",
+                world.clock(),
+                code=ReasonCode.REPORTED_ERROR,
+            )
 
     world.server("net-a").on_submit = failed_in_flight
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED

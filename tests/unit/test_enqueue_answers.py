@@ -1,5 +1,6 @@
-"""What flip-api is told when it enqueues: a caller key seen before returns that job even if
-the request would be refused now, and each refusal says what to fix (the nets it could
+"""What flip-api is told when it enqueues: a caller key seen before returns that job when the
+payload is the same (defaults filled in, sites in any order) and is a conflict when it is
+not, and each refusal says what to fix (the nets it could
 name, that sites are needed, that no net is configured, which characters a definition's
 folder may hold); a folder named with capitals and digits is fine."""
 
@@ -9,7 +10,7 @@ import json
 
 import pytest
 
-from app.errors import InvalidRequest
+from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import services
@@ -29,12 +30,28 @@ def _refusal(sqlite_factory, settings, clock, **kw) -> str:
     return str(refused.value)
 
 
-def test_a_caller_key_seen_before_returns_its_job_even_if_now_refused(
+def test_a_caller_key_seen_before_with_the_same_payload_returns_its_job(
+    sqlite_factory, settings, clock
+):
+    sites = ["site-1", "site-2"]
+    first = _enqueue(sqlite_factory, settings, clock, required_sites=sites)
+    # The same request: sites in another order, a default sent explicitly.
+    again = _enqueue(sqlite_factory, settings, clock, required_sites=sites[::-1], priority=0)
+    assert (again.job_id, again.created, again.state) == (first.job_id, False, JobState.QUEUED)
+
+
+def test_a_caller_key_reused_with_another_payload_is_a_conflict_naming_the_job(
     sqlite_factory, settings, clock
 ):
     first = _enqueue(sqlite_factory, settings, clock, required_sites=["site-1"])
-    again = _enqueue(sqlite_factory, settings, clock, net="gone")  # would be refused now
-    assert (again.job_id, again.created, again.state) == (first.job_id, False, JobState.QUEUED)
+    with pytest.raises(CallerKeyConflict) as conflict:
+        _enqueue(sqlite_factory, settings, clock, required_sites=["site-1"], priority=5)
+    assert str(conflict.value) == (
+        f"caller_key 'k' already names job {first.job_id} (QUEUED), enqueued with a different "
+        "payload (differs in: priority); a new job needs a new caller_key"
+    )
+    with sqlite_factory() as session:
+        assert services.get_job(session, first.job_id).priority == 0  # unchanged
 
 
 def test_each_refusal_says_what_to_fix(sqlite_factory, settings, clock):

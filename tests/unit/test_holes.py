@@ -15,7 +15,7 @@ from app.errors import (
 )
 from app.usecases import abort, dispatch, housekeeping, services
 from app.usecases.dispatch import Step
-from models import JobState, NetState, StrayRun
+from models import JobState, NetState, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import dispatch_through_a_start_time_blip
 
@@ -215,7 +215,14 @@ def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
 
     def flip_api_reports_error() -> None:
         with world.rt.sessions.begin() as session:
-            services.finish_job(session, job_id, JobState.FAILED, "flip-api: error", world.clock())
+            services.finish_job(
+                session,
+                job_id,
+                JobState.FAILED,
+                "flip-api: error",
+                world.clock(),
+                code=ReasonCode.REPORTED_ERROR,
+            )
 
     server.on_submit = flip_api_reports_error
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED

@@ -7,7 +7,7 @@ import json
 
 from app.settings import Settings
 from app.usecases import housekeeping, services
-from models import JobState, NetState
+from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -51,7 +51,14 @@ def test_an_idle_scale_down_that_crashes_on_one_net_is_recorded_there_and_stops_
         job_id = world.enqueue(f"job-{name}", net=name)
         world.run_pipeline(job_id)
         with world.rt.sessions.begin() as session:
-            services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+            services.finish_job(
+                session,
+                job_id,
+                JobState.COMPLETED,
+                "done",
+                world.clock(),
+                code=ReasonCode.RUN_COMPLETED,
+            )
     world.clock.advance(60)
 
     def crash(replicas: int) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from app.settings import Settings
 from app.usecases import dispatch, housekeeping, services
-from models import JobState, NetState
+from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 from tests.unit.scale_history import scale_decisions
@@ -36,7 +36,14 @@ def _idle(world, name: str) -> None:
     job_id = world.enqueue(f"done-{name}", net=name)
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session,
+            job_id,
+            JobState.COMPLETED,
+            "done",
+            world.clock(),
+            code=ReasonCode.RUN_COMPLETED,
+        )
     assert world.net(name).state == NetState.READY
 
 
@@ -101,7 +108,9 @@ def test_the_locked_recheck_decides_on_the_net_as_it_is_now(two_nets):
     world.run_pipeline(busy)  # claimed and running after the candidate read
     assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, busy, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session, busy, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
+        )
     # READY again, its grace restarted now: idle by the earlier read, not by the row
     assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
     assert world.driver("net-a").replicas == 1 and world.net("net-a").state == NetState.READY
@@ -135,7 +144,14 @@ def test_a_net_that_stopped_is_no_longer_idle_and_a_finished_job_says_when(two_n
     assert world.job(job_id).finished_at is None  # running
     world.clock.advance(5)
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session,
+            job_id,
+            JobState.COMPLETED,
+            "done",
+            world.clock(),
+            code=ReasonCode.RUN_COMPLETED,
+        )
     assert world.job(job_id).finished_at == world.clock()
     assert world.net("net-a").idle_since == world.clock()
     world.clock.advance(IDLE_S)

@@ -13,7 +13,7 @@ from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
 from app.usecases import dispatch, housekeeping, intake, scaling, services, views
 from app.usecases.services import AbortDecision
-from models import JobState, NetState, StrayRun
+from models import JobState, NetState, ReasonCode, StrayRun
 
 
 def _strays(world):
@@ -40,7 +40,14 @@ def test_aborting_a_job_that_is_over_changes_nothing(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, job_id, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session,
+            job_id,
+            JobState.COMPLETED,
+            "done",
+            world.clock(),
+            code=ReasonCode.RUN_COMPLETED,
+        )
     assert _abort(world, job_id) == AbortDecision(job_id, JobState.COMPLETED, False)
 
 

@@ -17,7 +17,7 @@ from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus
 from app.settings import Settings
 from app.usecases import abort, dispatch, housekeeping, intake, services
-from models import JobEvent, JobState, NetState, StrayRun
+from models import JobEvent, JobState, NetState, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -109,7 +109,9 @@ def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(wo
     housekeeping.reconcile(world.rt)  # QUEUED: not active, but not over either
     assert folder.is_dir()
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, job_id, JobState.ABORTED, "user", world.clock())
+        services.finish_job(
+            session, job_id, JobState.ABORTED, "user", world.clock(), code=ReasonCode.ABORTED
+        )
     housekeeping.reconcile(world.rt)
     assert not folder.exists()
 
@@ -121,7 +123,9 @@ def test_an_idle_net_is_stopped_though_a_queued_job_waits_on_a_stray_elsewhere(w
     done = world.enqueue("done", net="net-a")
     world.run_pipeline(done)
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, done, JobState.COMPLETED, "done", world.clock())
+        services.finish_job(
+            session, done, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
+        )
     blocked = world.enqueue("blocked", required_sites=["site-1"])  # fits net-a, stray elsewhere
     world.add_stray(blocked, "fixed", "nv-old")
     world.clock.advance(60)

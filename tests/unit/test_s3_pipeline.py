@@ -23,7 +23,7 @@ from app.errors import BundleTransientError
 from app.schemas import EnqueueJob
 from app.usecases import dispatch, housekeeping, services
 from app.usecases.dispatch import Step
-from models import JobState, NetEvent, NetState
+from models import JobState, NetEvent, NetState, ReasonCode
 
 URI = "s3://flip-jobs/jobs/fedavg"
 
@@ -62,7 +62,7 @@ def test_an_unavailable_bundle_fails_the_job_at_once(world, stub):
 
     assert result.step == Step.GAVE_UP
     job = world.job(job_id)
-    assert job.state == JobState.FAILED
+    assert (job.state, job.reason_code) == (JobState.FAILED, ReasonCode.BUNDLE_MISSING)
     assert "s3://flip-jobs/jobs/fedavg: ListObjectsV2: NoSuchBucket" in (job.last_error or "")
     assert world.server("fixed").submitted == {}
 
@@ -105,7 +105,9 @@ def test_reconcile_discards_bundles_of_ended_and_unknown_jobs_only(world):
     queued = world.enqueue("still-queued", required_sites=["s"])
     failed = world.enqueue("failed", required_sites=["s"])
     with world.rt.sessions.begin() as session:
-        services.finish_job(session, failed, JobState.FAILED, "test", world.clock())
+        services.finish_job(
+            session, failed, JobState.FAILED, "test", world.clock(), code=ReasonCode.REPORTED_ERROR
+        )
     unknown = uuid.uuid4()  # e.g. a database reset under an old data folder
     keep, drop, orphan = _cache(world, queued), _cache(world, failed), _cache(world, unknown)
     stranger = keep.parent / "not-a-job"

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from app.errors import InvalidRequest, NotFound
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
 from app.usecases import services
-from models import Job, JobEvent, JobState, Net, NetState
+from models import Job, JobEvent, JobState, Net, NetState, ReasonCode
 
 
 @pytest.fixture
@@ -183,8 +183,18 @@ def test_dispatch_then_finish_frees_the_net(db, settings, clock):
         services.mark_dispatched(session, job_id, "nv-1", 1234.5, clock())  # repeated delivery
     assert states(db, job_id) == (JobState.RUNNING, NetState.BUSY)
     with db.begin() as session:
-        assert services.finish_job(session, job_id, JobState.COMPLETED, "done", clock()) is True
-        assert services.finish_job(session, job_id, JobState.COMPLETED, "again", clock()) is False
+        assert (
+            services.finish_job(
+                session, job_id, JobState.COMPLETED, "done", clock(), code=ReasonCode.RUN_COMPLETED
+            )
+            is True
+        )
+        assert (
+            services.finish_job(
+                session, job_id, JobState.COMPLETED, "again", clock(), code=ReasonCode.RUN_COMPLETED
+            )
+            is False
+        )
     with db() as session:
         net = session.get(Net, "net-a")
         assert net.state == NetState.READY and net.idle_since == clock()

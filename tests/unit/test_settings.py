@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.errors import SettingsError
-from app.settings import load_settings, parse_flag
+from app.settings import Settings, load_settings, parse_flag
 from tests.fixtures.db import net_decl
 
 TRUE_VALUES = ["true", "TRUE", "True", " true ", "1", "yes", "YES", "on", "On", "\ttrue\n"]
@@ -157,3 +157,18 @@ def test_readme_documents_every_setting():
         if field.alias and f"`{field.alias}`" not in readme
     ]
     assert undocumented == [], "add these to the README's configuration table"
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+psycopg"])
+def test_a_postgresql_url_of_any_usual_form_means_psycopg(tmp_path, scheme):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL=f"{scheme}://fl:pw@db.example:5432/fl"
+    )
+    assert settings.database_url == "postgresql+psycopg://fl:pw@db.example:5432/fl"
+
+
+def test_a_postgresql_driver_that_is_not_installed_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(SettingsError) as refused:
+        Settings(FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL="postgresql+psycopg2://fl:pw@h/fl")
+    assert "driver 'psycopg2' is not installed; use postgresql+psycopg://" in str(refused.value)
+    assert "pw" not in str(refused.value)

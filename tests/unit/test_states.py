@@ -19,10 +19,18 @@ from models import (
     NetEvent,
     NetState,
 )
-from models.states import mermaid
+from models.reasons import REASONS
+from models.states import TERMINAL_JOB_STATES, mermaid
 
 JOB_PAIRS = list(itertools.product(JobState, JobState))
 NET_PAIRS = [(a, b) for a, b in itertools.product(NetState, NetState) if a != b]
+
+
+def _code_for(target: JobState):
+    """A reason code the table allows for `target` (None for a move that is not an end)."""
+    if target not in TERMINAL_JOB_STATES:
+        return None
+    return next(code for code, reason in REASONS.items() if target in reason.flip)
 
 
 def _job(state: JobState, now) -> Job:
@@ -48,7 +56,7 @@ def test_job_move_follows_the_table(source, target, clock, sqlite_factory):
         session.flush()
         allowed = target in JOB_TRANSITIONS[source]
         if allowed:
-            job.transition(target, clock.advance(1), "because")
+            job.transition(target, clock.advance(1), "because", code=_code_for(target))
             session.flush()
             assert job.state == target
             events = session.scalars(select(JobEvent).order_by(JobEvent.id)).all()
@@ -60,7 +68,7 @@ def test_job_move_follows_the_table(source, target, clock, sqlite_factory):
             assert events[-1].at == clock()
         else:
             with pytest.raises(IllegalTransition):
-                job.transition(target, clock.advance(1), "because")
+                job.transition(target, clock.advance(1), "because", code=_code_for(target))
             assert job.state == source
             session.flush()
             assert len(session.scalars(select(JobEvent)).all()) == 1  # only "enqueued"

@@ -35,7 +35,11 @@ def test_a_net_is_stopped_again_only_if_no_server_is_on_its_way(world, observed,
 
     assert result.step == Step.GAVE_UP
     job = world.job(job_id)
-    assert (job.state, job.last_error) == (JobState.FAILED, f"rejected: {result.detail}")
+    assert (job.state, job.reason_code, job.last_error) == (
+        JobState.FAILED,
+        "bundle_missing",
+        f"bundle_missing: {result.detail}",
+    )
     assert "disappeared" in result.detail
     assert world.driver("net-a").calls == []  # never asked to scale up for a bundle-less job
     assert world.net("net-a").state == net_after

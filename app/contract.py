@@ -1,0 +1,167 @@
+"""The public contract with flip-api in one document, generated from the code that
+implements it (`fl-dispatcher schema` prints it; tests validate real payloads against it):
+
+- the task payloads (app.schemas), the queue and task names;
+- the status callback payloads, one schema per `kind`;
+- the reason codes with flip-api's statuses for each (models.reasons.REASONS);
+- how a job id is computed from a caller_key (app.schemas.job_id_for);
+- the callback signature scheme (app.adapters.callbacks).
+
+The callback models here describe what `app.usecases.callbacks` sends; a unit test checks
+every payload it builds against them, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app import names
+from app.adapters import callbacks as signing
+from app.schemas import JOB_ID_NAMESPACE, JSON_SCHEMA_DIALECT, job_id_for, payload_schemas
+from models import REASONS, JobState, ReasonCode
+
+EXAMPLE_CALLER_KEY = "flip-model-42"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StateChangeEvent(_Event):
+    """A job moved from one state to another (one row of its history)."""
+
+    event_id: int = Field(
+        description="the history row's id: grows along a job's history, the same on a "
+        "redelivery (drop duplicates by it); also in the webhook-id header"
+    )
+    kind: Literal["state_change"] = Field(description="switch on it first")
+    job_id: uuid.UUID = Field(description="uuid5(job_id_namespace, caller_key)")
+    caller_key: str = Field(description="as flip-api enqueued it")
+    metadata: dict[str, Any] = Field(description="flip-api's object from the enqueue ({} if none)")
+    from_state: JobState | None = Field(description="null on the first event (enqueued)")
+    to_state: JobState = Field(description="the state the job moved to")
+    at: str = Field(
+        description="when the move happened (ISO 8601, UTC)",
+        json_schema_extra={"format": "date-time"},
+    )
+    reason: str = Field(description="why, for a person")
+    reason_code: ReasonCode | None = Field(
+        description="why, for a program: set on a move to COMPLETED, FAILED or ABORTED "
+        "(see reason_codes), null on other moves and on history written before it existed"
+    )
+    nvflare_job_id: str | None = Field(description="the NVFLARE run when the move happened")
+    attempt: int | None = Field(description="the job's attempt counter when the move happened")
+
+
+class RejectedEvent(_Event):
+    """An enqueue the worker refused: no job was created (the named job, if any, is
+    unchanged)."""
+
+    event_id: str = Field(
+        pattern=r"^rejected-[0-9]+$",
+        description="'rejected-<n>': a string, never equal to a state change's integer id",
+    )
+    kind: Literal["rejected"] = Field(description="switch on it first")
+    job_id: uuid.UUID | None = Field(
+        description="the id the job would have had (null without a usable caller_key)"
+    )
+    caller_key: str | None = Field(description="as sent (null when it had none)")
+    reason: str = Field(description="why it was refused, for a person")
+    reason_code: Literal[ReasonCode.REJECTED, ReasonCode.CALLER_KEY_CONFLICT] = Field(
+        description="rejected, or caller_key_conflict: the key names a job enqueued with "
+        "another payload"
+    )
+    at: str = Field(description="when (ISO 8601, UTC)", json_schema_extra={"format": "date-time"})
+
+
+CALLBACK_EVENTS: dict[str, type[_Event]] = {
+    "state_change": StateChangeEvent,
+    "rejected": RejectedEvent,
+}
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return {"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()}
+
+
+def reason_codes() -> dict[str, Any]:
+    """Every reason code: what it means, and flip-api's statuses for each state it may end
+    a job in (`rejected`: a refused request, no job)."""
+    return {
+        code.value: {
+            "meaning": reason.meaning,
+            "flip": {
+                (state.value if state is not None else "rejected"): {
+                    "model_status": status.model_status,
+                    "job_status": status.job_status,
+                }
+                for state, status in reason.flip.items()
+            },
+        }
+        for code, reason in REASONS.items()
+    }
+
+
+def signature_scheme() -> dict[str, Any]:
+    """How a receiver verifies a callback (Standard Webhooks, v1)."""
+    return {
+        "standard": "Standard Webhooks (https://www.standardwebhooks.com), signature v1",
+        "headers": {
+            signing.WEBHOOK_ID_HEADER: "the event_id (signed)",
+            signing.WEBHOOK_TIMESTAMP_HEADER: "Unix seconds when this try was sent",
+            signing.WEBHOOK_SIGNATURE_HEADER: "v1,<base64 HMAC-SHA256(key, "
+            '"<webhook-id>.<webhook-timestamp>.<raw body>")>',
+        },
+        "key": "CALLBACK_SECRET 'whsec_<base64>': the decoded bytes; any other "
+        "CALLBACK_SECRET: its UTF-8 bytes (give a Standard Webhooks library "
+        "'whsec_' + base64(CALLBACK_SECRET))",
+        "body": "compact JSON, sorted keys, UTF-8; verify the raw bytes before parsing",
+        "tolerance_s": signing.DEFAULT_TOLERANCE_S,
+        "deprecated_headers": {
+            signing.TIMESTAMP_HEADER: "Unix seconds",
+            signing.SIGNATURE_HEADER: "sha256=<hex HMAC-SHA256(CALLBACK_SECRET as UTF-8, "
+            '"<timestamp>.<raw body>")>',
+            signing.EVENT_ID_HEADER: "the event_id",
+            "until": "the next release; switch to the webhook-* headers",
+        },
+    }
+
+
+def contract_document() -> dict[str, Any]:
+    """The whole public contract, as `fl-dispatcher schema` prints it."""
+    return {
+        "title": "fl-dispatcher public contract",
+        "queue": names.QUEUE,
+        "tasks": payload_schemas(),
+        "job_id": {
+            "namespace": str(JOB_ID_NAMESPACE),
+            "rule": "job_id = uuid5(namespace, caller_key) (RFC 4122 name-based, SHA-1; "
+            "Python: uuid.uuid5(uuid.UUID(namespace), caller_key))",
+            "example": {
+                "caller_key": EXAMPLE_CALLER_KEY,
+                "job_id": str(job_id_for(EXAMPLE_CALLER_KEY)),
+            },
+        },
+        "callbacks": {kind: _schema(model) for kind, model in CALLBACK_EVENTS.items()},
+        "reason_codes": reason_codes(),
+        "signature": signature_scheme(),
+    }
+
+
+def reason_table_markdown() -> str:
+    """The README's reason-code table, generated from REASONS (a test keeps them equal)."""
+    lines = [
+        "| `reason_code` | Ends a job in | FLIP model status | FLIP job status | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for code, reason in REASONS.items():
+        for state, status in reason.flip.items():
+            lines.append(
+                f"| `{code.value}` | {state.value if state else '(no job: `rejected` event)'} "
+                f"| {status.model_status or 'unchanged'} | {status.job_status or 'unchanged'} "
+                f"| {reason.meaning} |"
+            )
+    return "\n".join(lines)

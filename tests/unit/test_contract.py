@@ -1,0 +1,119 @@
+"""`fl-dispatcher schema` is the public contract, generated from the code: real payloads
+(tasks as the client sends them, every callback a job's life and a refusal produce, the
+job-id rule) validate against what it prints, and the README's reason-code table is the
+code's table."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import jsonschema
+import pytest
+from sqlalchemy import select
+
+from app.contract import reason_table_markdown
+from app.entrypoints.cli import main
+from app.errors import CallerKeyConflict
+from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
+from app.usecases import housekeeping, intake
+from app.usecases.callbacks import event_payload, rejection_payload
+from models import REASONS, Job, JobEvent, RejectedRequest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture
+def contract(capsys) -> dict:
+    assert main(["schema"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _valid(schema: dict, payload: dict) -> None:
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(
+        payload,
+        schema,
+        cls=jsonschema.Draft202012Validator,
+        format_checker=jsonschema.FormatChecker(),
+    )
+
+
+def test_the_task_payloads_the_client_sends_validate(contract):
+    job_id = job_id_for("flip-model-42")
+    sent = {
+        "fl_dispatcher.enqueue_job": EnqueueJob(
+            caller_key="flip-model-42", definition="fedavg", metadata={"model_id": "m-42"}
+        ),
+        "fl_dispatcher.abort_job": AbortJob(job_id=job_id),
+        "fl_dispatcher.report_job_status": ReportJobStatus(
+            job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED
+        ),
+    }
+    for task, payload in sent.items():
+        _valid(contract["tasks"][task], payload.model_dump(mode="json"))
+    # Field descriptions travel with the schema, for every field of every payload.
+    for task, schema in [*contract["tasks"].items(), *contract["callbacks"].items()]:
+        assert schema["description"], task
+        for name, field in schema["properties"].items():
+            assert field.get("description"), (task, name)
+    assert contract["queue"] == "fl_dispatcher"
+
+
+def test_the_job_id_rule_computes_the_ids_the_dispatcher_uses(contract):
+    rule = contract["job_id"]
+    namespace = uuid.UUID(rule["namespace"])
+    for key in ("flip-model-42", "a/b:c@d", rule["example"]["caller_key"]):
+        assert uuid.uuid5(namespace, key) == job_id_for(key)
+    assert rule["example"]["job_id"] == str(job_id_for(rule["example"]["caller_key"]))
+
+
+def test_every_callback_a_life_and_the_refusals_produce_validates(contract, world):
+    done = world.enqueue("to-the-end", net="net-a", metadata={"model_id": "m-1"})
+    world.run_pipeline(done)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    housekeeping.monitor_running_jobs(world.rt)
+    aborted = world.enqueue("aborted", net="net-a")
+    world.abort(aborted)
+    intake.reject_enqueue(world.rt, "bad", "unknown net 'x'")
+    with pytest.raises(CallerKeyConflict) as conflict:
+        intake.submit_job(
+            world.rt, EnqueueJob(caller_key="aborted", definition="tiny-job", priority=3)
+        )
+    intake.refuse_enqueue(world.rt, "aborted", conflict.value)
+    with world.rt.sessions() as session:
+        payloads = [
+            event_payload(session.get(Job, e.job_id), e)
+            for e in session.scalars(select(JobEvent).order_by(JobEvent.id))
+        ] + [rejection_payload(r) for r in session.scalars(select(RejectedRequest))]
+    kinds = {p["kind"] for p in payloads}
+    codes = {p["reason_code"] for p in payloads}
+    assert kinds == {"state_change", "rejected"}
+    assert codes >= {None, "run_completed", "aborted", "rejected", "caller_key_conflict"}
+    for payload in payloads:
+        _valid(contract["callbacks"][payload["kind"]], json.loads(json.dumps(payload)))
+
+
+def test_a_payload_the_contract_does_not_allow_is_refused(contract):
+    schema = contract["callbacks"]["state_change"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"kind": "state_change", "event_id": "1"}, schema)
+
+
+def test_every_reason_code_maps_each_end_to_flip_statuses(contract):
+    assert set(contract["reason_codes"]) == {c.value for c in REASONS}
+    for code, entry in contract["reason_codes"].items():
+        assert entry["meaning"]
+        for state, flip in entry["flip"].items():
+            assert state in {"COMPLETED", "FAILED", "ABORTED", "rejected"}, (code, state)
+            assert set(flip) == {"model_status", "job_status"}
+
+
+def test_the_signature_scheme_names_the_standard_webhooks_headers(contract):
+    headers = contract["signature"]["headers"]
+    assert set(headers) == {"webhook-id", "webhook-timestamp", "webhook-signature"}
+
+
+def test_the_readme_reason_table_is_the_codes_table():
+    assert reason_table_markdown() in README.read_text()

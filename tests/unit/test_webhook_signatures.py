@@ -1,0 +1,120 @@
+"""Status callbacks carry Standard Webhooks signatures (webhook-id, webhook-timestamp,
+webhook-signature) that the `standardwebhooks` library itself verifies, as flip-api would,
+over real HTTP on loopback from the real sender; the event id is signed, and the earlier
+X-FL-Dispatcher-* headers are still sent (one release)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from app.adapters.callbacks import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    encode_body,
+    receiver_secret,
+    signed_headers,
+    verify,
+)
+from app.errors import SettingsError
+from app.local.receiver import Headers, LocalReceiver, Received
+from app.settings import Settings
+from app.usecases import callbacks, intake
+from tests.fixtures.db import FrozenClock, net_decl
+from tests.unit.conftest import world_of
+
+PLAIN_SECRET = "plain-callback-secret-0123456789"
+WHSEC_SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def _library_verifier(secret: str):
+    """flip-api's check, done by the Standard Webhooks library (not by this project)."""
+    webhook = Webhook(receiver_secret(secret))
+
+    def check(headers: Headers, body: bytes) -> bool:
+        wanted = ("webhook-id", "webhook-timestamp", "webhook-signature")
+        sent = {name: headers[name] for name in wanted if headers[name] is not None}
+        try:
+            webhook.verify(body, sent)
+        except WebhookVerificationError:
+            return False
+        return True
+
+    return check
+
+
+@pytest.mark.parametrize("secret", [PLAIN_SECRET, WHSEC_SECRET], ids=["plain", "whsec"])
+def test_every_delivered_event_verifies_with_the_standard_webhooks_library(
+    tmp_path, job_root, sqlite_factory, secret
+):
+    # The library checks the timestamp against the real clock: the world's starts now.
+    clock = FrozenClock(datetime.now(UTC))
+    seen: list[Received] = []
+    receiver = LocalReceiver(secret, verifier=_library_verifier(secret), on_event=seen.append)
+    with receiver:
+        world = world_of(
+            [net_decl(tmp_path, "net-a", "ecs")],
+            tmp_path,
+            job_root,
+            sqlite_factory,
+            clock,
+            CALLBACK_URL=receiver.url,
+            CALLBACK_SECRET=secret,
+        )
+        job_id = world.enqueue("signed", net="net-a")
+        world.run_pipeline(job_id)
+        intake.reject_enqueue(world.rt, "refused", "unknown net 'net-9'")
+        callbacks.deliver_callbacks(world.rt)
+    assert [r.status for r in receiver.received] == [200] * 5  # 4 moves, 1 rejection
+    ids = sorted(str(r.payload["event_id"]) for r in seen)
+    assert sorted(r.headers["webhook-id"] for r in seen) == ids
+    assert any(i.startswith("rejected-") for i in ids)
+
+
+def _headers(secret: str, event_id: str = "42") -> tuple[bytes, dict[str, str]]:
+    body = encode_body({"event_id": 42, "kind": "state_change", "to_state": "RUNNING"})
+    return body, signed_headers(secret, int(time.time()), body, event_id)
+
+
+def test_the_event_id_is_signed_a_swapped_one_is_refused():
+    body, headers = _headers(PLAIN_SECRET)
+    webhook = Webhook(receiver_secret(PLAIN_SECRET))
+    assert webhook.verify(body, headers) == json.loads(body)
+    with pytest.raises(WebhookVerificationError):
+        webhook.verify(body, {**headers, "webhook-id": "43"})
+    with pytest.raises(WebhookVerificationError):
+        Webhook(receiver_secret("another-secret-0123456789")).verify(body, headers)
+
+
+def test_the_earlier_headers_are_still_sent_and_verify():
+    body, headers = _headers(PLAIN_SECRET)
+    assert verify(
+        PLAIN_SECRET,
+        headers[TIMESTAMP_HEADER],
+        headers[SIGNATURE_HEADER],
+        body,
+        now_s=time.time(),
+    )
+
+
+def test_a_whsec_secret_is_handed_to_the_library_as_it_is():
+    assert receiver_secret(WHSEC_SECRET) == WHSEC_SECRET
+    plain = receiver_secret(PLAIN_SECRET)
+    assert base64.b64decode(plain.removeprefix("whsec_")) == PLAIN_SECRET.encode()
+
+
+@pytest.mark.parametrize(
+    "bad", ["whsec_not*base64!", "whsec_" + base64.b64encode(b"fifteen-bytes!!").decode()]
+)
+def test_a_whsec_secret_that_is_not_base64_of_16_bytes_stops_the_start(tmp_path, bad):
+    extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb", "CALLBACK_SECRET": bad}
+    with pytest.raises(SettingsError, match="whsec_ secret must be base64") as caught:
+        Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
+    assert bad not in str(caught.value)
