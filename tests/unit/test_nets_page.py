@@ -129,13 +129,15 @@ def test_one_nets_jobs_are_those_it_ran_and_those_queued_for_it(day):
 def test_a_finishing_span_that_ended_inside_the_window(day, clock):
     from sqlalchemy import select
 
-    from models import Job, JobState, Net
+    from models import Job, JobState, Net, ReasonCode
 
     reported = clock() - timedelta(minutes=10)
     with day.sessions.begin() as session:
         job = session.scalars(select(Job).where(Job.caller_key == "model-06-train")).one()
         finishing_since = job.state_changed_at
-        job.transition(JobState.COMPLETED, reported, "results uploaded")
+        job.transition(
+            JobState.COMPLETED, reported, "results uploaded", code=ReasonCode.RESULTS_UPLOADED
+        )
         session.get(Net, "net-a").mark_idle(reported)
     tail = overview(day, "net-a").nets[0].segments[-3:]
     assert [(s.kind, s.start, s.end) for s in tail] == [
