@@ -551,8 +551,9 @@ def _settle_undeclared(rt: Runtime) -> list[str]:
     """Settle the work left on nets a redeploy removed from NETS: nothing here can reach
     their servers any more. A job only claimed there goes back to the queue (its attempt
     kept); a job that may have a run there, or whose earlier run may still be there (a
-    stray), FAILS with the reason: running it elsewhere could make a second live run. An
-    ABORTING job is ABORTED; a FINISHING one is left to flip-api's report or its timeout
+    stray), FAILS with the reason: running it elsewhere could make a second live run; its run
+    is kept as a stray (a net declared again takes no job beside it). An ABORTING job is
+    ABORTED; a FINISHING one is left to flip-api's report or its timeout
     (its run is over). A QUEUED job pinned to such a net fails: it can never run.
 
     A net counts as removed only once no process has declared it for a while
@@ -581,27 +582,27 @@ def _settle_undeclared(rt: Runtime) -> list[str]:
             note = _settle_undeclared_job(rt, job_id, removed)
             if note:
                 settled.append(f"{job_id}: {note}")
-    for stray_id, job_id, net_name in strays:
+    for _stray_id, job_id, net_name in strays:
+        # The stray itself is kept: should the net be declared again, it takes no job until
+        # that run is settled. Only a QUEUED job waiting on it is ended.
         with _isolated(rt, "reconcile", net_name):
             with unit_of_work(rt.sessions) as session:
-                stray = session.get(StrayRun, stray_id)
-                if stray is not None:
-                    session.delete(stray)
                 job = services.get_job(session, job_id, lock=True)
-                if job.state == JobState.QUEUED:
-                    services.finish_job(
-                        session,
-                        job_id,
-                        JobState.FAILED,
-                        f"an earlier run may still be live: {undeclared_reason(net_name)}",
-                        rt.clock(),
-                        code=ReasonCode.NET_REMOVED,
-                    )
+                if job.state != JobState.QUEUED:
+                    continue
+                services.finish_job(
+                    session,
+                    job_id,
+                    JobState.FAILED,
+                    f"an earlier run may still be live: {undeclared_reason(net_name)}",
+                    rt.clock(),
+                    code=ReasonCode.NET_REMOVED,
+                )
             log.error(
-                "stray run on an undeclared net dropped",
+                "job waiting on a run on an undeclared net failed",
                 extra={"net": net_name, "job": str(job_id), "reason": undeclared_reason(net_name)},
             )
-            settled.append(f"{job_id}: stray run on undeclared net {net_name} dropped")
+            settled.append(f"{job_id}: failed: its earlier run is on undeclared net {net_name}")
     return settled
 
 
@@ -628,6 +629,17 @@ def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -
         if job.state == JobState.FINISHING:
             return ""
         outcome = JobState.ABORTED if job.state == JobState.ABORTING else JobState.FAILED
+        # Its run may still live on that server: counted as a stray, so that the net, if it
+        # is ever declared again, takes no job beside it before it is settled.
+        services.add_stray_run(
+            session,
+            net_name=net_name,
+            job_id=job_id,
+            nvflare_job_id=job.nvflare_job_id,
+            submit_token=job.submit_token,
+            reason=reason,
+            now=rt.clock(),
+        )
         services.finish_job(
             session, job_id, outcome, reason, rt.clock(), code=ReasonCode.NET_REMOVED
         )

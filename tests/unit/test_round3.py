@@ -394,14 +394,14 @@ def test_a_dispatching_job_on_a_removed_net_fails_and_never_runs_twice(two_nets,
     assert dispatch.assign_jobs(redeployed) == []
 
 
-def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_goes(two_nets, tmp_path):
+def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_stays(two_nets, tmp_path):
     world = two_nets
     waiting = world.enqueue("strayed", required_sites=["site-1"])
     world.add_stray(waiting, "net-b", None, token="t")
     housekeeping.reconcile(_without_net_b(world, tmp_path))
     _ended_for_the_removed_net(world, waiting)
-    with world.rt.sessions() as session:
-        assert session.query(StrayRun).count() == 0
+    with world.rt.sessions() as session:  # kept: net-b, declared again, waits for it
+        assert session.query(StrayRun).count() == 1
 
 
 def test_a_queued_job_pinned_to_a_removed_net_fails_saying_why(two_nets, tmp_path):
@@ -564,3 +564,16 @@ def test_a_run_finished_while_the_start_time_cannot_be_read_is_settled_not_lost(
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     outcomes = housekeeping.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED, outcomes
+
+
+def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(two_nets, tmp_path):
+    # The simulator's sweep (seed 167): the job was failed without its run being counted,
+    # and net-b, declared again, took the next job beside that run.
+    world = two_nets
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    housekeeping.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, running)
+    nxt = world.enqueue("next", net="net-b")  # the redeploy is undone: net-b is back
+    assert all(a.job_id != nxt for a in dispatch.assign_jobs(world.rt))
+    assert world.job(nxt).state == JobState.QUEUED
