@@ -300,8 +300,10 @@ class Simulation:
         self.per_job_fl_server = world.per_job_fl_server
         self.declared = Declared(list(world.nets), {})
         self.root = scratch_dir() / f"sim-{next(_SIMULATIONS)}"
-        self.local_bundle = LocalBundle(self.root / "jobs", self)
-        placeholders = random.Random(f"{seed}/bundles").random() < 0.5
+        bundles = random.Random(f"{seed}/bundles")
+        placeholders = bundles.random() < 0.5
+        reproducible = bundles.random() < 0.5
+        self.local_bundle = LocalBundle(self.root / "jobs", self, reproducible=reproducible)
         self.s3 = FakeS3(self, placeholders=placeholders)
         adversary = random.Random(f"{seed}/bundle-adversary")
         self._bundle_adversary = (
