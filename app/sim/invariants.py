@@ -344,6 +344,10 @@ class Checker:
                     f"{src} -> {dst} (last seen {last}): {reason}",
                 )
             self._net_state[net] = NetState(dst)
+            if dst in (N.UNHEALTHY, N.OUTAGE) and "waiting for sites" in reason:
+                # A server that answers while a site never connects is the job's problem
+                # (requeued, the site named), never the net's health.
+                self.report("sites-not-the-nets", f"net {net} event {event_id}", reason[:300])
 
     def _nets_and_jobs(self, t: float) -> None:
         b = self.bounds

@@ -201,6 +201,7 @@ def settings_for(
                 "idle_timeout_s": net.idle_timeout_s,
                 "ready_timeout_s": net.ready_timeout_s,
                 "per_job_fl_server": per_job.get(net.name),
+                "sites": list(net.sites) if net.declares_sites else None,
             }
         )
     extra: dict[str, Any] = {}
@@ -365,6 +366,11 @@ class Simulation:
         # Where NETS may change, the platform often runs a net NETS declares only later.
         if profile.redeploy_p and extra.random() < 0.5:
             world = dataclasses.replace(world, spare=(NetSpec("net-z", idle_timeout_s=20.0),))
+        # Half the worlds declare each net's sites (a job needing site-9 is then refused at
+        # enqueue, where the nets' sites are known).
+        if extra.random() < 0.5:
+            nets = tuple(dataclasses.replace(n, declares_sites=True) for n in world.nets)
+            world = dataclasses.replace(world, nets=nets)
         # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
         # start in the middle of a receiver outage thousands of tries long.
         if extra.random() < 0.6:
