@@ -377,7 +377,7 @@ class Simulation:
             world = dataclasses.replace(
                 world,
                 callbacks=True,
-                callback_max_backoff_s=extra.choice((1.0, 8.0, 30.0)),
+                callback_max_backoff_s=extra.choice((4.0, 8.0, 30.0)),
                 receiver_failures_before=1020 if extra.random() < 0.1 else 0,
             )
         return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
