@@ -637,12 +637,19 @@ class Simulation:
                 )
                 return
             self.stats["retries"] += 1
+            if self.faults.retry_backlog and self.rng_msg.random() < self.faults.retry_backlog:
+                # A backlog on the broker: the retry runs well after its countdown, past the
+                # lease its try announced, so reconcile may re-send the same submit meanwhile.
+                late = self.rng_msg.uniform(30.0, 90.0)
+                self.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
+            else:
+                late = 0.0
             countdown = messages.backoff_s(
                 self.rng_msg, message.retries, self.settings.retry_backoff_max_s
             )
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
             self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
-            self._push_again(message, countdown)
+            self._push_again(message, countdown + late)
             return
         except Exception as exc:
             self._escaped(message, spec, exc)
