@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from app.sim.clock import seconds_of
-from app.usecases.dispatch import submit_try_s
 from app.sim.fakes import Run
 from app.sim.faults import HUMAN_FIX_DELAY_S
+from app.usecases.dispatch import submit_try_s
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
