@@ -3,9 +3,9 @@
 their contents replaced while jobs wait or run. Each keeps the TRUE history of its versions,
 so the invariants can tell which content a submit carried against which it should have.
 
-Replacements keep every file's size (v1 -> v2), and the local folder is written as a
-reproducible build writes it (every mtime the same fixed time): what a bundle unpacked from
-a zip or a tar made with a fixed --mtime looks like.
+Replacements keep every file's size (v1 -> v2); in half the worlds the local folder is
+written as a reproducible build writes it (every mtime the same fixed time): what a bundle
+unpacked from a zip or a tar made with a fixed --mtime looks like.
 
 The S3 prefix also holds what the S3 console creates: an empty "folder" object for the job
 folder itself (its key is the prefix with a slash) and one for a sub-folder.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.adapters import s3_bundles
-from app.sim.clock import SimClock
+from app.sim.clock import EPOCH_S, SimClock
 
 BUCKET = "sim-bundles"
 S3_PREFIX = "jobs/fedavg"
@@ -31,6 +31,7 @@ S3_DEFINITION = f"s3://{BUCKET}/{S3_PREFIX}"
 LOCAL_DEFINITION = "job"
 VERSION_FILE = "VERSION"
 FIXED_MTIME_NS = 315_532_800 * 10**9  # 1980-01-01, as zip archives store it
+EPOCH_NS = int(EPOCH_S) * 10**9
 META = '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
 CONFIG = '{"format_version": 2, "workflows": []}'
 
@@ -75,9 +76,12 @@ def version_of(folder: Path) -> int | None:
 class LocalBundle:
     """The job folder under JOB_ROOT, rewritten in place by a reproducible build."""
 
-    def __init__(self, job_root: Path, host: Host) -> None:
+    def __init__(self, job_root: Path, host: Host, *, reproducible: bool = True) -> None:
         self.folder = job_root / LOCAL_DEFINITION
         self.host = host
+        # A reproducible build writes every mtime as the same fixed time; any other copy
+        # writes the time it ran (the simulated time here, so a seed replays exactly).
+        self.reproducible = reproducible
         self.bundle = Bundle(LOCAL_DEFINITION)
         (self.folder / "app" / "config").mkdir(parents=True, exist_ok=True)
         self._write(0)
@@ -92,7 +96,8 @@ class LocalBundle:
             partial = path.with_name(path.name + ".new")
             partial.write_text(text)
             os.replace(partial, path)  # as an unpack replaces a file: a new inode
-            os.utime(path, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
+            stamp = FIXED_MTIME_NS if self.reproducible else int(EPOCH_NS + self.host.clock.t * 1e9)
+            os.utime(path, ns=(stamp, stamp))
 
     def replace(self) -> None:
         version = self.bundle.version + 1

@@ -29,6 +29,7 @@ class FaultProfile:
     worker_kill: float = 0.0  # per hook point: the worker dies; its message is redelivered
     worker_restart_s: float = 5.0  # redelivery delay of a killed worker's message
     interleave: float = 0.0  # per hook point: another worker runs a due message right now
+    retry_backlog: float = 0.0  # per pipeline retry: it runs 30-90 s after its countdown
     # --- the NVFLARE admin side ---
     admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
     admin_unknown: float = 0.0  # per call: UnknownAdminError before acting
@@ -92,6 +93,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="crashy",
+        retry_backlog=0.2,
         reply_loss_rate=4.0,
         redeploy_p=0.1,
         msg_drop=0.03,
@@ -104,6 +106,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        retry_backlog=0.3,
         reply_loss_rate=6.0,
         redeploy_p=0.25,
         interleave=0.15,
@@ -163,6 +166,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        retry_backlog=0.1,
         reply_loss_rate=2.0,
         redeploy_p=0.3,
         msg_drop=0.02,

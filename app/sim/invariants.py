@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from app.sim.clock import seconds_of
 from app.sim.fakes import Run
 from app.sim.faults import HUMAN_FIX_DELAY_S
+from app.usecases.dispatch import submit_try_s
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -112,6 +113,8 @@ class Bounds:
         common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
         if p.worker_kill:
             common += p.worker_restart_s
+        if p.retry_backlog:
+            common += 90.0  # a retry that runs late behind a broker backlog
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
         stop_s = 20.0 if p.driver_slow else 4.0
         # Every net the platform has, with the timeouts NETS gives it now (or last gave it).
@@ -120,12 +123,19 @@ class Bounds:
         self.assigned = {
             n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in nets.values()
         }
-        self.dispatching = stuck + 2 * reconcile + budget + common
+        # A submit is abandoned once its tries' own budget (every retry's wait and every
+        # try's time, dispatch.submit_try_s) and STUCK_AFTER_S have passed.
+        tries = world.retry_max * (world.retry_backoff_max_s + submit_try_s(sim.settings))
+        self.dispatching = stuck + 2 * reconcile + max(budget, tries) + common
         self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
+        # A driver broken for a while (up to 90 s, simulation._schedule_faults) cannot scale
+        # anything down until it is fixed.
+        broken = 90.0 if p.driver_broken_rate else 0.0
         self.idle = {
             n.name: max(n.idle_timeout_s, stuck, n.ready_timeout_s)
             + 2 * reconcile
             + stop_s
+            + broken
             + common
             for n in nets.values()
         }
@@ -344,6 +354,10 @@ class Checker:
                     f"{src} -> {dst} (last seen {last}): {reason}",
                 )
             self._net_state[net] = NetState(dst)
+            if dst in (N.UNHEALTHY, N.OUTAGE) and "waiting for sites" in reason:
+                # A server that answers while a site never connects is the job's problem
+                # (requeued, the site named), never the net's health.
+                self.report("sites-not-the-nets", f"net {net} event {event_id}", reason[:300])
 
     def _nets_and_jobs(self, t: float) -> None:
         b = self.bounds

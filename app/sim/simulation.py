@@ -201,6 +201,7 @@ def settings_for(
                 "idle_timeout_s": net.idle_timeout_s,
                 "ready_timeout_s": net.ready_timeout_s,
                 "per_job_fl_server": per_job.get(net.name),
+                "sites": list(net.sites) if net.declares_sites else None,
             }
         )
     extra: dict[str, Any] = {}
@@ -300,8 +301,10 @@ class Simulation:
         self.per_job_fl_server = world.per_job_fl_server
         self.declared = Declared(list(world.nets), {})
         self.root = scratch_dir() / f"sim-{next(_SIMULATIONS)}"
-        self.local_bundle = LocalBundle(self.root / "jobs", self)
-        placeholders = random.Random(f"{seed}/bundles").random() < 0.5
+        bundles = random.Random(f"{seed}/bundles")
+        placeholders = bundles.random() < 0.5
+        reproducible = bundles.random() < 0.5
+        self.local_bundle = LocalBundle(self.root / "jobs", self, reproducible=reproducible)
         self.s3 = FakeS3(self, placeholders=placeholders)
         adversary = random.Random(f"{seed}/bundle-adversary")
         self._bundle_adversary = (
@@ -363,13 +366,18 @@ class Simulation:
         # Where NETS may change, the platform often runs a net NETS declares only later.
         if profile.redeploy_p and extra.random() < 0.5:
             world = dataclasses.replace(world, spare=(NetSpec("net-z", idle_timeout_s=20.0),))
+        # Half the worlds declare each net's sites (a job needing site-9 is then refused at
+        # enqueue, where the nets' sites are known).
+        if extra.random() < 0.5:
+            nets = tuple(dataclasses.replace(n, declares_sites=True) for n in world.nets)
+            world = dataclasses.replace(world, nets=nets)
         # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
         # start in the middle of a receiver outage thousands of tries long.
         if extra.random() < 0.6:
             world = dataclasses.replace(
                 world,
                 callbacks=True,
-                callback_max_backoff_s=extra.choice((1.0, 8.0, 30.0)),
+                callback_max_backoff_s=extra.choice((4.0, 8.0, 30.0)),
                 receiver_failures_before=1020 if extra.random() < 0.1 else 0,
             )
         return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
@@ -487,6 +495,9 @@ class Simulation:
         if (
             faults.interleave
             and len(self._stack) == 1
+            # Inside a bundle fetch this worker holds the job's cache lock (flock): another
+            # worker would wait for it, which one thread cannot model (it would deadlock).
+            and not point.startswith("s3.")
             and not self.conn.in_transaction
             # A caller's message sent at this very moment is taken by another worker at
             # once half the time: that is the race the trigger was armed for.
@@ -629,12 +640,19 @@ class Simulation:
                 )
                 return
             self.stats["retries"] += 1
+            if self.faults.retry_backlog and self.rng_msg.random() < self.faults.retry_backlog:
+                # A backlog on the broker: the retry runs well after its countdown, past the
+                # lease its try announced, so reconcile may re-send the same submit meanwhile.
+                late = self.rng_msg.uniform(30.0, 90.0)
+                self.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
+            else:
+                late = 0.0
             countdown = messages.backoff_s(
                 self.rng_msg, message.retries, self.settings.retry_backoff_max_s
             )
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
             self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
-            self._push_again(message, countdown)
+            self._push_again(message, countdown + late)
             return
         except Exception as exc:
             self._escaped(message, spec, exc)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import abort, dispatch, services
+from app.usecases import abort, dispatch, housekeeping, services
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -59,3 +59,70 @@ def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_recon
     _redeploy_without_net_a(world, tmp_path, job_root)
 
     assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prepare keys a copy by each file's path, size and mtime: a bundle rewritten as a "
+    "reproducible build writes it (same sizes, fixed mtimes) is submitted from the old copy",
+)
+def test_a_bundle_rebuilt_with_fixed_mtimes_is_prepared_afresh(tmp_path):
+    """A job folder unpacked from a zip (every mtime 1980-01-01) or built with a fixed
+    `tar --mtime` is replaced between two attempts by one whose config differs by a digit:
+    the second attempt must submit the new content (fix 2's promise), not the first copy."""
+    import os
+    import uuid
+
+    from app.adapters.jobdefs import prepare
+
+    bundle = tmp_path / "jobs" / "fedavg"
+    (bundle / "app" / "config").mkdir(parents=True)
+    config = bundle / "app" / "config" / "config_fed_server.json"
+    fixed_ns = 315_532_800 * 10**9
+
+    def build(rounds: int) -> None:
+        (bundle / "meta.json").write_text('{"deploy_map": {"app": ["@ALL"]}}')
+        config.write_text(f'{{"num_rounds": {rounds}}}')
+        for path in (bundle / "meta.json", config):
+            os.utime(path, ns=(fixed_ns, fixed_ns))
+
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=tmp_path / "jobs")
+    job_id = uuid.uuid4()
+    build(5)
+    first = prepare(settings, bundle, job_id, ["site-1"], None)
+    build(6)  # the next attempt's bundle: one digit changed, same size, same mtimes
+    second = prepare(settings, bundle, job_id, ["site-1"], None)
+
+    assert (second / "app" / "config" / "config_fed_server.json").read_text() == (
+        '{"num_rounds": 6}'
+    ), f"submitted from {first}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sweep seed 167 (claim-beside-live-run, one-run-per-server): fix 7 fails a RUNNING "
+    "job on a removed net without recording its run; when the net is declared again, the "
+    "next job is claimed onto the server beside that run",
+)
+def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(
+    world, tmp_path, job_root
+):
+    """net-a runs job `old` when a redeploy removes it from NETS; reconcile fails `old` (its
+    run may live on a server nothing watches). A second redeploy declares net-a again while
+    that run still lives: net-a must take no job beside it (one live run per server)."""
+    declared = world.rt.settings
+    old = world.enqueue("old", net="net-a")
+    world.run_pipeline(old)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    housekeeping.reconcile(world.rt)
+    assert world.job(old).state == JobState.FAILED
+    world.rt.settings = declared  # net-a declared again; its server still runs `old`'s run
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
+    new = world.enqueue("new", net="net-a")
+
+    claims = dispatch.assign_jobs(world.rt)
+
+    assert [c.job_id for c in claims if c.net_name == "net-a"] == [], (
+        f"job {new} claimed onto net-a beside run {world.job(old).nvflare_job_id}"
+    )

@@ -85,7 +85,7 @@ SAFEGUARDS = [
         # Seeds 4, 706 and 958 of the 111 servers seeds below 1,000 before the awaited-run
         # poll; since half the worlds poll, seed 958.
         range(940, 960),
-        frozenset({"job-state-bounded", "quiescence"}),
+        frozenset({"job-state-bounded", "quiescence", "liveness"}),
     ),
     Safeguard(
         "a misconfigured net does not keep its server (hole 9)",
@@ -99,7 +99,7 @@ SAFEGUARDS = [
         _set(housekeeping, "expire_stray_runs", lambda *_args: False),
         "servers",
         range(120, 150),
-        frozenset({"queued-while-free", "quiescence"}),
+        frozenset({"queued-while-free", "quiescence", "liveness"}),
     ),
 ]
 
