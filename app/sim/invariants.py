@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from app.sim.clock import seconds_of
 from app.sim.fakes import Run
 from app.sim.faults import HUMAN_FIX_DELAY_S
+from app.usecases import services
 from app.usecases.dispatch import submit_try_s
 from models import (
     ACTIVE_JOB_STATES,
@@ -281,6 +282,15 @@ class Checker:
             self._seen_answering.pop(run.nvflare_id, None)
         return False  # undecided: asked again at the next step
 
+    def _removal_slack(self, net: str | None) -> float:
+        """A job on a net NETS no longer declares is settled only once no process has
+        declared the net for `services.undeclared_after_s` (a rolling deploy may still be
+        adding it), then by the next reconcile rounds: its bounds grow by that much."""
+        if net is None or self.sim.declared_net(net):
+            return 0.0
+        reconcile = 2 * self.sim.world.housekeeping_interval_s
+        return services.undeclared_after_s(self.sim.settings) + 2 * reconcile
+
     def needed(self, net: str) -> bool:
         """A net's server is needed: an active job on it, or a QUEUED job that could take
         it while it is assignable."""
@@ -383,6 +393,8 @@ class Checker:
                 J.ABORTING: b.aborting,
                 J.FINISHING: b.finishing,
             }.get(job.state)
+            if bound is not None:
+                bound += self._removal_slack(job.net)
             if bound is not None and age > bound:
                 self.report(
                     "job-state-bounded",
@@ -392,7 +404,7 @@ class Checker:
             if (
                 job.state == J.RUNNING
                 and job.dispatched_s is not None
-                and t - job.dispatched_s > b.max_run
+                and t - job.dispatched_s > b.max_run + self._removal_slack(job.net)
             ):
                 self.report(
                     "max-run-enforced",
@@ -477,7 +489,7 @@ class Checker:
                 self._dead_since.pop(job.id, None)
                 continue
             since = self._dead_since.setdefault(job.id, t)
-            if t - since > b.settle:
+            if t - since > b.settle + self._removal_slack(job.net):
                 how = _how_ended(recorded, t)
                 self.report(
                     "ended-run-settled",

@@ -14,6 +14,8 @@ from tests.fixtures.db import net_decl
 
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
+    # ... and no process has declared net-a for the whole grace since (the deploy is over).
+    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
     world.rt.settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
@@ -61,11 +63,6 @@ def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_recon
     assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare keys a copy by each file's path, size and mtime: a bundle rewritten as a "
-    "reproducible build writes it (same sizes, fixed mtimes) is submitted from the old copy",
-)
 def test_a_bundle_rebuilt_with_fixed_mtimes_is_prepared_afresh(tmp_path):
     """A job folder unpacked from a zip (every mtime 1980-01-01) or built with a fixed
     `tar --mtime` is replaced between two attempts by one whose config differs by a digit:
@@ -98,12 +95,6 @@ def test_a_bundle_rebuilt_with_fixed_mtimes_is_prepared_afresh(tmp_path):
     ), f"submitted from {first}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sweep seed 167 (claim-beside-live-run, one-run-per-server): fix 7 fails a RUNNING "
-    "job on a removed net without recording its run; when the net is declared again, the "
-    "next job is claimed onto the server beside that run",
-)
 def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(
     world, tmp_path, job_root
 ):

@@ -21,23 +21,7 @@ from app.usecases import services
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
 # a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
-_REMOVED_NET_STEP = (
-    "open: a chain step or abort in flight for a net a redeploy removed raises KeyError "
-    "(tests/unit/test_sim_findings.py)"
-)
-_FIXED_MTIME = (
-    "open: a bundle rebuilt with the same sizes and fixed mtimes is submitted from the earlier "
-    "attempt's prepared copy (tests/unit/test_sim_findings.py)"
-)
-_NET_DECLARED_AGAIN = (
-    "open: a net removed while a job runs there and declared again takes the next job beside "
-    "that run (tests/unit/test_sim_findings.py)"
-)
-KNOWN_OPEN = {
-    **dict.fromkeys((3, 23, 30, 33, 93, 122, 140, 194), _REMOVED_NET_STEP),
-    **dict.fromkeys((13, 22, 34), _FIXED_MTIME),
-    167: _NET_DECLARED_AGAIN,
-}
+KNOWN_OPEN: dict[int, str] = {}
 SEEDS = [
     pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN[s]))
     if s in KNOWN_OPEN
