@@ -24,6 +24,11 @@ from app.sim.sweep import run_seeds
 from app.usecases import dispatch, housekeeping, services
 from models import JobState
 
+# A sweep is many simulations in one test (the module fixture runs every seed): on a
+# machine busy with the other tiers it takes minutes, so the per-test 600 s default is
+# too tight for it; this is a guard against a hang, not a speed target.
+pytestmark = pytest.mark.timeout(1800)
+
 
 @contextmanager
 def _not_isolated(*_args: object) -> Iterator[None]:
