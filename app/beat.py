@@ -150,7 +150,7 @@ def heartbeat_age_s(path: Path, now: float) -> float | None:
 
 class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
     """Celery's persistent scheduler that sends only while it holds the beat lock, and
-    writes a heartbeat on every tick (active or standing by)."""
+    then writes a heartbeat on every tick (a standby writes none)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from app.celery_app import current_settings
@@ -169,7 +169,10 @@ class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
             )
             self._active = held
         interval = float(super().tick(*args, **kwargs)) if held else STANDBY_POLL_S
-        write_heartbeat(self._heartbeat, active=held, now=time.time())
+        if held:
+            # Only the beat that schedules vouches for the schedule: a standby sharing the
+            # data folder must never refresh the heartbeat of a holder that stopped ticking.
+            write_heartbeat(self._heartbeat, active=True, now=time.time())
         return interval
 
     def close(self) -> None:

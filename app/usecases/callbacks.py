@@ -434,10 +434,19 @@ def _deliver_due(rt: Runtime, sender: CallbackSender, owner: str, deadline: floa
             functools.partial(_deliver_job, rt, sender, owner, job_id, deadline=deadline, done=done)
             for job_id in jobs
         ]
+        unanswered = 0
         for step in steps:
             verdict = step()
             if verdict == Verdict.UNREACHABLE:
-                return done
+                # No answer to one event may be that event's (a handler that hangs on it):
+                # one other due event is tried before the receiver is taken for down. If it
+                # is answered, the receiver's rest is lifted and only the first job waits
+                # (its own backoff); two in a row unanswered, and everything rests.
+                unanswered += 1
+                if unanswered > 1:
+                    return done
+                continue
+            unanswered = 0
             if verdict == Verdict.LEASE_LOST:
                 done.lease_lost = True
                 return done
@@ -620,6 +629,10 @@ def _judge(
     return _Judged(Verdict.RETRY_LATER, error, now + timedelta(seconds=backoff_s(tries, cap)))
 
 
+def _own_backoff_s(rt: Runtime, tries: int) -> float:
+    return backoff_s(tries, rt.settings.callback_max_backoff_s)
+
+
 def _record(
     rt: Runtime,
     owner: str,
@@ -664,6 +677,10 @@ def _record(
             cursor.failed += 1
         elif judged.verdict == Verdict.RETRY_LATER:
             cursor.next_attempt_at = judged.retry_at
+        elif judged.verdict == Verdict.UNREACHABLE:
+            # The job backs off too, not only the receiver: if only this job's event goes
+            # unanswered (a handler that times out on it), the others go first after the rest.
+            cursor.next_attempt_at = now + timedelta(seconds=_own_backoff_s(rt, cursor.tries))
         if judged.error is not None:
             cursor.last_error = judged.error
         return judged.verdict
@@ -707,6 +724,9 @@ def _record_rejection(
             row.callback_failed = judged.verdict == Verdict.FAILED
         elif judged.verdict == Verdict.RETRY_LATER:
             row.callback_next_attempt_at = judged.retry_at
+        elif judged.verdict == Verdict.UNREACHABLE:
+            wait_s = _own_backoff_s(rt, row.callback_tries)
+            row.callback_next_attempt_at = now + timedelta(seconds=wait_s)
         if judged.error is not None:
             row.callback_last_error = judged.error
         return judged.verdict

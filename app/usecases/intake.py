@@ -8,13 +8,15 @@ import logging
 import uuid
 from dataclasses import dataclass
 
+from sqlalchemy import select
+
 from app import names
 from app.db import unit_of_work
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.runtime import Runtime
-from app.schemas import EnqueueJob, ReportJobStatus, storable
+from app.schemas import EnqueueJob, ReportJobStatus, storable, unstorable
 from app.usecases import services
-from models import JobState, ReasonCode
+from models import Job, JobState, ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +71,22 @@ def reject_enqueue(
 def refuse_enqueue(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> ReasonCode:
     """Record a refused enqueue with its code: `caller_key_conflict` when the key names a
     job enqueued with another payload, `rejected` for anything else. Returns the code."""
-    code = (
-        ReasonCode.CALLER_KEY_CONFLICT
-        if isinstance(exc, CallerKeyConflict)
-        else ReasonCode.REJECTED
-    )
-    reject_enqueue(rt, caller_key, str(exc), code)
+    conflict = isinstance(exc, CallerKeyConflict) or _names_a_job(rt, caller_key)
+    code = ReasonCode.CALLER_KEY_CONFLICT if conflict else ReasonCode.REJECTED
+    reason = str(exc)
+    if conflict and not isinstance(exc, CallerKeyConflict):
+        # A payload that fails validation under a key that already names a job is not a
+        # repeat of it either: the job is unchanged, and must not read as rejected.
+        reason = f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
+    reject_enqueue(rt, caller_key, reason, code)
     return code
+
+
+def _names_a_job(rt: Runtime, caller_key: str | None) -> bool:
+    if not caller_key or unstorable(caller_key) is not None:
+        return False
+    with rt.sessions() as session:
+        return session.scalar(select(Job.id).where(Job.caller_key == caller_key)) is not None
 
 
 @dataclass(frozen=True)

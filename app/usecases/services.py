@@ -192,7 +192,7 @@ def enqueue_job(
     with another payload is a CallerKeyConflict."""
     existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
     if existing is not None:
-        return _repeat(existing, request)
+        return _repeat(existing, request, settings)
 
     sites = list(request.required_sites)
     if request.net is not None:
@@ -231,7 +231,7 @@ def enqueue_job(
         now=now,
         job_id=job_id_for(request.caller_key),
         metadata=request.metadata,
-        request_digest=request.digest(),
+        request_digest=_as_stored(request, settings).digest(),
     )
     try:
         # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
@@ -245,16 +245,31 @@ def enqueue_job(
         )
         if winner is None:  # pragma: no mutate (the race path, as above)
             raise
-        return _repeat(winner, request)  # pragma: no mutate
+        return _repeat(winner, request, settings)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     return Enqueued(job.id, created=True, state=job.state)
 
 
-def _repeat(existing: Job, request: EnqueueJob) -> Enqueued:
+def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
+    """The request with the defaults the job is stored with filled in (MAX_ATTEMPTS, the
+    net's default sites), so that spelling a default out is the same request as omitting it."""
+    sites = list(request.required_sites)
+    if not sites and request.net is not None and settings.has_net(request.net):
+        sites = list(settings.net(request.net).required_sites)
+    return request.model_copy(
+        update={
+            "max_attempts": request.max_attempts or settings.max_attempts,
+            "required_sites": sites,
+        }
+    )
+
+
+def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
     """A repeat of an enqueue: the same request (a retry) names the existing job; another
     payload under the same key is refused, since answering with the first job would let the
     caller believe its new request was queued."""
-    if existing.request_digest is not None and existing.request_digest != request.digest():
+    digest = _as_stored(request, settings).digest()
+    if existing.request_digest is not None and existing.request_digest != digest:
         raise CallerKeyConflict(
             f"caller_key {request.caller_key!r} already names job {existing.id} "
             f"({existing.state.value}), enqueued with a different payload"

@@ -146,8 +146,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, job_id = raw.split("|")
-        return datetime.fromisoformat(created), uuid.UUID(job_id)
-    except ValueError:
+        at = datetime.fromisoformat(created)
+        if at.tzinfo is None:  # every cursor this API returns carries its zone
+            raise ValueError("no zone")
+        return at, uuid.UUID(job_id)
+    except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("cursor is not one this API returned") from None
 
 

@@ -356,9 +356,10 @@ def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver
         assert deliver(cb, receiver).retry_in_s is None  # resting; the wake-up is scheduled
         assert receiver_row(cb).failures == row.failures  # and nothing was tried
         cb.clock.advance(waits[-1])
-    # one try per rest, of the oldest event only; 2, 4, 8 s then CALLBACK_MAX_BACKOFF_S
-    assert tries == [1] * 6
-    assert waits == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    # two tries per rest (the oldest event, then one other: a receiver that answers the
+    # other is not down, only the first job waits); 4 s, then CALLBACK_MAX_BACKOFF_S
+    assert tries == [2] * 6
+    assert waits == [4.0, 10.0, 10.0, 10.0, 10.0, 10.0]
     assert receiver.requests == []
 
     receiver.down = False
@@ -470,8 +471,9 @@ def test_only_one_retry_of_the_task_is_ever_scheduled(cb, receiver):
     assert deliver(cb, receiver).retry_in_s == 2.0
     cb.enqueue("j2", net="fixed")  # its kick finds work waiting, but a wake-up is due
     assert deliver(cb, receiver).retry_in_s is None
-    cb.clock.advance(2)  # the scheduled retry runs, fails again, schedules the next one
-    assert deliver(cb, receiver).retry_in_s == 4.0
+    cb.clock.advance(2)  # the scheduled retry runs, fails again (both jobs' events: the
+    # second is tried before the receiver is taken for down), schedules the next one
+    assert deliver(cb, receiver).retry_in_s == 8.0
     assert deliver(cb, receiver).retry_in_s is None
 
 
