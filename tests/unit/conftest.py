@@ -182,3 +182,15 @@ def dispatch_through_a_start_time_blip(world: World, job_id: str, net: str = "ne
     admin.server_start_time = flaky  # type: ignore[method-assign]
     dispatch.dispatch(world.rt, job_id, net, 0)
     admin.server_start_time = real  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def sited(tmp_path, job_root, sqlite_factory, clock) -> World:
+    """net-a declares its sites (site-1..3); net-b declares none."""
+    nets = [
+        net_decl(
+            tmp_path, "net-a", "ecs", sites=["site-1", "site-2", "site-3"], ready_timeout_s=120
+        ),
+        net_decl(tmp_path, "net-b", "ecs", ready_timeout_s=120),
+    ]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)

@@ -74,17 +74,6 @@ def test_an_overrun_whose_abort_is_not_confirmed_keeps_its_run_from_the_next_job
 # --- 2. declared sites are checked at enqueue but not at the claim ----------------------------
 
 
-@pytest.fixture
-def sited(tmp_path, job_root, sqlite_factory, clock) -> World:
-    nets = [
-        net_decl(
-            tmp_path, "net-a", "ecs", sites=["site-1", "site-2", "site-3"], ready_timeout_s=120
-        ),
-        net_decl(tmp_path, "net-b", "ecs", ready_timeout_s=120),
-    ]
-    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
-
-
 def test_an_unpinned_job_is_never_claimed_by_a_net_that_declares_it_lacks_its_sites(sited):
     """net-a declares its sites (site-1..3); net-b declares none. An unpinned job needing
     site-99 is accepted at enqueue (net-b may have it), but the claim ignores declared sites:

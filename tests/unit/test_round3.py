@@ -279,17 +279,6 @@ def test_an_accepted_abort_that_the_server_does_not_confirm_leaves_a_stray(world
 # --- required sites the net does not have ---------------------------------------------------
 
 
-@pytest.fixture
-def sited(tmp_path, job_root, sqlite_factory, clock) -> World:
-    nets = [
-        net_decl(
-            tmp_path, "net-a", "ecs", sites=["site-1", "site-2", "site-3"], ready_timeout_s=120
-        ),
-        net_decl(tmp_path, "net-b", "ecs", ready_timeout_s=120),
-    ]
-    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
-
-
 def test_a_site_the_net_does_not_have_is_refused_at_enqueue(sited):
     with pytest.raises(InvalidRequest, match=r"site-99.*net-a has site-1, site-2, site-3"):
         sited.enqueue("typo", net="net-a", required_sites=["site-1", "site-99"])
