@@ -91,12 +91,13 @@ if [ "$#" -gt 0 ]; then
   exec python -m pytest "$@"
 fi
 
-# The whole suite, in two phases, each in parallel workers (pytest-xdist; each test already
-# owns its ports, databases, Redis servers and folders, and a file stays on one worker, so
-# its module fixtures are made once). The unit tier first, so a unit failure shows within
-# the first two minutes; then everything that waits on real servers, where more workers
-# than cores pay because the tests mostly wait. Workers: FL_TEST_WORKERS_UNIT (default 2)
-# and FL_TEST_WORKERS (default 6).
+# The whole suite, in two phases (pytest-xdist; each test already owns its ports, databases,
+# Redis servers and folders, and a file stays on one worker, so its module fixtures are made
+# once). The unit tier first, in parallel, so a unit failure shows within the first minutes;
+# then everything that runs real servers. Workers: FL_TEST_WORKERS_UNIT (default 2) and
+# FL_TEST_WORKERS (default 1). More than one worker for the second phase is faster, but
+# measured on 2 cores with 6 workers, NVFLARE logins under that load hung in nvflare's own
+# session close and timed tests missed their bounds: one at a time is what CI runs.
 REPORTS="$(mktemp -d)"
 trap 'rm -rf "$REPORTS"' EXIT
 status=0
@@ -105,11 +106,12 @@ phase() {
   shift 2
   echo "== pytest: $name ($workers workers)"
   local start=$SECONDS
-  python -m pytest -n "$workers" --dist loadfile --junitxml="$REPORTS/$name.xml" -q "$@" \
-    || status=$?
+  local parallel=()
+  if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
+  python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
   echo "== $name: $((SECONDS - start)) s"
 }
 phase unit "${FL_TEST_WORKERS_UNIT:-2}" -m unit
-phase others "${FL_TEST_WORKERS:-6}" -m "not unit"
+phase others "${FL_TEST_WORKERS:-1}" -m "not unit"
 python -m tests.tools.test_report "$REPORTS"/*.xml
 exit "$status"
