@@ -279,7 +279,6 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     declared = declared_nets(ctx.runtime.settings)
     declared_names = {n.name for n in declared}
 
-    @app.get("/fl/status", tags=["status"], response_model=FlStatus, responses=error_responses(503))
     @app.get(
         "/fl/status",
         tags=["status"],

@@ -117,6 +117,7 @@ def test_the_openapi_document_names_operations_the_key_scheme_and_the_webhooks(c
         ("GET", "/readyz"): "get_readiness",
         ("GET", "/metrics"): "get_metrics",
         ("GET", "/fl/status"): "get_fl_status",
+        ("GET", "/nets"): "get_nets_page",
         ("GET", "/jobs"): "list_jobs",
         ("GET", "/jobs/by-key/{caller_key}"): "get_job_by_caller_key",
         ("GET", "/jobs/{job_id}"): "get_job",
