@@ -140,6 +140,13 @@ def write_heartbeat(path: Path, *, active: bool, now: float) -> None:
     tmp.replace(path)
 
 
+def _says_active(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()).get("active"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def heartbeat_age_s(path: Path, now: float) -> float | None:
     """Seconds since this data folder's beat last ticked; None if it never did."""
     try:
@@ -149,8 +156,8 @@ def heartbeat_age_s(path: Path, now: float) -> float | None:
 
 
 class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
-    """Celery's persistent scheduler that sends only while it holds the beat lock, and
-    then writes a heartbeat on every tick (a standby writes none)."""
+    """Celery's persistent scheduler that sends only while it holds the beat lock, and writes
+    a heartbeat on every tick (a standby never over an active beat's)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from app.celery_app import current_settings
@@ -169,10 +176,11 @@ class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
             )
             self._active = held
         interval = float(super().tick(*args, **kwargs)) if held else STANDBY_POLL_S
-        if held:
-            # Only the beat that schedules vouches for the schedule: a standby sharing the
-            # data folder must never refresh the heartbeat of a holder that stopped ticking.
-            write_heartbeat(self._heartbeat, active=True, now=time.time())
+        if held or not _says_active(self._heartbeat):
+            # A standby never overwrites an active beat's heartbeat: sharing the data folder
+            # with a holder that stopped ticking, it must not vouch for it. In a folder of
+            # its own it writes its own (standing by, alive).
+            write_heartbeat(self._heartbeat, active=held, now=time.time())
         return interval
 
     def close(self) -> None:

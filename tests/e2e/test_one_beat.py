@@ -58,9 +58,11 @@ def _heartbeat(data_dir: Path) -> dict | None:
 
 
 def _senders(client: redis.Redis) -> dict[int, int]:
-    """Messages waiting on the queue, by the pid of the process that sent them."""
+    """Messages waiting on the queues (beat's go to the housekeeping queue), by the pid of
+    the process that sent them."""
     counts: dict[int, int] = {}
-    for raw in client.lrange(names.QUEUE, 0, -1):
+    raws = [raw for queue in names.QUEUES for raw in client.lrange(queue, 0, -1)]
+    for raw in raws:
         origin = json.loads(raw)["headers"]["origin"]  # "gen<pid>@<host>"
         pid = int(origin.removeprefix("gen").split("@")[0])
         counts[pid] = counts.get(pid, 0) + 1
