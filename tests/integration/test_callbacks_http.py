@@ -273,8 +273,10 @@ def test_a_refused_enqueue_reaches_the_receiver_as_a_rejected_event(make_world, 
     job_id = run_to_completion(world, "a", "net-a")  # never waits for the rejected event
 
     report = callbacks.deliver_callbacks(world.rt)
-    assert report.delivered == 0 and report.retry_in_s == 2.0
-    clock.advance(2)
+    # Two tries unanswered (the rejected event, then one other before the receiver is taken
+    # for down): a rest of 4 s.
+    assert report.delivered == 0 and report.retry_in_s == 4.0
+    clock.advance(4)
     receiver.start()
     report = callbacks.deliver_callbacks(world.rt)
     assert (report.delivered, report.failed, report.retry_in_s) == (6, 0, None)
