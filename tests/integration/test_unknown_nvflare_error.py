@@ -127,7 +127,8 @@ def test_a_bundle_nvflare_rejects_fails_the_job_with_nvflares_reason(
     with rt.sessions() as session:
         job = services.get_job(session, job_id)
         assert job.state == JobState.FAILED and job.attempts == 0
-        assert "rejected" in (job.last_error or "")
+        # A failed job's reason never reads as a refused enqueue: it has its own code.
+        assert job.reason_code == "definition_invalid", (job.reason_code, job.last_error)
         assert services.get_net(session, NET).state != "MISCONFIGURED"
 
 
