@@ -6,9 +6,7 @@ processed"."""
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from typing import Any
 
 from app import names
 from app.errors import InvalidRequest, NotFound
@@ -16,23 +14,7 @@ from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
 from app.usecases import intake
 from tasks.base import dispatcher_task, runtime
 
-M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
-
-
-def _validate(model: type[M], payload: Any) -> M:
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors()
-        )
-        raise InvalidRequest(f"invalid {model.__name__} payload: {problems}") from None
-
-
-def _caller_key(payload: Any) -> str | None:
-    key = payload.get("caller_key") if isinstance(payload, dict) else None
-    return key[:200] if isinstance(key, str) and key else None
 
 
 @dispatcher_task(names.ENQUEUE_JOB)
@@ -41,10 +23,10 @@ def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     payload is recorded (the caller can see "rejected: <reason>") and logged as one line."""
     rt = runtime()
     try:
-        request = _validate(EnqueueJob, payload)
+        request = intake.parse_payload(EnqueueJob, payload)
         result = intake.submit_job(rt, request).enqueued
     except InvalidRequest as exc:
-        key = _caller_key(payload)
+        key = intake.caller_key_of(payload)
         code = intake.refuse_enqueue(rt, key, exc)
         return {"rejected": str(exc), "reason_code": str(code), "caller_key": key}
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
@@ -54,7 +36,7 @@ def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
 def abort_job(self: Any, payload: dict[str, Any]) -> str:
     """Abort a job wherever it is; a server that is down means nothing to abort."""
     try:
-        request = _validate(AbortJob, payload)
+        request = intake.parse_payload(AbortJob, payload)
         return str(intake.request_abort(runtime(), request.job_id, request.reason).decision.state)
     except (InvalidRequest, NotFound) as exc:
         log.warning("abort rejected: %s", exc)
@@ -66,7 +48,7 @@ def report_job_status(self: Any, payload: dict[str, Any]) -> str:
     """flip-api's terminal-status signal for a job."""
     rt = runtime()
     try:
-        request = _validate(ReportJobStatus, payload)
+        request = intake.parse_payload(ReportJobStatus, payload)
         return str(intake.report_status(rt, request))
     except (InvalidRequest, NotFound) as exc:
         log.warning("status report rejected: %s", exc)

@@ -15,9 +15,7 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from app import names
 from app.errors import InvalidRequest, NotFound
@@ -36,40 +34,20 @@ def _job(kw: dict[str, Any]) -> uuid.UUID:
     return uuid.UUID(kw["job_id"])
 
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def _validate(model: type[M], payload: Any) -> M:
-    """tasks.public._validate: a payload pydantic refuses is an InvalidRequest."""
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors()
-        )
-        raise InvalidRequest(f"invalid {model.__name__} payload: {problems}") from None
-
-
-def _caller_key(payload: Any) -> str | None:
-    """tasks.public._caller_key."""
-    key = payload.get("caller_key") if isinstance(payload, dict) else None
-    return key[:200] if isinstance(key, str) and key else None
-
-
 def _enqueue(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.enqueue_job: a refused payload is recorded, not raised."""
     try:
-        request = _validate(EnqueueJob, kw["payload"])
+        request = intake.parse_payload(EnqueueJob, kw["payload"])
         return intake.submit_job(rt, request).enqueued
     except InvalidRequest as exc:
-        intake.reject_enqueue(rt, _caller_key(kw["payload"]), str(exc))
+        intake.reject_enqueue(rt, intake.caller_key_of(kw["payload"]), str(exc))
         return f"rejected: {exc}"
 
 
 def _abort_job(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.abort_job."""
     try:
-        request = _validate(AbortJob, kw["payload"])
+        request = intake.parse_payload(AbortJob, kw["payload"])
         return intake.request_abort(rt, request.job_id, request.reason).decision.state
     except (InvalidRequest, NotFound) as exc:
         return f"rejected: {exc}"
@@ -78,7 +56,7 @@ def _abort_job(rt: Runtime, kw: dict[str, Any]) -> object:
 def _report(rt: Runtime, kw: dict[str, Any]) -> object:
     """tasks.public.report_job_status."""
     try:
-        request = _validate(ReportJobStatus, kw["payload"])
+        request = intake.parse_payload(ReportJobStatus, kw["payload"])
         return intake.report_status(rt, request)
     except (InvalidRequest, NotFound) as exc:
         return f"rejected: {exc}"

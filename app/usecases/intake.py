@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 
 from app import names
@@ -17,6 +19,27 @@ from app.runtime import Runtime
 from app.schemas import EnqueueJob, ReportJobStatus, storable, unstorable
 from app.usecases import services
 from models import Job, JobState, ReasonCode
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_payload(model: type[M], payload: Any) -> M:
+    """A public task's payload as its model; one pydantic refuses is an InvalidRequest
+    naming each field's problem (the task and the simulator's mirror of it share this)."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidRequest(f"invalid {model.__name__} payload: {problems}") from None
+
+
+def caller_key_of(payload: Any) -> str | None:
+    """The caller_key a refused payload carries, if any (cut to the column's length)."""
+    key = payload.get("caller_key") if isinstance(payload, dict) else None
+    return key[:200] if isinstance(key, str) and key else None
+
 
 log = logging.getLogger(__name__)
 

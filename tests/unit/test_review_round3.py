@@ -183,7 +183,7 @@ def test_a_refused_caller_key_is_recorded_within_its_column(world):
 
     Breaks: the commit's item 5 "A refused enqueue whose own words cannot be stored is
     recorded escaped" and the Task API's "A refused payload ... is recorded"."""
-    from tasks.public import _caller_key
+    from app.usecases.intake import caller_key_of as _caller_key
 
     key = _caller_key({"caller_key": "\x00" * 300})
     intake.reject_enqueue(world.rt, key, "caller_key: invalid")
