@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -96,11 +96,19 @@ class Stack:
         return str(next(iter(networks.values()))["IPAddress"])
 
     def logs(self, *services: str) -> str:
+        """Each service's warnings and errors, then its last 40 lines."""
         parts = []
         for service in services:
             name = self.server_container if service == "fl-server" else self.container(service)
-            out = _podman("logs", "--tail", "40", name, check=False)
-            parts.append(f"--- {service}\n{out.stdout}{out.stderr}")
+            out = _podman("logs", name, check=False)
+            lines = (out.stdout + out.stderr).splitlines()
+            loud = [line for line in lines if " WARNING " in line or " ERROR " in line]
+            parts.append(
+                f"--- {service}: {len(loud)} warnings and errors (last 20)\n"
+                + "\n".join(loud[-20:])
+                + f"\n--- {service}: last 40 lines\n"
+                + "\n".join(lines[-40:])
+            )
         return "\n".join(parts)
 
     def get(self, path: str) -> Any:
@@ -108,8 +116,15 @@ class Stack:
         response.raise_for_status()
         return response.json()
 
-    def wait(self, what: str, condition, timeout_s: float, *logs: str) -> float:
-        """Seconds it took; fails with the services' last log lines."""
+    def wait(
+        self,
+        what: str,
+        condition: Callable[[], bool],
+        timeout_s: float,
+        *logs: str,
+        facts: Callable[[], Any] | None = None,
+    ) -> float:
+        """Seconds it took; fails with `facts` (what the API says) first, then the logs."""
         started = time.monotonic()
         while True:
             try:
@@ -118,7 +133,13 @@ class Stack:
             except (httpx.HTTPError, OSError, KeyError, IndexError):
                 pass  # not up yet
             if time.monotonic() - started > timeout_s:
-                pytest.fail(f"{what}: not within {timeout_s:.0f}s\n{self.logs(*logs)}")
+                summary = ""
+                if facts is not None:
+                    try:
+                        summary = json.dumps(facts(), indent=1, default=str)
+                    except Exception as exc:  # the summary must not hide the failure
+                        summary = f"(no facts: {exc!r})"
+                pytest.fail(f"{what}: not within {timeout_s:.0f}s\n{summary}\n{self.logs(*logs)}")
             time.sleep(0.5)
 
 
@@ -265,7 +286,7 @@ def _run_job(stack: Stack, key: str) -> dict[str, float]:
     assert not _server_running(stack)
     before = stack.state(stack.server_container)["StartedAt"]
     job_id = _send_job(stack, key)
-    logs = ("worker", "fl-server", "site-1", "docker-proxy")
+    logs = ("worker", "housekeeper", "fl-server", "site-1", "docker-proxy")
 
     stack.wait("the fl-server container started", lambda: _server_running(stack), 120, *logs)
     assert stack.state(stack.server_container)["StartedAt"] != before
@@ -276,7 +297,10 @@ def _run_job(stack: Stack, key: str) -> dict[str, float]:
         sites_seen.update(_net(stack)["connected_sites"] or [])
         return bool(stack.get(f"/jobs/{job_id}")["state"] == "COMPLETED")
 
-    stack.wait("the job COMPLETED", completed, 240, *logs)
+    def facts() -> dict[str, Any]:
+        return {"job": stack.get(f"/jobs/{job_id}"), "net": _net(stack)}
+
+    stack.wait("the job COMPLETED", completed, 240, *logs, facts=facts)
     assert sites_seen == {"site-1", "site-2"}
     history = _history(stack, job_id)
     assert "RUNNING" in history, history
@@ -285,6 +309,7 @@ def _run_job(stack: Stack, key: str) -> dict[str, float]:
         lambda: not _server_running(stack) and _net(stack)["state"] == "STOPPED",
         GRACE_S + 90,
         *logs,
+        facts=facts,
     )
     return {
         "assigned to running (cold start and submit) s": (
