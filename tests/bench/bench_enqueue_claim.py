@@ -26,8 +26,7 @@ from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import services
 from models import utcnow
-
-PG_ADMIN_URL = "postgresql+psycopg://127.0.0.1:5432/test"
+from tests.fixtures.db import PG_ADMIN_URL  # FL_TEST_PG_URL, as the tests
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing of the core (README "Tests", Mutation testing): mutmut over the files
+# Mutation testing of the core (tests/mutation/README.md): mutmut over the files
 # [tool.mutmut] in pyproject.toml lists, against the unit tier, then tests/mutation/REPORT.md.
-#   bash tests/mutation/run.sh                 everything, from scratch (README gives the time)
+#   bash tests/mutation/run.sh                 everything, from scratch (README.md here gives the time)
 #   bash tests/mutation/run.sh "models.states*"  only these mutants (mutmut's name globs)
 # The whole run starts from scratch (mutants/ is mutmut's copy of the code and its results);
 # a run with names keeps mutants/ and re-tests just those, e.g. after adding a test.

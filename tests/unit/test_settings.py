@@ -145,20 +145,6 @@ def test_redacted_hides_passwords_and_secrets(monkeypatch):
     assert "fl:***@db" in text
 
 
-def test_readme_documents_every_setting():
-    from pathlib import Path
-
-    from app.settings import Settings
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    undocumented = [
-        field.alias
-        for field in Settings.model_fields.values()
-        if field.alias and f"`{field.alias}`" not in readme
-    ]
-    assert undocumented == [], "add these to the README's configuration table"
-
-
 @pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+psycopg"])
 def test_a_postgresql_url_of_any_usual_form_means_psycopg(tmp_path, scheme):
     settings = Settings(

@@ -1,0 +1,274 @@
+"""The README stays true: its settings table is Settings, every relative link in every
+Markdown file of the repository resolves (anchors by GitHub's rules), its first 200 lines are
+the front door, and every environment variable the test command reads is documented."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import SecretStr
+
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# Not the project's: virtualenvs, caches, git, mutmut's copy of the tree.
+SKIPPED_DIRS = {"mutants", "node_modules", "__pycache__"}
+FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
+def markdown_files() -> list[Path]:
+    """Every Markdown file of the repository (dot folders, like .venv and .git, left out)."""
+    found = []
+    for path in ROOT.rglob("*.md"):
+        parts = path.relative_to(ROOT).parts
+        if any(part.startswith(".") or part in SKIPPED_DIRS for part in parts[:-1]):
+            continue
+        found.append(path)
+    return sorted(found)
+
+
+def prose_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield number, line
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: its text as rendered, lower case, punctuation but
+    hyphens and underscores dropped, each space a hyphen."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link reads as its text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in a Markdown file; a repeated one gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, line in prose_lines(path.read_text()):
+        match = HEADING.match(line)
+        if not match:
+            continue
+        slug = github_slug(match.group(2))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def relative_links(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, target) of every link or image in a file that is not a URL."""
+    for number, line in prose_lines(path.read_text()):
+        for target in LINK.findall(CODE_SPAN.sub("", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("//"):
+                continue
+            yield number, target
+
+
+def broken_links(path: Path) -> list[str]:
+    broken = []
+    for number, target in relative_links(path):
+        file_part, _, fragment = target.partition("#")
+        where = f"{path.relative_to(ROOT)}:{number}: {target}"
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{where}: no such file")
+        elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
+            broken.append(f"{where}: no heading with that anchor in {linked.name}")
+        elif fragment and linked.suffix != ".md" and not re.fullmatch(r"L\d+(-L\d+)?", fragment):
+            broken.append(f"{where}: an anchor into a file that has no headings")
+    return broken
+
+
+def section(text: str, heading: str) -> str:
+    """The text under a heading, up to the next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading)
+    end = len(lines)
+    for index in range(start + 1, len(lines)):
+        match = HEADING.match(lines[index])
+        if match and len(match.group(1)) <= level:
+            end = index
+            break
+    return "\n".join(lines[start + 1 : end])
+
+
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of each row of the table whose header row starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+        rows.append([cell.strip() for cell in cells])
+    return rows
+
+
+def documented_settings(text: str) -> dict[str, str]:
+    """The README's settings table: variable -> its Default cell."""
+    table = section(text, "## Configuration")
+    documented = {}
+    for row in table_rows(table, "| Variable | Default |"):
+        name = re.fullmatch(r"`([A-Z][A-Z0-9_]*)`", row[0])
+        assert name, f"not one variable per row: {row[0]}"
+        documented[name.group(1)] = row[1]
+    return documented
+
+
+@pytest.fixture
+def defaults(monkeypatch, tmp_path) -> dict[str, object]:
+    """Each setting's effective default: Settings built from an empty environment."""
+    for field in Settings.model_fields.values():
+        if field.alias:
+            monkeypatch.delenv(field.alias, raising=False)
+    monkeypatch.chdir(tmp_path)
+    settings = Settings()
+    return {
+        field.alias: getattr(settings, name)
+        for name, field in Settings.model_fields.items()
+        if field.alias
+    }
+
+
+def default_problem(name: str, cell: str, value: object, data_dir: Path) -> str | None:
+    """Why a Default cell does not say `value`, or None when it does."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if value is None or value == "":
+        word = "unset" if value is None else "empty"
+        return None if cell.lower().startswith(word) else f"{name}: say {word!r}, not {cell!r}"
+    shown = re.search(r"`([^`]*)`", cell)
+    if shown is None:
+        return f"{name}: no default in code in {cell!r}"
+    token = shown.group(1)
+    if isinstance(value, bool):
+        expected = "true" if value else "false"
+    elif isinstance(value, int | float):
+        try:
+            ok = float(token) == float(value)
+        except ValueError:
+            ok = False
+        return None if ok else f"{name}: the default is {value}, the README says {token!r}"
+    elif isinstance(value, Path):
+        expected = os.path.relpath(value) if value.is_absolute() else str(value)
+    elif isinstance(value, tuple):
+        expected = ",".join(map(str, value))
+    else:
+        expected = str(value).replace(str(data_dir), "<data dir>")
+    return None if token == expected else f"{name}: the default is {expected!r}, not {token!r}"
+
+
+def test_the_settings_table_is_every_setting_with_its_default(defaults):
+    documented = documented_settings(README.read_text())
+    missing = sorted(set(defaults) - set(documented))
+    made_up = sorted(set(documented) - set(defaults))
+    assert missing == [], "add these to the README's settings table (## Configuration)"
+    assert made_up == [], "the README's settings table names settings that do not exist"
+    data_dir = defaults["FL_DISPATCHER_DATA_DIR"]
+    assert isinstance(data_dir, Path)
+    wrong = [
+        problem
+        for name, value in defaults.items()
+        if (problem := default_problem(name, documented[name], value, data_dir))
+    ]
+    assert wrong == []
+
+
+def test_the_essentials_name_only_settings_that_exist():
+    essentials = section(README.read_text(), "## Configuration essentials")
+    named = {
+        name
+        for row in table_rows(essentials, "| Setting |")
+        for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row[0])
+    }
+    aliases = {field.alias for field in Settings.model_fields.values()}
+    assert named, "the essentials table is gone"
+    assert named - aliases == set()
+
+
+def test_every_relative_link_in_every_markdown_file_resolves():
+    files = markdown_files()
+    assert README in files and len(files) > 1
+    broken = [problem for path in files for problem in broken_links(path)]
+    assert broken == []
+
+
+def test_the_first_200_lines_are_the_front_door():
+    text = README.read_text()
+    front = "\n".join(text.splitlines()[:200])
+    demo = "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/fl-dispatcher demo"
+    assert demo in front
+    assert "\nbash tests/run.sh\n" in front
+    for heading in (
+        "## The two commands",
+        "## Architecture",
+        "## How flip-api calls it",
+        "## Configuration essentials",
+        "## What to page on",
+        "## Contents",
+    ):
+        assert f"\n{heading}\n" in front, f"{heading} is not in the first 200 lines"
+    # The table of contents links every top-level section of the README.
+    contents = section(text, "## Contents")
+    listed = set(re.findall(r"\]\(#([^)]+)\)", contents))
+    sections = {
+        github_slug(match.group(2))
+        for _, line in prose_lines(text)
+        if (match := HEADING.match(line)) and match.group(1) == "##" and line != "## Contents"
+    }
+    assert sections - listed == set(), "add these sections to the README's Contents"
+
+
+def test_every_alert_rule_is_in_what_to_page_on():
+    rules = yaml.safe_load((ROOT / "app" / "monitoring" / "alerts.yml").read_text())
+    alerts = {rule["alert"] for group in rules["groups"] for rule in group["rules"]}
+    page = section(README.read_text(), "## What to page on")
+    listed = {re.sub(r"`", "", row[0]) for row in table_rows(page, "| Alert |")}
+    assert listed == alerts
+
+
+SHELL_SCRIPTS = [
+    ROOT / "tests" / "run.sh",
+    *sorted((ROOT / "tests" / "tools").glob("*.sh")),
+    ROOT / "tests" / "mutation" / "run.sh",
+    *sorted(path for path in (ROOT / ".ci").iterdir() if path.suffix in {"", ".sh"}),
+]
+SHELL_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]*):?-")  # ${NAME:-default}, ${NAME-default}
+PYTHON_READ = re.compile(
+    r"(?:os\.environ(?:\.get)?[\[(]\s*|os\.getenv\(\s*)\"([A-Z][A-Z0-9_]*)\""
+    r"|\"([A-Z][A-Z0-9_]*)\"\s+(?:not\s+)?in\s+os\.environ"
+)
+
+
+def variables_read_by_the_tests() -> set[str]:
+    names = {name for path in SHELL_SCRIPTS for name in SHELL_READ.findall(path.read_text())}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for pair in PYTHON_READ.findall(path.read_text()):
+            names.update(name for name in pair if name)
+    return names
+
+
+def test_every_variable_the_test_command_reads_is_in_the_readme():
+    read = variables_read_by_the_tests()
+    assert {"FL_VENV", "FL_TEST_WORKERS", "FL_TEST_WORKERS_UNIT", "FL_TEST_PG_URL"} <= read
+    variables = section(README.read_text(), "### Test variables")
+    documented = set(re.findall(r"`([A-Z][A-Z0-9_]*)`", variables))
+    assert read - documented == set(), "add these to the README's Test variables"
