@@ -321,7 +321,7 @@ def _fold_metrics_backlog(database_url: str) -> int:
     # History written before the running totals existed (or while nothing scraped) is
     # counted now, in batches, so no /metrics scrape has to.
     from app.db import make_engine, session_factory
-    from app.metrics import catch_up
+    from app.metrics.fold import catch_up
 
     engine = make_engine(database_url)
     try:
