@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, u
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.adapters.s3_bundles import parse_s3_definition
+from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest, NotFound
 from app.schemas import (
     EnqueueJob,
