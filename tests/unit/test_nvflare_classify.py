@@ -28,7 +28,8 @@ from app.errors import (
     ServerUnavailable,
     UnknownAdminError,
 )
-from app.settings import NetConfig, Settings
+from app.net_config import NetConfig
+from app.settings import Settings
 
 CASES: list[tuple[str, BaseException, C]] = [
     # The server is down, restarting, or the session is gone: transient.

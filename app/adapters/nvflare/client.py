@@ -46,7 +46,8 @@ from app.errors import (
     TransientError,
     UnknownAdminError,
 )
-from app.settings import NetConfig, Settings
+from app.net_config import NetConfig
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
