@@ -24,10 +24,7 @@ from app.metrics.figures import (
     Snapshot,
 )
 from app.metrics.read import read_snapshot
-from models import (
-    JobState,
-    NetState,
-)
+from models import JobState, NetState
 
 
 def _histogram(

@@ -13,12 +13,7 @@ from typing import Protocol
 
 from sqlalchemy import Table
 
-from models import (
-    Base,
-    JobEvent,
-    JobState,
-    NetState,
-)
+from models import Base, JobEvent, JobState, NetState
 
 # Bucket bounds (seconds). Queue waits range from instant to hours behind a long job; a
 # cold start is an ECS task launch plus NVFLARE start plus sites reconnecting (minutes).
