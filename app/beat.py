@@ -40,7 +40,7 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# "fl_beat"; other advisory locks of this schema: app.metrics._FOLD_LOCK_KEY.
+# "fl_beat"; other advisory locks of this schema: app.metrics.fold._FOLD_LOCK_KEY.
 BEAT_LOCK_KEY = 0x666C5F62656174
 STANDBY_POLL_S = 1.0
 HEARTBEAT_FILE = "beat-heartbeat.json"

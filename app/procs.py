@@ -1,6 +1,6 @@
-"""Generic process helpers (Linux): ports, /proc parsing, process trees. Used by the local
-scale driver to recognise and stop its server across dispatcher restarts, and by the local
-harness and tests."""
+"""Process helpers (Linux, through psutil): ports, a process's identity (pid and start time)
+and command line, process trees and stopping them. Used by the local scale driver to
+recognise and stop its server across dispatcher restarts, and by the local harness and tests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+
+import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -61,69 +62,75 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-# --- /proc helpers (Linux) used to recognise a server across dispatcher restarts -------------
+# --- process identity and trees (psutil), to recognise a server across dispatcher restarts ---
+
+_EXITED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_fields(path: Path) -> list[str] | None:
-    try:
-        stat = path.read_text()
-    except OSError:
+def _process(pid: int) -> psutil.Process | None:
+    if pid <= 0:  # psutil refuses these; no process has them
         return None
-    # comm (field 2) may contain spaces and parentheses; the rest follows the last ')'.
-    return stat[stat.rindex(")") + 2 :].split()
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _start_ticks(pid: int) -> int:
+    """The kernel's start time of `pid` in clock ticks since boot: the value the local driver
+    records (older versions read it from /proc themselves). psutil gives it as wall-clock
+    seconds, the boot time plus those ticks; the boot time moves only with a clock step, and
+    a step while it is read is read again."""
+    while True:
+        boot = psutil.boot_time()
+        started = psutil.Process(pid).create_time()
+        if psutil.boot_time() == boot:
+            return round((started - boot) * _CLOCK_TICKS)
 
 
 def proc_start_ticks(pid: int) -> int | None:
     """The process start time in clock ticks since boot, or None if there is no such live process.
 
     A zombie counts as dead (it holds no socket any more), but only once every thread is
-    gone: when the main thread of a multi-threaded process exits first, /proc shows the
-    process as a zombie while its other threads still run and still serve its port.
+    gone: when the main thread of a multi-threaded process exits first, the process shows as
+    a zombie while its other threads still run and still serve its port.
     """
-    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
-    if fields is None:
+    process = _process(pid)
+    if process is None:
         return None
-    if fields[0] in ("Z", "X"):
-        try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except OSError:
+    try:
+        # An exited process keeps only its main thread: more means another still runs.
+        if process.status() in _EXITED and process.num_threads() <= 1:
             return None
-        states = [f[0] for t in tasks if (f := _stat_fields(t / "stat")) is not None]
-        if all(state in ("Z", "X") for state in states):
-            return None
-    return int(fields[19])  # field 22 overall: starttime
+        return _start_ticks(pid)
+    except psutil.Error:
+        return None
 
 
 def proc_cmdline(pid: int) -> list[str] | None:
     """The process's argv, or None if it is gone or unreadable."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    process = _process(pid)
+    if process is None:
         return None
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return None
 
 
 def listener_pids(port: int) -> list[int]:
-    """Pids of the processes listening on TCP `port` (from /proc/net; for error messages)."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{inode}]")
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
-                pids.append(int(entry.name))
-    return pids
+    """Pids of the processes listening on TCP `port` (for error messages)."""
+    return sorted(
+        {
+            conn.pid
+            for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN
+            and conn.laddr
+            and conn.laddr.port == port
+            and conn.pid is not None
+        }
+    )
 
 
 def reap(pid: int) -> None:
@@ -133,25 +140,19 @@ def reap(pid: int) -> None:
 
 
 def process_tree(pid: int) -> list[tuple[int, int]]:
-    """(pid, start ticks) of every live descendant of `pid`, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    """(pid, start ticks) of every live descendant of `pid`."""
+    process = _process(pid)
+    if process is None:
+        return []
+    try:
+        descendants = process.children(recursive=True)
+    except psutil.Error:
+        return []
     found: list[tuple[int, int]] = []
-    pending = list(children.get(pid, []))
-    while pending:
-        child = pending.pop()
-        ticks = proc_start_ticks(child)
+    for child in descendants:
+        ticks = proc_start_ticks(child.pid)
         if ticks is not None:
-            found.append((child, ticks))
-        pending.extend(children.get(child, []))
+            found.append((child.pid, ticks))
     return found
 
 
@@ -188,7 +189,7 @@ def terminate_tree(
 
     nvflare 2.9 starts each job process with `setsid` (utils/process_utils.py), so a job
     process is NOT in its parent's process group and survives a group kill, orphaned. The
-    tree is therefore read from /proc while the parent still lives, every member is signalled
+    tree is therefore read while the parent still lives, every member is signalled
     (by pid AND start time, so a reused pid is never hit), and after the parent has exited
     its job processes get a short grace and then SIGKILL. With `expected_ticks`, nothing is
     signalled unless `pid` is still the process that started at that time.

@@ -22,8 +22,9 @@ from app.adapters.drivers import Observation, ScaleDriver, build_driver
 from app.adapters.drivers.base import ObservationPass, observation_pass
 from app.adapters.nvflare.base import AdminClient
 from app.db import make_engine, session_factory
+from app.net_config import NetConfig
 from app.parallel import ProbeResult, Sequential
-from app.settings import NetConfig, Settings
+from app.settings import Settings
 from models import utcnow
 
 log = logging.getLogger(__name__)

@@ -11,14 +11,10 @@ import base64
 import binascii
 import json
 import re
-import tomllib
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
@@ -29,220 +25,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.errors import SettingsError
-from app.schemas import NET_NAME_PATTERN
-
-_TRUE = frozenset({"true", "1", "yes", "on"})
-_FALSE = frozenset({"false", "0", "no", "off"})
+from app.flags import parse_flag
+from app.net_config import NetConfig, format_validation_error, load_nets_file, parse_nets
 
 
-def parse_flag(name: str, raw: object, default: bool) -> bool:
-    """Parse a boolean flag the one way every process does: true/false/1/0/yes/no/on/off,
-    any case, surrounding spaces ignored; empty means `default`; anything else is an error."""
-    if raw is None:
-        return default
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text == "":
-        # A Makefile `export` of a commented-out line yields exactly this.
-        return default
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise SettingsError(
-        f"{name}={raw!r} is not a boolean; accepted (any case): "
-        "true/false, 1/0, yes/no, on/off, or empty for the default "
-        f"({str(default).lower()})"
-    )
-
-
-# Mutation testing covers parse_flag only (pyproject [tool.mutmut]): what follows is pydantic
-# declarations and their validators, checked by test_settings.py case by case.
+# Mutation testing covers `_check_webhook_secret` only here (pyproject [tool.mutmut]; flags
+# are parsed in app/flags.py): what follows is the pydantic declaration and its validators,
+# checked by test_settings.py case by case.
 # pragma: no mutate start
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EcsDriverConfig(_Strict):
-    """An fl-server run as an ECS service; credentials come from boto3's standard chain."""
-
-    kind: Literal["ecs"]
-    region: str = Field(min_length=1)
-    cluster: str = Field(min_length=1)
-    service: str = Field(min_length=1)
-    endpoint_url: str | None = None  # only for tests against moto's server
-
-
-class LocalDriverConfig(_Strict):
-    """An fl-server started as a local process from its provisioned startup kit."""
-
-    kind: Literal["local"]
-    server_kit_dir: Path  # the participant folder holding startup/ (e.g. .../prod_00/server)
-
-    @field_validator("server_kit_dir")
-    @classmethod
-    def _kit_has_startup(cls, value: Path) -> Path:
-        if not (value / "startup").is_dir():
-            raise ValueError(f"{value} has no startup/ folder (not an NVFLARE server kit)")
-        return value
-
-
-class StaticDriverConfig(_Strict):
-    """An always-on server that is never scaled."""
-
-    kind: Literal["static"]
-
-
-# Docker's own rule for container names.
-DOCKER_CONTAINER_NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$"
-
-
-class DockerDriverConfig(_Strict):
-    """An fl-server run as an existing container, started and stopped through the Docker
-    Engine API (Docker, or podman's Docker-compatible service). The container is created
-    by the operator (compose), never by the driver: see app/adapters/drivers/docker.py."""
-
-    kind: Literal["docker"]
-    container: str = Field(pattern=DOCKER_CONTAINER_NAME_PATTERN)
-    # The Engine API endpoint: the engine's socket, or (least privilege) a socket proxy
-    # that allows only start, stop and inspect of the fl-server containers. Never read
-    # from DOCKER_HOST: one home for configuration.
-    engine_url: str = Field(
-        default="unix:///var/run/docker.sock", pattern=r"^(unix|tcp|http|https)://.+$"
-    )
-    # How long the server gets to stop on SIGTERM before the engine sends SIGKILL.
-    stop_timeout_s: int = Field(default=30, ge=0, le=600)
-    # Bound on one Engine API call (a stop waits stop_timeout_s on top).
-    api_timeout_s: int = Field(default=10, gt=0, le=120)
-
-
-DriverConfig = Annotated[
-    EcsDriverConfig | LocalDriverConfig | StaticDriverConfig | DockerDriverConfig,
-    Field(discriminator="kind"),
-]
-
-
-class AdminConfig(_Strict):
-    """The admin startup kit used to talk to the net's server."""
-
-    kit_dir: Path  # the admin participant folder holding startup/fed_admin.json
-    username: str = Field(min_length=1)
-
-    @field_validator("kit_dir")
-    @classmethod
-    def _kit_readable(cls, value: Path) -> Path:
-        if not (value / "startup" / "fed_admin.json").is_file():
-            raise ValueError(f"{value} has no startup/fed_admin.json (not an NVFLARE admin kit)")
-        return value
-
-
-class NetConfig(_Strict):
-    """One net: its driver, its admin kit and its timeouts."""
-
-    name: str = Field(pattern=NET_NAME_PATTERN)
-    driver: DriverConfig
-    admin: AdminConfig
-    idle_timeout_s: float = Field(default=600.0, ge=0)
-    ready_timeout_s: float = Field(default=900.0, gt=0)
-    required_sites: tuple[str, ...] = ()
-    # The sites provisioned for this net (None: not declared). Declared, a job that needs a
-    # site the net does not have is refused at enqueue instead of waiting out the readiness
-    # deadline for a site that can never connect.
-    sites: tuple[str, ...] | None = None
-    max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
-    report_timeout_s: float | None = Field(default=None, gt=0)  # None: REPORT_TIMEOUT_S
-    # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
-    per_job_fl_server: bool | None = None
-    # "host:port" the net's server serves on, as its admin kit must name it. The local driver
-    # reads it from the server kit; declare it for ecs and static nets to have a kit that
-    # points elsewhere reported as a misconfiguration instead of "server never came up".
-    server_endpoint: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
-    # None: RELEASE_AFTER. "reported": hold the server after NVFLARE finished until flip-api
-    # reports the results uploaded (FLIP's fl-server uploads them from its own disk).
-    release_after: Literal["finished", "reported"] | None = None
-    # Resolved once when Settings are built (the net's flag, else the global one).
-    _always_on: bool = PrivateAttr(default=True)
-
-    @property
-    def always_on(self) -> bool:
-        """True when the net's server must never be scaled (static driver, or flag off)."""
-        return self._always_on
-
-    def holds_for_report(self, default: str) -> bool:
-        """True when a finished run keeps the server until flip-api reports the upload."""
-        return (self.release_after or default) == "reported"
-
-    @property
-    def scales_to_zero(self) -> bool:
-        """True when the net's server runs only while a job needs it."""
-        return not self._always_on
-
-    @model_validator(mode="after")
-    def _defaults_among_sites(self) -> NetConfig:
-        if self.sites is not None:
-            unknown = [s for s in self.required_sites if s not in self.sites]
-            if unknown:
-                raise ValueError(f"required_sites {unknown} are not among its sites")
-        return self
-
-    def lacks(self, sites: Sequence[str]) -> list[str]:
-        """The sites of `sites` this net does not have (none when its sites are undeclared)."""
-        return [] if self.sites is None else [s for s in sites if s not in self.sites]
-
-    @field_validator("per_job_fl_server", mode="before")
-    @classmethod
-    def _flag(cls, value: object) -> bool | None:
-        if value is None or (isinstance(value, str) and value.strip() == ""):
-            return None
-        return parse_flag("per_job_fl_server", value, default=False)
-
-
-def _format_validation_error(prefix: str, exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(net)"
-        parts.append(f"{prefix}: field '{loc}': {err['msg']}")
-    return "; ".join(parts)
-
-
-def parse_nets(raw: Any, source: str) -> tuple[NetConfig, ...]:
-    """Validate a list of net declarations in full; every error names the net and the field."""
-    if isinstance(raw, Mapping) and "nets" in raw:
-        raw = raw["nets"]
-    if not isinstance(raw, list):
-        raise SettingsError(f"{source}: expected a list of nets, got {type(raw).__name__}")
-    nets: list[NetConfig] = []
-    for index, item in enumerate(raw):
-        label = item.get("name") if isinstance(item, Mapping) else None
-        prefix = f"{source}: net '{label}'" if label else f"{source}: net #{index}"
-        try:
-            nets.append(NetConfig.model_validate(item))
-        except ValidationError as exc:
-            raise SettingsError(_format_validation_error(prefix, exc)) from None
-    names = [n.name for n in nets]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise SettingsError(f"{source}: net names must be unique, repeated: {duplicates}")
-    return tuple(nets)
-
-
-def load_nets_file(path: Path) -> Any:
-    """Read a nets file, TOML (`[[nets]]`) or JSON by extension."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SettingsError(f"NETS_FILE={path}: cannot read: {exc.strerror}") from None
-    try:
-        if path.suffix == ".toml":
-            return tomllib.loads(text)
-        return json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise SettingsError(
-            f"NETS_FILE={path}: not valid {path.suffix[1:] or 'JSON'}: {exc}"
-        ) from None
-
-
 class Settings(BaseSettings):
     """Every setting of every process; built once at start and passed in."""
 
@@ -481,7 +271,7 @@ def load_settings(**overrides: Any) -> Settings:
             ctx_error = (err.get("ctx") or {}).get("error")
             if isinstance(ctx_error, SettingsError):
                 raise ctx_error from None
-        raise SettingsError(_format_validation_error("settings", exc)) from None
+        raise SettingsError(format_validation_error("settings", exc)) from None
 
 
 # pragma: no mutate end

@@ -2,7 +2,9 @@
 
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
+from models.housekeeping import HousekeepingRun
 from models.kicks import PendingKick
+from models.metrics import MetricNetClock, MetricTotal
 from models.reasons import REASONS, FlipStatus, ReasonCode
 from models.states import (
     ACTIVE_JOB_STATES,
@@ -15,11 +17,8 @@ from models.states import (
     NetState,
 )
 from models.tables import (
-    HousekeepingRun,
     Job,
     JobEvent,
-    MetricNetClock,
-    MetricTotal,
     Net,
     NetEvent,
     RejectedRequest,

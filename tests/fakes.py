@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.adapters.drivers.base import Observation
 from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, RunStatus, ServerState
-from app.adapters.nvflare.client import run_status
+from app.adapters.nvflare.classify import run_status
 from app.errors import NvflareJobNotFound, ServerUnavailable
 
 

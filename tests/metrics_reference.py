@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.metrics import (
+from app.metrics.figures import (
     COLD_START_BUCKETS_S,
     DISPATCH_LATENCY_BUCKETS_S,
     QUEUE_WAIT_BUCKETS_S,
@@ -18,9 +18,9 @@ from app.metrics import (
     Snapshot,
     cold_starts,
     dispatch_latencies,
-    read_current_extras,
     uptimes,
 )
+from app.metrics.read import read_current_extras
 from app.usecases.services import REPORT_TIMEOUT_REASON
 from models import Job, JobEvent, JobState, NetEvent, ScaleEvent, StrayRun
 

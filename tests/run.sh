@@ -11,14 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${FL_VENV:-.venv}"
-# The versions come from .ci/constraints.txt (README "Dependencies"), so every machine and
-# CI run tests the same set.
+# Every package comes from .ci/requirements.lock (README "Dependencies"), each file checked
+# against the hash it was locked with, so every machine and CI run tests the same set; then
+# the project itself, whose dependencies are all in the lock.
 if [ ! -x "$VENV/bin/fl-dispatcher" ] || [ pyproject.toml -nt "$VENV/.installed" ] \
-  || [ .ci/constraints.txt -nt "$VENV/.installed" ]; then
+  || [ .ci/requirements.lock -nt "$VENV/.installed" ]; then
   echo "== installing into $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet -c .ci/constraints.txt -e '.[dev]'
+  "$VENV/bin/python" -m pip install --quiet --require-hashes -r .ci/requirements.lock
+  "$VENV/bin/python" -m pip install --quiet --no-deps -e .
   touch "$VENV/.installed"
 fi
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # FL_VENV may be absolute

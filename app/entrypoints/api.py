@@ -47,7 +47,7 @@ from app.entrypoints.responses import (
     error_responses,
 )
 from app.errors import CallerKeyConflict, InvalidRequest, NotFound, RequestRejected
-from app.metrics import build_registry
+from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
 from app.runtime import Runtime

@@ -7,6 +7,10 @@ print no secrets (configuration is shown through `Settings.redacted()`). Only `a
 the HTTP stack (FastAPI, uvicorn); heavy imports stay inside the command that needs them.
 
 Exit codes: 0 ok, 1 the command failed (not found, bad input, unreachable), 2 settings.
+
+This module parses the command line and runs the command: the commands live in `cli_jobs`
+(configuration, nets, jobs), `cli_services` (processes, database) and `cli_offline` (output
+from the code alone), and print through `cli_output`.
 """
 
 from __future__ import annotations
@@ -14,187 +18,37 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import sys
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from app.entrypoints.cli_jobs import (
+    cmd_abort,
+    cmd_config_check,
+    cmd_enqueue,
+    cmd_job,
+    cmd_jobs,
+    cmd_status,
+)
+from app.entrypoints.cli_offline import cmd_diagram, cmd_schema, cmd_simulate
+from app.entrypoints.cli_output import EXIT_FAILED, EXIT_SETTINGS, JSON_STDOUT
+from app.entrypoints.cli_services import (
+    cmd_api,
+    cmd_beat,
+    cmd_db,
+    cmd_demo,
+    cmd_participant,
+    cmd_ready,
+    cmd_worker,
+)
 from app.errors import DispatcherError, RequestRejected, SettingsError
-from app.runtime import Runtime
 from app.settings import Settings, redact_url
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_SETTINGS = 2
-
 Handler = Callable[[argparse.Namespace, Settings], int]
-
-
-# --- output ------------------------------------------------------------------------------
-
-
-# With --json, stdout carries the JSON document and nothing else: main() sends whatever else
-# is printed there to stderr (NVFLARE 2.9's admin client prints "Connecting to FLARE ..."
-# to stdout while a net is probed) and keeps the real stdout here for the document.
-_JSON_STDOUT: dict[str, TextIO] = {}
-
-
-def _print_json(data: Any, out: TextIO) -> None:
-    out = _JSON_STDOUT.get("out", out)
-    out.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    out.flush()
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
-
-
-def _when(iso: str | None) -> str:
-    # Seconds precision is plenty on a terminal.
-    return iso[:19].replace("T", " ") if iso else "-"
-
-
-# --- commands ----------------------------------------------------------------------------
-
-
-def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
-    """Print the effective configuration with secrets masked, and for each net whether its
-    admin kit names another server (`kit_problem`)."""
-    from app.adapters.nvflare.kit_check import kit_endpoint_problem
-
-    data = settings.redacted()
-    for net in data["nets"]:
-        net["kit_problem"] = kit_endpoint_problem(settings.net(net["name"]))
-    if settings.data_dir_defaulted:
-        sys.stderr.write(
-            f"fl-dispatcher: warning: FL_DISPATCHER_DATA_DIR is unset, so the data folder is "
-            f"{settings.data_dir} (.fl-dispatcher under the current directory): set it to "
-            "use one folder whatever directory a command runs from\n"
-        )
-    if args.json:
-        _print_json(data, sys.stdout)
-        return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS
-    for key, value in data.items():
-        if key != "nets":
-            sys.stdout.write(f"{key} = {value}\n")
-    sys.stdout.write(f"nets: {len(data['nets'])}\n")
-    for net in data["nets"]:
-        sys.stdout.write(f"  {net['name']}: {json.dumps(net, sort_keys=True)}\n")
-    problems = [(n.name, p) for n in settings.nets if (p := kit_endpoint_problem(n)) is not None]
-    for name, problem in problems:
-        sys.stderr.write(f"fl-dispatcher: net {name}: {problem}\n")
-    if problems:
-        return EXIT_SETTINGS
-    sys.stdout.write("configuration ok\n")
-    return EXIT_OK
-
-
-def _runtime(settings: Settings) -> Runtime:
-    """For commands that only read (nothing is sent: the outbox is a recorder)."""
-    return Runtime.from_settings(settings)
-
-
-def _sending_runtime(settings: Settings) -> Runtime:
-    """For commands that write and then tell the workers (through the broker)."""
-    from app.celery_app import celery_runtime
-
-    return celery_runtime(settings)
-
-
-def _warn_unsent(notified: bool | None) -> None:
-    # The row is committed; only the nudge was lost, and beat's assigner or the
-    # reconciler finds the row on its next tick (the outbox logged the broker's error).
-    if notified is False:
-        sys.stderr.write("warning: the workers were not told; beat will find the job\n")
-
-
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    """Every net (and its active job) and the queue."""
-    from app.parallel import Prober
-    from app.usecases.views import collect_status
-
-    runtime = _runtime(settings)
-    try:
-        prober = None if args.no_probe else Prober()
-        status = collect_status(runtime, prober, args.probe_timeout)
-    finally:
-        runtime.close()
-    if args.json:
-        _print_json(status, sys.stdout)
-        return EXIT_OK
-    rows = []
-    for net in status["nets"]:
-        driver = net["driver"]
-        active = net["active_job"]
-        rows.append(
-            [
-                net["name"],
-                net["state"],
-                "yes" if net["always_on"] else "no",
-                f"{net['driver_kind']} {driver['desired']}/{driver['running']}/{driver['pending']}"
-                if driver
-                else net["driver_kind"],
-                net["server_state"],
-                ",".join(net["connected_sites"]) if net["connected_sites"] is not None else None,
-                f"{active['id']} {active['state']}" if active else None,
-                net["error"] or net["last_error"],
-            ]
-        )
-    _table(
-        ["NET", "STATE", "ALWAYS-ON", "DRIVER d/r/p", "SERVER", "SITES", "ACTIVE JOB", "ERROR"],
-        rows,
-        sys.stdout,
-    )
-    queue = status["queue"]
-    sys.stdout.write(
-        f"\nqueued jobs: {queue['queued']}"
-        + (f" (oldest since {_when(queue['oldest_queued_at'])})" if queue["queued"] else "")
-        + "\n"
-    )
-    return EXIT_OK
-
-
-def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
-    """Jobs, newest first."""
-    from app.usecases.views import list_jobs, parse_job_state
-
-    state = parse_job_state(args.state) if args.state else None
-    runtime = _runtime(settings)
-    try:
-        with runtime.sessions() as session:
-            jobs = list_jobs(session, state, args.limit)
-    finally:
-        runtime.close()
-    if args.json:
-        _print_json(jobs, sys.stdout)
-        return EXIT_OK
-    _table(
-        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
-        [
-            [
-                j["id"],
-                j["state"],
-                j["reason_code"],
-                j["net"] or j["requested_net"],
-                j["caller_key"],
-                j["priority"],
-                f"{j['attempts']}/{j['max_attempts']}",
-                _when(j["created_at"]),
-                j["last_error"],
-            ]
-            for j in jobs
-        ],
-        sys.stdout,
-    )
-    return EXIT_OK
 
 
 def _version() -> str:
@@ -211,340 +65,6 @@ def _job_id(raw: str) -> uuid.UUID:
         return uuid.UUID(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a job id (a UUID)") from None
-
-
-def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
-    """One job with its history, by id or by caller key."""
-    from app.usecases.views import job_detail, job_detail_by_key
-
-    if (args.job_id is None) == (args.key is None):
-        sys.stderr.write("fl-dispatcher: job: give a job ID or --key, not both\n")
-        return EXIT_FAILED
-    runtime = _runtime(settings)
-    try:
-        with runtime.sessions() as session:
-            if args.key is not None:
-                job = job_detail_by_key(session, args.key, callbacks=settings.callbacks_enabled)
-            else:
-                job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
-    finally:
-        runtime.close()
-    if args.json:
-        _print_json(job, sys.stdout)
-        return EXIT_OK
-    history = job.pop("history")
-    for key, value in job.items():
-        sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
-    sys.stdout.write("\nhistory:\n")
-    _table(
-        ["AT", "FROM", "TO", "CODE", "REASON"],
-        [
-            [_when(e["at"]), e["from_state"], e["to_state"], e["reason_code"], e["reason"]]
-            for e in history
-        ],
-        sys.stdout,
-    )
-    return EXIT_OK
-
-
-def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    """Queue a job (idempotent on --key), then ask a worker to assign it."""
-    from pydantic import ValidationError
-
-    from app.schemas import EnqueueJob
-    from app.usecases import intake
-
-    try:
-        request = EnqueueJob(
-            caller_key=args.key,
-            definition=args.definition,
-            required_sites=args.site or [],
-            net=args.net,
-            priority=args.priority,
-            max_attempts=args.max_attempts,
-            metadata=args.metadata,
-        )
-    except ValidationError as exc:
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"])
-            sys.stderr.write(f"fl-dispatcher: enqueue: {field}: {err['msg']}\n")
-        return EXIT_FAILED
-    runtime = _sending_runtime(settings)
-    try:
-        submitted = intake.submit_job(runtime, request)
-    finally:
-        runtime.close()
-    result = submitted.enqueued
-    data = {
-        "job_id": str(result.job_id),
-        "state": result.state.value,
-        "created": result.created,
-        "notified": submitted.notified,
-    }
-    if args.json:
-        _print_json(data, sys.stdout)
-    else:
-        verb = "queued" if result.created else "already known"
-        sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
-    _warn_unsent(submitted.notified)
-    return EXIT_OK
-
-
-def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
-    """Abort a job; an active one is aborted on its server by the worker."""
-    from app.schemas import AbortJob
-    from app.usecases import intake
-
-    request = AbortJob(job_id=args.job_id, reason=args.reason)
-    runtime = _sending_runtime(settings)
-    try:
-        requested = intake.request_abort(runtime, request.job_id, request.reason)
-    finally:
-        runtime.close()
-    decision = requested.decision
-    data = {
-        "job_id": str(decision.job_id),
-        "state": decision.state.value,
-        "needs_server_abort": decision.needs_server_abort,
-        "notified": requested.notified,
-    }
-    if args.json:
-        _print_json(data, sys.stdout)
-    else:
-        then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
-        sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")
-    _warn_unsent(requested.notified)
-    return EXIT_OK
-
-
-def _fold_metrics_backlog(database_url: str) -> int:
-    # History written before the running totals existed (or while nothing scraped) is
-    # counted now, in batches, so no /metrics scrape has to.
-    from app.db import make_engine, session_factory
-    from app.metrics import catch_up
-
-    engine = make_engine(database_url)
-    try:
-        return catch_up(session_factory(engine))
-    finally:
-        engine.dispose()
-
-
-def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
-    """Alembic upgrade / downgrade / drift check on DATABASE_URL."""
-    # Alembic 1.16+ logs one INFO line per autogenerate plugin it sets up, on every command:
-    # noise around the one line that matters. Its migration lines stay.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-    from app import migrate
-    from app.settings import redact_url
-
-    target = redact_url(settings.database_url)
-    if args.db_command == "upgrade":
-        _wait_for(args, settings, schema=False, broker=False)
-        migrate.upgrade(settings.database_url, args.revision)
-        sys.stdout.write(f"database at {args.revision}: {target}\n")
-        if args.revision == "head":
-            folded = _fold_metrics_backlog(settings.database_url)
-            if folded:
-                sys.stdout.write(f"metrics: {folded} history rows counted into the totals\n")
-    elif args.db_command == "downgrade":
-        migrate.downgrade(settings.database_url, args.revision)
-        sys.stdout.write(f"database downgraded to {args.revision}: {target}\n")
-    else:
-        from alembic.util import AutogenerateDiffsDetected, CommandError
-
-        try:
-            migrate.check(settings.database_url)
-        except (AutogenerateDiffsDetected, CommandError) as exc:
-            sys.stderr.write(f"fl-dispatcher: db check: {exc}\n")
-            return EXIT_FAILED
-        sys.stdout.write(f"models and migrations agree: {target}\n")
-    return EXIT_OK
-
-
-def cmd_diagram(args: argparse.Namespace) -> int:
-    """The two state diagrams (Mermaid), generated from the transition tables."""
-    from models import JOB_TRANSITIONS, NET_TRANSITIONS
-    from models.states import mermaid
-
-    for title, table in (("Job", JOB_TRANSITIONS), ("Net", NET_TRANSITIONS)):
-        sys.stdout.write(f"### {title} states\n\n```mermaid\n{mermaid(table)}\n```\n\n")
-    return EXIT_OK
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    """The public contract (app.contract): task payloads, callbacks, reason codes, job ids,
-    signatures."""
-    from app.contract import contract_document
-
-    _print_json(contract_document(), sys.stdout)
-    return EXIT_OK
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    """Replay a trace (or a synthetic one) at each idle grace: what scale-to-zero saves."""
-    from app.sim import savings, trace
-
-    try:
-        if args.synthetic:
-            # Sized for the nets it is replayed on: the utilization is per net.
-            nets = savings.parse_nets(args.nets, trace.Trace(()))
-            spec = trace.Synthetic(
-                seed=args.seed, days=args.days, nets=len(nets), utilization=args.utilization
-            )
-            workload = trace.synthesize(spec)
-        else:
-            workload = trace.read_trace(args.trace)
-            nets = savings.parse_nets(args.nets, workload)
-        if args.write_trace is not None:
-            trace.write_trace(workload, args.write_trace)
-        report = savings.simulate(
-            workload,
-            nets,
-            savings.DEFAULT_GRACES if args.grace is None else args.grace,
-            args.cold_start,
-            workers=args.workers,
-            wait_budget_s=args.wait_budget,
-        )
-    except trace.TraceError as exc:
-        sys.stderr.write("".join(f"fl-dispatcher: {line}\n" for line in exc.problems))
-        return EXIT_FAILED
-    except ValueError as exc:
-        sys.stderr.write(f"fl-dispatcher: {exc}\n")
-        return EXIT_FAILED
-    if args.plot is not None:
-        try:
-            savings.plot(report, args.plot)
-        except ImportError:
-            sys.stderr.write(
-                "fl-dispatcher: --plot needs matplotlib: pip install 'fl-dispatcher[plot]'\n"
-            )
-            return EXIT_FAILED
-    if args.json:
-        _print_json(report.to_json(), sys.stdout)
-    else:
-        sys.stdout.write(savings.table(report) + "\n")
-    return EXIT_OK
-
-
-def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve the status API with uvicorn."""
-    import uvicorn
-
-    from app.entrypoints.api import create_app
-
-    _wait_for(args, settings, schema=True, broker=True)
-    app = create_app(_sending_runtime(settings), close_runtime=True)
-    # log_config=None: keep the handler configure_logging installed (plain or JSON).
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None)
-    return EXIT_OK
-
-
-def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
-    """Exit 0 if the database and the broker answer (the /readyz checks) and, if asked,
-    this data folder's beat ticked recently; for healthchecks."""
-    from app.db import make_engine
-    from app.parallel import Prober
-    from app.readiness import check_ready
-
-    engine = make_engine(settings.database_url)
-    try:
-        errors = check_ready(engine, settings.broker_url, Prober(), args.timeout)
-    finally:
-        engine.dispose()
-    if args.beat_ticked_within is not None:
-        from app.beat import heartbeat_age_s, heartbeat_path
-
-        age = heartbeat_age_s(heartbeat_path(settings), time.time())
-        errors["beat"] = (
-            f"no tick for {age:.0f}s (more than {args.beat_ticked_within:.0f}s)"
-            if age is not None and age > args.beat_ticked_within
-            else "never ticked"
-            if age is None
-            else None
-        )
-    failed = {k: error for k, error in errors.items() if error is not None}
-    for key, error in sorted(failed.items()):
-        sys.stderr.write(f"fl-dispatcher: {key} not ready: {error}\n")
-    if not failed:
-        beat = ", beat ticking" if "beat" in errors else ""
-        sys.stdout.write(f"database and broker reachable{beat}\n")
-    return EXIT_FAILED if failed else EXIT_OK
-
-
-def _wait_for(args: argparse.Namespace, settings: Settings, *, schema: bool, broker: bool) -> None:
-    """`--wait S`: retry the process's dependencies for up to S seconds before starting."""
-    if getattr(args, "wait", 0) > 0:
-        from app.readiness import wait_for_dependencies
-
-        wait_for_dependencies(settings, args.wait, schema=schema, broker=broker)
-
-
-# --- processes: worker, beat, demo --------------------------------------------------------
-
-
-def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    """Run a Celery worker (with an embedded beat only if asked: one beat per deployment)."""
-    from app.celery_app import run_worker
-
-    _wait_for(args, settings, schema=True, broker=True)
-    run_worker(settings, concurrency=args.concurrency, beat=args.beat, queues=args.queues)
-    return EXIT_OK
-
-
-def _queue_list(text: str) -> list[str]:
-    """`-Q a,b`: names from app.names only, so a typo is an error at start, not a worker
-    that silently consumes a queue nobody sends to."""
-    from app import names
-
-    queues = [q.strip() for q in text.split(",") if q.strip()]
-    unknown = [q for q in queues if q not in names.QUEUES]
-    if unknown or not queues:
-        raise argparse.ArgumentTypeError(
-            f"unknown queue(s) {', '.join(unknown) or '(none given)'}; "
-            f"choose from {', '.join(names.QUEUES)}"
-        )
-    return queues
-
-
-def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
-    """Run the deployment's one beat."""
-    from app.celery_app import run_beat
-
-    _wait_for(args, settings, schema=True, broker=True)
-    run_beat(settings)
-    return EXIT_OK
-
-
-def cmd_participant(args: argparse.Namespace) -> int:
-    """Become the NVFLARE participant (server or site) of a startup kit: the command its
-    `startup/sub_start.sh --once` would exec, without nvflare's restart loop (a container's
-    engine or the scale driver decides whether it runs). compose.yml's fl-server and sites."""
-    import os
-
-    from app.adapters.nvflare.participants import kit_command
-
-    kit = args.kit.resolve()
-    command = kit_command(kit)
-    (kit / "transfer").mkdir(exist_ok=True)  # sub_start.sh creates it before exec
-    os.chdir(kit)
-    sys.stdout.flush()
-    os.execv(command[0], command)  # noqa: S606 (the kit's own command line, as nvflare runs it)
-
-
-def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """Run the local end-to-end demo (its own settings; the environment's are not used)."""
-    import logging
-
-    # The demo prints its own story; library INFO lines (alembic, nvflare) would drown it.
-    # Set before the import: alembic logs while its plugins load.
-    logging.getLogger().setLevel(logging.WARNING)
-    from app.local.demo import run_demo
-
-    return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
-
-
-# --- parser ------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -797,6 +317,21 @@ def _add_process_commands(
     p.add_argument("--keep", action="store_true", help="keep the work folder")
 
 
+def _queue_list(text: str) -> list[str]:
+    """`-Q a,b`: names from app.names only, so a typo is an error at start, not a worker
+    that silently consumes a queue nobody sends to."""
+    from app import names
+
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    unknown = [q for q in queues if q not in names.QUEUES]
+    if unknown or not queues:
+        raise argparse.ArgumentTypeError(
+            f"unknown queue(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(names.QUEUES)}"
+        )
+    return queues
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fl-dispatcher` console script."""
     args = build_parser().parse_args(argv)
@@ -816,12 +351,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     if not getattr(args, "json", False):
         return _run(handler, args, settings)
-    _JSON_STDOUT["out"] = sys.stdout
+    JSON_STDOUT["out"] = sys.stdout
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return _run(handler, args, settings)
     finally:
-        _JSON_STDOUT.clear()
+        JSON_STDOUT.clear()
 
 
 def _run(handler: Handler, args: argparse.Namespace, settings: Settings) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.adapters import s3_bundles
+from app.adapters import s3_client
 from app.sim.clock import EPOCH_S, SimClock
 
 BUCKET = "sim-bundles"
@@ -184,12 +184,12 @@ def _error(code: str, status: int) -> Exception:
 def serving(s3: FakeS3) -> Iterator[None]:
     """Every BundleFetcher built meanwhile talks to `s3` (the fetcher builds its client
     with `make_s3_client`; a simulation runs alone in its process)."""
-    original = s3_bundles.make_s3_client
-    s3_bundles.make_s3_client = lambda *_a, **_kw: s3  # type: ignore[assignment]
+    original = s3_client.make_s3_client
+    s3_client.make_s3_client = lambda *_a, **_kw: s3  # type: ignore[assignment]
     try:
         yield
     finally:
-        s3_bundles.make_s3_client = original
+        s3_client.make_s3_client = original
 
 
 def remove_tree(root: Path) -> None:

@@ -45,7 +45,7 @@ from app.sim.faults import FaultProfile
 from app.sim.workload import COMPLETED, JobSpec, NetSpec
 
 ABORTED = "FINISHED:ABORTED"
-# NVFLARE 2.9 statuses in the dispatcher's words (app.adapters.nvflare.client's mapping).
+# NVFLARE 2.9 statuses in the dispatcher's words (app.adapters.nvflare.classify's mapping).
 RUN_STATES = {
     COMPLETED: RunState.COMPLETED,
     ABORTED: RunState.ABORTED,
@@ -586,7 +586,7 @@ class SimAdmin:
         return run.status(self.cluster.host.clock.t)
 
     def job_status(self, nvflare_job_id: str) -> RunStatus:
-        """The run's state in the dispatcher's words (as app.adapters.nvflare.client maps)."""
+        """The run's state in the dispatcher's words (as app.adapters.nvflare.classify maps)."""
         raw = self._raw_status(nvflare_job_id)
         state = RUN_STATES.get(raw)
         if state is None:

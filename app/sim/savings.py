@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from app.net_config import NetConfig
 from app.schemas import job_id_for
-from app.settings import NetConfig, Settings
+from app.settings import Settings
 from app.sim.clock import seconds_of
 from app.sim.faults import CLEAN
 from app.sim.simulation import Simulation

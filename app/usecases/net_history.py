@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from app.metrics import cold_starts
+from app.metrics.figures import cold_starts
 from app.settings import Settings
 from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, NetState, StrayRun
 

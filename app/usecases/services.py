@@ -20,8 +20,9 @@ from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, u
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.adapters.s3_bundles import parse_s3_definition
+from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest, NotFound
+from app.net_config import NetConfig
 from app.schemas import (
     EnqueueJob,
     ReportedStatus,
@@ -30,7 +31,7 @@ from app.schemas import (
     storable,
     unstorable,
 )
-from app.settings import NetConfig, Settings
+from app.settings import Settings
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,

@@ -8,7 +8,7 @@ finished jobs with their job_events (5 per job, 7 for the 2% requeued once), plu
 (start/ready/busy/idle/stop cycles) and scale_events, so that the three history tables hold
 `finished x history-per-job` rows in all (1,000,000 at 100k). Then:
 - catch-up: what `fl-dispatcher db upgrade` does once after the migration that added the
-  running totals (app.metrics.catch_up, when the code has it): fold the existing history;
+  running totals (app.metrics.fold.catch_up, when the code has it): fold the existing history;
 - first scrape: the first one after that (the old collector read the whole history here);
 - steady scrape: median of `--scrapes`, each after one beat interval's worth of new
   activity (5 more finished jobs and 5 net start/stop cycles), the cost a Prometheus scrape
@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-import app.metrics
+import app.metrics.fold
 from app.db import make_engine, session_factory
-from app.metrics import build_registry, families
+from app.metrics.exposition import build_registry, families
 from tests.bench.common import (
     StatementCounter,
     StatementProfile,
@@ -214,7 +214,7 @@ def run(
                 if callbacks
                 else build_registry(sessions, lambda: NOW)
             )
-            catch_up = getattr(app.metrics, "catch_up", None)
+            catch_up = getattr(app.metrics.fold, "catch_up", None)
             caught_up = Timing()
             if catch_up is not None:
                 caught_up.measure(lambda: catch_up(sessions))

@@ -14,9 +14,10 @@ from app.adapters.drivers import build_driver
 from app.adapters.drivers.base import Observation
 from app.adapters.drivers.docker import DockerDriver
 from app.errors import DriverMisconfigured, DriverTransientError
+from app.net_config import DockerDriverConfig
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
-from app.settings import DockerDriverConfig, Settings
+from app.settings import Settings
 from app.usecases import dispatch, services
 from app.usecases.dispatch import Step
 from models import NetState

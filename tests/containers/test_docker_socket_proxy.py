@@ -16,7 +16,7 @@ import pytest
 
 from app.adapters.drivers.docker import DOCKER_API_VERSION, DockerDriver
 from app.errors import DriverMisconfigured
-from app.settings import DockerDriverConfig
+from app.net_config import DockerDriverConfig
 from tests.fixtures.containers import SERVES_UNTIL_STOPPED, Containers, PodmanService, podman
 from tests.fixtures.services import _wait, free_port
 

@@ -12,7 +12,8 @@ import pytest
 from app.adapters.nvflare.kit_check import kit_endpoint_problem
 from app.celery_app import prepare_nets_at_start
 from app.db import make_engine, session_factory
-from app.entrypoints import cli
+from app.entrypoints.cli_jobs import cmd_config_check
+from app.entrypoints.cli_output import EXIT_SETTINGS
 from app.local import nvflare as nvflare_local
 from app.local.nvflare import Deployment
 from app.settings import Settings
@@ -54,7 +55,7 @@ def test_a_kit_for_another_server_is_reported_by_config_check(
     problem = kit_endpoint_problem(settings.net("local-net"))
     assert problem is not None
     assert f":{foreign_deployment.port}" in problem and f":{nvflare_deployment.port}" in problem
-    assert cli.cmd_config_check(_args(json=False), settings) == cli.EXIT_SETTINGS
+    assert cmd_config_check(_args(json=False), settings) == EXIT_SETTINGS
     assert "another project" in capsys.readouterr().err
 
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import unit_of_work
-from app.metrics import read_snapshot
+from app.metrics.read import read_snapshot
 from models import Net, NetState, ScaleEvent
 from tests.metrics_reference import reference_snapshot
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from app import procs
-from app.adapters.nvflare import client as nvflare_admin
+from app.adapters.nvflare import classify as nvflare_classify
 from app.adapters.nvflare.base import AbortOutcome, Readiness, RunState, ServerState
 from app.adapters.nvflare.client import NvflareAdminClient, build_admin_client
 from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
@@ -184,7 +184,7 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
     back): the first moment it gets in is the first moment a fresh login can succeed."""
     deployment = nvflare_server_down.deployment
     client = make_client()
-    unknown_before = sum(nvflare_admin.unknown_errors.values())
+    unknown_before = sum(nvflare_classify.unknown_errors.values())
     ready, result = tmp_path / "probe-ready", tmp_path / "probe-result"
     argv = [deployment.admin_user, str(deployment.admin_kit), str(ready), str(result)]
     prober = subprocess.Popen(
@@ -217,7 +217,7 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
     probe_first = float(result.read_text())
     assert errors, "the client got through at once: the cold-start window was not exercised"
     assert all(isinstance(e, ServerUnavailable) for e in errors), {type(e) for e in errors}
-    assert sum(nvflare_admin.unknown_errors.values()) == unknown_before
+    assert sum(nvflare_classify.unknown_errors.values()) == unknown_before
     lag = client_first - probe_first
     record_property("cold_start_probe_first_login_s", round(probe_first - launched, 2))
     record_property("cold_start_client_first_success_s", round(client_first - launched, 2))

@@ -22,7 +22,8 @@ import pytest
 from botocore.config import Config
 
 from app.adapters import jobdefs
-from app.adapters.s3_bundles import BundleFetcher, make_s3_client
+from app.adapters.s3_bundles import BundleFetcher
+from app.adapters.s3_client import make_s3_client
 from app.errors import BundleTransientError, BundleUnavailable, TransientError
 from app.settings import Settings
 from tests.fixtures.aws import MOTO_REGION

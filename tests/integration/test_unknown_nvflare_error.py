@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.adapters.nvflare import client as nvflare_client
+from app.adapters.nvflare import classify as nvflare_classify
 from app.adapters.nvflare.base import RunState
 from app.db import unit_of_work
 from app.migrate import upgrade
@@ -76,7 +76,7 @@ def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
     from nvflare.fuel.flare_api.flare_api import Session
 
     job_id = _running_job(rt, long_job.name)
-    before = sum(nvflare_client.unknown_errors.values())
+    before = sum(nvflare_classify.unknown_errors.values())
 
     def unfamiliar(*_args: object, **_kwargs: object) -> object:
         raise InternalError("zorblax: an answer no version of this code has seen")
@@ -98,7 +98,7 @@ def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
     # ABORT_TIMEOUT_S), no error reaches the caller
     assert intake.request_abort(rt, job_id, "test").decision.state == JobState.ABORTING
     assert abort.abort_on_server(rt, job_id) == JobState.ABORTING
-    assert sum(nvflare_client.unknown_errors.values()) > before
+    assert sum(nvflare_classify.unknown_errors.values()) > before
 
     monkeypatch.undo()  # nvflare answers normally again: the abort goes through
     assert abort.abort_on_server(rt, job_id) == JobState.ABORTED

@@ -14,7 +14,8 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import Histogram, Snapshot, families
+from app.metrics.exposition import families
+from app.metrics.figures import Histogram, Snapshot
 from models import JobState, NetState
 
 ROOT = Path(__file__).resolve().parents[2]

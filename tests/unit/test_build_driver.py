@@ -14,7 +14,8 @@ from app.adapters.drivers import build_driver
 from app.adapters.drivers.ecs import EcsDriver
 from app.adapters.drivers.static import StaticDriver
 from app.errors import SettingsError
-from app.settings import NetConfig, Settings, load_settings
+from app.net_config import NetConfig
+from app.settings import Settings, load_settings
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ from app.celery_app import beat_schedule
 from app.entrypoints.api import job_detail
 from app.errors import SettingsError
 from app.logs import secret_values
-from app.metrics import families, read_snapshot
+from app.metrics.exposition import families
+from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings

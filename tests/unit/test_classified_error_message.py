@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nvflare.fuel.flare_api import api_spec as nv
 
-from app.adapters.nvflare.client import classified_error
+from app.adapters.nvflare.classify import classified_error
 
 
 def test_without_a_context_the_message_starts_with_the_category() -> None:

@@ -606,7 +606,7 @@ class _ChattyAdmin:
 def test_every_json_command_prints_only_json_while_a_net_is_probed(
     capsys, world, cli_env, monkeypatch
 ):
-    from app.entrypoints import cli
+    from app.entrypoints import cli_jobs
     from app.runtime import Runtime
     from tests.fakes import FakeDriver
 
@@ -617,7 +617,7 @@ def test_every_json_command_prints_only_json_while_a_net_is_probed(
             driver_factory=lambda net, s: FakeDriver(),
         )
 
-    monkeypatch.setattr(cli, "_runtime", chatty_runtime)
+    monkeypatch.setattr(cli_jobs, "_runtime", chatty_runtime)
     enqueue = ["enqueue", "--key", "json-1", "--definition", "tiny-job", "--net", "net-a"]
     commands = [
         ["config", "check", "--json"],

@@ -1,4 +1,5 @@
-"""pyproject.toml's bounds and .ci/constraints.txt stay in step (README "Dependencies")."""
+"""pyproject.toml's bounds, .ci/requirements.lock and .ci/constraints.txt stay in step (README
+"Dependencies")."""
 
 from __future__ import annotations
 
@@ -14,11 +15,34 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
+LOCK = ROOT / ".ci" / "requirements.lock"
 CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 REQUIREMENTS = [
     Requirement(r) for r in PROJECT["dependencies"] + PROJECT["optional-dependencies"]["dev"]
 ]
+PIN = re.compile(r"([A-Za-z0-9._-]+)==([^\s;\\]+)")
+HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
+
+
+def locked() -> dict[str, tuple[Version, list[str]]]:
+    """Each package of the lock: its version and the hashes of its files."""
+    found: dict[str, tuple[Version, list[str]]] = {}
+    current: str | None = None
+    for line in LOCK.read_text().splitlines():
+        text = line.split("#", 1)[0].strip().removesuffix("\\").strip()
+        if not text:
+            continue
+        if line.startswith(" "):
+            assert current is not None and HASH.fullmatch(text), f"not a hash line: {line!r}"
+            found[current][1].append(text)
+            continue
+        match = PIN.match(text)
+        assert match, f"not a `name==version` entry: {line!r}"
+        current = canonicalize_name(match.group(1))
+        assert current not in found, f"{current} locked twice"
+        found[current] = (Version(match.group(2)), [])
+    return found
 
 
 def pins() -> dict[str, Version]:
@@ -26,7 +50,7 @@ def pins() -> dict[str, Version]:
     for line in CONSTRAINTS.read_text().splitlines():
         if not line or line.startswith("#"):
             continue
-        match = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;]+)", line)
+        match = PIN.fullmatch(line)
         assert match, f"not a plain `name==version` pin: {line!r}"
         name = canonicalize_name(match.group(1))
         assert name not in found, f"{name} pinned twice"
@@ -34,19 +58,28 @@ def pins() -> dict[str, Version]:
     return found
 
 
-def test_constraints_pin_plain_versions_and_not_the_project():
-    pinned = pins()
-    assert canonicalize_name(PROJECT["name"]) not in pinned
-    assert len(pinned) > len(REQUIREMENTS)  # the whole tree, not only the direct ones
+def test_the_lock_pins_every_package_with_hashes_and_not_the_project():
+    lock = locked()
+    assert canonicalize_name(PROJECT["name"]) not in lock
+    assert len(lock) > len(REQUIREMENTS)  # the whole tree, not only the direct ones
+    unhashed = sorted(name for name, (_, hashes) in lock.items() if not hashes)
+    assert not unhashed, f"locked without a hash: {unhashed}"
+
+
+def test_the_constraints_are_the_locks_versions():
+    assert pins() == {name: version for name, (version, _) in locked().items()}, (
+        "run `bash .ci/lock`"
+    )
 
 
 @pytest.mark.parametrize("requirement", REQUIREMENTS, ids=str)
-def test_every_direct_dependency_is_pinned_within_its_bounds(requirement):
-    pinned = pins()
+def test_every_direct_dependency_is_locked_within_its_bounds(requirement):
+    lock = locked()
     name = canonicalize_name(requirement.name)
-    assert name in pinned, f"{name} is not in {CONSTRAINTS.name}: run `bash .ci/lock`"
-    assert requirement.specifier.contains(pinned[name], prereleases=True), (
-        f"{name}=={pinned[name]} is outside {requirement.specifier}: run `bash .ci/lock`"
+    assert name in lock, f"{name} is not in {LOCK.name}: run `bash .ci/lock`"
+    version = lock[name][0]
+    assert requirement.specifier.contains(version, prereleases=True), (
+        f"{name}=={version} is outside {requirement.specifier}: run `bash .ci/lock`"
     )
 
 
@@ -55,7 +88,8 @@ def test_every_direct_dependency_has_a_floor_for_ci_floors_to_prove(requirement)
     assert any(spec.operator == ">=" for spec in requirement.specifier), requirement
 
 
-def test_installs_use_the_constraints():
+def test_installs_use_the_lock_with_its_hashes():
     run_sh = (ROOT / "tests" / "run.sh").read_text()
-    assert "pip install --quiet -c .ci/constraints.txt -e '.[dev]'" in run_sh
-    assert ".ci/constraints.txt -nt" in run_sh  # a refreshed file reinstalls
+    assert "pip install --quiet --require-hashes -r .ci/requirements.lock" in run_sh
+    assert "pip install --quiet --no-deps -e ." in run_sh  # nothing resolved past the lock
+    assert ".ci/requirements.lock -nt" in run_sh  # a refreshed lock reinstalls

@@ -16,7 +16,7 @@ from botocore.stub import Stubber
 from app.adapters.drivers.base import Observation, observation_pass
 from app.adapters.drivers.ecs import EcsDriver, EcsServiceGroup
 from app.errors import DriverMisconfigured
-from app.settings import EcsDriverConfig
+from app.net_config import EcsDriverConfig
 
 KEY = ("eu-west-2", "http://127.0.0.1:9", "flip")  # never contacted: the Stubber answers
 SERVICES = [f"svc-{i:02d}" for i in range(25)]

@@ -20,7 +20,7 @@ from botocore.stub import Stubber
 
 from app.adapters.drivers.ecs import EcsDriver, make_ecs_client
 from app.errors import DriverMisconfigured, DriverTransientError
-from app.settings import EcsDriverConfig
+from app.net_config import EcsDriverConfig
 
 CONFIG = EcsDriverConfig(
     kind="ecs",

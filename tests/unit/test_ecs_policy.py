@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.adapters.drivers.ecs import iam_policy_for
-from app.settings import NetConfig
+from app.net_config import NetConfig
 
 SHIPPED = resources.files("app") / "policies" / "ecs-scale-policy.json"
 

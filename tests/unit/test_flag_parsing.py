@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import SettingsError
-from app.settings import parse_flag
+from app.flags import parse_flag
 
 
 @pytest.mark.parametrize("default", [True, False])

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import (
+from app.metrics.exposition import families
+from app.metrics.figures import (
     COLD_START_BUCKETS_S,
     DISPATCH_LATENCY_BUCKETS_S,
     QUEUE_WAIT_BUCKETS_S,
@@ -16,7 +17,6 @@ from app.metrics import (
     Snapshot,
     cold_starts,
     dispatch_latencies,
-    families,
     uptimes,
 )
 from models import JobEvent, JobState, NetEvent, NetState

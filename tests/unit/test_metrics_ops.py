@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.db import unit_of_work
 from app.entrypoints.api import create_app
-from app.metrics import read_snapshot
+from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox, Runtime
 from app.usecases import housekeeping
 from tests.fixtures.day import build_day, day_settings

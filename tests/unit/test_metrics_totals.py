@@ -11,7 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from app.db import unit_of_work
-from app.metrics import Snapshot, families, fold, read_snapshot
+from app.metrics.exposition import families
+from app.metrics.figures import Snapshot
+from app.metrics.fold import fold
+from app.metrics.read import read_snapshot
 from app.usecases import dispatch, housekeeping, services
 from models import Job, JobEvent, JobState, NetEvent, ScaleEvent
 from tests.metrics_reference import reference_snapshot

@@ -16,9 +16,10 @@ from nvflare.fuel.common.excepts import ConfigError
 from nvflare.fuel.f3.cellnet.cell_cipher import InvalidCertChain
 from nvflare.fuel.flare_api import api_spec as nv
 
-from app.adapters.nvflare import client as nvflare_admin
-from app.adapters.nvflare.client import AdminErrorCategory as C
-from app.adapters.nvflare.client import build_admin_client, classified_error, classify
+from app.adapters.nvflare import classify as nvflare_classify
+from app.adapters.nvflare.classify import AdminErrorCategory as C
+from app.adapters.nvflare.classify import classified_error, classify
+from app.adapters.nvflare.client import build_admin_client
 from app.errors import (
     AdminMisconfigured,
     InvalidRequest,
@@ -27,7 +28,8 @@ from app.errors import (
     ServerUnavailable,
     UnknownAdminError,
 )
-from app.settings import NetConfig, Settings
+from app.net_config import NetConfig
+from app.settings import Settings
 
 CASES: list[tuple[str, BaseException, C]] = [
     # The server is down, restarting, or the session is gone: transient.
@@ -134,24 +136,24 @@ def test_classified_error_has_the_app_class_and_the_raw_exception_as_cause(
 def test_unknown_errors_are_logged_with_the_original_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    before = nvflare_admin.unknown_errors["RuntimeError"]
+    before = nvflare_classify.unknown_errors["RuntimeError"]
     exc = RuntimeError("never seen before")
 
-    with caplog.at_level(logging.WARNING, logger="app.adapters.nvflare.client"):
+    with caplog.at_level(logging.WARNING, logger="app.adapters.nvflare.classify"):
         error = classified_error(exc)
 
     assert isinstance(error, UnknownAdminError)
-    assert nvflare_admin.unknown_errors["RuntimeError"] == before + 1
+    assert nvflare_classify.unknown_errors["RuntimeError"] == before + 1
     [record] = [r for r in caplog.records if "unclassified" in r.getMessage()]
     assert record.exc_info is not None and record.exc_info[1] is exc
 
 
 def test_known_errors_are_not_counted_as_unknown() -> None:
-    before = sum(nvflare_admin.unknown_errors.values())
+    before = sum(nvflare_classify.unknown_errors.values())
     for _name, exc, category in CASES:
         if category is not C.UNKNOWN:
             classify(exc)
-    assert sum(nvflare_admin.unknown_errors.values()) == before
+    assert sum(nvflare_classify.unknown_errors.values()) == before
 
 
 def test_app_errors_pass_through_unchanged() -> None:

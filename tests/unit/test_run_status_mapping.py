@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app.adapters.nvflare.base import RunState
-from app.adapters.nvflare.client import run_status
+from app.adapters.nvflare.classify import run_status
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,9 @@ from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from app.adapters import s3_bundles
-from app.adapters.s3_bundles import BundleFetcher, make_s3_client
+from app.adapters import s3_bundles, s3_client
+from app.adapters.s3_bundles import BundleFetcher
+from app.adapters.s3_client import make_s3_client
 from app.errors import BundleTransientError, BundleUnavailable, TransientError
 
 URI = "s3://flip-jobs/jobs/fedavg"
@@ -187,7 +188,7 @@ def test_default_client_uses_standard_retries_and_the_endpoint_setting():
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
     assert client.meta.config.retries["mode"] == "standard"
     # botocore stores retries-after-the-first as total attempts.
-    assert client.meta.config.retries["total_max_attempts"] == s3_bundles.S3_MAX_ATTEMPTS + 1
+    assert client.meta.config.retries["total_max_attempts"] == s3_client.S3_MAX_ATTEMPTS + 1
 
 
 def test_a_swap_cut_short_by_a_crash_is_finished_without_downloading_again(tmp_path, monkeypatch):
@@ -202,13 +203,13 @@ def test_a_swap_cut_short_by_a_crash_is_finished_without_downloading_again(tmp_p
         folder = fetcher.fetch(URI, job_id)
         stub.assert_no_pending_responses()
 
-    real_commit = s3_bundles._commit
+    real_commit = s3_bundles.commit
 
     def crash_between_renames(job_dir: Path) -> None:
         (job_dir / "bundle").rename(job_dir / "retired")
         raise KeyboardInterrupt  # the worker dies here
 
-    monkeypatch.setattr(s3_bundles, "_commit", crash_between_renames)
+    monkeypatch.setattr(s3_bundles, "commit", crash_between_renames)
     with stub:
         stub.add_response("list_objects_v2", _listing(v2), LIST)
         stub.add_response("get_object", _body(b"{22}"))  # only the changed object
@@ -217,7 +218,7 @@ def test_a_swap_cut_short_by_a_crash_is_finished_without_downloading_again(tmp_p
         stub.assert_no_pending_responses()
     assert not folder.exists()  # nothing to submit at this moment, and nothing half
 
-    monkeypatch.setattr(s3_bundles, "_commit", real_commit)
+    monkeypatch.setattr(s3_bundles, "commit", real_commit)
     with stub:
         stub.add_response("list_objects_v2", _listing(v2), LIST)  # and no GET at all
         assert fetcher.fetch(URI, job_id) == folder

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from app.adapters.s3_bundles import S3Definition, parse_s3_definition
+from app.adapters.s3_definition import S3Definition, parse_s3_definition
 from app.errors import InvalidRequest
 
 

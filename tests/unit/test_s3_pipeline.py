@@ -18,7 +18,7 @@ from botocore.response import StreamingBody
 from botocore.stub import Stubber
 from sqlalchemy import select
 
-from app.adapters import s3_bundles
+from app.adapters import s3_bundles, s3_client
 from app.errors import BundleTransientError
 from app.schemas import EnqueueJob
 from app.usecases import dispatch, housekeeping, services
@@ -33,7 +33,7 @@ def stub(monkeypatch):
     client = botocore.session.get_session().create_client(
         "s3", region_name="eu-west-2", aws_access_key_id="stub", aws_secret_access_key="stub"
     )
-    monkeypatch.setattr(s3_bundles, "make_s3_client", lambda *a, **k: client)
+    monkeypatch.setattr(s3_client, "make_s3_client", lambda *a, **k: client)
     with Stubber(client) as stubber:
         yield stubber
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from app.errors import SettingsError
-from app.settings import Settings, load_settings, parse_flag
+from app.flags import parse_flag
+from app.settings import Settings, load_settings
 from tests.fixtures.db import net_decl
 
 TRUE_VALUES = ["true", "TRUE", "True", " true ", "1", "yes", "YES", "on", "On", "\ttrue\n"]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from app.adapters.drivers.base import Observation, ScaleDriver
 from app.adapters.drivers.static import StaticDriver
-from app.settings import (
+from app.net_config import (
     DockerDriverConfig,
     EcsDriverConfig,
     LocalDriverConfig,
     NetConfig,
-    Settings,
     StaticDriverConfig,
 )
+from app.settings import Settings
 
 __all__ = ["Observation", "ScaleDriver", "build_driver"]
 

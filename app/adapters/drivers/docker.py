@@ -35,7 +35,7 @@ import requests.exceptions
 
 from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured, DriverTransientError
-from app.settings import DockerDriverConfig
+from app.net_config import DockerDriverConfig
 
 log = logging.getLogger(__name__)
 

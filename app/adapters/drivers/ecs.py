@@ -42,7 +42,8 @@ from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from app.adapters.drivers.base import Observation, ObservationPass, current_pass
 from app.errors import DispatcherError, DriverMisconfigured, DriverTransientError
-from app.settings import EcsDriverConfig, NetConfig, Settings
+from app.net_config import EcsDriverConfig, NetConfig
+from app.settings import Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_ecs.client import ECSClient

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from app.errors import AdminMisconfigured
-from app.settings import NetConfig
+from app.net_config import NetConfig
 
 ADMIN_CONFIG = "fed_admin.json"
 

@@ -1,0 +1,255 @@
+"""`fl-dispatcher` commands on the configuration, the nets and the jobs: config check, status,
+jobs, job, enqueue, abort. They call the same use cases and read models as the status API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.entrypoints.cli_output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SETTINGS,
+    print_json,
+    print_table,
+    short_time,
+)
+from app.runtime import Runtime
+from app.settings import Settings
+
+
+def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the effective configuration with secrets masked, and for each net whether its
+    admin kit names another server (`kit_problem`)."""
+    from app.adapters.nvflare.kit_check import kit_endpoint_problem
+
+    data = settings.redacted()
+    for net in data["nets"]:
+        net["kit_problem"] = kit_endpoint_problem(settings.net(net["name"]))
+    if settings.data_dir_defaulted:
+        sys.stderr.write(
+            f"fl-dispatcher: warning: FL_DISPATCHER_DATA_DIR is unset, so the data folder is "
+            f"{settings.data_dir} (.fl-dispatcher under the current directory): set it to "
+            "use one folder whatever directory a command runs from\n"
+        )
+    if args.json:
+        print_json(data, sys.stdout)
+        return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS
+    for key, value in data.items():
+        if key != "nets":
+            sys.stdout.write(f"{key} = {value}\n")
+    sys.stdout.write(f"nets: {len(data['nets'])}\n")
+    for net in data["nets"]:
+        sys.stdout.write(f"  {net['name']}: {json.dumps(net, sort_keys=True)}\n")
+    problems = [(n.name, p) for n in settings.nets if (p := kit_endpoint_problem(n)) is not None]
+    for name, problem in problems:
+        sys.stderr.write(f"fl-dispatcher: net {name}: {problem}\n")
+    if problems:
+        return EXIT_SETTINGS
+    sys.stdout.write("configuration ok\n")
+    return EXIT_OK
+
+
+def _runtime(settings: Settings) -> Runtime:
+    """For commands that only read (nothing is sent: the outbox is a recorder)."""
+    return Runtime.from_settings(settings)
+
+
+def sending_runtime(settings: Settings) -> Runtime:
+    """For commands that write and then tell the workers (through the broker)."""
+    from app.celery_app import celery_runtime
+
+    return celery_runtime(settings)
+
+
+def _warn_unsent(notified: bool | None) -> None:
+    # The row is committed; only the nudge was lost, and beat's assigner or the
+    # reconciler finds the row on its next tick (the outbox logged the broker's error).
+    if notified is False:
+        sys.stderr.write("warning: the workers were not told; beat will find the job\n")
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    """Every net (and its active job) and the queue."""
+    from app.parallel import Prober
+    from app.usecases.views import collect_status
+
+    runtime = _runtime(settings)
+    try:
+        prober = None if args.no_probe else Prober()
+        status = collect_status(runtime, prober, args.probe_timeout)
+    finally:
+        runtime.close()
+    if args.json:
+        print_json(status, sys.stdout)
+        return EXIT_OK
+    rows = []
+    for net in status["nets"]:
+        driver = net["driver"]
+        active = net["active_job"]
+        rows.append(
+            [
+                net["name"],
+                net["state"],
+                "yes" if net["always_on"] else "no",
+                f"{net['driver_kind']} {driver['desired']}/{driver['running']}/{driver['pending']}"
+                if driver
+                else net["driver_kind"],
+                net["server_state"],
+                ",".join(net["connected_sites"]) if net["connected_sites"] is not None else None,
+                f"{active['id']} {active['state']}" if active else None,
+                net["error"] or net["last_error"],
+            ]
+        )
+    print_table(
+        ["NET", "STATE", "ALWAYS-ON", "DRIVER d/r/p", "SERVER", "SITES", "ACTIVE JOB", "ERROR"],
+        rows,
+        sys.stdout,
+    )
+    queue = status["queue"]
+    sys.stdout.write(
+        f"\nqueued jobs: {queue['queued']}"
+        + (f" (oldest since {short_time(queue['oldest_queued_at'])})" if queue["queued"] else "")
+        + "\n"
+    )
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    """Jobs, newest first."""
+    from app.usecases.views import list_jobs, parse_job_state
+
+    state = parse_job_state(args.state) if args.state else None
+    runtime = _runtime(settings)
+    try:
+        with runtime.sessions() as session:
+            jobs = list_jobs(session, state, args.limit)
+    finally:
+        runtime.close()
+    if args.json:
+        print_json(jobs, sys.stdout)
+        return EXIT_OK
+    print_table(
+        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
+        [
+            [
+                j["id"],
+                j["state"],
+                j["reason_code"],
+                j["net"] or j["requested_net"],
+                j["caller_key"],
+                j["priority"],
+                f"{j['attempts']}/{j['max_attempts']}",
+                short_time(j["created_at"]),
+                j["last_error"],
+            ]
+            for j in jobs
+        ],
+        sys.stdout,
+    )
+    return EXIT_OK
+
+
+def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
+    """One job with its history, by id or by caller key."""
+    from app.usecases.views import job_detail, job_detail_by_key
+
+    if (args.job_id is None) == (args.key is None):
+        sys.stderr.write("fl-dispatcher: job: give a job ID or --key, not both\n")
+        return EXIT_FAILED
+    runtime = _runtime(settings)
+    try:
+        with runtime.sessions() as session:
+            if args.key is not None:
+                job = job_detail_by_key(session, args.key, callbacks=settings.callbacks_enabled)
+            else:
+                job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
+    finally:
+        runtime.close()
+    if args.json:
+        print_json(job, sys.stdout)
+        return EXIT_OK
+    history = job.pop("history")
+    for key, value in job.items():
+        sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
+    sys.stdout.write("\nhistory:\n")
+    print_table(
+        ["AT", "FROM", "TO", "CODE", "REASON"],
+        [
+            [short_time(e["at"]), e["from_state"], e["to_state"], e["reason_code"], e["reason"]]
+            for e in history
+        ],
+        sys.stdout,
+    )
+    return EXIT_OK
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    """Queue a job (idempotent on --key), then ask a worker to assign it."""
+    from pydantic import ValidationError
+
+    from app.schemas import EnqueueJob
+    from app.usecases import intake
+
+    try:
+        request = EnqueueJob(
+            caller_key=args.key,
+            definition=args.definition,
+            required_sites=args.site or [],
+            net=args.net,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            metadata=args.metadata,
+        )
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            sys.stderr.write(f"fl-dispatcher: enqueue: {field}: {err['msg']}\n")
+        return EXIT_FAILED
+    runtime = sending_runtime(settings)
+    try:
+        submitted = intake.submit_job(runtime, request)
+    finally:
+        runtime.close()
+    result = submitted.enqueued
+    data = {
+        "job_id": str(result.job_id),
+        "state": result.state.value,
+        "created": result.created,
+        "notified": submitted.notified,
+    }
+    if args.json:
+        print_json(data, sys.stdout)
+    else:
+        verb = "queued" if result.created else "already known"
+        sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
+    _warn_unsent(submitted.notified)
+    return EXIT_OK
+
+
+def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
+    """Abort a job; an active one is aborted on its server by the worker."""
+    from app.schemas import AbortJob
+    from app.usecases import intake
+
+    request = AbortJob(job_id=args.job_id, reason=args.reason)
+    runtime = sending_runtime(settings)
+    try:
+        requested = intake.request_abort(runtime, request.job_id, request.reason)
+    finally:
+        runtime.close()
+    decision = requested.decision
+    data = {
+        "job_id": str(decision.job_id),
+        "state": decision.state.value,
+        "needs_server_abort": decision.needs_server_abort,
+        "notified": requested.notified,
+    }
+    if args.json:
+        print_json(data, sys.stdout)
+    else:
+        then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
+        sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")
+    _warn_unsent(requested.notified)
+    return EXIT_OK
