@@ -27,7 +27,7 @@ from app.usecases import (
     scale_down,
     services,
 )
-from models import JobEvent, JobState, NetState, ReasonCode, StrayRun
+from models import JobEvent, JobState, NetState, ReasonCode, RejectedRequest, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -177,7 +177,7 @@ def test_unicode_that_is_valid_is_accepted_as_is():
 def test_a_rejection_with_an_unstorable_caller_key_is_recorded(world):
     intake.reject_enqueue(world.rt, "bad\x00key\ud800", "caller_key: invalid")
     with world.rt.sessions() as session:
-        rows = session.query(services.RejectedRequest).all()
+        rows = session.query(RejectedRequest).all()
     assert [(r.caller_key, r.job_id) for r in rows] == [("bad\\x00key\\ud800", None)]
 
 
