@@ -62,6 +62,7 @@ class Undeliverable:
 
 
 def encoded(payload_of: Callable[..., dict[str, Any]], *rows: Any) -> bytes | Undeliverable:
+    """The body to send, or why no try could ever send it."""
     try:
         return encode_body(payload_of(*rows))
     except (UnicodeError, ValueError, TypeError) as exc:

@@ -56,6 +56,7 @@ def claim_lease(rt: Runtime, owner: str) -> bool:
 
 
 def release_lease(rt: Runtime, owner: str) -> None:
+    """Let the lease go, if `owner` still holds it."""
     with unit_of_work(rt.sessions) as session:
         session.execute(
             update(CallbackReceiver)

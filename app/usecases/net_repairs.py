@@ -110,6 +110,8 @@ def _set_net_state(
 
 
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
+    """Settle a scale-to-zero net left between states or drifted from its driver; the
+    note says what was done ("" for nothing)."""
     state, changed_at = row.state, row.changed_at
     job_state, job_id, attempt = row.job_state, row.job_id, row.attempt
     now = rt.clock()
