@@ -5,26 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from app import names
-from app.usecases import housekeeping
+from app.usecases import monitor, reconciler, scale_down
 from tasks.base import dispatcher_task, runtime
 
 
 @dispatcher_task(names.SCALE_DOWN_IDLE_NETS, housekeeping=True)
 def scale_down_idle_nets(self: Any) -> list[str]:
     """Scale nets idle past their grace to zero."""
-    return housekeeping.scale_down_idle_nets(runtime())
+    return scale_down.scale_down_idle_nets(runtime())
 
 
 @dispatcher_task(names.KEEP_ALIVE_BUSY_NETS, housekeeping=True)
 def keep_alive_busy_nets(self: Any) -> list[str]:
     """Ping BUSY nets only."""
-    return housekeeping.keep_alive_busy_nets(runtime())
+    return scale_down.keep_alive_busy_nets(runtime())
 
 
 @dispatcher_task(names.MONITOR_RUNNING_JOBS, housekeeping=True)
 def monitor_running_jobs(self: Any) -> dict[str, str]:
     """Settle finished or lost runs."""
-    return housekeeping.monitor_running_jobs(runtime())
+    return monitor.monitor_running_jobs(runtime())
 
 
 # No task events: a poll a second would crowd the job chains out of Flower's task list (it
@@ -32,7 +32,7 @@ def monitor_running_jobs(self: Any) -> dict[str, str]:
 @dispatcher_task(names.MONITOR_AWAITED_RUNS, housekeeping=True, send_events=False)
 def monitor_awaited_runs(self: Any) -> dict[str, str]:
     """Settle the runs a QUEUED job waits for, soon after they end."""
-    return housekeeping.monitor_awaited_runs(runtime())
+    return monitor.monitor_awaited_runs(runtime())
 
 
 @dispatcher_task(names.RECONCILE, housekeeping=True)
@@ -41,5 +41,5 @@ def reconcile(self: Any) -> dict[str, list[str]]:
     rt = runtime()
     # One observation pass: the nets' drivers are read in batches (ECS: 10 services a call).
     with rt.observation_pass():
-        result = housekeeping.reconcile(rt)
+        result = reconciler.reconcile(rt)
     return {"redriven": list(result.redriven), "repaired": list(result.repaired)}

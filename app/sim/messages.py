@@ -21,7 +21,7 @@ from app import names
 from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
-from app.usecases import abort, dispatch, housekeeping, intake
+from app.usecases import abort, dispatch, intake, monitor, reconciler, scale_down
 from app.usecases.dispatch import Step
 
 if TYPE_CHECKING:
@@ -92,18 +92,18 @@ TASKS: dict[str, TaskSpec] = {
         lambda rt, kw: abort.settle_stray_runs(rt, kw["net_name"]), "plain"
     ),
     names.SCALE_DOWN_IDLE_NETS: TaskSpec(
-        lambda rt, kw: housekeeping.scale_down_idle_nets(rt), "housekeeping"
+        lambda rt, kw: scale_down.scale_down_idle_nets(rt), "housekeeping"
     ),
     names.KEEP_ALIVE_BUSY_NETS: TaskSpec(
-        lambda rt, kw: housekeeping.keep_alive_busy_nets(rt), "housekeeping"
+        lambda rt, kw: scale_down.keep_alive_busy_nets(rt), "housekeeping"
     ),
     names.MONITOR_RUNNING_JOBS: TaskSpec(
-        lambda rt, kw: housekeeping.monitor_running_jobs(rt), "housekeeping"
+        lambda rt, kw: monitor.monitor_running_jobs(rt), "housekeeping"
     ),
     names.MONITOR_AWAITED_RUNS: TaskSpec(
-        lambda rt, kw: housekeeping.monitor_awaited_runs(rt), "housekeeping"
+        lambda rt, kw: monitor.monitor_awaited_runs(rt), "housekeeping"
     ),
-    names.RECONCILE: TaskSpec(lambda rt, kw: housekeeping.reconcile(rt), "housekeeping"),
+    names.RECONCILE: TaskSpec(lambda rt, kw: reconciler.reconcile(rt), "housekeeping"),
     names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),
     names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),

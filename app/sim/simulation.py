@@ -63,6 +63,7 @@ from app.sim.workload import (
     random_workload,
     random_world,
 )
+from app.usecases import callback_receiver as callback_receiver_uc
 from app.usecases import callbacks as callbacks_uc
 from app.usecases import dispatch as dispatch_uc
 from app.usecases import services
@@ -416,7 +417,7 @@ class Simulation:
         with unit_of_work(self.sessions) as session:
             session.execute(
                 insert(CallbackReceiver).values(
-                    id=callbacks_uc.RECEIVER_ID,
+                    id=callback_receiver_uc.RECEIVER_ID,
                     failures=failures,
                     next_attempt_at=self.clock(),
                     last_error="ConnectError: connection refused (before the simulation)",

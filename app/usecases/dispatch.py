@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
@@ -34,8 +34,8 @@ from app.errors import (
 )
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import services
-from app.usecases.scaling import kick, net_misconfigured, scale_net, take_down
+from app.usecases import claims, services
+from app.usecases.scaling import kick, net_misconfigured, release_unstarted_net, scale_net
 from models import Job, JobState, NetState, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,13 @@ class StepResult:
 def assign_jobs(
     rt: Runtime,
     limit: int = 50,  # pragma: no mutate (a bound per round; any will do)
-) -> list[services.Assignment]:
+) -> list[claims.Assignment]:
     """Claim QUEUED jobs onto free nets, one transaction per claim, and start a pipeline
     for each after its claim has committed."""
     claimed = []
     for _ in range(limit):
         with unit_of_work(rt.sessions) as session:
-            assignment = services.assign_next_job(session, rt.settings, rt.clock())
+            assignment = claims.assign_next_job(session, rt.settings, rt.clock())
         if assignment is None:
             break
         rt.outbox.start_pipeline(str(assignment.job_id), assignment.net_name, assignment.attempt)
@@ -202,7 +202,7 @@ def _reject_definition(
         services.finish_job(
             session, job_id, JobState.FAILED, f"{code}: {exc}", rt.clock(), code=code
         )
-    _release_unstarted_net(rt, net_name, job_id)
+    release_unstarted_net(rt, net_name, job_id)
     kick(rt)
     return StepResult(Step.GAVE_UP, str(exc))
 
@@ -216,32 +216,6 @@ def definition_code(exc: DispatcherError) -> ReasonCode:
     if isinstance(exc, BundleUnavailable):
         return ReasonCode.BUNDLE_UNAVAILABLE
     return ReasonCode.DEFINITION_INVALID
-
-
-def _release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> None:
-    """The claim moved a stopped net to STARTING, but the job failed before its scale-up (a
-    missing bundle): nothing was started, so the net is STOPPED again now, instead of
-    reading STARTING until reconcile gives the start up after `ready_timeout_s`. A net the
-    driver was asked to start, or that another job has claimed meanwhile, is left alone."""
-    with rt.sessions() as session:
-        if services.get_net(session, net_name).state != NetState.STARTING:
-            return
-    if not rt.settings.net(net_name).scales_to_zero:
-        return
-    try:
-        observation = rt.driver(net_name).observe()
-    except DispatcherError as exc:
-        log.warning(
-            "net left STARTING: its driver did not answer; reconcile settles it",
-            extra={"net": net_name, "job": str(job_id), "reason": str(exc)},
-        )
-        return
-    if observation.desired or observation.running or observation.pending:
-        return
-    with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
-        if net.state == NetState.STARTING and services.active_job(session, net_name) is None:
-            net.transition(NetState.STOPPED, rt.clock(), f"job {job_id} failed before any scale-up")
 
 
 def check_ready(
@@ -495,66 +469,10 @@ def requeue_after_transient(
     return requeued
 
 
-def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
-    """Give up a DISPATCHING attempt whose submit outcome stayed unknown. Its token is
-    settled first: on a scale-to-zero net the server is taken down (any run dies with it);
-    an always-on net's possible run is recorded as a stray run to abort when it answers.
-    Returns True once the job is back in the queue (or FAILED past its attempts)."""
-    with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id)
-        if job.state != JobState.DISPATCHING or job.net_name is None:
-            return False
-        net_name, token = job.net_name, job.submit_token
-    if token and rt.settings.has_net(net_name):
-        # A server that answers settles the token itself: adopt its run, or know there is none.
-        try:
-            admin = rt.admin(net_name)
-            run_id = admin.find_run(token)
-            start_time = admin.server_start_time() if run_id is not None else None
-        except DispatcherError:
-            pass  # not answering: settled below by taking the server down
-        else:
-            with unit_of_work(rt.sessions) as session:
-                current = services.get_job(session, job_id, lock=True)
-                if not _unheld(current, token, rt.clock()):
-                    return False
-                if run_id is not None:
-                    services.mark_dispatched(session, job_id, run_id, start_time, rt.clock())
-                else:
-                    services.requeue_job(session, job_id, reason, rt.clock())
-            kick(rt)
-            return run_id is None
-    with unit_of_work(rt.sessions) as session:
-        if not _unheld(services.get_job(session, job_id, lock=True), token, rt.clock()):
-            return False
-        services.add_stray_run(
-            session,
-            net_name=net_name,
-            job_id=job_id,
-            nvflare_job_id=None,
-            submit_token=token,
-            reason=reason,
-            now=rt.clock(),
-        )
-        services.requeue_job(session, job_id, reason, rt.clock())
-    if rt.settings.has_net(net_name) and rt.settings.net(net_name).scales_to_zero:
-        take_down(rt, net_name, f"settling job {job_id}'s unknown submit")
-    kick(rt)
-    return True
-
-
 def submit_try_s(settings: Settings) -> float:
     """How long one submit try may take: a fresh login, the submit command, and a margin
     for the worker's own bookkeeping. A worker not heard of past it is gone."""
     return settings.admin_login_timeout_s + settings.admin_command_timeout_s + TRY_MARGIN_S
-
-
-def _unheld(job: Job, token: str | None, now: datetime) -> bool:
-    """Still the DISPATCHING attempt of `token`, and no worker holds its submit (its lease,
-    renewed right before every submit, has passed)."""
-    if job.state != JobState.DISPATCHING or job.submit_token != token:
-        return False
-    return job.step_due_at is None or now > job.step_due_at
 
 
 def count_retry(rt: Runtime, job_id: uuid.UUID, next_try_in_s: float | None = None) -> None:

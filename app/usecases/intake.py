@@ -17,7 +17,7 @@ from app.db import unit_of_work
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.runtime import Runtime
 from app.schemas import EnqueueJob, ReportJobStatus, storable, unstorable
-from app.usecases import services
+from app.usecases import enqueue, services
 from models import Job, JobState, ReasonCode
 
 M = TypeVar("M", bound=BaseModel)
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class Submitted:
     """An enqueue's result, and whether the assigner was told (None: nothing to tell)."""
 
-    enqueued: services.Enqueued
+    enqueued: enqueue.Enqueued
     notified: bool | None
 
 
@@ -59,7 +59,7 @@ def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
     """
     with unit_of_work(rt.sessions) as session:
         services.ensure_net_rows(session, rt.settings, rt.clock())
-        result = services.enqueue_job(session, rt.settings, request, rt.clock())
+        result = enqueue.enqueue_job(session, rt.settings, request, rt.clock())
     notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if result.state == JobState.QUEUED else None
     return Submitted(result, notified)
 
@@ -80,7 +80,7 @@ def reject_enqueue(
         extra={"caller_key": shown, "reason": storable(reason), "code": str(code)},
     )
     with unit_of_work(rt.sessions) as session:
-        services.record_rejection(
+        enqueue.record_rejection(
             session,
             caller_key,
             reason,

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import names
 from app.db import unit_of_work
 from app.runtime import Outbox, Runtime
-from app.usecases import dispatch, services
+from app.usecases import claims, dispatch
 from models import PendingKick
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def coalesce_kicks(rt: Runtime) -> None:
     )
 
 
-def assign_after_kick(rt: Runtime) -> list[services.Assignment]:
+def assign_after_kick(rt: Runtime) -> list[claims.Assignment]:
     """The assign round a kick (or beat) asks for: take the pending kick, commit, and only
     then claim, so a job committed after the claim's read sends a new kick."""
     with unit_of_work(rt.sessions) as session:

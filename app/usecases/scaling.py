@@ -1,5 +1,6 @@
 """Scale decisions shared by the dispatch chain and housekeeping: ask a driver, record the
-decision and its outcome, take a net out of service, and kick the assigner."""
+decision and its outcome, take a net out of service, put back a net whose start never
+began, and kick the assigner."""
 
 from __future__ import annotations
 
@@ -175,3 +176,29 @@ def take_down(rt: Runtime, name: str, reason: str) -> bool:
         elif net.state == NetState.BUSY:
             net.transition(NetState.UNHEALTHY, rt.clock(), reason)
     return stop_net(rt, name, reason)
+
+
+def release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> None:
+    """The claim moved a stopped net to STARTING, but the job failed before its scale-up (a
+    missing bundle): nothing was started, so the net is STOPPED again now, instead of
+    reading STARTING until reconcile gives the start up after `ready_timeout_s`. A net the
+    driver was asked to start, or that another job has claimed meanwhile, is left alone."""
+    with rt.sessions() as session:
+        if services.get_net(session, net_name).state != NetState.STARTING:
+            return
+    if not rt.settings.net(net_name).scales_to_zero:
+        return
+    try:
+        observation = rt.driver(net_name).observe()
+    except DispatcherError as exc:
+        log.warning(
+            "net left STARTING: its driver did not answer; reconcile settles it",
+            extra={"net": net_name, "job": str(job_id), "reason": str(exc)},
+        )
+        return
+    if observation.desired or observation.running or observation.pending:
+        return
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state == NetState.STARTING and services.active_job(session, net_name) is None:
+            net.transition(NetState.STOPPED, rt.clock(), f"job {job_id} failed before any scale-up")

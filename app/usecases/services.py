@@ -1,4 +1,7 @@
-"""Use cases on the SQL state: one function per use case.
+"""The SQL moves on jobs and nets that the use cases share: rows read and locked, a job
+finished, requeued, aborted or reported on, its net released, stray runs recorded, and the
+nets' rows kept in step with what NETS declares. Storing an enqueue is `enqueue`'s; claiming
+a job for a net is `claims`'.
 
 Each takes an open `Session` (the caller's unit of work commits or rolls back) and an
 explicit `now`, and never talks to NVFLARE or a cloud API: those calls live in
@@ -9,62 +12,29 @@ API and the tests all call these same functions.
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import Path
 
-from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from app.adapters.s3_definition import parse_s3_definition
-from app.errors import CallerKeyConflict, InvalidRequest, NotFound
-from app.net_config import NetConfig
-from app.schemas import (
-    EnqueueJob,
-    ReportedStatus,
-    ReportJobStatus,
-    job_id_for,
-    storable,
-    unstorable,
-)
+from app.errors import InvalidRequest, NotFound
+from app.schemas import ReportedStatus, ReportJobStatus
 from app.settings import Settings
 from models import (
     ACTIVE_JOB_STATES,
-    ASSIGNABLE_NET_STATES,
     TERMINAL_JOB_STATES,
     Job,
     JobState,
     Net,
     NetState,
     ReasonCode,
-    RejectedRequest,
     StrayRun,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Enqueued:
-    """The job a caller's key maps to, and whether this call created it."""
-
-    job_id: uuid.UUID
-    created: bool
-    state: JobState
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """A job claimed for a net; the caller starts the pipeline after commit."""
-
-    job_id: uuid.UUID
-    net_name: str
-    net_state: NetState  # the net's state after the claim: STARTING needs a scale-up
-    attempt: int = 0  # the job's attempt number: every chain step checks it
 
 
 def sync_nets(
@@ -154,147 +124,9 @@ def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None
         session.flush()
 
 
-def resolve_definition(settings: Settings, definition: str) -> str:
-    """Validate a job definition: an `s3://` URI, or a folder inside `JOB_ROOT` that exists.
-
-    Returns the normalised form stored on the job (the path relative to the root).
-    """
-    if definition.startswith("s3://"):
-        return parse_s3_definition(definition).uri  # network-free checks; raises InvalidRequest
-    relative = PurePosixPath(definition)
-    if relative.is_absolute() or ".." in relative.parts:
-        raise InvalidRequest(
-            f"definition {definition!r} must be a relative folder under the job root, without '..'"
-        )
-    root = settings.job_root.resolve()
-    folder = (root / relative).resolve()
-    # resolve() follows symlinks, so a link pointing outside the root is caught here too.
-    if not folder.is_relative_to(root):
-        raise InvalidRequest(f"definition {definition!r} escapes the job root")
-    if not folder.is_dir():
-        raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", folder.name):
-        # NVFLARE refuses other characters in the job folder's name (2.9.0 submit_job).
-        raise InvalidRequest(
-            f"definition folder name {folder.name!r} may hold only letters, digits, '.', '_', '-'"
-        )
-    return str(relative)
-
-
 def job_folder(settings: Settings, definition: str) -> Path:
     """The local folder of a stored (already validated) definition."""
     return (settings.job_root / definition).resolve()
-
-
-def enqueue_job(
-    session: Session, settings: Settings, request: EnqueueJob, now: datetime
-) -> Enqueued:
-    """Queue a job; the same caller key twice with the same payload returns the first job,
-    with another payload is a CallerKeyConflict."""
-    existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
-    if existing is not None:
-        return _repeat(existing, request, settings)
-
-    sites = list(request.required_sites)
-    if request.net is not None:
-        try:
-            net_config = settings.net(request.net)
-        except KeyError:
-            known = ", ".join(n.name for n in settings.nets) or "none"
-            raise InvalidRequest(f"unknown net {request.net!r} (known: {known})") from None
-        sites = sites or list(net_config.required_sites)
-        lacking = net_config.lacks(sites)
-        if lacking:
-            assert net_config.sites is not None  # lacks() finds nothing otherwise
-            raise InvalidRequest(
-                f"required sites {lacking} are not on net {net_config.name}: "
-                f"{net_config.name} has {', '.join(net_config.sites)}"
-            )
-    if not sites:
-        raise InvalidRequest("required_sites is empty and no net default applies")
-    if not settings.nets:
-        raise InvalidRequest("no nets are configured, so no job can run")
-    if request.net is None and all(n.lacks(sites) for n in settings.nets):
-        # Every net declares its sites and none has them all: the job could never start.
-        raise InvalidRequest(
-            f"no net has every site in {sites}; "
-            + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
-        )
-    definition = resolve_definition(settings, request.definition)
-
-    job = Job.new(
-        caller_key=request.caller_key,
-        definition=definition,
-        required_sites=sites,
-        requested_net=request.net,
-        priority=request.priority,
-        max_attempts=request.max_attempts or settings.max_attempts,
-        now=now,
-        job_id=job_id_for(request.caller_key),
-        metadata=request.metadata,
-        request_digest=_as_stored(request, settings).digest(),
-    )
-    try:
-        # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
-        with session.begin_nested():
-            session.add(job)
-    except IntegrityError:
-        # Not mutated: only a concurrent enqueue of the same key gets here (the integration
-        # tier's test_enqueue_same_caller_key_twice_concurrently_returns_one_job pins it).
-        winner = session.scalar(  # pragma: no mutate
-            select(Job).where(Job.caller_key == request.caller_key)  # pragma: no mutate
-        )
-        if winner is None:  # pragma: no mutate (the race path, as above)
-            raise
-        return _repeat(winner, request, settings)  # pragma: no mutate
-    log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
-    return Enqueued(job.id, created=True, state=job.state)
-
-
-def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
-    """The request with the defaults the job is stored with filled in (MAX_ATTEMPTS, the
-    net's default sites), so that spelling a default out is the same request as omitting it."""
-    sites = list(request.required_sites)
-    if not sites and request.net is not None and settings.has_net(request.net):
-        sites = list(settings.net(request.net).required_sites)
-    return request.model_copy(
-        update={
-            "max_attempts": request.max_attempts or settings.max_attempts,
-            "required_sites": sites,
-        }
-    )
-
-
-def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
-    """A repeat of an enqueue: the same request (a retry) names the existing job; another
-    payload under the same key is refused, since answering with the first job would let the
-    caller believe its new request was queued."""
-    digest = _as_stored(request, settings).digest()
-    if existing.request_digest is not None and existing.request_digest != digest:
-        raise CallerKeyConflict(
-            f"caller_key {request.caller_key!r} already names job {existing.id} "
-            f"({existing.state.value}), enqueued with a different payload"
-            f"{_differences(existing, request)}; a new job needs a new caller_key"
-        )
-    return Enqueued(existing.id, created=False, state=existing.state)
-
-
-def _differences(job: Job, request: EnqueueJob) -> str:
-    """The fields that visibly differ, for the message (the digest decides)."""
-    differ = [
-        name
-        for name, sent, kept in (
-            ("net", request.net, job.requested_net),
-            ("priority", request.priority, job.priority),
-            ("metadata", request.metadata, job.metadata_),
-        )
-        if sent != kept
-    ]
-    if request.required_sites and sorted(request.required_sites) != sorted(job.required_sites):
-        differ.append("required_sites")
-    if request.max_attempts is not None and request.max_attempts != job.max_attempts:
-        differ.append("max_attempts")
-    return f" (differs in: {', '.join(differ)})" if differ else ""
 
 
 def get_job_by_key(session: Session, caller_key: str) -> Job:
@@ -303,130 +135,6 @@ def get_job_by_key(session: Session, caller_key: str) -> Job:
     if job is None:
         raise NotFound(f"no job with caller_key {caller_key!r}")
     return job
-
-
-def _active_job_on(net_name_column: object) -> object:
-    return exists().where(and_(Job.net_name == net_name_column, Job.state.in_(ACTIVE_JOB_STATES)))
-
-
-def _claimable() -> ColumnElement[bool]:
-    """A QUEUED job that may be claimed: one whose earlier run may still be alive (a stray
-    run) waits, so a job never has two live runs."""
-    return and_(Job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == Job.id))
-
-
-def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
-    """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
-    pinned one only its own)."""
-    queued = _claimable()
-    # Not mutated: without these conditions more nets are wanted than a QUEUED job wants
-    # (the claim's job query finds none for them and moves on, the awaited poll watches a
-    # run it need not), never fewer.
-    pinned = select(Job.requested_net).where(  # pragma: no mutate
-        queued,  # pragma: no mutate
-        Job.requested_net.is_not(None),  # pragma: no mutate
-    )
-    return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
-
-
-def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
-    """Claim the next QUEUED job (priority, then age) and a free net for it.
-
-    Both rows are taken with FOR UPDATE SKIP LOCKED (PostgreSQL), so concurrent claimers
-    never block each other and never get the same job or net; on SQLite the transaction
-    holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
-    one. Serialised with `scale_down_idle_nets`, which locks the same net row.
-
-    The first statement lists only the free nets some QUEUED job could run on (an unpinned
-    job fits every free net; a pinned one only its own), so a claim that cannot place any
-    job returns after that one query, whatever the number of nets or jobs.
-    """
-    if not settings.nets:
-        return None
-    warm_first = case(
-        (Net.state == NetState.READY, 0),
-        (Net.state == NetState.STARTING, 1),
-        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
-    )
-    free = (
-        Net.state.in_(ASSIGNABLE_NET_STATES),
-        ~_active_job_on(Net.name),  # type: ignore[operator]
-        # A run the server may still hold must be settled before the net takes a new job.
-        ~exists().where(StrayRun.net_name == Net.name),
-    )
-    queued = _claimable()
-    candidates = session.scalars(
-        select(Net.name)
-        .where(*free, wanted_by_queued_job(Net.name))
-        .order_by(warm_first, Net.name)  # pragma: no mutate (the name: a tie-break)
-    ).all()
-    for name in candidates:
-        if not settings.has_net(name):
-            continue  # a row left by a net no longer declared
-        # Lock one net at a time: locking every free net in one statement would let the
-        # first claimer hide all nets from the others until it commits.
-        net = session.scalar(
-            select(Net).where(Net.name == name, *free).with_for_update(skip_locked=True)
-        )
-        # Not mutated, nor the `continue` for a job below: only a concurrent claimer makes
-        # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
-        if net is None:
-            continue  # pragma: no mutate
-        job = _next_job_for(session, settings.net(name), queued)
-        if job is None:
-            continue  # pragma: no mutate (see above)
-        job.assign(net.name, now)
-        if net.state == NetState.STOPPED:
-            net.transition(NetState.STARTING, now, f"job {job.id} assigned")
-        net.idle_since = None
-        session.flush()
-        log.info("job assigned", extra={"job": str(job.id), "net": net.name})
-        return Assignment(job.id, net.name, net.state, job.attempts)
-    return None
-
-
-# How many of a net's next QUEUED jobs a claim looks through for one whose sites the net
-# declares it has (a net that declares none takes the first).
-SITES_SCAN = 50
-
-
-def _next_job_for(session: Session, net: NetConfig, queued: ColumnElement[bool]) -> Job | None:
-    """The next QUEUED job (priority, then age) that may run on `net`, locked."""
-    stmt = (
-        select(Job)
-        .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
-        .order_by(
-            Job.priority.desc(),
-            Job.created_at,
-            Job.id,  # pragma: no mutate (a tie-break)
-        )
-        .with_for_update(skip_locked=True)
-    )
-    if net.sites is None:
-        # (a bound only: scalar() reads the first row anyway)
-        return session.scalar(stmt.limit(1))  # pragma: no mutate
-    # A net that declares its sites never takes a job needing one it lacks: enqueue refused
-    # such a job only when no net could run it, so another net may.
-    return next(
-        (
-            job
-            for job in session.scalars(stmt.limit(SITES_SCAN))
-            if not net.lacks(job.required_sites)
-        ),
-        None,
-    )
-
-
-def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
-    """A QUEUED job that could be claimed onto this net waits (claimable, pinned to it or
-    unpinned, and with sites the net has where it declares them)."""
-    net = settings.net(net_name)
-    sites = select(Job.required_sites).where(
-        _claimable(), or_(Job.requested_net.is_(None), Job.requested_net == net_name)
-    )
-    if net.sites is None:
-        return bool(session.scalar(select(exists(sites))))
-    return any(not net.lacks(required) for required in session.scalars(sites))
 
 
 def get_job(
@@ -671,51 +379,6 @@ def expire_report_wait(
     reason = f"{REPORT_TIMEOUT_REASON} within {waited_s:.0f}s"
     log.warning("report timeout", extra={"job": str(job_id), "outcome": str(outcome)})
     return finish_job(session, job_id, outcome, reason, now, code=ReasonCode.REPORT_TIMEOUT)
-
-
-CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
-
-
-def record_rejection(
-    session: Session,
-    caller_key: str | None,
-    reason: str,
-    now: datetime,
-    retention_s: float,
-    *,
-    callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
-    code: ReasonCode = ReasonCode.REJECTED,
-) -> RejectedRequest:
-    """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
-    rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
-    the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
-    retention until it is."""
-    # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
-    # itself is never lost; no job could ever have had such a key, hence no job id.
-    valid_key = caller_key is not None and unstorable(caller_key) is None
-    rejection = RejectedRequest(
-        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
-        caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
-        reason=storable(reason)[:4000],
-        reason_code=code,
-        at=now,
-    )
-    session.add(rejection)
-    expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
-    if callbacks:
-        expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
-    session.execute(delete(RejectedRequest).where(expired))
-    return rejection
-
-
-def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None:
-    """The latest rejection of an enqueue that would have created this job, if any."""
-    return session.scalar(
-        select(RejectedRequest)
-        .where(RejectedRequest.job_id == job_id)
-        .order_by(RejectedRequest.at.desc(), RejectedRequest.id.desc())
-        .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
-    )
 
 
 def report_job_status(session: Session, report: ReportJobStatus, now: datetime) -> JobState:

@@ -27,7 +27,7 @@ from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
 from app.schemas import job_id_for
-from app.usecases import services
+from app.usecases import enqueue, services
 from app.usecases.callbacks import delivery_status
 from models import (
     ACTIVE_JOB_STATES,
@@ -81,7 +81,7 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
     try:
         job = services.get_job(session, job_id)
     except NotFound:
-        rejection = services.get_rejection(session, job_id)
+        rejection = enqueue.get_rejection(session, job_id)
         if rejection is None:
             raise
         raise RequestRejected(

@@ -37,7 +37,7 @@ from sqlalchemy import func, insert, select
 from app.db import make_engine, session_factory
 from app.runtime import RecordingOutbox, Runtime
 from app.settings import Settings
-from app.usecases import dispatch, housekeeping
+from app.usecases import dispatch, monitor, reconciler, scale_down
 from models import Job, JobState, Net, NetState, utcnow
 from tests.bench.common import (
     StatementCounter,
@@ -56,12 +56,12 @@ from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 GOAL_MS = 100.0
 LOOPS: dict[str, Callable[[Runtime], Any]] = {
     "assign_jobs": dispatch.assign_jobs,
-    "scale_down_idle_nets": housekeeping.scale_down_idle_nets,
-    "keep_alive_busy_nets": housekeeping.keep_alive_busy_nets,
-    "monitor_running_jobs": housekeeping.monitor_running_jobs,
-    "reconcile": housekeeping.reconcile,
+    "scale_down_idle_nets": scale_down.scale_down_idle_nets,
+    "keep_alive_busy_nets": scale_down.keep_alive_busy_nets,
+    "monitor_running_jobs": monitor.monitor_running_jobs,
+    "reconcile": reconciler.reconcile,
     # Beat sends this one every QUEUED_POLL_S (1 s), not once a tick: its column is one call.
-    "monitor_awaited_runs": housekeeping.monitor_awaited_runs,
+    "monitor_awaited_runs": monitor.monitor_awaited_runs,
 }
 SHORT = {
     "assign_jobs": "assign",

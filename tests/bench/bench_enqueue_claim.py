@@ -24,7 +24,7 @@ from app import migrate
 from app.db import make_engine, session_factory, unit_of_work
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import claims, enqueue, services
 from models import utcnow
 from tests.fixtures.db import PG_ADMIN_URL  # FL_TEST_PG_URL, as the tests
 
@@ -68,18 +68,18 @@ def main() -> None:
                 request = EnqueueJob(caller_key=f"k{i}", definition="job", required_sites=["s"])
                 start = time.perf_counter()
                 with unit_of_work(factory) as session:
-                    services.enqueue_job(session, settings, request, utcnow())
+                    enqueue.enqueue_job(session, settings, request, utcnow())
                 enqueue_ms.append((time.perf_counter() - start) * 1000)
 
             claim_ms = []
             for _ in range(args.nets):
                 start = time.perf_counter()
                 with unit_of_work(factory) as session:
-                    assert services.assign_next_job(session, settings, utcnow()) is not None
+                    assert claims.assign_next_job(session, settings, utcnow()) is not None
                 claim_ms.append((time.perf_counter() - start) * 1000)
             start = time.perf_counter()
             with unit_of_work(factory) as session:
-                assert services.assign_next_job(session, settings, utcnow()) is None
+                assert claims.assign_next_job(session, settings, utcnow()) is None
             no_free_ms = (time.perf_counter() - start) * 1000
             engine.dispose()
     finally:

@@ -33,7 +33,7 @@ EDITS: dict[int, list[tuple[str, str, str]]] = {
             "/ PREPARED_DIR / str(job_id) / bundle.name",
         ),
         (  # and the sweep removes every copy of a job not active (QUEUED included)
-            "app/usecases/housekeeping.py",
+            "app/usecases/reconciler.py",
             "select(Job.id).where(Job.id.in_(ids), Job.state.not_in(TERMINAL_JOB_STATES))",
             "select(Job.id).where(Job.id.in_(ids), Job.state.in_(ACTIVE_JOB_STATES))",
         ),
@@ -47,7 +47,7 @@ EDITS: dict[int, list[tuple[str, str, str]]] = {
     ],
     4: [  # idle scale-down counts only claimable QUEUED jobs
         (
-            "app/usecases/housekeeping.py",
+            "app/usecases/scale_down.py",
             "services.wanted_by_queued_job(literal(name)),",
             "exists().where((Job.state == JobState.QUEUED)"
             " & or_(Job.requested_net.is_(None), Job.requested_net == name)),",
@@ -62,22 +62,22 @@ EDITS: dict[int, list[tuple[str, str, str]]] = {
             "        return self",
         ),
         (
-            "app/usecases/callbacks.py",
+            "app/usecases/callback_payloads.py",
             "    except (UnicodeError, ValueError, TypeError) as exc:",
             "    except ZeroDivisionError as exc:",
         ),
     ],
     6: [  # the backoff's exponent clamped before computing
         (
-            "app/usecases/callbacks.py",
+            "app/usecases/callback_verdicts.py",
             "doublings = min(max(0, tries - 1), MAX_DOUBLINGS)",
             "doublings = max(0, tries - 1)",
         ),
     ],
     7: [  # reconcile settles work on nets NETS no longer declares
         (
-            "app/usecases/housekeeping.py",
-            "redriven = _settle_undeclared(rt) + _redrive_stuck_jobs(rt, now)",
+            "app/usecases/reconciler.py",
+            "redriven = settle_undeclared(rt) + _redrive_stuck_jobs(rt, now)",
             "redriven = _redrive_stuck_jobs(rt, now)",
         ),
     ],

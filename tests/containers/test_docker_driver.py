@@ -18,7 +18,7 @@ from app.net_config import DockerDriverConfig
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import dispatch, services
+from app.usecases import dispatch, enqueue, services
 from app.usecases.dispatch import Step
 from models import NetState
 from tests.fakes import FakeAdmin, FakeServer
@@ -185,7 +185,7 @@ def test_an_engine_restart_while_the_net_comes_up_is_waited_out(
     with sqlite_factory.begin() as session:
         services.sync_nets(session, settings, clock())
         request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-d")
-        job_id = services.enqueue_job(session, settings, request, clock()).job_id
+        job_id = enqueue.enqueue_job(session, settings, request, clock()).job_id
     [assignment] = dispatch.assign_jobs(rt)
     assert dispatch.scale_up(rt, job_id, "net-d", assignment.attempt).step == Step.DONE
     assert _running(own_engine, name)

@@ -29,7 +29,8 @@ from app.local.nvflare import build_tiny_job
 from app.local.receiver import LocalReceiver, Received
 from app.local.stack import LocalStack, StackOptions
 from app.schemas import job_id_for
-from app.usecases.callbacks import RECEIVER_ID, delivery_status
+from app.usecases.callback_receiver import RECEIVER_ID
+from app.usecases.callbacks import delivery_status
 from models import CallbackReceiver, Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
 from tests.fixtures.aws import MOTO_REGION, OwnedMotoServer
 from tests.fixtures.db import fresh_pg_database

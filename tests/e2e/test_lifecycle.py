@@ -14,7 +14,7 @@ from sqlalchemy import select
 from app.db import unit_of_work
 from app.local.stack import NET, LocalStack, StackOptions
 from app.runtime import Runtime
-from app.usecases import dispatch, services
+from app.usecases import dispatch, enqueue
 from models import Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
 from tests.fixtures.db import fresh_pg_database
 from tests.fixtures.services import PrivateRedis
@@ -136,7 +136,7 @@ def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack)
         with unit_of_work(rt.sessions) as session:
             from app.schemas import EnqueueJob
 
-            job_id = services.enqueue_job(
+            job_id = enqueue.enqueue_job(
                 session,
                 stack.settings,
                 EnqueueJob(caller_key="e2e-lost", definition="tiny-fedavg", net=NET),

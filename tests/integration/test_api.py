@@ -27,7 +27,7 @@ from app.errors import AdminMisconfigured
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import claims, enqueue, services
 from models import Job, JobEvent, JobState, Net, NetState, ScaleEvent
 from tests.fixtures.db import net_decl
 
@@ -171,14 +171,14 @@ def three_nets(tmp_path, job_root, pg_engine, pg_factory, clock):
     h.sync()
     settings = h.runtime.settings
     with h.sessions.begin() as session:
-        job_id = services.enqueue_job(
+        job_id = enqueue.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key="run-1", definition="tiny-job", net="net-b"),
             clock(),
         ).job_id
         clock.advance(2)
-        assert services.assign_next_job(session, settings, clock()).net_name == "net-b"
+        assert claims.assign_next_job(session, settings, clock()).net_name == "net-b"
         session.add(
             ScaleEvent(
                 net_name="net-b",
@@ -353,7 +353,7 @@ def test_other_bad_requests(three_nets):
         assert client.get(f"/jobs/{missing}").status_code == 404
         assert client.post(f"/jobs/{missing}/abort", headers=AUTH).status_code == 404
         with h.sessions.begin() as session:
-            services.record_rejection(session, "flip-bad", "unknown net 'x'", h.clock(), 3600)
+            enqueue.record_rejection(session, "flip-bad", "unknown net 'x'", h.clock(), 3600)
         rejected = client.get(f"/jobs/{job_id_for('flip-bad')}")
         assert rejected.status_code == 410
         assert (
@@ -424,7 +424,7 @@ def test_job_detail_with_history(three_nets):
 def test_abort_a_queued_job_is_immediate(three_nets):
     h = three_nets
     with h.sessions.begin() as session:
-        queued = services.enqueue_job(
+        queued = enqueue.enqueue_job(
             session,
             h.runtime.settings,
             EnqueueJob(caller_key="q1", definition="tiny-job", net="net-a"),
@@ -542,7 +542,7 @@ def test_metrics_match_the_database(three_nets):
             )
         )
         # A job requeued once, with two transient retries counted.
-        requeued = services.enqueue_job(
+        requeued = enqueue.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key="rq", definition="tiny-job", net="net-a"),

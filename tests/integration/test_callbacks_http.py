@@ -17,7 +17,7 @@ import pytest
 
 from app.adapters.callbacks import EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from app.settings import Settings
-from app.usecases import callbacks, housekeeping
+from app.usecases import callbacks, monitor
 from models import JobState
 from tests.fixtures.db import FrozenClock, net_decl
 from tests.unit.conftest import World
@@ -130,7 +130,7 @@ def run_to_completion(world: World, key: str, net: str) -> Any:
     job_id = world.enqueue(key, net=net)
     world.run_pipeline(job_id)
     world.server(net).statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED
     return job_id
 

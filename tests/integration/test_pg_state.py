@@ -11,7 +11,8 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
 from app.schemas import EnqueueJob
-from app.usecases import services
+from app.usecases import claims, services
+from app.usecases import enqueue as enqueue_uc
 from models import Job, JobState, Net, NetState
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ def db(pg_factory, settings, clock):
 
 def enqueue(db, settings, clock, key, **kw):
     with db.begin() as session:
-        return services.enqueue_job(
+        return enqueue_uc.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key=key, definition="tiny-job", required_sites=["s"], **kw),
@@ -46,7 +47,7 @@ def race(db, settings, clock, n=2):
             with db.begin() as session:
                 session.execute(text("SELECT 1"))
                 barrier.wait()  # both transactions are open
-                results[i] = services.assign_next_job(session, settings, clock())
+                results[i] = claims.assign_next_job(session, settings, clock())
                 barrier.wait()  # both have claimed while holding their row locks
         except BaseException as exc:
             errors.append(exc)
@@ -100,7 +101,7 @@ def test_many_claimers_many_jobs_each_net_gets_at_most_one(db, settings, clock):
 def test_one_active_job_per_net_is_enforced_by_the_database(db, settings, clock, pg_engine):
     enqueue(db, settings, clock, "a", net="net-a")
     with db.begin() as session:
-        services.assign_next_job(session, settings, clock())
+        claims.assign_next_job(session, settings, clock())
     # Bypass the application entirely: a raw INSERT of a second active job on net-a.
     with pytest.raises(IntegrityError, match="uq_jobs_one_active_per_net"), pg_engine.begin() as c:
         c.execute(
@@ -131,7 +132,7 @@ def test_enqueue_same_caller_key_twice_concurrently_returns_one_job(db, settings
         with db.begin() as session:
             session.execute(text("SELECT 1"))
             barrier.wait()
-            results[i] = services.enqueue_job(
+            results[i] = enqueue_uc.enqueue_job(
                 session,
                 settings,
                 EnqueueJob(caller_key="same", definition="tiny-job", required_sites=["s"]),

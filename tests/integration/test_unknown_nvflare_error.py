@@ -20,7 +20,7 @@ from app.migrate import upgrade
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import abort, dispatch, housekeeping, intake, services
+from app.usecases import abort, dispatch, intake, monitor, scale_down, services
 from app.usecases.dispatch import Step
 from models import JobState
 from tests.fixtures.nvflare import NvflareSystem
@@ -87,13 +87,13 @@ def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
     # status probe (what /fl/status and readiness use)
     assert rt.admin(NET).server_state() is not None
     # monitor: the run cannot be watched, but nothing escapes and the job waits out the grace
-    outcomes = housekeeping.monitor_running_jobs(rt)
+    outcomes = monitor.monitor_running_jobs(rt)
     assert "zorblax" in outcomes[str(job_id)]
     with rt.sessions() as session:
         assert services.get_job(session, job_id).state == JobState.RUNNING
         assert "zorblax" in (services.get_net(session, NET).last_error or "")
     # keep-alive: the ping fails for this net, nothing escapes
-    assert housekeeping.keep_alive_busy_nets(rt) == []
+    assert scale_down.keep_alive_busy_nets(rt) == []
     # abort: the server's answer cannot be read, so the job stays ABORTING (bounded by
     # ABORT_TIMEOUT_S), no error reaches the caller
     assert intake.request_abort(rt, job_id, "test").decision.state == JobState.ABORTING

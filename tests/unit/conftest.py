@@ -12,6 +12,7 @@ from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import abort, dispatch, intake, services
+from app.usecases import enqueue as enqueue_uc
 from app.usecases.dispatch import Step
 from models import Job, Net
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
@@ -70,7 +71,7 @@ class World:
     def enqueue(self, key: str, **kw) -> str:
         self.clock.advance(1)  # distinct ages, so queue order is by age as in life
         with self.rt.sessions.begin() as session:
-            return services.enqueue_job(
+            return enqueue_uc.enqueue_job(
                 session,
                 self.rt.settings,
                 EnqueueJob(caller_key=key, definition="tiny-job", **kw),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, reconciler, services
 from models import JobState, NetEvent, NetState
 from tests.unit.scale_history import scale_decisions
 
@@ -20,25 +20,25 @@ def _set_state(world, name: str, state: NetState) -> None:
 
 def test_a_scalable_net_left_down_gets_one_replica_once(always_on):
     world = always_on
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert scale_decisions(world, "net-a") == [(1, "always-on net: one replica")]
     assert world.driver("net-a").replicas == 1
     assert world.net("net-a").state == NetState.READY
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert len(scale_decisions(world, "net-a")) == 1  # asked for already: not again
 
 
 def test_a_net_left_down_whose_replica_is_already_asked_for_is_not_asked_again(always_on):
     world = always_on
     world.driver("net-a").replicas = 1  # desired 1, the net row still says STOPPED
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert scale_decisions(world, "net-a") == []
     assert world.net("net-a").state == NetState.READY
 
 
 def test_a_static_server_is_never_scaled(always_on):
     world = always_on
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert scale_decisions(world, "fixed") == []
     assert world.net("fixed").state == NetState.READY
 
@@ -48,29 +48,29 @@ def test_a_net_that_is_up_is_not_scaled(always_on, state):
     world = always_on
     world.driver("net-a").replicas = 0
     _set_state(world, "net-a", state)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert scale_decisions(world, "net-a") == []
 
 
 def test_a_reachable_server_ends_an_outage(always_on):
     world = always_on
     world.server("fixed").up = False
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("fixed").state == NetState.OUTAGE
     world.server("fixed").up = True
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert world.net("fixed").state == NetState.READY
     assert "fixed: OUTAGE -> READY" in repaired
 
 
 def test_a_starting_net_with_a_job_is_left_to_its_chain(always_on):
     world = always_on
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     _set_state(world, "fixed", NetState.STARTING)
     job_id = world.enqueue("j", net="fixed")
     with world.rt.sessions.begin() as session:
         services.get_job(session, job_id).assign("fixed", world.clock())
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert world.net("fixed").state == NetState.STARTING
     assert not [r for r in repaired if r.startswith("fixed")]
     assert world.job(job_id).state == JobState.ASSIGNED
@@ -79,7 +79,7 @@ def test_a_starting_net_with_a_job_is_left_to_its_chain(always_on):
 def test_a_misconfigured_always_on_net_is_no_repair(always_on):
     world = always_on
     _set_state(world, "fixed", NetState.MISCONFIGURED)
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert not [r for r in repaired if r.startswith("fixed")]
     assert world.net("fixed").state == NetState.MISCONFIGURED
     assert dispatch.assign_jobs(world.rt) == []
@@ -95,18 +95,18 @@ def _last_move(world, name: str):
 
 def test_an_outage_under_a_running_job_ends_busy_and_says_why(always_on):
     world = always_on
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     job_id = world.enqueue("j", net="fixed")
     world.run_pipeline(job_id)
     world.server("fixed").up = False
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _last_move(world, "fixed") == (
         NetState.BUSY,
         NetState.OUTAGE,
         "always-on server unreachable",
     )
     world.server("fixed").up = True
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _last_move(world, "fixed") == (
         NetState.OUTAGE,
         NetState.BUSY,
@@ -117,5 +117,5 @@ def test_an_outage_under_a_running_job_ends_busy_and_says_why(always_on):
 
 def test_a_healthy_always_on_net_is_no_repair(always_on):
     world = always_on
-    housekeeping.reconcile(world.rt)
-    assert not [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("fixed")]
+    reconciler.reconcile(world.rt)
+    assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("fixed")]

@@ -15,7 +15,7 @@ from app.sim.savings import LOCAL, replay
 from app.sim.simulation import beat_loops, settings_for
 from app.sim.trace import parse_trace
 from app.sim.workload import NetSpec, WorldSpec
-from app.usecases import housekeeping, services
+from app.usecases import monitor, services
 from models import JobState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
@@ -50,7 +50,7 @@ def test_a_run_a_queued_job_waits_for_is_settled_and_the_queue_moves(two_nets):
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
     world.outbox.sent.clear()
 
-    assert housekeeping.monitor_awaited_runs(world.rt) == {str(running): "completed"}
+    assert monitor.monitor_awaited_runs(world.rt) == {str(running): "completed"}
     assert world.job(running).state == JobState.COMPLETED
     assert world.job(waiting).state == JobState.QUEUED  # placed by the assign it kicked:
     assert names.ASSIGN_NEXT_JOB in [task for task, _ in world.outbox.sent]
@@ -64,17 +64,17 @@ def test_runs_no_queued_job_waits_for_are_not_polled(two_nets):
     world.run_pipeline(b)
     calls = polled(world, "net-a", "net-b")
 
-    assert housekeeping.monitor_awaited_runs(world.rt) == {}
+    assert monitor.monitor_awaited_runs(world.rt) == {}
     world.enqueue("for-b", net="net-b")  # pinned: waits for net-b only
-    assert housekeeping.monitor_awaited_runs(world.rt) == {str(b): "running"}
+    assert monitor.monitor_awaited_runs(world.rt) == {str(b): "running"}
     assert calls == ["net-b"]
     world.enqueue(
         "anywhere", required_sites=["site-1"]
     )  # unpinned: waits for whichever net frees first
-    housekeeping.monitor_awaited_runs(world.rt)
+    monitor.monitor_awaited_runs(world.rt)
     assert sorted(calls) == ["net-a", "net-b", "net-b"]
     # The full round still watches everything.
-    assert set(housekeeping.monitor_running_jobs(world.rt)) == {str(a), str(b)}
+    assert set(monitor.monitor_running_jobs(world.rt)) == {str(a), str(b)}
 
 
 def test_a_job_held_by_its_own_stray_run_does_not_count_as_waiting(two_nets):
@@ -84,7 +84,7 @@ def test_a_job_held_by_its_own_stray_run_does_not_count_as_waiting(two_nets):
     held = world.enqueue("held", net="net-a")
     world.add_stray(held, "net-b", None, "token")
     calls = polled(world, "net-a")
-    assert housekeeping.monitor_awaited_runs(world.rt) == {}
+    assert monitor.monitor_awaited_runs(world.rt) == {}
     assert calls == []
 
 
@@ -94,11 +94,11 @@ def test_a_net_whose_server_is_not_answering_is_left_to_the_full_round(two_nets)
     world.run_pipeline(a)
     world.enqueue("waiting", net="net-a")
     world.server("net-a").up = False
-    housekeeping.monitor_running_jobs(world.rt)  # the full round notes it unreachable
+    monitor.monitor_running_jobs(world.rt)  # the full round notes it unreachable
     assert world.net("net-a").unreachable_since is not None
     calls = polled(world, "net-a")
     world.clock.advance(1)
-    assert housekeeping.monitor_awaited_runs(world.rt) == {}
+    assert monitor.monitor_awaited_runs(world.rt) == {}
     assert calls == []
 
 
@@ -153,5 +153,5 @@ def test_an_unpinned_job_that_is_over_makes_no_net_awaited(two_nets):
     running = world.enqueue("running", net="net-a")
     world.run_pipeline(running)
     calls = polled(world, "net-a", "net-b")
-    assert housekeeping.monitor_awaited_runs(world.rt) == {}
+    assert monitor.monitor_awaited_runs(world.rt) == {}
     assert calls == []

@@ -38,7 +38,14 @@ from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
-from app.usecases import callbacks, housekeeping, intake, services
+from app.usecases import (
+    callback_receiver,
+    callbacks,
+    enqueue,
+    intake,
+    monitor,
+    services,
+)
 from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode, RejectedRequest
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -128,7 +135,7 @@ def complete(world: World, job_id) -> None:
     world.run_pipeline(job_id)
     nvflare_id = world.job(job_id).nvflare_job_id
     world.server("net-a").statuses[nvflare_id] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED
 
 
@@ -137,7 +144,7 @@ LIFE = ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING", "COMPLETED"]
 
 def receiver_row(world: World) -> CallbackReceiver:
     with world.rt.sessions() as session:
-        row = session.get(CallbackReceiver, callbacks.RECEIVER_ID)
+        row = session.get(CallbackReceiver, callback_receiver.RECEIVER_ID)
         assert row is not None
         return row
 
@@ -295,7 +302,7 @@ def test_a_late_callback_tells_its_own_move_not_the_jobs_later_state(cb, receive
     job_id = cb.enqueue("j1", net="net-a")
     cb.run_pipeline(job_id)
     cb.server("net-a").start_time = 2000.0  # the server restarted under the job
-    housekeeping.monitor_running_jobs(cb.rt)
+    monitor.monitor_running_jobs(cb.rt)
     job = cb.job(job_id)
     assert (job.state, job.attempts, job.nvflare_job_id) == (JobState.QUEUED, 1, None)
 
@@ -374,7 +381,7 @@ def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver
 
 def receiver_row_failures(world: World) -> int:
     with world.rt.sessions() as session:
-        row = session.get(CallbackReceiver, callbacks.RECEIVER_ID)
+        row = session.get(CallbackReceiver, callback_receiver.RECEIVER_ID)
         return row.failures if row is not None else 0
 
 
@@ -421,11 +428,11 @@ def test_a_failing_or_busy_receiver_is_retried_past_the_4xx_limit(cb, receiver, 
 
 def test_a_second_deliverer_waits_for_the_lease_and_takes_it_over_when_it_expires(cb, receiver):
     job_id = cb.enqueue("j1", net="net-a")
-    assert callbacks._claim_lease(cb.rt, "a-worker-that-died")
+    assert callback_receiver.claim_lease(cb.rt, "a-worker-that-died")
     report = deliver(cb, receiver)
     assert report.busy and receiver.requests == []
 
-    cb.clock.advance(callbacks._lease_s(cb.rt) + 1)
+    cb.clock.advance(callback_receiver._lease_s(cb.rt) + 1)
     assert deliver(cb, receiver).delivered == 1
     assert receiver.accepted(job_id) == ["QUEUED"]
 
@@ -442,7 +449,7 @@ def test_a_deliverer_that_lost_its_lease_records_nothing_and_the_event_goes_agai
     assert status(cb, job_id)["pending"] == 1  # the answer was not recorded
 
     receiver.during_post = None
-    cb.clock.advance(callbacks._lease_s(cb.rt) + 1)
+    cb.clock.advance(callback_receiver._lease_s(cb.rt) + 1)
     deliver(cb, receiver)
     (first, _), (again, _) = receiver.sent()
     assert first == again  # a duplicate carries the same event_id
@@ -765,7 +772,7 @@ def test_a_deliverer_that_lost_its_lease_records_no_rejected_event(cb, receiver)
     assert rejection_row(cb, "bad").callback_settled_at is None
 
     receiver.during_post = None
-    cb.clock.advance(callbacks._lease_s(cb.rt) + 1)
+    cb.clock.advance(callback_receiver._lease_s(cb.rt) + 1)
     deliver(cb, receiver)
     (first, _), (again, _) = receiver.sent()
     assert first == again  # the same event_id again
@@ -780,7 +787,7 @@ def test_an_undelivered_rejection_outlives_its_retention_until_it_is_delivered(c
     cb.clock.advance(retention + 1)
     intake.reject_enqueue(cb.rt, "new", "unknown net 'x'")  # purges what is past retention
     with cb.rt.sessions() as session:
-        assert services.get_rejection(session, job_id_for("old")) is not None  # not delivered
+        assert enqueue.get_rejection(session, job_id_for("old")) is not None  # not delivered
 
     receiver.down = False
     assert deliver(cb, receiver).delivered == 2
@@ -788,8 +795,8 @@ def test_an_undelivered_rejection_outlives_its_retention_until_it_is_delivered(c
     cb.clock.advance(retention + 1)
     intake.reject_enqueue(cb.rt, "newer", "unknown net 'x'")
     with cb.rt.sessions() as session:
-        assert services.get_rejection(session, job_id_for("old")) is None  # delivered: purged
-        assert services.get_rejection(session, job_id_for("new")) is None
+        assert enqueue.get_rejection(session, job_id_for("old")) is None  # delivered: purged
+        assert enqueue.get_rejection(session, job_id_for("new")) is None
 
 
 def test_a_rejection_kicks_delivery_after_its_commit(cb):
@@ -833,7 +840,7 @@ def test_callbacks_off_keep_no_rejection_past_its_retention_and_send_nothing(
     clock.advance(world.rt.settings.rejected_retention_s + 1)
     intake.reject_enqueue(world.rt, "new", "unknown net 'x'")
     with world.rt.sessions() as session:
-        assert services.get_rejection(session, job_id_for("old")) is None
+        assert enqueue.get_rejection(session, job_id_for("old")) is None
     assert receiver.requests == []
 
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event
 
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import claims, services
 from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -29,7 +29,7 @@ def many(tmp_path, job_root, sqlite_factory, clock) -> World:
     return World(settings, sqlite_factory, clock)
 
 
-def claim_counting_statements(world: World) -> tuple[services.Assignment | None, int]:
+def claim_counting_statements(world: World) -> tuple[claims.Assignment | None, int]:
     statements: list[str] = []
     engine = world.rt.engine
 
@@ -40,7 +40,7 @@ def claim_counting_statements(world: World) -> tuple[services.Assignment | None,
         session.connection()  # BEGIN before counting
         event.listen(engine, "before_cursor_execute", count)
         try:
-            assignment = services.assign_next_job(session, world.rt.settings, world.clock())
+            assignment = claims.assign_next_job(session, world.rt.settings, world.clock())
         finally:
             event.remove(engine, "before_cursor_execute", count)
     return assignment, len(statements)

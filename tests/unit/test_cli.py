@@ -19,7 +19,8 @@ from app.db import make_engine, session_factory
 from app.entrypoints.cli import build_parser, main
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import claims, services
+from app.usecases import enqueue as enqueue_uc
 from models import Job, JobEvent, JobState, Net, ScaleEvent
 from models.states import JOB_TRANSITIONS, NET_TRANSITIONS, mermaid
 from tests.fixtures.db import FrozenClock, net_decl
@@ -81,9 +82,9 @@ def world(db, cli_env):
         for key in ("first", "second", "third"):
             clock.advance(10)
             request = EnqueueJob(caller_key=key, definition="tiny-job", net="net-a")
-            ids[key] = services.enqueue_job(session, settings, request, clock()).job_id
+            ids[key] = enqueue_uc.enqueue_job(session, settings, request, clock()).job_id
         clock.advance(5)
-        assignment = services.assign_next_job(session, settings, clock())
+        assignment = claims.assign_next_job(session, settings, clock())
         assert assignment is not None and assignment.job_id == ids["first"]
         session.add(
             ScaleEvent(

@@ -17,8 +17,8 @@ from app.contract import reason_table_markdown
 from app.entrypoints.cli import main
 from app.errors import CallerKeyConflict
 from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
-from app.usecases import housekeeping, intake
-from app.usecases.callbacks import event_payload, rejection_payload
+from app.usecases import intake, monitor
+from app.usecases.callback_payloads import event_payload, rejection_payload
 from models import REASONS, Job, JobEvent, RejectedRequest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -73,7 +73,7 @@ def test_every_callback_a_life_and_the_refusals_produce_validates(contract, worl
     done = world.enqueue("to-the-end", net="net-a", metadata={"model_id": "m-1"})
     world.run_pipeline(done)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     aborted = world.enqueue("aborted", net="net-a")
     world.abort(aborted)
     intake.reject_enqueue(world.rt, "bad", "unknown net 'x'")

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from app import names
 from app.errors import AdminMisconfigured
-from app.usecases import abort, dispatch, housekeeping, services
+from app.usecases import abort, dispatch, monitor, services
 from app.usecases.dispatch import Step, StepResult
 from models import JobState, NetState, ReasonCode, StrayRun
 
@@ -62,7 +62,7 @@ def test_a_server_that_restarted_before_the_submit_holds_the_run(world):
     server.on_submit = restarted
     dispatch.dispatch(world.rt, job_id, "net-a", 0)
     assert world.net("net-a").server_start_time == 2000.0
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING
 
 

@@ -13,7 +13,7 @@ import pytest
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import enqueue, services
 from models import JobState
 
 
@@ -21,7 +21,7 @@ def _enqueue(sqlite_factory, settings, clock, key="k", **kw):
     request = EnqueueJob(caller_key=key, definition=kw.pop("definition", "tiny-job"), **kw)
     with sqlite_factory.begin() as session:
         services.sync_nets(session, settings, clock())
-        return services.enqueue_job(session, settings, request, clock())
+        return enqueue.enqueue_job(session, settings, request, clock())
 
 
 def _refusal(sqlite_factory, settings, clock, **kw) -> str:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from app.adapters import jobdefs
 from app.errors import InvalidRequest
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
-from app.usecases import housekeeping, services
+from app.usecases import monitor, scale_down, services
 from models import JobState, NetState
 from tests.unit.conftest import World
 
@@ -80,7 +80,7 @@ def _finished_run(world: World) -> uuid.UUID:
     job_id = world.enqueue("j", net="net-a", metadata={"model_id": "m"})
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     return job_id
 
 
@@ -89,8 +89,8 @@ def test_a_completed_run_holds_the_server_until_results_are_reported(held):
     assert held.job(job_id).state == JobState.FINISHING
     assert held.net("net-a").state == NetState.BUSY
     held.clock.advance(10_000)
-    assert housekeeping.scale_down_idle_nets(held.rt) == []
-    assert housekeeping.keep_alive_busy_nets(held.rt) == ["net-a"]
+    assert scale_down.scale_down_idle_nets(held.rt) == []
+    assert scale_down.keep_alive_busy_nets(held.rt) == ["net-a"]
     assert held.driver("net-a").replicas == 1
     with held.rt.sessions.begin() as session:
         report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
@@ -108,10 +108,10 @@ def test_a_failed_upload_fails_the_job(held):
 def test_a_report_that_never_comes_settles_the_job_after_the_timeout(held):
     job_id = _finished_run(held)
     held.clock.advance(held.rt.settings.report_timeout_s - 1)
-    housekeeping.monitor_running_jobs(held.rt)
+    monitor.monitor_running_jobs(held.rt)
     assert held.job(job_id).state == JobState.FINISHING
     held.clock.advance(2)
-    outcomes = housekeeping.monitor_running_jobs(held.rt)
+    outcomes = monitor.monitor_running_jobs(held.rt)
     assert outcomes[str(job_id)].startswith("report timeout")
     assert held.job(job_id).state == JobState.FAILED  # REPORT_TIMEOUT_OUTCOME default
     assert held.net("net-a").state == NetState.READY

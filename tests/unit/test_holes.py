@@ -13,7 +13,15 @@ from app.errors import (
     ServerUnavailable,
     UnknownAdminError,
 )
-from app.usecases import abort, dispatch, housekeeping, services
+from app.usecases import (
+    abort,
+    dispatch,
+    monitor,
+    reconciler,
+    scale_down,
+    services,
+    unknown_submit,
+)
 from app.usecases.dispatch import Step
 from models import JobState, NetState, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
@@ -38,7 +46,7 @@ def test_one_net_misconfigured_admin_does_not_stop_monitoring_of_another(world):
         raise AdminMisconfigured("admin certificate expired")
 
     world.admin("fixed").server_start_time = broken  # type: ignore[method-assign]
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(on_a).state == JobState.COMPLETED
     assert "expired" in (world.net("fixed").last_error or "")
 
@@ -51,9 +59,9 @@ def test_an_unclassified_error_on_one_net_never_escapes_a_housekeeping_loop(worl
         raise RuntimeError("something nobody classified")
 
     world.admin("net-a").ping = boom  # type: ignore[method-assign]
-    assert housekeeping.keep_alive_busy_nets(world.rt) == []
+    assert scale_down.keep_alive_busy_nets(world.rt) == []
     world.admin("net-a").server_start_time = boom  # type: ignore[method-assign]
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert "RuntimeError" in (world.net("net-a").last_error or "")
 
 
@@ -65,10 +73,10 @@ def test_a_busy_net_whose_admin_access_broke_is_settled_after_the_grace(world):
         raise AdminMisconfigured("admin certificate expired")
 
     world.admin("net-a").server_start_time = broken  # type: ignore[method-assign]
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING  # inside the grace
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
     assert world.net("net-a").state == NetState.MISCONFIGURED
     assert world.driver("net-a").replicas == 0  # no server left up
@@ -82,7 +90,7 @@ def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     world.clock.advance(121)
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
-    housekeeping.reconcile(world.rt)  # net-a settles to STOPPED
+    reconciler.reconcile(world.rt)  # net-a settles to STOPPED
     [again] = dispatch.assign_jobs(world.rt)
     assert again.attempt == 1
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
@@ -100,7 +108,7 @@ def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
     dispatch_through_a_start_time_blip(world, job_id)
     assert world.net("net-a").server_start_time == 1000.0
     world.server("net-a").start_time = 2000.0  # the server restarted under the job
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
 
 
@@ -109,7 +117,7 @@ def test_a_run_the_server_forgot_is_lost_not_running_forever(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses.clear()
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
 
 
@@ -122,7 +130,7 @@ def test_status_errors_do_not_switch_off_the_run_time_limit(world):
 
     world.admin("net-a").job_status = unknown  # type: ignore[method-assign]
     world.clock.advance(world.rt.settings.max_run_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FAILED
 
 
@@ -168,7 +176,7 @@ def _unknown_submit(world):
 
 def test_an_abandoned_submit_the_server_never_got_is_requeued_with_the_server_kept(world):
     job_id = _unknown_submit(world)
-    assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
     assert world.job(job_id).state == JobState.QUEUED
     assert world.driver("net-a").replicas == 1  # the server said the token has no run
     assert _strays(world) == []
@@ -179,7 +187,7 @@ def test_an_abandoned_submit_that_landed_is_adopted_not_run_again(world):
     server = world.server("net-a")
     server.submitted[f"{job_id}-0"] = "nv-7"  # it had landed; only the reply was lost
     server.statuses["nv-7"] = "RUNNING"
-    assert not dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
     job = world.job(job_id)
     assert (job.state, job.nvflare_job_id) == (JobState.RUNNING, "nv-7")
 
@@ -187,7 +195,7 @@ def test_an_abandoned_submit_that_landed_is_adopted_not_run_again(world):
 def test_an_abandoned_submit_on_a_silent_server_takes_it_down_before_the_job_runs_again(world):
     job_id = _unknown_submit(world)
     world.server("net-a").up = False  # the admin side cannot reach it; the replica still runs
-    assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
     assert world.job(job_id).state == JobState.QUEUED
     assert world.driver("net-a").replicas == 0
     assert _strays(world) == []  # settled by the server going away
@@ -198,9 +206,9 @@ def test_a_lost_server_on_a_scale_to_zero_net_is_taken_down_before_the_requeue_r
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").up = False
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
     assert world.driver("net-a").calls[-1] == 0  # the old run dies with its server
 
@@ -239,7 +247,7 @@ def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # the net is STARTING with a job now
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.driver("net-a").replicas == 1
     assert world.job(job_id).state == JobState.ASSIGNED
 
@@ -267,7 +275,7 @@ def test_a_flag_change_across_a_redeploy_is_legal_from_every_net_state(
     world.driver("net-a").replicas = 1 if state in (NetState.READY, NetState.BUSY) else 0
     for _ in range(3):
         world.clock.advance(world.rt.settings.stuck_after_s + 1)
-        housekeeping.reconcile(world.rt)  # must not raise, whatever the state
+        reconciler.reconcile(world.rt)  # must not raise, whatever the state
     final = world.net("net-a").state
     if state == NetState.MISCONFIGURED:
         assert final == NetState.MISCONFIGURED
@@ -300,7 +308,7 @@ def test_a_misconfigured_net_whose_scale_down_failed_is_scaled_down_later(world)
     assert world.job(job_id).attempts == 0  # not the job's fault: no attempt burnt
     driver.scale = real_scale  # type: ignore[method-assign]
     assert driver.replicas == 1
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert driver.replicas == 0
 
 
@@ -315,7 +323,7 @@ def test_aborting_ends_within_the_abort_timeout_and_takes_the_server_down(world)
     world.admin("net-a").abort = unknown  # type: ignore[method-assign]
     assert world.abort(job_id) == JobState.ABORTING
     world.clock.advance(world.rt.settings.abort_timeout_s + 1)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     job = world.job(job_id)
     assert (job.state == JobState.ABORTED and "not confirmed" in (job.last_error or "")) or (
         job.state == JobState.ABORTED
@@ -362,15 +370,15 @@ def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
     world.run_pipeline(job_id)
     world.server("net-a").up = False
     world.driver("net-a").fail_with = DriverTransientError("throttled")  # cannot take it down
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
     assert len(_strays(world)) == 1
     assert dispatch.assign_jobs(world.rt) == []  # one live run per job, even on another net
     world.driver("net-a").fail_with = None
     world.driver("net-a").replicas = 0  # the platform finally stopped it
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _strays(world) == []
 
 
@@ -385,7 +393,7 @@ def test_reconcile_finding_a_starting_net_misconfigured_requeues_its_assigned_jo
     assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
     world.driver("net-a").fail_with = DriverMisconfigured("service not found")
     world.clock.advance(world.rt.settings.stuck_after_s + 1)  # its chain is long gone
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.MISCONFIGURED
     job = world.job(job_id)
     assert (job.state, job.net_name, job.attempts) == (JobState.QUEUED, None, 0)
@@ -415,10 +423,10 @@ def test_a_stray_the_server_cannot_settle_takes_an_idle_scale_to_zero_net_down(w
 
     world.admin("net-a").job_status = unreadable  # type: ignore[method-assign]
     waiting = world.enqueue("next", net="net-a")
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert len(_strays(world)) == 1 and world.driver("net-a").replicas == 1  # not yet
     world.clock.advance(world.rt.settings.abort_timeout_s + 1)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _strays(world) == [] and world.driver("net-a").replicas == 0
     assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [waiting]
 
@@ -437,18 +445,18 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     ]
     world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
     world.driver("always").replicas = 1
-    housekeeping.reconcile(world.rt)  # READY
+    reconciler.reconcile(world.rt)  # READY
     job_id = world.enqueue("j", required_sites=["site-1", "site-2"])
     world.run_pipeline(job_id)
     assert world.job(job_id).net_name == "always"
     world.driver("always").replicas = 0  # by hand: the server and its run are gone
     world.server("always").up = False
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED and len(_strays(world)) == 1
     assert dispatch.assign_jobs(world.rt) == []  # its own run may still go on: it waits
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _strays(world) == []
     assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-b"]
 

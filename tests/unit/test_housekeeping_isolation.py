@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from app.settings import Settings
-from app.usecases import housekeeping, services
+from app.usecases import reconciler, scale_down, services
 from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -29,7 +29,7 @@ def test_a_keep_alive_that_crashes_on_one_net_is_recorded_there_and_pings_the_ot
         raise RuntimeError("bug in a client")
 
     world.admin("net-a").ping = crash  # type: ignore[method-assign]
-    assert housekeeping.keep_alive_busy_nets(world.rt) == ["net-b"]
+    assert scale_down.keep_alive_busy_nets(world.rt) == ["net-b"]
     assert world.net("net-a").last_error == "keep_alive_busy_nets: RuntimeError: bug in a client"
     assert world.net("net-b").last_error is None
     assert world.server("net-b").pings == 1
@@ -65,7 +65,7 @@ def test_an_idle_scale_down_that_crashes_on_one_net_is_recorded_there_and_stops_
         raise RuntimeError("bug in a driver")
 
     world.driver("net-a").scale = crash  # type: ignore[method-assign]
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-b"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-b"]
     assert world.net("net-a").last_error == "scale_down_idle_nets: RuntimeError: bug in a driver"
     assert world.net("net-b").state == NetState.STOPPED
 
@@ -96,6 +96,6 @@ def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
         return real_send(task, **kwargs)
 
     world.outbox.send = send  # type: ignore[method-assign]
-    redriven = housekeeping.reconcile(world.rt).redriven
+    redriven = reconciler.reconcile(world.rt).redriven
     assert redriven == (f"{jobs['net-b']}: abort re-sent",)
     assert world.net("net-a").last_error == "reconcile: RuntimeError: broker bug"

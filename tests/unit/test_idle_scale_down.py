@@ -9,7 +9,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, scale_down, services
 from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -51,9 +51,9 @@ def test_a_net_idle_for_exactly_its_grace_is_stopped_saying_why(two_nets):
     world = two_nets
     _idle(world, "net-a")
     world.clock.advance(IDLE_S - 1)
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     world.clock.advance(1)
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     assert world.net("net-a").state == NetState.STOPPED
     assert scale_decisions(world, "net-a")[-1] == (0, "idle grace passed")
 
@@ -64,7 +64,7 @@ def test_only_the_nets_past_their_grace_are_stopped(two_nets):
     world.clock.advance(IDLE_S / 2)
     _idle(world, "net-a")
     world.clock.advance(IDLE_S / 2)
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-b"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-b"]
     assert world.net("net-a").state == NetState.READY
 
 
@@ -73,7 +73,7 @@ def test_another_nets_job_does_not_keep_an_idle_net_up(two_nets):
     _idle(world, "net-a")
     world.run_pipeline(world.enqueue("busy", net="net-b"))
     world.clock.advance(IDLE_S)
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     assert world.net("net-b").state == NetState.BUSY
 
 
@@ -84,7 +84,7 @@ def test_a_net_claimed_by_a_job_is_not_stopped_though_long_ready(two_nets):
     job_id = world.enqueue("next", net="net-a")
     dispatch.assign_jobs(world.rt)  # a warm net: claimed, still READY
     assert world.job(job_id).state == JobState.ASSIGNED
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     assert world.driver("net-a").replicas == 1
 
 
@@ -93,7 +93,7 @@ def test_a_queued_job_that_could_run_there_keeps_an_idle_net_up(two_nets):
     _idle(world, "net-a")
     world.clock.advance(IDLE_S)
     world.enqueue("unpinned", required_sites=["site-1"])  # not claimed yet: any net will do
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     assert world.driver("net-a").replicas == 1
 
 
@@ -106,20 +106,20 @@ def test_the_locked_recheck_decides_on_the_net_as_it_is_now(two_nets):
     world.clock.advance(IDLE_S + 1)
     busy = world.enqueue("meanwhile", net="net-a")
     world.run_pipeline(busy)  # claimed and running after the candidate read
-    assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert not scale_down._scale_down_if_idle(world.rt, "net-a", world.clock())
     with world.rt.sessions.begin() as session:
         services.finish_job(
             session, busy, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
         )
     # READY again, its grace restarted now: idle by the earlier read, not by the row
-    assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert not scale_down._scale_down_if_idle(world.rt, "net-a", world.clock())
     assert world.driver("net-a").replicas == 1 and world.net("net-a").state == NetState.READY
     world.clock.advance(IDLE_S)
-    assert housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert scale_down._scale_down_if_idle(world.rt, "net-a", world.clock())
     assert world.driver("net-a").replicas == 0
     world.clock.advance(IDLE_S + 1)  # a net that is not READY (here STOPPED) is never taken
     calls = list(world.driver("net-a").calls)
-    assert not housekeeping._scale_down_if_idle(world.rt, "net-a", world.clock())
+    assert not scale_down._scale_down_if_idle(world.rt, "net-a", world.clock())
     assert world.driver("net-a").calls == calls and world.net("net-a").state == NetState.STOPPED
 
 
@@ -131,7 +131,7 @@ def test_a_warm_net_claimed_after_its_grace_keeps_its_server_without_an_error(tw
     world.clock.advance(IDLE_S + 1)
     world.enqueue("claimed", net="net-a")
     dispatch.assign_jobs(world.rt)  # READY with an ASSIGNED job: its chain comes next
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.READY, None)
     assert world.driver("net-a").replicas == 1
@@ -155,6 +155,6 @@ def test_a_net_that_stopped_is_no_longer_idle_and_a_finished_job_says_when(two_n
     assert world.job(job_id).finished_at == world.clock()
     assert world.net("net-a").idle_since == world.clock()
     world.clock.advance(IDLE_S)
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     net = world.net("net-a")
     assert (net.state, net.idle_since) == (NetState.STOPPED, None)

@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 from app.errors import AdminMisconfigured, ServerUnavailable
 from app.schemas import EnqueueJob
-from app.usecases import housekeeping, intake, services
+from app.usecases import enqueue, intake, monitor
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -40,7 +40,7 @@ def test_an_aborting_job_whose_server_restarted_is_aborted(world):
     world.admin("net-a").abort = unconfirmed  # type: ignore[method-assign]
     intake.request_abort(world.rt, job_id, "user")
     world.server("net-a").start_time = 2000.0  # restarted: the run died with it
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "aborted"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "aborted"}
     assert world.job(job_id).state == JobState.ABORTED
     assert _last_reason(world, job_id) == "server restarted under the job"
     assert _strays(world) == []
@@ -49,7 +49,7 @@ def test_an_aborting_job_whose_server_restarted_is_aborted(world):
 def test_a_lost_run_on_its_last_attempt_fails_the_job(world):
     world.clock.advance(1)
     with world.rt.sessions.begin() as session:
-        job_id = services.enqueue_job(
+        job_id = enqueue.enqueue_job(
             session,
             world.rt.settings,
             EnqueueJob(caller_key="last", definition="tiny-job", net="net-a", max_attempts=1),
@@ -57,7 +57,7 @@ def test_a_lost_run_on_its_last_attempt_fails_the_job(world):
         ).job_id
     world.run_pipeline(job_id)
     world.server("net-a").start_time = 2000.0
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
     job = world.job(job_id)
     assert job.state == JobState.FAILED
     assert "server restarted under the job" in (job.last_error or "")
@@ -68,7 +68,7 @@ def test_a_run_lost_with_the_fail_policy_fails_with_the_reason(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").start_time = 2000.0
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).last_error == "server restarted under the job"
 
 
@@ -76,11 +76,11 @@ def test_a_silent_always_on_server_keeps_its_run_as_a_stray_past_the_grace(world
     job_id = world.enqueue("j", net="fixed")
     world.run_pipeline(job_id)
     _unreachable(world, "fixed", ServerUnavailable("no route"))
-    first = housekeeping.monitor_running_jobs(world.rt)
+    first = monitor.monitor_running_jobs(world.rt)
     assert first[str(job_id)].startswith("server not answering for 0s")
     assert world.net("fixed").last_error == "monitor: no route"
     world.clock.advance(world.rt.settings.server_lost_grace_s)  # exactly the grace: lost
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
     [stray] = _strays(world)
     assert (stray.net_name, stray.job_id, stray.nvflare_job_id) == ("fixed", job_id, "nv-1")
     assert (
@@ -94,9 +94,9 @@ def test_a_busy_net_whose_admin_access_is_misconfigured_says_so_past_the_grace(w
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     _unreachable(world, "net-a", AdminMisconfigured("admin certificate expired"))
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     net = world.net("net-a")
     assert net.state == NetState.MISCONFIGURED
     assert net.last_error == "admin access failed on a busy net: admin certificate expired"
@@ -106,9 +106,9 @@ def test_a_run_lost_on_a_silent_scale_to_zero_server_dies_with_it(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     _unreachable(world, "net-a", ServerUnavailable("no route"))
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(world.rt.settings.server_lost_grace_s)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     grace = f"{world.rt.settings.server_lost_grace_s:.0f}s"
     assert scale_decisions(world, "net-a")[-1] == (
         0,

@@ -12,7 +12,7 @@ from app.db import unit_of_work
 from app.entrypoints.api import create_app
 from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox, Runtime
-from app.usecases import housekeeping
+from app.usecases import reconciler
 from tests.fixtures.day import build_day, day_settings
 
 
@@ -55,9 +55,9 @@ def test_reconcile_records_its_round_for_the_beat_alert(world):
             return read_snapshot(session, world.clock()).housekeeping_last_run
 
     assert last_runs() == {}  # no round yet: the series is absent (the rule's absent() case)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     first = world.clock()
     assert last_runs() == {"reconcile": first.timestamp()}
     world.clock.advance(30)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert last_runs() == {"reconcile": (first + timedelta(seconds=30)).timestamp()}

@@ -15,7 +15,7 @@ from app.metrics.exposition import families
 from app.metrics.figures import Snapshot
 from app.metrics.fold import fold
 from app.metrics.read import read_snapshot
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, monitor, scale_down, services
 from models import Job, JobEvent, JobState, NetEvent, ScaleEvent
 from tests.metrics_reference import reference_snapshot
 from tests.unit.conftest import World
@@ -78,7 +78,7 @@ def a_life(world: World, check) -> None:
     # The server restarts under the job: requeued (attempt 2), then assigned again.
     world.server(net).start_time = 2000.0
     world.clock.advance(30)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     dispatch.count_retry(world.rt, first)  # a retry counted on a QUEUED job
     check()
     world.clock.advance(20)
@@ -89,16 +89,16 @@ def a_life(world: World, check) -> None:
     object.__setattr__(world.rt.settings.net("net-a"), "release_after", "reported")
     world.server(net).statuses["nv-2"] = "FINISHED:COMPLETED"
     world.clock.advance(600)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     check()
     world.clock.advance(world.rt.settings.report_timeout_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     dispatch.count_retry(world.rt, first)  # late: counted on a job already finished
     check()
 
     # Idle past the grace: scaled down (scale events, uptime ends).
     world.clock.advance(3600)
-    housekeeping.scale_down_idle_nets(world.rt)
+    scale_down.scale_down_idle_nets(world.rt)
     check()
 
     # The always-on net runs one job that is aborted, and one that completes.
@@ -112,7 +112,7 @@ def a_life(world: World, check) -> None:
     world.run_pipeline(third)
     world.server("fixed").statuses["nv-2"] = "FINISHED:COMPLETED"
     world.clock.advance(60)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.abort(world.enqueue("fourth", required_sites=["site-1"]))  # aborted while QUEUED
     check()
 

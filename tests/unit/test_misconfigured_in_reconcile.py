@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import AdminMisconfigured, DriverMisconfigured
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, reconciler, services
 from models import JobState, NetState
 
 
@@ -34,7 +34,7 @@ def _claimed_and_overdue(world):
 def test_reconcile_marks_the_net_and_requeues_a_job_still_assigned(world):
     job_id = _claimed_and_overdue(world)
     world.driver("net-a").fail_with = DriverMisconfigured("service missing")
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert "net-a: misconfigured: service missing" in repaired
     assert world.net("net-a").state == NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.QUEUED
@@ -49,7 +49,7 @@ def test_reconcile_leaves_a_job_that_moved_on_while_it_looked(world):
         raise DriverMisconfigured("service missing")
 
     world.driver("net-a").observe = aborted_meanwhile  # type: ignore[method-assign]
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert f"net-a: misconfigured: service missing (job {job_id} moved on: left to it)" in repaired
     assert world.net("net-a").state != NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.ABORTED

@@ -7,7 +7,7 @@ import json
 
 from app.errors import UnknownAdminError
 from app.settings import Settings
-from app.usecases import housekeeping
+from app.usecases import monitor, reconciler
 from models import JobState, NetState
 from tests.fixtures.db import net_decl
 
@@ -16,7 +16,7 @@ def test_a_failed_run_fails_its_job_with_nvflares_status(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:EXECUTION_EXCEPTION"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     job = world.job(job_id)
     assert (job.state, job.last_error) == (
         JobState.FAILED,
@@ -28,7 +28,7 @@ def test_a_run_the_server_forgot_is_requeued_saying_so(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     del world.server("net-a").statuses["nv-1"]
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
     assert world.job(job_id).last_error == "the server does not know the run"
 
 
@@ -41,7 +41,7 @@ def test_an_overrun_whose_status_cannot_be_read_says_so(world):
 
     world.admin("net-a").job_status = unreadable  # type: ignore[method-assign]
     world.clock.advance(world.rt.settings.max_run_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     job = world.job(job_id)
     assert job.state == JobState.FAILED
     assert "exceeded the maximum run time (status unknown: odd reply)" in (job.last_error or "")
@@ -52,7 +52,7 @@ def test_with_release_after_reported_a_completed_run_holds_its_server(held_for_r
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    assert housekeeping.monitor_running_jobs(world.rt) == {
+    assert monitor.monitor_running_jobs(world.rt) == {
         str(job_id): "finishing: waiting for flip-api's results report"
     }
     assert world.job(job_id).state == JobState.FINISHING
@@ -72,7 +72,7 @@ def test_a_net_declared_by_a_redeploy_gets_its_row_from_reconcile(world, tmp_pat
         PER_JOB_FL_SERVER="true",
     )
     world.clock.advance(5)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     net = world.net("net-new")
     assert (net.state, net.state_changed_at) == (NetState.STOPPED, world.clock())
 
@@ -85,7 +85,7 @@ def test_a_reconcile_that_crashes_on_one_net_is_recorded_there_and_repairs_the_o
         raise RuntimeError("bug in a client")
 
     world.admin("fixed").server_state = crash  # type: ignore[method-assign]
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert world.net("fixed").last_error == "reconcile: RuntimeError: bug in a client"
     assert "net-a: drift: STOPPED net had a server; scaled to 0" in repaired
     assert world.driver("net-a").replicas == 0

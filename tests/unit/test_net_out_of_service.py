@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import AdminMisconfigured
-from app.usecases import dispatch, services
+from app.usecases import claims, dispatch, services
 from models import JobState, NetEvent, NetState
 from tests.unit.scale_history import scale_decisions
 
@@ -29,7 +29,7 @@ def test_a_misconfigured_net_says_why_and_takes_no_job(world):
     assert history[-1] == (NetState.STOPPED, NetState.MISCONFIGURED, "kit names another server")
     world.enqueue("j", net="net-a")
     with world.rt.sessions.begin() as session:
-        assert services.assign_next_job(session, world.rt.settings, world.clock()) is None
+        assert claims.assign_next_job(session, world.rt.settings, world.clock()) is None
 
 
 def test_a_net_with_an_active_job_is_not_taken_out_of_service(world):

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.errors import UnknownAdminError
 from app.settings import Settings
-from app.usecases import dispatch, housekeeping
+from app.usecases import dispatch, monitor
 from models import JobState, NetState, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -38,7 +38,7 @@ def _strays(world):
 
 def test_a_confirmed_abort_fails_the_job_and_keeps_the_server(world):
     job_id = _overrunning(world, "net-a")
-    assert housekeeping.monitor_running_jobs(world.rt)[str(job_id)] == "failed: overran"
+    assert monitor.monitor_running_jobs(world.rt)[str(job_id)] == "failed: overran"
     job = world.job(job_id)
     assert job.state == JobState.FAILED
     # what NVFLARE last said of the run, and how the abort went
@@ -51,7 +51,7 @@ def test_a_confirmed_abort_fails_the_job_and_keeps_the_server(world):
 def test_an_unconfirmed_abort_on_a_scale_to_zero_net_takes_the_server_down(world):
     job_id = _overrunning(world, "net-a")
     _abort_fails(world, "net-a")
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FAILED
     assert world.driver("net-a").replicas == 0  # the run died with its server
     assert world.net("net-a").state == NetState.STOPPED
@@ -65,7 +65,7 @@ def test_an_unconfirmed_abort_on_a_scale_to_zero_net_takes_the_server_down(world
 def test_an_unconfirmed_abort_on_an_always_on_net_leaves_a_stray_run_that_blocks_it(world):
     job_id = _overrunning(world, "fixed")
     _abort_fails(world, "fixed")
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     job = world.job(job_id)
     assert job.state == JobState.FAILED
     assert "not confirmed" in (job.last_error or "")
@@ -81,7 +81,7 @@ def test_a_run_at_exactly_its_limit_is_not_an_overrun(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.clock.advance(world.rt.settings.max_run_s)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING
 
 
@@ -96,7 +96,7 @@ def test_a_nets_own_limit_wins_over_the_default(tmp_path, job_root, sqlite_facto
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.clock.advance(601)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FAILED
 
 
@@ -106,5 +106,5 @@ def test_an_aborting_job_is_left_to_the_abort_timeout_not_failed_as_an_overrun(w
     _abort_fails(world, "net-a")
     assert world.abort(job_id) == JobState.ABORTING
     world.clock.advance(world.rt.settings.max_run_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.ABORTING

@@ -10,7 +10,7 @@ import threading
 
 from app.parallel import Prober
 from app.settings import Settings
-from app.usecases import housekeeping
+from app.usecases import monitor
 from models import JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -46,7 +46,7 @@ def test_a_hung_server_never_holds_up_the_other_nets(tmp_path, job_root, sqlite_
     # Three slots for two hung servers: one always stays free for the healthy nets.
     world.rt.fan_out = Prober(max_parallel=3)
     try:
-        outcomes = housekeeping.monitor_running_jobs(world.rt)
+        outcomes = monitor.monitor_running_jobs(world.rt)
         for name in names:
             if name in HUNG:
                 assert "not watched this round" in outcomes[str(jobs[name])]
@@ -54,7 +54,7 @@ def test_a_hung_server_never_holds_up_the_other_nets(tmp_path, job_root, sqlite_
             else:
                 assert world.job(jobs[name]).state == JobState.COMPLETED
         # The next round does not start a second call on a net whose first one still hangs.
-        again = housekeeping.monitor_running_jobs(world.rt)
+        again = monitor.monitor_running_jobs(world.rt)
         assert "still running" in again[str(jobs["net-c"])]
     finally:
         release.set()

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import DriverMisconfigured, ServerUnavailable
-from app.usecases import abort, dispatch, housekeeping
+from app.usecases import abort, dispatch, monitor, reconciler, scale_down
 from app.usecases.dispatch import Step
 from models import JobState, NetState, ScaleEvent
 
@@ -34,14 +34,14 @@ def test_cold_start_run_and_scale_to_zero(world):
     assert world.net("net-a").state == NetState.BUSY
 
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED
     assert world.net("net-a").state == NetState.READY
 
     world.clock.advance(59)
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     world.clock.advance(2)
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     assert world.net("net-a").state == NetState.STOPPED
     assert world.driver("net-a").calls == [1, 0]
     with world.rt.sessions() as session:
@@ -53,10 +53,10 @@ def test_second_job_brings_the_server_back_with_a_fresh_admin_session(world):
     first = world.enqueue("j1", net="net-a")
     world.run_pipeline(first)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     old_admin = world.admin("net-a")
     world.clock.advance(61)
-    housekeeping.scale_down_idle_nets(world.rt)
+    scale_down.scale_down_idle_nets(world.rt)
     assert old_admin.closed == 1  # the admin client was dropped with the server
 
     second = world.enqueue("j2", net="net-a")
@@ -71,7 +71,7 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
     world.run_pipeline(first)
     assert dispatch.assign_jobs(world.rt) == []  # the net is busy
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.run_pipeline(second)
     assert world.driver("net-a").calls == [1]  # one scale-up for both jobs
     assert world.job(second).state == JobState.RUNNING
@@ -90,7 +90,7 @@ def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
     assert world.net("net-a").state == NetState.UNHEALTHY
     assert world.driver("net-a").calls == [1, 0]
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.STOPPED
 
 
@@ -170,7 +170,7 @@ def test_server_restart_under_a_job_requeues_it(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").start_time = 2000.0  # restarted
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
     assert world.job(job_id).state == JobState.QUEUED
 
 
@@ -184,23 +184,23 @@ def test_a_monitor_round_that_outlived_its_snapshot_leaves_the_next_attempt_alon
 
     def meanwhile() -> None:  # while the slow round waits, another settles and restarts it
         server.start_time = 2000.0
-        assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+        assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
         world.run_pipeline(job_id)
 
     server.on_start_time = meanwhile
-    outcome = housekeeping.monitor_running_jobs(world.rt)[str(job_id)]
+    outcome = monitor.monitor_running_jobs(world.rt)[str(job_id)]
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.RUNNING, 1), outcome
-    assert outcome == housekeeping.STALE
+    assert outcome == monitor.STALE
 
 
 def test_server_gone_waits_the_grace_then_applies_the_policy(world, monkeypatch):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").up = False
-    assert "not answering" in housekeeping.monitor_running_jobs(world.rt)[str(job_id)]
+    assert "not answering" in monitor.monitor_running_jobs(world.rt)[str(job_id)]
     world.clock.advance(31)
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
 
 
 def test_lost_policy_fail(world):
@@ -208,7 +208,7 @@ def test_lost_policy_fail(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:ABNORMAL"
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "failed"}
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_monitor_maps_nvflare_status(world, status, state):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = status
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == state
 
 
@@ -236,19 +236,19 @@ def test_idle_net_is_kept_while_a_job_waits_for_it(world):
     first = world.enqueue("j1", net="net-a")
     world.run_pipeline(first)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.enqueue("j2", net="net-a")
     world.clock.advance(600)
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     assert world.net("net-a").state == NetState.READY
 
 
 def test_keep_alive_pings_only_busy_nets(world):
-    assert housekeeping.keep_alive_busy_nets(world.rt) == []
+    assert scale_down.keep_alive_busy_nets(world.rt) == []
     assert world.admins_built == []  # no admin client was even built for idle nets
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
-    assert housekeeping.keep_alive_busy_nets(world.rt) == ["net-a"]
+    assert scale_down.keep_alive_busy_nets(world.rt) == ["net-a"]
     assert world.server("net-a").pings == 1
     assert "fixed" not in {name for name, _ in world.admins_built}
 
@@ -258,14 +258,14 @@ def test_always_on_net_is_never_scaled_and_reports_outage(world):
     world.run_pipeline(job_id)
     assert world.driver("fixed").calls == []
     world.server("fixed").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(10_000)
-    assert housekeeping.scale_down_idle_nets(world.rt) == []
+    assert scale_down.scale_down_idle_nets(world.rt) == []
     world.server("fixed").up = False
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("fixed").state == NetState.OUTAGE
     world.server("fixed").up = True
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("fixed").state == NetState.READY
     assert world.driver("fixed").calls == []
 
@@ -274,7 +274,7 @@ def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # the chain message is "lost": nothing runs it
     world.clock.advance(120 + world.rt.settings.stuck_after_s + 1)
-    result = housekeeping.reconcile(world.rt)
+    result = reconciler.reconcile(world.rt)
     assert f"{job_id}: requeued" in result.redriven
     assert world.job(job_id).state == JobState.QUEUED
 
@@ -285,18 +285,18 @@ def test_reconcile_redrives_a_stuck_dispatch(world):
     dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
     due_s = 60 + dispatch.submit_try_s(world.rt.settings)
     world.clock.advance(due_s)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     sent = ("fl_dispatcher.dispatch", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0})
     assert sent not in world.outbox.sent
     world.clock.advance(1)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert sent in world.outbox.sent
 
 
 def test_reconcile_repairs_drift(world):
     world.driver("net-a").replicas = 1  # a server runs although the net is STOPPED
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    result = housekeeping.reconcile(world.rt)
+    result = reconciler.reconcile(world.rt)
     assert any("drift" in r for r in result.repaired)
     assert world.driver("net-a").replicas == 0
 
@@ -306,9 +306,9 @@ def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(
     dispatch.assign_jobs(world.rt)  # claimed; the chain message is lost before scale_up
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s - 1)
-    assert not any("re-driven" in r for r in housekeeping.reconcile(world.rt).repaired)
+    assert not any("re-driven" in r for r in reconciler.reconcile(world.rt).repaired)
     world.clock.advance(2)
-    result = housekeeping.reconcile(world.rt)
+    result = reconciler.reconcile(world.rt)
     assert any("re-driven" in r for r in result.repaired)
     assert ("pipeline", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}) in (
         world.outbox.sent
@@ -316,7 +316,7 @@ def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(
     dispatch.scale_up(world.rt, job_id, "net-a", 0)  # the re-driven chain runs
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    assert not any("re-driven" in r for r in housekeeping.reconcile(world.rt).repaired)
+    assert not any("re-driven" in r for r in reconciler.reconcile(world.rt).repaired)
 
 
 def test_a_run_past_its_maximum_time_is_aborted_on_the_server_and_failed(world):
@@ -324,9 +324,9 @@ def test_a_run_past_its_maximum_time_is_aborted_on_the_server_and_failed(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.clock.advance(3599)
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
     world.clock.advance(2)
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "failed: overran"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "failed: overran"}
     job = world.job(job_id)
     assert job.state == JobState.FAILED and "maximum run time" in job.last_error
     assert world.server("net-a").aborted == ["nv-1"]

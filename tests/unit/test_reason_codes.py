@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import abort, housekeeping, intake, services
-from app.usecases.callbacks import event_payload, rejection_payload
+from app.usecases import abort, intake, monitor, services
+from app.usecases.callback_payloads import event_payload, rejection_payload
 from models import (
     REASONS,
     TERMINAL_JOB_STATES,
@@ -37,7 +37,7 @@ def _run_ends(status: str) -> Callable[[World], uuid.UUID]:
     def scenario(world: World) -> uuid.UUID:
         job_id = _running(world)
         world.server("net-a").statuses["nv-1"] = status
-        housekeeping.monitor_running_jobs(world.rt)
+        monitor.monitor_running_jobs(world.rt)
         return job_id
 
     return scenario
@@ -55,14 +55,14 @@ def _reported(status: ReportedStatus) -> Callable[[World], uuid.UUID]:
 def _overran(world: World) -> uuid.UUID:
     job_id = _running(world)
     world.clock.advance(world.rt.settings.max_run_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     return job_id
 
 
 def _lost_past_attempts(world: World) -> uuid.UUID:
     job_id = _running(world, max_attempts=1)
     world.server("net-a").statuses["nv-1"] = "FINISHED:ABNORMAL"
-    housekeeping.monitor_running_jobs(world.rt)  # LOST_JOB_POLICY=requeue, no attempt left
+    monitor.monitor_running_jobs(world.rt)  # LOST_JOB_POLICY=requeue, no attempt left
     return job_id
 
 
@@ -161,7 +161,7 @@ def test_a_report_timeout_ends_the_job_with_its_code(held_for_report):
     job_id = world.enqueue("held", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FINISHING
     with world.rt.sessions.begin() as session:
         services.expire_report_wait(session, job_id, JobState.FAILED, 3600.0, world.clock())
@@ -181,7 +181,7 @@ def test_a_lost_server_with_the_fail_policy_says_server_lost(
     )
     job_id = _running(world)
     world.server("net-a").statuses["nv-1"] = "FINISHED:ABANDONED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert (world.job(job_id).state, world.job(job_id).reason_code) == (
         JobState.FAILED,
         ReasonCode.SERVER_LOST,

@@ -3,7 +3,7 @@ some (each net counted on its own), and the prepared job copies of jobs no longe
 
 from __future__ import annotations
 
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, reconciler, services
 from models import JobState, ReasonCode
 
 
@@ -13,7 +13,7 @@ def test_the_stray_runs_of_every_net_are_settled(world):
         world.add_stray(job_id, net, f"nv-{net}")
         world.server(net).statuses[f"nv-{net}"] = "RUNNING"
     world.driver("net-a").replicas = 1
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.server("net-a").aborted == ["nv-net-a"]
     assert world.server("fixed").aborted == ["nv-fixed"]
 
@@ -29,6 +29,6 @@ def test_prepared_copies_of_jobs_no_longer_active_are_removed(world):
     running = world.enqueue("running", net="fixed")
     world.run_pipeline(running)
     assert {p.name for p in prepared.iterdir()} == {str(done), str(running)}
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert {p.name for p in prepared.iterdir()} == {str(running)}
     assert dispatch.assign_jobs(world.rt) == []

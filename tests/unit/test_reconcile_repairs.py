@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from app.errors import DriverMisconfigured
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, reconciler, services
 from models import JobState, NetEvent, NetState
 
 
@@ -21,10 +21,10 @@ def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
     dispatch.assign_jobs(world.rt)  # the chain is lost before scale_up
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s)  # not overdue yet
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _pipelines(world) == []
     world.clock.advance(1)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _pipelines(world) == [{"job_id": str(job_id), "net_name": "net-a", "attempt": 0}]
 
 
@@ -34,7 +34,7 @@ def test_a_scale_up_the_driver_was_asked_for_is_not_redriven(world):
     world.driver("net-a").replicas = 1  # asked for: the chain is slow, not lost
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert _pipelines(world) == []
 
 
@@ -63,7 +63,7 @@ def _claimed_while_the_driver_is_read(world, driver) -> str:
 def test_a_starting_net_whose_job_went_away_is_ready_and_idle_once_up(world):
     _starting_without_a_job(world)
     world.driver("net-a").replicas = 1
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     net = world.net("net-a")
     assert (net.state, net.idle_since) == (NetState.READY, world.clock())
 
@@ -73,7 +73,7 @@ def test_a_job_claimed_while_reconcile_looks_at_the_driver_keeps_its_server(worl
     world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)  # start abandoned
     driver = world.driver("net-a")
     late = _claimed_while_the_driver_is_read(world, driver)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.STARTING
     assert world.job(late).state == JobState.ASSIGNED
     assert driver.calls == []  # never scaled down under the new job
@@ -84,7 +84,7 @@ def test_a_drifted_server_is_left_to_a_job_claimed_meanwhile(world):
     driver.replicas = 1  # up while STOPPED: drift
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     late = _claimed_while_the_driver_is_read(world, driver)
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert driver.replicas == 1
     assert world.job(late).state == JobState.ASSIGNED
     assert [r for r in repaired if r.startswith("net-a")] == []  # nothing was repaired
@@ -98,7 +98,7 @@ def test_a_ready_net_claimed_while_its_server_looked_gone_is_left_to_its_job(wor
         services.get_net(session, "net-a").state = NetState.READY  # the driver has 0 replicas
     driver = world.driver("net-a")
     late = _claimed_while_the_driver_is_read(world, driver)
-    repaired = housekeeping.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
     assert world.net("net-a").state == NetState.READY
     assert world.job(late).state == JobState.ASSIGNED
     assert [r for r in repaired if r.startswith("net-a")] == []
@@ -106,13 +106,13 @@ def test_a_ready_net_claimed_while_its_server_looked_gone_is_left_to_its_job(wor
 
 def test_a_driver_that_says_misconfigured_takes_the_net_out_of_service_once(world):
     world.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a missing")
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     net = world.net("net-a")
     assert (net.state, net.last_error) == (
         NetState.MISCONFIGURED,
         "service fl-server-net-a missing",
     )
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     with world.rt.sessions() as session:
         marked = session.scalar(
             select(func.count())
@@ -127,7 +127,7 @@ def test_a_starting_net_claimed_while_reconcile_looks_is_ready_for_its_job(world
     driver = world.driver("net-a")
     driver.replicas = 1
     late = _claimed_while_the_driver_is_read(world, driver)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.READY  # its server is up
     assert world.job(late).state == JobState.ASSIGNED
 
@@ -135,4 +135,4 @@ def test_a_starting_net_claimed_while_reconcile_looks_is_ready_for_its_job(world
 def test_a_scale_up_not_yet_overdue_is_no_repair(world):
     world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # its chain is on the way: nothing to repair yet
-    assert not [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("net-a")]
+    assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]

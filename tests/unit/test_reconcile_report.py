@@ -7,7 +7,7 @@ one repair after the other."""
 from __future__ import annotations
 
 from app.errors import DriverTransientError, UnknownAdminError
-from app.usecases import housekeeping, services
+from app.usecases import reconciler, services
 from models import NetState
 
 
@@ -30,7 +30,7 @@ def _set_state(world, name: str, state: NetState) -> None:
 
 
 def _notes(world, net: str) -> list[str]:
-    return [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith(f"{net}:")]
+    return [r for r in reconciler.reconcile(world.rt).repaired if r.startswith(f"{net}:")]
 
 
 def test_strays_left_unsettled_are_reported_and_so_is_the_take_down(world):
@@ -44,7 +44,7 @@ def test_strays_left_unsettled_are_reported_and_so_is_the_take_down(world):
 
 
 def test_an_always_on_net_keeps_its_unsettled_strays_and_says_only_that(world):
-    housekeeping.reconcile(world.rt)  # the static server is READY
+    reconciler.reconcile(world.rt)  # the static server is READY
     _stray(world, "fixed", readable=False)
     world.clock.advance(world.rt.settings.abort_timeout_s + 1)
     assert _notes(world, "fixed") == ["fixed: 1 stray run(s) unsettled"]

@@ -12,7 +12,7 @@ import pytest
 from app import names
 from app.adapters.nvflare.base import Readiness, ServerState
 from app.parallel import ProbeResult, Sequential
-from app.usecases import dispatch, housekeeping, services, views
+from app.usecases import dispatch, monitor, reconciler, services, views
 from models import JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, dispatch_through_a_start_time_blip, world_of
@@ -33,7 +33,7 @@ def _running_on_each_net(world) -> tuple[str, str]:
 
 
 def _redriven(world) -> tuple[str, ...]:
-    return housekeeping.reconcile(world.rt).redriven
+    return reconciler.reconcile(world.rt).redriven
 
 
 def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
@@ -109,7 +109,7 @@ def _finishing(world, key: str = "j"):
     job_id = world.enqueue(key, net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    assert housekeeping.monitor_running_jobs(world.rt) == {
+    assert monitor.monitor_running_jobs(world.rt) == {
         str(job_id): "finishing: waiting for flip-api's results report"
     }
     return job_id
@@ -135,10 +135,10 @@ def test_a_report_wait_expires_strictly_past_the_timeout_as_configured(
         "NVFLARE FINISHED:COMPLETED; holding the server for results upload"
     )
     world.clock.advance(world.rt.settings.report_timeout_s)
-    assert housekeeping.monitor_running_jobs(world.rt) == {}
+    assert monitor.monitor_running_jobs(world.rt) == {}
     world.clock.advance(1)
     target = JobState(outcome.upper())
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): f"report timeout: {target}"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): f"report timeout: {target}"}
     assert world.job(job_id).state == target
 
 
@@ -152,7 +152,7 @@ def test_every_watched_job_has_a_verdict_a_crashed_nets_too(
         raise RuntimeError("bug")
 
     world.admin("net-a").server_start_time = boom  # type: ignore[method-assign]
-    assert housekeeping.monitor_running_jobs(world.rt) == {
+    assert monitor.monitor_running_jobs(world.rt) == {
         str(a): "monitor failed (see the net's last_error)",
         str(b): "running",
     }
@@ -165,16 +165,16 @@ def test_a_server_that_answered_again_gets_a_fresh_grace(world):
     world.run_pipeline(job_id)
     grace = world.rt.settings.server_lost_grace_s
     world.server("net-a").up = False
-    housekeeping.monitor_running_jobs(world.rt)  # unreachable from now
+    monitor.monitor_running_jobs(world.rt)  # unreachable from now
     world.clock.advance(grace - 1)
     world.server("net-a").up = True
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
     world.clock.advance(grace - 1)
     world.server("net-a").up = False
-    housekeeping.monitor_running_jobs(world.rt)  # quiet again: a new grace starts here
+    monitor.monitor_running_jobs(world.rt)  # quiet again: a new grace starts here
     world.clock.advance(grace - 1)
     assert world.job(job_id).state == JobState.RUNNING
-    assert housekeeping.monitor_running_jobs(world.rt)[str(job_id)].startswith(
+    assert monitor.monitor_running_jobs(world.rt)[str(job_id)].startswith(
         "server not answering for"
     )
     assert world.job(job_id).state == JobState.RUNNING
@@ -193,10 +193,10 @@ def test_a_start_time_unknown_at_dispatch_is_learnt_by_the_monitor(world):
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     dispatch_through_a_start_time_blip(world, job_id)
     assert world.net("net-a").server_start_time is None
-    assert housekeeping.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
     assert world.net("net-a").server_start_time == 1000.0
     world.server("net-a").start_time = 2000.0  # the server restarted under the job
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
 
 
@@ -219,7 +219,7 @@ def test_a_net_whose_round_outlived_its_deadline_has_its_jobs_reported_not_watch
     world = _world(tmp_path, job_root, sqlite_factory, clock)
     a, b = _running_on_each_net(world)
     world.rt.fan_out = hangs = _NetAHangs()
-    assert housekeeping.monitor_running_jobs(world.rt) == {
+    assert monitor.monitor_running_jobs(world.rt) == {
         str(a): "not watched this round: probe timed out",
         str(b): "running",
     }

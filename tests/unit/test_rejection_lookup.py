@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from app.schemas import job_id_for
-from app.usecases import services
+from app.usecases import enqueue
 
 RETENTION_S = 3600.0
 
@@ -15,20 +15,20 @@ RETENTION_S = 3600.0
 def test_the_latest_refusal_by_time_wins_over_a_later_written_older_one(sqlite_factory, clock):
     now = clock()
     with sqlite_factory.begin() as session:
-        services.record_rejection(session, "key-1", "bundle missing", now, RETENTION_S)
+        enqueue.record_rejection(session, "key-1", "bundle missing", now, RETENTION_S)
         # Written after, by a worker whose clock is a few seconds behind.
-        services.record_rejection(
+        enqueue.record_rejection(
             session, "key-1", "unknown net", now - timedelta(seconds=5), RETENTION_S
         )
     with sqlite_factory() as session:
-        latest = services.get_rejection(session, job_id_for("key-1"))
+        latest = enqueue.get_rejection(session, job_id_for("key-1"))
     assert latest is not None and latest.reason == "bundle missing"
 
 
 def test_of_refusals_at_the_same_instant_the_last_written_wins(sqlite_factory, clock):
     with sqlite_factory.begin() as session:
         for reason in ("first", "second", "third"):
-            services.record_rejection(session, "key-1", reason, clock(), RETENTION_S)
+            enqueue.record_rejection(session, "key-1", reason, clock(), RETENTION_S)
     with sqlite_factory() as session:
-        latest = services.get_rejection(session, job_id_for("key-1"))
+        latest = enqueue.get_rejection(session, job_id_for("key-1"))
     assert latest is not None and latest.reason == "third"

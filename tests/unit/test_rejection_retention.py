@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from app.usecases import services
+from app.usecases import enqueue
 from models import RejectedRequest
 
 RETENTION_S = 600.0
@@ -21,7 +21,7 @@ def _reasons(sqlite_factory) -> list[str]:
 
 def _reject(sqlite_factory, key: str, now, *, callbacks: bool = False) -> RejectedRequest:
     with sqlite_factory.begin() as session:
-        return services.record_rejection(
+        return enqueue.record_rejection(
             session, key, f"refused {key}", now, RETENTION_S, callbacks=callbacks
         )
 
@@ -53,5 +53,5 @@ def test_with_callbacks_an_unsettled_rejection_outlives_the_retention(sqlite_fac
 
 def test_a_huge_reason_is_stored_cut_to_4000_characters(sqlite_factory, clock):
     with sqlite_factory.begin() as session:
-        services.record_rejection(session, "k", "x" * 5000, clock(), RETENTION_S)
+        enqueue.record_rejection(session, "k", "x" * 5000, clock(), RETENTION_S)
     assert _reasons(sqlite_factory) == ["x" * 4000]

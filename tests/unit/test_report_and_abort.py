@@ -11,7 +11,7 @@ from sqlalchemy import select
 from app.adapters.drivers.base import Observation
 from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import dispatch, housekeeping, intake, scaling, services, views
+from app.usecases import dispatch, intake, monitor, scaling, services, views
 from app.usecases.services import AbortDecision
 from models import JobState, NetState, ReasonCode, StrayRun
 
@@ -78,7 +78,7 @@ def test_a_report_for_a_run_held_for_it_leaves_nothing_to_settle(held_for_report
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FINISHING
     report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
     assert intake.report_status(world.rt, report) == JobState.COMPLETED

@@ -11,7 +11,7 @@ import pytest
 
 from app.errors import InvalidRequest
 from app.schemas import EnqueueJob
-from app.usecases import services, views
+from app.usecases import enqueue, views
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
 
@@ -26,7 +26,7 @@ def api_world(tmp_path, job_root, sqlite_factory, clock):
 
 def _enqueue(world, key: str, **kw):
     with world.rt.sessions.begin() as session:
-        return services.enqueue_job(
+        return enqueue.enqueue_job(
             session,
             world.rt.settings,
             EnqueueJob(caller_key=key, definition="tiny-job", **kw),

@@ -15,7 +15,7 @@ from app.errors import AdminMisconfigured
 from app.runtime import Runtime
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
 from app.settings import Settings
-from app.usecases import abort, dispatch, housekeeping, intake, services
+from app.usecases import abort, dispatch, intake, monitor, reconciler, services
 from models import JobState, RejectedRequest, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
@@ -61,7 +61,7 @@ def test_an_overrun_whose_abort_is_not_confirmed_keeps_its_run_from_the_next_job
         admin = world.admin("net-a")
         admin.abort = lambda _id: AbortResult(AbortOutcome.ABORTED)  # type: ignore[method-assign]
     world.clock.advance(world.rt.settings.max_run_s + 1)
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FAILED
     server.up = True  # the blip is over: the overrun run is still there
     assert server.statuses[run] == "RUNNING"
@@ -210,7 +210,7 @@ def test_a_live_submit_holder_is_never_taken_for_gone_and_abandoned(world, monke
     is known gone within about 50 s": here a worker that did not die is taken for gone)."""
     job_id = world.stuck_in_dispatching("slow-prepare")
     world.clock.advance(850)  # under the abandon age (retry budget + STUCK_AFTER_S: 870 s)
-    housekeeping.reconcile(world.rt)  # holder gone (no lease): dispatch re-sent
+    reconciler.reconcile(world.rt)  # holder gone (no lease): dispatch re-sent
     resent = {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}
     assert ("fl_dispatcher.dispatch", resent) in world.outbox.sent
     real_prepare = dispatch.prepare
@@ -221,7 +221,7 @@ def test_a_live_submit_holder_is_never_taken_for_gone_and_abandoned(world, monke
         if not seen:
             seen.append(True)
             world.clock.advance(40)  # copying a large bundle
-            housekeeping.reconcile(world.rt)  # the round that runs meanwhile
+            reconciler.reconcile(world.rt)  # the round that runs meanwhile
             if world.job(job_id).state == JobState.QUEUED:
                 world.run_pipeline(job_id)  # its next attempt, on the freed net
         return folder
@@ -332,7 +332,7 @@ def test_a_worker_still_on_the_previous_nets_never_fails_the_jobs_of_a_net_just_
         admin_factory=lambda net, s: world.admin(net.name),
         outbox=world.outbox,
     )
-    housekeeping.reconcile(previous)  # beat's round, taken by the not-yet-replaced worker
+    reconciler.reconcile(previous)  # beat's round, taken by the not-yet-replaced worker
 
     assert world.job(running).state == JobState.RUNNING, world.job(running).last_error
     assert world.job(pinned).state == JobState.QUEUED, world.job(pinned).last_error

@@ -16,8 +16,18 @@ from app.errors import InvalidRequest
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus
 from app.settings import Settings
-from app.usecases import abort, dispatch, housekeeping, intake, services
-from models import JobEvent, JobState, NetState, ReasonCode, StrayRun
+from app.usecases import (
+    abort,
+    dispatch,
+    enqueue,
+    intake,
+    monitor,
+    net_repairs,
+    reconciler,
+    scale_down,
+    services,
+)
+from models import JobEvent, JobState, NetState, ReasonCode, RejectedRequest, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -106,13 +116,13 @@ def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(wo
     folder = world.server("net-a").folders[-1]
     with world.rt.sessions.begin() as session:
         services.requeue_job(session, job_id, "server restarted", world.clock())
-    housekeeping.reconcile(world.rt)  # QUEUED: not active, but not over either
+    reconciler.reconcile(world.rt)  # QUEUED: not active, but not over either
     assert folder.is_dir()
     with world.rt.sessions.begin() as session:
         services.finish_job(
             session, job_id, JobState.ABORTED, "user", world.clock(), code=ReasonCode.ABORTED
         )
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert not folder.exists()
 
 
@@ -129,7 +139,7 @@ def test_an_idle_net_is_stopped_though_a_queued_job_waits_on_a_stray_elsewhere(w
     blocked = world.enqueue("blocked", required_sites=["site-1"])  # fits net-a, stray elsewhere
     world.add_stray(blocked, "fixed", "nv-old")
     world.clock.advance(60)
-    assert housekeeping.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     assert world.job(blocked).state == JobState.QUEUED
 
 
@@ -167,7 +177,7 @@ def test_unicode_that_is_valid_is_accepted_as_is():
 def test_a_rejection_with_an_unstorable_caller_key_is_recorded(world):
     intake.reject_enqueue(world.rt, "bad\x00key\ud800", "caller_key: invalid")
     with world.rt.sessions() as session:
-        rows = session.query(services.RejectedRequest).all()
+        rows = session.query(RejectedRequest).all()
     assert [(r.caller_key, r.job_id) for r in rows] == [("bad\\x00key\\ud800", None)]
 
 
@@ -176,7 +186,7 @@ def test_a_rejection_with_an_unstorable_caller_key_is_recorded(world):
 
 @pytest.mark.parametrize("tries", [1024, 1025, 10**6])
 def test_backoff_after_any_number_of_tries_is_the_cap(tries):
-    from app.usecases.callbacks import backoff_s
+    from app.usecases.callback_verdicts import backoff_s
 
     assert backoff_s(tries, 300.0) == 300.0
 
@@ -236,7 +246,7 @@ def test_an_abort_between_the_monitor_read_and_its_verdict_ends_the_job(held_for
     server = world.server("net-a")
     server.statuses[run] = "FINISHED:COMPLETED"
     server.on_start_time = lambda: intake.request_abort(world.rt, job_id, "user")
-    outcomes = housekeeping.monitor_running_jobs(world.rt)
+    outcomes = monitor.monitor_running_jobs(world.rt)
     assert world.net("net-a").last_error is None, outcomes
     assert world.job(job_id).state == JobState.ABORTED
     assert "completed before the abort" in _last_reason(world, job_id)
@@ -369,7 +379,7 @@ def test_a_running_job_on_a_removed_net_fails_saying_why(two_nets, tmp_path):
     world = two_nets
     running = world.enqueue("running", net="net-b")
     world.run_pipeline(running)
-    housekeeping.reconcile(_without_net_b(world, tmp_path))
+    reconciler.reconcile(_without_net_b(world, tmp_path))
     _ended_for_the_removed_net(world, running)
 
 
@@ -378,7 +388,7 @@ def test_a_dispatching_job_on_a_removed_net_fails_and_never_runs_twice(two_nets,
     job_id = world.stuck_in_dispatching("dispatching", net="net-b")
     world.clock.advance(3600)
     redeployed = _without_net_b(world, tmp_path)
-    housekeeping.reconcile(redeployed)
+    reconciler.reconcile(redeployed)
     _ended_for_the_removed_net(world, job_id)
     assert dispatch.assign_jobs(redeployed) == []
 
@@ -387,7 +397,7 @@ def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_stays(
     world = two_nets
     waiting = world.enqueue("strayed", required_sites=["site-1"])
     world.add_stray(waiting, "net-b", None, token="t")
-    housekeeping.reconcile(_without_net_b(world, tmp_path))
+    reconciler.reconcile(_without_net_b(world, tmp_path))
     _ended_for_the_removed_net(world, waiting)
     with world.rt.sessions() as session:  # kept: net-b, declared again, waits for it
         assert session.query(StrayRun).count() == 1
@@ -396,7 +406,7 @@ def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_stays(
 def test_a_queued_job_pinned_to_a_removed_net_fails_saying_why(two_nets, tmp_path):
     world = two_nets
     pinned = world.enqueue("pinned", net="net-b")
-    housekeeping.reconcile(_without_net_b(world, tmp_path))
+    reconciler.reconcile(_without_net_b(world, tmp_path))
     _ended_for_the_removed_net(world, pinned)
 
 
@@ -406,7 +416,7 @@ def test_a_job_only_claimed_onto_a_removed_net_goes_back_to_the_queue(two_nets, 
     dispatch.assign_jobs(world.rt)
     with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
         services.get_job(session, job_id).requested_net = None
-    housekeeping.reconcile(_without_net_b(world, tmp_path))
+    reconciler.reconcile(_without_net_b(world, tmp_path))
     job = world.job(job_id)
     assert (job.state, job.attempts) in ((JobState.QUEUED, 0), (JobState.ASSIGNED, 0))
     assert job.net_name != "net-b"
@@ -439,10 +449,10 @@ def test_a_submit_whose_worker_died_is_re_sent_within_a_minute_with_the_defaults
 
     world.outbox.sent.clear()
     world.clock.advance(15)  # its try could still be going: left alone
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert resent not in world.outbox.sent
     world.clock.advance(30)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert resent in world.outbox.sent
     assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
     assert world.job(job_id).state == JobState.RUNNING
@@ -457,7 +467,7 @@ def test_a_submit_still_being_retried_is_not_re_sent(tmp_path, job_root, sqlite_
         world.clock.advance(55)
         dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
         world.outbox.sent.clear()
-        housekeeping.reconcile(world.rt)
+        reconciler.reconcile(world.rt)
         assert not [t for t, _ in world.outbox.sent if t == "fl_dispatcher.dispatch"]
         assert world.job(job_id).state == JobState.DISPATCHING
 
@@ -471,8 +481,8 @@ def test_a_scale_down_decided_on_an_old_read_spares_a_net_claimed_meanwhile(worl
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert world.net("net-a").state == NetState.STARTING
-    stale = housekeeping._NetRow(read_as, world.clock())
-    housekeeping._repair_scaling_net(world.rt, "net-a", stale)
+    stale = net_repairs.NetRow(read_as, world.clock())
+    net_repairs.repair_scaling_net(world.rt, "net-a", stale)
     assert world.driver("net-a").replicas == 1
     assert world.net("net-a").state == NetState.STARTING
 
@@ -509,7 +519,7 @@ def test_one_undeliverable_job_holds_back_no_other(tmp_path, job_root, sqlite_fa
     world = World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
     receiver = Receiver()
     with world.rt.sessions.begin() as session:  # stored before payloads were checked
-        bad = services.enqueue_job(
+        bad = enqueue.enqueue_job(
             session,
             world.rt.settings,
             EnqueueJob.model_construct(
@@ -551,7 +561,7 @@ def test_a_run_finished_while_the_start_time_cannot_be_read_is_settled_not_lost(
 
     admin.server_start_time = no_start_time  # type: ignore[method-assign]
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
-    outcomes = housekeeping.monitor_running_jobs(world.rt)
+    outcomes = monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED, outcomes
 
 
@@ -561,7 +571,7 @@ def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(tw
     world = two_nets
     running = world.enqueue("running", net="net-b")
     world.run_pipeline(running)
-    housekeeping.reconcile(_without_net_b(world, tmp_path))
+    reconciler.reconcile(_without_net_b(world, tmp_path))
     _ended_for_the_removed_net(world, running)
     nxt = world.enqueue("next", net="net-b")  # the redeploy is undone: net-b is back
     assert all(a.job_id != nxt for a in dispatch.assign_jobs(world.rt))

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from app.adapters import s3_bundles, s3_client
 from app.errors import BundleTransientError
 from app.schemas import EnqueueJob
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, enqueue, reconciler, services
 from app.usecases.dispatch import Step
 from models import JobState, NetEvent, NetState, ReasonCode
 
@@ -41,7 +41,7 @@ def stub(monkeypatch):
 def _dispatching(world) -> tuple[uuid.UUID, int]:
     """An S3 job claimed by the always-on net, ready for the dispatch step, and its attempt."""
     with world.rt.sessions.begin() as session:
-        job_id = services.enqueue_job(
+        job_id = enqueue.enqueue_job(
             session,
             world.rt.settings,
             EnqueueJob(caller_key="s3-job", definition=URI, net="fixed", required_sites=["s"]),
@@ -113,7 +113,7 @@ def test_reconcile_discards_bundles_of_ended_and_unknown_jobs_only(world):
     stranger = keep.parent / "not-a-job"
     stranger.mkdir()
 
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
 
     assert keep.is_dir()  # a requeue fetches only what changed
     assert not drop.exists()
@@ -123,12 +123,12 @@ def test_reconcile_discards_bundles_of_ended_and_unknown_jobs_only(world):
 
 def test_reconcile_without_a_cache_folder_is_fine(world):
     assert not (world.rt.settings.data_dir / "job-cache").exists()
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
 
 
 def _claimed_on_scaling_net(world) -> tuple[uuid.UUID, int]:
     with world.rt.sessions.begin() as session:
-        job_id = services.enqueue_job(
+        job_id = enqueue.enqueue_job(
             session,
             world.rt.settings,
             EnqueueJob(caller_key="s3-cold", definition=URI, net="net-a", required_sites=["s"]),

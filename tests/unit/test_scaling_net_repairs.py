@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from app.adapters.drivers.base import Observation
 from app.errors import UnknownAdminError
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, reconciler, services
 from models import NetEvent, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -26,7 +26,7 @@ def _sees(world, observed: Observation) -> None:
 
 
 def _notes(world) -> list[str]:
-    return [r for r in housekeeping.reconcile(world.rt).repaired if r.startswith("net-a")]
+    return [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
 
 
 def _moves(world):
@@ -86,7 +86,7 @@ def test_a_stopped_net_with_a_server_keeps_its_stray_runs_until_settled(world):
         raise UnknownAdminError("no status")
 
     world.admin("net-a").job_status = unreadable  # type: ignore[method-assign]
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert len(_strays(world)) == 1
 
 

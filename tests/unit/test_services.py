@@ -9,7 +9,8 @@ from sqlalchemy import select
 
 from app.errors import InvalidRequest, NotFound
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
-from app.usecases import services
+from app.usecases import claims, services
+from app.usecases import enqueue as enqueue_uc
 from models import Job, JobEvent, JobState, Net, NetState, ReasonCode
 
 
@@ -23,7 +24,7 @@ def db(sqlite_factory, settings, clock):
 def enqueue(db, settings, clock, key="k1", **kw):
     request = EnqueueJob(caller_key=key, definition="tiny-job", **kw)
     with db.begin() as session:
-        return services.enqueue_job(session, settings, request, clock())
+        return enqueue_uc.enqueue_job(session, settings, request, clock())
 
 
 def states(db, job_id):
@@ -81,7 +82,7 @@ def test_enqueue_rejects_bad_definitions_and_writes_nothing(
     db, settings, clock, definition, needle
 ):
     with pytest.raises(InvalidRequest, match=needle), db.begin() as session:
-        services.enqueue_job(
+        enqueue_uc.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key="x", definition=definition, required_sites=["s"]),
@@ -96,7 +97,7 @@ def test_enqueue_rejects_a_symlink_out_of_the_root(db, settings, clock, tmp_path
     outside.mkdir()
     (settings.job_root / "sneaky").symlink_to(outside)
     with pytest.raises(InvalidRequest, match="escapes"), db.begin() as session:
-        services.enqueue_job(
+        enqueue_uc.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key="x", definition="sneaky", required_sites=["s"]),
@@ -106,7 +107,7 @@ def test_enqueue_rejects_a_symlink_out_of_the_root(db, settings, clock, tmp_path
 
 def test_enqueue_accepts_an_s3_uri(db, settings, clock):
     with db.begin() as session:
-        result = services.enqueue_job(
+        result = enqueue_uc.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key="s3", definition="s3://flip-jobs/a/b", required_sites=["s"]),
@@ -117,14 +118,14 @@ def test_enqueue_accepts_an_s3_uri(db, settings, clock):
 
 def test_enqueue_rejects_unknown_net_and_empty_sites(db, settings, clock):
     with pytest.raises(InvalidRequest, match="unknown net 'nope'"), db.begin() as session:
-        services.enqueue_job(
+        enqueue_uc.enqueue_job(
             session,
             settings,
             EnqueueJob(caller_key="a", definition="tiny-job", net="nope"),
             clock(),
         )
     with pytest.raises(InvalidRequest, match="required_sites"), db.begin() as session:
-        services.enqueue_job(
+        enqueue_uc.enqueue_job(
             session, settings, EnqueueJob(caller_key="b", definition="tiny-job"), clock()
         )
 
@@ -137,32 +138,32 @@ def test_assign_prefers_priority_then_age_and_a_warm_net(db, settings, clock):
         session.get(Net, "net-b").transition(NetState.STARTING, clock(), "t")
         session.get(Net, "net-b").transition(NetState.READY, clock(), "t")
     with db.begin() as session:
-        first = services.assign_next_job(session, settings, clock())
+        first = claims.assign_next_job(session, settings, clock())
     assert first is not None
     assert (first.job_id, first.net_name, first.net_state) == (high, "net-b", NetState.READY)
     with db.begin() as session:
-        second = services.assign_next_job(session, settings, clock())
+        second = claims.assign_next_job(session, settings, clock())
     assert (second.job_id, second.net_name, second.net_state) == (low, "net-a", NetState.STARTING)
     with db.begin() as session:
-        assert services.assign_next_job(session, settings, clock()) is None
+        assert claims.assign_next_job(session, settings, clock()) is None
 
 
 def test_assign_honours_the_requested_net(db, settings, clock):
     job_id = enqueue(db, settings, clock, net="net-b").job_id
     with db.begin() as session:
-        assignment = services.assign_next_job(session, settings, clock())
+        assignment = claims.assign_next_job(session, settings, clock())
     assert assignment.net_name == "net-b" and assignment.job_id == job_id
 
 
 def test_requeue_then_fail_after_max_attempts(db, settings, clock):
     job_id = enqueue(db, settings, clock, required_sites=["s"], max_attempts=2).job_id
     with db.begin() as session:
-        services.assign_next_job(session, settings, clock())
+        claims.assign_next_job(session, settings, clock())
     with db.begin() as session:
         assert services.requeue_job(session, job_id, "server vanished", clock()) is True
     assert states(db, job_id) == (JobState.QUEUED, None)
     with db.begin() as session:
-        services.assign_next_job(session, settings, clock())
+        claims.assign_next_job(session, settings, clock())
     with db.begin() as session:
         assert services.requeue_job(session, job_id, "server vanished again", clock()) is False
     with db() as session:
@@ -175,7 +176,7 @@ def test_requeue_then_fail_after_max_attempts(db, settings, clock):
 def test_dispatch_then_finish_frees_the_net(db, settings, clock):
     job_id = enqueue(db, settings, clock, net="net-a").job_id
     with db.begin() as session:
-        services.assign_next_job(session, settings, clock())
+        claims.assign_next_job(session, settings, clock())
         session.get(Net, "net-a").transition(NetState.READY, clock(), "ready")
         session.get(Job, job_id).start_dispatch(clock())
     with db.begin() as session:
@@ -208,14 +209,14 @@ def test_abort_queued_and_assigned_at_once_running_goes_aborting(db, settings, c
 
     assigned = enqueue(db, settings, clock, "a", net="net-a").job_id
     with db.begin() as session:
-        services.assign_next_job(session, settings, clock())
+        claims.assign_next_job(session, settings, clock())
     with db.begin() as session:
         decision = services.abort_job(session, assigned, "user", clock())
     assert (decision.state, decision.needs_server_abort) == (JobState.ABORTED, False)
 
     running = enqueue(db, settings, clock, "r", net="net-a").job_id
     with db.begin() as session:
-        services.assign_next_job(session, settings, clock())
+        claims.assign_next_job(session, settings, clock())
         session.get(Job, running).start_dispatch(clock())
     with db.begin() as session:
         decision = services.abort_job(session, running, "user", clock())

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import abort, dispatch, housekeeping, services
+from app.usecases import abort, dispatch, reconciler, services
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -105,7 +105,7 @@ def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(
     old = world.enqueue("old", net="net-a")
     world.run_pipeline(old)
     _redeploy_without_net_a(world, tmp_path, job_root)
-    housekeeping.reconcile(world.rt)
+    reconciler.reconcile(world.rt)
     assert world.job(old).state == JobState.FAILED
     world.rt.settings = declared  # net-a declared again; its server still runs `old`'s run
     world.rt._admins.clear()

@@ -12,6 +12,7 @@ the profile): the safeguard it names must stay detectable."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import pytest
 
 from app.sim.faults import PROFILES
 from app.sim.sweep import run_seeds
-from app.usecases import dispatch, housekeeping, services
+from app.usecases import dispatch, housekeeping, monitor, net_repairs, reconciler, services
 from models import JobState
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
@@ -56,10 +57,29 @@ def _set(module: Any, attr: str, value: object) -> Callable[[pytest.MonkeyPatch]
     return lambda mp: mp.setattr(module, attr, value)
 
 
+def _set_everywhere(original: object, value: object) -> Callable[[pytest.MonkeyPatch], None]:
+    """Replace a function in every use-case module that imported it by name (patching its
+    home alone would leave the importers' own bindings switched on)."""
+
+    def switch_off(mp: pytest.MonkeyPatch) -> None:
+        bindings = [
+            (module, attr)
+            for name, module in sorted(sys.modules.items())
+            if name.startswith("app.usecases.")
+            for attr, held in vars(module).items()
+            if held is original
+        ]
+        assert len(bindings) > 1, "nobody imports it: patch its home instead"
+        for module, attr in bindings:
+            mp.setattr(module, attr, value)
+
+    return switch_off
+
+
 SAFEGUARDS = [
     Safeguard(
         "each net isolated in housekeeping loops (hole 1)",
-        _set(housekeeping, "_isolated", _not_isolated),
+        _set_everywhere(housekeeping.isolated, _not_isolated),
         "misconfig",
         # Seed 718 since issue 20's generator (none of 0-400's misconfig seeds raises in a
         # housekeeping loop any more).
@@ -85,14 +105,14 @@ SAFEGUARDS = [
     ),
     Safeguard(
         "the maximum run time holds (hole 3b)",
-        _set(housekeeping, "_overran", lambda *_args: False),
+        _set(monitor, "_overran", lambda *_args: False),
         "servers",
         range(0, 90),
         frozenset({"max-run-enforced"}),
     ),
     Safeguard(
         "an abort ends within ABORT_TIMEOUT_S (hole 10)",
-        _set(housekeeping, "expire_abort", lambda *_args: JobState.ABORTING),
+        _set(reconciler, "expire_abort", lambda *_args: JobState.ABORTING),
         "servers",
         # Rare: an abort of a job that is DISPATCHING whose run the server never confirms.
         # Seeds 4, 706 and 958 of the 111 servers seeds below 1,000 before the awaited-run
@@ -105,14 +125,14 @@ SAFEGUARDS = [
     ),
     Safeguard(
         "a misconfigured net does not keep its server (hole 9)",
-        _set(housekeeping, "_still", lambda *_args: False),
+        _set(net_repairs, "_still", lambda *_args: False),
         "misconfig",
         range(0, 120),
         frozenset({"idle-net-at-zero"}),
     ),
     Safeguard(
         "a stray that never settles takes its idle net down (seed 139)",
-        _set(housekeeping, "expire_stray_runs", lambda *_args: False),
+        _set(reconciler, "expire_stray_runs", lambda *_args: False),
         "servers",
         range(120, 150),
         frozenset({"queued-while-free", "quiescence", "liveness"}),

@@ -15,7 +15,7 @@ from app import names
 from app.celery_app import celery, celery_config
 from app.errors import DriverTransientError, ServerUnavailable
 from app.schemas import job_id_for
-from app.usecases import services
+from app.usecases import enqueue
 from models import Job, JobState
 from tasks import base, housekeeping, public
 from tasks import pipeline as pipeline_tasks
@@ -82,7 +82,7 @@ def test_enqueue_task_rejects_an_invalid_payload_writes_no_job_and_records_why(r
     assert "unknown net" in refused["rejected"]
     with rt.rt.sessions() as session:
         assert session.query(Job).count() == 0
-        rejection = services.get_rejection(session, job_id_for("a"))
+        rejection = enqueue.get_rejection(session, job_id_for("a"))
         assert rejection is not None and "unknown net" in rejection.reason
 
 
@@ -91,8 +91,8 @@ def test_rejections_are_kept_for_their_retention_only(rt):
     rt.clock.advance(rt.rt.settings.rejected_retention_s + 1)
     public.enqueue_job.run(payload={"caller_key": "new", "definition": "nope/../x"})
     with rt.rt.sessions() as session:
-        assert services.get_rejection(session, job_id_for("old")) is None
-        assert services.get_rejection(session, job_id_for("new")) is not None
+        assert enqueue.get_rejection(session, job_id_for("old")) is None
+        assert enqueue.get_rejection(session, job_id_for("new")) is not None
 
 
 def test_enqueue_task_sends_assign_after_commit(rt):

@@ -10,7 +10,14 @@ from sqlalchemy import select
 
 from app.errors import ServerUnavailable
 from app.settings import Settings
-from app.usecases import abort, dispatch, housekeeping, services
+from app.usecases import (
+    abort,
+    dispatch,
+    reconciler,
+    services,
+    undeclared,
+    unknown_submit,
+)
 from models import JobState, NetState, StrayRun
 from tests.fixtures.db import net_decl
 
@@ -38,7 +45,7 @@ def test_an_unknown_submit_on_a_net_no_longer_declared_is_settled_as_a_stray(
         dispatch.dispatch(world.rt, job_id, "net-a", 0)
     _redeploy_without_net_a(world, tmp_path, job_root)
 
-    assert dispatch.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
     assert world.job(job_id).state == JobState.QUEUED
     with world.rt.sessions() as session:
         [stray] = session.scalars(select(StrayRun))
@@ -58,11 +65,11 @@ def test_a_job_assigned_to_a_net_no_longer_declared_and_pinned_to_it_fails_at_on
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
     _redeploy_without_net_a(world, tmp_path, job_root)
-    redriven = housekeeping.reconcile(world.rt).redriven  # no deadline to wait out
+    redriven = reconciler.reconcile(world.rt).redriven  # no deadline to wait out
     assert f"{job_id}: failed: pinned to an undeclared net" in redriven
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.FAILED, 0)
-    assert job.last_error == housekeeping.undeclared_reason("net-a")
+    assert job.last_error == undeclared.undeclared_reason("net-a")
 
 
 def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_path, job_root):

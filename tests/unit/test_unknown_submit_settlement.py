@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import ServerUnavailable
-from app.usecases import dispatch, services
+from app.usecases import dispatch, services, unknown_submit
 from models import JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -40,7 +40,7 @@ def _strays(world):
 def test_a_job_that_is_not_dispatching_is_left_alone(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
-    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
     assert (job.state, job.attempts, job.nvflare_job_id) == (JobState.RUNNING, 0, "nv-1")
     assert _strays(world) == []
@@ -49,14 +49,14 @@ def test_a_job_that_is_not_dispatching_is_left_alone(world):
 def test_an_assigned_job_is_left_alone(world):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
-    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     assert world.job(job_id).state == JobState.ASSIGNED
     assert _strays(world) == []
 
 
 def test_a_requeue_says_why(world):
     job_id = _unknown_submit(world)
-    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
     assert (job.state, job.attempts, job.last_error) == (JobState.QUEUED, 1, REASON)
 
@@ -68,7 +68,7 @@ def test_an_adopted_run_records_the_server_start_time_for_restart_detection(worl
     server = world.server("net-a")
     server.submitted[f"{job_id}-0"] = "nv-7"
     server.statuses["nv-7"] = "RUNNING"
-    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     assert world.net("net-a").server_start_time == server.start_time
 
 
@@ -79,7 +79,7 @@ def test_a_server_that_says_there_is_no_run_keeps_running_even_if_its_start_time
         raise ServerUnavailable("reply lost")
 
     world.server("net-a").on_start_time = start_time_lost
-    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     assert world.job(job_id).state == JobState.QUEUED
     assert world.driver("net-a").replicas == 1  # the token was settled: nothing to take down
 
@@ -95,7 +95,7 @@ def test_a_job_that_moved_on_while_the_server_was_asked_is_not_requeued(world):
         return real_find_run(token)
 
     admin.find_run = aborted_meanwhile  # type: ignore[method-assign]
-    assert not dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.ABORTING, 0)
 
@@ -103,7 +103,7 @@ def test_a_job_that_moved_on_while_the_server_was_asked_is_not_requeued(world):
 def test_a_silent_always_on_server_keeps_the_possible_run_as_a_stray_run(world):
     job_id = _unknown_submit(world, net="fixed")
     world.server("fixed").up = False
-    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
     assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
     [stray] = _strays(world)
@@ -121,7 +121,7 @@ def test_a_silent_always_on_server_keeps_the_possible_run_as_a_stray_run(world):
 def test_a_silent_scale_to_zero_server_is_taken_down_saying_for_which_job(world):
     job_id = _unknown_submit(world)
     world.server("net-a").up = False
-    assert dispatch.abandon_dispatch(world.rt, job_id, REASON)
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
     assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
     assert scale_decisions(world, "net-a")[-1] == (0, f"settling job {job_id}'s unknown submit")

@@ -14,7 +14,7 @@ import pytest
 from celery.exceptions import Retry
 
 from app.errors import ServerUnavailable
-from app.usecases import abort, dispatch, housekeeping
+from app.usecases import abort, dispatch, monitor
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 from tasks import base, public
@@ -45,7 +45,7 @@ def warm_net(world) -> None:
     first = world.enqueue("warm-up", net="net-a")
     world.run_pipeline(first)
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.net("net-a").state == NetState.READY
 
 

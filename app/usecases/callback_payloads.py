@@ -1,0 +1,69 @@
+"""What a status callback is sent as: the JSON of a job's event or of a refused enqueue
+(README, "Status callbacks"), encoded, or found undeliverable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.adapters.callbacks import encode_body
+from models import Job, JobEvent, RejectedRequest
+
+# What a payload's `kind` says: a job's move, or an enqueue that created no job.
+STATE_CHANGE = "state_change"
+REJECTED = "rejected"
+REJECTED_EVENT_PREFIX = "rejected-"
+
+
+def rejected_event_id(rejection_id: int) -> str:
+    """A rejected event's id: a string, so it never equals a job event's integer id."""
+    return f"{REJECTED_EVENT_PREFIX}{rejection_id}"
+
+
+def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
+    """The JSON one job event is sent as (README, "Status callbacks")."""
+    return {
+        "event_id": event.id,
+        "kind": STATE_CHANGE,
+        "job_id": str(job.id),
+        "caller_key": job.caller_key,
+        "metadata": job.metadata_ if job.metadata_ is not None else {},
+        "from_state": event.from_state.value if event.from_state is not None else None,
+        "to_state": event.to_state.value,
+        "at": event.at.isoformat(),
+        "reason": event.reason,
+        "reason_code": event.reason_code,
+        "nvflare_job_id": event.nvflare_job_id,
+        "attempt": event.attempt,
+    }
+
+
+def rejection_payload(rejection: RejectedRequest) -> dict[str, Any]:
+    """The JSON a refused enqueue is sent as: no job was created; `job_id` is the id the
+    job would have had (null when the payload carried no caller_key)."""
+    return {
+        "event_id": rejected_event_id(rejection.id),
+        "kind": REJECTED,
+        "job_id": str(rejection.job_id) if rejection.job_id is not None else None,
+        "caller_key": rejection.caller_key,
+        "reason": rejection.reason,
+        "reason_code": rejection.reason_code,
+        "at": rejection.at.isoformat(),
+    }
+
+
+@dataclass(frozen=True)
+class Undeliverable:
+    """An event whose payload cannot be encoded (stored before payloads were checked, or a
+    reason no encoder takes): it is failed for good without a try."""
+
+    problem: str
+
+
+def encoded(payload_of: Callable[..., dict[str, Any]], *rows: Any) -> bytes | Undeliverable:
+    """The body to send, or why no try could ever send it."""
+    try:
+        return encode_body(payload_of(*rows))
+    except (UnicodeError, ValueError, TypeError) as exc:
+        return Undeliverable(f"payload cannot be encoded: {type(exc).__name__}: {exc}"[:500])

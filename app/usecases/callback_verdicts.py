@@ -1,0 +1,218 @@
+"""What one try of a callback came to, and its record: an answer judged (delivered, retried
+after a backoff, given up, or the receiver resting) and written on the row that keeps the
+event's delivery state, only while the deliverer still holds the lease."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from app.adapters.callbacks import Answer
+from app.db import unit_of_work
+from app.runtime import Runtime
+from app.usecases.callback_payloads import Undeliverable, rejected_event_id
+from app.usecases.callback_receiver import leased_receiver
+from models import CallbackCursor, CallbackReceiver, RejectedRequest
+
+log = logging.getLogger(__name__)
+
+
+BACKOFF_FIRST_S = 2.0
+MAX_DOUBLINGS = 40  # 2 s x 2**40 is far past any cap
+
+
+class Verdict(StrEnum):
+    """What one try came to."""
+
+    DELIVERED = "delivered"
+    FAILED = "failed"  # rejected CALLBACK_MAX_4XX_TRIES times: given up, the job moves on
+    RETRY_LATER = "retry_later"  # this job waits for its backoff
+    UNREACHABLE = "unreachable"  # no answer: nothing is tried until the receiver's backoff
+    LEASE_LOST = "lease_lost"  # another deliverer took over; it redelivers from the cursor
+
+
+def retryable(status: int) -> bool:
+    """An answer worth trying again as is: the receiver failed, timed out or asked to slow
+    down. Any other non-2xx is a rejection of this payload."""
+    return status >= 500 or status in (408, 429)
+
+
+def backoff_s(tries: int, cap_s: float) -> float:
+    """Wait after the `tries`-th failure in a row: 2, 4, 8 ... seconds, capped. No jitter:
+    there is one deliverer, so there is no herd to spread."""
+    # The exponent is clamped before computing: 2.0 * 2**1024 overflows a float, and a
+    # receiver that fails for days reaches such counts.
+    doublings = min(max(0, tries - 1), MAX_DOUBLINGS)
+    return float(min(cap_s, BACKOFF_FIRST_S * 2**doublings))
+
+
+def _settle(cursor: CallbackCursor, event_id: int) -> None:
+    cursor.settled_through = event_id
+    cursor.tries = 0
+    cursor.rejections = 0
+    cursor.next_attempt_at = None
+
+
+def _is_rejection(answer: Answer | str | Undeliverable) -> bool:
+    """An answer that refuses the payload (a 4xx other than 408/429, or a 3xx)."""
+    return isinstance(answer, Answer) and answer.status >= 300 and not retryable(answer.status)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One try's outcome, for the row that keeps the event's delivery state."""
+
+    verdict: Verdict
+    error: str | None = None
+    retry_at: datetime | None = None
+
+
+def _judge(
+    rt: Runtime,
+    receiver: CallbackReceiver,
+    *,
+    label: str,
+    given_up: str,
+    answer: Answer | str | Undeliverable,
+    tries: int,
+    rejections: int,
+    now: datetime,
+    extra: dict[str, Any],
+) -> _Judged:
+    """What an answer means (the same rules for every kind of event): `tries` and
+    `rejections` count this try; a silent receiver rests on the receiver row."""
+    settings = rt.settings
+    cap = settings.callback_max_backoff_s
+    if isinstance(answer, Undeliverable):
+        log.error("callback undeliverable", extra={**extra, "reason": answer.problem})
+        return _Judged(Verdict.FAILED, f"{label}: undeliverable: {answer.problem}")
+    if isinstance(answer, str):
+        receiver.failures += 1
+        wait = backoff_s(receiver.failures, cap)
+        receiver.next_attempt_at = now + timedelta(seconds=wait)
+        receiver.last_error = answer
+        log.warning(
+            "callback receiver unreachable; retrying in %.0f s",
+            wait,
+            extra={**extra, "reason": answer},
+        )
+        return _Judged(Verdict.UNREACHABLE, f"{label}: {answer}")
+    receiver.failures = 0
+    receiver.next_attempt_at = None
+    if 200 <= answer.status < 300:
+        log.debug("callback delivered", extra=extra)
+        return _Judged(Verdict.DELIVERED)
+    error = f"{label}: HTTP {answer.status}" + (f": {answer.excerpt}" if answer.excerpt else "")
+    if not retryable(answer.status) and rejections >= settings.callback_max_4xx_tries:
+        log.error("callback rejected for good", extra={**extra, "reason": error})
+        tries_s = settings.callback_max_4xx_tries
+        return _Judged(Verdict.FAILED, f"{error} (rejected {tries_s} times: {given_up})")
+    log.warning("callback not accepted; retrying", extra={**extra, "reason": error})
+    return _Judged(Verdict.RETRY_LATER, error, now + timedelta(seconds=backoff_s(tries, cap)))
+
+
+def _own_backoff_s(rt: Runtime, tries: int) -> float:
+    return backoff_s(tries, rt.settings.callback_max_backoff_s)
+
+
+def record_job_try(
+    rt: Runtime,
+    owner: str,
+    job_id: uuid.UUID,
+    event_id: int,
+    *,
+    answer: Answer | str | Undeliverable,
+    now: datetime,
+) -> Verdict:
+    """Record one try of a job event and renew the lease, only while still holding it (a
+    deliverer that lost its lease records nothing: the new holder redelivers)."""
+    with unit_of_work(rt.sessions) as session:
+        receiver = leased_receiver(rt, session, owner, now)
+        if receiver is None:
+            return Verdict.LEASE_LOST
+        cursor = session.get(CallbackCursor, job_id)
+        if cursor is None:
+            cursor = CallbackCursor(
+                job_id=job_id, settled_through=0, delivered=0, failed=0, tries=0, rejections=0
+            )
+            session.add(cursor)
+        cursor.tries += 1
+        cursor.updated_at = now
+        if _is_rejection(answer):
+            cursor.rejections += 1
+        judged = _judge(
+            rt,
+            receiver,
+            label=f"event {event_id}",
+            given_up="given up, the job's next event goes out",
+            answer=answer,
+            tries=cursor.tries,
+            rejections=cursor.rejections,
+            now=now,
+            extra={"job": str(job_id), "event_id": event_id},
+        )
+        if judged.verdict in (Verdict.DELIVERED, Verdict.FAILED):
+            _settle(cursor, event_id)
+        if judged.verdict == Verdict.DELIVERED:
+            cursor.delivered += 1
+        elif judged.verdict == Verdict.FAILED:
+            cursor.failed += 1
+        elif judged.verdict == Verdict.RETRY_LATER:
+            cursor.next_attempt_at = judged.retry_at
+        elif judged.verdict == Verdict.UNREACHABLE:
+            # The job backs off too, not only the receiver: if only this job's event goes
+            # unanswered (a handler that times out on it), the others go first after the rest.
+            cursor.next_attempt_at = now + timedelta(seconds=_own_backoff_s(rt, cursor.tries))
+        if judged.error is not None:
+            cursor.last_error = judged.error
+        return judged.verdict
+
+
+def record_rejection_try(
+    rt: Runtime,
+    owner: str,
+    rejection_id: int,
+    *,
+    answer: Answer | str | Undeliverable,
+    now: datetime,
+) -> Verdict | None:
+    """Record one try of a rejected event on its row, as `record_job_try` does for a job's (None:
+    the row is gone)."""
+    with unit_of_work(rt.sessions) as session:
+        receiver = leased_receiver(rt, session, owner, now)
+        if receiver is None:
+            return Verdict.LEASE_LOST
+        row = session.get(RejectedRequest, rejection_id)
+        if row is None:
+            return None
+        row.callback_tries += 1
+        if _is_rejection(answer):
+            row.callback_rejections += 1
+        event_id = rejected_event_id(rejection_id)
+        judged = _judge(
+            rt,
+            receiver,
+            label=f"event {event_id}",
+            given_up="given up",
+            answer=answer,
+            tries=row.callback_tries,
+            rejections=row.callback_rejections,
+            now=now,
+            extra={"caller_key": row.caller_key, "event_id": event_id},
+        )
+        if judged.verdict in (Verdict.DELIVERED, Verdict.FAILED):
+            row.callback_settled_at = now
+            row.callback_next_attempt_at = None
+            row.callback_failed = judged.verdict == Verdict.FAILED
+        elif judged.verdict == Verdict.RETRY_LATER:
+            row.callback_next_attempt_at = judged.retry_at
+        elif judged.verdict == Verdict.UNREACHABLE:
+            wait_s = _own_backoff_s(rt, row.callback_tries)
+            row.callback_next_attempt_at = now + timedelta(seconds=wait_s)
+        if judged.error is not None:
+            row.callback_last_error = judged.error
+        return judged.verdict

@@ -1,0 +1,154 @@
+"""Claims: which QUEUED job goes to which free net (priority, then age; a warm net first),
+taken without two claimers ever getting the same job or net; and the questions the
+housekeeping loops ask of the queue (is a net wanted, would a job fit it). SQL only."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, case, exists, or_, select
+from sqlalchemy.orm import Session
+
+from app.net_config import NetConfig
+from app.settings import Settings
+from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, Job, JobState, Net, NetState, StrayRun
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A job claimed for a net; the caller starts the pipeline after commit."""
+
+    job_id: uuid.UUID
+    net_name: str
+    net_state: NetState  # the net's state after the claim: STARTING needs a scale-up
+    attempt: int = 0  # the job's attempt number: every chain step checks it
+
+
+def _active_job_on(net_name_column: object) -> object:
+    return exists().where(and_(Job.net_name == net_name_column, Job.state.in_(ACTIVE_JOB_STATES)))
+
+
+def _claimable() -> ColumnElement[bool]:
+    """A QUEUED job that may be claimed: one whose earlier run may still be alive (a stray
+    run) waits, so a job never has two live runs."""
+    return and_(Job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == Job.id))
+
+
+def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
+    """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
+    pinned one only its own)."""
+    queued = _claimable()
+    # Not mutated: without these conditions more nets are wanted than a QUEUED job wants
+    # (the claim's job query finds none for them and moves on, the awaited poll watches a
+    # run it need not), never fewer.
+    pinned = select(Job.requested_net).where(  # pragma: no mutate
+        queued,  # pragma: no mutate
+        Job.requested_net.is_not(None),  # pragma: no mutate
+    )
+    return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
+
+
+def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
+    """Claim the next QUEUED job (priority, then age) and a free net for it.
+
+    Both rows are taken with FOR UPDATE SKIP LOCKED (PostgreSQL), so concurrent claimers
+    never block each other and never get the same job or net; on SQLite the transaction
+    holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
+    one. Serialised with `scale_down_idle_nets`, which locks the same net row.
+
+    The first statement lists only the free nets some QUEUED job could run on (an unpinned
+    job fits every free net; a pinned one only its own), so a claim that cannot place any
+    job returns after that one query, whatever the number of nets or jobs.
+    """
+    if not settings.nets:
+        return None
+    warm_first = case(
+        (Net.state == NetState.READY, 0),
+        (Net.state == NetState.STARTING, 1),
+        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
+    )
+    free = (
+        Net.state.in_(ASSIGNABLE_NET_STATES),
+        ~_active_job_on(Net.name),  # type: ignore[operator]
+        # A run the server may still hold must be settled before the net takes a new job.
+        ~exists().where(StrayRun.net_name == Net.name),
+    )
+    queued = _claimable()
+    candidates = session.scalars(
+        select(Net.name)
+        .where(*free, wanted_by_queued_job(Net.name))
+        .order_by(warm_first, Net.name)  # pragma: no mutate (the name: a tie-break)
+    ).all()
+    for name in candidates:
+        if not settings.has_net(name):
+            continue  # a row left by a net no longer declared
+        # Lock one net at a time: locking every free net in one statement would let the
+        # first claimer hide all nets from the others until it commits.
+        net = session.scalar(
+            select(Net).where(Net.name == name, *free).with_for_update(skip_locked=True)
+        )
+        # Not mutated, nor the `continue` for a job below: only a concurrent claimer makes
+        # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
+        if net is None:
+            continue  # pragma: no mutate
+        job = _next_job_for(session, settings.net(name), queued)
+        if job is None:
+            continue  # pragma: no mutate (see above)
+        job.assign(net.name, now)
+        if net.state == NetState.STOPPED:
+            net.transition(NetState.STARTING, now, f"job {job.id} assigned")
+        net.idle_since = None
+        session.flush()
+        log.info("job assigned", extra={"job": str(job.id), "net": net.name})
+        return Assignment(job.id, net.name, net.state, job.attempts)
+    return None
+
+
+# How many of a net's next QUEUED jobs a claim looks through for one whose sites the net
+# declares it has (a net that declares none takes the first).
+SITES_SCAN = 50
+
+
+def _next_job_for(session: Session, net: NetConfig, queued: ColumnElement[bool]) -> Job | None:
+    """The next QUEUED job (priority, then age) that may run on `net`, locked."""
+    stmt = (
+        select(Job)
+        .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
+        .order_by(
+            Job.priority.desc(),
+            Job.created_at,
+            Job.id,  # pragma: no mutate (a tie-break)
+        )
+        .with_for_update(skip_locked=True)
+    )
+    if net.sites is None:
+        # (a bound only: scalar() reads the first row anyway)
+        return session.scalar(stmt.limit(1))  # pragma: no mutate
+    # A net that declares its sites never takes a job needing one it lacks: enqueue refused
+    # such a job only when no net could run it, so another net may.
+    return next(
+        (
+            job
+            for job in session.scalars(stmt.limit(SITES_SCAN))
+            if not net.lacks(job.required_sites)
+        ),
+        None,
+    )
+
+
+def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
+    """A QUEUED job that could be claimed onto this net waits (claimable, pinned to it or
+    unpinned, and with sites the net has where it declares them)."""
+    net = settings.net(net_name)
+    sites = select(Job.required_sites).where(
+        _claimable(), or_(Job.requested_net.is_(None), Job.requested_net == net_name)
+    )
+    if net.sites is None:
+        return bool(session.scalar(select(exists(sites))))
+    return any(not net.lacks(required) for required in session.scalars(sites))

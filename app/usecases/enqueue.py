@@ -1,0 +1,216 @@
+"""An enqueue stored: a new job (its definition checked, its caller key answering a repeat
+with the same job and refusing another payload under it), or, refused, the rejection kept
+for a while so the job's id can say "rejected". SQL only, like `services`."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import PurePosixPath
+
+from sqlalchemy import and_, delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.adapters.s3_definition import parse_s3_definition
+from app.errors import CallerKeyConflict, InvalidRequest
+from app.schemas import EnqueueJob, job_id_for, storable, unstorable
+from app.settings import Settings
+from models import Job, JobState, ReasonCode, RejectedRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The job a caller's key maps to, and whether this call created it."""
+
+    job_id: uuid.UUID
+    created: bool
+    state: JobState
+
+
+def resolve_definition(settings: Settings, definition: str) -> str:
+    """Validate a job definition: an `s3://` URI, or a folder inside `JOB_ROOT` that exists.
+
+    Returns the normalised form stored on the job (the path relative to the root).
+    """
+    if definition.startswith("s3://"):
+        return parse_s3_definition(definition).uri  # network-free checks; raises InvalidRequest
+    relative = PurePosixPath(definition)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise InvalidRequest(
+            f"definition {definition!r} must be a relative folder under the job root, without '..'"
+        )
+    root = settings.job_root.resolve()
+    folder = (root / relative).resolve()
+    # resolve() follows symlinks, so a link pointing outside the root is caught here too.
+    if not folder.is_relative_to(root):
+        raise InvalidRequest(f"definition {definition!r} escapes the job root")
+    if not folder.is_dir():
+        raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", folder.name):
+        # NVFLARE refuses other characters in the job folder's name (2.9.0 submit_job).
+        raise InvalidRequest(
+            f"definition folder name {folder.name!r} may hold only letters, digits, '.', '_', '-'"
+        )
+    return str(relative)
+
+
+def enqueue_job(
+    session: Session, settings: Settings, request: EnqueueJob, now: datetime
+) -> Enqueued:
+    """Queue a job; the same caller key twice with the same payload returns the first job,
+    with another payload is a CallerKeyConflict."""
+    existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
+    if existing is not None:
+        return _repeat(existing, request, settings)
+
+    sites = list(request.required_sites)
+    if request.net is not None:
+        try:
+            net_config = settings.net(request.net)
+        except KeyError:
+            known = ", ".join(n.name for n in settings.nets) or "none"
+            raise InvalidRequest(f"unknown net {request.net!r} (known: {known})") from None
+        sites = sites or list(net_config.required_sites)
+        lacking = net_config.lacks(sites)
+        if lacking:
+            assert net_config.sites is not None  # lacks() finds nothing otherwise
+            raise InvalidRequest(
+                f"required sites {lacking} are not on net {net_config.name}: "
+                f"{net_config.name} has {', '.join(net_config.sites)}"
+            )
+    if not sites:
+        raise InvalidRequest("required_sites is empty and no net default applies")
+    if not settings.nets:
+        raise InvalidRequest("no nets are configured, so no job can run")
+    if request.net is None and all(n.lacks(sites) for n in settings.nets):
+        # Every net declares its sites and none has them all: the job could never start.
+        raise InvalidRequest(
+            f"no net has every site in {sites}; "
+            + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
+        )
+    definition = resolve_definition(settings, request.definition)
+
+    job = Job.new(
+        caller_key=request.caller_key,
+        definition=definition,
+        required_sites=sites,
+        requested_net=request.net,
+        priority=request.priority,
+        max_attempts=request.max_attempts or settings.max_attempts,
+        now=now,
+        job_id=job_id_for(request.caller_key),
+        metadata=request.metadata,
+        request_digest=_as_stored(request, settings).digest(),
+    )
+    try:
+        # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        # Not mutated: only a concurrent enqueue of the same key gets here (the integration
+        # tier's test_enqueue_same_caller_key_twice_concurrently_returns_one_job pins it).
+        winner = session.scalar(  # pragma: no mutate
+            select(Job).where(Job.caller_key == request.caller_key)  # pragma: no mutate
+        )
+        if winner is None:  # pragma: no mutate (the race path, as above)
+            raise
+        return _repeat(winner, request, settings)  # pragma: no mutate
+    log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
+    return Enqueued(job.id, created=True, state=job.state)
+
+
+def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
+    """The request with the defaults the job is stored with filled in (MAX_ATTEMPTS, the
+    net's default sites), so that spelling a default out is the same request as omitting it."""
+    sites = list(request.required_sites)
+    if not sites and request.net is not None and settings.has_net(request.net):
+        sites = list(settings.net(request.net).required_sites)
+    return request.model_copy(
+        update={
+            "max_attempts": request.max_attempts or settings.max_attempts,
+            "required_sites": sites,
+        }
+    )
+
+
+def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
+    """A repeat of an enqueue: the same request (a retry) names the existing job; another
+    payload under the same key is refused, since answering with the first job would let the
+    caller believe its new request was queued."""
+    digest = _as_stored(request, settings).digest()
+    if existing.request_digest is not None and existing.request_digest != digest:
+        raise CallerKeyConflict(
+            f"caller_key {request.caller_key!r} already names job {existing.id} "
+            f"({existing.state.value}), enqueued with a different payload"
+            f"{_differences(existing, request)}; a new job needs a new caller_key"
+        )
+    return Enqueued(existing.id, created=False, state=existing.state)
+
+
+def _differences(job: Job, request: EnqueueJob) -> str:
+    """The fields that visibly differ, for the message (the digest decides)."""
+    differ = [
+        name
+        for name, sent, kept in (
+            ("net", request.net, job.requested_net),
+            ("priority", request.priority, job.priority),
+            ("metadata", request.metadata, job.metadata_),
+        )
+        if sent != kept
+    ]
+    if request.required_sites and sorted(request.required_sites) != sorted(job.required_sites):
+        differ.append("required_sites")
+    if request.max_attempts is not None and request.max_attempts != job.max_attempts:
+        differ.append("max_attempts")
+    return f" (differs in: {', '.join(differ)})" if differ else ""
+
+
+CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
+
+
+def record_rejection(
+    session: Session,
+    caller_key: str | None,
+    reason: str,
+    now: datetime,
+    retention_s: float,
+    *,
+    callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
+    code: ReasonCode = ReasonCode.REJECTED,
+) -> RejectedRequest:
+    """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
+    rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
+    the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
+    retention until it is."""
+    # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
+    # itself is never lost; no job could ever have had such a key, hence no job id.
+    valid_key = caller_key is not None and unstorable(caller_key) is None
+    rejection = RejectedRequest(
+        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
+        caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
+        reason=storable(reason)[:4000],
+        reason_code=code,
+        at=now,
+    )
+    session.add(rejection)
+    expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
+    if callbacks:
+        expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
+    session.execute(delete(RejectedRequest).where(expired))
+    return rejection
+
+
+def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None:
+    """The latest rejection of an enqueue that would have created this job, if any."""
+    return session.scalar(
+        select(RejectedRequest)
+        .where(RejectedRequest.job_id == job_id)
+        .order_by(RejectedRequest.at.desc(), RejectedRequest.id.desc())
+        .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
+    )

@@ -1,0 +1,362 @@
+"""Monitoring of running jobs: poll NVFLARE for every RUNNING/ABORTING job's run and settle
+it (finished, held for flip-api's report, overran, or lost with its server), and expire
+FINISHING jobs whose results report never came. Each net is watched on its own."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.adapters.nvflare.base import AdminClient, RunState
+from app.db import unit_of_work
+from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
+from app.runtime import Runtime
+from app.usecases import claims, services
+from app.usecases.abort import RUN_OUTCOMES, run_is_over, run_outcome
+from app.usecases.housekeeping import isolated, round_deadline_s
+from app.usecases.scaling import kick, net_misconfigured, take_down
+from models import Job, JobState, Net, ReasonCode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A running job as monitor sees it."""
+
+    job_id: uuid.UUID
+    state: JobState
+    net_name: str
+    nvflare_job_id: str
+    server_start_time: float | None
+    dispatched_at: datetime | None = None
+    unreachable: bool = False  # the net had a monitor failure pending (unreachable_since)
+
+
+STALE = "job moved on since this round read it; nothing done"
+
+
+def _watched_state(session: Session, job: Watched) -> JobState | None:
+    """The job's state now (row locked) if it still has the run this round watched, else
+    None. A round's snapshot can be seconds old when it acts (a call to a dead server waits
+    its timeout, and rounds overlap); by then the job may have been settled and even be on
+    its next attempt, which a verdict about the old run must never touch."""
+    row = services.get_job(session, job.job_id, lock=True)
+    watching = (JobState.RUNNING, JobState.ABORTING)
+    if row.state in watching and row.nvflare_job_id == job.nvflare_job_id:
+        return row.state
+    return None
+
+
+def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
+    """Poll NVFLARE for every RUNNING/ABORTING job and settle the finished ones; a server
+    that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY.
+    Each net is watched on its own: one net's failure never stops the others'."""
+    watched = _watched(rt, awaited_only=False)  # pragma: no mutate (None is as false)
+    outcomes = _expire_report_waits(rt)
+    return outcomes | _monitor(rt, watched)
+
+
+def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
+    """Monitor, every QUEUED_POLL_S, only the runs of nets a QUEUED job waits for, so that job
+    starts within seconds of the run before it ending, not up to a whole
+    HOUSEKEEPING_INTERVAL_S later. A net whose server is not answering is left to the full
+    round: a dead server is not called every second."""
+    return _monitor(rt, _watched(rt, awaited_only=True))
+
+
+def _watched(rt: Runtime, *, awaited_only: bool) -> list[Watched]:
+    """The runs to watch: every RUNNING/ABORTING job with a run on the server, or only those
+    on answering nets some QUEUED job could take."""
+    stmt = (
+        select(
+            Job.id,
+            Job.state,
+            Job.net_name,
+            Job.nvflare_job_id,
+            Net.server_start_time,
+            Job.dispatched_at,
+            Net.unreachable_since,
+        )
+        .join(Net, Net.name == Job.net_name)
+        .where(
+            Job.state.in_((JobState.RUNNING, JobState.ABORTING)),
+            # Not mutated, nor the filter below: each says what the other does (the one
+            # below narrows the types for mypy).
+            Job.nvflare_job_id.is_not(None),  # pragma: no mutate
+        )
+    )
+    if awaited_only:
+        stmt = stmt.where(Net.unreachable_since.is_(None), claims.wanted_by_queued_job(Net.name))
+    with rt.sessions() as session:
+        rows = session.execute(stmt).all()
+    return [
+        Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at, since is not None)
+        for job_id, state, net_name, nvflare_job_id, start, dispatched_at, since in rows
+        if net_name is not None and nvflare_job_id is not None  # pragma: no mutate
+    ]
+
+
+def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
+    """Watch these runs, each net on its own and in parallel (see round_deadline_s)."""
+
+    def watch(net_name: str) -> dict[str, str]:
+        jobs = [w for w in watched if w.net_name == net_name]
+        with isolated(rt, "monitor_running_jobs", net_name):
+            return _monitor_net(rt, net_name, jobs)
+        return {str(j.job_id): "monitor failed (see the net's last_error)" for j in jobs}
+
+    outcomes: dict[str, str] = {}
+    nets = sorted({w.net_name for w in watched if rt.settings.has_net(w.net_name)})
+    results = rt.fan_out.run({n: partial(watch, n) for n in nets}, round_deadline_s(rt))
+    for net_name in nets:
+        result = results[net_name]
+        if result.error is not None:
+            for job in (w for w in watched if w.net_name == net_name):
+                outcomes[str(job.job_id)] = f"not watched this round: {result.error}"
+        else:
+            outcomes |= result.value
+    return outcomes
+
+
+def _expire_report_waits(rt: Runtime) -> dict[str, str]:
+    """FINISHING jobs whose results report never came within their net's report timeout
+    (`report_timeout_s`, else REPORT_TIMEOUT_S): settled per REPORT_TIMEOUT_OUTCOME, so a
+    lost report cannot hold a server up forever."""
+    now = rt.clock()
+    settings = rt.settings
+    shortest = min(
+        [settings.report_timeout_s] + [settings.report_timeout_for(n.name) for n in settings.nets]
+    )
+    with rt.sessions() as session:
+        # The shortest timeout bounds the read; each job is then held to its own net's.
+        candidates = session.execute(
+            select(Job.id, Job.state_changed_at, Job.net_name).where(
+                Job.state == JobState.FINISHING,
+                Job.state_changed_at < now - timedelta(seconds=shortest),
+            )
+        )
+        overdue = [
+            (job_id, since)
+            for job_id, since, net_name in candidates
+            if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
+        ]
+    outcome = (
+        JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
+    )
+    results = {}
+    for job_id, since in overdue:
+        with unit_of_work(rt.sessions) as session:
+            services.expire_report_wait(
+                session, job_id, outcome, (now - since).total_seconds(), now
+            )
+        results[str(job_id)] = f"report timeout: {outcome}"
+    if results:
+        kick(rt)
+    return results
+
+
+def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, str]:
+    admin = rt.admin(net_name)
+    now = rt.clock()
+    try:
+        start_time = admin.server_start_time()
+    except DispatcherError as exc:
+        # Unreachable, misconfigured (an admin certificate that expired) or an error nobody
+        # classified: the runs cannot be watched. Past the grace they are lost; a net whose
+        # admin access is misconfigured is then taken out of service (its server down).
+        # But a run the server still reports finished is finished, whatever its start time:
+        # settled as such, never taken for lost and run again.
+        finished = {} if isinstance(exc, MisconfigurationError) else _finished(rt, admin, jobs, now)
+        rest = [j for j in jobs if str(j.job_id) not in finished]
+        return finished | (_unwatchable(rt, net_name, rest, exc, now) if rest else {})
+
+    results: dict[str, str] = {}
+    for job in jobs:
+        if job.server_start_time is not None and start_time != job.server_start_time:
+            # NVFLARE 2.9.0 keeps a killed run "RUNNING" forever after a restart (abort and
+            # delete both refuse it), so the restart itself decides the job's fate.
+            results[str(job.job_id)] = _lost(rt, job, "server restarted under the job")
+            continue  # pragma: no mutate (`break` is the same: a net runs one job at a time)
+        results[str(job.job_id)] = _watch_run(rt, admin, job, now)
+    if not any(j.unreachable or j.server_start_time is None for j in jobs):
+        return results  # nothing to write: a healthy busy net costs no transaction
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        net.unreachable_since = None
+        if net.server_start_time is None:
+            # The start time was unknown at dispatch: learn it now, or a later restart
+            # under the job would never be seen.
+            net.server_start_time = start_time
+    return results
+
+
+def _finished(
+    rt: Runtime, admin: AdminClient, jobs: list[Watched], now: datetime
+) -> dict[str, str]:
+    """The verdicts of the runs the server reports finished (the others are left out)."""
+    verdicts = {}
+    for job in jobs:
+        try:
+            state = admin.job_status(job.nvflare_job_id).state
+        except DispatcherError:
+            continue
+        if state in RUN_OUTCOMES:
+            verdicts[str(job.job_id)] = _watch_run(rt, admin, job, now)
+    return verdicts
+
+
+def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> str:
+    try:
+        status = admin.job_status(job.nvflare_job_id)
+    except NvflareJobNotFound:
+        return _lost(rt, job, "the server does not know the run")
+    except DispatcherError as exc:
+        # Unknown status: the run-time limit still applies, or a job whose status can
+        # never be read would keep its server up forever.
+        if _overran(rt, job, now):
+            return _stop_overrun(rt, job, f"status unknown: {exc}")
+        return f"status unknown: {exc}"
+    if status.state in RUN_OUTCOMES:
+        holds = rt.settings.net(job.net_name).holds_for_report(rt.settings.release_after)
+        with unit_of_work(rt.sessions) as session:
+            # The verdict follows the job's state now, under its lock, not the round's read:
+            # the job may have been aborted since.
+            state = _watched_state(session, job)
+            if state is None:
+                return STALE
+            outcome, detail, code = run_outcome(status.state, status.detail, state, holds)
+            if code is None:
+                services.hold_for_report(session, job.job_id, detail, rt.clock())
+            else:
+                services.finish_job(session, job.job_id, outcome, detail, rt.clock(), code=code)
+            hold = code is None
+        if hold:
+            return "finishing: waiting for flip-api's results report"
+        kick(rt)
+        return str(status.state)
+    if status.state == RunState.LOST:
+        return _lost(rt, job, status.detail)
+    if _overran(rt, job, now):
+        return _stop_overrun(rt, job, status.detail)
+    return str(status.state)
+
+
+def _unwatchable(
+    rt: Runtime, net_name: str, jobs: list[Watched], exc: DispatcherError, now: datetime
+) -> dict[str, str]:
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.unreachable_since is None:
+            net.unreachable_since = now
+        net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (a bound; any will do)
+        gone_s = (now - net.unreachable_since).total_seconds()
+    if gone_s < rt.settings.server_lost_grace_s:
+        return {str(j.job_id): f"server not answering for {gone_s:.0f}s: {exc}" for j in jobs}
+    results = {
+        str(j.job_id): _lost(rt, j, f"server not answering for {gone_s:.0f}s: {exc}") for j in jobs
+    }
+    if isinstance(exc, MisconfigurationError):
+        net_misconfigured(rt, net_name, None, f"admin access failed on a busy net: {exc}")
+    return results
+
+
+def _overran(rt: Runtime, job: Watched, now: datetime) -> bool:
+    """A RUNNING job past its net's maximum run time."""
+    if job.state != JobState.RUNNING or job.dispatched_at is None:
+        return False
+    net = rt.settings.net(job.net_name)
+    max_run_s = net.max_run_s if net.max_run_s is not None else rt.settings.max_run_s
+    return (now - job.dispatched_at).total_seconds() > max_run_s
+
+
+def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
+    """Abort a run that outlived its limit and fail the job: a hung NVFLARE run (e.g. one
+    whose clients crashed at start stays RUNNING in 2.9.0) must not keep a server up forever.
+    An abort that cannot be confirmed leaves the run as a stray run (see abort.py)."""
+    try:
+        outcome = str(rt.admin(job.net_name).abort(job.nvflare_job_id).outcome)
+    except DispatcherError as exc:
+        outcome = f"not confirmed: {exc}"
+    # One rule with abort_on_server: over only when the server, answering now, says so (an
+    # accepted abort takes a moment; "nothing to abort" also covers a blip).
+    confirmed = run_is_over(rt, job.net_name, job.nvflare_job_id)
+    reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
+    with unit_of_work(rt.sessions) as session:
+        if _watched_state(session, job) is None:
+            return STALE
+        if not confirmed:
+            services.add_stray_run(
+                session,
+                net_name=job.net_name,
+                job_id=job.job_id,
+                nvflare_job_id=job.nvflare_job_id,
+                submit_token=None,
+                reason=reason,
+                now=rt.clock(),
+            )
+        services.finish_job(
+            session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
+        )
+    log.error("run overran", extra={"job": str(job.job_id), "net": job.net_name, "reason": reason})
+    if not confirmed and rt.settings.net(job.net_name).scales_to_zero:
+        take_down(rt, job.net_name, f"overrun of job {job.job_id} could not be aborted")
+    kick(rt)
+    return "failed: overran"
+
+
+def _lost(rt: Runtime, job: Watched, reason: str) -> str:
+    """A run whose server was lost: requeue or fail per LOST_JOB_POLICY; an ABORTING job
+    is simply ABORTED (the user wanted it stopped and it is). A run that may still be alive
+    (a server only the admin side could not reach) is recorded as a stray run and, on a
+    scale-to-zero net, dies with its server before the job can run anywhere again."""
+    still_there = not reason.startswith("server restarted")
+    with unit_of_work(rt.sessions) as session:
+        state = _watched_state(session, job)
+        if state is None:
+            return STALE
+        if still_there:
+            services.add_stray_run(
+                session,
+                net_name=job.net_name,
+                job_id=job.job_id,
+                nvflare_job_id=job.nvflare_job_id,
+                submit_token=None,
+                reason=reason,
+                now=rt.clock(),
+            )
+        if state == JobState.ABORTING:
+            services.finish_job(
+                session, job.job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
+            )
+            outcome = "aborted"
+        elif rt.settings.lost_job_policy == "requeue":
+            outcome = (
+                "requeued"
+                if services.requeue_job(session, job.job_id, reason, rt.clock())
+                else "failed"
+            )
+        else:
+            services.finish_job(
+                session,
+                job.job_id,
+                JobState.FAILED,
+                reason,
+                rt.clock(),
+                code=ReasonCode.SERVER_LOST,
+            )
+            outcome = "failed"
+    log.warning(
+        "run lost",
+        extra={"job": str(job.job_id), "net": job.net_name, "reason": reason, "outcome": outcome},
+    )
+    if still_there and rt.settings.net(job.net_name).scales_to_zero:
+        take_down(rt, job.net_name, f"run of job {job.job_id} lost: {reason}")
+    kick(rt)
+    return outcome

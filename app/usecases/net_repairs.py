@@ -1,0 +1,247 @@
+"""The reconciler's repairs of one declared net, each decided on the round's read of it and
+re-checked under the net's row lock: drift between the nets table and what the driver sees,
+a scale-to-zero net whose chain was lost, an always-on server watched for an OUTAGE, and a
+net found misconfigured taken out of service."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+
+from app.adapters.nvflare.base import ServerState
+from app.db import unit_of_work
+from app.errors import MisconfigurationError
+from app.runtime import Runtime
+from app.usecases import services
+from app.usecases.scaling import net_misconfigured, scale_net, stop_net
+from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
+
+log = logging.getLogger(__name__)
+
+
+def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: MisconfigurationError) -> str:
+    """Take a net reconcile found misconfigured out of service. A job only claimed onto it
+    (ASSIGNED) goes back to the queue with it, never left on a net a restart resets to
+    STOPPED; a job past that point is its chain's or the monitor's to settle first."""
+    if _net_state(rt, name) == NetState.MISCONFIGURED:
+        return f"misconfigured: {exc}"
+    if row.job_id is not None and row.job_state != JobState.ASSIGNED:
+        return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
+    bound = (JobState.ASSIGNED, row.attempt)
+    if not net_misconfigured(rt, name, row.job_id, str(exc), attempt=bound):
+        return f"misconfigured: {exc} (job {row.job_id} moved on: left to it)"
+    return f"misconfigured: {exc}"
+
+
+@dataclass(frozen=True)
+class NetRow:
+    """A net as one reconcile round read it (decisions re-check under the row lock)."""
+
+    state: NetState
+    changed_at: datetime
+    job_id: uuid.UUID | None = None
+    job_state: JobState | None = None
+    attempt: int = 0
+    strays: int = 0
+
+
+def net_rows(rt: Runtime) -> dict[str, NetRow]:
+    """Every net with its active job and stray-run count, in three statements whatever the
+    size of the fleet (not three per net)."""
+    with rt.sessions() as session:
+        nets = session.execute(select(Net.name, Net.state, Net.state_changed_at)).all()
+        active = {
+            net_name: (job_id, state, attempts)
+            for job_id, net_name, state, attempts in session.execute(
+                select(Job.id, Job.net_name, Job.state, Job.attempts).where(
+                    # An active job always has a net (its claim set it): this only says so.
+                    Job.state.in_(ACTIVE_JOB_STATES),
+                    Job.net_name.is_not(None),  # pragma: no mutate
+                )
+            )
+        }
+        strays = {
+            net_name: int(count)
+            for net_name, count in session.execute(
+                select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)
+            )
+        }
+    rows = {}
+    for name, state, changed_at in nets:
+        # Not mutated: the attempt is read only with a job, and None strays read as none.
+        job_id, job_state, attempt = active.get(name, (None, None, 0))  # pragma: no mutate
+        count = strays.get(name, 0)  # pragma: no mutate
+        rows[name] = NetRow(state, changed_at, job_id, job_state, attempt, count)
+    return rows
+
+
+def _net_state(rt: Runtime, name: str) -> NetState:
+    with rt.sessions() as session:
+        return services.get_net(session, name).state
+
+
+def _set_net_state(
+    rt: Runtime,
+    name: str,
+    expected: NetState,
+    target: NetState,
+    reason: str,
+    *,
+    require_idle: bool = False,
+) -> bool:
+    """Move a net only if it is still in `expected` (and, with `require_idle`, still has no
+    active job), checked under the row lock assignment takes."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        if net.state != expected:
+            return False
+        if require_idle and services.active_job(session, name) is not None:
+            return False
+        if target == NetState.READY:
+            net.transition(NetState.READY, rt.clock(), reason)
+            net.idle_since = rt.clock()
+        else:
+            net.transition(target, rt.clock(), reason)
+        return True
+
+
+def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
+    """Settle a scale-to-zero net left between states or drifted from its driver; the
+    note says what was done ("" for nothing)."""
+    state, changed_at = row.state, row.changed_at
+    job_state, job_id, attempt = row.job_state, row.job_id, row.attempt
+    now = rt.clock()
+    age_s = (now - changed_at).total_seconds()
+    if state == NetState.BUSY:
+        return ""  # monitor owns busy nets
+    if job_id is not None:
+        if state == NetState.STARTING and job_state == JobState.ASSIGNED:
+            return _redrive_lost_scale_up(rt, name, job_id, attempt, age_s)
+        return ""
+    observation = rt.driver(name).observe()
+    up = observation.running > 0 or observation.pending > 0 or observation.desired > 0
+    if state == NetState.MISCONFIGURED:
+        # A misconfigured net must not keep a server running (a failed scale-down earlier).
+        if up and _still(rt, name, state):
+            stop_net(rt, name, "misconfigured net still had a server")
+            return "MISCONFIGURED net had a server; scaled to 0"
+        return ""
+    if state == NetState.STOPPED and not up and row.strays:
+        # The server is confirmed at zero replicas: whatever it ran died with it.
+        with unit_of_work(rt.sessions) as session:
+            services.clear_stray_runs(session, name)
+        return "STOPPED at zero replicas: stray runs gone with the server"
+    if state in (NetState.STOPPING, NetState.UNHEALTHY):
+        # Decided on the round's read: re-checked under the lock, so a net that was stopped
+        # and claimed since (STARTING, its job's server coming up) keeps its replica.
+        if not _still(rt, name, state):
+            return ""
+        stop_net(rt, name, f"settling {state}")
+        return f"{state}: scale-down re-driven"
+    if state == NetState.OUTAGE:
+        # PER_JOB_FL_SERVER was turned on across a redeploy: a former always-on net.
+        target = NetState.READY if observation.is_up else NetState.STOPPED
+        _set_net_state(rt, name, NetState.OUTAGE, target, "now scales to zero")
+        return f"OUTAGE -> {target} (net scales to zero now)"
+    if state == NetState.STARTING:
+        # Its job went away (aborted, requeued) while the server came up.
+        if observation.is_up:
+            _set_net_state(rt, name, NetState.STARTING, NetState.READY, "up, no job: idle")
+            return "STARTING without a job: now READY (idle)"
+        if age_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
+            rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
+        ):
+            stop_net(rt, name, "start abandoned")
+            return "STARTING without a job past the deadline: stopped"
+        return ""
+    if state == NetState.STOPPED and up and age_s > rt.settings.stuck_after_s:
+        # Drift: a server runs that nobody uses (e.g. a crash between scale and commit).
+        # STOPPING first, under the lock and only if still idle: no job can be claimed onto
+        # the net while its server is being taken away.
+        # require_idle is not mutated: a claim moves a STOPPED net to STARTING in its own
+        # transaction, so the expected state already refuses a net claimed meanwhile
+        # (test_a_drifted_server_is_left_to_a_job_claimed_meanwhile stages it).
+        if _set_net_state(
+            rt,
+            name,
+            NetState.STOPPED,
+            NetState.STOPPING,
+            "drift: server up",
+            require_idle=True,  # pragma: no mutate (see above)
+        ):
+            stop_net(rt, name, "drift: server up while STOPPED")
+            return "drift: STOPPED net had a server; scaled to 0"
+        return ""
+    if state == NetState.READY and not up:
+        if _set_net_state(
+            rt, name, NetState.READY, NetState.STOPPED, "drift: server gone", require_idle=True
+        ):
+            return "drift: READY net had no server; now STOPPED"
+        return ""  # a job was claimed onto the warm net meanwhile: its chain scales it up
+    return ""
+
+
+def _still(rt: Runtime, name: str, state: NetState) -> bool:
+    """The net is still in `state` with no active job, read under the row lock claims take.
+    None of these states is one a claim takes a net from, so the answer holds until the
+    scale-down that follows."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        return net.state == state and services.active_job(session, name) is None
+
+
+def _redrive_lost_scale_up(
+    rt: Runtime, name: str, job_id: uuid.UUID, attempt: int, age_s: float
+) -> str:
+    """A STARTING net whose job is still ASSIGNED but whose driver was never asked for a
+    replica lost its chain before scale_up ran (a lost message, a dead worker): start it
+    again. Every step is idempotent, so a chain that was merely slow does no harm."""
+    if age_s <= rt.settings.stuck_after_s or rt.driver(name).observe().desired > 0:
+        return ""
+    rt.outbox.start_pipeline(str(job_id), name, attempt)
+    return f"STARTING with no scale-up for {age_s:.0f}s: pipeline of job {job_id} re-driven"
+
+
+def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
+    """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY.
+    A net left STOPPING, UNHEALTHY or STOPPED by scale-to-zero mode (PER_JOB_FL_SERVER
+    turned off across a redeploy) is brought back up: always-on means one replica."""
+    state, job = row.state, row.job_id
+    if state == NetState.MISCONFIGURED:
+        return ""
+    net_config = rt.settings.net(name)
+    scalable = net_config.driver.kind != "static"
+    left_down = state in (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED)
+    if scalable and left_down and rt.driver(name).observe().desired < 1:
+        scale_net(rt, name, 1, "always-on net: one replica")
+    server = rt.admin(name).server_state()
+    if server == ServerState.STARTED:
+        left_behind = state in (
+            NetState.OUTAGE,
+            NetState.STOPPED,
+            NetState.STOPPING,
+            NetState.UNHEALTHY,
+        ) or (state == NetState.STARTING and job is None)
+        if left_behind:
+            target = NetState.BUSY if state == NetState.OUTAGE and job else NetState.READY
+            _set_net_state(rt, name, state, target, "always-on server reachable")
+            if state == NetState.OUTAGE:  # pragma: no mutate (only a log line depends on it)
+                log.warning("outage over", extra={"net": name})
+            return f"{state} -> {target}"
+        return ""
+    note = ""  # pragma: no mutate (None reads as "no note" as well)
+    if state not in (NetState.OUTAGE, NetState.STARTING):
+        _set_net_state(rt, name, state, NetState.OUTAGE, f"always-on server {server}")
+        log.error("OUTAGE: always-on server unreachable", extra={"net": name, "server": server})
+        note = f"{state} -> OUTAGE"
+    if scalable and row.strays and not rt.driver(name).observe().is_up:
+        # Scaled to zero by hand (or crashed for good): the runs it held died with it, and a
+        # job waiting on its own stray run may go elsewhere instead of waiting for an operator.
+        with unit_of_work(rt.sessions) as session:
+            services.clear_stray_runs(session, name)
+        note = (note + "; " if note else "") + "no server: stray runs gone with it"
+    return note

@@ -1,0 +1,222 @@
+"""The reconciler's round: re-drive jobs stuck in ASSIGNED, DISPATCHING or ABORTING, settle
+work on undeclared nets and stray runs, remove the prepared copies and cached bundles of
+jobs that ended, and have each declared net repaired (`net_repairs`)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+
+from app import names
+from app.adapters.jobdefs import cached_bundle_jobs, discard, prepared_jobs, sweep_prepared
+from app.db import unit_of_work
+from app.errors import MisconfigurationError, TransientError
+from app.runtime import Runtime
+from app.usecases import heartbeat, services
+from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_runs
+from app.usecases.dispatch import requeue_after_transient, submit_try_s
+from app.usecases.housekeeping import isolated
+from app.usecases.net_repairs import (
+    net_rows,
+    repair_scaling_net,
+    settle_misconfigured,
+    watch_always_on,
+)
+from app.usecases.scaling import kick
+from app.usecases.undeclared import settle_undeclared
+from app.usecases.unknown_submit import abandon_dispatch
+from models import TERMINAL_JOB_STATES, Job, JobState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What one reconcile round changed or re-drove."""
+
+    redriven: tuple[str, ...] = ()
+    repaired: tuple[str, ...] = ()
+
+
+def reconcile(rt: Runtime) -> Reconciled:
+    """Re-drive stuck jobs, settle stray runs and nets whose chain was lost, repair drift
+    between the nets table and what the driver sees, and watch always-on servers for an
+    OUTAGE. Each net is handled on its own: one net's failure never stops the others."""
+    now = rt.clock()
+    with unit_of_work(rt.sessions) as session:
+        services.ensure_net_rows(session, rt.settings, now)
+        services.note_declared(session, rt.settings, now)
+    redriven = settle_undeclared(rt) + _redrive_stuck_jobs(rt, now)
+    _sweep_prepared(rt)
+    _discard_finished_bundles(rt)
+    rows = net_rows(rt)  # one read for the fleet; each net's decision re-checks under lock
+    repaired = []
+    for net_config in rt.settings.nets:
+        note = ""  # pragma: no mutate (None reads as "no note" as well)
+        row = rows.get(net_config.name)
+        if row is None:
+            continue  # pragma: no mutate (never: ensure_net_rows just made every row)
+        with isolated(rt, "reconcile", net_config.name):
+            try:
+                note = (
+                    watch_always_on(rt, net_config.name, row)
+                    if net_config.always_on
+                    else repair_scaling_net(rt, net_config.name, row)
+                )
+                if row.strays:  # (a net read without strays would read none to settle)
+                    left = settle_stray_runs(rt, net_config.name)
+                    if left:
+                        taken_down = expire_stray_runs(rt, net_config.name)
+                        note = (note + "; " if note else "") + f"{left} stray run(s) unsettled"
+                        note += "; net taken down" if taken_down else ""
+            except MisconfigurationError as exc:
+                note = settle_misconfigured(rt, net_config.name, row, exc)
+            except TransientError as exc:
+                note = f"not checked: {exc}"
+        if note:
+            repaired.append(f"{net_config.name}: {note}")
+    kick(rt)
+    with unit_of_work(rt.sessions) as session:
+        heartbeat.record_run(session, heartbeat.RECONCILE, rt.clock())
+    return Reconciled(tuple(redriven), tuple(repaired))
+
+
+def _sweep_prepared(rt: Runtime) -> None:
+    """Remove the prepared copies of jobs that ended (or no longer exist): those never run
+    again, so no submit can be racing the removal."""
+    try:
+        prepared = prepared_jobs(rt.settings)
+        ids = {uuid.UUID(name) for name in prepared if _is_uuid(name)}
+        with rt.sessions() as session:
+            live = {
+                str(job_id)
+                for job_id in session.scalars(
+                    select(Job.id).where(Job.id.in_(ids), Job.state.not_in(TERMINAL_JOB_STATES))
+                )
+            }
+        sweep_prepared(rt.settings, prepared - live)
+    except OSError as exc:
+        log.warning("removing prepared job copies failed", extra={"reason": str(exc)})
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _discard_finished_bundles(rt: Runtime) -> list[uuid.UUID]:
+    """Delete the cached S3 bundles of jobs that ended or no longer exist.
+
+    Unlike the prepared copies, a QUEUED job keeps its bundle, so a requeue downloads only
+    the objects whose ETag changed.
+    """
+    try:
+        cached = cached_bundle_jobs(rt.settings)
+        if not cached:
+            return []
+        with rt.sessions() as session:
+            # Not mutated: without the id filter `live` holds every live job and `cached - live`
+            # is the same; the filter only keeps the query small.
+            query = select(Job.id).where(
+                Job.id.in_(cached),  # pragma: no mutate
+                Job.state.not_in(TERMINAL_JOB_STATES),
+            )
+            live = set(session.scalars(query))
+        finished = sorted(cached - live)
+        for job_id in finished:
+            discard(rt.settings, job_id)
+    except OSError as exc:
+        # A full or read-only data folder must not stop the rest of reconcile.
+        log.warning("removing cached S3 bundles failed", extra={"reason": str(exc)})
+        return []
+    if finished:
+        log.info("cached S3 bundles removed", extra={"jobs": [str(j) for j in finished]})
+    return finished
+
+
+def _retry_budget_s(rt: Runtime) -> float:
+    # How long a submit's own tries may go on: every retry's wait and every try's own time
+    # (a login and the submit command), not only the waits.
+    settings = rt.settings
+    return float(settings.retry_max * (settings.retry_backoff_max_s + submit_try_s(settings)))
+
+
+def _submit_holder_gone(due_at: datetime | None, now: datetime) -> bool:
+    """No worker holds the DISPATCHING job's submit any more: the time by which its holder
+    (a try, or a retry it announced) had to be heard of again is past. A row from before
+    the lease existed has none: its holder is taken as gone."""
+    return due_at is None or now > due_at
+
+
+def _lease_resent_submit(rt: Runtime, job_id: uuid.UUID) -> None:
+    """The re-sent submit holds the job now: it has until its own try would end (plus the
+    time to reach a worker) before it, in turn, counts as gone."""
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        if job.state == JobState.DISPATCHING:
+            wait_s = rt.settings.housekeeping_interval_s + submit_try_s(rt.settings)
+            job.step_due_at = rt.clock() + timedelta(seconds=wait_s)
+
+
+def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
+    stuck_s = rt.settings.stuck_after_s
+    redriven = []
+    with rt.sessions() as session:
+        jobs = session.execute(
+            select(
+                Job.id, Job.state, Job.net_name, Job.state_changed_at, Job.attempts, Job.step_due_at
+            ).where(Job.state.in_((JobState.ASSIGNED, JobState.DISPATCHING, JobState.ABORTING)))
+        ).all()
+    for job_id, state, net_name, changed_at, attempt, due_at in jobs:
+        age_s = (now - changed_at).total_seconds()
+        known = rt.settings.has_net(net_name)
+        with isolated(rt, "reconcile", net_name or "-"):  # pragma: no mutate (no such net row)
+            if state == JobState.ASSIGNED:
+                # The chain itself gives up at the readiness deadline; past that plus the
+                # stuck margin, the chain is gone (lost message, dead worker): requeue.
+                # `or ""` never applies (a known net has a name; it is there for mypy), so
+                # that line is not mutated.
+                ready_timeout_s = (
+                    rt.settings.net(net_name or "").ready_timeout_s  # pragma: no mutate
+                    if known
+                    else 0.0
+                )
+                if age_s > ready_timeout_s + stuck_s:
+                    requeue_after_transient(
+                        rt,
+                        job_id,
+                        f"stuck in ASSIGNED for {age_s:.0f}s",
+                        net_name=net_name,
+                        attempt=attempt,
+                    )
+                    redriven.append(f"{job_id}: requeued")
+            elif state == JobState.DISPATCHING:
+                if not _submit_holder_gone(due_at, now):
+                    continue  # a worker still holds the submit: its own retries go on
+                if age_s > _retry_budget_s(rt) + stuck_s:
+                    abandon_dispatch(rt, job_id, f"submit outcome unknown for {age_s:.0f}s")
+                    redriven.append(f"{job_id}: dispatch abandoned, token settled")
+                elif known:
+                    # Its worker is gone (killed, or its retry message lost): re-sent at
+                    # once with the same stored token, which adopts the run if the first
+                    # submit landed.
+                    _lease_resent_submit(rt, job_id)
+                    rt.outbox.send(
+                        names.DISPATCH, job_id=str(job_id), net_name=net_name, attempt=attempt
+                    )
+                    redriven.append(f"{job_id}: dispatch re-sent")
+            elif state == JobState.ABORTING:
+                if age_s > rt.settings.abort_timeout_s:
+                    expire_abort(rt, job_id)
+                    redriven.append(f"{job_id}: abort expired")
+                elif age_s > stuck_s:
+                    rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
+                    redriven.append(f"{job_id}: abort re-sent")
+    return redriven

@@ -1,0 +1,125 @@
+"""Work left on nets a redeploy removed from NETS, settled by the reconciler: nothing here
+can reach their servers any more."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from sqlalchemy import or_, select
+
+from app.db import unit_of_work
+from app.runtime import Runtime
+from app.usecases import services
+from app.usecases.housekeeping import isolated
+from models import ACTIVE_JOB_STATES, Job, JobState, ReasonCode, StrayRun
+
+log = logging.getLogger(__name__)
+
+
+def undeclared_reason(net_name: str) -> str:
+    """Why work on a net that NETS no longer declares was settled."""
+    return (
+        f"net {net_name} is no longer declared (NETS): its server is no longer watched "
+        "or scaled; stop it by hand if it still runs"
+    )
+
+
+def settle_undeclared(rt: Runtime) -> list[str]:
+    """Settle the work left on nets a redeploy removed from NETS: nothing here can reach
+    their servers any more. A job only claimed there goes back to the queue (its attempt
+    kept); a job that may have a run there, or whose earlier run may still be there (a
+    stray), FAILS with the reason: running it elsewhere could make a second live run; its run
+    is kept as a stray (a net declared again takes no job beside it). An ABORTING job is
+    ABORTED; a FINISHING one is left to flip-api's report or its timeout
+    (its run is over). A QUEUED job pinned to such a net fails: it can never run.
+
+    A net counts as removed only once no process has declared it for a while
+    (`services.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
+    never settles the jobs of a net just added."""
+    with rt.sessions() as session:
+        removed = services.undeclared_nets(session, rt.settings, rt.clock())
+        if not removed:
+            return []
+        jobs = session.execute(
+            select(Job.id, Job.state, Job.net_name, Job.requested_net).where(
+                or_(
+                    Job.state.in_(ACTIVE_JOB_STATES) & Job.net_name.in_(removed),
+                    (Job.state == JobState.QUEUED) & Job.requested_net.in_(removed),
+                )
+            )
+        ).all()
+        strays = session.execute(
+            select(StrayRun.id, StrayRun.job_id, StrayRun.net_name).where(
+                StrayRun.net_name.in_(removed)
+            )
+        ).all()
+    settled = []
+    for job_id, _state, net_name, requested in jobs:
+        with isolated(rt, "reconcile", net_name or requested or "-"):
+            note = _settle_undeclared_job(rt, job_id, removed)
+            if note:
+                settled.append(f"{job_id}: {note}")
+    for _stray_id, job_id, net_name in strays:
+        # The stray itself is kept: should the net be declared again, it takes no job until
+        # that run is settled. Only a QUEUED job waiting on it is ended.
+        with isolated(rt, "reconcile", net_name):
+            with unit_of_work(rt.sessions) as session:
+                job = services.get_job(session, job_id, lock=True)
+                if job.state != JobState.QUEUED:
+                    continue
+                services.finish_job(
+                    session,
+                    job_id,
+                    JobState.FAILED,
+                    f"an earlier run may still be live: {undeclared_reason(net_name)}",
+                    rt.clock(),
+                    code=ReasonCode.NET_REMOVED,
+                )
+            log.error(
+                "job waiting on a run on an undeclared net failed",
+                extra={"net": net_name, "job": str(job_id), "reason": undeclared_reason(net_name)},
+            )
+            settled.append(f"{job_id}: failed: its earlier run is on undeclared net {net_name}")
+    return settled
+
+
+def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -> str:
+    with unit_of_work(rt.sessions) as session:
+        job = services.get_job(session, job_id, lock=True)
+        net_name = job.net_name if job.state in ACTIVE_JOB_STATES else job.requested_net
+        if net_name is None or net_name not in removed:
+            return ""  # pragma: no mutate (the job moved on since the read)
+        reason = undeclared_reason(net_name)
+        if job.state == JobState.ASSIGNED:
+            services.requeue_job(session, job_id, reason, rt.clock(), count_attempt=False)
+            if job.requested_net == net_name:
+                services.finish_job(
+                    session,
+                    job_id,
+                    JobState.FAILED,
+                    reason,
+                    rt.clock(),
+                    code=ReasonCode.NET_REMOVED,
+                )
+                return "failed: pinned to an undeclared net"
+            return "requeued from an undeclared net"
+        if job.state == JobState.FINISHING:
+            return ""
+        outcome = JobState.ABORTED if job.state == JobState.ABORTING else JobState.FAILED
+        # Its run may still live on that server: counted as a stray, so that the net, if it
+        # is ever declared again, takes no job beside it before it is settled.
+        services.add_stray_run(
+            session,
+            net_name=net_name,
+            job_id=job_id,
+            nvflare_job_id=job.nvflare_job_id,
+            submit_token=job.submit_token,
+            reason=reason,
+            now=rt.clock(),
+        )
+        services.finish_job(
+            session, job_id, outcome, reason, rt.clock(), code=ReasonCode.NET_REMOVED
+        )
+    log.error("job on an undeclared net settled", extra={"job": str(job_id), "net": net_name})
+    return f"{outcome.lower()}: on undeclared net {net_name}"
