@@ -60,16 +60,37 @@ def _is_connection_failure(error: DispatcherError) -> bool:
     return not isinstance(error, (NvflareJobNotFound, NvflareJobNotRunning, InvalidRequest))
 
 
+# How long a caller waits for an nvflare session to close. nvflare's close stops the
+# session's cell, which joins its executor threads; under load that join was seen to hang
+# past a 600 s test timeout, holding a worker's slot (and a job's readiness poll) with it.
+# Past this bound the close goes on in a daemon thread; a logout to a server that is gone
+# costs one command timeout, so a close that ends normally is still waited for.
+CLOSE_WAIT_S = 15.0
+
+
 def _close_quietly(session: Any, *, logout: bool) -> None:
     """Close an nvflare session so its cell threads stop (an unclosed one keeps the process
-    alive for 40 s+). `logout=False` skips the logout round trip to a server known gone."""
-    try:
-        if logout:
-            session.close()
-        else:
-            session.api.close()
-    except Exception:  # closing must never mask the error being handled
-        log.debug("closing an nvflare session failed", exc_info=True)
+    alive for 40 s+), waiting at most CLOSE_WAIT_S. `logout=False` skips the logout round
+    trip to a server known gone."""
+    done = threading.Event()
+
+    def close() -> None:
+        try:
+            if logout:
+                session.close()
+            else:
+                session.api.close()
+        except Exception:  # closing must never mask the error being handled
+            log.debug("closing an nvflare session failed", exc_info=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=close, name="nvflare-session-close", daemon=True).start()
+    if not done.wait(CLOSE_WAIT_S):
+        log.warning(
+            "closing an nvflare session took over %.0f s; it goes on in the background",
+            CLOSE_WAIT_S,
+        )
 
 
 _CHALLENGE_RETRY_S = 0.1
