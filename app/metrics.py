@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import unit_of_work
 from app.usecases import callbacks as callbacks_uc
+from app.usecases import prewarm as prewarm_uc
 from app.usecases.services import REPORT_TIMEOUT_REASON
 from models import (
     TERMINAL_JOB_STATES,
@@ -59,6 +60,8 @@ from models import (
     Net,
     NetEvent,
     NetState,
+    Prewarm,
+    PrewarmOutcome,
     ScaleEvent,
     StrayRun,
 )
@@ -87,6 +90,7 @@ SCALE_EVENTS = "scale_events"
 JOB_RETRIES = "job_retries"
 JOB_REQUEUES = "job_requeues"
 REPORT_TIMEOUTS = "report_timeouts"
+PREWARMS = "prewarms"  # labels: the outcome (models.prewarms.PrewarmOutcome)
 
 
 def _table(model: type[Base]) -> Table:
@@ -161,6 +165,9 @@ class Snapshot:
     idle_grace_s: dict[str, float] = field(default_factory=dict)
     # Unix time each beat loop last finished a round (housekeeping_runs).
     housekeeping_last_run: dict[str, float] = field(default_factory=dict)
+    # Prewarms that ended (or were refused), by outcome; nets a live prewarm holds now.
+    prewarms: dict[str, int] = field(default_factory=dict)
+    prewarm_held_nets: int = 0
 
 
 class _Move(Protocol):
@@ -397,6 +404,28 @@ def _fold_scale_events(session: Session, deltas: _Deltas, limit: int) -> int:
     return len(rows)
 
 
+def _fold_prewarms(session: Session, deltas: _Deltas, limit: int) -> int:
+    """Prewarms that ended (or were refused) since the last fold, by outcome: a prewarm is
+    counted once, when it has its outcome (ix_prewarms_uncounted finds those)."""
+    prewarms = _table(Prewarm)
+    ended = (
+        select(prewarms.c.id)
+        .where(prewarms.c.outcome.is_not(None), ~prewarms.c.counted)
+        .order_by(prewarms.c.id)
+        .limit(limit)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        update(prewarms)
+        .where(prewarms.c.id.in_(ended))
+        .values(counted=True)
+        .returning(prewarms.c.outcome)
+    ).all()
+    for (outcome,) in rows:
+        deltas.add(PREWARMS, str(outcome))
+    return len(rows)
+
+
 def _uncounted_retries(jobs: Table) -> ColumnElement[int]:
     # The expression of the index ix_jobs_retries_uncounted, spelled the same way.
     return (jobs.c.retries - jobs.c.retries_counted).self_group()
@@ -453,6 +482,7 @@ def fold(session: Session, limit: int = FOLD_BATCH) -> int:
     folded = _fold_job_events(session, deltas, limit)
     folded += _fold_net_events(session, deltas, limit)
     folded += _fold_scale_events(session, deltas, limit)
+    folded += _fold_prewarms(session, deltas, limit)
     _fold_retries(session, deltas, limit)
     _upsert(
         session,
@@ -566,18 +596,28 @@ def read_snapshot(
     snap.job_retries = totals.get((JOB_RETRIES, ""), 0) + int(unfolded_retries or 0)
     snap.job_requeues = totals.get((JOB_REQUEUES, ""), 0)
     snap.report_timeouts = totals.get((REPORT_TIMEOUTS, ""), 0)
+    snap.prewarms = {
+        outcome.value: totals.get((PREWARMS, outcome.value), 0) for outcome in PrewarmOutcome
+    }
     return snap
 
 
 def read_current_extras(
     session: Session, now: datetime, snap: Snapshot, idle_grace_s: Mapping[str, float] | None
 ) -> None:
-    """The nets' states and idle times, their grace, and the housekeeping rounds: current
-    rows only, read the same way by the collector and by tests/metrics_reference.py."""
+    """The nets' states and idle times, their grace, the housekeeping rounds and the nets
+    prewarms hold: current rows only, read the same way by the collector and by
+    tests/metrics_reference.py."""
+    # A prewarm's hold defers a net's idle grace (app.usecases.prewarm.idle_start): idle time
+    # counts from when the hold ended, so a held net is not idle past its grace.
+    deferred = prewarm_uc.idle_starts(session)
     for name, state, idle_since in session.execute(select(Net.name, Net.state, Net.idle_since)):
         snap.net_states[name] = NetState(state)
         idle_from = idle_since if state == NetState.READY else None
+        if idle_from is not None and name in deferred:
+            idle_from = max(idle_from, deferred[name])
         snap.idle_s[name] = _seconds(idle_from, now) if idle_from is not None else 0.0
+    snap.prewarm_held_nets = len(prewarm_uc.live_holds(session, now))
     snap.idle_grace_s = {
         name: grace for name, grace in (idle_grace_s or {}).items() if name in snap.net_states
     }
@@ -675,6 +715,7 @@ def families(snap: Snapshot) -> list[Metric]:
             value=snap.job_requeues,
         ),
         _stray_runs(snap),
+        *_prewarms(snap),
         CounterMetricFamily(
             "fl_dispatcher_report_timeouts",
             "FINISHING jobs settled because flip-api's results report never came.",
@@ -726,6 +767,23 @@ def _housekeeping(snap: Snapshot) -> Metric:
     for loop, at in sorted(snap.housekeeping_last_run.items()):
         family.add_metric([loop], at)
     return family
+
+
+def _prewarms(snap: Snapshot) -> list[Metric]:
+    counter = CounterMetricFamily(
+        "fl_dispatcher_prewarms",
+        "Prewarms by outcome: used (a job came while held), expired, cancelled, failed, or "
+        "refused (rejected, caller_key_conflict, net_misconfigured).",
+        labels=["outcome"],
+    )
+    for outcome in PrewarmOutcome:
+        counter.add_metric([outcome.value], snap.prewarms.get(outcome.value, 0))
+    held = GaugeMetricFamily(
+        "fl_dispatcher_prewarm_held_nets",
+        "Nets a live prewarm holds up now (their idle scale-down waits for the hold's end).",
+        value=snap.prewarm_held_nets,
+    )
+    return [counter, held]
 
 
 def _stray_runs(snap: Snapshot) -> Metric:

@@ -3,6 +3,7 @@
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
 from models.kicks import PendingKick
+from models.prewarms import REFUSALS, Prewarm, PrewarmOutcome
 from models.reasons import REASONS, FlipStatus, ReasonCode
 from models.states import (
     ACTIVE_JOB_STATES,
@@ -33,6 +34,7 @@ __all__ = [
     "JOB_TRANSITIONS",
     "NET_TRANSITIONS",
     "REASONS",
+    "REFUSALS",
     "TERMINAL_JOB_STATES",
     "Base",
     "CallbackCursor",
@@ -49,6 +51,8 @@ __all__ = [
     "NetEvent",
     "NetState",
     "PendingKick",
+    "Prewarm",
+    "PrewarmOutcome",
     "ReasonCode",
     "RejectedRequest",
     "ScaleEvent",

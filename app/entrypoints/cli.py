@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from sqlalchemy.exc import DBAPIError
 
-from app.errors import DispatcherError, RequestRejected, SettingsError
+from app.errors import DispatcherError, InvalidRequest, RequestRejected, SettingsError
 from app.runtime import Runtime
 from app.settings import Settings, redact_url
 
@@ -145,11 +145,22 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 net["server_state"],
                 ",".join(net["connected_sites"]) if net["connected_sites"] is not None else None,
                 f"{active['id']} {active['state']}" if active else None,
+                _hold(net["prewarm"]),
                 net["error"] or net["last_error"],
             ]
         )
     _table(
-        ["NET", "STATE", "ALWAYS-ON", "DRIVER d/r/p", "SERVER", "SITES", "ACTIVE JOB", "ERROR"],
+        [
+            "NET",
+            "STATE",
+            "ALWAYS-ON",
+            "DRIVER d/r/p",
+            "SERVER",
+            "SITES",
+            "ACTIVE JOB",
+            "PREWARM",
+            "ERROR",
+        ],
         rows,
         sys.stdout,
     )
@@ -160,6 +171,12 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         + "\n"
     )
     return EXIT_OK
+
+
+def _hold(hold: dict[str, Any] | None) -> str | None:
+    if hold is None:
+        return None
+    return f"{hold['caller_key']} {hold['status']} until {_when(hold['hold_until'])}"
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
@@ -314,6 +331,62 @@ def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
         then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
         sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")
     _warn_unsent(requested.notified)
+    return EXIT_OK
+
+
+def cmd_prewarm(args: argparse.Namespace, settings: Settings) -> int:
+    """Say a job is likely within --within seconds: hold its net's server ready until then."""
+    from pydantic import ValidationError
+
+    from app.schemas import PrewarmNet
+    from app.usecases import prewarm
+
+    try:
+        request = PrewarmNet(
+            caller_key=args.key, net=args.net, required_sites=args.site or [], within_s=args.within
+        )
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            sys.stderr.write(f"fl-dispatcher: prewarm: {field}: {err['msg']}\n")
+        return EXIT_FAILED
+    runtime = _sending_runtime(settings)
+    try:
+        requested = prewarm.request_prewarm(runtime, request)
+    except InvalidRequest as exc:  # recorded by the use case, as the task's refusals are
+        code = prewarm.refusal_code(exc)
+        sys.stderr.write(f"fl-dispatcher: prewarm refused: {exc} (reason_code: {code})\n")
+        return EXIT_FAILED
+    finally:
+        runtime.close()
+    view = requested.prewarm
+    if args.json:
+        answer = view | {"created": requested.created, "notified": requested.notified}
+        _print_json(answer, sys.stdout)
+    else:
+        verb = "prewarm accepted" if requested.created else "already known"
+        sys.stdout.write(
+            f"{verb}: net {view['net']} {view['status']} until {_when(view['hold_until'])}"
+            f" ({view['detail'] or view['status']})\n"
+        )
+    if requested.notified is False:
+        sys.stderr.write("warning: the workers were not told; beat will start the server\n")
+    return EXIT_OK
+
+
+def cmd_cancel_prewarm(args: argparse.Namespace, settings: Settings) -> int:
+    """End a prewarm's hold now; the net's idle grace starts."""
+    from app.usecases import prewarm
+
+    runtime = _runtime(settings)
+    try:
+        view = prewarm.cancel_prewarm(runtime, args.key)
+    finally:
+        runtime.close()
+    if args.json:
+        _print_json(view, sys.stdout)
+    else:
+        sys.stdout.write(f"prewarm {view['caller_key']}: {view['status']} (net {view['net']})\n")
     return EXIT_OK
 
 
@@ -580,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_job_commands(add, json_flag)
+    _add_prewarm_commands(add, json_flag)
 
     db = add("db", cmd_db, "database schema (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
@@ -648,6 +722,32 @@ def _add_job_commands(
     p.add_argument(
         "--reason", default="aborted via the CLI", help="why, kept in its history (default: CLI)"
     )
+    json_flag(p)
+
+
+def _add_prewarm_commands(
+    add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
+    json_flag: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    p = add(
+        "prewarm",
+        cmd_prewarm,
+        "a job is likely within S seconds: bring its net's server up and hold it ready",
+    )
+    p.add_argument("--key", required=True, help="the caller's idempotency key for this hint")
+    p.add_argument(
+        "--within",
+        type=float,
+        required=True,
+        metavar="S",
+        help="the job is likely within S seconds (held at most PREWARM_MAX_S)",
+    )
+    p.add_argument("--net", help="the net to warm (default: the one a job for --site would take)")
+    p.add_argument("--site", action="append", metavar="S", help="a site the job needs (repeat)")
+    json_flag(p)
+
+    p = add("cancel-prewarm", cmd_cancel_prewarm, "end a prewarm's hold now")
+    p.add_argument("key", metavar="KEY", help="the caller_key the prewarm was sent with")
     json_flag(p)
 
 
