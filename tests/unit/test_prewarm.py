@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from app import names
+from app.adapters.drivers.base import Observation
 from app.errors import (
     CallerKeyConflict,
     InvalidRequest,
@@ -130,6 +131,11 @@ def test_a_prewarm_starts_a_stopped_net_through_the_scale_up_path_and_holds_it_r
     first = prewarm.warm_up(pw.rt, "net-a")
     assert first.step == Warm.NOT_READY and pw.driver("net-a").calls == [1]
     assert scale_decisions(pw, "net-a") == [(1, "prewarm: a job is likely soon")]
+    driver = pw.driver("net-a")
+    booted = driver.observe
+    driver.observe = lambda: Observation(desired=1, running=0, pending=1)  # still booting
+    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    driver.observe = booted
     assert prewarm.warm_up(pw.rt, "net-a").step == Warm.READY
     net = pw.net("net-a")
     assert net.state == NetState.READY and net.idle_since == pw.clock()
