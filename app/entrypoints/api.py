@@ -43,16 +43,24 @@ from app.entrypoints.responses import (
     Health,
     JobDetail,
     JobList,
+    Prewarmed,
+    PrewarmView,
     Readiness,
     error_responses,
 )
-from app.errors import CallerKeyConflict, InvalidRequest, NotFound, RequestRejected
+from app.errors import (
+    CallerKeyConflict,
+    InvalidRequest,
+    NetMisconfigured,
+    NotFound,
+    RequestRejected,
+)
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
 from app.runtime import Runtime
-from app.schemas import EnqueueJob
-from app.usecases import intake
+from app.schemas import CancelPrewarm, EnqueueJob, PrewarmNet
+from app.usecases import intake, prewarm
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import (
     collect_status,
@@ -135,6 +143,7 @@ def create_app(
     _install_health_routes(app, ctx)
     _install_status_routes(app, ctx)
     _install_job_routes(app, ctx)
+    _install_prewarm_routes(app, ctx)
     _install_webhooks(app)
     return app
 
@@ -180,6 +189,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _key_conflict(_: Request, exc: CallerKeyConflict) -> JSONResponse:
         # A reused caller_key with another payload: nothing was created or changed.
         return _error(409, str(exc), reason_code="caller_key_conflict")
+
+    @app.exception_handler(NetMisconfigured)
+    async def _net_misconfigured(_: Request, exc: NetMisconfigured) -> JSONResponse:
+        # A prewarm for a net an operator must fix first: nothing was started.
+        return _error(409, str(exc), reason_code="net_misconfigured")
 
     @app.exception_handler(RequestRejected)
     async def _rejected(_: Request, exc: RequestRejected) -> JSONResponse:
@@ -384,9 +398,8 @@ async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:
         raise RequestValidationError(errors) from None
 
 
-def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
-    runtime = ctx.runtime
-    settings = runtime.settings
+def _api_key_check(ctx: _Context) -> Any:
+    settings = ctx.runtime.settings
 
     def require_api_key(x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> None:
         secret = settings.api_secret.get_secret_value()
@@ -396,6 +409,13 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             x_api_key.encode("utf-8"), secret.encode("utf-8")
         ):
             raise _Refused(401, "missing or wrong X-API-Key header")
+
+    return require_api_key
+
+
+def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
+    runtime = ctx.runtime
+    require_api_key = _api_key_check(ctx)
 
     @app.post(
         "/jobs",
@@ -458,6 +478,80 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             "needs_server_abort": decision.needs_server_abort,
             "notified": requested.notified,
         }
+
+
+def _install_prewarm_routes(app: FastAPI, ctx: _Context) -> None:
+    """README "Prewarm": the task's use case, its payloads and idempotency, over HTTP."""
+    runtime = ctx.runtime
+    require_api_key = _api_key_check(ctx)
+
+    @app.post(
+        "/prewarms",
+        tags=["prewarms"],
+        operation_id="prewarm_net",
+        status_code=201,
+        dependencies=[Depends(require_api_key)],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": PrewarmNet.model_json_schema()}},
+            }
+        },
+        response_model=Prewarmed,
+        responses={
+            200: {
+                "model": Prewarmed,
+                "description": "The caller key already named a prewarm: that prewarm.",
+            },
+            **error_responses(400, 401, 403, 409, 413, 422, 503),
+        },
+    )
+    async def post_prewarm(request: Request, response: Response) -> dict[str, Any]:
+        """A job is likely within `within_s`: bring its net's server up and hold it ready
+        until then (at most PREWARM_MAX_S). 201 created, 200 existing; 409 with reason_code
+        net_misconfigured for a MISCONFIGURED net, caller_key_conflict for another payload
+        under the key."""
+        payload = await _read_body(request, PrewarmNet, optional=False)
+        requested = await run_in_threadpool(prewarm.request_prewarm, runtime, payload)
+        response.status_code = 201 if requested.created else 200
+        response.headers["Location"] = f"/prewarms/{payload.caller_key}"
+        return {
+            **requested.prewarm,
+            "created": requested.created,
+            "notified": requested.notified,
+        }
+
+    @app.post(
+        "/prewarms/cancel",
+        tags=["prewarms"],
+        operation_id="cancel_prewarm",
+        dependencies=[Depends(require_api_key)],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": CancelPrewarm.model_json_schema()}},
+            }
+        },
+        response_model=PrewarmView,
+        responses=error_responses(401, 403, 404, 410, 413, 422, 503),
+    )
+    async def post_cancel_prewarm(request: Request) -> dict[str, Any]:
+        """End a prewarm's hold now (the net's idle grace starts); an ended one keeps its
+        outcome."""
+        payload = await _read_body(request, CancelPrewarm, optional=False)
+        return await run_in_threadpool(prewarm.cancel_prewarm, runtime, payload.caller_key)
+
+    @app.get(
+        "/prewarms/{caller_key:path}",
+        tags=["prewarms"],
+        operation_id="get_prewarm",
+        response_model=PrewarmView,
+        responses=error_responses(404, 410, 503),
+    )
+    def get_prewarm(caller_key: str) -> dict[str, Any]:
+        """The prewarm a caller_key names (410: it was refused, with its reason_code)."""
+        with runtime.sessions() as session:
+            return prewarm.get_prewarm(session, caller_key, runtime.clock())
 
 
 class _Refused(Exception):
