@@ -49,12 +49,12 @@ from app.errors import (
     RequestRejected,
     TransientError,
 )
+from app.net_config import NetConfig
 from app.runtime import Runtime
 from app.schemas import PrewarmNet, storable
-from app.net_config import NetConfig
 from app.settings import Settings
 from app.usecases import services
-from app.usecases.scaling import net_misconfigured, scale_net
+from app.usecases.scaling import kick, scale_net, stop_net
 from models import (
     ACTIVE_JOB_STATES,
     Job,
@@ -538,30 +538,16 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
         net = services.get_net(session, net_name)
         state, since = net.state, net.state_changed_at
         job = services.active_job(session, net_name)
+        live = _wanted_hold(session, net_name, now) is not None
         sites = _wanted_sites(session, net_name, now) or list(config.required_sites)
     if config.always_on or state != NetState.STARTING:
         return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
     if job is not None:
         return WarmResult(Warm.SKIPPED, f"job {job.id} took the net: its chain brings it up")
-    readiness: Readiness | None = None
-    try:
-        observation = rt.driver(net_name).observe()
-        if observation.failure:
-            return _give_up(rt, net_name, f"driver: {observation.failure}")
-        if observation.desired < 1:
-            scale_net(rt, net_name, 1, "prewarm: a job is likely soon")
-            detail = "driver asked for 1 replica"
-        elif not observation.is_up:
-            detail = f"driver: desired={observation.desired} running={observation.running}"
-        else:
-            readiness = rt.admin(net_name).is_ready(sites)
-            detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
-    except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, None, str(exc))
-        _end_open(rt, net_name, PrewarmOutcome.FAILED, f"net {net_name} misconfigured: {exc}")
-        return WarmResult(Warm.GAVE_UP, str(exc))
-    except TransientError as exc:
-        detail = f"transient: {exc}"
+    polled = _poll(rt, net_name, sites, live)
+    if isinstance(polled, WarmResult):
+        return polled
+    readiness, detail = polled
     if readiness is not None and readiness.ready:
         _mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
@@ -574,6 +560,34 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
             return WarmResult(Warm.READY, reason)
         return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
     return WarmResult(Warm.NOT_READY, detail)
+
+
+def _poll(
+    rt: Runtime, net_name: str, sites: list[str], live: bool
+) -> WarmResult | tuple[Readiness | None, str]:
+    """One look at a STARTING net: a replica asked of the driver while a hold is live and it
+    desires none (a warm-up whose holds all ended stops pushing: the net is released), else
+    the server's readiness; a round's outcome, or the readiness and why it is not ready."""
+    readiness: Readiness | None = None
+    try:
+        observation = rt.driver(net_name).observe()
+        if observation.failure:
+            return _give_up(rt, net_name, f"driver: {observation.failure}")
+        if observation.desired < 1:
+            if not live:
+                return _release(rt, net_name, "prewarm: its holds ended before a replica was asked")
+            scale_net(rt, net_name, 1, "prewarm: a job is likely soon")
+            detail = "driver asked for 1 replica"
+        elif not observation.is_up:
+            detail = f"driver: desired={observation.desired} running={observation.running}"
+        else:
+            readiness = rt.admin(net_name).is_ready(sites)
+            detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+    except MisconfigurationError as exc:
+        return _misconfigured_while_warming(rt, net_name, str(exc))
+    except TransientError as exc:
+        detail = f"transient: {exc}"
+    return readiness, detail
 
 
 def _wanted_sites(session: Session, net_name: str, now: datetime) -> list[str]:
@@ -598,12 +612,15 @@ def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -
         if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
             return False
         now = rt.clock()
+        idle_since = _idle_from(session, net_name, net.state_changed_at, now)
         net.transition(NetState.READY, now, reason)
-        net.idle_since = now
+        # Idle from now while a hold is live; from the last hold's end once they all ended
+        # (expired, cancelled): a late boot never buys a fresh grace past hold end + grace.
+        net.idle_since = idle_since
         if readiness.server_start_time is not None:
             net.server_start_time = readiness.server_start_time
         net.unreachable_since = None
-        for row in _open_rows(session, net_name):
+        for row in _live_rows(session, net_name, now):
             if row.ready_at is None:
                 row.ready_at = now
     log.info("prewarmed net ready", extra={"net": net_name, "reason": reason})
@@ -617,10 +634,11 @@ def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
         net = services.get_net(session, net_name, lock=True)
         if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
-        net.transition(NetState.UNHEALTHY, rt.clock(), reason)
+        now = rt.clock()
+        net.transition(NetState.UNHEALTHY, now, reason)
         net.last_error = reason
-        for row in _open_rows(session, net_name):
-            _end(row, PrewarmOutcome.FAILED, rt.clock(), reason)
+        for row in _live_rows(session, net_name, now):
+            _end(row, PrewarmOutcome.FAILED, now, reason)
     log.error("prewarmed net not ready", extra={"net": net_name, "reason": reason})
     try:
         scale_net(rt, net_name, 0, "prewarm: readiness deadline passed")
@@ -632,20 +650,75 @@ def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
     return WarmResult(Warm.GAVE_UP, reason)
 
 
-def _open_rows(session: Session, net_name: str) -> list[Prewarm]:
-    return list(
-        session.scalars(
-            select(Prewarm)
-            .where(Prewarm.net_name == net_name, Prewarm.outcome.is_(None), ~Prewarm.refused)
-            .with_for_update()
-        )
+def _live_rows(session: Session, net_name: str, now: datetime) -> list[Prewarm]:
+    """The net's open holds, locked, each settled first: one a job used or one past its
+    deadline keeps that outcome (a late give-up never rewrites it); the live ones are left."""
+    rows = session.scalars(
+        select(Prewarm)
+        .where(Prewarm.net_name == net_name, Prewarm.outcome.is_(None), ~Prewarm.refused)
+        .order_by(Prewarm.id)
+        .with_for_update()
     )
+    live = []
+    for row in rows:
+        _settle_row(session, row, now)
+        if row.outcome is None and row.hold_until > now:
+            live.append(row)
+    return live
 
 
-def _end_open(rt: Runtime, net_name: str, outcome: PrewarmOutcome, detail: str) -> None:
+def _idle_from(session: Session, net_name: str, started: datetime, now: datetime) -> datetime:
+    """Where a prewarmed net's idle clock starts once it is up: now while a hold on it is
+    live, else the end of the last hold that wanted this start (hold end + grace bounds the
+    server); now if no hold did."""
+    ends = [
+        _hold_end(until, ended)
+        for until, ended in session.execute(
+            select(Prewarm.hold_until, Prewarm.ended_at).where(
+                Prewarm.net_name == net_name, Prewarm.hold_until > started, ~Prewarm.refused
+            )
+        )
+    ]
+    return min(now, max(ends)) if ends else now
+
+
+def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:
+    """Its holds ended: the STARTING net goes down (STOPPING -> driver 0 -> STOPPED, as an
+    idle net does) unless a job took it meanwhile."""
     with unit_of_work(rt.sessions) as session:
-        for row in _open_rows(session, net_name):
-            _end(row, outcome, rt.clock(), detail)
+        net = services.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
+        net.transition(NetState.STOPPING, rt.clock(), reason)
+    log.info("prewarmed net released", extra={"net": net_name, "reason": reason})
+    stop_net(rt, net_name, reason)
+    return WarmResult(Warm.SKIPPED, reason)
+
+
+def _misconfigured_while_warming(rt: Runtime, net_name: str, reason: str) -> WarmResult:
+    """MISCONFIGURED and scaled down, its live holds failed; re-checked under the row lock a
+    claim takes, so a job claimed meanwhile is left to its own chain (which requeues it)."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            return WarmResult(Warm.SKIPPED, "a job took the net meanwhile: its chain sees to it")
+        now = rt.clock()
+        for row in _live_rows(session, net_name, now):
+            _end(row, PrewarmOutcome.FAILED, now, f"net {net_name} misconfigured: {reason}")
+        net.transition(NetState.MISCONFIGURED, now, reason)
+        net.last_error = reason
+    log.error("net misconfigured", extra={"net": net_name, "job": "None", "reason": reason})
+    if rt.settings.net(net_name).scales_to_zero:
+        try:
+            scale_net(rt, net_name, 0, "net misconfigured")
+        except DispatcherError as exc:
+            # Reconcile retries the scale-down of a MISCONFIGURED net that still runs.
+            log.error(
+                "scale-down of a misconfigured net failed",
+                extra={"net": net_name, "reason": str(exc)},
+            )
+    kick(rt)
+    return WarmResult(Warm.GAVE_UP, reason)
 
 
 def _end(row: Prewarm, outcome: PrewarmOutcome, at: datetime, detail: str) -> None:

@@ -178,3 +178,15 @@ def test_review_a_misconfiguration_seen_by_warm_up_never_strands_a_job_claimed_m
         "job left ASSIGNED on a MISCONFIGURED net the prewarm scaled to 0"
     )
     assert row(pw, "p1").outcome == PrewarmOutcome.USED
+
+
+def test_a_warm_up_whose_holds_all_ended_before_it_asked_the_driver_releases_the_net(pw):
+    """The warm-up's message arrives after its only hold was cancelled: it asks the driver
+    for nothing and takes the STARTING net down, so no server comes up for no hold."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.clock.advance(5)
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.SKIPPED
+    assert (pw.net("net-a").state, pw.driver("net-a").replicas) == (NetState.STOPPED, 0)
+    assert 1 not in pw.driver("net-a").calls
+    assert row(pw, "p1").outcome == PrewarmOutcome.CANCELLED
