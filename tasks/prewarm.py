@@ -10,7 +10,7 @@ from typing import Any
 from app import names
 from app.errors import InvalidRequest, NotFound
 from app.schemas import CancelPrewarm, PrewarmNet
-from app.usecases import intake, prewarm
+from app.usecases import intake, prewarm, prewarm_warm_up
 from tasks.base import dispatcher_task, runtime
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def warm_up(self: Any, net_name: str) -> str:
     """Bring the prewarmed net's server up and mark it READY; poll every READY_POLL_S until
     it is, or until its readiness deadline."""
     rt = runtime()
-    result = prewarm.warm_up(rt, net_name)
-    if result.step == prewarm.Warm.NOT_READY:
+    result = prewarm_warm_up.warm_up(rt, net_name)
+    if result.step == prewarm_warm_up.Warm.NOT_READY:
         raise self.retry(countdown=rt.settings.ready_poll_s, max_retries=None)
     return str(result.step)

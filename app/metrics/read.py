@@ -29,7 +29,7 @@ from app.metrics.figures import (
 )
 from app.metrics.fold import fold, uncounted_retries
 from app.usecases import callbacks as callbacks_uc
-from app.usecases import prewarm as prewarm_uc
+from app.usecases import prewarm_holds
 from models import (
     TERMINAL_JOB_STATES,
     HousekeepingRun,
@@ -132,16 +132,16 @@ def read_current_extras(
     """The nets' states and idle times, their grace, the housekeeping rounds and the nets
     prewarms hold: current rows only, read the same way by the collector and by
     tests/metrics_reference.py."""
-    # A prewarm's hold defers a net's idle grace (app.usecases.prewarm.idle_start): idle time
+    # A prewarm's hold defers a net's idle grace (app.usecases.prewarm_holds.idle_start): idle time
     # counts from when the hold ended, so a held net is not idle past its grace.
-    deferred = prewarm_uc.idle_starts(session)
+    deferred = prewarm_holds.idle_starts(session)
     for name, state, idle_since in session.execute(select(Net.name, Net.state, Net.idle_since)):
         snap.net_states[name] = NetState(state)
         idle_from = idle_since if state == NetState.READY else None
         if idle_from is not None and name in deferred:
             idle_from = max(idle_from, deferred[name])
         snap.idle_s[name] = seconds_between(idle_from, now) if idle_from is not None else 0.0
-    snap.prewarm_held_nets = len(prewarm_uc.live_holds(session, now))
+    snap.prewarm_held_nets = len(prewarm_holds.live_holds(session, now))
     snap.idle_grace_s = {
         name: grace for name, grace in (idle_grace_s or {}).items() if name in snap.net_states
     }

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.metrics.figures import cold_starts
 from app.settings import Settings
-from app.usecases import prewarm
+from app.usecases import prewarm_holds
 from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, NetState, StrayRun
 
 WINDOW = timedelta(hours=24)
@@ -93,7 +93,7 @@ class NetNow:
     idle_left_s: float | None  # READY scale-to-zero net: grace left (negative: overdue)
     strays: int
     last_error: str | None
-    hold: prewarm.Hold | None = None  # the live prewarm hold on it, if any
+    hold: prewarm_holds.Hold | None = None  # the live prewarm hold on it, if any
 
     @property
     def needs_attention(self) -> bool:
@@ -253,9 +253,9 @@ def _nets_now(session: Session, declared: list[DeclaredNet], now: datetime) -> l
     strays = dict(
         session.execute(select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)).all()
     )
-    # A prewarm's hold defers the idle grace (app.usecases.prewarm.idle_start).
-    deferred = prewarm.idle_starts(session)
-    holds = prewarm.live_holds(session, now)
+    # A prewarm's hold defers the idle grace (app.usecases.prewarm_holds.idle_start).
+    deferred = prewarm_holds.idle_starts(session)
+    holds = prewarm_holds.live_holds(session, now)
     out = []
     for config in declared:
         state, idle_since = rows.get(config.name, (None, None))

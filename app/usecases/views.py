@@ -27,7 +27,7 @@ from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
 from app.schemas import job_id_for
-from app.usecases import enqueue, prewarm, services
+from app.usecases import enqueue, prewarm_holds, services
 from app.usecases.callbacks import delivery_status
 from models import (
     ACTIVE_JOB_STATES,
@@ -275,7 +275,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
     names = [n.name for n in settings.nets]
     with runtime.sessions() as session:
         sql = _sql_view(session, names)
-        holds = prewarm.live_holds(session, runtime.clock())
+        holds = prewarm_holds.live_holds(session, runtime.clock())
 
     calls: dict[str, Callable[[], Any]] = {}
     probe_admin: dict[str, bool] = {}

@@ -19,7 +19,7 @@ from app.entrypoints.api import create_app
 from app.errors import CallerKeyConflict
 from app.schemas import PrewarmNet
 from app.settings import Settings
-from app.usecases import dispatch, prewarm
+from app.usecases import dispatch, prewarm, prewarm_warm_up
 from models import JobState, NetEvent, NetState, Prewarm
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -112,7 +112,7 @@ def test_prewarms_racing_a_claim_start_the_net_once(world):
     assert starts(world) == 1
     # Whoever started it, its job's chain or one warm-up asks the driver: one replica.
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
-    prewarm.warm_up(world.rt, "net-a")
+    prewarm_warm_up.warm_up(world.rt, "net-a")
     assert world.driver("net-a").replicas == 1
 
 

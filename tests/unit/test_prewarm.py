@@ -20,8 +20,8 @@ from app.errors import (
     RequestRejected,
 )
 from app.schemas import PrewarmNet
-from app.usecases import dispatch, prewarm, scale_down, services
-from app.usecases.prewarm import Warm
+from app.usecases import dispatch, prewarm, prewarm_warm_up, scale_down, services
+from app.usecases.prewarm_warm_up import Warm
 from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
@@ -66,7 +66,7 @@ def warm_sent(world: World) -> list[str]:
 def warm_until_ready(world: World, net: str) -> None:
     """What the warm_up task does: poll until the net is READY."""
     for _ in range(5):
-        if prewarm.warm_up(world.rt, net).step == Warm.READY:
+        if prewarm_warm_up.warm_up(world.rt, net).step == Warm.READY:
             return
     raise AssertionError("never ready")
 
@@ -128,15 +128,15 @@ def test_a_prewarm_starts_a_stopped_net_through_the_scale_up_path_and_holds_it_r
     assert pw.net("net-a").state == NetState.STARTING
     assert warm_sent(pw) == ["net-a"]
 
-    first = prewarm.warm_up(pw.rt, "net-a")
+    first = prewarm_warm_up.warm_up(pw.rt, "net-a")
     assert first.step == Warm.NOT_READY and pw.driver("net-a").calls == [1]
     assert scale_decisions(pw, "net-a") == [(1, "prewarm: a job is likely soon")]
     driver = pw.driver("net-a")
     booted = driver.observe
     driver.observe = lambda: Observation(desired=1, running=0, pending=1)  # still booting
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
     driver.observe = booted
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.READY
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
     net = pw.net("net-a")
     assert net.state == NetState.READY and net.idle_since == pw.clock()
     assert view(pw, "p1")["status"] == "held" and row(pw, "p1").ready_at == pw.clock()
@@ -146,10 +146,10 @@ def test_a_prewarm_starts_a_stopped_net_through_the_scale_up_path_and_holds_it_r
 def test_readiness_waits_for_the_sites_the_hint_names(pw):
     ask(pw, "p1", net="net-a", required_sites=["site-1"], within_s=300)
     pw.server("net-a").sites = ["site-2"]
-    prewarm.warm_up(pw.rt, "net-a")
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
     pw.server("net-a").sites = ["site-1"]
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.READY
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
 
 
 def test_no_second_replica_and_one_cold_start_however_many_hints_and_jobs(pw):
@@ -170,11 +170,11 @@ def test_no_second_replica_and_one_cold_start_however_many_hints_and_jobs(pw):
 
 def test_a_job_claimed_while_the_server_starts_takes_it_over_without_a_second_start(pw):
     ask(pw, "p1", net="net-a", within_s=300)
-    prewarm.warm_up(pw.rt, "net-a")  # the driver was asked
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked
     job_id = pw.enqueue("job", net="net-a")
     [claim] = dispatch.assign_jobs(pw.rt)  # the STARTING net is claimed, not started again
     assert claim.net_state == NetState.STARTING
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # the job's chain owns it
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # the job's chain owns it
     # The chain's scale-up asks the driver for the same one replica.
     assert dispatch.scale_up(pw.rt, job_id, "net-a", 0).step.value == "done"
     assert pw.driver("net-a").replicas == 1 and starts(pw, "net-a") == 1
@@ -183,11 +183,11 @@ def test_a_job_claimed_while_the_server_starts_takes_it_over_without_a_second_st
 def test_a_net_past_its_readiness_deadline_is_unhealthy_and_its_hold_failed(pw):
     ask(pw, "p1", net="net-a", within_s=300)
     pw.server("net-a").up = False  # the server never answers
-    prewarm.warm_up(pw.rt, "net-a")
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
     pw.clock.advance(READY_TIMEOUT_S)
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
     pw.clock.advance(1)
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert pw.net("net-a").state == NetState.UNHEALTHY
     assert pw.driver("net-a").replicas == 0
     assert view(pw, "p1")["status"] == "failed"
@@ -196,9 +196,9 @@ def test_a_net_past_its_readiness_deadline_is_unhealthy_and_its_hold_failed(pw):
 def test_a_server_that_answers_without_every_site_by_the_deadline_is_ready_all_the_same(pw):
     ask(pw, "p1", net="net-a", within_s=300)
     pw.server("net-a").sites = ["site-1"]
-    prewarm.warm_up(pw.rt, "net-a")
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
     pw.clock.advance(READY_TIMEOUT_S + 1)
-    result = prewarm.warm_up(pw.rt, "net-a")
+    result = prewarm_warm_up.warm_up(pw.rt, "net-a")
     assert result.step == Warm.READY and "site-2" in result.detail
     assert pw.net("net-a").state == NetState.READY
 
@@ -208,7 +208,7 @@ def test_misconfiguration_seen_while_warming_fails_the_hold(pw):
 
     ask(pw, "p1", net="net-a", within_s=300)
     pw.driver("net-a").fail_with = DriverMisconfigured("no such service")
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert pw.net("net-a").state == NetState.MISCONFIGURED
     assert view(pw, "p1")["status"] == "failed"
 
@@ -245,7 +245,7 @@ def test_the_hold_outlives_no_lost_message_nor_a_settling_that_never_runs(pw, mo
     def broken(*_):
         raise RuntimeError("worker died")
 
-    monkeypatch.setattr(prewarm, "_settle_row", broken)
+    monkeypatch.setattr(prewarm_warm_up, "settle_row", broken)
     pw.clock.advance(300 + GRACE_S)
     assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]
     assert row(pw, "p1").outcome is None  # never settled, yet not held past its deadline
@@ -299,7 +299,7 @@ def test_a_lost_warm_up_is_sent_again_after_stuck_after_s(pw):
     pw.clock.advance(pw.rt.settings.stuck_after_s + 1)
     scale_down.scale_down_idle_nets(pw.rt)
     assert warm_sent(pw) == ["net-a", "net-a"]
-    prewarm.warm_up(pw.rt, "net-a")  # the re-sent one asks the driver: no more re-sends
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the re-sent one asks the driver: no more re-sends
     pw.clock.advance(pw.rt.settings.stuck_after_s + 1)
     scale_down.scale_down_idle_nets(pw.rt)
     assert warm_sent(pw) == ["net-a", "net-a"]

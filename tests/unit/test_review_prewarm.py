@@ -7,8 +7,8 @@ import pytest
 
 from app.errors import DriverMisconfigured
 from app.metrics.read import read_snapshot
-from app.usecases import dispatch, prewarm, scale_down, services
-from app.usecases.prewarm import Warm
+from app.usecases import dispatch, prewarm, prewarm_warm_up, scale_down, services
+from app.usecases.prewarm_warm_up import Warm
 from app.usecases.views import collect_status
 from models import JobState, NetState, PrewarmOutcome
 from tests.fixtures.db import net_decl
@@ -41,10 +41,10 @@ def boot_slowly(world: World, net: str, boot_s: float) -> None:
     """The driver is asked for a replica now; the server answers only `boot_s` later (still
     inside the net's ready_timeout_s), polled by warm_up as its task does."""
     world.server(net).up = False
-    assert prewarm.warm_up(world.rt, net).step == Warm.NOT_READY  # driver asked
+    assert prewarm_warm_up.warm_up(world.rt, net).step == Warm.NOT_READY  # driver asked
     world.clock.advance(boot_s)
     world.server(net).up = True
-    assert prewarm.warm_up(world.rt, net).step == Warm.READY
+    assert prewarm_warm_up.warm_up(world.rt, net).step == Warm.READY
 
 
 # --- the bound: within_s (<= PREWARM_MAX_S) + idle grace --------------------------------------
@@ -90,12 +90,12 @@ def test_review_a_cancel_while_warming_starts_the_grace_at_the_cancel(pw):
     idle_since = 50 s, and the server is kept to 110 s instead of 65 s (+ a round)."""
     ask(pw, "p1", net="net-a", within_s=600)
     pw.server("net-a").up = False
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
     pw.clock.advance(5)
     assert prewarm.cancel_prewarm(pw.rt, "p1")["status"] == "cancelled"
     pw.clock.advance(45)
     pw.server("net-a").up = True
-    prewarm.warm_up(pw.rt, "net-a")  # the warm_up task keeps polling after the cancel
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the warm_up task keeps polling after the cancel
     pw.clock.advance(GRACE_S - 45 + ROUND_S)  # t = 66: cancel + grace + a round
     scale_down.scale_down_idle_nets(pw.rt)
     assert pw.driver("net-a").replicas == 0, (
@@ -144,11 +144,11 @@ def test_review_an_expired_hold_is_not_rewritten_failed_by_a_late_give_up(pw):
     open row, this expired one included, as `failed` (and the counter counts it failed)."""
     ask(pw, "p1", net="net-a", within_s=30)
     pw.server("net-a").up = False
-    prewarm.warm_up(pw.rt, "net-a")
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
     pw.clock.advance(31)
     assert view(pw, "p1")["status"] == "expired"
     pw.clock.advance(READY_TIMEOUT_S)
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert (view(pw, "p1")["status"], row(pw, "p1").outcome) == ("expired", "expired")
 
 
@@ -172,7 +172,7 @@ def test_review_a_misconfiguration_seen_by_warm_up_never_strands_a_job_claimed_m
         raise DriverMisconfigured("no such service")
 
     driver.observe = claimed_then_misconfigured
-    prewarm.warm_up(pw.rt, "net-a")
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
     job, net = pw.job(job_id), pw.net("net-a")
     assert not (job.state == JobState.ASSIGNED and net.state == NetState.MISCONFIGURED), (
         "job left ASSIGNED on a MISCONFIGURED net the prewarm scaled to 0"
@@ -186,7 +186,7 @@ def test_a_warm_up_whose_holds_all_ended_before_it_asked_the_driver_releases_the
     ask(pw, "p1", net="net-a", within_s=600)
     pw.clock.advance(5)
     prewarm.cancel_prewarm(pw.rt, "p1")
-    assert prewarm.warm_up(pw.rt, "net-a").step == Warm.SKIPPED
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED
     assert (pw.net("net-a").state, pw.driver("net-a").replicas) == (NetState.STOPPED, 0)
     assert 1 not in pw.driver("net-a").calls
     assert row(pw, "p1").outcome == PrewarmOutcome.CANCELLED
