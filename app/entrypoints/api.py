@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.contract import RejectedEvent, StateChangeEvent
-from app.entrypoints import nets_page
+from app.entrypoints import nets_page, prewarm_routes
 from app.entrypoints.limits import BodySizeLimit
 from app.entrypoints.responses import (
     AbortRequested,
@@ -43,10 +43,9 @@ from app.entrypoints.responses import (
     Health,
     JobDetail,
     JobList,
-    Prewarmed,
-    PrewarmView,
     Readiness,
     error_responses,
+    json_errors,
 )
 from app.errors import (
     CallerKeyConflict,
@@ -59,8 +58,8 @@ from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
 from app.runtime import Runtime
-from app.schemas import CancelPrewarm, EnqueueJob, PrewarmNet
-from app.usecases import intake, prewarm
+from app.schemas import EnqueueJob
+from app.usecases import intake
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import (
     collect_status,
@@ -143,7 +142,7 @@ def create_app(
     _install_health_routes(app, ctx)
     _install_status_routes(app, ctx)
     _install_job_routes(app, ctx)
-    _install_prewarm_routes(app, ctx)
+    prewarm_routes.install(app, ctx.runtime, _api_key_check(ctx), _read_body)
     _install_webhooks(app)
     return app
 
@@ -275,20 +274,6 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """error_responses for a route whose success is not JSON: FastAPI would document a
-    model's errors in the route's own media type, but they are JSON like every route's."""
-    return {
-        code: {
-            "description": answer["description"],
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
-            },
-        }
-        for code, answer in error_responses(*codes).items()
-    }
-
-
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     declared = declared_nets(ctx.runtime.settings)
     declared_names = {n.name for n in declared}
@@ -311,7 +296,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_class=HTMLResponse,
         responses={
             200: {"description": "The nets page (HTML, self-contained)."},
-            **_json_errors(400, 422, 503),
+            **json_errors(400, 422, 503),
         },
     )
     def get_nets_page(
@@ -478,80 +463,6 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             "needs_server_abort": decision.needs_server_abort,
             "notified": requested.notified,
         }
-
-
-def _install_prewarm_routes(app: FastAPI, ctx: _Context) -> None:
-    """README "Prewarm": the task's use case, its payloads and idempotency, over HTTP."""
-    runtime = ctx.runtime
-    require_api_key = _api_key_check(ctx)
-
-    @app.post(
-        "/prewarms",
-        tags=["prewarms"],
-        operation_id="prewarm_net",
-        status_code=201,
-        dependencies=[Depends(require_api_key)],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": PrewarmNet.model_json_schema()}},
-            }
-        },
-        response_model=Prewarmed,
-        responses={
-            200: {
-                "model": Prewarmed,
-                "description": "The caller key already named a prewarm: that prewarm.",
-            },
-            **error_responses(400, 401, 403, 409, 413, 422, 503),
-        },
-    )
-    async def post_prewarm(request: Request, response: Response) -> dict[str, Any]:
-        """A job is likely within `within_s`: bring its net's server up and hold it ready
-        until then (at most PREWARM_MAX_S). 201 created, 200 existing; 409 with reason_code
-        net_misconfigured for a MISCONFIGURED net, caller_key_conflict for another payload
-        under the key."""
-        payload = await _read_body(request, PrewarmNet, optional=False)
-        requested = await run_in_threadpool(prewarm.request_prewarm, runtime, payload)
-        response.status_code = 201 if requested.created else 200
-        response.headers["Location"] = f"/prewarms/{payload.caller_key}"
-        return {
-            **requested.prewarm,
-            "created": requested.created,
-            "notified": requested.notified,
-        }
-
-    @app.post(
-        "/prewarms/cancel",
-        tags=["prewarms"],
-        operation_id="cancel_prewarm",
-        dependencies=[Depends(require_api_key)],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": CancelPrewarm.model_json_schema()}},
-            }
-        },
-        response_model=PrewarmView,
-        responses=error_responses(401, 403, 404, 410, 413, 422, 503),
-    )
-    async def post_cancel_prewarm(request: Request) -> dict[str, Any]:
-        """End a prewarm's hold now (the net's idle grace starts); an ended one keeps its
-        outcome."""
-        payload = await _read_body(request, CancelPrewarm, optional=False)
-        return await run_in_threadpool(prewarm.cancel_prewarm, runtime, payload.caller_key)
-
-    @app.get(
-        "/prewarms/{caller_key:path}",
-        tags=["prewarms"],
-        operation_id="get_prewarm",
-        response_model=PrewarmView,
-        responses=error_responses(404, 410, 503),
-    )
-    def get_prewarm(caller_key: str) -> dict[str, Any]:
-        """The prewarm a caller_key names (410: it was refused, with its reason_code)."""
-        with runtime.sessions() as session:
-            return prewarm.get_prewarm(session, caller_key, runtime.clock())
 
 
 class _Refused(Exception):

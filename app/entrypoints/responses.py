@@ -298,3 +298,17 @@ class FlStatus(_Response):
     probe_timeout_s: float
     queue: QueueView
     nets: list[NetStatus]
+
+
+def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """error_responses for a route whose success is not JSON: FastAPI would document a
+    model's errors in the route's own media type, but they are JSON like every route's."""
+    return {
+        code: {
+            "description": answer["description"],
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+            },
+        }
+        for code, answer in error_responses(*codes).items()
+    }
