@@ -40,7 +40,13 @@ log = logging.getLogger(__name__)
 
 celery = Celery(
     "fl_dispatcher",
-    include=["tasks.pipeline", "tasks.housekeeping", "tasks.public", "tasks.callbacks"],
+    include=[
+        "tasks.pipeline",
+        "tasks.housekeeping",
+        "tasks.public",
+        "tasks.callbacks",
+        "tasks.prewarm",
+    ],
 )
 
 

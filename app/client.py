@@ -14,12 +14,20 @@ from typing import Any
 
 from celery import Celery
 
-from app.names import ABORT_JOB, ENQUEUE_JOB, QUEUE, REPORT_JOB_STATUS
-from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
+from app.names import ABORT_JOB, CANCEL_PREWARM, ENQUEUE_JOB, PREWARM, QUEUE, REPORT_JOB_STATUS
+from app.schemas import (
+    AbortJob,
+    CancelPrewarm,
+    EnqueueJob,
+    PrewarmNet,
+    ReportedStatus,
+    ReportJobStatus,
+    job_id_for,
+)
 
 
 class DispatcherClient:
-    """Sends flip-api's three tasks; no result backend is needed (see `job_id_for`)."""
+    """Sends flip-api's tasks; no result backend is needed (see `job_id_for`)."""
 
     def __init__(self, broker_url: str, *, app: Celery | None = None) -> None:
         self.app = app or Celery("fl_dispatcher_client", broker=broker_url)
@@ -43,6 +51,15 @@ class DispatcherClient:
         """flip-api's terminal-status signal (results uploaded / error / stopped)."""
         payload = ReportJobStatus(job_id=job_id, status=status, detail=detail)
         self._send(REPORT_JOB_STATUS, payload.model_dump(mode="json"))
+
+    def prewarm(self, request: PrewarmNet) -> None:
+        """Say a job is likely within `request.within_s`: its net's server is brought up and
+        held ready until then (idempotent on caller_key; README "Prewarm")."""
+        self._send(PREWARM, request.model_dump(mode="json"))
+
+    def cancel_prewarm(self, caller_key: str) -> None:
+        """End a prewarm's hold now (the net's idle grace starts)."""
+        self._send(CANCEL_PREWARM, CancelPrewarm(caller_key=caller_key).model_dump(mode="json"))
 
     def close(self) -> None:
         """Release the broker connection pool."""

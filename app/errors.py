@@ -57,6 +57,15 @@ class CallerKeyConflict(InvalidRequest):
     job, the existing one unchanged (reason code `caller_key_conflict`; HTTP 409)."""
 
 
+class NetMisconfigured(InvalidRequest):
+    """The request needs a net that is MISCONFIGURED (an operator must fix its settings
+    first): nothing was started (prewarm reason code `net_misconfigured`; HTTP 409)."""
+
+    def __init__(self, message: str, net_name: str | None = None) -> None:
+        super().__init__(message)
+        self.net_name = net_name
+
+
 class NotFound(DispatcherError):
     """The job or net named by a caller does not exist."""
 

@@ -19,6 +19,9 @@ PREFIX = "fl_dispatcher."
 ENQUEUE_JOB = PREFIX + "enqueue_job"
 ABORT_JOB = PREFIX + "abort_job"
 REPORT_JOB_STATUS = PREFIX + "report_job_status"
+# flip-api's hint that a job is coming (app.usecases.prewarm), and its cancel
+PREWARM = PREFIX + "prewarm"
+CANCEL_PREWARM = PREFIX + "cancel_prewarm"
 
 # the dispatch chain
 ASSIGN_NEXT_JOB = PREFIX + "assign_next_job"
@@ -27,6 +30,8 @@ WAIT_READY = PREFIX + "wait_ready"
 DISPATCH = PREFIX + "dispatch"
 ABORT_ON_SERVER = PREFIX + "abort_on_server"
 SETTLE_STRAY_RUNS = PREFIX + "settle_stray_runs"
+# brings a prewarmed net's server up and marks it READY once it is (no job holds it)
+WARM_UP = PREFIX + "warm_up"
 
 # beat's housekeeping
 SCALE_DOWN_IDLE_NETS = PREFIX + "scale_down_idle_nets"
@@ -44,7 +49,15 @@ DELIVER_CALLBACKS = PREFIX + "deliver_callbacks"
 # round claims for all of them.
 ROUTES: dict[str, str] = {
     **dict.fromkeys(
-        (SCALE_UP, WAIT_READY, DISPATCH, ABORT_ON_SERVER, SETTLE_STRAY_RUNS, DELIVER_CALLBACKS),
+        (
+            SCALE_UP,
+            WAIT_READY,
+            DISPATCH,
+            ABORT_ON_SERVER,
+            SETTLE_STRAY_RUNS,
+            DELIVER_CALLBACKS,
+            WARM_UP,
+        ),
         PIPELINE_QUEUE,
     ),
     **dict.fromkeys(

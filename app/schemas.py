@@ -142,12 +142,72 @@ class EnqueueJob(_Payload):
     @field_validator("required_sites")
     @classmethod
     def _sites(cls, sites: list[str]) -> list[str]:
-        cleaned = [s.strip() for s in sites]
-        if any(not s for s in cleaned):
-            raise ValueError("site names must be non-empty")
-        if len(set(cleaned)) != len(cleaned):
-            raise ValueError("site names must be unique")
-        return cleaned
+        return _clean_sites(sites)
+
+
+def _clean_sites(sites: list[str]) -> list[str]:
+    cleaned = [s.strip() for s in sites]
+    if any(not s for s in cleaned):
+        raise ValueError("site names must be non-empty")
+    if len(set(cleaned)) != len(cleaned):
+        raise ValueError("site names must be unique")
+    return cleaned
+
+
+# The longest hint a payload may carry; PREWARM_MAX_S bounds what is actually held.
+PREWARM_WITHIN_MAX_S = 86400.0
+
+
+class PrewarmNet(_Payload):
+    """Say a job for a net (or for these sites) is likely within `within_s` seconds: the
+    net's server is brought up and held ready until then (at most PREWARM_MAX_S), then left
+    to the net's idle grace. Idempotent on `caller_key`."""
+
+    caller_key: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:@/-]+$",
+        description="flip-api's key for this hint (its own namespace: it may equal the coming "
+        "job's caller_key). A repeat with the same payload names the same prewarm; with "
+        "another payload it is refused (caller_key_conflict)",
+    )
+    net: str | None = Field(
+        default=None,
+        pattern=NET_NAME_PATTERN,
+        description="the net to warm (null: the net a job needing required_sites would be "
+        "claimed on)",
+    )
+    required_sites: list[str] = Field(
+        default_factory=list,
+        description="the sites the coming job needs (empty: the net's required_sites); the "
+        "server counts as ready once they are connected",
+    )
+    within_s: float = Field(
+        gt=0,
+        le=PREWARM_WITHIN_MAX_S,
+        description="the job is likely within this many seconds: the server is held ready "
+        "until then, at most PREWARM_MAX_S",
+    )
+
+    @field_validator("required_sites")
+    @classmethod
+    def _sites(cls, sites: list[str]) -> list[str]:
+        return _clean_sites(sites)
+
+    def digest(self) -> str:
+        """What makes two prewarms of one caller_key the same request (sites in any order)."""
+        fields = self.model_dump(mode="json")
+        fields["required_sites"] = sorted(fields["required_sites"])
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class CancelPrewarm(_Payload):
+    """Cancel a prewarm: its hold ends now and the net's idle grace starts."""
+
+    caller_key: str = Field(
+        min_length=1, max_length=200, description="the caller_key the prewarm was sent with"
+    )
 
 
 class AbortJob(_Payload):
@@ -184,6 +244,8 @@ PUBLIC_PAYLOADS: dict[str, type[_Payload]] = {
     names.ENQUEUE_JOB: EnqueueJob,
     names.ABORT_JOB: AbortJob,
     names.REPORT_JOB_STATUS: ReportJobStatus,
+    names.PREWARM: PrewarmNet,
+    names.CANCEL_PREWARM: CancelPrewarm,
 }
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     # every HOUSEKEEPING_INTERVAL_S.
     queued_poll_s: float = Field(default=1.0, ge=0, alias="QUEUED_POLL_S")
     housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
+    # The longest a prewarm holds a net's server up (app.usecases.prewarm): a hint asking
+    # for longer is held this long, then the net's idle grace applies as after any job.
+    prewarm_max_s: float = Field(default=900.0, gt=0, alias="PREWARM_MAX_S")
 
     # --- S3 job bundles (app/adapters/s3_bundles.py) ---------------------------------
     # Credentials are never settings: boto3's default chain (task role, env, profile).

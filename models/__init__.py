@@ -5,6 +5,7 @@ from models.callbacks import CallbackCursor, CallbackReceiver
 from models.housekeeping import HousekeepingRun
 from models.kicks import PendingKick
 from models.metrics import MetricNetClock, MetricTotal
+from models.prewarms import REFUSALS, Prewarm, PrewarmOutcome
 from models.reasons import REASONS, FlipStatus, ReasonCode
 from models.states import (
     ACTIVE_JOB_STATES,
@@ -32,6 +33,7 @@ __all__ = [
     "JOB_TRANSITIONS",
     "NET_TRANSITIONS",
     "REASONS",
+    "REFUSALS",
     "TERMINAL_JOB_STATES",
     "Base",
     "CallbackCursor",
@@ -48,6 +50,8 @@ __all__ = [
     "NetEvent",
     "NetState",
     "PendingKick",
+    "Prewarm",
+    "PrewarmOutcome",
     "ReasonCode",
     "RejectedRequest",
     "ScaleEvent",

@@ -22,7 +22,7 @@ from app.metrics.figures import (
 )
 from app.metrics.read import read_current_extras
 from app.usecases.services import REPORT_TIMEOUT_REASON
-from models import Job, JobEvent, JobState, NetEvent, ScaleEvent, StrayRun
+from models import Job, JobEvent, JobState, NetEvent, Prewarm, PrewarmOutcome, ScaleEvent, StrayRun
 
 
 def _seconds(start: datetime, end: datetime) -> float:
@@ -87,6 +87,14 @@ def reference_snapshot(
         )
         or 0
     )
+    ended = dict(
+        session.execute(
+            select(Prewarm.outcome, func.count())
+            .where(Prewarm.outcome.is_not(None))
+            .group_by(Prewarm.outcome)
+        ).all()
+    )
+    snap.prewarms = {o.value: int(ended.get(o.value, 0)) for o in PrewarmOutcome}
     snap.job_retries = int(session.scalar(select(func.coalesce(func.sum(Job.retries), 0))) or 0)
     snap.job_requeues = int(
         session.scalar(

@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.contract import RejectedEvent, StateChangeEvent
-from app.entrypoints import nets_page
+from app.entrypoints import nets_page, prewarm_routes
 from app.entrypoints.limits import BodySizeLimit
 from app.entrypoints.responses import (
     AbortRequested,
@@ -45,8 +45,15 @@ from app.entrypoints.responses import (
     JobList,
     Readiness,
     error_responses,
+    json_errors,
 )
-from app.errors import CallerKeyConflict, InvalidRequest, NotFound, RequestRejected
+from app.errors import (
+    CallerKeyConflict,
+    InvalidRequest,
+    NetMisconfigured,
+    NotFound,
+    RequestRejected,
+)
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
@@ -135,6 +142,7 @@ def create_app(
     _install_health_routes(app, ctx)
     _install_status_routes(app, ctx)
     _install_job_routes(app, ctx)
+    prewarm_routes.install(app, ctx.runtime, _api_key_check(ctx), _read_body)
     _install_webhooks(app)
     return app
 
@@ -180,6 +188,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _key_conflict(_: Request, exc: CallerKeyConflict) -> JSONResponse:
         # A reused caller_key with another payload: nothing was created or changed.
         return _error(409, str(exc), reason_code="caller_key_conflict")
+
+    @app.exception_handler(NetMisconfigured)
+    async def _net_misconfigured(_: Request, exc: NetMisconfigured) -> JSONResponse:
+        # A prewarm for a net an operator must fix first: nothing was started.
+        return _error(409, str(exc), reason_code="net_misconfigured")
 
     @app.exception_handler(RequestRejected)
     async def _rejected(_: Request, exc: RequestRejected) -> JSONResponse:
@@ -261,20 +274,6 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """error_responses for a route whose success is not JSON: FastAPI would document a
-    model's errors in the route's own media type, but they are JSON like every route's."""
-    return {
-        code: {
-            "description": answer["description"],
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
-            },
-        }
-        for code, answer in error_responses(*codes).items()
-    }
-
-
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     declared = declared_nets(ctx.runtime.settings)
     declared_names = {n.name for n in declared}
@@ -297,7 +296,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_class=HTMLResponse,
         responses={
             200: {"description": "The nets page (HTML, self-contained)."},
-            **_json_errors(400, 422, 503),
+            **json_errors(400, 422, 503),
         },
     )
     def get_nets_page(
@@ -384,9 +383,8 @@ async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:
         raise RequestValidationError(errors) from None
 
 
-def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
-    runtime = ctx.runtime
-    settings = runtime.settings
+def _api_key_check(ctx: _Context) -> Any:
+    settings = ctx.runtime.settings
 
     def require_api_key(x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> None:
         secret = settings.api_secret.get_secret_value()
@@ -396,6 +394,13 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             x_api_key.encode("utf-8"), secret.encode("utf-8")
         ):
             raise _Refused(401, "missing or wrong X-API-Key header")
+
+    return require_api_key
+
+
+def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
+    runtime = ctx.runtime
+    require_api_key = _api_key_check(ctx)
 
     @app.post(
         "/jobs",

@@ -36,6 +36,7 @@ from app.entrypoints.cli_jobs import (
 )
 from app.entrypoints.cli_offline import cmd_diagram, cmd_schema, cmd_simulate
 from app.entrypoints.cli_output import EXIT_FAILED, EXIT_SETTINGS, JSON_STDOUT
+from app.entrypoints.cli_prewarm import add_prewarm_commands
 from app.entrypoints.cli_services import (
     cmd_api,
     cmd_beat,
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_job_commands(add, json_flag)
+    add_prewarm_commands(add, json_flag)
 
     db = add("db", cmd_db, "database schema (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from app.entrypoints.cli_output import (
     EXIT_FAILED,
@@ -99,11 +100,22 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 net["server_state"],
                 ",".join(net["connected_sites"]) if net["connected_sites"] is not None else None,
                 f"{active['id']} {active['state']}" if active else None,
+                _hold(net["prewarm"]),
                 net["error"] or net["last_error"],
             ]
         )
     print_table(
-        ["NET", "STATE", "ALWAYS-ON", "DRIVER d/r/p", "SERVER", "SITES", "ACTIVE JOB", "ERROR"],
+        [
+            "NET",
+            "STATE",
+            "ALWAYS-ON",
+            "DRIVER d/r/p",
+            "SERVER",
+            "SITES",
+            "ACTIVE JOB",
+            "PREWARM",
+            "ERROR",
+        ],
         rows,
         sys.stdout,
     )
@@ -114,6 +126,12 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         + "\n"
     )
     return EXIT_OK
+
+
+def _hold(hold: dict[str, Any] | None) -> str | None:
+    if hold is None:
+        return None
+    return f"{hold['caller_key']} {hold['status']} until {short_time(hold['hold_until'])}"
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:

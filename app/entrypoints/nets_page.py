@@ -187,6 +187,16 @@ def _net_card(panel: NetPanel, ov: Overview) -> str:
         rows.append(("Cold starts", f"{count} in 24 h, median {median} ({shown})"))
     else:
         rows.append(("Cold starts", "none in 24 h"))
+    if net.hold is not None:
+        rows.append(
+            (
+                "Prewarm",
+                f'<span class="key">{escape(net.hold.caller_key)}</span> '
+                f"{'held' if net.hold.ready else 'warming'} until "
+                f"{_clock(net.hold.hold_until, ov.now)}"
+                f" ({duration((net.hold.hold_until - ov.now).total_seconds())} left)",
+            )
+        )
     if net.idle_left_s is not None:
         if net.idle_left_s >= 0:
             rows.append(("Idle grace", f"{duration(net.idle_left_s)} left"))

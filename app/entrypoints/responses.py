@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models import JobState, NetState, ReasonCode
+from models import JobState, NetState, PrewarmOutcome, ReasonCode
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
@@ -41,9 +41,10 @@ class ErrorResponse(_Response):
     errors: list[FieldError] | None = Field(
         default=None, description="422 only: each invalid field"
     )
-    reason_code: ReasonCode | None = Field(
+    reason_code: ReasonCode | PrewarmOutcome | None = Field(
         default=None,
-        description="410 and a caller-key 409 only: `rejected` or `caller_key_conflict`",
+        description="410 and 409 only: `rejected` or `caller_key_conflict`; a prewarm's 409 "
+        "for a MISCONFIGURED net: `net_misconfigured`",
     )
 
 
@@ -53,10 +54,12 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         400: "The request was understood and refused (e.g. unknown net, bad state).",
         401: "Missing or wrong X-API-Key.",
         403: "Mutating routes are disabled (API_SECRET is unset).",
-        404: "No such job.",
-        410: "No such job: the enqueue that would have created it was rejected (the reason).",
+        404: "No such job (or prewarm).",
+        410: "No such job (or prewarm): the request that would have created it was refused "
+        "(the reason, and its reason_code).",
         409: "The job or net changed meanwhile (read it again), or the caller_key already "
-        "names a job enqueued with another payload (reason_code caller_key_conflict).",
+        "names a job (prewarm) asked with another payload (reason_code caller_key_conflict), "
+        "or a prewarm's net is MISCONFIGURED (reason_code net_misconfigured).",
         413: "The request body is larger than API_MAX_BODY_BYTES (refused unread).",
         422: "The request does not match its schema.",
         503: "The database is unavailable.",
@@ -175,6 +178,51 @@ class AbortRequested(_Response):
     notified: bool | None = Field(description="whether the workers were told")
 
 
+# --- prewarms --------------------------------------------------------------------------
+
+PrewarmStatus = Literal["warming", "held", "used", "expired", "cancelled", "failed", "refused"]
+
+
+class PrewarmView(_Response):
+    """A prewarm (README "Prewarm"): the net it holds, until when, and how it ended."""
+
+    caller_key: str
+    net: str | None = Field(description="the net held (a request for sites: the one chosen)")
+    required_sites: list[str]
+    within_s: float | None = Field(description="as asked")
+    status: PrewarmStatus = Field(
+        description="warming (its server coming up) or held (up) while live; then used (a job "
+        "was claimed onto the net), expired, cancelled or failed; refused: nothing was started"
+    )
+    reason_code: PrewarmOutcome | None = Field(
+        description="refused only: rejected, caller_key_conflict or net_misconfigured"
+    )
+    created_at: Timestamp
+    hold_until: Timestamp = Field(description="created_at + min(within_s, PREWARM_MAX_S)")
+    ready_at: Timestamp | None = Field(description="when its server was seen ready")
+    ended_at: Timestamp | None
+    job_id: uuid.UUID | None = Field(description="used: the job claimed onto the net")
+    detail: str
+
+
+class Prewarmed(PrewarmView):
+    """POST /prewarms: the prewarm (new: 201, or the one the caller key already named: 200)."""
+
+    created: bool
+    notified: bool | None = Field(
+        description="whether the warm-up was sent (null: nothing to send, the server was up "
+        "or coming up); false is harmless, beat starts it"
+    )
+
+
+class NetHold(_Response):
+    """A net's live prewarm hold (the one that ends last)."""
+
+    caller_key: str
+    hold_until: Timestamp
+    status: Literal["warming", "held"]
+
+
 # --- /fl/status -------------------------------------------------------------------------
 
 
@@ -230,6 +278,9 @@ class NetStatus(_Response):
     last_scale_event: ScaleEventView | None
     last_error: str | None = Field(description="the net's last recorded error (SQL)")
     error: str | None = Field(description="this response's probe errors for the net")
+    prewarm: NetHold | None = Field(
+        default=None, description="the live prewarm hold on the net, if any (README 'Prewarm')"
+    )
 
 
 class QueueView(_Response):
@@ -247,3 +298,17 @@ class FlStatus(_Response):
     probe_timeout_s: float
     queue: QueueView
     nets: list[NetStatus]
+
+
+def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """error_responses for a route whose success is not JSON: FastAPI would document a
+    model's errors in the route's own media type, but they are JSON like every route's."""
+    return {
+        code: {
+            "description": answer["description"],
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+            },
+        }
+        for code, answer in error_responses(*codes).items()
+    }

@@ -24,7 +24,7 @@ from app.metrics.figures import (
     Snapshot,
 )
 from app.metrics.read import read_snapshot
-from models import JobState, NetState
+from models import JobState, NetState, PrewarmOutcome
 
 
 def _histogram(
@@ -112,6 +112,7 @@ def families(snap: Snapshot) -> list[Metric]:
             value=snap.job_requeues,
         ),
         _stray_runs(snap),
+        *_prewarms(snap),
         CounterMetricFamily(
             "fl_dispatcher_report_timeouts",
             "FINISHING jobs settled because flip-api's results report never came.",
@@ -163,6 +164,23 @@ def _housekeeping(snap: Snapshot) -> Metric:
     for loop, at in sorted(snap.housekeeping_last_run.items()):
         family.add_metric([loop], at)
     return family
+
+
+def _prewarms(snap: Snapshot) -> list[Metric]:
+    counter = CounterMetricFamily(
+        "fl_dispatcher_prewarms",
+        "Prewarms by outcome: used (a job came while held), expired, cancelled, failed, or "
+        "refused (rejected, caller_key_conflict, net_misconfigured).",
+        labels=["outcome"],
+    )
+    for outcome in PrewarmOutcome:
+        counter.add_metric([outcome.value], snap.prewarms.get(outcome.value, 0))
+    held = GaugeMetricFamily(
+        "fl_dispatcher_prewarm_held_nets",
+        "Nets a live prewarm holds up now (their idle scale-down waits for the hold's end).",
+        value=snap.prewarm_held_nets,
+    )
+    return [counter, held]
 
 
 def _stray_runs(snap: Snapshot) -> Metric:

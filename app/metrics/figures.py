@@ -33,6 +33,7 @@ SCALE_EVENTS = "scale_events"
 JOB_RETRIES = "job_retries"
 JOB_REQUEUES = "job_requeues"
 REPORT_TIMEOUTS = "report_timeouts"
+PREWARMS = "prewarms"  # labels: the outcome (models.prewarms.PrewarmOutcome)
 
 
 def table_of(model: type[Base]) -> Table:
@@ -105,6 +106,9 @@ class Snapshot:
     idle_grace_s: dict[str, float] = field(default_factory=dict)
     # Unix time each beat loop last finished a round (housekeeping_runs).
     housekeeping_last_run: dict[str, float] = field(default_factory=dict)
+    # Prewarms that ended (or were refused), by outcome; nets a live prewarm holds now.
+    prewarms: dict[str, int] = field(default_factory=dict)
+    prewarm_held_nets: int = 0
 
 
 class _Move(Protocol):

@@ -23,6 +23,7 @@ from app.metrics.figures import (
     JOB_REQUEUES,
     JOB_RETRIES,
     JOBS_FINISHED,
+    PREWARMS,
     QUEUE_WAIT,
     QUEUE_WAIT_BUCKETS_S,
     REPORT_TIMEOUTS,
@@ -41,6 +42,7 @@ from models import (
     MetricNetClock,
     MetricTotal,
     NetEvent,
+    Prewarm,
     ScaleEvent,
 )
 
@@ -261,6 +263,28 @@ def _upsert(
     session.execute(stmt.on_conflict_do_update(index_elements=keys, set_=changes), rows)
 
 
+def _fold_prewarms(session: Session, deltas: _Deltas, limit: int) -> int:
+    """Prewarms that ended (or were refused) since the last fold, by outcome: a prewarm is
+    counted once, when it has its outcome (ix_prewarms_uncounted finds those)."""
+    prewarms = table_of(Prewarm)
+    ended = (
+        select(prewarms.c.id)
+        .where(prewarms.c.outcome.is_not(None), ~prewarms.c.counted)
+        .order_by(prewarms.c.id)
+        .limit(limit)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        update(prewarms)
+        .where(prewarms.c.id.in_(ended))
+        .values(counted=True)
+        .returning(prewarms.c.outcome)
+    ).all()
+    for (outcome,) in rows:
+        deltas.add(PREWARMS, str(outcome))
+    return len(rows)
+
+
 def fold(session: Session, limit: int = FOLD_BATCH) -> int:
     """Add the history written since the last fold to the running totals (in the caller's
     transaction, which must commit). Returns how many history rows it folded."""
@@ -270,6 +294,7 @@ def fold(session: Session, limit: int = FOLD_BATCH) -> int:
     folded = _fold_job_events(session, deltas, limit)
     folded += _fold_net_events(session, deltas, limit)
     folded += _fold_scale_events(session, deltas, limit)
+    folded += _fold_prewarms(session, deltas, limit)
     _fold_retries(session, deltas, limit)
     _upsert(
         session,

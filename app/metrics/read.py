@@ -17,6 +17,7 @@ from app.metrics.figures import (
     JOB_REQUEUES,
     JOB_RETRIES,
     JOBS_FINISHED,
+    PREWARMS,
     QUEUE_WAIT,
     REPORT_TIMEOUTS,
     SCALE_EVENTS,
@@ -28,6 +29,7 @@ from app.metrics.figures import (
 )
 from app.metrics.fold import fold, uncounted_retries
 from app.usecases import callbacks as callbacks_uc
+from app.usecases import prewarm_holds
 from models import (
     TERMINAL_JOB_STATES,
     HousekeepingRun,
@@ -37,6 +39,7 @@ from models import (
     MetricTotal,
     Net,
     NetState,
+    PrewarmOutcome,
     StrayRun,
 )
 
@@ -117,18 +120,28 @@ def read_snapshot(
     snap.job_retries = totals.get((JOB_RETRIES, ""), 0) + int(unfolded_retries or 0)
     snap.job_requeues = totals.get((JOB_REQUEUES, ""), 0)
     snap.report_timeouts = totals.get((REPORT_TIMEOUTS, ""), 0)
+    snap.prewarms = {
+        outcome.value: totals.get((PREWARMS, outcome.value), 0) for outcome in PrewarmOutcome
+    }
     return snap
 
 
 def read_current_extras(
     session: Session, now: datetime, snap: Snapshot, idle_grace_s: Mapping[str, float] | None
 ) -> None:
-    """The nets' states and idle times, their grace, and the housekeeping rounds: current
-    rows only, read the same way by the collector and by tests/metrics_reference.py."""
+    """The nets' states and idle times, their grace, the housekeeping rounds and the nets
+    prewarms hold: current rows only, read the same way by the collector and by
+    tests/metrics_reference.py."""
+    # A prewarm's hold defers a net's idle grace (app.usecases.prewarm_holds.idle_start): idle time
+    # counts from when the hold ended, so a held net is not idle past its grace.
+    deferred = prewarm_holds.idle_starts(session)
     for name, state, idle_since in session.execute(select(Net.name, Net.state, Net.idle_since)):
         snap.net_states[name] = NetState(state)
         idle_from = idle_since if state == NetState.READY else None
+        if idle_from is not None and name in deferred:
+            idle_from = max(idle_from, deferred[name])
         snap.idle_s[name] = seconds_between(idle_from, now) if idle_from is not None else 0.0
+    snap.prewarm_held_nets = len(prewarm_holds.live_holds(session, now))
     snap.idle_grace_s = {
         name: grace for name, grace in (idle_grace_s or {}).items() if name in snap.net_states
     }

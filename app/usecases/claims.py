@@ -10,12 +10,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, exists, or_, select
+from sqlalchemy import ColumnElement, and_, case, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.net_config import NetConfig
 from app.settings import Settings
-from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, Job, JobState, Net, NetState, StrayRun
+from models import (
+    ACTIVE_JOB_STATES,
+    ASSIGNABLE_NET_STATES,
+    Job,
+    JobState,
+    Net,
+    NetState,
+    Prewarm,
+    PrewarmOutcome,
+    StrayRun,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +114,31 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None
+        _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
+
+
+def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime) -> None:
+    """A job claimed onto a net ends its live prewarm holds as `used`, in the claim's own
+    transaction, so no read between the claim and a scale-down round shows them held."""
+    session.execute(
+        update(Prewarm)
+        .where(
+            Prewarm.net_name == net_name,
+            Prewarm.outcome.is_(None),
+            ~Prewarm.refused,
+            Prewarm.hold_until > now,
+        )
+        .values(
+            outcome=PrewarmOutcome.USED,
+            ended_at=now,
+            job_id=job_id,
+            detail=f"job {job_id} was claimed onto the net",
+        )
+    )
 
 
 # How many of a net's next QUEUED jobs a claim looks through for one whose sites the net

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.metrics.figures import cold_starts
 from app.settings import Settings
+from app.usecases import prewarm_holds
 from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, NetState, StrayRun
 
 WINDOW = timedelta(hours=24)
@@ -92,6 +93,7 @@ class NetNow:
     idle_left_s: float | None  # READY scale-to-zero net: grace left (negative: overdue)
     strays: int
     last_error: str | None
+    hold: prewarm_holds.Hold | None = None  # the live prewarm hold on it, if any
 
     @property
     def needs_attention(self) -> bool:
@@ -251,12 +253,16 @@ def _nets_now(session: Session, declared: list[DeclaredNet], now: datetime) -> l
     strays = dict(
         session.execute(select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)).all()
     )
+    # A prewarm's hold defers the idle grace (app.usecases.prewarm_holds.idle_start).
+    deferred = prewarm_holds.idle_starts(session)
+    holds = prewarm_holds.live_holds(session, now)
     out = []
     for config in declared:
         state, idle_since = rows.get(config.name, (None, None))
         idle_left = None
         if state == NetState.READY and idle_since is not None and not config.always_on:
-            idle_left = config.idle_timeout_s - (now - idle_since).total_seconds()
+            idle_since = max(idle_since, deferred.get(config.name, idle_since))
+            idle_left = config.idle_timeout_s - max(0.0, (now - idle_since).total_seconds())
         out.append(
             NetNow(
                 name=config.name,
@@ -267,6 +273,7 @@ def _nets_now(session: Session, declared: list[DeclaredNet], now: datetime) -> l
                 idle_left_s=idle_left,
                 strays=int(strays.get(config.name, 0)),
                 last_error=None,
+                hold=holds.get(config.name),
             )
         )
     return out

@@ -13,7 +13,7 @@ from sqlalchemy import exists, select
 from app.db import unit_of_work
 from app.errors import DispatcherError
 from app.runtime import Runtime
-from app.usecases import claims
+from app.usecases import claims, prewarm_holds, prewarm_warm_up
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, stop_net
 from models import ACTIVE_JOB_STATES, Job, Net, NetState
@@ -26,6 +26,7 @@ def scale_down_idle_nets(rt: Runtime) -> list[str]:
     grace, go STOPPING -> driver 0 -> STOPPED. The net row is locked like assign_next_job
     locks it, so a job claimed at the same moment is never stranded on a vanishing server."""
     stopped = []
+    prewarm_warm_up.settle_prewarms(rt)  # prewarm hook: how holds ended; nets a live hold wants up
     now = rt.clock()
     # One read finds the candidates (READY nets idle past their grace): the cost follows the
     # nets that are up, not the declared fleet; each candidate is then re-checked under its
@@ -67,6 +68,8 @@ def _scale_down_if_idle(rt: Runtime, name: str, now: datetime) -> bool:
         if net is None:
             return False
         idle_since = net.idle_since or net.state_changed_at
+        # prewarm hook: a live hold defers the grace; an ended one starts it at its end
+        idle_since = prewarm_holds.idle_start(session, name, idle_since)
         idle_s = (now - idle_since).total_seconds()
         if idle_s < idle_timeout_s:
             return False

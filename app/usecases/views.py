@@ -27,7 +27,7 @@ from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
 from app.schemas import job_id_for
-from app.usecases import enqueue, services
+from app.usecases import enqueue, prewarm_holds, services
 from app.usecases.callbacks import delivery_status
 from models import (
     ACTIVE_JOB_STATES,
@@ -265,7 +265,8 @@ def _server(runtime: Runtime, name: str) -> tuple[ServerState, list[str] | None]
 
 def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) -> dict[str, Any]:
     """Every configured net (SQL state, driver view, server state, sites, active job, last
-    scale event) and the queue. `prober=None` skips the driver and admin probes (SQL only).
+    scale event, live prewarm hold) and the queue. `prober=None` skips the driver and admin
+    probes (SQL only).
 
     A net's probe failure or timeout lands in that net's `error`; only the database being
     unreachable fails the whole call.
@@ -274,6 +275,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
     names = [n.name for n in settings.nets]
     with runtime.sessions() as session:
         sql = _sql_view(session, names)
+        holds = prewarm_holds.live_holds(session, runtime.clock())
 
     calls: dict[str, Callable[[], Any]] = {}
     probe_admin: dict[str, bool] = {}
@@ -337,6 +339,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
                 "last_scale_event": sql["scale"].get(net.name),
                 "last_error": row.last_error if row else None,
                 "error": "; ".join(errors) or None,
+                "prewarm": holds[net.name].view() if net.name in holds else None,
             }
         )
     return {

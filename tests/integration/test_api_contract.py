@@ -123,6 +123,9 @@ def test_the_openapi_document_names_operations_the_key_scheme_and_the_webhooks(c
         ("GET", "/jobs/{job_id}"): "get_job",
         ("POST", "/jobs"): "enqueue_job",
         ("POST", "/jobs/{job_id}/abort"): "abort_job",
+        ("POST", "/prewarms"): "prewarm_net",
+        ("POST", "/prewarms/cancel"): "cancel_prewarm",
+        ("GET", "/prewarms/{caller_key}"): "get_prewarm",
     }
     assert openapi["components"]["securitySchemes"]["ApiKey"] == {
         "type": "apiKey",
@@ -132,6 +135,9 @@ def test_the_openapi_document_names_operations_the_key_scheme_and_the_webhooks(c
     }
     assert openapi["paths"]["/jobs"]["post"]["security"] == [{"ApiKey": []}]
     assert "security" not in openapi["paths"]["/jobs"]["get"]
+    for path in ("/prewarms", "/prewarms/cancel"):
+        assert openapi["paths"][path]["post"]["security"] == [{"ApiKey": []}]
+    assert "security" not in openapi["paths"]["/prewarms/{caller_key}"]["get"]
     assert set(openapi["webhooks"]) == {"state_change", "rejected"}
     hook = openapi["webhooks"]["state_change"]["post"]
     ref = hook["requestBody"]["content"]["application/json"]["schema"]["$ref"]

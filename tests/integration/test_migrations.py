@@ -28,6 +28,7 @@ TABLES = {
     "metric_net_clocks",
     "housekeeping_runs",
     "pending_kicks",
+    "prewarms",
     "alembic_version",
 }
 

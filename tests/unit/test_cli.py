@@ -307,6 +307,35 @@ def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
         assert session.scalars(select(Job)).all() == []
 
 
+def test_prewarm_starts_the_net_and_sends_the_warm_up_then_cancel_ends_it(capsys, db, cli_env):
+    argv = ["prewarm", "--key", "cli-p1", "--net", "net-a", "--within", "90", "--json"]
+    code, out, _ = run(capsys, *argv)
+    first = json.loads(out)
+    assert code == 0 and first["created"] is True and first["status"] == "warming"
+    assert first["notified"] is True
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and json.loads(out)["created"] is False
+    assert task_names(broker_messages(cli_env)) == ["fl_dispatcher.warm_up"]
+    code, out, _ = run(capsys, "status", "--no-probe")
+    assert "PREWARM" in out and "cli-p1 warming until" in out
+    code, out, _ = run(capsys, "cancel-prewarm", "cli-p1")
+    assert code == 0 and out == "prewarm cli-p1: cancelled (net net-a)\n"
+    code, _, err = run(capsys, "cancel-prewarm", "nope")
+    assert code == 1 and "no prewarm with caller_key 'nope'" in err
+
+
+def test_prewarm_refusals_exit_1_with_their_reason_code(capsys, db, cli_env):
+    with db.begin() as session:
+        services.sync_nets(session, Settings(), FrozenClock()())
+        services.mark_misconfigured(session, "net-a", "wrong kit", FrozenClock()())
+    code, out, err = run(capsys, "prewarm", "--key", "p", "--net", "net-a", "--within", "9")
+    assert (code, out) == (1, "")
+    assert "MISCONFIGURED: wrong kit" in err and "(reason_code: net_misconfigured)" in err
+    code, _, err = run(capsys, "prewarm", "--key", "p", "--net", "net-a", "--within", "0")
+    assert code == 1 and "within_s" in err
+    assert not os.path.exists(cli_env["BROKER_URL"].removeprefix("sqla+sqlite:///"))  # none sent
+
+
 def task_names(messages: list[str]) -> list[str]:
     """The Celery task name of each broker message (protocol 2 keeps it in the headers)."""
     return [json.loads(m)["headers"]["task"] for m in messages]
@@ -410,7 +439,7 @@ def test_parser_lists_every_command():
     assert set(sub.choices) == {
         "config", "status", "jobs", "job", "enqueue", "abort", "db",
         "diagram", "schema", "api", "ready", "worker", "beat", "demo", "simulate",
-        "participant",
+        "participant", "prewarm", "cancel-prewarm",
     }  # fmt: skip
 
 
@@ -512,6 +541,14 @@ SCHEMA_SAMPLES = [
         True,
     ),
     ("fl_dispatcher.report_job_status", {"job_id": str(uuid.uuid4()), "status": "done"}, False),
+    ("fl_dispatcher.prewarm", {"caller_key": "p-1", "net": "net-1", "within_s": 120}, True),
+    ("fl_dispatcher.prewarm", {"caller_key": "p-1", "required_sites": ["s"], "within_s": 1}, True),
+    ("fl_dispatcher.prewarm", {"caller_key": "p-1", "net": "net-1"}, False),
+    ("fl_dispatcher.prewarm", {"caller_key": "p-1", "net": "net-1", "within_s": 0}, False),
+    ("fl_dispatcher.prewarm", {"caller_key": "p-1", "within_s": 86401}, False),
+    ("fl_dispatcher.prewarm", {"caller_key": "p 1", "within_s": 60}, False),
+    ("fl_dispatcher.cancel_prewarm", {"caller_key": "p-1"}, True),
+    ("fl_dispatcher.cancel_prewarm", {}, False),
 ]
 
 
@@ -528,6 +565,8 @@ def test_schema_prints_the_public_payloads_by_task_name_without_settings(capsys,
         "fl_dispatcher.enqueue_job",
         "fl_dispatcher.abort_job",
         "fl_dispatcher.report_job_status",
+        "fl_dispatcher.prewarm",
+        "fl_dispatcher.cancel_prewarm",
     }
     # A caller validating with any JSON Schema tool accepts and rejects what the worker does.
     for task, payload, valid in SCHEMA_SAMPLES:

@@ -1,0 +1,416 @@
+"""Prewarm: flip-api's hint that a job for a net (or for some sites) is likely within T
+seconds, so that the job meets a warm server instead of a cold start.
+
+- `request_prewarm` (the Celery task, the HTTP route and the CLI alike) stores a hold on one
+  net: a `prewarms` row whose `hold_until` is now + min(T, PREWARM_MAX_S). A net that is
+  STOPPED is moved to STARTING under the row lock a job's claim takes, so a claim and a
+  prewarm never both start it; `warm_up` is sent after the commit. It asks the driver for
+  one replica through `scaling.scale_net`, the call a job's scale-up makes (drivers set a
+  desired count: never a second replica), and marks the net READY once its server answers
+  and the sites are connected, as a job's readiness check does. A net already up, or coming
+  up, is only held.
+This module asks, cancels and reads prewarms; the holds (`idle_start`, `live_holds`,
+settling a row) are in `prewarm_holds`, `warm_up` and `settle_prewarms` in `prewarm_warm_up`.
+
+- The hold is honoured in one place, the idle scale-down (`idle_start`): a net's idle grace
+  starts when it went idle or when its last hold ended, whichever is later; a live hold
+  ends in the future, so its net is not idle at all. The deadline is a column, never a
+  timer: nothing keeps a server up past min(T, PREWARM_MAX_S) + the net's idle grace (and
+  one scale-down round), whatever message is lost or worker dies.
+- `settle_prewarms` (every scale-down round) writes down how holds ended: `used` (a job was
+  claimed onto the net while it held: the hold ends at that claim), `expired`, `failed`
+  (its net went MISCONFIGURED); it starts again a net a live hold wants up that went down
+  meanwhile, and re-sends a `warm_up` that was lost before it asked the driver.
+- `cancel_prewarm` ends a hold now; the net's idle grace starts then.
+
+A refused prewarm (bad input, another payload under the same key, a MISCONFIGURED net)
+starts nothing and takes no key; it is recorded, so a caller of the task can look it up.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app import names
+from app.db import unit_of_work
+from app.errors import (
+    CallerKeyConflict,
+    InvalidRequest,
+    NetMisconfigured,
+    NotFound,
+    RequestRejected,
+)
+from app.net_config import NetConfig
+from app.runtime import Runtime
+from app.schemas import PrewarmNet, storable
+from app.settings import Settings
+from app.usecases import services
+from app.usecases.prewarm_holds import (
+    HELD,
+    UP,
+    WARMING,
+    end_hold,
+    live_holds,
+    misconfigured_error,
+    settle_row,
+    startable,
+)
+from models import (
+    ACTIVE_JOB_STATES,
+    Job,
+    Net,
+    NetState,
+    Prewarm,
+    PrewarmOutcome,
+    StrayRun,
+)
+
+log = logging.getLogger(__name__)
+
+REFUSED = "refused"
+STATUSES = (WARMING, HELD, "used", "expired", "cancelled", "failed", REFUSED)
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A prewarm request's answer: the prewarm, whether this call created it, and whether
+    the warm-up was sent (None: nothing to send, the server was up or coming up)."""
+
+    prewarm: dict[str, Any]
+    created: bool
+    notified: bool | None
+
+
+# --- asking ------------------------------------------------------------------------------
+
+
+def request_prewarm(rt: Runtime, request: PrewarmNet) -> Requested:
+    """Hold the net a job for `request` would run on ready until min(within_s,
+    PREWARM_MAX_S) from now, starting its server if it is down; idempotent on caller_key.
+    A refusal (InvalidRequest, CallerKeyConflict, NetMisconfigured) is recorded and raised."""
+    now = rt.clock()
+    try:
+        with unit_of_work(rt.sessions) as session:
+            services.ensure_net_rows(session, rt.settings, now)
+            row, created, start = _accept(session, rt.settings, request, now)
+            view = prewarm_view(row, _net_state(session, row.net_name), now)
+    except InvalidRequest as exc:
+        refuse_prewarm(rt, request.caller_key, exc)
+        raise
+    if created:
+        log.info(
+            "prewarm accepted",
+            extra={
+                "caller_key": request.caller_key,
+                "net": row.net_name,
+                "hold_until": view["hold_until"],
+                "starting": start,
+            },
+        )
+    notified = rt.outbox.send(names.WARM_UP, net_name=row.net_name) if start else None
+    return Requested(view, created, notified)
+
+
+def refusal_code(exc: InvalidRequest) -> PrewarmOutcome:
+    """The reason code of a refused prewarm."""
+    if isinstance(exc, CallerKeyConflict):
+        return PrewarmOutcome.CALLER_KEY_CONFLICT
+    if isinstance(exc, NetMisconfigured):
+        return PrewarmOutcome.NET_MISCONFIGURED
+    return PrewarmOutcome.REJECTED
+
+
+def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> PrewarmOutcome:
+    """Record a refused prewarm (one log line, and a row a lookup of its key finds for
+    REJECTED_RETENTION_S); it starts nothing and takes no key. Returns its reason code."""
+    code = refusal_code(exc)
+    key = storable(caller_key)[:200] if caller_key is not None else ""
+    reason = storable(str(exc))[:4000]
+    log.warning("prewarm refused", extra={"caller_key": key, "reason": reason, "code": str(code)})
+    now = rt.clock()
+    with unit_of_work(rt.sessions) as session:
+        # Refusals are kept for REJECTED_RETENTION_S (once counted), as refused enqueues are.
+        session.execute(
+            delete(Prewarm).where(
+                Prewarm.refused,
+                Prewarm.counted,
+                Prewarm.created_at < now - timedelta(seconds=rt.settings.rejected_retention_s),
+            )
+        )
+        net = getattr(exc, "net_name", None)
+        session.add(
+            Prewarm(
+                caller_key=key,
+                net_name=net if rt.settings.has_net(net) else None,
+                required_sites=[],
+                created_at=now,
+                hold_until=now,
+                ended_at=now,
+                outcome=code,
+                refused=True,
+                detail=reason,
+            )
+        )
+    return code
+
+
+def _accept(
+    session: Session, settings: Settings, request: PrewarmNet, now: datetime
+) -> tuple[Prewarm, bool, bool]:
+    """The prewarm the key names (a repeat), or a new one; and whether to start its net."""
+    existing = _accepted(session, request.caller_key)
+    if existing is not None:
+        return _repeat(existing, request, settings), False, False
+    net_name, sites = _resolve(session, settings, request, now)
+    net = services.get_net(session, net_name, lock=True)
+    if net.state == NetState.MISCONFIGURED:
+        raise misconfigured_error(net)
+    granted_s = min(request.within_s, settings.prewarm_max_s)
+    row = Prewarm(
+        caller_key=request.caller_key,
+        request_digest=_as_stored(request, settings).digest(),
+        net_name=net_name,
+        required_sites=sites,
+        within_s=request.within_s,
+        created_at=now,
+        hold_until=now + timedelta(seconds=granted_s),
+        detail="",
+    )
+    try:
+        # A savepoint, so losing a race on the key leaves the outer transaction usable.
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        winner = _accepted(session, request.caller_key)
+        if winner is None:
+            raise
+        return _repeat(winner, request, settings), False, False
+    start, note = _start_or_hold(session, settings.net(net_name), net, row, now)
+    if granted_s < request.within_s:
+        note += f"; held {granted_s:.0f}s (PREWARM_MAX_S), not the {request.within_s:.0f}s asked"
+    row.detail = note
+    return row, True, start
+
+
+def _start_or_hold(
+    session: Session, config: NetConfig, net: Net, row: Prewarm, now: datetime
+) -> tuple[bool, str]:
+    """Start a STOPPED net (under its row lock) or only hold it; the history's words."""
+    if net.state in UP:
+        row.ready_at = now
+    if config.always_on:
+        return False, "always-on net: its server is never scaled"
+    if net.state in UP:
+        return False, "server up: held"
+    if net.state == NetState.STARTING:
+        return False, "server already starting"
+    if net.state == NetState.STOPPED:
+        if not startable(session, net.name):
+            return False, "net holds a run to settle first: started once it is free"
+        net.transition(
+            NetState.STARTING,
+            now,
+            f"prewarm {row.caller_key}: a job is likely within {row.within_s:.0f}s",
+        )
+        return True, "server starting"
+    return False, f"net is {net.state}: started again once it is down"
+
+
+def _resolve(
+    session: Session, settings: Settings, request: PrewarmNet, now: datetime
+) -> tuple[str, list[str]]:
+    """The net to hold and the sites the job needs, checked as an enqueue checks them."""
+    sites = list(request.required_sites)
+    if request.net is not None:
+        if not settings.has_net(request.net):
+            known = ", ".join(n.name for n in settings.nets) or "none"
+            raise InvalidRequest(f"unknown net {request.net!r} (known: {known})")
+        config = settings.net(request.net)
+        sites = sites or list(config.required_sites)
+        lacking = config.lacks(sites)
+        if lacking:
+            assert config.sites is not None  # lacks() finds nothing otherwise
+            raise InvalidRequest(
+                f"required sites {lacking} are not on net {config.name}: "
+                f"{config.name} has {', '.join(config.sites)}"
+            )
+        return request.net, sites
+    if not settings.nets:
+        raise InvalidRequest("no nets are configured, so no job can run")
+    if not sites:
+        raise InvalidRequest("required_sites is empty and no net is given: name one of them")
+    fitting = [n for n in settings.nets if not n.lacks(sites)]
+    if not fitting:
+        raise InvalidRequest(
+            f"no net has every site in {sites}; "
+            + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
+        )
+    return _likely_net(session, [n.name for n in fitting], sites, now), sites
+
+
+def _likely_net(session: Session, fitting: list[str], sites: list[str], now: datetime) -> str:
+    """The net a job needing `sites` would be claimed on, as the assigner prefers them: a
+    free READY net, then a STARTING one, then a STOPPED one (a net another live hold already
+    keeps comes after those, as that hold's job will take it), then one whose job is still
+    on it; never a MISCONFIGURED one. Ties by name."""
+    states: dict[str, NetState] = {
+        name: NetState(state)
+        for name, state in session.execute(select(Net.name, Net.state).where(Net.name.in_(fitting)))
+    }
+    usable = [n for n in fitting if states.get(n) not in (None, NetState.MISCONFIGURED)]
+    if not usable:
+        raise NetMisconfigured(
+            f"every net with the sites {sites} is MISCONFIGURED ({', '.join(fitting)}); nothing "
+            "was started (an operator must fix their settings first)",
+            net_name=fitting[0],
+        )
+    taken = set(
+        session.scalars(
+            select(Job.net_name).where(Job.net_name.in_(usable), Job.state.in_(ACTIVE_JOB_STATES))
+        )
+    ) | set(session.scalars(select(StrayRun.net_name).where(StrayRun.net_name.in_(usable))))
+    held = set(live_holds(session, now))
+    preference = {NetState.READY: 0, NetState.STARTING: 1, NetState.STOPPED: 2}
+
+    def rank(name: str) -> tuple[bool, int, str]:
+        order = 3 if name in taken else preference.get(states[name], 4)
+        return name in held, order, name
+
+    return min(usable, key=rank)
+
+
+def _as_stored(request: PrewarmNet, settings: Settings) -> PrewarmNet:
+    """The request with the net's default sites filled in, so spelling a default out is the
+    same request as omitting it."""
+    if request.required_sites or request.net is None or not settings.has_net(request.net):
+        return request
+    sites = list(settings.net(request.net).required_sites)
+    return request.model_copy(update={"required_sites": sites})
+
+
+def _repeat(existing: Prewarm, request: PrewarmNet, settings: Settings) -> Prewarm:
+    """A repeat of a prewarm: the same request names the same prewarm (even one that has
+    ended: it is not restarted); another payload under its key is refused."""
+    if existing.request_digest != _as_stored(request, settings).digest():
+        differ = [
+            name
+            for name, differs in (
+                ("net", request.net is not None and request.net != existing.net_name),
+                (
+                    "required_sites",
+                    bool(request.required_sites)
+                    and sorted(request.required_sites) != sorted(existing.required_sites),
+                ),
+                ("within_s", request.within_s != existing.within_s),
+            )
+            if differs
+        ]
+        shown = f" (differs in: {', '.join(differ)})" if differ else ""
+        raise CallerKeyConflict(
+            f"caller_key {request.caller_key!r} already names a prewarm of net "
+            f"{existing.net_name}, asked with a different payload{shown}; a new prewarm "
+            "needs a new caller_key"
+        )
+    return existing
+
+
+def _accepted(session: Session, caller_key: str, *, lock: bool = False) -> Prewarm | None:
+    stmt = select(Prewarm).where(Prewarm.caller_key == caller_key, ~Prewarm.refused)
+    if lock:
+        stmt = stmt.with_for_update()
+    return session.scalar(stmt)
+
+
+def _net_state(session: Session, net_name: str | None) -> NetState | None:
+    if net_name is None:
+        return None
+    state = session.scalar(select(Net.state).where(Net.name == net_name))
+    return NetState(state) if state is not None else None
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def status_of(row: Prewarm, net_state: NetState | None, now: datetime) -> str:
+    """warming / held while the hold is live; else how it ended (an unsettled row past its
+    deadline has expired), or refused."""
+    if row.refused:
+        return REFUSED
+    if row.outcome is not None:
+        return str(row.outcome)
+    if row.hold_until <= now:
+        return PrewarmOutcome.EXPIRED.value
+    return HELD if net_state in UP else WARMING
+
+
+def prewarm_view(row: Prewarm, net_state: NetState | None, now: datetime) -> dict[str, Any]:
+    """A prewarm as the task, the API and the CLI answer it."""
+    status = status_of(row, net_state, now)
+    ended = row.ended_at
+    if ended is None and status == PrewarmOutcome.EXPIRED:
+        ended = row.hold_until
+    return {
+        "caller_key": row.caller_key,
+        "net": row.net_name,
+        "required_sites": list(row.required_sites),
+        "within_s": row.within_s,
+        "status": status,
+        "reason_code": row.outcome if row.refused else None,
+        "created_at": _iso(row.created_at),
+        "hold_until": _iso(row.hold_until),
+        "ready_at": _iso(row.ready_at),
+        "ended_at": _iso(ended),
+        "job_id": str(row.job_id) if row.job_id is not None else None,
+        "detail": row.detail,
+    }
+
+
+def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, Any]:
+    """The prewarm a caller_key names; RequestRejected when only a refusal of it is kept,
+    NotFound when there is neither."""
+    row = _accepted(session, caller_key)
+    if row is None:
+        refused = session.scalar(
+            select(Prewarm)
+            .where(Prewarm.caller_key == caller_key, Prewarm.refused)
+            .order_by(Prewarm.id.desc())
+            .limit(1)
+        )
+        if refused is not None:
+            raise RequestRejected(
+                f"prewarm {caller_key!r}: refused at {_iso(refused.created_at)}: {refused.detail}",
+                reason_code=str(refused.outcome),
+            )
+        raise NotFound(f"no prewarm with caller_key {caller_key!r}")
+    return prewarm_view(row, _net_state(session, row.net_name), now)
+
+
+# --- cancelling -----------------------------------------------------------------------------
+
+
+def cancel_prewarm(rt: Runtime, caller_key: str) -> dict[str, Any]:
+    """End a live hold now (the net's idle grace starts now); a prewarm that has ended
+    keeps its outcome. NotFound for an unknown key, RequestRejected for a refused one."""
+    now = rt.clock()
+    with unit_of_work(rt.sessions) as session:
+        row = _accepted(session, caller_key, lock=True)
+        if row is None:
+            return get_prewarm(session, caller_key, now)  # raises: refused, or unknown
+        if row.outcome is None:
+            # Settled first: a hold a job has used, or one past its deadline, says so.
+            settle_row(session, row, now)
+        if row.outcome is None:
+            end_hold(row, PrewarmOutcome.CANCELLED, now, "cancelled")
+            log.info("prewarm cancelled", extra={"caller_key": caller_key, "net": row.net_name})
+        return prewarm_view(row, _net_state(session, row.net_name), now)

@@ -1,0 +1,314 @@
+"""Prewarm warm-up and settling (README "Prewarm"): `warm_up` brings a prewarmed net's
+server up and marks it READY (idle from the last hold's end once every hold ended, so a
+late boot never outlives hold end + grace); `settle_prewarms` (every scale-down round)
+writes down how holds ended and starts again a net a live hold wants up."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
+
+from app import names
+from app.adapters.nvflare.base import Readiness, ServerState
+from app.db import unit_of_work
+from app.errors import DispatcherError, MisconfigurationError, TransientError
+from app.runtime import Runtime
+from app.usecases import services
+from app.usecases.prewarm_holds import (
+    end_hold,
+    hold_end,
+    settle_row,
+    startable,
+    wanted_hold,
+    wanted_sites,
+)
+from app.usecases.scaling import kick, scale_net, stop_net
+from models import NetState, Prewarm, PrewarmOutcome
+
+log = logging.getLogger(__name__)
+
+
+class Warm(StrEnum):
+    """What one `warm_up` round did."""
+
+    READY = "ready"  # the net is READY now (or was made so by this round)
+    NOT_READY = "not_ready"  # poll again
+    SKIPPED = "skipped"  # nothing to warm: a job took the net, or it is not STARTING
+    GAVE_UP = "gave_up"  # past the readiness deadline, or misconfigured: the holds failed
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    """A warm-up round's outcome, with why."""
+
+    step: Warm
+    detail: str = ""
+
+
+# --- warming up -----------------------------------------------------------------------------
+
+
+def warm_up(rt: Runtime, net_name: str) -> WarmResult:
+    """Bring a prewarmed net's server up: one replica asked of the driver (only while it
+    desires none), then READY once the server answers and the holds' sites are connected.
+    A net a job has been claimed onto is left to that job's chain. Past the net's
+    ready_timeout_s a server that answers is READY all the same (a site may come later);
+    one that does not is UNHEALTHY and scaled down, and its holds fail."""
+    if not rt.settings.has_net(net_name):
+        return WarmResult(Warm.SKIPPED, f"net {net_name} is no longer declared (NETS)")
+    config = rt.settings.net(net_name)
+    now = rt.clock()
+    with rt.sessions() as session:
+        net = services.get_net(session, net_name)
+        state, since = net.state, net.state_changed_at
+        job = services.active_job(session, net_name)
+        live = wanted_hold(session, net_name, now) is not None
+        sites = wanted_sites(session, net_name, now) or list(config.required_sites)
+    if config.always_on or state != NetState.STARTING:
+        return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
+    if job is not None:
+        return WarmResult(Warm.SKIPPED, f"job {job.id} took the net: its chain brings it up")
+    polled = _poll(rt, net_name, sites, live)
+    if isinstance(polled, WarmResult):
+        return polled
+    readiness, detail = polled
+    if readiness is not None and readiness.ready:
+        _mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        return WarmResult(Warm.READY, "ready")
+    if (now - since).total_seconds() > config.ready_timeout_s:
+        if readiness is not None and readiness.server_state == ServerState.STARTED:
+            # The server answers; only sites are missing: up all the same, as a job's
+            # missing sites leave its net READY.
+            reason = f"up; sites {list(readiness.missing_sites)} not connected yet"
+            _mark_ready(rt, net_name, readiness, reason)
+            return WarmResult(Warm.READY, reason)
+        return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
+    return WarmResult(Warm.NOT_READY, detail)
+
+
+def _poll(
+    rt: Runtime, net_name: str, sites: list[str], live: bool
+) -> WarmResult | tuple[Readiness | None, str]:
+    """One look at a STARTING net: a replica asked of the driver while a hold is live and it
+    desires none (a warm-up whose holds all ended stops pushing: the net is released), else
+    the server's readiness; a round's outcome, or the readiness and why it is not ready."""
+    readiness: Readiness | None = None
+    try:
+        observation = rt.driver(net_name).observe()
+        if observation.failure:
+            return _give_up(rt, net_name, f"driver: {observation.failure}")
+        if observation.desired < 1:
+            if not live:
+                return _release(rt, net_name, "prewarm: its holds ended before a replica was asked")
+            scale_net(rt, net_name, 1, "prewarm: a job is likely soon")
+            detail = "driver asked for 1 replica"
+        elif not observation.is_up:
+            detail = f"driver: desired={observation.desired} running={observation.running}"
+        else:
+            readiness = rt.admin(net_name).is_ready(sites)
+            detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+    except MisconfigurationError as exc:
+        return _misconfigured_while_warming(rt, net_name, str(exc))
+    except TransientError as exc:
+        detail = f"transient: {exc}"
+    return readiness, detail
+
+
+def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
+    """STARTING -> READY (idle from now) unless a job took the net meanwhile."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            return False
+        now = rt.clock()
+        idle_since = _idle_from(session, net_name, net.state_changed_at, now)
+        net.transition(NetState.READY, now, reason)
+        # Idle from now while a hold is live; from the last hold's end once they all ended
+        # (expired, cancelled): a late boot never buys a fresh grace past hold end + grace.
+        net.idle_since = idle_since
+        if readiness.server_start_time is not None:
+            net.server_start_time = readiness.server_start_time
+        net.unreachable_since = None
+        for row in _live_rows(session, net_name, now):
+            if row.ready_at is None:
+                row.ready_at = now
+    log.info("prewarmed net ready", extra={"net": net_name, "reason": reason})
+    return True
+
+
+def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
+    """The server never came: UNHEALTHY and scaled down (as after a job's readiness
+    deadline), its holds failed."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
+        now = rt.clock()
+        net.transition(NetState.UNHEALTHY, now, reason)
+        net.last_error = reason
+        for row in _live_rows(session, net_name, now):
+            end_hold(row, PrewarmOutcome.FAILED, now, reason)
+    log.error("prewarmed net not ready", extra={"net": net_name, "reason": reason})
+    try:
+        scale_net(rt, net_name, 0, "prewarm: readiness deadline passed")
+    except DispatcherError as exc:
+        log.error(
+            "scale-down after a failed prewarm failed; reconcile retries",
+            extra={"net": net_name, "reason": str(exc)},
+        )
+    return WarmResult(Warm.GAVE_UP, reason)
+
+
+def _live_rows(session: Session, net_name: str, now: datetime) -> list[Prewarm]:
+    """The net's open holds, locked, each settled first: one a job used or one past its
+    deadline keeps that outcome (a late give-up never rewrites it); the live ones are left."""
+    rows = session.scalars(
+        select(Prewarm)
+        .where(Prewarm.net_name == net_name, Prewarm.outcome.is_(None), ~Prewarm.refused)
+        .order_by(Prewarm.id)
+        .with_for_update()
+    )
+    live = []
+    for row in rows:
+        settle_row(session, row, now)
+        if row.outcome is None and row.hold_until > now:
+            live.append(row)
+    return live
+
+
+def _idle_from(session: Session, net_name: str, started: datetime, now: datetime) -> datetime:
+    """Where a prewarmed net's idle clock starts once it is up: now while a hold on it is
+    live, else the end of the last hold that wanted this start (hold end + grace bounds the
+    server); now if no hold did."""
+    ends = [
+        hold_end(until, ended)
+        for until, ended in session.execute(
+            select(Prewarm.hold_until, Prewarm.ended_at).where(
+                Prewarm.net_name == net_name, Prewarm.hold_until > started, ~Prewarm.refused
+            )
+        )
+    ]
+    return min(now, max(ends)) if ends else now
+
+
+def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:
+    """Its holds ended: the STARTING net goes down (STOPPING -> driver 0 -> STOPPED, as an
+    idle net does) unless a job took it meanwhile."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
+        net.transition(NetState.STOPPING, rt.clock(), reason)
+    log.info("prewarmed net released", extra={"net": net_name, "reason": reason})
+    stop_net(rt, net_name, reason)
+    return WarmResult(Warm.SKIPPED, reason)
+
+
+def _misconfigured_while_warming(rt: Runtime, net_name: str, reason: str) -> WarmResult:
+    """MISCONFIGURED and scaled down, its live holds failed; re-checked under the row lock a
+    claim takes, so a job claimed meanwhile is left to its own chain (which requeues it)."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            return WarmResult(Warm.SKIPPED, "a job took the net meanwhile: its chain sees to it")
+        now = rt.clock()
+        for row in _live_rows(session, net_name, now):
+            end_hold(row, PrewarmOutcome.FAILED, now, f"net {net_name} misconfigured: {reason}")
+        net.transition(NetState.MISCONFIGURED, now, reason)
+        net.last_error = reason
+    log.error("net misconfigured", extra={"net": net_name, "job": "None", "reason": reason})
+    if rt.settings.net(net_name).scales_to_zero:
+        try:
+            scale_net(rt, net_name, 0, "net misconfigured")
+        except DispatcherError as exc:
+            # Reconcile retries the scale-down of a MISCONFIGURED net that still runs.
+            log.error(
+                "scale-down of a misconfigured net failed",
+                extra={"net": net_name, "reason": str(exc)},
+            )
+    kick(rt)
+    return WarmResult(Warm.GAVE_UP, reason)
+
+
+# --- housekeeping -------------------------------------------------------------------------
+
+
+def settle_prewarms(rt: Runtime) -> list[str]:
+    """Write down how open holds ended (used, expired, failed), start again a net a live
+    hold wants up that went down, and re-send a warm-up lost before it asked the driver.
+    Never raises: a failure is logged and the idle scale-down that calls it goes on (it
+    reads the deadlines itself)."""
+    notes: list[str] = []
+    try:
+        now = rt.clock()
+        with rt.sessions() as session:
+            # The common case, no open hold at all, costs this one read.
+            if session.scalar(select(_open_hold().exists())) is not True:
+                return notes
+        with unit_of_work(rt.sessions) as session:
+            rows = list(
+                session.scalars(
+                    select(Prewarm)
+                    .where(Prewarm.outcome.is_(None), ~Prewarm.refused)
+                    .order_by(Prewarm.id)
+                    .with_for_update()
+                )
+            )
+            for row in rows:
+                note = settle_row(session, row, now)
+                if note:
+                    notes.append(f"prewarm {row.caller_key}: {note}")
+            wanted = sorted({r.net_name for r in rows if r.outcome is None and r.net_name})
+    except Exception:
+        log.exception("settling prewarms failed")
+        return notes
+    for net_name in wanted:
+        try:
+            note = _keep_warming(rt, net_name)
+        except Exception:
+            log.exception("keeping a prewarmed net up failed", extra={"net": net_name})
+            continue
+        if note:
+            notes.append(f"net {net_name}: {note}")
+    return notes
+
+
+def _open_hold() -> Select[Any]:
+    return select(Prewarm.id).where(Prewarm.outcome.is_(None), ~Prewarm.refused)
+
+
+def _keep_warming(rt: Runtime, net_name: str) -> str:
+    """A live hold wants its net's server up: a STOPPED net is started again (its server
+    went away meanwhile: stopped before the hold came, found gone, taken down); a STARTING
+    net whose driver was never asked for a replica (the warm-up's message was lost) gets its
+    warm-up again."""
+    if not rt.settings.has_net(net_name) or rt.settings.net(net_name).always_on:
+        return ""
+    now = rt.clock()
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, net_name, lock=True)
+        live = bool(wanted_hold(session, net_name, now))
+        if not live:
+            return ""
+        if net.state == NetState.STOPPED:
+            if not startable(session, net_name):
+                return ""
+            net.transition(NetState.STARTING, now, "prewarm: its hold wants the server up")
+            start = True
+        elif net.state == NetState.STARTING and services.active_job(session, net_name) is None:
+            age_s = (now - net.state_changed_at).total_seconds()
+            start = False
+            if age_s <= rt.settings.stuck_after_s:
+                return ""
+        else:
+            return ""
+    if not start and rt.driver(net_name).observe().desired > 0:
+        return ""  # its warm-up asked the driver: reconcile and the warm-up see it through
+    rt.outbox.send(names.WARM_UP, net_name=net_name)
+    return "started again for its hold" if start else "warm-up re-sent"

@@ -1,0 +1,135 @@
+"""Prewarm through its doors: the Celery tasks (as functions), the HTTP routes and the
+client, each answering what the use case decided (README "Prewarm")."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app import names
+from app.client import DispatcherClient
+from app.entrypoints.api import create_app
+from app.schemas import PrewarmNet
+from app.usecases import prewarm, services
+from models import NetState, Prewarm
+from tasks import base
+from tasks import prewarm as prewarm_tasks
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World, world_of
+
+API_KEY = "prewarm-doors-key-0123"
+AUTH = {"X-API-Key": API_KEY}
+
+
+@pytest.fixture
+def pw(tmp_path, job_root, sqlite_factory, clock) -> World:
+    nets = [net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120)]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, API_SECRET=API_KEY)
+    base.set_runtime(world.rt)
+    yield world
+    base.set_runtime(None)
+
+
+def test_the_prewarm_task_holds_the_net_and_sends_the_warm_up(pw):
+    answer = prewarm_tasks.prewarm_net.run(
+        payload={"caller_key": "p1", "net": "net-a", "within_s": 120}
+    )
+    assert answer["created"] is True and answer["status"] == "warming"
+    assert pw.outbox.sent[-1] == (names.WARM_UP, {"net_name": "net-a"})
+    assert (
+        prewarm_tasks.prewarm_net.run(
+            payload={"caller_key": "p1", "net": "net-a", "within_s": 120}
+        )["created"]
+        is False
+    )
+
+
+def test_the_prewarm_task_refuses_bad_payloads_and_records_them(pw):
+    refused = prewarm_tasks.prewarm_net.run(payload={"caller_key": "p1", "net": "net-a"})
+    assert refused["reason_code"] == "rejected" and "within_s" in refused["refused"]
+    conflict_first = {"caller_key": "p2", "net": "net-a", "within_s": 60}
+    prewarm_tasks.prewarm_net.run(payload=conflict_first)
+    conflict = prewarm_tasks.prewarm_net.run(payload={**conflict_first, "within_s": 61})
+    assert conflict["reason_code"] == "caller_key_conflict"
+    with pw.rt.sessions() as session:
+        outcomes = session.scalars(
+            select(Prewarm.outcome).where(Prewarm.refused).order_by(Prewarm.id)
+        ).all()
+    assert outcomes == ["rejected", "caller_key_conflict"]
+
+
+def test_the_warm_up_task_polls_until_ready_and_the_cancel_task_ends_the_hold(pw):
+    from celery.exceptions import Retry
+
+    prewarm_tasks.prewarm_net.run(payload={"caller_key": "p1", "net": "net-a", "within_s": 120})
+    with pytest.raises(Retry):
+        prewarm_tasks.warm_up.run(net_name="net-a")  # the driver was asked: poll again
+    assert prewarm_tasks.warm_up.run(net_name="net-a") == "ready"
+    assert pw.net("net-a").state == NetState.READY
+    assert prewarm_tasks.cancel_prewarm.run(payload={"caller_key": "p1"})["status"] == "cancelled"
+    assert "no prewarm" in prewarm_tasks.cancel_prewarm.run(payload={"caller_key": "x"})["rejected"]
+
+
+def test_the_http_routes(pw):
+    body = {"caller_key": "flip/p1", "net": "net-a", "within_s": 120}
+    with TestClient(create_app(pw.rt)) as client:
+        assert client.post("/prewarms", json=body).status_code == 401
+        created = client.post("/prewarms", json=body, headers=AUTH)
+        assert created.status_code == 201, created.text
+        assert created.json()["status"] == "warming" and created.json()["notified"] is True
+        assert client.post("/prewarms", json=body, headers=AUTH).status_code == 200
+        conflict = client.post("/prewarms", json={**body, "within_s": 1}, headers=AUTH)
+        assert conflict.status_code == 409
+        assert conflict.json()["reason_code"] == "caller_key_conflict"
+        bad = client.post("/prewarms", json={**body, "caller_key": "x", "net": "z"}, headers=AUTH)
+        assert bad.status_code == 400 and "unknown net" in bad.json()["detail"]
+        assert client.get("/prewarms/x").status_code == 410
+        assert client.get("/prewarms/nope").status_code == 404
+        assert client.get("/prewarms/flip/p1").json()["net"] == "net-a"
+        status = client.get("/fl/status").json()
+        assert status["nets"][0]["prewarm"]["caller_key"] == "flip/p1"
+
+        cancel = client.post("/prewarms/cancel", json={"caller_key": "flip/p1"}, headers=AUTH)
+        assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled"
+        missing = client.post("/prewarms/cancel", json={"caller_key": "nope"}, headers=AUTH)
+        assert missing.status_code == 404
+
+        with pw.rt.sessions.begin() as session:
+            services.mark_misconfigured(session, "net-a", "wrong kit", pw.clock())
+        other = {**body, "caller_key": "p2"}
+        refused = client.post("/prewarms", json=other, headers=AUTH)
+        assert refused.status_code == 409 and refused.json()["reason_code"] == "net_misconfigured"
+        assert "MISCONFIGURED: wrong kit" in refused.json()["detail"]
+        assert client.get("/prewarms/p2").json()["reason_code"] == "net_misconfigured"
+
+
+def test_the_client_sends_both_tasks_by_name_on_the_requests_queue():
+    sent = []
+
+    class App:
+        conf = type("Conf", (), {"update": lambda self, **kw: None})()
+
+        def send_task(self, name, kwargs, queue):
+            sent.append((name, kwargs, queue))
+
+    client = DispatcherClient("memory://", app=App())
+    client.prewarm(PrewarmNet(caller_key="p1", required_sites=["site-1"], within_s=90))
+    client.cancel_prewarm("p1")
+    assert sent == [
+        (
+            names.PREWARM,
+            {"payload": {"caller_key": "p1", "net": None, "required_sites": ["site-1"],
+                         "within_s": 90.0}},
+            names.QUEUE,
+        ),
+        (names.CANCEL_PREWARM, {"payload": {"caller_key": "p1"}}, names.QUEUE),
+    ]  # fmt: skip
+
+
+def test_the_task_answer_is_the_use_cases_view(pw):
+    answer = prewarm_tasks.prewarm_net.run(
+        payload={"caller_key": "p1", "net": "net-a", "within_s": 30}
+    )
+    with pw.rt.sessions() as session:
+        assert answer == {**prewarm.get_prewarm(session, "p1", pw.clock()), "created": True}
