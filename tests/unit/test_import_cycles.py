@@ -14,6 +14,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,21 @@ def area_of(module: str) -> str:
 
 
 AREAS = sorted({area_of(name) for name in MODULES})
+# Areas whose rooms are known not to meet the rules yet, each with its open issue. Strict:
+# the day an area passes, its case fails until it is taken off this list.
+OPEN: dict[str, str] = {
+    "app.sim": "issue 23: the simulator is not split yet (simulation.py <-> invariants, "
+    "messages, redeploy; simulation.py, invariants.py and fakes.py over 500 lines)",
+}
+
+
+def _areas() -> list[Any]:
+    return [
+        pytest.param(area, marks=pytest.mark.xfail(strict=True, reason=OPEN[area]))
+        if area in OPEN
+        else area
+        for area in AREAS
+    ]
 
 
 def _resolve(module: Module, node: ast.ImportFrom) -> str:
@@ -164,7 +180,7 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(module) for name, module in MODULES.items()}
 
 
-@pytest.mark.parametrize("area", AREAS)
+@pytest.mark.parametrize("area", _areas())
 def test_no_import_cycle(area: str, graph: dict[str, set[str]]) -> None:
     found = [c for c in cycles(graph) if any(area_of(m) == area for m in c)]
     assert not found, f"import cycles through {area}:\n" + "\n".join(
@@ -172,7 +188,7 @@ def test_no_import_cycle(area: str, graph: dict[str, set[str]]) -> None:
     )
 
 
-@pytest.mark.parametrize("area", AREAS)
+@pytest.mark.parametrize("area", _areas())
 def test_no_module_over_the_line_limit(area: str) -> None:
     sizes = {
         name: len(module.path.read_text().splitlines())
