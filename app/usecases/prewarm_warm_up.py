@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from app import names
@@ -59,7 +59,9 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     desires none), then READY once the server answers and the holds' sites are connected.
     A net a job has been claimed onto is left to that job's chain. Past the net's
     ready_timeout_s a server that answers is READY all the same (a site may come later);
-    one that does not is UNHEALTHY and scaled down, and its holds fail."""
+    one that does not is UNHEALTHY and scaled down, and its holds fail. A net found READY
+    already (reconcile moves a STARTING net without a job READY once its driver runs it) is
+    polled on until its holds' sites are connected, so `ready_at` says when they were."""
     if not rt.settings.has_net(net_name):
         return WarmResult(Warm.SKIPPED, f"net {net_name} is no longer declared (NETS)")
     config = rt.settings.net(net_name)
@@ -70,10 +72,13 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
         job = services.active_job(session, net_name)
         live = wanted_hold(session, net_name, now) is not None
         sites = wanted_sites(session, net_name, now) or list(config.required_sites)
-    if config.always_on or state != NetState.STARTING:
-        return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
+        awaited = _awaited_since(session, net_name, now)
     if job is not None:
         return WarmResult(Warm.SKIPPED, f"job {job.id} took the net: its chain brings it up")
+    if state == NetState.READY and awaited is not None:
+        return _await_sites(rt, net_name, sites, awaited)
+    if config.always_on or state != NetState.STARTING:
+        return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
     polled = _poll(rt, net_name, sites, live)
     if isinstance(polled, WarmResult):
         return polled
@@ -120,13 +125,46 @@ def _poll(
     return readiness, detail
 
 
+def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) -> WarmResult:
+    """A READY net whose live holds wait for their sites: note when they are connected (past
+    the net's ready_timeout_s from the first such hold, stop asking: the net is up)."""
+    try:
+        readiness = rt.admin(net_name).is_ready(sites)
+    except MisconfigurationError as exc:
+        return _misconfigured_while_warming(rt, net_name, str(exc), NetState.READY)
+    except TransientError as exc:
+        readiness = Readiness(False, ServerState.UNREACHABLE, detail=f"transient: {exc}")
+    if readiness.ready:
+        _mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        return WarmResult(Warm.READY, "ready")
+    detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+    if (rt.clock() - since).total_seconds() > rt.settings.net(net_name).ready_timeout_s:
+        return WarmResult(Warm.SKIPPED, f"up, not every site connected: {detail}")
+    return WarmResult(Warm.NOT_READY, detail)
+
+
+def _awaited_since(session: Session, net_name: str, now: datetime) -> datetime | None:
+    """When the first live hold on the net not yet seen ready was made (None: none)."""
+    return session.scalar(
+        select(func.min(Prewarm.created_at)).where(
+            Prewarm.net_name == net_name,
+            Prewarm.outcome.is_(None),
+            ~Prewarm.refused,
+            Prewarm.hold_until > now,
+            Prewarm.ready_at.is_(None),
+        )
+    )
+
+
 def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
-    """STARTING -> READY (idle from now) unless a job took the net meanwhile."""
+    """The holds' server is ready: noted on them (also when reconcile moved the net READY
+    first), and the net STARTING -> READY unless a job took it meanwhile."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
-        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
-            return False
         now = rt.clock()
+        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+            _note_ready(session, net_name, now)
+            return False
         idle_since = _idle_from(session, net_name, net.state_changed_at, now)
         net.transition(NetState.READY, now, reason)
         # Idle from now while a hold is live; from the last hold's end once they all ended
@@ -135,11 +173,15 @@ def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -
         if readiness.server_start_time is not None:
             net.server_start_time = readiness.server_start_time
         net.unreachable_since = None
-        for row in _live_rows(session, net_name, now):
-            if row.ready_at is None:
-                row.ready_at = now
+        _note_ready(session, net_name, now)
     log.info("prewarmed net ready", extra={"net": net_name, "reason": reason})
     return True
+
+
+def _note_ready(session: Session, net_name: str, now: datetime) -> None:
+    for row in _live_rows(session, net_name, now):
+        if row.ready_at is None:
+            row.ready_at = now
 
 
 def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
@@ -210,12 +252,15 @@ def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:
     return WarmResult(Warm.SKIPPED, reason)
 
 
-def _misconfigured_while_warming(rt: Runtime, net_name: str, reason: str) -> WarmResult:
+def _misconfigured_while_warming(
+    rt: Runtime, net_name: str, reason: str, seen: NetState = NetState.STARTING
+) -> WarmResult:
     """MISCONFIGURED and scaled down, its live holds failed; re-checked under the row lock a
-    claim takes, so a job claimed meanwhile is left to its own chain (which requeues it)."""
+    claim takes (still in the state `seen`), so a job claimed meanwhile is left to its own
+    chain (which requeues it)."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
-        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+        if net.state != seen or services.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile: its chain sees to it")
         now = rt.clock()
         for row in _live_rows(session, net_name, now):

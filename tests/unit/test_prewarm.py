@@ -20,7 +20,7 @@ from app.errors import (
     RequestRejected,
 )
 from app.schemas import PrewarmNet
-from app.usecases import dispatch, prewarm, prewarm_warm_up, scale_down, services
+from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, scale_down, services
 from app.usecases.prewarm_warm_up import Warm
 from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode
 from tests.fixtures.db import net_decl
@@ -150,6 +150,35 @@ def test_readiness_waits_for_the_sites_the_hint_names(pw):
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
     pw.server("net-a").sites = ["site-1"]
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
+
+
+def test_a_net_reconcile_found_up_first_is_polled_until_its_sites_are_connected(pw):
+    ask(pw, "p1", net="net-a", within_s=300)
+    pw.server("net-a").sites = []
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked
+    reconciler.reconcile(pw.rt)  # STARTING without a job, driver up: READY
+    assert pw.net("net-a").state == NetState.READY and row(pw, "p1").ready_at is None
+    pw.clock.advance(5)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    pw.server("net-a").sites = ["site-1", "site-2"]
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
+    assert row(pw, "p1").ready_at == pw.clock()
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # nothing left to wait
+
+
+def test_a_net_reconcile_moved_while_its_readiness_was_checked_still_notes_it(pw, monkeypatch):
+    ask(pw, "p1", net="net-a", within_s=300)
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    admin = pw.admin("net-a")
+    real = admin.is_ready
+
+    def reconciled_meanwhile(sites):
+        reconciler.reconcile(pw.rt)  # STARTING without a job, driver up: READY
+        return real(sites)
+
+    monkeypatch.setattr(admin, "is_ready", reconciled_meanwhile)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
+    assert row(pw, "p1").ready_at == pw.clock()
 
 
 def test_no_second_replica_and_one_cold_start_however_many_hints_and_jobs(pw):
@@ -438,6 +467,7 @@ def test_an_always_on_net_is_only_held(pw):
 
 
 def test_status_metrics_and_the_nets_page_show_the_hold(pw):
+    from app.entrypoints.nets_page import render
     from app.metrics.read import read_snapshot
     from app.usecases.net_history import declared_nets, nets_overview
     from app.usecases.views import collect_status
@@ -459,6 +489,8 @@ def test_status_metrics_and_the_nets_page_show_the_hold(pw):
     [panel] = [p for p in page.nets if p.now.name == "net-a"]
     assert panel.now.hold is not None and panel.now.idle_left_s == GRACE_S
     assert not panel.now.needs_attention  # held, not "idle past its grace"
+    html = render(page)
+    assert '<dt>Prewarm</dt><dd><span class="key">p1</span> held until 12:05 (3m 00s left)' in html
 
     pw.clock.advance(300)
     scale_down.scale_down_idle_nets(pw.rt)
