@@ -166,6 +166,23 @@ def test_a_net_reconcile_found_up_first_is_polled_until_its_sites_are_connected(
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # nothing left to wait
 
 
+def test_a_misconfiguration_seen_while_a_ready_net_awaits_its_sites_fails_the_hold(pw, monkeypatch):
+    from app.errors import AdminMisconfigured
+
+    ask(pw, "p1", net="net-a", within_s=300)
+    pw.server("net-a").sites = []
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    reconciler.reconcile(pw.rt)  # READY, its hold still waits for its sites
+
+    def misconfigured(sites):
+        raise AdminMisconfigured("admin kit names another server")
+
+    monkeypatch.setattr(pw.admin("net-a"), "is_ready", misconfigured)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert pw.net("net-a").state == NetState.MISCONFIGURED
+    assert (pw.driver("net-a").replicas, view(pw, "p1")["status"]) == (0, "failed")
+
+
 def test_a_net_reconcile_moved_while_its_readiness_was_checked_still_notes_it(pw, monkeypatch):
     ask(pw, "p1", net="net-a", within_s=300)
     prewarm_warm_up.warm_up(pw.rt, "net-a")
