@@ -175,6 +175,9 @@ class Checker:
         self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
+        self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
+        self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
+        self._strays_at_changes = -1
         self._has_strays = (
             sim.conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
@@ -197,7 +200,13 @@ class Checker:
     # --- reading the world --------------------------------------------------------------------
 
     def read(self) -> None:
+        """The jobs and nets tables, again only if a row changed since the last read (the
+        connection's change counter: every INSERT, UPDATE and DELETE, rolled back or not)."""
         conn = self.sim.conn
+        changes = conn.total_changes
+        if changes == self._read_at_changes:
+            return
+        self._read_at_changes = changes
         self.jobs = [
             JobRow(
                 id=_uuid(row[0]),
@@ -250,11 +259,18 @@ class Checker:
     def _waits_for_its_stray(self, job_id: str) -> bool:
         if not self._has_strays:
             return False
-        row = self.sim.conn.execute(
-            "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
-            (job_id.replace("-", ""),),
-        ).fetchone()
-        return row is not None
+        changes = self.sim.conn.total_changes
+        if changes != self._strays_at_changes:  # answers hold until a row changes
+            self._strays_at_changes = changes
+            self._strays_of.clear()
+        known = self._strays_of.get(job_id)
+        if known is None:
+            row = self.sim.conn.execute(
+                "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
+                (job_id.replace("-", ""),),
+            ).fetchone()
+            known = self._strays_of[job_id] = row is not None
+        return known
 
     def _counted_completion(self, run: Run, t: float) -> bool:
         """A completed run counts if the dispatcher could have seen it complete: after it

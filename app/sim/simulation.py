@@ -312,6 +312,7 @@ class Simulation:
         )
         self.settings = self._settings()
         self._scales: dict[str, bool] = {}
+        self._declared: dict[str | None, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
         self._events: list[tuple[float, int, str, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -446,7 +447,10 @@ class Simulation:
         return cached
 
     def declared_net(self, net: str | None) -> bool:
-        return self.settings.has_net(net)
+        declared = self._declared.get(net)
+        if declared is None:
+            declared = self._declared[net] = self.settings.has_net(net)
+        return declared
 
     def job_spec(self, job_id: str) -> JobSpec | None:
         return self._jobs.get(job_id)
@@ -508,7 +512,8 @@ class Simulation:
                 message = self._pick_concurrent(due)
                 self.broker.take(message)
                 self.stats["interleaved"] += 1
-                self.trace(f"   || w1 runs {message.label()} during {point}")
+                if self.tracing:
+                    self.trace(f"   || w1 runs {message.label()} during {point}")
                 self._deliver(message, 1)
 
     def _pick_concurrent(self, due: list[Message]) -> Message:
@@ -594,7 +599,8 @@ class Simulation:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
         spec = TASKS[message.task]
         if message.expires_at is not None and self.clock.t > message.expires_at:
-            self.trace(f"   expired {message.label()}")
+            if self.tracing:
+                self.trace(f"   expired {message.label()}")
             return
         if (
             self.fast_forward
@@ -651,13 +657,15 @@ class Simulation:
                 self.rng_msg, message.retries, self.settings.retry_backoff_max_s
             )
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
-            self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
+            if self.tracing:
+                self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
             self._push_again(message, countdown + late)
             return
         except Exception as exc:
             self._escaped(message, spec, exc)
             return
-        self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
+        if self.tracing:
+            self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
         if messages.is_poll(spec, result):
             self._push_again(message, self._poll_delay(message.kwargs))
             return
@@ -675,7 +683,8 @@ class Simulation:
         except Exception as exc:
             self._escaped(message, spec, exc)
             return
-        self.trace(f"w{slot} {message.label()} -> {report}")
+        if self.tracing:
+            self.trace(f"w{slot} {message.label()} -> {report}")
         if report.retry_in_s is not None:
             self._push_again(message, report.retry_in_s)
 
@@ -978,6 +987,7 @@ class Simulation:
         before = {n.name: self.scales_to_zero(n.name) for n in self.declared.nets}
         self.settings = self._settings()
         self._scales = {}
+        self._declared = {}
         self.trace(f"== redeploy: {what}")
         for slot in (0, 1):
             self._restart_worker(slot, "redeploy with new settings")
