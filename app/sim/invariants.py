@@ -172,6 +172,7 @@ class Checker:
         self._completions: dict[str, bool] = {}
         self._seen_answering: dict[str, float] = {}
         self._starved_since: dict[str, float] = {}
+        self._undeclared_at: dict[str, float] = {}  # net -> last seen undeclared
         self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
@@ -481,6 +482,14 @@ class Checker:
                         f"live for {t - since:.0f}s (bound {b.unaccounted:.0f}s), neither counted"
                         f" by its job nor recorded as a stray run: {where}",
                     )
+                if not self.sim.declared_net(run.net):
+                    # A server NETS no longer declares is the operator's (README, "A net
+                    # removed from NETS": nothing of the dispatcher reaches it); its runs
+                    # are the dispatcher's to stop again only from the net's next
+                    # declaration on.
+                    self._undeclared_at[run.net] = t
+                    continue
+                since = max(since, self._undeclared_at.get(run.net, since))
                 if t - since > b.orphan:
                     self.report(
                         "stray-run-stopped",
@@ -611,7 +620,8 @@ class Checker:
             ):
                 reasons.append(f"net {net.name} {net.state} still has a server")
         for run in sim.cluster.live_runs(t):
-            reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+            if sim.declared_net(run.net):  # else the operator's (see stray-run-stopped)
+                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
         if sim.broker.work_pending():
             reasons.append("messages pending")
         if sim.world.callbacks:
