@@ -114,6 +114,8 @@ class Bounds:
         common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
         if p.worker_kill:
             common += p.worker_restart_s
+        if p.stall:
+            common += p.stall_max_s  # a task paused mid-way finishes its step that much later
         if p.retry_backlog:
             common += 90.0  # a retry that runs late behind a broker backlog
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
