@@ -30,6 +30,11 @@ class FaultProfile:
     worker_restart_s: float = 5.0  # redelivery delay of a killed worker's message
     interleave: float = 0.0  # per hook point: another worker runs a due message right now
     retry_backlog: float = 0.0  # per pipeline retry: it runs 30-90 s after its countdown
+    # per call to a server or a driver: the worker stalls there (a VM pause, a stop-the-world
+    # collection, a starved container) for 30 s to stall_max_s, while the other worker, beat
+    # and the world go on; then its task resumes where it stopped, past any lease it held
+    stall: float = 0.0
+    stall_max_s: float = 120.0
     # --- the NVFLARE admin side ---
     admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
     admin_unknown: float = 0.0  # per call: UnknownAdminError before acting
@@ -106,6 +111,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        stall=0.02,
         retry_backlog=0.3,
         reply_loss_rate=6.0,
         redeploy_p=0.25,
@@ -166,6 +172,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        stall=0.01,
         retry_backlog=0.1,
         reply_loss_rate=2.0,
         redeploy_p=0.3,

@@ -114,6 +114,8 @@ class Bounds:
         common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
         if p.worker_kill:
             common += p.worker_restart_s
+        if p.stall:
+            common += p.stall_max_s  # a task paused mid-way finishes its step that much later
         if p.retry_backlog:
             common += 90.0  # a retry that runs late behind a broker backlog
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
@@ -172,9 +174,13 @@ class Checker:
         self._completions: dict[str, bool] = {}
         self._seen_answering: dict[str, float] = {}
         self._starved_since: dict[str, float] = {}
+        self._undeclared_at: dict[str, float] = {}  # net -> last seen undeclared
         self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
+        self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
+        self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
+        self._strays_at_changes = -1
         self._has_strays = (
             sim.conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
@@ -197,7 +203,13 @@ class Checker:
     # --- reading the world --------------------------------------------------------------------
 
     def read(self) -> None:
+        """The jobs and nets tables, again only if a row changed since the last read (the
+        connection's change counter: every INSERT, UPDATE and DELETE, rolled back or not)."""
         conn = self.sim.conn
+        changes = conn.total_changes
+        if changes == self._read_at_changes:
+            return
+        self._read_at_changes = changes
         self.jobs = [
             JobRow(
                 id=_uuid(row[0]),
@@ -250,11 +262,18 @@ class Checker:
     def _waits_for_its_stray(self, job_id: str) -> bool:
         if not self._has_strays:
             return False
-        row = self.sim.conn.execute(
-            "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
-            (job_id.replace("-", ""),),
-        ).fetchone()
-        return row is not None
+        changes = self.sim.conn.total_changes
+        if changes != self._strays_at_changes:  # answers hold until a row changes
+            self._strays_at_changes = changes
+            self._strays_of.clear()
+        known = self._strays_of.get(job_id)
+        if known is None:
+            row = self.sim.conn.execute(
+                "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
+                (job_id.replace("-", ""),),
+            ).fetchone()
+            known = self._strays_of[job_id] = row is not None
+        return known
 
     def _counted_completion(self, run: Run, t: float) -> bool:
         """A completed run counts if the dispatcher could have seen it complete: after it
@@ -465,6 +484,14 @@ class Checker:
                         f"live for {t - since:.0f}s (bound {b.unaccounted:.0f}s), neither counted"
                         f" by its job nor recorded as a stray run: {where}",
                     )
+                if not self.sim.declared_net(run.net):
+                    # A server NETS no longer declares is the operator's (README, "A net
+                    # removed from NETS": nothing of the dispatcher reaches it); its runs
+                    # are the dispatcher's to stop again only from the net's next
+                    # declaration on.
+                    self._undeclared_at[run.net] = t
+                    continue
+                since = max(since, self._undeclared_at.get(run.net, since))
                 if t - since > b.orphan:
                     self.report(
                         "stray-run-stopped",
@@ -595,7 +622,8 @@ class Checker:
             ):
                 reasons.append(f"net {net.name} {net.state} still has a server")
         for run in sim.cluster.live_runs(t):
-            reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+            if sim.declared_net(run.net):  # else the operator's (see stray-run-stopped)
+                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
         if sim.broker.work_pending():
             reasons.append("messages pending")
         if sim.world.callbacks:

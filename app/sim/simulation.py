@@ -313,11 +313,14 @@ class Simulation:
         )
         self.settings = self._settings()
         self._scales: dict[str, bool] = {}
+        self._declared: dict[str | None, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
         self._events: list[tuple[float, int, str, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._stack: list[int] = []  # worker slots of the messages being processed
         self._dead: set[int] = set()  # slots whose current message was killed
+        self._rng_stall = random.Random(f"{seed}/stall")  # drawn only where stalls happen
+        self._stalled: int | None = None  # the slot of a stalled worker
         self.receiver: SimReceiver = random_receiver(
             self,
             random.Random(f"{seed}/receiver"),
@@ -337,6 +340,8 @@ class Simulation:
         self._triggers: list[tuple[str, str, str, Callable[[], None]]] = []
         self._current: list[Message] = []  # the messages being processed, outermost first
         self._draining = False
+        self._beats = beat_loops(world)
+        self._next_beat = [period for _, period in self._beats]  # each loop's next tick
 
     @classmethod
     def from_seed(
@@ -431,7 +436,10 @@ class Simulation:
 
     def _restart_worker(self, slot: int, why: str) -> None:
         """A (new) worker process: fresh runtime and admin sessions, and the worker_init
-        signal's sync_nets(at_start=True), which resets MISCONFIGURED nets."""
+        signal's sync_nets(at_start=True), which resets MISCONFIGURED nets. A stalled worker
+        is replaced: its task dies when it would resume."""
+        if slot == self._stalled:
+            self._dead.add(slot)
         self.workers[slot] = self._runtime(slot)
         with unit_of_work(self.sessions) as session:
             services.sync_nets(session, self.settings, self.clock(), at_start=True)
@@ -447,7 +455,10 @@ class Simulation:
         return cached
 
     def declared_net(self, net: str | None) -> bool:
-        return self.settings.has_net(net)
+        declared = self._declared.get(net)
+        if declared is None:
+            declared = self._declared[net] = self.settings.has_net(net)
+        return declared
 
     def job_spec(self, job_id: str) -> JobSpec | None:
         return self._jobs.get(job_id)
@@ -509,8 +520,44 @@ class Simulation:
                 message = self._pick_concurrent(due)
                 self.broker.take(message)
                 self.stats["interleaved"] += 1
-                self.trace(f"   || w1 runs {message.label()} during {point}")
+                if self.tracing:
+                    self.trace(f"   || w1 runs {message.label()} during {point}")
                 self._deliver(message, 1)
+        if (
+            faults.stall
+            and len(self._stack) == 1
+            and self._stalled is None
+            # At a call to a server or a driver: where a task acts on what it read before
+            # (a claim, a lease, a snapshot of runs), the moment a pause matters.
+            and point.startswith(("admin.", "driver."))
+            and not self.conn.in_transaction
+            and self._rng_stall.random() < faults.stall
+        ):
+            self._stall(slot, point, self._rng_stall.uniform(30.0, faults.stall_max_s))
+
+    def _stall(self, slot: int, point: str, length_s: float) -> None:
+        """The worker in `slot` stops at `point` for `length_s`: meanwhile the other worker
+        takes every message that comes due, beat ticks and the world's events happen, and
+        every invariant is checked as ever. A lease its task holds may pass, and the job may
+        move on, before the task resumes. A worker restarted meanwhile (a redeploy) dies
+        at the next hook point, its message redelivered."""
+        until = self.clock.t + length_s
+        self._stalled = slot
+        self.stats["stalls"] = self.stats.get("stalls", 0) + 1
+        self.trace(f"   zz worker w{slot} stalls {length_s:.0f}s at {point}")
+        try:
+            while self.clock.t < until and not (self.fail_fast and self.checker.violations):
+                if self._step(1 - slot):
+                    continue
+                if self._next_change() > until:
+                    self.clock.advance_to(until)
+                    break
+                self._advance()
+        finally:
+            self._stalled = None
+        self.trace(f"   zz worker w{slot} resumes at {point}")
+        if slot in self._dead:
+            raise WorkerKilled(point)
 
     def _pick_concurrent(self, due: list[Message]) -> Message:
         """The message another worker runs now: half the time one that conflicts with the
@@ -595,7 +642,8 @@ class Simulation:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
         spec = TASKS[message.task]
         if message.expires_at is not None and self.clock.t > message.expires_at:
-            self.trace(f"   expired {message.label()}")
+            if self.tracing:
+                self.trace(f"   expired {message.label()}")
             return
         if (
             self.fast_forward
@@ -652,13 +700,15 @@ class Simulation:
                 self.rng_msg, message.retries, self.settings.retry_backoff_max_s
             )
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
-            self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
+            if self.tracing:
+                self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
             self._push_again(message, countdown + late)
             return
         except Exception as exc:
             self._escaped(message, spec, exc)
             return
-        self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
+        if self.tracing:
+            self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
         if messages.is_poll(spec, result):
             self._push_again(message, self._poll_delay(message.kwargs))
             return
@@ -676,7 +726,8 @@ class Simulation:
         except Exception as exc:
             self._escaped(message, spec, exc)
             return
-        self.trace(f"w{slot} {message.label()} -> {report}")
+        if self.tracing:
+            self.trace(f"w{slot} {message.label()} -> {report}")
         if report.retry_in_s is not None:
             self._push_again(message, report.retry_in_s)
 
@@ -979,6 +1030,7 @@ class Simulation:
         before = {n.name: self.scales_to_zero(n.name) for n in self.declared.nets}
         self.settings = self._settings()
         self._scales = {}
+        self._declared = {}
         self.trace(f"== redeploy: {what}")
         for slot in (0, 1):
             self._restart_worker(slot, "redeploy with new settings")
@@ -1174,63 +1226,79 @@ class Simulation:
                     next_beat[i] += math.ceil((until - next_beat[i]) / period) * period
         return skip, calm
 
+    def _step(self, slot: int) -> bool:
+        """Deliver one due message (the broker's pick) to the worker in `slot`, then check
+        every invariant; False when no message is due."""
+        due = self.broker.due(self.clock.t)
+        if not due:
+            return False
+        message = self.rng_msg.choice(due)
+        self.broker.take(message)
+        self._deliver(message, slot)
+        self.stats["steps"] += 1
+        if self._triggers:
+            self._fire_triggers()
+        self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
+        self._maybe_flip()
+        if self.check_invariants:
+            self.checker.check()
+        return True
+
+    def _next_change(self) -> float:
+        """When the next message, beat tick or scheduled event is due."""
+        candidates = [t for t in (self.broker.next_time(), min(self._next_beat)) if t is not None]
+        if self._events:
+            candidates.append(self._events[0][0])
+        return min(candidates)
+
+    def _advance(self) -> bool:
+        """Nothing is due: move the clock to the next change, run the scheduled events and
+        beat ticks due by then, and check every invariant. True if assign's tick fired (a
+        beat tick, for the settling count)."""
+        beats, next_beat = self._beats, self._next_beat
+        if self.fast_forward:
+            self._beats_to_skip(beats, next_beat)
+        self.clock.advance_to(self._next_change())
+        now = self.clock.t
+        while self._events and self._events[0][0] <= now:
+            _, _, label, action = heapq.heappop(self._events)
+            self.trace(f"== {label}")
+            action()
+        beat_fired = False
+        idle: set[str] = set()
+        if self.fast_forward and any(t <= now for t in next_beat):
+            idle, _ = self._beats_to_skip(beats, list(next_beat))
+        for i, (task, period) in enumerate(beats):
+            if next_beat[i] <= now:
+                next_beat[i] += period
+                beat_fired = beat_fired or i == 0
+                if task in idle:
+                    continue  # fast_forward: it would read the tables and do nothing
+                if task == names.DELIVER_CALLBACKS and not self._callbacks_pending():
+                    continue  # the sweep would read, find nothing due, and return
+                if task == names.MONITOR_AWAITED_RUNS and not self._maybe_awaited():
+                    # Nothing queued behind a run: the poll would only read the tables
+                    # (sending it every second would swamp the sweep's message order).
+                    continue
+                self.broker.push(task, {}, expires_in=period, origin="beat")
+        self._maybe_flip()
+        if self.check_invariants:
+            self.checker.check()
+        return beat_fired
+
     def _run(self) -> Result:
         self._schedule()
         checker = self.checker
-        beats = beat_loops(self.world)
-        next_beat = [period for _, period in beats]
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
         attempts = max(j.max_attempts or self.world.max_attempts for j in self.workload.jobs)
         deadline = self.workload.horizon_s + checker.liveness_s(attempts)
         settled_ticks = 0
         while True:
-            now = self.clock.t
-            due = self.broker.due(now)
-            if due:
-                message = self.rng_msg.choice(due)
-                self.broker.take(message)
-                self._deliver(message, 0)
-                self.stats["steps"] += 1
-                if self._triggers:
-                    self._fire_triggers()
-                self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
-                self._maybe_flip()
-                if self.check_invariants:
-                    checker.check()
+            if self._step(0):
                 if self.fail_fast and checker.violations:
                     break
                 continue
-            if self.fast_forward:
-                self._beats_to_skip(beats, next_beat)
-            candidates = [t for t in (self.broker.next_time(), min(next_beat)) if t is not None]
-            if self._events:
-                candidates.append(self._events[0][0])
-            self.clock.advance_to(min(candidates))
-            now = self.clock.t
-            while self._events and self._events[0][0] <= now:
-                _, _, label, action = heapq.heappop(self._events)
-                self.trace(f"== {label}")
-                action()
-            beat_fired = False
-            idle: set[str] = set()
-            if self.fast_forward and any(t <= now for t in next_beat):
-                idle, _ = self._beats_to_skip(beats, list(next_beat))
-            for i, (task, period) in enumerate(beats):
-                if next_beat[i] <= now:
-                    next_beat[i] += period
-                    beat_fired = beat_fired or i == 0
-                    if task in idle:
-                        continue  # fast_forward: it would read the tables and do nothing
-                    if task == names.DELIVER_CALLBACKS and not self._callbacks_pending():
-                        continue  # the sweep would read, find nothing due, and return
-                    if task == names.MONITOR_AWAITED_RUNS and not self._maybe_awaited():
-                        # Nothing queued behind a run: the poll would only read the tables
-                        # (sending it every second would swamp the sweep's message order).
-                        continue
-                    self.broker.push(task, {}, expires_in=period, origin="beat")
-            self._maybe_flip()
-            if self.check_invariants:
-                checker.check()
+            beat_fired = self._advance()
             if self.fail_fast and checker.violations:
                 break
             if beat_fired and self._draining:
@@ -1238,7 +1306,7 @@ class Simulation:
                 settled_ticks = 0 if reasons else settled_ticks + 1
                 if settled_ticks >= SETTLED_TICKS:
                     break
-                if now > deadline:
+                if self.clock.t > deadline:
                     checker.quiescence(reasons)
                     break
         if self.check_invariants:

@@ -9,11 +9,13 @@ SIM_WORKERS how many processes share them.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 
 from app.sim.faults import CLEAN, PROFILES_BY_NAME
+from app.sim.redeploy import redeploy
 from app.sim.simulation import Result, Simulation, replay_command, run_seed
 from app.sim.sweep import run_seeds, seed_count
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
@@ -115,3 +117,22 @@ def test_a_failing_seed_prints_how_to_replay_it() -> None:
     result = run_seed(0)  # hole 2 in a clean world (see FINDINGS.md) until it is fixed
     text = result.summary()
     assert replay_command(0) in text or result.ok
+
+
+def test_a_run_left_on_a_net_nets_no_longer_declares_is_the_operators() -> None:
+    """Seed 1111 (servers) of the 10,000-seed sweep: a hung run on net-a when a redeploy
+    removes net-a from NETS. The README leaves that server to the operator ("stop its server
+    yourself if it still runs"): reconcile fails the job and keeps its run as a stray, and
+    nothing of the dispatcher may reach that server any more. The checker must not hold the
+    run against the dispatcher (stray-run-stopped, then quiescence) while NETS does not
+    declare the net."""
+    world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
+    hung = JobSpec("hung", arrive_s=5.0, duration_s=None, net="net-a")
+    sim = Simulation(world, Workload(jobs=(hung,), horizon_s=120.0), CLEAN, seed=1)
+    sim.at(60.0, "redeploy (remove)", functools.partial(redeploy, sim, "remove", 0.0))
+
+    result = sim.run()
+
+    assert sim.job_states() == {"hung": "FAILED"}
+    assert [r.net for r in sim.cluster.live_runs(sim.clock.t)] == ["net-a"]
+    assert result.ok, result.summary()
