@@ -1,5 +1,5 @@
 """Undo one of round 3's eight fixes (871e7f6) in a copy of the tree, so the simulator's
-sweep can be asked whether it finds that defect (README, "What the simulation drives").
+sweep can be asked whether it finds that defect (app/sim/README.md, "What the simulation drives").
 Each edit reverses the core of one fix; the copy is thrown away afterwards.
 
     git archive HEAD app models migrations tasks | tar -x -C /tmp/undo5
