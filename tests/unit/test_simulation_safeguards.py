@@ -100,6 +100,9 @@ SAFEGUARDS = [
         # check.
         range(70, 80),
         frozenset({"submit-after-ready", "no-scale-down-under-job", "no-escape"}),
+        gap="found at racy seed 75 on the simulator branch (workers stalling mid-task), lost "
+        "when it met main's prewarm (a claim now also ends the net's holds) and use-case "
+        "split; seeds 80-720 were not hunted again before the session ended (issue 20)",
     ),
     Safeguard(
         "runs no job counts are recorded as strays (holes 4, 5, 6)",
