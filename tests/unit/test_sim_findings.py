@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import abort, dispatch, reconciler, services
+from app.usecases import abort, dispatch, monitor, reconciler, services
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -142,9 +142,9 @@ def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on
     world.run_pipeline(job_id)
     server = world.server("fixed")
     server.up = False  # the process is gone: the admin side cannot tell it from a blip
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     world.clock.advance(31)  # past SERVER_LOST_GRACE_S
-    housekeeping.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray
     server.up, server.start_time = True, server.start_time + 500  # a new process answers
     monkeypatch.setattr(
