@@ -368,10 +368,6 @@ class StrayRun(Base):
     # None: the submit's outcome is unknown, the run is known only by its token.
     nvflare_job_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
     submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
-    # The start time of the server process the run is known to have lived on, where that is
-    # known: a server answering with another start time has restarted, and the run died with
-    # the old process (NVFLARE 2.9 still reports it RUNNING and refuses its abort).
-    server_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 

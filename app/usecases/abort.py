@@ -10,7 +10,7 @@ import uuid
 
 from sqlalchemy import func, select
 
-from app.adapters.nvflare.base import AbortOutcome, AdminClient, RunState
+from app.adapters.nvflare.base import AbortOutcome, RunState
 from app.db import unit_of_work
 from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
@@ -195,27 +195,17 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     the net is scaled to zero). Returns how many are left."""
     with rt.sessions() as session:
         strays = [
-            (s.id, s.nvflare_job_id, s.submit_token, s.server_start_time)
+            (s.id, s.nvflare_job_id, s.submit_token)
             for s in session.scalars(select(StrayRun).where(StrayRun.net_name == net_name))
         ]
     if not strays or not rt.settings.has_net(net_name):
         return len(strays)
     admin = rt.admin(net_name)
-    now_started = _answered_start_time(admin) if any(s[3] is not None for s in strays) else None
     left = 0
-    for stray_id, nvflare_job_id, token, lived_on in strays:
+    for stray_id, nvflare_job_id, token in strays:
         try:
-            if lived_on is not None and now_started is not None and now_started != lived_on:
-                # Its server process is gone (another answers): the run died with it, though
-                # NVFLARE 2.9 reports a killed run RUNNING for ever and refuses its abort.
-                log.warning(
-                    "stray run ended with its server's restart",
-                    extra={"net": net_name, "nvflare_job_id": nvflare_job_id},
-                )
-                settled = True
-            elif (
-                run_id := nvflare_job_id or (admin.find_run(token) if token else None)
-            ) is not None:
+            run_id = nvflare_job_id or (admin.find_run(token) if token else None)
+            if run_id is not None:
                 admin.abort(run_id)
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
@@ -238,14 +228,6 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     if left < len(strays):
         kick(rt)
     return left
-
-
-def _answered_start_time(admin: AdminClient) -> float | None:
-    """The server's start time, or None when it cannot say (unreachable, or not yet)."""
-    try:
-        return admin.server_start_time()
-    except DispatcherError:
-        return None
 
 
 def expire_stray_runs(rt: Runtime, net_name: str) -> bool:

@@ -300,9 +300,6 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
                 submit_token=None,
                 reason=reason,
                 now=rt.clock(),
-                # The run lives on the process with this start time: _monitor_net takes
-                # any other for a restart under the job.
-                server_start_time=job.server_start_time,
             )
         services.finish_job(
             session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
@@ -333,9 +330,6 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
                 submit_token=None,
                 reason=reason,
                 now=rt.clock(),
-                # The run lives on the process with this start time: _monitor_net takes
-                # any other for a restart under the job.
-                server_start_time=job.server_start_time,
             )
         if state == JobState.ABORTING:
             services.finish_job(

@@ -218,13 +218,11 @@ def add_stray_run(
     submit_token: str | None,
     reason: str,
     now: datetime,
-    server_start_time: float | None = None,
 ) -> None:
     """Record a run the net's server may hold that no job counts (see models.StrayRun).
     A run already recorded (the same job's run on the same net, known by its id or its
     token) stays one stray, completed with what this call knows: every live run is counted
-    once. `server_start_time` is given only by a caller that knows the run lived on the
-    server process with that start time (a later restart settles the stray)."""
+    once."""
     for known in session.scalars(
         select(StrayRun).where(StrayRun.net_name == net_name, StrayRun.job_id == job_id)
     ):
@@ -233,8 +231,6 @@ def add_stray_run(
         if same_id or same_token:
             known.nvflare_job_id = known.nvflare_job_id or nvflare_job_id
             known.submit_token = known.submit_token or submit_token
-            if known.server_start_time is None:
-                known.server_start_time = server_start_time
             return
     session.add(
         StrayRun(
@@ -242,7 +238,6 @@ def add_stray_run(
             job_id=job_id,
             nvflare_job_id=nvflare_job_id,
             submit_token=submit_token,
-            server_start_time=server_start_time,
             reason=reason,
             created_at=now,
         )

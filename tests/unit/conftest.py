@@ -79,15 +79,9 @@ class World:
             ).job_id
 
     def add_stray(
-        self,
-        job_id,
-        net: str,
-        nvflare_job_id: str | None,
-        token: str | None = None,
-        lived_on: float | None = None,
+        self, job_id, net: str, nvflare_job_id: str | None, token: str | None = None
     ) -> None:
-        """Record a run the net's server may hold that no job counts (a stray run), known
-        to live on the server process started at `lived_on` if given."""
+        """Record a run the net's server may hold that no job counts (a stray run)."""
         with self.rt.sessions.begin() as session:
             services.add_stray_run(
                 session,
@@ -97,7 +91,6 @@ class World:
                 submit_token=token,
                 reason="test",
                 now=self.clock(),
-                server_start_time=lived_on,
             )
 
     def job(self, job_id) -> Job:

@@ -139,72 +139,10 @@ def _unconfirmed(_: str):
     raise UnknownAdminError("odd reply")
 
 
-def _stray_on_fixed(
-    world, *, nvflare_job_id: str | None, token: str | None, lived_on: float | None = None
-):
+def _stray_on_fixed(world, *, nvflare_job_id: str | None, token: str | None):
     job_id = world.enqueue(f"stray-{nvflare_job_id}-{token}", net="fixed")
-    world.add_stray(job_id, "fixed", nvflare_job_id, token, lived_on=lived_on)
+    world.add_stray(job_id, "fixed", nvflare_job_id, token)
     return job_id
-
-
-def _refused_abort(world, net: str = "fixed") -> list[str]:
-    """NVFLARE 2.9 after a restart: the old process's run is still RUNNING and the abort
-    is refused."""
-    asked: list[str] = []
-    world.admin(net).abort = lambda run: (  # type: ignore[method-assign]
-        asked.append(run) or AbortResult(AbortOutcome.NOTHING_TO_ABORT, "not running")
-    )
-    return asked
-
-
-def test_a_stray_of_a_server_process_since_restarted_is_settled_without_an_abort(world):
-    server = world.server("fixed")
-    server.statuses["nv-9"] = "RUNNING"  # what 2.9 says of a run killed with its process
-    _stray_on_fixed(world, nvflare_job_id="nv-9", token=None, lived_on=server.start_time)
-    asked = _refused_abort(world)
-    server.start_time += 500  # restarted
-    world.outbox.sent.clear()
-    assert abort.settle_stray_runs(world.rt, "fixed") == 0
-    assert asked == [] and _strays(world) == []
-    assert KICK in world.outbox.sent
-
-
-def test_a_stray_on_the_same_server_process_still_needs_its_abort_confirmed(world):
-    server = world.server("fixed")
-    server.statuses["nv-9"] = "RUNNING"
-    _stray_on_fixed(world, nvflare_job_id="nv-9", token=None, lived_on=server.start_time)
-    asked = _refused_abort(world)
-    assert abort.settle_stray_runs(world.rt, "fixed") == 1
-    assert asked == ["nv-9"] and len(_strays(world)) == 1
-
-
-@pytest.mark.parametrize("known", ["process unknown", "start time unanswered"])
-def test_a_restart_settles_no_stray_it_cannot_tie_to_the_old_process(world, known):
-    """A stray recorded without its process's start time may live on the current process;
-    and a server that does not say its start time may not have restarted at all."""
-    server = world.server("fixed")
-    server.statuses["nv-9"] = "RUNNING"
-    lived_on = None if known == "process unknown" else server.start_time
-    _stray_on_fixed(world, nvflare_job_id="nv-9", token=None, lived_on=lived_on)
-    asked = _refused_abort(world)
-    if known == "start time unanswered":
-        world.admin("fixed").server_start_time = _no_start_time  # type: ignore[method-assign]
-    server.start_time += 500
-    assert abort.settle_stray_runs(world.rt, "fixed") == 1
-    assert asked == ["nv-9"] and len(_strays(world)) == 1
-
-
-def _no_start_time() -> float:
-    raise ServerUnavailable("no start time yet")
-
-
-def test_a_stray_recorded_again_learns_the_process_it_lives_on(world):
-    server = world.server("fixed")
-    server.statuses["nv-9"] = "RUNNING"
-    job_id = _stray_on_fixed(world, nvflare_job_id="nv-9", token=None)
-    world.add_stray(job_id, "fixed", "nv-9", lived_on=server.start_time)
-    world.add_stray(job_id, "fixed", "nv-9", lived_on=server.start_time + 1)  # the first holds
-    assert [s.server_start_time for s in _strays(world)] == [server.start_time]
 
 
 def test_a_stray_known_only_by_its_token_is_found_and_aborted(world):
