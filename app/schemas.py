@@ -107,9 +107,17 @@ class EnqueueJob(_Payload):
     net: str | None = Field(
         default=None, pattern=NET_NAME_PATTERN, description="run only on this net (null: any)"
     )
-    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
+    # Numbers are strict (here and in PrewarmNet): a bool or a numeric string is a caller's
+    # mistake, never read as 1 or 30.
+    priority: int = Field(
+        default=0, ge=-1000, le=1000, strict=True, description="higher runs first"
+    )
     max_attempts: int | None = Field(
-        default=None, ge=1, le=100, description="attempts before FAILED (null: MAX_ATTEMPTS)"
+        default=None,
+        ge=1,
+        le=100,
+        strict=True,
+        description="attempts before FAILED (null: MAX_ATTEMPTS)",
     )
     # flip-api's own JSON object (FLIP puts model_id and project_id there; caller_key is its
     # per-run job id, since model ids repeat across re-runs). Stored and returned as given.
@@ -185,6 +193,7 @@ class PrewarmNet(_Payload):
     within_s: float = Field(
         gt=0,
         le=PREWARM_WITHIN_MAX_S,
+        strict=True,
         description="the job is likely within this many seconds: the server is held ready "
         "until then, at most PREWARM_MAX_S",
     )

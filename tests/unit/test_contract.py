@@ -11,12 +11,20 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from app.contract import reason_table_markdown
 from app.entrypoints.cli import main
 from app.errors import CallerKeyConflict
-from app.schemas import AbortJob, EnqueueJob, ReportedStatus, ReportJobStatus, job_id_for
+from app.schemas import (
+    AbortJob,
+    EnqueueJob,
+    PrewarmNet,
+    ReportedStatus,
+    ReportJobStatus,
+    job_id_for,
+)
 from app.usecases import intake, monitor
 from app.usecases.callback_payloads import event_payload, rejection_payload
 from models import REASONS, Job, JobEvent, RejectedRequest
@@ -99,6 +107,31 @@ def test_a_payload_the_contract_does_not_allow_is_refused(contract):
     schema = contract["callbacks"]["state_change"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"kind": "state_change", "event_id": "1"}, schema)
+
+
+@pytest.mark.parametrize(
+    ("task", "model", "payload"),
+    [
+        ("fl_dispatcher.enqueue_job", EnqueueJob, {"priority": True}),
+        ("fl_dispatcher.enqueue_job", EnqueueJob, {"priority": "3"}),
+        ("fl_dispatcher.enqueue_job", EnqueueJob, {"max_attempts": True}),
+        ("fl_dispatcher.prewarm", PrewarmNet, {"within_s": True}),
+        ("fl_dispatcher.prewarm", PrewarmNet, {"within_s": "30"}),
+    ],
+)
+def test_a_bool_or_a_string_for_a_number_is_refused_as_the_schema_says(
+    contract, task, model, payload
+):
+    """The printed schema says number; the worker must not read True as 1 or "30" as 30."""
+    base = {"caller_key": "k", "definition": "d"} if model is EnqueueJob else {"caller_key": "k"}
+    if model is PrewarmNet:
+        base["within_s"] = 60
+    request = base | payload
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(request, contract["tasks"][task])
+    with pytest.raises(ValidationError):
+        model.model_validate(request)
+    model.model_validate(base)  # the same payload with a number is taken
 
 
 def test_every_reason_code_maps_each_end_to_flip_statuses(contract):
