@@ -47,10 +47,9 @@ EDITS: dict[int, list[tuple[str, str, str]]] = {
     ],
     4: [  # idle scale-down counts only claimable QUEUED jobs
         (
-            "app/usecases/scale_down.py",
-            "services.wanted_by_queued_job(literal(name)),",
-            "exists().where((Job.state == JobState.QUEUED)"
-            " & or_(Job.requested_net.is_(None), Job.requested_net == name)),",
+            "app/usecases/claims.py",
+            "    sites = select(Job.required_sites).where(\n        _claimable(), or_(",
+            "    sites = select(Job.required_sites).where(\n        Job.state == JobState.QUEUED, or_(",
         ),
     ],
     5: [  # unstorable strings refused at enqueue; an unencodable event failed, not raised
