@@ -51,12 +51,21 @@ class FakeServer:
     folders: list[Path] = field(default_factory=list)  # the job folder of each submit
     submit_error: Exception | None = None
     aborted: list[str] = field(default_factory=list)
+    # Runs killed with an earlier server process: NVFLARE 2.9 still reads them RUNNING and
+    # refuses their abort ("Job ... is not running.").
+    killed: set[str] = field(default_factory=set)
     pings: int = 0
     on_submit: Callable[[], object] | None = None  # runs while a submit is "on the wire"
     on_start_time: Callable[[], object] | None = None  # runs while that call is "on the wire"
 
     def alive(self) -> bool:
         return self.up and (self.driver is None or self.driver.replicas > 0)
+
+    def restart(self, start_time: float | None = None) -> None:
+        """The process is killed and started again: every run it ran dies with it, though
+        its record still reads RUNNING (as nvflare 2.9's does)."""
+        self.killed |= {run for run, status in self.statuses.items() if status == "RUNNING"}
+        self.start_time = start_time if start_time is not None else self.start_time + 500
 
 
 @dataclass
@@ -129,6 +138,8 @@ class FakeAdmin:
             return AbortResult(AbortOutcome.NOTHING_TO_ABORT, "unknown job")
         if status.startswith("FINISHED"):
             return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
+        if nvflare_job_id in self.server.killed:
+            return AbortResult(AbortOutcome.NOT_RUNNING, "job not running")
         self.server.aborted.append(nvflare_job_id)
         self.server.statuses[nvflare_job_id] = "FINISHED:ABORTED"
         return AbortResult(AbortOutcome.ABORTED)

@@ -600,8 +600,8 @@ class SimAdmin:
         return run_id if run_id is not None and run_id in server.store else None
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
-        """As the real client: status first, then abort; down/unknown/not running is
-        NOTHING_TO_ABORT; UnknownAdminError and AdminMisconfigured escape."""
+        """As the real client: status first, then abort; down/unknown is NOTHING_TO_ABORT, a
+        run no process holds NOT_RUNNING; UnknownAdminError and AdminMisconfigured escape."""
         try:
             try:
                 status = self._raw_status(nvflare_job_id)
@@ -630,7 +630,7 @@ class SimAdmin:
                 status = ""
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
-            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"job not running: {exc}")
+            return AbortResult(AbortOutcome.NOT_RUNNING, f"job not running: {exc}")
         return AbortResult(AbortOutcome.ABORTED, "aborted")
 
     def ping(self) -> None:

@@ -59,7 +59,7 @@ def _run_code(outcome: JobState, job_state: JobState) -> ReasonCode:
 
 def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     """Abort an ABORTING job's run. A server that is down, or that does not know the job or
-    has it not running, means "nothing to abort": ABORTED, net released, no error. An abort
+    runs it in no process, means "nothing to abort": ABORTED, net released, no error. An abort
     the server could not confirm (an error it raised) is retried by the reconciler until
     ABORT_TIMEOUT_S, then settled by `expire_abort`."""
     with unit_of_work(rt.sessions) as session:
@@ -91,7 +91,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     # covers a server that could not be reached: a blip must not leave the run going while
     # its net takes the next job. Unless the server confirms, the run is kept as a stray
     # run (aborted when it answers, or gone with its server).
-    unconfirmed = not run_is_over(rt, net_name, nvflare_job_id)
+    unconfirmed = not over_after_abort(rt, net_name, nvflare_job_id, result.outcome)
     with unit_of_work(rt.sessions) as session:
         if unconfirmed:
             services.add_stray_run(
@@ -108,6 +108,15 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         )
     kick(rt)
     return JobState.ABORTED
+
+
+def over_after_abort(
+    rt: Runtime, net_name: str, nvflare_job_id: str, outcome: AbortOutcome | None
+) -> bool:
+    """Whether the run an abort was just sent for is over: the server said it runs it in no
+    process (NVFLARE 2.9 still reads a run killed with an earlier process RUNNING, so that
+    answer is the only proof such a run ever gives), or its status, read now, says so."""
+    return outcome == AbortOutcome.NOT_RUNNING or run_is_over(rt, net_name, nvflare_job_id)
 
 
 def run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
@@ -206,11 +215,14 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
         try:
             run_id = nvflare_job_id or (admin.find_run(token) if token else None)
             if run_id is not None:
-                admin.abort(run_id)
+                outcome = admin.abort(run_id).outcome
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
                 # covers a server that could not be reached.
-                settled = admin.job_status(run_id).state != RunState.RUNNING
+                settled = (
+                    outcome == AbortOutcome.NOT_RUNNING
+                    or admin.job_status(run_id).state != RunState.RUNNING
+                )
             else:
                 settled = True
         except NvflareJobNotFound:

@@ -13,12 +13,13 @@ from functools import partial
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.adapters.nvflare.base import AdminClient, RunState
+from app import names
+from app.adapters.nvflare.base import AbortOutcome, AdminClient, RunState
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import claims, services
-from app.usecases.abort import RUN_OUTCOMES, run_is_over, run_outcome
+from app.usecases.abort import RUN_OUTCOMES, over_after_abort, run_outcome
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
 from models import Job, JobState, Net, ReasonCode
@@ -180,8 +181,12 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     results: dict[str, str] = {}
     for job in jobs:
         if job.server_start_time is not None and start_time != job.server_start_time:
-            # NVFLARE 2.9.0 keeps a killed run "RUNNING" forever after a restart (abort and
-            # delete both refuse it), so the restart itself decides the job's fate.
+            # NVFLARE 2.9.0 keeps a killed run "RUNNING" forever after a restart, so the
+            # restart itself decides the job's fate. Its run is kept as a stray all the
+            # same: the start time stored may not be that of the process the run lives on
+            # (readiness's is kept when the read after the submit fails, and the server may
+            # have restarted in between). The server's answer to its abort settles it at
+            # once: "not running" for a run killed with the old process.
             results[str(job.job_id)] = _lost(rt, job, "server restarted under the job")
             continue  # pragma: no mutate (`break` is the same: a net runs one job at a time)
         results[str(job.job_id)] = _watch_run(rt, admin, job, now)
@@ -280,13 +285,15 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
     """Abort a run that outlived its limit and fail the job: a hung NVFLARE run (e.g. one
     whose clients crashed at start stays RUNNING in 2.9.0) must not keep a server up forever.
     An abort that cannot be confirmed leaves the run as a stray run (see abort.py)."""
+    answer: AbortOutcome | None = None
     try:
-        outcome = str(rt.admin(job.net_name).abort(job.nvflare_job_id).outcome)
+        answer = rt.admin(job.net_name).abort(job.nvflare_job_id).outcome
+        outcome = str(answer)
     except DispatcherError as exc:
         outcome = f"not confirmed: {exc}"
     # One rule with abort_on_server: over only when the server, answering now, says so (an
     # accepted abort takes a moment; "nothing to abort" also covers a blip).
-    confirmed = run_is_over(rt, job.net_name, job.nvflare_job_id)
+    confirmed = over_after_abort(rt, job.net_name, job.nvflare_job_id, answer)
     reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
         if _watched_state(session, job) is None:
@@ -313,24 +320,25 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
 
 def _lost(rt: Runtime, job: Watched, reason: str) -> str:
     """A run whose server was lost: requeue or fail per LOST_JOB_POLICY; an ABORTING job
-    is simply ABORTED (the user wanted it stopped and it is). A run that may still be alive
-    (a server only the admin side could not reach) is recorded as a stray run and, on a
-    scale-to-zero net, dies with its server before the job can run anywhere again."""
-    still_there = not reason.startswith("server restarted")
+    is simply ABORTED (the user wanted it stopped and it is). The run, which may still be
+    alive (a server only the admin side could not reach, a restart seen through a stale
+    start time), is recorded as a stray run: a server that answers settles it at once (its
+    abort), and on a scale-to-zero net one that does not dies with its server before the
+    job can run anywhere again."""
+    restarted = reason.startswith("server restarted")
     with unit_of_work(rt.sessions) as session:
         state = _watched_state(session, job)
         if state is None:
             return STALE
-        if still_there:
-            services.add_stray_run(
-                session,
-                net_name=job.net_name,
-                job_id=job.job_id,
-                nvflare_job_id=job.nvflare_job_id,
-                submit_token=None,
-                reason=reason,
-                now=rt.clock(),
-            )
+        services.add_stray_run(
+            session,
+            net_name=job.net_name,
+            job_id=job.job_id,
+            nvflare_job_id=job.nvflare_job_id,
+            submit_token=None,
+            reason=reason,
+            now=rt.clock(),
+        )
         if state == JobState.ABORTING:
             services.finish_job(
                 session, job.job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
@@ -356,7 +364,9 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
         "run lost",
         extra={"job": str(job.job_id), "net": job.net_name, "reason": reason, "outcome": outcome},
     )
-    if still_there and rt.settings.net(job.net_name).scales_to_zero:
+    if restarted:
+        rt.outbox.send(names.SETTLE_STRAY_RUNS, net_name=job.net_name)
+    elif rt.settings.net(job.net_name).scales_to_zero:
         take_down(rt, job.net_name, f"run of job {job.job_id} lost: {reason}")
     kick(rt)
     return outcome

@@ -49,7 +49,8 @@ EDITS: dict[int, list[tuple[str, str, str]]] = {
         (
             "app/usecases/claims.py",
             "    sites = select(Job.required_sites).where(\n        _claimable(), or_(",
-            "    sites = select(Job.required_sites).where(\n        Job.state == JobState.QUEUED, or_(",
+            "    sites = select(Job.required_sites).where(\n"
+            "        Job.state == JobState.QUEUED, or_(",
         ),
     ],
     5: [  # unstorable strings refused at enqueue; an unencodable event failed, not raised

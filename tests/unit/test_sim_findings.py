@@ -119,25 +119,14 @@ def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (seed 499 of the long sweep): a stray recorded while its server gave no "
-    "start time is never settled on an always-on net once that server answers again after "
-    "a restart; NVFLARE 2.9 reports the killed run RUNNING for ever and refuses its abort",
-)
-def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on_net(
-    world, monkeypatch
-):
+def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on_net(world):
     """Seed 499 (servers): a job runs on an always-on net; its server process is killed and
     restarted, and for a while after boot gives no start time, which the monitor cannot tell
     from a server that does not answer: past the grace the job is requeued and its run kept
-    as a stray (it may still live). The server answers again with a new start time, so that
-    run died with the old process, but NVFLARE 2.9 keeps a killed run RUNNING for ever and
-    refuses to abort it (housekeeping._monitor_net's note): settle_stray_runs keeps the
-    stray, the net takes no job again and the job, pinned there, waits for ever."""
-    from app.adapters.nvflare.base import AbortOutcome, AbortResult
-    from tests.fakes import FakeAdmin
-
+    as a stray (it may still live). The server answers again, still reading the killed run
+    RUNNING (NVFLARE 2.9 does so for ever) but refusing its abort as "not running": that
+    answer settles the stray, and the job, pinned there, is claimed again (it waited for
+    ever when only a status that is over could settle a stray)."""
     job_id = world.enqueue("j", net="fixed")
     world.run_pipeline(job_id)
     server = world.server("fixed")
@@ -146,12 +135,8 @@ def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on
     world.clock.advance(31)  # past SERVER_LOST_GRACE_S
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray
-    server.up, server.start_time = True, server.start_time + 500  # a new process answers
-    monkeypatch.setattr(
-        FakeAdmin,
-        "abort",
-        lambda self, nvflare_job_id: AbortResult(AbortOutcome.NOTHING_TO_ABORT, "not running"),
-    )
+    server.up = True
+    server.restart()  # a new process answers; the run died with the old one
 
     abort.settle_stray_runs(world.rt, "fixed")
     claims = dispatch.assign_jobs(world.rt)

@@ -22,11 +22,15 @@ class ServerState(StrEnum):
 
 
 class AbortOutcome(StrEnum):
-    """The three answers an abort can have; none of them is an error for the caller."""
+    """The answers an abort can have; none of them is an error for the caller."""
 
     ABORTED = "aborted"
     ALREADY_FINISHED = "already_finished"
-    NOTHING_TO_ABORT = "nothing_to_abort"  # server down, job unknown, or job not running
+    NOTHING_TO_ABORT = "nothing_to_abort"  # server down, or job unknown
+    # The server, answering, holds no live run of it: "Job ... is not running." comes only
+    # for a run NVFLARE 2.9 has in no process of its own, such as one killed with an earlier
+    # server process (whose record still reads RUNNING for ever). The run is over.
+    NOT_RUNNING = "not_running"
 
 
 class RunState(StrEnum):

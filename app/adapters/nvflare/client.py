@@ -425,8 +425,8 @@ class NvflareAdminClient:
         return str(status)
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
-        """Abort a job. A down server, an unknown job or a job that is not running is
-        NOTHING_TO_ABORT and a finished job ALREADY_FINISHED, never an error."""
+        """Abort a job. A down server or an unknown job is NOTHING_TO_ABORT, a job the server
+        runs in no process NOT_RUNNING and a finished job ALREADY_FINISHED, never an error."""
         try:
             status = self._status_before_abort(nvflare_job_id)
             if status.startswith("FINISHED"):
@@ -455,13 +455,16 @@ class NvflareAdminClient:
             return ""
 
     def _not_running_outcome(self, nvflare_job_id: str, exc: Exception) -> AbortResult:
+        # The server has said it runs the job in no process: that answer stands, whatever
+        # the status read (only to tell a run that finished meanwhile) comes back with
+        # (UnknownAdminError is transient too).
         try:
             status = self._raw_status(nvflare_job_id)
         except (TransientError, NvflareJobNotFound):
             status = ""
         if status.startswith("FINISHED"):
             return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
-        return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"job not running: {exc}")
+        return AbortResult(AbortOutcome.NOT_RUNNING, f"job not running: {exc}")
 
     def ping(self) -> None:
         """A cheap command that keeps the session alive (`check_status server`)."""
