@@ -219,10 +219,7 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
                 # covers a server that could not be reached.
-                settled = (
-                    outcome == AbortOutcome.NOT_RUNNING
-                    or admin.job_status(run_id).state != RunState.RUNNING
-                )
+                settled = over_after_abort(rt, net_name, run_id, outcome)
             else:
                 settled = True
         except NvflareJobNotFound:

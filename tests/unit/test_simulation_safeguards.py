@@ -22,13 +22,31 @@ import pytest
 
 from app.sim.faults import PROFILES
 from app.sim.sweep import run_seeds
-from app.usecases import dispatch, housekeeping, monitor, net_repairs, reconciler, services
+from app.usecases import (
+    abort,
+    dispatch,
+    housekeeping,
+    monitor,
+    net_repairs,
+    reconciler,
+    services,
+)
 from models import JobState
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
 # machine busy with the other tiers it takes minutes, so the per-test 600 s default is
 # too tight for it; this is a guard against a hang, not a speed target.
 pytestmark = pytest.mark.timeout(1800)
+
+
+_add_stray_run = services.add_stray_run
+
+
+def _no_stray_for_a_restart(session: Any, **kw: Any) -> None:
+    # Before the review of seed 499's fix: a restart under the job was taken for the run's
+    # death, whatever process the run lived on.
+    if not kw["reason"].startswith("server restarted"):
+        _add_stray_run(session, **kw)
 
 
 @contextmanager
@@ -142,6 +160,23 @@ SAFEGUARDS = [
         "servers",
         range(120, 150),
         frozenset({"queued-while-free", "quiescence", "liveness"}),
+    ),
+    Safeguard(
+        'abort\'s "not running" ends a run killed with its server process (seed 499)',
+        _set_everywhere(
+            abort.over_after_abort,
+            lambda rt, net, run, _outcome: abort.run_is_over(rt, net, run),
+        ),
+        "servers",
+        range(495, 505),
+        frozenset({"liveness", "queued-while-free"}),
+    ),
+    Safeguard(
+        "a restart under a job keeps its run as a stray (review of seed 499)",
+        _set(services, "add_stray_run", _no_stray_for_a_restart),
+        "servers",
+        range(0, 90),
+        frozenset({"one-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
 ]
 
