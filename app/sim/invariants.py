@@ -16,8 +16,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from app.sim.clock import seconds_of
-from app.sim.fakes import Run
 from app.sim.faults import HUMAN_FIX_DELAY_S
+from app.sim.servers import Run
 from app.usecases import services
 from app.usecases.dispatch import submit_try_s
 from models import (

@@ -1,8 +1,9 @@
 """A deterministic, seeded simulation of the whole dispatcher: the REAL use cases and
 tables on an in-memory copy of the migrated schema, driven by a simulated clock, a message
 layer standing in for Celery (app.sim.messages), beat ticks, a caller (flip-api), and fake
-servers and drivers (app.sim.fakes) that are slow, fail, lose replies and restart. The
-invariants (app.sim.invariants) are checked after every step.
+servers, drivers and admin clients (app.sim.servers, app.sim.cluster, app.sim.admin) that
+are slow, fail, lose replies and restart. The invariants (app.sim.invariants) are checked
+after every step.
 
 Everything random comes from `random.Random` streams seeded from the seed (the workload,
 the world's delays, the faults, the message order), nothing reads the wall clock, nothing
@@ -38,6 +39,7 @@ from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.sim import messages
+from app.sim.admin import SimAdmin
 from app.sim.bundles import (
     S3_DEFINITION,
     FakeS3,
@@ -47,8 +49,8 @@ from app.sim.bundles import (
     version_of,
 )
 from app.sim.clock import SimClock, seconds_of
+from app.sim.cluster import Cluster
 from app.sim.db import memory_db, scratch_dir
-from app.sim.fakes import Cluster, SimAdmin
 from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile, profile_for_seed
 from app.sim.invariants import Checker, Violation
 from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
