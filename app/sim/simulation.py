@@ -52,11 +52,12 @@ from app.sim.clock import SimClock, seconds_of
 from app.sim.cluster import Cluster
 from app.sim.db import memory_db, scratch_dir
 from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile, profile_for_seed
-from app.sim.invariants import Checker, Violation
+from app.sim.invariants import Checker
 from app.sim.messages import TASKS, Broker, Message, SimOutbox, TaskSpec
 from app.sim.receiver import SECRET, URL, Outage, SimReceiver, random_receiver
 from app.sim.redeploy import Declared
 from app.sim.redeploy import plan as plan_redeploys
+from app.sim.report import Result
 from app.sim.workload import (
     JobSpec,
     NetSpec,
@@ -86,34 +87,6 @@ class WorkerKilled(BaseException):
     A BaseException, so no `except Exception` in the code under test swallows it; its
     message is not acked and comes back later (acks_late, reject_on_worker_lost).
     """
-
-
-def replay_command(seed: int) -> str:
-    return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/unit/test_simulation.py -k replay -s"
-
-
-@dataclass
-class Result:
-    """What one simulation found."""
-
-    seed: int
-    profile: str
-    violations: list[Violation]
-    stats: dict[str, int | float]
-    trace: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def summary(self) -> str:
-        head = f"seed {self.seed} (profile {self.profile})"
-        if self.ok:
-            return f"{head}: ok"
-        lines = [f"{head}: {len(self.violations)} violation(s)"]
-        lines += [f"  {v.line()}" for v in self.violations]
-        lines.append(f"  replay: {replay_command(self.seed)}")
-        return "\n".join(lines)
 
 
 @dataclass
