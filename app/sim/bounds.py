@@ -56,7 +56,7 @@ class Bounds:
         tries = world.retry_max * (world.retry_backoff_max_s + submit_try_s(sim.settings))
         self.dispatching = stuck + 2 * reconcile + max(budget, tries) + common
         self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
-        # A driver broken for a while (up to 90 s, simulation._schedule_faults) cannot scale
+        # A driver broken for a while (up to 90 s, adversary._schedule_faults) cannot scale
         # anything down until it is fixed.
         broken = 90.0 if p.driver_broken_rate else 0.0
         self.idle = {
