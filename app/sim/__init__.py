@@ -1,2 +1,2 @@
 """A deterministic, seeded simulation of the whole dispatcher, checked against invariants
-after every step (see app/sim/simulation.py and app/sim/FINDINGS.md)."""
+after every step (see app/sim/README.md for its modules, and app/sim/FINDINGS.md)."""

@@ -14,7 +14,8 @@ import time
 from collections import Counter, defaultdict
 
 from app.sim.faults import PROFILES_BY_NAME
-from app.sim.simulation import replay_command, run_seed
+from app.sim.report import replay_command
+from app.sim.simulation import run_seed
 from app.sim.sweep import run_seeds
 
 

@@ -15,19 +15,32 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app import names
 from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
 from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
+from app.sim.clock import SimClock
+from app.sim.faults import FaultProfile
 from app.usecases import abort, dispatch, intake, monitor, reconciler, scale_down
 from app.usecases.dispatch import Step
 
-if TYPE_CHECKING:
-    from app.sim.simulation import Simulation
-
 RETRY_BACKOFF_S = 2  # app.celery_app.RETRY_BACKOFF_S
+
+
+class Host(Protocol):
+    """What the message layer needs from the simulation that owns it."""
+
+    clock: SimClock
+    rng_msg: random.Random  # the message stream
+
+    @property
+    def faults(self) -> FaultProfile: ...
+
+    def trace(self, line: str) -> None: ...
+
+    def hook(self, point: str, net: str | None) -> None: ...
 
 
 def _job(kw: dict[str, Any]) -> uuid.UUID:
@@ -185,7 +198,7 @@ def _short(value: object) -> str:
 class Broker:
     """Holds pending messages; faults decide what a send really does."""
 
-    sim: Simulation
+    sim: Host
     pending: list[Message] = field(default_factory=list)
     _next_id: int = 0
     sent: int = 0

@@ -8,7 +8,8 @@ import os
 from collections.abc import Iterable, Iterator
 
 from app.sim.faults import FaultProfile
-from app.sim.simulation import Result, run_seed
+from app.sim.report import Result
+from app.sim.simulation import run_seed
 
 DEFAULT_SEEDS = 200
 

@@ -11,8 +11,8 @@ import pytest
 from app import names
 from app.celery_app import beat_schedule
 from app.settings import Settings
+from app.sim.deployment import beat_loops, settings_for
 from app.sim.savings import LOCAL, replay
-from app.sim.simulation import beat_loops, settings_for
 from app.sim.trace import parse_trace
 from app.sim.workload import NetSpec, WorldSpec
 from app.usecases import monitor, services

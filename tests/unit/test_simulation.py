@@ -16,7 +16,8 @@ import pytest
 
 from app.sim.faults import CLEAN, PROFILES_BY_NAME
 from app.sim.redeploy import redeploy
-from app.sim.simulation import Result, Simulation, replay_command, run_seed
+from app.sim.report import Result, replay_command
+from app.sim.simulation import Simulation, run_seed
 from app.sim.sweep import run_seeds, seed_count
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import services

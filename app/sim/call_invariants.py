@@ -1,0 +1,72 @@
+"""Invariants checked at the moment an adapter is called rather than after a step: a submit
+reaches a server only after a readiness check for its job's current assignment, carrying
+its bundle as it was when the attempt was claimed (or newer); a scale-down never takes a
+server from under an active job."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from app.sim.bundles import S3_DEFINITION, version_of
+from app.sim.clock import seconds_of
+from app.sim.host import SimHost
+
+
+class CallInvariants(SimHost):
+    """The fakes' on_submit and on_scale (app.sim.cluster.Host)."""
+
+    def on_submit(self, net: str, token: str, folder: Path) -> None:
+        """A submit reaches a server: it must be for a job whose current assignment to this
+        net passed the readiness check (wait_ready), as the chain promises, and carry its
+        bundle as it was when this attempt was claimed, or newer."""
+        row = self.conn.execute(
+            "SELECT state, net_name, assigned_at, submit_token, definition FROM jobs WHERE id = ?",
+            (token[:36].replace("-", ""),),
+        ).fetchone()
+        if row is None:
+            return
+        state, job_net, assigned_at, job_token, definition = row
+        self._check_bundle(token, definition, assigned_at, folder)
+        if job_net == net and self.ready_seen.get((token[:36], net)) == assigned_at:
+            return
+        self.checker.report(
+            "submit-after-ready",
+            f"job {token[:8]} on {net}",
+            f"submit {token[-2:]} reached {net} while the job is {state} on {job_net}"
+            f" (token {str(job_token)[-2:]}) without a readiness check for this assignment",
+        )
+
+    def _check_bundle(self, token: str, definition: str, assigned_at: str, folder: Path) -> None:
+        bundle = self.s3.bundle if definition == S3_DEFINITION else self.local_bundle.bundle
+        submitted = version_of(folder)
+        claimed = bundle.version_at(seconds_of(datetime.fromisoformat(assigned_at)))
+        if submitted is None:
+            self.checker.report(
+                "submitted-bundle-current",
+                f"submit {token[:8]}-{token[37:]}",
+                f"the folder it submits ({folder.name}) is gone or has no {definition} VERSION",
+            )
+        elif submitted < claimed:
+            self.checker.report(
+                "submitted-bundle-current",
+                f"submit {token[:8]}-{token[37:]}",
+                f"carries {definition} v{submitted}; v{claimed} was current when this attempt"
+                f" was claimed (now v{bundle.version})",
+            )
+
+    def on_scale(self, net: str, replicas: int) -> None:
+        """A scale-down must never take a server from under an active job."""
+        if replicas:
+            return
+        row = self.conn.execute(
+            "SELECT id, state FROM jobs WHERE net_name = ? AND state IN"
+            " ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'ABORTING')",
+            (net,),
+        ).fetchone()
+        if row is not None:
+            self.checker.report(
+                "no-scale-down-under-job",
+                f"net {net}",
+                f"scaled to 0 while job {row[0][:8]} is {row[1]} on it",
+            )

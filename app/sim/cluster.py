@@ -1,0 +1,284 @@
+"""The simulated platform: every net's server and scale driver, the TRUE set of runs (live
+or finished) of every net, so the invariants can count real runs instead of trusting what
+the dispatcher believes, and the timed changes of the world (a replica up, a replica down).
+
+Every driver call first calls `host.hook(...)`: that is where the simulation spends the
+call's latency, kills the worker, or lets another worker run a message in between.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from app.adapters.drivers.base import Observation
+from app.errors import DriverMisconfigured, DriverTransientError
+from app.sim.clock import SimClock
+from app.sim.faults import FaultProfile
+from app.sim.servers import Run, SimServer, parse_token
+from app.sim.workload import COMPLETED, JobSpec, NetSpec
+
+
+class Host(Protocol):
+    """What the platform and its admin clients need from the simulation that owns them."""
+
+    clock: SimClock
+    rng: random.Random  # the fault stream
+
+    @property
+    def faults(self) -> FaultProfile: ...
+
+    def hook(self, point: str, net: str | None) -> None: ...
+
+    def on_submit(self, net: str, token: str, folder: Path) -> None: ...
+
+    def on_scale(self, net: str, replicas: int) -> None: ...
+
+    def job_spec(self, job_id: str) -> JobSpec | None: ...
+
+
+class Cluster:
+    """Every net's server and driver, the true record of runs, and timed world changes."""
+
+    def __init__(self, host: Host, nets: Sequence[NetSpec], rng: random.Random) -> None:
+        self.host = host
+        self.rng = rng  # the world stream (delays, durations)
+        self.servers = {n.name: SimServer(n) for n in nets}
+        self.drivers = {n.name: SimDriver(self, n) for n in nets}
+        self.runs: list[Run] = []
+        self._timers: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        for net in nets:
+            if net.kind == "static":  # always on: up before the simulation starts
+                self.drivers[net.name].pin_up(-100.0)
+
+    def at(self, t: float, action: Callable[[float], None]) -> None:
+        heapq.heappush(self._timers, (t, next(self._seq), action))
+
+    def next_change(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def advance(self, t: float) -> None:
+        """Apply every timed change due by `t`, in time order, at its own time."""
+        while self._timers and self._timers[0][0] <= t:
+            when, _, action = heapq.heappop(self._timers)
+            action(when)
+
+    # --- the true state, for invariants -------------------------------------------------
+
+    def live_runs(self, t: float) -> list[Run]:
+        return [r for r in self.runs if r.live(t)]
+
+    def replicas(self, net: str) -> int:
+        """What the platform really runs or is about to run for the net."""
+        d = self.drivers[net]
+        return max(d.desired, 1 if d.running else 0, 1 if d.start_at is not None else 0)
+
+    # --- server-side effects --------------------------------------------------------------
+
+    def submit(self, server: SimServer, token: str, t: float) -> Run:
+        known = server.tokens.get(token)
+        if known is not None and known in server.store:
+            return server.store[known]  # NVFLARE's submit token: the same job, no second run
+        job_id, attempt = parse_token(token)
+        spec = self.host.job_spec(job_id)
+        faults = self.host.faults
+        duration = spec.duration_s if spec is not None else 60.0
+        outcome = spec.outcome if spec is not None else COMPLETED
+        rng = self.host.rng
+        if duration is not None and rng.random() < faults.hung_run:
+            duration = None
+        if rng.random() < faults.failed_run:
+            outcome = rng.choice(("FINISHED:EXECUTION_EXCEPTION", "FINISHED:ABNORMAL"))
+        # NVFLARE keeps a job SUBMITTED until its sites are connected; one that names a site
+        # this server never sees waits forever.
+        start = t
+        waits_forever = False
+        for site in spec.sites if spec is not None else ():
+            connects = server.site_connects_at(site)
+            if connects is None:
+                waits_forever = True
+            else:
+                start = max(start, connects)
+        if waits_forever:
+            duration = None
+        run = Run(
+            net=server.name,
+            nvflare_id=f"nv-{server.name}-{next(self._ids)}",
+            token=token,
+            job_id=job_id,
+            attempt=attempt,
+            incarnation=server.incarnation,
+            submitted_at=t,
+            end_at=None if duration is None else start + duration,
+            outcome=outcome,
+            waiting=waits_forever,
+            poisoned=rng.random() < faults.poisoned_status,
+        )
+        self.runs.append(run)
+        server.store[run.nvflare_id] = run
+        server.tokens[token] = run.nvflare_id
+        return run
+
+    def crash(self, net: str, t: float, down_s: float) -> None:
+        """The server process is killed; the platform brings a new one up `down_s` later."""
+        server = self.servers[net]
+        if server.up_at is None:
+            return
+        server.stop(t, self.runs)
+        self.drivers[net].replica_died(t, down_s)
+
+
+class SimDriver:
+    """A scale driver whose replica starts and stops after a delay, and that can fail."""
+
+    kind = "sim"
+
+    def __init__(self, cluster: Cluster, spec: NetSpec) -> None:
+        self.cluster = cluster
+        self.spec = spec
+        self.name = spec.name
+        self.desired = 0
+        self.running = False
+        self.start_at: float | None = None
+        self.stop_at: float | None = None
+        self.failure: str | None = None
+        self.broken = False
+        self.pinned = False  # a static (always-on) server: scale changes nothing
+        self._gen = 0
+        self.calls: list[int] = []
+        # (t, replicas) at every change of what the platform runs for the net (server-hours),
+        # and when each start from zero was asked for (cold starts).
+        self.timeline: list[tuple[float, int]] = []
+        self.cold_starts: list[float] = []
+
+    @property
+    def server(self) -> SimServer:
+        return self.cluster.servers[self.name]
+
+    def pin_up(self, t: float) -> None:
+        self.pinned = True
+        self.desired = 1
+        self.running = True
+        self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
+        self._note(t)
+
+    # --- the ScaleDriver protocol ---------------------------------------------------------
+
+    def scale(self, replicas: int) -> None:
+        host = self.cluster.host
+        host.hook("driver.scale", self.name)
+        self._faults()
+        self.calls.append(replicas)
+        if self.pinned:
+            return
+        host.on_scale(self.name, replicas)
+        self.apply(replicas, host.clock.t)
+        host.hook("driver.scale.after", self.name)
+        if host.rng.random() < host.faults.driver_lost_reply:
+            raise DriverTransientError(f"{self.name}: UpdateService timed out (it was applied)")
+
+    def observe(self) -> Observation:
+        self.cluster.host.hook("driver.observe", self.name)
+        self._faults()
+        return Observation(
+            desired=self.desired,
+            running=1 if self.running else 0,
+            pending=1 if self.start_at is not None else 0,
+            failure=self.failure,
+        )
+
+    def _faults(self) -> None:
+        host = self.cluster.host
+        self.cluster.advance(host.clock.t)
+        if self.broken:
+            raise DriverMisconfigured(f"{self.name}: service not found (simulated)")
+        if host.rng.random() < host.faults.driver_transient:
+            raise DriverTransientError(f"{self.name}: throttled (simulated)")
+
+    # --- the platform ------------------------------------------------------------------------
+
+    def apply(self, replicas: int, t: float) -> None:
+        """What the platform does with a desired count (also used by an operator's deploy)."""
+        if replicas >= 1:
+            self.desired = 1
+            if self.stop_at is not None:  # still running: keep it
+                self.stop_at = None
+                self._gen += 1
+            if not self.running and self.start_at is None and self.failure is None:
+                host = self.cluster.host
+                if host.rng.random() < host.faults.driver_failure:
+                    self.failure = "tasks failed to start (circuit breaker, simulated)"
+                    return
+                cold = self.spec.cold_start
+                if cold is not None:
+                    self.cold_starts.append(t)
+                    self._schedule_up(t + cold.provision_s)
+                else:
+                    slow = host.faults.driver_slow
+                    self._schedule_up(t + self.cluster.rng.uniform(2.0, 40.0 if slow else 10.0))
+        else:
+            self.desired = 0
+            self.failure = None
+            if self.start_at is not None:
+                self.start_at = None
+                self._gen += 1
+            if self.running and self.stop_at is None:
+                cold = self.spec.cold_start
+                if cold is not None:
+                    self.stop_at = t + cold.stop_s
+                else:
+                    slow = self.cluster.host.faults.driver_slow
+                    self.stop_at = t + self.cluster.rng.uniform(0.0, 20.0 if slow else 4.0)
+                gen = self._gen
+                self.cluster.at(self.stop_at, lambda when: self._down(when, gen))
+        self._note(t)
+
+    def _note(self, t: float) -> None:
+        replicas = self.cluster.replicas(self.name)
+        if not self.timeline or self.timeline[-1][1] != replicas:
+            self.timeline.append((t, replicas))
+
+    def _schedule_up(self, at: float) -> None:
+        self._gen += 1
+        gen = self._gen
+        self.start_at = at
+        self.cluster.at(at, lambda when: self._up(when, gen))
+
+    def _up(self, t: float, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self.start_at = None
+        self.running = True
+        self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
+        self._note(t)
+
+    def _down(self, t: float, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self.stop_at = None
+        self.running = False
+        self.server.stop(t, self.cluster.runs)
+        self._note(t)
+
+    def replica_died(self, t: float, down_s: float) -> None:
+        """The process was killed; the platform replaces it if it is still wanted."""
+        if self.pinned:
+            self._gen += 1
+            gen = self._gen
+            self.cluster.at(t + down_s, lambda when: self._restart_pinned(when, gen))
+            return
+        self.running = False
+        self.stop_at = None
+        if self.desired >= 1:
+            self._schedule_up(t + down_s)
+        self._note(t)
+
+    def _restart_pinned(self, t: float, gen: int) -> None:
+        if gen == self._gen:
+            self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)

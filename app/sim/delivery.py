@@ -1,0 +1,218 @@
+"""One message delivered to a simulated worker, with tasks/base.py's rules: expiry,
+transient retries with backoff (late behind a broker backlog, sometimes), on_retry and
+on_failure, wait_ready's polls, the chain's next link, callback delivery to the simulated
+receiver. An exception escaping a use case is a finding (no-escape) unless the design wants
+it loud; a worker killed mid-task has its message redelivered (acks_late)."""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from app import names
+from app.errors import InvalidRequest, MisconfigurationError, NotFound, TransientError
+from app.runtime import Runtime
+from app.sim import messages
+from app.sim.host import SimHost
+from app.sim.interleaving import WorkerKilled
+from app.sim.messages import TASKS, Message, TaskSpec
+from app.usecases import callbacks as callbacks_uc
+from app.usecases import dispatch as dispatch_uc
+from app.usecases.dispatch import Step
+from models import NetState
+
+PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
+
+
+class Delivery(SimHost):
+    """The message layer's side of a simulation: the worker runs what it is given."""
+
+    def _deliver(self, message: Message, slot: int) -> None:
+        """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
+        spec = TASKS[message.task]
+        if message.expires_at is not None and self.clock.t > message.expires_at:
+            if self.tracing:
+                self.trace(f"   expired {message.label()}")
+            return
+        if (
+            self.fast_forward
+            and message.task == names.ASSIGN_NEXT_JOB
+            and not self._calm().assign_due
+        ):
+            # No QUEUED job has a free net to go to: assign would read and do nothing.
+            self.stats["skipped"] = self.stats.get("skipped", 0) + 1
+            return
+        self.stats["messages"] += 1
+        rt = self.workers[slot]
+        self._stack.append(slot)
+        self._current.append(message)
+        try:
+            self._run_task(rt, message, spec, slot)
+        except WorkerKilled:
+            delay = self.rng.uniform(1.0, max(1.0, self.faults.worker_restart_s))
+            self.broker.redeliver(message, delay)
+            self._dead.discard(slot)
+            self._restart_worker(slot, f"after a kill during {message.label()}")
+        finally:
+            self._stack.pop()
+            self._current.pop()
+
+    def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
+        retry_max = self.settings.retry_max
+        if spec.kind == "callbacks":
+            self._deliver_callbacks(rt, message, spec, slot)
+            return
+        try:
+            with self._noting_inline_readiness(message):
+                result = spec.call(rt, message.kwargs)
+        except TransientError as exc:
+            if spec.kind != "pipeline":
+                self._escaped(message, spec, exc)
+                return
+            if message.retries + 1 > retry_max:
+                self.trace(f"w{slot} {message.label()} -> retries exhausted: {exc}")
+                self._call_hook(
+                    message,
+                    spec,
+                    lambda error=exc: messages.on_failure(rt, message.task, message.kwargs, error),
+                )
+                return
+            self.stats["retries"] += 1
+            if self.faults.retry_backlog and self.rng_msg.random() < self.faults.retry_backlog:
+                # A backlog on the broker: the retry runs well after its countdown, past the
+                # lease its try announced, so reconcile may re-send the same submit meanwhile.
+                late = self.rng_msg.uniform(30.0, 90.0)
+                self.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
+            else:
+                late = 0.0
+            countdown = messages.backoff_s(
+                self.rng_msg, message.retries, self.settings.retry_backoff_max_s
+            )
+            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
+            if self.tracing:
+                self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
+            self._push_again(message, countdown + late)
+            return
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+            return
+        if self.tracing:
+            self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
+        if messages.is_poll(spec, result):
+            self._push_again(message, self._poll_delay(message.kwargs))
+            return
+        if message.task == names.WAIT_READY and messages.step_of(result) == Step.DONE:
+            self._note_ready(message.kwargs)
+        if message.chain and not messages.ends_chain(result):
+            (task, kwargs), rest = message.chain[0], message.chain[1:]
+            self.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _deliver_callbacks(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
+        """tasks.callbacks.deliver_callbacks: deliver, then come back when the use case says
+        (a Celery retry with that countdown, no retry limit)."""
+        try:
+            report = callbacks_uc.deliver_callbacks(rt, self.receiver)
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+            return
+        if self.tracing:
+            self.trace(f"w{slot} {message.label()} -> {report}")
+        if report.retry_in_s is not None:
+            self._push_again(message, report.retry_in_s)
+
+    def _push_again(self, message: Message, countdown: float) -> None:
+        self.broker.push(
+            message.task,
+            message.kwargs,
+            delay=countdown,
+            chain=message.chain,
+            retries=message.retries + 1,
+            origin=message.origin,
+        )
+
+    def _call_hook(self, message: Message, spec: TaskSpec, call: Callable[..., None]) -> None:
+        """on_retry/on_failure: use-case calls too, so their errors are findings too."""
+        try:
+            call()
+        except Exception as exc:
+            self._escaped(message, spec, exc)
+
+    @contextlib.contextmanager
+    def _noting_inline_readiness(self, message: Message) -> Iterator[None]:
+        """scale_up runs readiness and the submit itself on a warm net (dispatch.start): a
+        readiness check that passes inside it counts for `on_submit` as wait_ready's does.
+        Noted by the check's own (job, net), so a message interleaved meanwhile is noted
+        for itself, never for this one."""
+        if message.task != names.SCALE_UP:
+            yield
+            return
+        original = dispatch_uc.check_ready
+
+        def noting(rt: Runtime, job_id: Any, net_name: str, attempt: int, **kw: Any) -> Any:
+            result = original(rt, job_id, net_name, attempt, **kw)
+            if result.step == Step.DONE:
+                self._note_ready({"job_id": str(job_id), "net_name": net_name})
+            return result
+
+        dispatch_uc.check_ready = noting
+        try:
+            yield
+        finally:
+            dispatch_uc.check_ready = original
+
+    def _note_ready(self, kwargs: dict[str, Any]) -> None:
+        row = self.conn.execute(
+            "SELECT assigned_at FROM jobs WHERE id = ?", (kwargs["job_id"].replace("-", ""),)
+        ).fetchone()
+        if row is not None:
+            self.ready_seen[(kwargs["job_id"], kwargs["net_name"])] = row[0]
+
+    def _escaped(self, message: Message, spec: TaskSpec, exc: Exception) -> None:
+        """An exception left a use case: a finding, unless the design wants it loud."""
+        if spec.kind == "public" and isinstance(exc, (InvalidRequest, NotFound)):
+            self.trace(f"   {message.label()} rejected: {exc}")
+            return
+        if (
+            isinstance(exc, MisconfigurationError)
+            and message.task in PIPELINE_STEPS_THAT_MARK_MISCONFIGURED
+            and self._net_state(message.kwargs.get("net_name")) == NetState.MISCONFIGURED
+        ):
+            self.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
+            return
+        self.stats["escapes"] += 1
+        where = _app_frame(exc)
+        self.checker.report(
+            "no-escape",
+            f"{message.task.removeprefix(names.PREFIX)}: {type(exc).__name__} at {where}",
+            f"{exc}"[:300],
+        )
+
+    def _net_state(self, net: str | None) -> NetState | None:
+        if net is None:
+            return None
+        row = self.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
+        return None if row is None else NetState(row[0])
+
+
+def _short_result(result: object) -> str:
+    step, detail = getattr(result, "step", None), getattr(result, "detail", "")
+    if step is not None:
+        result = f"{step}: {detail}" if detail else str(step)
+    text = repr(result) if not isinstance(result, str) else result
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+def _app_frame(exc: BaseException) -> str:
+    """The innermost frame of the code under test (app/, models/) in the traceback."""
+    where = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        parts = Path(frame.filename).parts
+        if "app" in parts or "models" in parts:
+            if "tests" in parts:
+                continue
+            idx = max(i for i, p in enumerate(parts) if p in ("app", "models"))
+            where = f"{'/'.join(parts[idx:])}:{frame.name}:{frame.lineno}"
+    return where

@@ -1,0 +1,158 @@
+"""The fast clock (`Simulation(..., fast_forward=True, check_invariants=False)`, fault-free
+worlds only): which beat loops have anything to do now (a `Calm`), the ticks skipped when
+none has (the clock jumps to the world's next change), and a readiness poll jumped to the
+first poll that can see the server ready. Errs towards "due": a loop run for nothing costs
+time, never a decision."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from app.sim.calm import Calm
+from app.sim.clock import seconds_of
+from app.sim.host import SimHost
+from models import ASSIGNABLE_NET_STATES
+
+
+class FastForward(SimHost):
+    """The fast clock's side of a simulation."""
+
+    def _calm(self) -> Calm:
+        """fast_forward: which beat loops have something to do now, and when the world next
+        changes by itself. Read from the tables and the fake world; errs towards "due" (a
+        loop run for nothing costs time, never a decision)."""
+        calm = Calm()
+        drivers = self.cluster.drivers.values()
+        if self.broker.work_pending() or self._triggers or self._flip_window is not None:
+            calm.in_flight = True
+        if any(d.start_at is not None or d.stop_at is not None for d in drivers):
+            calm.in_flight = True
+            if any(d.stop_at is not None for d in drivers):
+                calm.reconcile_due = True  # a scale-down is confirmed by reconcile
+        conn = self.conn
+        if conn.execute("SELECT 1 FROM stray_runs LIMIT 1").fetchone() is not None:
+            calm.in_flight = calm.reconcile_due = True
+        t = self.clock.t
+        self.cluster.advance(t)
+        if self._events:
+            calm.times.append(self._events[0][0])
+        queued: list[str | None] = []
+        active: set[str] = set()
+        to_settle: set[str] = set()  # nets with a run monitor would settle or stop now
+        # Reconcile acts on a job or a starting net only past STUCK_AFTER_S (its smallest
+        # threshold) or ABORT_TIMEOUT_S in that state.
+        stuck_s = min(self.world.stuck_after_s, self.world.abort_timeout_s)
+        for state, net, requested, nvflare_id, dispatched, changed in conn.execute(
+            "SELECT state, net_name, requested_net, nvflare_job_id, dispatched_at,"
+            " state_changed_at FROM jobs WHERE state IN ('QUEUED', 'RUNNING', 'ASSIGNED',"
+            " 'DISPATCHING', 'FINISHING', 'ABORTING')"
+        ):
+            if state == "QUEUED":
+                queued.append(requested)
+                continue
+            if net is not None:
+                active.add(net)
+            if state in ("FINISHING", "ABORTING"):
+                calm.monitor_due = True  # monitor settles aborts and report waits
+                if state == "ABORTING" and net is not None:
+                    to_settle.add(net)
+            if state != "RUNNING" or net is None or nvflare_id is None or dispatched is None:
+                calm.in_flight = True  # a step of the pipeline, an abort, a report wait
+                if t - seconds_of(datetime.fromisoformat(changed)) > stuck_s:
+                    calm.reconcile_due = True
+                continue
+            run = self.cluster.servers[net].store.get(nvflare_id)
+            if run is None or not run.live(t):
+                calm.monitor_due = True  # ended: the next monitor round settles it
+                to_settle.add(net)
+                continue
+            config = self.settings.net(net)
+            max_run_s = config.max_run_s if config.max_run_s is not None else self.world.max_run_s
+            deadline = seconds_of(datetime.fromisoformat(dispatched)) + max_run_s
+            if deadline <= t:
+                calm.monitor_due = True
+                to_settle.add(net)
+            calm.times.append(deadline)
+            if run.end_at is not None:
+                calm.times.append(run.end_at)
+        calm.awaited_due = any(any(r in (None, n) for r in queued) for n in to_settle)
+        for name, state, idle_since, changed in conn.execute(
+            "SELECT name, state, idle_since, state_changed_at FROM nets"
+        ):
+            up = self.cluster.replicas(name) > 0
+            if (
+                state in ASSIGNABLE_NET_STATES
+                and name not in active
+                and any(r in (None, name) for r in queued)
+            ):
+                calm.assign_due = True  # assign places a job there
+            if state == "STOPPED" and not up:
+                continue
+            if state == "BUSY" and name in active and up:
+                continue
+            if state == "STARTING" and name in active:
+                calm.in_flight = True  # a cold start for a job: its pipeline drives it
+                if t - seconds_of(datetime.fromisoformat(changed)) > stuck_s:
+                    calm.reconcile_due = True
+                continue
+            if state != "READY" or name in active or not up:
+                calm.in_flight = calm.reconcile_due = True  # stopping, unhealthy, drifted...
+                continue
+            if self.scales_to_zero(name):
+                since = seconds_of(datetime.fromisoformat(idle_since or changed))
+                expiry = since + self.settings.net(name).idle_timeout_s
+                if expiry <= t:
+                    calm.scale_down_due = True
+                calm.times.append(expiry)
+        return calm
+
+    def _beats_to_skip(
+        self, beats: list[tuple[str, float]], next_beat: list[float]
+    ) -> tuple[set[str], Calm]:
+        """The beat loops due now that would find nothing to do (not sent), and, when no
+        loop has anything to do, every beat moved on to its first tick at or after the
+        world's next change (fast_forward)."""
+        calm = self._calm()
+        skip = {task for task, _ in beats if not calm.needs(task)}
+        until = calm.quiet_until(self.clock.t)
+        if until is not None:
+            for i, (_, period) in enumerate(beats):
+                if next_beat[i] < until:
+                    next_beat[i] += math.ceil((until - next_beat[i]) / period) * period
+        return skip, calm
+
+    def _poll_delay(self, kwargs: dict[str, Any]) -> float:
+        """READY_POLL_S; with fast_forward and a fixed cold start, the whole number of polls
+        until the first one that can see the server ready (or the readiness deadline pass):
+        the ones in between would answer NOT_READY and write nothing."""
+        poll = self.settings.ready_poll_s
+        net = kwargs.get("net_name")
+        spec = self.job_spec(str(kwargs.get("job_id")))
+        if not self.fast_forward or net not in self.cluster.drivers or spec is None:
+            return poll
+        driver = self.cluster.drivers[net]
+        server = driver.server
+        cold = server.spec.cold_start
+        if cold is None:
+            return poll
+        never = any(site not in server.spec.sites for site in spec.sites)
+        if driver.start_at is not None:
+            ready = driver.start_at + cold.login_s + cold.sites_s
+        elif driver.running and server.up_at is not None:
+            connects = [server.site_connects_at(site) for site in spec.sites]
+            ready = max([server.up_at + server.boot_s, *(c for c in connects if c is not None)])
+        else:
+            return poll
+        row = self.conn.execute(
+            "SELECT assigned_at FROM jobs WHERE id = ?", (kwargs["job_id"].replace("-", ""),)
+        ).fetchone()
+        if row is None or row[0] is None:
+            return poll
+        deadline = (
+            seconds_of(datetime.fromisoformat(row[0])) + self.settings.net(net).ready_timeout_s
+        )
+        target = deadline if never else min(ready, deadline)
+        ahead = target - self.clock.t
+        return poll if ahead <= poll else math.ceil(ahead / poll) * poll

@@ -1,0 +1,143 @@
+"""The invariants on runs, checked after every step: one live run per server and per job,
+every live run counted by its job or recorded as a stray (never both) and stopped when
+neither, one counted completion per job, an ended run settled, and no claim of a net where
+another run lives. Counted against the cluster's TRUE record of runs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from app.sim.observer import J, Observer
+from app.sim.servers import Run
+
+
+class RunInvariants(Observer):
+    """The checks on runs (state and helpers: Observer)."""
+
+    def _runs(self, t: float) -> None:
+        b = self.bounds
+        live: dict[str, list[Run]] = defaultdict(list)
+        completed: dict[str, list[Run]] = defaultdict(list)
+        by_id: dict[str, Run] = {}
+        for run in self.sim.cluster.runs:
+            by_id[run.nvflare_id] = run
+            if run.live(t):
+                live[run.job_id].append(run)
+            elif run.completed(t) and self._counted_completion(run, t):
+                completed[run.job_id].append(run)
+        per_net: dict[str, list[Run]] = defaultdict(list)
+        for runs in live.values():
+            for run in runs:
+                per_net[run.net].append(run)
+        for net, runs in sorted(per_net.items()):
+            if len(runs) > 1:
+                self.report(
+                    "one-run-per-server",
+                    f"net {net}",
+                    "live runs "
+                    + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in runs),
+                )
+        for job_id, runs in live.items():
+            if len(runs) > 1:
+                self.report(
+                    "one-live-run",
+                    f"job {job_id[:8]}",
+                    "live runs " + ", ".join(f"{r.nvflare_id} ({r.token[-2:]})" for r in runs),
+                )
+            for run in runs:
+                if self.counts(run):
+                    self._orphan_since.pop(run.nvflare_id, None)
+                    if self.recorded_stray(run):
+                        # Counted twice: the net could be settled under its job, or the job
+                        # held back by a run it owns.
+                        self.report(
+                            "counted-once",
+                            f"run {run.nvflare_id}",
+                            f"counted by its job {job_id[:8]} and recorded as a stray run",
+                        )
+                    continue
+                since = self._orphan_since.setdefault(run.nvflare_id, t)
+                job = self.job(job_id)
+                job_state, job_net = (str(job.state), str(job.net)) if job else ("?", "?")
+                where = f"its job {job_id[:8]} is {job_state} on {job_net}"
+                if t - since > b.unaccounted and not self.recorded_stray(run):
+                    self.report(
+                        "unaccounted-run",
+                        f"run {run.nvflare_id}",
+                        f"live for {t - since:.0f}s (bound {b.unaccounted:.0f}s), neither counted"
+                        f" by its job nor recorded as a stray run: {where}",
+                    )
+                if not self.sim.declared_net(run.net):
+                    # A server NETS no longer declares is the operator's (README, "A net
+                    # removed from NETS": nothing of the dispatcher reaches it); its runs
+                    # are the dispatcher's to stop again only from the net's next
+                    # declaration on.
+                    self._undeclared_at[run.net] = t
+                    continue
+                since = max(since, self._undeclared_at.get(run.net, since))
+                if t - since > b.orphan:
+                    self.report(
+                        "stray-run-stopped",
+                        f"run {run.nvflare_id}",
+                        f"live for {t - since:.0f}s (bound {b.orphan:.0f}s) while {where}",
+                    )
+        for job_id, runs in completed.items():
+            if len(runs) > 1:
+                self.report(
+                    "one-counted-run",
+                    f"job {job_id[:8]}",
+                    "completed runs " + ", ".join(r.nvflare_id for r in runs),
+                )
+        for job in self.jobs:
+            if job.state not in (J.RUNNING, J.ABORTING) or job.nvflare_id is None:
+                self._dead_since.pop(job.id, None)
+                continue
+            recorded = by_id.get(job.nvflare_id)
+            if recorded is None or recorded.live(t) or recorded.poisoned:
+                # A run whose status the server never gives cannot be seen to end: only
+                # MAX_RUN_S (max-run-enforced) bounds it.
+                self._dead_since.pop(job.id, None)
+                continue
+            since = self._dead_since.setdefault(job.id, t)
+            if t - since > b.settle + self._removal_slack(job.net):
+                how = _how_ended(recorded, t)
+                self.report(
+                    "ended-run-settled",
+                    f"job {job.id[:8]}",
+                    f"{job.state} for {t - since:.0f}s after its run {job.nvflare_id} {how}"
+                    f" (bound {b.settle:.0f}s)",
+                )
+
+    def _claims(self, t: float) -> None:
+        """A net with a live run never takes another job: when a claim is first seen (the
+        step right after it), no run of another job or attempt lives on the net."""
+        for job in self.jobs:
+            if job.state != J.ASSIGNED or job.net is None:
+                continue
+            key = (job.id, job.attempt)
+            if key in self._claims_seen:
+                continue
+            self._claims_seen.add(key)
+            beside = [
+                r
+                for r in self.sim.cluster.runs
+                if r.net == job.net
+                and r.live(t)
+                and (r.job_id != job.id or r.attempt != job.attempt)
+            ]
+            if beside:
+                self.report(
+                    "claim-beside-live-run",
+                    f"net {job.net}",
+                    f"job {job.id[:8]} (attempt {job.attempt}) claimed it while run "
+                    + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in beside)
+                    + " lives there",
+                )
+
+
+def _how_ended(run: Run, t: float) -> str:
+    if run.aborted_at is not None:
+        return f"was aborted at {run.aborted_at:.0f}s"
+    if run.killed_at is not None:
+        return f"died with its server at {run.killed_at:.0f}s"
+    return f"finished {run.status(t)} at {run.end_at:.0f}s"

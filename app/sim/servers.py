@@ -1,0 +1,166 @@
+"""The simulated NVFLARE server: one net's server process (its admin port, its sites, its job
+store) and the runs it holds, as they really are (not as any client believes).
+
+Servers restart (a new start time; their runs forgotten, or kept "RUNNING" forever as
+NVFLARE 2.9 does after a SIGKILL).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from app.sim.clock import EPOCH_S
+from app.sim.workload import COMPLETED, NetSpec
+
+ABORTED = "FINISHED:ABORTED"
+JOB_ID_LEN = 36  # a UUID in its canonical text form, as submit tokens start with it
+
+
+@dataclass
+class Run:
+    """One NVFLARE run as it really is (not as any client believes)."""
+
+    net: str
+    nvflare_id: str
+    token: str
+    job_id: str
+    attempt: int | None
+    incarnation: int
+    submitted_at: float
+    end_at: float | None  # None: hangs (reports RUNNING forever)
+    outcome: str  # its final status if it ends by itself
+    poisoned: bool  # job_status never answers for it
+    waiting: bool = False  # SUBMITTED for good: a required site never connects
+    aborted_at: float | None = None
+    killed_at: float | None = None  # its server process died under it
+
+    def live(self, t: float) -> bool:
+        """The run's processes are running (it occupies the server, it may produce results)."""
+        if self.aborted_at is not None or self.killed_at is not None:
+            return False
+        return self.end_at is None or t < self.end_at
+
+    def completed(self, t: float) -> bool:
+        """It ran to FINISHED:COMPLETED (its results count)."""
+        return (
+            self.aborted_at is None
+            and self.killed_at is None
+            and self.end_at is not None
+            and self.end_at <= t
+            and self.outcome == COMPLETED
+        )
+
+    def status(self, t: float) -> str:
+        """The raw NVFLARE status the server reports."""
+        if self.aborted_at is not None:
+            return ABORTED
+        if self.killed_at is not None:
+            return "RUNNING"  # NVFLARE 2.9 after a SIGKILL: the dead run reads RUNNING forever
+        if self.end_at is not None and self.end_at <= t:
+            return self.outcome
+        return "SUBMITTED" if self.waiting else "RUNNING"
+
+
+def parse_token(token: str) -> tuple[str, int | None]:
+    """(job id, attempt) of a submit token `<job id>-<attempt>`."""
+    job_id, _, rest = (
+        token[:JOB_ID_LEN],
+        token[JOB_ID_LEN : JOB_ID_LEN + 1],
+        token[JOB_ID_LEN + 1 :],
+    )
+    try:
+        return job_id, int(rest)
+    except ValueError:
+        return job_id, None
+
+
+@dataclass
+class SimServer:
+    """One net's NVFLARE server process (its admin port, its sites, its job store)."""
+
+    spec: NetSpec
+    up_at: float | None = None  # the process's start time; None while it is down
+    incarnation: int = 0
+    boot_s: float = 1.0
+    site_delays: tuple[float, ...] = ()
+    store: dict[str, Run] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    partition_until: float = -1.0
+    partitions: list[tuple[float, float]] = field(default_factory=list)
+    kit_broken: bool = False
+    no_start_time_until: float = -1.0
+    # Windows in which every submit reaches the server but its reply is lost (a proxy that
+    # times out answers): a dispatch's every retry, the last included, and reconcile's
+    # re-sent submits with the same token all lose theirs.
+    reply_loss: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def start(self, t: float, rng: random.Random, no_start_time_p: float = 0.0) -> None:
+        self.incarnation += 1
+        self.up_at = t
+        cold = self.spec.cold_start
+        if cold is not None:
+            self.boot_s = cold.login_s
+            self.site_delays = tuple(cold.sites_s for _ in self.spec.sites)
+        else:
+            self.boot_s = rng.uniform(0.5, 4.0)
+            self.site_delays = tuple(rng.uniform(0.5, 8.0) for _ in self.spec.sites)
+        if no_start_time_p and rng.random() < no_start_time_p:
+            self.no_start_time_until = t + self.boot_s + rng.uniform(5.0, 40.0)
+        if not self.spec.keeps_jobs:
+            self.store.clear()
+            self.tokens.clear()
+
+    def stop(self, t: float, runs: list[Run]) -> None:
+        """The process dies: every live run on it dies too (zombies stay in the store)."""
+        if self.up_at is None:
+            return
+        for run in runs:
+            if run.net == self.name and run.live(t):
+                run.killed_at = t
+        self.up_at = None
+        if not self.spec.keeps_jobs:
+            self.store.clear()
+            self.tokens.clear()
+
+    def partition(self, start: float, end: float) -> None:
+        """The admin port is unreachable from `start` to `end` (the server runs on)."""
+        self.partition_until = max(self.partition_until, end)
+        self.partitions.append((start, end))
+
+    def partitioned_at(self, t: float) -> bool:
+        return any(start <= t < end for start, end in self.partitions)
+
+    def answering(self, t: float) -> bool:
+        return (
+            self.up_at is not None and t >= self.up_at + self.boot_s and t >= self.partition_until
+        )
+
+    def reachable(self, t: float) -> bool:
+        """The dispatcher's admin client can talk to it (up, not partitioned, kit fine)."""
+        return self.answering(t) and not self.kit_broken
+
+    def booting(self, t: float) -> bool:
+        return self.up_at is not None and t < self.up_at + self.boot_s
+
+    def sites(self, t: float) -> tuple[str, ...]:
+        if self.up_at is None:
+            return ()
+        ready_at = self.up_at + self.boot_s
+        return tuple(
+            s for s, d in zip(self.spec.sites, self.site_delays, strict=True) if t >= ready_at + d
+        )
+
+    def site_connects_at(self, site: str) -> float | None:
+        """When `site` is (or was) connected to this incarnation; None: never."""
+        if self.up_at is None or site not in self.spec.sites:
+            return None
+        return self.up_at + self.boot_s + self.site_delays[self.spec.sites.index(site)]
+
+    def start_time(self) -> float:
+        assert self.up_at is not None
+        return EPOCH_S + self.up_at
