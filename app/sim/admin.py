@@ -132,6 +132,7 @@ class SimAdmin:
 
     def submit(self, job_folder: Path, submit_token: str) -> str:
         host = self.cluster.host
+        self.cluster.crash_before_submit(self.net, host.clock.t)
         server = self._reach("submit")
         host.on_submit(self.net, submit_token, job_folder)
         run = self.cluster.submit(server, submit_token, host.clock.t)
@@ -176,8 +177,8 @@ class SimAdmin:
         return run_id if run_id is not None and run_id in server.store else None
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
-        """As the real client: status first, then abort; down/unknown/not running is
-        NOTHING_TO_ABORT; UnknownAdminError and AdminMisconfigured escape."""
+        """As the real client: status first, then abort; down/unknown is NOTHING_TO_ABORT, a
+        run no process holds NOT_RUNNING; UnknownAdminError and AdminMisconfigured escape."""
         try:
             try:
                 status = self._raw_status(nvflare_job_id)
@@ -206,7 +207,7 @@ class SimAdmin:
                 status = ""
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
-            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"job not running: {exc}")
+            return AbortResult(AbortOutcome.NOT_RUNNING, f"job not running: {exc}")
         return AbortResult(AbortOutcome.ABORTED, "aborted")
 
     def ping(self) -> None:

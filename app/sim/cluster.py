@@ -44,9 +44,18 @@ class Host(Protocol):
 class Cluster:
     """Every net's server and driver, the true record of runs, and timed world changes."""
 
-    def __init__(self, host: Host, nets: Sequence[NetSpec], rng: random.Random) -> None:
+    def __init__(
+        self,
+        host: Host,
+        nets: Sequence[NetSpec],
+        rng: random.Random,
+        crash_rng: random.Random | None = None,
+    ) -> None:
         self.host = host
         self.rng = rng  # the world stream (delays, durations)
+        # crashes just before a submit: a stream of their own, drawn only where the profile
+        # has them, so the other streams (and every other profile's seeds) stay as they were
+        self.crash_rng = crash_rng or random.Random(0)
         self.servers = {n.name: SimServer(n) for n in nets}
         self.drivers = {n.name: SimDriver(self, n) for n in nets}
         self.runs: list[Run] = []
@@ -124,6 +133,15 @@ class Cluster:
         server.store[run.nvflare_id] = run
         server.tokens[token] = run.nvflare_id
         return run
+
+    def crash_before_submit(self, net: str, t: float) -> None:
+        """Per the profile, kill the server a submit is about to reach (back 1-5 s later)."""
+        p = self.host.faults.crash_before_submit
+        if not p:
+            return
+        self.advance(t)
+        if self.servers[net].up_at is not None and self.crash_rng.random() < p:
+            self.crash(net, t, self.crash_rng.uniform(1.0, 5.0))
 
     def crash(self, net: str, t: float, down_s: float) -> None:
         """The server process is killed; the platform brings a new one up `down_s` later."""

@@ -44,6 +44,9 @@ class FaultProfile:
     submit_latency_max_s: float = 0.0
     no_start_time: float = 0.0  # per server_start_time/is_ready: the server reports none
     no_start_time_at_boot: float = 0.0  # per server start: none reported for its first 5-40 s
+    # per submit: the server is killed just before the submit reaches it and is back 1-5 s
+    # later, so the retried submit lands on a process readiness never saw
+    crash_before_submit: float = 0.0
     poisoned_status: float = 0.0  # per run: job_status never answers (UnknownAdminError)
     hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
     failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
@@ -136,6 +139,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         lost_reply_partition=0.5,
         no_start_time=0.05,
         no_start_time_at_boot=0.3,
+        crash_before_submit=0.1,
         hung_run=0.1,
         poisoned_status=0.05,
         failed_run=0.1,

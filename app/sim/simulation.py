@@ -96,7 +96,12 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self.clock = SimClock()
         self.engine, self.conn = memory_db()
         self.sessions = session_factory(self.engine)
-        self.cluster = Cluster(self, (*world.nets, *world.spare), random.Random(f"{seed}/world"))
+        self.cluster = Cluster(
+            self,
+            (*world.nets, *world.spare),
+            random.Random(f"{seed}/world"),
+            random.Random(f"{seed}/crash-before-submit"),
+        )
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server
         self.declared = Declared(list(world.nets), {})
