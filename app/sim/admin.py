@@ -193,7 +193,10 @@ class SimAdmin:
             t = self.cluster.host.clock.t
             if not run.live(t):
                 raise NvflareJobNotRunning(f"{self.net}: job {nvflare_job_id} not running")
-            run.aborted_at = t
+            # A deaf run goes on only on a net that scales to zero (its server's going down
+            # ends it); on an always-on net an operator would have to step in.
+            if not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
+                run.aborted_at = t
             self.cluster.host.hook("admin.abort.after", self.net)
             self._lose_reply("abort")
         except ServerUnavailable as exc:

@@ -40,6 +40,8 @@ class Host(Protocol):
 
     def job_spec(self, job_id: str) -> JobSpec | None: ...
 
+    def scales_to_zero(self, net: str) -> bool: ...
+
 
 class Cluster:
     """Every net's server and driver, the true record of runs, and timed world changes."""
@@ -50,12 +52,14 @@ class Cluster:
         nets: Sequence[NetSpec],
         rng: random.Random,
         crash_rng: random.Random | None = None,
+        deaf_rng: random.Random | None = None,
     ) -> None:
         self.host = host
         self.rng = rng  # the world stream (delays, durations)
         # crashes just before a submit: a stream of their own, drawn only where the profile
         # has them, so the other streams (and every other profile's seeds) stay as they were
         self.crash_rng = crash_rng or random.Random(0)
+        self.deaf_rng = deaf_rng or random.Random(0)  # runs whose abort does not take
         self.servers = {n.name: SimServer(n) for n in nets}
         self.drivers = {n.name: SimDriver(self, n) for n in nets}
         self.runs: list[Run] = []
@@ -129,6 +133,7 @@ class Cluster:
             waiting=waits_forever,
             poisoned=rng.random() < faults.poisoned_status,
         )
+        run.deaf = bool(faults.deaf_run) and self.deaf_rng.random() < faults.deaf_run
         self.runs.append(run)
         server.store[run.nvflare_id] = run
         server.tokens[token] = run.nvflare_id

@@ -48,6 +48,10 @@ class FaultProfile:
     # later, so the retried submit lands on a process readiness never saw
     crash_before_submit: float = 0.0
     poisoned_status: float = 0.0  # per run: job_status never answers (UnknownAdminError)
+    # per run: while its net scales to zero, an abort is accepted but it runs on (a hung
+    # server job process) until its server goes down; on an always-on net that is an
+    # operator's to end, which the sweep cannot play, so there the abort takes
+    deaf_run: float = 0.0
     hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
     failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
     # --- the scale driver ---
@@ -140,6 +144,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         no_start_time=0.05,
         no_start_time_at_boot=0.3,
         crash_before_submit=0.1,
+        deaf_run=0.1,
         hung_run=0.1,
         poisoned_status=0.05,
         failed_run=0.1,

@@ -34,6 +34,7 @@ class Run:
     waiting: bool = False  # SUBMITTED for good: a required site never connects
     aborted_at: float | None = None
     killed_at: float | None = None  # its server process died under it
+    deaf: bool = False  # an abort is accepted but does not stop it
 
     def live(self, t: float) -> bool:
         """The run's processes are running (it occupies the server, it may produce results)."""

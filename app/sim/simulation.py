@@ -101,6 +101,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             (*world.nets, *world.spare),
             random.Random(f"{seed}/world"),
             random.Random(f"{seed}/crash-before-submit"),
+            random.Random(f"{seed}/deaf-runs"),
         )
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server

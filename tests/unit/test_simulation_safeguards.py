@@ -168,7 +168,10 @@ SAFEGUARDS = [
             lambda rt, net, run, _outcome: abort.run_is_over(rt, net, run),
         ),
         "servers",
-        range(495, 505),
+        # Seed 499 of the long sweep found it (an always-on net's job waiting for ever behind
+        # its killed run's stray); since restarts before a submit and a restart's own stray,
+        # seed 382.
+        range(380, 390),
         frozenset({"liveness", "queued-while-free"}),
     ),
     Safeguard(
