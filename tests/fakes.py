@@ -124,6 +124,14 @@ class FakeAdmin:
     def find_run(self, submit_token: str) -> str | None:
         return self._require().submitted.get(submit_token)
 
+    def live_runs(self) -> frozenset[str]:
+        server = self._require()
+        return frozenset(
+            run
+            for run, status in server.statuses.items()
+            if status == "RUNNING" and run not in server.killed
+        )
+
     def job_status(self, nvflare_job_id: str) -> RunStatus:
         server = self._require()
         if nvflare_job_id not in server.statuses:

@@ -162,6 +162,14 @@ class SimAdmin:
             raise UnknownAdminError(f"{self.net}: job {nvflare_job_id} has no status")
         return run.status(self.cluster.host.clock.t)
 
+    def live_runs(self) -> frozenset[str]:
+        """The runs this server process runs now (a SUBMITTED one waits, not listed)."""
+        server = self._reach("live_runs")
+        t = self.cluster.host.clock.t
+        return frozenset(
+            run.nvflare_id for run in server.store.values() if run.live(t) and not run.waiting
+        )
+
     def job_status(self, nvflare_job_id: str) -> RunStatus:
         """The run's state in the dispatcher's words (as app.adapters.nvflare.classify maps)."""
         raw = self._raw_status(nvflare_job_id)

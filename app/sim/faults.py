@@ -198,6 +198,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         admin_latency_max_s=1.0,
         no_start_time=0.02,
         no_start_time_at_boot=0.1,
+        deaf_run=0.1,
         poisoned_status=0.03,
         hung_run=0.05,
         failed_run=0.05,

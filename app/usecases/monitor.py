@@ -179,27 +179,42 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         return finished | (_unwatchable(rt, net_name, rest, exc, now) if rest else {})
 
     results: dict[str, str] = {}
+    stale = False  # the start time stored is not that of the process the run lives on
     for job in jobs:
+        verdict: str | None = None
         if job.server_start_time is not None and start_time != job.server_start_time:
-            # NVFLARE 2.9.0 keeps a killed run "RUNNING" forever after a restart, so the
-            # restart itself decides the job's fate. Its run is kept as a stray all the
-            # same: the start time stored may not be that of the process the run lives on
-            # (readiness's is kept when the read after the submit fails, and the server may
-            # have restarted in between). The server's answer to its abort settles it at
-            # once: "not running" for a run killed with the old process.
-            results[str(job.job_id)] = _lost(rt, job, "server restarted under the job")
-            continue  # pragma: no mutate (`break` is the same: a net runs one job at a time)
-        results[str(job.job_id)] = _watch_run(rt, admin, job, now)
-    if not any(j.unreachable or j.server_start_time is None for j in jobs):
+            verdict = _after_restart(rt, admin, job, now)
+            stale = stale or verdict is None
+        results[str(job.job_id)] = verdict or _watch_run(rt, admin, job, now)
+    if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):
         return results  # nothing to write: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
         net.unreachable_since = None
-        if net.server_start_time is None:
-            # The start time was unknown at dispatch: learn it now, or a later restart
-            # under the job would never be seen.
+        if net.server_start_time is None or stale:
+            # Unknown at dispatch, or readiness's of an earlier process: learn it now, or
+            # a later restart under the job would never be seen.
             net.server_start_time = start_time
     return results
+
+
+def _after_restart(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> str | None:
+    """The server answers with another start time than the one stored for the job's run.
+    NVFLARE 2.9 keeps a run killed with its process RUNNING for ever, so its status cannot
+    say it died; and the start time stored may be readiness's, of a process before the one
+    the run lives on (the read after the submit failed across a restart). A run the server
+    reports finished gets its verdict (its record survives the restart); one the process
+    lists among its live runs lives here: None, keep watching it. Any other is lost with the
+    old process (kept as a stray all the same, settled on the server's answer to its
+    abort)."""
+    try:
+        if admin.job_status(job.nvflare_job_id).state != RunState.RUNNING:
+            return _watch_run(rt, admin, job, now)
+        if job.nvflare_job_id in admin.live_runs():
+            return None
+    except DispatcherError:
+        pass  # unknown to the new process (its job store is new), or it cannot say
+    return _lost(rt, job, "server restarted under the job")
 
 
 def _finished(

@@ -510,6 +510,8 @@ def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
     job_id = client.submit(long_job, submit_token=str(uuid.uuid4()))
     _wait_status(client, job_id, lambda s: s == "RUNNING")
     before = client.server_start_time()
+    # The server process lists the run it runs (check_status server's job table).
+    poll("the run listed", lambda: job_id in client.live_runs() or None, 30, 0.2)
 
     server_tree = kit_processes(nvflare_sites.deployment.server_kit)
     assert len(server_tree) >= 2, "the job's server process should be running"
@@ -532,6 +534,7 @@ def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
     # it; the server refuses to abort it ("is not running"): the one answer that says the
     # run is over (the dispatcher settles its stray on it), and the record still reads RUNNING.
     assert client.job_status(job_id).state is RunState.RUNNING
+    assert job_id not in client.live_runs()  # what tells it from a run this process runs
     refused = client.abort(job_id)
     assert refused.outcome is AbortOutcome.NOT_RUNNING, refused
     assert client.job_status(job_id).state is RunState.RUNNING

@@ -301,7 +301,7 @@ def test_a_late_callback_tells_its_own_move_not_the_jobs_later_state(cb, receive
     afterwards still names the run and attempt it was about."""
     job_id = cb.enqueue("j1", net="net-a")
     cb.run_pipeline(job_id)
-    cb.server("net-a").start_time = 2000.0  # the server restarted under the job
+    cb.server("net-a").restart(2000.0)  # the server restarted under the job
     monitor.monitor_running_jobs(cb.rt)
     job = cb.job(job_id)
     assert (job.state, job.attempts, job.nvflare_job_id) == (JobState.QUEUED, 1, None)

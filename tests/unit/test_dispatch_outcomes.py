@@ -57,7 +57,7 @@ def test_a_server_that_restarted_before_the_submit_holds_the_run(world):
     server = world.server("net-a")
 
     def restarted() -> None:
-        server.start_time = 2000.0
+        server.restart(2000.0)
 
     server.on_submit = restarted
     dispatch.dispatch(world.rt, job_id, "net-a", 0)

@@ -107,7 +107,7 @@ def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     dispatch_through_a_start_time_blip(world, job_id)
     assert world.net("net-a").server_start_time == 1000.0
-    world.server("net-a").start_time = 2000.0  # the server restarted under the job
+    world.server("net-a").restart(2000.0)  # the server restarted under the job
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
 

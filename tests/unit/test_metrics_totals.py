@@ -15,7 +15,7 @@ from app.metrics.exposition import families
 from app.metrics.figures import Snapshot
 from app.metrics.fold import fold
 from app.metrics.read import read_snapshot
-from app.usecases import dispatch, monitor, scale_down, services
+from app.usecases import abort, dispatch, monitor, scale_down, services
 from models import Job, JobEvent, JobState, NetEvent, ScaleEvent
 from tests.metrics_reference import reference_snapshot
 from tests.unit.conftest import World
@@ -76,9 +76,10 @@ def a_life(world: World, check) -> None:
     check()
 
     # The server restarts under the job: requeued (attempt 2), then assigned again.
-    world.server(net).start_time = 2000.0
+    world.server(net).restart(2000.0)
     world.clock.advance(30)
     monitor.monitor_running_jobs(world.rt)
+    abort.settle_stray_runs(world.rt, net)  # the settle the monitor sent: its run is dead
     dispatch.count_retry(world.rt, first)  # a retry counted on a QUEUED job
     check()
     world.clock.advance(20)

@@ -169,7 +169,7 @@ def test_abort_while_submit_in_flight_aborts_the_run_when_it_lands(world):
 def test_server_restart_under_a_job_requeues_it(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
-    world.server("net-a").start_time = 2000.0  # restarted
+    world.server("net-a").restart(2000.0)  # restarted
     assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
     assert world.job(job_id).state == JobState.QUEUED
 
@@ -183,8 +183,9 @@ def test_a_monitor_round_that_outlived_its_snapshot_leaves_the_next_attempt_alon
     server = world.server("net-a")
 
     def meanwhile() -> None:  # while the slow round waits, another settles and restarts it
-        server.start_time = 2000.0
+        server.restart(2000.0)
         assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+        assert abort.settle_stray_runs(world.rt, "net-a") == 0  # the settle it sent
         world.run_pipeline(job_id)
 
     server.on_start_time = meanwhile

@@ -195,7 +195,7 @@ def test_a_start_time_unknown_at_dispatch_is_learnt_by_the_monitor(world):
     assert world.net("net-a").server_start_time is None
     assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
     assert world.net("net-a").server_start_time == 1000.0
-    world.server("net-a").start_time = 2000.0  # the server restarted under the job
+    world.server("net-a").restart(2000.0)  # the server restarted under the job
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
 

@@ -29,12 +29,6 @@ def _no_start_time() -> float:
     raise UnknownAdminError("server reported no start time")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the restart rule decides the job's fate on the start time alone: a run NVFLARE "
-    "finished (COMPLETED) before a restart the monitor sees only afterwards is taken for "
-    "lost and the job is requeued and run again",
-)
 def test_a_run_that_completed_before_a_restart_the_monitor_saw_late_is_not_run_again(world):
     """The run completes; the always-on server restarts before the monitor's next round.
     The server, answering now, says the run COMPLETED (its record survives the restart):
@@ -53,12 +47,6 @@ def test_a_run_that_completed_before_a_restart_the_monitor_saw_late_is_not_run_a
     assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a start time stored by readiness, of a process before the one the run lives on, "
-    "fails the job as server_lost under LOST_JOB_POLICY=fail and the dispatcher aborts its "
-    "healthy run itself: the start time alone decides that the run is dead",
-)
 def test_a_healthy_run_is_not_failed_as_lost_on_a_start_time_readiness_stored(failing):
     """Readiness saw the old process; it restarted before the submit, which the new process
     accepted and runs; the read after the submit failed (just booted). The monitor then

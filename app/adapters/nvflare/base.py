@@ -109,6 +109,11 @@ class AdminClient(Protocol):
         """The run's state; NvflareJobNotFound if the server does not know the run."""
         ...
 
+    def live_runs(self) -> frozenset[str]:
+        """The ids of the runs the server process runs now: a run killed with an earlier
+        process is not among them, though its record reads RUNNING for ever."""
+        ...
+
     def abort(self, nvflare_job_id: str) -> AbortResult:
         """Abort a job; a down server or unknown/not-running job is NOTHING_TO_ABORT."""
         ...

@@ -343,6 +343,12 @@ class NvflareAdminClient:
         info = self._system_info()
         return sorted(client.name for client in info.client_info)
 
+    def live_runs(self) -> frozenset[str]:
+        """The runs of `check_status server`'s job table: nvflare lists the jobs whose
+        server-side process this server process runs (its engine's run_processes)."""
+        info = self._system_info()
+        return frozenset(str(job.job_id) for job in info.job_info if job.job_id)
+
     def is_ready(self, required_sites: Sequence[str]) -> Readiness:
         """Ready = the server answers an admin command now, every required site is connected.
 
