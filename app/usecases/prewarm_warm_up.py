@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -305,7 +305,13 @@ def settle_prewarms(rt: Runtime) -> list[str]:
                     .with_for_update()
                 )
             )
+            cap = timedelta(seconds=rt.settings.prewarm_max_s)
             for row in rows:
+                if row.hold_until > row.created_at + cap:
+                    # PREWARM_MAX_S was lowered since it was granted: the bound holds for
+                    # the holds already granted too, not only for new ones.
+                    row.hold_until = row.created_at + cap
+                    notes.append(f"prewarm {row.caller_key}: shortened to PREWARM_MAX_S")
                 note = settle_row(session, row, now)
                 if note:
                     notes.append(f"prewarm {row.caller_key}: {note}")

@@ -190,3 +190,16 @@ def test_a_warm_up_whose_holds_all_ended_before_it_asked_the_driver_releases_the
     assert (pw.net("net-a").state, pw.driver("net-a").replicas) == (NetState.STOPPED, 0)
     assert 1 not in pw.driver("net-a").calls
     assert row(pw, "p1").outcome == PrewarmOutcome.CANCELLED
+
+
+def test_lowering_prewarm_max_s_shortens_the_holds_already_granted(pw):
+    """README: a prewarm never keeps a server up past PREWARM_MAX_S. An operator who lowers
+    it (a redeploy) bounds the holds granted before as well, from the next scale-down round."""
+    held_ready(pw, "p1", within_s=MAX_S)
+    pw.rt.settings = pw.rt.settings.model_copy(update={"prewarm_max_s": 30.0})
+    pw.clock.advance(30 + GRACE_S + ROUND_S)
+
+    scale_down.scale_down_idle_nets(pw.rt)
+
+    assert row(pw, "p1").outcome == PrewarmOutcome.EXPIRED
+    assert pw.net("net-a").state == NetState.STOPPED
