@@ -49,6 +49,16 @@ def _no_stray_for_a_restart(session: Any, **kw: Any) -> None:
         _add_stray_run(session, **kw)
 
 
+def _start_time_alone_decides(mp: pytest.MonkeyPatch) -> None:
+    # Both layers off, as before the reviews: another start time is the run's death.
+    mp.setattr(
+        monitor,
+        "_after_restart",
+        lambda rt, _admin, job, _now: monitor._lost(rt, job, "server restarted under the job"),
+    )
+    mp.setattr(services, "add_stray_run", _no_stray_for_a_restart)
+
+
 @contextmanager
 def _not_isolated(*_args: object) -> Iterator[None]:
     yield  # hole 1: one net's error ends the housekeeping round for every net
@@ -116,11 +126,10 @@ SAFEGUARDS = [
         # redelivered after reconcile requeued the job, and its dispatch, run once attempt 1
         # is claimed on the same net, starts that attempt's submit without its readiness
         # check.
-        range(70, 80),
+        # Seed 75 found it on the simulator branch; since the merge with prewarm and the
+        # split of the use cases, seed 228.
+        range(225, 235),
         frozenset({"submit-after-ready", "no-scale-down-under-job", "no-escape"}),
-        gap="found at racy seed 75 on the simulator branch (workers stalling mid-task), lost "
-        "when it met main's prewarm (a claim now also ends the net's holds) and use-case "
-        "split; seeds 80-720 were not hunted again before the session ended (issue 20)",
     ),
     Safeguard(
         "runs no job counts are recorded as strays (holes 4, 5, 6)",
@@ -160,6 +169,11 @@ SAFEGUARDS = [
         "servers",
         range(120, 150),
         frozenset({"queued-while-free", "quiescence", "liveness"}),
+        gap='since an abort\'s "not running" settles the strays of runs killed with their '
+        "server (seed 499), a stray that never settles needs a run whose abort does not take "
+        "(the deaf runs of the servers and chaos profiles), aborted on a scale-to-zero net "
+        "that a claimable job pinned to it keeps up: servers seeds 0-3100 and chaos 0-2000 "
+        "drew none (the path itself: tests/unit/test_stray_expiry.py); open (issue 20)",
     ),
     Safeguard(
         'abort\'s "not running" ends a run killed with its server process (seed 499)',
@@ -175,8 +189,9 @@ SAFEGUARDS = [
         frozenset({"liveness", "queued-while-free"}),
     ),
     Safeguard(
-        "a restart under a job keeps its run as a stray (review of seed 499)",
-        _set(services, "add_stray_run", _no_stray_for_a_restart),
+        "a restart under a job is checked against the new process's runs, and its run kept "
+        "as a stray (reviews of seed 499's fixes)",
+        _start_time_alone_decides,
         "servers",
         # Since servers may be killed just before a submit (crash_before_submit): seed 94,
         # the retried submit lands on the new process while the net keeps readiness's start
