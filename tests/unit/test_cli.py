@@ -658,10 +658,14 @@ def test_every_json_command_prints_only_json_while_a_net_is_probed(
         )
 
     monkeypatch.setattr(cli_jobs, "_runtime", chatty_runtime)
+    # nvflare's first import takes seconds on a loaded machine: done here, not inside the
+    # probe, whose deadline is long enough for the print it must see go to stderr.
+    import nvflare.fuel.hci.client.api  # noqa: F401
+
     enqueue = ["enqueue", "--key", "json-1", "--definition", "tiny-job", "--net", "net-a"]
     commands = [
         ["config", "check", "--json"],
-        ["status", "--json"],
+        ["status", "--json", "--probe-timeout", "60"],
         ["jobs", "--json"],
         ["job", str(world["first"]), "--json"],
         [*enqueue, "--json"],
