@@ -124,8 +124,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
             detail = "driver asked for 1 replica"
             warm = False
     except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc), attempt=(JobState.ASSIGNED, attempt))
-        raise
+        return _misconfigured(rt, net_name, job_id, exc, (JobState.ASSIGNED, attempt))
     try:
         materialize(rt.settings, definition, job_id)  # cached: dispatch finds it there
     except (InvalidRequest, JobOutcomeError) as exc:
@@ -218,6 +217,22 @@ def definition_code(exc: DispatcherError) -> ReasonCode:
     return ReasonCode.DEFINITION_INVALID
 
 
+def _misconfigured(
+    rt: Runtime,
+    net_name: str,
+    job_id: uuid.UUID,
+    exc: MisconfigurationError,
+    ours: tuple[JobState, int],
+) -> StepResult:
+    """A step met a misconfigured net: it marks the net and requeues its job, then fails
+    loud (the error is raised, the chain ends); a step whose job moved on meanwhile (a late
+    or duplicate one: its job is RUNNING, or on another attempt) leaves both to the job's
+    owner and ends quietly, instead of raising for a net it did not mark."""
+    if net_misconfigured(rt, net_name, job_id, str(exc), attempt=ours):
+        raise exc
+    return StepResult(Step.SKIPPED, f"job moved on; net {net_name} misconfigured: {exc}")
+
+
 def check_ready(
     rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, *, server_seen_up: bool = False
 ) -> StepResult:
@@ -259,8 +274,7 @@ def _check_ready(
             readiness = rt.admin(net_name).is_ready(required)
             detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     except MisconfigurationError as exc:  # wrong kit or CA, missing service: never "down"
-        net_misconfigured(rt, net_name, job_id, str(exc), attempt=(JobState.ASSIGNED, attempt))
-        raise
+        return _misconfigured(rt, net_name, job_id, exc, (JobState.ASSIGNED, attempt))
     except TransientError as exc:
         detail = f"transient: {exc}"
 
@@ -370,8 +384,7 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:
-        net_misconfigured(rt, net_name, job_id, str(exc), attempt=ours)
-        raise
+        return _misconfigured(rt, net_name, job_id, exc, ours)
     try:
         start_time: float | None = admin.server_start_time()
     except DispatcherError:

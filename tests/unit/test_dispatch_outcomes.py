@@ -121,3 +121,29 @@ def test_a_submit_refused_as_misconfigured_says_why_on_the_net(world):
         dispatch.dispatch(world.rt, job_id, "net-a", 0)
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.MISCONFIGURED, "admin kit rejected")
+
+
+def test_a_late_readiness_step_that_meets_a_misconfigured_net_ends_quietly(world):
+    """Seed 1025 (chaos): a wait_ready that stalled while its job was ASSIGNED resumes after
+    a duplicate of it dispatched the job, and meets a broken admin kit. It marked nothing
+    (the job is not its own any more): it must not raise (Celery's "raised unexpected") nor
+    take the net of a running job out of service."""
+    job_id = world.enqueue("j", net="net-a")
+    [claim] = dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", claim.attempt)
+    admin = world.admin("net-a")
+    real = admin.is_ready
+
+    def meanwhile(sites):
+        admin.is_ready = real  # type: ignore[method-assign]
+        assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == dispatch.Step.DONE
+        assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == dispatch.Step.DONE
+        raise AdminMisconfigured("admin kit rejected")
+
+    admin.is_ready = meanwhile  # type: ignore[method-assign]
+
+    result = dispatch.check_ready(world.rt, job_id, "net-a", 0)
+
+    assert result.step == dispatch.Step.SKIPPED
+    assert world.job(job_id).state == JobState.RUNNING
+    assert world.net("net-a").state == NetState.BUSY
