@@ -258,9 +258,20 @@ class Adversary(SimHost):
             if self._net_states() & {NetState.MISCONFIGURED}:
                 for slot in (0, 1):
                     self._restart_worker(slot, "a human fixed the settings")
+            # Paged for an always-on net in OUTAGE whose platform failed to start its server
+            # (the dispatcher never scales such a net): the operator redeploys its service
+            # (seed 1157: a pinned job waited for ever).
+            for name, driver in self.cluster.drivers.items():
+                if driver.failure is not None and not self.scales_to_zero(name):
+                    driver.failure = None
+                    self.trace(f"   a human redeploys {name}: its server failed to start")
+                    driver.apply(1, self.clock.t)
 
         self.at(
-            t + HUMAN_FIX_DELAY_S, "a human restarts the workers if a net is MISCONFIGURED", human
+            t + HUMAN_FIX_DELAY_S,
+            "a human restarts the workers if a net is MISCONFIGURED, and redeploys an always-on "
+            "net whose server failed to start",
+            human,
         )
 
     def _net_states(self) -> set[NetState]:
