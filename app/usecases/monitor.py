@@ -314,15 +314,7 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
         if _watched_state(session, job) is None:
             return STALE
         if not confirmed:
-            services.add_stray_run(
-                session,
-                net_name=job.net_name,
-                job_id=job.job_id,
-                nvflare_job_id=job.nvflare_job_id,
-                submit_token=None,
-                reason=reason,
-                now=rt.clock(),
-            )
+            _keep_as_stray(rt, session, job, reason)
         services.finish_job(
             session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
         )
@@ -331,6 +323,18 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
         take_down(rt, job.net_name, f"overrun of job {job.job_id} could not be aborted")
     kick(rt)
     return "failed: overran"
+
+
+def _keep_as_stray(rt: Runtime, session: Session, job: Watched, reason: str) -> None:
+    services.add_stray_run(
+        session,
+        net_name=job.net_name,
+        job_id=job.job_id,
+        nvflare_job_id=job.nvflare_job_id,
+        submit_token=None,
+        reason=reason,
+        now=rt.clock(),
+    )
 
 
 def _lost(rt: Runtime, job: Watched, reason: str) -> str:
@@ -345,15 +349,7 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
         state = _watched_state(session, job)
         if state is None:
             return STALE
-        services.add_stray_run(
-            session,
-            net_name=job.net_name,
-            job_id=job.job_id,
-            nvflare_job_id=job.nvflare_job_id,
-            submit_token=None,
-            reason=reason,
-            now=rt.clock(),
-        )
+        _keep_as_stray(rt, session, job, reason)
         if state == JobState.ABORTING:
             services.finish_job(
                 session, job.job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED

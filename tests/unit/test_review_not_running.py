@@ -1,5 +1,6 @@
-"""Review of the "not running" abort answer and of a restart under a job kept as a stray
-(commits e3b13e8, 952246e): reproductions of what still breaks the README's promises."""
+"""A second review, of the "not running" abort answer and of a restart under a job kept as
+a stray: its reproductions, fixed since (a restart decides nothing on the start time alone:
+a finished run gets its verdict, a run the new process lists lives on)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from app.usecases import abort, dispatch, monitor
 from models import JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
-
-OLD, NEW = 1000.0, 1500.0  # the start times of the process before and after a restart
+from tests.unit.test_review_stray_restart import OLD
+from tests.unit.test_review_stray_restart import (
+    _submitted_on_a_restarted_server_that_gives_no_start_time_yet as submitted_across_a_restart,
+)
 
 
 @pytest.fixture
@@ -56,17 +59,11 @@ def test_a_healthy_run_is_not_failed_as_lost_on_a_start_time_readiness_stored(fa
     lost nor its run aborted."""
     world = failing
     job_id = world.enqueue("j", net="fixed")
-    server = world.server("fixed")
-    server.start_time = OLD
-    net, attempt = world.run_until_ready(job_id)
-    server.restart(NEW)  # between readiness and the submit: no run to kill yet
+    real = submitted_across_a_restart(world, job_id)
     admin = world.admin("fixed")
-    real = admin.server_start_time
-    admin.server_start_time = _no_start_time  # type: ignore[method-assign]
-    assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
     admin.server_start_time = real  # type: ignore[method-assign]
     assert world.net("fixed").server_start_time == OLD
-    assert server.statuses["nv-1"] == "RUNNING" and "nv-1" not in server.killed
+    server = world.server("fixed")
 
     monitor.monitor_running_jobs(world.rt)
     abort.settle_stray_runs(world.rt, "fixed")  # the settle the monitor sent
