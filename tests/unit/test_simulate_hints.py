@@ -1,0 +1,116 @@
+"""`fl-dispatcher simulate` with prewarm hints (issue 25): the trace's `hint_lead_s` field,
+its validator and writer."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.sim.trace import (
+    Trace,
+    TraceError,
+    TraceJob,
+    format_trace,
+    parse_trace,
+)
+
+# --- the trace field ---------------------------------------------------------------------------
+
+
+def test_a_hint_is_read_from_csv_and_an_empty_cell_is_no_hint():
+    text = "submitted_at,duration_s,hint_lead_s\n300,60,120\n400,60,\n500,60,0\n600,60,null\n"
+    trace = parse_trace(text, "h.csv")
+    assert [j.hint_lead_s for j in trace.jobs] == [120.0, None, 0.0, None]
+    assert [j.hinted_at for j in trace.jobs] == [180.0, None, 500.0, None]
+    assert trace.hinted() == 2
+    assert trace.without_hints().hinted() == 0
+    assert [j.submitted_at for j in trace.without_hints().jobs] == [300, 400, 500, 600]
+
+
+def test_a_hint_is_read_from_json_lines_and_null_is_no_hint():
+    text = (
+        '{"submitted_at": 300, "duration_s": 60, "hint_lead_s": 90.5}\n'
+        '{"submitted_at": 400, "duration_s": 60, "hint_lead_s": null}\n'
+        '{"submitted_at": 500, "duration_s": 60}\n'
+    )
+    assert [j.hint_lead_s for j in parse_trace(text, "h.jsonl").jobs] == [90.5, None, None]
+
+
+def test_timestamps_count_from_the_first_hint_when_it_comes_before_every_submission():
+    text = (
+        '{"submitted_at": "2026-03-01T10:00:00Z", "duration_s": 60}\n'
+        '{"submitted_at": "2026-03-01T10:01:00Z", "duration_s": 60, "hint_lead_s": 300}\n'
+    )
+    trace = parse_trace(text, "t.jsonl")
+    # The hint at 09:56 is the trace's start: the jobs come 240 s and 300 s after it.
+    assert [(j.submitted_at, j.hinted_at) for j in trace.jobs] == [(240.0, None), (300.0, 0.0)]
+
+
+def test_the_validator_names_every_bad_hint():
+    text = (
+        "submitted_at,duration_s,hint_lead_s\n"
+        "100,60,30\n"
+        "100,60,-5\n"
+        "100,60,soon\n"
+        "100,60,inf\n"
+        "100,60,200\n"
+        "100000,60,90000\n"
+    )
+    with pytest.raises(TraceError) as caught:
+        parse_trace(text, "h.csv")
+    assert caught.value.problems == [
+        "h.csv:3: hint_lead_s: -5 must be seconds >= 0 (or empty for no hint)",
+        "h.csv:4: hint_lead_s: 'soon' is not a number",
+        "h.csv:5: hint_lead_s: 'inf' is not a finite number",
+        "h.csv:6: hint_lead_s: 200 puts the hint before the trace's start (submitted_at 100)",
+        "h.csv:7: hint_lead_s: 90000 is over 86400, the longest hint a prewarm may carry",
+    ]
+
+
+def test_the_validator_refuses_a_json_hint_that_is_not_a_number():
+    text = (
+        '{"submitted_at": 100, "duration_s": 60, "hint_lead_s": true}\n'
+        '{"submitted_at": 100, "duration_s": 60, "hint_lead_s": "60"}\n'  # as CSV gives it: fine
+        '{"submitted_at": 100, "duration_s": 60, "hint_lead_s": [1]}\n'
+    )
+    with pytest.raises(TraceError) as caught:
+        parse_trace(text, "h.jsonl")
+    assert caught.value.problems == [
+        "h.jsonl:1: hint_lead_s: True is not a number",
+        "h.jsonl:3: hint_lead_s: [1] is not a number",
+    ]
+
+
+def _hinted() -> Trace:
+    return Trace(
+        (
+            TraceJob(10.0, 60.0, hint_lead_s=10.0),
+            TraceJob(200.0, 30.0, "net-b", ("site-1",), 2),
+            TraceJob(400.5, 30.0, hint_lead_s=120.25),
+        )
+    )
+
+
+def _fields(trace: Trace) -> list[tuple[object, ...]]:
+    return [
+        (j.submitted_at, j.duration_s, j.net, j.required_sites, j.priority, j.hint_lead_s)
+        for j in trace.jobs
+    ]
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_hints_are_written_back_and_read_again(jsonl: bool):
+    trace = _hinted()
+    again = parse_trace(format_trace(trace, jsonl=jsonl), "again")
+    assert _fields(again) == _fields(trace)
+
+
+def test_a_trace_without_hints_is_written_as_before_hints_existed():
+    trace = _hinted().without_hints()
+    assert format_trace(trace).splitlines()[0] == (
+        "submitted_at,duration_s,net,required_sites,priority"
+    )
+    assert "hint_lead_s" not in format_trace(trace, jsonl=True)
+    hinted = format_trace(_hinted())
+    assert hinted.splitlines()[0].endswith(",priority,hint_lead_s")
+    assert hinted.splitlines()[2].endswith(",2,")  # the job without a hint: an empty cell
+    assert '"hint_lead_s": 120.25' in format_trace(_hinted(), jsonl=True)
