@@ -37,7 +37,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             # Sized for the nets it is replayed on: the utilization is per net.
             nets = savings.parse_nets(args.nets, trace.Trace(()))
             spec = trace.Synthetic(
-                seed=args.seed, days=args.days, nets=len(nets), utilization=args.utilization
+                seed=args.seed,
+                days=args.days,
+                nets=len(nets),
+                utilization=args.utilization,
+                hinted=args.hinted,
+                hint_lead_s=args.hint_lead,
             )
             workload = trace.synthesize(spec)
         else:

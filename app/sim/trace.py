@@ -399,6 +399,10 @@ class Synthetic:
     burst_jobs: tuple[int, int] = (4, 12)  # jobs in a burst (uniform)
     burst_gap_s: float = 120.0  # mean gap between a burst's submissions (exponential)
     short_median_min: float = 8.0  # a short job's length: lognormal around this median
+    # The share of jobs flip-api hints with a prewarm, and how long before it submits them
+    # (a user opening a model's training page a couple of minutes before starting it).
+    hinted: float = 0.0
+    hint_lead_s: float = 120.0
 
     def check(self) -> None:
         """ValueError on settings no trace can have."""
@@ -411,6 +415,12 @@ class Synthetic:
         low, high = self.burst_jobs
         if not 1 <= low <= high:
             raise ValueError(f"burst_jobs {self.burst_jobs}: need 1 <= low <= high")
+        if not 0 <= self.hinted <= 1:
+            raise ValueError(f"hinted share {self.hinted} must be between 0 and 1")
+        if not 0 <= self.hint_lead_s <= MAX_HINT_LEAD_S:
+            raise ValueError(
+                f"hint lead {self.hint_lead_s} must be seconds between 0 and {MAX_HINT_LEAD_S:g}"
+            )
 
 
 def synthesize(spec: Synthetic) -> Trace:
@@ -445,7 +455,23 @@ def synthesize(spec: Synthetic) -> Trace:
         start = min(at, horizon - duration)
         jobs.append(TraceJob(round(start, 3), round(duration, 3)))
     jobs.sort(key=lambda j: j.submitted_at)
-    return Trace(tuple(jobs), source=f"synthetic(seed={spec.seed})")
+    if spec.hinted <= 0:
+        return Trace(tuple(jobs), source=f"synthetic(seed={spec.seed})")
+    hints = f"{spec.hinted:g} hinted {spec.hint_lead_s:g}s ahead"
+    return Trace(tuple(_hint(jobs, spec)), source=f"synthetic(seed={spec.seed}, {hints})")
+
+
+def _hint(jobs: list[TraceJob], spec: Synthetic) -> list[TraceJob]:
+    """Each job hinted with probability `spec.hinted`, from a stream of its own, so the jobs
+    are those of the same seed without hints (a job submitted sooner than the lead after the
+    trace's start is hinted at that start)."""
+    rng = random.Random(f"synthetic/{spec.seed}/hints")
+    return [
+        dataclasses.replace(j, hint_lead_s=min(spec.hint_lead_s, j.submitted_at))
+        if rng.random() < spec.hinted
+        else j
+        for j in jobs
+    ]
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

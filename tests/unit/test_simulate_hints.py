@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from app.entrypoints.cli import main
 from app.sim.trace import (
+    Synthetic,
     Trace,
     TraceError,
     TraceJob,
     format_trace,
     parse_trace,
+    synthesize,
 )
 
 # --- the trace field ---------------------------------------------------------------------------
@@ -114,3 +117,44 @@ def test_a_trace_without_hints_is_written_as_before_hints_existed():
     assert hinted.splitlines()[0].endswith(",priority,hint_lead_s")
     assert hinted.splitlines()[2].endswith(",2,")  # the job without a hint: an empty cell
     assert '"hint_lead_s": 120.25' in format_trace(_hinted(), jsonl=True)
+
+
+# --- the synthetic trace ---------------------------------------------------------------------
+
+
+def test_the_synthetic_trace_has_no_hints_unless_asked():
+    trace = synthesize(Synthetic(seed=2, days=3))
+    assert trace.hinted() == 0 and trace.source == "synthetic(seed=2)"
+
+
+def test_hinted_synthetic_jobs_are_the_same_jobs_with_a_share_hinted_at_the_lead():
+    plain = synthesize(Synthetic(seed=5))
+    hinted = synthesize(Synthetic(seed=5, hinted=0.5, hint_lead_s=120.0))
+    assert hinted == synthesize(Synthetic(seed=5, hinted=0.5, hint_lead_s=120.0))
+    # The same jobs (hints come from a stream of their own), about half of them hinted.
+    assert hinted.without_hints().jobs == plain.jobs
+    assert 0.45 <= hinted.hinted() / len(hinted.jobs) <= 0.55
+    leads = {j.hint_lead_s for j in hinted.jobs if j.submitted_at >= 120.0}
+    assert leads == {None, 120.0}
+    # A job sooner than the lead after the start is hinted at the start, never before it.
+    assert all(j.hinted_at is None or j.hinted_at >= 0 for j in hinted.jobs)
+    assert "0.5 hinted 120s ahead" in hinted.source
+    everyone = synthesize(Synthetic(seed=5, hinted=1.0, hint_lead_s=30.0))
+    assert everyone.hinted() == len(everyone.jobs)
+
+
+@pytest.mark.parametrize(("share", "lead"), [(-0.1, 120.0), (1.5, 120.0), (0.5, -1.0)])
+def test_hint_settings_no_trace_can_have_are_refused(share: float, lead: float):
+    with pytest.raises(ValueError, match="hint"):
+        synthesize(Synthetic(days=1, hinted=share, hint_lead_s=lead))
+
+
+def test_simulate_writes_a_hinted_synthetic_trace(capsys, tmp_path):
+    path = tmp_path / "hinted.csv"
+    argv = ["simulate", "--synthetic", "--days", "0.3", "--seed", "1", "--grace", "0"]
+    argv += ["--hinted", "0.5", "--hint-lead", "60", "--write-trace", str(path), "--json"]
+    assert main([*argv, "--workers", "1"]) == 0, capsys.readouterr().err
+    written = parse_trace(path.read_text(), "written")
+    expected = synthesize(Synthetic(seed=1, days=0.3, hinted=0.5, hint_lead_s=60.0))
+    assert [j.hint_lead_s for j in written.jobs] == [j.hint_lead_s for j in expected.jobs]
+    assert written.hinted() > 0
