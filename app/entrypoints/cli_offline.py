@@ -30,7 +30,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a trace (or a synthetic one) at each idle grace: what scale-to-zero saves."""
-    from app.sim import savings, trace
+    from app.sim import savings, savings_table, trace
 
     try:
         if args.synthetic:
@@ -66,7 +66,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if args.plot is not None:
         try:
-            savings.plot(report, args.plot)
+            savings_table.plot(report, args.plot)
         except ImportError:
             sys.stderr.write(
                 "fl-dispatcher: --plot needs matplotlib: pip install 'fl-dispatcher[plot]'\n"
@@ -75,5 +75,5 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_json(), sys.stdout)
     else:
-        sys.stdout.write(savings.table(report) + "\n")
+        sys.stdout.write(savings_table.table(report) + "\n")
     return EXIT_OK

@@ -1,11 +1,18 @@
 """`fl-dispatcher simulate` with prewarm hints (issue 25): the trace's `hint_lead_s` field,
-its validator and writer."""
+its validator and writer; the synthetic share of hinted jobs; replays that send each hint as
+flip-api's `prewarm` task through the message layer (the real hold logic), on the fast clock
+as on the step-by-step one."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from app.entrypoints.cli import main
+from app.sim import savings
+from app.sim.savings import replay
+from app.sim.simulation import Simulation
 from app.sim.trace import (
     Synthetic,
     Trace,
@@ -15,6 +22,9 @@ from app.sim.trace import (
     parse_trace,
     synthesize,
 )
+from app.sim.workload import ColdStart
+
+COLD = ColdStart("test", provision_s=2.0, login_s=3.0, sites_s=5.0, stop_s=0.0)  # 10 s
 
 # --- the trace field ---------------------------------------------------------------------------
 
@@ -158,3 +168,165 @@ def test_simulate_writes_a_hinted_synthetic_trace(capsys, tmp_path):
     expected = synthesize(Synthetic(seed=1, days=0.3, hinted=0.5, hint_lead_s=60.0))
     assert [j.hint_lead_s for j in written.jobs] == [j.hint_lead_s for j in expected.jobs]
     assert written.hinted() > 0
+
+
+# --- replays with hints -------------------------------------------------------------------------
+
+
+def test_a_hinted_job_meets_a_warm_server_and_pays_for_the_lead():
+    trace = Trace((TraceJob(1000.0, 200.0, hint_lead_s=120.0),))
+    warm = replay(trace.without_hints(), ["net-1"], None, COLD)
+    plain = replay(trace.without_hints(), ["net-1"], 0.0, COLD)
+    hinted = replay(trace, ["net-1"], 0.0, COLD)
+    assert plain.waits[0] - warm.waits[0] >= COLD.total_s and plain.cold_waits == 1
+    # The hint at 880 s started the server; the job at 1000 s found it ready.
+    assert hinted.waits[0] - warm.waits[0] < 1.0
+    assert hinted.cold_starts == 1 and hinted.cold_waits == 0
+    assert (hinted.hints, hinted.hints_used, hinted.hints_refused) == (1, 1, 0)
+    assert (plain.hints, plain.hints_used) == (0, 0)
+    # Up from the hint instead of from the job: the lead, less the cold start the job no
+    # longer waits for (each scale-down on its own beat tick, HOUSEKEEPING_INTERVAL_S 15).
+    extra = hinted.up_s - plain.up_s
+    assert 120 - COLD.total_s - 15 <= extra <= 120 - COLD.total_s + 15
+    assert hinted.unfinished == 0
+
+
+def test_a_hint_shorter_than_the_cold_start_hides_part_of_it():
+    trace = Trace((TraceJob(1000.0, 60.0, hint_lead_s=4.0),))
+    warm = replay(trace.without_hints(), ["net-1"], None, COLD)
+    hinted = replay(trace, ["net-1"], 0.0, COLD)
+    added = hinted.waits[0] - warm.waits[0]
+    # The server was asked for 4 s early: 6 s of the 10 s cold start are left, and the job's
+    # own readiness poll (READY_POLL_S, 1 s) sees it up to a poll later.
+    assert COLD.total_s - 4.0 <= added <= COLD.total_s - 4.0 + 2.0
+    assert hinted.hints_used == 1
+
+
+def test_a_hint_holds_the_net_the_job_names():
+    trace = Trace(
+        (
+            TraceJob(500.0, 60.0, "net-b", hint_lead_s=60.0),
+            TraceJob(510.0, 60.0, "net-a"),
+        )
+    )
+    hinted = replay(trace, ["net-a", "net-b"], 0.0, COLD)
+    warm = replay(trace.without_hints(), ["net-a", "net-b"], None, COLD)
+    assert hinted.waits[0] - warm.waits[0] < 1.0  # net-b warm for its job
+    assert hinted.waits[1] - warm.waits[1] >= COLD.total_s  # net-a was not hinted
+    assert hinted.hints_used == 1
+
+
+def _fast_and_slow(trace: Trace, nets: tuple[str, ...], grace: float, cold: ColdStart):
+    """Each net's up-time and cold starts, and each job's wait, stepping through every beat
+    tick and on the fast clock."""
+    world = savings.world_for(trace, nets, grace, cold)
+    workload = savings.workload_for(trace)
+    figures = []
+    for fast in (False, True):
+        # (The invariants do not know holds yet: a held idle server is idle-net-at-zero.)
+        sim = Simulation(
+            world, workload, savings.CLEAN, 0, check_invariants=False, fast_forward=fast
+        )
+
+        def read(s: Simulation) -> tuple[dict[str, float], list[str]]:
+            ups = {
+                n: savings._up_seconds(d.timeline, s.clock.t) for n, d in s.cluster.drivers.items()
+            }
+            waits = [
+                dispatched
+                for (dispatched,) in s.conn.execute(
+                    "SELECT dispatched_at FROM jobs ORDER BY created_at"
+                )
+            ]
+            return ups, waits
+
+        result, (ups, waits) = sim.run_then(read)
+        assert result.ok, result.summary()
+        starts = {n: len(d.cold_starts) for n, d in sim.cluster.drivers.items()}
+        figures.append((ups, starts, [savings._secs(w) for w in waits], result.stats))
+    return world, figures
+
+
+def test_a_hint_finding_its_net_stopping_starts_it_again_once_it_is_down():
+    """The fast clock must not skip the scale-down round whose settling starts a held net
+    again: here the net is STOPPING (a 30 s stop) when the hint comes."""
+    cold = ColdStart("slow-stop", provision_s=2.0, login_s=3.0, sites_s=5.0, stop_s=30.0)
+    trace = Trace((TraceJob(0.0, 60.0), TraceJob(200.0, 60.0, hint_lead_s=100.0)))
+    world, [(slow_up, slow_starts, slow_waits, _), (fast_up, fast_starts, fast_waits, _)] = (
+        _fast_and_slow(trace, ("net-1",), 0.0, cold)
+    )
+    assert slow_starts == fast_starts == {"net-1": 2}
+    assert math.isclose(fast_up["net-1"], slow_up["net-1"], abs_tol=world.housekeeping_interval_s)
+    # Started again between its stop (120 s) and the job (200 s): the job found it warm.
+    assert fast_waits[1] - 200.0 < 1.0 and slow_waits[1] - 200.0 < 1.0
+
+
+def test_the_fast_clock_changes_no_figure_with_hints():
+    """Hints on a held idle net, on a stopped one, one used by another job, one sent while
+    its net is busy: the fast clock gives the figures of stepping through every tick."""
+    trace = Trace(
+        (
+            TraceJob(0.0, 300.0, hint_lead_s=0.0),
+            TraceJob(20.0, 100.0),
+            TraceJob(200.0, 50.0, hint_lead_s=150.0),
+            TraceJob(330.0, 40.0, hint_lead_s=100.0),
+            TraceJob(900.0, 120.0, hint_lead_s=300.0),
+            TraceJob(1000.0, 30.0, hint_lead_s=30.0),
+            TraceJob(1400.0, 20.0, hint_lead_s=60.0),
+        )
+    )
+    nets = ("net-1", "net-2")
+    (
+        world,
+        [
+            (slow_up, slow_starts, slow_waits, slow_stats),
+            (fast_up, fast_starts, fast_waits, fast_stats),
+        ],
+    ) = _fast_and_slow(trace, nets, 100.0, COLD)
+    assert fast_starts == slow_starts
+    tick = world.housekeeping_interval_s
+    for net in nets:
+        bound = tick * slow_starts[net] + 1.0
+        assert math.isclose(fast_up[net], slow_up[net], abs_tol=bound), (fast_up, slow_up)
+    for slow, fast in zip(slow_waits, fast_waits, strict=True):
+        assert abs(slow - fast) < 1.5, (slow_waits, fast_waits)
+    assert fast_stats["messages"] < slow_stats["messages"] / 3
+
+
+def test_a_hold_used_by_another_job_ends_at_that_claim_on_the_fast_clock_too():
+    """Another job takes the held net first: the hold is used and ends there (the real
+    claim's rule), so the net's grace runs from that job's end and the hinted job, later,
+    meets a cold start; the fast clock must start the grace where the scale-down does."""
+    trace = Trace((TraceJob(150.0, 30.0), TraceJob(400.0, 30.0, hint_lead_s=300.0)))
+    world, [(slow_up, slow_starts, slow_waits, _), (fast_up, fast_starts, fast_waits, _)] = (
+        _fast_and_slow(trace, ("net-1",), 0.0, COLD)
+    )
+    assert slow_starts == fast_starts == {"net-1": 2}
+    assert math.isclose(fast_up["net-1"], slow_up["net-1"], abs_tol=world.housekeeping_interval_s)
+    for waits in (slow_waits, fast_waits):
+        assert waits[0] - 150.0 < 1.0  # the unhinted job found the hinted server warm
+        assert waits[1] - 400.0 >= COLD.total_s  # and the hinted one met a cold start
+
+
+def test_the_fast_clock_skips_what_a_hold_makes_idle():
+    """A hint ten minutes ahead: the warm-up's readiness polls jump to the one that sees the
+    server ready, and no scale-down round runs while the hold defers the grace (each would
+    only read the tables): a month of hints costs messages per hint, not per second."""
+    trace = Trace((TraceJob(1000.0, 60.0, hint_lead_s=600.0),))
+    world = savings.world_for(trace, ["net-1"], 0.0, COLD)
+    sim = Simulation(
+        world,
+        savings.workload_for(trace),
+        savings.CLEAN,
+        0,
+        tracing=True,
+        check_invariants=False,
+        fast_forward=True,
+    )
+    result = sim.run()
+    sent = [
+        line.split("#", 1)[1].split()[1].split("(")[0] for line in result.trace if " w0 #" in line
+    ]
+    assert sent.count("warm_up") == 2  # asks for the replica, then sees it ready
+    assert sent.count("scale_down_idle_nets") == 1  # the one after the job, that stops it
+    assert sim.cluster.drivers["net-1"].timeline[0][0] == pytest.approx(400.0, abs=1.0)
