@@ -4,9 +4,10 @@ Each grace value replays the trace through the same `Simulation` the bug-hunting
 (the real use cases and tables, beat, the Celery-like message layer), fault-free, with fake
 servers whose cold start takes fixed, configurable times (`ColdStart`) and runs that last
 their traced duration. One more replay with every net always on gives each job's wait
-without cold starts; a job's added wait is its wait at a grace minus that one. A replay
-sends the trace's prewarm hints as flip-api's `prewarm` task, each at its time. The human
-table and the plot: `app.sim.savings_table`.
+without cold starts; a job's added wait is its wait at a grace minus that one. A trace with
+prewarm hints is replayed at each grace twice, without its hints and with them (each hint
+sent as flip-api's `prewarm` task at its time). The human table and the plot:
+`app.sim.savings_table`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ class GraceResult:
 
 
 @dataclass(frozen=True)
+class HintedResult(GraceResult):
+    """One grace's figures replayed with the trace's prewarm hints."""
+
+    hints: int = 0  # prewarms accepted
+    hints_used: int = 0  # of those, a job was claimed onto the held net while it held
+    hints_refused: int = 0  # prewarms the dispatcher refused (should be 0)
+
+
+@dataclass(frozen=True)
 class Report:
     """Every grace's figures and the recommended one."""
 
@@ -91,11 +101,19 @@ class Report:
     results: tuple[GraceResult, ...]
     recommended_s: float | None
     wall_s: float
+    # A trace with prewarm hints: each grace replayed with them too (empty: no hints).
+    hinted_jobs: int = 0
+    hint_margin_s: float = HINT_MARGIN_S
+    hinted_results: tuple[HintedResult, ...] = ()
+    hinted_recommended_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The report as plain JSON values."""
+        """The report as plain JSON values (the hinted figures only for a hinted trace)."""
         data = asdict(self)
         data["cold_start"] = asdict(self.cold_start) | {"total_s": self.cold_start.total_s}
+        if not self.hinted_jobs:
+            for key in ("hinted_jobs", "hint_margin_s", "hinted_results", "hinted_recommended_s"):
+                del data[key]
         return data
 
 
@@ -109,7 +127,7 @@ class Replay:
     cold_waits: int
     unfinished: int
     wall_s: float
-    hints: int = 0  # prewarms accepted, those a job was claimed onto the held net, refused
+    hints: int = 0  # prewarms accepted, used and refused (app.sim.savings.HintedResult)
     hints_used: int = 0
     hints_refused: int = 0
 
@@ -365,23 +383,37 @@ def simulate(
 ) -> Report:
     """Replay the trace at every grace and once always on; the figures and the
     recommendation (the cheapest grace whose p95 added wait is within `wait_budget_s`,
-    default one cold start as the dispatcher sees it: `seen_cold_start_s`)."""
+    default one cold start as the dispatcher sees it: `seen_cold_start_s`). A trace with
+    hints is replayed at every grace without them (`results`) and with them
+    (`hinted_results`); the always-on replay, without them, is the baseline of both."""
     budget = seen_cold_start_s(cold) if wait_budget_s is None else wait_budget_s
     started = time.perf_counter()
     check_nets(trace, nets)
-    todo: list[float | None] = [None, *graces]
-    args = [(trace, tuple(nets), g, cold) for g in todo]
+    plain = trace.without_hints()
+    hinted = trace.hinted()
+    args = [(plain, tuple(nets), g, cold) for g in (None, *graces)]
+    if hinted:
+        args += [(trace, tuple(nets), g, cold) for g in graces]
     if workers > 1 and len(args) > 1:
         with multiprocessing.get_context("fork").Pool(min(workers, len(args))) as pool:
             replays = pool.map(_replay_job, args, chunksize=1)
     else:
         replays = [_replay_job(a) for a in args]
-    baseline, by_grace = replays[0], replays[1:]
+    baseline, by_grace = replays[0], replays[1 : 1 + len(graces)]
     horizon = trace.horizon_s
     always_on_h = len(nets) * horizon / 3600
     results = [
         GraceResult(**_figures(g, run, baseline, always_on_h))
         for g, run in zip(graces, by_grace, strict=True)
+    ]
+    with_hints = [
+        HintedResult(
+            **_figures(g, run, baseline, always_on_h),
+            hints=run.hints,
+            hints_used=run.hints_used,
+            hints_refused=run.hints_refused,
+        )
+        for g, run in zip(graces if hinted else (), replays[1 + len(graces) :], strict=True)
     ]
     return Report(
         source=trace.source,
@@ -395,6 +427,9 @@ def simulate(
         results=tuple(results),
         recommended_s=recommend(results, budget),
         wall_s=round(time.perf_counter() - started, 2),
+        hinted_jobs=hinted,
+        hinted_results=tuple(with_hints),
+        hinted_recommended_s=recommend(with_hints, budget) if hinted else None,
     )
 
 
@@ -425,6 +460,7 @@ __all__ = [
     "LOCAL",
     "PROFILES",
     "GraceResult",
+    "HintedResult",
     "Replay",
     "Report",
     "percentile",

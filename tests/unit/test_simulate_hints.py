@@ -5,12 +5,13 @@ as on the step-by-step one."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from app.entrypoints.cli import main
-from app.sim import savings
+from app.sim import savings, savings_table
 from app.sim.savings import replay
 from app.sim.simulation import Simulation
 from app.sim.trace import (
@@ -330,3 +331,81 @@ def test_the_fast_clock_skips_what_a_hold_makes_idle():
     assert sent.count("warm_up") == 2  # asks for the replica, then sees it ready
     assert sent.count("scale_down_idle_nets") == 1  # the one after the job, that stops it
     assert sim.cluster.drivers["net-1"].timeline[0][0] == pytest.approx(400.0, abs=1.0)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def _spread(hinted: bool) -> Trace:
+    """A job every 200 s on one net: at grace 0 each meets a cold start unless hinted."""
+    lead = 60.0 if hinted else None
+    return Trace(
+        tuple(
+            TraceJob(300.0 + 200.0 * i, 60.0, hint_lead_s=lead if i % 2 == 0 else None)
+            for i in range(8)
+        )
+    )
+
+
+def test_the_report_has_each_grace_with_and_without_hints():
+    trace = _spread(hinted=True)
+    report = savings.simulate(trace, ["net-1"], (0.0, 600.0), COLD)
+    assert report.hinted_jobs == 4 and report.hint_margin_s == savings.HINT_MARGIN_S
+    plain = {r.grace_s: r for r in report.results}
+    hinted = {r.grace_s: r for r in report.hinted_results}
+    assert set(plain) == set(hinted) == {0.0, 600.0}
+    # Without hints, grace 0 starts a server for every job; with them, the hinted half finds
+    # it warm, and pays for the server from the hint on.
+    assert plain[0.0].cold_waits == 8 and hinted[0.0].cold_waits == 4
+    assert (hinted[0.0].hints, hinted[0.0].hints_used, hinted[0.0].hints_refused) == (4, 4, 0)
+    assert hinted[0.0].wait_p50_s < 1.0 < COLD.total_s <= plain[0.0].wait_p50_s
+    assert hinted[0.0].server_h > plain[0.0].server_h
+    # A grace longer than the gaps keeps the server up from the first job on: hints change
+    # nothing there but the first job's start.
+    assert plain[600.0].cold_starts == hinted[600.0].cold_starts == 1
+    assert report.hinted_recommended_s is not None
+    data = report.to_json()
+    assert [r["grace_s"] for r in data["hinted_results"]] == [0.0, 600.0]
+    assert data["hinted_results"][0]["hints_used"] == 4 and data["hinted_jobs"] == 4
+
+
+def test_a_report_without_hints_is_as_before():
+    report = savings.simulate(_spread(hinted=False), ["net-1"], (0.0,), COLD)
+    assert report.hinted_jobs == 0 and report.hinted_results == ()
+    data = report.to_json()
+    assert not {"hinted_jobs", "hint_margin_s", "hinted_results", "hinted_recommended_s"} & set(
+        data
+    )
+    text = savings_table.table(report)
+    assert "hint" not in text
+
+
+def test_the_table_shows_hinted_rows_and_their_difference():
+    report = savings.simulate(_spread(hinted=True), ["net-1"], (0.0, 600.0), COLD)
+    text = savings_table.table(report)
+    assert "without prewarm hints:" in text
+    assert "with prewarm hints (4 of 8 jobs hinted; a hint asks for its lead + 15s):" in text
+    assert "recommended grace with hints:" in text
+    lines = text.splitlines()
+    start = lines.index("hints against none:")
+    zero = lines[start + 2].split()
+    plain, hinted = report.results[0], report.hinted_results[0]
+    assert zero[:4] == [
+        "0s",
+        f"{plain.server_h:.1f}",
+        f"{hinted.server_h:.1f}",
+        f"{hinted.server_h - plain.server_h:+.2f}",
+    ]
+    assert zero[-2:] == [f"{plain.wait_p95_s:.1f}s", f"{hinted.wait_p95_s:.1f}s"]
+    rows = [line for line in lines if line.strip().startswith("0s") and " of " in line]
+    assert rows and "4 of 4" in rows[0]  # hints used of hints sent
+
+
+def test_simulate_json_carries_the_hinted_figures_of_a_hinted_trace(capsys, tmp_path):
+    path = tmp_path / "hinted.csv"
+    path.write_text(format_trace(_spread(hinted=True)))
+    argv = ["simulate", str(path), "--grace", "0", "--nets", "1", "--json", "--workers", "2"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hinted_jobs"] == 4
+    assert data["hinted_results"][0]["wait_p50_s"] < 1.0 < data["results"][0]["wait_p50_s"]
