@@ -28,6 +28,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress(line: str) -> None:
+    """simulate's progress, on stderr: stdout carries only the report (--json)."""
+    sys.stderr.write(f"fl-dispatcher simulate: {line}\n")
+    sys.stderr.flush()
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a trace (or a synthetic one) at each idle grace: what scale-to-zero saves."""
     from app.sim import savings, savings_table, trace
@@ -57,6 +63,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             args.cold_start,
             workers=args.workers,
             wait_budget_s=args.wait_budget,
+            progress=_progress,
         )
     except trace.TraceError as exc:
         sys.stderr.write("".join(f"fl-dispatcher: {line}\n" for line in exc.problems))

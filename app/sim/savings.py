@@ -15,9 +15,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import multiprocessing
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from app.schemas import PREWARM_WITHIN_MAX_S, job_id_for
 from app.settings import Settings
 from app.sim.clock import seconds_of
 from app.sim.faults import CLEAN
+from app.sim.processes import in_processes
 from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceError
 from app.sim.workload import ColdStart, JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
@@ -367,7 +367,10 @@ def _up_seconds(timeline: Sequence[tuple[float, int]], end: float) -> float:
     return total
 
 
-def _replay_job(args: tuple[Trace, tuple[str, ...], float | None, ColdStart]) -> Replay:
+ReplayArgs = tuple[Trace, tuple[str, ...], float | None, ColdStart]
+
+
+def _replay_job(args: ReplayArgs) -> Replay:
     trace, nets, grace, cold = args
     return replay(trace, nets, grace, cold)
 
@@ -380,12 +383,14 @@ def simulate(
     *,
     workers: int = 1,
     wait_budget_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Replay the trace at every grace and once always on; the figures and the
     recommendation (the cheapest grace whose p95 added wait is within `wait_budget_s`,
     default one cold start as the dispatcher sees it: `seen_cold_start_s`). A trace with
     hints is replayed at every grace without them (`results`) and with them
-    (`hinted_results`); the always-on replay, without them, is the baseline of both."""
+    (`hinted_results`); the always-on replay, without them, is the baseline of both.
+    `progress` hears a line as each replay ends."""
     budget = seen_cold_start_s(cold) if wait_budget_s is None else wait_budget_s
     started = time.perf_counter()
     check_nets(trace, nets)
@@ -394,11 +399,21 @@ def simulate(
     args = [(plain, tuple(nets), g, cold) for g in (None, *graces)]
     if hinted:
         args += [(trace, tuple(nets), g, cold) for g in graces]
-    if workers > 1 and len(args) > 1:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(args))) as pool:
-            replays = pool.map(_replay_job, args, chunksize=1)
-    else:
-        replays = [_replay_job(a) for a in args]
+
+    def done(count: int, index: int, run: Replay) -> None:
+        if progress is not None:
+            what = "always on" if args[index][2] is None else f"grace {args[index][2]:g}s"
+            hints = " with hints" if args[index][0].hinted() else ""
+            progress(
+                f"{count}/{len(args)} replayed: {what}{hints} in {run.wall_s:.1f}s"
+                f" ({time.perf_counter() - started:.0f}s so far)"
+            )
+
+    if progress is not None:
+        progress(
+            f"{len(args)} replays of {len(trace.jobs)} jobs, {min(workers, len(args))} at a time"
+        )
+    replays = in_processes(_replay_job, args, workers, done)
     baseline, by_grace = replays[0], replays[1 : 1 + len(graces)]
     horizon = trace.horizon_s
     always_on_h = len(nets) * horizon / 3600

@@ -12,6 +12,7 @@ import pytest
 
 from app.entrypoints.cli import main
 from app.sim import savings, savings_table
+from app.sim.processes import in_processes
 from app.sim.savings import replay
 from app.sim.simulation import Simulation
 from app.sim.trace import (
@@ -409,3 +410,49 @@ def test_simulate_json_carries_the_hinted_figures_of_a_hinted_trace(capsys, tmp_
     data = json.loads(capsys.readouterr().out)
     assert data["hinted_jobs"] == 4
     assert data["hinted_results"][0]["wait_p50_s"] < 1.0 < data["results"][0]["wait_p50_s"]
+
+
+# --- progress ------------------------------------------------------------------------------------
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_calls_in_processes_come_back_in_order_and_each_is_reported(workers: int):
+    seen: list[tuple[int, int, int]] = []
+    results = in_processes(_square, [3, 1, 2, 5], workers, lambda *a: seen.append(a))
+    assert results == [9, 1, 4, 25]
+    assert [count for count, _, _ in seen] == [1, 2, 3, 4]
+    assert sorted((index, result) for _, index, result in seen) == [(0, 9), (1, 1), (2, 4), (3, 25)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_simulate_reports_each_replay_as_it_ends(workers: int):
+    lines: list[str] = []
+    savings.simulate(
+        _spread(hinted=True), ["net-1"], (0.0, 60.0), COLD, workers=workers, progress=lines.append
+    )
+    assert lines[0] == f"5 replays of 8 jobs, {workers} at a time"
+    assert [line.split(" replayed: ")[0] for line in lines[1:]] == [f"{i}/5" for i in range(1, 6)]
+    done = sorted(line.split(" replayed: ")[1].split(" in ")[0] for line in lines[1:])
+    assert done == [
+        "always on",
+        "grace 0s",
+        "grace 0s with hints",
+        "grace 60s",
+        "grace 60s with hints",
+    ]
+
+
+def test_simulate_shows_progress_on_stderr_and_only_the_report_on_stdout(capsys, tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(format_trace(_spread(hinted=False)))
+    argv = ["simulate", str(path), "--grace", "0,60", "--nets", "1", "--json", "--workers", "1"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["jobs"] == 8  # nothing else on stdout
+    progress = [line for line in err.splitlines() if line.startswith("fl-dispatcher simulate: ")]
+    assert len(progress) == 4  # the plan, then the always-on replay and one per grace
+    assert progress[-1].startswith("fl-dispatcher simulate: 3/3 replayed: grace ")
