@@ -256,6 +256,20 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
         default=trace.FLIP_UTILIZATION,
         help=f"busy share per net (default {trace.FLIP_UTILIZATION:.3f}, FLIP's 16.4 h of 70.2 h)",
     )
+    synthetic.add_argument(
+        "--hinted",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of jobs sent with a prewarm hint, 0..1 (default 0: none)",
+    )
+    synthetic.add_argument(
+        "--hint-lead",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="how long before its job a hint is sent (default 120)",
+    )
 
 
 def _add_api_and_ready(

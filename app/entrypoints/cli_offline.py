@@ -28,16 +28,27 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress(line: str) -> None:
+    """simulate's progress, on stderr: stdout carries only the report (--json)."""
+    sys.stderr.write(f"fl-dispatcher simulate: {line}\n")
+    sys.stderr.flush()
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a trace (or a synthetic one) at each idle grace: what scale-to-zero saves."""
-    from app.sim import savings, trace
+    from app.sim import savings, savings_table, trace
 
     try:
         if args.synthetic:
             # Sized for the nets it is replayed on: the utilization is per net.
             nets = savings.parse_nets(args.nets, trace.Trace(()))
             spec = trace.Synthetic(
-                seed=args.seed, days=args.days, nets=len(nets), utilization=args.utilization
+                seed=args.seed,
+                days=args.days,
+                nets=len(nets),
+                utilization=args.utilization,
+                hinted=args.hinted,
+                hint_lead_s=args.hint_lead,
             )
             workload = trace.synthesize(spec)
         else:
@@ -52,6 +63,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             args.cold_start,
             workers=args.workers,
             wait_budget_s=args.wait_budget,
+            progress=_progress,
         )
     except trace.TraceError as exc:
         sys.stderr.write("".join(f"fl-dispatcher: {line}\n" for line in exc.problems))
@@ -61,7 +73,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if args.plot is not None:
         try:
-            savings.plot(report, args.plot)
+            savings_table.plot(report, args.plot)
         except ImportError:
             sys.stderr.write(
                 "fl-dispatcher: --plot needs matplotlib: pip install 'fl-dispatcher[plot]'\n"
@@ -70,5 +82,5 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_json(), sys.stdout)
     else:
-        sys.stdout.write(savings.table(report) + "\n")
+        sys.stdout.write(savings_table.table(report) + "\n")
     return EXIT_OK

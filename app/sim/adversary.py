@@ -37,6 +37,20 @@ class Adversary(SimHost):
         which.replace()
 
     def _schedule(self) -> None:
+        # Hints first: one sent at the moment of its job's submission goes before the job.
+        for hint in self.workload.prewarms:
+            prewarm: dict[str, object] = {
+                "caller_key": hint.key,
+                "within_s": float(hint.within_s),
+                "required_sites": list(hint.sites),
+            }
+            if hint.net is not None:
+                prewarm["net"] = hint.net
+            self.at(
+                hint.at_s,
+                f"flip-api prewarms for {hint.key}",
+                self._caller(names.PREWARM, prewarm),
+            )
         for job in self.workload.jobs:
             payload: dict[str, object] = {
                 "caller_key": job.key,

@@ -78,6 +78,7 @@ class FastForward(SimHost):
             if run.end_at is not None:
                 calm.times.append(run.end_at)
         calm.awaited_due = any(any(r in (None, n) for r in queued) for n in to_settle)
+        held = self._holds(calm, t)
         for name, state, idle_since, changed in conn.execute(
             "SELECT name, state, idle_since, state_changed_at FROM nets"
         ):
@@ -102,11 +103,36 @@ class FastForward(SimHost):
                 continue
             if self.scales_to_zero(name):
                 since = seconds_of(datetime.fromisoformat(idle_since or changed))
+                # prewarm_holds.idle_start: the grace starts at the last hold's end if later
+                since = max([since, *held.get(name, ())])
                 expiry = since + self.settings.net(name).idle_timeout_s
                 if expiry <= t:
                     calm.scale_down_due = True
                 calm.times.append(expiry)
         return calm
+
+    def _holds(self, calm: Calm, t: float) -> dict[str, list[float]]:
+        """Prewarm holds as the fast clock must see them (app.usecases.prewarm_holds): a
+        live hold on a net that is down wants it started again by the scale-down round's
+        settling (due now); and each READY net's holds that end after it went idle, as
+        their ends in seconds, where its idle grace starts instead. Both reads find nothing
+        in a replay without hints."""
+        conn = self.conn
+        for net, until in conn.execute(
+            "SELECT p.net_name, p.hold_until FROM prewarms p JOIN nets n ON n.name ="
+            " p.net_name WHERE p.outcome IS NULL AND NOT p.refused AND n.state = 'STOPPED'"
+        ):
+            if seconds_of(datetime.fromisoformat(until)) > t and not self.cluster.replicas(net):
+                calm.scale_down_due = True
+        ends: dict[str, list[float]] = {}
+        for net, until, ended in conn.execute(
+            "SELECT p.net_name, p.hold_until, p.ended_at FROM prewarms p JOIN nets n ON"
+            " n.name = p.net_name WHERE n.state = 'READY' AND NOT p.refused AND"
+            " p.hold_until > coalesce(n.idle_since, n.state_changed_at)"
+        ):
+            end = min(until, ended) if ended is not None else until  # prewarm_holds.hold_end
+            ends.setdefault(net, []).append(seconds_of(datetime.fromisoformat(end)))
+        return ends
 
     def _beats_to_skip(
         self, beats: list[tuple[str, float]], next_beat: list[float]
@@ -129,6 +155,8 @@ class FastForward(SimHost):
         the ones in between would answer NOT_READY and write nothing."""
         poll = self.settings.ready_poll_s
         net = kwargs.get("net_name")
+        if "job_id" not in kwargs and isinstance(net, str):
+            return self._warm_poll_delay(net)
         spec = self.job_spec(str(kwargs.get("job_id")))
         if not self.fast_forward or net not in self.cluster.drivers or spec is None:
             return poll
@@ -154,5 +182,33 @@ class FastForward(SimHost):
             seconds_of(datetime.fromisoformat(row[0])) + self.settings.net(net).ready_timeout_s
         )
         target = deadline if never else min(ready, deadline)
+        ahead = target - self.clock.t
+        return poll if ahead <= poll else math.ceil(ahead / poll) * poll
+
+    def _warm_poll_delay(self, net: str) -> float:
+        """A prewarm's warm-up poll (READY_POLL_S), jumped as a job's readiness poll is: to
+        the first poll that can see the net's server up with every site of the net's own
+        connected (with a fixed cold start, all of them connect at once), or its readiness
+        deadline, while the net is STARTING; the polls in between answer NOT_READY and
+        write nothing."""
+        poll = self.settings.ready_poll_s
+        driver = self.cluster.drivers.get(net)
+        if not self.fast_forward or driver is None or driver.server.spec.cold_start is None:
+            return poll
+        server, cold = driver.server, driver.server.spec.cold_start
+        if driver.start_at is not None:
+            ready = driver.start_at + cold.login_s + cold.sites_s
+        elif driver.running and server.up_at is not None:
+            connects = [server.site_connects_at(site) for site in server.spec.sites]
+            ready = max([server.up_at + server.boot_s, *(c for c in connects if c is not None)])
+        else:
+            return poll
+        row = self.conn.execute(
+            "SELECT state, state_changed_at FROM nets WHERE name = ?", (net,)
+        ).fetchone()
+        if row is None or row[0] != "STARTING":
+            return poll
+        since = seconds_of(datetime.fromisoformat(row[1]))
+        target = min(ready, since + self.settings.net(net).ready_timeout_s)
         ahead = target - self.clock.t
         return poll if ahead <= poll else math.ceil(ahead / poll) * poll

@@ -20,10 +20,19 @@ from typing import Any, Protocol
 from app import names
 from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
-from app.schemas import AbortJob, EnqueueJob, ReportJobStatus
+from app.schemas import AbortJob, EnqueueJob, PrewarmNet, ReportJobStatus
 from app.sim.clock import SimClock
 from app.sim.faults import FaultProfile
-from app.usecases import abort, dispatch, intake, monitor, reconciler, scale_down
+from app.usecases import (
+    abort,
+    dispatch,
+    intake,
+    monitor,
+    prewarm,
+    prewarm_warm_up,
+    reconciler,
+    scale_down,
+)
 from app.usecases.dispatch import Step
 
 RETRY_BACKOFF_S = 2  # app.celery_app.RETRY_BACKOFF_S
@@ -75,6 +84,19 @@ def _report(rt: Runtime, kw: dict[str, Any]) -> object:
         return f"rejected: {exc}"
 
 
+def _prewarm(rt: Runtime, kw: dict[str, Any]) -> object:
+    """tasks.prewarm.prewarm_net: a refused prewarm is recorded, not raised."""
+    try:
+        request = intake.parse_payload(PrewarmNet, kw["payload"])
+    except InvalidRequest as exc:
+        code = prewarm.refuse_prewarm(rt, intake.caller_key_of(kw["payload"]), exc)
+        return f"refused: {code}"
+    try:
+        return prewarm.request_prewarm(rt, request).prewarm["status"]
+    except InvalidRequest as exc:  # recorded by the use case
+        return f"refused: {prewarm.refusal_code(exc)}"
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """How a task runs: its use-case call and which of tasks/base.py's rules apply."""
@@ -120,6 +142,11 @@ TASKS: dict[str, TaskSpec] = {
     names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),
     names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),
+    names.PREWARM: TaskSpec(_prewarm, "public"),
+    # tasks.prewarm.warm_up: a pipeline task polling every READY_POLL_S while NOT_READY.
+    names.WARM_UP: TaskSpec(
+        lambda rt, kw: prewarm_warm_up.warm_up(rt, kw["net_name"]), "pipeline", polls=True
+    ),
     # tasks.callbacks.deliver_callbacks; the simulation passes its receiver as the sender.
     names.DELIVER_CALLBACKS: TaskSpec(lambda rt, kw: None, "callbacks"),
 }
@@ -308,4 +335,5 @@ class SimOutbox:
 
 
 def is_poll(spec: TaskSpec, result: object) -> bool:
+    # wait_ready's Step.NOT_READY, or warm_up's Warm.NOT_READY (the same string).
     return spec.polls and step_of(result) == Step.NOT_READY

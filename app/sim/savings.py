@@ -4,7 +4,10 @@ Each grace value replays the trace through the same `Simulation` the bug-hunting
 (the real use cases and tables, beat, the Celery-like message layer), fault-free, with fake
 servers whose cold start takes fixed, configurable times (`ColdStart`) and runs that last
 their traced duration. One more replay with every net always on gives each job's wait
-without cold starts; a job's added wait is its wait at a grace minus that one.
+without cold starts; a job's added wait is its wait at a grace minus that one. A trace with
+prewarm hints is replayed at each grace twice, without its hints and with them (each hint
+sent as flip-api's `prewarm` task at its time). The human table and the plot:
+`app.sim.savings_table`.
 """
 
 from __future__ import annotations
@@ -12,21 +15,20 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import multiprocessing
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from app.net_config import NetConfig
-from app.schemas import job_id_for
+from app.schemas import PREWARM_WITHIN_MAX_S, job_id_for
 from app.settings import Settings
 from app.sim.clock import seconds_of
 from app.sim.faults import CLEAN
+from app.sim.processes import in_processes
 from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceError
-from app.sim.workload import ColdStart, JobSpec, NetSpec, Workload, WorldSpec
+from app.sim.workload import ColdStart, JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 
 DEFAULT_GRACES = (0.0, 60.0, 300.0, 600.0, 1800.0)
 # This repository's local NVFLARE 2.9 (server and two sites on one machine; the local driver
@@ -49,6 +51,15 @@ def _default(name: str) -> Any:
     return fields[name].default
 
 
+# A hint asks for its lead plus this margin (`within_s`). In a replay its job is claimed a
+# second or so after it is submitted (the enqueue, then assign's kick); a caller cannot time
+# its lead to the second, and a hold that ends just before the claim costs a whole cold
+# start while a used hold ends at the claim, costing nothing more. So the margin is one
+# scale-down round (HOUSEKEEPING_INTERVAL_S, 15 s): the dispatcher's own slack in acting on
+# a hold's end. It costs server time only where the job is claimed onto another net.
+HINT_MARGIN_S = float(_default("housekeeping_interval_s"))
+
+
 @dataclass(frozen=True)
 class GraceResult:
     """The figures of one grace value."""
@@ -67,6 +78,15 @@ class GraceResult:
 
 
 @dataclass(frozen=True)
+class HintedResult(GraceResult):
+    """One grace's figures replayed with the trace's prewarm hints."""
+
+    hints: int = 0  # prewarms accepted
+    hints_used: int = 0  # of those, a job was claimed onto the held net while it held
+    hints_refused: int = 0  # prewarms the dispatcher refused (should be 0)
+
+
+@dataclass(frozen=True)
 class Report:
     """Every grace's figures and the recommended one."""
 
@@ -81,11 +101,19 @@ class Report:
     results: tuple[GraceResult, ...]
     recommended_s: float | None
     wall_s: float
+    # A trace with prewarm hints: each grace replayed with them too (empty: no hints).
+    hinted_jobs: int = 0
+    hint_margin_s: float = HINT_MARGIN_S
+    hinted_results: tuple[HintedResult, ...] = ()
+    hinted_recommended_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The report as plain JSON values."""
+        """The report as plain JSON values (the hinted figures only for a hinted trace)."""
         data = asdict(self)
         data["cold_start"] = asdict(self.cold_start) | {"total_s": self.cold_start.total_s}
+        if not self.hinted_jobs:
+            for key in ("hinted_jobs", "hint_margin_s", "hinted_results", "hinted_recommended_s"):
+                del data[key]
         return data
 
 
@@ -99,6 +127,9 @@ class Replay:
     cold_waits: int
     unfinished: int
     wall_s: float
+    hints: int = 0  # prewarms accepted, used and refused (app.sim.savings.HintedResult)
+    hints_used: int = 0
+    hints_refused: int = 0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -215,7 +246,10 @@ def world_for(
 
 
 def workload_for(trace: Trace) -> Workload:
-    """The trace's jobs as the simulation's caller submits them."""
+    """The trace's jobs as the simulation's caller submits them, and their hints as its
+    prewarms: sent `hint_lead_s` before the job, for the job's net (or its sites), asking
+    for the lead plus HINT_MARGIN_S; the prewarm's key is the job's (prewarms have keys of
+    their own)."""
     jobs = tuple(
         JobSpec(
             key=f"job-{i:06d}",
@@ -227,7 +261,20 @@ def workload_for(trace: Trace) -> Workload:
         )
         for i, j in enumerate(trace.jobs)
     )
-    return Workload(jobs=jobs, horizon_s=max((j.arrive_s for j in jobs), default=0.0))
+    prewarms = tuple(
+        PrewarmSpec(
+            at_s=j.submitted_at - j.hint_lead_s,
+            key=f"job-{i:06d}",
+            within_s=min(j.hint_lead_s + HINT_MARGIN_S, PREWARM_WITHIN_MAX_S),
+            net=j.net,
+            sites=j.required_sites,
+        )
+        for i, j in enumerate(trace.jobs)
+        if j.hint_lead_s is not None
+    )
+    return Workload(
+        jobs=jobs, horizon_s=max((j.arrive_s for j in jobs), default=0.0), prewarms=prewarms
+    )
 
 
 def check_nets(trace: Trace, nets: Sequence[str]) -> None:
@@ -259,7 +306,7 @@ def replay(
     sim = Simulation(world, workload, CLEAN, seed, check_invariants=False, fast_forward=True)
     keys = {str(job_id_for(j.key)).replace("-", ""): i for i, j in enumerate(workload.jobs)}
 
-    def read(sim: Simulation) -> tuple[dict[int, float], int]:
+    def read(sim: Simulation) -> tuple[dict[int, float], int, tuple[int, int, int]]:
         waits: dict[int, float] = {}
         for job_hex, state, dispatched in sim.conn.execute(
             "SELECT id, state, dispatched_at FROM jobs"
@@ -267,9 +314,13 @@ def replay(
             index = keys.get(job_hex)
             if index is not None and state == "COMPLETED" and dispatched is not None:
                 waits[index] = _secs(dispatched) - trace.jobs[index].submitted_at
-        return waits, len(keys) - len(waits)
+        hints = sim.conn.execute(
+            "SELECT coalesce(sum(NOT refused), 0), coalesce(sum(outcome = 'used'), 0),"
+            " coalesce(sum(refused), 0) FROM prewarms"
+        ).fetchone()
+        return waits, len(keys) - len(waits), tuple(hints)
 
-    _, (waits, unfinished) = sim.run_then(read)
+    _, (waits, unfinished, (hints, used, refused)) = sim.run_then(read)
     up_s = 0.0
     cold_starts = 0
     starts: dict[str, list[float]] = {}
@@ -291,7 +342,8 @@ def replay(
         i = bisect.bisect_left(times, arrived)
         if i < len(times) and times[i] <= arrived + waits[index]:
             cold_waits += 1
-    return Replay(waits, up_s, cold_starts, cold_waits, unfinished, time.perf_counter() - started)
+    wall_s = time.perf_counter() - started
+    return Replay(waits, up_s, cold_starts, cold_waits, unfinished, wall_s, hints, used, refused)
 
 
 def _secs(stored: str) -> float:
@@ -315,7 +367,10 @@ def _up_seconds(timeline: Sequence[tuple[float, int]], end: float) -> float:
     return total
 
 
-def _replay_job(args: tuple[Trace, tuple[str, ...], float | None, ColdStart]) -> Replay:
+ReplayArgs = tuple[Trace, tuple[str, ...], float | None, ColdStart]
+
+
+def _replay_job(args: ReplayArgs) -> Replay:
     trace, nets, grace, cold = args
     return replay(trace, nets, grace, cold)
 
@@ -328,45 +383,53 @@ def simulate(
     *,
     workers: int = 1,
     wait_budget_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Replay the trace at every grace and once always on; the figures and the
     recommendation (the cheapest grace whose p95 added wait is within `wait_budget_s`,
-    default one cold start as the dispatcher sees it: `seen_cold_start_s`)."""
+    default one cold start as the dispatcher sees it: `seen_cold_start_s`). A trace with
+    hints is replayed at every grace without them (`results`) and with them
+    (`hinted_results`); the always-on replay, without them, is the baseline of both.
+    `progress` hears a line as each replay ends."""
     budget = seen_cold_start_s(cold) if wait_budget_s is None else wait_budget_s
     started = time.perf_counter()
     check_nets(trace, nets)
-    todo: list[float | None] = [None, *graces]
-    args = [(trace, tuple(nets), g, cold) for g in todo]
-    if workers > 1 and len(args) > 1:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(args))) as pool:
-            replays = pool.map(_replay_job, args, chunksize=1)
-    else:
-        replays = [_replay_job(a) for a in args]
-    baseline, by_grace = replays[0], replays[1:]
+    plain = trace.without_hints()
+    hinted = trace.hinted()
+    args = [(plain, tuple(nets), g, cold) for g in (None, *graces)]
+    if hinted:
+        args += [(trace, tuple(nets), g, cold) for g in graces]
+
+    def done(count: int, index: int, run: Replay) -> None:
+        if progress is not None:
+            what = "always on" if args[index][2] is None else f"grace {args[index][2]:g}s"
+            hints = " with hints" if args[index][0].hinted() else ""
+            progress(
+                f"{count}/{len(args)} replayed: {what}{hints} in {run.wall_s:.1f}s"
+                f" ({time.perf_counter() - started:.0f}s so far)"
+            )
+
+    if progress is not None:
+        progress(
+            f"{len(args)} replays of {len(trace.jobs)} jobs, {min(workers, len(args))} at a time"
+        )
+    replays = in_processes(_replay_job, args, workers, done)
+    baseline, by_grace = replays[0], replays[1 : 1 + len(graces)]
     horizon = trace.horizon_s
     always_on_h = len(nets) * horizon / 3600
-    results = []
-    for grace, run in zip(graces, by_grace, strict=True):
-        added = [
-            max(0.0, wait - baseline.waits.get(i, wait)) for i, wait in sorted(run.waits.items())
-        ]
-        server_h = run.up_s / 3600
-        saved_h = always_on_h - server_h
-        results.append(
-            GraceResult(
-                grace_s=grace,
-                server_h=round(server_h, 3),
-                saved_h=round(saved_h, 3),
-                saved_pct=round(100 * saved_h / always_on_h, 2) if always_on_h else 0.0,
-                cold_starts=run.cold_starts,
-                wait_p50_s=round(percentile(added, 50), 2),
-                wait_p95_s=round(percentile(added, 95), 2),
-                wait_max_s=round(max(added, default=0.0), 2),
-                cold_waits=run.cold_waits,
-                unfinished=run.unfinished,
-                wall_s=round(run.wall_s, 2),
-            )
+    results = [
+        GraceResult(**_figures(g, run, baseline, always_on_h))
+        for g, run in zip(graces, by_grace, strict=True)
+    ]
+    with_hints = [
+        HintedResult(
+            **_figures(g, run, baseline, always_on_h),
+            hints=run.hints,
+            hints_used=run.hints_used,
+            hints_refused=run.hints_refused,
         )
+        for g, run in zip(graces if hinted else (), replays[1 + len(graces) :], strict=True)
+    ]
     return Report(
         source=trace.source,
         jobs=len(trace.jobs),
@@ -379,122 +442,45 @@ def simulate(
         results=tuple(results),
         recommended_s=recommend(results, budget),
         wall_s=round(time.perf_counter() - started, 2),
+        hinted_jobs=hinted,
+        hinted_results=tuple(with_hints),
+        hinted_recommended_s=recommend(with_hints, budget) if hinted else None,
     )
 
 
-def table(report: Report) -> str:
-    """The report as a human table."""
-    cold = report.cold_start
-    lines = [
-        f"trace {report.source}: {report.jobs} jobs on {len(report.nets)} nets over "
-        f"{report.horizon_h:.1f} h, utilization {100 * report.utilization:.1f}%",
-        f"cold start ({cold.name}): {cold.total_s:.1f}s = provision {cold.provision_s:g}s"
-        f" + login {cold.login_s:g}s + sites {cold.sites_s:g}s",
-        f"always on: {report.always_on_h:.1f} server-hours",
-        "",
-        f"{'grace':>7} {'server-h':>9} {'saved-h':>8} {'saved':>7} {'cold':>5}"
-        f" {'wait p50':>9} {'p95':>7} {'max':>7} {'cold-waited':>11}",
-    ]
-    for r in report.results:
-        mark = "  <- recommended" if r.grace_s == report.recommended_s else ""
-        lines.append(
-            f"{_dur(r.grace_s):>7} {r.server_h:9.1f} {r.saved_h:8.1f} {r.saved_pct:6.1f}%"
-            f" {r.cold_starts:5d} {r.wait_p50_s:8.1f}s {r.wait_p95_s:6.1f}s"
-            f" {r.wait_max_s:6.1f}s {r.cold_waits:11d}{mark}"
-        )
-        if r.unfinished:
-            lines.append(f"        ({r.unfinished} job(s) did not complete)")
-    lines.append("")
-    budget = (
-        f"one cold start as the dispatcher sees it, {report.wait_budget_s:.1f}s ="
-        f" {cold.total_s:.1f}s + READY_POLL_S {_default('ready_poll_s'):g}s"
-        f" + QUEUED_POLL_S {_default('queued_poll_s'):g}s"
-        if report.wait_budget_s == seen_cold_start_s(cold)
-        else f"{report.wait_budget_s:g}s"
-    )
-    if report.recommended_s is None:
-        lines.append(f"no grace keeps the p95 added wait within the budget ({budget})")
-    else:
-        lines.append(
-            f"recommended grace: {_dur(report.recommended_s)} (the cheapest whose p95 added"
-            f" wait stays within the budget, {budget})"
-        )
-    lines.append(f"simulated in {report.wall_s:.1f}s")
-    return "\n".join(lines)
-
-
-def _dur(seconds: float) -> str:
-    return f"{seconds / 60:g}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
-
-
-def plot(report: Report, path: Path) -> None:
-    """A PNG of saved % against p95 added wait, one labelled point per grace (matplotlib's
-    Agg backend: no display needed). ImportError if matplotlib is not installed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    try:
-        xs = [r.wait_p95_s for r in report.results]
-        ys = [r.saved_pct for r in report.results]
-        ax.plot(xs, ys, "o-", color="tab:blue")
-        for i, r in enumerate(report.results):
-            best = r.grace_s == report.recommended_s
-            ax.annotate(
-                f"grace {_dur(r.grace_s)}" + (" (recommended)" if best else ""),
-                (r.wait_p95_s, r.saved_pct),
-                textcoords="offset points",
-                xytext=(8, -3) if i % 2 == 0 else (-8, -3),
-                ha="left" if i % 2 == 0 else "right",
-                fontsize=8,
-                fontweight="bold" if best else "normal",
-            )
-        cold = report.cold_start.total_s
-        ax.axvline(cold, color="tab:red", linestyle="--", linewidth=1)
-        mid = (min(ys, default=0) + max(ys, default=0)) / 2
-        ax.text(cold, mid, "one cold start ", color="tab:red", fontsize=8, rotation=90, ha="right")
-        seen = report.wait_budget_s == seen_cold_start_s(report.cold_start)
-        ax.axvline(report.wait_budget_s, color="tab:green", linestyle=":", linewidth=1)
-        label = "wait budget" + (" (one cold start + the two polls)" if seen else "")
-        ax.text(
-            report.wait_budget_s,
-            mid,
-            label + " ",
-            color="tab:green",
-            fontsize=8,
-            rotation=90,
-            ha="right",
-            va="center",
-        )
-        ax.set_xlabel("p95 added wait per job (s)")
-        ax.set_ylabel("server-hours saved vs always on (%)")
-        ax.set_title(
-            f"{report.jobs} jobs, {len(report.nets)} nets, {report.horizon_h / 24:.1f} days,"
-            f" utilization {100 * report.utilization:.0f}%, cold start {cold:.1f}s",
-            fontsize=9,
-        )
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
+def _figures(grace: float, run: Replay, baseline: Replay, always_on_h: float) -> dict[str, Any]:
+    """A GraceResult's fields: one replay's against the always-on baseline."""
+    added = [max(0.0, wait - baseline.waits.get(i, wait)) for i, wait in sorted(run.waits.items())]
+    server_h = run.up_s / 3600
+    saved_h = always_on_h - server_h
+    return {
+        "grace_s": grace,
+        "server_h": round(server_h, 3),
+        "saved_h": round(saved_h, 3),
+        "saved_pct": round(100 * saved_h / always_on_h, 2) if always_on_h else 0.0,
+        "cold_starts": run.cold_starts,
+        "wait_p50_s": round(percentile(added, 50), 2),
+        "wait_p95_s": round(percentile(added, 95), 2),
+        "wait_max_s": round(max(added, default=0.0), 2),
+        "cold_waits": run.cold_waits,
+        "unfinished": run.unfinished,
+        "wall_s": round(run.wall_s, 2),
+    }
 
 
 __all__ = [
     "DEFAULT_GRACES",
     "FARGATE",
+    "HINT_MARGIN_S",
     "LOCAL",
     "PROFILES",
     "GraceResult",
+    "HintedResult",
     "Replay",
     "Report",
     "percentile",
-    "plot",
     "recommend",
     "replay",
     "seen_cold_start_s",
     "simulate",
-    "table",
 ]

@@ -2,13 +2,15 @@
 JSON lines), writing one, and generating a synthetic one shaped like FLIP's measured load.
 
 A trace is one job a line: when it was submitted, how long it ran, the net it asked for (or
-none), the sites it needs and its priority. Every problem is reported as `file:line: what is
+none), the sites it needs, its priority and, for a job flip-api hinted with a prewarm, how
+long before its submission the hint was sent. Every problem is reported as `file:line: what is
 wrong`, all of them at once, so a bad trace is fixed in one pass.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -18,11 +20,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-FIELDS = ("submitted_at", "duration_s", "net", "required_sites", "priority")
+FIELDS = ("submitted_at", "duration_s", "net", "required_sites", "priority", "hint_lead_s")
 DEFAULT_SITES = ("site-1", "site-2")
 MAX_ERRORS = 20  # a trace with more is reported by its first ones
 # FLIP's measured load: its fl-servers were busy 16.4 h of 70.2 h.
 FLIP_UTILIZATION = 16.4 / 70.2
+# The longest hint a prewarm may carry (app.schemas.PREWARM_WITHIN_MAX_S, not imported: this
+# module loads with the standard library only, for the CLI's parser).
+MAX_HINT_LEAD_S = 86400.0
 
 
 class TraceError(ValueError):
@@ -43,6 +48,13 @@ class TraceJob:
     required_sites: tuple[str, ...] = DEFAULT_SITES
     priority: int = 0
     line: int = 0  # where it was read (0: not read from a file)
+    # flip-api sent a prewarm hint this many seconds before submitting the job (None: none)
+    hint_lead_s: float | None = None
+
+    @property
+    def hinted_at(self) -> float | None:
+        """When the prewarm hint was sent (None: not hinted)."""
+        return None if self.hint_lead_s is None else self.submitted_at - self.hint_lead_s
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,16 @@ class Trace:
         """Every site any job needs (each simulated net has them all)."""
         return tuple(sorted({s for j in self.jobs for s in j.required_sites}))
 
+    def hinted(self) -> int:
+        """How many jobs carry a prewarm hint."""
+        return sum(j.hint_lead_s is not None for j in self.jobs)
+
+    def without_hints(self) -> Trace:
+        """The same jobs, none hinted."""
+        return Trace(
+            tuple(dataclasses.replace(j, hint_lead_s=None) for j in self.jobs), self.source
+        )
+
 
 # --- reading ---------------------------------------------------------------------------------
 
@@ -96,7 +118,6 @@ def parse_trace(text: str, name: str = "trace") -> Trace:
     problems: list[str] = []
     jobs: list[TraceJob] = []
     kinds: set[str] = set()
-    stamps: list[tuple[float, int]] = []
     for line, row in rows:
         if isinstance(row, str):
             problems.append(f"{name}:{line}: {row}")
@@ -111,7 +132,6 @@ def parse_trace(text: str, name: str = "trace") -> Trace:
                 )
             kinds.add(kind)
             jobs.append(job)
-            stamps.append((job.submitted_at, line))
         if len(problems) >= MAX_ERRORS:
             problems.append(f"{name}: stopped after {MAX_ERRORS} problems")
             break
@@ -119,15 +139,16 @@ def parse_trace(text: str, name: str = "trace") -> Trace:
         problems.append(f"{name}: no jobs in the trace")
     if problems:
         raise TraceError(problems)
-    start = min(s for s, _ in stamps) if kinds == {"a timestamp"} else 0.0
+    # Timestamps count from the first moment the trace shows: a submission, or a hint sent
+    # before it.
+    start = (
+        min(j.submitted_at - (j.hint_lead_s or 0.0) for j in jobs)
+        if kinds == {"a timestamp"}
+        else 0.0
+    )
     ordered = sorted(jobs, key=lambda j: (j.submitted_at, j.line))
     return Trace(
-        tuple(
-            TraceJob(
-                j.submitted_at - start, j.duration_s, j.net, j.required_sites, j.priority, j.line
-            )
-            for j in ordered
-        ),
+        tuple(dataclasses.replace(j, submitted_at=j.submitted_at - start) for j in ordered),
         source=name,
     )
 
@@ -201,10 +222,12 @@ def _job(row: dict[str, object], line: int) -> tuple[TraceJob | None, str, list[
         errors.append(f"net: {net!r} must be a net's name or null")
     sites = _sites(row.get("required_sites"), errors)
     priority = _priority(row.get("priority"), errors)
+    lead = _hint_lead(row.get("hint_lead_s"), submitted, kind, errors)
     if errors or submitted is None or duration is None:
         return None, kind, errors
     net_name = net.strip() if isinstance(net, str) else None
-    return TraceJob(submitted, duration, net_name, sites, priority, line), kind, errors
+    job = TraceJob(submitted, duration, net_name, sites, priority, line, hint_lead_s=lead)
+    return job, kind, errors
 
 
 def _submitted(value: object, errors: list[str]) -> tuple[float | None, str]:
@@ -270,6 +293,34 @@ def _sites(value: object, errors: list[str]) -> tuple[str, ...]:
     return tuple(s.strip() for s in value)
 
 
+def _hint_lead(
+    value: object, submitted: float | None, kind: str, errors: list[str]
+) -> float | None:
+    """hint_lead_s: absent (no hint), or seconds >= 0 before the submission; in seconds
+    from the trace's start, the hint cannot come before that start."""
+    if value is None:
+        return None
+    lead = _number(value, "hint_lead_s", errors)
+    if lead is None:
+        return None
+    if lead < 0:
+        errors.append(f"hint_lead_s: {lead:g} must be seconds >= 0 (or empty for no hint)")
+        return None
+    if lead > MAX_HINT_LEAD_S:
+        errors.append(
+            f"hint_lead_s: {lead:g} is over {MAX_HINT_LEAD_S:g}, the longest hint a prewarm"
+            " may carry"
+        )
+        return None
+    if kind == "seconds" and submitted is not None and submitted >= 0 and lead > submitted:
+        errors.append(
+            f"hint_lead_s: {lead:g} puts the hint before the trace's start (submitted_at"
+            f" {submitted:g})"
+        )
+        return None
+    return lead
+
+
 def _priority(value: object, errors: list[str]) -> int:
     if value is None:
         return 0
@@ -294,35 +345,40 @@ def write_trace(trace: Trace, path: Path) -> None:
 
 
 def format_trace(trace: Trace, *, jsonl: bool = False) -> str:
-    """The trace file's text (read back by `parse_trace` to the same jobs)."""
+    """The trace file's text (read back by `parse_trace` to the same jobs). A hint is
+    written only where there is one (JSON: the key on hinted jobs; CSV: the column when any
+    job is hinted), so a trace without hints is written as before hints existed."""
     if jsonl:
-        return "".join(
-            json.dumps(
-                {
-                    "submitted_at": round(j.submitted_at, 3),
-                    "duration_s": round(j.duration_s, 3),
-                    "net": j.net,
-                    "required_sites": list(j.required_sites),
-                    "priority": j.priority,
-                }
-            )
-            + "\n"
-            for j in trace.jobs
-        )
+        return "".join(json.dumps(_json_job(j)) + "\n" for j in trace.jobs)
+    hinted = trace.hinted() > 0
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(FIELDS)
+    writer.writerow(FIELDS if hinted else FIELDS[:-1])
     for j in trace.jobs:
-        writer.writerow(
-            (
-                f"{j.submitted_at:.3f}",
-                f"{j.duration_s:.3f}",
-                j.net or "",
-                ";".join(j.required_sites),
-                j.priority,
-            )
-        )
+        cells: list[object] = [
+            f"{j.submitted_at:.3f}",
+            f"{j.duration_s:.3f}",
+            j.net or "",
+            ";".join(j.required_sites),
+            j.priority,
+        ]
+        if hinted:
+            cells.append("" if j.hint_lead_s is None else f"{j.hint_lead_s:.3f}")
+        writer.writerow(cells)
     return out.getvalue()
+
+
+def _json_job(job: TraceJob) -> dict[str, object]:
+    row: dict[str, object] = {
+        "submitted_at": round(job.submitted_at, 3),
+        "duration_s": round(job.duration_s, 3),
+        "net": job.net,
+        "required_sites": list(job.required_sites),
+        "priority": job.priority,
+    }
+    if job.hint_lead_s is not None:
+        row["hint_lead_s"] = round(job.hint_lead_s, 3)
+    return row
 
 
 # --- a synthetic trace -------------------------------------------------------------------------
@@ -343,6 +399,10 @@ class Synthetic:
     burst_jobs: tuple[int, int] = (4, 12)  # jobs in a burst (uniform)
     burst_gap_s: float = 120.0  # mean gap between a burst's submissions (exponential)
     short_median_min: float = 8.0  # a short job's length: lognormal around this median
+    # The share of jobs flip-api hints with a prewarm, and how long before it submits them
+    # (a user opening a model's training page a couple of minutes before starting it).
+    hinted: float = 0.0
+    hint_lead_s: float = 120.0
 
     def check(self) -> None:
         """ValueError on settings no trace can have."""
@@ -355,6 +415,12 @@ class Synthetic:
         low, high = self.burst_jobs
         if not 1 <= low <= high:
             raise ValueError(f"burst_jobs {self.burst_jobs}: need 1 <= low <= high")
+        if not 0 <= self.hinted <= 1:
+            raise ValueError(f"hinted share {self.hinted} must be between 0 and 1")
+        if not 0 <= self.hint_lead_s <= MAX_HINT_LEAD_S:
+            raise ValueError(
+                f"hint lead {self.hint_lead_s} must be seconds between 0 and {MAX_HINT_LEAD_S:g}"
+            )
 
 
 def synthesize(spec: Synthetic) -> Trace:
@@ -389,7 +455,23 @@ def synthesize(spec: Synthetic) -> Trace:
         start = min(at, horizon - duration)
         jobs.append(TraceJob(round(start, 3), round(duration, 3)))
     jobs.sort(key=lambda j: j.submitted_at)
-    return Trace(tuple(jobs), source=f"synthetic(seed={spec.seed})")
+    if spec.hinted <= 0:
+        return Trace(tuple(jobs), source=f"synthetic(seed={spec.seed})")
+    hints = f"{spec.hinted:g} hinted {spec.hint_lead_s:g}s ahead"
+    return Trace(tuple(_hint(jobs, spec)), source=f"synthetic(seed={spec.seed}, {hints})")
+
+
+def _hint(jobs: list[TraceJob], spec: Synthetic) -> list[TraceJob]:
+    """Each job hinted with probability `spec.hinted`, from a stream of its own, so the jobs
+    are those of the same seed without hints (a job submitted sooner than the lead after the
+    trace's start is hinted at that start)."""
+    rng = random.Random(f"synthetic/{spec.seed}/hints")
+    return [
+        dataclasses.replace(j, hint_lead_s=min(spec.hint_lead_s, j.submitted_at))
+        if rng.random() < spec.hinted
+        else j
+        for j in jobs
+    ]
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

@@ -82,6 +82,18 @@ class CallerEvent:
 
 
 @dataclass(frozen=True)
+class PrewarmSpec:
+    """flip-api's prewarm hint at `at_s` (app.usecases.prewarm): a job for `net` (or, with
+    no net, for `sites`) is likely within `within_s` seconds."""
+
+    at_s: float
+    key: str
+    within_s: float
+    net: str | None = None
+    sites: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class WorldSpec:
     """The deployment: nets and the dispatcher's timing settings (simulated seconds)."""
 
@@ -124,6 +136,7 @@ class Workload:
     jobs: tuple[JobSpec, ...]
     events: tuple[CallerEvent, ...] = ()
     horizon_s: float = 170.0
+    prewarms: tuple[PrewarmSpec, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
 

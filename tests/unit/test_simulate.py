@@ -128,7 +128,7 @@ def test_a_header_without_the_required_columns_is_refused():
         parse_trace("when,duration_s\n0,10\n", "h.csv")
     assert caught.value.problems == [
         "h.csv:1: header: missing column(s) submitted_at; unknown column(s) when (columns:"
-        " submitted_at, duration_s, net, required_sites, priority)"
+        " submitted_at, duration_s, net, required_sites, priority, hint_lead_s)"
     ]
 
 
