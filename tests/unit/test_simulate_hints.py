@@ -25,8 +25,7 @@ from app.sim.trace import (
     synthesize,
 )
 from app.sim.workload import ColdStart
-
-COLD = ColdStart("test", provision_s=2.0, login_s=3.0, sites_s=5.0, stop_s=0.0)  # 10 s
+from tests.unit.test_simulate import COLD  # the 10 s cold start of the replay tests
 
 # --- the trace field ---------------------------------------------------------------------------
 
