@@ -72,7 +72,7 @@ class StepResult:
 
 def assign_jobs(
     rt: Runtime,
-    limit: int = 50,  # pragma: no mutate (a bound per round; any will do)
+    limit: int = 50,  # pragma: no mutate (a bound per round: the next round claims the rest)
 ) -> list[claims.Assignment]:
     """Claim QUEUED jobs onto free nets, one transaction per claim, and start a pipeline
     for each after its claim has committed."""
@@ -143,11 +143,9 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     does; every other step of the chain keeps its (job, net, attempt) guard.
     """
     scaled = scale_up(rt, job_id, net_name, attempt)
-    # Not mutated: `or` does the same, since a job scale_up did not skip is ASSIGNED, never
-    # resuming; `and` only spares the warm path a read.
-    if scaled.step == Step.SKIPPED and _resuming(  # pragma: no mutate
-        rt, job_id, net_name, attempt
-    ):
+    # `and`: only a skipped scale_up pays the read (test_a_warm_start_does_not_ask_whether_
+    # the_job_is_resuming).
+    if scaled.step == Step.SKIPPED and _resuming(rt, job_id, net_name, attempt):
         return _whole_chain(dispatch(rt, job_id, net_name, attempt))
     if scaled.step != Step.DONE or not scaled.warm:
         return scaled
@@ -157,8 +155,7 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
         job_id,
         net_name,
         attempt,
-        # Not mutated: only spares a second look at the driver, a moment after scale_up's.
-        server_seen_up=True,  # pragma: no mutate
+        server_seen_up=True,  # spares a second look at the driver, a moment after scale_up's
     )
     if ready.step != Step.DONE:
         return ready  # NOT_READY: wait_ready polls on; SKIPPED/GAVE_UP: the chain ends
@@ -390,7 +387,7 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
     except DispatcherError:
         start_time = None  # keep the one readiness stored; monitor fills a missing one
 
-    abort_needed = False  # pragma: no mutate (None is as false)
+    abort_needed: bool = False  # annotated: mypy refuses None here, which reads as False
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         if job.state == JobState.DISPATCHING and job.submit_token == token:

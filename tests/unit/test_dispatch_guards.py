@@ -1,0 +1,55 @@
+"""What dispatch's start step spares a warm net: no second look at the driver, no extra
+read of the job, and that an aborted submit is the only one that stops its run."""
+
+from __future__ import annotations
+
+from app.usecases import dispatch, monitor
+from app.usecases.dispatch import Step
+from models import JobState, NetState
+
+
+def _warm_net(world) -> None:
+    """net-a READY with its server up: one job ran on it and finished."""
+    first = world.enqueue("warm-up", net="net-a")
+    world.run_pipeline(first)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    monitor.monitor_running_jobs(world.rt)
+    assert world.net("net-a").state == NetState.READY
+
+
+def _claimed(world, key: str):
+    job_id = world.enqueue(key, net="net-a")
+    (assignment,) = dispatch.assign_jobs(world.rt)
+    return job_id, assignment.attempt
+
+
+def test_a_warm_start_looks_at_the_driver_once(world, monkeypatch):
+    """The start step's readiness check trusts scale_up's look at the driver."""
+    _warm_net(world)
+    job_id, attempt = _claimed(world, "warm")
+    driver = world.driver("net-a")
+    looks = []
+    real = driver.observe
+    monkeypatch.setattr(driver, "observe", lambda: looks.append(1) or real())
+
+    assert dispatch.start(world.rt, job_id, "net-a", attempt).step == Step.DISPATCHED
+    assert len(looks) == 1
+
+
+def test_a_warm_start_does_not_ask_whether_the_job_is_resuming(world, monkeypatch):
+    """Only a skipped scale_up pays the read that looks for a submit to resume."""
+    _warm_net(world)
+    job_id, attempt = _claimed(world, "warm")
+    asked = []
+    monkeypatch.setattr(dispatch, "_resuming", lambda *a: asked.append(a) or False)
+
+    assert dispatch.start(world.rt, job_id, "net-a", attempt).step == Step.DISPATCHED
+    assert asked == []
+
+
+def test_a_normal_submit_stops_no_run(world):
+    """A submit that lands for its DISPATCHING job sends no abort and no stray settlement."""
+    job_id = world.enqueue("plain", net="net-a")
+    world.run_pipeline(job_id)
+    assert world.job(job_id).state == JobState.RUNNING
+    assert [task for task, _ in world.outbox.sent if task != "pipeline"] == []
