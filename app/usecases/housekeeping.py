@@ -34,9 +34,13 @@ def isolated(rt: Runtime, loop: str, net_name: str) -> Iterator[None]:
             log.exception("recording a net's failure failed", extra={"net": net_name})
 
 
+# How much longer than one admin command a round waits (its size is a judgement, not a rule).
+ROUND_MARGIN_S = 2.0
+
+
 def round_deadline_s(rt: Runtime) -> float:
     """How long a round waits for its nets' answers before reporting the late ones."""
     # Each net is talked to on its own (in parallel in a worker): one hung server costs the
     # round one command timeout, not one per net. A net still busy past this is reported
     # and left to finish in the background (at most one call per net at a time).
-    return rt.settings.admin_command_timeout_s + 2.0  # pragma: no mutate (the margin's size)
+    return rt.settings.admin_command_timeout_s + ROUND_MARGIN_S

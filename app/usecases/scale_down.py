@@ -100,7 +100,7 @@ def keep_alive_busy_nets(rt: Runtime) -> list[str]:
         return False
 
     calls = {name: partial(ping, name) for name in busy if rt.settings.has_net(name)}
-    # The round's deadline only shows with a server that hangs (test_parallel_housekeeping,
-    # left out of mutation runs as it waits the deadline out): not mutated.
-    results = rt.fan_out.run(calls, round_deadline_s(rt))  # pragma: no mutate
+    # The round's deadline only shows with a server that hangs (test_parallel_housekeeping);
+    # a deadline dropped or None is a type error.
+    results = rt.fan_out.run(calls, round_deadline_s(rt))
     return sorted(name for name, result in results.items() if result.value is True)
