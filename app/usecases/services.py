@@ -114,11 +114,9 @@ def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None
     """Create the rows of configured nets no worker has created yet, so a job that names a
     net can be stored (jobs.requested_net references nets.name); cheap when all exist."""
     configured = {n.name for n in settings.nets}
-    # Not mutated: this read only spares sync_nets' locked read when every row exists; any
-    # wrong answer makes sync_nets run, which creates the same rows.
-    present = set(  # pragma: no mutate
-        session.scalars(select(Net.name).where(Net.name.in_(configured)))  # pragma: no mutate
-    )
+    # This read spares sync_nets' locked read when every row exists (a wrong answer would
+    # make sync_nets run, which creates the same rows, but on every enqueue).
+    present = set(session.scalars(select(Net.name).where(Net.name.in_(configured))))
     if present != configured:
         sync_nets(session, settings, now)
         session.flush()
@@ -141,7 +139,7 @@ def get_job(
     session: Session,
     job_id: uuid.UUID,
     *,
-    lock: bool = False,  # pragma: no mutate (a lock: no-op on SQLite)
+    lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
 ) -> Job:
     """The job with this id, optionally locked for update; NotFound otherwise."""
     stmt = select(Job).where(Job.id == job_id)
@@ -157,7 +155,7 @@ def get_net(
     session: Session,
     name: str,
     *,
-    lock: bool = False,  # pragma: no mutate (a lock: no-op on SQLite)
+    lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
 ) -> Net:
     """The net with this name, optionally locked for update; NotFound otherwise."""
     stmt = select(Net).where(Net.name == name)
@@ -176,9 +174,9 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
     net in any other state keeps it, since the state already says what is wrong.
     """
     net = get_net(session, net_name, lock=True)
-    # Not mutated: a guard only; a net holds one active job at most and every caller has just
-    # ended (or requeued) it, so no test can see the guard fail.
-    if active_job(session, net_name) is not None:  # pragma: no mutate
+    # Every caller has just ended (or requeued) the net's one active job; a net still held
+    # is left as it is (test_a_net_is_not_released_while_a_job_still_holds_it).
+    if active_job(session, net_name) is not None:
         return
     if net.state in (NetState.BUSY, NetState.READY):
         net.mark_idle(now)
@@ -272,9 +270,9 @@ def mark_dispatched(
 ) -> None:
     """The server accepted the job: job RUNNING, net BUSY, the server's start time noted."""
     job = get_job(session, job_id, lock=True)
-    # Not mutated: both callers pass a job they found DISPATCHING under the same lock, for
-    # which `or` reads the same; this only guards a caller that does not.
-    if job.state == JobState.RUNNING and job.nvflare_job_id == nvflare_job_id:  # pragma: no mutate
+    # Both callers pass a job they found DISPATCHING under the same lock; a RUNNING job
+    # told of another run is an illegal move, never taken for a repeat.
+    if job.state == JobState.RUNNING and job.nvflare_job_id == nvflare_job_id:
         return  # a repeated delivery
     job.mark_running(nvflare_job_id, now)
     assert job.net_name is not None
