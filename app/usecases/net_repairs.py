@@ -57,10 +57,9 @@ def net_rows(rt: Runtime) -> dict[str, NetRow]:
         active = {
             net_name: (job_id, state, attempts)
             for job_id, net_name, state, attempts in session.execute(
+                # An active job always has a net (its claim set it).
                 select(Job.id, Job.net_name, Job.state, Job.attempts).where(
-                    # An active job always has a net (its claim set it): this only says so.
-                    Job.state.in_(ACTIVE_JOB_STATES),
-                    Job.net_name.is_not(None),  # pragma: no mutate
+                    Job.state.in_(ACTIVE_JOB_STATES)
                 )
             )
         }
@@ -72,10 +71,12 @@ def net_rows(rt: Runtime) -> dict[str, NetRow]:
         }
     rows = {}
     for name, state, changed_at in nets:
-        # Not mutated: the attempt is read only with a job, and None strays read as none.
-        job_id, job_state, attempt = active.get(name, (None, None, 0))  # pragma: no mutate
-        count = strays.get(name, 0)  # pragma: no mutate
-        rows[name] = NetRow(state, changed_at, job_id, job_state, attempt, count)
+        count: int = strays.get(name, 0)
+        job = active.get(name)
+        if job is None:
+            rows[name] = NetRow(state, changed_at, strays=count)
+        else:
+            rows[name] = NetRow(state, changed_at, *job, strays=count)
     return rows
 
 
@@ -171,7 +172,7 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             NetState.STOPPED,
             NetState.STOPPING,
             "drift: server up",
-            require_idle=True,  # pragma: no mutate (see above)
+            require_idle=True,  # pragma: no mutate (the expected state refuses first)
         ):
             stop_net(rt, name, "drift: server up while STOPPED")
             return "drift: STOPPED net had a server; scaled to 0"
@@ -233,7 +234,7 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
                 log.warning("outage over", extra={"net": name})
             return f"{state} -> {target}"
         return ""
-    note = ""  # pragma: no mutate (None reads as "no note" as well)
+    note: str = ""
     if state not in (NetState.OUTAGE, NetState.STARTING):
         _set_net_state(rt, name, state, NetState.OUTAGE, f"always-on server {server}")
         log.error("OUTAGE: always-on server unreachable", extra={"net": name, "server": server})
