@@ -54,13 +54,10 @@ def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
     pinned one only its own)."""
     queued = _claimable()
-    # Not mutated: without these conditions more nets are wanted than a QUEUED job wants
-    # (the claim's job query finds none for them and moves on, the awaited poll watches a
-    # run it need not), never fewer.
-    pinned = select(Job.requested_net).where(  # pragma: no mutate
-        queued,  # pragma: no mutate
-        Job.requested_net.is_not(None),  # pragma: no mutate
-    )
+    # Only claimable jobs pin a net (test_a_net_pinned_only_by_finished_jobs_is_not_wanted).
+    # No NULL filter: an unpinned job's NULL never matches a name, and with one queued the
+    # exists() below is true anyway.
+    pinned = select(Job.requested_net).where(queued)
     return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
 
 

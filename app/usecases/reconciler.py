@@ -56,7 +56,7 @@ def reconcile(rt: Runtime) -> Reconciled:
     rows = net_rows(rt)  # one read for the fleet; each net's decision re-checks under lock
     repaired = []
     for net_config in rt.settings.nets:
-        note = ""  # pragma: no mutate (None reads as "no note" as well)
+        note = ""  # pragma: no mutate (every path below sets it before it is read)
         row = rows.get(net_config.name)
         if row is None:
             continue  # pragma: no mutate (never: ensure_net_rows just made every row)

@@ -124,7 +124,7 @@ def net_misconfigured(
                 job_id,
                 f"net {net_name} misconfigured: {reason}",
                 rt.clock(),
-                count_attempt=False,  # pragma: no mutate (None is as false)
+                count_attempt=False,
             )
         net = services.get_net(session, net_name, lock=True)
         net.transition(NetState.MISCONFIGURED, rt.clock(), reason)
