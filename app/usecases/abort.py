@@ -226,7 +226,7 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
             settled = True
         except DispatcherError as exc:
             log.warning("stray run not settled yet", extra={"net": net_name, "reason": str(exc)})
-            settled = False  # pragma: no mutate (None is as false)
+            settled = False
         if settled:
             with unit_of_work(rt.sessions) as session:
                 stray = session.get(StrayRun, stray_id)

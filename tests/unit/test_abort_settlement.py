@@ -215,3 +215,22 @@ def test_an_expired_abort_on_a_scale_to_zero_net_takes_the_server_down(world):
     assert world.driver("net-a").replicas == 0
     assert scale_decisions(world, "net-a")[-1] == (0, f"run of job {job_id} could not be aborted")
     assert _strays(world) == []  # gone with the server
+
+
+@pytest.mark.parametrize("error", [ServerUnavailable("reply lost"), UnknownAdminError("odd")])
+@pytest.mark.parametrize("failing", ["abort", "find_run"])
+def test_a_stray_whose_abort_or_search_fails_is_kept(world, error, failing):
+    """An abort or a run search that errors says nothing about the run: it stays a stray."""
+    server = world.server("fixed")
+    server.submitted["tok-1"] = "nv-9"
+    server.statuses["nv-9"] = "RUNNING"
+    _stray_on_fixed(world, nvflare_job_id=None, token="tok-1")
+
+    def fails(_: str):
+        raise error
+
+    setattr(world.admin("fixed"), failing, fails)
+    world.outbox.sent.clear()
+    assert abort.settle_stray_runs(world.rt, "fixed") == 1
+    assert len(_strays(world)) == 1
+    assert KICK not in world.outbox.sent
