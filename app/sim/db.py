@@ -32,9 +32,16 @@ class _Scratch:
 _SHM = Path("/dev/shm")  # noqa: S108
 
 
+# A container's /dev/shm is often 64 MiB: below this much free space, the disk is used.
+_SHM_MIN_FREE = 1 << 30
+
+
 def _scratch_parent() -> str | None:
-    """_SHM when it is a writable folder, else the system's temporary folder (None)."""
-    return str(_SHM) if _SHM.is_dir() and os.access(_SHM, os.W_OK | os.X_OK) else None
+    """_SHM when it is a writable folder with room, else the system's temporary folder."""
+    if not (_SHM.is_dir() and os.access(_SHM, os.W_OK | os.X_OK)):
+        return None
+    stats = os.statvfs(_SHM)
+    return str(_SHM) if stats.f_bavail * stats.f_frsize >= _SHM_MIN_FREE else None
 
 
 def scratch_dir() -> Path:
