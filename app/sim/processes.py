@@ -38,6 +38,10 @@ def in_processes(
     if workers > 1 and len(items) > 1:
         with multiprocessing.get_context("fork").Pool(min(workers, len(items))) as pool:
             collect(pool.imap_unordered(partial(_numbered, call), numbered, chunksize=1))
+            # Let the workers end on their own (the `with` would kill them): their exit
+            # runs multiprocessing's finalizers, which remove their scratch folders.
+            pool.close()
+            pool.join()
     else:
         collect(_numbered(call, pair) for pair in numbered)
     return [results[i] for i in range(len(items))]

@@ -24,6 +24,7 @@ from app.net_config import NetConfig
 from app.schemas import PREWARM_WITHIN_MAX_S, job_id_for
 from app.settings import Settings
 from app.sim.clock import seconds_of
+from app.sim.db import template_db
 from app.sim.faults import CLEAN
 from app.sim.processes import in_processes
 from app.sim.simulation import Simulation
@@ -413,6 +414,7 @@ def simulate(
         progress(
             f"{len(args)} replays of {len(trace.jobs)} jobs, {min(workers, len(args))} at a time"
         )
+    template_db()  # migrated once here: the forked workers copy this one
     replays = in_processes(_replay_job, args, workers, done)
     baseline, by_grace = replays[0], replays[1 : 1 + len(graces)]
     horizon = trace.horizon_s

@@ -47,3 +47,7 @@ def run_seeds(
     context = multiprocessing.get_context("fork")
     with context.Pool(workers) as pool:
         yield from pool.imap_unordered(_one, todo, chunksize=4)
+        # Workers that end on their own (the `with` kills them) remove their scratch
+        # folders (app.sim.db.scratch_dir); one stopped early is killed as before.
+        pool.close()
+        pool.join()
