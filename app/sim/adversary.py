@@ -39,6 +39,10 @@ class Adversary(SimHost):
     def _schedule(self) -> None:
         # Hints first: one sent at the moment of its job's submission goes before the job.
         for hint in self.workload.prewarms:
+            if hint.cancel:
+                cancel = self._caller(names.CANCEL_PREWARM, {"caller_key": hint.key})
+                self.at(hint.at_s, f"flip-api cancels prewarm {hint.key}", cancel)
+                continue
             prewarm: dict[str, object] = {
                 "caller_key": hint.key,
                 "within_s": float(hint.within_s),
@@ -46,11 +50,16 @@ class Adversary(SimHost):
             }
             if hint.net is not None:
                 prewarm["net"] = hint.net
-            self.at(
-                hint.at_s,
-                f"flip-api prewarms for {hint.key}",
-                self._caller(names.PREWARM, prewarm),
-            )
+            label = f"flip-api prewarms for {hint.key}"
+            send = self._caller(names.PREWARM, prewarm)
+            if hint.on_state is not None and hint.net is not None:
+                # Armed on the net's state (a "net:" subject), dropped at the horizon.
+                arm = functools.partial(
+                    self._arm, f"net:{hint.net}", hint.on_state, f"{label} on {hint.net}", send
+                )
+                self.at(hint.at_s, f"{label} once {hint.net} is {hint.on_state}", arm)
+                continue
+            self.at(hint.at_s, label, send)
         for job in self.workload.jobs:
             payload: dict[str, object] = {
                 "caller_key": job.key,
@@ -94,14 +103,25 @@ class Adversary(SimHost):
         self.at(self.workload.horizon_s, "drain: faults stop", self._drain)
 
     def _arm(self, job_id: str, state: str, label: str, send: Callable[[], None]) -> None:
-        self._triggers.append((job_id.replace("-", ""), state, label, send))
+        subject = job_id if job_id.startswith("net:") else job_id.replace("-", "")
+        self._triggers.append((subject, state, label, send))
 
     def _fire_triggers(self) -> bool:
         """Send the caller events waiting for a job state the job is in right now."""
         fired = False
         for trigger in list(self._triggers):
             job_hex, state, label, send = trigger
-            row = self.conn.execute("SELECT state FROM jobs WHERE id = ?", (job_hex,)).fetchone()
+            if job_hex.startswith("net:"):
+                # A prewarm armed on a net's state: the caller's hints stop at the horizon.
+                if self._draining:
+                    self._triggers.remove(trigger)
+                    continue
+                query = "SELECT state FROM nets WHERE name = ?"
+                row = self.conn.execute(query, (job_hex[4:],)).fetchone()
+            else:
+                row = self.conn.execute(
+                    "SELECT state FROM jobs WHERE id = ?", (job_hex,)
+                ).fetchone()
             if row is not None and row[0] == state:
                 self._triggers.remove(trigger)
                 self.trace(f"== {label} (now {state})")

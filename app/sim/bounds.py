@@ -74,6 +74,9 @@ class Bounds:
         self.settle = max(world.server_lost_grace_s, partition) + 3 * tick + common
         self.max_run = world.max_run_s + 3 * tick + common
         self.finishing = world.report_timeout_s + 2 * tick + common
+        # A prewarm's row is settled (used, expired, cancelled, failed written down) by a
+        # scale-down round within a few ticks of its hold's end, once faults have stopped.
+        self.prewarm_settle = 3 * tick + common
         # Every job ends within `liveness_s(its max_attempts)` after faults stop: a human's
         # fix of a broken setting, each attempt given up at its readiness deadline and
         # waiting its turn again, then a whole run, then some ticks.

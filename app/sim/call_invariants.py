@@ -56,7 +56,10 @@ class CallInvariants(SimHost):
             )
 
     def on_scale(self, net: str, replicas: int) -> None:
-        """A scale-down must never take a server from under an active job."""
+        """A scale-down must never take a server from under an active job; a scale-up
+        (a job's or a prewarm's) never asks for a second replica."""
+        if replicas > 1:
+            self.checker.report("one-replica", f"net {net}", f"driver asked for {replicas}")
         if replicas:
             return
         row = self.conn.execute(

@@ -82,6 +82,7 @@ def settings_for(
         QUEUED_POLL_S=world.queued_poll_s,
         RELEASE_AFTER=world.release_after,
         REPORT_TIMEOUT_S=world.report_timeout_s,
+        PREWARM_MAX_S=world.prewarm_max_s,
     )
 
 

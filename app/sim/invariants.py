@@ -41,6 +41,7 @@ class Checker(RunInvariants, Quiescence):
         self._claims(t)
         self._queued_while_free(t)
         self._scale_to_zero(t)
+        self._prewarms(t)
 
     def _history(self) -> None:
         conn = self.sim.conn
@@ -69,8 +70,8 @@ class Checker(RunInvariants, Quiescence):
                 # Every bundle the simulation serves is usable (a folder under JOB_ROOT, an
                 # S3 prefix with a deploy map, the console's folder placeholders at most).
                 self.report("bundle-refused", f"job {job_id[:8]}", reason[:300])
-        for event_id, net, src, dst, reason in conn.execute(
-            "SELECT id, net_name, from_state, to_state, reason FROM net_events"
+        for event_id, net, src, dst, at, reason in conn.execute(
+            "SELECT id, net_name, from_state, to_state, at, reason FROM net_events"
             " WHERE id > ? ORDER BY id",
             (self._net_event_id,),
         ):
@@ -83,6 +84,8 @@ class Checker(RunInvariants, Quiescence):
                     f"{src} -> {dst} (last seen {last}): {reason}",
                 )
             self._net_state[net] = NetState(dst)
+            if dst == N.STARTING:
+                self._prewarm_start(net, at, reason)
             if dst in (N.UNHEALTHY, N.OUTAGE) and "waiting for sites" in reason:
                 # A server that answers while a site never connects is the job's problem
                 # (requeued, the site named), never the net's health.

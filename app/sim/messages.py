@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from app import names
 from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
-from app.schemas import AbortJob, EnqueueJob, PrewarmNet, ReportJobStatus
+from app.schemas import AbortJob, CancelPrewarm, EnqueueJob, PrewarmNet, ReportJobStatus
 from app.sim.clock import SimClock
 from app.sim.faults import FaultProfile
 from app.usecases import (
@@ -97,6 +97,16 @@ def _prewarm(rt: Runtime, kw: dict[str, Any]) -> object:
         return f"refused: {prewarm.refusal_code(exc)}"
 
 
+def _cancel_prewarm(rt: Runtime, kw: dict[str, Any]) -> object:
+    """tasks.prewarm.cancel_prewarm: an unknown, refused or malformed key is answered, not
+    raised (the task logs it and returns {"rejected": ...})."""
+    try:
+        request = intake.parse_payload(CancelPrewarm, kw["payload"])
+        return prewarm.cancel_prewarm(rt, request.caller_key)["status"]
+    except (InvalidRequest, NotFound) as exc:
+        return f"rejected: {exc}"
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """How a task runs: its use-case call and which of tasks/base.py's rules apply."""
@@ -143,6 +153,7 @@ TASKS: dict[str, TaskSpec] = {
     names.ABORT_JOB: TaskSpec(_abort_job, "public"),
     names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),
     names.PREWARM: TaskSpec(_prewarm, "public"),
+    names.CANCEL_PREWARM: TaskSpec(_cancel_prewarm, "public"),
     # tasks.prewarm.warm_up: a pipeline task polling every READY_POLL_S while NOT_READY.
     names.WARM_UP: TaskSpec(
         lambda rt, kw: prewarm_warm_up.warm_up(rt, kw["net_name"]), "pipeline", polls=True

@@ -60,6 +60,22 @@ class JobRow:
 
 
 @dataclass(frozen=True)
+class HoldRow:
+    """An accepted prewarm, with the end of its hold as the checker counts it: the earliest
+    of its hint's end, created + PREWARM_MAX_S, and when it ended (cancelled, used, failed)."""
+
+    key: str
+    net: str | None
+    created_s: float
+    end_s: float
+    outcome: str | None
+    ended_s: float | None
+
+    def live(self, t: float) -> bool:
+        return self.created_s <= t < self.end_s
+
+
+@dataclass(frozen=True)
 class NetRow:
     name: str
     state: NetState
@@ -114,6 +130,7 @@ class Observer:
         self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []
+        self.holds: list[HoldRow] = []  # read only in a world with prewarms
         self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
         self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
         self._strays_at_changes = -1
@@ -167,6 +184,27 @@ class Observer:
             NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0)
             for row in conn.execute("SELECT name, state, state_changed_at FROM nets ORDER BY name")
         ]
+        if self.sim.workload.prewarms:
+            self.holds = self._read_holds()
+
+    def _read_holds(self) -> list[HoldRow]:
+        max_s = self.sim.settings.prewarm_max_s
+        holds = []
+        for key, net, created, within, ended, outcome in self.sim.conn.execute(
+            "SELECT caller_key, net_name, created_at, within_s, ended_at, outcome FROM prewarms"
+            " WHERE NOT refused ORDER BY id"
+        ):
+            created_s = _secs(created) or 0.0
+            ended_s = _secs(ended)
+            end_s = created_s + min(float(within or 0.0), max_s)
+            if ended_s is not None:
+                end_s = min(end_s, ended_s)
+            holds.append(HoldRow(key, net, created_s, end_s, outcome, ended_s))
+        return holds
+
+    def held(self, net: str, t: float) -> bool:
+        """A live prewarm holds the net (as the checker counts the hold's end)."""
+        return any(h.net == net and h.live(t) for h in self.holds)
 
     def job(self, job_id: str) -> JobRow | None:
         for job in self.jobs:
@@ -247,9 +285,11 @@ class Observer:
         return services.undeclared_after_s(self.sim.settings) + 2 * reconcile
 
     def needed(self, net: str) -> bool:
-        """A net's server is needed: an active job on it, or a QUEUED job that could take
-        it while it is assignable."""
+        """A net's server is needed: an active job on it, a live prewarm hold on it, or a
+        QUEUED job that could take it while it is assignable."""
         if any(j.net == net and j.state in ACTIVE_JOB_STATES for j in self.jobs):
+            return True
+        if self.holds and self.held(net, self.sim.clock.t):
             return True
         row = next((n for n in self.nets if n.name == net), None)
         if row is None or row.state not in ASSIGNABLE_NET_STATES:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from app.sim.observer import J, JobRow, Observer, _uuid
+from app.sim.observer import J, JobRow, _uuid
+from app.sim.prewarm_invariants import PrewarmInvariants
 from models import TERMINAL_JOB_STATES
 
 
-class Quiescence(Observer):
+class Quiescence(PrewarmInvariants):
     """The checks at rest (state and helpers: Observer)."""
 
     def unsettled(self) -> list[str]:
@@ -37,6 +38,8 @@ class Quiescence(Observer):
         for run in sim.cluster.live_runs(t):
             if sim.declared_net(run.net):  # else the operator's (see stray-run-stopped)
                 reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+        # Every prewarm's row has its outcome (a live hold keeps the world going).
+        reasons += self.open_prewarms()
         if sim.broker.work_pending():
             reasons.append("messages pending")
         if sim.world.callbacks:
@@ -144,6 +147,8 @@ class Quiescence(Observer):
                     f"{reason}: not ended {t:.0f}s after faults stopped (bound: "
                     f"{self.bounds.liveness:.0f}s + max_attempts x {self.bounds.per_attempt:.0f}s)",
                 )
+            elif reason.startswith("prewarm "):
+                self.report("prewarm-settled", subject, f"{reason} {t:.0f}s after faults stopped")
             elif reason.startswith("callbacks "):
                 self.report(
                     "callback-delivered",

@@ -41,6 +41,7 @@ from app.sim.faults import FaultProfile, profile_for_seed
 from app.sim.interleaving import HookedSessions, Interleaving
 from app.sim.invariants import Checker
 from app.sim.messages import Broker, Message, SimOutbox
+from app.sim.prewarms import with_prewarms
 from app.sim.receiver import Outage, SimReceiver, random_receiver
 from app.sim.redeploy import Declared
 from app.sim.report import Result
@@ -191,6 +192,9 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
                 callback_max_backoff_s=extra.choice((4.0, 8.0, 30.0)),
                 receiver_failures_before=1020 if extra.random() < 0.1 else 0,
             )
+        # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
+        # their own (app.sim.prewarms): the others run exactly as before.
+        world, workload = with_prewarms(seed, world, workload)
         return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
 
     # --- wiring ------------------------------------------------------------------------------
@@ -400,6 +404,10 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
         attempts = max(j.max_attempts or self.world.max_attempts for j in self.workload.jobs)
         deadline = self.workload.horizon_s + checker.liveness_s(attempts)
+        if self.workload.prewarms:
+            # A hint sent by the horizon holds at most PREWARM_MAX_S, then its net's grace.
+            grace = max(checker.bounds.idle.values())
+            deadline += self.world.prewarm_max_s + checker.bounds.prewarm_settle + grace
         settled_ticks = 0
         while True:
             if self._step(0):

@@ -91,6 +91,10 @@ class PrewarmSpec:
     within_s: float
     net: str | None = None
     sites: tuple[str, ...] = ()
+    # The random sweep's extras (app.sim.prewarms): a cancel of the key instead of a hint,
+    # and a hint that waits (from at_s on, until the horizon) for `net` to be in this state.
+    cancel: bool = False
+    on_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class WorldSpec:
     # The receiver had already failed this many tries in a row when the world starts (a
     # receiver down for days: thousands of tries at CALLBACK_MAX_BACKOFF_S apart).
     receiver_failures_before: int = 0
+    # PREWARM_MAX_S (the settings' default unless a prewarm world draws a short one).
+    prewarm_max_s: float = 900.0
 
     def retry_budget_s(self) -> float:
         """The longest a pipeline step keeps retrying a transient error (sum of caps)."""

@@ -1,0 +1,74 @@
+"""The invariants on prewarm holds (app.usecases.prewarm), checked after every step of a
+world with prewarms. The hold's end is the checker's own count (`HoldRow.end_s`: the hint's
+end, created + PREWARM_MAX_S, or when it was cancelled, used or failed, whichever is
+first), never the row's `hold_until`:
+
+- `prewarm-start-needs-hold`: a net is moved to STARTING for a prewarm only while a live
+  hold wants it (a cancelled or expired prewarm starts nothing);
+- `prewarm-ended`: an ended prewarm ended within its hold (ended_at between its creation
+  and the end of its hint), so the net's grace starts no later than that;
+- `prewarm-settled` (liveness): every prewarm's row has an outcome within
+  `Bounds.prewarm_settle` of its hold's end, once faults have stopped.
+
+`idle-net-at-zero` (app.sim.invariants) counts a net with a live hold as needed, so its
+grace starts at the hold's end; `no-scale-down-under-job`, `one-run-per-server` and the run
+checks hold with prewarms as without, and a driver is never asked for a second replica
+(`one-replica`, app.sim.call_invariants)."""
+
+from __future__ import annotations
+
+from app.sim.observer import HoldRow, Observer, _secs
+
+PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.prewarm*)
+
+
+class PrewarmInvariants(Observer):
+    """The checks on holds (state: Observer.holds, read with the jobs and nets)."""
+
+    def _prewarm_start(self, net: str, at: str, reason: str) -> None:
+        """A net event to STARTING: one a prewarm made needs a live hold on the net."""
+        if not reason.startswith(PREWARM_REASON) or not self.sim.workload.prewarms:
+            return
+        t = _secs(at) or 0.0
+        # Up to its end inclusive: a hint and its cancel handled at the same instant (one
+        # worker interleaved in the other's step) leave a hold of no length, which was live
+        # when its start was written all the same (seed 197).
+        if not any(h.net == net and h.created_s <= t <= h.end_s for h in self.holds):
+            self.report(
+                "prewarm-start-needs-hold",
+                f"net {net} at {t:.1f}",
+                f"STARTING for a prewarm with no live hold on it: {reason[:200]}",
+            )
+
+    def _prewarms(self, t: float) -> None:
+        """Every hold ends within its hint, and is written down once over (liveness)."""
+        if not self.holds:
+            return
+        horizon = self.sim.workload.horizon_s
+        for hold in self.holds:
+            if hold.outcome is not None:
+                self._ended_within(hold)
+                continue
+            due = max(hold.end_s, horizon) + self.bounds.prewarm_settle
+            if t > due:
+                self.report(
+                    "prewarm-settled",
+                    f"prewarm {hold.key[:40]}",
+                    f"still open on {hold.net} at {t:.0f}s: its hold ended at "
+                    f"{hold.end_s:.0f}s (bound: {self.bounds.prewarm_settle:.0f}s after that, "
+                    "or after faults stopped)",
+                )
+
+    def _ended_within(self, hold: HoldRow) -> None:
+        ended = hold.ended_s
+        if ended is None or not hold.created_s <= ended <= hold.end_s + 1e-3:
+            self.report(
+                "prewarm-ended",
+                f"prewarm {hold.key[:40]}",
+                f"{hold.outcome}, ended at {ended} outside its hold "
+                f"({hold.created_s:.1f}s to {hold.end_s:.1f}s)",
+            )
+
+    def open_prewarms(self) -> list[str]:
+        """Prewarms whose row has no outcome yet (the world is not at rest)."""
+        return [f"prewarm {h.key[:40]} open on {h.net}" for h in self.holds if h.outcome is None]
