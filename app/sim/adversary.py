@@ -188,6 +188,14 @@ class Adversary(SimHost):
                     f"bundle {which.bundle.definition} replaced",
                     which.replace,
                 )
+        outage = random.Random(f"{self.seed}/outage")
+        for net in self.world.nets:
+            if net.kind == "static" and p.outage_p and outage.random() < p.outage_p:
+                length = outage.uniform(90.0, p.outage_max_s)
+                label = f"always-on {net.name} unreachable ({length:.0f}s)"
+                send = functools.partial(self._partition, net.name, length)
+                arm = functools.partial(self._arm, f"net:{net.name}", "BUSY", label, send)
+                self.at(outage.uniform(0, horizon / 2), f"{label} once BUSY", arm)
         loss = random.Random(f"{self.seed}/reply-loss")
         for net in self.world.nets:
             for _ in range(_poisson(loss, p.reply_loss_rate * horizon / 3600)):

@@ -39,11 +39,13 @@ class Bounds:
         common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
         if p.worker_kill:
             common += p.worker_restart_s
-        if p.stall:
+        if p.stall or p.last_try_stall:
             common += p.stall_max_s  # a task paused mid-way finishes its step that much later
         if p.retry_backlog:
             common += 90.0  # a retry that runs late behind a broker backlog
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0
+        if p.outage_p:
+            partition = max(partition, p.outage_max_s)
         stop_s = 20.0 if p.driver_slow else 4.0
         # Every net the platform has, with the timeouts NETS gives it now (or last gave it).
         nets = {n.name: n for n in (*world.nets, *world.spare)}

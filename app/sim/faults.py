@@ -35,6 +35,12 @@ class FaultProfile:
     # and the world go on; then its task resumes where it stopped, past any lease it held
     stall: float = 0.0
     stall_max_s: float = 120.0
+    # per pipeline step's LAST try (its retries spent): the worker stalls 30-60 s at
+    # its first server or driver call, past the call's timeout, and the call then fails
+    # transiently (a submit after the server took it): the retry budget runs out while the
+    # job may have moved on meanwhile (reconcile re-sent and adopted the submit, or
+    # requeued and re-claimed the job), so the failure handler meets a job it no longer owns
+    last_try_stall: float = 0.0
     # --- the NVFLARE admin side ---
     admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
     admin_unknown: float = 0.0  # per call: UnknownAdminError before acting
@@ -63,6 +69,12 @@ class FaultProfile:
     restart_rate: float = 0.0  # server process killed and restarted
     partition_rate: float = 0.0  # admin port unreachable while the server runs on
     partition_max_s: float = 60.0
+    # per always-on net: once it runs a job, its server is unreachable for 90 s-outage_max_s
+    # (a host down, a network cut) while the run goes on: the job is lost past the grace,
+    # its run kept as a stray no one can settle until the server answers again, and every
+    # other net must go on as that job (unclaimable meanwhile) does not exist
+    outage_p: float = 0.0
+    outage_max_s: float = 240.0
     reply_loss_rate: float = 0.0  # windows of 30-100 s in which every submit loses its reply
     kit_broken_rate: float = 0.0  # AdminMisconfigured until a human fixes it
     driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
@@ -118,6 +130,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        last_try_stall=0.5,
         stall=0.02,
         retry_backlog=0.3,
         reply_loss_rate=6.0,
@@ -139,6 +152,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         restart_rate=6.0,
         partition_rate=6.0,
         partition_max_s=90.0,
+        outage_p=0.5,
         lost_reply=0.1,
         lost_reply_partition=0.5,
         no_start_time=0.05,
@@ -181,6 +195,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        last_try_stall=0.3,
         stall=0.01,
         retry_backlog=0.1,
         reply_loss_rate=2.0,

@@ -59,6 +59,8 @@ class SimHost(ABC):
     _stack: list[int]
     _dead: set[int]
     _rng_stall: random.Random
+    _rng_last_try: random.Random
+    _last_try_seen: set[int]
     _stalled: int | None
     _flip_window: tuple[float, float] | None
     _triggers: list[tuple[str, str, str, Callable[[], None]]]

@@ -10,8 +10,16 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import names
+from app.errors import DriverTransientError, ServerUnavailable, TransientError
 from app.sim.host import SimHost
-from app.sim.messages import Message
+from app.sim.messages import TASKS, Message
+
+# Where a last try's worker stalls (app.sim.faults.last_try_stall), and the error its call
+# then gives: a submit after the server took it, a scale call before the platform heard it.
+_LAST_TRY_POINTS: dict[str, type[TransientError]] = {
+    "admin.submit.after": ServerUnavailable,
+    "driver.scale": DriverTransientError,
+}
 
 
 class WorkerKilled(BaseException):
@@ -96,6 +104,23 @@ class Interleaving(SimHost):
             and self._rng_stall.random() < faults.stall
         ):
             self._stall(slot, point, self._rng_stall.uniform(30.0, faults.stall_max_s))
+        if faults.last_try_stall and point in _LAST_TRY_POINTS and self._last_try_stalls(point):
+            self._stall(slot, point, self._rng_last_try.uniform(30.0, 60.0))
+            self.trace(f"   zz w{slot}'s {point} timed out while it was paused")
+            raise _LAST_TRY_POINTS[point](f"{net}: {point} timed out, worker paused (simulated)")
+
+    def _last_try_stalls(self, point: str) -> bool:
+        """The last try of a pipeline step (its retries spent), at its first server or driver
+        call, on a random stream of its own (seeds without last tries are unchanged)."""
+        if len(self._stack) != 1 or self._stalled is not None or self.conn.in_transaction:
+            return False
+        message = self._current[-1]
+        if TASKS[message.task].kind != "pipeline" or message.retries < self.settings.retry_max:
+            return False
+        if message.id in self._last_try_seen:
+            return False
+        self._last_try_seen.add(message.id)
+        return self._rng_last_try.random() < self.faults.last_try_stall
 
     def _stall(self, slot: int, point: str, length_s: float) -> None:
         """The worker in `slot` stops at `point` for `length_s`: meanwhile the other worker

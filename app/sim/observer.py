@@ -127,6 +127,7 @@ class Observer:
         self._seen_answering: dict[str, float] = {}
         self._starved_since: dict[str, float] = {}
         self._undeclared_at: dict[str, float] = {}  # net -> last seen undeclared
+        self._unreachable_at: dict[str, float] = {}  # net -> last seen not answering
         self._claims_seen: set[tuple[str, int]] = set()
         self.jobs: list[JobRow] = []
         self.nets: list[NetRow] = []

@@ -74,7 +74,15 @@ class RunInvariants(Observer):
                     # declaration on.
                     self._undeclared_at[run.net] = t
                     continue
-                since = max(since, self._undeclared_at.get(run.net, since))
+                if not self.sim.cluster.servers[run.net].answering(t):
+                    # Nothing can stop a run on a server no one reaches (an outage of an
+                    # always-on net): its bound counts from when the server answers again.
+                    self._unreachable_at[run.net] = t
+                since = max(
+                    since,
+                    self._undeclared_at.get(run.net, since),
+                    self._unreachable_at.get(run.net, since),
+                )
                 if t - since > b.orphan:
                     self.report(
                         "stray-run-stopped",

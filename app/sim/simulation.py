@@ -126,6 +126,8 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self._stack: list[int] = []  # worker slots of the messages being processed
         self._dead: set[int] = set()  # slots whose current message was killed
         self._rng_stall = random.Random(f"{seed}/stall")  # drawn only where stalls happen
+        self._rng_last_try = random.Random(f"{seed}/last-try")  # only at a step's last try
+        self._last_try_seen: set[int] = set()
         self._stalled: int | None = None  # the slot of a stalled worker
         self.receiver: SimReceiver = random_receiver(
             self,
