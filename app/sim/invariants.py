@@ -42,6 +42,27 @@ class Checker(RunInvariants, Quiescence):
         self._queued_while_free(t)
         self._scale_to_zero(t)
         self._prewarms(t)
+        self._held_runs = {j.id: j.nvflare_id for j in self.jobs if j.nvflare_id is not None}
+
+    def _rerun_after_completion(self, job_id: str, reason: str) -> None:
+        """A job is never queued again once a run it held completed on a server that still
+        answers and knows it: that run's result is the job's, and a second run would redo
+        (and double-count) finished work. (A server that does not answer, or lost the run,
+        cannot tell the dispatcher; a requeue then is the lost-job policy's to make.)"""
+        run_id = self._held_runs.get(job_id)
+        if run_id is None:
+            return
+        t = self.sim.clock.t
+        run = next((r for r in self.sim.cluster.runs if r.nvflare_id == run_id), None)
+        if run is None or not run.completed(t):
+            return
+        server = self.sim.cluster.servers[run.net]
+        if server.reachable(t) and run_id in server.store:
+            self.report(
+                "completed-run-rerun",
+                f"job {job_id[:8]}",
+                f"queued again ({reason[:120]}) after its run {run_id} completed",
+            )
 
     def _history(self) -> None:
         conn = self.sim.conn
@@ -65,6 +86,7 @@ class Checker(RunInvariants, Quiescence):
                 )
             self._job_state[job_id] = JobState(dst)
             if dst == J.QUEUED and src is not None:
+                self._rerun_after_completion(job_id, reason)
                 self.sim.on_requeued(job_id)
             if dst == J.FAILED and reason.startswith(BUNDLE_REFUSED):
                 # Every bundle the simulation serves is usable (a folder under JOB_ROOT, an
