@@ -300,13 +300,16 @@ class Adversary(SimHost):
             if self._net_states() & {NetState.MISCONFIGURED}:
                 for slot in (0, 1):
                     self._restart_worker(slot, "a human fixed the settings")
-            # Paged for an always-on net in OUTAGE whose platform failed to start its server
-            # (the dispatcher never scales such a net): the operator redeploys its service
-            # (seed 1157: a pinned job waited for ever).
+            # Paged for an always-on net in OUTAGE whose platform failed to start its server,
+            # or whose service someone scaled to 0 by hand (the dispatcher never scales such
+            # a net): the operator redeploys it (seeds 1157 and 2499: jobs waited for ever).
             for name, driver in self.cluster.drivers.items():
-                if driver.failure is not None and not self.scales_to_zero(name):
+                if self.scales_to_zero(name):
+                    continue
+                if driver.failure is not None or driver.desired == 0:
+                    why = "failed to start" if driver.failure is not None else "was scaled to 0"
                     driver.failure = None
-                    self.trace(f"   a human redeploys {name}: its server failed to start")
+                    self.trace(f"   a human redeploys {name}: its server {why}")
                     driver.apply(1, self.clock.t)
 
         self.at(
