@@ -308,12 +308,18 @@ class Job(Base):
         self.net_name = net_name
         self.assigned_at = now
 
-    def start_dispatch(self, now: datetime) -> str:
-        """Store the submit token before submitting, so a retry reuses it; returns it."""
+    def start_dispatch(self, now: datetime, *, earlier_dispatches: int = 0) -> str:
+        """Store the submit token before submitting, so a retry reuses it; returns it.
+        `earlier_dispatches`: how many times this job went DISPATCHING before."""
         self.transition(JobState.DISPATCHING, now, "server ready, submitting")
-        # One token per attempt: a retry of this attempt cannot start a second run, while a
-        # requeued attempt on a restarted server is not mistaken for the lost run.
+        # One token per dispatch: a retry of it cannot start a second run, while a requeued
+        # job on a server that kept its job store is not answered with the earlier run.
+        # Usually one dispatch per attempt (`<id>-<attempt>`); a requeue that counted no
+        # attempt (a misconfigured net) leaves one dispatch more than attempts, which the
+        # suffix tells apart (`<id>-<attempt>.<dispatch>`).
         self.submit_token = f"{self.id}-{self.attempts}"
+        if earlier_dispatches > self.attempts:
+            self.submit_token += f".{earlier_dispatches}"
         return self.submit_token
 
     def mark_running(self, nvflare_job_id: str, now: datetime) -> None:

@@ -74,9 +74,12 @@ class RunInvariants(Observer):
                     # declaration on.
                     self._undeclared_at[run.net] = t
                     continue
-                if not self.sim.cluster.servers[run.net].answering(t):
-                    # Nothing can stop a run on a server no one reaches (an outage of an
-                    # always-on net): its bound counts from when the server answers again.
+                if not self.sim.scales_to_zero(run.net) and not self.sim.cluster.servers[
+                    run.net
+                ].answering(t):
+                    # Nothing can stop a run on an always-on server no one reaches (an
+                    # outage): its bound counts from when the server answers again. (A
+                    # scale-to-zero net is taken down whether it answers or not.)
                     self._unreachable_at[run.net] = t
                 since = max(
                     since,

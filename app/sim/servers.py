@@ -64,14 +64,14 @@ class Run:
 
 
 def parse_token(token: str) -> tuple[str, int | None]:
-    """(job id, attempt) of a submit token `<job id>-<attempt>`."""
+    """(job id, attempt) of a submit token `<job id>-<attempt>[.<dispatch>]`."""
     job_id, _, rest = (
         token[:JOB_ID_LEN],
         token[JOB_ID_LEN : JOB_ID_LEN + 1],
         token[JOB_ID_LEN + 1 :],
     )
     try:
-        return job_id, int(rest)
+        return job_id, int(rest.split(".")[0])
     except ValueError:
         return job_id, None
 

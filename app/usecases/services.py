@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest, NotFound
@@ -27,6 +27,7 @@ from models import (
     ACTIVE_JOB_STATES,
     TERMINAL_JOB_STATES,
     Job,
+    JobEvent,
     JobState,
     Net,
     NetState,
@@ -180,6 +181,19 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
         return
     if net.state in (NetState.BUSY, NetState.READY):
         net.mark_idle(now)
+
+
+def dispatches_of(session: Session, job_id: uuid.UUID) -> int:
+    """How many times the job went DISPATCHING (its history): each dispatch's submit token
+    must be new, even when a requeue counted no attempt."""
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.to_state == JobState.DISPATCHING)
+        )
+        or 0
+    )
 
 
 def requeue_job(

@@ -1,6 +1,9 @@
 """Adversarial review, session 3, of 75e864f..4ef218e (guards whose `# pragma: no mutate` gave
 way to tests: SQL filters dropped as redundant, net_rows restructured; the simulator's new
-excuses). Each test names the README promise it pins; an xfail(strict) one is a defect."""
+excuses). Each test names the README promise it pins. The two token tests were strict xfails
+(a misconfigured net's requeue counts no attempt, so the next dispatch reused the token and
+NVFLARE answered it with the earlier run); they pass since every dispatch has a token of its
+own (models.Job.start_dispatch)."""
 
 from __future__ import annotations
 
@@ -24,17 +27,6 @@ def _strays(world: World) -> list[tuple[str, str | None, str | None]]:
 # --- 1. a requeue that counts no attempt re-uses the submit token of a run the server keeps --
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Job.start_dispatch's token is f'{id}-{attempts}' and scaling.net_misconfigured "
-        "requeues a DISPATCHING job with count_attempt=False, so the next attempt on the same "
-        "(always-on) server submits the same token: NVFLARE answers with the earlier, aborted "
-        "run (client.submit keeps a token's existing job) and the job ends ABORTED without "
-        "its new attempt ever running. The simulator's new `repeat` excuse in "
-        "call_invariants.on_submit skips exactly such submits."
-    ),
-)
 def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_server(always_on):
     """README: misconfiguration 'fails fast: the net goes MISCONFIGURED and its job back to
     the queue without losing an attempt'; 'a run that no job counts ... is a stray run'.
@@ -71,16 +63,6 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_serve
     assert world.job(job_id).state == JobState.RUNNING
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Same token re-use (Job.start_dispatch f'{id}-{attempts}' after "
-        "scaling.net_misconfigured's count_attempt=False requeue) on a scale-to-zero net: the "
-        "restarted server's job store still holds the token (README: NVFLARE 2.9 keeps a "
-        "run killed with its process, reading RUNNING for ever), so the new attempt adopts "
-        "the dead run and the job stays RUNNING with nothing running until MAX_RUN_S."
-    ),
-)
 def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_zero(world):
     """README: 'a run the server forgot is lost, not RUNNING forever'; 'its job back to the
     queue without losing an attempt'. Try 1 lands on net-a with its reply lost, try 2 meets a
