@@ -135,6 +135,20 @@ def test_submit_token_is_stored_per_attempt(clock):
     assert job.start_dispatch(clock()) == f"{job.id}-1"
 
 
+def test_a_dispatch_after_a_requeue_that_counted_no_attempt_has_a_token_of_its_own(clock):
+    """NVFLARE answers a token it knows with that token's run: every dispatch needs its own,
+    in the form nvflare 2.9 accepts."""
+    from nvflare.apis.utils.job_submit_token import validate_submit_token
+
+    job = _job(JobState.ASSIGNED, clock())
+    first = job.start_dispatch(clock(), earlier_dispatches=0)
+    job.requeue("net misconfigured", clock(), count_attempt=False)
+    job.assign("n", clock())
+    second = job.start_dispatch(clock(), earlier_dispatches=1)
+    assert (first, second) == (f"{job.id}-0", f"{job.id}-0.1")
+    assert validate_submit_token(second) == second
+
+
 def test_readme_diagrams_match_the_tables():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert mermaid(JOB_TRANSITIONS) in readme, "regenerate the job diagram: fl-dispatcher diagram"
