@@ -49,6 +49,9 @@ class Delivery(SimHost):
         rt = self.workers[slot]
         self._stack.append(slot)
         self._current.append(message)
+        if spec.kind == "pipeline":
+            row = self.conn.execute("SELECT max(id) FROM net_events").fetchone()
+            self._net_events_at_start[message.id] = row[0] or 0
         try:
             self._run_task(rt, message, spec, slot)
         except WorkerKilled:
@@ -178,7 +181,7 @@ class Delivery(SimHost):
         if (
             isinstance(exc, MisconfigurationError)
             and message.task in PIPELINE_STEPS_THAT_MARK_MISCONFIGURED
-            and self._net_state(message.kwargs.get("net_name")) == NetState.MISCONFIGURED
+            and self._marked_misconfigured(message)
         ):
             self.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
             return
@@ -189,6 +192,20 @@ class Delivery(SimHost):
             f"{message.task.removeprefix(names.PREFIX)}: {type(exc).__name__} at {where}",
             f"{exc}"[:300],
         )
+
+    def _marked_misconfigured(self, message: Message) -> bool:
+        """The step's net is MISCONFIGURED, or was marked so while the step ran (a step
+        paused after marking it may resume after reconcile or a human moved it on)."""
+        net = message.kwargs.get("net_name")
+        if self._net_state(net) == NetState.MISCONFIGURED:
+            return True
+        since = self._net_events_at_start.get(message.id, 0)
+        row = self.conn.execute(
+            "SELECT 1 FROM net_events WHERE net_name = ? AND to_state = 'MISCONFIGURED'"
+            " AND id > ? LIMIT 1",
+            (net, since),
+        ).fetchone()
+        return row is not None
 
     def _net_state(self, net: str | None) -> NetState | None:
         if net is None:

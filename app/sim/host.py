@@ -61,6 +61,7 @@ class SimHost(ABC):
     _rng_stall: random.Random
     _rng_last_try: random.Random
     _last_try_seen: set[int]
+    _net_events_at_start: dict[int, int]
     _stalled: int | None
     _flip_window: tuple[float, float] | None
     _triggers: list[tuple[str, str, str, Callable[[], None]]]

@@ -115,7 +115,9 @@ class Interleaving(SimHost):
         if len(self._stack) != 1 or self._stalled is not None or self.conn.in_transaction:
             return False
         message = self._current[-1]
-        if TASKS[message.task].kind != "pipeline" or message.retries < self.settings.retry_max:
+        spec = TASKS[message.task]
+        # A poll's retries count its polls (wait_ready, warm_up): it has no last try.
+        if spec.kind != "pipeline" or spec.polls or message.retries < self.settings.retry_max:
             return False
         if message.id in self._last_try_seen:
             return False
