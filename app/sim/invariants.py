@@ -54,8 +54,8 @@ class Checker(RunInvariants, Quiescence):
             return
         t = self.sim.clock.t
         run = next((r for r in self.sim.cluster.runs if r.nvflare_id == run_id), None)
-        if run is None or not run.completed(t):
-            return
+        if run is None or not run.completed(t) or run.poisoned:
+            return  # (a run whose status never answers cannot tell it completed)
         server = self.sim.cluster.servers[run.net]
         if server.reachable(t) and run_id in server.store:
             self.report(
