@@ -27,7 +27,11 @@ class CallInvariants(SimHost):
         if row is None:
             return
         state, job_net, assigned_at, job_token, definition = row
-        if not repeat:
+        # A submit that lands after its job ended or is being aborted (a worker paused before
+        # it) runs nothing the job uses: the run is settled as a stray, and in reality its
+        # folder, swept once the job ended, fails the submit before it leaves the worker.
+        moved_on = state in ("COMPLETED", "FAILED", "ABORTED", "ABORTING")
+        if not repeat and not moved_on:
             self._check_bundle(token, definition, assigned_at, folder)
         if job_net == net and self.ready_seen.get((token[:36], net)) == assigned_at:
             return
