@@ -110,6 +110,24 @@ def _set_net_state(
         return True
 
 
+def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
+    """A reachable always-on server ends its net's OUTAGE (or a state scale-to-zero mode
+    left): BUSY if a job still holds the net, else READY, decided under the row lock, not
+    on the round's earlier read (the job may have ended since). None: the net moved on."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        if net.state != expected:
+            return None
+        held = services.active_job(session, name) is not None
+        if held and expected != NetState.OUTAGE:
+            return None  # a job claimed it meanwhile: its chain moves it
+        target = NetState.BUSY if held else NetState.READY
+        net.transition(target, rt.clock(), "always-on server reachable")
+        if target == NetState.READY:
+            net.idle_since = rt.clock()
+        return target
+
+
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
     """Settle a scale-to-zero net left between states or drifted from its driver; the
     note says what was done ("" for nothing)."""
@@ -228,8 +246,9 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
             NetState.UNHEALTHY,
         ) or (state == NetState.STARTING and job is None)
         if left_behind:
-            target = NetState.BUSY if state == NetState.OUTAGE and job else NetState.READY
-            _set_net_state(rt, name, state, target, "always-on server reachable")
+            target = _back_up(rt, name, state)
+            if target is None:
+                return ""  # moved on since the round's read
             if state == NetState.OUTAGE:  # pragma: no mutate (only a log line depends on it)
                 log.warning("outage over", extra={"net": name})
             return f"{state} -> {target}"

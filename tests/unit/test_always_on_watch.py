@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app.usecases import dispatch, reconciler, services
-from models import JobState, NetEvent, NetState
+from models import JobState, NetEvent, NetState, ReasonCode
 from tests.unit.scale_history import scale_decisions
 
 
@@ -119,3 +119,24 @@ def test_a_healthy_always_on_net_is_no_repair(always_on):
     world = always_on
     reconciler.reconcile(world.rt)
     assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("fixed")]
+
+
+def test_an_outage_ends_ready_when_its_job_ended_after_the_rounds_read(always_on):
+    """The round reads every net once; a job that ended since (lost, aborted) must not
+    leave its net BUSY with no job when the outage ends: the target is decided under the
+    net's lock."""
+    from app.usecases.net_repairs import net_rows, watch_always_on
+
+    world = always_on
+    reconciler.reconcile(world.rt)
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    _set_state(world, "fixed", NetState.OUTAGE)
+    row = net_rows(world.rt)["fixed"]
+    assert row.job_id == job_id
+    with world.rt.sessions.begin() as session:
+        services.finish_job(
+            session, job_id, JobState.FAILED, "lost", world.clock(), code=ReasonCode.SERVER_LOST
+        )
+    assert watch_always_on(world.rt, "fixed", row) == "OUTAGE -> READY"
+    assert world.net("fixed").state == NetState.READY
