@@ -225,12 +225,14 @@ class Observer:
 
     def recorded_stray(self, run: Run) -> bool:
         """The dispatcher knows this run is a stray (a stray_runs row, where that table
-        exists: it does not on the code before the fix)."""
+        exists: it does not on the code before the fix). A row names its run by id, or by
+        token where no id is known, as settle_stray_runs finds it (a token's later run,
+        submitted again on a new process, is not the row's)."""
         if not self._has_strays:
             return False
         row = self.sim.conn.execute(
             "SELECT 1 FROM stray_runs WHERE net_name = ? AND (nvflare_job_id = ? OR"
-            " submit_token = ?) LIMIT 1",
+            " (nvflare_job_id IS NULL AND submit_token = ?)) LIMIT 1",
             (run.net, run.nvflare_id, run.token),
         ).fetchone()
         return row is not None
