@@ -260,31 +260,9 @@ def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> 
         return str(status.state)
     if status.state == RunState.LOST:
         return _lost(rt, job, status.detail)
-    if status.detail == STARTED and _died_with_an_earlier_process(admin, job):
-        return _lost(rt, job, DIED_EARLIER)
     if _overran(rt, job, now):
         return _stop_overrun(rt, job, status.detail)
     return str(status.state)
-
-
-DIED_EARLIER = "server restarted under the job: the run is in none of its processes"
-# NVFLARE's word for a run that has started (a SUBMITTED or DISPATCHED one has not, and is in
-# no process yet).
-STARTED = "NVFLARE RUNNING"
-
-
-def _died_with_an_earlier_process(admin: AdminClient, job: Watched) -> bool:
-    """NVFLARE 2.9 lists a run among its processes before its status reads RUNNING and
-    until it reads FINISHED, and reads a run killed with its process RUNNING for ever. A
-    run read RUNNING that the process does not list died with an earlier process (a
-    re-sent submit can adopt one across a restart, with the new start time). Its status is
-    read again after the list, so a run that finished in between is not taken for dead."""
-    try:
-        if job.nvflare_job_id in admin.live_runs():
-            return False
-        return admin.job_status(job.nvflare_job_id).detail == STARTED
-    except DispatcherError:
-        return False  # it cannot say: MAX_RUN_S still bounds the run
 
 
 def _unwatchable(
