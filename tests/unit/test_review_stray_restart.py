@@ -108,9 +108,8 @@ def test_a_run_killed_by_a_restart_right_after_its_submit_does_not_hold_its_net_
     world,
 ):
     """The net keeps the new process's start time for a run that died with the old one,
-    which reads RUNNING for ever: the new process does not list it, so the first monitor
-    round takes it for lost (not MAX_RUN_S later), keeps it as a stray, whose abort is
-    refused as not running, which settles it; the net takes the next job."""
+    which reads RUNNING for ever: at MAX_RUN_S its abort is refused as not running, which
+    ends it; the net takes the next job."""
     job_id = world.enqueue("j", net="fixed")
     server = world.server("fixed")
     server.start_time = OLD
@@ -119,13 +118,13 @@ def test_a_run_killed_by_a_restart_right_after_its_submit_does_not_hold_its_net_
     assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
     assert "nv-1" in server.killed
     waiting = world.enqueue("next", net="fixed")
+    world.clock.advance(world.rt.settings.max_run_s + 1)
 
     monitor.monitor_running_jobs(world.rt)
 
-    assert world.job(job_id).state == JobState.QUEUED
-    assert [s.nvflare_job_id for s in _strays(world)] == ["nv-1"]
-    assert abort.settle_stray_runs(world.rt, "fixed") == 0
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] in ([job_id], [waiting])
+    assert world.job(job_id).state == JobState.FAILED
+    assert _strays(world) == []
+    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [waiting]
 
 
 def test_a_stray_an_unconfirmed_abort_left_goes_with_its_restarted_server(world):
