@@ -184,11 +184,9 @@ SAFEGUARDS = [
         # is claimed on the same net, starts that attempt's submit without its readiness
         # check.
         # Seed 75 found it on the simulator branch; since the merge with prewarm and the
-        # split of the use cases, seed 228; since the sweep's paused last tries and the
-        # monitor's dead-run check, seed 169 with the profile forced (submit-after-ready).
-        range(169, 170),
+        # split of the use cases, seed 228.
+        range(225, 235),
         frozenset({"submit-after-ready", "no-scale-down-under-job", "no-escape"}),
-        forced=True,
     ),
     Safeguard(
         "runs no job counts are recorded as strays (holes 4, 5, 6)",
