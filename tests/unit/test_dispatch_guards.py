@@ -3,18 +3,10 @@ read of the job, and that an aborted submit is the only one that stops its run."
 
 from __future__ import annotations
 
-from app.usecases import dispatch, monitor
+from app.usecases import dispatch
 from app.usecases.dispatch import Step
-from models import JobState, NetState
-
-
-def _warm_net(world) -> None:
-    """net-a READY with its server up: one job ran on it and finished."""
-    first = world.enqueue("warm-up", net="net-a")
-    world.run_pipeline(first)
-    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    monitor.monitor_running_jobs(world.rt)
-    assert world.net("net-a").state == NetState.READY
+from models import JobState
+from tests.unit.test_warm_dispatch import warm_net
 
 
 def _claimed(world, key: str):
@@ -25,7 +17,7 @@ def _claimed(world, key: str):
 
 def test_a_warm_start_looks_at_the_driver_once(world, monkeypatch):
     """The start step's readiness check trusts scale_up's look at the driver."""
-    _warm_net(world)
+    warm_net(world)
     job_id, attempt = _claimed(world, "warm")
     driver = world.driver("net-a")
     looks = []
@@ -38,7 +30,7 @@ def test_a_warm_start_looks_at_the_driver_once(world, monkeypatch):
 
 def test_a_warm_start_does_not_ask_whether_the_job_is_resuming(world, monkeypatch):
     """Only a skipped scale_up pays the read that looks for a submit to resume."""
-    _warm_net(world)
+    warm_net(world)
     job_id, attempt = _claimed(world, "warm")
     asked = []
     monkeypatch.setattr(dispatch, "_resuming", lambda *a: asked.append(a) or False)
