@@ -97,6 +97,10 @@ class Net(Base):
     # no process has declared for a while was removed; one that only some process lacks is
     # being added or removed by a rolling deploy, and is left alone.
     declared_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Until when a worker's scale-down call is taken to be in flight: reconcile re-drives a
+    # STOPPING or UNHEALTHY net only after it, so a net is not stopped, claimed and started
+    # again while the first call can still land (app.usecases.scaling.stop_net).
+    stop_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
     events: WriteOnlyMapped[NetEvent] = relationship(

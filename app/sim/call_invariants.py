@@ -11,6 +11,7 @@ from pathlib import Path
 from app.sim.bundles import S3_DEFINITION, version_of
 from app.sim.clock import seconds_of
 from app.sim.host import SimHost
+from app.sim.messages import Message
 
 
 class CallInvariants(SimHost):
@@ -61,8 +62,9 @@ class CallInvariants(SimHost):
             )
 
     def on_scale(self, net: str, replicas: int) -> None:
-        """A scale-down must never take a server from under an active job; a scale-up
-        (a job's or a prewarm's) never asks for a second replica."""
+        """A scale-down must never take a server from under an active job (unless its
+        worker was paused past its lease, `_late_stop`); a scale-up (a job's or a
+        prewarm's) never asks for a second replica."""
         if replicas > 1:
             self.checker.report("one-replica", f"net {net}", f"driver asked for {replicas}")
         if replicas:
@@ -72,9 +74,47 @@ class CallInvariants(SimHost):
             " ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'ABORTING')",
             (net,),
         ).fetchone()
-        if row is not None:
+        if row is not None and self._late_stop(net):
+            self.stats["late stops"] = self.stats.get("late stops", 0) + 1
+            calls = self.cluster.drivers[net].calls
+            self._late_stops.setdefault(self._current[-1].id, []).append((net, len(calls)))
+            self.trace(f"   !! a late scale-down lands on {net} under job {row[0][:8]}")
+        elif row is not None:
             self.checker.report(
                 "no-scale-down-under-job",
                 f"net {net}",
                 f"scaled to 0 while job {row[0][:8]} is {row[1]} on it",
             )
+
+    def _late_stop(self, net: str) -> bool:
+        """The scale-down comes from a worker that was paused at this very call for longer
+        than the lease its stop held (STUCK_AFTER_S, scaling.stop_net): no platform has a
+        conditional scale, so nothing on this side can fence it. The step itself puts the
+        replica back when it reads the net again (tests/unit/test_stop_lease.py), and the
+        job's lost run is resolved by the monitor like any server restart."""
+        resumed = self._resumed
+        return (
+            resumed is not None
+            and resumed[0] == "driver.scale"
+            and resumed[1] > self.settings.stuck_after_s
+        )
+
+    def _check_late_stops(self, message: Message) -> None:
+        """A step whose scale-down landed late (`_late_stop`) asked for the replica back
+        before it ended, if a job still holds the net: the claimed job's server is not left
+        to the monitor's or reconcile's slower paths."""
+        for net, at in self._late_stops.pop(message.id, []):
+            if 1 in self.cluster.drivers[net].calls[at:]:
+                continue
+            row = self.conn.execute(
+                "SELECT id, state FROM jobs WHERE net_name = ? AND state IN"
+                " ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'ABORTING')",
+                (net,),
+            ).fetchone()
+            if row is not None:
+                self.checker.report(
+                    "late-stop-undone",
+                    f"net {net}",
+                    f"a late scale-down took its server from job {row[0][:8]} ({row[1]}) and"
+                    f" the step that made it ended without asking for the replica back",
+                )

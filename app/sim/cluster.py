@@ -196,8 +196,8 @@ class SimDriver:
     def scale(self, replicas: int) -> None:
         host = self.cluster.host
         host.hook("driver.scale", self.name)
+        self.calls.append(replicas)  # every call tried, whether the platform answers or not
         self._faults()
-        self.calls.append(replicas)
         if self.pinned:
             return
         host.on_scale(self.name, replicas)

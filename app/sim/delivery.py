@@ -54,12 +54,14 @@ class Delivery(SimHost):
             self._net_events_at_start[message.id] = row[0] or 0
         try:
             self._run_task(rt, message, spec, slot)
+            self._check_late_stops(message)
         except WorkerKilled:
             delay = self.rng.uniform(1.0, max(1.0, self.faults.worker_restart_s))
             self.broker.redeliver(message, delay)
             self._dead.discard(slot)
             self._restart_worker(slot, f"after a kill during {message.label()}")
         finally:
+            self._late_stops.pop(message.id, None)
             self._stack.pop()
             self._current.pop()
 

@@ -63,6 +63,8 @@ class SimHost(ABC):
     _last_try_seen: set[int]
     _net_events_at_start: dict[int, int]
     _stalled: int | None
+    _resumed: tuple[str, float] | None
+    _late_stops: dict[int, list[tuple[str, int]]]
     _flip_window: tuple[float, float] | None
     _triggers: list[tuple[str, str, str, Callable[[], None]]]
     _current: list[Message]
@@ -102,6 +104,9 @@ class SimHost(ABC):
 
     @abstractmethod
     def _deliver(self, message: Message, slot: int) -> None: ...
+
+    @abstractmethod
+    def _check_late_stops(self, message: Message) -> None: ...
 
     @abstractmethod
     def _fire_triggers(self) -> bool: ...

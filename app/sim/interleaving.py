@@ -53,6 +53,7 @@ class Interleaving(SimHost):
         """A point where time passes, the worker may die, or another worker may run."""
         faults = self.faults
         slot = self._stack[-1] if self._stack else 0
+        self._resumed = None
         if slot in self._dead:
             raise WorkerKilled(point)
         if point.startswith("admin."):
@@ -147,6 +148,7 @@ class Interleaving(SimHost):
         self.trace(f"   zz worker w{slot} resumes at {point}")
         if slot in self._dead:
             raise WorkerKilled(point)
+        self._resumed = (point, length_s)
 
     def _pick_concurrent(self, due: list[Message]) -> Message:
         """The message another worker runs now: half the time one that conflicts with the

@@ -130,6 +130,11 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self._last_try_seen: set[int] = set()
         self._net_events_at_start: dict[int, int] = {}
         self._stalled: int | None = None  # the slot of a stalled worker
+        # Where the running worker last resumed from a stall, and after how long; cleared at
+        # its next hook point (so an adapter call can tell it was paused right before it).
+        self._resumed: tuple[str, float] | None = None
+        # Late scale-downs each message's step made: (net, its index in the driver's calls).
+        self._late_stops: dict[int, list[tuple[str, int]]] = {}
         self.receiver: SimReceiver = random_receiver(
             self,
             random.Random(f"{seed}/receiver"),

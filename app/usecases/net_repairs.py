@@ -47,13 +47,16 @@ class NetRow:
     job_state: JobState | None = None
     attempt: int = 0
     strays: int = 0
+    stop_due_at: datetime | None = None  # the lease of a scale-down call (stop_net)
 
 
 def net_rows(rt: Runtime) -> dict[str, NetRow]:
     """Every net with its active job and stray-run count, in three statements whatever the
     size of the fleet (not three per net)."""
     with rt.sessions() as session:
-        nets = session.execute(select(Net.name, Net.state, Net.state_changed_at)).all()
+        nets = session.execute(
+            select(Net.name, Net.state, Net.state_changed_at, Net.stop_due_at)
+        ).all()
         active = {
             net_name: (job_id, state, attempts)
             for job_id, net_name, state, attempts in session.execute(
@@ -70,13 +73,13 @@ def net_rows(rt: Runtime) -> dict[str, NetRow]:
             )
         }
     rows = {}
-    for name, state, changed_at in nets:
+    for name, state, changed_at, stop_due_at in nets:
         count: int = strays.get(name, 0)
         job = active.get(name)
         if job is None:
-            rows[name] = NetRow(state, changed_at, strays=count)
+            rows[name] = NetRow(state, changed_at, strays=count, stop_due_at=stop_due_at)
         else:
-            rows[name] = NetRow(state, changed_at, *job, strays=count)
+            rows[name] = NetRow(state, changed_at, *job, strays=count, stop_due_at=stop_due_at)
     return rows
 
 
@@ -155,6 +158,8 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             services.clear_stray_runs(session, name)
         return "STOPPED at zero replicas: stray runs gone with the server"
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
+        if _stop_in_flight(row, now):
+            return ""
         # Decided on the round's read: re-checked under the lock, so a net that was stopped
         # and claimed since (STARTING, its job's server coming up) keeps its replica.
         if not _still(rt, name, state):
@@ -202,6 +207,12 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             return "drift: READY net had no server; now STOPPED"
         return ""  # a job was claimed onto the warm net meanwhile: its chain scales it up
     return ""
+
+
+def _stop_in_flight(row: NetRow, now: datetime) -> bool:
+    """A worker's scale-down call may still land (its lease has not passed): finishing the
+    stop now would let a job claim the net and start it, and that call land on it after."""
+    return row.stop_due_at is not None and now <= row.stop_due_at
 
 
 def _still(rt: Runtime, name: str, state: NetState) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
@@ -143,24 +143,75 @@ def net_misconfigured(
     return True
 
 
+# The states a net is in while a scale-down of it is wanted. A claim takes a net only from
+# READY, STARTING or STOPPED (with no job), so a net in one of these, with no active job,
+# is not one a job can be using.
+_DOWN_BOUND = (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED, NetState.MISCONFIGURED)
+
+
 def stop_net(rt: Runtime, name: str, reason: str) -> bool:
     """Drop the admin session, scale to 0, and record STOPPED once the driver agrees; runs
-    the server held die with it, so its stray runs are settled. True when confirmed."""
+    the server held die with it, so its stray runs are settled. True when confirmed.
+
+    The call is leased (`Net.stop_due_at`, STUCK_AFTER_S): reconcile does not re-drive the
+    stop, and so cannot finish it and let a job claim the net, while this call may still
+    land. No platform has a conditional scale, so a worker paused past its lease (a frozen
+    container) can still land its call on a net claimed since: the net is read again after
+    the call, and a net that moved on gets its replica back at once."""
     rt.forget_admin(name)  # the next scale-up must log in afresh, never reuse this session
+    lease = _lease_stop(rt, name)
+    if lease is None:
+        return False  # claimed since this stop was decided: its job owns the server now
     try:
         scale_net(rt, name, 0, reason)
         observation = rt.driver(name).observe()
     except TransientError:
+        # The lease stays: a call that timed out may still land.
         log.warning("scale-down not confirmed yet; reconcile retries", extra={"net": name})
         return False
-    if observation.running or observation.pending:
-        return False
+    down = not (observation.running or observation.pending)
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
-        if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
-            net.transition(NetState.STOPPED, rt.clock(), reason)
-        services.clear_stray_runs(session, name)
-    return True
+        if net.stop_due_at == lease:
+            net.stop_due_at = None  # this call has landed: reconcile may re-drive at once
+        overtaken = _claimed(session, name, net.state)
+        if down and not overtaken:
+            if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
+                net.transition(NetState.STOPPED, rt.clock(), reason)
+            services.clear_stray_runs(session, name)
+    if overtaken:
+        _undo_late_stop(rt, name, reason)
+        return False
+    return down
+
+
+def _undo_late_stop(rt: Runtime, name: str, reason: str) -> None:
+    """The scale-down landed on a net claimed since (its worker was paused past its lease):
+    the replica goes back at once, so the claimed job's server is not left to readiness
+    deadlines or the monitor; a run it held died and is resolved like any restart."""
+    log.error(
+        "a scale-down landed after its net was claimed again; replica put back",
+        extra={"net": name, "reason": reason},
+    )
+    scale_net(rt, name, 1, "a late scale-down undone: the net was claimed meanwhile")
+
+
+def _lease_stop(rt: Runtime, name: str) -> datetime | None:
+    """Under the row lock claims take: the net still wants its scale-down (no job has
+    claimed it since), and this call holds it until STUCK_AFTER_S from now (returned);
+    None when a job has claimed it."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        if _claimed(session, name, net.state):
+            return None
+        lease = rt.clock() + timedelta(seconds=rt.settings.stuck_after_s)
+        net.stop_due_at = lease
+        return lease
+
+
+def _claimed(session: Session, name: str, state: NetState) -> bool:
+    """A job holds the net, or it is on its way up for one (or was, and is idle now)."""
+    return state not in _DOWN_BOUND or services.active_job(session, name) is not None
 
 
 def take_down(rt: Runtime, name: str, reason: str) -> bool:

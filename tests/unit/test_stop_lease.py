@@ -1,0 +1,138 @@
+"""A scale-down call is leased: reconcile does not finish a stop (and so let a job claim the
+net and start it) while the worker that decided it may still be calling the platform; a
+call that lands after its net was claimed anyway (the worker was frozen past the lease)
+puts the replica back as soon as it reads the net again, and a stop that finds its net
+claimed before the call makes no call at all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from app.adapters.drivers.base import Observation
+from app.usecases import dispatch, reconciler, scale_down, services
+from app.usecases.scaling import stop_net
+from models import JobState, NetState, ReasonCode
+from tests.unit.conftest import World
+from tests.unit.scale_history import scale_decisions
+
+IDLE_S = 60  # the `world` fixture's idle_timeout_s for net-a
+
+
+def _idle_past_grace(world: World) -> None:
+    """net-a ran a job that is over, and has been idle for its whole grace."""
+    job_id = world.enqueue("done", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(
+            session,
+            job_id,
+            JobState.COMPLETED,
+            "done",
+            world.clock(),
+            code=ReasonCode.RUN_COMPLETED,
+        )
+    world.clock.advance(IDLE_S)
+
+
+def _on_scale_down(world: World, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], None]):
+    """`meanwhile` runs while net-a's first scale-to-0 call is on the wire, before it lands."""
+    driver = world.driver("net-a")
+    real = driver.scale
+    fired: list[int] = []
+
+    def scale(replicas: int) -> None:
+        if replicas == 0 and not fired:
+            fired.append(replicas)
+            meanwhile()
+        real(replicas)
+
+    monkeypatch.setattr(driver, "scale", scale)
+
+
+def _stop_finished_and_net_claimed(world: World) -> str:
+    """What a frozen worker misses: reconcile finished its stop, and a new job claimed the
+    net and had it scaled up. The new job's id."""
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a", lock=True).transition(
+            NetState.STOPPED, world.clock(), "stop finished by reconcile"
+        )
+    job_id = world.enqueue("next", net="net-a")
+    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    assert dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt).step.name == "DONE"
+    return job_id
+
+
+def test_a_scale_down_that_lands_after_its_net_was_claimed_puts_the_replica_back(
+    world, monkeypatch
+):
+    _idle_past_grace(world)
+    claimed: list[str] = []
+    _on_scale_down(
+        world, monkeypatch, lambda: claimed.append(_stop_finished_and_net_claimed(world))
+    )
+
+    scale_down.scale_down_idle_nets(world.rt)
+
+    assert world.driver("net-a").replicas == 1  # the claimed job's server comes up again
+    assert world.net("net-a").state == NetState.STARTING  # not recorded STOPPED under it
+    assert world.job(claimed[0]).state == JobState.ASSIGNED
+    assert scale_decisions(world, "net-a")[-1][0] == 1
+
+
+def test_a_stop_whose_net_was_claimed_before_its_call_makes_no_call(world):
+    _idle_past_grace(world)
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a", lock=True).transition(
+            NetState.STOPPING, world.clock(), "idle"
+        )
+    job_id = _stop_finished_and_net_claimed(world)  # the worker paused before its call
+    calls = list(world.driver("net-a").calls)
+
+    assert stop_net(world.rt, "net-a", "idle grace passed") is False
+
+    assert world.driver("net-a").calls == calls
+    assert world.driver("net-a").replicas == 1
+    assert world.job(job_id).state == JobState.ASSIGNED
+
+
+def _stopping_with_call_in_flight(world: World) -> None:
+    """net-a is STOPPING, its worker's scale-to-0 call leased now and not landed yet."""
+    _idle_past_grace(world)
+    with world.rt.sessions.begin() as session:
+        net = services.get_net(session, "net-a", lock=True)
+        net.transition(NetState.STOPPING, world.clock(), "idle")
+        net.stop_due_at = world.clock() + timedelta(seconds=world.rt.settings.stuck_after_s)
+
+
+def test_reconcile_leaves_a_stop_whose_call_may_still_land(world):
+    _stopping_with_call_in_flight(world)
+    calls = list(world.driver("net-a").calls)
+
+    reconciler.reconcile(world.rt)
+
+    assert world.driver("net-a").calls == calls
+    assert world.net("net-a").state == NetState.STOPPING
+
+
+def test_reconcile_finishes_a_stop_once_its_lease_has_passed(world):
+    _stopping_with_call_in_flight(world)
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+
+    reconciler.reconcile(world.rt)
+
+    assert world.driver("net-a").calls[-1] == 0
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+def test_a_stop_whose_call_landed_frees_the_net_for_reconcile_at_once(world, monkeypatch):
+    # The lease covers a call in flight, not one that returned: a server still draining is
+    # re-checked by the next reconcile, not STUCK_AFTER_S later.
+    _idle_past_grace(world)
+    draining = Observation(desired=0, running=1, pending=0, failure=None)
+    monkeypatch.setattr(world.driver("net-a"), "observe", lambda: draining)
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert world.net("net-a").state == NetState.STOPPING
+    assert world.net("net-a").stop_due_at is None
