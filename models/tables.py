@@ -8,6 +8,7 @@ commit (or roll back) together.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -312,18 +313,20 @@ class Job(Base):
         self.net_name = net_name
         self.assigned_at = now
 
-    def start_dispatch(self, now: datetime, *, earlier_dispatches: int = 0) -> str:
+    def start_dispatch(self, now: datetime, *, earlier: Sequence[int | None] = ()) -> str:
         """Store the submit token before submitting, so a retry reuses it; returns it.
-        `earlier_dispatches`: how many times this job went DISPATCHING before."""
+        `earlier`: the attempt of each time this job went DISPATCHING before (its history;
+        None for moves written before migration 0004)."""
         self.transition(JobState.DISPATCHING, now, "server ready, submitting")
         # One token per dispatch: a retry of it cannot start a second run, while a requeued
         # job on a server that kept its job store is not answered with the earlier run.
         # Usually one dispatch per attempt (`<id>-<attempt>`); a requeue that counted no
-        # attempt (a misconfigured net) leaves one dispatch more than attempts, which the
-        # suffix tells apart (`<id>-<attempt>.<dispatch>`).
+        # attempt (a misconfigured net) brings a second dispatch at the same attempt, which
+        # the count of earlier dispatches tells apart (`<id>-<attempt>.<dispatches>`, new
+        # since that count only grows). History without attempts keeps the older rule.
         self.submit_token = f"{self.id}-{self.attempts}"
-        if earlier_dispatches > self.attempts:
-            self.submit_token += f".{earlier_dispatches}"
+        if self.attempts in earlier or len(earlier) > self.attempts:
+            self.submit_token += f".{len(earlier)}"
         return self.submit_token
 
     def mark_running(self, nvflare_job_id: str, now: datetime) -> None:

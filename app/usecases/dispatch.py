@@ -362,9 +362,7 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
     with unit_of_work(rt.sessions) as session:
         job = services.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
-            token = job.start_dispatch(
-                rt.clock(), earlier_dispatches=services.dispatches_of(session, job_id)
-            )
+            token = job.start_dispatch(rt.clock(), earlier=services.dispatches_of(session, job_id))
         elif _ours(job, JobState.DISPATCHING, net_name, attempt) and job.submit_token:
             token = job.submit_token
         else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest, NotFound
@@ -183,16 +183,15 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
         net.mark_idle(now)
 
 
-def dispatches_of(session: Session, job_id: uuid.UUID) -> int:
-    """How many times the job went DISPATCHING (its history): each dispatch's submit token
-    must be new, even when a requeue counted no attempt."""
-    return int(
-        session.scalar(
-            select(func.count())
-            .select_from(JobEvent)
+def dispatches_of(session: Session, job_id: uuid.UUID) -> list[int | None]:
+    """The attempt of each time the job went DISPATCHING (its history), oldest first: each
+    dispatch's submit token must be new, even when a requeue counted no attempt."""
+    return list(
+        session.scalars(
+            select(JobEvent.attempt)
             .where(JobEvent.job_id == job_id, JobEvent.to_state == JobState.DISPATCHING)
+            .order_by(JobEvent.id)
         )
-        or 0
     )
 
 

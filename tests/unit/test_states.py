@@ -141,20 +141,14 @@ def test_a_dispatch_after_a_requeue_that_counted_no_attempt_has_a_token_of_its_o
     from nvflare.apis.utils.job_submit_token import validate_submit_token
 
     job = _job(JobState.ASSIGNED, clock())
-    first = job.start_dispatch(clock(), earlier_dispatches=0)
+    first = job.start_dispatch(clock())
     job.requeue("net misconfigured", clock(), count_attempt=False)
     job.assign("n", clock())
-    second = job.start_dispatch(clock(), earlier_dispatches=1)
+    second = job.start_dispatch(clock(), earlier=[0])
     assert (first, second) == (f"{job.id}-0", f"{job.id}-0.1")
     assert validate_submit_token(second) == second
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: attempts counted before the first dispatch (readiness timeouts), then a "
-    "misconfigured net's requeue (no attempt counted): the suffix rule (dispatches > attempts) "
-    "gives the same <id>-<attempt> twice; a per-job dispatch counter column fixes it",
-)
 def test_every_dispatch_token_is_new_after_requeues_of_either_kind(clock):
     """Requeues before any dispatch count attempts; a misconfigured net's counts none: no
     two dispatches of one job may share a token whatever the mix."""
@@ -162,11 +156,18 @@ def test_every_dispatch_token_is_new_after_requeues_of_either_kind(clock):
     for _ in range(2):  # readiness timeouts: attempts counted, nothing dispatched
         job.requeue("not ready", clock())
         job.assign("n", clock())
-    first = job.start_dispatch(clock(), earlier_dispatches=0)
+    first = job.start_dispatch(clock())
     job.requeue("net misconfigured", clock(), count_attempt=False)
     job.assign("n", clock())
-    second = job.start_dispatch(clock(), earlier_dispatches=1)
-    assert first != second
+    second = job.start_dispatch(clock(), earlier=[2])
+    assert (first, second) == (f"{job.id}-2", f"{job.id}-2.1")
+
+
+def test_a_history_without_attempts_keeps_the_older_token_rule(clock):
+    """Moves written before migration 0004 have no attempt: a dispatch after one of them
+    at attempt 0 still gets its own token."""
+    job = _job(JobState.ASSIGNED, clock())
+    assert job.start_dispatch(clock(), earlier=[None]) == f"{job.id}-0.1"
 
 
 def test_readme_diagrams_match_the_tables():
