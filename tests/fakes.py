@@ -7,7 +7,7 @@ server in tests/integration; these fakes only let the branching logic run in mil
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.adapters.drivers.base import Observation
@@ -48,6 +48,7 @@ class FakeServer:
     start_time: float = 1000.0
     statuses: dict[str, str] = field(default_factory=dict)
     submitted: dict[str, str] = field(default_factory=dict)  # token -> nvflare id
+    started: dict[str, float] = field(default_factory=dict)  # nvflare id -> its start_time
     folders: list[Path] = field(default_factory=list)  # the job folder of each submit
     submit_error: Exception | None = None
     aborted: list[str] = field(default_factory=list)
@@ -119,6 +120,7 @@ class FakeAdmin:
             nvflare_id = f"nv-{len(server.submitted) + 1}"
             server.submitted[submit_token] = nvflare_id
             server.statuses[nvflare_id] = "RUNNING"
+            server.started[nvflare_id] = server.start_time + 1.0  # scheduled once submitted
         return server.submitted[submit_token]
 
     def find_run(self, submit_token: str) -> str | None:
@@ -136,7 +138,10 @@ class FakeAdmin:
         server = self._require()
         if nvflare_job_id not in server.statuses:
             raise NvflareJobNotFound(f"fake server does not know {nvflare_job_id}")
-        return run_status(server.statuses[nvflare_job_id])
+        status = run_status(server.statuses[nvflare_job_id])
+        if server.statuses[nvflare_job_id] == "RUNNING":
+            status = replace(status, started_at=server.started.get(nvflare_job_id))
+        return status
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
         if not self.server.alive():

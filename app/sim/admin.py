@@ -28,6 +28,7 @@ from app.errors import (
     TransientError,
     UnknownAdminError,
 )
+from app.sim.clock import EPOCH_S
 from app.sim.cluster import Cluster
 from app.sim.servers import ABORTED, SimServer
 from app.sim.workload import COMPLETED
@@ -178,7 +179,11 @@ class SimAdmin:
         state = RUN_STATES.get(raw)
         if state is None:
             state = RunState.LOST if raw.startswith("FINISHED") else RunState.RUNNING
-        return RunStatus(state, f"NVFLARE {raw}")
+        if raw != "RUNNING":
+            return RunStatus(state, f"NVFLARE {raw}")
+        # The job store's start time: a simulated run starts as it is submitted.
+        run = self.cluster.servers[self.net].store[nvflare_job_id]
+        return RunStatus(state, f"NVFLARE {raw}", started_at=EPOCH_S + run.submitted_at)
 
     def find_run(self, submit_token: str) -> str | None:
         """The run submitted with this token, if the server (still) knows one."""

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import names
-from app.adapters.nvflare.base import AbortOutcome, AdminClient, RunState
+from app.adapters.nvflare.base import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
@@ -180,9 +180,9 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     for job in jobs:
         verdict: str | None = None
         if job.server_start_time is not None and start_time != job.server_start_time:
-            verdict = _after_restart(rt, admin, job, now)
+            verdict = _after_restart(rt, admin, job, now, start_time)
             stale = stale or verdict is None
-        results[str(job.job_id)] = verdict or _watch_run(rt, admin, job, now)
+        results[str(job.job_id)] = verdict or _watch_run(rt, admin, job, now, start_time)
     if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):
         return results  # nothing to write: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
@@ -195,19 +195,26 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     return results
 
 
-def _after_restart(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> str | None:
+def _after_restart(
+    rt: Runtime, admin: AdminClient, job: Watched, now: datetime, start_time: float
+) -> str | None:
     """The server answers with another start time than the one stored for the job's run.
     NVFLARE 2.9 keeps a run killed with its process RUNNING for ever, so its status cannot
     say it died; and the start time stored may be readiness's, of a process before the one
     the run lives on (the read after the submit failed across a restart). A run the server
     reports finished gets its verdict (its record survives the restart); one the process
-    lists among its live runs lives here: None, keep watching it. Any other is lost with the
-    old process (kept as a stray all the same, settled on the server's answer to its
-    abort)."""
+    went RUNNING after this process started (or, when its start is unknown, that the
+    process lists among its live runs) lives here: None, keep watching it. Any other is lost
+    with the old process (kept as a stray all the same, settled on the server's answer to
+    its abort)."""
     try:
-        if admin.job_status(job.nvflare_job_id).state != RunState.RUNNING:
-            return _watch_run(rt, admin, job, now)
-        if job.nvflare_job_id in admin.live_runs():
+        status = admin.job_status(job.nvflare_job_id)
+        if status.state != RunState.RUNNING:
+            return _watch_run(rt, admin, job, now, start_time)
+        if status.started_at is not None:
+            if not _started_before(status, start_time):
+                return None
+        elif job.nvflare_job_id in admin.live_runs():
             return None
     except DispatcherError:
         pass  # unknown to the new process (its job store is new), or it cannot say
@@ -229,7 +236,15 @@ def _finished(
     return verdicts
 
 
-def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> str:
+def _watch_run(
+    rt: Runtime,
+    admin: AdminClient,
+    job: Watched,
+    now: datetime,
+    process_started: float | None = None,
+) -> str:
+    """One run's verdict from its status; `process_started`: the start time of the server
+    process that answers now (None when it could not be read)."""
     try:
         status = admin.job_status(job.nvflare_job_id)
     except NvflareJobNotFound:
@@ -260,9 +275,25 @@ def _watch_run(rt: Runtime, admin: AdminClient, job: Watched, now: datetime) -> 
         return str(status.state)
     if status.state == RunState.LOST:
         return _lost(rt, job, status.detail)
+    if _started_before(status, process_started):
+        # A re-sent submit's token adopted the record of a run killed with an earlier
+        # process (it reads RUNNING for ever), with this process's start time: no restart
+        # is seen, and the job would hold its server until MAX_RUN_S.
+        return _lost(rt, job, "server restarted under the job: its run began before this process")
     if _overran(rt, job, now):
         return _stop_overrun(rt, job, status.detail)
     return str(status.state)
+
+
+def _started_before(status: RunStatus, process_started: float | None) -> bool:
+    """The run went RUNNING before the server process that answers now was started: it ran
+    on an earlier process and died with it (NVFLARE 2.9 never resumes a run a restart
+    killed; tests/integration/test_nvflare_admin.py measures both times)."""
+    return (
+        status.started_at is not None
+        and process_started is not None
+        and status.started_at < process_started
+    )
 
 
 def _unwatchable(

@@ -507,11 +507,15 @@ def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
     long_job: Path,
 ) -> None:
     client = make_client()
-    job_id = client.submit(long_job, submit_token=str(uuid.uuid4()))
+    token = str(uuid.uuid4())
+    job_id = client.submit(long_job, submit_token=token)
     _wait_status(client, job_id, lambda s: s == "RUNNING")
     before = client.server_start_time()
     # The server process lists the run it runs (check_status server's job table).
     poll("the run listed", lambda: job_id in client.live_runs() or None, 30, 0.2)
+    # The job store's start time of a run: after that of the process that runs it.
+    live = client.job_status(job_id)
+    assert live.started_at is not None and live.started_at > before, (live, before)
 
     server_tree = kit_processes(nvflare_sites.deployment.server_kit)
     assert len(server_tree) >= 2, "the job's server process should be running"
@@ -533,8 +537,14 @@ def test_server_killed_mid_job_and_restarted_has_a_new_start_time(
     # nvflare 2.9 keeps the lost job's record as RUNNING after a restart, though nothing runs
     # it; the server refuses to abort it ("is not running"): the one answer that says the
     # run is over (the dispatcher settles its stray on it), and the record still reads RUNNING.
-    assert client.job_status(job_id).state is RunState.RUNNING
+    dead = client.job_status(job_id)
+    assert dead.state is RunState.RUNNING
     assert job_id not in client.live_runs()  # what tells it from a run this process runs
+    # So does its start time, the same as before the crash: before this process started.
+    assert dead.started_at == live.started_at and dead.started_at < after
+    # A re-sent submit with the run's token is answered with the dead run: the dispatcher
+    # would adopt it with this process's start time (app.usecases.monitor._started_before).
+    assert client.submit(long_job, submit_token=token) == job_id
     refused = client.abort(job_id)
     assert refused.outcome is AbortOutcome.NOT_RUNNING, refused
     assert client.job_status(job_id).state is RunState.RUNNING

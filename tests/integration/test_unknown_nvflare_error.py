@@ -81,7 +81,7 @@ def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
     def unfamiliar(*_args: object, **_kwargs: object) -> object:
         raise InternalError("zorblax: an answer no version of this code has seen")
 
-    for method in ("get_system_info", "get_job_status", "abort_job"):
+    for method in ("get_system_info", "get_job_meta", "abort_job"):
         monkeypatch.setattr(Session, method, unfamiliar)
 
     # status probe (what /fl/status and readiness use)
@@ -149,7 +149,7 @@ def test_a_run_whose_status_cannot_be_read_is_still_aborted(
     def unreadable(*_args: object, **_kwargs: object) -> object:
         raise InternalError("zorblax: no status for this job")
 
-    monkeypatch.setattr(Session, "get_job_status", unreadable)
+    monkeypatch.setattr(Session, "get_job_meta", unreadable)
     assert intake.request_abort(rt, job_id, "test").decision.state == JobState.ABORTING
     assert abort.abort_on_server(rt, job_id) == JobState.ABORTED
 

@@ -49,6 +49,11 @@ class RunStatus:
 
     state: RunState
     detail: str = ""
+    # When the server set the run RUNNING (epoch seconds, its job store's `start_time`), for
+    # a run that reads RUNNING; None otherwise or when unknown. NVFLARE 2.9 keeps a run killed
+    # with its server process RUNNING for ever: one that started before the process that
+    # answers now died with an earlier one.
+    started_at: float | None = None
 
 
 @dataclass(frozen=True)
