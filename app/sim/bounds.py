@@ -39,8 +39,10 @@ class Bounds:
         common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
         if p.worker_kill:
             common += p.worker_restart_s
-        if p.stall or p.last_try_stall:
-            common += p.stall_max_s  # a task paused mid-way finishes its step that much later
+        if p.stall or p.last_try_stall or p.slow_scale_call:
+            # A task paused mid-way (or a scale call the platform answers late) finishes
+            # its step that much later.
+            common += max(p.stall_max_s, 2 * stuck)
         if p.retry_backlog:
             common += 90.0  # a retry that runs late behind a broker backlog
         partition = p.partition_max_s if (p.partition_rate or p.lost_reply_partition) else 0.0

@@ -41,6 +41,10 @@ class FaultProfile:
     # job may have moved on meanwhile (reconcile re-sent and adopted the submit, or
     # requeued and re-claimed the job), so the failure handler meets a job it no longer owns
     last_try_stall: float = 0.0
+    # per scale call: the platform takes 5 s to twice STUCK_AFTER_S to answer (throttling,
+    # the client's own retries and read timeouts: the ECS driver's worst case is minutes),
+    # and the call lands only then, while the other worker, beat and the world go on
+    slow_scale_call: float = 0.0
     # --- the NVFLARE admin side ---
     admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
     admin_unknown: float = 0.0  # per call: UnknownAdminError before acting
@@ -196,6 +200,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     FaultProfile(
         name="chaos",
         last_try_stall=0.3,
+        slow_scale_call=0.3,
         stall=0.01,
         retry_backlog=0.1,
         reply_loss_rate=2.0,

@@ -60,6 +60,7 @@ class SimHost(ABC):
     _dead: set[int]
     _rng_stall: random.Random
     _rng_last_try: random.Random
+    _rng_slow_scale: random.Random
     _last_try_seen: set[int]
     _net_events_at_start: dict[int, int]
     _stalled: int | None

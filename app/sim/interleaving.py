@@ -105,6 +105,18 @@ class Interleaving(SimHost):
             and self._rng_stall.random() < faults.stall
         ):
             self._stall(slot, point, self._rng_stall.uniform(30.0, faults.stall_max_s))
+        if (
+            faults.slow_scale_call
+            and point == "driver.scale"
+            and len(self._stack) == 1
+            and self._stalled is None
+            and not self.conn.in_transaction
+            and self._rng_slow_scale.random() < faults.slow_scale_call
+        ):
+            # The platform answers late and the call lands then: the same pause to the
+            # worker, its length drawn around the lease its stop holds (STUCK_AFTER_S).
+            stuck = self.settings.stuck_after_s
+            self._stall(slot, point, self._rng_slow_scale.uniform(5.0, 2 * stuck))
         if faults.last_try_stall and point in _LAST_TRY_POINTS and self._last_try_stalls(point):
             self._stall(slot, point, self._rng_last_try.uniform(30.0, 60.0))
             self.trace(f"   zz w{slot}'s {point} timed out while it was paused")

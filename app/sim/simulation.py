@@ -127,6 +127,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self._dead: set[int] = set()  # slots whose current message was killed
         self._rng_stall = random.Random(f"{seed}/stall")  # drawn only where stalls happen
         self._rng_last_try = random.Random(f"{seed}/last-try")  # only at a step's last try
+        self._rng_slow_scale = random.Random(f"{seed}/slow-scale")  # only at a scale call
         self._last_try_seen: set[int] = set()
         self._net_events_at_start: dict[int, int] = {}
         self._stalled: int | None = None  # the slot of a stalled worker

@@ -35,7 +35,13 @@ from app.errors import (
 from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import claims, services
-from app.usecases.scaling import kick, net_misconfigured, release_unstarted_net, scale_net
+from app.usecases.scaling import (
+    kick,
+    net_misconfigured,
+    release_unstarted_net,
+    scale_down_or_log,
+    scale_net,
+)
 from models import Job, JobState, NetState, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -339,13 +345,7 @@ def _give_up_readiness(
         extra={"net": net_name, "job": str(job_id), "reason": reason},
     )
     if not always_on:
-        try:
-            scale_net(rt, net_name, 0, "readiness deadline passed")
-        except DispatcherError as exc:
-            log.error(
-                "scale-down after readiness failure failed; reconcile retries",
-                extra={"net": net_name, "reason": str(exc)},
-            )
+        scale_down_or_log(rt, net_name, "readiness deadline passed")
     kick(rt)
     return StepResult(Step.GAVE_UP, reason)
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app import names
 from app.adapters.nvflare.base import Readiness, ServerState
 from app.db import unit_of_work
-from app.errors import DispatcherError, MisconfigurationError, TransientError
+from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import services
 from app.usecases.prewarm_holds import (
@@ -28,7 +28,7 @@ from app.usecases.prewarm_holds import (
     wanted_hold,
     wanted_sites,
 )
-from app.usecases.scaling import kick, scale_net, stop_net
+from app.usecases.scaling import kick, scale_down_or_log, scale_net, stop_net
 from models import NetState, Prewarm, PrewarmOutcome
 
 log = logging.getLogger(__name__)
@@ -197,13 +197,7 @@ def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
         for row in _live_rows(session, net_name, now):
             end_hold(row, PrewarmOutcome.FAILED, now, reason)
     log.error("prewarmed net not ready", extra={"net": net_name, "reason": reason})
-    try:
-        scale_net(rt, net_name, 0, "prewarm: readiness deadline passed")
-    except DispatcherError as exc:
-        log.error(
-            "scale-down after a failed prewarm failed; reconcile retries",
-            extra={"net": net_name, "reason": str(exc)},
-        )
+    scale_down_or_log(rt, net_name, "prewarm: readiness deadline passed")
     return WarmResult(Warm.GAVE_UP, reason)
 
 
@@ -269,14 +263,7 @@ def _misconfigured_while_warming(
         net.last_error = reason
     log.error("net misconfigured", extra={"net": net_name, "job": "None", "reason": reason})
     if rt.settings.net(net_name).scales_to_zero:
-        try:
-            scale_net(rt, net_name, 0, "net misconfigured")
-        except DispatcherError as exc:
-            # Reconcile retries the scale-down of a MISCONFIGURED net that still runs.
-            log.error(
-                "scale-down of a misconfigured net failed",
-                extra={"net": net_name, "reason": str(exc)},
-            )
+        scale_down_or_log(rt, net_name, "net misconfigured")
     kick(rt)
     return WarmResult(Warm.GAVE_UP, reason)
 

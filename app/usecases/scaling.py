@@ -131,14 +131,7 @@ def net_misconfigured(
         net.last_error = reason
     log.error("net misconfigured", extra={"net": net_name, "job": str(job_id), "reason": reason})
     if rt.settings.net(net_name).scales_to_zero:
-        try:
-            scale_net(rt, net_name, 0, "net misconfigured")
-        except DispatcherError as exc:
-            # Reconcile retries the scale-down of a MISCONFIGURED net that still runs.
-            log.error(
-                "scale-down of a misconfigured net failed",
-                extra={"net": net_name, "reason": str(exc)},
-            )
+        scale_down_or_log(rt, net_name, "net misconfigured")
     kick(rt)
     return True
 
@@ -150,39 +143,75 @@ _DOWN_BOUND = (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED, NetState
 
 
 def stop_net(rt: Runtime, name: str, reason: str) -> bool:
-    """Drop the admin session, scale to 0, and record STOPPED once the driver agrees; runs
-    the server held die with it, so its stray runs are settled. True when confirmed.
+    """Drop the admin session, scale to 0 (`scale_down`), and record STOPPED once the driver
+    agrees; runs the server held die with it, so its stray runs are settled. True when
+    confirmed."""
+    rt.forget_admin(name)  # the next scale-up must log in afresh, never reuse this session
+    try:
+        down = scale_down(rt, name, reason)
+    except TransientError:
+        log.warning("scale-down not confirmed yet; reconcile retries", extra={"net": name})
+        return False
+    if not down:
+        return False
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        if _claimed(session, name, net.state):
+            return False  # claimed once the server was down: its job scales it up
+        if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
+            net.transition(NetState.STOPPED, rt.clock(), reason)
+        services.clear_stray_runs(session, name)
+    return True
+
+
+def scale_down(rt: Runtime, name: str, reason: str) -> bool:
+    """Scale a net no job holds to 0; True when the driver confirms no replica runs or
+    starts. Every scale-down goes through here (driver errors propagate).
 
     The call is leased (`Net.stop_due_at`, STUCK_AFTER_S): reconcile does not re-drive the
     stop, and so cannot finish it and let a job claim the net, while this call may still
-    land. No platform has a conditional scale, so a worker paused past its lease (a frozen
-    container) can still land its call on a net claimed since: the net is read again after
-    the call, and a net that moved on gets its replica back at once."""
-    rt.forget_admin(name)  # the next scale-up must log in afresh, never reuse this session
+    land. No platform has a conditional scale, so a call that lands later than that (a
+    frozen worker, a platform that answers after minutes) can still take the server of a
+    net claimed since: the net is read again after the call, and one that moved on gets
+    its replica back at once. A net claimed before the call is not called at all."""
     lease = _lease_stop(rt, name)
     if lease is None:
         return False  # claimed since this stop was decided: its job owns the server now
     try:
         scale_net(rt, name, 0, reason)
         observation = rt.driver(name).observe()
-    except TransientError:
-        # The lease stays: a call that timed out may still land.
-        log.warning("scale-down not confirmed yet; reconcile retries", extra={"net": name})
+    except DispatcherError:
+        # Over from this side (a reply lost may still have applied it): reconcile retries
+        # at once, and a net claimed meanwhile keeps its replica.
+        if _end_lease(rt, name, lease):
+            _undo_late_stop(rt, name, reason)
+        raise
+    if _end_lease(rt, name, lease):
+        _undo_late_stop(rt, name, reason)
         return False
-    down = not (observation.running or observation.pending)
+    return not (observation.running or observation.pending)
+
+
+def scale_down_or_log(rt: Runtime, name: str, reason: str) -> None:
+    """`scale_down` where a failure is logged, not raised: the net's state (UNHEALTHY,
+    MISCONFIGURED) already says its server must go, and reconcile re-drives that."""
+    try:
+        scale_down(rt, name, reason)
+    except DispatcherError as exc:
+        log.error(
+            "scale-down failed; reconcile retries",
+            extra={"net": name, "why": reason, "reason": str(exc)},
+        )
+
+
+def _end_lease(rt: Runtime, name: str, lease: datetime) -> bool:
+    """The call has returned: its lease ends (unless a later stop's replaced it). True
+    when the net was claimed meanwhile (the call landed late)."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
         if net.stop_due_at == lease:
-            net.stop_due_at = None  # this call has landed: reconcile may re-drive at once
-        overtaken = _claimed(session, name, net.state)
-        if down and not overtaken:
-            if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
-                net.transition(NetState.STOPPED, rt.clock(), reason)
-            services.clear_stray_runs(session, name)
-    if overtaken:
-        _undo_late_stop(rt, name, reason)
-        return False
-    return down
+            net.stop_due_at = None
+        return _claimed(session, name, net.state)
 
 
 def _undo_late_stop(rt: Runtime, name: str, reason: str) -> None:
@@ -205,8 +234,10 @@ def _lease_stop(rt: Runtime, name: str) -> datetime | None:
         if _claimed(session, name, net.state):
             return None
         lease = rt.clock() + timedelta(seconds=rt.settings.stuck_after_s)
-        net.stop_due_at = lease
-        return lease
+        # Never shortened: another stop's call may be in flight with a later lease.
+        if net.stop_due_at is None or net.stop_due_at < lease:
+            net.stop_due_at = lease
+        return lease  # cleared at landing only if still this one
 
 
 def _claimed(session: Session, name: str, state: NetState) -> bool:

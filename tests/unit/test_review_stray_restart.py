@@ -108,8 +108,9 @@ def test_a_run_killed_by_a_restart_right_after_its_submit_does_not_hold_its_net_
     world,
 ):
     """The net keeps the new process's start time for a run that died with the old one,
-    which reads RUNNING for ever: at MAX_RUN_S its abort is refused as not running, which
-    ends it; the net takes the next job."""
+    which reads RUNNING for ever: its own start time, before the new process's, says it
+    died, so the next monitor round resolves it (not MAX_RUN_S, a day later); its abort,
+    refused as not running, settles its stray, and the net takes the next job."""
     job_id = world.enqueue("j", net="fixed")
     server = world.server("fixed")
     server.start_time = OLD
@@ -117,14 +118,14 @@ def test_a_run_killed_by_a_restart_right_after_its_submit_does_not_hold_its_net_
     server.on_start_time = lambda: server.restart(NEW)  # killed right after the submit
     assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
     assert "nv-1" in server.killed
-    waiting = world.enqueue("next", net="fixed")
-    world.clock.advance(world.rt.settings.max_run_s + 1)
+    world.enqueue("next", net="fixed")
 
     monitor.monitor_running_jobs(world.rt)
 
-    assert world.job(job_id).state == JobState.FAILED
+    assert world.job(job_id).state == JobState.QUEUED  # LOST_JOB_POLICY=requeue
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0  # "not running": it is over
     assert _strays(world) == []
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [waiting]
+    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [job_id]
 
 
 def test_a_stray_an_unconfirmed_abort_left_goes_with_its_restarted_server(world):

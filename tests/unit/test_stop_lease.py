@@ -53,14 +53,15 @@ def _on_scale_down(world: World, monkeypatch: pytest.MonkeyPatch, meanwhile: Cal
 
 
 def _stop_finished_and_net_claimed(world: World) -> str:
-    """What a frozen worker misses: reconcile finished its stop, and a new job claimed the
-    net and had it scaled up. The new job's id."""
+    """What a frozen worker misses: reconcile finished its stop, and a job (a new one, or
+    the oldest waiting) claimed the net and had it scaled up. That job's id."""
     with world.rt.sessions.begin() as session:
         services.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPED, world.clock(), "stop finished by reconcile"
         )
-    job_id = world.enqueue("next", net="net-a")
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    world.enqueue("next", net="net-a")
+    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.net_name == "net-a")
+    job_id = assignment.job_id
     assert dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt).step.name == "DONE"
     return job_id
 
@@ -136,3 +137,23 @@ def test_a_stop_whose_call_landed_frees_the_net_for_reconcile_at_once(world, mon
     assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     assert world.net("net-a").state == NetState.STOPPING
     assert world.net("net-a").stop_due_at is None
+
+
+def test_a_readiness_give_up_whose_scale_down_lands_late_puts_the_replica_back(world, monkeypatch):
+    # Every scale-down is leased and read again after, not only an idle stop's: here the
+    # chain's own, after its readiness deadline (the simulator's chaos seed 65 found it).
+    job_id = world.enqueue("never-ready", net="net-a")
+    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
+    world.server("net-a").up = False
+    world.clock.advance(121)  # past the net's ready_timeout_s
+    claimed: list[str] = []
+    _on_scale_down(
+        world, monkeypatch, lambda: claimed.append(_stop_finished_and_net_claimed(world))
+    )
+
+    step = dispatch.check_ready(world.rt, job_id, "net-a", assignment.attempt)
+
+    assert step.step.name == "GAVE_UP"
+    assert world.driver("net-a").replicas == 1
+    assert world.job(claimed[0]).state == JobState.ASSIGNED

@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
+from dataclasses import replace
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from app.adapters.nvflare.base import RunState, RunStatus
@@ -187,3 +189,29 @@ def run_status(raw: str) -> RunStatus:
     if state is None:
         state = RunState.LOST if raw.startswith("FINISHED") else RunState.RUNNING
     return RunStatus(state, f"NVFLARE {raw}")
+
+
+def meta_status(meta: object) -> RunStatus | None:
+    """A run's status from its job meta (`get_job_meta`), with the job store's `start_time`
+    for a RUNNING run; None when the meta has no status."""
+    if not isinstance(meta, dict) or not meta.get("status"):
+        return None
+    raw = meta["status"]
+    status = run_status(str(raw))
+    if raw != "RUNNING":
+        return status
+    return replace(status, started_at=_epoch_of(meta.get("start_time")))
+
+
+def _epoch_of(iso: object) -> float | None:
+    """The job store's `start_time` (an ISO time the server writes in UTC when the run goes
+    RUNNING; "" before) as epoch seconds; None when absent or not a time."""
+    if not isinstance(iso, str) or not iso:
+        return None
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

@@ -24,8 +24,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +35,7 @@ from app.adapters.nvflare.base import (
     RunStatus,
     ServerState,
 )
-from app.adapters.nvflare.classify import classified_error, run_status
+from app.adapters.nvflare.classify import classified_error, meta_status
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,
@@ -423,27 +421,19 @@ class NvflareAdminClient:
         return None
 
     def job_status(self, nvflare_job_id: str) -> RunStatus:
-        """The run's state in the dispatcher's words (see `run_status`), with when it started
-        for a RUNNING run: one command (`get_job_status` reads the same job meta)."""
-        meta = self._job_meta(nvflare_job_id)
-        raw = self._status_of(nvflare_job_id, meta)
-        status = run_status(raw)
-        if raw == "RUNNING":
-            status = replace(status, started_at=_epoch_of(meta.get("start_time")))
+        """The run's state in the dispatcher's words (see `meta_status`), with when it went
+        RUNNING: one command (`get_job_status` reads the same job meta)."""
+        meta = self._run(lambda session: session.get_job_meta(nvflare_job_id))
+        status = meta_status(meta)
+        if status is None:
+            raise UnknownAdminError(f"{self._context()}: job {nvflare_job_id} has no status")
         return status
 
-    def _job_meta(self, nvflare_job_id: str) -> dict[str, Any]:
-        meta = self._run(lambda session: session.get_job_meta(nvflare_job_id))
-        return meta if isinstance(meta, dict) else {}
-
-    def _status_of(self, nvflare_job_id: str, meta: dict[str, Any]) -> str:
-        status = meta.get("status")
+    def _raw_status(self, nvflare_job_id: str) -> str:
+        status = self._run(lambda session: session.get_job_status(nvflare_job_id))
         if not status:
             raise UnknownAdminError(f"{self._context()}: job {nvflare_job_id} has no status")
         return str(status)
-
-    def _raw_status(self, nvflare_job_id: str) -> str:
-        return self._status_of(nvflare_job_id, self._job_meta(nvflare_job_id))
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
         """Abort a job. A down server or an unknown job is NOTHING_TO_ABORT, a job the server
@@ -503,17 +493,3 @@ def build_admin_client(net: NetConfig, settings: Settings) -> NvflareAdminClient
         login_max_tries=settings.admin_login_max_tries,
         misconfigured_after_s=net.ready_timeout_s,
     )
-
-
-def _epoch_of(iso: object) -> float | None:
-    """The job store's `start_time` (an ISO time the server writes in UTC when the run goes
-    RUNNING; "" before) as epoch seconds; None when absent or not a time."""
-    if not isinstance(iso, str) or not iso:
-        return None
-    try:
-        moment = datetime.fromisoformat(iso)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
