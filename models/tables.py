@@ -323,9 +323,10 @@ class Job(Base):
         # Usually one dispatch per attempt (`<id>-<attempt>`); a requeue that counted no
         # attempt (a misconfigured net) brings a second dispatch at the same attempt, which
         # the count of earlier dispatches tells apart (`<id>-<attempt>.<dispatches>`, new
-        # since that count only grows). History without attempts keeps the older rule.
+        # since that count only grows). A move without its attempt (before migration 0004)
+        # may have been at this one: suffixed too.
         self.submit_token = f"{self.id}-{self.attempts}"
-        if self.attempts in earlier or len(earlier) > self.attempts:
+        if self.attempts in earlier or None in earlier:
             self.submit_token += f".{len(earlier)}"
         return self.submit_token
 

@@ -203,18 +203,18 @@ def _after_restart(
     say it died; and the start time stored may be readiness's, of a process before the one
     the run lives on (the read after the submit failed across a restart). A run the server
     reports finished gets its verdict (its record survives the restart); one the process
-    went RUNNING after this process started (or, when its start is unknown, that the
-    process lists among its live runs) lives here: None, keep watching it. Any other is lost
+    went RUNNING after this process started, or that the process lists among its live runs
+    (a server clock stepped back can date a live run before its process), lives here: None,
+    keep watching it. Any other is lost
     with the old process (kept as a stray all the same, settled on the server's answer to
     its abort)."""
     try:
         status = admin.job_status(job.nvflare_job_id)
         if status.state != RunState.RUNNING:
             return _watch_run(rt, admin, job, now, start_time)
-        if status.started_at is not None:
-            if not _started_before(status, start_time):
-                return None
-        elif job.nvflare_job_id in admin.live_runs():
+        if status.started_at is not None and not _started_before(status, start_time):
+            return None
+        if job.nvflare_job_id in admin.live_runs():
             return None
     except DispatcherError:
         pass  # unknown to the new process (its job store is new), or it cannot say
@@ -275,7 +275,7 @@ def _watch_run(
         return str(status.state)
     if status.state == RunState.LOST:
         return _lost(rt, job, status.detail)
-    if _started_before(status, process_started):
+    if _started_before(status, process_started) and _not_listed(admin, job):
         # A re-sent submit's token adopted the record of a run killed with an earlier
         # process (it reads RUNNING for ever), with this process's start time: no restart
         # is seen, and the job would hold its server until MAX_RUN_S.
@@ -294,6 +294,17 @@ def _started_before(status: RunStatus, process_started: float | None) -> bool:
         and process_started is not None
         and status.started_at < process_started
     )
+
+
+def _not_listed(admin: AdminClient, job: Watched) -> bool:
+    """The answering process does not list the run among its own (check_status's job
+    table); False when it cannot say. A run dated before its process by a server clock
+    stepped back is still listed; a dead one never is (that table alone is no proof of
+    death: a live run was missing from it once, tests/e2e/test_awaited_runs.py)."""
+    try:
+        return job.nvflare_job_id not in admin.live_runs()
+    except DispatcherError:
+        return False
 
 
 def _unwatchable(

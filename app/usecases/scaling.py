@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -182,14 +183,17 @@ def scale_down(rt: Runtime, name: str, reason: str) -> bool:
         observation = rt.driver(name).observe()
     except DispatcherError:
         # Over from this side (a reply lost may still have applied it): reconcile retries
-        # at once, and a net claimed meanwhile keeps its replica.
-        if _end_lease(rt, name, lease):
+        # once no lease is left, and a net claimed meanwhile keeps its replica.
+        if _end_lease(rt, name, lease)[1]:
             _undo_late_stop(rt, name, reason)
         raise
-    if _end_lease(rt, name, lease):
+    ended, overtaken = _end_lease(rt, name, lease)
+    if overtaken:
         _undo_late_stop(rt, name, reason)
         return False
-    return not (observation.running or observation.pending)
+    # Another stop's call may still be in flight (not `ended`): the net is left to
+    # reconcile once that lease has passed, never recorded down under it.
+    return ended and not (observation.running or observation.pending)
 
 
 def scale_down_or_log(rt: Runtime, name: str, reason: str) -> None:
@@ -204,14 +208,42 @@ def scale_down_or_log(rt: Runtime, name: str, reason: str) -> None:
         )
 
 
-def _end_lease(rt: Runtime, name: str, lease: datetime) -> bool:
-    """The call has returned: its lease ends (unless a later stop's replaced it). True
-    when the net was claimed meanwhile (the call landed late)."""
+@dataclass(frozen=True)
+class _Lease:
+    """A scale-down call's hold on its net: until when, and whether no other stop's call
+    was in flight when it was taken."""
+
+    due: datetime
+    alone: bool
+
+
+def _lease_stop(rt: Runtime, name: str) -> _Lease | None:
+    """Under the row lock claims take: the net still wants its scale-down (no job has
+    claimed it since), and this call holds it until STUCK_AFTER_S from now; None when a
+    job has claimed it."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
-        if net.stop_due_at == lease:
+        if _claimed(session, name, net.state):
+            return None
+        now = rt.clock()
+        alone = net.stop_due_at is None or net.stop_due_at <= now
+        due = now + timedelta(seconds=rt.settings.stuck_after_s)
+        # Never shortened: another stop's call may be in flight with a later lease.
+        if alone or net.stop_due_at is None or net.stop_due_at < due:
+            net.stop_due_at = due
+        return _Lease(due, alone)
+
+
+def _end_lease(rt: Runtime, name: str, lease: _Lease) -> tuple[bool, bool]:
+    """The call has returned. (ended, overtaken): its lease ended, which it does only if
+    no other stop's call was or came in flight meanwhile (their leases are left to pass,
+    then reconcile finishes the stop); the net was claimed meanwhile (a late landing)."""
+    with unit_of_work(rt.sessions) as session:
+        net = services.get_net(session, name, lock=True)
+        ended = lease.alone and net.stop_due_at == lease.due
+        if ended:
             net.stop_due_at = None
-        return _claimed(session, name, net.state)
+        return ended, _claimed(session, name, net.state)
 
 
 def _undo_late_stop(rt: Runtime, name: str, reason: str) -> None:
@@ -223,21 +255,6 @@ def _undo_late_stop(rt: Runtime, name: str, reason: str) -> None:
         extra={"net": name, "reason": reason},
     )
     scale_net(rt, name, 1, "a late scale-down undone: the net was claimed meanwhile")
-
-
-def _lease_stop(rt: Runtime, name: str) -> datetime | None:
-    """Under the row lock claims take: the net still wants its scale-down (no job has
-    claimed it since), and this call holds it until STUCK_AFTER_S from now (returned);
-    None when a job has claimed it."""
-    with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
-        if _claimed(session, name, net.state):
-            return None
-        lease = rt.clock() + timedelta(seconds=rt.settings.stuck_after_s)
-        # Never shortened: another stop's call may be in flight with a later lease.
-        if net.stop_due_at is None or net.stop_due_at < lease:
-            net.stop_due_at = lease
-        return lease  # cleared at landing only if still this one
 
 
 def _claimed(session: Session, name: str, state: NetState) -> bool:

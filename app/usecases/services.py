@@ -43,8 +43,9 @@ def sync_nets(
 ) -> list[str]:
     """Make sure every configured net has a row; returns the names it created.
 
-    At process start (`at_start`) a MISCONFIGURED net is reset to STOPPED: settings are
-    validated at every start, so a restart after a fix is the human saying "try again".
+    At process start (`at_start`) a MISCONFIGURED net is reset to STOPPED (STOPPING while a
+    scale-down call may still land): settings are validated at every start, so a restart
+    after a fix is the human saying "try again".
     """
     existing = {n.name: n for n in session.scalars(select(Net).with_for_update())}
     created = []
@@ -59,7 +60,11 @@ def sync_nets(
             and net.state == NetState.MISCONFIGURED
             and active_job(session, net.name) is None  # never STOPPED under a job
         ):
-            net.transition(NetState.STOPPED, now, "settings reloaded at start")
+            # A scale-down call may still be in flight (its lease, scaling.scale_down): STOPPING
+            # until reconcile finishes it, not STOPPED, which a job could claim under it.
+            in_flight = net.stop_due_at is not None and net.stop_due_at > now
+            target = NetState.STOPPING if in_flight else NetState.STOPPED
+            net.transition(target, now, "settings reloaded at start")
             net.last_error = None
         net.declared_at = now
     return created
