@@ -163,7 +163,10 @@ class SimAdmin:
             raise NvflareJobNotFound(f"{self.net}: no job {nvflare_job_id}")
         if run.poisoned:
             raise UnknownAdminError(f"{self.net}: job {nvflare_job_id} has no status")
-        return run.status(self.cluster.host.clock.t)
+        status = run.status(self.cluster.host.clock.t)
+        if status.startswith("FINISHED"):
+            server.finished_seen.add(nvflare_job_id)
+        return status
 
     def live_runs(self) -> frozenset[str]:
         """The runs this server process runs now (a SUBMITTED one waits, not listed)."""

@@ -254,11 +254,12 @@ class Observer:
         return known
 
     def _counted_completion(self, run: Run, t: float) -> bool:
-        """A completed run counts if the dispatcher could have seen it complete: after it
-        completed, while its job still held its id, its server answered (and still knew it) for
-        a whole housekeeping interval, so a monitor round could ask. (A run that finished
-        while its server was unreachable, or just before the server died, cannot be told
-        from a lost run.)"""
+        """A completed run counts if the dispatcher saw it complete (a status read answered
+        its end), or could have: after it completed, while its job still held its id, its
+        server answered (and still knew it) for three housekeeping intervals, so monitor
+        rounds asked, not all of them failed by a per-call fault. (A run that finished while
+        its server was unreachable, or just before the server died, cannot be told from a
+        lost run.)"""
         counted = self._completions.get(run.nvflare_id)
         if counted is not None:
             return counted
@@ -270,9 +271,12 @@ class Observer:
         if not held or run.poisoned:  # a status that never answers hides the completion
             self._completions[run.nvflare_id] = False
             return False
+        if run.nvflare_id in server.finished_seen:
+            self._completions[run.nvflare_id] = True  # a status read answered its end
+            return True
         if server.reachable(t) and run.nvflare_id in server.store:
             since = self._seen_answering.setdefault(run.nvflare_id, t)
-            if t - since >= self.sim.world.housekeeping_interval_s:
+            if t - since >= 3 * self.sim.world.housekeeping_interval_s:
                 self._completions[run.nvflare_id] = True  # a monitor round saw it answer
                 return True
         else:

@@ -95,6 +95,8 @@ class SimServer:
     # times out answers): a dispatch's every retry, the last included, and reconcile's
     # re-sent submits with the same token all lose theirs.
     reply_loss: list[tuple[float, float]] = field(default_factory=list)
+    # Runs whose final status a client has read (the dispatcher saw them end).
+    finished_seen: set[str] = field(default_factory=set)
 
     @property
     def name(self) -> str:

@@ -216,8 +216,15 @@ def _after_restart(
             return None
         if job.nvflare_job_id in admin.live_runs():
             return None
-    except DispatcherError:
-        pass  # unknown to the new process (its job store is new), or it cannot say
+    except NvflareJobNotFound:
+        pass  # unknown to the new process: its job store is new, the run went with the old
+    except DispatcherError as exc:
+        # It cannot say now (a blip, an error nobody classified): asked again next round,
+        # the stored start time kept so the restart is still seen. A run that completed
+        # before the restart is not taken for lost and run again; MAX_RUN_S still holds.
+        if _overran(rt, job, now):
+            return _stop_overrun(rt, job, f"status unknown after a restart: {exc}")
+        return f"status unknown after a restart: {exc}"
     return _lost(rt, job, "server restarted under the job")
 
 

@@ -17,7 +17,7 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError
 from app.runtime import Runtime
 from app.usecases import services
-from app.usecases.scaling import net_misconfigured, scale_net, stop_net
+from app.usecases.scaling import net_misconfigured, scale_net, stop_in_flight, stop_net
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,9 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             services.clear_stray_runs(session, name)
         return "STOPPED at zero replicas: stray runs gone with the server"
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
-        if _stop_in_flight(row, now):
+        if stop_in_flight(row.stop_due_at, now):
+            # Finishing the stop now would let a job claim the net and start it, and that
+            # call land on it after: the call records the net down itself when it lands.
             return ""
         # Decided on the round's read: re-checked under the lock, so a net that was stopped
         # and claimed since (STARTING, its job's server coming up) keeps its replica.
@@ -207,12 +209,6 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             return "drift: READY net had no server; now STOPPED"
         return ""  # a job was claimed onto the warm net meanwhile: its chain scales it up
     return ""
-
-
-def _stop_in_flight(row: NetRow, now: datetime) -> bool:
-    """A worker's scale-down call may still land (its lease has not passed): finishing the
-    stop now would let a job claim the net and start it, and that call land on it after."""
-    return row.stop_due_at is not None and now <= row.stop_due_at
 
 
 def _still(rt: Runtime, name: str, state: NetState) -> bool:

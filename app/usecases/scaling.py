@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -177,7 +176,7 @@ def scale_down(rt: Runtime, name: str, reason: str) -> bool:
     its replica back at once. A net claimed before the call is not called at all."""
     lease = _lease_stop(rt, name)
     if lease is None:
-        return False  # claimed since this stop was decided: its job owns the server now
+        return False  # claimed since (its job owns the server), or another call is in flight
     try:
         scale_net(rt, name, 0, reason)
         observation = rt.driver(name).observe()
@@ -191,8 +190,8 @@ def scale_down(rt: Runtime, name: str, reason: str) -> bool:
     if overtaken:
         _undo_late_stop(rt, name, reason)
         return False
-    # Another stop's call may still be in flight (not `ended`): the net is left to
-    # reconcile once that lease has passed, never recorded down under it.
+    # Landed past its lease (not `ended`): reconcile may have a call of its own in flight,
+    # which records the net down; this one never does under it.
     return ended and not (observation.running or observation.pending)
 
 
@@ -208,39 +207,35 @@ def scale_down_or_log(rt: Runtime, name: str, reason: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class _Lease:
-    """A scale-down call's hold on its net: until when, and whether no other stop's call
-    was in flight when it was taken."""
-
-    due: datetime
-    alone: bool
+def stop_in_flight(due: datetime | None, now: datetime) -> bool:
+    """A scale-down call of the net may still land: the lease it took (`Net.stop_due_at`)
+    has not passed."""
+    return due is not None and now <= due
 
 
-def _lease_stop(rt: Runtime, name: str) -> _Lease | None:
+def _lease_stop(rt: Runtime, name: str) -> datetime | None:
     """Under the row lock claims take: the net still wants its scale-down (no job has
-    claimed it since), and this call holds it until STUCK_AFTER_S from now; None when a
-    job has claimed it."""
+    claimed it since) and no other scale-down call of it is in flight (one at a time: that
+    call records the net down when it lands, or reconcile once its lease has passed); this
+    call then holds it until STUCK_AFTER_S from now. None: make no call."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
+        now = rt.clock()
         if _claimed(session, name, net.state):
             return None
-        now = rt.clock()
-        alone = net.stop_due_at is None or net.stop_due_at <= now
-        due = now + timedelta(seconds=rt.settings.stuck_after_s)
-        # Never shortened: another stop's call may be in flight with a later lease.
-        if alone or net.stop_due_at is None or net.stop_due_at < due:
-            net.stop_due_at = due
-        return _Lease(due, alone)
+        if stop_in_flight(net.stop_due_at, now):
+            return None
+        net.stop_due_at = now + timedelta(seconds=rt.settings.stuck_after_s)
+        return net.stop_due_at
 
 
-def _end_lease(rt: Runtime, name: str, lease: _Lease) -> tuple[bool, bool]:
-    """The call has returned. (ended, overtaken): its lease ended, which it does only if
-    no other stop's call was or came in flight meanwhile (their leases are left to pass,
-    then reconcile finishes the stop); the net was claimed meanwhile (a late landing)."""
+def _end_lease(rt: Runtime, name: str, lease: datetime) -> tuple[bool, bool]:
+    """The call has returned. (ended, overtaken): its lease ended (it is still the net's:
+    past it, reconcile may have re-driven the stop with a lease of its own); the net was
+    claimed meanwhile (the call landed late)."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
-        ended = lease.alone and net.stop_due_at == lease.due
+        ended = net.stop_due_at == lease
         if ended:
             net.stop_due_at = None
         return ended, _claimed(session, name, net.state)

@@ -62,3 +62,30 @@ def test_a_restart_seen_under_a_run_that_began_on_the_new_process_keeps_it(world
 
     assert world.job(job_id).state == JobState.RUNNING
     assert world.net("net-a").server_start_time == server.start_time
+
+
+def test_a_status_unreadable_after_a_restart_is_asked_again_not_taken_for_lost(world, monkeypatch):
+    # The run completed, then its server restarted; the first read of its status after the
+    # restart fails (a blip): taken for lost, the job was requeued and its completed work run
+    # again (the simulator's chaos seed 529). Asked again next round, it is COMPLETED.
+    from app.errors import ServerUnavailable
+    from tests.fakes import FakeAdmin
+
+    job_id = world.enqueue("done-before-restart", net="net-a")
+    world.run_pipeline(job_id)
+    server = world.server("net-a")
+    server.statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+    server.restart()
+    real = FakeAdmin.job_status
+
+    def blip(_admin: FakeAdmin, _run: str) -> None:
+        raise ServerUnavailable("connection reset")
+
+    monkeypatch.setattr(FakeAdmin, "job_status", blip)
+    verdicts = monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING, verdicts
+    monkeypatch.setattr(FakeAdmin, "job_status", real)
+
+    monitor.monitor_running_jobs(world.rt)
+
+    assert world.job(job_id).state == JobState.COMPLETED
