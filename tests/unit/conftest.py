@@ -14,7 +14,7 @@ from app.settings import Settings
 from app.usecases import abort, dispatch, intake, services
 from app.usecases import enqueue as enqueue_uc
 from app.usecases.dispatch import Step
-from models import Job, Net
+from models import Job, JobState, Net, ReasonCode
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 from tests.fixtures.db import net_decl
 
@@ -112,6 +112,19 @@ class World:
         """What the chain does, step by step."""
         net, attempt = self.run_until_ready(job_id)
         assert dispatch.dispatch(self.rt, job_id, net, attempt).step == Step.DONE
+
+    def run_to_completion(self, job_id) -> None:
+        """The chain runs the job, and its run completes (the monitor's verdict)."""
+        self.run_pipeline(job_id)
+        with self.rt.sessions.begin() as session:
+            services.finish_job(
+                session,
+                job_id,
+                JobState.COMPLETED,
+                "done",
+                self.clock(),
+                code=ReasonCode.RUN_COMPLETED,
+            )
 
     def run_until_ready(self, job_id) -> tuple[str, int]:
         """The chain's steps before the submit: claimed, scaled up, seen ready. Its net and

@@ -15,8 +15,8 @@ from app.sim.deployment import beat_loops, settings_for
 from app.sim.savings import LOCAL, replay
 from app.sim.trace import parse_trace
 from app.sim.workload import NetSpec, WorldSpec
-from app.usecases import monitor, services
-from models import JobState, ReasonCode
+from app.usecases import monitor
+from models import JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -145,11 +145,7 @@ def test_a_job_queued_behind_a_run_starts_within_a_queued_poll_of_its_end():
 def test_an_unpinned_job_that_is_over_makes_no_net_awaited(two_nets):
     world = two_nets
     done = world.enqueue("done", required_sites=["site-1"])  # could have run on any net
-    world.run_pipeline(done)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session, done, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
-        )
+    world.run_to_completion(done)
     running = world.enqueue("running", net="net-a")
     world.run_pipeline(running)
     calls = polled(world, "net-a", "net-b")

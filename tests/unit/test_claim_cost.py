@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import event
 
 from app.settings import Settings
-from app.usecases import claims, services
-from models import JobState, NetState, ReasonCode
+from app.usecases import claims
+from models import NetState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -61,11 +61,7 @@ def test_an_empty_queue_is_one_query(many: World):
 
 def test_a_placeable_job_goes_to_the_warmest_free_net(many: World):
     warm = many.enqueue("warm", net="net-30")
-    many.run_pipeline(warm)
-    with many.rt.sessions.begin() as session:
-        services.finish_job(
-            session, warm, JobState.COMPLETED, "done", many.clock(), code=ReasonCode.RUN_COMPLETED
-        )
+    many.run_to_completion(warm)
     assert many.net("net-30").state == NetState.READY
     pinned = many.enqueue("pinned", net="net-12", priority=5)
     anywhere = many.enqueue("anywhere", required_sites=["site-1"])

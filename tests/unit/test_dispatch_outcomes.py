@@ -38,11 +38,7 @@ def test_the_server_is_sent_the_jobs_prepared_copy(world):
 
 def test_a_warm_start_runs_the_whole_chain_and_names_the_run(world):
     first = world.enqueue("first", net="net-a")
-    world.run_pipeline(first)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session, first, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
-        )
+    world.run_to_completion(first)
     job_id = world.enqueue("warm", net="net-a")
     [claim] = dispatch.assign_jobs(world.rt)
     assert dispatch.start(world.rt, job_id, "net-a", claim.attempt) == StepResult(

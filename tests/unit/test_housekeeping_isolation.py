@@ -7,7 +7,7 @@ import json
 
 from app.settings import Settings
 from app.usecases import reconciler, scale_down, services
-from models import JobState, NetState, ReasonCode
+from models import NetState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -49,16 +49,7 @@ def test_an_idle_scale_down_that_crashes_on_one_net_is_recorded_there_and_stops_
     world = World(settings, sqlite_factory, clock)
     for name in ("net-a", "net-b"):
         job_id = world.enqueue(f"job-{name}", net=name)
-        world.run_pipeline(job_id)
-        with world.rt.sessions.begin() as session:
-            services.finish_job(
-                session,
-                job_id,
-                JobState.COMPLETED,
-                "done",
-                world.clock(),
-                code=ReasonCode.RUN_COMPLETED,
-            )
+        world.run_to_completion(job_id)
     world.clock.advance(60)
 
     def crash(replicas: int) -> None:

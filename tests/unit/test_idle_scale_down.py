@@ -34,16 +34,7 @@ def two_nets(tmp_path, job_root, sqlite_factory, clock):
 def _idle(world, name: str) -> None:
     """The net ran a job that is over: READY, its idle grace starting now."""
     job_id = world.enqueue(f"done-{name}", net=name)
-    world.run_pipeline(job_id)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
+    world.run_to_completion(job_id)
     assert world.net(name).state == NetState.READY
 
 

@@ -3,8 +3,7 @@ some (each net counted on its own), and the prepared job copies of jobs no longe
 
 from __future__ import annotations
 
-from app.usecases import dispatch, reconciler, services
-from models import JobState, ReasonCode
+from app.usecases import dispatch, reconciler
 
 
 def test_the_stray_runs_of_every_net_are_settled(world):
@@ -21,11 +20,7 @@ def test_the_stray_runs_of_every_net_are_settled(world):
 def test_prepared_copies_of_jobs_no_longer_active_are_removed(world):
     prepared = world.rt.settings.data_dir.resolve() / "prepared"
     done = world.enqueue("done", net="net-a")
-    world.run_pipeline(done)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session, done, JobState.COMPLETED, "ok", world.clock(), code=ReasonCode.RUN_COMPLETED
-        )
+    world.run_to_completion(done)
     running = world.enqueue("running", net="fixed")
     world.run_pipeline(running)
     assert {p.name for p in prepared.iterdir()} == {str(done), str(running)}

@@ -13,7 +13,7 @@ from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
 from app.usecases import dispatch, intake, monitor, scaling, services, views
 from app.usecases.services import AbortDecision
-from models import JobState, NetState, ReasonCode, StrayRun
+from models import JobState, NetState, StrayRun
 
 
 def _strays(world):
@@ -38,16 +38,7 @@ def test_aborting_a_running_job_asks_the_server_and_so_does_asking_again(world):
 
 def test_aborting_a_job_that_is_over_changes_nothing(world):
     job_id = world.enqueue("j", net="net-a")
-    world.run_pipeline(job_id)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
+    world.run_to_completion(job_id)
     assert _abort(world, job_id) == AbortDecision(job_id, JobState.COMPLETED, False)
 
 

@@ -4,7 +4,7 @@ id, net), and never touches a job that is already over."""
 from __future__ import annotations
 
 from app.usecases import services
-from models import JobState, ReasonCode
+from models import JobState
 
 
 def test_a_requeued_job_keeps_nothing_of_its_last_run(world):
@@ -19,16 +19,7 @@ def test_a_requeued_job_keeps_nothing_of_its_last_run(world):
 
 def test_a_job_that_is_over_is_not_requeued(world):
     job_id = world.enqueue("j", net="net-a")
-    world.run_pipeline(job_id)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
+    world.run_to_completion(job_id)
     with world.rt.sessions.begin() as session:
         assert not services.requeue_job(session, job_id, "late signal", world.clock())
     job = world.job(job_id)

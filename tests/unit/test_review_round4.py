@@ -4,55 +4,15 @@ fails on the code it was written against; see the report on branch review4."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
-
 import pytest
 from sqlalchemy import update
 
 from app.errors import AdminMisconfigured, UnknownAdminError
 from app.usecases import dispatch, monitor, reconciler, scale_down, services
-from models import JobEvent, JobState, NetState, ReasonCode
+from models import JobEvent, JobState, NetState
 from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
-
-IDLE_S = 60  # the `world` fixture's idle_timeout_s for net-a
-
-
-def _idle_past_grace(world: World, idle_s: float = IDLE_S) -> uuid.UUID:
-    """net-a ran a job that is over, and has been idle for `idle_s` (its whole grace by
-    default). The job's id."""
-    job_id = world.enqueue("done", net="net-a")
-    world.run_pipeline(job_id)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
-    world.clock.advance(idle_s)
-    return job_id
-
-
-def _on_first_scale_down(
-    world: World, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], None]
-) -> None:
-    """`meanwhile` runs while net-a's first scale-to-0 call is on the wire (well within its
-    lease), before it lands."""
-    driver = world.driver("net-a")
-    real = driver.scale
-    fired: list[int] = []
-
-    def scale(replicas: int) -> None:
-        if replicas == 0 and not fired:
-            fired.append(replicas)
-            meanwhile()
-        real(replicas)
-
-    monkeypatch.setattr(driver, "scale", scale)
+from tests.unit.scale_down_race import idle_past_grace, on_first_scale_down
 
 
 def _claim_and_scale_up(world: World, key: str) -> tuple[str | None, int]:
@@ -82,7 +42,7 @@ def test_a_stray_expiry_does_not_finish_a_stop_whose_call_may_still_land(world, 
     records STOPPED and lets a job claim the net and start it. The first call then lands on
     the claimed job's server."""
     # The job that ran there left a run its server would not settle (a stray), 299 s ago.
-    done = _idle_past_grace(world, idle_s=0)
+    done = idle_past_grace(world, idle_s=0)
     world.add_stray(done, "net-a", "nv-stray")
     world.clock.advance(world.rt.settings.abort_timeout_s - 1)
 
@@ -99,7 +59,7 @@ def test_a_stray_expiry_does_not_finish_a_stop_whose_call_may_still_land(world, 
         seen["state after reconcile"] = world.net("net-a").state
         seen["job"], seen["calls"] = _claim_and_scale_up(world, "claimer")
 
-    _on_first_scale_down(world, monkeypatch, meanwhile)
+    on_first_scale_down(world, monkeypatch, meanwhile)
 
     scale_down.scale_down_idle_nets(world.rt)
 
@@ -198,7 +158,7 @@ def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on
         seen["claimed"] = again is not None
         seen["calls"] = len(world.driver(net).calls)
 
-    _on_first_scale_down(world, monkeypatch, meanwhile)
+    on_first_scale_down(world, monkeypatch, meanwhile)
 
     with pytest.raises(AdminMisconfigured):
         dispatch.check_ready(world.rt, job_id, net, attempt)

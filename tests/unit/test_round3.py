@@ -131,11 +131,7 @@ def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(wo
 
 def test_an_idle_net_is_stopped_though_a_queued_job_waits_on_a_stray_elsewhere(world):
     done = world.enqueue("done", net="net-a")
-    world.run_pipeline(done)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session, done, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
-        )
+    world.run_to_completion(done)
     blocked = world.enqueue("blocked", required_sites=["site-1"])  # fits net-a, stray elsewhere
     world.add_stray(blocked, "fixed", "nv-old")
     world.clock.advance(60)

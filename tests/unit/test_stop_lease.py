@@ -6,50 +6,15 @@ claimed before the call makes no call at all."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
-
-import pytest
 
 from app.adapters.drivers.base import Observation
 from app.usecases import dispatch, reconciler, scale_down, services
 from app.usecases.scaling import stop_net
-from models import JobState, NetState, ReasonCode
+from models import JobState, NetState
 from tests.unit.conftest import World
+from tests.unit.scale_down_race import idle_past_grace, on_first_scale_down
 from tests.unit.scale_history import scale_decisions
-
-IDLE_S = 60  # the `world` fixture's idle_timeout_s for net-a
-
-
-def _idle_past_grace(world: World) -> None:
-    """net-a ran a job that is over, and has been idle for its whole grace."""
-    job_id = world.enqueue("done", net="net-a")
-    world.run_pipeline(job_id)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
-    world.clock.advance(IDLE_S)
-
-
-def _on_scale_down(world: World, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], None]):
-    """`meanwhile` runs while net-a's first scale-to-0 call is on the wire, before it lands."""
-    driver = world.driver("net-a")
-    real = driver.scale
-    fired: list[int] = []
-
-    def scale(replicas: int) -> None:
-        if replicas == 0 and not fired:
-            fired.append(replicas)
-            meanwhile()
-        real(replicas)
-
-    monkeypatch.setattr(driver, "scale", scale)
 
 
 def _stop_finished_and_net_claimed(world: World) -> str:
@@ -69,9 +34,9 @@ def _stop_finished_and_net_claimed(world: World) -> str:
 def test_a_scale_down_that_lands_after_its_net_was_claimed_puts_the_replica_back(
     world, monkeypatch
 ):
-    _idle_past_grace(world)
+    idle_past_grace(world)
     claimed: list[str] = []
-    _on_scale_down(
+    on_first_scale_down(
         world, monkeypatch, lambda: claimed.append(_stop_finished_and_net_claimed(world))
     )
 
@@ -84,7 +49,7 @@ def test_a_scale_down_that_lands_after_its_net_was_claimed_puts_the_replica_back
 
 
 def test_a_stop_whose_net_was_claimed_before_its_call_makes_no_call(world):
-    _idle_past_grace(world)
+    idle_past_grace(world)
     with world.rt.sessions.begin() as session:
         services.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPING, world.clock(), "idle"
@@ -101,7 +66,7 @@ def test_a_stop_whose_net_was_claimed_before_its_call_makes_no_call(world):
 
 def _stopping_with_call_in_flight(world: World) -> None:
     """net-a is STOPPING, its worker's scale-to-0 call leased now and not landed yet."""
-    _idle_past_grace(world)
+    idle_past_grace(world)
     with world.rt.sessions.begin() as session:
         net = services.get_net(session, "net-a", lock=True)
         net.transition(NetState.STOPPING, world.clock(), "idle")
@@ -131,7 +96,7 @@ def test_reconcile_finishes_a_stop_once_its_lease_has_passed(world):
 def test_a_stop_whose_call_landed_frees_the_net_for_reconcile_at_once(world, monkeypatch):
     # The lease covers a call in flight, not one that returned: a server still draining is
     # re-checked by the next reconcile, not STUCK_AFTER_S later.
-    _idle_past_grace(world)
+    idle_past_grace(world)
     draining = Observation(desired=0, running=1, pending=0, failure=None)
     monkeypatch.setattr(world.driver("net-a"), "observe", lambda: draining)
     assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
@@ -148,7 +113,7 @@ def test_a_readiness_give_up_whose_scale_down_lands_late_puts_the_replica_back(w
     world.server("net-a").up = False
     world.clock.advance(121)  # past the net's ready_timeout_s
     claimed: list[str] = []
-    _on_scale_down(
+    on_first_scale_down(
         world, monkeypatch, lambda: claimed.append(_stop_finished_and_net_claimed(world))
     )
 
