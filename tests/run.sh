@@ -94,9 +94,9 @@ fi
 # Redis servers and folders, and a file stays on one worker, so its module fixtures are made
 # once). The unit tier first, in parallel, so a unit failure shows within the first minutes;
 # then everything that runs real servers. Workers: FL_TEST_WORKERS_UNIT (default 2) and
-# FL_TEST_WORKERS (default 1). More than one worker for the second phase is faster, but
-# measured on 2 cores with 6 workers, NVFLARE logins under that load hung in nvflare's own
-# session close and timed tests missed their bounds: one at a time is what CI runs.
+# FL_TEST_WORKERS (default 3). The second phase mostly waits on real servers (about one core
+# of CPU over its run), so three files at a time fit two cores; six once hung NVFLARE logins
+# in nvflare's own session close (bounded since) and timed tests missed their bounds.
 REPORTS="$(mktemp -d)"
 trap 'rm -rf "$REPORTS"' EXIT
 status=0
@@ -111,6 +111,6 @@ phase() {
   echo "== $name: $((SECONDS - start)) s"
 }
 phase unit "${FL_TEST_WORKERS_UNIT:-2}" -m unit
-phase others "${FL_TEST_WORKERS:-1}" -m "not unit"
+phase others "${FL_TEST_WORKERS:-3}" -m "not unit"
 python -m tests.tools.test_report "$REPORTS"/*.xml
 exit "$status"
