@@ -184,13 +184,13 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _graces(text: str) -> tuple[float, ...]:
-    from app.sim.savings import parse_graces  # the simulator loads only for `simulate`
+    from app.sim.savings_args import parse_graces  # the simulator loads only for `simulate`
 
     return parse_graces(text)
 
 
 def _cold_start(text: str) -> Any:
-    from app.sim.savings import parse_cold_start
+    from app.sim.savings_args import parse_cold_start
 
     return parse_cold_start(text)
 

@@ -36,12 +36,12 @@ def _progress(line: str) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a trace (or a synthetic one) at each idle grace: what scale-to-zero saves."""
-    from app.sim import savings, savings_table, trace
+    from app.sim import savings, savings_args, savings_table, trace
 
     try:
         if args.synthetic:
             # Sized for the nets it is replayed on: the utilization is per net.
-            nets = savings.parse_nets(args.nets, trace.Trace(()))
+            nets = savings_args.parse_nets(args.nets, trace.Trace(()))
             spec = trace.Synthetic(
                 seed=args.seed,
                 days=args.days,
@@ -53,7 +53,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             workload = trace.synthesize(spec)
         else:
             workload = trace.read_trace(args.trace)
-            nets = savings.parse_nets(args.nets, workload)
+            nets = savings_args.parse_nets(args.nets, workload)
         if args.write_trace is not None:
             trace.write_trace(workload, args.write_trace)
         report = savings.simulate(

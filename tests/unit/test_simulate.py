@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.entrypoints.cli import main
-from app.sim import savings
+from app.sim import savings, savings_args
 from app.sim.savings import GraceResult, percentile, recommend, replay
 from app.sim.simulation import Simulation
 from app.sim.trace import (
@@ -149,12 +149,12 @@ def test_an_empty_trace_is_refused():
 def test_a_job_naming_a_net_the_simulation_lacks_is_named():
     trace = parse_trace("submitted_at,duration_s,net\n0,10,net-a\n5,10,net-z\n", "n.csv")
     with pytest.raises(TraceError) as caught:
-        savings.parse_nets("net-a,net-b", trace)
+        savings_args.parse_nets("net-a,net-b", trace)
     assert caught.value.problems == [
         "n.csv:3: net 'net-z' is not one of the simulated nets (net-a, net-b)"
     ]
-    assert savings.parse_nets(None, trace) == ("net-a", "net-z")
-    assert savings.parse_nets("3", parse_trace("submitted_at,duration_s\n0,1\n")) == (
+    assert savings_args.parse_nets(None, trace) == ("net-a", "net-z")
+    assert savings_args.parse_nets("3", parse_trace("submitted_at,duration_s\n0,1\n")) == (
         "net-1",
         "net-2",
         "net-3",
@@ -228,14 +228,14 @@ def test_server_time_is_the_time_with_a_replica():
 
 
 def test_grace_and_cold_start_options_parse():
-    assert savings.parse_graces("300,0,60,60") == (0.0, 60.0, 300.0)
+    assert savings_args.parse_graces("300,0,60,60") == (0.0, 60.0, 300.0)
     for bad in ("", "a", "-5", "inf"):
         with pytest.raises(ValueError):
-            savings.parse_graces(bad)
-    assert savings.parse_cold_start("fargate") is savings.FARGATE
-    assert savings.parse_cold_start("1,2,3").total_s == 6.0
+            savings_args.parse_graces(bad)
+    assert savings_args.parse_cold_start("fargate") is savings.FARGATE
+    assert savings_args.parse_cold_start("1,2,3").total_s == 6.0
     with pytest.raises(ValueError):
-        savings.parse_cold_start("1,2")
+        savings_args.parse_cold_start("1,2")
 
 
 # --- replays ---------------------------------------------------------------------------------
