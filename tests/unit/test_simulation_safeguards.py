@@ -264,7 +264,8 @@ SAFEGUARDS = [
         "server (seed 499), a stray that never settles needs a run whose abort does not take "
         "(the deaf runs of the servers and chaos profiles), aborted on a scale-to-zero net "
         "that a claimable job pinned to it keeps up: servers seeds 0-3100 and chaos 0-2000 "
-        "drew none (the path itself: tests/unit/test_stray_expiry.py); open (issue 20)",
+        "drew none (the path itself: tests/unit/test_stray_expiry.py); a gap in the sweep's reach, "
+        "not a product defect",
     ),
     Safeguard(
         'abort\'s "not running" ends a run killed with its server process (seed 499)',
