@@ -1,8 +1,20 @@
 """Fixtures shared by every tier; each tier's real services live in tests/fixtures/."""
 
+import pytest
+
 pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.nvflare",
     "tests.fixtures.aws",
     "tests.fixtures.containers",
 ]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` as tests/tools/schedule.py shares it out: the slow modules (those
+    with an `EXPECTED_S`, the seconds they take on the 2-core CI machine) first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.tools.schedule import SlowFirstScheduling
+
+    return SlowFirstScheduling(config, log)

@@ -27,6 +27,10 @@ from tests.fixtures.services import PrivatePostgres, PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
+# Seconds this module takes on the 2-core CI machine: slow modules start first
+# (tests/tools/schedule.py).
+EXPECTED_S = 240
+
 RUN_S = 180  # generous bounds for a 2-core CI machine; the measured numbers are far lower
 HOUSEKEEPING_S = 1.0  # assign / scale-down / monitor every 1 s, reconcile every 2 s
 READY_TIMEOUT_S = 30.0  # cold start ~5 s; after a server crash ~16 s (sites reconnect)
