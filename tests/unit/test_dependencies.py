@@ -90,6 +90,11 @@ def test_every_direct_dependency_has_a_floor_for_ci_floors_to_prove(requirement)
 
 def test_installs_use_the_lock_with_its_hashes():
     run_sh = (ROOT / "tests" / "run.sh").read_text()
-    assert "pip install --quiet --require-hashes -r .ci/requirements.lock" in run_sh
-    assert "pip install --quiet --no-deps -e ." in run_sh  # nothing resolved past the lock
+    # pip installs uv alone, from its locked entry with its hashes; uv installs the rest.
+    assert 'pip install --quiet --no-deps --require-hashes -r "$VENV/uv.lock.txt"' in run_sh
+    assert "awk '/^uv==/" in run_sh
+    # compiled at install: where PYTHONDONTWRITEBYTECODE is set, nothing else writes bytecode
+    lock = '"${uv_install[@]}" --compile-bytecode --require-hashes -r .ci/requirements.lock'
+    assert lock in run_sh
+    assert '"${uv_install[@]}" --no-deps -e .' in run_sh  # nothing resolved past the lock
     assert ".ci/requirements.lock -nt" in run_sh  # a refreshed lock reinstalls
