@@ -98,42 +98,28 @@ if [ "$#" -gt 0 ]; then
   exec python -m pytest "$@"
 fi
 
-# The whole suite, in two phases side by side (pytest-xdist; each test already owns its
-# ports, databases, Redis servers and folders, and a file stays on one worker, so its module
-# fixtures are made once): the unit tier, whose output shows first, so a unit failure shows
-# within the first minutes; and everything that runs real servers, started at the same time
-# with its output held until the unit tier is done. The second phase mostly waits on real
-# servers (about 1.5 cores of CPU over its run) and is the long one, so the unit tier fills
-# the CPU it leaves, at a lower priority (nice) so that the real servers' timings are not the
-# ones that stretch. Workers: FL_TEST_WORKERS_UNIT (default 2) and FL_TEST_WORKERS (default
-# 4); six once hung NVFLARE logins in nvflare's own session close (bounded since) and timed
-# tests missed their bounds. Which file goes to which worker: tests/tools/schedule.py (the
-# slow modules first). FL_TEST_PHASES=serial runs the unit tier first and the rest after it.
+# The whole suite, in two phases (pytest-xdist; each test already owns its ports, databases,
+# Redis servers and folders, and a file stays on one worker, so its module fixtures are made
+# once). The unit tier first, in parallel, so a unit failure shows within the first minutes;
+# then everything that runs real servers. Workers: FL_TEST_WORKERS_UNIT (default 2) and
+# FL_TEST_WORKERS (default 4). The second phase mostly waits on real servers (about 1.5 cores
+# of CPU over its run), so four files at a time fit two cores; six once hung NVFLARE logins
+# in nvflare's own session close (bounded since) and timed tests missed their bounds. Which
+# file goes to which worker: tests/tools/schedule.py (the slow modules first).
 REPORTS="$(mktemp -d)"
 trap 'rm -rf "$REPORTS"' EXIT
-phase() {  # name, workers, niceness, pytest arguments
-  local name="$1" workers="$2" niceness="$3"
-  shift 3
+status=0
+phase() {
+  local name="$1" workers="$2"
+  shift 2
   echo "== pytest: $name ($workers workers)"
-  local start=$SECONDS rc=0
+  local start=$SECONDS
   local parallel=()
   if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
-  nice -n "$niceness" python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" \
-    || rc=$?
+  python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
   echo "== $name: $((SECONDS - start)) s"
-  return "$rc"
 }
-status=0
-if [ "${FL_TEST_PHASES:-parallel}" = serial ]; then
-  phase unit "${FL_TEST_WORKERS_UNIT:-2}" 0 -m unit || status=$?
-  phase others "${FL_TEST_WORKERS:-4}" 0 -m "not unit" || status=$?
-else
-  phase others "${FL_TEST_WORKERS:-4}" 0 -m "not unit" > "$REPORTS/others.log" 2>&1 &
-  others=$!
-  phase unit "${FL_TEST_WORKERS_UNIT:-2}" 10 -m unit || status=$?
-  echo "== the second phase, running since the start (its output so far, then as it comes)"
-  tail -n +1 --pid="$others" -f "$REPORTS/others.log"
-  wait "$others" || status=$?
-fi
+phase unit "${FL_TEST_WORKERS_UNIT:-2}" -m unit
+phase others "${FL_TEST_WORKERS:-4}" -m "not unit"
 python -m tests.tools.test_report "$REPORTS"/*.xml
 exit "$status"
