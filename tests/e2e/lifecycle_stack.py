@@ -2,7 +2,7 @@
 worker and beat (subprocesses), a private Redis as the broker, PostgreSQL as the job store,
 the local driver and a real NVFLARE server with two sites. Each module starts its own, so the
 two run side by side on separate test workers (the lost-server case alone takes minutes: the
-product's own bound on an unknown submit outcome)."""
+product's own bound on an unknown submit outcome). Its waits serve other e2e modules too."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ from app.local.stack import LocalStack, StackOptions
 from app.schemas import job_id_for
 from app.usecases.callback_receiver import RECEIVER_ID
 from app.usecases.callbacks import delivery_status
-from models import CallbackReceiver, Job, JobEvent, JobState, NetEvent, NetState, ScaleEvent
+from models import CallbackReceiver, JobEvent, JobState, NetEvent, NetState, ScaleEvent
+from tests.e2e.lifecycle_stack import wait_scaled_to_zero, wait_state
 from tests.fixtures.aws import MOTO_REGION, OwnedMotoServer
 from tests.fixtures.db import fresh_pg_database
 from tests.fixtures.services import PrivateRedis
@@ -218,22 +219,6 @@ def report_uploaded(flip: Callable[..., None], job_id: uuid.UUID) -> None:
 
 def new_model_id() -> str:
     return f"model-{uuid.uuid4().hex[:10]}"
-
-
-def wait_state(stack: LocalStack, job_id: uuid.UUID, *states: JobState) -> Job:
-    def reached() -> Job | None:
-        job = stack.job(job_id)
-        return job if job is not None and job.state in states else None
-
-    return stack.wait_for(f"job {job_id} in {states}", reached, RUN_S)
-
-
-def wait_scaled_to_zero(stack: LocalStack) -> None:
-    stack.wait_for(
-        "the net STOPPED and its server process gone",
-        lambda: stack.net().state == NetState.STOPPED and stack.driver().observe().running == 0,
-        RUN_S,
-    )
 
 
 def history(stack: LocalStack, job_id: uuid.UUID) -> list[tuple[int, str | None, str]]:
