@@ -40,9 +40,7 @@ from tests.fixtures.services import free_port
 
 pytestmark = pytest.mark.timeout(1200)
 
-# Seconds this module takes on the 2-core CI machine with its images built (building them
-# adds minutes): slow modules start first (tests/tools/schedule.py).
-EXPECTED_S = 150
+EXPECTED_S = 150  # seconds with its images built (tests/tools/schedule.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ("--profile", "docker", "--profile", "net")

@@ -15,9 +15,7 @@ from tests.fixtures.burst import SPLIT, burst_stack, settle
 
 pytestmark = pytest.mark.e2e
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 70
+EXPECTED_S = 70  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 INTERVAL_S = 2.0
 JOBS = 3000

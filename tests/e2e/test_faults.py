@@ -27,9 +27,7 @@ from tests.fixtures.services import PrivatePostgres, PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 240
+EXPECTED_S = 240  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 RUN_S = 180  # generous bounds for a 2-core CI machine; the measured numbers are far lower
 HOUSEKEEPING_S = 1.0  # assign / scale-down / monitor every 1 s, reconcile every 2 s

@@ -39,9 +39,7 @@ from tests.fixtures.services import PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 110
+EXPECTED_S = 110  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 RUN_S = 240  # generous bounds for a 2-core machine; the measured numbers are far lower
 BUCKET = "flip-models"

@@ -25,9 +25,7 @@ from tests.e2e.lifecycle_stack import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 170
+EXPECTED_S = 170  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 
 @pytest.fixture(scope="module")

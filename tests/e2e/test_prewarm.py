@@ -21,9 +21,7 @@ from tests.fixtures.services import PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 85
+EXPECTED_S = 85  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 GRACE_S = 4.0
 INTERVAL_S = 1.0

@@ -36,9 +36,7 @@ from tests.fixtures.services import PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 160
+EXPECTED_S = 160  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 GRACE_S = 15.0
 HOUSEKEEPING_S = 1.5

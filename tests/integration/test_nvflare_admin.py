@@ -43,9 +43,7 @@ from tests.fixtures.nvflare import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.nvflare]
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 120
+EXPECTED_S = 120  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 JOB_TIMEOUT_S = 180.0  # measured ~15 s for the tiny job on 2 cores
 

@@ -24,7 +24,7 @@ import pytest
 from xdist.scheduler import LoadFileScheduling
 from xdist.workermanage import WorkerController
 
-_EXPECTED = re.compile(r"^EXPECTED_S = (\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+_EXPECTED = re.compile(r"^EXPECTED_S = (\d+(?:\.\d+)?)\b", re.MULTILINE)
 
 
 @cache

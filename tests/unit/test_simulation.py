@@ -27,9 +27,7 @@ from app.usecases import services
 # too tight for it; this is a guard against a hang, not a speed target.
 pytestmark = pytest.mark.timeout(1800)
 
-# Seconds this module takes on the 2-core CI machine: slow modules start first
-# (tests/tools/schedule.py).
-EXPECTED_S = 95
+EXPECTED_S = 95  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
 # a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
