@@ -7,17 +7,18 @@ The real side's server-up time comes from the dispatcher's own net history (net_
 from leaving STOPPED to being STOPPED again). The simulator replays the same submissions
 (the times the real jobs were created) with the stack's own timings; a job's traced
 duration is how long it really ran (RUNNING to COMPLETED in its history), since NVFLARE's
-run time for a FedAvg job is not set by a trace. Its cold start is the mean of this run's
-real ones (STARTING to READY): a local cold start is about 4-11 s or about 19 s (a site
-re-registers on its own retry timer), so two draws of it, not the model, would decide a
-comparison with the `local` profile's mean; that comparison is printed, not asserted.
-What is checked is everything else: queueing, readiness, dispatch, monitoring, the grace,
-scale-down.
+run time for a FedAvg job is not set by a trace. Each stretch of server-up time (from a
+cold start to scale-down) is replayed with that stretch's own measured cold start
+(STARTING to READY): a local cold start is about 4-11 s or about 19-40 s (a site
+re-registers on its own retry timer; a busy machine), so draws of it, not the model, would
+decide a comparison with one mean (once, a 9.8 s and a 27 s start averaged to 18.4 s kept
+the simulated server up past the third job, one cold start instead of two); the comparison
+with the `local` profile's mean is printed, not asserted. What is checked is everything
+else: queueing, readiness, dispatch, monitoring, the grace, scale-down.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -175,14 +176,12 @@ def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalSt
     )
     real_s, real_starts = real_up_s(net_history)
 
-    first = min(j.created_at for j in jobs if j is not None)
     traced = []
     for job in jobs:
         assert job is not None
         ran = [at for job_id, state, at in history if job_id == job.id and state == "RUNNING"]
         ended = [at for job_id, state, at in history if job_id == job.id and state == "COMPLETED"]
-        traced.append(TraceJob(_seconds(job.created_at, first), _seconds(ended[-1], ran[-1])))
-    trace = Trace(tuple(traced), source="e2e")
+        traced.append((job.created_at, _seconds(ended[-1], ran[-1])))
     assert stack.settings is not None
     settings = stack.settings
     timings = {
@@ -193,17 +192,28 @@ def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalSt
         "keep_alive_interval_s": settings.keep_alive_interval_s,
     }
     colds = real_cold_starts(net_history)
+    assert len(colds) == 2, colds
     local = savings.LOCAL
-    measured = ColdStart(
-        "this run",
-        provision_s=0.0,
-        login_s=local.login_s,
-        sites_s=max(0.0, statistics.fmean(colds) - local.login_s),
-        stop_s=local.stop_s,
-    )
-    sim = savings.replay(trace, [NET], GRACE_S, measured, timings=timings)
-    profile = savings.replay(trace, [NET], GRACE_S, local, timings=timings)
-    difference = abs(sim.up_s - real_s) / real_s
+    # The two stretches: the back-to-back pair, then the job sent after scale-down.
+    stretches = [(traced[: len(PLAN)], colds[0]), (traced[len(PLAN) :], colds[1])]
+    sims, profiles = [], []
+    for stretch, cold_s in stretches:
+        first = stretch[0][0]
+        trace = Trace(
+            tuple(TraceJob(_seconds(at, first), run_s) for at, run_s in stretch), source="e2e"
+        )
+        measured = ColdStart(
+            "this stretch",
+            provision_s=0.0,
+            login_s=local.login_s,
+            sites_s=max(0.0, cold_s - local.login_s),
+            stop_s=local.stop_s,
+        )
+        sims.append(savings.replay(trace, [NET], GRACE_S, measured, timings=timings))
+        profiles.append(savings.replay(trace, [NET], GRACE_S, local, timings=timings))
+    sim_up_s = sum(s.up_s for s in sims)
+    profile_up_s = sum(p.up_s for p in profiles)
+    difference = abs(sim_up_s - real_s) / real_s
     origin = net_history[0][2]
     print(
         "\nnet history:",
@@ -215,12 +225,14 @@ def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalSt
     )
     print(
         f"\nserver up: real {real_s:.1f}s ({real_starts} cold starts of"
-        f" {', '.join(f'{c:.1f}s' for c in colds)}), simulated {sim.up_s:.1f}s"
-        f" ({sim.cold_starts} cold starts of {measured.total_s:.1f}s):"
-        f" {100 * difference:.1f}% apart; with the local profile ({local.total_s:.1f}s):"
-        f" {profile.up_s:.1f}s, {100 * abs(profile.up_s - real_s) / real_s:.1f}% apart;"
-        f" trace {[(round(j.submitted_at, 1), round(j.duration_s, 1)) for j in traced]}"
+        f" {', '.join(f'{c:.1f}s' for c in colds)}), simulated {sim_up_s:.1f}s"
+        f" ({' + '.join(f'{s.up_s:.1f}s' for s in sims)}): {100 * difference:.1f}% apart;"
+        f" with the local profile ({local.total_s:.1f}s): {profile_up_s:.1f}s,"
+        f" {100 * abs(profile_up_s - real_s) / real_s:.1f}% apart;"
+        f" trace {[(round(_seconds(at, traced[0][0]), 1), round(d, 1)) for at, d in traced]}"
     )
-    assert sim.unfinished == 0
-    assert sim.cold_starts == real_starts == 2
-    assert difference <= TOLERANCE, f"real {real_s:.1f}s vs simulated {sim.up_s:.1f}s"
+    assert real_starts == 2
+    for one in sims:
+        assert one.unfinished == 0
+        assert one.cold_starts == 1, one
+    assert difference <= TOLERANCE, f"real {real_s:.1f}s vs simulated {sim_up_s:.1f}s"
