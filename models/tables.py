@@ -384,6 +384,9 @@ class StrayRun(Base):
     submit_token: Mapped[str | None] = mapped_column(String(80), nullable=True)
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Not settled before this time, whatever its status reads: a run aborted before its
+    # server's job runner started it may still be started (app.usecases.abort).
+    settle_after: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class RejectedRequest(Base):

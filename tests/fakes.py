@@ -155,6 +155,8 @@ class FakeAdmin:
             return AbortResult(AbortOutcome.NOT_RUNNING, "job not running")
         self.server.aborted.append(nvflare_job_id)
         self.server.statuses[nvflare_job_id] = "FINISHED:ABORTED"
+        if status in ("SUBMITTED", "DISPATCHED"):  # nvflare: "aborted ... before running it"
+            return AbortResult(AbortOutcome.ABORTED_BEFORE_START, status)
         return AbortResult(AbortOutcome.ABORTED)
 
     def ping(self) -> None:

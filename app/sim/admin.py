@@ -213,10 +213,17 @@ class SimAdmin:
                 raise NvflareJobNotRunning(f"{self.net}: job {nvflare_job_id} not running")
             # A deaf run goes on only on a net that scales to zero (its server's going down
             # ends it); on an always-on net an operator would have to step in.
-            if not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
-                run.aborted_at = t
+            before_start = run.starting(t) or run.waiting
+            if run.starting(t):
+                # NVFLARE 2.9: marked FINISHED:ABORTED, but the job runner, busy starting
+                # it, overwrites that with RUNNING when it is done.
+                run.aborted_at, run.revives_at = t, run.starts_at
+            elif not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
+                run.aborted_at, run.revives_at = t, None
             self.cluster.host.hook("admin.abort.after", self.net)
             self._lose_reply("abort")
+            if before_start:  # the real client reads nvflare's "before running it" answer
+                return AbortResult(AbortOutcome.ABORTED_BEFORE_START, "aborted before running")
         except ServerUnavailable as exc:
             return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"server unavailable: {exc}")
         except NvflareJobNotFound as exc:

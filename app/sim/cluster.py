@@ -51,8 +51,10 @@ class Cluster:
         host: Host,
         nets: Sequence[NetSpec],
         rng: random.Random,
+        *,
         crash_rng: random.Random | None = None,
         deaf_rng: random.Random | None = None,
+        start_rng: random.Random | None = None,
     ) -> None:
         self.host = host
         self.rng = rng  # the world stream (delays, durations)
@@ -60,6 +62,7 @@ class Cluster:
         # has them, so the other streams (and every other profile's seeds) stay as they were
         self.crash_rng = crash_rng or random.Random(0)
         self.deaf_rng = deaf_rng or random.Random(0)  # runs whose abort does not take
+        self.start_rng = start_rng or random.Random(0)  # runs the job runner starts slowly
         self.servers = {n.name: SimServer(n) for n in nets}
         self.drivers = {n.name: SimDriver(self, n) for n in nets}
         self.runs: list[Run] = []
@@ -120,6 +123,10 @@ class Cluster:
                 start = max(start, connects)
         if waits_forever:
             duration = None
+        starts_at = None
+        if faults.slow_start and self.start_rng.random() < faults.slow_start and not waits_forever:
+            starts_at = t + self.start_rng.uniform(2.0, 20.0)
+            start = max(start, starts_at)
         run = Run(
             net=server.name,
             nvflare_id=f"nv-{server.name}-{next(self._ids)}",
@@ -131,6 +138,7 @@ class Cluster:
             end_at=None if duration is None else start + duration,
             outcome=outcome,
             waiting=waits_forever,
+            starts_at=starts_at,
             poisoned=rng.random() < faults.poisoned_status,
         )
         run.deaf = bool(faults.deaf_run) and self.deaf_rng.random() < faults.deaf_run

@@ -62,6 +62,10 @@ class FaultProfile:
     # server job process) until its server goes down; on an always-on net that is an
     # operator's to end, which the sweep cannot play, so there the abort takes
     deaf_run: float = 0.0
+    # per run: the server's job runner takes 2-20 s to deploy and start it (DISPATCHED), and
+    # an abort accepted meanwhile is overwritten when the runner is done (NVFLARE 2.9 sets
+    # RUNNING over FINISHED:ABORTED): the run goes on after "aborted before running it"
+    slow_start: float = 0.0
     hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
     failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
     # --- the scale driver ---
@@ -145,6 +149,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         msg_delay_max_s=10.0,
         admin_latency_max_s=2.0,
         submit_latency_max_s=5.0,
+        slow_start=0.3,
         driver_slow=True,
         abort_p=0.3,
         report_p=0.2,
@@ -163,6 +168,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         no_start_time_at_boot=0.3,
         crash_before_submit=0.1,
         deaf_run=0.1,
+        slow_start=0.3,
         hung_run=0.1,
         poisoned_status=0.05,
         failed_run=0.1,
@@ -219,6 +225,7 @@ PROFILES: tuple[FaultProfile, ...] = (
         no_start_time=0.02,
         no_start_time_at_boot=0.1,
         deaf_run=0.1,
+        slow_start=0.1,
         poisoned_status=0.03,
         hung_run=0.05,
         failed_run=0.05,

@@ -35,17 +35,32 @@ class Run:
     aborted_at: float | None = None
     killed_at: float | None = None  # its server process died under it
     deaf: bool = False  # an abort is accepted but does not stop it
+    # The server's job runner deploys and starts the run until then (status DISPATCHED);
+    # None: it starts as it is submitted.
+    starts_at: float | None = None
+    # An abort accepted while the job runner was starting the run: NVFLARE 2.9's runner
+    # then overwrites the FINISHED:ABORTED mark and the run goes on from here.
+    revives_at: float | None = None
+
+    def aborted(self, t: float) -> bool:
+        """An abort has stopped the run (one the job runner overwrote stops it only until
+        the runner is done starting it)."""
+        return self.aborted_at is not None and (self.revives_at is None or t < self.revives_at)
+
+    def starting(self, t: float) -> bool:
+        """The job runner is deploying or starting the run now."""
+        return self.starts_at is not None and t < self.starts_at
 
     def live(self, t: float) -> bool:
         """The run's processes are running (it occupies the server, it may produce results)."""
-        if self.aborted_at is not None or self.killed_at is not None:
+        if self.aborted(t) or self.killed_at is not None:
             return False
         return self.end_at is None or t < self.end_at
 
     def completed(self, t: float) -> bool:
         """It ran to FINISHED:COMPLETED (its results count)."""
         return (
-            self.aborted_at is None
+            not self.aborted(t)
             and self.killed_at is None
             and self.end_at is not None
             and self.end_at <= t
@@ -54,13 +69,15 @@ class Run:
 
     def status(self, t: float) -> str:
         """The raw NVFLARE status the server reports."""
-        if self.aborted_at is not None:
+        if self.aborted(t):
             return ABORTED
         if self.killed_at is not None:
             return "RUNNING"  # NVFLARE 2.9 after a SIGKILL: the dead run reads RUNNING forever
         if self.end_at is not None and self.end_at <= t:
             return self.outcome
-        return "SUBMITTED" if self.waiting else "RUNNING"
+        if self.waiting:
+            return "SUBMITTED"
+        return "DISPATCHED" if self.starting(t) else "RUNNING"
 
 
 def parse_token(token: str) -> tuple[str, int | None]:

@@ -101,8 +101,9 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             self,
             (*world.nets, *world.spare),
             random.Random(f"{seed}/world"),
-            random.Random(f"{seed}/crash-before-submit"),
-            random.Random(f"{seed}/deaf-runs"),
+            crash_rng=random.Random(f"{seed}/crash-before-submit"),
+            deaf_rng=random.Random(f"{seed}/deaf-runs"),
+            start_rng=random.Random(f"{seed}/slow-starts"),
         )
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server

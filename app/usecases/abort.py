@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 
@@ -28,6 +29,13 @@ RUN_OUTCOMES = {
 
 
 COMPLETED_BEFORE_ABORT = "run completed before the abort took effect"
+
+# How long nvflare 2.9's job runner may still start a run after its abort was answered
+# "aborted before running it": the runner deploys the job to its sites and then starts the
+# server's and the sites' job processes (each step waits up to the server's admin timeout,
+# 10 s by default), and then sets the run RUNNING over the FINISHED:ABORTED mark made
+# meanwhile. Three such steps and a margin for a loaded host.
+RUN_START_WINDOW_S = 60.0
 
 
 def run_outcome(
@@ -81,11 +89,12 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
         return JobState.ABORTING
     if result.outcome == AbortOutcome.ALREADY_FINISHED:
         return _settle_finished(rt, job_id, net_name, nvflare_job_id)
-    reason = (
-        "aborted on the server"
-        if result.outcome == AbortOutcome.ABORTED
-        else f"nothing to abort: {result.detail or result.outcome}"
-    )
+    if result.outcome == AbortOutcome.ABORTED:
+        reason = "aborted on the server"
+    elif result.outcome == AbortOutcome.ABORTED_BEFORE_START:
+        reason = "aborted on the server before it started"
+    else:
+        reason = f"nothing to abort: {result.detail or result.outcome}"
     # One rule with settle_stray_runs: a run is over only when its server, answering now,
     # says so. An accepted abort takes a moment to stop the run, and "nothing to abort" also
     # covers a server that could not be reached: a blip must not leave the run going while
@@ -102,6 +111,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
                 submit_token=None,
                 reason=reason,
                 now=rt.clock(),
+                settle_after=settle_after(rt, result.outcome),
             )
         services.finish_job(
             session, job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
@@ -115,8 +125,20 @@ def over_after_abort(
 ) -> bool:
     """Whether the run an abort was just sent for is over: the server said it runs it in no
     process (NVFLARE 2.9 still reads a run killed with an earlier process RUNNING, so that
-    answer is the only proof such a run ever gives), or its status, read now, says so."""
+    answer is the only proof such a run ever gives), or its status, read now, says so. Never
+    for a run aborted before it started: its status may read over while the job runner is
+    about to start it (see `settle_after`)."""
+    if outcome == AbortOutcome.ABORTED_BEFORE_START:
+        return False
     return outcome == AbortOutcome.NOT_RUNNING or run_is_over(rt, net_name, nvflare_job_id)
+
+
+def settle_after(rt: Runtime, outcome: AbortOutcome | None) -> datetime | None:
+    """The earliest time the run an abort answered for may be settled as a stray run: for a
+    run aborted before it started, once the job runner can no longer start it."""
+    if outcome != AbortOutcome.ABORTED_BEFORE_START:
+        return None
+    return rt.clock() + timedelta(seconds=RUN_START_WINDOW_S)
 
 
 def run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
@@ -204,18 +226,20 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     the net is scaled to zero). Returns how many are left."""
     with rt.sessions() as session:
         strays = [
-            (s.id, s.nvflare_job_id, s.submit_token)
+            (s.id, s.nvflare_job_id, s.submit_token, s.settle_after)
             for s in session.scalars(select(StrayRun).where(StrayRun.net_name == net_name))
         ]
     if not strays or not rt.settings.has_net(net_name):
         return len(strays)
     admin = rt.admin(net_name)
     left = 0
-    for stray_id, nvflare_job_id, token in strays:
+    for stray_id, nvflare_job_id, token, not_before in strays:
+        hold: datetime | None = None
         try:
             run_id = nvflare_job_id or (admin.find_run(token) if token else None)
             if run_id is not None:
                 outcome = admin.abort(run_id).outcome
+                hold = settle_after(rt, outcome)
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
                 # covers a server that could not be reached.
@@ -227,12 +251,15 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
         except DispatcherError as exc:
             log.warning("stray run not settled yet", extra={"net": net_name, "reason": str(exc)})
             settled = False
-        if settled:
-            with unit_of_work(rt.sessions) as session:
-                stray = session.get(StrayRun, stray_id)
-                if stray is not None:
-                    session.delete(stray)
-        else:
+        # A run aborted before it started is over only once its server cannot start it.
+        settled = settled and (not_before is None or rt.clock() >= not_before)
+        with unit_of_work(rt.sessions) as session:
+            stray = session.get(StrayRun, stray_id)
+            if stray is not None and settled:
+                session.delete(stray)
+            elif stray is not None and hold is not None:
+                stray.settle_after = services.later(stray.settle_after, hold)
+        if not settled:
             left += 1
     if left < len(strays):
         kick(rt)

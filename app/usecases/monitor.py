@@ -19,7 +19,7 @@ from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import claims, services
-from app.usecases.abort import RUN_OUTCOMES, over_after_abort, run_outcome
+from app.usecases.abort import RUN_OUTCOMES, over_after_abort, run_outcome, settle_after
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
 from models import Job, JobState, Net, ReasonCode
@@ -360,7 +360,7 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
         if _watched_state(session, job) is None:
             return STALE
         if not confirmed:
-            _keep_as_stray(rt, session, job, reason)
+            _keep_as_stray(rt, session, job, reason, settle_after(rt, answer))
         services.finish_job(
             session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
         )
@@ -371,7 +371,9 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
     return "failed: overran"
 
 
-def _keep_as_stray(rt: Runtime, session: Session, job: Watched, reason: str) -> None:
+def _keep_as_stray(
+    rt: Runtime, session: Session, job: Watched, reason: str, hold: datetime | None = None
+) -> None:
     services.add_stray_run(
         session,
         net_name=job.net_name,
@@ -380,6 +382,7 @@ def _keep_as_stray(rt: Runtime, session: Session, job: Watched, reason: str) -> 
         submit_token=None,
         reason=reason,
         now=rt.clock(),
+        settle_after=hold,
     )
 
 

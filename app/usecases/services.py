@@ -234,11 +234,12 @@ def add_stray_run(
     submit_token: str | None,
     reason: str,
     now: datetime,
+    settle_after: datetime | None = None,
 ) -> None:
     """Record a run the net's server may hold that no job counts (see models.StrayRun).
     A run already recorded (the same job's run on the same net, known by its id or its
     token) stays one stray, completed with what this call knows: every live run is counted
-    once."""
+    once. `settle_after`: not settled before then (the later of two such times holds)."""
     for known in session.scalars(
         select(StrayRun).where(StrayRun.net_name == net_name, StrayRun.job_id == job_id)
     ):
@@ -247,6 +248,7 @@ def add_stray_run(
         if same_id or same_token:
             known.nvflare_job_id = known.nvflare_job_id or nvflare_job_id
             known.submit_token = known.submit_token or submit_token
+            known.settle_after = later(known.settle_after, settle_after)
             return
     session.add(
         StrayRun(
@@ -256,12 +258,20 @@ def add_stray_run(
             submit_token=submit_token,
             reason=reason,
             created_at=now,
+            settle_after=settle_after,
         )
     )
     log.warning(
         "stray run recorded",
         extra={"net": net_name, "job": str(job_id), "nvflare_job_id": nvflare_job_id},
     )
+
+
+def later(a: datetime | None, b: datetime | None) -> datetime | None:
+    """The later of two optional times (None: no time)."""
+    if a is None or b is None:
+        return a or b
+    return max(a, b)
 
 
 def clear_stray_runs(session: Session, net_name: str) -> int:

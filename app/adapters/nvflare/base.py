@@ -31,6 +31,11 @@ class AbortOutcome(StrEnum):
     # for a run NVFLARE 2.9 has in no process of its own, such as one killed with an earlier
     # server process (whose record still reads RUNNING for ever). The run is over.
     NOT_RUNNING = "not_running"
+    # The server marked a run it had not started yet (SUBMITTED or DISPATCHED) as aborted.
+    # No proof the run is over: NVFLARE 2.9's job runner, if it was deploying or starting
+    # that run at the moment, sets it RUNNING over the mark afterwards and runs it. Only a
+    # status read once the runner is done (abort.RUN_START_WINDOW_S) settles it.
+    ABORTED_BEFORE_START = "aborted_before_start"
 
 
 class RunState(StrEnum):

@@ -215,3 +215,16 @@ def _epoch_of(iso: object) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
+
+
+# The statuses of a job nvflare's job runner has not started yet, and its abort's answer for
+# such a job (nvflare/private/fed/server/job_cmds.py, abort_job).
+NOT_STARTED = frozenset({"SUBMITTED", "DISPATCHED"})
+BEFORE_RUNNING = "before running it"
+
+
+def aborted_before_start(status: str, message: object) -> bool:
+    """An accepted abort hit a run not started yet: its status read before the abort says
+    so, or (when that read failed) nvflare's answer, "Aborted the job <id> before running
+    it."."""
+    return status in NOT_STARTED or BEFORE_RUNNING in str(message or "")

@@ -35,7 +35,7 @@ from app.adapters.nvflare.base import (
     RunStatus,
     ServerState,
 )
-from app.adapters.nvflare.classify import classified_error, meta_status
+from app.adapters.nvflare.classify import aborted_before_start, classified_error, meta_status
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,
@@ -437,13 +437,17 @@ class NvflareAdminClient:
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
         """Abort a job. A down server or an unknown job is NOTHING_TO_ABORT, a job the server
-        runs in no process NOT_RUNNING and a finished job ALREADY_FINISHED, never an error."""
+        runs in no process NOT_RUNNING, a finished job ALREADY_FINISHED and one it had not
+        started yet ABORTED_BEFORE_START (which its job runner may still start), never an
+        error."""
         try:
             status = self._status_before_abort(nvflare_job_id)
             if status.startswith("FINISHED"):
                 return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
             # The server answers OK for a finished job too, hence the status check first.
             message = self._run(lambda session: session.abort_job(nvflare_job_id))
+            if aborted_before_start(status, message):
+                return AbortResult(AbortOutcome.ABORTED_BEFORE_START, str(message or status))
         except ServerUnavailable as exc:
             return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"server unavailable: {exc}")
         except NvflareJobNotFound as exc:

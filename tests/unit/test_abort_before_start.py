@@ -1,0 +1,102 @@
+"""An abort answered "aborted before running it" (the run was SUBMITTED or DISPATCHED) is
+never proof the run is over: nvflare 2.9's job runner, if it was starting the run, sets it
+RUNNING over the mark. The run is kept as a stray run, which holds its net, until a status
+read after RUN_START_WINDOW_S says it is over (CI saw such an abort not take; the sweep's
+racy seeds 21 and 192 ran the next job beside it)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from app.db import unit_of_work
+from app.usecases import abort, dispatch, intake, services
+from models import JobEvent, JobState, StrayRun
+
+WINDOW = timedelta(seconds=abort.RUN_START_WINDOW_S)
+
+
+def _strays(world) -> list[StrayRun]:
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def _aborted_while_starting(world, status: str = "DISPATCHED"):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = status
+    assert intake.request_abort(world.rt, job_id, "user").decision.state == JobState.ABORTING
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
+    return job_id
+
+
+def test_the_run_is_kept_as_a_stray_until_the_runner_cannot_start_it(world):
+    job_id = _aborted_while_starting(world)
+    with world.rt.sessions() as session:
+        reason = session.scalars(select(JobEvent.reason).where(JobEvent.job_id == job_id)).all()
+    assert reason[-1] == "aborted on the server before it started"
+    [stray] = _strays(world)
+    assert stray.nvflare_job_id == "nv-1"
+    assert stray.settle_after == world.clock() + WINDOW
+    # The status reads over at once (FINISHED:ABORTED), yet the stray holds its net...
+    assert world.server("net-a").statuses["nv-1"] == "FINISHED:ABORTED"
+    world.clock.advance(abort.RUN_START_WINDOW_S - 1)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
+    other = world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []
+    assert world.job(other).state == JobState.QUEUED
+    # ...until the window has passed and the server still says it is over.
+    world.clock.advance(1)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert _strays(world) == []
+    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [other]
+
+
+def test_a_job_that_was_only_submitted_is_held_the_same(world):
+    _aborted_while_starting(world, "SUBMITTED")
+    [stray] = _strays(world)
+    assert stray.settle_after == world.clock() + WINDOW
+
+
+def test_a_run_the_runner_started_over_the_mark_is_aborted_again(world):
+    _aborted_while_starting(world)
+    world.server("net-a").statuses["nv-1"] = "RUNNING"  # the runner overwrote the mark
+    world.clock.advance(abort.RUN_START_WINDOW_S)
+    abort.settle_stray_runs(world.rt, "net-a")
+    assert world.server("net-a").aborted == ["nv-1", "nv-1"]
+    assert world.server("net-a").statuses["nv-1"] == "FINISHED:ABORTED"
+    assert _strays(world) == []  # the second abort hit a RUNNING run: proof once over
+
+
+def test_a_repeated_answer_before_start_pushes_the_window_on(world):
+    _aborted_while_starting(world)
+    world.clock.advance(30)
+    world.server("net-a").statuses["nv-1"] = "SUBMITTED"  # the runner set it back again
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
+    [stray] = _strays(world)
+    assert stray.settle_after == world.clock() + WINDOW
+    world.clock.advance(abort.RUN_START_WINDOW_S - 1)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
+    world.clock.advance(1)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+
+
+def test_an_earlier_window_never_shortens_a_later_one(world):
+    job_id = _aborted_while_starting(world)
+    [stray] = _strays(world)
+    later = stray.settle_after
+    world.clock.advance(-10)
+    with unit_of_work(world.rt.sessions) as session:
+        services.add_stray_run(
+            session,
+            net_name="net-a",
+            job_id=job_id,
+            nvflare_job_id="nv-1",
+            submit_token=None,
+            reason="again",
+            now=world.clock(),
+            settle_after=world.clock() + WINDOW,
+        )
+    [stray] = _strays(world)
+    assert stray.settle_after == later
