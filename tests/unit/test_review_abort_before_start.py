@@ -228,3 +228,18 @@ def test_defect_monitor_reads_the_mark_of_an_unconfirmed_abort_as_the_end(world)
     assert world.job(job_id).state == JobState.ABORTED  # the verdict f31b5cd gives
     _runner_overwrites_the_mark(world)
     assert dispatch.assign_jobs(world.rt) == [], "net-a took a job beside a run it may start"
+
+
+def test_defect_sim_servers_profile_seed_222_finds_the_lost_reply_case():
+    """The simulator reaches the settle_stray_runs case above on its own: profile
+    "servers" (slow_start 0.3, lost_reply 0.1), seed 222. At t=103.2 s the settle's abort
+    marks nv-net-a-3 while its job runner starts it, the reply is lost (NOTHING_TO_ABORT),
+    job_status reads FINISHED:ABORTED, the stray is forgotten; at 105.5 s the next job is
+    dispatched on net-a and at 108 s both runs are live. (The default sweep, profiles by
+    seed, did not reach it in seeds 0-399; the servers profile alone, once in 800 seeds.)"""
+    from app.sim.faults import PROFILES
+    from app.sim.simulation import run_seed
+
+    servers = next(p for p in PROFILES if p.name == "servers")
+    result = run_seed(222, servers)
+    assert result.ok, result.summary()
