@@ -55,6 +55,8 @@ class FakeServer:
     # Runs killed with an earlier server process: NVFLARE 2.9 still reads them RUNNING and
     # refuses their abort ("Job ... is not running.").
     killed: set[str] = field(default_factory=set)
+    # Runs aborted before they started: their FINISHED:ABORTED has no start time.
+    unstarted: set[str] = field(default_factory=set)
     pings: int = 0
     on_submit: Callable[[], object] | None = None  # runs while a submit is "on the wire"
     on_start_time: Callable[[], object] | None = None  # runs while that call is "on the wire"
@@ -138,9 +140,12 @@ class FakeAdmin:
         server = self._require()
         if nvflare_job_id not in server.statuses:
             raise NvflareJobNotFound(f"fake server does not know {nvflare_job_id}")
-        status = run_status(server.statuses[nvflare_job_id])
-        if server.statuses[nvflare_job_id] == "RUNNING":
+        raw = server.statuses[nvflare_job_id]
+        status = run_status(raw)
+        if raw == "RUNNING":
             status = replace(status, started_at=server.started.get(nvflare_job_id))
+        if raw == "FINISHED:ABORTED" and nvflare_job_id in server.unstarted:
+            status = replace(status, unstarted=True)
         return status
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
@@ -156,6 +161,7 @@ class FakeAdmin:
         self.server.aborted.append(nvflare_job_id)
         self.server.statuses[nvflare_job_id] = "FINISHED:ABORTED"
         if status in ("SUBMITTED", "DISPATCHED"):  # nvflare: "aborted ... before running it"
+            self.server.unstarted.add(nvflare_job_id)
             return AbortResult(AbortOutcome.ABORTED_BEFORE_START, status)
         return AbortResult(AbortOutcome.ABORTED)
 

@@ -155,6 +155,8 @@ class SimAdmin:
                 self.server.partition(now, now + host.rng.uniform(10.0, faults.partition_max_s))
             self._connected = False
             raise ServerUnavailable(f"{self.net}: {op} sent, reply lost (simulated)")
+        if op == "abort" and faults.garbled_reply and host.rng.random() < faults.garbled_reply:
+            raise UnknownAdminError(f"{self.net}: {op} sent, reply garbled (simulated)")
 
     def _raw_status(self, nvflare_job_id: str) -> str:
         server = self._reach("job_status")
@@ -179,13 +181,15 @@ class SimAdmin:
     def job_status(self, nvflare_job_id: str) -> RunStatus:
         """The run's state in the dispatcher's words (as app.adapters.nvflare.classify maps)."""
         raw = self._raw_status(nvflare_job_id)
+        t = self.cluster.host.clock.t
         state = RUN_STATES.get(raw)
         if state is None:
             state = RunState.LOST if raw.startswith("FINISHED") else RunState.RUNNING
-        if raw != "RUNNING":
-            return RunStatus(state, f"NVFLARE {raw}")
-        # The job store's start time: a simulated run starts as it is submitted.
         run = self.cluster.servers[self.net].store[nvflare_job_id]
+        if raw != "RUNNING":
+            # Aborted before the job runner started it: no start time in the job store.
+            return RunStatus(state, f"NVFLARE {raw}", unstarted=run.aborted_unstarted(t))
+        # The job store's start time: a simulated run starts as it is submitted.
         return RunStatus(state, f"NVFLARE {raw}", started_at=EPOCH_S + run.submitted_at)
 
     def find_run(self, submit_token: str) -> str | None:

@@ -47,6 +47,12 @@ class Run:
         the runner is done starting it)."""
         return self.aborted_at is not None and (self.revives_at is None or t < self.revives_at)
 
+    def aborted_unstarted(self, t: float) -> bool:
+        """It reads FINISHED:ABORTED with no start time: aborted before the runner started it."""
+        if not self.aborted(t) or self.aborted_at is None:
+            return False
+        return self.waiting or (self.starts_at is not None and self.aborted_at < self.starts_at)
+
     def starting(self, t: float) -> bool:
         """The job runner is deploying or starting the run now."""
         return self.starts_at is not None and t < self.starts_at

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timedelta
+from enum import StrEnum
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from app.adapters.nvflare.base import AbortOutcome, RunState
 from app.db import unit_of_work
@@ -100,9 +101,9 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     # covers a server that could not be reached: a blip must not leave the run going while
     # its net takes the next job. Unless the server confirms, the run is kept as a stray
     # run (aborted when it answers, or gone with its server).
-    unconfirmed = not over_after_abort(rt, net_name, nvflare_job_id, result.outcome)
+    end = over_after_abort(rt, net_name, nvflare_job_id, result.outcome)
     with unit_of_work(rt.sessions) as session:
-        if unconfirmed:
+        if end != RunEnd.OVER:
             services.add_stray_run(
                 session,
                 net_name=net_name,
@@ -111,7 +112,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
                 submit_token=None,
                 reason=reason,
                 now=rt.clock(),
-                settle_after=settle_after(rt, result.outcome),
+                settle_after=window_end(rt, end),
             )
         services.finish_job(
             session, job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
@@ -120,35 +121,49 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     return JobState.ABORTED
 
 
+class RunEnd(StrEnum):
+    """What the server, answering now, says of a run an abort was sent for."""
+
+    GOING = "going"  # it may still run (or the server cannot say)
+    OVER = "over"  # over, or unknown to the server
+    # Aborted before the server's job runner started it (the abort's own answer, or
+    # FINISHED:ABORTED with no start time): over only once the runner can no longer start it.
+    UNSTARTED = "unstarted"
+
+
 def over_after_abort(
     rt: Runtime, net_name: str, nvflare_job_id: str, outcome: AbortOutcome | None
-) -> bool:
+) -> RunEnd:
     """Whether the run an abort was just sent for is over: the server said it runs it in no
     process (NVFLARE 2.9 still reads a run killed with an earlier process RUNNING, so that
-    answer is the only proof such a run ever gives), or its status, read now, says so. Never
-    for a run aborted before it started: its status may read over while the job runner is
-    about to start it (see `settle_after`)."""
+    answer is the only proof such a run ever gives), or its status, read now, says so. A
+    run aborted before it started is UNSTARTED, whatever its status reads."""
     if outcome == AbortOutcome.ABORTED_BEFORE_START:
-        return False
-    return outcome == AbortOutcome.NOT_RUNNING or run_is_over(rt, net_name, nvflare_job_id)
+        return RunEnd.UNSTARTED
+    if outcome == AbortOutcome.NOT_RUNNING:
+        return RunEnd.OVER
+    return run_end(rt, net_name, nvflare_job_id)
 
 
-def settle_after(rt: Runtime, outcome: AbortOutcome | None) -> datetime | None:
-    """The earliest time the run an abort answered for may be settled as a stray run: for a
-    run aborted before it started, once the job runner can no longer start it."""
-    if outcome != AbortOutcome.ABORTED_BEFORE_START:
-        return None
-    return rt.clock() + timedelta(seconds=RUN_START_WINDOW_S)
-
-
-def run_is_over(rt: Runtime, net_name: str, nvflare_job_id: str) -> bool:
+def run_end(rt: Runtime, net_name: str, nvflare_job_id: str) -> RunEnd:
     """Only the server, answering now, can say a run is over (or unknown to it)."""
     try:
-        return rt.admin(net_name).job_status(nvflare_job_id).state != RunState.RUNNING
+        status = rt.admin(net_name).job_status(nvflare_job_id)
     except NvflareJobNotFound:
-        return True
+        return RunEnd.OVER
     except DispatcherError:
-        return False
+        return RunEnd.GOING
+    if status.state == RunState.RUNNING:
+        return RunEnd.GOING
+    return RunEnd.UNSTARTED if status.unstarted else RunEnd.OVER
+
+
+def window_end(rt: Runtime, end: RunEnd) -> datetime | None:
+    """Until when a stray run that ended so must be held: an UNSTARTED one for
+    RUN_START_WINDOW_S from now (the job runner may still start it), any other not at all."""
+    if end != RunEnd.UNSTARTED:
+        return None
+    return rt.clock() + timedelta(seconds=RUN_START_WINDOW_S)
 
 
 def _settle_finished(
@@ -160,9 +175,24 @@ def _settle_finished(
     try:
         status = rt.admin(net_name).job_status(nvflare_job_id)
         outcome, detail, code = run_outcome(status.state, status.detail, JobState.ABORTING, holds)
+        unstarted = status.unstarted
     except DispatcherError as exc:
         outcome, detail, code = JobState.ABORTED, str(exc), ReasonCode.ABORTED
+        unstarted = True  # unknown: perhaps a mark made before the run started
     with unit_of_work(rt.sessions) as session:
+        if unstarted:
+            # "Finished" by an abort before it started (an earlier try of this one whose
+            # answer was lost): the job runner may still start it.
+            services.add_stray_run(
+                session,
+                net_name=net_name,
+                job_id=job_id,
+                nvflare_job_id=nvflare_job_id,
+                submit_token=None,
+                reason=f"aborted before it started: {detail}",
+                now=rt.clock(),
+                settle_after=window_end(rt, RunEnd.UNSTARTED),
+            )
         services.finish_job(
             session,
             job_id,
@@ -234,30 +264,33 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     admin = rt.admin(net_name)
     left = 0
     for stray_id, nvflare_job_id, token, not_before in strays:
-        hold: datetime | None = None
+        fresh: datetime | None = None
         try:
             run_id = nvflare_job_id or (admin.find_run(token) if token else None)
             if run_id is not None:
                 outcome = admin.abort(run_id).outcome
-                hold = settle_after(rt, outcome)
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
                 # covers a server that could not be reached.
-                settled = over_after_abort(rt, net_name, run_id, outcome)
+                end = over_after_abort(rt, net_name, run_id, outcome)
+                if outcome == AbortOutcome.ABORTED_BEFORE_START:
+                    fresh = window_end(rt, end)  # this abort's own mark: the window restarts
             else:
-                settled = True
+                end = RunEnd.OVER
         except NvflareJobNotFound:
-            settled = True
+            end = RunEnd.OVER
         except DispatcherError as exc:
             log.warning("stray run not settled yet", extra={"net": net_name, "reason": str(exc)})
-            settled = False
-        # A run aborted before it started is over only once its server cannot start it.
-        settled = settled and (not_before is None or rt.clock() >= not_before)
+            end = RunEnd.GOING
+        hold = services.later(not_before, fresh)
+        if end == RunEnd.UNSTARTED and hold is None:
+            hold = window_end(rt, end)  # first seen aborted before it started: from now
+        settled = end != RunEnd.GOING and (hold is None or rt.clock() >= hold)
         with unit_of_work(rt.sessions) as session:
             stray = session.get(StrayRun, stray_id)
             if stray is not None and settled:
                 session.delete(stray)
-            elif stray is not None and hold is not None:
+            elif stray is not None:
                 stray.settle_after = services.later(stray.settle_after, hold)
         if not settled:
             left += 1
@@ -272,11 +305,16 @@ def expire_stray_runs(rt: Runtime, net_name: str) -> bool:
     down while idle: the run dies with its server, and jobs waiting for the net get a fresh
     one. An always-on net keeps its strays (nothing here can restart its server): they are
     logged for an operator. True when the net was taken down."""
+    now = rt.clock()
     with rt.sessions() as session:
+        # A stray held while its server's job runner may still start it is not overdue.
         oldest = session.scalar(
-            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == net_name)
+            select(func.min(StrayRun.created_at)).where(
+                StrayRun.net_name == net_name,
+                or_(StrayRun.settle_after.is_(None), StrayRun.settle_after <= now),
+            )
         )
-    if oldest is None or (rt.clock() - oldest).total_seconds() < rt.settings.abort_timeout_s:
+    if oldest is None or (now - oldest).total_seconds() < rt.settings.abort_timeout_s:
         return False
     reason = f"stray run(s) unsettled for over {rt.settings.abort_timeout_s:.0f}s"
     if not _scales_to_zero(rt, net_name):

@@ -19,7 +19,7 @@ from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import claims, services
-from app.usecases.abort import RUN_OUTCOMES, over_after_abort, run_outcome, settle_after
+from app.usecases.abort import RUN_OUTCOMES, RunEnd, over_after_abort, run_outcome, window_end
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
 from models import Job, JobState, Net, ReasonCode
@@ -271,6 +271,10 @@ def _watch_run(
             if state is None:
                 return STALE
             outcome, detail, code = run_outcome(status.state, status.detail, state, holds)
+            if status.unstarted:
+                # Aborted before it started (by an abort whose answer was lost, or by hand):
+                # the server's job runner may still start it.
+                _keep_as_stray(rt, session, job, detail, window_end(rt, RunEnd.UNSTARTED))
             if code is None:
                 services.hold_for_report(session, job.job_id, detail, rt.clock())
             else:
@@ -354,13 +358,14 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
         outcome = f"not confirmed: {exc}"
     # One rule with abort_on_server: over only when the server, answering now, says so (an
     # accepted abort takes a moment; "nothing to abort" also covers a blip).
-    confirmed = over_after_abort(rt, job.net_name, job.nvflare_job_id, answer)
+    end = over_after_abort(rt, job.net_name, job.nvflare_job_id, answer)
+    confirmed = end == RunEnd.OVER
     reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
         if _watched_state(session, job) is None:
             return STALE
         if not confirmed:
-            _keep_as_stray(rt, session, job, reason, settle_after(rt, answer))
+            _keep_as_stray(rt, session, job, reason, window_end(rt, end))
         services.finish_job(
             session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
         )

@@ -507,6 +507,7 @@ def test_abort_outcomes_running_finished_unknown_and_server_down(
 
     assert client.abort(job_id).outcome is AbortOutcome.ABORTED
     assert _wait_status(client, job_id, lambda s: s.startswith("FINISHED")) == "FINISHED:ABORTED"
+    assert not client.job_status(job_id).unstarted  # it ran: its job store has a start time
 
     finished = client.abort(job_id)
     assert finished.outcome is AbortOutcome.ALREADY_FINISHED
@@ -555,6 +556,31 @@ def test_an_abort_while_the_job_runner_starts_the_run_does_not_stop_it(
     poll("the run listed", lambda: job_id in client.live_runs() or None, 30, 0.2)
     assert client.abort(job_id).outcome is AbortOutcome.ABORTED
     assert _wait_status(client, job_id, lambda s: s.startswith("FINISHED")) == "FINISHED:ABORTED"
+
+
+def test_a_job_aborted_before_it_started_reads_aborted_with_no_start_time(
+    nvflare_sites: NvflareSystem,
+    make_client: Callable[..., NvflareAdminClient],
+    long_job: Path,
+    tmp_path: Path,
+) -> None:
+    """A job the server cannot schedule (it wants more sites than are connected) stays
+    SUBMITTED; its abort is answered "before running it", and its FINISHED:ABORTED has no
+    start time: the `unstarted` mark the dispatcher holds a stray run for (an abort whose
+    answer was lost leaves only that mark to read)."""
+    waiting = tmp_path / "waiting-fedavg"
+    shutil.copytree(long_job, waiting)
+    meta = json.loads((waiting / "meta.json").read_text())
+    meta.update(name="waiting-fedavg", min_clients=len(nvflare_sites.deployment.site_kits) + 1)
+    (waiting / "meta.json").write_text(json.dumps(meta))
+    client = make_client()
+    job_id = client.submit(waiting, submit_token=str(uuid.uuid4()))
+    assert _raw(client, job_id) == "SUBMITTED"
+    answer = client.abort(job_id)
+    assert answer.outcome is AbortOutcome.ABORTED_BEFORE_START, answer
+    assert "before running it" in answer.detail
+    status = client.job_status(job_id)
+    assert (status.state, status.unstarted) == (RunState.ABORTED, True), status
 
 
 RACE_TRIES = 5

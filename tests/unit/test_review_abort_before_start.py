@@ -8,8 +8,9 @@ path that learns of the abort some other way -- its reply lost after the server 
 (ServerUnavailable -> NOTHING_TO_ABORT, then a status read that succeeds), or a retried
 abort that finds the mark (ALREADY_FINISHED) -- takes that mark for proof the run is over
 and frees the net while the runner may still start the run: a second live run on the
-server. The tests marked DEFECT fail on f31b5cd; the ones marked HOLDS pin behaviour that
-withstood the review."""
+server. The tests marked DEFECT failed on f31b5cd and pass since the mark itself is read
+(FINISHED:ABORTED with no start time: `RunStatus.unstarted`, held like the answer); the
+ones marked HOLDS pin behaviour that withstood the review."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ for an operator (nothing here can restart its server)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import select
 
 from app.errors import UnknownAdminError
@@ -58,3 +60,18 @@ def test_a_net_without_strays_is_left_alone(world):
     world.clock.advance(world.rt.settings.abort_timeout_s + 1)
     assert not abort.expire_stray_runs(world.rt, "net-a")
     assert world.driver("net-a").replicas == 1
+
+
+def test_a_stray_held_for_its_start_window_is_not_overdue(world):
+    """With ABORT_TIMEOUT_S under RUN_START_WINDOW_S, a run aborted before it started is
+    not taken for one that will not settle while its window runs (it settles by itself)."""
+    world.driver("net-a").replicas = 1
+    _unsettleable_stray(world, "net-a")
+    with world.rt.sessions.begin() as session:
+        [stray] = session.scalars(select(StrayRun)).all()
+        stray.settle_after = world.clock() + timedelta(seconds=abort.RUN_START_WINDOW_S * 10)
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    assert not abort.expire_stray_runs(world.rt, "net-a")
+    assert world.driver("net-a").replicas == 1
+    world.clock.advance(abort.RUN_START_WINDOW_S * 10)
+    assert abort.expire_stray_runs(world.rt, "net-a")

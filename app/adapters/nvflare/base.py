@@ -59,6 +59,10 @@ class RunStatus:
     # with its server process RUNNING for ever: one that started before the process that
     # answers now died with an earlier one.
     started_at: float | None = None
+    # FINISHED:ABORTED with no start time in the job store: aborted before the server's job
+    # runner started it. Not over for sure: a runner that was starting it sets it RUNNING
+    # over that mark (app.usecases.abort.RUN_START_WINDOW_S).
+    unstarted: bool = False
 
 
 @dataclass(frozen=True)

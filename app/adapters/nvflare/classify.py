@@ -198,9 +198,12 @@ def meta_status(meta: object) -> RunStatus | None:
         return None
     raw = meta["status"]
     status = run_status(str(raw))
+    started_at = _epoch_of(meta.get("start_time"))
+    if raw == "FINISHED:ABORTED" and started_at is None:
+        return replace(status, unstarted=True)
     if raw != "RUNNING":
         return status
-    return replace(status, started_at=_epoch_of(meta.get("start_time")))
+    return replace(status, started_at=started_at)
 
 
 def _epoch_of(iso: object) -> float | None:
