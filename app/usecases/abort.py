@@ -102,6 +102,23 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     # its net takes the next job. Unless the server confirms, the run is kept as a stray
     # run (aborted when it answers, or gone with its server).
     end = over_after_abort(rt, net_name, nvflare_job_id, result.outcome)
+    run = (net_name, nvflare_job_id, end)
+    _finish(rt, job_id, run, JobState.ABORTED, reason=reason, code=ReasonCode.ABORTED)
+    return JobState.ABORTED
+
+
+def _finish(
+    rt: Runtime,
+    job_id: uuid.UUID,
+    run: tuple[str, str, RunEnd],
+    state: JobState,
+    *,
+    reason: str,
+    code: ReasonCode,
+) -> None:
+    """End an ABORTING job; its run (net, run id, how it ended), unless over, is kept as a
+    stray run, held for its start window if UNSTARTED."""
+    net_name, nvflare_job_id, end = run
     with unit_of_work(rt.sessions) as session:
         if end != RunEnd.OVER:
             services.add_stray_run(
@@ -114,11 +131,8 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
                 now=rt.clock(),
                 settle_after=window_end(rt, end),
             )
-        services.finish_job(
-            session, job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
-        )
+        services.finish_job(session, job_id, state, reason, rt.clock(), code=code)
     kick(rt)
-    return JobState.ABORTED
 
 
 class RunEnd(StrEnum):
@@ -179,29 +193,13 @@ def _settle_finished(
     except DispatcherError as exc:
         outcome, detail, code = JobState.ABORTED, str(exc), ReasonCode.ABORTED
         unstarted = True  # unknown: perhaps a mark made before the run started
-    with unit_of_work(rt.sessions) as session:
-        if unstarted:
-            # "Finished" by an abort before it started (an earlier try of this one whose
-            # answer was lost): the job runner may still start it.
-            services.add_stray_run(
-                session,
-                net_name=net_name,
-                job_id=job_id,
-                nvflare_job_id=nvflare_job_id,
-                submit_token=None,
-                reason=f"aborted before it started: {detail}",
-                now=rt.clock(),
-                settle_after=window_end(rt, RunEnd.UNSTARTED),
-            )
-        services.finish_job(
-            session,
-            job_id,
-            outcome,
-            f"finished before abort: {detail}",
-            rt.clock(),
-            code=code or ReasonCode.ABORTED,  # an ABORTING job is never held: never None
-        )
-    kick(rt)
+    # "Finished" by an abort before it started (an earlier try of this one whose answer was
+    # lost, or an unreadable status that may be that): the job runner may still start it.
+    end = RunEnd.UNSTARTED if unstarted else RunEnd.OVER
+    run = (net_name, nvflare_job_id, end)
+    reason = f"finished before abort: {detail}"
+    # An ABORTING job is never held for a report: the code is never None.
+    _finish(rt, job_id, run, outcome, reason=reason, code=code or ReasonCode.ABORTED)
     return outcome
 
 
