@@ -222,7 +222,8 @@ class SimAdmin:
                 # NVFLARE 2.9: marked FINISHED:ABORTED, but the job runner, busy starting
                 # it, overwrites that with RUNNING when it is done.
                 run.aborted_at, run.revives_at = t, run.starts_at
-            elif not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
+            elif run.waiting or not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
+                # A SUBMITTED job is marked by the server alone: no process to be deaf.
                 run.aborted_at, run.revives_at = t, None
             self.cluster.host.hook("admin.abort.after", self.net)
             self._lose_reply("abort")

@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import select
 
 from app.adapters.nvflare.base import AbortOutcome, RunState
 from app.db import unit_of_work
@@ -303,16 +303,22 @@ def expire_stray_runs(rt: Runtime, net_name: str) -> bool:
     down while idle: the run dies with its server, and jobs waiting for the net get a fresh
     one. An always-on net keeps its strays (nothing here can restart its server): they are
     logged for an operator. True when the net was taken down."""
-    now = rt.clock()
     with rt.sessions() as session:
-        # A stray held while its server's job runner may still start it is not overdue.
-        oldest = session.scalar(
-            select(func.min(StrayRun.created_at)).where(
-                StrayRun.net_name == net_name,
-                or_(StrayRun.settle_after.is_(None), StrayRun.settle_after <= now),
-            )
-        )
-    if oldest is None or (now - oldest).total_seconds() < rt.settings.abort_timeout_s:
+        strays = session.execute(
+            select(StrayRun.created_at, StrayRun.settle_after).where(StrayRun.net_name == net_name)
+        ).all()
+    # Counted from when each was recorded, so a window pushed on and on never keeps a stray
+    # from expiring; one held for its start window is overdue no sooner than that window
+    # (an ABORT_TIMEOUT_S shorter than it would take down a net whose stray settles itself).
+    held_timeout_s = max(rt.settings.abort_timeout_s, RUN_START_WINDOW_S)
+    now = rt.clock()
+    overdue = [
+        created_at
+        for created_at, held in strays
+        if (now - created_at).total_seconds()
+        >= (rt.settings.abort_timeout_s if held is None else held_timeout_s)
+    ]
+    if not overdue:
         return False
     reason = f"stray run(s) unsettled for over {rt.settings.abort_timeout_s:.0f}s"
     if not _scales_to_zero(rt, net_name):

@@ -62,16 +62,28 @@ def test_a_net_without_strays_is_left_alone(world):
     assert world.driver("net-a").replicas == 1
 
 
-def test_a_stray_held_for_its_start_window_is_not_overdue(world):
-    """With ABORT_TIMEOUT_S under RUN_START_WINDOW_S, a run aborted before it started is
-    not taken for one that will not settle while its window runs (it settles by itself)."""
+def test_a_stray_held_for_its_start_window_is_overdue_no_sooner_than_that_window(world):
+    """With ABORT_TIMEOUT_S under RUN_START_WINDOW_S, a run aborted before it started is not
+    taken for one that will not settle while its window runs (it settles by itself)."""
+    world.rt.settings = world.rt.settings.model_copy(update={"abort_timeout_s": 10.0})
     world.driver("net-a").replicas = 1
     _unsettleable_stray(world, "net-a")
     with world.rt.sessions.begin() as session:
         [stray] = session.scalars(select(StrayRun)).all()
-        stray.settle_after = world.clock() + timedelta(seconds=abort.RUN_START_WINDOW_S * 10)
-    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+        stray.settle_after = world.clock() + timedelta(seconds=abort.RUN_START_WINDOW_S)
+    world.clock.advance(abort.RUN_START_WINDOW_S - 1)
     assert not abort.expire_stray_runs(world.rt, "net-a")
     assert world.driver("net-a").replicas == 1
-    world.clock.advance(abort.RUN_START_WINDOW_S * 10)
+    world.clock.advance(1)
+    assert abort.expire_stray_runs(world.rt, "net-a")
+
+
+def test_a_window_pushed_on_and_on_still_expires_at_the_abort_timeout(world):
+    """Counted from when the stray was recorded, not from its (pushed) window's end."""
+    world.driver("net-a").replicas = 1
+    _unsettleable_stray(world, "net-a")
+    world.clock.advance(world.rt.settings.abort_timeout_s)
+    with world.rt.sessions.begin() as session:
+        [stray] = session.scalars(select(StrayRun)).all()
+        stray.settle_after = world.clock() + timedelta(seconds=abort.RUN_START_WINDOW_S)
     assert abort.expire_stray_runs(world.rt, "net-a")
