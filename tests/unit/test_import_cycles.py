@@ -185,10 +185,18 @@ def test_no_import_cycle(area: str, graph: dict[str, set[str]]) -> None:
     )
 
 
+def _source(path: Path) -> Path:
+    """The module as written: under mutation testing (tests/mutation/) the tests run from
+    mutmut's copy in mutants/, whose mutated modules are several times longer."""
+    if ROOT.name == "mutants":
+        return ROOT.parent / path.relative_to(ROOT)
+    return path
+
+
 @pytest.mark.parametrize("area", _areas())
 def test_no_module_over_the_line_limit(area: str) -> None:
     sizes = {
-        name: len(module.path.read_text().splitlines())
+        name: len(_source(module.path).read_text().splitlines())
         for name, module in MODULES.items()
         if area_of(name) == area
     }
