@@ -254,14 +254,14 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     the net is scaled to zero). Returns how many are left."""
     with rt.sessions() as session:
         strays = [
-            (s.id, s.nvflare_job_id, s.submit_token, s.settle_after)
+            (s.id, s.nvflare_job_id, s.submit_token)
             for s in session.scalars(select(StrayRun).where(StrayRun.net_name == net_name))
         ]
     if not strays or not rt.settings.has_net(net_name):
         return len(strays)
     admin = rt.admin(net_name)
     left = 0
-    for stray_id, nvflare_job_id, token, not_before in strays:
+    for stray_id, nvflare_job_id, token in strays:
         fresh: datetime | None = None
         try:
             run_id = nvflare_job_id or (admin.find_run(token) if token else None)
@@ -280,21 +280,30 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
         except DispatcherError as exc:
             log.warning("stray run not settled yet", extra={"net": net_name, "reason": str(exc)})
             end = RunEnd.GOING
-        hold = services.later(not_before, fresh)
-        if end == RunEnd.UNSTARTED and hold is None:
-            hold = window_end(rt, end)  # first seen aborted before it started: from now
-        settled = end != RunEnd.GOING and (hold is None or rt.clock() >= hold)
-        with unit_of_work(rt.sessions) as session:
-            stray = session.get(StrayRun, stray_id)
-            if stray is not None and settled:
-                session.delete(stray)
-            elif stray is not None:
-                stray.settle_after = services.later(stray.settle_after, hold)
-        if not settled:
+        if not _settle_one(rt, stray_id, end, fresh):
             left += 1
     if left < len(strays):
         kick(rt)
     return left
+
+
+def _settle_one(rt: Runtime, stray_id: int, end: RunEnd, fresh: datetime | None) -> bool:
+    """Forget the stray if its run is over and its window (pushed to `fresh` by an abort
+    answered before start) has passed; else keep it, its window set. True when gone."""
+    with unit_of_work(rt.sessions) as session:
+        # Decided on the row as it is now, locked: another round (a kick's and beat's at
+        # once) may have pushed its window on meanwhile.
+        stray = session.get(StrayRun, stray_id, with_for_update=True)
+        if stray is None:
+            return True  # settled by another round
+        hold = services.later(stray.settle_after, fresh)
+        if end == RunEnd.UNSTARTED and hold is None:
+            hold = window_end(rt, end)  # first seen aborted before it started: from now
+        if end in (RunEnd.OVER, RunEnd.UNSTARTED) and (hold is None or rt.clock() >= hold):
+            session.delete(stray)
+            return True
+        stray.settle_after = hold
+        return False
 
 
 def expire_stray_runs(rt: Runtime, net_name: str) -> bool:

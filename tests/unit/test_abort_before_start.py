@@ -100,3 +100,24 @@ def test_an_earlier_window_never_shortens_a_later_one(world):
         )
     [stray] = _strays(world)
     assert stray.settle_after == later
+
+
+def test_a_window_pushed_meanwhile_by_another_round_is_kept(world):
+    """Two settle rounds at once (a kick and beat's): the later window either of them set
+    stands, never the earlier one this round read."""
+    _aborted_while_starting(world)
+    admin = world.admin("net-a")
+    real = admin.abort
+    far = world.clock() + 3 * WINDOW
+
+    def abort_while_another_round_pushes(run_id: str):
+        with unit_of_work(world.rt.sessions) as session:
+            [stray] = session.scalars(select(StrayRun)).all()
+            stray.settle_after = far
+        return real(run_id)
+
+    admin.abort = abort_while_another_round_pushes  # type: ignore[method-assign]
+    world.clock.advance(abort.RUN_START_WINDOW_S)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
+    [stray] = _strays(world)
+    assert stray.settle_after == far

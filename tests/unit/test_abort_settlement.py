@@ -57,6 +57,7 @@ def test_a_run_that_finished_before_the_abort_keeps_its_verdict(world, nvflare_s
     assert world.net("net-a").state == NetState.READY
     assert KICK in world.outbox.sent
     assert world.server("net-a").aborted == []
+    assert _strays(world) == []  # it ran (a start time): its end is proof, nothing held
 
 
 def test_a_confirmed_abort_says_so(world):

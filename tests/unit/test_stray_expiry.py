@@ -87,3 +87,13 @@ def test_a_window_pushed_on_and_on_still_expires_at_the_abort_timeout(world):
         [stray] = session.scalars(select(StrayRun)).all()
         stray.settle_after = world.clock() + timedelta(seconds=abort.RUN_START_WINDOW_S)
     assert abort.expire_stray_runs(world.rt, "net-a")
+
+
+def test_a_stray_not_held_expires_at_an_abort_timeout_shorter_than_the_start_window(world):
+    world.rt.settings = world.rt.settings.model_copy(update={"abort_timeout_s": 10.0})
+    world.driver("net-a").replicas = 1
+    _unsettleable_stray(world, "net-a")
+    world.clock.advance(9)
+    assert not abort.expire_stray_runs(world.rt, "net-a")
+    world.clock.advance(1)
+    assert abort.expire_stray_runs(world.rt, "net-a")
