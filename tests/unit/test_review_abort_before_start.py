@@ -18,10 +18,12 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from app.adapters.nvflare.base import AbortOutcome, AbortResult
-from app.errors import UnknownAdminError
 from app.usecases import abort, dispatch, intake, monitor, services
 from models import JobState, ReasonCode, StrayRun
+from tests.unit.abort_replies import (
+    reply_lost_after_the_server_acted,
+    reply_unclassified_after_the_server_acted,
+)
 
 WINDOW = timedelta(seconds=abort.RUN_START_WINDOW_S)
 
@@ -37,35 +39,6 @@ def _dispatched(world, status: str = "DISPATCHED") -> str:
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = status
     return job_id
-
-
-def _reply_lost_after_the_server_acted(world, net: str = "net-a") -> None:
-    """The next abort reaches the server (which marks the run) but its reply is lost: the
-    client answers as it does for a ServerUnavailable (NOTHING_TO_ABORT); the server is
-    reachable again for the next call (a blip, as the simulator's `_lose_reply`)."""
-    admin = world.admin(net)
-    real = admin.abort
-
-    def lost(nvflare_job_id: str) -> AbortResult:
-        real(nvflare_job_id)
-        admin.abort = real  # type: ignore[method-assign]
-        return AbortResult(AbortOutcome.NOTHING_TO_ABORT, "server unavailable: reply lost")
-
-    admin.abort = lost  # type: ignore[method-assign]
-
-
-def _reply_unclassified_after_the_server_acted(world, net: str = "net-a") -> None:
-    """The next abort reaches the server (which marks the run) but answers with an error
-    nobody classified (UnknownAdminError escapes the client: abort_on_server retries)."""
-    admin = world.admin(net)
-    real = admin.abort
-
-    def garbled(nvflare_job_id: str) -> AbortResult:
-        real(nvflare_job_id)
-        admin.abort = real  # type: ignore[method-assign]
-        raise UnknownAdminError("reply garbled")
-
-    admin.abort = garbled  # type: ignore[method-assign]
 
 
 def _runner_overwrites_the_mark(world) -> None:
@@ -89,7 +62,7 @@ def test_defect_abort_reply_lost_after_a_before_start_mark_frees_the_net(world):
     no window: the net takes the next job while the runner starts the aborted one."""
     job_id = _dispatched(world)
     assert intake.request_abort(world.rt, job_id, "user").decision.state == JobState.ABORTING
-    _reply_lost_after_the_server_acted(world)
+    reply_lost_after_the_server_acted(world)
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
     _runner_overwrites_the_mark(world)
     _net_takes_no_new_job(world)
@@ -101,7 +74,7 @@ def test_defect_abort_retried_after_an_unclassified_reply_finds_the_mark_finishe
     FINISHED:ABORTED, ALREADY_FINISHED, and `_settle_finished` ends the job with no stray."""
     job_id = _dispatched(world)
     assert intake.request_abort(world.rt, job_id, "user").decision.state == JobState.ABORTING
-    _reply_unclassified_after_the_server_acted(world)
+    reply_unclassified_after_the_server_acted(world)
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTING
     world.clock.advance(5)
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
@@ -125,7 +98,7 @@ def test_defect_stray_settle_with_a_lost_reply_takes_the_mark_for_the_end(world)
             world.clock(),
             code=ReasonCode.REPORTED_ERROR,
         )
-    _reply_lost_after_the_server_acted(world)
+    reply_lost_after_the_server_acted(world)
     abort.settle_stray_runs(world.rt, "net-a")  # on f31b5cd: 0 left, the stray forgotten
     _runner_overwrites_the_mark(world)
     _net_takes_no_new_job(world)
@@ -140,7 +113,7 @@ def test_defect_overrun_abort_with_a_lost_reply_on_an_always_on_net(always_on):
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "DISPATCHED"
     world.clock.advance(world.rt.settings.max_run_s + 1)
-    _reply_lost_after_the_server_acted(world)
+    reply_lost_after_the_server_acted(world)
     assert monitor.monitor_running_jobs(world.rt)[str(job_id)] == "failed: overran"
     assert world.job(job_id).state == JobState.FAILED
     _runner_overwrites_the_mark(world)
@@ -222,7 +195,7 @@ def test_defect_monitor_reads_the_mark_of_an_unconfirmed_abort_as_the_end(world)
     net free, no stray, while the job runner starts the run."""
     job_id = _dispatched(world)
     assert intake.request_abort(world.rt, job_id, "user").decision.state == JobState.ABORTING
-    _reply_unclassified_after_the_server_acted(world)
+    reply_unclassified_after_the_server_acted(world)
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTING
     world.enqueue("waiting", net="net-a")
     monitor.monitor_awaited_runs(world.rt)

@@ -16,6 +16,7 @@ from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable
 from app.usecases import abort, dispatch, intake, monitor, reconciler
 from models import JobState, StrayRun
+from tests.unit.abort_replies import reply_unclassified_after_the_server_acted
 
 WINDOW = timedelta(seconds=abort.RUN_START_WINDOW_S)
 
@@ -167,17 +168,7 @@ def test_holds_report_of_an_aborting_job_whose_abort_marked_the_run(world):
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = "DISPATCHED"
     assert intake.request_abort(world.rt, job_id, "user").decision.state == JobState.ABORTING
-    admin = world.admin("net-a")
-    real = admin.abort
-
-    def garbled(nvflare_job_id: str) -> AbortResult:
-        real(nvflare_job_id)
-        admin.abort = real  # type: ignore[method-assign]
-        from app.errors import UnknownAdminError
-
-        raise UnknownAdminError("reply garbled")
-
-    admin.abort = garbled  # type: ignore[method-assign]
+    reply_unclassified_after_the_server_acted(world)
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTING
     report = ReportJobStatus(job_id=job_id, status="error", detail="site crashed")
     intake.report_status(world.rt, report)
