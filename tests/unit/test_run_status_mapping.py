@@ -4,6 +4,8 @@ names NVFLARE's own status for the history."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from app.adapters.nvflare.base import RunState
@@ -52,3 +54,36 @@ def test_an_abort_before_the_run_started_reads_unstarted(meta, unstarted):
 )
 def test_an_abort_answered_before_start(status, message, before):
     assert aborted_before_start(status, message) is before
+
+
+@pytest.mark.parametrize(
+    ("meta", "state", "started_at"),
+    [
+        # The job store's start_time, in UTC whether or not it says so, for a RUNNING run...
+        ({"status": "RUNNING", "start_time": "1970-01-01T00:01:40+00:00"}, RunState.RUNNING, 100),
+        ({"status": "RUNNING", "start_time": "1970-01-01T00:01:40"}, RunState.RUNNING, 100),
+        ({"status": "RUNNING", "start_time": "not a time"}, RunState.RUNNING, None),
+        # ...and for no other.
+        (
+            {"status": "FINISHED:COMPLETED", "start_time": "1970-01-01T00:01:40"},
+            RunState.COMPLETED,
+            None,
+        ),
+    ],
+)
+def test_a_runs_meta_gives_its_state_and_when_it_went_running(meta, state, started_at):
+    status = meta_status(meta)
+    assert status is not None
+    assert (status.state, status.started_at) == (state, started_at)
+
+
+def test_a_start_time_without_a_zone_is_utc_whatever_the_hosts_zone(monkeypatch):
+    """nvflare writes UTC; a worker whose host runs in another zone must not shift it."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        status = meta_status({"status": "RUNNING", "start_time": "1970-01-01T00:01:40"})
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert status is not None and status.started_at == 100

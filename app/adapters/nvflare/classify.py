@@ -230,4 +230,4 @@ def aborted_before_start(status: str, message: object) -> bool:
     """An accepted abort hit a run not started yet: its status read before the abort says
     so, or (when that read failed) nvflare's answer, "Aborted the job <id> before running
     it."."""
-    return status in NOT_STARTED or BEFORE_RUNNING in str(message or "")
+    return status in NOT_STARTED or (isinstance(message, str) and BEFORE_RUNNING in message)
