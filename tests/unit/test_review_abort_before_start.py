@@ -21,6 +21,7 @@ from sqlalchemy import select
 from app.usecases import abort, dispatch, intake, monitor, services
 from models import JobState, ReasonCode, StrayRun
 from tests.unit.abort_replies import (
+    held_for_one_window,
     reply_lost_after_the_server_acted,
     reply_unclassified_after_the_server_acted,
 )
@@ -39,6 +40,21 @@ def _dispatched(world, status: str = "DISPATCHED") -> str:
     world.run_pipeline(job_id)
     world.server("net-a").statuses["nv-1"] = status
     return job_id
+
+
+def _moved_on_with_a_stray(world, job_id) -> None:
+    """The job moved on (flip-api ended it) while its run stayed: a stray known by id and
+    token, recorded with no window (as dispatch's "submit landed after the job moved on")."""
+    world.add_stray(job_id, "net-a", "nv-1", token=world.job(job_id).submit_token)
+    with world.rt.sessions.begin() as session:
+        services.finish_job(
+            session,
+            job_id,
+            JobState.FAILED,
+            "moved on",
+            world.clock(),
+            code=ReasonCode.REPORTED_ERROR,
+        )
 
 
 def _runner_overwrites_the_mark(world) -> None:
@@ -88,16 +104,7 @@ def test_defect_stray_settle_with_a_lost_reply_takes_the_mark_for_the_end(world)
     aborted while the runner starts it; the reply is lost, the status read finds the mark,
     and the stray is forgotten in the same round."""
     job_id = _dispatched(world, "SUBMITTED")
-    world.add_stray(job_id, "net-a", "nv-1", token=world.job(job_id).submit_token)
-    with world.rt.sessions.begin() as session:  # the job moved on (flip-api ended it)
-        services.finish_job(
-            session,
-            job_id,
-            JobState.FAILED,
-            "moved on",
-            world.clock(),
-            code=ReasonCode.REPORTED_ERROR,
-        )
+    _moved_on_with_a_stray(world, job_id)
     reply_lost_after_the_server_acted(world)
     abort.settle_stray_runs(world.rt, "net-a")  # on f31b5cd: 0 left, the stray forgotten
     _runner_overwrites_the_mark(world)
@@ -143,13 +150,7 @@ def test_holds_token_only_stray_then_a_before_start_answer_keeps_the_window(worl
     token = world.job(job_id).submit_token
     world.server("net-a").statuses["nv-1"] = "SUBMITTED"
     world.add_stray(job_id, "net-a", None, token=token)
-    assert abort.settle_stray_runs(world.rt, "net-a") == 1
-    [stray] = _strays(world)
-    assert stray.settle_after == world.clock() + WINDOW
-    world.clock.advance(abort.RUN_START_WINDOW_S - 1)
-    assert abort.settle_stray_runs(world.rt, "net-a") == 1
-    world.clock.advance(1)
-    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    held_for_one_window(world)
 
 
 def test_holds_overrun_abort_answered_before_start_on_an_always_on_net(always_on):
@@ -171,16 +172,7 @@ def test_holds_moved_on_stray_whose_settle_is_answered_before_start(world):
     """dispatch's "submit landed after the job moved on" stray (no window of its own): the
     settle's abort is answered before-start, which sets the window in the same round."""
     job_id = _dispatched(world, "SUBMITTED")
-    world.add_stray(job_id, "net-a", "nv-1", token=world.job(job_id).submit_token)
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.FAILED,
-            "moved on",
-            world.clock(),
-            code=ReasonCode.REPORTED_ERROR,
-        )
+    _moved_on_with_a_stray(world, job_id)
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
     [stray] = _strays(world)
     assert stray.settle_after == world.clock() + WINDOW
