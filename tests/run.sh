@@ -109,15 +109,25 @@ fi
 REPORTS="$(mktemp -d)"
 trap 'rm -rf "$REPORTS"' EXIT
 status=0
+# CPU seconds (user + system) this shell's children have used so far: pytest, its workers and
+# every process they started and reaped (servers a test daemonised, PostgreSQL's own, are not
+# counted). `times` must run in this shell: in $(...) it would report a subshell's.
+children_cpu() {
+  times > "$REPORTS/times"
+  tail -1 "$REPORTS/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) {
+    split($i, p, /[ms]/); s += p[1] * 60 + p[2] } printf "%.0f", s }'
+}
 phase() {
   local name="$1" workers="$2"
   shift 2
   echo "== pytest: $name ($workers workers)"
-  local start=$SECONDS
+  local start=$SECONDS cpu_before cpu_after
+  children_cpu > "$REPORTS/cpu"; cpu_before=$(cat "$REPORTS/cpu")
   local parallel=()
   if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
   python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
-  echo "== $name: $((SECONDS - start)) s"
+  children_cpu > "$REPORTS/cpu"; cpu_after=$(cat "$REPORTS/cpu")
+  echo "== $name: $((SECONDS - start)) s wall, $((cpu_after - cpu_before)) CPU-s"
 }
 phase unit "${FL_TEST_WORKERS_UNIT:-2}" -m unit
 phase others "${FL_TEST_WORKERS:-4}" -m "not unit"
