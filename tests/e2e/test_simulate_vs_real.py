@@ -37,7 +37,7 @@ from tests.fixtures.services import PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
-EXPECTED_S = 160  # seconds on the 2-core CI machine (tests/tools/schedule.py)
+EXPECTED_S = 110  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 GRACE_S = 15.0
 HOUSEKEEPING_S = 1.5
@@ -47,9 +47,10 @@ HOUSEKEEPING_S = 1.5
 # busy machine (40 s seen with four test workers) once kept the server up past a fixed one.
 PLAN = (("sim-a", 0.0), ("sim-b", 1.0))
 AFTER_STOP_S = 5.0
-# Rounds of each job: runs of about 20 s, so a cold start's own spread (a site re-registers
-# on its retry timer) is not most of the server-up time.
-ROUNDS = 4
+# Rounds of each job: runs of about 10 s. (They were twice that while one mean cold start
+# was replayed for both stretches, so that a cold start's own spread was not most of the
+# server-up time; each stretch now has its own.)
+ROUNDS = 2
 RUN_S = 240.0
 TOLERANCE = 0.10
 
@@ -129,12 +130,10 @@ def real_up_s(events: list[tuple[str, str, datetime]]) -> tuple[float, int]:
 
 def test_server_up_time_of_a_tiny_trace_agrees_with_the_simulator(stack: LocalStack) -> None:
     assert stack.net().state == NetState.STOPPED
-    # A warm-up job first, outside the trace: at the very first server start the sites are
-    # fresh and connect at once, while every later cold start (all of them, in production)
-    # waits for the sites to re-register.
-    warm_up = stack.enqueue("sim-warm-up", stack.add_job_definition("warm-fedavg", 1))
-    wait_done(stack, warm_up)
-    wait_stopped(stack)
+    # No warm-up job: the very first server start is quicker than the later ones (the sites
+    # are fresh and connect at once, while later they re-register on their retry timer), but
+    # each stretch is replayed with its own measured cold start, so which kind it was does
+    # not matter.
     net_after, job_after = stack.read(
         lambda s: (
             s.scalar(select(func.max(NetEvent.id))) or 0,
