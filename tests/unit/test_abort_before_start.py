@@ -97,6 +97,26 @@ def test_an_earlier_window_never_shortens_a_later_one(world):
     assert stray.settle_after == later
 
 
+def test_a_window_given_to_a_stray_recorded_without_one_holds_it(world):
+    """A run first recorded with no window (an unconfirmed abort), then answered "aborted
+    before it started": the same stray takes the window and is not settled before it ends."""
+    job_id = world.enqueue("j", net="net-a")
+    world.add_stray(job_id, "net-a", "nv-1")
+    with unit_of_work(world.rt.sessions) as session:
+        services.add_stray_run(
+            session,
+            net_name="net-a",
+            job_id=job_id,
+            nvflare_job_id="nv-1",
+            submit_token=None,
+            reason="aborted before start",
+            now=world.clock(),
+            settle_after=world.clock() + WINDOW,
+        )
+    [stray] = _strays(world)
+    assert stray.settle_after == world.clock() + WINDOW
+
+
 def test_a_window_pushed_meanwhile_by_another_round_is_kept(world):
     """Two settle rounds at once (a kick and beat's): the later window either of them set
     stands, never the earlier one this round read."""

@@ -1,12 +1,14 @@
 """The guards of services' shared steps: a repeated submit, a release while a job still
-holds the net, and the cheap check that every declared net has its row."""
+holds the net, the cheap check that every declared net has its row, and a stray run
+recorded once per run (one job's run on one net), never folded into another."""
 
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from app.usecases import services
-from models import JobState, NetState
+from models import JobState, NetState, StrayRun
 from models.states import IllegalTransition
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
@@ -57,3 +59,54 @@ def test_rows_all_present_spare_the_locked_sync_even_beside_a_removed_nets_row(
     with world.rt.sessions.begin() as session:
         services.ensure_net_rows(session, only_a.rt.settings, clock())
     assert synced == []
+
+
+def _strays(world) -> list[tuple[str, object, str | None, str | None]]:
+    with world.rt.sessions() as session:
+        return [
+            (s.net_name, s.job_id, s.nvflare_job_id, s.submit_token)
+            for s in session.scalars(select(StrayRun).order_by(StrayRun.id))
+        ]
+
+
+def test_two_runs_of_one_job_on_one_net_are_two_strays(world):
+    """Each live run is counted: a second run of the job on the same net (another run id)
+    is not taken for the first one recorded again."""
+    job_id = world.enqueue("j", net="net-a")
+    world.add_stray(job_id, "net-a", "nv-1")
+    world.add_stray(job_id, "net-a", "nv-2")
+    assert _strays(world) == [
+        ("net-a", job_id, "nv-1", None),
+        ("net-a", job_id, "nv-2", None),
+    ]
+
+
+def test_two_runs_known_only_by_their_tokens_are_two_strays(world):
+    """Two submits whose outcome is unknown (no run id yet), with two tokens: two runs
+    the server may hold, so two strays."""
+    job_id = world.enqueue("j", net="net-a")
+    world.add_stray(job_id, "net-a", None, token="tok-0")
+    world.add_stray(job_id, "net-a", None, token="tok-0.1")
+    assert _strays(world) == [
+        ("net-a", job_id, None, "tok-0"),
+        ("net-a", job_id, None, "tok-0.1"),
+    ]
+
+
+def test_the_same_run_id_on_another_net_is_another_stray(world):
+    """A stray holds the net it was recorded on: the same job and run id on a second net
+    is that net's own stray, so that net too takes no job until it is settled."""
+    job_id = world.enqueue("j", net="net-a")
+    world.add_stray(job_id, "net-a", "nv-1")
+    world.add_stray(job_id, "fixed", "nv-1")
+    assert _strays(world) == [("net-a", job_id, "nv-1", None), ("fixed", job_id, "nv-1", None)]
+
+
+def test_the_same_run_id_for_another_job_is_another_stray(world):
+    """A stray names its job (a job with a stray waits in the queue): one job's run is
+    never folded into another job's stray on the same net."""
+    first = world.enqueue("first", net="net-a")
+    second = world.enqueue("second", net="net-a")
+    world.add_stray(first, "net-a", "nv-1")
+    world.add_stray(second, "net-a", "nv-1")
+    assert _strays(world) == [("net-a", first, "nv-1", None), ("net-a", second, "nv-1", None)]
