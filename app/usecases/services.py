@@ -133,14 +133,6 @@ def job_folder(settings: Settings, definition: str) -> Path:
     return (settings.job_root / definition).resolve()
 
 
-def get_job_by_key(session: Session, caller_key: str) -> Job:
-    """The job a caller_key names; NotFound if none."""
-    job = session.scalar(select(Job).where(Job.caller_key == caller_key))
-    if job is None:
-        raise NotFound(f"no job with caller_key {caller_key!r}")
-    return job
-
-
 def get_job(
     session: Session,
     job_id: uuid.UUID,
