@@ -181,13 +181,14 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
 
 
 def dispatches_of(session: Session, job_id: uuid.UUID) -> list[int | None]:
-    """The attempt of each time the job went DISPATCHING (its history), oldest first: each
-    dispatch's submit token must be new, even when a requeue counted no attempt."""
+    """The attempt of each time the job went DISPATCHING (its history): each dispatch's
+    submit token must be new, even when a requeue counted no attempt. In no set order:
+    `Job.start_dispatch` asks only whether an attempt is among them and how many there are."""
     return list(
         session.scalars(
-            select(JobEvent.attempt)
-            .where(JobEvent.job_id == job_id, JobEvent.to_state == JobState.DISPATCHING)
-            .order_by(JobEvent.id)
+            select(JobEvent.attempt).where(
+                JobEvent.job_id == job_id, JobEvent.to_state == JobState.DISPATCHING
+            )
         )
     )
 
