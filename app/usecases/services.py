@@ -61,8 +61,9 @@ def sync_nets(
             and active_job(session, net.name) is None  # never STOPPED under a job
         ):
             # A scale-down call may still be in flight (its lease, scaling.scale_down): STOPPING
-            # until reconcile finishes it, not STOPPED, which a job could claim under it.
-            in_flight = net.stop_due_at is not None and net.stop_due_at > now
+            # until reconcile finishes it, not STOPPED, which a job could claim under it. In
+            # flight up to its due time included, as reconcile reads it (scaling.stop_in_flight).
+            in_flight = net.stop_due_at is not None and now <= net.stop_due_at
             target = NetState.STOPPING if in_flight else NetState.STOPPED
             net.transition(target, now, "settings reloaded at start")
             net.last_error = None

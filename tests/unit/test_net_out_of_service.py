@@ -3,11 +3,13 @@ worker's start (`prepare_nets_at_start` uses these), and reset when the worker r
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import select
 
 from app.errors import AdminMisconfigured
-from app.usecases import claims, dispatch, services
+from app.usecases import claims, dispatch, scaling, services
 from models import JobState, NetEvent, NetState
 from tests.unit.scale_history import scale_decisions
 
@@ -51,6 +53,28 @@ def test_a_worker_restart_puts_a_misconfigured_net_back_in_service(world):
         services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.STOPPED, None)
+
+
+@pytest.mark.parametrize(
+    ("lease_left_s", "state"),
+    [(1, NetState.STOPPING), (0, NetState.STOPPING), (-1, NetState.STOPPED)],
+    ids=["lease running", "lease ends now", "lease passed"],
+)
+def test_a_restart_keeps_a_misconfigured_net_stopping_until_its_stop_lease_has_passed(
+    world, lease_left_s, state
+):
+    """A scale-down call of the net may still land until its lease has passed (up to its
+    due time included, as reconcile reads it): a restart puts the net back STOPPING till
+    then, never STOPPED, which a job could claim under the landing call."""
+    with world.rt.sessions.begin() as session:
+        services.mark_misconfigured(session, "net-a", "kit names another server", world.clock())
+        due = world.clock() + timedelta(seconds=30)
+        services.get_net(session, "net-a").stop_due_at = due
+    world.clock.advance(30 - lease_left_s)
+    with world.rt.sessions.begin() as session:
+        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+    assert world.net("net-a").state == state
+    assert scaling.stop_in_flight(due, world.clock()) == (state == NetState.STOPPING)
 
 
 def test_a_net_found_misconfigured_in_the_pipeline_says_why_and_so_does_its_job(world):
