@@ -1,9 +1,12 @@
 """A net removed from the settings by a redeploy keeps its rows; its leftovers are settled
-without asking a server nobody declares any more (and without crashing the loop)."""
+without asking a server nobody declares any more (and without crashing the loop). A net
+counts as removed once no process has declared it for the grace (README: `max(STUCK_AFTER_S,
+20 x HOUSEKEEPING_INTERVAL_S)`), each process recording when it last found its nets."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -18,7 +21,7 @@ from app.usecases import (
     undeclared,
     unknown_submit,
 )
-from models import JobState, NetState, StrayRun
+from models import JobState, Net, NetState, StrayRun
 from tests.fixtures.db import net_decl
 
 
@@ -79,3 +82,75 @@ def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_pat
     job_id = world.enqueue("anywhere", required_sites=["site-1"])
     claims = dispatch.assign_jobs(world.rt)
     assert [(a.job_id, a.net_name) for a in claims] == [(job_id, "fixed")]
+
+
+def _row_of_a_removed_net(world, declared_at: datetime | None) -> None:
+    """A row of net `gone`, which no NETS declares any more, last declared then."""
+    with world.rt.sessions.begin() as session:
+        session.add(
+            Net(
+                name="gone",
+                state=NetState.STOPPED,
+                state_changed_at=world.clock(),
+                declared_at=declared_at,
+            )
+        )
+
+
+def _undeclared(world) -> list[str]:
+    with world.rt.sessions() as session:
+        return services.undeclared_nets(session, world.rt.settings, world.clock())
+
+
+def test_each_round_records_that_this_process_still_declares_its_nets(world):
+    """note_declared (each reconcile) stamps the nets this process declares, and only those."""
+    before = world.clock()
+    _row_of_a_removed_net(world, before)
+    world.clock.advance(60)
+    with world.rt.sessions.begin() as session:
+        services.note_declared(session, world.rt.settings, world.clock())
+    with world.rt.sessions() as session:
+        declared = {n.name: n.declared_at for n in session.scalars(select(Net))}
+    assert declared == {"net-a": world.clock(), "fixed": world.clock(), "gone": before}
+
+
+@pytest.mark.parametrize(
+    ("stuck_after_s", "interval_s", "grace_s"),
+    [(300, 60, 1200), (3600, 60, 3600)],
+    ids=["twenty intervals", "stuck_after_s"],
+)
+def test_the_grace_before_a_net_counts_as_removed_is_the_longer_of_the_two(
+    tmp_path, job_root, stuck_after_s, interval_s, grace_s
+):
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "fixed", "static")]),
+        STUCK_AFTER_S=stuck_after_s,
+        HOUSEKEEPING_INTERVAL_S=interval_s,
+    )
+    assert services.undeclared_after_s(settings) == grace_s
+
+
+def test_a_net_last_declared_a_whole_grace_ago_counts_as_removed_only_after_it(world):
+    _row_of_a_removed_net(world, world.clock())
+    world.clock.advance(services.undeclared_after_s(world.rt.settings))
+    assert _undeclared(world) == []
+    world.clock.advance(1)
+    assert _undeclared(world) == ["gone"]
+
+
+def test_a_net_no_process_declared_since_migration_0007_counts_as_removed(world):
+    """Migration 0007 added `declared_at` empty: a net removed by the deploy that brought it
+    in was never declared since, and counts as removed at once."""
+    _row_of_a_removed_net(world, None)
+    assert _undeclared(world) == ["gone"]
+
+
+def test_a_net_this_process_declares_never_counts_as_removed(world):
+    """However long ago its row was stamped (or never): a net in this process's own NETS is
+    not removed, whatever the order of the round's steps."""
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a").declared_at = None
+        services.get_net(session, "fixed").declared_at = world.clock() - timedelta(days=30)
+    assert _undeclared(world) == []
