@@ -75,12 +75,7 @@ def note_declared(session: Session, settings: Settings, now: datetime) -> None:
     """This process declares these nets now (see `undeclared_nets`)."""
     names = [n.name for n in settings.nets]
     if names:
-        session.execute(
-            update(Net)
-            .where(Net.name.in_(names))
-            .values(declared_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        session.execute(update(Net).where(Net.name.in_(names)).values(declared_at=now))
 
 
 def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
