@@ -416,7 +416,9 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
             # Its submit may land yet: stopped like an abort (ABORTING until the server was
             # told, which dispatch does once the run lands, within ABORT_TIMEOUT_S at most),
             # so the net is not handed to the next job while this one's run may still land.
-            return abort_job(session, job.id, reason, now, ReasonCode.REPORTED_STOPPED).state
+            # No code here: abort_job moves such a job to ABORTING, which takes none; its end
+            # carries the abort's (app.usecases.abort: `aborted`, `abort_unconfirmed`...).
+            return abort_job(session, job.id, reason, now).state
         if job.state in (JobState.RUNNING, JobState.ABORTING) and job.net_name is not None:
             # NVFLARE has not said the run is over (an ABORTING job's abort may not have
             # reached its server yet): until its server does, the run counts for nobody and
