@@ -1,8 +1,9 @@
 """What flip-api is told when it enqueues: a caller key seen before returns that job when the
-payload is the same (defaults filled in, sites in any order) and is a conflict when it is
-not, and each refusal says what to fix (the nets it could
-name, that sites are needed, that no net is configured, which characters a definition's
-folder may hold); a folder named with capitals and digits is fine."""
+payload is the same (defaults filled in, sites in any order) and is a conflict naming the
+fields that differ when it is not, and each refusal says what to fix (the nets it could
+name, that sites are needed, that no net is configured, each net's sites when none has all
+a job needs, which characters a definition's folder may hold); a folder named with capitals
+and digits is fine."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import enqueue, services
 from models import JobState
+from tests.fixtures.db import net_decl
 
 
 def _enqueue(sqlite_factory, settings, clock, key="k", **kw):
@@ -52,6 +54,68 @@ def test_a_caller_key_reused_with_another_payload_is_a_conflict_naming_the_job(
     )
     with sqlite_factory() as session:
         assert services.get_job(session, first.job_id).priority == 0  # unchanged
+
+
+def _conflict(sqlite_factory, settings, clock, first: dict, again: dict) -> str:
+    """How the conflict a second enqueue under the first one's key meets goes on after
+    "enqueued with a different payload"."""
+    _enqueue(sqlite_factory, settings, clock, **first)
+    with pytest.raises(CallerKeyConflict) as conflict:
+        _enqueue(sqlite_factory, settings, clock, **again)
+    message = str(conflict.value)
+    assert "enqueued with a different payload" in message, message
+    return message.partition("enqueued with a different payload")[2]
+
+
+SITES = {"required_sites": ["site-1"]}
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "differ"),
+    [
+        ({"net": "net-a"}, {"net": "net-b"}, "net"),
+        (SITES | {"metadata": {"model": "m1"}}, SITES | {"metadata": {"model": "m2"}}, "metadata"),
+        (SITES, {"required_sites": ["site-2"]}, "required_sites"),
+        (SITES | {"max_attempts": 2}, SITES | {"max_attempts": 3}, "max_attempts"),
+        (SITES | {"max_attempts": 2}, SITES | {"max_attempts": 2, "priority": 5}, "priority"),
+        ({"net": "net-a"}, {"net": "net-b", "priority": 5}, "net, priority"),
+    ],
+    ids=["net", "metadata", "sites", "max_attempts", "priority only", "two fields"],
+)
+def test_a_conflict_names_the_fields_that_differ(
+    sqlite_factory, settings, clock, first, again, differ
+):
+    """The caller reads which of its fields made the second request another payload."""
+    assert _conflict(sqlite_factory, settings, clock, first, again) == (
+        f" (differs in: {differ}); a new job needs a new caller_key"
+    )
+
+
+def test_a_conflict_in_a_field_the_message_cannot_show_names_none(sqlite_factory, settings, clock):
+    """Another definition is another payload too, but not among the fields the message
+    compares: the message then names no field, rather than an empty list."""
+    (settings.job_root / "other-job" / "app").mkdir(parents=True)
+    (settings.job_root / "other-job" / "meta.json").write_text('{"name": "other-job"}')
+    again = SITES | {"definition": "other-job"}
+    assert _conflict(sqlite_factory, settings, clock, SITES, again) == (
+        "; a new job needs a new caller_key"
+    )
+
+
+def test_a_job_no_net_can_run_is_refused_naming_each_nets_sites(
+    sqlite_factory, tmp_path, job_root, clock
+):
+    nets = [
+        net_decl(tmp_path, "net-a", sites=["site-1", "site-2"]),
+        net_decl(tmp_path, "net-b", sites=["site-3", "site-4"], required_sites=["site-3"]),
+    ]
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
+    )
+    assert _refusal(sqlite_factory, settings, clock, required_sites=["site-1", "site-3"]) == (
+        "no net has every site in ['site-1', 'site-3']; "
+        "net-a has site-1, site-2; net-b has site-3, site-4"
+    )
 
 
 def test_each_refusal_says_what_to_fix(sqlite_factory, settings, clock):
