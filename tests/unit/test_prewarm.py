@@ -6,6 +6,7 @@ replica, never a hold past its deadline whatever message is lost."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
@@ -310,6 +311,47 @@ def test_a_job_on_a_held_net_ends_the_hold_and_its_own_end_starts_the_grace(pw):
     assert settled.outcome == PrewarmOutcome.USED and settled.job_id == job_id
     pw.clock.advance(1)
     assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]  # not held to 1000 s
+
+
+def test_the_claim_itself_ends_the_hold_as_used_naming_the_job(pw):
+    """In the claim's own transaction, before any settling round: used, at the claim, by
+    that job, and saying so."""
+    held_ready(pw, within_s=1000)
+    job_id = pw.enqueue("job", net="net-a")
+    dispatch.assign_jobs(pw.rt)
+    used = row(pw, "p1")
+    assert (used.outcome, used.job_id, used.ended_at) == (PrewarmOutcome.USED, job_id, pw.clock())
+    assert used.detail == f"job {job_id} was claimed onto the net"
+
+
+def test_a_claim_after_the_deadline_leaves_the_hold_to_expire(pw):
+    """A hold past its deadline that no round has settled yet was not used by a job
+    claimed after it: it expired."""
+    held_ready(pw, within_s=100)
+    pw.enqueue("late", net="net-a")
+    pw.clock.now = row(pw, "p1").hold_until + timedelta(seconds=1)
+    assert dispatch.assign_jobs(pw.rt)
+    assert row(pw, "p1").outcome is None
+    prewarm_warm_up.settle_prewarms(pw.rt)
+    ended = row(pw, "p1")
+    assert (ended.outcome, ended.job_id) == (PrewarmOutcome.EXPIRED, None)
+
+
+def test_a_claim_keeps_the_outcome_of_a_hold_that_ended_before_it(pw):
+    """A cancelled hold (its deadline still ahead) stays cancelled: a job claimed onto the
+    net after the cancel did not use it."""
+    held_ready(pw, within_s=1000)
+    pw.clock.advance(10)
+    cancelled_at = pw.clock()
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    pw.enqueue("after", net="net-a")
+    assert dispatch.assign_jobs(pw.rt)
+    kept = row(pw, "p1")
+    assert (kept.outcome, kept.job_id, kept.ended_at) == (
+        PrewarmOutcome.CANCELLED,
+        None,
+        cancelled_at,
+    )
 
 
 def test_a_busy_net_is_held_after_its_job_until_the_deadline(pw):
