@@ -120,13 +120,13 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
 
 def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime) -> None:
     """A job claimed onto a net ends its live prewarm holds as `used`, in the claim's own
-    transaction, so no read between the claim and a scale-down round shows them held."""
+    transaction, so no read between the claim and a scale-down round shows them held. A
+    refusal is never open: it is written with its outcome."""
     session.execute(
         update(Prewarm)
         .where(
             Prewarm.net_name == net_name,
             Prewarm.outcome.is_(None),
-            ~Prewarm.refused,
             Prewarm.hold_until > now,
         )
         .values(
