@@ -337,6 +337,20 @@ def test_a_claim_after_the_deadline_leaves_the_hold_to_expire(pw):
     assert (ended.outcome, ended.job_id) == (PrewarmOutcome.EXPIRED, None)
 
 
+def test_a_job_claimed_as_the_hold_ends_has_used_it_from_the_claim_on(pw):
+    """A settling round counts a job claimed up to the deadline included as the hold's use
+    (prewarm_holds.settle_row): the claim says so at once, so the prewarm never reads
+    "expired" in between and then "used"."""
+    held_ready(pw, within_s=100)
+    job_id = pw.enqueue("on-time", net="net-a")
+    pw.clock.now = row(pw, "p1").hold_until
+    assert dispatch.assign_jobs(pw.rt)
+    assert view(pw, "p1")["status"] == "used"
+    prewarm_warm_up.settle_prewarms(pw.rt)
+    used = row(pw, "p1")
+    assert (used.outcome, used.job_id, used.ended_at) == (PrewarmOutcome.USED, job_id, pw.clock())
+
+
 def test_a_claim_keeps_the_outcome_of_a_hold_that_ended_before_it(pw):
     """A cancelled hold (its deadline still ahead) stays cancelled: a job claimed onto the
     net after the cancel did not use it."""
