@@ -1,11 +1,14 @@
-"""Which nets a QUEUED job wants: only claimable jobs pin a net."""
+"""Which nets a QUEUED job wants: only claimable jobs pin a net; an idle net is kept only
+for a queued job it could take (pinned to it or unpinned, with sites it has where it declares
+them); and a claim looks through a net's next SITES_SCAN queued jobs for one that fits."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
-from app.usecases import claims
-from models import Net
+from app.usecases import claims, dispatch, services
+from models import JobState, Net, NetState
 
 
 def _wanted(world) -> set[str]:
@@ -25,3 +28,44 @@ def test_a_queued_pinned_job_wants_its_net_only(world):
     """A QUEUED job pinned to net-a wants net-a and not the other net."""
     world.enqueue("pinned", net="net-a")
     assert _wanted(world) == {"net-a"}
+
+
+@pytest.mark.parametrize(
+    ("job", "net", "fits"),
+    [
+        ({"required_sites": ["site-1"]}, "net-a", True),
+        ({"required_sites": ["site-9"]}, "net-a", False),
+        ({"required_sites": ["site-9"]}, "net-b", True),
+        ({"net": "net-a", "required_sites": ["site-1"]}, "net-a", True),
+        ({"net": "net-b", "required_sites": ["site-1"]}, "net-a", False),
+    ],
+    ids=[
+        "unpinned, sites it has",
+        "unpinned, a site it declares it lacks",
+        "unpinned, on a net that declares no sites",
+        "pinned to it",
+        "pinned to the other net",
+    ],
+)
+def test_an_idle_net_is_kept_only_for_a_queued_job_it_could_take(sited, job, net, fits):
+    """net-a declares site-1..3, net-b declares none (queued_job_fits, the idle check's
+    question before it stops a net)."""
+    sited.enqueue("waiting", **job)
+    with sited.rt.sessions() as session:
+        assert claims.queued_job_fits(session, sited.rt.settings, net) is fits
+
+
+def test_a_claim_looks_through_a_nets_next_sites_scan_queued_jobs_only(sited):
+    """README: "a claim looks through the net's next 50 QUEUED jobs for one that fits". A
+    job net-a could run behind SITES_SCAN it cannot waits, until the queue ahead of it
+    shrinks."""
+    with sited.rt.sessions.begin() as session:  # only net-a can claim
+        services.get_net(session, "net-b").state = NetState.MISCONFIGURED
+    ahead = [
+        sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(claims.SITES_SCAN)
+    ]
+    behind = sited.enqueue("fits", required_sites=["site-1"])
+    assert dispatch.assign_jobs(sited.rt) == []
+    sited.abort(ahead[0])
+    assert [a.job_id for a in dispatch.assign_jobs(sited.rt)] == [behind]
+    assert sited.job(behind).state == JobState.ASSIGNED
