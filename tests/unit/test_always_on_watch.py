@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app.usecases import dispatch, reconciler, services
+from app.usecases.net_repairs import net_rows, watch_always_on
 from models import JobState, NetEvent, NetState, ReasonCode
 from tests.unit.scale_history import scale_decisions
 
@@ -125,8 +126,6 @@ def test_an_outage_ends_ready_when_its_job_ended_after_the_rounds_read(always_on
     """The round reads every net once; a job that ended since (lost, aborted) must not
     leave its net BUSY with no job when the outage ends: the target is decided under the
     net's lock."""
-    from app.usecases.net_repairs import net_rows, watch_always_on
-
     world = always_on
     reconciler.reconcile(world.rt)
     job_id = world.enqueue("j", net="fixed")
@@ -139,4 +138,30 @@ def test_an_outage_ends_ready_when_its_job_ended_after_the_rounds_read(always_on
             session, job_id, JobState.FAILED, "lost", world.clock(), code=ReasonCode.SERVER_LOST
         )
     assert watch_always_on(world.rt, "fixed", row) == "OUTAGE -> READY"
+    assert world.net("fixed").state == NetState.READY
+
+
+def test_an_outage_that_ends_ready_counts_the_nets_idle_time_from_then(always_on):
+    """The idle time the status API and the idle metric show (idle_since) starts when the
+    server came back, not before the outage."""
+    world = always_on
+    reconciler.reconcile(world.rt)
+    world.server("fixed").up = False
+    reconciler.reconcile(world.rt)
+    world.clock.advance(600)
+    world.server("fixed").up = True
+    reconciler.reconcile(world.rt)
+    net = world.net("fixed")
+    assert (net.state, net.idle_since) == (NetState.READY, world.clock())
+
+
+def test_an_outage_another_round_ended_since_this_rounds_read_is_no_repair(always_on):
+    world = always_on
+    reconciler.reconcile(world.rt)
+    world.server("fixed").up = False
+    reconciler.reconcile(world.rt)
+    row = net_rows(world.rt)["fixed"]  # this round reads OUTAGE ...
+    world.server("fixed").up = True
+    reconciler.reconcile(world.rt)  # ... and another round ends it first
+    assert watch_always_on(world.rt, "fixed", row) == ""
     assert world.net("fixed").state == NetState.READY

@@ -43,6 +43,15 @@ def test_strays_left_unsettled_are_reported_and_so_is_the_take_down(world):
     assert world.driver("net-a").replicas == 0
 
 
+def test_strays_beside_a_running_job_are_settled_and_reported_too(world):
+    """A net with a job is read with its stray runs like any other (a submit that landed
+    for a job that moved on can leave one beside the next job's run)."""
+    job_id = world.enqueue("running", net="net-a")
+    world.run_pipeline(job_id)
+    _stray(world, "net-a", readable=False)
+    assert _notes(world, "net-a") == ["net-a: 1 stray run(s) unsettled"]
+
+
 def test_an_always_on_net_keeps_its_unsettled_strays_and_says_only_that(world):
     reconciler.reconcile(world.rt)  # the static server is READY
     _stray(world, "fixed", readable=False)

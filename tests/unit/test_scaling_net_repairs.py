@@ -99,6 +99,30 @@ def test_a_net_left_stopping_or_unhealthy_is_stopped_again(world, state):
     assert world.net("net-a").state == NetState.STOPPED
 
 
+@pytest.mark.parametrize("state", [NetState.STOPPING, NetState.UNHEALTHY])
+def test_a_net_whose_stop_another_call_finished_since_the_rounds_read_is_left_alone(world, state):
+    """Re-checked under the lock: the net is STOPPED now, so no second scale-down and no
+    repair is reported for it."""
+    driver = world.driver("net-a")
+    driver.replicas = 1
+    _set_state(world, state)
+    real_observe = driver.observe
+
+    def stopped_meanwhile():
+        driver.observe = real_observe  # type: ignore[method-assign]
+        driver.replicas = 0
+        with world.rt.sessions.begin() as session:
+            services.get_net(session, "net-a").transition(
+                NetState.STOPPED, world.clock(), "stopped by another call"
+            )
+        return real_observe()
+
+    driver.observe = stopped_meanwhile  # type: ignore[method-assign]
+    assert _notes(world) == []
+    assert scale_decisions(world, "net-a") == []
+    assert world.net("net-a").state == NetState.STOPPED
+
+
 @pytest.mark.parametrize(("replicas", "target"), [(1, NetState.READY), (0, NetState.STOPPED)])
 def test_a_former_always_on_net_in_outage_now_scales_to_zero(world, replicas, target):
     world.driver("net-a").replicas = replicas
