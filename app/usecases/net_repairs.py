@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -46,6 +46,7 @@ class NetRow:
     job_id: uuid.UUID | None = None
     job_state: JobState | None = None
     attempt: int = 0
+    _: KW_ONLY  # the net's own fields, by keyword only: a job's fields (*job) end before them
     strays: int = 0
     stop_due_at: datetime | None = None  # the lease of a scale-down call (stop_net)
 
@@ -72,15 +73,17 @@ def net_rows(rt: Runtime) -> dict[str, NetRow]:
                 select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)
             )
         }
-    rows = {}
-    for name, state, changed_at, stop_due_at in nets:
-        count: int = strays.get(name, 0)
-        job = active.get(name)
-        if job is None:
-            rows[name] = NetRow(state, changed_at, strays=count, stop_due_at=stop_due_at)
-        else:
-            rows[name] = NetRow(state, changed_at, *job, strays=count, stop_due_at=stop_due_at)
-    return rows
+    # One constructor with or without a job: the net's own fields are set in one place.
+    return {
+        name: NetRow(
+            state,
+            changed_at,
+            *active.get(name, ()),
+            strays=strays.get(name, 0),
+            stop_due_at=stop_due_at,
+        )
+        for name, state, changed_at, stop_due_at in nets
+    }
 
 
 def _net_state(rt: Runtime, name: str) -> NetState:
