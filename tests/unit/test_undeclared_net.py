@@ -16,6 +16,7 @@ from app.settings import Settings
 from app.usecases import (
     abort,
     dispatch,
+    monitor,
     reconciler,
     services,
     undeclared,
@@ -72,7 +73,10 @@ def test_a_job_assigned_to_a_net_no_longer_declared_and_pinned_to_it_fails_at_on
     assert f"{job_id}: failed: pinned to an undeclared net" in redriven
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.FAILED, 0)
-    assert job.last_error == undeclared.undeclared_reason("net-a")
+    assert job.last_error == (
+        "net net-a is no longer declared (NETS): its server is no longer watched or scaled; "
+        "stop it by hand if it still runs"
+    )
 
 
 def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_path, job_root):
@@ -154,3 +158,131 @@ def test_a_net_this_process_declares_never_counts_as_removed(world):
         services.get_net(session, "net-a").declared_at = None
         services.get_net(session, "fixed").declared_at = world.clock() - timedelta(days=30)
     assert _undeclared(world) == []
+
+
+def _strays(world) -> list[StrayRun]:
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def _claimed_unpinned(world) -> str:
+    """A job claimed onto net-a without being pinned to it: its id."""
+    job_id = world.enqueue("claimed", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
+        services.get_job(session, job_id).requested_net = None
+    return job_id
+
+
+def test_a_job_only_claimed_onto_a_removed_net_is_requeued_and_reported(world, tmp_path, job_root):
+    job_id = _claimed_unpinned(world)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    redriven = reconciler.reconcile(world.rt).redriven
+    assert f"{job_id}: requeued from an undeclared net" in redriven
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 0)
+
+
+def test_a_finishing_job_on_a_removed_net_is_left_to_flip_apis_report(
+    held_for_report, tmp_path, job_root
+):
+    world = held_for_report
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FINISHING
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    assert undeclared.settle_undeclared(world.rt) == []
+    assert world.job(job_id).state == JobState.FINISHING
+    assert _strays(world) == []
+
+
+def test_an_aborting_job_on_a_removed_net_ends_aborted_saying_so(world, tmp_path, job_root):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:  # the server was never told
+        services.abort_job(session, job_id, "user", world.clock())
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    assert undeclared.settle_undeclared(world.rt) == [f"{job_id}: aborted: on undeclared net net-a"]
+    assert world.job(job_id).state == JobState.ABORTED
+
+
+def test_a_running_job_on_a_removed_net_fails_and_its_run_is_kept_by_id_and_token(
+    world, tmp_path, job_root
+):
+    """The stray names the run both ways, so a net declared again finds it to abort."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    assert undeclared.settle_undeclared(world.rt) == [f"{job_id}: failed: on undeclared net net-a"]
+    assert world.job(job_id).state == JobState.FAILED
+    [stray] = _strays(world)
+    assert (stray.net_name, stray.job_id, stray.nvflare_job_id, stray.submit_token) == (
+        "net-a",
+        job_id,
+        run,
+        f"{job_id}-0",
+    )
+
+
+def test_a_job_that_already_ended_on_a_removed_net_is_left_as_it_was(world, tmp_path, job_root):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_to_completion(job_id)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    assert undeclared.settle_undeclared(world.rt) == []
+    assert world.job(job_id).state == JobState.COMPLETED
+    assert _strays(world) == []
+
+
+def test_every_job_waiting_on_a_stray_of_a_removed_net_fails_past_one_that_ended(
+    world, tmp_path, job_root
+):
+    ended = world.enqueue("ended", required_sites=["site-1"])
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, ended, "user", world.clock())
+    world.add_stray(ended, "net-a", "nv-1")  # read first: its job is over, nothing to end
+    waiting = world.enqueue("waiting", required_sites=["site-1"])
+    world.add_stray(waiting, "net-a", "nv-2")
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    assert undeclared.settle_undeclared(world.rt) == [
+        f"{waiting}: failed: its earlier run is on undeclared net net-a"
+    ]
+    assert world.job(waiting).state == JobState.FAILED
+
+
+def _pinned_queued(world) -> str:
+    return world.enqueue("pinned", net="net-a")
+
+
+def _waiting_on_a_stray(world) -> str:
+    job_id = world.enqueue("waiting", required_sites=["site-1"])
+    world.add_stray(job_id, "net-a", "nv-5")
+    return job_id
+
+
+@pytest.mark.parametrize(
+    ("setup", "step"),
+    [
+        (_claimed_unpinned, "requeue_job"),
+        (_pinned_queued, "finish_job"),
+        (_waiting_on_a_stray, "finish_job"),
+    ],
+    ids=["claimed-there", "pinned-there", "waiting-on-its-stray-there"],
+)
+def test_a_job_that_cannot_be_settled_is_recorded_on_the_removed_net(
+    world, tmp_path, job_root, monkeypatch, setup, step
+):
+    """The failure is isolated to that net and recorded on it as any housekeeping loop's is
+    (its last_error, naming the loop, shown by /fl/status and the CLI)."""
+    job_id = setup(world)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("bug in a settlement")
+
+    monkeypatch.setattr(services, step, crash)
+    assert undeclared.settle_undeclared(world.rt) == []
+    assert world.net("net-a").last_error == "reconcile: RuntimeError: bug in a settlement"
+    assert world.job(job_id).state in (JobState.ASSIGNED, JobState.QUEUED)  # next round's
