@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 
 from app.db import unit_of_work
 from app.runtime import Runtime
@@ -42,7 +42,9 @@ def settle_undeclared(rt: Runtime) -> list[str]:
         if not removed:
             return []
         jobs = session.execute(
-            select(Job.id, Job.state, Job.net_name, Job.requested_net).where(
+            # Each with the removed net it is settled for: the one it holds (an active job)
+            # or is pinned to (a QUEUED one); the filter makes it one of `removed`.
+            select(Job.id, func.coalesce(Job.net_name, Job.requested_net)).where(
                 or_(
                     Job.state.in_(ACTIVE_JOB_STATES) & Job.net_name.in_(removed),
                     (Job.state == JobState.QUEUED) & Job.requested_net.in_(removed),
@@ -55,8 +57,8 @@ def settle_undeclared(rt: Runtime) -> list[str]:
             )
         ).all()
     settled = []
-    for job_id, _state, net_name, requested in jobs:
-        with isolated(rt, "reconcile", net_name or requested or "-"):
+    for job_id, net_name in jobs:
+        with isolated(rt, "reconcile", net_name):
             note = _settle_undeclared_job(rt, job_id, removed)
             if note:
                 settled.append(f"{job_id}: {note}")
