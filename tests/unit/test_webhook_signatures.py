@@ -110,11 +110,33 @@ def test_a_whsec_secret_is_handed_to_the_library_as_it_is():
     assert base64.b64decode(plain.removeprefix("whsec_")) == PLAIN_SECRET.encode()
 
 
+_B64_32 = base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+
+
 @pytest.mark.parametrize(
-    "bad", ["whsec_not*base64!", "whsec_" + base64.b64encode(b"fifteen-bytes!!").decode()]
+    "bad",
+    [
+        "whsec_not*base64!",
+        "whsec_" + base64.b64encode(b"fifteen-bytes!!").decode(),
+        # base64 of 32 bytes but for one stray character (a paste): webhook_key, which
+        # signs every callback, refuses it, so the start must too
+        "whsec_" + _B64_32[:20] + " " + _B64_32[20:],
+    ],
+    ids=["not-base64", "15-bytes", "a-space-inside"],
 )
 def test_a_whsec_secret_that_is_not_base64_of_16_bytes_stops_the_start(tmp_path, bad):
     extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb", "CALLBACK_SECRET": bad}
-    with pytest.raises(SettingsError, match="whsec_ secret must be base64") as caught:
+    with pytest.raises(SettingsError) as caught:
         Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
+    assert str(caught.value) == (
+        "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after whsec_ "
+        "(e.g. whsec_ + `openssl rand -base64 32`)"
+    )
     assert bad not in str(caught.value)
+
+
+def test_a_whsec_secret_of_exactly_16_bytes_is_accepted(tmp_path):
+    secret = "whsec_" + base64.b64encode(b"sixteen-bytes!!!").decode()
+    extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb", "CALLBACK_SECRET": secret}
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
+    assert settings.callback_secret.get_secret_value() == secret
