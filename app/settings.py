@@ -286,10 +286,10 @@ def _check_webhook_secret(secret: str) -> None:
     if not secret.startswith("whsec_"):
         return
     try:
-        key = base64.b64decode(secret[len("whsec_") :], validate=True)
+        short = len(base64.b64decode(secret[len("whsec_") :], validate=True)) < 16
     except binascii.Error:
-        key = b""
-    if len(key) < 16:
+        short = True  # not base64: no key at all
+    if short:
         raise SettingsError(
             "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after "
             "whsec_ (e.g. whsec_ + `openssl rand -base64 32`)"
