@@ -99,6 +99,38 @@ def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
     assert world.server("net-a").submitted == {}
 
 
+def test_a_stale_submit_never_goes_out_while_the_next_attempt_is_dispatching(world, monkeypatch):
+    # hole 2, later in the step: attempt 0's dispatch is copying its bundle when the job
+    # moves on and is DISPATCHING again, on attempt 1 with its own token. Attempt 0's submit
+    # must not go out (the same state is not the same attempt).
+    job_id = world.enqueue("j", net="net-a")
+    world.run_until_ready(job_id)
+    real_prepare = dispatch.prepare
+
+    def prepare_while_the_job_moves_on(*args, **kwargs):
+        folder = real_prepare(*args, **kwargs)
+        with world.rt.sessions.begin() as session:
+            services.requeue_job(session, job_id, "moved on", world.clock())
+        world.run_until_ready(job_id)
+        with world.rt.sessions.begin() as session:
+            services.get_job(session, job_id).start_dispatch(world.clock())
+        return folder
+
+    monkeypatch.setattr(dispatch, "prepare", prepare_while_the_job_moves_on)
+    result = dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    assert (result.step, result.detail) == (
+        Step.SKIPPED,
+        "job moved on while its copy was prepared",
+    )
+    assert world.server("net-a").submitted == {}
+    job = world.job(job_id)
+    assert (job.state, job.attempts, job.submit_token) == (
+        JobState.DISPATCHING,
+        1,
+        f"{job_id}-1",
+    )
+
+
 def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
     # hole 3
     job_id = world.enqueue("j", net="net-a")

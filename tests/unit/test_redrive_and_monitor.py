@@ -51,6 +51,30 @@ def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
     )
 
 
+def test_a_submit_whose_worker_died_preparing_its_copy_is_re_sent_strictly_past_one_try(
+    world, monkeypatch
+):
+    """The dispatch step holds its job for one submit try from its start, before it fetches
+    and copies the bundle: a worker that dies there is left alone that long, then re-sent."""
+    job_id = world.enqueue("j", net="net-a")
+    net, attempt = world.run_until_ready(job_id)
+
+    class WorkerDied(BaseException):
+        """SIGKILL while the bundle is copied."""
+
+    def die(*args, **kwargs):
+        raise WorkerDied
+
+    monkeypatch.setattr(dispatch, "prepare", die)
+    with pytest.raises(WorkerDied):
+        dispatch.dispatch(world.rt, job_id, net, attempt)
+    assert world.job(job_id).state == JobState.DISPATCHING
+    world.clock.advance(dispatch.submit_try_s(world.rt.settings))  # exactly one try
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
+
+
 def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(world):
     job_id = world.stuck_in_dispatching("j")  # the submit is never heard of again
     settings = world.rt.settings

@@ -321,8 +321,10 @@ def test_a_site_that_never_connects_is_the_jobs_problem_not_the_nets(sited):
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
     assert "site-7" in (job.last_error or "")
+    assert result.detail == job.last_error  # the step says why, as the job does
     net_row = world.net("net-b")
-    assert net_row.state == NetState.READY  # healthy: left to its idle grace
+    assert net_row.state == NetState.READY  # healthy: left to its idle grace,
+    assert net_row.idle_since == world.clock()  # which starts now
     assert world.driver("net-b").replicas == 1
 
 

@@ -45,6 +45,7 @@ def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_pat
     result = getattr(dispatch, step)(world.rt, job_id, "net-a", 0)
 
     assert result.step.ends_chain
+    assert result.detail == "net net-a is no longer declared (NETS)"
     assert world.job(job_id).state != JobState.RUNNING
 
 
