@@ -54,6 +54,23 @@ def test_an_assigned_job_is_left_alone(world):
     assert _strays(world) == []
 
 
+@pytest.mark.parametrize("server", ["answering", "silent"])
+def test_a_submit_held_until_this_very_second_is_abandoned_only_after_it(world, server):
+    """A worker holds the submit until its lease ends, that second included (as reconcile
+    counts it): its job is neither requeued nor its token settled before."""
+    job_id = _unknown_submit(world)
+    with world.rt.sessions.begin() as session:  # a worker took the submit up again
+        services.get_job(session, job_id).step_due_at = world.clock()
+    world.server("net-a").up = server == "answering"
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.DISPATCHING, 0)
+    assert _strays(world) == []
+    world.clock.advance(1)
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
 def test_a_requeue_says_why(world):
     job_id = _unknown_submit(world)
     assert unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
