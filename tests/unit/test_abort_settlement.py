@@ -198,6 +198,27 @@ def test_a_stray_the_server_has_never_heard_of_is_forgotten(world):
     assert _strays(world) == []
 
 
+def test_a_stray_another_round_forgot_meanwhile_counts_as_settled(world):
+    """Two settle rounds at once (a kick's and beat's): a stray the other round forgot while
+    this one asked the server is not counted as left, and its net is freed for the queue."""
+    server = world.server("fixed")
+    server.statuses["nv-9"] = "RUNNING"
+    _stray_on_fixed(world, nvflare_job_id="nv-9", token=None)
+    admin = world.admin("fixed")
+    real_abort = admin.abort
+
+    def abort_while_another_round_settles(run_id: str) -> AbortResult:
+        with world.rt.sessions.begin() as session:
+            for stray in session.scalars(select(StrayRun)):
+                session.delete(stray)
+        return real_abort(run_id)
+
+    admin.abort = abort_while_another_round_settles  # type: ignore[method-assign]
+    world.outbox.sent.clear()
+    assert abort.settle_stray_runs(world.rt, "fixed") == 0
+    assert KICK in world.outbox.sent
+
+
 def test_every_stray_a_silent_server_holds_is_counted(world):
     server = world.server("fixed")
     for run in ("nv-8", "nv-9"):

@@ -78,6 +78,14 @@ def _aborted_running(world: World) -> uuid.UUID:
     return job_id
 
 
+def _abort_seen_done_by_the_monitor(world: World) -> uuid.UUID:
+    job_id = _running(world)
+    intake.request_abort(world.rt, job_id, "user")  # ABORTING
+    world.server("net-a").statuses["nv-1"] = "FINISHED:ABORTED"  # the abort took
+    monitor.monitor_running_jobs(world.rt)  # before abort_on_server heard of it
+    return job_id
+
+
 def _abort_never_confirmed(world: World) -> uuid.UUID:
     job_id = _running(world)
     intake.request_abort(world.rt, job_id, "user")
@@ -126,6 +134,11 @@ SCENARIOS: dict[str, tuple[Callable[[World], uuid.UUID], JobState, ReasonCode]] 
     ),
     "aborted while queued": (_aborted_queued, JobState.ABORTED, ReasonCode.ABORTED),
     "aborted while running": (_aborted_running, JobState.ABORTED, ReasonCode.ABORTED),
+    "abort seen done by the monitor": (
+        _abort_seen_done_by_the_monitor,
+        JobState.ABORTED,
+        ReasonCode.ABORTED,
+    ),
     "abort never confirmed": (
         _abort_never_confirmed,
         JobState.ABORTED,
