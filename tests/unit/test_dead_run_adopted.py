@@ -6,8 +6,11 @@ records the new process's start time, so no restart is ever seen: the run's own 
 
 from __future__ import annotations
 
+from app import names
+from app.errors import ServerUnavailable, UnknownAdminError
 from app.usecases import dispatch, monitor
 from models import JobState
+from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
 
 
@@ -34,6 +37,39 @@ def test_a_dead_run_adopted_by_a_re_sent_submit_is_lost_at_the_next_round(world)
     job = world.job(job_id)
     assert job.state == JobState.QUEUED  # LOST_JOB_POLICY=requeue, not RUNNING for a day
     assert "began before this process" in (job.last_error or "")
+    # Lost to a restart: the server answers, so its dead run is settled by an abort now,
+    # and the server it restarted on is kept for the next job.
+    assert (names.SETTLE_STRAY_RUNS, {"net_name": "net-a"}) in world.outbox.sent
+    assert world.driver("net-a").replicas == 1
+
+
+def test_a_run_dated_before_its_process_is_watched_on_while_its_runs_cannot_be_listed(
+    world, monkeypatch
+):
+    # Only the process's own job table tells a dead run from a live one that a server clock
+    # stepped back dated before its process: the run is lost on that table's word alone.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    server = world.server("net-a")
+    server.started[world.job(job_id).nvflare_job_id] = server.start_time - 10.0
+
+    def unreadable(_admin: FakeAdmin) -> frozenset[str]:
+        raise UnknownAdminError("check_status: unreadable job table")
+
+    monkeypatch.setattr(FakeAdmin, "live_runs", unreadable)
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_run_that_went_running_the_second_its_process_started_lives_on_it(world, monkeypatch):
+    # Not before the process: so not lost, even though check_status does not list it.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    server = world.server("net-a")
+    server.started[world.job(job_id).nvflare_job_id] = server.start_time
+    monkeypatch.setattr(FakeAdmin, "live_runs", lambda _admin: frozenset())
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert world.job(job_id).state == JobState.RUNNING
 
 
 def test_a_run_that_began_on_the_process_that_answers_is_watched_as_ever(world):
@@ -68,9 +104,6 @@ def test_a_status_unreadable_after_a_restart_is_asked_again_not_taken_for_lost(w
     # The run completed, then its server restarted; the first read of its status after the
     # restart fails (a blip): taken for lost, the job was requeued and its completed work run
     # again (the simulator's chaos seed 529). Asked again next round, it is COMPLETED.
-    from app.errors import ServerUnavailable
-    from tests.fakes import FakeAdmin
-
     job_id = world.enqueue("done-before-restart", net="net-a")
     world.run_pipeline(job_id)
     server = world.server("net-a")
@@ -84,6 +117,8 @@ def test_a_status_unreadable_after_a_restart_is_asked_again_not_taken_for_lost(w
     monkeypatch.setattr(FakeAdmin, "job_status", blip)
     verdicts = monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING, verdicts
+    # The start time stored is kept, so that the next round sees the restart again.
+    assert world.net("net-a").server_start_time == 1000.0
     monkeypatch.setattr(FakeAdmin, "job_status", real)
 
     monitor.monitor_running_jobs(world.rt)

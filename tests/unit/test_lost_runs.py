@@ -106,6 +106,27 @@ def test_a_busy_net_whose_admin_access_is_misconfigured_says_so_past_the_grace(w
     assert net.last_error == "admin access failed on a busy net: admin certificate expired"
 
 
+def test_a_server_whose_admin_access_is_misconfigured_is_asked_nothing_more_that_round(world):
+    # Every further call would be one more refused login on the round's clock, and none
+    # could read a run's status.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    _unreachable(world, "net-a", AdminMisconfigured("admin certificate expired"))
+    admin = world.admin("net-a")
+    real_job_status = admin.job_status
+    asked: list[str] = []
+
+    def job_status(run: str):
+        asked.append(run)
+        return real_job_status(run)
+
+    admin.job_status = job_status  # type: ignore[method-assign]
+    assert monitor.monitor_running_jobs(world.rt) == {
+        str(job_id): "server not answering for 0s: admin certificate expired"
+    }
+    assert asked == []
+
+
 def test_a_run_lost_on_a_silent_scale_to_zero_server_dies_with_it(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)

@@ -12,6 +12,7 @@ from app.errors import UnknownAdminError
 from app.settings import Settings
 from app.usecases import dispatch, monitor
 from models import JobState, NetState, StrayRun
+from tests.fakes import FakeAdmin
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 from tests.unit.scale_history import scale_decisions
@@ -75,6 +76,25 @@ def test_an_unconfirmed_abort_on_an_always_on_net_leaves_a_stray_run_that_blocks
     assert world.drivers.get("fixed") is None or world.drivers["fixed"].calls == []
     world.enqueue("next", net="fixed")
     assert dispatch.assign_jobs(world.rt) == []  # no new job beside a run that may live
+
+
+def test_an_overrun_whose_abort_the_server_runs_in_no_process_is_over(world, monkeypatch):
+    # The server restarted under the overrunning job and cannot say how its run stands; the
+    # abort's "not running" (nvflare 2.9's answer for a run killed with an earlier process)
+    # is proof the run is over: nothing is kept, and the server stays up.
+    job_id = _overrunning(world, "net-a")
+    world.server("net-a").restart()
+
+    def unreadable(_admin: FakeAdmin, _run: str):
+        raise UnknownAdminError("odd reply")
+
+    monkeypatch.setattr(FakeAdmin, "job_status", unreadable)
+    assert monitor.monitor_running_jobs(world.rt)[str(job_id)] == "failed: overran"
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED
+    assert (job.last_error or "").endswith("abort: not_running")
+    assert _strays(world) == []
+    assert world.driver("net-a").replicas == 1
 
 
 def test_a_run_at_exactly_its_limit_is_not_an_overrun(world):

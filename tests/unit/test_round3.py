@@ -561,6 +561,10 @@ def test_a_run_finished_while_the_start_time_cannot_be_read_is_settled_not_lost(
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     outcomes = monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.COMPLETED, outcomes
+    assert outcomes == {str(job_id): "completed"}
+    # No run is left unwatched: the net is not counted unreachable, nor its grace started.
+    net = world.net("net-a")
+    assert (net.unreachable_since, net.last_error) == (None, None)
 
 
 def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(two_nets, tmp_path):
