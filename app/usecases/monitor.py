@@ -208,7 +208,8 @@ def _after_restart(
     try:
         status = admin.job_status(job.nvflare_job_id)
         if status.state != RunState.RUNNING:
-            return _watch_run(rt, admin, job, now, start_time)
+            # Finished or lost: judged on this very read, no start time to compare.
+            return _verdict(rt, admin, job, now, status)
         if status.started_at is not None and not _started_before(status, start_time):
             return None
         if job.nvflare_job_id in admin.live_runs():
@@ -259,6 +260,20 @@ def _watch_run(
         if _overran(rt, job, now):
             return _stop_overrun(rt, job, f"status unknown: {exc}")
         return f"status unknown: {exc}"
+    return _verdict(rt, admin, job, now, status, process_started=process_started)
+
+
+def _verdict(
+    rt: Runtime,
+    admin: AdminClient,
+    job: Watched,
+    now: datetime,
+    status: RunStatus,
+    *,
+    process_started: float | None = None,
+) -> str:
+    """One run's verdict from the status just read (`process_started` as for `_watch_run`:
+    without it, a RUNNING run is not compared with the process that answers)."""
     if status.state in RUN_OUTCOMES:
         holds = rt.settings.net(job.net_name).holds_for_report(rt.settings.release_after)
         with unit_of_work(rt.sessions) as session:
