@@ -230,15 +230,19 @@ def _finished(
     rt: Runtime, admin: AdminClient, jobs: list[Watched], now: datetime
 ) -> dict[str, str]:
     """The verdicts of the runs the server reports finished (the others are left out)."""
-    verdicts = {}
-    for job in jobs:
-        try:
-            state = admin.job_status(job.nvflare_job_id).state
-        except DispatcherError:
-            continue
-        if state in RUN_OUTCOMES:
-            verdicts[str(job.job_id)] = _watch_run(rt, admin, job, now)
-    return verdicts
+    return {
+        str(job.job_id): _watch_run(rt, admin, job, now)
+        for job in jobs
+        if _reads_finished(admin, job)
+    }
+
+
+def _reads_finished(admin: AdminClient, job: Watched) -> bool:
+    """The server reports the run finished (False when it cannot say)."""
+    try:
+        return admin.job_status(job.nvflare_job_id).state in RUN_OUTCOMES
+    except DispatcherError:
+        return False
 
 
 def _watch_run(
