@@ -172,14 +172,20 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         rest = [j for j in jobs if str(j.job_id) not in finished]
         return finished | (_unwatchable(rt, net_name, rest, exc, now) if rest else {})
 
-    results: dict[str, str] = {}
-    stale = False  # the start time stored is not that of the process the run lives on
-    for job in jobs:
-        verdict: str | None = None
-        if job.server_start_time is not None and start_time != job.server_start_time:
-            verdict = _after_restart(rt, admin, job, now, start_time)
-            stale = stale or verdict is None
-        results[str(job.job_id)] = verdict or _watch_run(rt, admin, job, now, start_time)
+    # The runs stored under another start time than the one answered now: their verdicts,
+    # None for a run that lives on the process answering now.
+    after_restart = {
+        job.job_id: _after_restart(rt, admin, job, now, start_time)
+        for job in jobs
+        if job.server_start_time is not None and start_time != job.server_start_time
+    }
+    results = {
+        str(job.job_id): after_restart.get(job.job_id)
+        or _watch_run(rt, admin, job, now, start_time)
+        for job in jobs
+    }
+    # The start time stored is not that of the process a run lives on.
+    stale = None in after_restart.values()
     if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):
         return results  # nothing to write: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
