@@ -27,3 +27,12 @@ def test_prepared_copies_of_jobs_no_longer_active_are_removed(world):
     reconciler.reconcile(world.rt)
     assert {p.name for p in prepared.iterdir()} == {str(running)}
     assert dispatch.assign_jobs(world.rt) == []
+
+
+def test_a_folder_there_that_is_no_jobs_copy_does_not_stop_the_sweep(world):
+    prepared = world.rt.settings.data_dir.resolve() / "prepared"
+    done = world.enqueue("done", net="net-a")
+    world.run_to_completion(done)
+    (prepared / "lost+found").mkdir()  # not named for a job
+    reconciler.reconcile(world.rt)
+    assert str(done) not in {p.name for p in prepared.iterdir()}

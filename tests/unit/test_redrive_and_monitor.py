@@ -1,17 +1,24 @@
 """What reconcile's re-drive and the monitor report, and when, to the second: a job stuck in
-ASSIGNED is requeued, a DISPATCHING one's submit re-sent then abandoned, an ABORTING one's
-abort re-sent then expired, each only once strictly past its margin and each saying why; a
-FINISHING job's report wait expires strictly past REPORT_TIMEOUT_S with the configured
-outcome; the monitor's result has a verdict for every watched job, one whose net's round
-crashed included, and a server that answered again gets a fresh grace next time."""
+ASSIGNED is requeued (on a net the process does not declare, past STUCK_AFTER_S alone), a
+DISPATCHING one's submit re-sent (a worker that died copying the bundle held it for one try)
+then abandoned, an ABORTING one's abort re-sent then expired, each only once strictly past
+its margin and each saying why, a submit still held holding back no other job; a FINISHING
+job's report wait expires strictly past REPORT_TIMEOUT_S with the configured outcome; the
+monitor's result has a verdict for every watched job, one whose net's round crashed
+included, and a server that answered again gets a fresh grace next time."""
 
 from __future__ import annotations
+
+import json
+from datetime import timedelta
 
 import pytest
 
 from app import names
 from app.adapters.nvflare.base import Readiness, ServerState
 from app.parallel import ProbeResult, Sequential
+from app.runtime import Runtime
+from app.settings import Settings
 from app.usecases import dispatch, monitor, reconciler, services, views
 from models import JobState
 from tests.fixtures.db import net_decl
@@ -51,6 +58,46 @@ def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
     )
 
 
+def test_a_job_claimed_onto_a_net_this_process_lacks_is_requeued_strictly_past_the_margin(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """Mid rolling deploy, a process that does not declare the job's net knows no readiness
+    deadline for it (and its chain's steps end at once there): the job counts as stuck
+    strictly past STUCK_AFTER_S alone."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock, STUCK_AFTER_S=60)
+    job_id = world.enqueue("j", net="net-b")
+    dispatch.assign_jobs(world.rt)
+    old = _process_declaring_only_net_a(world, tmp_path, STUCK_AFTER_S=60)
+    world.clock.advance(60)
+    assert reconciler.reconcile(old).redriven == ()
+    world.clock.advance(1)
+    assert reconciler.reconcile(old).redriven == (f"{job_id}: requeued",)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def _process_declaring_only_net_a(world: World, tmp_path, **extra) -> Runtime:
+    """Another process on the same database whose NETS declare net-a only (net-b is not
+    counted removed: the world's process declared it within the grace)."""
+    settings = Settings(
+        **{
+            "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
+            "JOB_ROOT": world.rt.settings.job_root,
+            "NETS": json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
+            "PER_JOB_FL_SERVER": "true",
+        }
+        | extra
+    )
+    return Runtime(
+        settings=settings,
+        engine=world.rt.engine,
+        sessions=world.rt.sessions,
+        clock=world.clock,
+        driver_factory=lambda net, s: world.driver(net.name),
+        admin_factory=lambda net, s: world.admin(net.name),
+        outbox=world.outbox,
+    )
+
+
 def test_a_submit_whose_worker_died_preparing_its_copy_is_re_sent_strictly_past_one_try(
     world, monkeypatch
 ):
@@ -73,6 +120,23 @@ def test_a_submit_whose_worker_died_preparing_its_copy_is_re_sent_strictly_past_
     assert _redriven(world) == ()
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
+
+
+def test_a_submit_still_held_holds_back_no_other_stuck_job(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    nets = [net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b", "net-c")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    # A held one first and last, whatever order the round reads them in.
+    held = [world.stuck_in_dispatching("held-1", net="net-a")]
+    gone = world.stuck_in_dispatching("gone", net="net-b")
+    held.append(world.stuck_in_dispatching("held-2", net="net-c"))
+    with world.rt.sessions.begin() as session:
+        for job_id in held:  # a worker holds each submit for another hour
+            services.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
+        services.get_job(session, gone).step_due_at = None  # nobody holds this one
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{gone}: dispatch re-sent",)
 
 
 def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(world):
