@@ -90,17 +90,23 @@ def _sweep_prepared(rt: Runtime) -> None:
     again, so no submit can be racing the removal."""
     try:
         prepared = prepared_jobs(rt.settings)
-        ids = {uuid.UUID(name) for name in prepared if _is_uuid(name)}
-        with rt.sessions() as session:
-            live = {
-                str(job_id)
-                for job_id in session.scalars(
-                    select(Job.id).where(Job.id.in_(ids), Job.state.not_in(TERMINAL_JOB_STATES))
-                )
-            }
-        sweep_prepared(rt.settings, prepared - live)
+        live = _live_jobs(rt, {uuid.UUID(name) for name in prepared if _is_uuid(name)})
+        sweep_prepared(rt.settings, prepared - {str(job_id) for job_id in live})
     except OSError as exc:
         log.warning("removing prepared job copies failed", extra={"reason": str(exc)})
+
+
+def _live_jobs(rt: Runtime, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of these jobs that have not ended (one that no longer exists has)."""
+    with rt.sessions() as session:
+        # Not mutated: without the id filter the answer holds every live job, and what each
+        # caller keeps (its own ids less these) is the same; the filter only keeps the query
+        # small.
+        query = select(Job.id).where(
+            Job.id.in_(job_ids),  # pragma: no mutate
+            Job.state.not_in(TERMINAL_JOB_STATES),
+        )
+        return set(session.scalars(query))
 
 
 def _is_uuid(text: str) -> bool:
@@ -121,15 +127,7 @@ def _discard_finished_bundles(rt: Runtime) -> list[uuid.UUID]:
         cached = cached_bundle_jobs(rt.settings)
         if not cached:
             return []
-        with rt.sessions() as session:
-            # Not mutated: without the id filter `live` holds every live job and `cached - live`
-            # is the same; the filter only keeps the query small.
-            query = select(Job.id).where(
-                Job.id.in_(cached),  # pragma: no mutate
-                Job.state.not_in(TERMINAL_JOB_STATES),
-            )
-            live = set(session.scalars(query))
-        finished = sorted(cached - live)
+        finished = sorted(cached - _live_jobs(rt, cached))
         for job_id in finished:
             discard(rt.settings, job_id)
     except OSError as exc:
