@@ -119,16 +119,15 @@ children_cpu() {
   tail -1 "$REPORTS/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) {
     split($i, p, /[ms]/); s += p[1] * 60 + p[2] } printf "%.0f", s }'
 }
-# One pytest session (name, workers, niceness, pytest arguments); its exit status goes to $REPORTS/NAME.status.
+# One pytest session; its exit status goes to $REPORTS/NAME.status.
 phase() {
-  local name="$1" workers="$2" niceness="$3"
-  shift 3
+  local name="$1" workers="$2"
+  shift 2
   local start=$SECONDS cpu_before cpu_after status=0
   children_cpu > "$REPORTS/cpu-$name"; cpu_before=$(cat "$REPORTS/cpu-$name")
   local parallel=()
   if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
-  nice -n "$niceness" python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" \
-    || status=$?
+  python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
   children_cpu > "$REPORTS/cpu-$name"; cpu_after=$(cat "$REPORTS/cpu-$name")
   echo "== $name: $((SECONDS - start)) s wall, $((cpu_after - cpu_before)) CPU-s"
   echo "$status" > "$REPORTS/$name.status"
@@ -138,12 +137,9 @@ others_workers="${FL_TEST_WORKERS:-6}"
 echo "== pytest: unit ($unit_workers workers), and beside it the other tiers ($others_workers" \
   "workers; their output follows the unit tier's)"
 # A subshell of its own, so its CPU line counts its own processes only.
-( phase others "$others_workers" 0 -m "not unit" ) > "$REPORTS/others.out" 2>&1 &
+( phase others "$others_workers" -m "not unit" ) > "$REPORTS/others.out" 2>&1 &
 others=$!
-# The unit tier at a lower priority: the real servers' tests wait on timers and timeouts (a
-# login, a readiness bound), the unit tier on nothing but the CPU, so it takes the cycles the
-# others leave rather than slowing their servers.
-phase unit "$unit_workers" 10 -m unit
+phase unit "$unit_workers" -m unit
 echo "== pytest: the other tiers (started with the unit tier)"
 # Shown as it is written, from its first line, until that session ends.
 tail -n +1 -f --pid="$others" "$REPORTS/others.out"
