@@ -32,6 +32,21 @@ def _aborted_while_starting(world, status: str = "DISPATCHED"):
     return job_id
 
 
+def _record_nv1_again(world, job_id, reason: str) -> None:
+    """Record run nv-1 of the job on net-a as a stray, held for one window from now."""
+    with unit_of_work(world.rt.sessions) as session:
+        services.add_stray_run(
+            session,
+            net_name="net-a",
+            job_id=job_id,
+            nvflare_job_id="nv-1",
+            submit_token=None,
+            reason=reason,
+            now=world.clock(),
+            settle_after=world.clock() + WINDOW,
+        )
+
+
 def test_the_run_is_kept_as_a_stray_until_the_runner_cannot_start_it(world):
     job_id = _aborted_while_starting(world)
     with world.rt.sessions() as session:
@@ -82,17 +97,7 @@ def test_an_earlier_window_never_shortens_a_later_one(world):
     [stray] = _strays(world)
     later = stray.settle_after
     world.clock.advance(-10)
-    with unit_of_work(world.rt.sessions) as session:
-        services.add_stray_run(
-            session,
-            net_name="net-a",
-            job_id=job_id,
-            nvflare_job_id="nv-1",
-            submit_token=None,
-            reason="again",
-            now=world.clock(),
-            settle_after=world.clock() + WINDOW,
-        )
+    _record_nv1_again(world, job_id, "again")
     [stray] = _strays(world)
     assert stray.settle_after == later
 
@@ -102,17 +107,7 @@ def test_a_window_given_to_a_stray_recorded_without_one_holds_it(world):
     before it started": the same stray takes the window and is not settled before it ends."""
     job_id = world.enqueue("j", net="net-a")
     world.add_stray(job_id, "net-a", "nv-1")
-    with unit_of_work(world.rt.sessions) as session:
-        services.add_stray_run(
-            session,
-            net_name="net-a",
-            job_id=job_id,
-            nvflare_job_id="nv-1",
-            submit_token=None,
-            reason="aborted before start",
-            now=world.clock(),
-            settle_after=world.clock() + WINDOW,
-        )
+    _record_nv1_again(world, job_id, "aborted before start")
     [stray] = _strays(world)
     assert stray.settle_after == world.clock() + WINDOW
 

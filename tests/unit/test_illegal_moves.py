@@ -9,19 +9,25 @@ from sqlalchemy import func, select
 from models import IllegalTransition, Job, JobEvent, JobState, Net, NetEvent, NetState, ReasonCode
 
 
+def _stored_job(session, clock) -> Job:
+    """A QUEUED job, flushed."""
+    job = Job.new(
+        caller_key="k",
+        definition="d",
+        required_sites=["s"],
+        requested_net=None,
+        priority=0,
+        max_attempts=3,
+        now=clock(),
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
 def test_a_refused_job_move_names_the_job_and_the_move(clock, sqlite_factory):
     with sqlite_factory() as session:
-        job = Job.new(
-            caller_key="k",
-            definition="d",
-            required_sites=["s"],
-            requested_net=None,
-            priority=0,
-            max_attempts=3,
-            now=clock(),
-        )
-        session.add(job)
-        session.flush()
+        job = _stored_job(session, clock)
         with pytest.raises(IllegalTransition) as refused:
             job.transition(JobState.RUNNING, clock.advance(1), "skipping the queue")
         assert str(refused.value) == f"job {job.id}: QUEUED -> RUNNING is not allowed"
@@ -50,17 +56,7 @@ def test_a_terminal_move_without_its_reason_code_names_the_job_and_the_code(
     """QUEUED -> ABORTED is in the table, but only with a code REASONS lists for ABORTED: a
     move without one, or with another state's, is refused with the job and the code named."""
     with sqlite_factory() as session:
-        job = Job.new(
-            caller_key="k",
-            definition="d",
-            required_sites=["s"],
-            requested_net=None,
-            priority=0,
-            max_attempts=3,
-            now=clock(),
-        )
-        session.add(job)
-        session.flush()
+        job = _stored_job(session, clock)
         with pytest.raises(IllegalTransition) as refused:
             job.transition(JobState.ABORTED, clock.advance(1), "user", code=code)
         assert str(refused.value) == (
