@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 from app.parallel import Prober
 from app.settings import Settings
@@ -44,7 +45,7 @@ def test_a_hung_server_never_holds_up_the_other_nets(tmp_path, job_root, sqlite_
         admin.server_start_time = hang  # type: ignore[method-assign]
         admin.ping = hang  # type: ignore[method-assign]
     # Three slots for two hung servers: one always stays free for the healthy nets.
-    world.rt.fan_out = Prober(max_parallel=3)
+    world.rt.fan_out = prober = Prober(max_parallel=3)
     try:
         outcomes = monitor.monitor_running_jobs(world.rt)
         for name in names:
@@ -58,3 +59,9 @@ def test_a_hung_server_never_holds_up_the_other_nets(tmp_path, job_root, sqlite_
         assert "still running" in again[str(jobs["net-c"])]
     finally:
         release.set()
+        # The hung probes end (writing their verdicts) before the test does: one left running
+        # would write into the next test's database (tests/fixtures/db.py: one engine).
+        deadline = time.monotonic() + 10
+        while prober.hung() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert prober.hung() == []
