@@ -1,0 +1,151 @@
+"""Review of the stop33 rewrites (claims._use_holds, monitor._after_restart/_verdict,
+monitor._expire_report_waits, settings._check_webhook_secret): README promises attacked at
+the boundaries and on the error paths those rewrites touched."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from app.errors import ServerUnavailable, SettingsError
+from app.schemas import PrewarmNet
+from app.settings import Settings, load_settings
+from app.usecases import dispatch, monitor, prewarm, prewarm_warm_up, services
+from models import JobState
+from tests.fakes import FakeAdmin
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import world_of
+from tests.unit.test_prewarm import held_ready, pw, row, view  # noqa: F401 (pw: a fixture)
+
+# --- prewarm holds: a claim and a hint at the same instant ----------------------------------
+
+
+def test_review33_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):  # noqa: F811
+    """README "Prewarm": a hold ends "when a job is claimed onto its net"; a job claimed
+    before the hint did not use it (test_a_busy_net_is_held_after_its_job_until_the_deadline).
+    The claim itself ends the holds open at that moment (claims._use_holds); a hint that
+    arrives after the claim, at the same instant, is not among them and must stay held for
+    the next job. prewarm_holds.settle_row counts a job assigned at the hold's creation
+    instant (`assigned_at >= created_at`) as its use: the hint ends at once, `used` by a job
+    that was claimed before it existed, and the net is let go after that job's grace
+    instead of being held to the hint's deadline."""
+    job_id = pw.enqueue("before", net="net-a")
+    assert dispatch.assign_jobs(pw.rt)  # claimed at T: net-a STARTING for it
+    prewarm.request_prewarm(pw.rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
+    assert row(pw, "p1").outcome is None  # the claim came first: it did not end this hold
+    prewarm_warm_up.settle_prewarms(pw.rt)  # a scale-down round, still at T
+    settled = row(pw, "p1")
+    assert (settled.outcome, settled.job_id) == (None, None), (
+        f"a hint made after job {job_id}'s claim was settled {settled.outcome} by it"
+    )
+
+
+def test_review33_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):  # noqa: F811
+    """README "Prewarm": `status` is warming/held, "then used, expired, cancelled or
+    failed": an ended prewarm keeps its outcome. At the hold's deadline instant T,
+    GET /prewarms (prewarm.status_of: `hold_until <= now`) already reads it `expired`, while
+    a claim at that same T ends it `used` (claims._use_holds: `hold_until >= now`). The two
+    paths decide the == instant differently, so a caller that read `expired` reads `used`
+    (with a job) a moment later at the same clock."""
+    held_ready(pw, within_s=100)
+    pw.enqueue("on-time", net="net-a")
+    pw.clock.now = row(pw, "p1").hold_until
+    before = view(pw, "p1")["status"]
+    assert dispatch.assign_jobs(pw.rt)
+    after = view(pw, "p1")["status"]
+    assert after == before, f"read {before!r} at its deadline, then {after!r} at the same instant"
+
+
+# --- monitor: a restarted server's verdict on the status just read ---------------------------
+
+
+def test_review33_a_run_finished_across_a_restart_is_settled_on_the_one_status_read(
+    world, monkeypatch
+):
+    """After a restart, a run the new process reports finished is judged on that read
+    (monitor._after_restart -> _verdict): a server that stops answering right after it
+    does not turn a completed run into "status unknown" (nor, past MAX_RUN_S, an overrun
+    FAILED). Pins the single read: before the rewrite a second status call decided."""
+    job_id = world.enqueue("done-before-restart", net="net-a")
+    world.run_pipeline(job_id)
+    server = world.server("net-a")
+    server.statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+    server.restart()
+    real = FakeAdmin.job_status
+    calls: list[str] = []
+
+    def once_then_gone(admin: FakeAdmin, run: str) -> Any:
+        calls.append(run)
+        if len(calls) > 1:
+            raise ServerUnavailable("connection reset")
+        return real(admin, run)
+
+    monkeypatch.setattr(FakeAdmin, "job_status", once_then_gone)
+    world.clock.advance(world.rt.settings.max_run_s + 1)  # a second read would say overran
+    verdicts = monitor.monitor_running_jobs(world.rt)
+    job = world.job(job_id)
+    assert job.state == JobState.COMPLETED, verdicts
+    assert len(calls) == 1
+
+
+# --- monitor: the report-wait expiry and the other nets' runs -------------------------------
+
+
+def test_review33_a_report_wait_that_cannot_be_settled_stops_no_other_nets_monitoring(
+    tmp_path, job_root, sqlite_factory, clock, monkeypatch
+):
+    """README "Guarantees": every housekeeping loop handles each net on its own, one net's
+    failure "is logged, counted and written to that net's last_error, and never stops the
+    other nets". monitor_running_jobs first settles the overdue FINISHING jobs
+    (_expire_report_waits, every FINISHING row since the rewrite) outside any per-net
+    isolation: one that fails to settle raises out of the round before any net's run is
+    watched, every round, so a finished run on another net is never settled."""
+    nets = [net_decl(tmp_path, n, "ecs", report_timeout_s=60) for n in ("net-a", "net-b")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, RELEASE_AFTER="reported")
+    waiting = world.enqueue("waiting", net="net-a")
+    world.run_pipeline(waiting)
+    world.server("net-a").statuses[world.job(waiting).nvflare_job_id] = "FINISHED:COMPLETED"
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(waiting).state == JobState.FINISHING
+    clock.advance(61)  # its report is overdue
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    world.server("net-b").statuses[world.job(running).nvflare_job_id] = "FINISHED:COMPLETED"
+
+    def bad_row(*_args: Any, **_kw: Any) -> bool:
+        raise RuntimeError("bug settling one report wait")
+
+    monkeypatch.setattr(services, "expire_report_wait", bad_row)
+    try:
+        monitor.monitor_running_jobs(world.rt)
+    except RuntimeError as exc:
+        pytest.fail(f"one FINISHING row stopped the whole monitor round: {exc}")
+    assert world.job(running).state == JobState.FINISHING  # net-b's run was watched
+    assert "bug settling one report wait" in (world.net("net-a").last_error or "")
+
+
+# --- settings: a whsec_ secret with a character base64 does not know ------------------------
+
+
+_B64_32 = base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+
+
+def test_review33_a_whsec_secret_with_a_non_ascii_character_stops_the_start_naming_it(tmp_path):
+    """A whsec_ secret pasted with a non-ASCII character (a typographic quote, a non-breaking
+    space) is as bad as one with a stray space: the start must stop with the CALLBACK_SECRET
+    message, as for any other non-base64 secret. base64.b64decode raises a plain ValueError
+    (not binascii.Error) for non-ASCII text, which _check_webhook_secret does not catch:
+    pydantic wraps it and the operator reads "field '(net)': Value error, string argument
+    should contain only ASCII characters", which names neither the setting nor the fix."""
+    bad = "whsec_" + _B64_32[:20] + "\u00a0" + _B64_32[20:]
+    extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb", "CALLBACK_SECRET": bad}
+    with pytest.raises(SettingsError) as caught:
+        load_settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
+    assert str(caught.value) == (
+        "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after whsec_ "
+        "(e.g. whsec_ + `openssl rand -base64 32`)"
+    )
+    with pytest.raises(SettingsError):
+        Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
