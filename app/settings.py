@@ -8,7 +8,6 @@ process at start instead of running half-configured.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 from pathlib import Path
@@ -287,7 +286,7 @@ def _check_webhook_secret(secret: str) -> None:
         return
     try:
         short = len(base64.b64decode(secret[len("whsec_") :], validate=True)) < 16
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a plain ValueError for non-ASCII text
         short = True  # not base64: no key at all
     if short:
         raise SettingsError(
