@@ -138,7 +138,7 @@ def _expire_report_waits(rt: Runtime) -> dict[str, str]:
             )
         )
         overdue = [
-            (job_id, since)
+            (job_id, since, net_name)
             for job_id, since, net_name in finishing
             if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
         ]
@@ -146,12 +146,15 @@ def _expire_report_waits(rt: Runtime) -> dict[str, str]:
         JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
     )
     results = {}
-    for job_id, since in overdue:
-        with unit_of_work(rt.sessions) as session:
-            services.expire_report_wait(
-                session, job_id, outcome, (now - since).total_seconds(), now
-            )
-        results[str(job_id)] = f"report timeout: {outcome}"
+    for job_id, since, net_name in overdue:
+        # Each on its own: one that cannot be settled is recorded on its net and stops
+        # neither the others nor the round's watch of every net's runs.
+        with isolated(rt, "monitor_running_jobs", net_name or "-"):
+            with unit_of_work(rt.sessions) as session:
+                services.expire_report_wait(
+                    session, job_id, outcome, (now - since).total_seconds(), now
+                )
+            results[str(job_id)] = f"report timeout: {outcome}"
     if results:
         kick(rt)
     return results
