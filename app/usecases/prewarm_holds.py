@@ -149,7 +149,9 @@ def settle_row(session: Session, row: Prewarm, now: datetime) -> str:
         select(Job.id, Job.assigned_at)
         .where(
             Job.net_name == row.net_name,
-            Job.assigned_at >= row.created_at,
+            # After the hint: a claim at its very instant came first (the claim ends the
+            # holds open then, claims._use_holds), so it did not use a hint made after it.
+            Job.assigned_at > row.created_at,
             Job.assigned_at <= min(now, row.hold_until),
         )
         .order_by(Job.assigned_at)
