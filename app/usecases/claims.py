@@ -121,15 +121,16 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
 def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime) -> None:
     """A job claimed onto a net ends its open prewarm holds as `used`, in the claim's own
     transaction, so no read between the claim and a scale-down round shows them held (nor
-    expired, then used): the holds a settling round would find used, those whose deadline
-    is not before the claim (prewarm_holds.settle_row). A refusal is never open: it is
+    expired, then used): the holds a settling round would find used, those still live at the
+    claim, i.e. whose deadline is after it (a hold is live on [created_at, hold_until), as
+    prewarm_holds.settle_row and prewarm.status_of read it). A refusal is never open: it is
     written with its outcome."""
     session.execute(
         update(Prewarm)
         .where(
             Prewarm.net_name == net_name,
             Prewarm.outcome.is_(None),
-            Prewarm.hold_until >= now,
+            Prewarm.hold_until > now,
         )
         .values(
             outcome=PrewarmOutcome.USED,

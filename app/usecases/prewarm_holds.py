@@ -152,7 +152,10 @@ def settle_row(session: Session, row: Prewarm, now: datetime) -> str:
             # After the hint: a claim at its very instant came first (the claim ends the
             # holds open then, claims._use_holds), so it did not use a hint made after it.
             Job.assigned_at > row.created_at,
-            Job.assigned_at <= min(now, row.hold_until),
+            # Before the deadline: a hold is live on [created_at, hold_until), so a claim at
+            # the deadline's instant finds it expired, as status_of and live_holds read it.
+            Job.assigned_at < row.hold_until,
+            Job.assigned_at <= now,
         )
         .order_by(Job.assigned_at)
         .limit(1)

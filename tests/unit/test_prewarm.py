@@ -337,18 +337,32 @@ def test_a_claim_after_the_deadline_leaves_the_hold_to_expire(pw):
     assert (ended.outcome, ended.job_id) == (PrewarmOutcome.EXPIRED, None)
 
 
-def test_a_job_claimed_as_the_hold_ends_has_used_it_from_the_claim_on(pw):
-    """A settling round counts a job claimed up to the deadline included as the hold's use
-    (prewarm_holds.settle_row): the claim says so at once, so the prewarm never reads
-    "expired" in between and then "used"."""
+def test_a_hold_is_live_up_to_its_deadline_excluded(pw):
+    """A hold is live on [created_at, hold_until): a job claimed a moment before the deadline
+    used it, from the claim on (claims._use_holds, no read in between shows it expired)."""
     held_ready(pw, within_s=100)
     job_id = pw.enqueue("on-time", net="net-a")
-    pw.clock.now = row(pw, "p1").hold_until
+    pw.clock.now = row(pw, "p1").hold_until - timedelta(microseconds=1)
     assert dispatch.assign_jobs(pw.rt)
     assert view(pw, "p1")["status"] == "used"
     prewarm_warm_up.settle_prewarms(pw.rt)
     used = row(pw, "p1")
     assert (used.outcome, used.job_id, used.ended_at) == (PrewarmOutcome.USED, job_id, pw.clock())
+
+
+def test_a_job_claimed_at_the_deadline_instant_finds_the_hold_expired(pw):
+    """At hold_until itself the hold has ended: status_of reads it expired, and neither the
+    claim nor a settling round afterwards turns it into used (one rule for the instant)."""
+    held_ready(pw, within_s=100)
+    pw.enqueue("late", net="net-a")
+    deadline = row(pw, "p1").hold_until
+    pw.clock.now = deadline
+    assert view(pw, "p1")["status"] == "expired"
+    assert dispatch.assign_jobs(pw.rt)
+    assert view(pw, "p1")["status"] == "expired"
+    prewarm_warm_up.settle_prewarms(pw.rt)
+    ended = row(pw, "p1")
+    assert (ended.outcome, ended.job_id, ended.ended_at) == (PrewarmOutcome.EXPIRED, None, deadline)
 
 
 def test_a_claim_keeps_the_outcome_of_a_hold_that_ended_before_it(pw):

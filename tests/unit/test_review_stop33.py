@@ -45,10 +45,10 @@ def test_review33_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw): 
 def test_review33_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):  # noqa: F811
     """README "Prewarm": `status` is warming/held, "then used, expired, cancelled or
     failed": an ended prewarm keeps its outcome. At the hold's deadline instant T,
-    GET /prewarms (prewarm.status_of: `hold_until <= now`) already reads it `expired`, while
-    a claim at that same T ends it `used` (claims._use_holds: `hold_until >= now`). The two
-    paths decide the == instant differently, so a caller that read `expired` reads `used`
-    (with a job) a moment later at the same clock."""
+    GET /prewarms (prewarm.status_of: `hold_until <= now`) already reads it `expired`; a
+    claim at that same T once ended it `used` (claims._use_holds had `hold_until >= now`),
+    so a caller that read `expired` read `used` a moment later at the same clock. One rule
+    now: a hold is live on [created_at, hold_until)."""
     held_ready(pw, within_s=100)
     pw.enqueue("on-time", net="net-a")
     pw.clock.now = row(pw, "p1").hold_until
