@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from app import names
 from app.schemas import job_id_for
+from app.sim import claim_prewarms
 from app.sim.bundles import S3_DEFINITION
 from app.sim.faults import HUMAN_FIX_DELAY_S
 from app.sim.host import SimHost
@@ -60,6 +61,7 @@ class Adversary(SimHost):
                 self.at(hint.at_s, f"{label} once {hint.net} is {hint.on_state}", arm)
                 continue
             self.at(hint.at_s, label, send)
+        claim_prewarms.schedule(self, self._arm)
         for job in self.workload.jobs:
             payload: dict[str, object] = {
                 "caller_key": job.key,
@@ -110,6 +112,8 @@ class Adversary(SimHost):
         """Send the caller events waiting for a job state the job is in right now."""
         fired = False
         for trigger in list(self._triggers):
+            if trigger not in self._triggers:
+                continue  # fired by a message one of these ran at once (claim_prewarms)
             job_hex, state, label, send = trigger
             if job_hex.startswith("net:"):
                 # A prewarm armed on a net's state: the caller's hints stop at the horizon.

@@ -8,7 +8,11 @@ first), never the row's `hold_until`:
 - `prewarm-ended`: an ended prewarm ended within its hold (ended_at between its creation
   and the end of its hint), so the net's grace starts no later than that;
 - `prewarm-settled` (liveness): every prewarm's row has an outcome within
-  `Bounds.prewarm_settle` of its hold's end, once faults have stopped.
+  `Bounds.prewarm_settle` of its hold's end, once faults have stopped;
+- `prewarm-used-by-later-claim`: a hold settled `used` names a job claimed onto its net
+  after the hold was made, in the simulation's own order of writes (app.sim.hold_order: a
+  hint made at a claim's very instant, after it, has the claim's timestamp), and before its
+  hint's end (a hold is live on [created, end)).
 
 `idle-net-at-zero` (app.sim.invariants) counts a net with a live hold as needed, so its
 grace starts at the hold's end; `no-scale-down-under-job`, `one-run-per-server` and the run
@@ -17,13 +21,21 @@ checks hold with prewarms as without, and a driver is never asked for a second r
 
 from __future__ import annotations
 
-from app.sim.observer import HoldRow, Observer, _secs
+from app.sim import hold_order
+from app.sim.observer import HoldRow, Host, Observer, _secs, _uuid
 
 PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.prewarm*)
 
 
 class PrewarmInvariants(Observer):
     """The checks on holds (state: Observer.holds, read with the jobs and nets)."""
+
+    def __init__(self, sim: Host) -> None:
+        super().__init__(sim)
+        self._used_checked: set[int] = set()  # prewarm ids whose `used` was checked
+        self._used_at_changes = -1
+        if sim.workload.prewarms:
+            hold_order.install(sim.conn)
 
     def _prewarm_start(self, net: str, at: str, reason: str) -> None:
         """A net event to STARTING: one a prewarm made needs a live hold on the net."""
@@ -44,6 +56,7 @@ class PrewarmInvariants(Observer):
         """Every hold ends within its hint, and is written down once over (liveness)."""
         if not self.holds:
             return
+        self._used_after_claim()
         horizon = self.sim.workload.horizon_s
         for hold in self.holds:
             if hold.outcome is not None:
@@ -58,6 +71,39 @@ class PrewarmInvariants(Observer):
                     f"{hold.end_s:.0f}s (bound: {self.bounds.prewarm_settle:.0f}s after that, "
                     "or after faults stopped)",
                 )
+
+    def _used_after_claim(self) -> None:
+        """A hold settled `used` was used by a claim after it was made and before its end."""
+        conn = self.sim.conn
+        if conn.total_changes == self._used_at_changes:
+            return
+        self._used_at_changes = conn.total_changes
+        max_s = self.sim.settings.prewarm_max_s
+        for pid, key, net, job_hex, created, within in conn.execute(
+            "SELECT id, caller_key, net_name, job_id, created_at, within_s FROM prewarms"
+            " WHERE outcome = 'used' AND NOT refused"
+        ):
+            if pid in self._used_checked:
+                continue
+            self._used_checked.add(pid)
+            made = hold_order.hold_seq(conn, pid)
+            if made is None or job_hex is None:
+                continue  # (every accepted row is numbered; a use names its job)
+            created_s = _secs(created) or 0.0
+            end_s = created_s + min(float(within or 0.0), max_s)
+            claims = hold_order.claims_of(conn, job_hex, net)
+            # A claim at the end's instant finds the hold expired (half a microsecond: the
+            # stored times' resolution, against the float sum).
+            if any(seq > made and (_secs(at) or 0.0) < end_s - 5e-7 for seq, at in claims):
+                continue
+            seen = ", ".join(f"#{seq} at {_secs(at) or 0.0:.2f}s" for seq, at in claims) or "none"
+            self.report(
+                "prewarm-used-by-later-claim",
+                f"prewarm {key[:40]}",
+                f"settled used by job {_uuid(job_hex)[:8]}, whose claims onto {net} ({seen}) "
+                f"came before the hold was made (#{made} at {created_s:.2f}s) or at or after "
+                f"its end ({end_s:.2f}s)",
+            )
 
     def _ended_within(self, hold: HoldRow) -> None:
         ended = hold.ended_s

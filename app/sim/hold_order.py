@@ -1,0 +1,52 @@
+"""The simulation's own order of prewarm holds and claims (for `prewarm-used-by-later-claim`,
+app.sim.prewarm_invariants): a hint handled at the very instant a job is claimed, before or
+after it, has the claim's timestamp, so only the order in which the rows were written tells
+which came first. Temporary triggers on the simulation's one connection number each accepted
+prewarm row and each claim (a job moved to ASSIGNED) as it is written; a rolled-back write
+takes its number back with it. Installed only in a world with prewarms."""
+
+from __future__ import annotations
+
+import sqlite3
+
+_SCHEMA = """
+CREATE TEMP TABLE sim_order (
+    seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, ref TEXT NOT NULL, net TEXT, at TEXT
+);
+CREATE TEMP TRIGGER sim_order_hold AFTER INSERT ON main.prewarms WHEN NOT NEW.refused
+BEGIN
+    INSERT INTO sim_order (kind, ref, net, at)
+    VALUES ('hold', CAST(NEW.id AS TEXT), NEW.net_name, NEW.created_at);
+END;
+CREATE TEMP TRIGGER sim_order_claim AFTER UPDATE OF state ON main.jobs
+WHEN NEW.state = 'ASSIGNED' AND OLD.state IS NOT 'ASSIGNED'
+BEGIN
+    INSERT INTO sim_order (kind, ref, net, at)
+    VALUES ('claim', NEW.id, NEW.net_name, NEW.assigned_at);
+END;
+"""
+
+
+def install(conn: sqlite3.Connection) -> None:
+    """Number every accepted prewarm row and every claim from now on."""
+    conn.executescript(_SCHEMA)
+
+
+def hold_seq(conn: sqlite3.Connection, prewarm_id: int) -> int | None:
+    """When the prewarm row was written, in the simulation's order of writes."""
+    row = conn.execute(
+        "SELECT seq FROM sim_order WHERE kind = 'hold' AND ref = ?", (str(prewarm_id),)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def claims_of(conn: sqlite3.Connection, job_hex: str, net: str) -> list[tuple[int, str]]:
+    """Each claim of the job onto the net: (its place in the order of writes, its time)."""
+    return [
+        (int(seq), at)
+        for seq, at in conn.execute(
+            "SELECT seq, at FROM sim_order WHERE kind = 'claim' AND ref = ? AND net = ?"
+            " ORDER BY seq",
+            (job_hex, net),
+        )
+    ]
