@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from app import names
 from app.schemas import job_id_for
-from app.sim import claim_prewarms
+from app.sim import claim_prewarms, poison
 from app.sim.bundles import S3_DEFINITION
 from app.sim.faults import HUMAN_FIX_DELAY_S
 from app.sim.host import SimHost
@@ -211,6 +211,7 @@ class Adversary(SimHost):
             start = rng.uniform(30.0, horizon - 30.0)
             self._flip_window = (start, start + rng.uniform(30.0, 120.0))
         plan_redeploys(self, random.Random(f"{self.seed}/redeploy"), p.redeploy_p)
+        poison.schedule(self, self._arm)
 
     def _crash(self, net: str, down_s: float) -> None:
         self.cluster.crash(net, self.clock.t, down_s)

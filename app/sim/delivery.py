@@ -15,7 +15,7 @@ from typing import Any
 from app import names
 from app.errors import InvalidRequest, MisconfigurationError, NotFound, TransientError
 from app.runtime import Runtime
-from app.sim import messages
+from app.sim import messages, poison
 from app.sim.host import SimHost
 from app.sim.interleaving import WorkerKilled
 from app.sim.messages import TASKS, Message, TaskSpec
@@ -186,6 +186,9 @@ class Delivery(SimHost):
             and self._marked_misconfigured(message)
         ):
             self.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
+            return
+        if poison.excused(spec.kind, exc):
+            self.trace(f"   {message.label()} failed on a poison row: {type(exc).__name__}")
             return
         self.stats["escapes"] += 1
         where = _app_frame(exc)

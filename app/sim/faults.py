@@ -68,6 +68,9 @@ class FaultProfile:
     # RUNNING over FINISHED:ABORTED): the run goes on after "aborted before running it"
     slow_start: float = 0.0
     hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
+    # per world: the database refuses every write to one job's row for 30-100 s once it is
+    # RUNNING, ABORTING or FINISHING (app.sim.poison); no other row's work may stop for it
+    poison_row: float = 0.0
     failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
     # --- the scale driver ---
     driver_transient: float = 0.0  # per call: DriverTransientError before acting
@@ -139,6 +142,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        poison_row=0.5,
         last_try_stall=0.5,
         stall=0.02,
         retry_backlog=0.3,
@@ -209,6 +213,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        poison_row=0.3,
         last_try_stall=0.3,
         slow_scale_call=0.3,
         stall=0.01,
