@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,11 +33,12 @@ from app.usecases import (
     housekeeping,
     monitor,
     net_repairs,
+    prewarm_holds,
     reconciler,
     scaling,
     services,
 )
-from models import Job, JobState
+from models import Job, JobState, Prewarm, PrewarmOutcome
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
 # machine busy with the other tiers it takes minutes, so the per-test 600 s default is
@@ -110,6 +112,51 @@ def _before_start_is_proof(mp: pytest.MonkeyPatch) -> None:
     _set(abort, "run_end", end)(mp)
 
 
+_settle_row = prewarm_holds.settle_row
+
+
+def _claim_at_its_instant_used_it(session: Any, row: Prewarm, now: datetime) -> str:
+    # Before 29cc35c (`assigned_at >= created_at`): a job claimed at the hint's very instant,
+    # before the hint was made, was taken for its use (the earliest such claim first).
+    used = session.execute(
+        select(Job.id).where(
+            Job.net_name == row.net_name,
+            Job.assigned_at == row.created_at,
+            Job.assigned_at < row.hold_until,
+            Job.assigned_at <= now,
+        )
+    ).first()
+    if row.net_name is None or used is None:
+        return _settle_row(session, row, now)
+    prewarm_holds.end_hold(row, PrewarmOutcome.USED, row.created_at, f"job {used[0]} claimed")
+    row.job_id = used[0]
+    return "used"
+
+
+def _report_waits_not_isolated(rt: Any) -> dict[str, str]:
+    # Before c13522b: every overdue report wait settled in the round itself, outside any
+    # per-net isolation, so one that raised ended the whole monitor round, every round.
+    now = rt.clock()
+    with rt.sessions() as session:
+        finishing = session.execute(
+            select(Job.id, Job.state_changed_at, Job.net_name).where(
+                Job.state == JobState.FINISHING
+            )
+        ).all()
+    timeout = rt.settings.report_timeout_for
+    outcome = JobState(rt.settings.report_timeout_outcome.upper())
+    results = {}
+    for job_id, since, net in finishing:
+        if since < now - timedelta(seconds=timeout(net)):
+            with unit_of_work(rt.sessions) as session:
+                waited = (now - since).total_seconds()
+                services.expire_report_wait(session, job_id, outcome, waited, now)
+            results[str(job_id)] = f"report timeout: {outcome}"
+    if results:
+        monitor.kick(rt)
+    return results
+
+
 @contextmanager
 def _not_isolated(*_args: object) -> Iterator[None]:
     yield  # hole 1: one net's error ends the housekeeping round for every net
@@ -161,6 +208,26 @@ def _set_everywhere(original: object, value: object) -> Callable[[pytest.MonkeyP
 
 
 SAFEGUARDS = [
+    Safeguard(
+        "a hint made at a claim's instant, after it, is not used by that claim (review 33)",
+        _set_everywhere(prewarm_holds.settle_row, _claim_at_its_instant_used_it),
+        "clean",
+        # A hint sent at the very moment of a claim (app.sim.claim_prewarms), settled `used`
+        # by that claim: prewarm-used-by-later-claim. Seeds 0, 5, 22, 24 of 0-60 by seed.
+        range(0, 10),
+        frozenset({"prewarm-used-by-later-claim"}),
+    ),
+    Safeguard(
+        "each overdue report wait is settled on its own net's isolation (review 33)",
+        _set(monitor, "_expire_report_waits", _report_waits_not_isolated),
+        "racy",
+        # A FINISHING job's row refused for a while (FaultProfile.poison_row): its expiry
+        # raises out of the whole monitor round. Racy seeds 28 and 55 of 0-60, chaos seed 28,
+        # the profile forced.
+        range(27, 30),
+        frozenset({"no-escape", "ended-run-settled", "liveness"}),
+        forced=True,
+    ),
     Safeguard(
         "a run aborted before it started is settled only once it cannot start (CI's abort "
         "that did not take, seed 192)",
