@@ -1,5 +1,5 @@
-"""Prewarms at the instant of a claim: in half the worlds with prewarms (a stream of their
-own, `f"{seed}/claim-prewarm"`: the other worlds run as before), flip-api sends a hint for
+"""Prewarms at the instant of a claim: in half the sweep's worlds with prewarms (a stream of
+their own, `f"{seed}/claim-prewarm"`: the other worlds run as before), flip-api sends a hint for
 the net one or two jobs are claimed onto at the very moment of the claim, and the other
 worker takes it at once, so the hint's row has the claim's timestamp but comes after it.
 A claim ends only the holds open when it is made; a hint made after it holds the net for
@@ -22,7 +22,7 @@ Arm = Callable[[str, str, str, Callable[[], None]], None]
 def schedule(sim: SimHost, arm: Arm) -> None:
     """Arm the hints (each sent once, at its job's first claim before the horizon)."""
     jobs = sim.workload.jobs
-    if not sim.workload.prewarms or not jobs:
+    if not sim.claim_prewarms or not sim.workload.prewarms or not jobs:
         return
     rng = random.Random(f"{sim.seed}/claim-prewarm")
     if rng.random() >= CLAIM_PREWARM_SHARE:

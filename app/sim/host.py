@@ -36,6 +36,7 @@ class SimHost(ABC):
     tracing: bool
     fail_fast: bool
     fast_forward: bool
+    claim_prewarms: bool  # the sweep's worlds: hints at a claim's instant too
     rng: random.Random  # the fault stream
     rng_msg: random.Random  # the message stream
     clock: SimClock

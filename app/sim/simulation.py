@@ -156,6 +156,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self._triggers: list[tuple[str, str, str, Callable[[], None]]] = []
         self._current: list[Message] = []  # the messages being processed, outermost first
         self._draining = False
+        self.claim_prewarms = False  # a replay's hints are its trace's alone
         self._beats = beat_loops(world)
         self._next_beat = [period for _, period in self._beats]  # each loop's next tick
 
@@ -205,7 +206,9 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
         # their own (app.sim.prewarms): the others run exactly as before.
         world, workload = with_prewarms(seed, world, workload)
-        return cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
+        sim = cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
+        sim.claim_prewarms = True  # and hints at a claim's instant (app.sim.claim_prewarms)
+        return sim
 
     # --- wiring ------------------------------------------------------------------------------
 
