@@ -61,6 +61,29 @@ def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
 
 
+def _live_hold_on(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
+    """SQL: a prewarm holds this net now (open, its deadline not passed; a refusal is never
+    open)."""
+    return and_(
+        Prewarm.net_name == net_name_column,
+        Prewarm.outcome.is_(None),
+        Prewarm.hold_until >= now,
+    )
+
+
+def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
+    """SQL: the job names (prewarm_key) a live hold on this net, and may run on it."""
+    return and_(
+        Job.prewarm_key.in_(
+            # Correlated to the nets of the claim's first query, two levels up.
+            select(Prewarm.caller_key)
+            .where(_live_hold_on(net_name_column, now))
+            .correlate_except(Prewarm)
+        ),
+        or_(Job.requested_net.is_(None), Job.requested_net == net_name_column),
+    )
+
+
 def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
     """Claim the next QUEUED job (priority, then age) and a free net for it.
 
@@ -68,6 +91,12 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     never block each other and never get the same job or net; on SQLite the transaction
     holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
+
+    Prewarms (README "Prewarm"): a net held for a job that names that prewarm (its
+    `prewarm_key`) goes to that job, ahead of the priority order, and comes first among the
+    nets as warm as it; among those, a net no live hold keeps comes before a held one, so a
+    job that named no hint leaves a held net to the job it is held for while another as warm
+    is free (and still takes it when nothing else fits: nothing waits for a hold).
 
     The first statement lists only the free nets some QUEUED job could run on (an unpinned
     job fits every free net; a pinned one only its own), so a claim that cannot place any
@@ -87,12 +116,19 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         ~exists().where(StrayRun.net_name == Net.name),
     )
     queued = _claimable()
-    candidates = session.scalars(
-        select(Net.name)
+    hinted = exists().where(queued, _hinted_here(Net.name, now))
+    held = exists().where(_live_hold_on(Net.name, now))
+    candidates = session.execute(
+        select(Net.name, hinted)
         .where(*free, wanted_by_queued_job(Net.name))
-        .order_by(warm_first, Net.name)  # pragma: no mutate (the name: a tie-break)
+        .order_by(
+            warm_first,
+            ~hinted,  # a net held for a waiting job that named its hold first...
+            held,  # ...and one no hold keeps before one held for a job still to come
+            Net.name,  # pragma: no mutate (a tie-break)
+        )
     ).all()
-    for name in candidates:
+    for name, has_hinted in candidates:
         if not settings.has_net(name):
             continue  # a row left by a net no longer declared
         # Lock one net at a time: locking every free net in one statement would let the
@@ -104,18 +140,45 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
             continue  # pragma: no mutate
-        job = _next_job_for(session, settings.net(name), queued)
+        config = settings.net(name)
+        job = None
+        if has_hinted:
+            job = _next_job_for(session, config, and_(queued, _hinted_here(name, now)))
+        if job is None:
+            job = _next_job_for(session, config, queued)
         if job is None:
             continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None
+        _end_named_hold(session, job, net.name, now)
         _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
+
+
+def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) -> None:
+    """The live hold the claimed job names (its prewarm_key) ends `used` by it, whichever
+    net it went to: a hold never keeps a server up for a job already running elsewhere."""
+    if job.prewarm_key is None:
+        return
+    session.execute(
+        update(Prewarm)
+        .where(
+            Prewarm.caller_key == job.prewarm_key,
+            Prewarm.outcome.is_(None),
+            Prewarm.hold_until >= now,
+        )
+        .values(
+            outcome=PrewarmOutcome.USED,
+            ended_at=now,
+            job_id=job.id,
+            detail=f"job {job.id}, sent for it, was claimed onto net {net_name}",
+        )
+    )
 
 
 def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime) -> None:
@@ -126,11 +189,7 @@ def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime
     written with its outcome."""
     session.execute(
         update(Prewarm)
-        .where(
-            Prewarm.net_name == net_name,
-            Prewarm.outcome.is_(None),
-            Prewarm.hold_until >= now,
-        )
+        .where(_live_hold_on(net_name, now))
         .values(
             outcome=PrewarmOutcome.USED,
             ended_at=now,
