@@ -72,7 +72,8 @@ def _live_hold_on(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
 
 
 def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
-    """SQL: the job names (prewarm_key) a live hold on this net, and may run on it."""
+    """SQL: the job names (prewarm_key) a live hold on this net, and may run on it (a job
+    pinned elsewhere leaves the net held for a job still to come)."""
     return and_(
         Job.prewarm_key.in_(
             # Correlated to the nets of the claim's first query, two levels up.
@@ -92,11 +93,14 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
 
-    Prewarms (README "Prewarm"): a net held for a job that names that prewarm (its
-    `prewarm_key`) goes to that job, ahead of the priority order, and comes first among the
-    nets as warm as it; among those, a net no live hold keeps comes before a held one, so a
-    job that named no hint leaves a held net to the job it is held for while another as warm
-    is free (and still takes it when nothing else fits: nothing waits for a hold).
+    Prewarms (README "Prewarm"): a net a live hold keeps for a job still to come is taken
+    last, after every free net no hold keeps, even a cold one: a job that named no hint
+    starts another server rather than take the one warmed for the hinted job, and still
+    takes it when nothing else fits (nothing waits for a hold). A net held for a waiting job
+    that names its hold (`prewarm_key`) comes first among the nets as warm as it. The jobs
+    keep their order (priority, then age): a hint never puts its job ahead of one that was
+    waiting (measured: in a burst, that made older jobs wait a whole run more). A job that
+    names a hold ends it wherever it goes (`_end_named_hold`).
 
     The first statement lists only the free nets some QUEUED job could run on (an unpinned
     job fits every free net; a pinned one only its own), so a claim that cannot place any
@@ -118,17 +122,17 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     queued = _claimable()
     hinted = exists().where(queued, _hinted_here(Net.name, now))
     held = exists().where(_live_hold_on(Net.name, now))
-    candidates = session.execute(
-        select(Net.name, hinted)
+    candidates = session.scalars(
+        select(Net.name)
         .where(*free, wanted_by_queued_job(Net.name))
         .order_by(
+            and_(held, ~hinted),  # held for a job still to come: last
             warm_first,
-            ~hinted,  # a net held for a waiting job that named its hold first...
-            held,  # ...and one no hold keeps before one held for a job still to come
+            ~hinted,  # held for a waiting job that named its hold: first of its warmth
             Net.name,  # pragma: no mutate (a tie-break)
         )
     ).all()
-    for name, has_hinted in candidates:
+    for name in candidates:
         if not settings.has_net(name):
             continue  # a row left by a net no longer declared
         # Lock one net at a time: locking every free net in one statement would let the
@@ -140,12 +144,7 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
             continue  # pragma: no mutate
-        config = settings.net(name)
-        job = None
-        if has_hinted:
-            job = _next_job_for(session, config, and_(queued, _hinted_here(name, now)))
-        if job is None:
-            job = _next_job_for(session, config, queued)
+        job = _next_job_for(session, settings.net(name), queued)
         if job is None:
             continue  # pragma: no mutate (see above)
         job.assign(net.name, now)

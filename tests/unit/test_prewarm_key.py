@@ -13,10 +13,18 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import event, select
 
-from app.errors import CallerKeyConflict
+from app.errors import CallerKeyConflict, NetMisconfigured
 from app.schemas import EnqueueJob, PrewarmNet
-from app.usecases import claims, prewarm, views
-from models import ACTIVE_JOB_STATES, Job, Net, NetState, Prewarm, PrewarmOutcome
+from app.usecases import claims, prewarm, services, views
+from models import (
+    ACTIVE_JOB_STATES,
+    Job,
+    JobState,
+    Net,
+    NetState,
+    Prewarm,
+    PrewarmOutcome,
+)
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -132,16 +140,32 @@ def test_a_repeat_with_the_same_prewarm_key_is_the_same_job_another_is_a_conflic
 # --- the claim -----------------------------------------------------------------------------
 
 
-def test_the_hinted_job_gets_its_held_net_ahead_of_the_priority_order(pk: World):
+def finish(world: World, job_id: uuid.UUID) -> None:
+    """The job leaves its net (aborted before it ran: the net is free at once)."""
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "not needed", world.clock())
+
+
+@pytest.mark.parametrize("first", ["before-the-hint", "after-the-hint", "more-urgent"])
+def test_a_hint_never_puts_its_job_ahead_of_one_waiting(pk: World, first: str):
+    """A held net that frees while jobs wait goes to the first of them (priority, then age):
+    letting the hinted job go first made the jobs it passed wait a whole run more (the
+    simulated month: 380 s)."""
     occupy(pk, "net-a")
-    occupy(pk, "net-c")
-    ready(pk, "net-b")
-    hold(pk, "pw-h", "net-b")
-    urgent = job(pk, "urgent", priority=5)
+    running = occupy(pk, "net-b")
+    pk.clock.advance(1)
+    if first == "before-the-hint":
+        ahead = job(pk, "ahead")
+    pk.clock.advance(1)
+    hold(pk, "pw-h", "net-b")  # every net busy: the hint holds one still running a job
+    if first == "after-the-hint":
+        ahead = job(pk, "ahead")
     hinted = job(pk, "hinted", prewarm_key="pw-h")
-    assert claim(pk) == (hinted, "net-b")
-    assert claim(pk) is None  # the urgent job waits for a free net
-    assert pk.job(urgent).state.value == "QUEUED"
+    if first == "more-urgent":
+        ahead = job(pk, "ahead", priority=1)
+    finish(pk, running)
+    assert claim(pk) == (ahead, "net-b")
+    assert pk.job(hinted).state == JobState.QUEUED
 
 
 def test_a_net_held_for_a_waiting_job_comes_before_an_unheld_one_as_warm(pk: World):
@@ -162,11 +186,22 @@ def test_a_job_naming_no_hint_takes_an_unheld_warm_net_before_a_held_one(pk: Wor
     assert prewarm_row(pk, "pw-later").outcome is None  # still held for its own job
 
 
+def test_a_job_naming_no_hint_starts_an_unheld_net_rather_than_take_a_held_one(pk: World):
+    """The cold start is the same either way (the hinted job would meet it otherwise); the
+    held net keeps its server for the job it was warmed for."""
+    ready(pk, "net-a")
+    hold(pk, "pw-later", "net-a")
+    plain = job(pk, "plain")
+    assert claim(pk) == (plain, "net-b")
+    assert pk.net("net-b").state == NetState.STARTING
+    assert prewarm_row(pk, "pw-later").outcome is None
+
+
 def test_a_held_net_is_still_taken_when_nothing_else_fits(pk: World):
     occupy(pk, "net-b")
     ready(pk, "net-a")
     hold(pk, "pw-later", "net-a")
-    plain = job(pk, "plain", net="net-a")
+    plain = job(pk, "plain")
     assert claim(pk) == (plain, "net-a")  # nothing waits for a hold
     assert prewarm_row(pk, "pw-later").outcome == PrewarmOutcome.USED
 
@@ -197,18 +232,20 @@ def test_an_ended_hold_is_not_rewritten_by_its_jobs_claim(pk: World, ended: str)
     assert (row.outcome, row.job_id) == (outcome, None)
 
 
-def test_an_ended_or_unknown_key_gives_no_preference(pk: World):
-    occupy(pk, "net-a")
-    occupy(pk, "net-c")
-    ready(pk, "net-b")
-    hold(pk, "pw-cancelled", "net-b")
-    prewarm.cancel_prewarm(pk.rt, "pw-cancelled")
-    hold(pk, "pw-expired", "net-b", within_s=10)
-    pk.clock.advance(11)
-    urgent = job(pk, "urgent", priority=5)
-    for key in ("pw-cancelled", "pw-expired", "pw-never-sent"):
-        job(pk, f"job-{key}", prewarm_key=key)
-    assert claim(pk) == (urgent, "net-b")
+@pytest.mark.parametrize("key", ["cancelled", "expired", "refused", "never-sent"])
+def test_an_ended_refused_or_unknown_key_gives_no_preference(pk: World, key: str):
+    ready(pk, "net-a", "net-b")
+    if key in ("cancelled", "expired"):
+        hold(pk, f"pw-{key}", "net-a", within_s=10)
+    if key == "cancelled":
+        prewarm.cancel_prewarm(pk.rt, "pw-cancelled")
+    if key == "refused":
+        prewarm.refuse_prewarm(pk.rt, "pw-refused", NetMisconfigured("down", net_name="net-a"))
+    pk.clock.advance(11)  # the expired one: past its deadline, not settled yet
+    hold(pk, "pw-live", "net-a")  # for a job still to come
+    named = job(pk, "named", prewarm_key=f"pw-{key}")
+    assert claim(pk) == (named, "net-b")  # as for a job naming no hint
+    assert prewarm_row(pk, "pw-live").outcome is None
 
 
 def test_the_hinted_job_must_have_its_sites_on_the_held_net(pk: World):
@@ -237,8 +274,8 @@ def test_a_burst_never_puts_two_jobs_on_one_net(pk: World):
     hold(pk, "pw-2", "net-b")
     ids = [job(pk, f"job-{i}", prewarm_key=f"pw-{i % 3}", priority=i % 2) for i in range(6)]
     placed = sorted(iter(lambda: claim(pk), None), key=lambda got: got[1])
-    # Each held net to the first of the jobs naming its hold (priority, then age).
-    assert placed == [(ids[1], "net-a"), (ids[5], "net-b")]
+    # The jobs in their order (priority, then age), each held net first of its warmth.
+    assert placed == [(ids[1], "net-a"), (ids[3], "net-b")]
     with pk.rt.sessions() as session:
         active = session.scalars(select(Job.net_name).where(Job.state.in_(ACTIVE_JOB_STATES)))
         assert sorted(active) == ["net-a", "net-b"]
