@@ -93,14 +93,14 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
 
-    Prewarms (README "Prewarm"): a net a live hold keeps for a job still to come is taken
-    last, after every free net no hold keeps, even a cold one: a job that named no hint
-    starts another server rather than take the one warmed for the hinted job, and still
-    takes it when nothing else fits (nothing waits for a hold). A net held for a waiting job
-    that names its hold (`prewarm_key`) comes first among the nets as warm as it. The jobs
-    keep their order (priority, then age): a hint never puts its job ahead of one that was
-    waiting (measured: in a burst, that made older jobs wait a whole run more). A job that
-    names a hold ends it wherever it goes (`_end_named_hold`).
+    Prewarms (README "Prewarm"): among the nets as warm as each other, a net held for a
+    waiting job that names its hold (`prewarm_key`) comes first, and a net no hold keeps
+    comes before one held for a job still to come, so a job that named no hint leaves the
+    held net to its job while another as warm is free. A warmer net still comes first: a
+    caller that names no hint (its job may be the one held for) meets its warm server, and
+    nothing waits for a hold. The jobs keep their order (priority, then age): a hint never
+    puts its job ahead of one that was waiting (measured: in a burst, that made older jobs
+    wait a whole run more). A job that names a hold ends it wherever it goes.
 
     The first statement lists only the free nets some QUEUED job could run on (an unpinned
     job fits every free net; a pinned one only its own), so a claim that cannot place any
@@ -126,9 +126,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         select(Net.name)
         .where(*free, wanted_by_queued_job(Net.name))
         .order_by(
-            and_(held, ~hinted),  # held for a job still to come: last
             warm_first,
             ~hinted,  # held for a waiting job that named its hold: first of its warmth
+            held,  # held for a job still to come: after the unheld nets as warm
             Net.name,  # pragma: no mutate (a tie-break)
         )
     ).all()

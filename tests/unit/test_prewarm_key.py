@@ -186,15 +186,14 @@ def test_a_job_naming_no_hint_takes_an_unheld_warm_net_before_a_held_one(pk: Wor
     assert prewarm_row(pk, "pw-later").outcome is None  # still held for its own job
 
 
-def test_a_job_naming_no_hint_starts_an_unheld_net_rather_than_take_a_held_one(pk: World):
-    """The cold start is the same either way (the hinted job would meet it otherwise); the
-    held net keeps its server for the job it was warmed for."""
+def test_a_job_naming_no_hint_takes_a_held_warm_net_rather_than_start_a_cold_one(pk: World):
+    """A caller that sends no prewarm_key may be sending the very job the net is held for:
+    it meets its warm server, as before jobs named their hints."""
     ready(pk, "net-a")
-    hold(pk, "pw-later", "net-a")
-    plain = job(pk, "plain")
-    assert claim(pk) == (plain, "net-b")
-    assert pk.net("net-b").state == NetState.STARTING
-    assert prewarm_row(pk, "pw-later").outcome is None
+    hold(pk, "flip-model-42", "net-a")
+    unnamed = job(pk, "flip-model-42")
+    assert claim(pk) == (unnamed, "net-a")
+    assert prewarm_row(pk, "flip-model-42").job_id == unnamed
 
 
 def test_a_held_net_is_still_taken_when_nothing_else_fits(pk: World):
