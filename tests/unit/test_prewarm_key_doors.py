@@ -1,7 +1,9 @@
-"""A job's prewarm_key through every door (the Celery task, POST /jobs, the client), and the
-migration that stores it (README "Prewarm")."""
+"""A job's prewarm_key through every door (the Celery task, POST /jobs, the client, the
+simulator's caller), and the migration that stores it (README "Prewarm")."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,10 +13,17 @@ from app import migrate, names
 from app.client import DispatcherClient
 from app.entrypoints.api import create_app
 from app.schemas import EnqueueJob, job_id_for
+from app.sim import savings
+from app.sim.faults import CLEAN
+from app.sim.prewarms import with_prewarms
+from app.sim.simulation import Simulation
+from app.sim.trace import Trace, TraceJob
+from app.sim.workload import JobSpec, Workload, random_world
 from tasks import base
 from tasks import public as public_tasks
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
+from tests.unit.test_simulate import COLD  # the 10 s cold start of the replay tests
 
 API_KEY = "prewarm-key-doors-0123"
 AUTH = {"X-API-Key": API_KEY}
@@ -76,3 +85,29 @@ def test_migration_0014_adds_and_drops_the_column(tmp_path):
     assert "prewarm_key" in columns()
     migrate.downgrade(url, "0013")
     assert "prewarm_key" not in columns()
+
+
+def test_the_simulated_caller_names_each_hinted_jobs_prewarm():
+    trace = Trace((TraceJob(100.0, 30.0, hint_lead_s=60.0), TraceJob(300.0, 30.0)))
+    workload = savings.workload_for(trace)
+    assert [j.prewarm_key for j in workload.jobs] == [workload.prewarms[0].key, None]
+    world = savings.world_for(trace, ["net-1"], 0.0, COLD)
+    sim = Simulation(world, workload, CLEAN, 0, check_invariants=False, fast_forward=True)
+    _, stored = sim.run_then(
+        lambda sim: sorted(sim.conn.execute("SELECT caller_key, prewarm_key FROM jobs"))
+    )
+    assert stored == [("job-000000", "job-000000"), ("job-000001", None)]
+
+
+def test_the_sweep_names_the_hints_sent_for_its_jobs():
+    named = 0
+    for seed in range(60):
+        world = random_world(random.Random(f"{seed}/workload"))
+        workload = Workload(jobs=tuple(JobSpec(f"job-{i}", 40.0 * i + 20) for i in range(3)))
+        _, drawn = with_prewarms(seed, world, workload)
+        keys = {h.key for h in drawn.prewarms if not h.cancel}
+        for spec in drawn.jobs:
+            if spec.prewarm_key is not None:
+                named += 1
+                assert spec.prewarm_key in keys
+    assert named > 0
