@@ -1,8 +1,9 @@
 """A job names the prewarm sent for it (`EnqueueJob.prewarm_key`, README "Prewarm"): the
-claim gives that job the net the prewarm holds, ahead of the priority order; a job that
-named no hint leaves a held net to its job while another as warm is free; the hold ends
-wherever its job goes. The key is advisory: unknown, refused or ended, it enqueues all the
-same and gives no preference."""
+net held for a waiting job that names its hold comes first among the nets as warm as it; a
+job that named no hint leaves a held net to its job while another as warm is free (and takes
+it rather than start a cold one); jobs keep their order; the hold ends wherever its job goes.
+The key is advisory: unknown, refused or ended, it enqueues all the same and gives no
+preference."""
 
 from __future__ import annotations
 
