@@ -37,8 +37,13 @@ class DispatcherClient:
         self.app.send_task(name, kwargs={"payload": payload}, queue=QUEUE)
 
     def enqueue_job(self, request: EnqueueJob) -> uuid.UUID:
-        """Queue a job; returns its id (derived from caller_key, so a repeat is harmless)."""
-        self._send(ENQUEUE_JOB, request.model_dump(mode="json"))
+        """Queue a job; returns its id (derived from caller_key, so a repeat is harmless).
+        A job that names no prewarm is sent without the field, as before it existed, so a
+        worker older than it still takes the payload."""
+        payload = request.model_dump(mode="json")
+        if payload["prewarm_key"] is None:
+            del payload["prewarm_key"]
+        self._send(ENQUEUE_JOB, payload)
         return job_id_for(request.caller_key)
 
     def abort_job(self, job_id: uuid.UUID, reason: str = "aborted by caller") -> None:

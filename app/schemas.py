@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app import names
 
+# A caller's key (a job's, a prewarm's): flip-api's per-run ids.
+CALLER_KEY_PATTERN = r"^[A-Za-z0-9._:@/-]+$"
+
 # A net's name, in a payload and in the nets' declaration (app.settings).
 NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
@@ -90,7 +93,7 @@ class EnqueueJob(_Payload):
     caller_key: str = Field(
         min_length=1,
         max_length=200,
-        pattern=r"^[A-Za-z0-9._:@/-]+$",
+        pattern=CALLER_KEY_PATTERN,
         description="flip-api's key for this run, unique per job; the job id is "
         "uuid5(job_id namespace, caller_key). A repeat with the same payload names the same "
         "job; with another payload it is refused (caller_key_conflict)",
@@ -127,6 +130,15 @@ class EnqueueJob(_Payload):
         "view and callback; a resource_spec in it goes into the submitted meta.json",
     )
 
+    prewarm_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=CALLER_KEY_PATTERN,
+        description="the caller_key of a prewarm sent for this job: the claim prefers the net "
+        "it holds",
+    )
+
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -141,8 +153,12 @@ class EnqueueJob(_Payload):
 
     def digest(self) -> str:
         """What makes two enqueues of one caller_key the same request: the payload with its
-        defaults filled in (an omitted field equals its default sent), sites in any order."""
+        defaults filled in (an omitted field equals its default sent), sites in any order.
+        prewarm_key counts only when set, so the digests stored before it existed still
+        name their jobs."""
         fields = self.model_dump(mode="json")
+        if fields["prewarm_key"] is None:
+            del fields["prewarm_key"]
         fields["required_sites"] = sorted(fields["required_sites"])
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -174,7 +190,7 @@ class PrewarmNet(_Payload):
     caller_key: str = Field(
         min_length=1,
         max_length=200,
-        pattern=r"^[A-Za-z0-9._:@/-]+$",
+        pattern=CALLER_KEY_PATTERN,
         description="flip-api's key for this hint (its own namespace: it may equal the coming "
         "job's caller_key). A repeat with the same payload names the same prewarm; with "
         "another payload it is refused (caller_key_conflict)",

@@ -190,6 +190,9 @@ class Job(Base):
     # event; `metadata` itself is SQLAlchemy's name for the table metadata.
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
     requested_net: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
+    # The caller_key of the prewarm sent for it (advisory): its claim prefers the net that
+    # prewarm holds, and ends that hold wherever the job goes (app.usecases.claims).
+    prewarm_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_state"))
@@ -235,6 +238,7 @@ class Job(Base):
         job_id: uuid.UUID | None = None,
         metadata: dict[str, Any] | None = None,
         request_digest: str | None = None,
+        prewarm_key: str | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
         job = cls(
@@ -244,6 +248,7 @@ class Job(Base):
             definition=definition,
             required_sites=required_sites,
             requested_net=requested_net,
+            prewarm_key=prewarm_key,
             metadata_=metadata,
             priority=priority,
             state=JobState.QUEUED,

@@ -157,6 +157,11 @@ def _add_job_commands(
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--max-attempts", type=int, default=None, help="default MAX_ATTEMPTS")
     p.add_argument(
+        "--prewarm-key",
+        metavar="K",
+        help="the --key of a prewarm sent for this job: its claim prefers the net it holds",
+    )
+    p.add_argument(
         "--metadata",
         type=_json_object,
         metavar="JSON",

@@ -219,6 +219,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             priority=args.priority,
             max_attempts=args.max_attempts,
             metadata=args.metadata,
+            prewarm_key=args.prewarm_key,
         )
     except ValidationError as exc:
         for err in exc.errors():

@@ -97,6 +97,7 @@ class JobView(_Response):
     required_sites: list[str]
     metadata: dict[str, Any] | None = Field(description="flip-api's own object, as given")
     requested_net: str | None
+    prewarm_key: str | None = Field(description="the caller_key of the prewarm sent for it")
     net: str | None = Field(description="the net it is or was assigned to")
     priority: int
     attempts: int

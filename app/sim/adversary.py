@@ -75,6 +75,8 @@ class Adversary(SimHost):
                 payload["metadata"] = job.metadata
             if job.max_attempts is not None:
                 payload["max_attempts"] = job.max_attempts
+            if job.prewarm_key is not None:
+                payload["prewarm_key"] = job.prewarm_key
             self.at(
                 job.arrive_s,
                 f"flip-api enqueues {job.key}",

@@ -6,7 +6,10 @@ A hint may come shortly before its job, long before it (past PREWARM_MAX_S), wit
 at all, for a net in a given state (armed: sent the moment the net is STOPPED, STARTING,
 READY, BUSY, STOPPING, UNHEALTHY or MISCONFIGURED), for a net NETS declares only after a
 redeploy (or never), by sites instead of a net (also sites no net has), again under the same
-caller_key (the same body, or another: a conflict), or malformed. A cancel may come before
+caller_key (the same body, or another: a conflict), or malformed. A job a hint is sent for
+(shortly or long before it) names it (`prewarm_key`, no draw of its own), so the claim's
+preference for its held net and the hold's end wherever the job goes are swept; the other
+hints are named by no job, as a caller that sends no key. A cancel may come before
 its hint, while its server warms, while it is held, after a job used it, twice, or for a key
 never sent. Some worlds keep PREWARM_MAX_S short, so holds expire inside the run."""
 
@@ -29,14 +32,23 @@ def with_prewarms(seed: int, world: WorldSpec, workload: Workload) -> tuple[Worl
         return world, workload
     max_s = rng.choice((20.0, 45.0, 90.0, 900.0))
     world = dataclasses.replace(world, prewarm_max_s=max_s)
-    hints = random_prewarms(rng, world, workload)
-    return world, dataclasses.replace(workload, prewarms=hints)
+    named: dict[str, str] = {}
+    hints = random_prewarms(rng, world, workload, named)
+    jobs = tuple(
+        dataclasses.replace(j, prewarm_key=named[j.key]) if j.key in named else j
+        for j in workload.jobs
+    )
+    return world, dataclasses.replace(workload, jobs=jobs, prewarms=hints)
 
 
 def random_prewarms(
-    rng: random.Random, world: WorldSpec, workload: Workload
+    rng: random.Random,
+    world: WorldSpec,
+    workload: Workload,
+    named: dict[str, str] | None = None,
 ) -> tuple[PrewarmSpec, ...]:
-    """1 to 6 hints (with their repeats and cancels), all sent by the horizon."""
+    """1 to 6 hints (with their repeats and cancels), all sent by the horizon; `named`
+    gets, per job a hint is sent for, the key of its first such hint."""
     horizon = workload.horizon_s
     names = [n.name for n in world.nets]
     # A net NETS may declare only after a redeploy, and one it never declares.
@@ -60,6 +72,8 @@ def random_prewarms(
             if kind == "long-before":
                 lead += world.prewarm_max_s
             at = max(0.0, job.arrive_s - lead)
+            if named is not None:
+                named.setdefault(job.key, key)
         elif kind == "armed":
             on_state = rng.choice(NET_STATES)
             at = rng.uniform(0.0, horizon / 2)

@@ -211,8 +211,8 @@ def world_for(
 def workload_for(trace: Trace) -> Workload:
     """The trace's jobs as the simulation's caller submits them, and their hints as its
     prewarms: sent `hint_lead_s` before the job, for the job's net (or its sites), asking
-    for the lead plus HINT_MARGIN_S; the prewarm's key is the job's (prewarms have keys of
-    their own)."""
+    for the lead plus HINT_MARGIN_S. The prewarm's key is the job's (prewarms have keys of
+    their own), and the job names it (`prewarm_key`), so its claim prefers the held net."""
     jobs = tuple(
         JobSpec(
             key=f"job-{i:06d}",
@@ -221,6 +221,7 @@ def workload_for(trace: Trace) -> Workload:
             net=j.net,
             sites=j.required_sites,
             priority=j.priority,
+            prewarm_key=None if j.hint_lead_s is None else f"job-{i:06d}",
         )
         for i, j in enumerate(trace.jobs)
     )
@@ -277,9 +278,12 @@ def replay(
             index = keys.get(job_hex)
             if index is not None and state == "COMPLETED" and dispatched is not None:
                 waits[index] = _secs(dispatched) - trace.jobs[index].submitted_at
+        # Used: a job was claimed onto the held net (a hold its job ended from another net
+        # is `used` too, but kept no server up for it).
         hints = sim.conn.execute(
-            "SELECT coalesce(sum(NOT refused), 0), coalesce(sum(outcome = 'used'), 0),"
-            " coalesce(sum(refused), 0) FROM prewarms"
+            "SELECT coalesce(sum(NOT p.refused), 0),"
+            " coalesce(sum(p.outcome = 'used' AND j.net_name = p.net_name), 0),"
+            " coalesce(sum(p.refused), 0) FROM prewarms p LEFT JOIN jobs j ON j.id = p.job_id"
         ).fetchone()
         return waits, len(keys) - len(waits), tuple(hints)
 

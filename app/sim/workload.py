@@ -65,6 +65,8 @@ class JobSpec:
     # flip-api's own JSON object, sent as is (None: none sent).
     metadata: dict[str, Any] | None = None
     max_attempts: int | None = None
+    # The caller_key of the prewarm sent for it (EnqueueJob.prewarm_key; None: not sent).
+    prewarm_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,30 @@ def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
 
 
+def _live_hold_on(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
+    """SQL: a prewarm holds this net now (open, its deadline still ahead: a hold is live on
+    [created_at, hold_until); a refusal is never open)."""
+    return and_(
+        Prewarm.net_name == net_name_column,
+        Prewarm.outcome.is_(None),
+        Prewarm.hold_until > now,
+    )
+
+
+def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
+    """SQL: the job names (prewarm_key) a live hold on this net, and may run on it (a job
+    pinned elsewhere leaves the net held for a job still to come)."""
+    return and_(
+        Job.prewarm_key.in_(
+            # Correlated to the nets of the claim's first query, two levels up.
+            select(Prewarm.caller_key)
+            .where(_live_hold_on(net_name_column, now))
+            .correlate_except(Prewarm)
+        ),
+        or_(Job.requested_net.is_(None), Job.requested_net == net_name_column),
+    )
+
+
 def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
     """Claim the next QUEUED job (priority, then age) and a free net for it.
 
@@ -68,6 +92,15 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     never block each other and never get the same job or net; on SQLite the transaction
     holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
+
+    Prewarms (README "Prewarm"): among the nets as warm as each other, a net held for a
+    waiting job that names its hold (`prewarm_key`) comes first, and a net no hold keeps
+    comes before one held for a job still to come, so a job that named no hint leaves the
+    held net to its job while another as warm is free. A warmer net still comes first: a
+    caller that names no hint (its job may be the one held for) meets its warm server, and
+    nothing waits for a hold. The jobs keep their order (priority, then age): a hint never
+    puts its job ahead of one that was waiting (measured: in a burst, that made older jobs
+    wait a whole run more). A job that names a hold ends it wherever it goes.
 
     The first statement lists only the free nets some QUEUED job could run on (an unpinned
     job fits every free net; a pinned one only its own), so a claim that cannot place any
@@ -87,10 +120,17 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         ~exists().where(StrayRun.net_name == Net.name),
     )
     queued = _claimable()
+    hinted = exists().where(queued, _hinted_here(Net.name, now))
+    held = exists().where(_live_hold_on(Net.name, now))
     candidates = session.scalars(
         select(Net.name)
         .where(*free, wanted_by_queued_job(Net.name))
-        .order_by(warm_first, Net.name)  # pragma: no mutate (the name: a tie-break)
+        .order_by(
+            warm_first,
+            ~hinted,  # held for a waiting job that named its hold: first of its warmth
+            held,  # held for a job still to come: after the unheld nets as warm
+            Net.name,  # pragma: no mutate (a tie-break)
+        )
     ).all()
     for name in candidates:
         if not settings.has_net(name):
@@ -111,11 +151,33 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None
+        _end_named_hold(session, job, net.name, now)
         _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
+
+
+def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) -> None:
+    """The live hold the claimed job names (its prewarm_key) ends `used` by it, whichever
+    net it went to: a hold never keeps a server up for a job already running elsewhere."""
+    if job.prewarm_key is None:
+        return
+    session.execute(
+        update(Prewarm)
+        .where(
+            Prewarm.caller_key == job.prewarm_key,
+            Prewarm.outcome.is_(None),
+            Prewarm.hold_until > now,
+        )
+        .values(
+            outcome=PrewarmOutcome.USED,
+            ended_at=now,
+            job_id=job.id,
+            detail=f"job {job.id}, sent for it, was claimed onto net {net_name}",
+        )
+    )
 
 
 def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime) -> None:
@@ -127,11 +189,7 @@ def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime
     written with its outcome."""
     session.execute(
         update(Prewarm)
-        .where(
-            Prewarm.net_name == net_name,
-            Prewarm.outcome.is_(None),
-            Prewarm.hold_until > now,
-        )
+        .where(_live_hold_on(net_name, now))
         .values(
             outcome=PrewarmOutcome.USED,
             ended_at=now,

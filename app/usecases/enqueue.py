@@ -107,6 +107,8 @@ def enqueue_job(
         job_id=job_id_for(request.caller_key),
         metadata=request.metadata,
         request_digest=_as_stored(request, settings).digest(),
+        # Advisory: a key naming no live prewarm is kept all the same and gives no preference.
+        prewarm_key=request.prewarm_key,
     )
     try:
         # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
@@ -161,6 +163,7 @@ def _differences(job: Job, request: EnqueueJob) -> str:
             ("net", request.net, job.requested_net),
             ("priority", request.priority, job.priority),
             ("metadata", request.metadata, job.metadata_),
+            ("prewarm_key", request.prewarm_key, job.prewarm_key),
         )
         if sent != kept
     ]

@@ -58,6 +58,7 @@ def job_view(job: Job) -> dict[str, Any]:
         "required_sites": list(job.required_sites),
         "metadata": job.metadata_,
         "requested_net": job.requested_net,
+        "prewarm_key": job.prewarm_key,
         "net": job.net_name,
         "priority": job.priority,
         "attempts": job.attempts,

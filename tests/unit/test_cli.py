@@ -294,6 +294,18 @@ def test_enqueue_is_idempotent_and_sends_assign_to_the_workers_queue(capsys, db,
     assert task_names(messages) == ["fl_dispatcher.assign_next_job"]
 
 
+def test_enqueue_names_the_prewarm_sent_for_the_job(capsys, db, cli_env):
+    argv = ["enqueue", "--key", "cli-pk", "--definition", "tiny-job", "--net", "net-b"]
+    code, _, _ = run(capsys, *argv, "--prewarm-key", "pw-1")
+    assert code == 0
+    with db() as session:
+        assert session.scalars(select(Job.prewarm_key)).one() == "pw-1"
+    code, _, err = run(capsys, *argv, "--prewarm-key", "pw-2")
+    assert code == 1 and "differs in: prewarm_key" in err
+    code, _, err = run(capsys, *argv, "--prewarm-key", "bad key!")
+    assert code == 1 and "prewarm_key" in err
+
+
 def test_enqueue_bad_input_writes_nothing(capsys, db, cli_env):
     code, _, err = run(capsys, "enqueue", "--key", "bad key!", "--definition", "tiny-job")
     assert code == 1 and "caller_key" in err

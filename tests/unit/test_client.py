@@ -69,7 +69,8 @@ def test_the_client_sends_the_public_tasks_to_the_workers_queue():
         queue.close()
     client.close()
     assert sent == [
-        (names.ENQUEUE_JOB, {"payload": request.model_dump(mode="json")}),
+        # A job naming no prewarm is sent without the field, so older workers take it.
+        (names.ENQUEUE_JOB, {"payload": request.model_dump(mode="json", exclude={"prewarm_key"})}),
         (names.ABORT_JOB, {"payload": {"job_id": str(job_id), "reason": "not needed"}}),
         (
             names.REPORT_JOB_STATUS,
