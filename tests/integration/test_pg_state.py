@@ -194,3 +194,26 @@ def test_a_payload_postgresql_cannot_store_is_refused_before_it_reaches_it(db, s
     with pytest.raises(DataError, match="0x00"), db.begin() as session:
         services.report_job_status(session, unchecked, clock())
         session.flush()
+
+
+def test_a_hinted_job_and_an_older_one_claimed_at_once_end_its_hold_once(db, settings, clock):
+    """Two claimers at once: one takes the older job onto the held net (ending the hold
+    there, claims._use_holds), the other the job that names the hold onto the other net
+    (ending it by its key, claims._end_named_hold). Both UPDATE the one prewarm row: the
+    second waits for the first and then finds it ended, so the hold ends once, with no
+    deadlock and no error."""
+    from app.schemas import PrewarmNet
+    from app.usecases import prewarm
+    from models import Prewarm, PrewarmOutcome
+    from tests.unit.conftest import World
+
+    world = World(settings, db, clock)
+    prewarm.request_prewarm(world.rt, PrewarmNet(caller_key="hint", net="net-a", within_s=120))
+    older = enqueue(db, settings, clock, "older")
+    hinted = enqueue(db, settings, clock, "hinted", prewarm_key="hint")
+    results = race(db, settings, clock)
+    assert {r.job_id for r in results if r is not None} == {older, hinted}
+    with db() as session:
+        row = session.scalars(select(Prewarm).where(Prewarm.caller_key == "hint")).one()
+        assert row.outcome == PrewarmOutcome.USED
+        assert row.job_id in {older, hinted}
