@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, exists, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.net_config import NetConfig
 from app.settings import Settings
@@ -44,10 +44,10 @@ def _active_job_on(net_name_column: object) -> object:
     return exists().where(and_(Job.net_name == net_name_column, Job.state.in_(ACTIVE_JOB_STATES)))
 
 
-def _claimable() -> ColumnElement[bool]:
+def _claimable(job: Any = Job) -> ColumnElement[bool]:
     """A QUEUED job that may be claimed: one whose earlier run may still be alive (a stray
-    run) waits, so a job never has two live runs."""
-    return and_(Job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == Job.id))
+    run) waits, so a job never has two live runs. (`job`: Job, or an alias of it.)"""
+    return and_(job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == job.id))
 
 
 def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
@@ -71,9 +71,18 @@ def _live_hold_on(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
     )
 
 
+def _may_run_on(job: Any, net_name_column: Any) -> ColumnElement[bool]:
+    return or_(job.requested_net.is_(None), job.requested_net == net_name_column)
+
+
 def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
-    """SQL: the job names (prewarm_key) a live hold on this net, and may run on it (a job
-    pinned elsewhere leaves the net held for a job still to come)."""
+    """SQL: the job names (prewarm_key) a live hold on this net, may run on it (a job
+    pinned elsewhere leaves the net held for a job still to come), and is the one this net
+    would take next: no claimable job that may run on it comes before it (priority, then
+    age). Otherwise the net, first of its warmth, would go to that earlier job, which
+    would end the hold as its own while an unheld net as warm was free and the hinted job
+    waited (the net the claim locks is given to the first job that fits it)."""
+    ahead = aliased(Job)
     return and_(
         Job.prewarm_key.in_(
             # Correlated to the nets of the claim's first query, two levels up.
@@ -81,7 +90,23 @@ def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
             .where(_live_hold_on(net_name_column, now))
             .correlate_except(Prewarm)
         ),
-        or_(Job.requested_net.is_(None), Job.requested_net == net_name_column),
+        _may_run_on(Job, net_name_column),
+        ~exists()
+        .where(
+            _claimable(ahead),
+            _may_run_on(ahead, net_name_column),
+            or_(
+                ahead.priority > Job.priority,
+                and_(
+                    ahead.priority == Job.priority,
+                    or_(
+                        ahead.created_at < Job.created_at,
+                        and_(ahead.created_at == Job.created_at, ahead.id < Job.id),
+                    ),
+                ),
+            ),
+        )
+        .correlate_except(ahead),  # the job (one level up) and the net (two)
     )
 
 
@@ -94,7 +119,8 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
 
     Prewarms (README "Prewarm"): among the nets as warm as each other, a net held for a
-    waiting job that names its hold (`prewarm_key`) comes first, and a net no hold keeps
+    waiting job that names its hold (`prewarm_key`) comes first when that job is the one
+    the net would take next (none that may run there is ahead of it), and a net no hold keeps
     comes before one held for a job still to come, so a job that named no hint leaves the
     held net to its job while another as warm is free. A warmer net still comes first: a
     caller that names no hint (its job may be the one held for) meets its warm server, and

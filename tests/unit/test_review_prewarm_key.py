@@ -84,3 +84,26 @@ def test_review_hints_and_holds_add_no_statement_to_a_claim_that_places_nothing(
         finally:
             event.remove(pk.rt.engine, "before_cursor_execute", count)
     assert (got, len(statements)) == (None, 1)
+
+
+def test_review_a_job_pinned_to_a_busy_net_is_not_ahead_of_a_hinted_job_elsewhere(pk: World):
+    """Only a job that may run on the held net comes before its hinted job there: an older
+    job pinned to another (busy) net leaves the held net first for its hinted job."""
+    occupy(pk, "net-c")
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    pinned = job(pk, "pinned", net="net-c", required_sites=["site-3"], priority=5)
+    hinted = job(pk, "hinted", prewarm_key="pw-b")
+    assert claim(pk) == (hinted, "net-b")
+    assert claim(pk) is None
+    assert pk.job(pinned).state == JobState.QUEUED
+
+
+def test_review_a_more_urgent_plain_job_takes_the_unheld_net_the_hinted_one_its_own(pk: World):
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-a", "net-a")
+    hinted = job(pk, "hinted", prewarm_key="pw-a")
+    urgent = job(pk, "urgent", priority=1)
+    assert claim(pk) == (urgent, "net-b")
+    assert claim(pk) == (hinted, "net-a")
+    assert prewarm_row(pk, "pw-a").job_id == hinted
