@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from sqlalchemy import event
 
+from app.sim.faults import CLEAN
+from app.sim.simulation import Simulation
+from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import claims
 from models import JobState, PrewarmOutcome
 from tests.unit.conftest import World
@@ -107,3 +110,23 @@ def test_review_a_more_urgent_plain_job_takes_the_unheld_net_the_hinted_one_its_
     assert claim(pk) == (urgent, "net-b")
     assert claim(pk) == (hinted, "net-a")
     assert prewarm_row(pk, "pw-a").job_id == hinted
+
+
+def test_review_the_sweep_accepts_a_hold_its_job_ended_from_another_net():
+    """README: a hold ends `used` "when the job that names it (`prewarm_key`) is claimed onto
+    another net". The sweep's `prewarm-used-by-later-claim` must accept that use: here the
+    held net is busy when the hinted job comes, so it runs on the other net."""
+    world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
+    jobs = (
+        JobSpec("long", 1.0, duration_s=120.0, net="net-a"),
+        JobSpec("hinted", 40.0, duration_s=20.0, prewarm_key="pw-h"),
+    )
+    hint = PrewarmSpec(20.0, "pw-h", 300.0, net="net-a")  # net-a runs "long" meanwhile
+    sim = Simulation(world, Workload(jobs=jobs, prewarms=(hint,)), CLEAN, 0)
+    result, used = sim.run_then(
+        lambda s: s.conn.execute(
+            "SELECT p.outcome, j.net_name FROM prewarms p JOIN jobs j ON j.id = p.job_id"
+        ).fetchall()
+    )
+    assert used == [("used", "net-b")]
+    assert result.violations == []
