@@ -40,13 +40,14 @@ def hold_seq(conn: sqlite3.Connection, prewarm_id: int) -> int | None:
     return None if row is None else int(row[0])
 
 
-def claims_of(conn: sqlite3.Connection, job_hex: str, net: str) -> list[tuple[int, str]]:
-    """Each claim of the job onto the net: (its place in the order of writes, its time)."""
+def claims_of(conn: sqlite3.Connection, job_hex: str, net: str | None) -> list[tuple[int, str]]:
+    """Each claim of the job onto the net (None: onto any net): (its place in the order of
+    writes, its time)."""
     return [
         (int(seq), at)
         for seq, at in conn.execute(
-            "SELECT seq, at FROM sim_order WHERE kind = 'claim' AND ref = ? AND net = ?"
-            " ORDER BY seq",
-            (job_hex, net),
+            "SELECT seq, at FROM sim_order WHERE kind = 'claim' AND ref = ?"
+            " AND (? IS NULL OR net = ?) ORDER BY seq",
+            (job_hex, net, net),
         )
     ]

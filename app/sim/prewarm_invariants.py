@@ -10,9 +10,10 @@ first), never the row's `hold_until`:
 - `prewarm-settled` (liveness): every prewarm's row has an outcome within
   `Bounds.prewarm_settle` of its hold's end, once faults have stopped;
 - `prewarm-used-by-later-claim`: a hold settled `used` names a job claimed onto its net
-  after the hold was made, in the simulation's own order of writes (app.sim.hold_order: a
-  hint made at a claim's very instant, after it, has the claim's timestamp), and before its
-  hint's end (a hold is live on [created, end)).
+  (or, for the job that names it in `prewarm_key`, onto any net) after the hold was made,
+  in the simulation's own order of writes (app.sim.hold_order: a hint made at a claim's
+  very instant, after it, has the claim's timestamp), and before its hint's end (a hold is
+  live on [created, end)).
 
 `idle-net-at-zero` (app.sim.invariants) counts a net with a live hold as needed, so its
 grace starts at the hold's end; `no-scale-down-under-job`, `one-run-per-server` and the run
@@ -79,9 +80,10 @@ class PrewarmInvariants(Observer):
             return
         self._used_at_changes = conn.total_changes
         max_s = self.sim.settings.prewarm_max_s
-        for pid, key, net, job_hex, created, within in conn.execute(
-            "SELECT id, caller_key, net_name, job_id, created_at, within_s FROM prewarms"
-            " WHERE outcome = 'used' AND NOT refused"
+        for pid, key, net, job_hex, created, within, named in conn.execute(
+            "SELECT p.id, p.caller_key, p.net_name, p.job_id, p.created_at, p.within_s,"
+            " j.prewarm_key = p.caller_key FROM prewarms p LEFT JOIN jobs j ON j.id = p.job_id"
+            " WHERE p.outcome = 'used' AND NOT p.refused"
         ):
             if pid in self._used_checked:
                 continue
@@ -91,7 +93,8 @@ class PrewarmInvariants(Observer):
                 continue  # (every accepted row is numbered; a use names its job)
             created_s = _secs(created) or 0.0
             end_s = created_s + min(float(within or 0.0), max_s)
-            claims = hold_order.claims_of(conn, job_hex, net)
+            # A job that names the hold (prewarm_key) ends it wherever it is claimed.
+            claims = hold_order.claims_of(conn, job_hex, None if named else net)
             # A claim at the end's instant finds the hold expired (half a microsecond: the
             # stored times' resolution, against the float sum).
             if any(seq > made and (_secs(at) or 0.0) < end_s - 5e-7 for seq, at in claims):
