@@ -147,9 +147,10 @@ def _expire_report_waits(rt: Runtime) -> dict[str, str]:
     )
     results = {}
     for job_id, since, net_name in overdue:
+        assert net_name is not None  # a FINISHING job holds its net
         # Each on its own: one that cannot be settled is recorded on its net and stops
         # neither the others nor the round's watch of every net's runs.
-        with isolated(rt, "monitor_running_jobs", net_name or "-"):
+        with isolated(rt, "monitor_running_jobs", net_name):
             with unit_of_work(rt.sessions) as session:
                 services.expire_report_wait(
                     session, job_id, outcome, (now - since).total_seconds(), now

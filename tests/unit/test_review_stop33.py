@@ -123,7 +123,11 @@ def test_review33_a_report_wait_that_cannot_be_settled_stops_no_other_nets_monit
     except RuntimeError as exc:
         pytest.fail(f"one FINISHING row stopped the whole monitor round: {exc}")
     assert world.job(running).state == JobState.FINISHING  # net-b's run was watched
-    assert "bug settling one report wait" in (world.net("net-a").last_error or "")
+    # Recorded on its own net, under the loop's name (as /fl/status and the CLI show it).
+    assert world.net("net-a").last_error == (
+        "monitor_running_jobs: RuntimeError: bug settling one report wait"
+    )
+    assert world.net("net-b").last_error is None
 
 
 # --- settings: a whsec_ secret with a character base64 does not know ------------------------
