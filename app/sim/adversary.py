@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 from app import names
 from app.schemas import job_id_for
-from app.sim import claim_prewarms, poison
+from app.sim import bursts, claim_prewarms, poison
 from app.sim.bundles import S3_DEFINITION
 from app.sim.faults import HUMAN_FIX_DELAY_S
 from app.sim.host import SimHost
 from app.sim.redeploy import plan as plan_redeploys
+from app.sim.workload import JobSpec
 from models import NetState
 
 
@@ -62,21 +63,12 @@ class Adversary(SimHost):
                 continue
             self.at(hint.at_s, label, send)
         claim_prewarms.schedule(self, self._arm)
+        bursts.schedule(self, self._arm, self._enqueue_payload)
+        sent_later = {k for b in self.workload.bursts for k in (b.plain, b.hinted)}
         for job in self.workload.jobs:
-            payload: dict[str, object] = {
-                "caller_key": job.key,
-                "definition": job.definition,
-                "required_sites": list(job.sites),
-                "priority": job.priority,
-            }
-            if job.net is not None:
-                payload["net"] = job.net
-            if job.metadata is not None:
-                payload["metadata"] = job.metadata
-            if job.max_attempts is not None:
-                payload["max_attempts"] = job.max_attempts
-            if job.prewarm_key is not None:
-                payload["prewarm_key"] = job.prewarm_key
+            if job.key in sent_later:
+                continue
+            payload = self._enqueue_payload(job)
             self.at(
                 job.arrive_s,
                 f"flip-api enqueues {job.key}",
@@ -106,6 +98,25 @@ class Adversary(SimHost):
         self._schedule_faults()
         self.at(self.workload.horizon_s, "drain: faults stop", self._drain)
 
+    def _enqueue_payload(self, job: JobSpec) -> dict[str, object]:
+        """flip-api's enqueue of the job, as Celery's JSON carries it."""
+        payload: dict[str, object] = {
+            "caller_key": job.key,
+            "definition": job.definition,
+            "required_sites": list(job.sites),
+            "priority": job.priority,
+        }
+        if job.net is not None:
+            payload["net"] = job.net
+        if job.metadata is not None:
+            payload["metadata"] = job.metadata
+        if job.max_attempts is not None:
+            payload["max_attempts"] = job.max_attempts
+        if job.prewarm_key is not None:
+            payload["prewarm_key"] = job.prewarm_key
+        sent: dict[str, object] = json.loads(json.dumps(payload))
+        return sent
+
     def _arm(self, job_id: str, state: str, label: str, send: Callable[[], None]) -> None:
         subject = job_id if job_id.startswith("net:") else job_id.replace("-", "")
         self._triggers.append((subject, state, label, send))
@@ -117,7 +128,13 @@ class Adversary(SimHost):
             if trigger not in self._triggers:
                 continue  # fired by a message one of these ran at once (claim_prewarms)
             job_hex, state, label, send = trigger
-            if job_hex.startswith("net:"):
+            if job_hex == bursts.SUBJECT:
+                # Two READY nets free and unheld (a burst): dropped at the horizon.
+                if self._draining:
+                    self._triggers.remove(trigger)
+                    continue
+                row = (bursts.state(self),)
+            elif job_hex.startswith("net:"):
                 # A prewarm armed on a net's state: the caller's hints stop at the horizon.
                 if self._draining:
                     self._triggers.remove(trigger)

@@ -13,7 +13,9 @@ first), never the row's `hold_until`:
   (or, for the job that names it in `prewarm_key`, onto any net) after the hold was made,
   in the simulation's own order of writes (app.sim.hold_order: a hint made at a claim's
   very instant, after it, has the claim's timestamp), and before its hint's end (a hold is
-  live on [created, end)).
+  live on [created, end));
+- `held-net-taken` (app.sim.placement, at each claim): a job that names no hint takes a
+  READY net held for another waiting job while an unheld READY net it may run on is free.
 
 `idle-net-at-zero` (app.sim.invariants) counts a net with a live hold as needed, so its
 grace starts at the hold's end; `no-scale-down-under-job`, `one-run-per-server` and the run
@@ -22,7 +24,7 @@ checks hold with prewarms as without, and a driver is never asked for a second r
 
 from __future__ import annotations
 
-from app.sim import hold_order
+from app.sim import hold_order, placement
 from app.sim.observer import HoldRow, Host, Observer, _secs, _uuid
 
 PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.prewarm*)
@@ -35,8 +37,10 @@ class PrewarmInvariants(Observer):
         super().__init__(sim)
         self._used_checked: set[int] = set()  # prewarm ids whose `used` was checked
         self._used_at_changes = -1
+        self._placement = placement.PlacementCheck()
         if sim.workload.prewarms:
             hold_order.install(sim.conn)
+            placement.install(sim.conn)
 
     def _prewarm_start(self, net: str, at: str, reason: str) -> None:
         """A net event to STARTING: one a prewarm made needs a live hold on the net."""
@@ -54,9 +58,11 @@ class PrewarmInvariants(Observer):
             )
 
     def _prewarms(self, t: float) -> None:
-        """Every hold ends within its hint, and is written down once over (liveness)."""
+        """Every hold ends within its hint, and is written down once over (liveness); no
+        claim took a held net while an unheld one was as warm (`held-net-taken`)."""
         if not self.holds:
             return
+        self._placement.check(self.sim.conn, self.sim.settings, self.report)
         self._used_after_claim()
         horizon = self.sim.workload.horizon_s
         for hold in self.holds:

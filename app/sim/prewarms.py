@@ -18,9 +18,13 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from app.sim.workload import SITES, PrewarmSpec, Workload, WorldSpec
+from app.sim.workload import SITES, BurstSpec, JobSpec, PrewarmSpec, Workload, WorldSpec
 
 PREWARM_SHARE = 1 / 3  # the share of worlds that draw prewarms
+# Of those, on a stream of their own (f"{seed}/burst"): the share whose hints for unpinned
+# jobs may name a net, and the share that draw a burst (app.sim.bursts).
+NAMED_NET_SHARE = 0.5
+BURST_SHARE = 0.5
 # The states an armed hint may wait for (app.models.NetState values).
 NET_STATES = ("STOPPED", "STARTING", "READY", "BUSY", "STOPPING", "UNHEALTHY", "MISCONFIGURED")
 
@@ -38,7 +42,37 @@ def with_prewarms(seed: int, world: WorldSpec, workload: Workload) -> tuple[Worl
         dataclasses.replace(j, prewarm_key=named[j.key]) if j.key in named else j
         for j in workload.jobs
     )
-    return world, dataclasses.replace(workload, jobs=jobs, prewarms=hints)
+    workload = dataclasses.replace(workload, jobs=jobs, prewarms=hints)
+    return world, _placements(random.Random(f"{seed}/burst"), world, workload, named)
+
+
+def _placements(
+    rng: random.Random, world: WorldSpec, workload: Workload, named: dict[str, str]
+) -> Workload:
+    """On the stream's own draws: hints sent for unpinned jobs that name a net (the hold
+    then ends `used` wherever the job goes, often on another net), and a burst: a more
+    urgent job naming no hint and a hinted one, sent together while two READY nets are free
+    (the claim must leave the held one to the hinted job: `held-net-taken`)."""
+    names = [n.name for n in world.nets]
+    hints = list(workload.prewarms)
+    if rng.random() < NAMED_NET_SHARE:
+        keys = set(named.values())
+        hints = [
+            dataclasses.replace(h, net=rng.choice(names), sites=())
+            if h.key in keys and h.net is None and not h.cancel and rng.random() < 0.7
+            else h
+            for h in hints
+        ]
+    jobs = workload.jobs
+    bursts: tuple[BurstSpec, ...] = ()
+    if rng.random() < BURST_SHARE:
+        at = round(rng.uniform(10.0, workload.horizon_s - 40.0), 1)
+        plain = JobSpec("burst-plain", at, round(rng.uniform(15, 40), 1), priority=1)
+        hinted = JobSpec("burst-hinted", at, round(rng.uniform(15, 40), 1), prewarm_key="pw-b")
+        jobs += (plain, hinted)
+        within = float(rng.choice((30, 120, 600)))
+        bursts = (BurstSpec(at, plain.key, hinted.key, "pw-b", within, rng.random()),)
+    return dataclasses.replace(workload, jobs=jobs, prewarms=tuple(hints), bursts=bursts)
 
 
 def random_prewarms(

@@ -100,6 +100,20 @@ class PrewarmSpec:
 
 
 @dataclass(frozen=True)
+class BurstSpec:
+    """Two jobs of `jobs` sent together, from `at_s` on, the moment two READY nets are free
+    and unheld (app.sim.bursts): `plain` (more urgent, names no hint) then `hinted`, which
+    names the hint `key` sent just before them for one of those nets (`pick` chooses it)."""
+
+    at_s: float
+    plain: str
+    hinted: str
+    key: str
+    within_s: float
+    pick: float
+
+
+@dataclass(frozen=True)
 class WorldSpec:
     """The deployment: nets and the dispatcher's timing settings (simulated seconds)."""
 
@@ -146,6 +160,7 @@ class Workload:
     horizon_s: float = 170.0
     prewarms: tuple[PrewarmSpec, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    bursts: tuple[BurstSpec, ...] = ()  # jobs sent by app.sim.bursts, not at arrive_s
 
 
 def random_world(rng: random.Random) -> WorldSpec:
