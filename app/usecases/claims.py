@@ -85,10 +85,11 @@ def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
     ahead = aliased(Job)
     return and_(
         Job.prewarm_key.in_(
-            # Correlated to the nets of the claim's first query, two levels up.
+            # Correlated to the nets of the claim's first query, two levels up (named:
+            # auto-correlation reaches one level only).
             select(Prewarm.caller_key)
             .where(_live_hold_on(net_name_column, now))
-            .correlate_except(Prewarm)
+            .correlate(net_name_column.table)
         ),
         _may_run_on(Job, net_name_column),
         ~exists()
@@ -106,7 +107,7 @@ def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
                 ),
             ),
         )
-        .correlate_except(ahead),  # the job (one level up) and the net (two)
+        .correlate(Job, net_name_column.table),  # the job (one level up) and the net (two)
     )
 
 
