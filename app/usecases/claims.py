@@ -75,6 +75,11 @@ def _may_run_on(job: Any, net_name_column: Any) -> ColumnElement[bool]:
     return or_(job.requested_net.is_(None), job.requested_net == net_name_column)
 
 
+# One alias for every claim: a fresh `aliased(Job)` per claim costs its column proxies again
+# (1.8 ms of SQL building per claim against 0.46 ms; a quarter of a simulated seed's time).
+_AHEAD = aliased(Job, name="ahead")
+
+
 def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
     """SQL: the job names (prewarm_key) a live hold on this net, may run on it (a job
     pinned elsewhere leaves the net held for a job still to come), and is the one this net
@@ -82,7 +87,7 @@ def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
     age). Otherwise the net, first of its warmth, would go to that earlier job, which
     would end the hold as its own while an unheld net as warm was free and the hinted job
     waited (the net the claim locks is given to the first job that fits it)."""
-    ahead = aliased(Job)
+    ahead = _AHEAD
     return and_(
         Job.prewarm_key.in_(
             # Correlated to the nets of the claim's first query, two levels up (named:
