@@ -35,9 +35,11 @@ def enqueue(db, settings, clock, key, **kw):
         ).job_id
 
 
-def race(db, settings, clock, n=2):
+def race(db, settings, clock, n=2, hold_locks=True):
     """Open n transactions that each claim, hold their locks until all have claimed, then
-    commit: a real overlap, not two claims one after the other."""
+    commit: a real overlap, not two claims one after the other. `hold_locks=False`: each
+    commits as soon as it has claimed, for claims that may UPDATE one row (the second waits
+    for the first's commit, which a barrier after the claims would turn into a deadlock)."""
     barrier = threading.Barrier(n, timeout=10)
     results: list[object] = [None] * n
     errors: list[BaseException] = []
@@ -48,7 +50,8 @@ def race(db, settings, clock, n=2):
                 session.execute(text("SELECT 1"))
                 barrier.wait()  # both transactions are open
                 results[i] = claims.assign_next_job(session, settings, clock())
-                barrier.wait()  # both have claimed while holding their row locks
+                if hold_locks:
+                    barrier.wait()  # both have claimed while holding their row locks
         except BaseException as exc:
             errors.append(exc)
 
@@ -201,7 +204,8 @@ def test_a_hinted_job_and_an_older_one_claimed_at_once_end_its_hold_once(db, set
     there, claims._use_holds), the other the job that names the hold onto the other net
     (ending it by its key, claims._end_named_hold). Both UPDATE the one prewarm row: the
     second waits for the first and then finds it ended, so the hold ends once, with no
-    deadlock and no error."""
+    deadlock and no error. (Which claimer takes which job depends on timing: each commits
+    as soon as it has claimed, so a claimer blocked on the row waits for the other's commit.)"""
     from app.schemas import PrewarmNet
     from app.usecases import prewarm
     from models import Prewarm, PrewarmOutcome
@@ -211,7 +215,7 @@ def test_a_hinted_job_and_an_older_one_claimed_at_once_end_its_hold_once(db, set
     prewarm.request_prewarm(world.rt, PrewarmNet(caller_key="hint", net="net-a", within_s=120))
     older = enqueue(db, settings, clock, "older")
     hinted = enqueue(db, settings, clock, "hinted", prewarm_key="hint")
-    results = race(db, settings, clock)
+    results = race(db, settings, clock, hold_locks=False)
     assert {r.job_id for r in results if r is not None} == {older, hinted}
     with db() as session:
         row = session.scalars(select(Prewarm).where(Prewarm.caller_key == "hint")).one()
