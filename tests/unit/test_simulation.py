@@ -27,7 +27,9 @@ from app.usecases import services
 # too tight for it; this is a guard against a hang, not a speed target.
 pytestmark = pytest.mark.timeout(1800)
 
-EXPECTED_S = 95  # seconds on the 2-core CI machine (tests/tools/schedule.py)
+# The sweep's, in tests/run.sh's second phase beside the real-server tiers (the module's other
+# tests, in the first phase, take seconds).
+EXPECTED_S = 150  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
 # a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
@@ -52,6 +54,7 @@ def sweep(request: pytest.FixtureRequest) -> dict[int, Result]:
     return {result.seed: result for result in run_seeds(selected, fail_fast=True)}
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda seed: f"seed-{seed}")
 def test_sweep(seed: int, sweep: dict[int, Result]) -> None:
     """Every invariant holds at every step of this seed's world (fails on the old code)."""
