@@ -183,12 +183,33 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None
+        _lock_holds(session, job, net.name, now)
         _end_named_hold(session, job, net.name, now)
         _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
+
+
+def _named_live_hold(prewarm_key: str, now: datetime) -> ColumnElement[bool]:
+    """SQL: the live hold a job names by its prewarm_key, on whichever net."""
+    return and_(
+        Prewarm.caller_key == prewarm_key,
+        Prewarm.outcome.is_(None),
+        Prewarm.hold_until > now,
+    )
+
+
+def _lock_holds(session: Session, job: Job, net_name: str, now: datetime) -> None:
+    """Lock the live holds this claim ends (the one its job names, those on its net) in id
+    order, before ending them: two claims that each end the other's net's hold would
+    otherwise lock the two rows in opposite orders, and PostgreSQL would kill one of them as
+    a deadlock (tests/integration/test_pg_state.py). No-op on SQLite (write lock from BEGIN)."""
+    ends = _live_hold_on(net_name, now)
+    if job.prewarm_key is not None:
+        ends = or_(ends, _named_live_hold(job.prewarm_key, now))
+    session.execute(select(Prewarm.id).where(ends).order_by(Prewarm.id).with_for_update())
 
 
 def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) -> None:
@@ -198,11 +219,7 @@ def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) ->
         return
     session.execute(
         update(Prewarm)
-        .where(
-            Prewarm.caller_key == job.prewarm_key,
-            Prewarm.outcome.is_(None),
-            Prewarm.hold_until > now,
-        )
+        .where(_named_live_hold(job.prewarm_key, now))
         .values(
             outcome=PrewarmOutcome.USED,
             ended_at=now,

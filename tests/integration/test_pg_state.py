@@ -3,6 +3,7 @@ concurrent connections."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 
@@ -221,3 +222,38 @@ def test_a_hinted_job_and_an_older_one_claimed_at_once_end_its_hold_once(db, set
         row = session.scalars(select(Prewarm).where(Prewarm.caller_key == "hint")).one()
         assert row.outcome == PrewarmOutcome.USED
         assert row.job_id in {older, hinted}
+
+
+def test_two_claims_ending_each_others_holds_do_not_deadlock(db, settings, clock, monkeypatch):
+    """net-a is held for key ka, net-b for kb; a job pinned to net-a names kb, one pinned to
+    net-b names ka. Each claim ends the hold its job names, then the holds on its own net:
+    unordered, claimer A would lock kb's row then ka's while B locks ka's then kb's, and
+    PostgreSQL would kill one claim as a deadlock. Both claims lock their holds in one order
+    first, so the second waits for the first and both succeed."""
+    from app.schemas import PrewarmNet
+    from app.usecases import prewarm
+    from models import Prewarm, PrewarmOutcome
+    from tests.unit.conftest import World
+
+    world = World(settings, db, clock)
+    for key, net in (("ka", "net-a"), ("kb", "net-b")):
+        prewarm.request_prewarm(world.rt, PrewarmNet(caller_key=key, net=net, within_s=120))
+    one = enqueue(db, settings, clock, "one", net="net-a", prewarm_key="kb")
+    two = enqueue(db, settings, clock, "two", net="net-b", prewarm_key="ka")
+    # Both claims end their named hold before either ends the holds on its net: the
+    # interleaving that crosses the two locks (held open by a barrier between the steps).
+    both_named = threading.Barrier(2, timeout=2)
+    end_named = claims._end_named_hold
+
+    def end_named_then_wait(*args, **kwargs):
+        end_named(*args, **kwargs)
+        # Broken: the other claim waits on a lock this one holds, so this one goes on.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_named.wait()
+
+    monkeypatch.setattr(claims, "_end_named_hold", end_named_then_wait)
+    results = race(db, settings, clock, hold_locks=False)
+    assert {r.job_id for r in results if r is not None} == {one, two}
+    with db() as session:
+        rows = session.scalars(select(Prewarm)).all()
+        assert {row.outcome for row in rows} == {PrewarmOutcome.USED}
