@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -143,7 +144,19 @@ class Settings(BaseSettings):
         if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value.strip()):
             # The value may carry credentials: name the rule, not the value.
             raise SettingsError("CALLBACK_URL must be an http:// or https:// URL")
-        return value.strip()
+        url = value.strip()
+        # A port that is no number, or a broken IPv6 host, failed every delivery round with
+        # the client's invalid-URL error (an exception, not a back-off); a port out of range
+        # or no host at all, unreachable for ever: each refused at start instead.
+        try:
+            parts = urlsplit(url)
+            usable = bool(parts.hostname)
+            parts.port  # noqa: B018 (raises ValueError: not a number, or out of range)
+        except ValueError:
+            usable = False
+        if not usable:
+            raise SettingsError("CALLBACK_URL must name a host and, if any, a port number")
+        return url
 
     @field_validator("log_json", mode="before")
     @classmethod

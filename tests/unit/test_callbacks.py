@@ -867,3 +867,26 @@ def test_a_reused_caller_key_with_another_payload_is_a_rejected_event_and_change
     assert [(p["reason_code"], p["job_id"]) for p in rejected] == [
         ("caller_key_conflict", first["job_id"])
     ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://u:pw-in-url@127.0.0.1:abc/x",  # a port that is not a number
+        "http://[::1/cb",  # an unclosed IPv6 host
+        "https://flip-api:70000/cb",  # a port out of range: unreachable for ever
+        "http://pw-in-url@/cb",  # no host at all: likewise
+    ],
+)
+def test_a_callback_url_the_client_cannot_use_is_refused_at_start(tmp_path, job_root, url):
+    """Accepted, the first two failed every delivery round with the client's invalid-URL
+    error (an exception, not a back-off), the others never reached anything; the message
+    names the rule, not the value."""
+    with pytest.raises(SettingsError, match="CALLBACK_URL") as refused:
+        callback_settings(tmp_path, job_root, CALLBACK_URL=url)
+    assert "pw-in-url" not in str(refused.value)
+
+
+def test_a_callback_url_with_a_port_and_credentials_is_accepted(tmp_path, job_root):
+    url = "https://flip:pw@flip-api.internal:8443/callbacks?x=1"
+    assert callback_settings(tmp_path, job_root, CALLBACK_URL=f" {url} ").callback_url == url
