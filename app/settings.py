@@ -156,6 +156,12 @@ class Settings(BaseSettings):
             usable = False
         if not usable:
             raise SettingsError("CALLBACK_URL must name a host and, if any, a port number")
+        if parts.netloc.count("@") > 1:
+            # The client reads the password up to the last '@', redact_url and the log
+            # filter up to the first: the rest of the password was left readable.
+            raise SettingsError("CALLBACK_URL: write an '@' in its user or password as %40")
+        if not _client_can_send_to(url):
+            raise SettingsError("CALLBACK_URL must be a URL the HTTP client can send to")
         return url
 
     @field_validator("log_json", mode="before")
@@ -267,6 +273,21 @@ def normalise_database_url(url: str) -> str:
             f"use {_PG_DRIVER}://... (psycopg 3), or postgresql://... which means the same"
         )
     return url
+
+
+def _client_can_send_to(url: str) -> bool:
+    """The URL as the callback sender's client reads it, up to the name lookup: a host it
+    cannot parse or encode (a bad IPv6 or IPv4 literal, a control character, an IDNA label
+    it refuses, an empty label or one over 63 characters) raised at every delivery round
+    instead of backing off. (httpx is loaded only where a CALLBACK_URL is set.)"""
+    import httpx
+
+    try:
+        request = httpx.Request("POST", url)
+        request.url.raw_host.decode("ascii").encode("idna")  # what the resolver is given
+    except (httpx.InvalidURL, UnicodeError):
+        return False
+    return True
 
 
 def redact_url(url: str) -> str:

@@ -890,3 +890,49 @@ def test_a_callback_url_the_client_cannot_use_is_refused_at_start(tmp_path, job_
 def test_a_callback_url_with_a_port_and_credentials_is_accepted(tmp_path, job_root):
     url = "https://flip:pw@flip-api.internal:8443/callbacks?x=1"
     assert callback_settings(tmp_path, job_root, CALLBACK_URL=f" {url} ").callback_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1]x/cb",  # text after the IPv6 host's bracket
+        "http://[::1]]/cb",  # a stray bracket
+        "http://[v1.x]/cb",  # an IPvFuture host the client does not take
+        "http://256.1.1.1/cb",  # an IPv4 address out of range
+        "http://flip\tapi/cb",  # a control character inside
+        "http://flip-api/cb\x7f",
+        "http://xn--/cb",  # a punycode label with nothing after its prefix
+        "http://flip..api/cb",  # an empty label: the resolver's IDNA codec raises
+        "http://" + "a" * 64 + ".example/cb",  # a label longer than 63: likewise
+    ],
+)
+def test_a_callback_url_the_client_parses_but_cannot_send_to_is_refused_at_start(
+    tmp_path, job_root, url
+):
+    """Accepted at start (urlsplit reads a host and no bad port), each made every delivery
+    round raise the client's InvalidURL, IDNAError or UnicodeError instead of backing off."""
+    with pytest.raises(SettingsError, match="CALLBACK_URL"):
+        callback_settings(tmp_path, job_root, CALLBACK_URL=url)
+
+
+def test_a_raw_at_sign_in_the_callback_urls_password_is_refused(tmp_path, job_root):
+    """The client reads the password up to the last '@' (p@ss-in-url), the log filter and
+    redact_url up to the first: 'ss-in-url' was left readable in every redacted line."""
+    with pytest.raises(SettingsError, match="%40") as refused:
+        callback_settings(tmp_path, job_root, CALLBACK_URL="http://u:p@ss-in-url@flip-api/cb")
+    assert "ss-in-url" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1]:8080/cb",
+        "http://[fe80::1%25eth0]:8080/cb",
+        "https://flip:p%40ss@flip-api.internal:8443/cb?x=1",
+        "http://flip-api.internal./cb",  # a fully qualified name's trailing dot
+        "http://flip-\u00e4pi.example/cb",  # an internationalised name
+        "http://u@flip-api/cb",
+    ],
+)
+def test_valid_callback_urls_are_still_accepted(tmp_path, job_root, url):
+    assert callback_settings(tmp_path, job_root, CALLBACK_URL=f"{url}  ").callback_url == url
