@@ -4,17 +4,23 @@ concurrent connections."""
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import threading
+import time
 import uuid
 
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
-from app.schemas import EnqueueJob
-from app.usecases import claims, services
+from app.schemas import EnqueueJob, PrewarmNet
+from app.settings import Settings
+from app.usecases import claims, prewarm, prewarm_warm_up, services
 from app.usecases import enqueue as enqueue_uc
-from models import Job, JobState, Net, NetState
+from models import Job, JobState, Net, NetState, Prewarm, PrewarmOutcome
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World
 
 pytestmark = pytest.mark.integration
 
@@ -257,3 +263,149 @@ def test_two_claims_ending_each_others_holds_do_not_deadlock(db, settings, clock
     with db() as session:
         rows = session.scalars(select(Prewarm)).all()
         assert {row.outcome for row in rows} == {PrewarmOutcome.USED}
+
+
+def waiting_on_a_lock(db, timeout_s=10.0):
+    """Return once another connection to the test's database waits for a lock (so the
+    caller, which holds it, can go on); fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    while time.monotonic() < deadline:
+        with db() as session:
+            if session.scalar(query):
+                return
+        time.sleep(0.02)
+    pytest.fail("no connection came to wait for a lock")
+
+
+def test_three_claims_ending_each_others_holds_in_a_ring_do_not_deadlock(
+    db, tmp_path, job_root, clock, monkeypatch
+):
+    """Three holds, three jobs each pinned to one net and naming the next net's hold: unordered,
+    the three claims would lock the rows in a ring (a three-way deadlock); in id order they
+    queue behind one another."""
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, n) for n in ("net-a", "net-b", "net-c")]),
+    )
+    world = World(settings, db, clock)
+    for key, net in (("ka", "net-a"), ("kb", "net-b"), ("kc", "net-c")):
+        prewarm.request_prewarm(world.rt, PrewarmNet(caller_key=key, net=net, within_s=120))
+    jobs = {
+        enqueue(db, settings, clock, "one", net="net-a", prewarm_key="kb"),
+        enqueue(db, settings, clock, "two", net="net-b", prewarm_key="kc"),
+        enqueue(db, settings, clock, "three", net="net-c", prewarm_key="ka"),
+    }
+    all_named = threading.Barrier(3, timeout=2)
+    end_named = claims._end_named_hold
+
+    def end_named_then_wait(*args, **kwargs):
+        end_named(*args, **kwargs)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            all_named.wait()
+
+    monkeypatch.setattr(claims, "_end_named_hold", end_named_then_wait)
+    results = race(db, settings, clock, n=3, hold_locks=False)
+    assert {r.job_id for r in results if r is not None} == jobs
+    with db() as session:
+        assert {row.outcome for row in session.scalars(select(Prewarm))} == {PrewarmOutcome.USED}
+
+
+def test_a_claim_and_a_settling_round_at_once_do_not_deadlock(
+    db, settings, clock, monkeypatch, caplog
+):
+    """The settling round (every scale-down round) locks every open hold in id order. A
+    claim that ended the hold its job names (net-b's, the later id) before its own net's
+    (net-a's, the earlier) crossed it: PostgreSQL killed the round as a deadlock. Locking
+    both first, in id order, the round waits for the claim."""
+    world = World(settings, db, clock)
+    for key, net in (("ka", "net-a"), ("kb", "net-b")):
+        prewarm.request_prewarm(world.rt, PrewarmNet(caller_key=key, net=net, within_s=120))
+    one = enqueue(db, settings, clock, "one", net="net-a", prewarm_key="kb")
+    named = threading.Event()
+    end_named = claims._end_named_hold
+
+    def end_named_then_pause(*args, **kwargs):
+        end_named(*args, **kwargs)
+        named.set()
+        waiting_on_a_lock(db)  # the settling round runs meanwhile, up to a row this holds
+
+    monkeypatch.setattr(claims, "_end_named_hold", end_named_then_pause)
+    errors: list[BaseException] = []
+    results: list[object] = []
+
+    def claim():
+        try:
+            with db.begin() as session:
+                results.append(claims.assign_next_job(session, settings, clock()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def settle():
+        named.wait(5)
+        prewarm_warm_up.settle_prewarms(world.rt)
+
+    caplog.set_level(logging.ERROR)
+    threads = [threading.Thread(target=claim), threading.Thread(target=settle)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert [r.job_id for r in results] == [one]
+    assert "settling prewarms failed" not in caplog.text
+    with db() as session:
+        assert {row.outcome for row in session.scalars(select(Prewarm))} == {PrewarmOutcome.USED}
+
+
+def test_a_claim_waits_for_a_cancel_in_flight_and_the_hold_stays_cancelled(
+    db, settings, clock, monkeypatch
+):
+    """A cancel holds the hold's row (locked, not yet ended) when a job naming it is claimed
+    onto its net: the claim waits for the cancel, then finds the hold ended and claims all
+    the same; the hold is cancelled, not used (the cancel came first)."""
+    world = World(settings, db, clock)
+    prewarm.request_prewarm(world.rt, PrewarmNet(caller_key="ka", net="net-a", within_s=120))
+    one = enqueue(db, settings, clock, "one", net="net-a", prewarm_key="ka")
+    locked = threading.Event()
+    settle = prewarm.settle_row
+
+    def settle_then_pause(*args, **kwargs):
+        locked.set()
+        waiting_on_a_lock(db)  # the claim runs meanwhile, up to this row
+        return settle(*args, **kwargs)
+
+    monkeypatch.setattr(prewarm, "settle_row", settle_then_pause)
+    errors: list[BaseException] = []
+    out: dict[str, object] = {}
+
+    def cancel():
+        try:
+            out["cancel"] = prewarm.cancel_prewarm(world.rt, "ka")
+        except BaseException as exc:
+            errors.append(exc)
+
+    def claim():
+        locked.wait(5)
+        try:
+            with db.begin() as session:
+                out["claim"] = claims.assign_next_job(session, settings, clock())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=cancel), threading.Thread(target=claim)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert out["claim"].job_id == one
+    assert out["cancel"]["status"] == "cancelled"
+    with db() as session:
+        row = session.scalars(select(Prewarm)).one()
+        assert (row.outcome, row.job_id) == (PrewarmOutcome.CANCELLED, None)
+        assert session.get(Job, one).state == JobState.ASSIGNED
