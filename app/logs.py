@@ -176,14 +176,19 @@ def secret_values(settings: Settings) -> list[str]:
 
 
 def _url_password(url: str) -> list[str]:
+    """The URL's password, decoded and as written (a `%40` in the URL is an `@` to the
+    client): a line may quote either form."""
+    from urllib.parse import urlsplit
+
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
         password = make_url(url).password
+        written = urlsplit(url).password
     except (ArgumentError, ValueError):
         return []
-    return [str(password)] if password else []
+    return [str(form) for form in {password, written} if form]
 
 
 def configure_logging(settings: Settings, stream: Any = None) -> logging.Handler:

@@ -141,7 +141,9 @@ class Settings(BaseSettings):
     def _callback_url(cls, value: object) -> object:
         if value is None or (isinstance(value, str) and not value.strip()):
             return None
-        if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value.strip()):
+        if not isinstance(value, str) or not re.match(
+            r"^https?://[^/\s]+", value.strip(), re.IGNORECASE
+        ):
             # The value may carry credentials: name the rule, not the value.
             raise SettingsError("CALLBACK_URL must be an http:// or https:// URL")
         url = value.strip()

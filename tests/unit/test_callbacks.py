@@ -887,6 +887,12 @@ def test_a_callback_url_the_client_cannot_use_is_refused_at_start(tmp_path, job_
     assert "pw-in-url" not in str(refused.value)
 
 
+def test_a_callback_url_with_an_uppercase_scheme_is_accepted(tmp_path, job_root):
+    # A scheme is case-insensitive (RFC 3986), and the client sends to it as https.
+    url = "HTTPS://flip-api/cb"
+    assert callback_settings(tmp_path, job_root, CALLBACK_URL=url).callback_url == url
+
+
 def test_a_callback_url_with_a_port_and_credentials_is_accepted(tmp_path, job_root):
     url = "https://flip:pw@flip-api.internal:8443/callbacks?x=1"
     assert callback_settings(tmp_path, job_root, CALLBACK_URL=f" {url} ").callback_url == url

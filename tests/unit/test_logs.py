@@ -89,6 +89,19 @@ def test_secrets_never_reach_a_log_line(log_to, json_lines):
     assert "postgresql://fl:***@db/fl" in text
 
 
+def test_a_url_password_is_masked_decoded_and_as_written(log_to):
+    buffer = log_to(
+        CALLBACK_URL="https://flip:cb%40pw-9@flip-api/cb",
+        CALLBACK_SECRET="callback-secret-0123456789",
+    )
+    log = logging.getLogger("x")
+    log.info("the client sends cb@pw-9")
+    log.info("the setting says cb%40pw-9")
+    text = buffer.getvalue()
+    assert "cb@pw-9" not in text and "cb%40pw-9" not in text
+    assert text.count("***") == 2
+
+
 def test_submit_token_is_not_mistaken_for_a_secret(log_to):
     buffer = log_to(LOG_JSON="true")
     logging.getLogger("x").info("submitting", extra={"submit_token": "job-1-0"})
