@@ -230,6 +230,22 @@ def test_a_hinted_job_and_an_older_one_claimed_at_once_end_its_hold_once(db, set
         assert row.job_id in {older, hinted}
 
 
+def pause_after_named_hold(monkeypatch, claimers):
+    """Each claim, once it has ended the hold its job names, waits for the others to get
+    there too (a barrier between the claim's two steps), so that no claim ends the holds on
+    its own net first. A broken barrier: another claim waits on a lock this one holds, so
+    this one goes on."""
+    all_named = threading.Barrier(claimers, timeout=2)
+    end_named = claims._end_named_hold
+
+    def end_named_then_wait(*args, **kwargs):
+        end_named(*args, **kwargs)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            all_named.wait()
+
+    monkeypatch.setattr(claims, "_end_named_hold", end_named_then_wait)
+
+
 def test_two_claims_ending_each_others_holds_do_not_deadlock(db, settings, clock, monkeypatch):
     """net-a is held for key ka, net-b for kb; a job pinned to net-a names kb, one pinned to
     net-b names ka. Each claim ends the hold its job names, then the holds on its own net:
@@ -247,22 +263,22 @@ def test_two_claims_ending_each_others_holds_do_not_deadlock(db, settings, clock
     one = enqueue(db, settings, clock, "one", net="net-a", prewarm_key="kb")
     two = enqueue(db, settings, clock, "two", net="net-b", prewarm_key="ka")
     # Both claims end their named hold before either ends the holds on its net: the
-    # interleaving that crosses the two locks (held open by a barrier between the steps).
-    both_named = threading.Barrier(2, timeout=2)
-    end_named = claims._end_named_hold
-
-    def end_named_then_wait(*args, **kwargs):
-        end_named(*args, **kwargs)
-        # Broken: the other claim waits on a lock this one holds, so this one goes on.
-        with contextlib.suppress(threading.BrokenBarrierError):
-            both_named.wait()
-
-    monkeypatch.setattr(claims, "_end_named_hold", end_named_then_wait)
+    # interleaving that crosses the two locks.
+    pause_after_named_hold(monkeypatch, claimers=2)
     results = race(db, settings, clock, hold_locks=False)
     assert {r.job_id for r in results if r is not None} == {one, two}
     with db() as session:
         rows = session.scalars(select(Prewarm)).all()
         assert {row.outcome for row in rows} == {PrewarmOutcome.USED}
+
+
+def run_together(*targets):
+    """Run each in a thread of its own, all at once, and wait for all."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def waiting_on_a_lock(db, timeout_s=10.0):
@@ -300,15 +316,7 @@ def test_three_claims_ending_each_others_holds_in_a_ring_do_not_deadlock(
         enqueue(db, settings, clock, "two", net="net-b", prewarm_key="kc"),
         enqueue(db, settings, clock, "three", net="net-c", prewarm_key="ka"),
     }
-    all_named = threading.Barrier(3, timeout=2)
-    end_named = claims._end_named_hold
-
-    def end_named_then_wait(*args, **kwargs):
-        end_named(*args, **kwargs)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            all_named.wait()
-
-    monkeypatch.setattr(claims, "_end_named_hold", end_named_then_wait)
+    pause_after_named_hold(monkeypatch, claimers=3)
     results = race(db, settings, clock, n=3, hold_locks=False)
     assert {r.job_id for r in results if r is not None} == jobs
     with db() as session:
@@ -350,11 +358,7 @@ def test_a_claim_and_a_settling_round_at_once_do_not_deadlock(
         prewarm_warm_up.settle_prewarms(world.rt)
 
     caplog.set_level(logging.ERROR)
-    threads = [threading.Thread(target=claim), threading.Thread(target=settle)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(claim, settle)
     assert not errors, errors
     assert [r.job_id for r in results] == [one]
     assert "settling prewarms failed" not in caplog.text
@@ -397,11 +401,7 @@ def test_a_claim_waits_for_a_cancel_in_flight_and_the_hold_stays_cancelled(
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=cancel), threading.Thread(target=claim)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(cancel, claim)
     assert not errors, errors
     assert out["claim"].job_id == one
     assert out["cancel"]["status"] == "cancelled"
