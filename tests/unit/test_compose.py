@@ -223,7 +223,8 @@ def test_image_is_built_inline_from_existing_paths(compose, services):
     dockerfile = build["dockerfile_inline"]
     assert dockerfile.startswith("FROM python:3.11-slim")
     # The image installs the versions the tests ran with: the dependencies, then the project.
-    assert "pip install -c .ci/constraints.txt -r /tmp/dependencies.txt" in dockerfile
+    assert "pip install -c .ci/constraints.txt uv" in dockerfile  # uv at its pinned version
+    assert "-c .ci/constraints.txt -r /tmp/dependencies.txt" in dockerfile
     assert "pip install --no-deps -c .ci/constraints.txt ." in dockerfile
     for line in dockerfile.splitlines():
         if line.startswith("COPY ") and "--from=" not in line:
