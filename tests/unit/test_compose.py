@@ -225,6 +225,10 @@ def test_image_is_built_inline_from_existing_paths(compose, services):
     # The image installs the versions the tests ran with: the dependencies, then the project.
     assert "pip install -c .ci/constraints.txt uv" in dockerfile  # uv at its pinned version
     assert "-c .ci/constraints.txt -r /tmp/dependencies.txt" in dockerfile
+    # By path: asked for `python3` by name, uv takes only a virtual environment's interpreter
+    # and refuses the official image's system python (the stand-in's is a venv's). `$$` is
+    # compose's escape: the shell sees `$(command -v python3)`.
+    assert 'uv pip install --no-cache --python "$$(command -v python3)"' in dockerfile
     assert "pip install --no-deps -c .ci/constraints.txt ." in dockerfile
     for line in dockerfile.splitlines():
         if line.startswith("COPY ") and "--from=" not in line:
