@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -65,3 +67,25 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database could not do the work now (refused or lost the
+    connection, restarting, failing over, locked, out of pooled connections, a deadlock or
+    serialisation failure), so the same request may succeed later; not a bad request."""
+    if isinstance(exc, DBAPIError):
+        # OperationalError is what every driver raises for the server's side of things
+        # (psycopg: connection refused or reset, admin shutdown, "the database system is
+        # starting up", deadlocks; sqlite3: "database is locked", and also a schema that is
+        # behind the code, which a retry keeps until the migration has run).
+        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    return isinstance(exc, PoolTimeout | DisconnectionError)
+
+
+def database_error_name(exc: BaseException) -> str:
+    """What a log line may say of a database error: its class and SQLSTATE, never its text
+    (a driver's message can quote the statement and its parameters)."""
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    name = type(orig).__name__ if orig is not None else type(exc).__name__
+    return f"{name} ({code})" if code else name

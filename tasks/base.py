@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
+from celery.exceptions import Reject, Retry
 from celery.utils.time import get_exponential_backoff_interval
 
 from app.celery_app import (
@@ -23,6 +24,7 @@ from app.celery_app import (
     celery,
     celery_runtime,
 )
+from app.db import database_error_name, database_unavailable
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.settings import load_settings
@@ -88,6 +90,8 @@ class DispatcherTask(Task):  # type: ignore[misc]
 
 
 PIPELINE_TASKS: set[str] = set()
+# flip-api's requests, whose message is the only copy of what the caller asked for.
+CALLER_INTENT_TASKS: set[str] = set()
 # What a pipeline step returns when its net turned out misconfigured (handled, chain ended).
 MISCONFIGURED = "misconfigured"
 
@@ -131,14 +135,63 @@ def _retry_transient(fun: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def _keep_until_stored(fun: F) -> F:
+    """A caller's request whose message is its only copy: a database that cannot store it
+    now (refused or reset connection, restart, failover) must not let Celery acknowledge it
+    away. The request is sent again with backoff and full jitter (capped by
+    RETRY_BACKOFF_MAX_S, no retry limit: the database coming back is what ends it), as one
+    WARNING line with the error's class, never its text. Should the broker refuse that copy
+    too, the message goes back to its queue unacknowledged instead of being dropped."""
+
+    @functools.wraps(fun)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fun(self, *args, **kwargs)
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            countdown = get_exponential_backoff_interval(
+                factor=RETRY_BACKOFF_S,
+                retries=self.request.retries,
+                maximum=runtime().settings.retry_backoff_max_s,
+                full_jitter=True,
+            )
+            log.warning(
+                "database unavailable: request kept, retried",
+                extra={
+                    "task": self.name,
+                    "reason": database_error_name(exc),
+                    "retries": self.request.retries,
+                    "retry_in_s": countdown,
+                },
+            )
+            try:
+                raise self.retry(countdown=countdown, max_retries=None) from exc
+            except Retry:
+                raise
+            except Reject as refused:
+                # Celery's retry answers a failed send of the new copy with
+                # Reject(requeue=False), which drops this message: put it back instead.
+                raise Reject(refused.reason, requeue=True) from exc
+
+    return run  # type: ignore[return-value]
+
+
 def dispatcher_task(
-    name: str, *, pipeline: bool = False, housekeeping: bool = False, **options: Any
+    name: str,
+    *,
+    pipeline: bool = False,
+    housekeeping: bool = False,
+    caller_intent: bool = False,
+    **options: Any,
 ) -> Callable[[F], F]:
     """Register a task under its full name (see `app.names`) with the project's defaults.
 
     Pipeline steps also retry classified transient errors (backoff, jitter, cap, count);
     anything else fails at once and loudly. A blanket retry on Exception would turn a
     misconfiguration into an endless loop. Housekeeping tasks get beat's longer limits.
+    A `caller_intent` task (flip-api's requests: its message is the only copy) is retried
+    while the database cannot store it, never acknowledged away (`_keep_until_stored`).
     """
     soft, hard = (
         (HOUSEKEEPING_SOFT_LIMIT_S, HOUSEKEEPING_HARD_LIMIT_S)
@@ -158,6 +211,9 @@ def dispatcher_task(
 
     def register(fun: F) -> F:
         body = _retry_transient(fun) if pipeline else fun
+        if caller_intent:
+            body = _keep_until_stored(body)
+            CALLER_INTENT_TASKS.add(name)
         task: F = celery.task(**defaults)(body)
         return task
 

@@ -16,7 +16,7 @@ from tasks.base import dispatcher_task, runtime
 log = logging.getLogger(__name__)
 
 
-@dispatcher_task(names.PREWARM)
+@dispatcher_task(names.PREWARM, caller_intent=True)
 def prewarm_net(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Hold the net a job is likely to need ready for `within_s` seconds (idempotent on
     caller_key); a refusal is recorded with its reason code and returned."""
@@ -35,7 +35,7 @@ def prewarm_net(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     return {**requested.prewarm, "created": requested.created}
 
 
-@dispatcher_task(names.CANCEL_PREWARM)
+@dispatcher_task(names.CANCEL_PREWARM, caller_intent=True)
 def cancel_prewarm(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """End a prewarm's hold now; the net's idle grace starts."""
     try:

@@ -17,7 +17,7 @@ from tasks.base import dispatcher_task, runtime
 log = logging.getLogger(__name__)
 
 
-@dispatcher_task(names.ENQUEUE_JOB)
+@dispatcher_task(names.ENQUEUE_JOB, caller_intent=True)
 def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Queue a job (idempotent on caller_key), then try to assign it at once. A refused
     payload is recorded (the caller can see "rejected: <reason>") and logged as one line."""
@@ -32,7 +32,7 @@ def enqueue_job(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 
 
-@dispatcher_task(names.ABORT_JOB)
+@dispatcher_task(names.ABORT_JOB, caller_intent=True)
 def abort_job(self: Any, payload: dict[str, Any]) -> str:
     """Abort a job wherever it is; a server that is down means nothing to abort."""
     try:
@@ -43,7 +43,7 @@ def abort_job(self: Any, payload: dict[str, Any]) -> str:
         return f"rejected: {exc}"
 
 
-@dispatcher_task(names.REPORT_JOB_STATUS)
+@dispatcher_task(names.REPORT_JOB_STATUS, caller_intent=True)
 def report_job_status(self: Any, payload: dict[str, Any]) -> str:
     """flip-api's terminal-status signal for a job."""
     rt = runtime()

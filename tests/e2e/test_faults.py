@@ -324,6 +324,34 @@ def test_postgres_restart_while_running(stack, postgres):
     assert lag < 10 * HOUSEKEEPING_S
 
 
+def test_postgres_down_while_flip_api_enqueues_keeps_the_request(stack, postgres):
+    """The worker takes flip-api's enqueue while PostgreSQL refuses every connection: the
+    message is not acknowledged away (late ack would drop a task that raised); the request is
+    retried until the database is back, and the job runs once."""
+    worker_pid = worker_alive(stack)
+    definition = stack.add_job_definition("faults-pg-down-enqueue", 1)
+    worker_log = stack.workdir / "worker.log"
+    seen = worker_log.stat().st_size
+
+    def enqueue_handled() -> bool:
+        # Celery's own line for the task's end: retried (kept), or failed and acknowledged.
+        with worker_log.open("rb") as log:
+            log.seek(seen)
+            text = log.read().decode(errors="replace")
+        return "enqueue_job[" in text and ("retry" in text or "raised" in text)
+
+    postgres.stop(mode="immediate")
+    try:
+        fault = now()
+        job_id = stack.enqueue("faults-pg-down-enqueue", definition=definition)
+        stack.wait_for("the worker to take the enqueue", enqueue_handled, RUN_S, poll_s=0.1)
+    finally:
+        postgres.start()
+    job = completes_with_runs(stack, job_id, definition, runs=1, attempts=0)
+    assert worker_alive(stack) == worker_pid
+    record("postgres down at enqueue", "fault -> COMPLETED", fault, job_completed_at(stack, job))
+
+
 # --- the NVFLARE server dies under a run ----------------------------------------------------
 
 

@@ -6,19 +6,23 @@ The retry is a mock that raises Celery's Retry, as a worker would; nothing runs 
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 from unittest import mock
 
 import pytest
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
+from sqlalchemy import create_engine
 
 from app import names
 from app.celery_app import celery, celery_config
+from app.db import session_factory
 from app.errors import DriverTransientError, ServerUnavailable
-from app.schemas import job_id_for
-from app.usecases import enqueue
+from app.schemas import PUBLIC_PAYLOADS, job_id_for
+from app.usecases import enqueue, intake
 from models import Job, JobState
 from tasks import base, housekeeping, public
 from tasks import pipeline as pipeline_tasks
+from tasks import prewarm as prewarm_tasks  # noqa: F401 (registers the prewarm tasks)
 
 
 @pytest.fixture
@@ -220,3 +224,89 @@ def test_a_step_that_found_its_net_misconfigured_ends_its_chain_without_raising(
     job = rt.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 0)
     assert "misconfigured" in (job.last_error or "")
+
+
+# --- a database that cannot store a caller's request ------------------------------------------
+
+CALLER_REQUESTS = {
+    names.ENQUEUE_JOB: {"caller_key": "flip-1", "definition": "tiny-job", "net": "net-a"},
+    names.ABORT_JOB: {"job_id": str(job_id_for("flip-1")), "reason": "user"},
+    names.REPORT_JOB_STATUS: {"job_id": str(job_id_for("flip-1")), "status": "error"},
+    names.PREWARM: {"caller_key": "hint-1", "net": "net-a", "within_s": 60},
+    names.CANCEL_PREWARM: {"caller_key": "hint-1"},
+}
+
+
+@contextmanager
+def database_unreachable(world):
+    """The world's database refuses every connection (a real driver error, as when
+    PostgreSQL restarts or fails over), until the block ends."""
+    working = world.rt.sessions
+    world.rt.sessions = session_factory(create_engine("sqlite:////no/such/folder/fl.db"))
+    try:
+        yield
+    finally:
+        world.rt.sessions = working
+
+
+def test_flip_api_requests_are_the_tasks_kept_while_the_database_is_down():
+    assert set(CALLER_REQUESTS) == base.CALLER_INTENT_TASKS
+    assert set(PUBLIC_PAYLOADS) == base.CALLER_INTENT_TASKS  # every task flip-api sends
+
+
+@pytest.mark.parametrize("task_name", sorted(CALLER_REQUESTS))
+def test_a_request_the_database_cannot_store_is_retried_not_acknowledged_away(rt, task_name):
+    task = celery.tasks[task_name]
+    with (
+        database_unreachable(rt),
+        mock.patch.object(task, "retry", side_effect=Retry()) as retry,
+        pytest.raises(Retry),
+    ):
+        task.run(payload=CALLER_REQUESTS[task_name])
+    assert retry.call_args.kwargs["max_retries"] is None  # until the database is back
+    assert 0 <= retry.call_args.kwargs["countdown"] <= rt.rt.settings.retry_backoff_max_s
+
+
+def test_an_enqueue_retried_after_the_outage_stores_the_job(rt):
+    payload = CALLER_REQUESTS[names.ENQUEUE_JOB]
+    with (
+        database_unreachable(rt),
+        mock.patch.object(public.enqueue_job, "retry", side_effect=Retry()),
+        pytest.raises(Retry),
+    ):
+        public.enqueue_job.run(payload=payload)
+    answer = public.enqueue_job.run(payload=payload)  # the retry's delivery
+    assert answer["created"] is True
+    assert rt.job(job_id_for("flip-1")).state == JobState.QUEUED
+
+
+def test_a_retry_the_broker_refuses_puts_the_message_back_instead_of_dropping_it(rt):
+    refused = Reject(ConnectionError("broker down"), requeue=False)  # what Task.retry raises
+    with (
+        database_unreachable(rt),
+        mock.patch.object(public.abort_job, "retry", side_effect=refused),
+        pytest.raises(Reject) as raised,
+    ):
+        public.abort_job.run(payload=CALLER_REQUESTS[names.ABORT_JOB])
+    assert raised.value.requeue is True
+
+
+def test_a_request_failing_for_another_reason_is_not_retried(rt):
+    with (
+        mock.patch.object(intake, "report_status", side_effect=ValueError("a bug")),
+        mock.patch.object(public.report_job_status, "retry") as retry,
+        pytest.raises(ValueError, match="a bug"),
+    ):
+        public.report_job_status.run(payload=CALLER_REQUESTS[names.REPORT_JOB_STATUS])
+    retry.assert_not_called()
+
+
+def test_the_retry_log_line_names_the_error_class_not_its_text(rt, caplog):
+    with (
+        database_unreachable(rt),
+        mock.patch.object(public.enqueue_job, "retry", side_effect=Retry()),
+        pytest.raises(Retry),
+    ):
+        public.enqueue_job.run(payload=CALLER_REQUESTS[names.ENQUEUE_JOB])
+    (line,) = [r for r in caplog.records if "request kept" in r.getMessage()]
+    assert line.reason == "OperationalError" and "no/such/folder" not in str(line.__dict__)
