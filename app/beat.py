@@ -15,9 +15,10 @@ without it stands by, asking again every `STANDBY_POLL_S`:
   The one window: a beat whose connection drops between its check and its sends may send
   that one tick while a standby already took over (every task is idempotent; the cost is one
   duplicate tick).
-- SQLite (the embedded default): an exclusive `flock` on `<data dir>/beat.lock`, which holds
-  between processes of one machine sharing the data folder, the only place the embedded
-  database can be shared anyway.
+- SQLite (the embedded default): an exclusive `flock` on `<database file>.beat-lock`, beside
+  the database it guards, which holds between processes of one machine using that file
+  (whatever data folder each was started with), the only place the embedded database can be
+  shared anyway.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from celery.beat import PersistentScheduler
-from sqlalchemy import Connection, create_engine, func, select, text
+from sqlalchemy import Connection, create_engine, func, make_url, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -123,10 +124,21 @@ class FileLock:
 
 
 def beat_lock_for(settings: Settings) -> BeatLock:
-    """PostgreSQL's advisory lock on a PostgreSQL database, else a file lock."""
+    """PostgreSQL's advisory lock on a PostgreSQL database, else a file lock beside it."""
     if settings.database_url.startswith("postgresql"):
         return PgAdvisoryLock(settings.database_url)
-    return FileLock(settings.data_dir.resolve() / "beat.lock")
+    return FileLock(sqlite_lock_path(settings))
+
+
+def sqlite_lock_path(settings: Settings) -> Path:
+    """`<database file>.beat-lock`: keyed by the database, so beats started from different
+    data folders on one database file still share it; an in-memory or URI-named database
+    (no plain file to sit beside) keeps `<data dir>/beat.lock`."""
+    database = make_url(settings.database_url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return settings.data_dir.resolve() / "beat.lock"
+    path = Path(database).resolve()  # relative as SQLite itself opens it: to the cwd
+    return path.with_name(f"{path.name}.beat-lock")
 
 
 def heartbeat_path(settings: Settings) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app import migrate
-from app.beat import FileLock, heartbeat_age_s, write_heartbeat
+from app.beat import FileLock, beat_lock_for, heartbeat_age_s, write_heartbeat
 from app.readiness import DependencyTimeout, wait_for_dependencies
 from app.settings import Settings
 
@@ -24,6 +24,22 @@ def test_one_file_lock_holder_at_a_time(tmp_path: Path):
 
     assert second.hold()
     second.release()
+
+
+def test_beats_on_one_sqlite_database_from_two_data_folders_share_one_lock(tmp_path: Path):
+    # The lock belongs to the database, not to the folder a beat was started with: two
+    # beats on one database file must not both schedule.
+    database_url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = beat_lock_for(_settings(tmp_path / "one", database_url))
+    second = beat_lock_for(_settings(tmp_path / "two", database_url))
+    try:
+        assert first.hold()
+        assert not second.hold()
+        first.release()
+        assert second.hold()
+    finally:
+        first.release()
+        second.release()
 
 
 def test_the_heartbeat_age(tmp_path: Path):
