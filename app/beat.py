@@ -29,10 +29,12 @@ import json
 import logging
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from celery.beat import PersistentScheduler
+from celery.utils.time import maybe_make_aware
 from sqlalchemy import Connection, create_engine, func, make_url, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
@@ -187,6 +189,8 @@ class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
                 "beat %s", "active: scheduling" if held else "standing by: another beat holds"
             )
             self._active = held
+        if held:
+            self._forget_runs_from_the_future()
         interval = float(super().tick(*args, **kwargs)) if held else STANDBY_POLL_S
         if held or not _says_active(self._heartbeat):
             # A standby never overwrites an active beat's heartbeat: sharing the data folder
@@ -194,6 +198,23 @@ class SingleBeatScheduler(PersistentScheduler):  # type: ignore[misc]
             # its own it writes its own (standing by, alive).
             write_heartbeat(self._heartbeat, active=held, now=time.time())
         return interval
+
+    def _forget_runs_from_the_future(self) -> None:
+        # Celery keys both its due check (last run + period) and its heap (a wall-clock
+        # time per entry) on the wall clock: after a backward step (a host that booted
+        # ahead, corrected by NTP) every entry that ran "later" than now waits out the whole
+        # step, and the schedule file hands those runs to a restarted beat too. Such an
+        # entry is due now; rebuilding the heap recomputes every entry's time from now.
+        now = maybe_make_aware(self.app.now())
+        stepped = False
+        for entry in self.schedule.values():
+            if maybe_make_aware(entry.last_run_at) > now:
+                period = getattr(entry.schedule, "run_every", None)
+                entry.last_run_at = now - period if isinstance(period, timedelta) else now
+                stepped = True
+        if stepped:
+            log.warning("beat: last runs lie in the future (the clock stepped back): due now")
+            self._heap = None
 
     def close(self) -> None:
         try:
