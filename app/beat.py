@@ -209,6 +209,8 @@ def write_heartbeat(path: Path, *, active: bool, now: float, beat: str = "") -> 
         "active": active,
         "pid": os.getpid(),
         "beat": beat,
+        "monotonic": time.monotonic(),
+        "boot": _boot_id(),
     }
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
@@ -223,11 +225,27 @@ def _active_other(path: Path, beat: str) -> bool:
         return False
 
 
-def heartbeat_age_s(path: Path, now: float) -> float | None:
-    """Seconds since this data folder's beat last ticked; None if it never did."""
+def _boot_id() -> str:
+    """This boot of this machine's kernel: its monotonic clock means something only here."""
     try:
-        return now - float(json.loads(path.read_text())["at"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def heartbeat_age_s(path: Path, now: float) -> float | None:
+    """Seconds since this data folder's beat last ticked; None if it never did. A heartbeat
+    from the future (the wall clock stepped back since: a negative age every check passed,
+    for a hung beat too) is aged by the monotonic clock on the machine and boot that wrote
+    it; a ticking beat rewrites it within a second anyway."""
+    try:
+        record = json.loads(path.read_text())
+        age = now - float(record["at"])
+        boot = _boot_id()
+        if age < 0 and boot and record.get("boot") == boot and "monotonic" in record:
+            return time.monotonic() - float(record["monotonic"])
+        return age
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -51,6 +51,22 @@ def test_the_heartbeat_age(tmp_path: Path):
     assert heartbeat_age_s(path, now=112.5) == 12.5
 
 
+def test_the_heartbeat_age_survives_a_backward_clock_step(tmp_path: Path, monkeypatch):
+    # A beat that ticked, then hung, while NTP stepped the clock back an hour: by the wall
+    # clock its heartbeat lies in the future (a negative age), which passed every health
+    # check for the hour. Its age is the time that really passed since.
+    from app import beat
+
+    monotonic = {"now": 5000.0}
+    monkeypatch.setattr(beat.time, "monotonic", lambda: monotonic["now"])
+    path = tmp_path / "beat-heartbeat.json"
+    write_heartbeat(path, active=True, now=100_000.0)
+
+    monotonic["now"] += 100.0
+
+    assert heartbeat_age_s(path, now=100_000.0 - 3600 + 100) == 100.0
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0
