@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     retry_backoff_max_s: int = Field(default=60, ge=1, alias="RETRY_BACKOFF_MAX_S")
     housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
     keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
+    # The beat lock's lease on PostgreSQL (app.beat): a holder that stops renewing it for this
+    # long (host gone silent, process stopped) loses its session and the lock; renewed every
+    # second, so at least 2.
+    beat_lock_timeout_s: float = Field(default=10.0, ge=2, alias="BEAT_LOCK_TIMEOUT_S")
     # While a QUEUED job waits for a busy net, that net's runs are polled this often (beat's
     # monitor-awaited-runs), so the job starts soon after the run before it ends; 0: only
     # every HOUSEKEEPING_INTERVAL_S.

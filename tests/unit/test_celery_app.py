@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from app import names
 from app.celery_app import CeleryOutbox, beat_schedule, celery_config, configure
@@ -67,3 +70,52 @@ def test_a_chain_and_a_kick_go_to_their_queues_on_the_embedded_broker(tmp_path):
 def test_a_worker_without_q_consumes_every_queue(tmp_path):
     config = celery_config(Settings(FL_DISPATCHER_DATA_DIR=tmp_path))
     assert [q.name for q in config["task_queues"]] == list(names.QUEUES)
+
+
+def _send_what_is_due(scheduler) -> None:
+    """Tick until nothing is due now (Celery's tick returns 0 right after each send)."""
+    for _ in range(50):
+        if scheduler.tick() > 0:
+            return
+    raise AssertionError("beat kept sending")
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["running", "restarted"])
+def test_beat_sends_housekeeping_at_once_after_its_clock_steps_back(
+    tmp_path, monkeypatch, restarted
+):
+    # A host that booted ahead and was corrected by NTP: the last runs, in memory and in the
+    # schedule file, lie an hour in the future. Housekeeping must not wait the hour out,
+    # neither in the running beat nor in one restarted on the same file.
+    from app.beat import SingleBeatScheduler
+
+    broker = tmp_path / "broker.db"
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        BROKER_URL=f"sqla+sqlite:///{broker}",
+        HOUSEKEEPING_INTERVAL_S="15",
+        QUEUED_POLL_S="0",
+    )
+    app = configure(settings)
+    clock = {"now": datetime(2026, 3, 1, 13, 0, tzinfo=UTC)}  # an hour ahead
+    monkeypatch.setattr(app, "now", lambda: clock["now"])
+    schedule_file = str(tmp_path / "celerybeat-schedule")
+
+    def sent() -> int:
+        return len(queued_tasks(broker, names.HOUSEKEEPING_QUEUE))
+
+    beat = SingleBeatScheduler(app=app, schedule_filename=schedule_file)
+    try:
+        clock["now"] += timedelta(seconds=15)
+        _send_what_is_due(beat)
+        assert sent() >= 3  # assign, scale-down, monitor: one interval after the start
+
+        clock["now"] -= timedelta(hours=1)  # NTP steps the clock back
+        if restarted:  # on the schedule file, which holds the runs from the future
+            beat.close()
+            beat = SingleBeatScheduler(app=app, schedule_filename=schedule_file)
+        before = sent()
+        _send_what_is_due(beat)
+        assert sent() >= before + 3, "beat waits out the clock's step before sending"
+    finally:
+        beat.close()

@@ -147,6 +147,7 @@ def test_a_standby_beats_heartbeat_does_not_vouch_for_a_stalled_active_beat(
     standby._beat_lock = beat.FileLock(tmp_path / "beat.lock")
     standby._heartbeat = path
     standby._active = False
+    standby._beat_id = "standby"
     monkeypatch.setattr(beat.time, "time", lambda: 100.0)
     assert standby.tick() == beat.STANDBY_POLL_S  # standing by: the holder has the lock
     age = beat.heartbeat_age_s(path, 101.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app import migrate
-from app.beat import FileLock, heartbeat_age_s, write_heartbeat
+from app.beat import FileLock, beat_lock_for, heartbeat_age_s, write_heartbeat
 from app.readiness import DependencyTimeout, wait_for_dependencies
 from app.settings import Settings
 
@@ -26,6 +26,22 @@ def test_one_file_lock_holder_at_a_time(tmp_path: Path):
     second.release()
 
 
+def test_beats_on_one_sqlite_database_from_two_data_folders_share_one_lock(tmp_path: Path):
+    # The lock belongs to the database, not to the folder a beat was started with: two
+    # beats on one database file must not both schedule.
+    database_url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = beat_lock_for(_settings(tmp_path / "one", database_url))
+    second = beat_lock_for(_settings(tmp_path / "two", database_url))
+    try:
+        assert first.hold()
+        assert not second.hold()
+        first.release()
+        assert second.hold()
+    finally:
+        first.release()
+        second.release()
+
+
 def test_the_heartbeat_age(tmp_path: Path):
     path = tmp_path / "beat-heartbeat.json"
     assert heartbeat_age_s(path, now=100.0) is None
@@ -33,6 +49,22 @@ def test_the_heartbeat_age(tmp_path: Path):
     write_heartbeat(path, active=False, now=100.0)
 
     assert heartbeat_age_s(path, now=112.5) == 12.5
+
+
+def test_the_heartbeat_age_survives_a_backward_clock_step(tmp_path: Path, monkeypatch):
+    # A beat that ticked, then hung, while NTP stepped the clock back an hour: by the wall
+    # clock its heartbeat lies in the future (a negative age), which passed every health
+    # check for the hour. Its age is the time that really passed since.
+    from app import beat
+
+    monotonic = {"now": 5000.0}
+    monkeypatch.setattr(beat.time, "monotonic", lambda: monotonic["now"])
+    path = tmp_path / "beat-heartbeat.json"
+    write_heartbeat(path, active=True, now=100_000.0)
+
+    monotonic["now"] += 100.0
+
+    assert heartbeat_age_s(path, now=100_000.0 - 3600 + 100) == 100.0
 
 
 class _Clock:
