@@ -357,6 +357,41 @@ def test_flower_needs_its_credentials_and_beat_is_ticking(stack: Stack):
     assert health.returncode == 0, health.stdout + health.stderr
 
 
+# Connects to host:port from inside a container; prints "connected" or why not.
+PROBE = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("connected")
+except OSError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def _probe(stack: Stack, service: str, host: str, port: int, timeout_s: float = 3) -> str:
+    """What a connection from `service`'s container to host:port comes to."""
+    result = _podman(
+        "exec", stack.container(service), "python3", "-c", PROBE, host, str(port), str(timeout_s)
+    )
+    return result.stdout.strip()
+
+
+def test_a_site_container_cannot_reach_the_docker_proxy(stack: Stack):
+    """The sites and the fl-server run submitted job code; the proxy starts containers. Only
+    the dispatcher's own services that drive the engine share the proxy's network."""
+    proxy = json.loads(_podman("inspect", stack.container("docker-proxy")).stdout)[0]
+    addresses = [n["IPAddress"] for n in proxy["NetworkSettings"]["Networks"].values()]
+    assert addresses, proxy["NetworkSettings"]
+
+    for service in ("worker", "housekeeper", "api"):
+        assert _probe(stack, service, "docker-proxy", 2375) == "connected", service
+    # Neither its name nor any of its addresses: no answer at all within the probe's 3 s
+    # (a dropped connection attempt gives no earlier event to wait on).
+    for host in ("docker-proxy", *addresses):
+        answer = _probe(stack, "site-1", host, 2375)
+        assert answer != "connected", (host, answer)
+
+
 def test_compose_down_leaves_nothing(stack: Stack):
     stack.compose("down", "-v", "-t", "5")
     label = f"label=io.podman.compose.project={stack.project}"

@@ -20,6 +20,9 @@ ONE_SHOT = {"migrate"}
 # Started and stopped by the docker scale driver, never by the engine's restart policy.
 SCALED = {"fl-server"}
 CORE = {"redis", "postgres", "migrate", "worker", "housekeeper", "beat", "flower", "api"}
+# The dispatcher's services that use the scale driver: the only ones that may reach the
+# Engine API proxy (the `net` profile's containers run submitted job code).
+DRIVES_THE_ENGINE = {"worker", "housekeeper", "api"}
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +244,21 @@ def test_secrets_have_no_defaults_in_the_file():
     text = COMPOSE.read_text()
     assert re.search(r"\$\{POSTGRES_PASSWORD:\?", text)
     assert not re.search(r"\$\{POSTGRES_PASSWORD:?-", text)
+
+
+def networks_of(service: dict) -> set[str]:
+    """The networks a service joins (none named: the project's default one); compose takes a
+    list of names or a mapping keyed by them."""
+    return set(service.get("networks") or ["default"])
+
+
+def test_only_the_dispatchers_driving_services_share_the_docker_proxys_network(compose, services):
+    proxy_networks = networks_of(services["docker-proxy"])
+    assert "default" not in proxy_networks, proxy_networks
+    for network in proxy_networks:
+        # podman routes between non-internal bridge networks: only internal keeps others out.
+        assert (compose.get("networks") or {}).get(network, {}).get("internal") is True, network
+        on_it = {name for name, s in services.items() if network in networks_of(s)}
+        assert on_it == DRIVES_THE_ENGINE | {"docker-proxy"}, (network, on_it)
+    # The driving services still reach the rest of the stack.
+    assert all("default" in networks_of(services[name]) for name in DRIVES_THE_ENGINE)

@@ -40,7 +40,9 @@ from app.net_config import DockerDriverConfig
 log = logging.getLogger(__name__)
 
 # Pinned so that building a client never calls the engine (the SDK's "auto" asks it for its
-# version first). 1.41 is Docker 20.10's and what podman 4's compatible service serves.
+# version first). 1.41 is Docker 20.10's and what podman 4's compatible service serves. The
+# socket proxy's policy (app/policies/docker-socket-proxy.haproxy.cfg) lets this version
+# through and no other (older ones let a start carry a HostConfig): change both together.
 DOCKER_API_VERSION = "1.41"
 
 # How a container ends when it is stopped: its server exits cleanly (0) or by the stop
