@@ -67,7 +67,7 @@ def enqueue_job(
     with another payload is a CallerKeyConflict."""
     existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
     if existing is not None:
-        return _repeat(existing, request, settings)
+        return _repeat(existing, request)
 
     sites = list(request.required_sites)
     if request.net is not None:
@@ -122,7 +122,7 @@ def enqueue_job(
         )
         if winner is None:  # pragma: no mutate (the race path, as above)
             raise
-        return _repeat(winner, request, settings)  # pragma: no mutate
+        return _repeat(winner, request)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     return Enqueued(job.id, created=True, state=job.state)
 
@@ -141,11 +141,24 @@ def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
     )
 
 
-def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
+def _as_repeat_of(request: EnqueueJob, job: Job) -> EnqueueJob:
+    """A repeat with what it omitted taken from the job it repeats: the defaults that job got
+    at its intake, as its stored digest holds them. Never today's: a redeploy that changed
+    MAX_ATTEMPTS or a net's required_sites must not make flip-api's identical retry a
+    conflict (and this reads the digests stored before this rule the same way)."""
+    sites = list(request.required_sites)
+    if not sites and request.net is not None:  # without a net no default applied: kept empty
+        sites = list(job.required_sites)
+    return request.model_copy(
+        update={"max_attempts": request.max_attempts or job.max_attempts, "required_sites": sites}
+    )
+
+
+def _repeat(existing: Job, request: EnqueueJob) -> Enqueued:
     """A repeat of an enqueue: the same request (a retry) names the existing job; another
     payload under the same key is refused, since answering with the first job would let the
     caller believe its new request was queued."""
-    digest = _as_stored(request, settings).digest()
+    digest = _as_repeat_of(request, existing).digest()
     if existing.request_digest is not None and existing.request_digest != digest:
         raise CallerKeyConflict(
             f"caller_key {request.caller_key!r} already names job {existing.id} "
