@@ -75,6 +75,22 @@ def storable(text: str) -> str:
     return escaped.replace("\x00", "\\x00")
 
 
+# The longest caller_key (jobs, prewarms and their refusals store it in 200 characters).
+CALLER_KEY_MAX_CHARS = 200
+
+
+def recorded_caller_key(key: str) -> str:
+    """How a refused request's caller_key is stored and looked up: as sent (escaped by
+    `storable`) when it fits the column, else its head, an ellipsis and a digest of the whole.
+    Never cut to a prefix alone, which may be another request's key; the ellipsis is outside
+    CALLER_KEY_PATTERN, so no accepted key is ever of this form."""
+    shown = storable(key)
+    if len(shown) <= CALLER_KEY_MAX_CHARS:
+        return shown
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return shown[: CALLER_KEY_MAX_CHARS - 17] + "\u2026" + digest
+
+
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

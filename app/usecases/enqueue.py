@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
-from app.schemas import EnqueueJob, job_id_for, storable, unstorable
+from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
 from models import Job, JobState, ReasonCode, RejectedRequest
 
@@ -187,9 +187,6 @@ def _differences(job: Job, request: EnqueueJob) -> str:
     return f" (differs in: {', '.join(differ)})" if differ else ""
 
 
-CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
-
-
 def record_rejection(
     session: Session,
     caller_key: str | None,
@@ -209,7 +206,7 @@ def record_rejection(
     valid_key = caller_key is not None and unstorable(caller_key) is None
     rejection = RejectedRequest(
         job_id=job_id_for(caller_key) if caller_key and valid_key else None,
-        caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
+        caller_key=recorded_caller_key(caller_key) if caller_key is not None else None,
         reason=storable(reason)[:4000],
         reason_code=code,
         at=now,

@@ -49,7 +49,7 @@ from app.errors import (
 )
 from app.net_config import NetConfig
 from app.runtime import Runtime
-from app.schemas import PrewarmNet, storable
+from app.schemas import PrewarmNet, recorded_caller_key, storable
 from app.settings import Settings
 from app.usecases import services
 from app.usecases.prewarm_holds import (
@@ -131,7 +131,7 @@ def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
     """Record a refused prewarm (one log line, and a row a lookup of its key finds for
     REJECTED_RETENTION_S); it starts nothing and takes no key. Returns its reason code."""
     code = refusal_code(exc)
-    key = storable(caller_key)[:200] if caller_key is not None else ""
+    key = recorded_caller_key(caller_key) if caller_key is not None else ""
     reason = storable(str(exc))[:4000]
     log.warning("prewarm refused", extra={"caller_key": key, "reason": reason, "code": str(code)})
     now = rt.clock()
@@ -392,7 +392,7 @@ def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, A
     if row is None:
         refused = session.scalar(
             select(Prewarm)
-            .where(Prewarm.caller_key == caller_key, Prewarm.refused)
+            .where(Prewarm.caller_key == recorded_caller_key(caller_key), Prewarm.refused)
             .order_by(Prewarm.id.desc())
             .limit(1)
         )

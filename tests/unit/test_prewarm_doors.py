@@ -59,6 +59,24 @@ def test_the_prewarm_task_refuses_bad_payloads_and_records_them(pw):
     assert outcomes == ["rejected", "caller_key_conflict"]
 
 
+def test_a_refused_prewarm_key_over_200_characters_is_recorded_as_its_own_not_its_prefixs(pw):
+    """A key cut to 200 characters may be another prewarm's: its lookup must answer 410 for
+    the key sent and leave the other prewarm's alone."""
+    taken = "p" * 200
+    prewarm_tasks.prewarm_net.run(payload={"caller_key": taken, "net": "net-a", "within_s": 60})
+    sent = taken + "-again"
+    refused = prewarm_tasks.prewarm_net.run(
+        payload={"caller_key": sent, "net": "net-a", "within_s": 60}
+    )
+    assert refused["reason_code"] == "rejected"
+    with pw.rt.sessions() as session:
+        keys = session.scalars(select(Prewarm.caller_key).where(Prewarm.refused)).all()
+    assert len(keys) == 1 and keys[0] != taken and len(keys[0]) <= 200
+    with TestClient(create_app(pw.rt)) as client:
+        assert client.get(f"/prewarms/{sent}").status_code == 410
+        assert client.get(f"/prewarms/{taken}").json()["status"] == "warming"
+
+
 def test_the_warm_up_task_polls_until_ready_and_the_cancel_task_ends_the_hold(pw):
     from celery.exceptions import Retry
 

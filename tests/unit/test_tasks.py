@@ -10,9 +10,11 @@ from unittest import mock
 
 import pytest
 from celery.exceptions import Retry
+from fastapi.testclient import TestClient
 
 from app import names
 from app.celery_app import celery, celery_config
+from app.entrypoints.api import create_app
 from app.errors import DriverTransientError, ServerUnavailable
 from app.schemas import job_id_for
 from app.usecases import enqueue
@@ -84,6 +86,29 @@ def test_enqueue_task_rejects_an_invalid_payload_writes_no_job_and_records_why(r
         assert session.query(Job).count() == 0
         rejection = enqueue.get_rejection(session, job_id_for("a"))
         assert rejection is not None and "unknown net" in rejection.reason
+
+
+def test_a_refused_caller_key_over_200_characters_is_recorded_as_its_own_not_its_prefixs(rt):
+    """A key cut to the column's 200 characters may be another job's key: the refusal must
+    not go out as that job's conflict, and the id of the key sent must answer 410."""
+    taken = "k" * 200
+    assert public.enqueue_job.run(
+        payload={"caller_key": taken, "definition": "tiny-job", "net": "net-a"}
+    )["created"]
+    sent = taken + "-retry"
+    refused = public.enqueue_job.run(
+        payload={"caller_key": sent, "definition": "tiny-job", "net": "net-a"}
+    )
+    assert refused["reason_code"] == "rejected", refused
+    with rt.rt.sessions() as session:
+        assert enqueue.get_rejection(session, job_id_for(taken)) is None
+        rejection = enqueue.get_rejection(session, job_id_for(sent))
+        assert rejection is not None and "caller_key" in rejection.reason
+        assert rejection.caller_key != taken and len(rejection.caller_key) <= 200
+    with TestClient(create_app(rt.rt)) as client:
+        assert client.get(f"/jobs/by-key/{sent}").status_code == 410
+        assert client.get(f"/jobs/{job_id_for(sent)}").status_code == 410
+        assert client.get(f"/jobs/by-key/{taken}").json()["state"] == "QUEUED"
 
 
 def test_rejections_are_kept_for_their_retention_only(rt):
