@@ -190,7 +190,44 @@ def parse_nets(raw: Any, source: str) -> tuple[NetConfig, ...]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SettingsError(f"{source}: net names must be unique, repeated: {duplicates}")
+    _refuse_shared_servers(nets, source)
     return tuple(nets)
+
+
+def _arn_name(value: str) -> str:
+    """An ECS cluster or service as its name, whether given by name or by ARN (a service ARN
+    of either format: `service/<cluster>/<name>` or the older `service/<name>`)."""
+    return value.rsplit("/", 1)[-1] if value.startswith("arn:") else value
+
+
+def server_identities(net: NetConfig) -> list[tuple[str, tuple[object, ...]]]:
+    """What names the server a net drives, as (field, identity) pairs: two nets sharing one
+    would stop each other's server (one net's idle scale-down under the other's job)."""
+    driver = net.driver
+    found: list[tuple[str, tuple[object, ...]]] = []
+    if isinstance(driver, DockerDriverConfig):
+        found.append(("driver.container", (driver.engine_url.rstrip("/"), driver.container)))
+    elif isinstance(driver, EcsDriverConfig):
+        key = (driver.endpoint_url, driver.region, _arn_name(driver.cluster))
+        found.append(("driver.cluster+service", (*key, _arn_name(driver.service))))
+    elif isinstance(driver, LocalDriverConfig):
+        found.append(("driver.server_kit_dir", (str(driver.server_kit_dir.resolve()),)))
+    if net.server_endpoint is not None:
+        # Any kind, and the only identity a static net declares: the address is the server.
+        found.append(("server_endpoint", (net.server_endpoint.lower(),)))
+    return found
+
+
+def _refuse_shared_servers(nets: Sequence[NetConfig], source: str) -> None:
+    owners: dict[tuple[str, tuple[object, ...]], str] = {}
+    for net in nets:
+        for field, identity in server_identities(net):
+            first = owners.setdefault((field, identity), net.name)
+            if first != net.name:
+                raise SettingsError(
+                    f"{source}: nets '{first}' and '{net.name}' name the same server "
+                    f"(field '{field}'): each net needs a server of its own"
+                )
 
 
 def load_nets_file(path: Path) -> Any:

@@ -17,8 +17,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app import names
 
-# A caller's key (a job's, a prewarm's): flip-api's per-run ids.
-CALLER_KEY_PATTERN = r"^[A-Za-z0-9._:@/-]+$"
+# A caller's key (a job's, a prewarm's): flip-api's per-run ids. `/`-separated segments,
+# none empty, `.` or `..`: an HTTP client drops dot segments and proxies merge slashes, so
+# GET /jobs/by-key/a/../b would reach the job keyed b. (No lookahead: pydantic's regex
+# engine has none.)
+_KEY_SEGMENT = (
+    r"(?:[A-Za-z0-9_:@-][A-Za-z0-9._:@-]*|\.[A-Za-z0-9_:@-][A-Za-z0-9._:@-]*|\.\.[A-Za-z0-9._:@-]+)"
+)
+CALLER_KEY_PATTERN = rf"^{_KEY_SEGMENT}(?:/{_KEY_SEGMENT})*$"
+
+
+def _key_segments(value: object) -> object:
+    """A clear reason for a key with a segment a URL would lose (the pattern refuses it too,
+    with a message naming only the pattern)."""
+    if isinstance(value, str) and any(seg in ("", ".", "..") for seg in value.split("/")):
+        raise ValueError(
+            "a '/'-separated segment is empty, '.' or '..': HTTP clients rewrite such a path, "
+            "so the key could not be looked up (GET .../by-key/{key}); send it without them"
+        )
+    return value
+
 
 # A net's name, in a payload and in the nets' declaration (app.settings).
 NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -73,6 +91,22 @@ def storable(text: str) -> str:
         return text
     escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return escaped.replace("\x00", "\\x00")
+
+
+# The longest caller_key (jobs, prewarms and their refusals store it in 200 characters).
+CALLER_KEY_MAX_CHARS = 200
+
+
+def recorded_caller_key(key: str) -> str:
+    """How a refused request's caller_key is stored and looked up: as sent (escaped by
+    `storable`) when it fits the column, else its head, an ellipsis and a digest of the whole.
+    Never cut to a prefix alone, which may be another request's key; the ellipsis is outside
+    CALLER_KEY_PATTERN, so no accepted key is ever of this form."""
+    shown = storable(key)
+    if len(shown) <= CALLER_KEY_MAX_CHARS:
+        return shown
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return shown[: CALLER_KEY_MAX_CHARS - 17] + "\u2026" + digest
 
 
 class _Payload(BaseModel):
@@ -138,6 +172,8 @@ class EnqueueJob(_Payload):
         description="the caller_key of a prewarm sent for this job: the claim prefers the net "
         "it holds",
     )
+
+    _keys = field_validator("caller_key", "prewarm_key", mode="before")(_key_segments)
 
     @field_validator("metadata")
     @classmethod
@@ -213,6 +249,8 @@ class PrewarmNet(_Payload):
         description="the job is likely within this many seconds: the server is held ready "
         "until then, at most PREWARM_MAX_S",
     )
+
+    _key = field_validator("caller_key", mode="before")(_key_segments)
 
     @field_validator("required_sites")
     @classmethod

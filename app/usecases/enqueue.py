@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
-from app.schemas import EnqueueJob, job_id_for, storable, unstorable
+from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
 from models import Job, JobState, ReasonCode, RejectedRequest
 
@@ -67,7 +67,7 @@ def enqueue_job(
     with another payload is a CallerKeyConflict."""
     existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
     if existing is not None:
-        return _repeat(existing, request, settings)
+        return _repeat(existing, request)
 
     sites = list(request.required_sites)
     if request.net is not None:
@@ -122,7 +122,7 @@ def enqueue_job(
         )
         if winner is None:  # pragma: no mutate (the race path, as above)
             raise
-        return _repeat(winner, request, settings)  # pragma: no mutate
+        return _repeat(winner, request)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     return Enqueued(job.id, created=True, state=job.state)
 
@@ -141,11 +141,24 @@ def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
     )
 
 
-def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
+def _as_repeat_of(request: EnqueueJob, job: Job) -> EnqueueJob:
+    """A repeat with what it omitted taken from the job it repeats: the defaults that job got
+    at its intake, as its stored digest holds them. Never today's: a redeploy that changed
+    MAX_ATTEMPTS or a net's required_sites must not make flip-api's identical retry a
+    conflict (and this reads the digests stored before this rule the same way)."""
+    sites = list(request.required_sites)
+    if not sites and request.net is not None:  # without a net no default applied: kept empty
+        sites = list(job.required_sites)
+    return request.model_copy(
+        update={"max_attempts": request.max_attempts or job.max_attempts, "required_sites": sites}
+    )
+
+
+def _repeat(existing: Job, request: EnqueueJob) -> Enqueued:
     """A repeat of an enqueue: the same request (a retry) names the existing job; another
     payload under the same key is refused, since answering with the first job would let the
     caller believe its new request was queued."""
-    digest = _as_stored(request, settings).digest()
+    digest = _as_repeat_of(request, existing).digest()
     if existing.request_digest is not None and existing.request_digest != digest:
         raise CallerKeyConflict(
             f"caller_key {request.caller_key!r} already names job {existing.id} "
@@ -174,9 +187,6 @@ def _differences(job: Job, request: EnqueueJob) -> str:
     return f" (differs in: {', '.join(differ)})" if differ else ""
 
 
-CALLER_KEY_CHARS = 200  # rejected_requests.caller_key, as jobs.caller_key
-
-
 def record_rejection(
     session: Session,
     caller_key: str | None,
@@ -196,7 +206,7 @@ def record_rejection(
     valid_key = caller_key is not None and unstorable(caller_key) is None
     rejection = RejectedRequest(
         job_id=job_id_for(caller_key) if caller_key and valid_key else None,
-        caller_key=storable(caller_key)[:CALLER_KEY_CHARS] if caller_key is not None else None,
+        caller_key=recorded_caller_key(caller_key) if caller_key is not None else None,
         reason=storable(reason)[:4000],
         reason_code=code,
         at=now,

@@ -16,7 +16,14 @@ from app import names
 from app.db import unit_of_work
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.runtime import Runtime
-from app.schemas import EnqueueJob, ReportJobStatus, storable, unstorable
+from app.schemas import (
+    CALLER_KEY_MAX_CHARS,
+    EnqueueJob,
+    ReportJobStatus,
+    recorded_caller_key,
+    storable,
+    unstorable,
+)
 from app.usecases import enqueue, services
 from models import Job, JobState, ReasonCode
 
@@ -36,9 +43,10 @@ def parse_payload(model: type[M], payload: Any) -> M:
 
 
 def caller_key_of(payload: Any) -> str | None:
-    """The caller_key a refused payload carries, if any (cut to the column's length)."""
+    """The caller_key a refused payload carries, if any, whole: cut, it could name another
+    request (`recorded_caller_key` stores a long one without losing which one it was)."""
     key = payload.get("caller_key") if isinstance(payload, dict) else None
-    return key[:200] if isinstance(key, str) and key else None
+    return key if isinstance(key, str) and key else None
 
 
 log = logging.getLogger(__name__)
@@ -74,7 +82,7 @@ def reject_enqueue(
     CALLBACK_URL set the record is also a `rejected` event: the commit kicks its delivery
     like any job move's (`callbacks.send_after_commit`), and beat's sweep finds it if that
     kick is lost; nothing here waits for the receiver."""
-    shown = storable(caller_key) if caller_key is not None else None
+    shown = recorded_caller_key(caller_key) if caller_key is not None else None
     log.warning(
         "enqueue rejected",
         extra={"caller_key": shown, "reason": storable(reason), "code": str(code)},
@@ -106,8 +114,8 @@ def refuse_enqueue(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
 
 
 def _names_a_job(rt: Runtime, caller_key: str | None) -> bool:
-    if not caller_key or unstorable(caller_key) is not None:
-        return False
+    if not caller_key or len(caller_key) > CALLER_KEY_MAX_CHARS or unstorable(caller_key):
+        return False  # no job can have such a key
     with rt.sessions() as session:
         return session.scalar(select(Job.id).where(Job.caller_key == caller_key)) is not None
 

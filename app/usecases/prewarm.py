@@ -49,7 +49,7 @@ from app.errors import (
 )
 from app.net_config import NetConfig
 from app.runtime import Runtime
-from app.schemas import PrewarmNet, storable
+from app.schemas import PrewarmNet, recorded_caller_key, storable
 from app.settings import Settings
 from app.usecases import services
 from app.usecases.prewarm_holds import (
@@ -131,7 +131,7 @@ def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
     """Record a refused prewarm (one log line, and a row a lookup of its key finds for
     REJECTED_RETENTION_S); it starts nothing and takes no key. Returns its reason code."""
     code = refusal_code(exc)
-    key = storable(caller_key)[:200] if caller_key is not None else ""
+    key = recorded_caller_key(caller_key) if caller_key is not None else ""
     reason = storable(str(exc))[:4000]
     log.warning("prewarm refused", extra={"caller_key": key, "reason": reason, "code": str(code)})
     now = rt.clock()
@@ -167,7 +167,7 @@ def _accept(
     """The prewarm the key names (a repeat), or a new one; and whether to start its net."""
     existing = _accepted(session, request.caller_key)
     if existing is not None:
-        return _repeat(existing, request, settings), False, False
+        return _repeat(existing, request), False, False
     net_name, sites = _resolve(session, settings, request, now)
     net = services.get_net(session, net_name, lock=True)
     if net.state == NetState.MISCONFIGURED:
@@ -191,7 +191,7 @@ def _accept(
         winner = _accepted(session, request.caller_key)
         if winner is None:
             raise
-        return _repeat(winner, request, settings), False, False
+        return _repeat(winner, request), False, False
     start, note = _start_or_hold(session, settings.net(net_name), net, row, now)
     if granted_s < request.within_s:
         note += f"; held {granted_s:.0f}s (PREWARM_MAX_S), not the {request.within_s:.0f}s asked"
@@ -295,10 +295,19 @@ def _as_stored(request: PrewarmNet, settings: Settings) -> PrewarmNet:
     return request.model_copy(update={"required_sites": sites})
 
 
-def _repeat(existing: Prewarm, request: PrewarmNet, settings: Settings) -> Prewarm:
+def _as_repeat_of(request: PrewarmNet, existing: Prewarm) -> PrewarmNet:
+    """A repeat with the sites it omitted taken from the prewarm it repeats (the net's
+    default when it was accepted), never from today's settings: a redeploy that changed the
+    net's required_sites must not make an identical repeat a conflict."""
+    if request.required_sites or request.net is None:
+        return request
+    return request.model_copy(update={"required_sites": list(existing.required_sites)})
+
+
+def _repeat(existing: Prewarm, request: PrewarmNet) -> Prewarm:
     """A repeat of a prewarm: the same request names the same prewarm (even one that has
     ended: it is not restarted); another payload under its key is refused."""
-    if existing.request_digest != _as_stored(request, settings).digest():
+    if existing.request_digest != _as_repeat_of(request, existing).digest():
         differ = [
             name
             for name, differs in (
@@ -383,7 +392,7 @@ def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, A
     if row is None:
         refused = session.scalar(
             select(Prewarm)
-            .where(Prewarm.caller_key == caller_key, Prewarm.refused)
+            .where(Prewarm.caller_key == recorded_caller_key(caller_key), Prewarm.refused)
             .order_by(Prewarm.id.desc())
             .limit(1)
         )

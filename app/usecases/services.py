@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest, NotFound
@@ -52,10 +54,10 @@ def sync_nets(
     for net_config in settings.nets:
         net = existing.get(net_config.name)
         if net is None:
-            net = Net(name=net_config.name, state=NetState.STOPPED, state_changed_at=now)
-            session.add(net)
-            created.append(net_config.name)
-        elif (
+            if _insert_net(session, net_config.name, now):
+                created.append(net_config.name)
+            continue  # declared now, by this insert or by the one that won the race
+        if (
             at_start
             and net.state == NetState.MISCONFIGURED
             and active_job(session, net.name) is None  # never STOPPED under a job
@@ -69,6 +71,23 @@ def sync_nets(
             net.last_error = None
         net.declared_at = now
     return created
+
+
+def _insert_net(session: Session, name: str, now: datetime) -> bool:
+    """Insert a net's row, STOPPED; False when another transaction created it meanwhile.
+    Two first requests after a deploy that added the net both find its row missing (the
+    locked read above cannot lock a row that does not exist yet): ON CONFLICT DO NOTHING
+    lets the second wait for the first's commit and move on, where a plain INSERT failed
+    on the key (IntegrityError, a 503 to the caller)."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
+    stmt = (
+        insert(Net)
+        .values(name=name, state=NetState.STOPPED, state_changed_at=now, declared_at=now)
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
+    result = session.execute(stmt)
+    return bool(getattr(result, "rowcount", 0) == 1)
 
 
 def note_declared(session: Session, settings: Settings, now: datetime) -> None:

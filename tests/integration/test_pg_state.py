@@ -160,6 +160,53 @@ def test_enqueue_same_caller_key_twice_concurrently_returns_one_job(db, settings
         assert len(session.scalars(select(Job)).all()) == 1
 
 
+def _until_a_backend_waits_on_a_lock(factory, deadline_s: float = 20.0) -> None:
+    """Returns once another connection of this database waits on a row lock."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with factory() as session:
+            waiting = session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                )
+            )
+        if waiting:
+            return
+        time.sleep(0.02)  # polling the condition, not a fixed wait
+    raise AssertionError("the second transaction never waited on the first one's rows")
+
+
+def test_two_first_requests_creating_a_new_nets_rows_at_once_both_succeed(
+    pg_factory, settings, clock
+):
+    """After a deploy that adds a net, two requests (or two starting workers) both find its
+    row missing: the second insert waits on the first's uncommitted row, then must not
+    fail on its key (an IntegrityError, answered 503), since the row it wanted is there."""
+    inserted = threading.Event()
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        inserted.wait(10)
+        try:
+            with pg_factory.begin() as session:
+                services.ensure_net_rows(session, settings, clock())
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with pg_factory.begin() as session:
+        services.ensure_net_rows(session, settings, clock())  # inserted, not yet committed
+        inserted.set()
+        _until_a_backend_waits_on_a_lock(pg_factory)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert errors == []
+    with pg_factory() as session:
+        assert sorted(session.scalars(select(Net.name))) == ["net-a", "net-b"]
+
+
 def test_a_stale_writer_cannot_overwrite_a_newer_state(db, settings, clock):
     job_id = enqueue(db, settings, clock, "v")
     with db() as stale:

@@ -42,6 +42,36 @@ def test_a_caller_key_seen_before_with_the_same_payload_returns_its_job(
     assert (again.job_id, again.created, again.state) == (first.job_id, False, JobState.QUEUED)
 
 
+def test_an_identical_retry_after_a_redeploy_changed_the_defaults_returns_its_job(
+    sqlite_factory, tmp_path, job_root, clock
+):
+    """flip-api's retry sends what it sent before, omitting max_attempts and required_sites;
+    meanwhile a redeploy changed MAX_ATTEMPTS and the net's required_sites. The retry is the
+    same request (the defaults its job got are the job's own), never a caller_key_conflict."""
+
+    def deployed(sites: list[str], max_attempts: int) -> Settings:
+        nets = [net_decl(tmp_path, "net-a", required_sites=sites)]
+        return Settings(
+            FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+            JOB_ROOT=job_root,
+            NETS=json.dumps(nets),
+            MAX_ATTEMPTS=max_attempts,
+        )
+
+    before = deployed(["site-1", "site-2"], max_attempts=3)
+    first = _enqueue(sqlite_factory, before, clock, net="net-a")
+    after = deployed(["site-1"], max_attempts=5)
+    again = _enqueue(sqlite_factory, after, clock, net="net-a")
+    assert (again.job_id, again.created) == (first.job_id, False)
+    # Spelling out the defaults the job got is the same request too; other values are not.
+    spelled = {"required_sites": ["site-2", "site-1"], "max_attempts": 3}
+    assert _enqueue(sqlite_factory, after, clock, net="net-a", **spelled).job_id == first.job_id
+    with pytest.raises(CallerKeyConflict, match=r"differs in: max_attempts\)"):
+        _enqueue(sqlite_factory, after, clock, net="net-a", max_attempts=5)
+    with pytest.raises(CallerKeyConflict, match=r"differs in: required_sites\)"):
+        _enqueue(sqlite_factory, after, clock, net="net-a", required_sites=["site-1"])
+
+
 def test_a_caller_key_reused_with_another_payload_is_a_conflict_naming_the_job(
     sqlite_factory, settings, clock
 ):

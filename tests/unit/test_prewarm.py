@@ -5,6 +5,8 @@ replica, never a hold past its deadline whatever message is lost."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from datetime import timedelta
 
@@ -21,6 +23,7 @@ from app.errors import (
     RequestRejected,
 )
 from app.schemas import PrewarmNet
+from app.settings import Settings
 from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, scale_down, services
 from app.usecases.prewarm_warm_up import Warm
 from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode
@@ -431,6 +434,29 @@ def test_the_same_request_again_names_the_same_prewarm_and_starts_nothing(pw):
     assert not again.created and again.notified is None
     assert again.prewarm["created_at"] == row(pw, "p1").created_at.isoformat()
     assert warm_sent(pw) == ["net-a"] and starts(pw, "net-a") == 1
+
+
+def test_an_identical_repeat_after_a_redeploy_changed_the_nets_sites_names_the_same_prewarm(
+    pw, tmp_path
+):
+    """The repeat omits required_sites, as the first did; a redeploy meanwhile changed the
+    net's required_sites: the same request, never a caller_key_conflict."""
+    ask(pw, "p1", net="net-a", within_s=300)
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", sites=["site-1", "site-2"], required_sites=["site-1"])
+    ]
+    redeployed = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=pw.rt.settings.job_root,
+        NETS=json.dumps(nets),
+    )
+    rt = dataclasses.replace(pw.rt, settings=redeployed)
+    again = prewarm.request_prewarm(rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
+    assert not again.created and again.prewarm["caller_key"] == "p1"
+    with pytest.raises(CallerKeyConflict, match="required_sites"):
+        prewarm.request_prewarm(
+            rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300, required_sites=["site-1"])
+        )
 
 
 def test_another_payload_under_the_key_is_a_conflict_that_changes_nothing(pw):

@@ -59,6 +59,40 @@ def test_the_prewarm_task_refuses_bad_payloads_and_records_them(pw):
     assert outcomes == ["rejected", "caller_key_conflict"]
 
 
+def test_a_refused_prewarm_key_over_200_characters_is_recorded_as_its_own_not_its_prefixs(pw):
+    """A key cut to 200 characters may be another prewarm's: its lookup must answer 410 for
+    the key sent and leave the other prewarm's alone."""
+    taken = "p" * 200
+    prewarm_tasks.prewarm_net.run(payload={"caller_key": taken, "net": "net-a", "within_s": 60})
+    sent = taken + "-again"
+    refused = prewarm_tasks.prewarm_net.run(
+        payload={"caller_key": sent, "net": "net-a", "within_s": 60}
+    )
+    assert refused["reason_code"] == "rejected"
+    with pw.rt.sessions() as session:
+        keys = session.scalars(select(Prewarm.caller_key).where(Prewarm.refused)).all()
+    assert len(keys) == 1 and keys[0] != taken and len(keys[0]) <= 200
+    with TestClient(create_app(pw.rt)) as client:
+        assert client.get(f"/prewarms/{sent}").status_code == 410
+        assert client.get(f"/prewarms/{taken}").json()["status"] == "warming"
+
+
+@pytest.mark.parametrize("key", ["proj/../p1", "./p1", "a//b"])
+def test_a_prewarm_key_an_http_client_would_rewrite_is_refused_at_both_doors(pw, key):
+    """GET /prewarms/proj/../p1 would reach the prewarm p1: such keys are refused, saying
+    why, as a caller_key or as a job's prewarm_key."""
+    body = {"caller_key": key, "net": "net-a", "within_s": 60}
+    refused = prewarm_tasks.prewarm_net.run(payload=body)
+    assert refused["reason_code"] == "rejected" and "segment" in refused["refused"], refused
+    job = {"caller_key": "j-1", "definition": "tiny-job", "net": "net-a", "prewarm_key": key}
+    with TestClient(create_app(pw.rt)) as client:
+        answer = client.post("/prewarms", json=body, headers=AUTH)
+        assert answer.status_code == 422 and "segment" in answer.text, answer.text
+        answer = client.post("/jobs", json=job, headers=AUTH)
+        assert answer.status_code == 422 and "prewarm_key" in answer.text, answer.text
+    assert pw.outbox.sent == []
+
+
 def test_the_warm_up_task_polls_until_ready_and_the_cancel_task_ends_the_hold(pw):
     from celery.exceptions import Retry
 

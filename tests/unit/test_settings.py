@@ -9,7 +9,7 @@ import pytest
 from app.errors import SettingsError
 from app.flags import parse_flag
 from app.settings import Settings, load_settings
-from tests.fixtures.db import net_decl
+from tests.fixtures.db import make_server_kit, net_decl
 
 TRUE_VALUES = ["true", "TRUE", "True", " true ", "1", "yes", "YES", "on", "On", "\ttrue\n"]
 FALSE_VALUES = ["false", "FALSE", "0", "no", "No", "off", "OFF", "  off  "]
@@ -159,3 +159,71 @@ def test_a_postgresql_driver_that_is_not_installed_is_refused_with_the_fix(tmp_p
         Settings(FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL="postgresql+psycopg2://fl:pw@h/fl")
     assert "driver 'psycopg2' is not installed; use postgresql+psycopg://" in str(refused.value)
     assert "pw" not in str(refused.value)
+
+
+def _docker(container: str, engine_url: str = "unix:///var/run/docker.sock") -> dict[str, str]:
+    return {"kind": "docker", "container": container, "engine_url": engine_url}
+
+
+@pytest.mark.parametrize(
+    ("driver_a", "driver_b", "field"),
+    [
+        (_docker("fl-server"), _docker("fl-server"), "driver.container"),
+        (
+            {"kind": "ecs", "region": "eu-west-2", "cluster": "flip", "service": "fl"},
+            {
+                "kind": "ecs",
+                "region": "eu-west-2",
+                "cluster": "arn:aws:ecs:eu-west-2:123456789012:cluster/flip",
+                "service": "arn:aws:ecs:eu-west-2:123456789012:service/flip/fl",
+            },
+            "driver.cluster+service",
+        ),
+        (
+            {"kind": "local", "server_kit_dir": "KIT"},
+            {"kind": "local", "server_kit_dir": "KIT/."},
+            "driver.server_kit_dir",
+        ),
+    ],
+)
+def test_two_nets_naming_one_server_are_refused(driver_a, driver_b, field, tmp_path, monkeypatch):
+    """Two nets driving one server: one net's idle scale-down would stop the server the
+    other's RUNNING job lives on. The settings name both nets and the field they share."""
+    kit = make_server_kit(tmp_path / "shared" / "server")
+    a, b = net_decl(tmp_path, "net-a"), net_decl(tmp_path, "net-b")
+    for net, driver in ((a, driver_a), (b, driver_b)):
+        net["driver"] = {
+            k: (v.replace("KIT", str(kit)) if k == "server_kit_dir" else v)
+            for k, v in driver.items()
+        }
+    monkeypatch.setenv("NETS", json.dumps([a, b]))
+    with pytest.raises(SettingsError) as exc:
+        load_settings()
+    assert "'net-a'" in str(exc.value) and "'net-b'" in str(exc.value)
+    assert field in str(exc.value)
+
+
+def test_two_nets_declaring_one_server_endpoint_are_refused(tmp_path, monkeypatch):
+    """Static nets have no driver to tell them apart: the address they declare is the server."""
+    a = net_decl(tmp_path, "net-a", server_endpoint="fl.example.org:8002")
+    b = net_decl(tmp_path, "net-b", server_endpoint="FL.example.org:8002")
+    monkeypatch.setenv("NETS", json.dumps([a, b]))
+    with pytest.raises(SettingsError, match=r"'net-a' and 'net-b'.*server_endpoint"):
+        load_settings()
+
+
+def test_nets_on_distinct_servers_are_accepted(tmp_path, monkeypatch):
+    """Same container name on two engines, same service name in two clusters: two servers."""
+    nets = [
+        net_decl(tmp_path, "d1", driver=_docker("fl-server", "tcp://host-1:2375")),
+        net_decl(tmp_path, "d2", driver=_docker("fl-server", "tcp://host-2:2375")),
+        net_decl(tmp_path, "e1", "ecs"),
+        net_decl(tmp_path, "e2", "ecs"),
+        net_decl(tmp_path, "l1", "local"),
+        net_decl(tmp_path, "l2", "local"),
+        net_decl(tmp_path, "s1"),
+        net_decl(tmp_path, "s2"),
+    ]
+    nets[3]["driver"] = {**nets[2]["driver"], "cluster": "other"}
+    monkeypatch.setenv("NETS", json.dumps(nets))
+    assert len(load_settings().nets) == 8

@@ -11,11 +11,13 @@ from unittest import mock
 
 import pytest
 from celery.exceptions import Reject, Retry
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
 from app import names
 from app.celery_app import celery, celery_config
 from app.db import session_factory
+from app.entrypoints.api import create_app
 from app.errors import DriverTransientError, ServerUnavailable
 from app.schemas import PUBLIC_PAYLOADS, job_id_for
 from app.usecases import enqueue, intake
@@ -23,10 +25,26 @@ from models import Job, JobState
 from tasks import base, housekeeping, public
 from tasks import pipeline as pipeline_tasks
 from tasks import prewarm as prewarm_tasks  # noqa: F401 (registers the prewarm tasks)
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import world_of
 
 
 @pytest.fixture
 def rt(world):
+    base.set_runtime(world.rt)
+    yield world
+    base.set_runtime(None)
+
+
+API_KEY = "tasks-doors-key-0123"
+AUTH = {"X-API-Key": API_KEY}
+
+
+@pytest.fixture
+def doors(tmp_path, job_root, sqlite_factory, clock):
+    """The task door and the HTTP door (API_SECRET set) on one world."""
+    nets = [net_decl(tmp_path, "net-a", "ecs")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, API_SECRET=API_KEY)
     base.set_runtime(world.rt)
     yield world
     base.set_runtime(None)
@@ -88,6 +106,49 @@ def test_enqueue_task_rejects_an_invalid_payload_writes_no_job_and_records_why(r
         assert session.query(Job).count() == 0
         rejection = enqueue.get_rejection(session, job_id_for("a"))
         assert rejection is not None and "unknown net" in rejection.reason
+
+
+def test_a_refused_caller_key_over_200_characters_is_recorded_as_its_own_not_its_prefixs(rt):
+    """A key cut to the column's 200 characters may be another job's key: the refusal must
+    not go out as that job's conflict, and the id of the key sent must answer 410."""
+    taken = "k" * 200
+    assert public.enqueue_job.run(
+        payload={"caller_key": taken, "definition": "tiny-job", "net": "net-a"}
+    )["created"]
+    sent = taken + "-retry"
+    refused = public.enqueue_job.run(
+        payload={"caller_key": sent, "definition": "tiny-job", "net": "net-a"}
+    )
+    assert refused["reason_code"] == "rejected", refused
+    with rt.rt.sessions() as session:
+        assert enqueue.get_rejection(session, job_id_for(taken)) is None
+        rejection = enqueue.get_rejection(session, job_id_for(sent))
+        assert rejection is not None and "caller_key" in rejection.reason
+        assert rejection.caller_key != taken and len(rejection.caller_key) <= 200
+    with TestClient(create_app(rt.rt)) as client:
+        assert client.get(f"/jobs/by-key/{sent}").status_code == 410
+        assert client.get(f"/jobs/{job_id_for(sent)}").status_code == 410
+        assert client.get(f"/jobs/by-key/{taken}").json()["state"] == "QUEUED"
+
+
+@pytest.mark.parametrize(
+    "key", ["proj/../run-1", "proj/./run-1", "./run-1", "..", "a//b", "/a", "a/"]
+)
+def test_a_caller_key_an_http_client_would_rewrite_is_refused_at_both_doors(doors, key):
+    """HTTP clients drop dot segments (and proxies merge slashes): GET /jobs/by-key/proj/../run-1
+    reaches the job keyed run-1. Such a key could never be looked up: it is refused, saying why."""
+    body = {"caller_key": key, "definition": "tiny-job", "net": "net-a"}
+    refused = public.enqueue_job.run(payload=body)
+    assert refused["reason_code"] == "rejected" and "segment" in refused["rejected"], refused
+    with TestClient(create_app(doors.rt)) as client:
+        answer = client.post("/jobs", json=body, headers=AUTH)
+        assert answer.status_code == 422 and "segment" in answer.text, answer.text
+        # Dots inside a segment are kept by every client: such keys stay valid.
+        ok = client.post("/jobs", json={**body, "caller_key": "p/..x/.r..."}, headers=AUTH)
+        assert ok.status_code == 201, ok.text
+        assert client.get("/jobs/by-key/p/..x/.r...").json()["caller_key"] == "p/..x/.r..."
+    with doors.rt.sessions() as session:
+        assert session.query(Job).count() == 1
 
 
 def test_rejections_are_kept_for_their_retention_only(rt):
