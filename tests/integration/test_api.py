@@ -336,6 +336,35 @@ def test_bad_enqueue_input_is_a_4xx_with_a_message_and_writes_nothing(
     assert h.send.sent == []
 
 
+@pytest.mark.parametrize(
+    ("field", "raw_value", "needle"),
+    [
+        ("priority", "1" + "0" * 4400, "body: Value error, priority is a number of 4401 digits"),
+        ("metadata", '{"n": ' + "9" * 4400 + "}", "metadata has a value that is a number"),
+        ("metadata", '{"m": ' + "[" * 1000 + "]" * 1000 + "}", "nested deeper than 64 levels"),
+        ("metadata", "{" + '"a": {' * 299 + "}" * 300, "metadata nests deeper than 32 levels"),
+    ],
+)
+def test_valid_json_python_cannot_read_is_a_422_naming_the_field(
+    three_nets, field, raw_value, needle
+):
+    """A few KB of valid JSON that Python's decoder or the payload's digest cannot handle
+    (a number past the digit limit, deep nesting) is the caller's mistake, not a 500."""
+    h = three_nets
+    jobs, events = h.count(Job), h.count(JobEvent)
+    body = (
+        '{"caller_key": "k-unreadable", "definition": "tiny-job", "net": "net-a", '
+        f'"{field}": {raw_value}}}'
+    )
+    assert len(body) < 5000
+    with h.client() as client:
+        response = client.post("/jobs", content=body.encode(), headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert needle in response.json()["detail"]
+    assert (h.count(Job), h.count(JobEvent)) == (jobs, events)
+    assert h.send.sent == []
+
+
 def test_other_bad_requests(three_nets):
     h = three_nets
     with h.client() as client:
