@@ -173,6 +173,18 @@ def unstorable(text: str) -> str | None:
     return None
 
 
+def require_storable(text: str, what: str) -> str:
+    """`text` as given if PostgreSQL can hold it; InvalidRequest naming `what` if not (a
+    key or a reason from a URL or a body, before any query sees it: the driver's error
+    would be a 503 with a traceback, and nothing stored can hold such a key anyway)."""
+    from app.errors import InvalidRequest
+
+    problem = unstorable(text)
+    if problem is not None:
+        raise InvalidRequest(f"{what} {problem}: it cannot be stored, so nothing has it")
+    return text
+
+
 def _check_storable(value: Any, where: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no such number: PostgreSQL's json refuses it, a callback could not carry it.
