@@ -14,7 +14,7 @@ import base64
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -150,8 +150,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         at = datetime.fromisoformat(created)
         if at.tzinfo is None:  # every cursor this API returns carries its zone
             raise ValueError("no zone")
+        # Compared in UTC: an instant that leaves the calendar there (9999-12-31T23:00-05:00)
+        # is no job's, and would only overflow in the column's bind.
+        at = at.astimezone(UTC)
         return at, uuid.UUID(job_id)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise InvalidRequest("cursor is not one this API returned") from None
 
 
