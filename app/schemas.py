@@ -211,6 +211,15 @@ def storable(text: str) -> str:
     return escaped.replace("\x00", "\\x00")
 
 
+def _whole_number(value: Any) -> Any:
+    # JSON Schema's "integer" includes 5.0, which many JSON encoders send for 5: read it as
+    # 5, as the printed schema promises. 5.5, a bool or a numeric string stays what it is,
+    # and the strict check after this refuses it.
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -257,7 +266,7 @@ class EnqueueJob(_Payload):
         default=None, pattern=NET_NAME_PATTERN, description="run only on this net (null: any)"
     )
     # Numbers are strict (here and in PrewarmNet): a bool or a numeric string is a caller's
-    # mistake, never read as 1 or 30.
+    # mistake, never read as 1 or 30; 5.0 is 5, as JSON Schema's integer says.
     priority: int = Field(
         default=0, ge=-1000, le=1000, strict=True, description="higher runs first"
     )
@@ -284,6 +293,11 @@ class EnqueueJob(_Payload):
         description="the caller_key of a prewarm sent for this job: the claim prefers the net "
         "it holds",
     )
+
+    @field_validator("priority", "max_attempts", mode="before")
+    @classmethod
+    def _whole(cls, value: Any) -> Any:
+        return _whole_number(value)
 
     @field_validator("metadata")
     @classmethod
