@@ -159,3 +159,13 @@ def test_a_postgresql_driver_that_is_not_installed_is_refused_with_the_fix(tmp_p
         Settings(FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL="postgresql+psycopg2://fl:pw@h/fl")
     assert "driver 'psycopg2' is not installed; use postgresql+psycopg://" in str(refused.value)
     assert "pw" not in str(refused.value)
+
+
+@pytest.mark.parametrize("secret", ["clé-secrète-0123456789", "tab\tinside", " padded "])
+def test_an_api_secret_no_header_can_carry_is_refused_at_start(secret):
+    """X-API-Key carries printable ASCII only (a server reads other bytes as Latin-1 and
+    trims the ends), so such an API_SECRET could never match: every POST would be 401."""
+    with pytest.raises(SettingsError, match="API_SECRET must be printable ASCII") as refused:
+        load_settings(API_SECRET=secret)
+    assert secret.strip() not in str(refused.value)
+    assert load_settings(API_SECRET="s3cret-with inner space~!").api_secret
