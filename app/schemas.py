@@ -13,9 +13,16 @@ import sys
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from app import names
 
@@ -171,6 +178,17 @@ def unstorable(text: str) -> str | None:
     except UnicodeEncodeError:
         return "holds a lone surrogate (not UTF-8)"
     return None
+
+
+def _storable_text(text: str) -> str:
+    problem = unstorable(text)
+    if problem is not None:
+        raise ValueError(f"{problem}: it cannot be stored")
+    return text
+
+
+# A string field outside the payloads (an HTTP body's) that PostgreSQL must be able to hold.
+StorableText = Annotated[str, AfterValidator(_storable_text)]
 
 
 def require_storable(text: str, what: str) -> str:

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import APIKeyHeader
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -57,7 +57,7 @@ from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
 from app.runtime import Runtime
-from app.schemas import EnqueueJob, loads_payload, unstorable
+from app.schemas import EnqueueJob, StorableText, loads_payload
 from app.usecases import intake
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import (
@@ -93,16 +93,8 @@ class AbortBody(BaseModel):
     """Optional body of POST /jobs/{id}/abort."""
 
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(default="aborted via the status API", max_length=500)
-
-    @field_validator("reason")
-    @classmethod
-    def _storable(cls, reason: str) -> str:
-        # Kept in the job's history: one PostgreSQL cannot hold is refused as a field.
-        problem = unstorable(reason)
-        if problem is not None:
-            raise ValueError(f"reason {problem}: it cannot be stored")
-        return reason
+    # Kept in the job's history: one PostgreSQL cannot hold is refused as a field (422).
+    reason: StorableText = Field(default="aborted via the status API", max_length=500)
 
 
 @dataclass(frozen=True)
@@ -379,9 +371,7 @@ async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:
             [{"loc": ["body"], "msg": "a JSON body is required", "type": "missing"}]
         )
     try:
-        # Valid JSON Python will not read (a huge number, deep nesting) comes back marked,
-        # and is refused below naming the field.
-        data = loads_payload(raw)
+        data = loads_payload(raw)  # a huge number, deep nesting: marked, refused below
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise RequestValidationError(
             [{"loc": ["body"], "msg": f"not valid JSON: {exc}", "type": "json_invalid"}]
