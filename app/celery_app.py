@@ -14,11 +14,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain, signals
+from kombu import serialization
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import KombuError
+from kombu.utils import json as kombu_json
 
 from app import names
 from app.redis_transport import TRANSPORT_PATH
+from app.schemas import loads_payload
 from app.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -37,6 +40,23 @@ HOUSEKEEPING_HARD_LIMIT_S = 660
 VISIBILITY_TIMEOUT_S = 2 * 3600
 
 log = logging.getLogger(__name__)
+
+
+def _loads_message(body: Any) -> Any:
+    return loads_payload(body, object_hook=kombu_json.object_hook)
+
+
+# Celery's JSON with one change: a message that is valid JSON Python will not read (a
+# number past the digit limit, nesting past the recursion limit) reaches its task with the
+# unreadable values marked, so the task refuses and records it; kombu's own decoder would
+# drop the message with a traceback, and the caller could never learn why.
+serialization.register(  # type: ignore[no-untyped-call]
+    "json",
+    kombu_json.dumps,
+    _loads_message,
+    content_type="application/json",
+    content_encoding="utf-8",
+)
 
 celery = Celery(
     "fl_dispatcher",

@@ -9,11 +9,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import uuid
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from app import names
 
@@ -52,6 +61,128 @@ def job_id_for(caller_key: str) -> uuid.UUID:
 
 
 METADATA_MAX_BYTES = 16 * 1024
+# How deep `metadata` may nest (the object itself is level 1). FLIP's is flat; the bound
+# keeps every later step (the digest, JSONB, a callback's encoding) far from its own limits.
+METADATA_MAX_DEPTH = 32
+# A payload nested deeper than this (the whole document) is not parsed past it: what lies
+# below is read as unreadable, so the request is refused with its key, not lost with it.
+PAYLOAD_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A value of a payload that JSON may carry but Python will not read (a number of more
+    digits than the interpreter converts, a container nested past PAYLOAD_MAX_DEPTH); it
+    stands in its place so the payload is refused naming the field."""
+
+    why: str
+
+
+def loads_payload(text: str | bytes | bytearray | memoryview, object_hook: Any = None) -> Any:
+    """JSON as `json.loads` reads it; a document it cannot read although it is valid JSON
+    (a number over the interpreter's digit limit, nesting deeper than the recursion limit)
+    is read with `Unreadable` in place of those values. Invalid JSON raises ValueError."""
+    if isinstance(text, memoryview | bytearray):
+        text = bytes(text)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    try:
+        return json.loads(text, object_hook=object_hook)
+    except json.JSONDecodeError:
+        raise
+    except (ValueError, RecursionError):
+        # ValueError that is not a JSONDecodeError: an integer past the digit limit.
+        pass
+    placeholder = f"\x00too-deep-{uuid.uuid4()}"
+    shallow = _cut_deeper_than(text, PAYLOAD_MAX_DEPTH, json.dumps(placeholder))
+    data = json.loads(shallow, object_hook=object_hook, parse_int=_bounded_int)
+    too_deep = Unreadable(f"nested deeper than {PAYLOAD_MAX_DEPTH} levels")
+    return _replace_placeholder(data, placeholder, too_deep)
+
+
+def _bounded_int(digits: str) -> int | Unreadable:
+    limit = sys.get_int_max_str_digits()
+    count = len(digits.lstrip("-"))
+    if limit and count > limit:
+        return Unreadable(f"a number of {count} digits; at most {limit}")
+    return int(digits)
+
+
+def _cut_deeper_than(text: str, max_depth: int, placeholder: str) -> str:
+    # One pass, no recursion: each array or object opened below max_depth is replaced,
+    # with everything in it, by `placeholder` (brackets inside strings do not count).
+    pieces: list[str] = []
+    depth, start, cut_at = 0, 0, 0
+    in_string = escaped = False
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth == max_depth + 1:
+                cut_at = index
+        elif char in "]}":
+            if depth == max_depth + 1:
+                pieces += [text[start:cut_at], placeholder]
+                start = index + 1
+            depth -= 1
+    pieces.append(text[start:])
+    return "".join(pieces)
+
+
+def _replace_placeholder(data: Any, placeholder: str, marker: Unreadable) -> Any:
+    if data == placeholder:
+        return marker
+    stack = [data] if isinstance(data, dict | list) else []
+    while stack:  # at most PAYLOAD_MAX_DEPTH deep now, but no recursion all the same
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in list(items):
+            if value == placeholder:
+                node[key] = marker
+            elif isinstance(value, dict | list):
+                stack.append(value)
+    return data
+
+
+def _unreadable_in(payload: dict[Any, Any]) -> str | None:
+    """Which field of `payload` holds an Unreadable, and why (None: none does); no
+    recursion. Only the field is named: the path down to it may be 64 levels long."""
+    for field, value in payload.items():
+        stack = [value]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Unreadable):
+                shown = f"{field} is" if node is value else f"{field} has a value that is"
+                return f"{shown} {node.why}"
+            if isinstance(node, dict):
+                stack += node.values()
+            elif isinstance(node, list | tuple):
+                stack += node
+    return None
+
+
+def nesting_depth(value: Any, stop_after: int) -> int:
+    """How deep `value` nests (a scalar 0, `{}` 1), counted without recursion and no
+    further than `stop_after` + 1."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, dict | list | tuple):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > stop_after:
+            break
+        stack += [(item, depth + 1) for item in (node.values() if isinstance(node, dict) else node)]
+    return deepest
 
 
 def unstorable(text: str) -> str | None:
@@ -65,6 +196,29 @@ def unstorable(text: str) -> str | None:
     except UnicodeEncodeError:
         return "holds a lone surrogate (not UTF-8)"
     return None
+
+
+def _storable_text(text: str) -> str:
+    problem = unstorable(text)
+    if problem is not None:
+        raise ValueError(f"{problem}: it cannot be stored")
+    return text
+
+
+# A string field outside the payloads (an HTTP body's) that PostgreSQL must be able to hold.
+StorableText = Annotated[str, AfterValidator(_storable_text)]
+
+
+def require_storable(text: str, what: str) -> str:
+    """`text` as given if PostgreSQL can hold it; InvalidRequest naming `what` if not (a
+    key or a reason from a URL or a body, before any query sees it: the driver's error
+    would be a 503 with a traceback, and nothing stored can hold such a key anyway)."""
+    from app.errors import InvalidRequest
+
+    problem = unstorable(text)
+    if problem is not None:
+        raise InvalidRequest(f"{what} {problem}: it cannot be stored, so nothing has it")
+    return text
 
 
 def _check_storable(value: Any, where: str) -> None:
@@ -109,8 +263,27 @@ def recorded_caller_key(key: str) -> str:
     return shown[: CALLER_KEY_MAX_CHARS - 17] + "\u2026" + digest
 
 
+def _whole_number(value: Any) -> Any:
+    # JSON Schema's "integer" includes 5.0, which many JSON encoders send for 5: read it as
+    # 5, as the printed schema promises. 5.5, a bool or a numeric string stays what it is,
+    # and the strict check after this refuses it.
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _readable(cls, data: Any) -> Any:
+        # A value the JSON decoder could not read (loads_payload) is refused by name first,
+        # before any validator tries to use it.
+        problem = _unreadable_in(data) if isinstance(data, dict) else None
+        if problem is not None:
+            raise ValueError(problem)
+        return data
 
     @model_validator(mode="after")
     def _storable(self) -> _Payload:
@@ -145,7 +318,7 @@ class EnqueueJob(_Payload):
         default=None, pattern=NET_NAME_PATTERN, description="run only on this net (null: any)"
     )
     # Numbers are strict (here and in PrewarmNet): a bool or a numeric string is a caller's
-    # mistake, never read as 1 or 30.
+    # mistake, never read as 1 or 30; 5.0 is 5, as JSON Schema's integer says.
     priority: int = Field(
         default=0, ge=-1000, le=1000, strict=True, description="higher runs first"
     )
@@ -175,6 +348,11 @@ class EnqueueJob(_Payload):
 
     _keys = field_validator("caller_key", "prewarm_key", mode="before")(_key_segments)
 
+    @field_validator("priority", "max_attempts", mode="before")
+    @classmethod
+    def _whole(cls, value: Any) -> Any:
+        return _whole_number(value)
+
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -182,6 +360,9 @@ class EnqueueJob(_Payload):
             return None
         if any(not isinstance(key, str) for key in value):
             raise ValueError("metadata keys must be strings")
+        # Bounded first, without recursion: serialising it below must not be what fails.
+        if nesting_depth(value, METADATA_MAX_DEPTH) > METADATA_MAX_DEPTH:
+            raise ValueError(f"metadata nests deeper than {METADATA_MAX_DEPTH} levels")
         size = len(json.dumps(value, separators=(",", ":")).encode())
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes serialised; at most {METADATA_MAX_BYTES}")

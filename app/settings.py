@@ -211,6 +211,7 @@ class Settings(BaseSettings):
                 "CALLBACK_SECRET must be set (at least 16 characters) when CALLBACK_URL is set"
             )
         _check_webhook_secret(self.callback_secret.get_secret_value())
+        _check_api_secret(self.api_secret.get_secret_value())
         return self
 
     @property
@@ -317,6 +318,18 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 # pragma: no mutate end
+
+
+def _check_api_secret(secret: str) -> None:
+    """API_SECRET travels in the X-API-Key header, which carries printable ASCII only: the
+    server reads other bytes as Latin-1, so a secret with any other character (or with
+    the spaces a header loses at its ends) could never match. Refused at start rather than
+    answering every request 401. The message never quotes the secret."""
+    if secret and not (secret.isascii() and secret.isprintable() and secret == secret.strip()):
+        raise SettingsError(
+            "API_SECRET must be printable ASCII without spaces at its ends: the X-API-Key "
+            "header cannot carry anything else (e.g. `openssl rand -hex 32`)"
+        )
 
 
 def _check_webhook_secret(secret: str) -> None:

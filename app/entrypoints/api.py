@@ -15,7 +15,6 @@ response at most the deadline, never more per net.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -58,7 +57,7 @@ from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.readiness import check_ready
 from app.runtime import Runtime
-from app.schemas import EnqueueJob
+from app.schemas import EnqueueJob, StorableText, loads_payload
 from app.usecases import intake
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import (
@@ -94,7 +93,8 @@ class AbortBody(BaseModel):
     """Optional body of POST /jobs/{id}/abort."""
 
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(default="aborted via the status API", max_length=500)
+    # Kept in the job's history: one PostgreSQL cannot hold is refused as a field (422).
+    reason: StorableText = Field(default="aborted via the status API", max_length=500)
 
 
 @dataclass(frozen=True)
@@ -371,8 +371,8 @@ async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:
             [{"loc": ["body"], "msg": "a JSON body is required", "type": "missing"}]
         )
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = loads_payload(raw)  # a huge number, deep nesting: marked, refused below
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise RequestValidationError(
             [{"loc": ["body"], "msg": f"not valid JSON: {exc}", "type": "json_invalid"}]
         ) from None

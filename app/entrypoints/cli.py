@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -47,6 +46,7 @@ from app.entrypoints.cli_services import (
     cmd_worker,
 )
 from app.errors import DispatcherError, RequestRejected, SettingsError
+from app.schemas import loads_payload
 from app.settings import Settings, redact_url
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -180,8 +180,8 @@ def _add_job_commands(
 
 def _json_object(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = loads_payload(text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object ({...})")

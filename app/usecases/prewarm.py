@@ -49,7 +49,7 @@ from app.errors import (
 )
 from app.net_config import NetConfig
 from app.runtime import Runtime
-from app.schemas import PrewarmNet, recorded_caller_key, storable
+from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
 from app.settings import Settings
 from app.usecases import services
 from app.usecases.prewarm_holds import (
@@ -388,6 +388,7 @@ def prewarm_view(row: Prewarm, net_state: NetState | None, now: datetime) -> dic
 def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, Any]:
     """The prewarm a caller_key names; RequestRejected when only a refusal of it is kept,
     NotFound when there is neither."""
+    require_storable(caller_key, "caller_key")
     row = _accepted(session, caller_key)
     if row is None:
         refused = session.scalar(

@@ -23,7 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest, NotFound
-from app.schemas import ReportedStatus, ReportJobStatus
+from app.schemas import ReportedStatus, ReportJobStatus, require_storable
 from app.settings import Settings
 from models import (
     ACTIVE_JOB_STATES,
@@ -371,6 +371,7 @@ def abort_job(
     """Abort as far as SQL can: QUEUED, ASSIGNED or FINISHING (the run is over) -> ABORTED at
     once (net released); DISPATCHING or RUNNING -> ABORTING (the server must be told);
     terminal -> unchanged."""
+    require_storable(reason, "reason")  # every door's reason goes into the history
     job = get_job(session, job_id, lock=True)
     if job.state in (JobState.QUEUED, JobState.ASSIGNED, JobState.FINISHING):
         net_name = job.net_name

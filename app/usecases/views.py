@@ -14,7 +14,7 @@ import base64
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,7 @@ from app.adapters.nvflare.base import ServerState
 from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
 from app.runtime import Runtime
-from app.schemas import job_id_for
+from app.schemas import job_id_for, require_storable
 from app.usecases import enqueue, prewarm_holds, services
 from app.usecases.callbacks import delivery_status
 from models import (
@@ -150,8 +150,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         at = datetime.fromisoformat(created)
         if at.tzinfo is None:  # every cursor this API returns carries its zone
             raise ValueError("no zone")
+        # Compared in UTC: an instant that leaves the calendar there (9999-12-31T23:00-05:00)
+        # is no job's, and would only overflow in the column's bind.
+        at = at.astimezone(UTC)
         return at, uuid.UUID(job_id)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise InvalidRequest("cursor is not one this API returned") from None
 
 
@@ -169,7 +172,7 @@ def page_jobs(
     if state is not None:
         stmt = stmt.where(Job.state == state)
     if caller_key is not None:
-        stmt = stmt.where(Job.caller_key == caller_key)
+        stmt = stmt.where(Job.caller_key == require_storable(caller_key, "caller_key"))
     if cursor is not None:
         created, after = _decode_cursor(cursor)
         stmt = stmt.where(
@@ -189,6 +192,7 @@ def job_detail_by_key(
 ) -> dict[str, Any]:
     """The job a caller_key names, as `job_detail` shows it (RequestRejected when its enqueue
     was refused, NotFound when there is neither)."""
+    require_storable(caller_key, "caller_key")
     job = session.scalar(select(Job.id).where(Job.caller_key == caller_key))
     try:
         return job_detail(

@@ -336,6 +336,68 @@ def test_bad_enqueue_input_is_a_4xx_with_a_message_and_writes_nothing(
     assert h.send.sent == []
 
 
+@pytest.mark.parametrize(
+    ("field", "raw_value", "needle"),
+    [
+        ("priority", "1" + "0" * 4400, "body: Value error, priority is a number of 4401 digits"),
+        ("metadata", '{"n": ' + "9" * 4400 + "}", "metadata has a value that is a number"),
+        ("metadata", '{"m": ' + "[" * 1000 + "]" * 1000 + "}", "nested deeper than 64 levels"),
+        ("metadata", "{" + '"a": {' * 299 + "}" * 300, "metadata nests deeper than 32 levels"),
+    ],
+)
+def test_valid_json_python_cannot_read_is_a_422_naming_the_field(
+    three_nets, field, raw_value, needle
+):
+    """A few KB of valid JSON that Python's decoder or the payload's digest cannot handle
+    (a number past the digit limit, deep nesting) is the caller's mistake, not a 500."""
+    h = three_nets
+    jobs, events = h.count(Job), h.count(JobEvent)
+    body = (
+        '{"caller_key": "k-unreadable", "definition": "tiny-job", "net": "net-a", '
+        f'"{field}": {raw_value}}}'
+    )
+    assert len(body) < 5000
+    with h.client() as client:
+        response = client.post("/jobs", content=body.encode(), headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert needle in response.json()["detail"]
+    assert (h.count(Job), h.count(JobEvent)) == (jobs, events)
+    assert h.send.sent == []
+
+
+def test_text_postgresql_cannot_hold_is_a_4xx_without_a_traceback(three_nets, caplog):
+    """A NUL in a lookup key, a caller_key filter, an abort reason or a prewarm key (or a
+    lone surrogate, which only a JSON body can carry) is the caller's mistake: once a 503
+    "database unavailable" with an ERROR traceback per request, which anyone could use to
+    fill the log."""
+    h = three_nets
+    with h.client() as client:
+        answers = {
+            "by key": client.get("/jobs/by-key/a%00b"),
+            "filter": client.get("/jobs?caller_key=a%00b"),
+            "prewarm": client.get("/prewarms/a%00b"),
+        }
+        for bad in ("a\x00b", "a\ud800b"):
+            # json.dumps escapes both (\\u0000, \\ud800): valid JSON, as a caller sends it.
+            answers[f"abort {bad!r}"] = client.post(
+                f"/jobs/{h.job_id}/abort", content=json.dumps({"reason": bad}), headers=AUTH
+            )
+            answers[f"cancel {bad!r}"] = client.post(
+                "/prewarms/cancel", content=json.dumps({"caller_key": bad}), headers=AUTH
+            )
+    for what, response in answers.items():
+        assert response.status_code in (400, 422), (what, response.text)
+        assert "database" not in response.json()["detail"], what
+        if what.startswith(("by key", "filter", "prewarm")):
+            assert "NUL" in response.json()["detail"], what
+        if what.startswith("abort"):
+            assert "body.reason" in response.json()["detail"], what
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    with h.sessions() as session:
+        assert session.get(Job, h.job_id).state == JobState.RUNNING
+    assert h.send.sent == []
+
+
 def test_other_bad_requests(three_nets):
     h = three_nets
     with h.client() as client:

@@ -5,6 +5,7 @@ by a real uvicorn before a body is read, and what /openapi.json tells a client g
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -102,6 +103,21 @@ def test_jobs_come_in_cursor_pages_each_job_once(client, world):
     assert pages == 3
     assert seen == made[::-1]  # newest first, none twice, none missed
     bad = client.get("/jobs", params={"cursor": "bm90LWEtY3Vyc29y"})
+    assert (bad.status_code, bad.json()["detail"]) == (400, "cursor is not one this API returned")
+
+
+@pytest.mark.parametrize(
+    "instant", ["9999-12-31T23:00:00-05:00", "0001-01-01T01:00:00+05:00", "2026-01-01T00:00:00"]
+)
+def test_a_tampered_cursor_is_a_400_even_when_its_instant_leaves_the_calendar_in_utc(
+    client, world, instant
+):
+    """A cursor's instant is compared in UTC: one whose UTC instant is past year 9999 or
+    before year 1 cannot be a job's, and is the documented 400, not a 500."""
+    world.enqueue("k-page", net="net-a")
+    raw = f"{instant}|{job_id_for('k-page')}"
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    bad = client.get("/jobs", params={"cursor": cursor})
     assert (bad.status_code, bad.json()["detail"]) == (400, "cursor is not one this API returned")
 
 

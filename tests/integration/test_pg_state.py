@@ -456,3 +456,39 @@ def test_a_claim_waits_for_a_cancel_in_flight_and_the_hold_stays_cancelled(
         row = session.scalars(select(Prewarm)).one()
         assert (row.outcome, row.job_id) == (PrewarmOutcome.CANCELLED, None)
         assert session.get(Job, one).state == JobState.ASSIGNED
+
+
+def test_a_nul_in_any_text_a_task_is_sent_is_refused_before_postgresql(db, settings, clock, caplog):
+    """The Celery doors (and the CLI's abort) with a NUL in every text a caller sends that
+    reaches PostgreSQL: each is a refusal (logged as one WARNING line), never a database
+    error; the job is unchanged."""
+    from app.errors import InvalidRequest
+    from tasks import base, public
+    from tasks import prewarm as prewarm_tasks
+
+    job_id = enqueue(db, settings, clock, "k")
+    world = World(settings, db, clock)
+    base.set_runtime(world.rt)
+    try:
+        answers = {
+            "abort": public.abort_job.run(payload={"job_id": str(job_id), "reason": "a\x00"}),
+            "report": public.report_job_status.run(
+                payload={"job_id": str(job_id), "status": "error", "detail": "a\x00"}
+            ),
+            "cancel": prewarm_tasks.cancel_prewarm.run(payload={"caller_key": "a\x00"}),
+            "prewarm": prewarm_tasks.prewarm_net.run(
+                payload={"caller_key": "a\x00", "net": "net-a", "within_s": 60}
+            ),
+            "enqueue": public.enqueue_job.run(
+                payload={"caller_key": "k2", "definition": "tiny-job", "prewarm_key": "a\x00"}
+            ),
+        }
+    finally:
+        base.set_runtime(None)
+    for what, answer in answers.items():
+        assert "rejected" in str(answer) or "refused" in str(answer), (what, answer)
+    with pytest.raises(InvalidRequest, match="reason holds a NUL"), db.begin() as session:
+        services.abort_job(session, job_id, "cli \x00", clock())
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    with db() as session:
+        assert session.get(Job, job_id).state == JobState.QUEUED

@@ -134,6 +134,57 @@ def test_a_bool_or_a_string_for_a_number_is_refused_as_the_schema_says(
     model.model_validate(base)  # the same payload with a number is taken
 
 
+# The smallest payload each task takes; every field the walk below tries is added to it.
+MINIMAL_PAYLOADS = {
+    "fl_dispatcher.enqueue_job": {"caller_key": "k", "definition": "d"},
+    "fl_dispatcher.abort_job": {"job_id": str(job_id_for("k"))},
+    "fl_dispatcher.report_job_status": {"job_id": str(job_id_for("k")), "status": "error"},
+    "fl_dispatcher.prewarm": {"caller_key": "k", "within_s": 60},
+    "fl_dispatcher.cancel_prewarm": {"caller_key": "k"},
+}
+
+
+def _branches(field: dict) -> dict[str, dict]:
+    """A field's schema by JSON type (one, or each of its anyOf)."""
+    return {b["type"]: b for b in field.get("anyOf", [field]) if "type" in b}
+
+
+def test_every_number_field_takes_what_the_schema_calls_a_number_and_only_that(contract):
+    """JSON Schema's integer includes 5.0 (what many JSON encoders send for 5): every
+    integer field of every payload takes it as 5 and refuses 5.5, as the schema does; every
+    number field takes an integer. Walks the printed schemas, so a new field is covered."""
+    from app.entrypoints.api import AbortBody
+    from app.schemas import PUBLIC_PAYLOADS
+
+    tried = []
+    bodies = [
+        (t, PUBLIC_PAYLOADS[t], MINIMAL_PAYLOADS[t], contract["tasks"][t]) for t in MINIMAL_PAYLOADS
+    ]
+    bodies.append(("POST /jobs/{id}/abort", AbortBody, {}, AbortBody.model_json_schema()))
+    assert set(contract["tasks"]) == set(MINIMAL_PAYLOADS)
+    for task, model, base, schema in bodies:
+        for name, field in schema["properties"].items():
+            types = _branches(field)
+            if "integer" in types:
+                whole = float(types["integer"].get("minimum", 0))
+                request = base | {name: whole}
+                jsonschema.validate(request, schema)
+                taken = getattr(model.model_validate(request), name)
+                assert (taken, type(taken)) == (int(whole), int), (task, name)
+                half = base | {name: whole + 0.5}
+                with pytest.raises(jsonschema.ValidationError):
+                    jsonschema.validate(half, schema)
+                with pytest.raises(ValidationError):
+                    model.model_validate(half)
+                tried.append(name)
+            elif "number" in types:
+                request = base | {name: 30}
+                jsonschema.validate(request, schema)
+                assert getattr(model.model_validate(request), name) == 30, (task, name)
+                tried.append(name)
+    assert {"priority", "max_attempts", "within_s"} <= set(tried)
+
+
 def test_every_reason_code_maps_each_end_to_flip_statuses(contract):
     assert set(contract["reason_codes"]) == {c.value for c in REASONS}
     for code, entry in contract["reason_codes"].items():

@@ -34,6 +34,24 @@ def test_metadata_is_a_json_object_of_at_most_16_kib():
         EnqueueJob(caller_key="k", definition="d", metadata={"blob": "x" * 16_400})
 
 
+def _nested(levels: int) -> dict:
+    metadata: dict = {}
+    for _ in range(levels - 1):
+        metadata = {"a": metadata}
+    return metadata
+
+
+def test_metadata_nested_past_its_depth_bound_is_refused_not_a_crash_later():
+    """Refused by the payload check itself, with its bound: a few hundred levels once
+    passed it and then broke the digest (pydantic's serialiser stops at its own depth
+    limit), a thousand broke the check itself (RecursionError)."""
+    deepest = EnqueueJob(caller_key="k", definition="d", metadata=_nested(32))
+    assert len(deepest.digest()) == 64
+    for levels in (33, 300, 2000):
+        with pytest.raises(ValidationError, match="metadata nests deeper than 32 levels"):
+            EnqueueJob(caller_key="k", definition="d", metadata=_nested(levels))
+
+
 def test_metadata_is_stored_with_the_job(world):
     job_id = world.enqueue("j", net="net-a", metadata={"model_id": "m1", "project_id": "p"})
     assert world.job(job_id).metadata_ == {"model_id": "m1", "project_id": "p"}

@@ -227,3 +227,13 @@ def test_nets_on_distinct_servers_are_accepted(tmp_path, monkeypatch):
     nets[3]["driver"] = {**nets[2]["driver"], "cluster": "other"}
     monkeypatch.setenv("NETS", json.dumps(nets))
     assert len(load_settings().nets) == 8
+
+
+@pytest.mark.parametrize("secret", ["clé-secrète-0123456789", "tab\tinside", " padded "])
+def test_an_api_secret_no_header_can_carry_is_refused_at_start(secret):
+    """X-API-Key carries printable ASCII only (a server reads other bytes as Latin-1 and
+    trims the ends), so such an API_SECRET could never match: every POST would be 401."""
+    with pytest.raises(SettingsError, match="API_SECRET must be printable ASCII") as refused:
+        load_settings(API_SECRET=secret)
+    assert secret.strip() not in str(refused.value)
+    assert load_settings(API_SECRET="s3cret-with inner space~!").api_secret

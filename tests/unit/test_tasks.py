@@ -151,6 +151,40 @@ def test_a_caller_key_an_http_client_would_rewrite_is_refused_at_both_doors(door
         assert session.query(Job).count() == 1
 
 
+@pytest.mark.parametrize(
+    ("raw_value", "reason"),
+    [
+        ("1" + "0" * 5000, "priority is a number of 5001 digits; at most 4300"),
+        ('{"m": ' + "[" * 1000 + "]" * 1000 + "}", "metadata has a value that is nested deeper"),
+        ("{" + '"a": {' * 299 + "}" * 300, "metadata nests deeper than 32 levels"),
+    ],
+)
+def test_a_message_python_cannot_read_reaches_the_task_and_is_a_recorded_rejection(
+    rt, raw_value, reason
+):
+    """Valid JSON that Python's decoder will not read (a number past the digit limit,
+    nesting past the recursion limit), as a sender in another language may send it: kombu's
+    decoder, as Celery configures it, hands the task the payload with that value marked, and
+    the task refuses and records it under its key; kombu's own decoder raised and the
+    worker dropped the message."""
+    from kombu import serialization
+
+    field = "priority" if "digits" in reason else "metadata"
+    body = (
+        '[[], {"payload": {"caller_key": "unreadable", "definition": "tiny-job", '
+        f'"net": "net-a", "{field}": {raw_value}}}}}, {{"callbacks": null}}]'
+    )
+    _, kwargs, _ = serialization.loads(
+        body.encode(), "application/json", "utf-8", accept={"application/json"}
+    )
+    refused = public.enqueue_job.run(**kwargs)
+    assert reason in refused["rejected"] and refused["caller_key"] == "unreadable"
+    with rt.rt.sessions() as session:
+        assert session.query(Job).count() == 0
+        rejection = enqueue.get_rejection(session, job_id_for("unreadable"))
+        assert rejection is not None and reason in rejection.reason
+
+
 def test_rejections_are_kept_for_their_retention_only(rt):
     public.enqueue_job.run(payload={"caller_key": "old", "definition": "nope/../x"})
     rt.clock.advance(rt.rt.settings.rejected_retention_s + 1)
