@@ -17,6 +17,7 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError
 from app.runtime import Runtime
 from app.usecases import services
+from app.usecases.prewarm_holds import idle_from_holds
 from app.usecases.scaling import net_misconfigured, scale_net, stop_in_flight, stop_net
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
@@ -109,8 +110,16 @@ def _set_net_state(
         if require_idle and services.active_job(session, name) is not None:
             return False
         if target == NetState.READY:
-            net.transition(NetState.READY, rt.clock(), reason)
-            net.idle_since = rt.clock()
+            now = rt.clock()
+            # A start a prewarm asked for idles from the end of its last hold once every
+            # hold ended: a late READY never buys a fresh grace past hold end + grace.
+            idle_since = (
+                idle_from_holds(session, name, net.state_changed_at, now)
+                if expected == NetState.STARTING
+                else now
+            )
+            net.transition(NetState.READY, now, reason)
+            net.idle_since = idle_since
         else:
             net.transition(target, rt.clock(), reason)
         return True

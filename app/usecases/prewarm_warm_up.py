@@ -22,7 +22,7 @@ from app.runtime import Runtime
 from app.usecases import services
 from app.usecases.prewarm_holds import (
     end_hold,
-    hold_end,
+    idle_from_holds,
     settle_row,
     startable,
     wanted_hold,
@@ -165,7 +165,7 @@ def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -
         if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
             _note_ready(session, net_name, now)
             return False
-        idle_since = _idle_from(session, net_name, net.state_changed_at, now)
+        idle_since = idle_from_holds(session, net_name, net.state_changed_at, now)
         net.transition(NetState.READY, now, reason)
         # Idle from now while a hold is live; from the last hold's end once they all ended
         # (expired, cancelled): a late boot never buys a fresh grace past hold end + grace.
@@ -216,21 +216,6 @@ def _live_rows(session: Session, net_name: str, now: datetime) -> list[Prewarm]:
         if row.outcome is None and row.hold_until > now:
             live.append(row)
     return live
-
-
-def _idle_from(session: Session, net_name: str, started: datetime, now: datetime) -> datetime:
-    """Where a prewarmed net's idle clock starts once it is up: now while a hold on it is
-    live, else the end of the last hold that wanted this start (hold end + grace bounds the
-    server); now if no hold did."""
-    ends = [
-        hold_end(until, ended)
-        for until, ended in session.execute(
-            select(Prewarm.hold_until, Prewarm.ended_at).where(
-                Prewarm.net_name == net_name, Prewarm.hold_until > started, ~Prewarm.refused
-            )
-        )
-    ]
-    return min(now, max(ends)) if ends else now
 
 
 def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:

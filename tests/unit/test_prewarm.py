@@ -167,6 +167,20 @@ def test_a_net_reconcile_found_up_first_is_polled_until_its_sites_are_connected(
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # nothing left to wait
 
 
+def test_reconcile_starts_the_idle_grace_of_a_prewarmed_net_at_its_hold_end(pw):
+    ask(pw, "p1", net="net-a", within_s=30)
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked; its later polls are lost
+    hold_until = row(pw, "p1").hold_until
+    pw.clock.advance(40)  # the server came up late, after its hold ended
+    reconciler.reconcile(pw.rt)
+    net = pw.net("net-a")
+    assert net.state == NetState.READY and net.idle_since == hold_until
+    pw.clock.now = hold_until + timedelta(seconds=GRACE_S - 1)
+    assert scale_down.scale_down_idle_nets(pw.rt) == []
+    pw.clock.advance(1)  # hold end + grace: no fresh grace from the late READY
+    assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]
+
+
 def test_a_misconfiguration_seen_while_a_ready_net_awaits_its_sites_fails_the_hold(pw, monkeypatch):
     from app.errors import AdminMisconfigured
 
