@@ -60,8 +60,8 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     A net a job has been claimed onto is left to that job's chain. Past the net's
     ready_timeout_s a server that answers is READY all the same (a site may come later);
     one that does not is UNHEALTHY and scaled down, and its holds fail. A net found READY
-    already (reconcile moves a STARTING net without a job READY once its driver runs it) is
-    polled on until its holds' sites are connected, so `ready_at` says when they were."""
+    already (another readiness check, whose sites may differ, moved it first) is polled on
+    until its holds' sites are connected, so `ready_at` says when they were."""
     if not rt.settings.has_net(net_name):
         return WarmResult(Warm.SKIPPED, f"net {net_name} is no longer declared (NETS)")
     config = rt.settings.net(net_name)
@@ -84,14 +84,14 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
         return polled
     readiness, detail = polled
     if readiness is not None and readiness.ready:
-        _mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
     if (now - since).total_seconds() > config.ready_timeout_s:
         if readiness is not None and readiness.server_state == ServerState.STARTED:
             # The server answers; only sites are missing: up all the same, as a job's
             # missing sites leave its net READY.
             reason = f"up; sites {list(readiness.missing_sites)} not connected yet"
-            _mark_ready(rt, net_name, readiness, reason)
+            mark_ready(rt, net_name, readiness, reason)
             return WarmResult(Warm.READY, reason)
         return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
     return WarmResult(Warm.NOT_READY, detail)
@@ -135,7 +135,7 @@ def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) 
     except TransientError as exc:
         readiness = Readiness(False, ServerState.UNREACHABLE, detail=f"transient: {exc}")
     if readiness.ready:
-        _mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
     detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     if (rt.clock() - since).total_seconds() > rt.settings.net(net_name).ready_timeout_s:
@@ -156,9 +156,9 @@ def _awaited_since(session: Session, net_name: str, now: datetime) -> datetime |
     )
 
 
-def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
-    """The holds' server is ready: noted on them (also when reconcile moved the net READY
-    first), and the net STARTING -> READY unless a job took it meanwhile."""
+def mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
+    """The holds' server is ready: noted on them (also when another check moved the net
+    READY first), and the net STARTING -> READY unless a job took it meanwhile (True: moved)."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
         now = rt.clock()
