@@ -29,7 +29,7 @@ from app.usecases.prewarm_holds import (
     wanted_sites,
 )
 from app.usecases.scaling import kick, scale_down_or_log, scale_net, stop_net
-from models import NetState, Prewarm, PrewarmOutcome
+from models import NetState, Prewarm, PrewarmOutcome, ScaleEvent
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
         return _await_sites(rt, net_name, sites, awaited)
     if config.always_on or state != NetState.STARTING:
         return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
-    polled = _poll(rt, net_name, sites, live)
+    polled = _poll(rt, net_name, sites, live, since)
     if isinstance(polled, WarmResult):
         return polled
     readiness, detail = polled
@@ -98,15 +98,17 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
 
 
 def _poll(
-    rt: Runtime, net_name: str, sites: list[str], live: bool
+    rt: Runtime, net_name: str, sites: list[str], live: bool, starting_since: datetime
 ) -> WarmResult | tuple[Readiness | None, str]:
     """One look at a STARTING net: a replica asked of the driver while a hold is live and it
     desires none (a warm-up whose holds all ended stops pushing: the net is released), else
-    the server's readiness; a round's outcome, or the readiness and why it is not ready."""
+    the server's readiness; a round's outcome, or the readiness and why it is not ready. A
+    failure the driver reports fails this start only once the driver took a start for it:
+    before that it is how an earlier server ended (a container that crashed long ago)."""
     readiness: Readiness | None = None
     try:
         observation = rt.driver(net_name).observe()
-        if observation.failure:
+        if observation.failure and _start_asked(rt, net_name, starting_since):
             return _give_up(rt, net_name, f"driver: {observation.failure}")
         if observation.desired < 1:
             if not live:
@@ -123,6 +125,24 @@ def _poll(
     except TransientError as exc:
         detail = f"transient: {exc}"
     return readiness, detail
+
+
+def _start_asked(rt: Runtime, net_name: str, since: datetime) -> bool:
+    """The driver took a request for a replica of the net at or after `since`."""
+    with rt.sessions() as session:
+        return (
+            session.scalar(
+                select(ScaleEvent.id)
+                .where(
+                    ScaleEvent.net_name == net_name,
+                    ScaleEvent.replicas == 1,
+                    ScaleEvent.outcome == "ok",
+                    ScaleEvent.at >= since,
+                )
+                .limit(1)
+            )
+            is not None
+        )
 
 
 def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) -> WarmResult:

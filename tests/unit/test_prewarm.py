@@ -255,6 +255,19 @@ def test_a_job_claimed_while_the_server_starts_takes_it_over_without_a_second_st
     assert pw.driver("net-a").replicas == 1 and starts(pw, "net-a") == 1
 
 
+def test_a_driver_failure_from_before_the_start_was_asked_is_an_earlier_servers(pw):
+    driver = pw.driver("net-a")
+    driver.failure = "container exited on its own with code 1"  # how the last server ended
+    ask(pw, "p1", net="net-a", within_s=300)
+    first = prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert first.step == Warm.NOT_READY and driver.calls == [1]  # started, not given up on
+    assert pw.net("net-a").state == NetState.STARTING
+    driver.replicas = 0  # the server this start asked for ended the same way: its failure
+    failed = prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert failed.step == Warm.GAVE_UP and "code 1" in failed.detail
+    assert pw.net("net-a").state == NetState.UNHEALTHY
+
+
 def test_a_net_past_its_readiness_deadline_is_unhealthy_and_its_hold_failed(pw):
     ask(pw, "p1", net="net-a", within_s=300)
     pw.server("net-a").up = False  # the server never answers
