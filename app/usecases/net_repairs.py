@@ -12,11 +12,13 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 
-from app.adapters.nvflare.base import ServerState
+from app.adapters.nvflare.base import Readiness, ServerState
 from app.db import unit_of_work
-from app.errors import MisconfigurationError
+from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import services
+from app.usecases.prewarm_holds import idle_from_holds, wanted_sites
+from app.usecases.prewarm_warm_up import mark_ready
 from app.usecases.scaling import net_misconfigured, scale_net, stop_in_flight, stop_net
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
@@ -109,8 +111,16 @@ def _set_net_state(
         if require_idle and services.active_job(session, name) is not None:
             return False
         if target == NetState.READY:
-            net.transition(NetState.READY, rt.clock(), reason)
-            net.idle_since = rt.clock()
+            now = rt.clock()
+            # A start a prewarm asked for idles from the end of its last hold once every
+            # hold ended: a late READY never buys a fresh grace past hold end + grace.
+            idle_since = (
+                idle_from_holds(session, name, net.state_changed_at, now)
+                if expected == NetState.STARTING
+                else now
+            )
+            net.transition(NetState.READY, now, reason)
+            net.idle_since = idle_since
         else:
             net.transition(target, rt.clock(), reason)
         return True
@@ -177,10 +187,12 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         _set_net_state(rt, name, NetState.OUTAGE, target, "now scales to zero")
         return f"OUTAGE -> {target} (net scales to zero now)"
     if state == NetState.STARTING:
-        # Its job went away (aborted, requeued) while the server came up.
+        # Its job went away (aborted, requeued) while the server came up, or a prewarm
+        # started it (its warm_up may still be polling it).
         if observation.is_up:
-            _set_net_state(rt, name, NetState.STARTING, NetState.READY, "up, no job: idle")
-            return "STARTING without a job: now READY (idle)"
+            note = _ready_once_ready(rt, name, age_s)
+            if note is not None:
+                return note
         if age_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
             rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
         ):
@@ -212,6 +224,30 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             return "drift: READY net had no server; now STOPPED"
         return ""  # a job was claimed onto the warm net meanwhile: its chain scales it up
     return ""
+
+
+def _ready_once_ready(rt: Runtime, name: str, age_s: float) -> str | None:
+    """A job-less STARTING net whose driver runs a replica is READY only once its server is,
+    judged as warm_up judges it: the server answers and the sites its live holds wait for
+    (else the net's required sites) are connected; past ready_timeout_s, a server that
+    answers is READY all the same. None: past that deadline with no server answering (the
+    start is to be abandoned); "" while it is not ready yet."""
+    with rt.sessions() as session:
+        sites = wanted_sites(session, name, rt.clock()) or list(
+            rt.settings.net(name).required_sites
+        )
+    try:
+        readiness = rt.admin(name).is_ready(sites)
+    except TransientError as exc:  # not ready as far as anyone can tell (warm_up reads it so)
+        readiness = Readiness(False, ServerState.UNREACHABLE, detail=f"transient: {exc}")
+    past_deadline = age_s > rt.settings.net(name).ready_timeout_s
+    if readiness.ready or (past_deadline and readiness.server_state == ServerState.STARTED):
+        # Under the row lock: READY only while still STARTING with no job (a job claimed
+        # meanwhile owns it), idle from its holds' end; the holds note when it was ready.
+        if mark_ready(rt, name, readiness, "up, no job: idle"):
+            return "STARTING without a job: now READY (idle)"
+        return ""
+    return None if past_deadline else ""
 
 
 def _still(rt: Runtime, name: str, state: NetState) -> bool:

@@ -98,6 +98,21 @@ def idle_start(session: Session, net_name: str, idle_since: datetime) -> datetim
     return max([idle_since, *ends])
 
 
+def idle_from_holds(session: Session, net_name: str, started: datetime, now: datetime) -> datetime:
+    """Where a prewarmed net's idle clock starts once it is up: now while a hold on it is
+    live, else the end of the last hold that wanted this start (hold end + grace bounds the
+    server); now if no hold did."""
+    ends = [
+        hold_end(until, ended)
+        for until, ended in session.execute(
+            select(Prewarm.hold_until, Prewarm.ended_at).where(
+                Prewarm.net_name == net_name, Prewarm.hold_until > started, ~Prewarm.refused
+            )
+        )
+    ]
+    return min(now, max(ends)) if ends else now
+
+
 def idle_starts(session: Session) -> dict[str, datetime]:
     """`idle_start` of every READY net a hold defers (the others: their idle_since), in
     one read, for the metrics and the pages."""

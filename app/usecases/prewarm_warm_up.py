@@ -22,14 +22,14 @@ from app.runtime import Runtime
 from app.usecases import services
 from app.usecases.prewarm_holds import (
     end_hold,
-    hold_end,
+    idle_from_holds,
     settle_row,
     startable,
     wanted_hold,
     wanted_sites,
 )
 from app.usecases.scaling import kick, scale_down_or_log, scale_net, stop_net
-from models import NetState, Prewarm, PrewarmOutcome
+from models import NetState, Prewarm, PrewarmOutcome, ScaleEvent
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     A net a job has been claimed onto is left to that job's chain. Past the net's
     ready_timeout_s a server that answers is READY all the same (a site may come later);
     one that does not is UNHEALTHY and scaled down, and its holds fail. A net found READY
-    already (reconcile moves a STARTING net without a job READY once its driver runs it) is
-    polled on until its holds' sites are connected, so `ready_at` says when they were."""
+    already (another readiness check, whose sites may differ, moved it first) is polled on
+    until its holds' sites are connected, so `ready_at` says when they were."""
     if not rt.settings.has_net(net_name):
         return WarmResult(Warm.SKIPPED, f"net {net_name} is no longer declared (NETS)")
     config = rt.settings.net(net_name)
@@ -79,34 +79,36 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
         return _await_sites(rt, net_name, sites, awaited)
     if config.always_on or state != NetState.STARTING:
         return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
-    polled = _poll(rt, net_name, sites, live)
+    polled = _poll(rt, net_name, sites, live, since)
     if isinstance(polled, WarmResult):
         return polled
     readiness, detail = polled
     if readiness is not None and readiness.ready:
-        _mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
     if (now - since).total_seconds() > config.ready_timeout_s:
         if readiness is not None and readiness.server_state == ServerState.STARTED:
             # The server answers; only sites are missing: up all the same, as a job's
             # missing sites leave its net READY.
             reason = f"up; sites {list(readiness.missing_sites)} not connected yet"
-            _mark_ready(rt, net_name, readiness, reason)
+            mark_ready(rt, net_name, readiness, reason)
             return WarmResult(Warm.READY, reason)
         return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
     return WarmResult(Warm.NOT_READY, detail)
 
 
 def _poll(
-    rt: Runtime, net_name: str, sites: list[str], live: bool
+    rt: Runtime, net_name: str, sites: list[str], live: bool, starting_since: datetime
 ) -> WarmResult | tuple[Readiness | None, str]:
     """One look at a STARTING net: a replica asked of the driver while a hold is live and it
     desires none (a warm-up whose holds all ended stops pushing: the net is released), else
-    the server's readiness; a round's outcome, or the readiness and why it is not ready."""
+    the server's readiness; a round's outcome, or the readiness and why it is not ready. A
+    failure the driver reports fails this start only once the driver took a start for it:
+    before that it is how an earlier server ended (a container that crashed long ago)."""
     readiness: Readiness | None = None
     try:
         observation = rt.driver(net_name).observe()
-        if observation.failure:
+        if observation.failure and _start_asked(rt, net_name, starting_since):
             return _give_up(rt, net_name, f"driver: {observation.failure}")
         if observation.desired < 1:
             if not live:
@@ -125,6 +127,24 @@ def _poll(
     return readiness, detail
 
 
+def _start_asked(rt: Runtime, net_name: str, since: datetime) -> bool:
+    """The driver took a request for a replica of the net at or after `since`."""
+    with rt.sessions() as session:
+        return (
+            session.scalar(
+                select(ScaleEvent.id)
+                .where(
+                    ScaleEvent.net_name == net_name,
+                    ScaleEvent.replicas == 1,
+                    ScaleEvent.outcome == "ok",
+                    ScaleEvent.at >= since,
+                )
+                .limit(1)
+            )
+            is not None
+        )
+
+
 def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) -> WarmResult:
     """A READY net whose live holds wait for their sites: note when they are connected (past
     the net's ready_timeout_s from the first such hold, stop asking: the net is up)."""
@@ -135,7 +155,7 @@ def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) 
     except TransientError as exc:
         readiness = Readiness(False, ServerState.UNREACHABLE, detail=f"transient: {exc}")
     if readiness.ready:
-        _mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
     detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     if (rt.clock() - since).total_seconds() > rt.settings.net(net_name).ready_timeout_s:
@@ -156,16 +176,16 @@ def _awaited_since(session: Session, net_name: str, now: datetime) -> datetime |
     )
 
 
-def _mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
-    """The holds' server is ready: noted on them (also when reconcile moved the net READY
-    first), and the net STARTING -> READY unless a job took it meanwhile."""
+def mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
+    """The holds' server is ready: noted on them (also when another check moved the net
+    READY first), and the net STARTING -> READY unless a job took it meanwhile (True: moved)."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, net_name, lock=True)
         now = rt.clock()
         if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
             _note_ready(session, net_name, now)
             return False
-        idle_since = _idle_from(session, net_name, net.state_changed_at, now)
+        idle_since = idle_from_holds(session, net_name, net.state_changed_at, now)
         net.transition(NetState.READY, now, reason)
         # Idle from now while a hold is live; from the last hold's end once they all ended
         # (expired, cancelled): a late boot never buys a fresh grace past hold end + grace.
@@ -216,21 +236,6 @@ def _live_rows(session: Session, net_name: str, now: datetime) -> list[Prewarm]:
         if row.outcome is None and row.hold_until > now:
             live.append(row)
     return live
-
-
-def _idle_from(session: Session, net_name: str, started: datetime, now: datetime) -> datetime:
-    """Where a prewarmed net's idle clock starts once it is up: now while a hold on it is
-    live, else the end of the last hold that wanted this start (hold end + grace bounds the
-    server); now if no hold did."""
-    ends = [
-        hold_end(until, ended)
-        for until, ended in session.execute(
-            select(Prewarm.hold_until, Prewarm.ended_at).where(
-                Prewarm.net_name == net_name, Prewarm.hold_until > started, ~Prewarm.refused
-            )
-        )
-    ]
-    return min(now, max(ends)) if ends else now
 
 
 def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:

@@ -16,10 +16,11 @@ from app.adapters.drivers.docker import DockerDriver
 from app.errors import DriverMisconfigured, DriverTransientError
 from app.net_config import DockerDriverConfig
 from app.runtime import RecordingOutbox, Runtime
-from app.schemas import EnqueueJob
+from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import dispatch, enqueue, services
+from app.usecases import dispatch, enqueue, prewarm, prewarm_warm_up, reconciler, services
 from app.usecases.dispatch import Step
+from app.usecases.prewarm_warm_up import Warm
 from models import NetState
 from tests.fakes import FakeAdmin, FakeServer
 from tests.fixtures.containers import (
@@ -121,7 +122,7 @@ def test_a_container_that_exits_on_its_own_is_not_running_and_says_why(
 
     assert observation.running == 0
     assert not observation.is_up
-    assert observation.desired == 1  # it was meant to run: the engine did not stop it for us
+    assert observation.desired == 0  # nothing will run it again until a start is asked for
     assert observation.failure is not None
     assert "exited on its own with code 3" in observation.failure
 
@@ -140,6 +141,84 @@ def test_an_unreachable_engine_is_transient(tmp_path: Path, call: str):
 
     assert "engine unreachable" in str(raised.value)
     assert "fl-server-net-d" in str(raised.value)
+
+
+# Crashes on its first run only: the container keeps its file system between starts.
+CRASHES_ONCE = f"if [ -e /crashed ]; then {SERVES_UNTIL_STOPPED}; else touch /crashed; exit 1; fi"
+
+
+def _docker_runtime(tmp_path, job_root, sqlite_factory, clock, engine_url: str, name: str):
+    """A Runtime on the real driver for one docker net, net-d (the NVFLARE side faked)."""
+    net = {
+        "name": "net-d",
+        "driver": {"kind": "docker", "container": name, "engine_url": engine_url},
+        "admin": {"kit_dir": str(make_admin_kit(tmp_path / "admin")), "username": "admin"},
+        "required_sites": ["site-1", "site-2"],
+    }
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net]),
+        PER_JOB_FL_SERVER="true",
+    )
+    server = FakeServer()  # the NVFLARE side answers; the driver's view is what is tested
+    rt = Runtime(
+        settings=settings,
+        engine=sqlite_factory.kw["bind"],
+        sessions=sqlite_factory,
+        clock=clock,
+        driver_factory=build_driver,
+        admin_factory=lambda net, s: FakeAdmin(server),
+        outbox=RecordingOutbox(),
+    )
+    with sqlite_factory.begin() as session:
+        services.sync_nets(session, settings, clock())
+    return rt
+
+
+def _net_state(rt: Runtime) -> NetState:
+    with rt.sessions() as session:
+        return services.get_net(session, "net-d").state
+
+
+def test_a_prewarm_starts_a_server_that_crashed_before_instead_of_giving_up(
+    podman_service: PodmanService, containers: Containers, tmp_path, job_root, sqlite_factory, clock
+):
+    name = containers.create("crashed", CRASHES_ONCE)
+    with podman_service.client() as client:
+        client.start(name)  # an earlier run of the server, which crashed
+    wait_for("the earlier run to crash", lambda: not _running(podman_service, name))
+    rt = _docker_runtime(tmp_path, job_root, sqlite_factory, clock, podman_service.url, name)
+    crashed_at = _started_at(podman_service, name)
+    # A stopped net with a crashed container is no drift: nothing runs, nothing to stop.
+    clock.advance(rt.settings.stuck_after_s + 1)
+    assert reconciler.reconcile(rt).repaired == ()
+    prewarm.request_prewarm(rt, PrewarmNet(caller_key="p", net="net-d", within_s=300))
+
+    first = prewarm_warm_up.warm_up(rt, "net-d")
+
+    assert first.step == Warm.NOT_READY, first.detail
+    assert _running(podman_service, name) and _started_at(podman_service, name) != crashed_at
+    clock.advance(2)
+    assert prewarm_warm_up.warm_up(rt, "net-d").step == Warm.READY
+    assert _net_state(rt) == NetState.READY
+
+
+def test_a_server_that_crashes_after_a_prewarm_started_it_fails_the_hold_at_once(
+    podman_service: PodmanService, containers: Containers, tmp_path, job_root, sqlite_factory, clock
+):
+    name = containers.create("crashing", "sleep 0.5; exit 3")
+    rt = _docker_runtime(tmp_path, job_root, sqlite_factory, clock, podman_service.url, name)
+    prewarm.request_prewarm(rt, PrewarmNet(caller_key="p", net="net-d", within_s=300))
+    assert prewarm_warm_up.warm_up(rt, "net-d").step == Warm.NOT_READY  # started it
+    wait_for("the container to exit", lambda: not _running(podman_service, name))
+    clock.advance(2)
+
+    crashed = prewarm_warm_up.warm_up(rt, "net-d")
+
+    assert crashed.step == Warm.GAVE_UP  # at once, not after ready_timeout_s
+    assert "exited on its own with code 3" in crashed.detail
+    assert _net_state(rt) == NetState.UNHEALTHY
 
 
 @pytest.fixture

@@ -109,6 +109,13 @@ def held_ready(world: World, key: str = "p1", within_s: float = 300, net: str = 
     return answer
 
 
+def moved_ready(world: World, net: str = "net-a") -> None:
+    """The STARTING net moved READY by another's readiness check (a job's chain, whose sites
+    may differ from the holds', or reconcile's)."""
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, net).transition(NetState.READY, world.clock(), "ready")
+
+
 def finish(world: World, job_id) -> None:
     with world.rt.sessions.begin() as session:
         services.finish_job(
@@ -156,18 +163,39 @@ def test_readiness_waits_for_the_sites_the_hint_names(pw):
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
 
 
-def test_a_net_reconcile_found_up_first_is_polled_until_its_sites_are_connected(pw):
+@pytest.mark.parametrize(
+    "not_ready", ["sites", "server"], ids=["sites-not-connected", "server-not-answering"]
+)
+def test_reconcile_leaves_a_prewarmed_net_starting_until_its_server_is_ready(pw, not_ready):
     ask(pw, "p1", net="net-a", within_s=300)
-    pw.server("net-a").sites = []
-    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked
-    reconciler.reconcile(pw.rt)  # STARTING without a job, driver up: READY
-    assert pw.net("net-a").state == NetState.READY and row(pw, "p1").ready_at is None
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked: its replica runs
+    if not_ready == "sites":
+        pw.server("net-a").sites = ["site-1"]
+    else:
+        pw.server("net-a").up = False
+    pw.clock.advance(2)
+    reconciler.reconcile(pw.rt)  # STARTING without a job, driver up, server not ready yet
+    assert pw.net("net-a").state == NetState.STARTING and row(pw, "p1").ready_at is None
+    pw.server("net-a").sites, pw.server("net-a").up = ["site-1", "site-2"], True
     pw.clock.advance(5)
-    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
-    pw.server("net-a").sites = ["site-1", "site-2"]
-    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
-    assert row(pw, "p1").ready_at == pw.clock()
+    reconciler.reconcile(pw.rt)  # ready now: reconcile may say so
+    net = pw.net("net-a")
+    assert net.state == NetState.READY and row(pw, "p1").ready_at == pw.clock()
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # nothing left to wait
+
+
+def test_reconcile_starts_the_idle_grace_of_a_prewarmed_net_at_its_hold_end(pw):
+    ask(pw, "p1", net="net-a", within_s=30)
+    prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked; its later polls are lost
+    hold_until = row(pw, "p1").hold_until
+    pw.clock.advance(40)  # the server came up late, after its hold ended
+    reconciler.reconcile(pw.rt)
+    net = pw.net("net-a")
+    assert net.state == NetState.READY and net.idle_since == hold_until
+    pw.clock.now = hold_until + timedelta(seconds=GRACE_S - 1)
+    assert scale_down.scale_down_idle_nets(pw.rt) == []
+    pw.clock.advance(1)  # hold end + grace: no fresh grace from the late READY
+    assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]
 
 
 def test_a_misconfiguration_seen_while_a_ready_net_awaits_its_sites_fails_the_hold(pw, monkeypatch):
@@ -176,7 +204,7 @@ def test_a_misconfiguration_seen_while_a_ready_net_awaits_its_sites_fails_the_ho
     ask(pw, "p1", net="net-a", within_s=300)
     pw.server("net-a").sites = []
     prewarm_warm_up.warm_up(pw.rt, "net-a")
-    reconciler.reconcile(pw.rt)  # READY, its hold still waits for its sites
+    moved_ready(pw)  # READY, its hold still waits for its sites
 
     def misconfigured(sites):
         raise AdminMisconfigured("admin kit names another server")
@@ -187,17 +215,17 @@ def test_a_misconfiguration_seen_while_a_ready_net_awaits_its_sites_fails_the_ho
     assert (pw.driver("net-a").replicas, view(pw, "p1")["status"]) == (0, "failed")
 
 
-def test_a_net_reconcile_moved_while_its_readiness_was_checked_still_notes_it(pw, monkeypatch):
+def test_a_net_moved_ready_while_its_readiness_was_checked_still_notes_it(pw, monkeypatch):
     ask(pw, "p1", net="net-a", within_s=300)
     prewarm_warm_up.warm_up(pw.rt, "net-a")
     admin = pw.admin("net-a")
     real = admin.is_ready
 
-    def reconciled_meanwhile(sites):
-        reconciler.reconcile(pw.rt)  # STARTING without a job, driver up: READY
+    def moved_meanwhile(sites):
+        moved_ready(pw)
         return real(sites)
 
-    monkeypatch.setattr(admin, "is_ready", reconciled_meanwhile)
+    monkeypatch.setattr(admin, "is_ready", moved_meanwhile)
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
     assert row(pw, "p1").ready_at == pw.clock()
 
@@ -228,6 +256,19 @@ def test_a_job_claimed_while_the_server_starts_takes_it_over_without_a_second_st
     # The chain's scale-up asks the driver for the same one replica.
     assert dispatch.scale_up(pw.rt, job_id, "net-a", 0).step.value == "done"
     assert pw.driver("net-a").replicas == 1 and starts(pw, "net-a") == 1
+
+
+def test_a_driver_failure_from_before_the_start_was_asked_is_an_earlier_servers(pw):
+    driver = pw.driver("net-a")
+    driver.failure = "container exited on its own with code 1"  # how the last server ended
+    ask(pw, "p1", net="net-a", within_s=300)
+    first = prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert first.step == Warm.NOT_READY and driver.calls == [1]  # started, not given up on
+    assert pw.net("net-a").state == NetState.STARTING
+    driver.replicas = 0  # the server this start asked for ended the same way: its failure
+    failed = prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert failed.step == Warm.GAVE_UP and "code 1" in failed.detail
+    assert pw.net("net-a").state == NetState.UNHEALTHY
 
 
 def test_a_net_past_its_readiness_deadline_is_unhealthy_and_its_hold_failed(pw):

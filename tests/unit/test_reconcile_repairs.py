@@ -1,6 +1,6 @@
 """reconcile's repairs of scale-to-zero nets: a lost scale-up is re-driven only once it is
 overdue and the driver was never asked; a net left STARTING without a job becomes READY
-when its server is up; and nothing is stopped under a job claimed while reconcile looked
+once its server is ready; and nothing is stopped under a job claimed while reconcile looked
 at the driver. A driver that says the net is misconfigured takes it out of service once."""
 
 from __future__ import annotations
@@ -122,14 +122,16 @@ def test_a_driver_that_says_misconfigured_takes_the_net_out_of_service_once(worl
     assert marked == 1
 
 
-def test_a_starting_net_claimed_while_reconcile_looks_is_ready_for_its_job(world):
+def test_a_starting_net_claimed_while_reconcile_looks_is_left_to_its_job(world):
     _starting_without_a_job(world)
     driver = world.driver("net-a")
     driver.replicas = 1
     late = _claimed_while_the_driver_is_read(world, driver)
     reconciler.reconcile(world.rt)
-    assert world.net("net-a").state == NetState.READY  # its server is up
+    assert world.net("net-a").state == NetState.STARTING  # the job's chain moves it
     assert world.job(late).state == JobState.ASSIGNED
+    assert dispatch.check_ready(world.rt, late, "net-a", 0).step.value == "done"
+    assert world.net("net-a").state == NetState.READY  # its server is up
 
 
 def test_a_scale_up_not_yet_overdue_is_no_repair(world):

@@ -14,13 +14,15 @@ something to make. Why not create it from a spec in the nets file:
 
 Three Engine API calls, one HTTP request each: `POST /containers/{name}/start` (304 when
 it already runs), `POST /containers/{name}/stop?t=N` (304 when it is already stopped), and
-`GET /containers/{name}/json`. The engine keeps no intent for us, so `observe` reads it
-from how the container last ended: stopped by a stop (exit 0, or 143/137: SIGTERM, or the
-SIGKILL that follows it after `stop_timeout_s`) reads as desired 0; a container that ended
-any other way (another exit code, killed out of memory, dead) was meant to run and is
-reported as desired 1, running 0, with the exit as `failure`, so readiness gives up on it
-at once instead of waiting out `ready_timeout_s`. A server killed by a plain SIGKILL from
-outside the engine reads as stopped (it ends exactly as a stop that timed out does).
+`GET /containers/{name}/json`. The engine keeps no intent for us: a container that is not
+running reads as desired 0 (nothing runs it again until a start is asked for). How it last
+ended is kept as `failure` when it was not by a stop (exit 0, or 143/137: SIGTERM, or the
+SIGKILL that follows it after `stop_timeout_s`): another exit code, killed out of memory,
+dead. Whether that exit fails the start now wanted is the caller's to judge, as only the
+dispatcher knows when it last asked for a start (an exit seen after that request is that
+start's failure, and readiness gives up at once instead of waiting out `ready_timeout_s`;
+an exit from before it, a crash long ago, is history). A server killed by a plain SIGKILL
+from outside the engine reads as stopped (it ends exactly as a stop that timed out does).
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class DockerDriver:
             log.info("net %s: %s stopped", self.net_name, self.target)
 
     def observe(self) -> Observation:
-        """Running from the engine's state; how a stopped container ended decides whether
-        it was meant to run (see the module docstring)."""
+        """Running from the engine's state; a stopped container that did not end by a stop
+        says how it ended (see the module docstring)."""
         inspected = self._call("inspect", self.client.inspect_container, self.config.container)
         return observed(inspected.get("State") or {})
 
@@ -116,7 +118,9 @@ def observed(state: dict[str, Any]) -> Observation:
         failure = f"container exited on its own with code {exit_code} {ended}{error}"
     else:  # created (never started), or exited as a stop ends it
         return Observation(desired=0, running=0, pending=0)
-    return Observation(desired=1, running=0, pending=0, failure=failure.replace("  ", " "))
+    # Not desired: the engine will not run it again (a restart policy would read as
+    # "restarting"), so a stopped net with an old crash is no drift to stop over and over.
+    return Observation(desired=0, running=0, pending=0, failure=failure.replace("  ", " "))
 
 
 def _classify(exc: Exception, operation: str, target: str) -> NoReturn:
