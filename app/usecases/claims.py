@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, aliased
 
 from app.net_config import NetConfig
 from app.settings import Settings
+from app.usecases.step_leases import handoff_lease_s, hold
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -180,6 +181,9 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         if job is None:
             continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
+        # The chain's first step must reach a worker and start within this, or it is
+        # re-driven (a lost message, a worker killed holding it).
+        hold(job, now, handoff_lease_s(settings))
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None

@@ -42,13 +42,10 @@ from app.usecases.scaling import (
     scale_down_or_log,
     scale_net,
 )
+from app.usecases.step_leases import LEASED_STATES, hold, poll_lease_s, step_try_s
 from models import Job, JobState, NetState, ReasonCode
 
 log = logging.getLogger(__name__)
-
-# Added to a submit try's own timeouts before its worker counts as gone (a commit, a log
-# line, a busy machine).
-TRY_MARGIN_S = 15.0
 
 
 class Step(StrEnum):
@@ -112,6 +109,9 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         job = _assigned(session, job_id, net_name, attempt)
         if job is None:
             return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
+        # Its worker is heard of again by the end of this try: killed in it, the job is
+        # re-driven soon after (step_leases), not only past the readiness deadline.
+        hold(job, rt.clock(), step_try_s(rt.settings))
         net_state = services.get_net(session, net_name).state
         definition = job.definition
     try:
@@ -256,6 +256,9 @@ def _check_ready(
         job = _assigned(session, job_id, net_name, attempt)
         if job is None:
             return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
+        # This poll, then READY_POLL_S until the next one: a worker killed in either is
+        # known gone one lease later.
+        hold(job, now, poll_lease_s(rt.settings))
         required = list(job.required_sites)
         assigned_at = job.assigned_at or now
 
@@ -482,16 +485,16 @@ def requeue_after_transient(
 def submit_try_s(settings: Settings) -> float:
     """How long one submit try may take: a fresh login, the submit command, and a margin
     for the worker's own bookkeeping. A worker not heard of past it is gone."""
-    return settings.admin_login_timeout_s + settings.admin_command_timeout_s + TRY_MARGIN_S
+    return step_try_s(settings)
 
 
 def count_retry(rt: Runtime, job_id: uuid.UUID, next_try_in_s: float | None = None) -> None:
-    """One more transient retry of this job's pipeline (a metric), and, for a submit in
-    flight, when its worker will be heard of again: the next try's start plus one try."""
+    """One more transient retry of this job's pipeline (a metric), and, for a job in the
+    chain, when its worker will be heard of again: the next try's start plus one try (so a
+    step waiting its countdown is never re-driven beside itself)."""
     with unit_of_work(rt.sessions) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is not None:
             job.retries += 1
-            if job.state == JobState.DISPATCHING and next_try_in_s is not None:
-                due_in_s = next_try_in_s + submit_try_s(rt.settings)
-                job.step_due_at = rt.clock() + timedelta(seconds=due_in_s)
+            if job.state in LEASED_STATES and next_try_in_s is not None:
+                hold(job, rt.clock(), next_try_in_s + step_try_s(rt.settings))

@@ -22,6 +22,7 @@ from app.usecases import claims, services
 from app.usecases.abort import RUN_OUTCOMES, RunEnd, over_after_abort, run_outcome, window_end
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
+from app.usecases.step_leases import redrive_lapsed_steps
 from models import Job, JobState, Net, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,13 @@ def _watched_state(session: Session, job: Watched) -> JobState | None:
 def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     """Poll NVFLARE for every RUNNING/ABORTING job and settle the finished ones; a server
     that restarted under a job, or is gone past the grace, resolves it by LOST_JOB_POLICY.
-    Each net is watched on its own: one net's failure never stops the others'."""
+    Each net is watched on its own: one net's failure never stops the others'. Each round
+    also re-drives the jobs whose pipeline step lost its worker (step_leases): this round
+    runs every HOUSEKEEPING_INTERVAL_S, twice as often as reconcile."""
+    redriven = redrive_lapsed_steps(rt)
     watched = _watched(rt, awaited_only=False)
     outcomes = _expire_report_waits(rt)
-    return outcomes | _monitor(rt, watched)
+    return redriven | outcomes | _monitor(rt, watched)
 
 
 def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:

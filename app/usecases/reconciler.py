@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import select
 
@@ -18,7 +18,7 @@ from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import heartbeat, services
 from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_runs
-from app.usecases.dispatch import requeue_after_transient, submit_try_s
+from app.usecases.dispatch import requeue_after_transient
 from app.usecases.housekeeping import isolated
 from app.usecases.net_repairs import (
     net_rows,
@@ -27,6 +27,7 @@ from app.usecases.net_repairs import (
     watch_always_on,
 )
 from app.usecases.scaling import kick
+from app.usecases.step_leases import lapsed, redrive_lapsed_steps, retry_budget_s
 from app.usecases.undeclared import settle_undeclared
 from app.usecases.unknown_submit import abandon_dispatch
 from models import TERMINAL_JOB_STATES, Job, JobState
@@ -50,7 +51,9 @@ def reconcile(rt: Runtime) -> Reconciled:
     with unit_of_work(rt.sessions) as session:
         services.ensure_net_rows(session, rt.settings, now)
         services.note_declared(session, rt.settings, now)
-    redriven = settle_undeclared(rt) + _redrive_stuck_jobs(rt, now)
+    # Lapsed leases first (also every monitor round): a job whose step's worker is gone.
+    lease_lapsed = [f"{job}: {what}" for job, what in redrive_lapsed_steps(rt).items()]
+    redriven = settle_undeclared(rt) + lease_lapsed + _redrive_stuck_jobs(rt, now)
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
     rows = net_rows(rt)  # one read for the fleet; each net's decision re-checks under lock
@@ -139,30 +142,6 @@ def _discard_finished_bundles(rt: Runtime) -> list[uuid.UUID]:
     return finished
 
 
-def _retry_budget_s(rt: Runtime) -> float:
-    # How long a submit's own tries may go on: every retry's wait and every try's own time
-    # (a login and the submit command), not only the waits.
-    settings = rt.settings
-    return float(settings.retry_max * (settings.retry_backoff_max_s + submit_try_s(settings)))
-
-
-def _submit_holder_gone(due_at: datetime | None, now: datetime) -> bool:
-    """No worker holds the DISPATCHING job's submit any more: the time by which its holder
-    (a try, or a retry it announced) had to be heard of again is past. A row from before
-    the lease existed has none: its holder is taken as gone."""
-    return due_at is None or now > due_at
-
-
-def _lease_resent_submit(rt: Runtime, job_id: uuid.UUID) -> None:
-    """The re-sent submit holds the job now: it has until its own try would end (plus the
-    time to reach a worker) before it, in turn, counts as gone."""
-    with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
-        if job.state == JobState.DISPATCHING:
-            wait_s = rt.settings.housekeeping_interval_s + submit_try_s(rt.settings)
-            job.step_due_at = rt.clock() + timedelta(seconds=wait_s)
-
-
 def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
     stuck_s = rt.settings.stuck_after_s
     redriven = []
@@ -178,7 +157,8 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
         with isolated(rt, "reconcile", net_name or "-"):  # pragma: no mutate (no such net row)
             if state == JobState.ASSIGNED:
                 # The chain itself gives up at the readiness deadline; past that plus the
-                # stuck margin, the chain is gone (lost message, dead worker): requeue.
+                # stuck margin, the chain is gone for good (its re-drives on a lapsed lease
+                # never got through, or a row from before the lease): requeue.
                 # `or ""` never applies (a known net has a name; it is there for mypy), so
                 # that line is not mutated.
                 ready_timeout_s = (
@@ -196,20 +176,12 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
                     )
                     redriven.append(f"{job_id}: requeued")
             elif state == JobState.DISPATCHING:
-                if not _submit_holder_gone(due_at, now):
+                if not lapsed(due_at, now):
                     continue  # a worker still holds the submit: its own retries go on
-                if age_s > _retry_budget_s(rt) + stuck_s:
+                # Within the budget its submit was re-sent above (redrive_lapsed_steps).
+                if age_s > retry_budget_s(rt.settings) + stuck_s:
                     abandon_dispatch(rt, job_id, f"submit outcome unknown for {age_s:.0f}s")
                     redriven.append(f"{job_id}: dispatch abandoned, token settled")
-                elif known:
-                    # Its worker is gone (killed, or its retry message lost): re-sent at
-                    # once with the same stored token, which adopts the run if the first
-                    # submit landed.
-                    _lease_resent_submit(rt, job_id)
-                    rt.outbox.send(
-                        names.DISPATCH, job_id=str(job_id), net_name=net_name, attempt=attempt
-                    )
-                    redriven.append(f"{job_id}: dispatch re-sent")
             elif state == JobState.ABORTING:
                 if age_s > rt.settings.abort_timeout_s:
                     expire_abort(rt, job_id)

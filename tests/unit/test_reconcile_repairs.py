@@ -5,6 +5,8 @@ at the driver. A driver that says the net is misconfigured takes it out of servi
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import func, select
 
 from app.errors import DriverMisconfigured
@@ -16,9 +18,17 @@ def _pipelines(world):
     return [kw for task, kw in world.outbox.sent if task == "pipeline"]
 
 
+def _lease_held(world, job_id) -> None:
+    """The job's step lease is held for an hour (its chain is alive as far as the lease can
+    tell): only the net repair under test can re-drive it."""
+    with world.rt.sessions.begin() as session:
+        services.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
+
+
 def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # the chain is lost before scale_up
+    _lease_held(world, job_id)
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s)  # not overdue yet
     reconciler.reconcile(world.rt)
@@ -29,8 +39,9 @@ def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
 
 
 def test_a_scale_up_the_driver_was_asked_for_is_not_redriven(world):
-    world.enqueue("j", net="net-a")
+    job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
+    _lease_held(world, job_id)
     world.driver("net-a").replicas = 1  # asked for: the chain is slow, not lost
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)

@@ -10,6 +10,7 @@ included, and a server that answered again gets a fresh grace next time."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -19,7 +20,8 @@ from app.adapters.nvflare.base import Readiness, ServerState
 from app.parallel import ProbeResult, Sequential
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import dispatch, monitor, reconciler, services, views
+from app.usecases import dispatch, monitor, reconciler, services, step_leases, views
+from app.usecases.dispatch import Step
 from models import JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, dispatch_through_a_start_time_blip, world_of
@@ -44,11 +46,12 @@ def _redriven(world) -> tuple[str, ...]:
 
 
 def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
+    """The backstop: a job whose re-driven chains never get anywhere (each message lost)."""
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # its chain is lost
+    dispatch.assign_jobs(world.rt)  # its chain is lost, and every re-driven one too
     margin = world.rt.settings.net("net-a").ready_timeout_s + world.rt.settings.stuck_after_s
     world.clock.advance(margin)
-    assert _redriven(world) == ()
+    assert _redriven(world) == (f"{job_id}: pipeline re-driven",)
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: requeued",)
     job = world.job(job_id)
@@ -56,6 +59,101 @@ def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
         JobState.QUEUED,
         f"stuck in ASSIGNED for {margin + 1:.0f}s",
     )
+
+
+def _polling(world, job_id: str) -> None:
+    """Claimed, scaled up, one readiness poll answered "not ready" (its server is still
+    coming): the chain would poll again after READY_POLL_S."""
+    world.server("net-a").up = False
+    dispatch.assign_jobs(world.rt)
+    assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.NOT_READY
+
+
+def _pipelines_sent(world, job_id: str) -> list[dict[str, object]]:
+    sent = world.outbox.sent
+    return [kw for task, kw in sent if task == "pipeline" and kw["job_id"] == str(job_id)]
+
+
+def test_a_chain_whose_worker_died_polling_readiness_is_re_driven_strictly_past_the_poll_lease(
+    world,
+):
+    """The worker dies between two readiness polls (its countdown message held unacked, so
+    Redis hands it out again only after hours): the monitor round, every
+    HOUSEKEEPING_INTERVAL_S, starts the chain again for the same attempt one poll lease
+    after the last poll began, once, never requeueing the job."""
+    job_id = world.enqueue("j", net="net-a")
+    _polling(world, job_id)
+    claimed = len(_pipelines_sent(world, job_id))
+    world.clock.advance(step_leases.poll_lease_s(world.rt.settings))
+    assert str(job_id) not in monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(1)
+    assert monitor.monitor_running_jobs(world.rt)[str(job_id)] == "pipeline re-driven"
+    assert _pipelines_sent(world, job_id)[claimed:] == [
+        {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}
+    ]
+    # The re-drive holds the job: neither the next monitor round nor reconcile sends another.
+    assert str(job_id) not in monitor.monitor_running_jobs(world.rt)
+    assert _redriven(world) == ()
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.ASSIGNED, 0)
+    # The re-driven chain takes it from there, on the server that kept starting.
+    world.server("net-a").up = True
+    assert dispatch.start(world.rt, job_id, "net-a", 0).step == Step.DONE
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.DONE
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_with_the_defaults_a_dead_workers_job_is_re_driven_within_a_minute():
+    """README's bound: the longest lease between two of a step's writes plus one monitor
+    round, with every default."""
+    settings = Settings(NETS="[]")
+    assert step_leases.redrive_bound_s(settings) <= 60
+
+
+def test_a_chain_lost_before_its_first_step_is_re_driven_strictly_past_the_hand_off(world):
+    """A claim's chain never reached a worker (a lost message, a worker killed holding it):
+    re-driven one hand-off lease after the claim, not at the readiness deadline."""
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    world.clock.advance(step_leases.handoff_lease_s(world.rt.settings))
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: pipeline re-driven",)
+
+
+def test_a_worker_killed_inside_scale_up_is_re_driven_strictly_past_one_try(world, monkeypatch):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+
+    class WorkerDied(BaseException):
+        """SIGKILL while the bundle is fetched."""
+
+    def die(*args, **kwargs):
+        raise WorkerDied
+
+    monkeypatch.setattr(dispatch, "materialize", die)
+    with pytest.raises(WorkerDied):
+        dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    world.clock.advance(step_leases.step_try_s(world.rt.settings))
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    assert _redriven(world) == (f"{job_id}: pipeline re-driven",)
+
+
+def test_a_step_waiting_its_retry_countdown_is_never_re_driven_beside_itself(world):
+    """scale_up failed transiently and its task scheduled a retry in 60 s (count_retry
+    records it): the job is left alone until that retry would have started and run one try,
+    then re-driven (the retry's message was lost with its worker)."""
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.count_retry(world.rt, uuid.UUID(str(job_id)), next_try_in_s=60)
+    world.clock.advance(60 + step_leases.step_try_s(world.rt.settings))
+    assert str(job_id) not in monitor.monitor_running_jobs(world.rt)
+    assert _redriven(world) == ()
+    world.clock.advance(1)
+    assert monitor.monitor_running_jobs(world.rt)[str(job_id)] == "pipeline re-driven"
 
 
 def test_a_job_claimed_onto_a_net_this_process_lacks_is_requeued_strictly_past_the_margin(
@@ -149,7 +247,7 @@ def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
     # The re-sent submit holds the job in turn, until it too would have been heard of.
-    world.clock.advance(settings.housekeeping_interval_s + try_s)
+    world.clock.advance(step_leases.handoff_lease_s(settings))
     assert _redriven(world) == ()
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
@@ -215,7 +313,8 @@ def test_a_report_wait_expires_strictly_past_the_timeout_as_configured(
         RELEASE_AFTER="reported",
         REPORT_TIMEOUT_OUTCOME=outcome,
     )
-    world.enqueue("old-and-queued", net="net-b")  # older than the timeout, never FINISHING
+    # Older than the timeout, never FINISHING (claimed, its chain never run: re-driven).
+    old = world.enqueue("old-and-queued", net="net-b")
     job_id = _finishing(world)
     with world.rt.sessions() as session:
         history = views.job_detail(session, job_id)["history"]
@@ -223,7 +322,7 @@ def test_a_report_wait_expires_strictly_past_the_timeout_as_configured(
         "NVFLARE FINISHED:COMPLETED; holding the server for results upload"
     )
     world.clock.advance(world.rt.settings.report_timeout_s)
-    assert monitor.monitor_running_jobs(world.rt) == {}
+    assert monitor.monitor_running_jobs(world.rt) == {str(old): "pipeline re-driven"}
     world.clock.advance(1)
     target = JobState(outcome.upper())
     assert monitor.monitor_running_jobs(world.rt) == {str(job_id): f"report timeout: {target}"}

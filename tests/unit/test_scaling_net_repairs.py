@@ -6,6 +6,8 @@ becomes READY or STOPPED, and a jobless STARTING net is stopped once past its de
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import select
 
@@ -154,11 +156,19 @@ def test_a_jobless_starting_net_is_stopped_only_past_its_deadline(world):
     assert _last_move(world) == (NetState.STOPPING, NetState.STOPPED, "start abandoned")
 
 
+def _lease_held(world, job_id) -> None:
+    """The job's step lease is held for an hour (its chain is alive as far as the lease can
+    tell): only the net repair under test can re-drive it."""
+    with world.rt.sessions.begin() as session:
+        services.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
+
+
 def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):
     world.driver("net-a").replicas = 1
     _set_state(world, NetState.READY)
-    world.enqueue("j", net="net-a")
+    job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # READY with an ASSIGNED job
+    _lease_held(world, job_id)
     world.driver("net-a").replicas = 0
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
