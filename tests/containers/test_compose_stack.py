@@ -392,6 +392,38 @@ def test_a_site_container_cannot_reach_the_docker_proxy(stack: Stack):
         assert answer != "connected", (host, answer)
 
 
+def _addresses(container: str) -> list[str]:
+    networks = json.loads(_podman("inspect", container).stdout)[0]["NetworkSettings"]["Networks"]
+    return [str(n["IPAddress"]) for n in networks.values() if n.get("IPAddress")]
+
+
+def _network_names(container: str) -> set[str]:
+    inspected = json.loads(_podman("inspect", container).stdout)[0]
+    return set(inspected["NetworkSettings"]["Networks"])
+
+
+def test_a_site_container_cannot_reach_the_broker_or_the_database(stack: Stack):
+    """Job code runs in the sites and the fl-server: Redis (no password) would let it send
+    or revoke any task, PostgreSQL holds the job store. Only the fl-server and its admin
+    clients share the sites' network."""
+    targets = {"redis": 6379, "postgres": 5432}
+    for service, port in targets.items():
+        addresses = _addresses(stack.container(service))
+        assert addresses, service
+        # The probe can connect: the dispatcher's own services do.
+        assert _probe(stack, "worker", service, port) == "connected", service
+        # Neither its name nor any of its addresses (no answer within the probe's 3 s).
+        for host in (service, *addresses):
+            answer = _probe(stack, "site-1", host, port)
+            assert answer != "connected", (service, host, answer)
+    # The fl-server container the driver starts (created by compose) is on the sites'
+    # network and on no network of Redis or PostgreSQL.
+    server_networks = _network_names(stack.server_container)
+    assert server_networks == _network_names(stack.container("site-1")), server_networks
+    for service in targets:
+        assert not server_networks & _network_names(stack.container(service)), service
+
+
 def test_compose_down_leaves_nothing(stack: Stack):
     stack.compose("down", "-v", "-t", "5")
     label = f"label=io.podman.compose.project={stack.project}"

@@ -262,3 +262,35 @@ def test_only_the_dispatchers_driving_services_share_the_docker_proxys_network(c
         assert on_it == DRIVES_THE_ENGINE | {"docker-proxy"}, (network, on_it)
     # The driving services still reach the rest of the stack.
     assert all("default" in networks_of(services[name]) for name in DRIVES_THE_ENGINE)
+
+
+# The `net` profile's containers: they run the NVFLARE jobs flip-api's users submit.
+RUNS_JOB_CODE = {"fl-server", "site-1", "site-2"}
+# The dispatcher's services that talk to the fl-server's admin port: the worker (submit,
+# abort), the housekeeper (monitor) and the api (/fl/status asks the server for its sites).
+ADMINISTERS_THE_SERVER = {"worker", "housekeeper", "api"}
+
+
+def test_job_code_shares_a_network_only_with_the_fl_server_s_admin_clients(compose, services):
+    for name in RUNS_JOB_CODE:
+        networks = networks_of(services[name])
+        # The default network is where Redis (no password) and PostgreSQL are.
+        assert "default" not in networks, (name, networks)
+        for network in networks:
+            # podman routes between non-internal bridge networks: only internal keeps the
+            # default network's addresses out of reach.
+            assert (compose.get("networks") or {}).get(network, {}).get("internal") is True, (
+                name,
+                network,
+            )
+            on_it = {other for other, s in services.items() if network in networks_of(s)}
+            assert on_it <= RUNS_JOB_CODE | ADMINISTERS_THE_SERVER, (network, on_it)
+    # The sites dial the fl-server, and its admin clients reach it too.
+    [server_network] = networks_of(services["fl-server"])
+    for name in RUNS_JOB_CODE | ADMINISTERS_THE_SERVER:
+        assert server_network in networks_of(services[name]), name
+    # Nothing that holds the job store, the broker, their dashboards or the Engine API.
+    for name in ("redis", "postgres", "flower", "docker-proxy", "beat", "migrate"):
+        assert not networks_of(services[name]) & {
+            n for job in RUNS_JOB_CODE for n in networks_of(services[job])
+        }, name
