@@ -20,17 +20,13 @@ from kombu.exceptions import KombuError
 from kombu.utils import json as kombu_json
 
 from app import names
+from app.payload_json import loads_payload
 from app.redis_transport import TRANSPORT_PATH
-from app.schemas import loads_payload
 from app.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
 
-# Retry policy of the pipeline steps (scale_up, dispatch): exponential backoff with full
-# jitter from this factor, capped by RETRY_BACKOFF_MAX_S and bounded by RETRY_MAX; what is
-# left after that is a requeue, never a delete.
-RETRY_BACKOFF_S = 2
 PIPELINE_SOFT_LIMIT_S = 300
 PIPELINE_HARD_LIMIT_S = 360
 HOUSEKEEPING_SOFT_LIMIT_S = 600
@@ -60,49 +56,31 @@ serialization.register(  # type: ignore[no-untyped-call]
 
 celery = Celery(
     "fl_dispatcher",
-    include=[
-        "tasks.pipeline",
-        "tasks.housekeeping",
-        "tasks.public",
-        "tasks.callbacks",
-        "tasks.prewarm",
-    ],
+    include=["tasks.registered"],
 )
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The one housekeeping schedule; each entry expires before the next one is due. Every
-    entry goes to the housekeeping queue, the assign round included (it is what covers a
-    lost kick, so no backlog of requests may hold it), except the callback sweep (below)."""
-    every = settings.housekeeping_interval_s
+    """The one housekeeping schedule, from the handlers' periods (`app.handlers`); each entry
+    expires before the next one is due. Every entry goes to the housekeeping queue, the
+    assign round included (it is what covers a lost kick, so no backlog of requests may hold
+    it), except the callback sweep, which runs beside the deliveries' own kicks."""
+    from app.handlers import beat_loops
 
-    def entry(name: str, seconds: float, queue: str = names.HOUSEKEEPING_QUEUE) -> dict[str, Any]:
-        return {
-            "task": name,
-            "schedule": timedelta(seconds=seconds),
-            "options": {"expires": seconds, "queue": queue},
+    return {
+        handler.name.removeprefix(names.PREFIX).replace("_", "-"): {
+            "task": handler.name,
+            "schedule": timedelta(seconds=period),
+            "options": {"expires": period, "queue": handler.beat_queue},
         }
-
-    schedule = {
-        "assign-next-job": entry(names.ASSIGN_NEXT_JOB, every),
-        "scale-down-idle-nets": entry(names.SCALE_DOWN_IDLE_NETS, every),
-        "monitor-running-jobs": entry(names.MONITOR_RUNNING_JOBS, every),
-        "reconcile": entry(names.RECONCILE, every * 2),
-        "keep-alive-busy-nets": entry(names.KEEP_ALIVE_BUSY_NETS, settings.keep_alive_interval_s),
+        for handler, period in beat_loops(settings)
     }
-    if settings.queued_poll_s > 0:
-        # Reads the tables only while no QUEUED job waits for a busy net.
-        schedule["monitor-awaited-runs"] = entry(names.MONITOR_AWAITED_RUNS, settings.queued_poll_s)
-    if settings.callbacks_enabled:
-        # The sweep: events whose kick was lost, or made by a process that sends none.
-        # With the deliveries' own kicks, not on the housekeeping queue: a delivery round
-        # holds its slot up to ROUND_BUDGET_S (60 s) and re-sends itself while events wait.
-        schedule["deliver-callbacks"] = entry(names.DELIVER_CALLBACKS, every, names.PIPELINE_QUEUE)
-    return schedule
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from ours."""
+    from app.handlers import ACKS
+
     transport_options: dict[str, Any] = {}
     transport: str | None = None
     if settings.broker_url.startswith(("redis://", "rediss://")):
@@ -124,8 +102,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
+        "task_acks_late": ACKS.late,
+        "task_acks_on_failure_or_timeout": ACKS.on_failure_or_timeout,
+        "task_reject_on_worker_lost": ACKS.reject_on_worker_lost,
         # With late acks a worker holds at most `concurrency` messages, each one running:
         # a backlog stays in the broker, where the next free slot picks among the worker's
         # queues in turn (kombu's Redis transport rotates its BRPOP keys after each message,

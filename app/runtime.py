@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.adapters.callbacks import CallbackSender
 from app.adapters.drivers import Observation, ScaleDriver, build_driver
 from app.adapters.drivers.base import ObservationPass, observation_pass
 from app.adapters.nvflare.base import AdminClient
@@ -93,6 +94,8 @@ class Runtime:
     # How housekeeping talks to many servers at once: a bounded parallel Prober in a worker,
     # in-line (deterministic) in unit tests and the simulator.
     fan_out: FanOut = field(default_factory=Sequential)
+    # Where callback rounds post (None: HTTP to CALLBACK_URL); the simulator's receiver.
+    callback_sender: CallbackSender | None = None
     _drivers: dict[str, ScaleDriver] = field(default_factory=dict)
     _admins: dict[str, AdminClient] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)

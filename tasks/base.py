@@ -1,6 +1,7 @@
-"""The one task base: defaults every task shares, the per-process runtime, and the rule
-that only classified transient errors are retried and that running out of retries requeues
-the job instead of losing it."""
+"""The one task base: defaults every task shares, the per-process runtime, and the
+delivery rules of `app.handlers` carried out on Celery: only what `on_error` classifies is
+retried, running out of retries requeues the job instead of losing it, and a caller's request
+is never acknowledged away while the database cannot store it."""
 
 from __future__ import annotations
 
@@ -13,19 +14,29 @@ from typing import Any, TypeVar
 
 from celery import Task
 from celery.exceptions import Reject, Retry
-from celery.utils.time import get_exponential_backoff_interval
 
 from app.celery_app import (
     HOUSEKEEPING_HARD_LIMIT_S,
     HOUSEKEEPING_SOFT_LIMIT_S,
     PIPELINE_HARD_LIMIT_S,
     PIPELINE_SOFT_LIMIT_S,
-    RETRY_BACKOFF_S,
     celery,
     celery_runtime,
 )
-from app.db import database_error_name, database_unavailable
-from app.errors import MisconfigurationError, TransientError
+from app.db import database_error_name
+from app.errors import TransientError
+from app.handlers import (
+    ACKS,
+    HANDLERS,
+    Handler,
+    Kind,
+    Verdict,
+    backoff_s,
+    ends_chain,
+    on_error,
+    shown,
+)
+from app.names import PREFIX
 from app.runtime import Runtime
 from app.settings import load_settings
 
@@ -60,10 +71,12 @@ def set_runtime(rt: Runtime | None) -> None:
 
 
 class DispatcherTask(Task):  # type: ignore[misc]
-    """Late ack + requeue on a lost worker, no stored result; see `dispatcher_task`."""
+    """Late ack + requeue on a lost worker (`app.handlers.ACKS`), no stored result; see
+    `register`."""
 
-    acks_late = True
-    reject_on_worker_lost = True
+    acks_late = ACKS.late
+    acks_on_failure_or_timeout = ACKS.on_failure_or_timeout
+    reject_on_worker_lost = ACKS.reject_on_worker_lost
     ignore_result = True
     typing = True
 
@@ -71,8 +84,13 @@ class DispatcherTask(Task):  # type: ignore[misc]
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
         """Out of retries on a transient error: requeue the job, never drop it."""
+        handler = HANDLERS.get(self.name)
         job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
-        if job_id and isinstance(exc, TransientError) and self.name in PIPELINE_TASKS:
+        if handler is None or not job_id:
+            return
+        # Called once the task failed for good: a step's transient error here is one whose
+        # retries ran out (on_error's EXHAUSTED).
+        if handler.kind is Kind.PIPELINE and isinstance(exc, TransientError):
             from app.usecases.dispatch import requeue_after_transient
 
             log.warning(
@@ -89,132 +107,104 @@ class DispatcherTask(Task):  # type: ignore[misc]
             )
 
 
-PIPELINE_TASKS: set[str] = set()
-# flip-api's requests, whose message is the only copy of what the caller asked for.
-CALLER_INTENT_TASKS: set[str] = set()
 # What a pipeline step returns when its net turned out misconfigured (handled, chain ended).
 MISCONFIGURED = "misconfigured"
 
 
-def _retry_transient(fun: F) -> F:
-    """Retry a classified transient error with exponential backoff and full jitter, reading
-    RETRY_MAX and RETRY_BACKOFF_MAX_S from this process's settings at retry time (Celery's
-    own autoretry would freeze them when the task module is imported)."""
+def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any]:
+    """Carry out `app.handlers.on_error`'s verdict on what `fun` raised, reading RETRY_MAX and
+    RETRY_BACKOFF_MAX_S from this process's settings at retry time (Celery's own autoretry
+    would freeze them when the task module is imported).
+
+    A step's classified transient error is retried with backoff and full jitter, each retry
+    counted on its job; a caller's request the database cannot store now (refused or reset
+    connection, restart, failover) is sent again the same way with no retry limit, as one
+    WARNING line with the error's class, never its text, and should the broker refuse that
+    copy too, the message goes back to its queue instead of being dropped."""
 
     @functools.wraps(fun)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(self: Any, **kwargs: Any) -> Any:
         try:
-            return fun(self, *args, **kwargs)
-        except MisconfigurationError as exc:
-            # Already handled by the use case (net MISCONFIGURED, job back in the queue, one
-            # ERROR line): the chain ends here, without Celery's "raised unexpected" and its
-            # traceback, which would read as a bug.
-            log.info(
-                "step ended: net misconfigured",
-                extra={"job": kwargs.get("job_id"), "task": self.name, "reason": str(exc)},
-            )
-            self.request.chain = None
-            return MISCONFIGURED
-        except TransientError as exc:
+            return fun(self, **kwargs)
+        except (Retry, Reject):
+            raise
+        except Exception as exc:
             settings = runtime().settings
-            countdown = get_exponential_backoff_interval(
-                factor=RETRY_BACKOFF_S,
-                retries=self.request.retries,
-                maximum=settings.retry_backoff_max_s,
-                full_jitter=True,
-            )
+            verdict = on_error(handler, exc, self.request.retries, settings)
+            if verdict is Verdict.ENDED:
+                # Already handled by the use case (net MISCONFIGURED, job back in the queue,
+                # one ERROR line): the chain ends here, without Celery's "raised unexpected"
+                # and its traceback, which would read as a bug.
+                log.info(
+                    "step ended: net misconfigured",
+                    extra={"job": kwargs.get("job_id"), "task": self.name, "reason": str(exc)},
+                )
+                self.request.chain = None
+                return MISCONFIGURED
+            if verdict is not Verdict.RETRY:
+                raise  # FAILED: loud; EXHAUSTED: on_failure requeues the job
+            countdown = backoff_s(self.request.retries, settings.retry_backoff_max_s)
             job_id = kwargs.get("job_id")
-            if job_id and self.request.retries < settings.retry_max:
+            if handler.kind is Kind.PIPELINE and job_id:
                 from app.usecases.dispatch import count_retry
 
                 # Counted on the job, which also learns when this task will try again: a
                 # worker that dies in the wait is then known gone soon after (reconcile).
                 count_retry(runtime(), uuid.UUID(job_id), next_try_in_s=countdown)
-            raise self.retry(exc=exc, countdown=countdown, max_retries=settings.retry_max) from exc
-
-    return run  # type: ignore[return-value]
-
-
-def _keep_until_stored(fun: F) -> F:
-    """A caller's request whose message is its only copy: a database that cannot store it
-    now (refused or reset connection, restart, failover) must not let Celery acknowledge it
-    away. The request is sent again with backoff and full jitter (capped by
-    RETRY_BACKOFF_MAX_S, no retry limit: the database coming back is what ends it), as one
-    WARNING line with the error's class, never its text. Should the broker refuse that copy
-    too, the message goes back to its queue unacknowledged instead of being dropped."""
-
-    @functools.wraps(fun)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fun(self, *args, **kwargs)
-        except Exception as exc:
-            if not database_unavailable(exc):
-                raise
-            countdown = get_exponential_backoff_interval(
-                factor=RETRY_BACKOFF_S,
-                retries=self.request.retries,
-                maximum=runtime().settings.retry_backoff_max_s,
-                full_jitter=True,
-            )
-            log.warning(
-                "database unavailable: request kept, retried",
-                extra={
-                    "task": self.name,
-                    "reason": database_error_name(exc),
-                    "retries": self.request.retries,
-                    "retry_in_s": countdown,
-                },
-            )
+            if handler.kind is Kind.REQUEST:
+                log.warning(
+                    "database unavailable: request kept, retried",
+                    extra={
+                        "task": self.name,
+                        "reason": database_error_name(exc),
+                        "retries": self.request.retries,
+                        "retry_in_s": countdown,
+                    },
+                )
             try:
-                raise self.retry(countdown=countdown, max_retries=None) from exc
-            except Retry:
-                raise
+                raise self.retry(exc=exc, countdown=countdown, max_retries=None) from exc
             except Reject as refused:
+                if handler.kind is not Kind.REQUEST:
+                    raise  # a lost step is found again by reconcile
                 # Celery's retry answers a failed send of the new copy with
                 # Reject(requeue=False), which drops this message: put it back instead.
                 raise Reject(refused.reason, requeue=True) from exc
 
-    return run  # type: ignore[return-value]
+    return run
 
 
-def dispatcher_task(
-    name: str,
-    *,
-    pipeline: bool = False,
-    housekeeping: bool = False,
-    caller_intent: bool = False,
-    **options: Any,
-) -> Callable[[F], F]:
-    """Register a task under its full name (see `app.names`) with the project's defaults.
-
-    Pipeline steps also retry classified transient errors (backoff, jitter, cap, count);
-    anything else fails at once and loudly. A blanket retry on Exception would turn a
-    misconfiguration into an endless loop. Housekeeping tasks get beat's longer limits.
-    A `caller_intent` task (flip-api's requests: its message is the only copy) is retried
-    while the database cannot store it, never acknowledged away (`_keep_until_stored`).
-    """
+def register(handler: Handler) -> Task:
+    """The Celery task of one handler (`app.handlers`): its name, the project's defaults,
+    and its kind's delivery rules. A `request` (flip-api's) is retried while the database
+    cannot store it, never acknowledged away; a `pipeline` step retries classified transient
+    errors (backoff, jitter, cap, count) and requeues its job when they run out; anything
+    else fails at once and loudly (a blanket retry on Exception would turn a
+    misconfiguration into an endless loop). Housekeeping gets beat's longer limits."""
     soft, hard = (
         (HOUSEKEEPING_SOFT_LIMIT_S, HOUSEKEEPING_HARD_LIMIT_S)
-        if housekeeping
+        if handler.kind in (Kind.HOUSEKEEPING, Kind.CALLBACKS)
         else (PIPELINE_SOFT_LIMIT_S, PIPELINE_HARD_LIMIT_S)
     )
-    defaults: dict[str, Any] = {
-        "name": name,
-        "base": DispatcherTask,
-        "bind": True,
-        "soft_time_limit": soft,
-        "time_limit": hard,
-    }
-    if pipeline:
-        PIPELINE_TASKS.add(name)
-    defaults |= options
 
-    def register(fun: F) -> F:
-        body = _retry_transient(fun) if pipeline else fun
-        if caller_intent:
-            body = _keep_until_stored(body)
-            CALLER_INTENT_TASKS.add(name)
-        task: F = celery.task(**defaults)(body)
-        return task
+    def run(self: Any, **kwargs: Any) -> Any:
+        rt = runtime()
+        result = handler.call(rt, **kwargs)
+        countdown = handler.again_in(rt.settings, result)
+        if countdown is not None:
+            raise self.retry(countdown=countdown, max_retries=None)
+        if ends_chain(result):
+            self.request.chain = None  # Celery runs no further step of this chain
+        return shown(result)
 
-    return register
+    body = _apply_rules(handler, run)
+    body.__name__ = body.__qualname__ = handler.name.removeprefix(PREFIX)
+    body.__doc__ = handler.call.__doc__
+    task: Task = celery.task(
+        name=handler.name,
+        base=DispatcherTask,
+        bind=True,
+        soft_time_limit=soft,
+        time_limit=hard,
+        send_events=handler.task_events,
+    )(body)
+    return task

@@ -55,9 +55,10 @@ from app.errors import (
 )
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
+from app.payload_json import loads_payload
 from app.readiness import check_ready
 from app.runtime import Runtime
-from app.schemas import EnqueueJob, StorableText, loads_payload
+from app.schemas import EnqueueJob, StorableText
 from app.usecases import intake
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import (

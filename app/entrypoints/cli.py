@@ -46,7 +46,7 @@ from app.entrypoints.cli_services import (
     cmd_worker,
 )
 from app.errors import DispatcherError, RequestRejected, SettingsError
-from app.schemas import loads_payload
+from app.payload_json import loads_payload
 from app.settings import Settings, redact_url
 
 Handler = Callable[[argparse.Namespace, Settings], int]

@@ -1,8 +1,11 @@
-"""One message delivered to a simulated worker, with tasks/base.py's rules: expiry,
-transient retries with backoff (late behind a broker backlog, sometimes), on_retry and
-on_failure, wait_ready's polls, the chain's next link, callback delivery to the simulated
-receiver. An exception escaping a use case is a finding (no-escape) unless the design wants
-it loud; a worker killed mid-task has its message redelivered (acks_late)."""
+"""One message delivered to a simulated worker, under `app.handlers`' delivery rules (the
+ones tasks/base.py carries out on Celery): expiry, `on_error`'s verdict on what a handler
+raised (a retry with backoff, late behind a broker backlog sometimes, with on_retry's count;
+on_failure's requeue; a chain ended), a handler's `again_in` (wait_ready's and warm_up's
+polls, the callback round's next due event), the chain's next link. An exception escaping a
+use case is a finding (no-escape) unless the design wants it loud; a message that Celery
+would acknowledge while a caller's request in it was not carried out is `request-lost`; a
+worker killed mid-task has its message redelivered (`ACKS.late`)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from app import names
-from app.errors import InvalidRequest, MisconfigurationError, NotFound, TransientError
+from app.errors import InvalidRequest, MisconfigurationError, NotFound
+from app.handlers import ACKS, HANDLERS, Handler, Kind, Verdict, backoff_s, on_error, step_of
+from app.handlers import ends_chain as chain_ends
 from app.runtime import Runtime
-from app.sim import messages, poison
+from app.sim import dbfaults, messages, poison
 from app.sim.host import SimHost
 from app.sim.interleaving import WorkerKilled
-from app.sim.messages import TASKS, Message, TaskSpec
-from app.usecases import callbacks as callbacks_uc
+from app.sim.messages import Message
 from app.usecases import dispatch as dispatch_uc
 from app.usecases.dispatch import Step
 from models import NetState
@@ -32,7 +36,7 @@ class Delivery(SimHost):
 
     def _deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
-        spec = TASKS[message.task]
+        spec = HANDLERS[message.task]
         if message.expires_at is not None and self.clock.t > message.expires_at:
             if self.tracing:
                 self.trace(f"   expired {message.label()}")
@@ -49,7 +53,7 @@ class Delivery(SimHost):
         rt = self.workers[slot]
         self._stack.append(slot)
         self._current.append(message)
-        if spec.kind == "pipeline":
+        if spec.kind is Kind.PIPELINE:
             row = self.conn.execute("SELECT max(id) FROM net_events").fetchone()
             self._net_events_at_start[message.id] = row[0] or 0
         try:
@@ -57,7 +61,10 @@ class Delivery(SimHost):
             self._check_late_stops(message)
         except WorkerKilled:
             delay = self.rng.uniform(1.0, max(1.0, self.faults.worker_restart_s))
-            self.broker.redeliver(message, delay)
+            if ACKS.late:
+                self.broker.redeliver(message, delay)
+            elif spec.kind is Kind.REQUEST:  # acknowledged when taken: it died with the worker
+                self._forgotten(message, spec, "its worker was killed")
             self._dead.discard(slot)
             self._restart_worker(slot, f"after a kill during {message.label()}")
         finally:
@@ -65,68 +72,71 @@ class Delivery(SimHost):
             self._stack.pop()
             self._current.pop()
 
-    def _run_task(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
-        retry_max = self.settings.retry_max
-        if spec.kind == "callbacks":
-            self._deliver_callbacks(rt, message, spec, slot)
-            return
+    def _run_task(self, rt: Runtime, message: Message, spec: Handler, slot: int) -> None:
         try:
             with self._noting_inline_readiness(message):
-                result = spec.call(rt, message.kwargs)
-        except TransientError as exc:
-            if spec.kind != "pipeline":
-                self._escaped(message, spec, exc)
-                return
-            if message.retries + 1 > retry_max:
-                self.trace(f"w{slot} {message.label()} -> retries exhausted: {exc}")
-                self._call_hook(
-                    message,
-                    spec,
-                    lambda error=exc: messages.on_failure(rt, message.task, message.kwargs, error),
-                )
-                return
-            self.stats["retries"] += 1
-            if self.faults.retry_backlog and self.rng_msg.random() < self.faults.retry_backlog:
-                # A backlog on the broker: the retry runs well after its countdown, past the
-                # lease its try announced, so reconcile may re-send the same submit meanwhile.
-                late = self.rng_msg.uniform(30.0, 90.0)
-                self.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
-            else:
-                late = 0.0
-            countdown = messages.backoff_s(
-                self.rng_msg, message.retries, self.settings.retry_backoff_max_s
-            )
-            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
-            if self.tracing:
-                self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
-            self._push_again(message, countdown + late)
-            return
+                result = spec.call(rt, **message.kwargs)
         except Exception as exc:
-            self._escaped(message, spec, exc)
+            self._raised(rt, message, spec, slot, exc)
             return
         if self.tracing:
             self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
-        if messages.is_poll(spec, result):
-            self._push_again(message, self._poll_delay(message.kwargs))
+        countdown = spec.again_in(self.settings, result)
+        if countdown is not None:
+            if spec.kind is not Kind.CALLBACKS:
+                countdown = self._poll_delay(message.kwargs)  # the fast clock's polls
+            self._push_again(message, countdown)
             return
-        if message.task == names.WAIT_READY and messages.step_of(result) == Step.DONE:
+        if message.task == names.WAIT_READY and step_of(result) == Step.DONE:
             self._note_ready(message.kwargs)
-        if message.chain and not messages.ends_chain(result):
+        if message.chain and not chain_ends(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.broker.push(task, kwargs, chain=rest, origin=message.origin)
 
-    def _deliver_callbacks(self, rt: Runtime, message: Message, spec: TaskSpec, slot: int) -> None:
-        """tasks.callbacks.deliver_callbacks: deliver, then come back when the use case says
-        (a Celery retry with that countdown, no retry limit)."""
-        try:
-            report = callbacks_uc.deliver_callbacks(rt, self.receiver)
-        except Exception as exc:
-            self._escaped(message, spec, exc)
+    def _raised(
+        self, rt: Runtime, message: Message, spec: Handler, slot: int, exc: Exception
+    ) -> None:
+        """`on_error`'s verdict on what the handler raised, carried out as Celery would."""
+        verdict = on_error(spec, exc, message.retries, self.settings)
+        if verdict is Verdict.ENDED:
+            self._escaped(message, spec, exc)  # excused once the net reads MISCONFIGURED
             return
+        if verdict is Verdict.EXHAUSTED:
+            self.trace(f"w{slot} {message.label()} -> retries exhausted: {exc}")
+            self._call_hook(
+                message,
+                spec,
+                lambda: messages.on_failure(rt, message.task, message.kwargs, exc),
+            )
+            return
+        if verdict is Verdict.FAILED:
+            self._escaped(message, spec, exc)
+            if spec.kind is Kind.REQUEST and not poison.excused(spec.kind, exc):
+                # Acknowledged on failure (or rejected without requeue): gone.
+                self._forgotten(message, spec, f"it raised {type(exc).__name__}")
+            return
+        self.stats["retries"] += 1
+        late = 0.0
+        backlog = self.faults.retry_backlog
+        if spec.kind is Kind.PIPELINE and backlog and self.rng_msg.random() < backlog:
+            # A backlog on the broker: the retry runs well after its countdown, past the
+            # lease its try announced, so reconcile may re-send the same submit meanwhile.
+            late = self.rng_msg.uniform(30.0, 90.0)
+            self.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
+        countdown = backoff_s(message.retries, self.settings.retry_backoff_max_s, self.rng_msg)
+        if spec.kind is Kind.PIPELINE:
+            self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
         if self.tracing:
-            self.trace(f"w{slot} {message.label()} -> {report}")
-        if report.retry_in_s is not None:
-            self._push_again(message, report.retry_in_s)
+            self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
+        self._push_again(message, countdown + late)
+
+    def _forgotten(self, message: Message, spec: Handler, why: str) -> None:
+        """A caller's request the broker no longer holds although it was not carried out."""
+        self.checker.report(
+            "request-lost",
+            message.label(),
+            f"flip-api's {spec.name.removeprefix(names.PREFIX)} was acknowledged: {why}",
+        )
 
     def _push_again(self, message: Message, countdown: float) -> None:
         self.broker.push(
@@ -138,7 +148,7 @@ class Delivery(SimHost):
             origin=message.origin,
         )
 
-    def _call_hook(self, message: Message, spec: TaskSpec, call: Callable[..., None]) -> None:
+    def _call_hook(self, message: Message, spec: Handler, call: Callable[..., None]) -> None:
         """on_retry/on_failure: use-case calls too, so their errors are findings too."""
         try:
             call()
@@ -175,9 +185,9 @@ class Delivery(SimHost):
         if row is not None:
             self.ready_seen[(kwargs["job_id"], kwargs["net_name"])] = row[0]
 
-    def _escaped(self, message: Message, spec: TaskSpec, exc: Exception) -> None:
+    def _escaped(self, message: Message, spec: Handler, exc: Exception) -> None:
         """An exception left a use case: a finding, unless the design wants it loud."""
-        if spec.kind == "public" and isinstance(exc, (InvalidRequest, NotFound)):
+        if spec.kind is Kind.REQUEST and isinstance(exc, (InvalidRequest, NotFound)):
             self.trace(f"   {message.label()} rejected: {exc}")
             return
         if (
@@ -186,6 +196,9 @@ class Delivery(SimHost):
             and self._marked_misconfigured(message)
         ):
             self.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
+            return
+        if dbfaults.excused(spec.kind, exc):
+            self.trace(f"   {message.label()} failed on a database error: {type(exc).__name__}")
             return
         if poison.excused(spec.kind, exc):
             self.trace(f"   {message.label()} failed on a poison row: {type(exc).__name__}")

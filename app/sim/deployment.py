@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app import names
 from app.settings import Settings
 from app.sim.db import scratch_dir
 from app.sim.receiver import SECRET, URL
@@ -84,24 +83,6 @@ def settings_for(
         REPORT_TIMEOUT_S=world.report_timeout_s,
         PREWARM_MAX_S=world.prewarm_max_s,
     )
-
-
-def beat_loops(world: WorldSpec) -> list[tuple[str, float]]:
-    """Beat's schedule as (task, period), assign first: app.celery_app.beat_schedule's, which
-    a unit test holds this to (the simulator does not import Celery)."""
-    tick = world.housekeeping_interval_s
-    beats = [
-        (names.ASSIGN_NEXT_JOB, tick),
-        (names.SCALE_DOWN_IDLE_NETS, tick),
-        (names.MONITOR_RUNNING_JOBS, tick),
-        (names.RECONCILE, 2 * tick),
-        (names.KEEP_ALIVE_BUSY_NETS, world.keep_alive_interval_s),
-    ]
-    if world.queued_poll_s > 0:
-        beats.append((names.MONITOR_AWAITED_RUNS, world.queued_poll_s))
-    if world.callbacks:
-        beats.append((names.DELIVER_CALLBACKS, tick))
-    return beats
 
 
 def always_on(settings: Settings, net: str) -> bool:

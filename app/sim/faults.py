@@ -45,6 +45,9 @@ class FaultProfile:
     # the client's own retries and read timeouts: the ECS driver's worst case is minutes),
     # and the call lands only then, while the other worker, beat and the world go on
     slow_scale_call: float = 0.0
+    # per statement or commit a handler makes: the database fails it, as PostgreSQL does
+    # when it restarts, fails over or resets the connection (app.sim.dbfaults)
+    db_error: float = 0.0
     # --- the NVFLARE admin side ---
     admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
     admin_unknown: float = 0.0  # per call: UnknownAdminError before acting
@@ -116,6 +119,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
     FaultProfile(
         name="flaky",
+        db_error=0.003,
         redeploy_p=0.1,
         msg_dup=0.05,
         msg_delay=0.1,
@@ -142,6 +146,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        db_error=0.002,
         poison_row=0.5,
         last_try_stall=0.5,
         stall=0.02,
@@ -213,6 +218,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        db_error=0.003,
         poison_row=0.3,
         last_try_stall=0.3,
         slow_scale_call=0.3,

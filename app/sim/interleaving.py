@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import names
 from app.errors import DriverTransientError, ServerUnavailable, TransientError
+from app.handlers import HANDLERS, Kind
 from app.sim.host import SimHost
-from app.sim.messages import TASKS, Message
+from app.sim.messages import Message
 
 # Where a last try's worker stalls (app.sim.faults.last_try_stall), and the error its call
 # then gives: a submit after the server took it, a scale call before the platform heard it.
@@ -128,9 +129,10 @@ class Interleaving(SimHost):
         if len(self._stack) != 1 or self._stalled is not None or self.conn.in_transaction:
             return False
         message = self._current[-1]
-        spec = TASKS[message.task]
+        spec = HANDLERS[message.task]
         # A poll's retries count its polls (wait_ready, warm_up): it has no last try.
-        if spec.kind != "pipeline" or spec.polls or message.retries < self.settings.retry_max:
+        polls = message.task in (names.WAIT_READY, names.WARM_UP)
+        if spec.kind is not Kind.PIPELINE or polls or message.retries < self.settings.retry_max:
             return False
         if message.id in self._last_try_seen:
             return False

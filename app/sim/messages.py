@@ -1,41 +1,23 @@
-"""The message layer standing in for Celery: an outbox that use cases send through, a broker
-that loses, duplicates, delays and reorders messages, and ONE table mapping task names to
-use-case calls as tasks/*.py does (so an interface change on main is a small edit here).
+"""The message layer standing in for Celery: an outbox that use cases send through, and a
+broker that loses, duplicates, delays and reorders messages. What a message runs, and under
+which delivery rules, is `app.handlers`' table, the same one `tasks/` registers with Celery.
 
-Retry rules are those of tasks/base.py: a pipeline step that raises a classified
-TransientError is retried with exponential backoff and full jitter (factor 2 s, capped by
-RETRY_BACKOFF_MAX_S) until request.retries + 1 > RETRY_MAX; then `on_failure` requeues the
-job (`requeue_after_transient`). `on_retry` counts the retry. wait_ready's NOT_READY is a
-retry after READY_POLL_S with no limit (it still counts in request.retries, as in Celery).
+`on_retry` and `on_failure` are tasks/base.py's hooks around a pipeline step's transient
+retries (the retry counted on the job; the job requeued once RETRY_MAX is spent).
 """
 
 from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from app import names
-from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
-from app.schemas import AbortJob, CancelPrewarm, EnqueueJob, PrewarmNet, ReportJobStatus
 from app.sim.clock import SimClock
 from app.sim.faults import FaultProfile
-from app.usecases import (
-    abort,
-    dispatch,
-    intake,
-    monitor,
-    prewarm,
-    prewarm_warm_up,
-    reconciler,
-    scale_down,
-)
-from app.usecases.dispatch import Step
-
-RETRY_BACKOFF_S = 2  # app.celery_app.RETRY_BACKOFF_S
+from app.usecases import dispatch
 
 
 class Host(Protocol):
@@ -52,117 +34,6 @@ class Host(Protocol):
     def hook(self, point: str, net: str | None) -> None: ...
 
 
-def _job(kw: dict[str, Any]) -> uuid.UUID:
-    return uuid.UUID(kw["job_id"])
-
-
-def _enqueue(rt: Runtime, kw: dict[str, Any]) -> object:
-    """tasks.public.enqueue_job: a refused payload is recorded, not raised."""
-    try:
-        request = intake.parse_payload(EnqueueJob, kw["payload"])
-        return intake.submit_job(rt, request).enqueued
-    except InvalidRequest as exc:
-        intake.reject_enqueue(rt, intake.caller_key_of(kw["payload"]), str(exc))
-        return f"rejected: {exc}"
-
-
-def _abort_job(rt: Runtime, kw: dict[str, Any]) -> object:
-    """tasks.public.abort_job."""
-    try:
-        request = intake.parse_payload(AbortJob, kw["payload"])
-        return intake.request_abort(rt, request.job_id, request.reason).decision.state
-    except (InvalidRequest, NotFound) as exc:
-        return f"rejected: {exc}"
-
-
-def _report(rt: Runtime, kw: dict[str, Any]) -> object:
-    """tasks.public.report_job_status."""
-    try:
-        request = intake.parse_payload(ReportJobStatus, kw["payload"])
-        return intake.report_status(rt, request)
-    except (InvalidRequest, NotFound) as exc:
-        return f"rejected: {exc}"
-
-
-def _prewarm(rt: Runtime, kw: dict[str, Any]) -> object:
-    """tasks.prewarm.prewarm_net: a refused prewarm is recorded, not raised."""
-    try:
-        request = intake.parse_payload(PrewarmNet, kw["payload"])
-    except InvalidRequest as exc:
-        code = prewarm.refuse_prewarm(rt, intake.caller_key_of(kw["payload"]), exc)
-        return f"refused: {code}"
-    try:
-        return prewarm.request_prewarm(rt, request).prewarm["status"]
-    except InvalidRequest as exc:  # recorded by the use case
-        return f"refused: {prewarm.refusal_code(exc)}"
-
-
-def _cancel_prewarm(rt: Runtime, kw: dict[str, Any]) -> object:
-    """tasks.prewarm.cancel_prewarm: an unknown, refused or malformed key is answered, not
-    raised (the task logs it and returns {"rejected": ...})."""
-    try:
-        request = intake.parse_payload(CancelPrewarm, kw["payload"])
-        return prewarm.cancel_prewarm(rt, request.caller_key)["status"]
-    except (InvalidRequest, NotFound) as exc:
-        return f"rejected: {exc}"
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """How a task runs: its use-case call and which of tasks/base.py's rules apply."""
-
-    call: Callable[[Runtime, dict[str, Any]], object]
-    # "pipeline" (retries, on_failure requeue) | "housekeeping" | "public" | "plain" |
-    # "callbacks" (delivery to the simulation's receiver; retries itself with a countdown)
-    kind: str
-    polls: bool = False  # wait_ready: NOT_READY -> retry after READY_POLL_S
-
-
-def _step(kw: dict[str, Any]) -> tuple[uuid.UUID, str, int]:
-    return _job(kw), kw["net_name"], int(kw["attempt"])
-
-
-# The ONE mapping from task names to use cases; mirrors tasks/pipeline.py, tasks/housekeeping.py
-# and tasks/public.py. Chain steps return their StepResult: a step that skipped or gave up
-# ends its chain (tasks.pipeline._end_chain_if_over).
-TASKS: dict[str, TaskSpec] = {
-    names.ASSIGN_NEXT_JOB: TaskSpec(lambda rt, kw: len(dispatch.assign_jobs(rt)), "plain"),
-    names.SCALE_UP: TaskSpec(lambda rt, kw: dispatch.start(rt, *_step(kw)), "pipeline"),
-    names.WAIT_READY: TaskSpec(
-        lambda rt, kw: dispatch.check_ready(rt, *_step(kw)), "pipeline", polls=True
-    ),
-    names.DISPATCH: TaskSpec(lambda rt, kw: dispatch.dispatch(rt, *_step(kw)), "pipeline"),
-    names.ABORT_ON_SERVER: TaskSpec(lambda rt, kw: abort.abort_on_server(rt, _job(kw)), "pipeline"),
-    names.SETTLE_STRAY_RUNS: TaskSpec(
-        lambda rt, kw: abort.settle_stray_runs(rt, kw["net_name"]), "plain"
-    ),
-    names.SCALE_DOWN_IDLE_NETS: TaskSpec(
-        lambda rt, kw: scale_down.scale_down_idle_nets(rt), "housekeeping"
-    ),
-    names.KEEP_ALIVE_BUSY_NETS: TaskSpec(
-        lambda rt, kw: scale_down.keep_alive_busy_nets(rt), "housekeeping"
-    ),
-    names.MONITOR_RUNNING_JOBS: TaskSpec(
-        lambda rt, kw: monitor.monitor_running_jobs(rt), "housekeeping"
-    ),
-    names.MONITOR_AWAITED_RUNS: TaskSpec(
-        lambda rt, kw: monitor.monitor_awaited_runs(rt), "housekeeping"
-    ),
-    names.RECONCILE: TaskSpec(lambda rt, kw: reconciler.reconcile(rt), "housekeeping"),
-    names.ENQUEUE_JOB: TaskSpec(_enqueue, "public"),
-    names.ABORT_JOB: TaskSpec(_abort_job, "public"),
-    names.REPORT_JOB_STATUS: TaskSpec(_report, "public"),
-    names.PREWARM: TaskSpec(_prewarm, "public"),
-    names.CANCEL_PREWARM: TaskSpec(_cancel_prewarm, "public"),
-    # tasks.prewarm.warm_up: a pipeline task polling every READY_POLL_S while NOT_READY.
-    names.WARM_UP: TaskSpec(
-        lambda rt, kw: prewarm_warm_up.warm_up(rt, kw["net_name"]), "pipeline", polls=True
-    ),
-    # tasks.callbacks.deliver_callbacks; the simulation passes its receiver as the sender.
-    names.DELIVER_CALLBACKS: TaskSpec(lambda rt, kw: None, "callbacks"),
-}
-
-
 def pipeline_links(job_id: str, net_name: str, attempt: int) -> list[tuple[str, dict[str, Any]]]:
     """app.celery_app.CeleryOutbox.start_pipeline: scale_up -> wait_ready -> dispatch, each
     bound to the job's attempt."""
@@ -170,21 +41,11 @@ def pipeline_links(job_id: str, net_name: str, attempt: int) -> list[tuple[str, 
     return [(names.SCALE_UP, dict(ids)), (names.WAIT_READY, dict(ids)), (names.DISPATCH, dict(ids))]
 
 
-def step_of(result: object) -> object:
-    """A chain step's Step (its StepResult's), or the result itself."""
-    return getattr(result, "step", result)
-
-
-def ends_chain(result: object) -> bool:
-    """tasks.pipeline._end_chain_if_over: Celery runs no further step of this chain."""
-    return bool(getattr(step_of(result), "ends_chain", False))
-
-
 def on_retry(rt: Runtime, kw: dict[str, Any], countdown: float) -> None:
-    """tasks.base._retry_transient's count (a transient retry of a job's step, and when it
+    """tasks.base._apply_rules' count (a transient retry of a job's step, and when it
     will be tried again)."""
     if kw.get("job_id"):
-        dispatch.count_retry(rt, _job(kw), next_try_in_s=countdown)
+        dispatch.count_retry(rt, uuid.UUID(kw["job_id"]), next_try_in_s=countdown)
 
 
 def on_failure(rt: Runtime, task: str, kw: dict[str, Any], exc: BaseException) -> None:
@@ -193,17 +54,11 @@ def on_failure(rt: Runtime, task: str, kw: dict[str, Any], exc: BaseException) -
         attempt = kw.get("attempt")
         dispatch.requeue_after_transient(
             rt,
-            _job(kw),
+            uuid.UUID(kw["job_id"]),
             f"{task}: retries exhausted: {exc}",
             net_name=kw.get("net_name"),
             attempt=int(attempt) if attempt is not None else None,
         )
-
-
-def backoff_s(rng: random.Random, retries: int, maximum: int) -> float:
-    """celery.utils.time.get_exponential_backoff_interval(full_jitter=True)."""
-    countdown = min(maximum, RETRY_BACKOFF_S * (2**retries))
-    return float(max(0, rng.randrange(countdown + 1)))
 
 
 @dataclass
@@ -343,8 +198,3 @@ class SimOutbox:
         links = pipeline_links(job_id, net_name, attempt)
         (task, kwargs), rest = links[0], tuple(links[1:])
         self.broker.push(task, kwargs, chain=rest, origin=f"w{self.slot}")
-
-
-def is_poll(spec: TaskSpec, result: object) -> bool:
-    # wait_ready's Step.NOT_READY, or warm_up's Warm.NOT_READY (the same string).
-    return spec.polls and step_of(result) == Step.NOT_READY

@@ -19,7 +19,7 @@ from app.sim.host import SimHost
 
 POISON = "sim: poison row"
 # The tasks the poison may fail: each about one job, or one net (app.sim.messages kinds).
-FAILS_WITH_IT = ("public", "pipeline", "plain")
+FAILS_WITH_IT = ("request", "pipeline", "plain")
 
 _SCHEMA = """
 CREATE TEMP TABLE sim_poison (job_id TEXT PRIMARY KEY);

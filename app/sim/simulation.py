@@ -24,9 +24,11 @@ from typing import TypeVar
 
 from app import names
 from app.db import session_factory, unit_of_work
+from app.handlers import beat_loops
 from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
+from app.sim import dbfaults
 from app.sim.admin import SimAdmin
 from app.sim.adversary import Adversary
 from app.sim.bundles import FakeS3, LocalBundle, remove_tree, serving
@@ -35,7 +37,7 @@ from app.sim.clock import SimClock
 from app.sim.cluster import Cluster
 from app.sim.db import memory_db, scratch_dir
 from app.sim.delivery import Delivery
-from app.sim.deployment import always_on, beat_loops, settings_for
+from app.sim.deployment import always_on, settings_for
 from app.sim.fast_forward import FastForward
 from app.sim.faults import FaultProfile, profile_for_seed
 from app.sim.interleaving import HookedSessions, Interleaving
@@ -146,6 +148,9 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         if world.receiver_failures_before:
             self._receiver_down_before(world.receiver_failures_before)
         self.workers = [self._runtime(slot) for slot in (0, 1)]
+        self._db_faults = (
+            dbfaults.DatabaseFaults(self, self.engine, seed) if profile.db_error else None
+        )
         self._restart_worker(0, "start")
         self.checker = Checker(self)
         self.ready_seen: dict[tuple[str, str], str] = {}  # (job, net) -> assigned_at seen ready
@@ -157,7 +162,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self._current: list[Message] = []  # the messages being processed, outermost first
         self._draining = False
         self.claim_prewarms = False  # a replay's hints are its trace's alone
-        self._beats = beat_loops(world)
+        self._beats = [(h.name, period) for h, period in beat_loops(self.settings)]
         self._next_beat = [period for _, period in self._beats]  # each loop's next tick
 
     @classmethod
@@ -224,6 +229,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             driver_factory=lambda net, _s: self.cluster.drivers[net.name],
             admin_factory=lambda net, _s: SimAdmin(self.cluster, net.name),
             outbox=SimOutbox(self.broker, slot),
+            callback_sender=self.receiver,
         )
         if self.world.callbacks:
             kicker = dataclasses.replace(rt, outbox=SimOutbox(self.broker, slot, hooked=False))
@@ -314,6 +320,8 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
                 return self._run()
         finally:
             logging.disable(logging.NOTSET)
+            if self._db_faults is not None:
+                self._db_faults.remove()
             self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)
@@ -330,6 +338,8 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             return result, read(self)
         finally:
             logging.disable(logging.NOTSET)
+            if self._db_faults is not None:
+                self._db_faults.remove()
             self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)

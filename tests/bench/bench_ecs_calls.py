@@ -6,7 +6,7 @@ moto's ECS server runs in a thread on loopback (as in tests/fixtures/aws.py) wit
 service per net in one cluster; every net uses the real EcsDriver (built by build_driver)
 pointed at it, the admin client is the fake. The world is the beat-tick benchmark's (10%
 BUSY with a running job, 10% READY idle, the rest STOPPED; PostgreSQL). Passes counted:
-- reconcile: what beat's reconcile task runs (tasks.housekeeping.reconcile);
+- reconcile: what beat's reconcile task runs (the reconcile handler in app/handlers.py);
 - /fl/status: the status view probing every net (app.entrypoints.api.collect_status).
 Calls are counted in botocore (every client in this process). Goal: DescribeServices batched
 10 services a call, so at most 100 calls per pass at 1,000 nets. The process's peak RSS is
@@ -31,6 +31,7 @@ from typing import Any
 import boto3
 from botocore.client import BaseClient
 
+from app import names
 from app.entrypoints.api import Prober, collect_status
 from tests.bench.bench_beat_tick import World
 from tests.bench.common import (
@@ -122,12 +123,12 @@ def create_services(endpoint: str, world: World) -> None:
 
 
 def reconcile_pass(world: World) -> Any:
-    from tasks import housekeeping as tasks
     from tasks.base import set_runtime
+    from tasks.registered import TASKS
 
     set_runtime(world.rt)
     try:
-        return tasks.reconcile()
+        return TASKS[names.RECONCILE]()
     finally:
         set_runtime(None)
 

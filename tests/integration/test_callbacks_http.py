@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from app import names
 from app.adapters.callbacks import EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from app.settings import Settings
 from app.usecases import callbacks, monitor
@@ -260,12 +261,13 @@ def test_a_refused_enqueue_reaches_the_receiver_as_a_rejected_event(make_world, 
     HTTP: the receiver is down at first, then gets the rejected event and a job's whole life,
     each signed, with ids that cannot collide."""
     from app.schemas import job_id_for
-    from tasks import base, public
+    from tasks import base
+    from tasks.registered import TASKS
 
     world = make_world()
     base.set_runtime(world.rt)
     try:
-        refused = public.enqueue_job.run(
+        refused = TASKS[names.ENQUEUE_JOB].run(
             payload={"caller_key": "flip-bad", "definition": "tiny-job", "net": "nope"}
         )
     finally:

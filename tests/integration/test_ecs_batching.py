@@ -21,7 +21,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 
-from app import migrate
+from app import migrate, names
 from app.adapters.drivers import Observation
 from app.db import unit_of_work
 from app.parallel import Prober
@@ -153,12 +153,12 @@ def test_observe_many_reads_ten_services_a_call(rt: Runtime, calls: Counter[str]
 
 
 def test_beat_reconcile_pass_reads_ten_services_a_call(rt: Runtime, calls: Counter[str]) -> None:
-    from tasks import housekeeping as beat_tasks
     from tasks.base import set_runtime
+    from tasks.registered import TASKS
 
     set_runtime(rt)
     try:
-        beat_tasks.reconcile()
+        TASKS[names.RECONCILE]()
     finally:
         set_runtime(None)
 

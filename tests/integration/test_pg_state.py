@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
+from app import names
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
 from app.usecases import claims, prewarm, prewarm_warm_up, services
@@ -463,23 +464,23 @@ def test_a_nul_in_any_text_a_task_is_sent_is_refused_before_postgresql(db, setti
     reaches PostgreSQL: each is a refusal (logged as one WARNING line), never a database
     error; the job is unchanged."""
     from app.errors import InvalidRequest
-    from tasks import base, public
-    from tasks import prewarm as prewarm_tasks
+    from tasks import base
+    from tasks.registered import TASKS
 
     job_id = enqueue(db, settings, clock, "k")
     world = World(settings, db, clock)
     base.set_runtime(world.rt)
     try:
         answers = {
-            "abort": public.abort_job.run(payload={"job_id": str(job_id), "reason": "a\x00"}),
-            "report": public.report_job_status.run(
+            "abort": TASKS[names.ABORT_JOB].run(payload={"job_id": str(job_id), "reason": "a\x00"}),
+            "report": TASKS[names.REPORT_JOB_STATUS].run(
                 payload={"job_id": str(job_id), "status": "error", "detail": "a\x00"}
             ),
-            "cancel": prewarm_tasks.cancel_prewarm.run(payload={"caller_key": "a\x00"}),
-            "prewarm": prewarm_tasks.prewarm_net.run(
+            "cancel": TASKS[names.CANCEL_PREWARM].run(payload={"caller_key": "a\x00"}),
+            "prewarm": TASKS[names.PREWARM].run(
                 payload={"caller_key": "a\x00", "net": "net-a", "within_s": 60}
             ),
-            "enqueue": public.enqueue_job.run(
+            "enqueue": TASKS[names.ENQUEUE_JOB].run(
                 payload={"caller_key": "k2", "definition": "tiny-job", "prewarm_key": "a\x00"}
             ),
         }

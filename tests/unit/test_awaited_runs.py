@@ -11,7 +11,7 @@ import pytest
 from app import names
 from app.celery_app import beat_schedule
 from app.settings import Settings
-from app.sim.deployment import beat_loops, settings_for
+from app.sim.deployment import settings_for
 from app.sim.savings import LOCAL, replay
 from app.sim.trace import parse_trace
 from app.sim.workload import NetSpec, WorldSpec
@@ -120,7 +120,7 @@ def test_beat_polls_awaited_runs_every_queued_poll_s_unless_off(tmp_path, job_ro
 
 
 @pytest.mark.parametrize("queued_poll_s", [0.0, 1.0, 3.0])
-def test_the_simulator_beats_what_beat_schedules(queued_poll_s):
+def test_beat_polls_awaited_runs_every_queued_poll_s_and_not_at_all_at_zero(queued_poll_s):
     world = WorldSpec(
         nets=(NetSpec("net-a", "ecs", 60.0, 120.0, ("site-1",)),),
         housekeeping_interval_s=7.0,
@@ -128,9 +128,16 @@ def test_the_simulator_beats_what_beat_schedules(queued_poll_s):
         queued_poll_s=queued_poll_s,
     )
     schedule = beat_schedule(settings_for(world, per_job_fl_server=True))
-    assert sorted(beat_loops(world)) == sorted(
-        (e["task"], e["schedule"].total_seconds()) for e in schedule.values()
-    )
+    expected = {
+        names.ASSIGN_NEXT_JOB: 7.0,
+        names.SCALE_DOWN_IDLE_NETS: 7.0,
+        names.MONITOR_RUNNING_JOBS: 7.0,
+        names.RECONCILE: 14.0,
+        names.KEEP_ALIVE_BUSY_NETS: 90.0,
+    }
+    if queued_poll_s:
+        expected[names.MONITOR_AWAITED_RUNS] = queued_poll_s
+    assert {e["task"]: e["schedule"].total_seconds() for e in schedule.values()} == expected
 
 
 def test_a_job_queued_behind_a_run_starts_within_a_queued_poll_of_its_end():

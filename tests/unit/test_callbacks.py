@@ -542,7 +542,7 @@ def test_the_delivery_task_is_sent_through_the_outbox_after_the_commit(cb):
 
 def test_the_task_delivers_and_comes_back_when_the_next_event_is_due(cb, monkeypatch):
     from tasks import base
-    from tasks import callbacks as callback_tasks
+    from tasks.registered import TASKS
 
     cb.enqueue("j1", net="net-a")
     # Nothing listens there: the real HTTP sender gets "connection refused" at once.
@@ -551,12 +551,10 @@ def test_the_task_delivers_and_comes_back_when_the_next_event_is_due(cb, monkeyp
     base.set_runtime(cb.rt)
     try:
         with (
-            mock.patch.object(
-                callback_tasks.deliver_callbacks, "retry", side_effect=Retry
-            ) as retry,
+            mock.patch.object(TASKS[names.DELIVER_CALLBACKS], "retry", side_effect=Retry) as retry,
             pytest.raises(Retry),
         ):
-            callback_tasks.deliver_callbacks.run()
+            TASKS[names.DELIVER_CALLBACKS].run()
     finally:
         base.set_runtime(None)
     assert retry.call_args.kwargs == {"countdown": 2.0, "max_retries": None}
@@ -654,13 +652,13 @@ def rejection_row(world: World, caller_key: str | None) -> RejectedRequest:
 
 
 def test_a_refused_enqueue_is_pushed_as_a_rejected_event_signed_with_its_own_id(task_rt, receiver):
-    from tasks import public
+    from tasks.registered import TASKS
 
     cb = task_rt
-    refused = public.enqueue_job.run(
+    refused = TASKS[names.ENQUEUE_JOB].run(
         payload={"caller_key": "flip-run-9", "definition": "tiny-job", "net": "nope"}
     )
-    no_key = public.enqueue_job.run(payload={"definition": "tiny-job"})
+    no_key = TASKS[names.ENQUEUE_JOB].run(payload={"definition": "tiny-job"})
     row = rejection_row(cb, "flip-run-9")
 
     report = deliver(cb, receiver)
@@ -847,13 +845,13 @@ def test_callbacks_off_keep_no_rejection_past_its_retention_and_send_nothing(
 def test_a_reused_caller_key_with_another_payload_is_a_rejected_event_and_changes_nothing(
     task_rt, receiver
 ):
-    from tasks import public
+    from tasks.registered import TASKS
 
     cb = task_rt
     payload = {"caller_key": "flip-run-10", "definition": "tiny-job", "net": "net-a"}
-    first = public.enqueue_job.run(payload=payload)
-    assert public.enqueue_job.run(payload=payload) == {**first, "created": False}
-    conflict = public.enqueue_job.run(payload={**payload, "priority": 7})
+    first = TASKS[names.ENQUEUE_JOB].run(payload=payload)
+    assert TASKS[names.ENQUEUE_JOB].run(payload=payload) == {**first, "created": False}
+    conflict = TASKS[names.ENQUEUE_JOB].run(payload={**payload, "priority": 7})
     assert conflict["reason_code"] == "caller_key_conflict"
     assert conflict["rejected"].startswith(
         f"caller_key 'flip-run-10' already names job {first['job_id']}"

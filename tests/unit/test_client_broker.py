@@ -18,7 +18,7 @@ from celery import Celery
 from kombu import Connection, Queue
 from kombu.message import Message
 
-import tasks.public  # noqa: F401  registers the tasks by name, as the worker's include does
+import tasks.registered  # noqa: F401  registers the tasks by name, as the worker's include does
 from app import names
 from app.celery_app import celery, celery_config
 from app.client import DispatcherClient

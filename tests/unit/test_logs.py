@@ -171,12 +171,13 @@ def test_lines_inside_a_celery_task_carry_its_id_and_name(log_to, throwaway_cele
 def test_a_project_task_logs_with_its_id(log_to, world):
     # A real public task, run by Celery (apply), logging from deep inside its use case.
     from app import names
-    from tasks import base, public
+    from tasks import base
+    from tasks.registered import TASKS
 
     buffer = log_to(LOG_JSON="true")
     base.set_runtime(world.rt)
     try:
-        public.enqueue_job.apply(
+        TASKS[names.ENQUEUE_JOB].apply(
             kwargs={"payload": {"caller_key": "log-1", "definition": "tiny-job", "net": "net-a"}},
             task_id="enqueue-task-1",
         )

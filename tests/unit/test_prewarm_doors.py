@@ -14,7 +14,7 @@ from app.schemas import PrewarmNet
 from app.usecases import prewarm, services
 from models import NetState, Prewarm
 from tasks import base
-from tasks import prewarm as prewarm_tasks
+from tasks.registered import TASKS
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -32,25 +32,23 @@ def pw(tmp_path, job_root, sqlite_factory, clock) -> World:
 
 
 def test_the_prewarm_task_holds_the_net_and_sends_the_warm_up(pw):
-    answer = prewarm_tasks.prewarm_net.run(
-        payload={"caller_key": "p1", "net": "net-a", "within_s": 120}
-    )
+    answer = TASKS[names.PREWARM].run(payload={"caller_key": "p1", "net": "net-a", "within_s": 120})
     assert answer["created"] is True and answer["status"] == "warming"
     assert pw.outbox.sent[-1] == (names.WARM_UP, {"net_name": "net-a"})
     assert (
-        prewarm_tasks.prewarm_net.run(
-            payload={"caller_key": "p1", "net": "net-a", "within_s": 120}
-        )["created"]
+        TASKS[names.PREWARM].run(payload={"caller_key": "p1", "net": "net-a", "within_s": 120})[
+            "created"
+        ]
         is False
     )
 
 
 def test_the_prewarm_task_refuses_bad_payloads_and_records_them(pw):
-    refused = prewarm_tasks.prewarm_net.run(payload={"caller_key": "p1", "net": "net-a"})
+    refused = TASKS[names.PREWARM].run(payload={"caller_key": "p1", "net": "net-a"})
     assert refused["reason_code"] == "rejected" and "within_s" in refused["refused"]
     conflict_first = {"caller_key": "p2", "net": "net-a", "within_s": 60}
-    prewarm_tasks.prewarm_net.run(payload=conflict_first)
-    conflict = prewarm_tasks.prewarm_net.run(payload={**conflict_first, "within_s": 61})
+    TASKS[names.PREWARM].run(payload=conflict_first)
+    conflict = TASKS[names.PREWARM].run(payload={**conflict_first, "within_s": 61})
     assert conflict["reason_code"] == "caller_key_conflict"
     with pw.rt.sessions() as session:
         outcomes = session.scalars(
@@ -63,11 +61,9 @@ def test_a_refused_prewarm_key_over_200_characters_is_recorded_as_its_own_not_it
     """A key cut to 200 characters may be another prewarm's: its lookup must answer 410 for
     the key sent and leave the other prewarm's alone."""
     taken = "p" * 200
-    prewarm_tasks.prewarm_net.run(payload={"caller_key": taken, "net": "net-a", "within_s": 60})
+    TASKS[names.PREWARM].run(payload={"caller_key": taken, "net": "net-a", "within_s": 60})
     sent = taken + "-again"
-    refused = prewarm_tasks.prewarm_net.run(
-        payload={"caller_key": sent, "net": "net-a", "within_s": 60}
-    )
+    refused = TASKS[names.PREWARM].run(payload={"caller_key": sent, "net": "net-a", "within_s": 60})
     assert refused["reason_code"] == "rejected"
     with pw.rt.sessions() as session:
         keys = session.scalars(select(Prewarm.caller_key).where(Prewarm.refused)).all()
@@ -82,7 +78,7 @@ def test_a_prewarm_key_an_http_client_would_rewrite_is_refused_at_both_doors(pw,
     """GET /prewarms/proj/../p1 would reach the prewarm p1: such keys are refused, saying
     why, as a caller_key or as a job's prewarm_key."""
     body = {"caller_key": key, "net": "net-a", "within_s": 60}
-    refused = prewarm_tasks.prewarm_net.run(payload=body)
+    refused = TASKS[names.PREWARM].run(payload=body)
     assert refused["reason_code"] == "rejected" and "segment" in refused["refused"], refused
     job = {"caller_key": "j-1", "definition": "tiny-job", "net": "net-a", "prewarm_key": key}
     with TestClient(create_app(pw.rt)) as client:
@@ -96,13 +92,13 @@ def test_a_prewarm_key_an_http_client_would_rewrite_is_refused_at_both_doors(pw,
 def test_the_warm_up_task_polls_until_ready_and_the_cancel_task_ends_the_hold(pw):
     from celery.exceptions import Retry
 
-    prewarm_tasks.prewarm_net.run(payload={"caller_key": "p1", "net": "net-a", "within_s": 120})
+    TASKS[names.PREWARM].run(payload={"caller_key": "p1", "net": "net-a", "within_s": 120})
     with pytest.raises(Retry):
-        prewarm_tasks.warm_up.run(net_name="net-a")  # the driver was asked: poll again
-    assert prewarm_tasks.warm_up.run(net_name="net-a") == "ready"
+        TASKS[names.WARM_UP].run(net_name="net-a")  # the driver was asked: poll again
+    assert TASKS[names.WARM_UP].run(net_name="net-a") == "ready"
     assert pw.net("net-a").state == NetState.READY
-    assert prewarm_tasks.cancel_prewarm.run(payload={"caller_key": "p1"})["status"] == "cancelled"
-    assert "no prewarm" in prewarm_tasks.cancel_prewarm.run(payload={"caller_key": "x"})["rejected"]
+    assert TASKS[names.CANCEL_PREWARM].run(payload={"caller_key": "p1"})["status"] == "cancelled"
+    assert "no prewarm" in TASKS[names.CANCEL_PREWARM].run(payload={"caller_key": "x"})["rejected"]
 
 
 def test_the_http_routes(pw):
@@ -162,8 +158,6 @@ def test_the_client_sends_both_tasks_by_name_on_the_requests_queue():
 
 
 def test_the_task_answer_is_the_use_cases_view(pw):
-    answer = prewarm_tasks.prewarm_net.run(
-        payload={"caller_key": "p1", "net": "net-a", "within_s": 30}
-    )
+    answer = TASKS[names.PREWARM].run(payload={"caller_key": "p1", "net": "net-a", "within_s": 30})
     with pw.rt.sessions() as session:
         assert answer == {**prewarm.get_prewarm(session, "p1", pw.clock()), "created": True}

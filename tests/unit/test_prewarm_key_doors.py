@@ -20,7 +20,7 @@ from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceJob
 from app.sim.workload import JobSpec, Workload, random_world
 from tasks import base
-from tasks import public as public_tasks
+from tasks.registered import TASKS
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 from tests.unit.test_simulate import COLD  # the 10 s cold start of the replay tests
@@ -40,10 +40,10 @@ def doors(tmp_path, job_root, sqlite_factory, clock) -> World:
 
 def test_the_enqueue_task_and_post_jobs_store_the_prewarm_key(doors: World):
     body = {"caller_key": "t-1", "definition": "tiny-job", "net": "net-a", "prewarm_key": "pw/1"}
-    answer = public_tasks.enqueue_job.run(payload=body)
+    answer = TASKS[names.ENQUEUE_JOB].run(payload=body)
     assert answer["created"] is True
     assert doors.job(job_id_for("t-1")).prewarm_key == "pw/1"
-    conflict = public_tasks.enqueue_job.run(payload={**body, "prewarm_key": "pw/2"})
+    conflict = TASKS[names.ENQUEUE_JOB].run(payload={**body, "prewarm_key": "pw/2"})
     assert conflict["reason_code"] == "caller_key_conflict"
     with TestClient(create_app(doors.rt)) as client:
         created = client.post("/jobs", json={**body, "caller_key": "h-1"}, headers=AUTH)

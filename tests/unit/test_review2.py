@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from app import names
 from app.errors import InvalidRequest
 from app.schemas import EnqueueJob
 from app.usecases import enqueue, views
@@ -169,12 +170,13 @@ def test_an_invalid_repeat_of_a_live_jobs_caller_key_is_a_conflict_not_a_rejecti
     job, refuse any payload that is not its repeat as caller_key_conflict, validation
     error included in the reason."""
     from models.reasons import REASONS, ReasonCode
-    from tasks import base, public
+    from tasks import base
+    from tasks.registered import TASKS
 
     live = world.enqueue("k-live", net="net-a")
     base.set_runtime(world.rt)
     try:
-        answer = public.enqueue_job.run(
+        answer = TASKS[names.ENQUEUE_JOB].run(
             payload={
                 "caller_key": "k-live",
                 "definition": "tiny-job",

@@ -19,12 +19,12 @@ from app.celery_app import celery, celery_config
 from app.db import session_factory
 from app.entrypoints.api import create_app
 from app.errors import DriverTransientError, ServerUnavailable
+from app.handlers import HANDLERS, Kind
 from app.schemas import PUBLIC_PAYLOADS, job_id_for
 from app.usecases import enqueue, intake
 from models import Job, JobState
-from tasks import base, housekeeping, public
-from tasks import pipeline as pipeline_tasks
-from tasks import prewarm as prewarm_tasks  # noqa: F401 (registers the prewarm tasks)
+from tasks import base
+from tasks.registered import TASKS
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
 
@@ -97,8 +97,10 @@ def test_the_redis_transport_path_names_the_fixed_transport():
 
 
 def test_enqueue_task_rejects_an_invalid_payload_writes_no_job_and_records_why(rt):
-    assert "caller_key" in public.enqueue_job.run(payload={"definition": "tiny-job"})["rejected"]
-    refused = public.enqueue_job.run(
+    assert (
+        "caller_key" in TASKS[names.ENQUEUE_JOB].run(payload={"definition": "tiny-job"})["rejected"]
+    )
+    refused = TASKS[names.ENQUEUE_JOB].run(
         payload={"caller_key": "a", "definition": "tiny-job", "net": "nope"}
     )
     assert "unknown net" in refused["rejected"]
@@ -112,11 +114,11 @@ def test_a_refused_caller_key_over_200_characters_is_recorded_as_its_own_not_its
     """A key cut to the column's 200 characters may be another job's key: the refusal must
     not go out as that job's conflict, and the id of the key sent must answer 410."""
     taken = "k" * 200
-    assert public.enqueue_job.run(
+    assert TASKS[names.ENQUEUE_JOB].run(
         payload={"caller_key": taken, "definition": "tiny-job", "net": "net-a"}
     )["created"]
     sent = taken + "-retry"
-    refused = public.enqueue_job.run(
+    refused = TASKS[names.ENQUEUE_JOB].run(
         payload={"caller_key": sent, "definition": "tiny-job", "net": "net-a"}
     )
     assert refused["reason_code"] == "rejected", refused
@@ -138,7 +140,7 @@ def test_a_caller_key_an_http_client_would_rewrite_is_refused_at_both_doors(door
     """HTTP clients drop dot segments (and proxies merge slashes): GET /jobs/by-key/proj/../run-1
     reaches the job keyed run-1. Such a key could never be looked up: it is refused, saying why."""
     body = {"caller_key": key, "definition": "tiny-job", "net": "net-a"}
-    refused = public.enqueue_job.run(payload=body)
+    refused = TASKS[names.ENQUEUE_JOB].run(payload=body)
     assert refused["reason_code"] == "rejected" and "segment" in refused["rejected"], refused
     with TestClient(create_app(doors.rt)) as client:
         answer = client.post("/jobs", json=body, headers=AUTH)
@@ -177,7 +179,7 @@ def test_a_message_python_cannot_read_reaches_the_task_and_is_a_recorded_rejecti
     _, kwargs, _ = serialization.loads(
         body.encode(), "application/json", "utf-8", accept={"application/json"}
     )
-    refused = public.enqueue_job.run(**kwargs)
+    refused = TASKS[names.ENQUEUE_JOB].run(**kwargs)
     assert reason in refused["rejected"] and refused["caller_key"] == "unreadable"
     with rt.rt.sessions() as session:
         assert session.query(Job).count() == 0
@@ -186,16 +188,16 @@ def test_a_message_python_cannot_read_reaches_the_task_and_is_a_recorded_rejecti
 
 
 def test_rejections_are_kept_for_their_retention_only(rt):
-    public.enqueue_job.run(payload={"caller_key": "old", "definition": "nope/../x"})
+    TASKS[names.ENQUEUE_JOB].run(payload={"caller_key": "old", "definition": "nope/../x"})
     rt.clock.advance(rt.rt.settings.rejected_retention_s + 1)
-    public.enqueue_job.run(payload={"caller_key": "new", "definition": "nope/../x"})
+    TASKS[names.ENQUEUE_JOB].run(payload={"caller_key": "new", "definition": "nope/../x"})
     with rt.rt.sessions() as session:
         assert enqueue.get_rejection(session, job_id_for("old")) is None
         assert enqueue.get_rejection(session, job_id_for("new")) is not None
 
 
 def test_enqueue_task_sends_assign_after_commit(rt):
-    result = public.enqueue_job.run(
+    result = TASKS[names.ENQUEUE_JOB].run(
         payload={"caller_key": "flip-1", "definition": "tiny-job", "net": "net-a"}
     )
     assert result["created"] is True
@@ -205,35 +207,35 @@ def test_enqueue_task_sends_assign_after_commit(rt):
 
 def test_wait_ready_polls_with_a_short_countdown_until_ready(rt):
     job_id = rt.enqueue("j", net="net-a", required_sites=["site-9"])
-    pipeline_tasks.assign_next_job.run()
-    pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+    TASKS[names.ASSIGN_NEXT_JOB].run()
+    TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a")
     with (
-        mock.patch.object(pipeline_tasks.wait_ready, "retry", side_effect=Retry()) as retry,
+        mock.patch.object(TASKS[names.WAIT_READY], "retry", side_effect=Retry()) as retry,
         pytest.raises(Retry),
     ):
-        pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a")
+        TASKS[names.WAIT_READY].run(job_id=str(job_id), net_name="net-a")
     assert retry.call_args.kwargs["countdown"] == rt.rt.settings.ready_poll_s
     rt.server("net-a").sites.append("site-9")
-    assert pipeline_tasks.wait_ready.run(job_id=str(job_id), net_name="net-a") == "done"
+    assert TASKS[names.WAIT_READY].run(job_id=str(job_id), net_name="net-a") == "done"
 
 
 def test_transient_errors_autoretry_and_are_counted(rt):
     job_id = rt.enqueue("j", net="net-a")
-    pipeline_tasks.assign_next_job.run()
+    TASKS[names.ASSIGN_NEXT_JOB].run()
     rt.driver("net-a").fail_with = DriverTransientError("throttled")
     with (
-        mock.patch.object(pipeline_tasks.scale_up, "retry", side_effect=Retry()) as retry,
+        mock.patch.object(TASKS[names.SCALE_UP], "retry", side_effect=Retry()) as retry,
         pytest.raises(Retry),
     ):
-        pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+        TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a")
     assert isinstance(retry.call_args.kwargs["exc"], DriverTransientError)
     assert rt.job(job_id).retries == 1
 
 
 def test_retries_exhausted_requeue_the_job(rt):
     job_id = rt.enqueue("j", net="net-a")
-    pipeline_tasks.assign_next_job.run()
-    pipeline_tasks.dispatch.on_failure(
+    TASKS[names.ASSIGN_NEXT_JOB].run()
+    TASKS[names.DISPATCH].on_failure(
         DriverTransientError("still throttled"),
         "t",
         (),
@@ -252,7 +254,7 @@ def test_retries_exhausted_while_dispatching_keep_the_attempt_and_its_token(rt):
     with rt.rt.sessions.begin() as session:
         job = session.get(Job, job_id)
         job.state = JobState.DISPATCHING
-    pipeline_tasks.dispatch.on_failure(
+    TASKS[names.DISPATCH].on_failure(
         ServerUnavailable("no reply"),
         "t",
         (),
@@ -269,25 +271,25 @@ def test_retries_exhausted_while_dispatching_keep_the_attempt_and_its_token(rt):
 
 def test_a_non_transient_failure_does_not_requeue(rt):
     job_id = rt.enqueue("j", net="net-a")
-    pipeline_tasks.assign_next_job.run()
+    TASKS[names.ASSIGN_NEXT_JOB].run()
     ids = {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}
-    pipeline_tasks.dispatch.on_failure(ValueError("bug"), "t", (), ids, None)
+    TASKS[names.DISPATCH].on_failure(ValueError("bug"), "t", (), ids, None)
     assert rt.job(job_id).state == JobState.ASSIGNED
 
 
 def test_housekeeping_tasks_call_their_use_case(rt):
     job_id = rt.enqueue("j", net="net-a")
     rt.run_pipeline(job_id)
-    assert housekeeping.keep_alive_busy_nets.run() == ["net-a"]
+    assert TASKS[names.KEEP_ALIVE_BUSY_NETS].run() == ["net-a"]
     assert rt.server("net-a").pings == 1
     rt.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
-    assert housekeeping.monitor_running_jobs.run() == {str(job_id): "completed"}
+    assert TASKS[names.MONITOR_RUNNING_JOBS].run() == {str(job_id): "completed"}
     assert rt.job(job_id).state == JobState.COMPLETED
     rt.clock.advance(61)
-    assert housekeeping.scale_down_idle_nets.run() == ["net-a"]
+    assert TASKS[names.SCALE_DOWN_IDLE_NETS].run() == ["net-a"]
     rt.driver("net-a").replicas = 1  # drift: a server up while the net is STOPPED
     rt.clock.advance(rt.rt.settings.stuck_after_s + 1)
-    result = housekeeping.reconcile.run()
+    result = TASKS[names.RECONCILE].run()
     assert any("drift" in note for note in result["repaired"])
     assert rt.driver("net-a").replicas == 0
 
@@ -298,7 +300,7 @@ def test_abort_task_of_a_running_job_hands_the_server_abort_to_a_worker(rt):
     job_id = rt.enqueue("j", net="net-a")
     rt.run_pipeline(job_id)
     rt.outbox.sent.clear()
-    assert public.abort_job.run(payload={"job_id": str(job_id)}) == JobState.ABORTING
+    assert TASKS[names.ABORT_JOB].run(payload={"job_id": str(job_id)}) == JobState.ABORTING
     assert rt.outbox.sent == [(names.ABORT_ON_SERVER, {"job_id": str(job_id)})]
 
 
@@ -309,12 +311,10 @@ def test_a_step_that_found_its_net_misconfigured_ends_its_chain_without_raising(
     from tests.unit.test_warm_dispatch import chain_request
 
     job_id = rt.enqueue("j", net="net-a")
-    pipeline_tasks.assign_next_job.run()
+    TASKS[names.ASSIGN_NEXT_JOB].run()
     rt.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a missing")
     with chain_request() as request:
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a") == (
-            "misconfigured"
-        )
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a") == ("misconfigured")
         assert request.chain is None
     job = rt.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 0)
@@ -345,8 +345,9 @@ def database_unreachable(world):
 
 
 def test_flip_api_requests_are_the_tasks_kept_while_the_database_is_down():
-    assert set(CALLER_REQUESTS) == base.CALLER_INTENT_TASKS
-    assert set(PUBLIC_PAYLOADS) == base.CALLER_INTENT_TASKS  # every task flip-api sends
+    requests = {name for name, h in HANDLERS.items() if h.kind is Kind.REQUEST}
+    assert set(CALLER_REQUESTS) == requests
+    assert set(PUBLIC_PAYLOADS) == requests  # every task flip-api sends
 
 
 @pytest.mark.parametrize("task_name", sorted(CALLER_REQUESTS))
@@ -366,11 +367,11 @@ def test_an_enqueue_retried_after_the_outage_stores_the_job(rt):
     payload = CALLER_REQUESTS[names.ENQUEUE_JOB]
     with (
         database_unreachable(rt),
-        mock.patch.object(public.enqueue_job, "retry", side_effect=Retry()),
+        mock.patch.object(TASKS[names.ENQUEUE_JOB], "retry", side_effect=Retry()),
         pytest.raises(Retry),
     ):
-        public.enqueue_job.run(payload=payload)
-    answer = public.enqueue_job.run(payload=payload)  # the retry's delivery
+        TASKS[names.ENQUEUE_JOB].run(payload=payload)
+    answer = TASKS[names.ENQUEUE_JOB].run(payload=payload)  # the retry's delivery
     assert answer["created"] is True
     assert rt.job(job_id_for("flip-1")).state == JobState.QUEUED
 
@@ -379,29 +380,29 @@ def test_a_retry_the_broker_refuses_puts_the_message_back_instead_of_dropping_it
     refused = Reject(ConnectionError("broker down"), requeue=False)  # what Task.retry raises
     with (
         database_unreachable(rt),
-        mock.patch.object(public.abort_job, "retry", side_effect=refused),
+        mock.patch.object(TASKS[names.ABORT_JOB], "retry", side_effect=refused),
         pytest.raises(Reject) as raised,
     ):
-        public.abort_job.run(payload=CALLER_REQUESTS[names.ABORT_JOB])
+        TASKS[names.ABORT_JOB].run(payload=CALLER_REQUESTS[names.ABORT_JOB])
     assert raised.value.requeue is True
 
 
 def test_a_request_failing_for_another_reason_is_not_retried(rt):
     with (
         mock.patch.object(intake, "report_status", side_effect=ValueError("a bug")),
-        mock.patch.object(public.report_job_status, "retry") as retry,
+        mock.patch.object(TASKS[names.REPORT_JOB_STATUS], "retry") as retry,
         pytest.raises(ValueError, match="a bug"),
     ):
-        public.report_job_status.run(payload=CALLER_REQUESTS[names.REPORT_JOB_STATUS])
+        TASKS[names.REPORT_JOB_STATUS].run(payload=CALLER_REQUESTS[names.REPORT_JOB_STATUS])
     retry.assert_not_called()
 
 
 def test_the_retry_log_line_names_the_error_class_not_its_text(rt, caplog):
     with (
         database_unreachable(rt),
-        mock.patch.object(public.enqueue_job, "retry", side_effect=Retry()),
+        mock.patch.object(TASKS[names.ENQUEUE_JOB], "retry", side_effect=Retry()),
         pytest.raises(Retry),
     ):
-        public.enqueue_job.run(payload=CALLER_REQUESTS[names.ENQUEUE_JOB])
+        TASKS[names.ENQUEUE_JOB].run(payload=CALLER_REQUESTS[names.ENQUEUE_JOB])
     (line,) = [r for r in caplog.records if "request kept" in r.getMessage()]
     assert line.reason == "OperationalError" and "no/such/folder" not in str(line.__dict__)

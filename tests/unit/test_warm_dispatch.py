@@ -13,12 +13,13 @@ from unittest import mock
 import pytest
 from celery.exceptions import Retry
 
+from app import names
 from app.errors import ServerUnavailable
 from app.usecases import abort, dispatch, monitor
 from app.usecases.dispatch import Step
 from models import JobState, NetState
-from tasks import base, public
-from tasks import pipeline as pipeline_tasks
+from tasks import base
+from tasks.registered import TASKS
 
 CHAIN = ["wait_ready", "dispatch"]  # what Celery keeps in the request of a chain's step
 
@@ -33,11 +34,11 @@ def rt(world):
 @contextmanager
 def chain_request() -> Iterator[object]:
     """The scale_up task's request, as Celery gives it to the first step of a chain."""
-    pipeline_tasks.scale_up.push_request(chain=list(CHAIN), retries=0)
+    TASKS[names.SCALE_UP].push_request(chain=list(CHAIN), retries=0)
     try:
-        yield pipeline_tasks.scale_up.request
+        yield TASKS[names.SCALE_UP].request
     finally:
-        pipeline_tasks.scale_up.pop_request()
+        TASKS[names.SCALE_UP].pop_request()
 
 
 def warm_net(world) -> None:
@@ -51,7 +52,7 @@ def warm_net(world) -> None:
 
 def claim(world, key: str) -> uuid.UUID:
     job_id = world.enqueue(key, net="net-a")
-    pipeline_tasks.assign_next_job.run()
+    TASKS[names.ASSIGN_NEXT_JOB].run()
     assert world.job(job_id).state == JobState.ASSIGNED
     return job_id
 
@@ -61,7 +62,7 @@ def test_a_warm_nets_job_goes_to_running_in_one_task_and_ends_its_chain(rt):
     job_id = claim(rt, "warm")
 
     with chain_request() as request:
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a") == "dispatched"
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a") == "dispatched"
         assert request.chain is None  # wait_ready and dispatch never run
 
     job = rt.job(job_id)
@@ -75,7 +76,7 @@ def test_a_cold_net_keeps_the_chain_for_wait_ready_and_dispatch(rt):
     job_id = claim(rt, "cold")
 
     with chain_request() as request:
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a") == "done"
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a") == "done"
         assert request.chain == CHAIN
 
     assert rt.job(job_id).state == JobState.ASSIGNED
@@ -86,10 +87,10 @@ def test_a_cold_net_keeps_the_chain_for_wait_ready_and_dispatch(rt):
 def test_a_warm_net_missing_a_site_leaves_the_wait_to_wait_ready(rt):
     warm_net(rt)
     job_id = rt.enqueue("needs-site-9", net="net-a", required_sites=["site-9"])
-    pipeline_tasks.assign_next_job.run()
+    TASKS[names.ASSIGN_NEXT_JOB].run()
 
     with chain_request() as request:
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a") == "not_ready"
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a") == "not_ready"
         assert request.chain == CHAIN  # wait_ready polls on with its countdown
 
     assert rt.job(job_id).state == JobState.ASSIGNED
@@ -107,17 +108,17 @@ def test_a_transient_submit_failure_retries_the_step_which_resumes_with_the_same
 
     with (
         chain_request(),
-        mock.patch.object(pipeline_tasks.scale_up, "retry", side_effect=Retry()) as retry,
+        mock.patch.object(TASKS[names.SCALE_UP], "retry", side_effect=Retry()) as retry,
         pytest.raises(Retry),
     ):
-        pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+        TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a")
     assert isinstance(retry.call_args.kwargs["exc"], ServerUnavailable)
     job = rt.job(job_id)
     assert (job.state, job.submit_token) == (JobState.DISPATCHING, f"{job_id}-0")
 
     server.submit_error = None
     with chain_request() as request:
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a") == "dispatched"
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a") == "dispatched"
         assert request.chain is None
     job = rt.job(job_id)
     assert job.state == JobState.RUNNING
@@ -129,12 +130,12 @@ def test_a_step_of_an_older_attempt_never_submits_the_next_one(rt):
     warm_net(rt)
     job_id = claim(rt, "requeued")
     dispatch.requeue_after_transient(rt.rt, job_id, "the net failed", net_name="net-a", attempt=0)
-    pipeline_tasks.assign_next_job.run()
+    TASKS[names.ASSIGN_NEXT_JOB].run()
     assert (rt.job(job_id).state, rt.job(job_id).attempts) == (JobState.ASSIGNED, 1)
 
     with chain_request() as request:
         # The first attempt's step, delivered late: skipped, chain ended, nothing submitted.
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a", attempt=0) == (
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a", attempt=0) == (
             "skipped"
         )
         assert request.chain is None
@@ -142,7 +143,7 @@ def test_a_step_of_an_older_attempt_never_submits_the_next_one(rt):
     assert rt.job(job_id).state == JobState.ASSIGNED
 
     with chain_request():
-        assert pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a", attempt=1) == (
+        assert TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a", attempt=1) == (
             "dispatched"
         )
     assert rt.server("net-a").submitted[f"{job_id}-1"] == rt.job(job_id).nvflare_job_id
@@ -159,11 +160,11 @@ def test_a_stopped_report_while_the_submit_is_in_flight_holds_the_net_until_the_
     claimed_meanwhile: list[object] = []
 
     def flip_api_stops_it() -> None:
-        public.report_job_status.run(payload={"job_id": str(job_id), "status": "stopped"})
+        TASKS[names.REPORT_JOB_STATUS].run(payload={"job_id": str(job_id), "status": "stopped"})
         claimed_meanwhile.extend(dispatch.assign_jobs(rt.rt))
 
     server.on_submit = flip_api_stops_it
-    pipeline_tasks.scale_up.run(job_id=str(job_id), net_name="net-a")
+    TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a")
 
     assert claimed_meanwhile == []
     job = rt.job(job_id)

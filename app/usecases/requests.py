@@ -1,0 +1,77 @@
+"""flip-api's requests as they arrive over the broker: each payload is validated, then acted
+on through its use case, or refused: a refusal is logged as one clear line (no traceback:
+it is the caller's mistake, not ours), never retried, and a refused enqueue or prewarm is
+recorded so the caller can tell "rejected" from "not yet processed". What each returns is
+the task's result (JSON), shown in Flower."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from app.errors import InvalidRequest, NotFound
+from app.runtime import Runtime
+from app.schemas import AbortJob, CancelPrewarm, EnqueueJob, PrewarmNet, ReportJobStatus
+from app.usecases import intake, prewarm
+
+log = logging.getLogger(__name__)
+
+
+def enqueue_job(rt: Runtime, payload: Any) -> dict[str, Any]:
+    """Queue a job (idempotent on caller_key), then kick the assigner; a refused payload is
+    recorded with its reason code (`caller_key_conflict` or `rejected`)."""
+    try:
+        request = intake.parse_payload(EnqueueJob, payload)
+        result = intake.submit_job(rt, request).enqueued
+    except InvalidRequest as exc:
+        key = intake.caller_key_of(payload)
+        code = intake.refuse_enqueue(rt, key, exc)
+        return {"rejected": str(exc), "reason_code": str(code), "caller_key": key}
+    return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
+
+
+def abort_job(rt: Runtime, payload: Any) -> str:
+    """Abort a job wherever it is; a server that is down means nothing to abort."""
+    try:
+        request = intake.parse_payload(AbortJob, payload)
+        return str(intake.request_abort(rt, request.job_id, request.reason).decision.state)
+    except (InvalidRequest, NotFound) as exc:
+        log.warning("abort rejected: %s", exc)
+        return f"rejected: {exc}"
+
+
+def report_job_status(rt: Runtime, payload: Any) -> str:
+    """flip-api's terminal-status signal for a job."""
+    try:
+        request = intake.parse_payload(ReportJobStatus, payload)
+        return str(intake.report_status(rt, request))
+    except (InvalidRequest, NotFound) as exc:
+        log.warning("status report rejected: %s", exc)
+        return f"rejected: {exc}"
+
+
+def prewarm_net(rt: Runtime, payload: Any) -> dict[str, Any]:
+    """Hold the net a job is likely to need ready for `within_s` seconds (idempotent on
+    caller_key); a refusal is recorded with its reason code and returned."""
+    try:
+        request = intake.parse_payload(PrewarmNet, payload)
+    except InvalidRequest as exc:
+        key = intake.caller_key_of(payload)
+        code = prewarm.refuse_prewarm(rt, key, exc)
+        return {"refused": str(exc), "reason_code": str(code), "caller_key": key}
+    try:
+        requested = prewarm.request_prewarm(rt, request)
+    except InvalidRequest as exc:  # recorded by the use case
+        code = prewarm.refusal_code(exc)
+        return {"refused": str(exc), "reason_code": str(code), "caller_key": request.caller_key}
+    return {**requested.prewarm, "created": requested.created}
+
+
+def cancel_prewarm(rt: Runtime, payload: Any) -> dict[str, Any]:
+    """End a prewarm's hold now; the net's idle grace starts."""
+    try:
+        request = intake.parse_payload(CancelPrewarm, payload)
+        return prewarm.cancel_prewarm(rt, request.caller_key)
+    except (InvalidRequest, NotFound) as exc:
+        log.warning("prewarm cancel rejected: %s", exc)
+        return {"rejected": str(exc)}
