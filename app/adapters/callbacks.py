@@ -68,14 +68,24 @@ def verify(
     tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> bool:
     """What a receiver checks: the signature matches the raw body and the timestamp is
-    within `tolerance_s` of its own clock `now_s`."""
-    try:
-        sent_at = int(timestamp)
-    except ValueError:
+    within `tolerance_s` of its own clock `now_s`. False for any malformed header."""
+    sent_at = _unix_seconds(timestamp)
+    if sent_at is None or abs(now_s - sent_at) > tolerance_s:
         return False
-    if abs(now_s - sent_at) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign(secret, sent_at, body), signature)
+    # compare_digest raises TypeError on non-ASCII text: refused, not an error.
+    return signature.isascii() and hmac.compare_digest(sign(secret, sent_at, body), signature)
+
+
+# A Unix time in seconds has 10 digits until the year 2286; far more is malformed (and an
+# int too large for a float would raise in the comparison with the receiver's clock).
+_MAX_TIMESTAMP_DIGITS = 15
+
+
+def _unix_seconds(text: str) -> int | None:
+    """A timestamp header's Unix seconds, or None unless it is plain ASCII digits."""
+    if not (text.isascii() and text.isdigit()) or len(text) > _MAX_TIMESTAMP_DIGITS:
+        return None
+    return int(text)
 
 
 def webhook_key(secret: str) -> bytes:
@@ -118,20 +128,25 @@ def verify_webhook(
 ) -> bool:
     """What a Standard Webhooks receiver checks (`headers` with lower-case names): a `v1`
     signature among those sent matches id, timestamp and raw body, and the timestamp is
-    within `tolerance_s` of its own clock."""
+    within `tolerance_s` of its own clock. False for any malformed header, including the
+    ones the `standardwebhooks` library refuses though a good signature is among them (an
+    entry without exactly one comma, e.g. from a doubled space)."""
     event_id = headers.get(WEBHOOK_ID_HEADER)
     timestamp = headers.get(WEBHOOK_TIMESTAMP_HEADER)
     signatures = headers.get(WEBHOOK_SIGNATURE_HEADER)
     if not (event_id and timestamp and signatures):
         return False
+    sent_at = _unix_seconds(timestamp)
+    if sent_at is None or abs(now_s - sent_at) > tolerance_s:
+        return False
+    entries = signatures.split(" ")
+    if not signatures.isascii() or any(entry.count(",") != 1 for entry in entries):
+        return False
     try:
-        sent_at = int(timestamp)
-    except ValueError:
+        expected = webhook_signature(secret, event_id, sent_at, body)
+    except UnicodeEncodeError:  # an id no sender could have signed (a lone surrogate)
         return False
-    if abs(now_s - sent_at) > tolerance_s:
-        return False
-    expected = webhook_signature(secret, event_id, sent_at, body)
-    return any(hmac.compare_digest(expected, sent) for sent in signatures.split(" "))
+    return any(hmac.compare_digest(expected, sent) for sent in entries)
 
 
 def signed_headers(secret: str, timestamp: int, body: bytes, event_id: int | str) -> dict[str, str]:

@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -81,6 +82,51 @@ def test_every_delivered_event_verifies_with_the_standard_webhooks_library(
 def _headers(secret: str, event_id: str = "42") -> tuple[bytes, dict[str, str]]:
     body = encode_body({"event_id": 42, "kind": "state_change", "to_state": "RUNNING"})
     return body, signed_headers(secret, int(time.time()), body, event_id)
+
+
+def malformed_webhook_requests(secret: str) -> dict[str, tuple[dict[str, str], bytes]]:
+    """A genuine request, signed now, with one header (or the body's encoding) broken in
+    each way a receiver meets: case -> (headers, body). Built when the test runs, so only
+    the broken part can be what is refused (never a timestamp gone stale)."""
+    body = encode_body({"event_id": 1, "to_state": "RUNNING"})
+    sent = signed_headers(secret, int(time.time()), body, 1)
+    good = sent["webhook-signature"]
+    missing = [
+        (f"no-{name}", {k: v for k, v in sent.items() if k != name}, body)
+        for name in ("webhook-id", "webhook-timestamp", "webhook-signature")
+    ]
+    broken = [
+        (label, {**sent, name: value}, body)
+        for label, name, value in [
+            ("signature-without-a-comma", "webhook-signature", "v1" + good[3:]),
+            ("signature-not-base64", "webhook-signature", "v1,***"),
+            ("signature-cut-short", "webhook-signature", good[:-5]),
+            ("two-spaces-before-a-good-one", "webhook-signature", "v1,x  " + good),
+            ("non-ascii-signature", "webhook-signature", "v1,é" + good[4:]),
+            ("timestamp-not-a-number", "webhook-timestamp", "soon"),
+            ("timestamp-of-400-digits", "webhook-timestamp", "9" * 400),
+            ("non-ascii-timestamp", "webhook-timestamp", "\u0661\u0667" + "\u0660" * 8),
+            ("empty-signature", "webhook-signature", ""),
+            ("a-lone-surrogate-in-the-id", "webhook-id", "\udc80"),
+        ]
+    ]
+    cases = [*missing, *broken, ("body-not-utf-8", sent, body + b"\xff")]
+    return {case: (headers, sent_body) for case, headers, sent_body in cases}
+
+
+MALFORMED_CASES = list(malformed_webhook_requests(PLAIN_SECRET))
+
+
+@pytest.mark.parametrize("case", MALFORMED_CASES)
+def test_the_shipped_receiver_answers_401_to_every_malformed_header(case):
+    # Over real HTTP: header bytes as a client may send them (non-ASCII as UTF-8, a lone
+    # surrogate as the raw byte it stands for), checked by app.adapters.callbacks.
+    headers, body = malformed_webhook_requests(PLAIN_SECRET)[case]
+    with LocalReceiver(PLAIN_SECRET) as receiver:
+        raw = {k: v.encode("utf-8", "surrogateescape") for k, v in headers.items()}
+        answer = httpx.post(receiver.url, content=body, headers=raw, timeout=10)
+    assert answer.status_code == 401
+    assert [r.status for r in receiver.received] == [401]
 
 
 def test_the_event_id_is_signed_a_swapped_one_is_refused():
