@@ -27,7 +27,7 @@ import json
 import math
 import ssl
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -152,14 +152,27 @@ def verify_webhook(
     return any(hmac.compare_digest(expected, sent) for sent in entries)
 
 
-def signed_headers(secret: str, timestamp: int, body: bytes, event_id: int | str) -> dict[str, str]:
+def signed_headers(
+    secret: str,
+    timestamp: int,
+    body: bytes,
+    event_id: int | str,
+    previous: Sequence[str] = (),
+) -> dict[str, str]:
     """Every header of one try: Standard Webhooks', and the earlier X-FL-Dispatcher-* ones
-    (README "Status callbacks": kept for one release)."""
+    (README "Status callbacks": kept for one release). `previous`: secrets a rotation is
+    replacing; `webhook-signature` lists a v1 signature with each after the current one
+    (space-separated, as Standard Webhooks allows), so a receiver on any of them verifies.
+    The deprecated header carries the current secret's only."""
+    signatures = [
+        webhook_signature(key, str(event_id), timestamp, body)
+        for key in dict.fromkeys((secret, *previous))
+    ]
     return {
         "Content-Type": "application/json",
         WEBHOOK_ID_HEADER: str(event_id),
         WEBHOOK_TIMESTAMP_HEADER: str(timestamp),
-        WEBHOOK_SIGNATURE_HEADER: webhook_signature(secret, str(event_id), timestamp, body),
+        WEBHOOK_SIGNATURE_HEADER: " ".join(signatures),
         TIMESTAMP_HEADER: str(timestamp),
         SIGNATURE_HEADER: sign(secret, timestamp, body),
         EVENT_ID_HEADER: str(event_id),
