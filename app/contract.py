@@ -113,11 +113,13 @@ def signature_scheme() -> dict[str, Any]:
             signing.WEBHOOK_ID_HEADER: "the event_id (signed)",
             signing.WEBHOOK_TIMESTAMP_HEADER: "Unix seconds when this try was sent",
             signing.WEBHOOK_SIGNATURE_HEADER: "v1,<base64 HMAC-SHA256(key, "
-            '"<webhook-id>.<webhook-timestamp>.<raw body>")>',
+            '"<webhook-id>.<webhook-timestamp>.<raw body>")>, one per key, space-separated '
+            "(CALLBACK_SECRET's first): a request is genuine when any of them matches",
         },
         "key": "CALLBACK_SECRET 'whsec_<base64>': the decoded bytes; any other "
         "CALLBACK_SECRET: its UTF-8 bytes (give a Standard Webhooks library "
-        "'whsec_' + base64(CALLBACK_SECRET))",
+        "'whsec_' + base64(CALLBACK_SECRET)); while CALLBACK_PREVIOUS_SECRET is set (a "
+        "rotation), it is a second key, taken the same way",
         "body": "compact JSON, sorted keys, UTF-8; verify the raw bytes before parsing",
         "tolerance_s": signing.DEFAULT_TOLERANCE_S,
         "deprecated_headers": {

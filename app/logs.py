@@ -166,6 +166,7 @@ def secret_values(settings: Settings) -> list[str]:
         settings.api_secret.get_secret_value(),
         settings.flower_basic_auth.get_secret_value(),
         settings.callback_secret.get_secret_value(),
+        settings.callback_previous_secret.get_secret_value(),
     ]
     # FLOWER_BASIC_AUTH is user:password[,user:password]; mask each password on its own too.
     for pair in settings.flower_basic_auth.get_secret_value().split(","):

@@ -114,6 +114,11 @@ class Settings(BaseSettings):
     # Job status pushed to flip-api (app.usecases.callbacks); unset: off.
     callback_url: str | None = Field(default=None, alias="CALLBACK_URL")
     callback_secret: SecretStr = Field(default=SecretStr(""), alias="CALLBACK_SECRET")
+    # The secret a rotation replaces: while set, every try is signed with it as well, so a
+    # receiver still on it verifies (README "Status callbacks").
+    callback_previous_secret: SecretStr = Field(
+        default=SecretStr(""), alias="CALLBACK_PREVIOUS_SECRET"
+    )
     callback_timeout_s: float = Field(default=10.0, gt=0, le=60, alias="CALLBACK_TIMEOUT_S")
     # At most an hour: a retry waits as a Celery countdown, which must stay well inside the
     # broker's visibility timeout (app.celery_app.VISIBILITY_TIMEOUT_S).
@@ -212,7 +217,19 @@ class Settings(BaseSettings):
             )
         _check_webhook_secret(self.callback_secret.get_secret_value())
         _check_api_secret(self.api_secret.get_secret_value())
+        previous = self.callback_previous_secret.get_secret_value()
+        if previous and len(previous) < 16:
+            raise SettingsError("CALLBACK_PREVIOUS_SECRET must be at least 16 characters")
+        _check_webhook_secret(previous, "CALLBACK_PREVIOUS_SECRET")
         return self
+
+    @property
+    def callback_signing_secrets(self) -> tuple[str, ...]:
+        """Every secret a callback is signed with: CALLBACK_SECRET, then the previous one
+        while a rotation lasts."""
+        current = self.callback_secret.get_secret_value()
+        previous = self.callback_previous_secret.get_secret_value()
+        return (current, previous) if previous and previous != current else (current,)
 
     @property
     def data_dir_defaulted(self) -> bool:
@@ -332,8 +349,8 @@ def _check_api_secret(secret: str) -> None:
         )
 
 
-def _check_webhook_secret(secret: str) -> None:
-    """A `whsec_` CALLBACK_SECRET is a Standard Webhooks secret: base64 after the prefix
+def _check_webhook_secret(secret: str, name: str = "CALLBACK_SECRET") -> None:
+    """A `whsec_` secret (`name`) is a Standard Webhooks secret: base64 after the prefix
     (app.adapters.callbacks.webhook_key decodes it). The message never quotes the secret."""
     if not secret.startswith("whsec_"):
         return
@@ -343,6 +360,6 @@ def _check_webhook_secret(secret: str) -> None:
         short = True  # not base64: no key at all
     if short:
         raise SettingsError(
-            "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after "
+            f"{name}: a whsec_ secret must be base64 of at least 16 bytes after "
             "whsec_ (e.g. whsec_ + `openssl rand -base64 32`)"
         )

@@ -18,6 +18,7 @@ from app.metrics.figures import (
     Snapshot,
     cold_starts,
     dispatch_latencies,
+    scale_outcome_class,
     uptimes,
 )
 from app.metrics.read import read_current_extras
@@ -71,7 +72,8 @@ def reference_snapshot(
             ScaleEvent.net_name, ScaleEvent.action, ScaleEvent.outcome
         )
     ):
-        snap.scale_events[(net, action, outcome)] = int(count)
+        key = (net, action, scale_outcome_class(outcome))
+        snap.scale_events[key] = snap.scale_events.get(key, 0) + int(count)
     for net_name, count in session.execute(
         select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)
     ):

@@ -24,7 +24,10 @@ import binascii
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+import math
+import ssl
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,14 +71,24 @@ def verify(
     tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> bool:
     """What a receiver checks: the signature matches the raw body and the timestamp is
-    within `tolerance_s` of its own clock `now_s`."""
-    try:
-        sent_at = int(timestamp)
-    except ValueError:
+    within `tolerance_s` of its own clock `now_s`. False for any malformed header."""
+    sent_at = _unix_seconds(timestamp)
+    if sent_at is None or abs(now_s - sent_at) > tolerance_s:
         return False
-    if abs(now_s - sent_at) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign(secret, sent_at, body), signature)
+    # compare_digest raises TypeError on non-ASCII text: refused, not an error.
+    return signature.isascii() and hmac.compare_digest(sign(secret, sent_at, body), signature)
+
+
+# A Unix time in seconds has 10 digits until the year 2286; far more is malformed (and an
+# int too large for a float would raise in the comparison with the receiver's clock).
+_MAX_TIMESTAMP_DIGITS = 15
+
+
+def _unix_seconds(text: str) -> int | None:
+    """A timestamp header's Unix seconds, or None unless it is plain ASCII digits."""
+    if not (text.isascii() and text.isdigit()) or len(text) > _MAX_TIMESTAMP_DIGITS:
+        return None
+    return int(text)
 
 
 def webhook_key(secret: str) -> bytes:
@@ -118,30 +131,48 @@ def verify_webhook(
 ) -> bool:
     """What a Standard Webhooks receiver checks (`headers` with lower-case names): a `v1`
     signature among those sent matches id, timestamp and raw body, and the timestamp is
-    within `tolerance_s` of its own clock."""
+    within `tolerance_s` of its own clock. False for any malformed header, including the
+    ones the `standardwebhooks` library refuses though a good signature is among them (an
+    entry without exactly one comma, e.g. from a doubled space)."""
     event_id = headers.get(WEBHOOK_ID_HEADER)
     timestamp = headers.get(WEBHOOK_TIMESTAMP_HEADER)
     signatures = headers.get(WEBHOOK_SIGNATURE_HEADER)
     if not (event_id and timestamp and signatures):
         return False
+    sent_at = _unix_seconds(timestamp)
+    if sent_at is None or abs(now_s - sent_at) > tolerance_s:
+        return False
+    entries = signatures.split(" ")
+    if not signatures.isascii() or any(entry.count(",") != 1 for entry in entries):
+        return False
     try:
-        sent_at = int(timestamp)
-    except ValueError:
+        expected = webhook_signature(secret, event_id, sent_at, body)
+    except UnicodeEncodeError:  # an id no sender could have signed (a lone surrogate)
         return False
-    if abs(now_s - sent_at) > tolerance_s:
-        return False
-    expected = webhook_signature(secret, event_id, sent_at, body)
-    return any(hmac.compare_digest(expected, sent) for sent in signatures.split(" "))
+    return any(hmac.compare_digest(expected, sent) for sent in entries)
 
 
-def signed_headers(secret: str, timestamp: int, body: bytes, event_id: int | str) -> dict[str, str]:
+def signed_headers(
+    secret: str,
+    timestamp: int,
+    body: bytes,
+    event_id: int | str,
+    previous: Sequence[str] = (),
+) -> dict[str, str]:
     """Every header of one try: Standard Webhooks', and the earlier X-FL-Dispatcher-* ones
-    (README "Status callbacks": kept for one release)."""
+    (README "Status callbacks": kept for one release). `previous`: secrets a rotation is
+    replacing; `webhook-signature` lists a v1 signature with each after the current one
+    (space-separated, as Standard Webhooks allows), so a receiver on any of them verifies.
+    The deprecated header carries the current secret's only."""
+    signatures = [
+        webhook_signature(key, str(event_id), timestamp, body)
+        for key in dict.fromkeys((secret, *previous))
+    ]
     return {
         "Content-Type": "application/json",
         WEBHOOK_ID_HEADER: str(event_id),
         WEBHOOK_TIMESTAMP_HEADER: str(timestamp),
-        WEBHOOK_SIGNATURE_HEADER: webhook_signature(secret, str(event_id), timestamp, body),
+        WEBHOOK_SIGNATURE_HEADER: " ".join(signatures),
         TIMESTAMP_HEADER: str(timestamp),
         SIGNATURE_HEADER: sign(secret, timestamp, body),
         EVENT_ID_HEADER: str(event_id),
@@ -180,16 +211,92 @@ def describe_unreachable(exc: BaseException, url: str) -> str:
     return redact_url(text)
 
 
+# Of a receiver's answer only this much is read (the excerpt kept is shorter still): a
+# receiver that answers with a huge body must not make the sender hold it all.
+ANSWER_READ_BYTES = 4096
+
+
+class _Deadline:
+    """When the POST under way must be over (time.monotonic()), shared by the connection
+    that carries it: httpx's timeouts bound each read and write, and a receiver sending a
+    byte every few seconds would never trip one."""
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def bound(self, timeout: float | None, error: type[Exception]) -> float:
+        """`timeout` cut to what is left of the deadline; `error` once nothing is left."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise error("the whole request took longer than CALLBACK_TIMEOUT_S")
+        return left if timeout is None else min(timeout, left)
+
+
+def _deadline_transport(deadline: _Deadline) -> httpx.HTTPTransport:
+    """An httpx transport whose every connect, read and write ends by the deadline."""
+    import httpcore
+    import httpx
+
+    class Stream(httpcore.NetworkStream):
+        def __init__(self, stream: httpcore.NetworkStream) -> None:
+            self._stream = stream
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return self._stream.read(max_bytes, deadline.bound(timeout, httpcore.ReadTimeout))
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self._stream.write(buffer, deadline.bound(timeout, httpcore.WriteTimeout))
+
+        def close(self) -> None:
+            self._stream.close()
+
+        def start_tls(
+            self,
+            ssl_context: ssl.SSLContext,
+            server_hostname: str | None = None,
+            timeout: float | None = None,
+        ) -> httpcore.NetworkStream:
+            bounded = deadline.bound(timeout, httpcore.ConnectTimeout)
+            return Stream(self._stream.start_tls(ssl_context, server_hostname, bounded))
+
+        def get_extra_info(self, info: str) -> Any:
+            return self._stream.get_extra_info(info)
+
+    class Backend(httpcore.SyncBackend):
+        def connect_tcp(
+            self,
+            host: str,
+            port: int,
+            timeout: float | None = None,
+            local_address: str | None = None,
+            socket_options: Iterable[Any] | None = None,
+        ) -> httpcore.NetworkStream:
+            bounded = deadline.bound(timeout, httpcore.ConnectTimeout)
+            return Stream(super().connect_tcp(host, port, bounded, local_address, socket_options))
+
+    # No environment: no proxy, certificate or SSLKEYLOGFILE settings (Settings only).
+    ssl_context = httpx.create_ssl_context(trust_env=False)
+    transport = httpx.HTTPTransport(verify=ssl_context, trust_env=False)
+    # httpx has no public way to choose the network backend its pool connects with; its
+    # transport sends every request through `_pool` (a test trickles over real HTTP, so a
+    # change there fails loudly rather than unbounding the deliveries).
+    transport._pool = httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=Backend())
+    return transport
+
+
 class HttpCallbackSender:
     """httpx, one client per delivery round: no redirects (a redirect is an answer, and
     following one would resend the signed body elsewhere), no proxy or certificate settings
-    from the environment (configuration comes from Settings only). The client is made at
-    the round's first POST: most rounds find nothing due, and a client builds an SSL context
-    (measured: about 4% of an idle Celery worker's CPU when made every round)."""
+    from the environment (configuration comes from Settings only). A whole POST (connect,
+    send, the answer's status, headers and excerpt) ends within `timeout_s`, however slowly
+    the receiver trickles. The client is made at the round's first POST: most rounds find
+    nothing due, and a client builds an SSL context (measured: about 4% of an idle Celery
+    worker's CPU when made every round)."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self._url = url
         self._timeout_s = timeout_s
+        self._deadline = _Deadline()
         self._client: httpx.Client | None = None
 
     def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
@@ -198,13 +305,27 @@ class HttpCallbackSender:
 
         if self._client is None:
             self._client = httpx.Client(
-                timeout=self._timeout_s, follow_redirects=False, trust_env=False
+                timeout=self._timeout_s,
+                follow_redirects=False,
+                trust_env=False,
+                transport=_deadline_transport(self._deadline),
             )
+        self._deadline.at = time.monotonic() + self._timeout_s
         try:
-            response = self._client.post(self._url, content=body, headers=dict(headers))
+            with self._client.stream(
+                "POST", self._url, content=body, headers=dict(headers)
+            ) as response:
+                head = bytearray()
+                for chunk in response.iter_bytes():
+                    head += chunk
+                    if len(head) >= ANSWER_READ_BYTES:
+                        break  # the rest is never read; the connection is closed
         except httpx.TransportError as exc:
             raise ReceiverUnreachable(describe_unreachable(exc, self._url)) from None
-        excerpt = " ".join(response.text[:ANSWER_EXCERPT_CHARS].split())
+        finally:
+            self._deadline.at = math.inf
+        text = bytes(head[:ANSWER_READ_BYTES]).decode(response.encoding or "utf-8", "replace")
+        excerpt = " ".join(text[:ANSWER_EXCERPT_CHARS].split())
         return Answer(response.status_code, excerpt)
 
     def close(self) -> None:

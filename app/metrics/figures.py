@@ -35,6 +35,18 @@ JOB_REQUEUES = "job_requeues"
 REPORT_TIMEOUTS = "report_timeouts"
 PREWARMS = "prewarms"  # labels: the outcome (models.prewarms.PrewarmOutcome)
 
+# The outcome label of a scale decision is its class, a closed set: the driver's own words
+# (any length, any script) stay in scale_events.outcome, the log and the net's last_error.
+# Free text as a label would grow the series without bound and, escaped to JSON, overflow
+# metric_totals.labels.
+SCALE_OUTCOMES = ("ok", "error", "misconfigured")
+
+
+def scale_outcome_class(outcome: str) -> str:
+    """The /metrics label of a recorded scale outcome: `ok`, `misconfigured` or `error`."""
+    kind = outcome.split(":", 1)[0]
+    return kind if kind in SCALE_OUTCOMES else "error"
+
 
 def table_of(model: type[Base]) -> Table:
     """The Core table of a model (the fold works on tables, not on ORM objects)."""

@@ -31,6 +31,7 @@ from app.metrics.figures import (
     NetClock,
     bucket_bound,
     micros_between,
+    scale_outcome_class,
     table_of,
 )
 from app.usecases.services import REPORT_TIMEOUT_REASON
@@ -211,7 +212,7 @@ def _fold_scale_events(session: Session, deltas: _Deltas, limit: int) -> int:
     events = table_of(ScaleEvent)
     rows = _take(session, events, events.c.net_name, events.c.action, events.c.outcome, limit=limit)
     for _id, net, action, outcome in rows:
-        deltas.add(SCALE_EVENTS, json.dumps([net, action, outcome]))
+        deltas.add(SCALE_EVENTS, json.dumps([net, action, scale_outcome_class(outcome)]))
     return len(rows)
 
 

@@ -24,6 +24,7 @@ from app.metrics.figures import (
     Histogram,
     NetClock,
     Snapshot,
+    scale_outcome_class,
     seconds_between,
     table_of,
 )
@@ -99,7 +100,10 @@ def read_snapshot(
     for (metric, labels), value in totals.items():
         if metric == SCALE_EVENTS and value:
             net, action, outcome = json.loads(labels)
-            snap.scale_events[(net, action, outcome)] = value
+            # Totals folded before outcomes were classed hold the driver's words: merged
+            # into their class, so no free-text series survives.
+            key = (net, action, scale_outcome_class(outcome))
+            snap.scale_events[key] = snap.scale_events.get(key, 0) + value
     for name, starting_since, up_since, uptime_us in session.execute(
         select(
             MetricNetClock.net_name,

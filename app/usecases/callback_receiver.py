@@ -14,8 +14,8 @@ from app.runtime import Runtime
 from models import CallbackReceiver
 
 RECEIVER_ID = 1
-# A lease outlives the longest request it covers (httpx bounds connect, write and read each
-# by CALLBACK_TIMEOUT_S) with a margin; it is renewed after every request.
+# A lease outlives the longest request it covers (the sender ends a whole request within
+# CALLBACK_TIMEOUT_S) with a wide margin; it is renewed after every request.
 LEASE_MARGIN_S = 30.0
 
 

@@ -336,7 +336,7 @@ def _deliver_job(
         if job is None:
             return None
         bodies = [(e.id, encoded(event_payload, job, e)) for e in events]
-    secret = rt.settings.callback_secret.get_secret_value()
+    secret, *previous = rt.settings.callback_signing_secrets
     verdict: Verdict | None = None
     for event_id, body in bodies:
         if time.monotonic() >= deadline:
@@ -351,7 +351,7 @@ def _deliver_job(
                 done.failed += 1
                 continue
             return verdict
-        headers = signed_headers(secret, int(now.timestamp()), body, event_id)
+        headers = signed_headers(secret, int(now.timestamp()), body, event_id, previous)
         try:
             answer: Answer | str = sender.post(body, headers)
         except ReceiverUnreachable as exc:
@@ -375,13 +375,13 @@ def _deliver_rejection(
         if rejection is None or rejection.callback_settled_at is not None:
             return None
         body = encoded(rejection_payload, rejection)
-    secret = rt.settings.callback_secret.get_secret_value()
+    secret, *previous = rt.settings.callback_signing_secrets
     event_id = rejected_event_id(rejection_id)
     answer: Answer | str | Undeliverable
     if isinstance(body, Undeliverable):
         answer = body
     else:
-        headers = signed_headers(secret, int(rt.clock().timestamp()), body, event_id)
+        headers = signed_headers(secret, int(rt.clock().timestamp()), body, event_id, previous)
         try:
             answer = sender.post(body, headers)
         except ReceiverUnreachable as exc:

@@ -599,7 +599,7 @@ def test_metrics_match_the_database(three_nets):
                 action="scale_up",
                 replicas=1,
                 reason="job",
-                outcome="DriverTransientError",
+                outcome="error: throttled",
                 at=clock(),
             )
         )
@@ -654,7 +654,7 @@ def test_metrics_match_the_database(three_nets):
             "fl_dispatcher_scale_events_total",
             net="net-a",
             action="scale_up",
-            outcome="DriverTransientError",
+            outcome="error",
         )
         == 1
     )

@@ -226,6 +226,77 @@ def test_a_receiver_that_times_out_gets_the_event_again_with_the_same_id(
     assert first["event_id"] == again["event_id"] and again["_status"] == 200
 
 
+class TricklingReceiver:
+    """A receiver on loopback that reads the request and then sends its answer one byte at
+    a time, each well inside the read timeout, so no single phase ever times out: the
+    status line and headers (`body_only` False) or, after prompt headers, the body."""
+
+    def __init__(self, port: int, *, body_only: bool, interval_s: float = 0.05) -> None:
+        self.port = port
+        self.requests = 0
+        self.finished = threading.Event()  # the whole answer went out
+        self._stop = threading.Event()
+        self._body_only = body_only
+        self._interval_s = interval_s
+        self._listener = socket.create_server(("127.0.0.1", port))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        body = b"x" * 600  # 600 x 50 ms: half a minute, far past any deadline under test
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                conn.recv(65536)  # the request (small; the answer does not depend on it)
+                self.requests += 1
+                if self._body_only:
+                    conn.sendall(head)
+                    head = b""
+                try:
+                    for byte in head + body:
+                        if self._stop.wait(self._interval_s):
+                            return
+                        conn.sendall(bytes([byte]))
+                except OSError:
+                    continue  # the sender hung up: wait for its next try
+                self.finished.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+
+@pytest.mark.parametrize("body_only", [False, True], ids=["trickled-headers", "trickled-body"])
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_timeout(
+    tmp_path, job_root, pg_factory, clock, body_only
+):
+    # httpx's timeouts bound each read; a byte every 50 ms never trips a 1 s one, so only a
+    # deadline for the whole request keeps a delivery from holding its worker.
+    trickler = TricklingReceiver(free_port(), body_only=body_only)
+    try:
+        settings = Settings(
+            FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+            JOB_ROOT=job_root,
+            NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
+            CALLBACK_URL=f"http://127.0.0.1:{trickler.port}/fl/callbacks",
+            CALLBACK_SECRET=SECRET,
+            CALLBACK_TIMEOUT_S=1,
+        )
+        world = World(settings, pg_factory, clock)
+        job_id = world.enqueue("a", net="net-a")
+
+        report = callbacks.deliver_callbacks(world.rt)
+        assert not trickler.finished.is_set()
+        assert trickler.requests == 1
+        assert report.delivered == 0 and report.retry_in_s == 2.0
+        assert "Timeout" in status(world, job_id)["last_error"]
+    finally:
+        trickler.close()
+
+
 def test_the_status_api_shows_what_is_not_delivered_yet(make_world, receiver, clock):
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families

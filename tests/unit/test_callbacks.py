@@ -49,6 +49,7 @@ from app.usecases import (
 from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode, RejectedRequest
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
+from tests.unit.test_webhook_signatures import MALFORMED_CASES, malformed_webhook_requests
 
 SECRET = "a-callback-secret-of-some-length"
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -175,6 +176,10 @@ def test_verify_accepts_the_signed_body_and_nothing_else():
     assert not verify(SECRET, "1000001", sig, body, now_s=1_000_100)  # timestamp swapped
     assert not verify(SECRET, ts, sig, body, now_s=1_000_301)  # too old: a replay
     assert not verify(SECRET, "soon", sig, body, now_s=1_000_100)
+    # Malformed headers are refused, never raised on (a receiver would answer 500).
+    assert not verify(SECRET, ts, "sha256=é", body, now_s=1_000_100)
+    assert not verify(SECRET, "9" * 400, sig, body, now_s=1_000_100)
+    assert not verify(SECRET, "\u0661" + "\u0660" * 6, sig, body, now_s=1_000_100)
     assert headers["X-FL-Dispatcher-Event-Id"] == "7"
 
 
@@ -204,6 +209,18 @@ def test_the_readme_standard_webhooks_snippet_accepts_a_real_request_and_refuses
             verify_event(*forged)
 
 
+@pytest.mark.parametrize("case", MALFORMED_CASES)
+def test_the_readme_standard_webhooks_snippet_refuses_every_malformed_header(case):
+    # A receiver answers 401 on WebhookVerificationError: anything else it raises is a 500.
+    from standardwebhooks.webhooks import WebhookVerificationError
+
+    namespace: dict[str, Any] = {}
+    exec(_readme_snippet("verify_event"), namespace)
+    headers, body = malformed_webhook_requests(SECRET)[case]
+    with pytest.raises(WebhookVerificationError):
+        namespace["verify_event"](SECRET, headers, body)
+
+
 def test_the_readme_verification_snippet_accepts_a_real_request_and_refuses_forgeries():
     code = _readme_snippet("verify_callback")
     assert len([line for line in code.splitlines() if line.strip()]) <= 10
@@ -217,6 +234,41 @@ def test_the_readme_verification_snippet_accepts_a_real_request_and_refuses_forg
     assert not verify_callback(SECRET.encode(), headers, body.replace(b"RUNNING", b"FAILED"))
     stale = signed_headers(SECRET, int(time.time()) - 3600, body, 1)
     assert not verify_callback(SECRET.encode(), stale, body)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        (TIMESTAMP_HEADER, None),
+        (SIGNATURE_HEADER, None),
+        (SIGNATURE_HEADER, "sha256=é"),
+        (SIGNATURE_HEADER, ""),
+        (TIMESTAMP_HEADER, "\u0661\u0667" + "\u0660" * 8),
+        (TIMESTAMP_HEADER, "9" * 400),
+        (TIMESTAMP_HEADER, "-5"),
+        (TIMESTAMP_HEADER, "17²"),
+    ],
+    ids=[
+        "no-timestamp",
+        "no-signature",
+        "non-ascii-signature",
+        "empty-signature",
+        "non-ascii-digits",
+        "timestamp-of-400-digits",
+        "negative-timestamp",
+        "superscript-digit",
+    ],
+)
+def test_the_readme_verification_snippet_refuses_every_malformed_header(name, value):
+    # False, never an exception: a receiver that copies it must not answer 500.
+    namespace: dict[str, Any] = {}
+    exec(_readme_snippet("verify_callback"), namespace)
+    body = encode_body({"event_id": 1, "to_state": "RUNNING"})
+    headers = signed_headers(SECRET, int(time.time()), body, 1)
+    broken = {k: v for k, v in headers.items() if k != name}
+    if value is not None:
+        broken[name] = value
+    assert namespace["verify_callback"](SECRET.encode(), broken, body) is False
 
 
 def test_an_unreachable_receiver_is_described_without_url_credentials():

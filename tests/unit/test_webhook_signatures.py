@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -22,9 +23,11 @@ from app.adapters.callbacks import (
     receiver_secret,
     signed_headers,
     verify,
+    verify_webhook,
 )
 from app.errors import SettingsError
 from app.local.receiver import Headers, LocalReceiver, Received
+from app.logs import secret_values
 from app.settings import Settings
 from app.usecases import callbacks, intake
 from tests.fixtures.db import FrozenClock, net_decl
@@ -78,9 +81,86 @@ def test_every_delivered_event_verifies_with_the_standard_webhooks_library(
     assert any(i.startswith("rejected-") for i in ids)
 
 
+@pytest.mark.parametrize("receiving_with", ["old", "new"])
+def test_during_a_rotation_receivers_on_the_old_and_on_the_new_secret_both_verify(
+    tmp_path, job_root, sqlite_factory, receiving_with
+):
+    # CALLBACK_SECRET is the new secret, CALLBACK_PREVIOUS_SECRET the one it replaces:
+    # every try carries a v1 signature with each, so neither receiver refuses a single
+    # event (three refusals of one event give it up for good).
+    clock = FrozenClock(datetime.now(UTC))
+    old, new = PLAIN_SECRET, WHSEC_SECRET
+    secret = {"old": old, "new": new}[receiving_with]
+    receiver = LocalReceiver(secret, verifier=_library_verifier(secret))
+    with receiver:
+        world = world_of(
+            [net_decl(tmp_path, "net-a", "ecs")],
+            tmp_path,
+            job_root,
+            sqlite_factory,
+            clock,
+            CALLBACK_URL=receiver.url,
+            CALLBACK_SECRET=new,
+            CALLBACK_PREVIOUS_SECRET=old,
+        )
+        world.run_pipeline(world.enqueue("rotated", net="net-a"))
+        intake.reject_enqueue(world.rt, "refused", "unknown net 'net-9'")
+        callbacks.deliver_callbacks(world.rt)
+    assert [r.status for r in receiver.received] == [200] * 5  # 4 moves, 1 rejection
+    # The shipped receiver helper accepts any listed signature too.
+    for request in receiver.received:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        assert verify_webhook(secret, headers, request.body, now_s=time.time())
+
+
 def _headers(secret: str, event_id: str = "42") -> tuple[bytes, dict[str, str]]:
     body = encode_body({"event_id": 42, "kind": "state_change", "to_state": "RUNNING"})
     return body, signed_headers(secret, int(time.time()), body, event_id)
+
+
+def malformed_webhook_requests(secret: str) -> dict[str, tuple[dict[str, str], bytes]]:
+    """A genuine request, signed now, with one header (or the body's encoding) broken in
+    each way a receiver meets: case -> (headers, body). Built when the test runs, so only
+    the broken part can be what is refused (never a timestamp gone stale)."""
+    body = encode_body({"event_id": 1, "to_state": "RUNNING"})
+    sent = signed_headers(secret, int(time.time()), body, 1)
+    good = sent["webhook-signature"]
+    missing = [
+        (f"no-{name}", {k: v for k, v in sent.items() if k != name}, body)
+        for name in ("webhook-id", "webhook-timestamp", "webhook-signature")
+    ]
+    broken = [
+        (label, {**sent, name: value}, body)
+        for label, name, value in [
+            ("signature-without-a-comma", "webhook-signature", "v1" + good[3:]),
+            ("signature-not-base64", "webhook-signature", "v1,***"),
+            ("signature-cut-short", "webhook-signature", good[:-5]),
+            ("two-spaces-before-a-good-one", "webhook-signature", "v1,x  " + good),
+            ("non-ascii-signature", "webhook-signature", "v1,é" + good[4:]),
+            ("timestamp-not-a-number", "webhook-timestamp", "soon"),
+            ("timestamp-of-400-digits", "webhook-timestamp", "9" * 400),
+            ("non-ascii-timestamp", "webhook-timestamp", "\u0661\u0667" + "\u0660" * 8),
+            ("empty-signature", "webhook-signature", ""),
+            ("a-lone-surrogate-in-the-id", "webhook-id", "\udc80"),
+        ]
+    ]
+    cases = [*missing, *broken, ("body-not-utf-8", sent, body + b"\xff")]
+    return {case: (headers, sent_body) for case, headers, sent_body in cases}
+
+
+MALFORMED_CASES = list(malformed_webhook_requests(PLAIN_SECRET))
+
+
+@pytest.mark.parametrize("case", MALFORMED_CASES)
+def test_the_shipped_receiver_answers_401_to_every_malformed_header(case):
+    # Over real HTTP: header bytes as a client may send them (non-ASCII as UTF-8, a lone
+    # surrogate as the raw byte it stands for), checked by app.adapters.callbacks.
+    headers, body = malformed_webhook_requests(PLAIN_SECRET)[case]
+    with LocalReceiver(PLAIN_SECRET) as receiver:
+        raw = {k: v.encode("utf-8", "surrogateescape") for k, v in headers.items()}
+        answer = httpx.post(receiver.url, content=body, headers=raw, timeout=10)
+    assert answer.status_code == 401
+    assert [r.status for r in receiver.received] == [401]
 
 
 def test_the_event_id_is_signed_a_swapped_one_is_refused():
@@ -140,3 +220,42 @@ def test_a_whsec_secret_of_exactly_16_bytes_is_accepted(tmp_path):
     extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb", "CALLBACK_SECRET": secret}
     settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
     assert settings.callback_secret.get_secret_value() == secret
+
+
+@pytest.mark.parametrize(
+    ("previous", "message"),
+    [
+        ("too-short", "CALLBACK_PREVIOUS_SECRET must be at least 16 characters"),
+        (
+            "whsec_not*base64!-but-long-enough",
+            "CALLBACK_PREVIOUS_SECRET: a whsec_ secret must be base64 of at least 16 bytes "
+            "after whsec_ (e.g. whsec_ + `openssl rand -base64 32`)",
+        ),
+    ],
+    ids=["short", "whsec-not-base64"],
+)
+def test_a_previous_secret_follows_the_rules_of_the_secret(tmp_path, previous, message):
+    extra: dict[str, Any] = {
+        "CALLBACK_URL": "http://127.0.0.1:9/cb",
+        "CALLBACK_SECRET": PLAIN_SECRET,
+        "CALLBACK_PREVIOUS_SECRET": previous,
+    }
+    with pytest.raises(SettingsError) as caught:
+        Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
+    assert str(caught.value) == message
+    assert previous not in str(caught.value)
+
+
+def test_the_previous_secret_is_masked_in_logs_and_unused_once_unset(tmp_path):
+    extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb"}
+    rotating = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path,
+        CALLBACK_SECRET=WHSEC_SECRET,
+        CALLBACK_PREVIOUS_SECRET=PLAIN_SECRET,
+        **extra,
+    )
+    assert PLAIN_SECRET in secret_values(rotating)
+    assert PLAIN_SECRET not in json.dumps(rotating.redacted())
+    assert rotating.callback_signing_secrets == (WHSEC_SECRET, PLAIN_SECRET)
+    done = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, CALLBACK_SECRET=WHSEC_SECRET, **extra)
+    assert done.callback_signing_secrets == (WHSEC_SECRET,)
