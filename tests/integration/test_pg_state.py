@@ -493,3 +493,68 @@ def test_a_nul_in_any_text_a_task_is_sent_is_refused_before_postgresql(db, setti
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     with db() as session:
         assert session.get(Job, job_id).state == JobState.QUEUED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="on PostgreSQL a schema not yet migrated is a ProgrammingError (UndefinedTable), "
+    "which database_unavailable does not count: the request fails and is acknowledged away",
+)
+@pytest.mark.parametrize("task_name", [names.ENQUEUE_JOB, names.PREWARM])
+def test_a_request_arriving_before_the_schema_is_migrated_is_retried_on_postgresql(
+    db, settings, clock, task_name
+):
+    """README "What flip-api may rely on": a database that cannot store the request now,
+    a schema not yet migrated included (a worker started before `migrate` ran), never lets
+    Celery acknowledge it away. On SQLite that is an OperationalError ("no such table"); on
+    PostgreSQL, the production database, psycopg raises UndefinedTable, a ProgrammingError."""
+    from app.db import make_engine, session_factory
+    from app.handlers import HANDLERS, Verdict, on_error
+    from tests.fixtures.db import fresh_pg_database
+
+    world = World(settings, db, clock)
+    payload = {
+        names.ENQUEUE_JOB: {"caller_key": "flip-1", "definition": "tiny-job", "net": "net-a"},
+        names.PREWARM: {"caller_key": "hint-1", "net": "net-a", "within_s": 60},
+    }[task_name]
+    handler = HANDLERS[task_name]
+    with fresh_pg_database("fld_unmigrated") as url:
+        engine = make_engine(url)
+        world.rt.sessions = session_factory(engine)  # the schema is not there yet
+        try:
+            with pytest.raises(Exception) as failed:
+                handler.call(world.rt, payload=payload)
+        finally:
+            engine.dispose()
+    assert on_error(handler, failed.value, 0, settings) is Verdict.RETRY, repr(failed.value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a PostgreSQL that takes no writes during a failover (a demoted primary or a "
+    "standby: ReadOnlySqlTransaction, an InternalError) is not counted as unavailable: the "
+    "request fails and is acknowledged away",
+)
+def test_a_request_reaching_a_read_only_postgresql_during_a_failover_is_retried(
+    db, settings, clock, pg_url
+):
+    """The connection string still names the old primary for a while after a failover (DNS,
+    a pooler): it answers reads and refuses every write with SQLSTATE 25006. The request
+    cannot be stored now and will be later: README "What flip-api may rely on" says such a
+    request is retried, never acknowledged away."""
+    from app.db import make_engine, session_factory
+    from app.handlers import HANDLERS, Verdict, on_error
+
+    world = World(settings, db, clock)
+    handler = HANDLERS[names.ENQUEUE_JOB]
+    engine = make_engine(pg_url, connect_args={"options": "-c default_transaction_read_only=on"})
+    world.rt.sessions = session_factory(engine)
+    try:
+        with pytest.raises(Exception) as failed:
+            handler.call(
+                world.rt,
+                payload={"caller_key": "flip-1", "definition": "tiny-job", "net": "net-a"},
+            )
+    finally:
+        engine.dispose()
+    assert on_error(handler, failed.value, 0, settings) is Verdict.RETRY, repr(failed.value)

@@ -49,6 +49,7 @@ from app.usecases import (
 from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode, RejectedRequest
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
+from tests.unit.lost_commit_reply import commit_reply_lost
 from tests.unit.test_webhook_signatures import MALFORMED_CASES, malformed_webhook_requests
 
 SECRET = "a-callback-secret-of-some-length"
@@ -733,6 +734,30 @@ def test_a_refused_enqueue_is_pushed_as_a_rejected_event_signed_with_its_own_id(
     assert deliver(cb, receiver).delivered == 0  # delivered once, not again
     assert len(receiver.requests) == 2
     assert rejection_row(cb, "flip-run-9").callback_settled_at == cb.clock()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a refused enqueue whose rejection commit was applied with its reply lost is "
+    "retried and recorded again: two rejected events for one request",
+)
+def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_rejected_event(
+    cb, receiver
+):
+    """The refusal is stored but the commit's reply is lost, so the task is retried (the
+    database could not confirm it: README "What flip-api may rely on": every request is
+    idempotent, a repeat changes nothing). The retry must not record the refusal again:
+    flip-api would get two `rejected` events, with two event ids, for one request."""
+    from app.handlers import HANDLERS, Verdict, on_error
+
+    handler = HANDLERS[names.ENQUEUE_JOB]
+    payload = {"caller_key": "flip-run-9", "definition": "tiny-job", "net": "nope"}
+    with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
+        handler.call(cb.rt, payload=payload)
+    assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
+    handler.call(cb.rt, payload=payload)  # the retry
+    deliver(cb, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
 
 
 def test_rejected_event_ids_never_collide_with_job_event_ids(cb, receiver):

@@ -72,6 +72,35 @@ def test_an_identical_retry_after_a_redeploy_changed_the_defaults_returns_its_jo
         _enqueue(sqlite_factory, after, clock, net="net-a", required_sites=["site-1"])
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a repeat omitting a field the job was enqueued with explicitly (not by default) "
+    "is read as the job's value, so a different payload returns the job",
+)
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"required_sites": ["site-1"]},  # the net has site-1 and site-2
+        {"max_attempts": 5},  # MAX_ATTEMPTS is 3
+    ],
+)
+def test_a_repeat_omitting_a_value_the_job_was_given_explicitly_is_a_conflict(
+    sqlite_factory, tmp_path, job_root, clock, first
+):
+    """Omitted means the default (the net's sites, MAX_ATTEMPTS): a job enqueued for site-1
+    alone, or with 5 attempts, is not what a payload without those fields asks for, so the
+    repeat is a caller_key_conflict, as it was before identical retries read the job's own
+    defaults (the README: the same key with a different payload creates nothing and is
+    refused; only a *default* spelled out or omitted is alike)."""
+    nets = [net_decl(tmp_path, "net-a", required_sites=["site-1", "site-2"])]
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
+    )
+    _enqueue(sqlite_factory, settings, clock, net="net-a", **first)
+    with pytest.raises(CallerKeyConflict, match="different payload"):
+        _enqueue(sqlite_factory, settings, clock, net="net-a")
+
+
 def test_a_caller_key_reused_with_another_payload_is_a_conflict_naming_the_job(
     sqlite_factory, settings, clock
 ):

@@ -22,6 +22,7 @@ from app.errors import (
     NotFound,
     RequestRejected,
 )
+from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import PrewarmNet
 from app.settings import Settings
 from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, scale_down, services
@@ -29,6 +30,7 @@ from app.usecases.prewarm_warm_up import Warm
 from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
+from tests.unit.lost_commit_reply import commit_reply_lost
 from tests.unit.scale_history import scale_decisions
 
 GRACE_S = 60
@@ -477,6 +479,28 @@ def test_the_same_request_again_names_the_same_prewarm_and_starts_nothing(pw):
     assert warm_sent(pw) == ["net-a"] and starts(pw, "net-a") == 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a prewarm whose commit was applied with its reply lost is retried as a repeat, "
+    "which sends no warm_up: the server starts only after STUCK_AFTER_S",
+)
+def test_a_prewarm_retried_after_its_commit_reply_was_lost_still_starts_its_server(pw):
+    """flip-api's prewarm is stored (net STARTING, hold live) but the commit's reply is lost,
+    so the warm_up it would send never goes out; the task is retried (the database could not
+    confirm it). The retry must carry the request out as if handled at once: the warm_up is
+    sent now, not by the scale-down round's lost-warm_up repair STUCK_AFTER_S later."""
+    handler = HANDLERS[names.PREWARM]
+    payload = {"caller_key": "p1", "net": "net-a", "within_s": 120}
+    with commit_reply_lost(pw.rt.engine), pytest.raises(Exception) as lost:
+        handler.call(pw.rt, payload=payload)
+    assert on_error(handler, lost.value, 0, pw.rt.settings) is Verdict.RETRY
+    assert pw.net("net-a").state == NetState.STARTING  # the commit was applied
+    assert warm_sent(pw) == []
+    pw.clock.advance(2)  # the retry's backoff
+    handler.call(pw.rt, payload=payload)
+    assert warm_sent(pw) == ["net-a"]
+
+
 def test_an_identical_repeat_after_a_redeploy_changed_the_nets_sites_names_the_same_prewarm(
     pw, tmp_path
 ):
@@ -498,6 +522,20 @@ def test_an_identical_repeat_after_a_redeploy_changed_the_nets_sites_names_the_s
         prewarm.request_prewarm(
             rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300, required_sites=["site-1"])
         )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a repeat omitting required_sites under a key whose prewarm named its own sites "
+    "is read as those sites, so a different payload names the prewarm",
+)
+def test_a_repeat_omitting_the_sites_the_prewarm_named_explicitly_is_a_conflict(pw):
+    """Omitted sites are the net's (site-1 and site-2): a prewarm asked for site-1 alone is
+    not what a payload without required_sites asks for, so that repeat is refused as a
+    caller_key_conflict, as an enqueue's is."""
+    ask(pw, "p1", net="net-a", within_s=300, required_sites=["site-1"])
+    with pytest.raises(CallerKeyConflict):
+        ask(pw, "p1", net="net-a", within_s=300)
 
 
 def test_another_payload_under_the_key_is_a_conflict_that_changes_nothing(pw):

@@ -203,6 +203,25 @@ def test_two_nets_naming_one_server_are_refused(driver_a, driver_b, field, tmp_p
     assert field in str(exc.value)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="two spellings of one Docker engine (tcp:// is http:// to the Docker SDK, a "
+    "host name in capitals) pass the shared-server check: both nets drive one container",
+)
+@pytest.mark.parametrize("engine_b", ["http://docker-proxy:2375", "tcp://Docker-Proxy:2375"])
+def test_two_nets_naming_one_container_through_two_spellings_of_its_engine_are_refused(
+    engine_b, tmp_path, monkeypatch
+):
+    """The Docker SDK reads tcp:// as http:// and a host name is case-insensitive, so both
+    nets start and stop the one fl-server container (one's idle scale-down under the other's
+    job), as if they named the same engine_url."""
+    a = net_decl(tmp_path, "net-a", driver=_docker("fl-server", "tcp://docker-proxy:2375"))
+    b = net_decl(tmp_path, "net-b", driver=_docker("fl-server", engine_b))
+    monkeypatch.setenv("NETS", json.dumps([a, b]))
+    with pytest.raises(SettingsError, match=r"'net-a' and 'net-b'.*driver.container"):
+        load_settings()
+
+
 def test_two_nets_declaring_one_server_endpoint_are_refused(tmp_path, monkeypatch):
     """Static nets have no driver to tell them apart: the address they declare is the server."""
     a = net_decl(tmp_path, "net-a", server_endpoint="fl.example.org:8002")
