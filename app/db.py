@@ -69,16 +69,30 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.close()
 
 
+# SQLSTATE classes and codes that say "not now" rather than "never": a connection lost or
+# refused (08), too many connections or out of resources (53), an administrator's or a
+# crash's shutdown, a server still starting (57P01-57P05), a serialisation failure or a
+# deadlock (40001, 40P01), a server that takes no writes (25006: a demoted primary or a
+# standby during a failover), a lock not available (55P03), and a schema the code is ahead
+# of (42P01 undefined table, 42703 undefined column, 3D000 no such database: a deployment
+# whose migration has not run yet, which retrying keeps the request for).
+_NOT_NOW = ("08", "53", "57P", "40001", "40P01", "25006", "55P03", "42P01", "42703", "3D000")
+
+
 def database_unavailable(exc: BaseException) -> bool:
     """Whether `exc` says the database could not do the work now (refused or lost the
-    connection, restarting, failing over, locked, out of pooled connections, a deadlock or
-    serialisation failure), so the same request may succeed later; not a bad request."""
+    connection, restarting, failing over, read-only, locked, out of pooled connections, a
+    deadlock or serialisation failure, a schema not migrated yet), so the same request may
+    succeed later; not a bad request."""
     if isinstance(exc, DBAPIError):
         # OperationalError is what every driver raises for the server's side of things
         # (psycopg: connection refused or reset, admin shutdown, "the database system is
         # starting up", deadlocks; sqlite3: "database is locked", and also a schema that is
-        # behind the code, which a retry keeps until the migration has run).
-        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+        # behind the code). PostgreSQL's other classes are read by their SQLSTATE.
+        if exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError):
+            return True
+        code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        return isinstance(code, str) and code.startswith(_NOT_NOW)
     return isinstance(exc, PoolTimeout | DisconnectionError)
 
 

@@ -5,10 +5,12 @@ and the field."""
 from __future__ import annotations
 
 import json
+import posixpath
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -200,13 +202,29 @@ def _arn_name(value: str) -> str:
     return value.rsplit("/", 1)[-1] if value.startswith("arn:") else value
 
 
+def _engine(url: str) -> str:
+    """A Docker engine URL as the engine it reaches: the Docker SDK reads tcp:// as http://,
+    a host name is case-insensitive, and unix://var/... and unix:///var/... name one socket."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme in ("unix", "http+unix", "npipe"):
+        path = posixpath.normpath("/" + (parts.netloc + parts.path).lstrip("/"))
+        return f"{scheme.removeprefix('http+')}:{path}"
+    scheme = "http" if scheme == "tcp" else scheme
+    try:
+        port = parts.port
+    except ValueError:  # not a number: compared as written (the driver refuses it anyway)
+        return f"{scheme}://{parts.netloc.lower()}"
+    return f"{scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
 def server_identities(net: NetConfig) -> list[tuple[str, tuple[object, ...]]]:
     """What names the server a net drives, as (field, identity) pairs: two nets sharing one
     would stop each other's server (one net's idle scale-down under the other's job)."""
     driver = net.driver
     found: list[tuple[str, tuple[object, ...]]] = []
     if isinstance(driver, DockerDriverConfig):
-        found.append(("driver.container", (driver.engine_url.rstrip("/"), driver.container)))
+        found.append(("driver.container", (_engine(driver.engine_url), driver.container)))
     elif isinstance(driver, EcsDriverConfig):
         key = (driver.endpoint_url, driver.region, _arn_name(driver.cluster))
         found.append(("driver.cluster+service", (*key, _arn_name(driver.service))))

@@ -143,6 +143,22 @@ def recorded_caller_key(key: str) -> str:
     return shown[: CALLER_KEY_MAX_CHARS - 17] + "\u2026" + digest
 
 
+def _digest(fields: dict[str, Any]) -> str:
+    if isinstance(fields.get("required_sites"), list):
+        fields["required_sites"] = sorted(fields["required_sites"])  # in any order
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _as_sent(model: BaseModel) -> dict[str, Any]:
+    """The payload as its caller sent it: the fields it set, and the names of those it
+    left out (whatever default they got)."""
+    fields = model.model_dump(mode="json")
+    sent = {name: value for name, value in fields.items() if name in model.model_fields_set}
+    sent["omitted"] = sorted(fields.keys() - model.model_fields_set)
+    return sent
+
+
 def _whole_number(value: Any) -> Any:
     # JSON Schema's "integer" includes 5.0, which many JSON encoders send for 5: read it as
     # 5, as the printed schema promises. 5.5, a bool or a numeric string stays what it is,
@@ -256,9 +272,13 @@ class EnqueueJob(_Payload):
         fields = self.model_dump(mode="json")
         if fields["prewarm_key"] is None:
             del fields["prewarm_key"]
-        fields["required_sites"] = sorted(fields["required_sites"])
-        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return _digest(fields)
+
+    def sent_digest(self) -> str:
+        """The request as sent (`_as_sent`): a repeat with the same one is the same request
+        whatever defaults a redeploy changed since; one that leaves out a value the first
+        sent is not (`digest` still matches it where today's defaults give that value)."""
+        return _digest(_as_sent(self))
 
     @field_validator("required_sites")
     @classmethod
@@ -320,10 +340,11 @@ class PrewarmNet(_Payload):
 
     def digest(self) -> str:
         """What makes two prewarms of one caller_key the same request (sites in any order)."""
-        fields = self.model_dump(mode="json")
-        fields["required_sites"] = sorted(fields["required_sites"])
-        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return _digest(self.model_dump(mode="json"))
+
+    def sent_digest(self) -> str:
+        """The request as sent (`EnqueueJob.sent_digest`)."""
+        return _digest(_as_sent(self))
 
 
 class CancelPrewarm(_Payload):

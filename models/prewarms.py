@@ -96,6 +96,8 @@ class Prewarm(Base):
     # app.schemas.PrewarmNet.digest() of the accepted request (defaults filled in): a repeat
     # with another payload is a conflict. NULL on refusals.
     request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # PrewarmNet.sent_digest(): the request as sent, an omitted field left out (migration 0015).
+    sent_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # The net it holds (a request for sites is resolved to one); NULL when refused before
     # any net was found.
     net_name: Mapped[str | None] = mapped_column(

@@ -184,6 +184,8 @@ class Job(Base):
     # app.schemas.EnqueueJob.digest() of the request that created it: a repeat with another
     # payload is a conflict, not the same job. NULL on jobs enqueued before migration 0009.
     request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # EnqueueJob.sent_digest(): the request as sent, an omitted field left out (migration 0015).
+    sent_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     definition: Mapped[str] = mapped_column(String(1024))
     required_sites: Mapped[list[str]] = mapped_column(JSON)
     # flip-api's own JSON object (model_id, project_id, ...), returned in every view and
@@ -238,6 +240,7 @@ class Job(Base):
         job_id: uuid.UUID | None = None,
         metadata: dict[str, Any] | None = None,
         request_digest: str | None = None,
+        sent_digest: str | None = None,
         prewarm_key: str | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
@@ -245,6 +248,7 @@ class Job(Base):
             id=job_id or uuid.uuid4(),
             caller_key=caller_key,
             request_digest=request_digest,
+            sent_digest=sent_digest,
             definition=definition,
             required_sites=required_sites,
             requested_net=requested_net,

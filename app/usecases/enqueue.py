@@ -67,7 +67,7 @@ def enqueue_job(
     with another payload is a CallerKeyConflict."""
     existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
     if existing is not None:
-        return _repeat(existing, request)
+        return _repeat(existing, request, settings)
 
     sites = list(request.required_sites)
     if request.net is not None:
@@ -107,6 +107,7 @@ def enqueue_job(
         job_id=job_id_for(request.caller_key),
         metadata=request.metadata,
         request_digest=_as_stored(request, settings).digest(),
+        sent_digest=request.sent_digest(),
         # Advisory: a key naming no live prewarm is kept all the same and gives no preference.
         prewarm_key=request.prewarm_key,
     )
@@ -122,7 +123,7 @@ def enqueue_job(
         )
         if winner is None:  # pragma: no mutate (the race path, as above)
             raise
-        return _repeat(winner, request)  # pragma: no mutate
+        return _repeat(winner, request, settings)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     return Enqueued(job.id, created=True, state=job.state)
 
@@ -141,25 +142,17 @@ def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
     )
 
 
-def _as_repeat_of(request: EnqueueJob, job: Job) -> EnqueueJob:
-    """A repeat with what it omitted taken from the job it repeats: the defaults that job got
-    at its intake, as its stored digest holds them. Never today's: a redeploy that changed
-    MAX_ATTEMPTS or a net's required_sites must not make flip-api's identical retry a
-    conflict (and this reads the digests stored before this rule the same way)."""
-    sites = list(request.required_sites)
-    if not sites and request.net is not None:  # without a net no default applied: kept empty
-        sites = list(job.required_sites)
-    return request.model_copy(
-        update={"max_attempts": request.max_attempts or job.max_attempts, "required_sites": sites}
-    )
-
-
-def _repeat(existing: Job, request: EnqueueJob) -> Enqueued:
+def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
     """A repeat of an enqueue: the same request (a retry) names the existing job; another
     payload under the same key is refused, since answering with the first job would let the
-    caller believe its new request was queued."""
-    digest = _as_repeat_of(request, existing).digest()
-    if existing.request_digest is not None and existing.request_digest != digest:
+    caller believe its new request was queued. The same request is the one sent again as it
+    was (whatever defaults a redeploy changed since), or one that spells out or leaves out
+    a default as today's settings fill it in; a repeat that leaves out a value the first one
+    sent is another request unless today's default is that value."""
+    if existing.request_digest is None:
+        return Enqueued(existing.id, created=False, state=existing.state)  # before 0009
+    as_sent = existing.sent_digest is not None and existing.sent_digest == request.sent_digest()
+    if not as_sent and existing.request_digest != _as_stored(request, settings).digest():
         raise CallerKeyConflict(
             f"caller_key {request.caller_key!r} already names job {existing.id} "
             f"({existing.state.value}), enqueued with a different payload"
@@ -201,21 +194,40 @@ def record_rejection(
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
     the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
     retention until it is."""
-    # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
-    # itself is never lost; no job could ever have had such a key, hence no job id.
-    valid_key = caller_key is not None and unstorable(caller_key) is None
-    rejection = RejectedRequest(
-        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
-        caller_key=recorded_caller_key(caller_key) if caller_key is not None else None,
-        reason=storable(reason)[:4000],
-        reason_code=code,
-        at=now,
-    )
-    session.add(rejection)
     expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
     if callbacks:
         expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
     session.execute(delete(RejectedRequest).where(expired))
+    # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
+    # itself is never lost; no job could ever have had such a key, hence no job id.
+    valid_key = caller_key is not None and unstorable(caller_key) is None
+    recorded = recorded_caller_key(caller_key) if caller_key is not None else None
+    shown = storable(reason)[:4000]
+    # The same refusal again (a retry after a commit whose reply was lost, the caller's own
+    # repeat) is the one already kept: one row, one `rejected` event.
+    same = (
+        session.scalar(
+            select(RejectedRequest)
+            .where(
+                RejectedRequest.caller_key == recorded,
+                RejectedRequest.reason_code == str(code),
+                RejectedRequest.reason == shown,
+            )
+            .limit(1)
+        )
+        if recorded is not None
+        else None
+    )
+    if same is not None:
+        return same
+    rejection = RejectedRequest(
+        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
+        caller_key=recorded,
+        reason=shown,
+        reason_code=code,
+        at=now,
+    )
+    session.add(rejection)
     return rejection
 
 

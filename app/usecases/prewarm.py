@@ -145,6 +145,11 @@ def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
             )
         )
         net = getattr(exc, "net_name", None)
+        kept = select(Prewarm.id).where(
+            Prewarm.refused, Prewarm.caller_key == key, Prewarm.outcome == code
+        )
+        if key and session.scalar(kept.where(Prewarm.detail == reason).limit(1)) is not None:
+            return code  # the same refusal again (a retry after a lost commit reply): kept
         session.add(
             Prewarm(
                 caller_key=key,
@@ -167,7 +172,8 @@ def _accept(
     """The prewarm the key names (a repeat), or a new one; and whether to start its net."""
     existing = _accepted(session, request.caller_key)
     if existing is not None:
-        return _repeat(existing, request), False, False
+        row = _repeat(existing, request, settings)
+        return row, False, _still_warming(session, row, now)
     net_name, sites = _resolve(session, settings, request, now)
     net = services.get_net(session, net_name, lock=True)
     if net.state == NetState.MISCONFIGURED:
@@ -176,6 +182,7 @@ def _accept(
     row = Prewarm(
         caller_key=request.caller_key,
         request_digest=_as_stored(request, settings).digest(),
+        sent_digest=request.sent_digest(),
         net_name=net_name,
         required_sites=sites,
         within_s=request.within_s,
@@ -191,12 +198,22 @@ def _accept(
         winner = _accepted(session, request.caller_key)
         if winner is None:
             raise
-        return _repeat(winner, request), False, False
+        return _repeat(winner, request, settings), False, False  # the winner sends it
     start, note = _start_or_hold(session, settings.net(net_name), net, row, now)
     if granted_s < request.within_s:
         note += f"; held {granted_s:.0f}s (PREWARM_MAX_S), not the {request.within_s:.0f}s asked"
     row.detail = note
     return row, True, start
+
+
+def _still_warming(session: Session, row: Prewarm, now: datetime) -> bool:
+    """Whether a repeat sends the warm-up again: its hold is live and not ready yet on a
+    STARTING net. The first request's send may never have gone out (a commit applied whose
+    reply was lost: the task is retried); warm_up is idempotent, so a second one while the
+    first polls only polls twice for a while."""
+    if row.outcome is not None or row.ready_at is not None or row.hold_until <= now:
+        return False
+    return _net_state(session, row.net_name) == NetState.STARTING
 
 
 def _start_or_hold(
@@ -295,19 +312,13 @@ def _as_stored(request: PrewarmNet, settings: Settings) -> PrewarmNet:
     return request.model_copy(update={"required_sites": sites})
 
 
-def _as_repeat_of(request: PrewarmNet, existing: Prewarm) -> PrewarmNet:
-    """A repeat with the sites it omitted taken from the prewarm it repeats (the net's
-    default when it was accepted), never from today's settings: a redeploy that changed the
-    net's required_sites must not make an identical repeat a conflict."""
-    if request.required_sites or request.net is None:
-        return request
-    return request.model_copy(update={"required_sites": list(existing.required_sites)})
-
-
-def _repeat(existing: Prewarm, request: PrewarmNet) -> Prewarm:
+def _repeat(existing: Prewarm, request: PrewarmNet, settings: Settings) -> Prewarm:
     """A repeat of a prewarm: the same request names the same prewarm (even one that has
-    ended: it is not restarted); another payload under its key is refused."""
-    if existing.request_digest != _as_repeat_of(request, existing).digest():
+    ended: it is not restarted); another payload under its key is refused. The same request
+    as for an enqueue (`enqueue._repeat`): sent again as it was, or with a default spelled
+    out or left out as today's settings fill it in."""
+    as_sent = existing.sent_digest is not None and existing.sent_digest == request.sent_digest()
+    if not as_sent and existing.request_digest != _as_stored(request, settings).digest():
         differ = [
             name
             for name, differs in (

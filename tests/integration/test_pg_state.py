@@ -495,11 +495,6 @@ def test_a_nul_in_any_text_a_task_is_sent_is_refused_before_postgresql(db, setti
         assert session.get(Job, job_id).state == JobState.QUEUED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on PostgreSQL a schema not yet migrated is a ProgrammingError (UndefinedTable), "
-    "which database_unavailable does not count: the request fails and is acknowledged away",
-)
 @pytest.mark.parametrize("task_name", [names.ENQUEUE_JOB, names.PREWARM])
 def test_a_request_arriving_before_the_schema_is_migrated_is_retried_on_postgresql(
     db, settings, clock, task_name
@@ -529,12 +524,6 @@ def test_a_request_arriving_before_the_schema_is_migrated_is_retried_on_postgres
     assert on_error(handler, failed.value, 0, settings) is Verdict.RETRY, repr(failed.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a PostgreSQL that takes no writes during a failover (a demoted primary or a "
-    "standby: ReadOnlySqlTransaction, an InternalError) is not counted as unavailable: the "
-    "request fails and is acknowledged away",
-)
 def test_a_request_reaching_a_read_only_postgresql_during_a_failover_is_retried(
     db, settings, clock, pg_url
 ):

@@ -736,11 +736,6 @@ def test_a_refused_enqueue_is_pushed_as_a_rejected_event_signed_with_its_own_id(
     assert rejection_row(cb, "flip-run-9").callback_settled_at == cb.clock()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refused enqueue whose rejection commit was applied with its reply lost is "
-    "retried and recorded again: two rejected events for one request",
-)
 def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_rejected_event(
     cb, receiver
 ):

@@ -72,11 +72,6 @@ def test_an_identical_retry_after_a_redeploy_changed_the_defaults_returns_its_jo
         _enqueue(sqlite_factory, after, clock, net="net-a", required_sites=["site-1"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a repeat omitting a field the job was enqueued with explicitly (not by default) "
-    "is read as the job's value, so a different payload returns the job",
-)
 @pytest.mark.parametrize(
     "first",
     [

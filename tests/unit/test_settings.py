@@ -203,11 +203,6 @@ def test_two_nets_naming_one_server_are_refused(driver_a, driver_b, field, tmp_p
     assert field in str(exc.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two spellings of one Docker engine (tcp:// is http:// to the Docker SDK, a "
-    "host name in capitals) pass the shared-server check: both nets drive one container",
-)
 @pytest.mark.parametrize("engine_b", ["http://docker-proxy:2375", "tcp://Docker-Proxy:2375"])
 def test_two_nets_naming_one_container_through_two_spellings_of_its_engine_are_refused(
     engine_b, tmp_path, monkeypatch
