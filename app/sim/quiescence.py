@@ -76,6 +76,16 @@ class Quiescence(PrewarmInvariants):
             except UnicodeEncodeError:
                 self.report("postgres-storable", "jobs.metadata", "holds a lone surrogate")
 
+    def refused_once(self) -> None:
+        """A refusal sent again (a duplicate message, a retry after a commit whose reply was
+        lost) is the one already recorded: one row, one `rejected` event, never two."""
+        row = self.sim.conn.execute(
+            "SELECT caller_key, count(*) FROM rejected_requests WHERE caller_key IS NOT NULL"
+            " GROUP BY caller_key, reason, reason_code HAVING count(*) > 1 LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            self.report("refused-once", str(row[0]), f"the same refusal recorded {row[1]} times")
+
     def liveness_s(self, max_attempts: int) -> float:
         """How long after faults stop a job with this many attempts must have ended."""
         return self.bounds.liveness + max_attempts * self.bounds.per_attempt

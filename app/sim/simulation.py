@@ -450,6 +450,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
                     break
         if self.check_invariants:
             checker.storable()
+            checker.refused_once()
         self.cluster.advance(self.clock.t)  # timed changes nobody looked at since
         self.stats["sim_s"] = round(self.clock.t, 1)
         self.stats["runs"] = len(self.cluster.runs)

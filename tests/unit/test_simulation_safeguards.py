@@ -30,6 +30,7 @@ from app.usecases import (
     abort,
     claims,
     dispatch,
+    enqueue,
     housekeeping,
     monitor,
     net_repairs,
@@ -38,7 +39,7 @@ from app.usecases import (
     scaling,
     services,
 )
-from models import Job, JobState, Prewarm, PrewarmOutcome
+from models import Job, JobState, Prewarm, PrewarmOutcome, RejectedRequest
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
 # machine busy with the other tiers it takes minutes, so the per-test 600 s default is
@@ -238,6 +239,25 @@ def _requests_failed_loudly(mp: pytest.MonkeyPatch) -> None:
             mp.setattr(module, "on_error", failed_loudly)
 
 
+def _every_refusal_recorded(mp: pytest.MonkeyPatch) -> None:
+    # Before the break-it review of round 4: a refusal sent again (a duplicate message, a
+    # retry after a commit whose reply was lost) was recorded again, a second rejected event.
+    from app.schemas import job_id_for, recorded_caller_key, storable
+
+    def record_again(session: Any, caller_key: Any, reason: str, now: Any, *_a: Any, **kw: Any):
+        rejection = RejectedRequest(
+            job_id=job_id_for(caller_key) if caller_key and "\x00" not in caller_key else None,
+            caller_key=recorded_caller_key(caller_key) if caller_key is not None else None,
+            reason=storable(reason)[:4000],
+            reason_code=kw.get("code", "rejected"),
+            at=now,
+        )
+        session.add(rejection)
+        return rejection
+
+    mp.setattr(enqueue, "record_rejection", record_again)
+
+
 SAFEGUARDS = [
     Safeguard(
         "flip-api's request is kept while the database cannot store it (round 4's fix 1)",
@@ -248,6 +268,15 @@ SAFEGUARDS = [
         # 64, 73 and 100 of 0-120.
         range(60, 75),
         frozenset({"request-lost"}),
+    ),
+    Safeguard(
+        "the same refusal again is recorded once (the break-it review of round 4)",
+        _every_refusal_recorded,
+        "racy",
+        # A refused payload delivered twice (FaultProfile.msg_dup) or retried after a commit
+        # whose reply was lost (db_error): two rows, two rejected events. Racy seed 21 of 0-60.
+        range(20, 23),
+        frozenset({"refused-once"}),
     ),
     Safeguard(
         "a held net comes first only for the hinted job it would take next (a4b8e22)",
