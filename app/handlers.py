@@ -7,10 +7,12 @@ the task layer. Imports no Celery.
 The delivery rules by kind (`on_error`; tasks/base.py carries them out on Celery):
 
 - `request`, flip-api's (the message is the only copy of its intent): a database that
-  cannot store it now is retried with backoff and no limit, never acknowledged away;
-- `pipeline`, a chain step bound to one job, net and attempt: a `TransientError` is retried
-  with backoff up to `RETRY_MAX`, each retry counted on the job, then the job is requeued,
-  never dropped; a misconfigured net ends the chain (the use case handled it);
+  cannot store it now, or a row another worker changed meanwhile, is retried with backoff
+  and no limit, never acknowledged away;
+- `pipeline`, a chain step bound to one job, net and attempt: a `TransientError` or a row
+  changed meanwhile is retried with backoff up to `RETRY_MAX`, each retry counted on the
+  job, then the job is requeued, never dropped; a misconfigured net ends the chain (the use
+  case handled it);
 - `housekeeping` (beat's loops), `plain` (the assign round, stray settling) and `callbacks`
   (a delivery round) fail loudly: the next tick, beat's sweep or reconcile does the work.
 
@@ -26,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from sqlalchemy.orm.exc import StaleDataError
 
 from app import names
 from app.db import database_unavailable
@@ -112,14 +116,17 @@ class Verdict(StrEnum):
 
 def on_error(handler: Handler, exc: BaseException, retries: int, settings: Settings) -> Verdict:
     """The delivery rule for `exc` out of `handler` on its try number `retries` (0 first)."""
+    # Another transaction changed the row between this one's read and its write (the rows'
+    # version check): trying again reads it as it is now, and acts only if still its own.
+    changed = isinstance(exc, StaleDataError)
     if handler.kind is Kind.REQUEST and (
-        database_unavailable(exc) or isinstance(exc, TransientError)
+        changed or database_unavailable(exc) or isinstance(exc, TransientError)
     ):
         return Verdict.RETRY  # the message is the caller's only copy: never let it go
     if handler.kind is Kind.PIPELINE:
         if isinstance(exc, MisconfigurationError):
             return Verdict.ENDED
-        if isinstance(exc, TransientError):
+        if changed or isinstance(exc, TransientError):
             return Verdict.RETRY if retries < settings.retry_max else Verdict.EXHAUSTED
     return Verdict.FAILED
 

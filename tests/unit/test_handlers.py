@@ -8,6 +8,7 @@ import sqlite3
 
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm.exc import StaleDataError
 
 from app import names
 from app.celery_app import celery
@@ -63,6 +64,9 @@ def test_the_simulator_delivers_a_message_to_every_handler(monkeypatch):
         (Kind.PIPELINE, ServerUnavailable("x"), 5, Verdict.EXHAUSTED),
         (Kind.PIPELINE, AdminMisconfigured("kit"), 0, Verdict.ENDED),
         (Kind.PIPELINE, DB_DOWN, 0, Verdict.FAILED),  # reconcile finds the row again
+        (Kind.PIPELINE, StaleDataError("0 rows matched"), 0, Verdict.RETRY),  # re-read it
+        (Kind.REQUEST, StaleDataError("0 rows matched"), 0, Verdict.RETRY),
+        (Kind.HOUSEKEEPING, StaleDataError("0 rows matched"), 0, Verdict.FAILED),
         (Kind.HOUSEKEEPING, DB_DOWN, 0, Verdict.FAILED),  # the next tick
         (Kind.HOUSEKEEPING, ServerUnavailable("x"), 0, Verdict.FAILED),
         (Kind.CALLBACKS, DB_DOWN, 0, Verdict.FAILED),  # beat's sweep
