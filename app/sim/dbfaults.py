@@ -34,12 +34,15 @@ class DatabaseFaults:
         self._sim = sim
         self._engine = engine
         self._rng = random.Random(f"{seed}/db")
+        self.paused = False  # the harness's own work (a worker's start) is never failed
         event.listen(engine, "before_cursor_execute", self._on_statement)
         event.listen(engine, "commit", self._on_commit)
 
     def _fails(self) -> bool:
         rate = self._sim.faults.db_error
-        return bool(rate) and bool(self._sim._stack) and self._rng.random() < rate
+        if not rate or self.paused or not self._sim._stack:
+            return False
+        return self._rng.random() < rate
 
     def _on_statement(self, *_args: Any, **_kwargs: Any) -> None:
         if self._fails():

@@ -269,8 +269,16 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         if slot == self._stalled:
             self._dead.add(slot)
         self.workers[slot] = self._runtime(slot)
-        with unit_of_work(self.sessions) as session:
-            services.sync_nets(session, self.settings, self.clock(), at_start=True)
+        # A real worker whose start fails on the database starts again: not a case here.
+        faults = getattr(self, "_db_faults", None)
+        if faults is not None:
+            faults.paused = True
+        try:
+            with unit_of_work(self.sessions) as session:
+                services.sync_nets(session, self.settings, self.clock(), at_start=True)
+        finally:
+            if faults is not None:
+                faults.paused = False
         self.trace(f"   worker w{slot} (re)started: {why}")
 
     def scales_to_zero(self, net: str) -> bool:
