@@ -327,7 +327,9 @@ def test_prewarm_starts_the_net_and_sends_the_warm_up_then_cancel_ends_it(capsys
     assert first["notified"] is True
     code, out, _ = run(capsys, *argv)
     assert code == 0 and json.loads(out)["created"] is False
-    assert task_names(broker_messages(cli_env)) == ["fl_dispatcher.warm_up"]
+    # The repeat finds its net still STARTING: the warm-up goes again (idempotent), in case
+    # the first send was lost with a commit's reply.
+    assert task_names(broker_messages(cli_env)) == ["fl_dispatcher.warm_up"] * 2
     code, out, _ = run(capsys, "status", "--no-probe")
     assert "PREWARM" in out and "cli-p1 warming until" in out
     code, out, _ = run(capsys, "cancel-prewarm", "cli-p1")
