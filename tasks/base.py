@@ -206,5 +206,8 @@ def register(handler: Handler) -> Task:
         soft_time_limit=soft,
         time_limit=hard,
         send_events=handler.task_events,
+        # No limit of Celery's own (its default is 3, and a retry's max_retries=None means
+        # that default): on_error alone decides how often a message is tried again.
+        max_retries=None,
     )(body)
     return task

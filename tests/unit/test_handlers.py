@@ -28,6 +28,9 @@ def test_every_task_the_worker_registers_is_a_handler_and_back():
         assert task.acks_late and task.reject_on_worker_lost, name
         assert task.acks_on_failure_or_timeout  # what the simulator's broker assumes
         assert task.send_events is HANDLERS[name].task_events, name
+        # Celery's own default (3) would end a readiness poll after its third retry, and a
+        # request after three database errors: only on_error limits retries.
+        assert task.max_retries is None, name
 
 
 def test_the_simulator_delivers_a_message_to_every_handler(monkeypatch):
