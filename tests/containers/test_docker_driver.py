@@ -239,30 +239,9 @@ def test_an_engine_restart_while_the_net_comes_up_is_waited_out(
     keeps waiting (NOT_READY, net STARTING, nothing requeued or marked), then is ready once
     the engine answers again and says the container runs."""
     name = containers.create("server", SERVES_UNTIL_STOPPED)
-    net = {
-        "name": "net-d",
-        "driver": {"kind": "docker", "container": name, "engine_url": own_engine.url},
-        "admin": {"kit_dir": str(make_admin_kit(tmp_path / "admin")), "username": "admin"},
-        "required_sites": ["site-1", "site-2"],
-    }
-    settings = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=job_root,
-        NETS=json.dumps([net]),
-        PER_JOB_FL_SERVER="true",
-    )
-    server = FakeServer()  # the NVFLARE side answers; the driver's view is what is tested
-    rt = Runtime(
-        settings=settings,
-        engine=sqlite_factory.kw["bind"],
-        sessions=sqlite_factory,
-        clock=clock,
-        driver_factory=build_driver,
-        admin_factory=lambda net, s: FakeAdmin(server),
-        outbox=RecordingOutbox(),
-    )
+    rt = _docker_runtime(tmp_path, job_root, sqlite_factory, clock, own_engine.url, name)
+    settings = rt.settings
     with sqlite_factory.begin() as session:
-        services.sync_nets(session, settings, clock())
         request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-d")
         job_id = enqueue.enqueue_job(session, settings, request, clock()).job_id
     [assignment] = dispatch.assign_jobs(rt)
