@@ -755,6 +755,36 @@ def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_reject
     assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review2: a conflict's reason names the job's state, so its retry after a lost "
+    "commit reply, once the job moved on, is recorded again: two rejected events",
+)
+def test_a_conflict_retried_after_a_lost_reply_once_its_job_moved_is_one_rejected_event(
+    cb, receiver
+):
+    """README "What flip-api may rely on": a retry after a commit applied whose reply was
+    lost changes nothing (a refusal recorded once, one `rejected` event). The retry comes
+    seconds later (backoff); meanwhile the job the key names has moved on (QUEUED to
+    RUNNING): the refusal's text (it names the state) must not make it a second one."""
+    from app.handlers import HANDLERS, Verdict, on_error
+
+    handler = HANDLERS[names.ENQUEUE_JOB]
+    job_id = cb.enqueue("flip-run-11", net="net-a")
+    deliver(cb, receiver)
+    receiver.requests.clear()
+    payload = {"caller_key": "flip-run-11", "definition": "tiny-job", "net": "net-a"}
+    conflicting = {**payload, "priority": 7}
+    with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
+        handler.call(cb.rt, payload=conflicting)
+    assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
+    cb.run_pipeline(job_id)  # the job moves on during the retry's backoff
+    assert cb.job(job_id).state != JobState.QUEUED
+    handler.call(cb.rt, payload=conflicting)  # the retry
+    deliver(cb, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests if p["kind"] == "rejected"] == ["rejected"]
+
+
 def test_rejected_event_ids_never_collide_with_job_event_ids(cb, receiver):
     """Both sequences start at 1: the receiver dedups by event_id, so a rejected event must
     never carry an id a job event has (or will have)."""

@@ -246,6 +246,29 @@ def test_retries_exhausted_requeue_the_job(rt):
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review2: on_error retries a step's StaleDataError up to RETRY_MAX, but "
+    "on_failure requeues only a TransientError: the exhausted step leaves its job as it was",
+)
+def test_retries_exhausted_on_a_changed_row_requeue_the_job(rt):
+    """app/handlers.py: a pipeline step's TransientError or row changed meanwhile is retried
+    up to RETRY_MAX, "then the job is requeued, never dropped"."""
+    from sqlalchemy.orm.exc import StaleDataError
+
+    job_id = rt.enqueue("j", net="net-a")
+    TASKS[names.ASSIGN_NEXT_JOB].run()
+    TASKS[names.DISPATCH].on_failure(
+        StaleDataError("UPDATE statement on table 'jobs' expected to update 1 row(s); 0 matched"),
+        "t",
+        (),
+        {"job_id": str(job_id), "net_name": "net-a", "attempt": 0},
+        None,
+    )
+    job = rt.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, 1)
+
+
 def test_retries_exhausted_while_dispatching_keep_the_attempt_and_its_token(rt):
     # The submit may have landed with its reply lost: a new attempt with a new token could
     # start a second run, so the job stays DISPATCHING for the reconciler to settle.
