@@ -24,7 +24,6 @@ from app.celery_app import (
     celery_runtime,
 )
 from app.db import database_error_name
-from app.errors import TransientError
 from app.handlers import (
     ACKS,
     HANDLERS,
@@ -88,9 +87,11 @@ class DispatcherTask(Task):  # type: ignore[misc]
         job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
         if handler is None or not job_id:
             return
-        # Called once the task failed for good: a step's transient error here is one whose
-        # retries ran out (on_error's EXHAUSTED).
-        if handler.kind is Kind.PIPELINE and isinstance(exc, TransientError):
+        # Called once the task failed for good: judged as at its last try, a step's error
+        # that on_error retries (transient, a row changed meanwhile) is one whose retries ran
+        # out, and its job is requeued.
+        settings = runtime().settings
+        if on_error(handler, exc, settings.retry_max, settings) is Verdict.EXHAUSTED:
             from app.usecases.dispatch import requeue_after_transient
 
             log.warning(

@@ -154,8 +154,10 @@ def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
     as_sent = existing.sent_digest is not None and existing.sent_digest == request.sent_digest()
     if not as_sent and existing.request_digest != _as_stored(request, settings).digest():
         raise CallerKeyConflict(
-            f"caller_key {request.caller_key!r} already names job {existing.id} "
-            f"({existing.state.value}), enqueued with a different payload"
+            # No job state in the text: the same conflict retried (a lost commit reply) must
+            # read the same, to be the one refusal already recorded.
+            f"caller_key {request.caller_key!r} already names job {existing.id}, "
+            f"enqueued with a different payload"
             f"{_differences(existing, request)}; a new job needs a new caller_key"
         )
     return Enqueued(existing.id, created=False, state=existing.state)

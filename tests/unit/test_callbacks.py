@@ -755,11 +755,6 @@ def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_reject
     assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2: a conflict's reason names the job's state, so its retry after a lost "
-    "commit reply, once the job moved on, is recorded again: two rejected events",
-)
 def test_a_conflict_retried_after_a_lost_reply_once_its_job_moved_is_one_rejected_event(
     cb, receiver
 ):

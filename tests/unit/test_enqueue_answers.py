@@ -103,7 +103,7 @@ def test_a_caller_key_reused_with_another_payload_is_a_conflict_naming_the_job(
     with pytest.raises(CallerKeyConflict) as conflict:
         _enqueue(sqlite_factory, settings, clock, required_sites=["site-1"], priority=5)
     assert str(conflict.value) == (
-        f"caller_key 'k' already names job {first.job_id} (QUEUED), enqueued with a different "
+        f"caller_key 'k' already names job {first.job_id}, enqueued with a different "
         "payload (differs in: priority); a new job needs a new caller_key"
     )
     with sqlite_factory() as session:

@@ -246,11 +246,6 @@ def test_retries_exhausted_requeue_the_job(rt):
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2: on_error retries a step's StaleDataError up to RETRY_MAX, but "
-    "on_failure requeues only a TransientError: the exhausted step leaves its job as it was",
-)
 def test_retries_exhausted_on_a_changed_row_requeue_the_job(rt):
     """app/handlers.py: a pipeline step's TransientError or row changed meanwhile is retried
     up to RETRY_MAX, "then the job is requeued, never dropped"."""
