@@ -13,6 +13,7 @@ import pytest
 from celery.exceptions import Reject, Retry
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
+from sqlalchemy.orm.exc import StaleDataError
 
 from app import names
 from app.celery_app import celery, celery_config
@@ -232,33 +233,22 @@ def test_transient_errors_autoretry_and_are_counted(rt):
     assert rt.job(job_id).retries == 1
 
 
-def test_retries_exhausted_requeue_the_job(rt):
-    job_id = rt.enqueue("j", net="net-a")
-    TASKS[names.ASSIGN_NEXT_JOB].run()
-    TASKS[names.DISPATCH].on_failure(
+@pytest.mark.parametrize(
+    "exc",
+    [
         DriverTransientError("still throttled"),
-        "t",
-        (),
-        {"job_id": str(job_id), "net_name": "net-a", "attempt": 0},
-        None,
-    )
-    job = rt.job(job_id)
-    assert (job.state, job.attempts) == (JobState.QUEUED, 1)
-
-
-def test_retries_exhausted_on_a_changed_row_requeue_the_job(rt):
-    """app/handlers.py: a pipeline step's TransientError or row changed meanwhile is retried
-    up to RETRY_MAX, "then the job is requeued, never dropped"."""
-    from sqlalchemy.orm.exc import StaleDataError
-
+        # A row changed meanwhile is retried like a transient error, and ends like one.
+        StaleDataError("UPDATE statement on table 'jobs' expected to update 1 row(s); 0 matched"),
+    ],
+    ids=["transient", "row-changed"],
+)
+def test_retries_exhausted_requeue_the_job(rt, exc):
+    """app/handlers.py: a pipeline step's error that on_error retries is retried up to
+    RETRY_MAX, "then the job is requeued, never dropped"."""
     job_id = rt.enqueue("j", net="net-a")
     TASKS[names.ASSIGN_NEXT_JOB].run()
     TASKS[names.DISPATCH].on_failure(
-        StaleDataError("UPDATE statement on table 'jobs' expected to update 1 row(s); 0 matched"),
-        "t",
-        (),
-        {"job_id": str(job_id), "net_name": "net-a", "attempt": 0},
-        None,
+        exc, "t", (), {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}, None
     )
     job = rt.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
