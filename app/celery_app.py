@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, chain, signals
 from kombu import serialization
 from kombu.entity import Exchange, Queue
-from kombu.exceptions import KombuError
 from kombu.utils import json as kombu_json
 
 from app import names
 from app.payload_json import loads_payload
+from app.publishing import published
 from app.redis_transport import TRANSPORT_PATH
 from app.settings import Settings, load_settings
 
@@ -215,23 +215,22 @@ class CeleryOutbox:
     def send(self, task: str, **kwargs: Any) -> bool:
         """Send one task by name with JSON kwargs, on its queue (`names.queue_for`). Called
         after the commit that made it necessary: a broker failure is logged and reported,
-        never raised, since beat and the reconciler find the rows again."""
-        try:
-            self.app.send_task(task, kwargs=kwargs, queue=names.queue_for(task))
-        except (KombuError, OSError) as exc:
-            log.warning("sending a task failed", extra={"task": task, "reason": str(exc)})
-            return False
-        return True
+        never raised (`app.publishing`)."""
+        queue = names.queue_for(task)
+        return published(task, lambda: self.app.send_task(task, kwargs=kwargs, queue=queue))
 
-    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> bool:
         """scale_up -> wait_ready -> dispatch as one chain of immutable signatures, each
-        bound to the job's attempt (a step of an older attempt skips)."""
+        bound to the job's attempt (a step of an older attempt skips). A broker failure is
+        reported as False, never raised: the job stays ASSIGNED under its step lease, which
+        re-drives the chain once it lapses (`app.usecases.step_leases`)."""
         ids = {"job_id": job_id, "net_name": net_name, "attempt": attempt}
-        chain(
+        pipeline = chain(
             self.app.signature(names.SCALE_UP, kwargs=ids, immutable=True),
             self.app.signature(names.WAIT_READY, kwargs=ids, immutable=True),
             self.app.signature(names.DISPATCH, kwargs=ids, immutable=True),
-        ).apply_async()
+        )
+        return published(names.SCALE_UP, pipeline.apply_async)
 
 
 def celery_runtime(settings: Settings) -> Runtime:

@@ -57,8 +57,9 @@ class Outbox(Protocol):
         """Send one task by name with JSON kwargs; False (logged) if the broker refused."""
         ...
 
-    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
-        """Start scale_up -> wait_ready -> dispatch for a claimed job's attempt."""
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> bool:
+        """Start scale_up -> wait_ready -> dispatch for a claimed job's attempt; False
+        (logged) if the broker refused."""
         ...
 
 
@@ -74,10 +75,11 @@ class RecordingOutbox:
         self.sent.append((task, kwargs))
         return True
 
-    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> bool:
         """Record a pipeline start."""
         ids = {"job_id": job_id, "net_name": net_name, "attempt": attempt}
         self.sent.append(("pipeline", ids))
+        return True
 
 
 @dataclass

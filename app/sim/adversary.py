@@ -231,6 +231,13 @@ class Adversary(SimHost):
             self._flip_window = (start, start + rng.uniform(30.0, 120.0))
         plan_redeploys(self, random.Random(f"{self.seed}/redeploy"), p.redeploy_p)
         poison.schedule(self, self._arm)
+        broker = random.Random(f"{self.seed}/broker")
+        if p.broker_outage_p and broker.random() < p.broker_outage_p:
+            for _ in range(broker.randint(1, 2)):
+                length = broker.uniform(5.0, 90.0)
+                start = broker.uniform(0.0, max(1.0, horizon - length))
+                self.broker.outages.append((start, start + length))
+                self.trace(f"== broker down {start:.0f}-{start + length:.0f}s")
 
     def _crash(self, net: str, down_s: float) -> None:
         self.cluster.crash(net, self.clock.t, down_s)

@@ -5,7 +5,8 @@ on_failure's requeue; a chain ended), a handler's `again_in` (wait_ready's and w
 polls, the callback round's next due event), the chain's next link. An exception escaping a
 use case is a finding (no-escape) unless the design wants it loud; a message that Celery
 would acknowledge while a caller's request in it was not carried out is `request-lost`; a
-worker killed mid-task has its message redelivered (`ACKS.late`)."""
+worker killed mid-task has its message redelivered (`ACKS.late`), and so has one whose
+handler ended while the broker was down (its ack never left the worker)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ class Delivery(SimHost):
         try:
             self._run_task(rt, message, spec, slot)
             self._check_late_stops(message)
+            back = self.broker.down_until(self.clock.t) if self.broker.outages else None
+            if back is not None and ACKS.late:
+                self.broker.restore_unacked(message, back)
         except WorkerKilled:
             delay = self.rng.uniform(1.0, max(1.0, self.faults.worker_restart_s))
             if ACKS.late:

@@ -30,6 +30,7 @@ class FaultProfile:
     worker_restart_s: float = 5.0  # redelivery delay of a killed worker's message
     interleave: float = 0.0  # per hook point: another worker runs a due message right now
     retry_backlog: float = 0.0  # per pipeline retry: it runs 30-90 s after its countdown
+    broker_outage_p: float = 0.0  # per world: 1-2 broker outages of 5-90 s (app.sim.messages)
     # per call to a server or a driver: the worker stalls there (a VM pause, a stop-the-world
     # collection, a starved container) for 30 s to stall_max_s, while the other worker, beat
     # and the world go on; then its task resumes where it stopped, past any lease it held
@@ -119,6 +120,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
     FaultProfile(
         name="flaky",
+        broker_outage_p=0.3,
         db_error=0.003,
         redeploy_p=0.1,
         msg_dup=0.05,
@@ -133,6 +135,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="crashy",
+        broker_outage_p=0.4,
         retry_backlog=0.2,
         reply_loss_rate=4.0,
         redeploy_p=0.1,
@@ -146,6 +149,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        broker_outage_p=0.3,
         db_error=0.002,
         poison_row=0.5,
         last_try_stall=0.5,
@@ -218,6 +222,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        broker_outage_p=0.3,
         db_error=0.003,
         poison_row=0.3,
         last_try_stall=0.3,

@@ -4,6 +4,16 @@ which delivery rules, is `app.handlers`' table, the same one `tasks/` registers 
 
 `on_retry` and `on_failure` are tasks/base.py's hooks around a pipeline step's transient
 retries (the retry counted on the job; the job requeued once RETRY_MAX is spent).
+
+A broker outage (`Broker.outages`, windows of simulated time) is what a Redis restart or a
+network cut does to Celery: nothing is delivered; a worker's send is refused (the outbox's
+`send` reports False, `start_pipeline` raises kombu's OperationalError as Celery's
+`apply_async` does once its publish retries are spent); beat's tick is lost (beat reserved
+the entry before it failed to send); flip-api's call fails and flip-api sends it again once
+the broker is back. A message whose handler ends while the broker is down cannot be
+acknowledged, and nothing it sent (a retry, the chain's next link) left the worker: kombu
+restores it, at the worker's reconnection or, if that restore fails too, only once Redis's
+visibility timeout passes (2 h in production, 2-10 minutes here), and it runs again.
 """
 
 from __future__ import annotations
@@ -13,7 +23,10 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from kombu.exceptions import OperationalError as BrokerUnavailable
+
 from app import names
+from app.publishing import published
 from app.runtime import Runtime
 from app.sim.clock import SimClock
 from app.sim.faults import FaultProfile
@@ -97,6 +110,11 @@ class Broker:
     sent: int = 0
     lost: int = 0
     coalesced: int = 0
+    outages: list[tuple[float, float]] = field(default_factory=list)  # (from, until)
+
+    def down_until(self, t: float) -> float | None:
+        """The end of the broker outage under way at `t`, if one is."""
+        return next((end for start, end in self.outages if start <= t < end), None)
 
     def push(
         self,
@@ -115,6 +133,14 @@ class Broker:
         faults = sim.faults
         rng = sim.rng_msg
         self.sent += 1
+        back = self.down_until(sim.clock.t + delay) if self.outages else None
+        if back is not None:
+            if origin == "flip-api":
+                # Its send_task failed; flip-api sends the same call again once it can.
+                delay = back - sim.clock.t + sim.rng_msg.uniform(0.5, 5.0)
+            else:
+                sim.trace(f"  refused (broker down): {task.removeprefix(names.PREFIX)}")
+                return False
         if task == names.ASSIGN_NEXT_JOB and any(m.task == task for m in self.pending):
             # A kick while one is still queued is redundant: the queued one runs later and
             # sees every row this one would see. (Saves most of the simulation's time.)
@@ -163,14 +189,30 @@ class Broker:
         """A message whose worker died before acking it comes back (acks_late)."""
         self.pending.append(replace(message, deliver_at=self.sim.clock.t + delay))
 
+    def restore_unacked(self, message: Message, back: float) -> None:
+        """A message whose handler ended while the broker was down (its ack, and whatever
+        it sent, never left the worker) comes back after the outage: restored at the
+        worker's reconnection, or once the visibility timeout passes."""
+        rng = self.sim.rng_msg
+        late = rng.uniform(120.0, 600.0) if rng.random() < 0.5 else rng.uniform(1.0, 5.0)
+        self.sim.trace(f"   unacked (broker down): {message.label()} back in {late:.0f}s")
+        self.pending.append(replace(message, deliver_at=back + late))
+
     def due(self, now: float) -> list[Message]:
+        if self.outages and self.down_until(now) is not None:
+            return []  # the workers cannot consume
         return [m for m in self.pending if m.deliver_at <= now]
 
     def take(self, message: Message) -> None:
         self.pending.remove(message)
 
     def next_time(self) -> float | None:
-        return min((m.deliver_at for m in self.pending), default=None)
+        first = min((m.deliver_at for m in self.pending), default=None)
+        if first is None or not self.outages:
+            return first
+        # Due (now or at `first`) while the broker is down: deliverable once it is back.
+        back = self.down_until(max(first, self.sim.clock.t))
+        return first if back is None else back
 
     def work_pending(self) -> bool:
         """Messages other than beat's (which never stop)."""
@@ -189,12 +231,22 @@ class SimOutbox:
         self.hooked = hooked
 
     def send(self, task: str, **kwargs: Any) -> bool:
+        """`CeleryOutbox.send`: the product's own `published` around Celery's send."""
         if self.hooked:
             self.broker.sim.hook("outbox.send", None)
-        return self.broker.push(task, kwargs, origin=f"w{self.slot}")
+        return published(task, lambda: self._publish(task, kwargs))
 
-    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> bool:
+        """`CeleryOutbox.start_pipeline`: the product's `published` around the chain."""
         self.broker.sim.hook("outbox.send", None)
         links = pipeline_links(job_id, net_name, attempt)
         (task, kwargs), rest = links[0], tuple(links[1:])
-        self.broker.push(task, kwargs, chain=rest, origin=f"w{self.slot}")
+        return published(task, lambda: self._publish(task, kwargs, rest))
+
+    def _publish(
+        self, task: str, kwargs: dict[str, Any], chain: tuple[tuple[str, dict[str, Any]], ...] = ()
+    ) -> None:
+        """Celery's send: a refusal raises what `apply_async` raises once its publish
+        retries are spent."""
+        if not self.broker.push(task, kwargs, chain=chain, origin=f"w{self.slot}"):
+            raise BrokerUnavailable("[Errno 111] Connection refused (simulated broker)")

@@ -116,9 +116,9 @@ class CoalescingOutbox:
             log.warning("kick marker not cleared", extra={"reason": str(exc)})
         return False
 
-    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> None:
+    def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> bool:
         """Start a claimed job's chain (never coalesced: each is bound to its attempt)."""
-        self.inner.start_pipeline(job_id, net_name, attempt)
+        return self.inner.start_pipeline(job_id, net_name, attempt)
 
 
 def coalesce_kicks(rt: Runtime) -> None:

@@ -67,6 +67,20 @@ def test_a_chain_and_a_kick_go_to_their_queues_on_the_embedded_broker(tmp_path):
     assert queued_tasks(broker, names.HOUSEKEEPING_QUEUE) == []
 
 
+def test_a_chain_the_broker_refuses_is_reported_not_raised(tmp_path):
+    # A real Celery app whose Redis refuses connections (port 1): `apply_async` raises
+    # kombu's OperationalError once its publish retries are spent. An assign round sends
+    # the chain after each claim's commit: raised there, it stopped the round (its later
+    # claims) over a message the job's step lease re-drives anyway.
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, BROKER_URL="redis://127.0.0.1:1/0")
+    app = configure(settings)
+    app.conf.broker_connection_timeout = 1
+    app.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0}
+    outbox = CeleryOutbox(app)
+    assert outbox.start_pipeline("job-1", "net-a", 1) is False
+    assert outbox.send(names.ASSIGN_NEXT_JOB) is False
+
+
 def test_a_worker_without_q_consumes_every_queue(tmp_path):
     config = celery_config(Settings(FL_DISPATCHER_DATA_DIR=tmp_path))
     assert [q.name for q in config["task_queues"]] == list(names.QUEUES)
