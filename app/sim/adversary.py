@@ -238,6 +238,23 @@ class Adversary(SimHost):
                 start = broker.uniform(0.0, max(1.0, horizon - length))
                 self.broker.outages.append((start, start + length))
                 self.trace(f"== broker down {start:.0f}-{start + length:.0f}s")
+        steps = random.Random(f"{self.seed}/clock")
+        if p.clock_step_p and steps.random() < p.clock_step_p:
+            slot = steps.randrange(len(self.process_clocks))
+            step = steps.uniform(1.0, 30.0) * steps.choice((-1.0, 1.0))
+            start = steps.uniform(0.0, horizon)
+            back = start + steps.uniform(20.0, 180.0)
+            self.at(
+                start,
+                f"w{slot}'s clock stepped {step:+.1f}s",
+                functools.partial(self._step_clock, slot, step),
+            )
+            self.at(
+                back, f"w{slot}'s clock put right", functools.partial(self._step_clock, slot, 0.0)
+            )
+
+    def _step_clock(self, slot: int, offset: float) -> None:
+        self.process_clocks[slot].offset = offset
 
     def _crash(self, net: str, down_s: float) -> None:
         self.cluster.crash(net, self.clock.t, down_s)

@@ -31,3 +31,21 @@ def seconds_of(value: datetime) -> float:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return (value - EPOCH).total_seconds()
+
+
+class ProcessClock:
+    """One worker process's `Runtime.clock`: the simulated time plus its own offset, which
+    a clock step (an NTP step, a VM resumed) moves forwards or backwards and a later step
+    puts back. Celery's expiry and every timestamp the process writes follow it."""
+
+    def __init__(self, base: SimClock) -> None:
+        self.base = base
+        self.offset = 0.0
+
+    def __call__(self) -> datetime:
+        return self.base() + timedelta(seconds=self.offset)
+
+    @property
+    def t(self) -> float:
+        """The process's reading in simulation seconds."""
+        return self.base.t + self.offset

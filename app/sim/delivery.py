@@ -38,7 +38,8 @@ class Delivery(SimHost):
     def _deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
         spec = HANDLERS[message.task]
-        if message.expires_at is not None and self.clock.t > message.expires_at:
+        # Celery judges expiry by the worker's own clock.
+        if message.expires_at is not None and self.process_clocks[slot].t > message.expires_at:
             if self.tracing:
                 self.trace(f"   expired {message.label()}")
             return

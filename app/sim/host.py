@@ -15,7 +15,7 @@ from app.runtime import Runtime
 from app.settings import Settings
 from app.sim.bundles import FakeS3, LocalBundle
 from app.sim.calm import Calm
-from app.sim.clock import SimClock
+from app.sim.clock import ProcessClock, SimClock
 from app.sim.cluster import Cluster
 from app.sim.faults import FaultProfile
 from app.sim.invariants import Checker
@@ -40,6 +40,7 @@ class SimHost(ABC):
     rng: random.Random  # the fault stream
     rng_msg: random.Random  # the message stream
     clock: SimClock
+    process_clocks: list[ProcessClock]  # each worker slot's own reading
     conn: sqlite3.Connection
     cluster: Cluster
     broker: Broker

@@ -33,7 +33,7 @@ from app.sim.admin import SimAdmin
 from app.sim.adversary import Adversary
 from app.sim.bundles import FakeS3, LocalBundle, remove_tree, serving
 from app.sim.call_invariants import CallInvariants
-from app.sim.clock import SimClock
+from app.sim.clock import ProcessClock, SimClock
 from app.sim.cluster import Cluster
 from app.sim.db import memory_db, scratch_dir
 from app.sim.delivery import Delivery
@@ -97,6 +97,8 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self.rng = random.Random(f"{seed}/faults")
         self.rng_msg = random.Random(f"{seed}/messages")
         self.clock = SimClock()
+        # Each worker process reads its own clock (one may be stepped: FaultProfile.clock_step_p).
+        self.process_clocks = [ProcessClock(self.clock), ProcessClock(self.clock)]
         self.engine, self.conn = memory_db()
         self.sessions = session_factory(self.engine)
         self.cluster = Cluster(
@@ -225,7 +227,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             settings=self.settings,
             engine=self.engine,
             sessions=factory,
-            clock=self.clock,
+            clock=self.process_clocks[slot],
             driver_factory=lambda net, _s: self.cluster.drivers[net.name],
             admin_factory=lambda net, _s: SimAdmin(self.cluster, net.name),
             outbox=SimOutbox(self.broker, slot),
