@@ -3,6 +3,7 @@
 import pytest
 
 pytest_plugins = [
+    "tests.fixtures.testrun",  # first: what a killed run left is cleared before anything starts
     "tests.fixtures.db",
     "tests.fixtures.nvflare",
     "tests.fixtures.aws",

@@ -88,6 +88,36 @@ if command -v podman >/dev/null && [ ! -e /etc/containers/containers.conf ] \
     '' '[engine]' 'runtime = "runc"' > /etc/containers/containers.conf
 fi
 
+echo "== leftovers"
+# What a killed test run left behind (its processes, containers, databases and folders, found
+# by the id each run gives them; README "Tests"), never what a live run or anyone else owns.
+# Every pytest session does this too; here it also asks podman about every labelled container.
+python -m tests.fixtures.testrun || true
+# SIGTERM or Ctrl-C of this script: pytest gets SIGTERM, on which it removes everything its
+# run started, and anything still left is cleared. (pytest runs in the background, as bash
+# runs a trap only once its foreground command has ended; a background command ignores
+# Ctrl-C, so only this trap reaches it.)
+pytest_pid=""
+stop_tests() {
+  trap - TERM INT
+  if [ -n "$pytest_pid" ]; then
+    kill -TERM "$pytest_pid" 2>/dev/null || true
+    wait "$pytest_pid" || true
+  fi
+  python -m tests.fixtures.testrun || true
+  exit "$1"
+}
+trap 'stop_tests 143' TERM
+trap 'stop_tests 130' INT
+run_pytest() {
+  local code=0
+  python -m pytest "$@" <&0 &  # the terminal's input still (--pdb), not /dev/null
+  pytest_pid=$!
+  wait "$pytest_pid" || code=$?
+  pytest_pid=""
+  return "$code"
+}
+
 echo "== ruff"
 ruff check .
 ruff format --check .
@@ -95,7 +125,9 @@ echo "== mypy"
 mypy app tasks models migrations
 if [ "$#" -gt 0 ]; then
   echo "== pytest $*"
-  exec python -m pytest "$@"
+  code=0
+  run_pytest "$@" || code=$?
+  exit "$code"
 fi
 
 # The whole suite, in two phases (pytest-xdist; each test already owns its ports, databases,
@@ -125,7 +157,7 @@ phase() {
   children_cpu > "$REPORTS/cpu"; cpu_before=$(cat "$REPORTS/cpu")
   local parallel=()
   if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
-  python -m pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
+  run_pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
   children_cpu > "$REPORTS/cpu"; cpu_after=$(cat "$REPORTS/cpu")
   echo "== $name: $((SECONDS - start)) s wall, $((cpu_after - cpu_before)) CPU-s"
 }

@@ -34,7 +34,7 @@ from celery import Celery
 from app import names
 from app.local.nvflare import build_tiny_job, provision
 from app.schemas import job_id_for
-from tests.fixtures import images
+from tests.fixtures import images, testrun
 from tests.fixtures.containers import PodmanService
 from tests.fixtures.services import free_port
 
@@ -175,6 +175,10 @@ username = "{ADMIN}"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("compose")
     suffix = uuid.uuid4().hex[:6]
+    project = f"fle2e{suffix}"
+    # podman-compose labels all it makes with its project (the pod: by name), by which the
+    # next run finds what a killed one left.
+    testrun.record("compose", project)
     started = time.monotonic()
     stand_ins = images.build_all()
     timings = {"stand-in images": time.monotonic() - started}
@@ -220,7 +224,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     }
     user, password = env["FLOWER_BASIC_AUTH"].split(":")
     stack = Stack(
-        project=f"fle2e{suffix}",
+        project=project,
         env=env,
         server_container=server_container,
         api_url=f"http://127.0.0.1:{api_port}",

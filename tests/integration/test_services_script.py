@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.fixtures import testrun
 from tests.fixtures.services import PrivatePostgres
 
 pytestmark = pytest.mark.integration
@@ -33,6 +34,9 @@ def run_script(url: str) -> subprocess.CompletedProcess[str]:
     # As tests/run.sh runs it: the project's virtualenv first on PATH.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     env = os.environ | {"FL_TEST_PG_URL": url, "PATH": path}
+    # A Redis it starts where none runs is the machine's, as when tests/run.sh runs it: not
+    # this test run's, which the next run would stop.
+    env.pop(testrun.ENV, None)
     return subprocess.run(
         ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
