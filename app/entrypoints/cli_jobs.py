@@ -149,7 +149,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         print_json(jobs, sys.stdout)
         return EXIT_OK
     print_table(
-        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
+        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPT", "CREATED", "ERROR"],
         [
             [
                 j["id"],
@@ -158,7 +158,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
                 j["net"] or j["requested_net"],
                 j["caller_key"],
                 j["priority"],
-                f"{j['attempts']}/{j['max_attempts']}",
+                f"{j['attempt']} of {j['max_attempts']}",
                 short_time(j["created_at"]),
                 j["last_error"],
             ]
@@ -189,13 +189,23 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
         print_json(job, sys.stdout)
         return EXIT_OK
     history = job.pop("history")
+    # One attempt count, as the nets page and the callbacks show it (models.attempts).
+    job["attempt"] = f"{job['attempt']} of {job.pop('max_attempts')}"
+    job.pop("attempts")
     for key, value in job.items():
         sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
     sys.stdout.write("\nhistory:\n")
     print_table(
-        ["AT", "FROM", "TO", "CODE", "REASON"],
+        ["AT", "FROM", "TO", "ATTEMPT", "CODE", "REASON"],
         [
-            [short_time(e["at"]), e["from_state"], e["to_state"], e["reason_code"], e["reason"]]
+            [
+                short_time(e["at"]),
+                e["from_state"],
+                e["to_state"],
+                e["attempt"],
+                e["reason_code"],
+                e["reason"],
+            ]
             for e in history
         ],
         sys.stdout,
