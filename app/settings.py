@@ -319,10 +319,17 @@ def redact_url(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]+@", r"\1***@", url)
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build Settings from the environment, turning validation errors into one clear message."""
+def load_settings(env_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from the environment, turning validation errors into one clear message.
+
+    `env_file`: a file of `NAME=value` lines (`#` comments, quotes as in a shell) read
+    under the environment, which wins, as compose reads its `env_file`: the settings of a
+    folder the demo kept or `local-net` made, say. Names that are no setting are ignored.
+    """
+    if env_file is not None and not env_file.is_file():
+        raise SettingsError(f"settings file {env_file}: no such file")
     try:
-        return Settings(**overrides)
+        return Settings(_env_file=env_file, **overrides)
     except SettingsError:
         raise
     except ValidationError as exc:

@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Queue federated-learning jobs and scale each net's NVFLARE server.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--env-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also read settings from this file of NAME=value lines (the environment wins): "
+        "the fl-dispatcher.env of a folder `demo --keep` or `local-net` made",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Handler | None, help_: str) -> argparse.ArgumentParser:
@@ -364,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from app.settings import load_settings
 
     try:
-        settings = load_settings()
+        settings = load_settings(args.env_file)
         configure_logging(settings)
     except SettingsError as exc:
         sys.stderr.write(f"fl-dispatcher: {exc}\n")

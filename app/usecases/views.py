@@ -273,6 +273,14 @@ def _server(runtime: Runtime, name: str) -> tuple[ServerState, list[str] | None]
     return state, sites
 
 
+def undeclared_nets(session: Session, declared: Sequence[str]) -> list[str]:
+    """Nets the database holds that these settings do not declare: another deployment's
+    settings made them (the demo's, say), or NETS no longer lists them."""
+    return list(
+        session.scalars(select(Net.name).where(Net.name.not_in(declared)).order_by(Net.name))
+    )
+
+
 def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) -> dict[str, Any]:
     """Every configured net (SQL state, driver view, server state, sites, active job, last
     scale event, live prewarm hold) and the queue. `prober=None` skips the driver and admin
