@@ -165,3 +165,21 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from app.local.demo import run_demo
 
     return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
+
+
+def cmd_local_net(args: argparse.Namespace) -> int:
+    """Provision a local net into a new folder; its nets entry on stdout, what to run next
+    on stderr."""
+    logging.getLogger().setLevel(logging.WARNING)  # nvflare's provisioner is chatty
+    from app.local.local_net import make_local_net, next_steps
+
+    try:
+        made = make_local_net(
+            args.folder, name=args.name, sites=args.sites, port=args.port, admin=args.admin
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"fl-dispatcher: local-net: {exc}\n")
+        return EXIT_FAILED
+    sys.stdout.write(made.entry)
+    sys.stderr.write(next_steps(made))
+    return EXIT_OK

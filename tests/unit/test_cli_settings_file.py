@@ -17,7 +17,7 @@ from app import migrate
 from app.db import make_engine, session_factory
 from app.entrypoints.cli import main
 from app.schemas import EnqueueJob
-from app.settings import Settings
+from app.settings import ENV_FILE_VARIABLE, Settings
 from app.usecases import enqueue, services
 from models import utcnow
 from tests.fixtures.db import net_decl
@@ -31,6 +31,8 @@ def _clean_environment(monkeypatch):
     """No setting from the test runner's environment; main()'s log handler removed after."""
     for alias in SETTINGS_ALIASES:
         monkeypatch.delenv(alias, raising=False)
+    # Empty is unset; set through monkeypatch, the --env-file main() records is undone after.
+    monkeypatch.setenv(ENV_FILE_VARIABLE, "")
     yield
     root = logging.getLogger()
     for handler in [h for h in root.handlers if h.get_name() == "fl-dispatcher"]:
@@ -84,6 +86,12 @@ def test_the_folders_settings_file_shows_its_net_and_jobs(capsys, kept, tmp_path
     monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "elsewhere"))
     code, _, err = run(capsys, "--env-file", env_file, "jobs")
     assert code == 1 and f"no database at {tmp_path / 'elsewhere'}" in err
+    # The file is named to every process the command starts (a worker's pool processes
+    # build their settings again), and read by them without --env-file.
+    assert os.environ[ENV_FILE_VARIABLE] == env_file
+    monkeypatch.delenv("FL_DISPATCHER_DATA_DIR")
+    code, out, _ = run(capsys, "jobs", "--json")
+    assert [j["caller_key"] for j in json.loads(out)] == ["demo-1"]
 
 
 def test_a_settings_file_that_is_not_there_stops_the_command(capsys, tmp_path):
