@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.local.nvflare import build_tiny_job, provision
+from app.local.nvflare import SERVER_NAME, build_tiny_job, provision
 from app.local.settings_folder import ENV_FILE, NETS_FILE, nets_toml, write_settings_folder
 
 JOB_NAME = "tiny-fedavg"
@@ -42,6 +42,20 @@ class LocalNet:
     def entry(self) -> str:
         """The net's `[[nets]]` entry, as written to nets.toml."""
         return nets_toml([self.net])
+
+
+def net_entry(folder: Path, *, name: str, sites: list[str], admin: str) -> dict[str, Any]:
+    """The net's declaration, its kits in `folder/kits` (the server's folder named after
+    the host the kits dial: app.local.nvflare.SERVER_NAME)."""
+    kits = folder / "kits"
+    return {
+        "name": name,
+        "idle_timeout_s": IDLE_TIMEOUT_S,
+        "required_sites": sites,
+        "sites": sites,
+        "driver": {"kind": "local", "server_kit_dir": str(kits / SERVER_NAME)},
+        "admin": {"kit_dir": str(kits / admin), "username": admin},
+    }
 
 
 def make_local_net(
@@ -70,17 +84,10 @@ def make_local_net(
     )
     # The kits hold no path of their own folder (the server's store is outside it), so
     # they move to a short, fixed place the README can name.
-    kits = folder / "kits"
-    shutil.move(deployment.server_kit.parent, kits)
+    shutil.move(deployment.server_kit.parent, folder / "kits")
     shutil.rmtree(folder / "nvflare")
-    net: dict[str, Any] = {
-        "name": name,
-        "idle_timeout_s": IDLE_TIMEOUT_S,
-        "required_sites": names,
-        "sites": names,
-        "driver": {"kind": "local", "server_kit_dir": str(kits / deployment.server_kit.name)},
-        "admin": {"kit_dir": str(kits / admin), "username": admin},
-    }
+    net = net_entry(folder, name=name, sites=names, admin=admin)
+    kits = folder / "kits"
     build_tiny_job(folder / "jobs" / JOB_NAME, sites=sites)
     settings = {
         "FL_DISPATCHER_DATA_DIR": folder / "data",
