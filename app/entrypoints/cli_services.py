@@ -170,7 +170,6 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_local_net(args: argparse.Namespace) -> int:
     """Provision a local net into a new folder; its nets entry on stdout, what to run next
     on stderr."""
-    logging.getLogger().setLevel(logging.WARNING)  # nvflare's provisioner is chatty
     from app.local.local_net import make_local_net, next_steps
 
     try:

@@ -4,6 +4,7 @@ a nets file any Settings reads back as the same nets, a settings file that reads
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import tomllib
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app.local.local_net import LocalNet, next_steps
+from app.entrypoints.cli import main
+from app.local.demo import _next_steps
+from app.local.local_net import LocalNet, make_local_net, next_steps
 from app.local.settings_folder import env_lines, nets_toml, write_settings_folder
 from app.settings import Settings
 from tests.fixtures.db import make_admin_kit, make_server_kit
@@ -93,3 +96,29 @@ def test_local_net_prints_the_readme_steps():
     block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
     assert block is not None
     assert block.group(1).splitlines() == ["fl-dispatcher local-net ~/fl-local", *printed]
+
+
+def test_local_net_wants_a_new_folder_and_a_site(tmp_path, capsys):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    assert main(["local-net", str(tmp_path / "taken")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and f"{tmp_path / 'taken'} is not empty: give a new folder" in err
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
+    with pytest.raises(ValueError, match="at least one site"):
+        make_local_net(tmp_path / "new", sites=0)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_the_demo_ends_by_saying_how_to_look_at_what_it_did(tmp_path, kept):
+    out = io.StringIO()
+    _next_steps(tmp_path, kept=kept, out=out)
+    said = out.getvalue()
+    look = f"fl-dispatcher --env-file {tmp_path / 'fl-dispatcher.env'}"
+    if kept:
+        assert all(f"  {look} {cmd}" in said for cmd in ("status", "jobs", "api --port 8080"))
+        assert "/nets and /fl/status" in said
+    else:
+        assert "Its folder is deleted" in said and "fl-dispatcher demo --keep" in said
+    assert "fl-dispatcher local-net DIR" in said
