@@ -14,7 +14,13 @@ ENV_FILE = "fl-dispatcher.env"
 
 # Never written to a settings file: secrets, and the callback settings of a run whose
 # receiver (the demo's stand-in for flip-api) ended with it.
-_LEFT_OUT = ("CALLBACK_URL", "CALLBACK_SECRET", "CALLBACK_PREVIOUS_SECRET", "API_SECRET")
+_LEFT_OUT = (
+    "CALLBACK_URL",
+    "CALLBACK_SECRET",
+    "CALLBACK_PREVIOUS_SECRET",
+    "API_SECRET",
+    "FLOWER_BASIC_AUTH",
+)
 
 
 def _toml_value(value: Any) -> str:

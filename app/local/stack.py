@@ -43,6 +43,7 @@ from models import Job, JobEvent, Net, NetEvent, utcnow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SETTING_NAMES = {f.alias for f in Settings.model_fields.values() if f.alias}
 
 NET = "local-net"
 JOB_NAME = "tiny-fedavg"
@@ -105,9 +106,10 @@ class LocalStack:
         build_tiny_job(job_root / JOB_NAME)
         # The folder's own settings, what the worker runs with (its NETS_FILE is this
         # nets.toml): `status`, `jobs` and the status API read them with --env-file.
+        settings = {**self._settings_kwargs(job_root), **self.options.extra_env}
         self.env_file = write_settings_folder(
             self.workdir,
-            {**self._settings_kwargs(job_root), **self.options.extra_env},
+            {k: v for k, v in settings.items() if k in SETTING_NAMES},  # not AWS_* and such
             [self._net()],
             SETTINGS_HEADER,
         )

@@ -53,11 +53,12 @@ def test_the_settings_file_reads_the_same_to_env_file_and_a_shell_and_holds_no_s
         "CALLBACK_URL": "http://127.0.0.1:9/cb",
         "CALLBACK_SECRET": "a-secret-of-the-run-0123456789",
         "API_SECRET": "another-secret",
+        "FLOWER_BASIC_AUTH": "ops:flower-secret",
     }
     env_file = write_settings_folder(tmp_path, settings, [net], "line one\n\nline three")
     text = env_file.read_text()
     assert text.startswith("# line one\n#\n# line three\n")
-    assert "secret" not in text.lower() and "CALLBACK_URL" not in text
+    assert "secret" not in text.lower() and "CALLBACK_URL" not in text and "FLOWER" not in text
 
     read = Settings(_env_file=env_file)
     assert read.data_dir == tmp_path / "a data folder #1"
