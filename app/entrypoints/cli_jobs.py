@@ -47,7 +47,7 @@ def config_warnings(settings: Settings) -> list[str]:
         except AdminMisconfigured as exc:
             # Checked as this user: the workers may run as another (compose: uid 10001).
             warnings.append(
-                f"net {net.name}: {exc} (read as uid {os.getuid()}); its net would be MISCONFIGURED"
+                f"net {net.name}: {exc} (read as uid {os.getuid()}); the net would be MISCONFIGURED"
             )
     return warnings
 

@@ -163,4 +163,4 @@ def test_config_check_warns_about_a_kit_it_cannot_read_and_is_ok_with_a_good_one
     code, out, err = run(capsys, "config", "check")
     assert code == 0 and "configuration ok" not in out
     assert f"warning: net net-1: admin kit {kit}: client key is missing or unreadable" in err
-    assert f"(read as uid {os.getuid()}); its net would be MISCONFIGURED" in err
+    assert f"(read as uid {os.getuid()}); the net would be MISCONFIGURED" in err
