@@ -53,7 +53,10 @@ class StateChangeEvent(_Event):
         "(see reason_codes), null on other moves and on history written before it existed"
     )
     nvflare_job_id: str | None = Field(description="the NVFLARE run when the move happened")
-    attempt: int | None = Field(description="the job's attempt counter when the move happened")
+    attempt: int | None = Field(
+        description="the job's attempt when the move happened, from 1 to its max_attempts (the "
+        "count GET /jobs/{id}'s `attempt` shows); null on history written before migration 0004"
+    )
 
 
 class RejectedEvent(_Event):

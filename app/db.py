@@ -44,6 +44,17 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL that does not exist yet (None for any other database, or a
+    file that is there): opening it would create it, and its folder."""
+    if not url.startswith("sqlite"):
+        return None
+    path = url.split("///", 1)[-1].split("?", 1)[0]
+    if not path or path == ":memory:" or Path(path).exists():
+        return None
+    return Path(path)
+
+
 @lru_cache(maxsize=8)
 def engine_for(url: str) -> Engine:
     """One engine (and pool) per URL per process."""

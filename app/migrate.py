@@ -44,6 +44,27 @@ def check(database_url: str) -> None:
 
 def at_head(engine: Engine) -> bool:
     """True when the database's schema is at the migrations' head."""
-    heads = set(ScriptDirectory.from_config(alembic_config("")).get_heads())
+    return schema_problem(engine) is None
+
+
+def schema_problem(engine: Engine) -> str | None:
+    """Why the database's schema is not the one this code runs on (None when it is): not
+    migrated yet, or migrated by a newer release (app/deploy/README.md "Upgrading")."""
+    scripts = ScriptDirectory.from_config(alembic_config(""))
+    heads = set(scripts.get_heads())
     with engine.connect() as conn:
-        return set(MigrationContext.configure(conn).get_current_heads()) == heads
+        current = set(MigrationContext.configure(conn).get_current_heads())
+    if current == heads:
+        return None
+    known = {rev.revision for rev in scripts.walk_revisions()}
+    newer = sorted(current - known)
+    if newer:
+        return (
+            f"at revision {', '.join(newer)}, newer than this code's head "
+            f"{', '.join(sorted(heads))}: run the newer release, or take the database back "
+            f"with the newer release's `fl-dispatcher db downgrade {', '.join(sorted(heads))}`"
+        )
+    return (
+        f"at {', '.join(sorted(current)) or 'no revision'}, not at the migrations' head "
+        f"{', '.join(sorted(heads))} (migrate has not run)"
+    )

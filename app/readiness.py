@@ -66,13 +66,14 @@ def missing_dependencies(
 ) -> list[str]:
     """What is not there yet: the database, its schema at the migrations' head (`schema`),
     the broker (unless `broker_url` is None). Empty when everything is."""
-    from app.migrate import at_head
+    from app.migrate import schema_problem
 
     missing = []
     try:
         check_database(engine)
-        if schema and not at_head(engine):
-            missing.append("database schema: not at the migrations' head (migrate has not run)")
+        problem = schema_problem(engine) if schema else None
+        if problem is not None:
+            missing.append(f"database schema: {problem}")
     except SQLAlchemyError as exc:
         missing.append(f"database: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     if broker_url is not None:

@@ -1,6 +1,7 @@
 """One `Settings` for every process: worker, beat, status API, CLI.
 
-Nothing else in the code reads `os.environ`. Nets are declared once (`NETS_FILE` or inline
+Nothing else in the code reads `os.environ` (nor the settings file FL_DISPATCHER_ENV_FILE
+names, read under it). Nets are declared once (`NETS_FILE` or inline
 `NETS`) and validated in full when settings are built, so a net missing a field stops the
 process at start instead of running half-configured.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -319,10 +321,30 @@ def redact_url(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]+@", r"\1***@", url)
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build Settings from the environment, turning validation errors into one clear message."""
+# Names a settings file every process reads (load_settings); `--env-file` sets it, so that a
+# worker's pool processes, which build their settings again, read the same file.
+ENV_FILE_VARIABLE = "FL_DISPATCHER_ENV_FILE"
+
+
+def use_env_file(path: Path) -> None:
+    """Make `path` the settings file of this process and of every process it starts."""
+    os.environ[ENV_FILE_VARIABLE] = str(path.resolve())
+
+
+def load_settings(env_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from the environment, turning validation errors into one clear message.
+
+    `env_file` (default: the file FL_DISPATCHER_ENV_FILE names, if any): `NAME=value` lines
+    (`#` comments, quotes as in a shell) read under the environment, which wins, as compose
+    reads its `env_file`: the settings of a folder the demo kept or `local-net` made, say.
+    Names that are no setting are ignored.
+    """
+    if env_file is None and os.environ.get(ENV_FILE_VARIABLE, "").strip():
+        env_file = Path(os.environ[ENV_FILE_VARIABLE].strip())
+    if env_file is not None and not env_file.is_file():
+        raise SettingsError(f"settings file {env_file}: no such file")
     try:
-        return Settings(**overrides)
+        return Settings(_env_file=env_file, **overrides)
     except SettingsError:
         raise
     except ValidationError as exc:

@@ -1,5 +1,6 @@
 """The domain: SQLAlchemy models and the two state machines. No Celery, boto3 or NVFLARE here."""
 
+from models.attempts import attempt_number
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
 from models.housekeeping import HousekeepingRun
@@ -56,5 +57,6 @@ __all__ = [
     "RejectedRequest",
     "ScaleEvent",
     "StrayRun",
+    "attempt_number",
     "utcnow",
 ]

@@ -29,6 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, WriteOnlyMapped, mapped_column, relationship
 
+from models.attempts import attempt_number
 from models.base import Base, UTCDateTime
 from models.reasons import ReasonCode, allowed
 from models.states import (
@@ -364,11 +365,12 @@ class Job(Base):
             self.transition(
                 JobState.FAILED,
                 now,
-                f"attempts exhausted ({self.attempts}): {reason}",
+                f"attempts exhausted ({self.attempts} of {self.max_attempts}): {reason}",
                 code=ReasonCode.MAX_ATTEMPTS,
             )
             return False
-        self.transition(JobState.QUEUED, now, f"requeued (attempt {self.attempts}): {reason}")
+        upcoming = f"{attempt_number(self.attempts, self.max_attempts)} of {self.max_attempts}"
+        self.transition(JobState.QUEUED, now, f"requeued for attempt {upcoming}: {reason}")
         return True
 
     def fail(self, reason: str, now: datetime, code: ReasonCode) -> None:

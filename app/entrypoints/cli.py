@@ -41,6 +41,7 @@ from app.entrypoints.cli_services import (
     cmd_beat,
     cmd_db,
     cmd_demo,
+    cmd_local_net,
     cmd_participant,
     cmd_ready,
     cmd_worker,
@@ -75,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Queue federated-learning jobs and scale each net's NVFLARE server.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--env-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also read settings from this file of NAME=value lines (the environment wins), "
+        "as FL_DISPATCHER_ENV_FILE names it to every process: the fl-dispatcher.env of a "
+        "folder `demo --keep` or `local-net` made",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Handler | None, help_: str) -> argparse.ArgumentParser:
@@ -335,7 +345,34 @@ def _add_process_commands(
     p.add_argument(
         "--idle-gap", type=float, default=5.0, metavar="S", help="pause between the two jobs"
     )
-    p.add_argument("--keep", action="store_true", help="keep the work folder")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the work folder: its fl-dispatcher.env shows what ran (status --env-file)",
+    )
+    _add_local_net(add)
+
+
+def _add_local_net(add: Callable[[str, Handler | None, str], argparse.ArgumentParser]) -> None:
+    p = add(
+        "local-net",
+        None,
+        "provision a local NVFLARE net (server, admin, N sites) into a new folder, with its "
+        "settings and a tiny job; print its nets entry",
+    )
+    p.set_defaults(handler=None, plain=cmd_local_net)
+    p.add_argument("folder", type=Path, metavar="DIR", help="a new (or empty) folder")
+    p.add_argument("--name", default="local-net", help="the net's name (default local-net)")
+    p.add_argument("--sites", type=int, default=2, metavar="N", help="how many sites (default 2)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the server's port on 127.0.0.1 (default: one free now), written into the kits",
+    )
+    p.add_argument(
+        "--admin", default="admin@nvidia.com", help="the admin user (default admin@nvidia.com)"
+    )
 
 
 def _queue_list(text: str) -> list[str]:
@@ -361,8 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Static output from the code (diagrams, schemas): needs no configuration.
         return int(plain(args))
     from app.logs import configure_logging
-    from app.settings import load_settings
+    from app.settings import load_settings, use_env_file
 
+    if args.env_file is not None:
+        use_env_file(args.env_file)  # also for the processes a worker or the api starts
     try:
         settings = load_settings()
         configure_logging(settings)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
+from app.db import missing_sqlite_file
 from app.entrypoints.cli_output import (
     EXIT_FAILED,
     EXIT_OK,
@@ -16,29 +18,57 @@ from app.entrypoints.cli_output import (
     print_table,
     short_time,
 )
+from app.errors import NotFound
 from app.runtime import Runtime
 from app.settings import Settings
 
 
+def config_warnings(settings: Settings) -> list[str]:
+    """What is valid but will not work as it stands: no net at all, an admin kit this
+    process cannot read or verify, an unset data folder."""
+    from app.adapters.nvflare.kit_check import check_kit_files
+    from app.errors import AdminMisconfigured
+
+    warnings = []
+    if settings.data_dir_defaulted:
+        warnings.append(
+            f"FL_DISPATCHER_DATA_DIR is unset, so the data folder is {settings.data_dir} "
+            "(.fl-dispatcher under the current directory): set it to use one folder whatever "
+            "directory a command runs from"
+        )
+    if not settings.nets:
+        warnings.append(
+            "no net is declared (NETS_FILE or NETS): every job would wait QUEUED; "
+            "`fl-dispatcher local-net DIR` makes a local one and prints its entry"
+        )
+    for net in settings.nets:
+        try:
+            check_kit_files(net.admin.kit_dir)
+        except AdminMisconfigured as exc:
+            # Checked as this user: the workers may run as another (compose: uid 10001).
+            warnings.append(
+                f"net {net.name}: {exc} (read as uid {os.getuid()}); the net would be MISCONFIGURED"
+            )
+    return warnings
+
+
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     """Print the effective configuration with secrets masked, and for each net whether its
-    admin kit names another server (`kit_problem`)."""
+    admin kit names another server (`kit_problem`); warn about what will not work."""
     from app.adapters.nvflare.kit_check import kit_endpoint_problem
 
     data = settings.redacted()
     for net in data["nets"]:
         net["kit_problem"] = kit_endpoint_problem(settings.net(net["name"]))
-    if settings.data_dir_defaulted:
-        sys.stderr.write(
-            f"fl-dispatcher: warning: FL_DISPATCHER_DATA_DIR is unset, so the data folder is "
-            f"{settings.data_dir} (.fl-dispatcher under the current directory): set it to "
-            "use one folder whatever directory a command runs from\n"
-        )
+    warnings = config_warnings(settings)
+    for warning in warnings:
+        sys.stderr.write(f"fl-dispatcher: warning: {warning}\n")
+    data["warnings"] = warnings
     if args.json:
         print_json(data, sys.stdout)
         return EXIT_OK if all(n.get("kit_problem") is None for n in data["nets"]) else EXIT_SETTINGS
     for key, value in data.items():
-        if key != "nets":
+        if key not in ("nets", "warnings"):
             sys.stdout.write(f"{key} = {value}\n")
     sys.stdout.write(f"nets: {len(data['nets'])}\n")
     for net in data["nets"]:
@@ -48,12 +78,24 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
         sys.stderr.write(f"fl-dispatcher: net {name}: {problem}\n")
     if problems:
         return EXIT_SETTINGS
-    sys.stdout.write("configuration ok\n")
+    if warnings:
+        sys.stdout.write(f"configuration valid, with {len(warnings)} warning(s) on stderr\n")
+    else:
+        sys.stdout.write("configuration ok\n")
     return EXIT_OK
 
 
 def _runtime(settings: Settings) -> Runtime:
-    """For commands that only read (nothing is sent: the outbox is a recorder)."""
+    """For commands that only read (nothing is sent: the outbox is a recorder); they create
+    nothing either, not even an empty embedded database."""
+    missing = missing_sqlite_file(settings.database_url)
+    if missing is not None:
+        raise NotFound(
+            f"no database at {missing}: nothing has run with these settings "
+            f"(data folder {settings.data_dir}). `fl-dispatcher db upgrade` creates it; to "
+            "look at a folder `demo --keep` or `local-net` made, read its settings: "
+            "fl-dispatcher --env-file <folder>/fl-dispatcher.env <command>"
+        )
     return Runtime.from_settings(settings)
 
 
@@ -74,14 +116,26 @@ def _warn_unsent(notified: bool | None) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Every net (and its active job) and the queue."""
     from app.parallel import Prober
-    from app.usecases.views import collect_status
+    from app.usecases.views import collect_status, undeclared_nets
 
     runtime = _runtime(settings)
     try:
         prober = None if args.no_probe else Prober()
         status = collect_status(runtime, prober, args.probe_timeout)
+        with runtime.sessions() as session:
+            others = undeclared_nets(session, [n.name for n in settings.nets])
     finally:
         runtime.close()
+    if not settings.nets:
+        sys.stderr.write("fl-dispatcher: no net is declared: set NETS_FILE or NETS\n")
+    if others:
+        # The database has them, these settings do not: a status without them would look
+        # empty, and /metrics (read from the tables) would disagree with it.
+        sys.stderr.write(
+            f"fl-dispatcher: the database also holds net(s) these settings do not declare: "
+            f"{', '.join(others)} (declared by other settings, e.g. a kept demo's "
+            "fl-dispatcher.env: pass it with --env-file)\n"
+        )
     if args.json:
         print_json(status, sys.stdout)
         return EXIT_OK
@@ -149,7 +203,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         print_json(jobs, sys.stdout)
         return EXIT_OK
     print_table(
-        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPTS", "CREATED", "ERROR"],
+        ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPT", "CREATED", "ERROR"],
         [
             [
                 j["id"],
@@ -158,7 +212,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
                 j["net"] or j["requested_net"],
                 j["caller_key"],
                 j["priority"],
-                f"{j['attempts']}/{j['max_attempts']}",
+                f"{j['attempt']} of {j['max_attempts']}",
                 short_time(j["created_at"]),
                 j["last_error"],
             ]
@@ -189,13 +243,23 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
         print_json(job, sys.stdout)
         return EXIT_OK
     history = job.pop("history")
+    # One attempt count, as the nets page and the callbacks show it (models.attempts).
+    job["attempt"] = f"{job['attempt']} of {job.pop('max_attempts')}"
+    job.pop("attempts")
     for key, value in job.items():
         sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
     sys.stdout.write("\nhistory:\n")
     print_table(
-        ["AT", "FROM", "TO", "CODE", "REASON"],
+        ["AT", "FROM", "TO", "ATTEMPT", "CODE", "REASON"],
         [
-            [short_time(e["at"]), e["from_state"], e["to_state"], e["reason_code"], e["reason"]]
+            [
+                short_time(e["at"]),
+                e["from_state"],
+                e["to_state"],
+                e["attempt"],
+                e["reason_code"],
+                e["reason"],
+            ]
             for e in history
         ],
         sys.stdout,

@@ -73,15 +73,26 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_ready(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 if the database and the broker answer (the /readyz checks) and, if asked,
     this data folder's beat ticked recently; for healthchecks."""
-    from app.db import make_engine
+    from app.db import make_engine, missing_sqlite_file
     from app.parallel import Prober
     from app.readiness import check_ready
 
-    engine = make_engine(settings.database_url)
-    try:
-        errors = check_ready(engine, settings.broker_url, Prober(), args.timeout)
-    finally:
-        engine.dispose()
+    # A healthcheck reads: an embedded database that is not there is reported, not created
+    # (with its folder) by the connection that checks it; so is an embedded broker's folder
+    # (its file is the first worker's to create).
+    broker_file = missing_sqlite_file(settings.broker_url.removeprefix("sqla+"))
+    missing = {
+        "database": missing_sqlite_file(settings.database_url),
+        "broker": broker_file if broker_file and not broker_file.parent.is_dir() else None,
+    }
+    if any(missing.values()):
+        errors = {key: f"no such file: {path}" if path else None for key, path in missing.items()}
+    else:
+        engine = make_engine(settings.database_url)
+        try:
+            errors = check_ready(engine, settings.broker_url, Prober(), args.timeout)
+        finally:
+            engine.dispose()
     if args.beat_ticked_within is not None:
         from app.beat import heartbeat_age_s, heartbeat_path
 
@@ -154,3 +165,20 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from app.local.demo import run_demo
 
     return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
+
+
+def cmd_local_net(args: argparse.Namespace) -> int:
+    """Provision a local net into a new folder; its nets entry on stdout, what to run next
+    on stderr."""
+    from app.local.local_net import make_local_net, next_steps
+
+    try:
+        made = make_local_net(
+            args.folder, name=args.name, sites=args.sites, port=args.port, admin=args.admin
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"fl-dispatcher: local-net: {exc}\n")
+        return EXIT_FAILED
+    sys.stdout.write(made.entry)
+    sys.stderr.write(next_steps(made))
+    return EXIT_OK

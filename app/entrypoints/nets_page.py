@@ -12,6 +12,7 @@ from html import escape
 from urllib.parse import quote
 
 from app.usecases.net_history import COLD_STARTS_SHOWN, KINDS, NetNow, NetPanel, Overview, Segment
+from models import attempt_number
 
 REFRESH_S = 30
 
@@ -174,7 +175,8 @@ def _net_card(panel: NetPanel, ov: Overview) -> str:
             (
                 "Job",
                 f'<span class="key">{escape(job.caller_key)}</span> {_badge_job(job.state.value)}'
-                f" since {_clock(job.since, ov.now)}, attempt {job.attempts + 1}",
+                f" since {_clock(job.since, ov.now)}, attempt "
+                f"{attempt_number(job.attempts, job.max_attempts)} of {job.max_attempts}",
             )
         )
     else:
@@ -272,7 +274,7 @@ def _jobs(ov: Overview) -> str:
             f"<time>{_clock(m.at, ov.now)}</time></span>"
             for m in job.moves
         )
-        attempt = min(job.attempts + 1, job.max_attempts)  # `attempts`: those used up
+        attempt = attempt_number(job.attempts, job.max_attempts)
         error = f'<span class="err">{escape(job.last_error)}</span>' if job.last_error else ""
         rows.append(
             f'<tr><td data-l="Job" class="key nowrap">{escape(job.caller_key)}</td>'

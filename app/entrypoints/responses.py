@@ -100,8 +100,16 @@ class JobView(_Response):
     prewarm_key: str | None = Field(description="the caller_key of the prewarm sent for it")
     net: str | None = Field(description="the net it is or was assigned to")
     priority: int
-    attempts: int
+    attempt: int = Field(
+        description="the attempt it is on, or ended on: 1 to max_attempts (the count the CLI, "
+        "the nets page and the callbacks' `attempt` show)"
+    )
     max_attempts: int
+    attempts: int = Field(
+        description="attempts used up (0 while the first runs); kept for clients written "
+        "before `attempt`, which is the count to show",
+        json_schema_extra={"deprecated": True},
+    )
     retries: int
     nvflare_job_id: str | None
     last_error: str | None
@@ -124,6 +132,10 @@ class JobEventView(_Response):
     reason: str = Field(description="why, for a person")
     reason_code: ReasonCode | None = Field(
         description="why, for a program: set on a move to a terminal state"
+    )
+    attempt: int | None = Field(
+        description="the job's attempt when the move happened, as `attempt` counts (null on "
+        "history written before migration 0004)"
     )
 
 

@@ -27,6 +27,7 @@ from typing import Protocol
 from sqlalchemy import func, select
 
 from app.local.receiver import LocalReceiver, Received
+from app.local.settings_folder import ENV_FILE, NETS_FILE
 from app.local.stack import LocalStack, StackOptions
 from app.schemas import ReportedStatus
 from models import JobEvent, JobState, NetEvent, NetState
@@ -264,9 +265,35 @@ def run_demo(
                 succeeded = True
     except (RuntimeError, TimeoutError) as exc:
         out.write(f"demo failed: {exc}\n(logs kept in {root})\n")
+        _next_steps(root, kept=True, out=out)
         return 1
     finally:
         if own_dir and succeeded and not keep:
             shutil.rmtree(root, ignore_errors=True)
     out.write("done: no process left behind\n")
+    _next_steps(root, kept=keep or not own_dir, out=out)
     return 0
+
+
+def _next_steps(root: Path, *, kept: bool, out: TextOut) -> None:
+    """How to look at what the demo did, and what to run after it."""
+    env_file = root / ENV_FILE
+    look = f"fl-dispatcher --env-file {env_file}"
+    if kept:
+        out.write(
+            f"\nLook at what it did: {root} keeps its settings ({ENV_FILE}, nets in "
+            f"{NETS_FILE}), its database and logs:\n"
+            f"  {look} status\n"
+            f"  {look} jobs\n"
+            f"  {look} api --port 8080    then http://127.0.0.1:8080/nets and /fl/status\n"
+        )
+    else:
+        out.write(
+            f"\nIts folder is deleted. To look at what it did afterwards, run "
+            f"`fl-dispatcher demo --keep`, then `fl-dispatcher --env-file "
+            f"<its folder>/{ENV_FILE} status` (and jobs, api: /nets, /fl/status).\n"
+        )
+    out.write(
+        "A local net of your own, without the demo: `fl-dispatcher local-net DIR` provisions "
+        'one and prints its nets entry (README "A local net of your own").\n'
+    )

@@ -34,6 +34,7 @@ from app.local.nvflare import (
     start_site,
     stop,
 )
+from app.local.settings_folder import NETS_FILE, write_settings_folder
 from app.procs import terminate_tree
 from app.schemas import EnqueueJob
 from app.settings import Settings
@@ -42,9 +43,13 @@ from models import Job, JobEvent, Net, NetEvent, utcnow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SETTING_NAMES = {f.alias for f in Settings.model_fields.values() if f.alias}
 
 NET = "local-net"
 JOB_NAME = "tiny-fedavg"
+SETTINGS_HEADER = """The settings this folder's worker ran with (its nets: nets.toml beside it):
+  fl-dispatcher --env-file THIS_FILE status      (and jobs, job, api for /fl/status, /nets)
+shows what ran here. Callback settings and secrets are not written."""
 
 
 @dataclass
@@ -77,6 +82,7 @@ class LocalStack:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.env: dict[str, str] = {}
         self.settings: Settings | None = None
+        self.env_file: Path | None = None
         self._client: DispatcherClient | None = None
 
     def __enter__(self) -> LocalStack:
@@ -98,6 +104,15 @@ class LocalStack:
         self.deployment = provision(self.workdir / "nvflare")
         job_root = self.workdir / "jobs"
         build_tiny_job(job_root / JOB_NAME)
+        # The folder's own settings, what the worker runs with (its NETS_FILE is this
+        # nets.toml): `status`, `jobs` and the status API read them with --env-file.
+        settings = {**self._settings_kwargs(job_root), **self.options.extra_env}
+        self.env_file = write_settings_folder(
+            self.workdir,
+            {k: v for k, v in settings.items() if k in SETTING_NAMES},  # not AWS_* and such
+            [self._net()],
+            SETTINGS_HEADER,
+        )
         self.env = self._env(job_root)
         self.settings = Settings(**self._settings_kwargs(job_root))
         migrate.upgrade(self.settings.database_url)
@@ -108,11 +123,11 @@ class LocalStack:
             self.sites[name] = start_site(kit, log_dir=self.workdir / "logs")
         self.start_worker()
 
-    def _settings_kwargs(self, job_root: Path) -> dict[str, Any]:
+    def _net(self) -> dict[str, Any]:
+        """The stack's one net, as NETS declares it."""
         assert self.deployment is not None
         opts = self.options
-        data = self.workdir / "data"
-        net = {
+        return {
             "name": NET,
             "driver": {"kind": "local", "server_kit_dir": str(self.deployment.server_kit)},
             "admin": {
@@ -123,12 +138,16 @@ class LocalStack:
             "ready_timeout_s": opts.ready_timeout_s,
             "required_sites": sorted(self.deployment.site_kits),
         }
+
+    def _settings_kwargs(self, job_root: Path) -> dict[str, Any]:
+        opts = self.options
+        data = self.workdir / "data"
         return {
             "FL_DISPATCHER_DATA_DIR": data,
             "DATABASE_URL": opts.database_url or f"sqlite:///{data / 'fl-dispatcher.db'}",
             "BROKER_URL": opts.broker_url or f"sqla+sqlite:///{data / 'broker.db'}",
             "PER_JOB_FL_SERVER": opts.per_job_fl_server,
-            "NETS": json.dumps([net]),
+            "NETS_FILE": self.workdir / NETS_FILE,
             "JOB_ROOT": job_root,
             "HOUSEKEEPING_INTERVAL_S": opts.housekeeping_interval_s,
             "SERVER_LOST_GRACE_S": opts.server_lost_grace_s,
@@ -141,7 +160,11 @@ class LocalStack:
     def _env(self, job_root: Path) -> dict[str, str]:
         """The environment the worker and beat get: exactly the stack's settings."""
         kwargs = self._settings_kwargs(job_root)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("NETS", "DATABASE_URL"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("NETS", "DATABASE_URL", "FL_DISPATCHER_ENV_FILE"))
+        }
         env |= {key: _env_value(value) for key, value in kwargs.items()}
         env |= self.options.extra_env
         return env

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.adapters.callbacks import encode_body
-from models import Job, JobEvent, RejectedRequest
+from models import Job, JobEvent, RejectedRequest, attempt_number
 
 # What a payload's `kind` says: a job's move, or an enqueue that created no job.
 STATE_CHANGE = "state_change"
@@ -35,7 +35,10 @@ def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
         "reason": event.reason,
         "reason_code": event.reason_code,
         "nvflare_job_id": event.nvflare_job_id,
-        "attempt": event.attempt,
+        # The attempt as every view counts it (models.attempts): 1 on the first.
+        "attempt": attempt_number(event.attempt, job.max_attempts)
+        if event.attempt is not None
+        else None,
     }
 
 

@@ -63,6 +63,7 @@ class ActiveJob:
     state: JobState
     since: datetime
     attempts: int
+    max_attempts: int
 
 
 @dataclass(frozen=True)
@@ -186,10 +187,12 @@ def nets_overview(
     # Active jobs are few (one a net at most): read them all by state and keep the page's,
     # rather than let the planner walk the page's nets' whole job history by net name.
     active = {
-        j.net_name: ActiveJob(j.id, j.caller_key, j.state, j.state_changed_at, j.attempts)
+        j.net_name: ActiveJob(
+            j.id, j.caller_key, j.state, j.state_changed_at, j.attempts, j.max_attempts
+        )
         for j in session.execute(
             select(Job.net_name, Job.id, Job.caller_key, Job.state, Job.state_changed_at)
-            .add_columns(Job.attempts)
+            .add_columns(Job.attempts, Job.max_attempts)
             .where(Job.state.in_(ACTIVE_JOB_STATES))
         )
         if j.net_name in names

@@ -38,6 +38,7 @@ from models import (
     NetState,
     ScaleEvent,
     StrayRun,
+    attempt_number,
 )
 
 NOT_PROBED = "not_probed"  # server_state of a STOPPED scale-to-zero net: not contacted
@@ -61,8 +62,9 @@ def job_view(job: Job) -> dict[str, Any]:
         "prewarm_key": job.prewarm_key,
         "net": job.net_name,
         "priority": job.priority,
-        "attempts": job.attempts,
+        "attempt": attempt_number(job.attempts, job.max_attempts),
         "max_attempts": job.max_attempts,
+        "attempts": job.attempts,
         "retries": job.retries,
         "nvflare_job_id": job.nvflare_job_id,
         "last_error": job.last_error,
@@ -100,6 +102,9 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
             "at": _iso(e.at),
             "reason": e.reason,
             "reason_code": e.reason_code,
+            "attempt": attempt_number(e.attempt, job.max_attempts)
+            if e.attempt is not None
+            else None,
         }
         for e in events
     ]
@@ -266,6 +271,14 @@ def _server(runtime: Runtime, name: str) -> tuple[ServerState, list[str] | None]
     state = admin.server_state()
     sites = sorted(admin.connected_sites()) if state == ServerState.STARTED else None
     return state, sites
+
+
+def undeclared_nets(session: Session, declared: Sequence[str]) -> list[str]:
+    """Nets the database holds that these settings do not declare: another deployment's
+    settings made them (the demo's, say), or NETS no longer lists them."""
+    return list(
+        session.scalars(select(Net.name).where(Net.name.not_in(declared)).order_by(Net.name))
+    )
 
 
 def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) -> dict[str, Any]:

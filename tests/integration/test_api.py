@@ -512,6 +512,7 @@ def test_abort_a_queued_job_is_immediate(three_nets):
         "at": job["history"][-1]["at"],
         "reason": "changed my mind",
         "reason_code": "aborted",
+        "attempt": 1,
     }
     # Nothing to tell a server; each abort only nudges the assigner, after its commit.
     assert h.send.sent == [("fl_dispatcher.assign_next_job", {})] * 2

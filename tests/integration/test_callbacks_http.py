@@ -158,7 +158,7 @@ def test_every_event_of_two_lives_arrives_in_order_and_signed(make_world, receiv
     assert (running["caller_key"], running["nvflare_job_id"], running["attempt"]) == (
         "a",
         "nv-1",
-        0,
+        1,
     )
     assert callbacks.deliver_callbacks(world.rt).delivered == 0
     assert len(receiver.requests) == 10

@@ -89,7 +89,7 @@ def test_the_nets_page_in_headless_chromium(page_url, tmp_path):
     assert "Queue: 2 job(s) (oldest waiting 2h 30m)" in text
     assert f"net-c MISCONFIGURED: {MISCONFIGURED_ERROR}" in text  # needs attention
     assert "net-b 1 stray run(s)" in text
-    assert "model-06-train FINISHING since 11:36, attempt 1" in text
+    assert "model-06-train FINISHING since 11:36, attempt 1 of 3" in text
     assert "Cold starts 7 in 24 h, median 50 s (45 s, 1m 01s, 47 s, 55 s, 50 s)" in text
     assert "Cold starts 2 in 24 h, median 1m 18s (1m 15s, 1m 22s)" in text
     assert "net net-c misconfigured" in text  # the requeued job's last error

@@ -331,9 +331,9 @@ def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
         "reason": "enqueued",
         "reason_code": None,
         "nvflare_job_id": None,
-        "attempt": 0,
+        "attempt": 1,
     }
-    assert (running["nvflare_job_id"], running["attempt"]) == ("nv-1", 0)
+    assert (running["nvflare_job_id"], running["attempt"]) == ("nv-1", 1)
     assert running["metadata"] == first["metadata"]
     assert (done["from_state"], done["nvflare_job_id"]) == ("RUNNING", "nv-1")
     assert done["reason_code"] == "run_completed"
@@ -361,10 +361,10 @@ def test_a_late_callback_tells_its_own_move_not_the_jobs_later_state(cb, receive
 
     deliver(cb, receiver)
     by_state = {p["to_state"]: p for p, _, _ in receiver.requests}
-    assert (by_state["RUNNING"]["nvflare_job_id"], by_state["RUNNING"]["attempt"]) == ("nv-1", 0)
+    assert (by_state["RUNNING"]["nvflare_job_id"], by_state["RUNNING"]["attempt"]) == ("nv-1", 1)
     requeued = [p for p, _, _ in receiver.requests if p["from_state"] == "RUNNING"]
     assert [(p["to_state"], p["attempt"], p["nvflare_job_id"]) for p in requeued] == [
-        ("QUEUED", 1, None)
+        ("QUEUED", 2, None)
     ]
 
 

@@ -41,4 +41,4 @@ def test_a_job_out_of_attempts_fails_with_the_count_and_the_reason_in_its_histor
         ).first()
     assert last is not None
     assert (last.to_state, last.reason_code) == (JobState.FAILED, ReasonCode.MAX_ATTEMPTS)
-    assert last.reason == "attempts exhausted (1): server lost"
+    assert last.reason == "attempts exhausted (1 of 1): server lost"

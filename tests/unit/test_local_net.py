@@ -1,0 +1,125 @@
+"""What `local-net` and `demo --keep` write (app.local.settings_folder, app.local.local_net):
+a nets file any Settings reads back as the same nets, a settings file that reads the same to
+`--env-file` and to a shell, without secrets, and next steps that are the README's."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from app.entrypoints.cli import main
+from app.local.demo import _next_steps
+from app.local.local_net import LocalNet, make_local_net, next_steps
+from app.local.settings_folder import env_lines, nets_toml, write_settings_folder
+from app.settings import Settings
+from tests.fixtures.db import make_admin_kit, make_server_kit
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def a_net(folder: Path) -> dict[str, object]:
+    return {
+        "name": "local-net",
+        "idle_timeout_s": 6.0,
+        "ready_timeout_s": 120,
+        "per_job_fl_server": True,
+        "required_sites": ["site-1", "site-2"],
+        "driver": {"kind": "local", "server_kit_dir": str(make_server_kit(folder / "server"))},
+        "admin": {
+            "kit_dir": str(make_admin_kit(folder / "admin@x.org")),
+            "username": "admin@x.org",
+        },
+    }
+
+
+def test_the_nets_file_reads_back_as_the_nets_it_was_written_from(tmp_path):
+    net = a_net(tmp_path)
+    assert tomllib.loads(nets_toml([net, net | {"name": "other"}])) == {
+        "nets": [net, net | {"name": "other"}]
+    }
+
+
+def test_the_settings_file_reads_the_same_to_env_file_and_a_shell_and_holds_no_secret(tmp_path):
+    net = a_net(tmp_path)
+    settings = {
+        "FL_DISPATCHER_DATA_DIR": tmp_path / "a data folder #1",
+        "PER_JOB_FL_SERVER": True,
+        "HOUSEKEEPING_INTERVAL_S": 2.0,
+        "CALLBACK_URL": "http://127.0.0.1:9/cb",
+        "CALLBACK_SECRET": "a-secret-of-the-run-0123456789",
+        "API_SECRET": "another-secret",
+        "FLOWER_BASIC_AUTH": "ops:flower-secret",
+    }
+    env_file = write_settings_folder(tmp_path, settings, [net], "line one\n\nline three")
+    text = env_file.read_text()
+    assert text.startswith("# line one\n#\n# line three\n")
+    assert "secret" not in text.lower() and "CALLBACK_URL" not in text and "FLOWER" not in text
+
+    read = Settings(_env_file=env_file)
+    assert read.data_dir == tmp_path / "a data folder #1"
+    assert (read.per_job_fl_server, read.housekeeping_interval_s) == (True, 2.0)
+    assert [n.name for n in read.nets] == ["local-net"]
+    assert read.nets_file == tmp_path / "nets.toml"
+
+    shell = subprocess.run(
+        ["bash", "-c", f'set -a; . "{env_file}"; printf %s "$FL_DISPATCHER_DATA_DIR"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shell.stdout == str(tmp_path / "a data folder #1")
+
+
+def test_a_value_the_file_cannot_hold_is_refused():
+    with pytest.raises(ValueError, match="JOB_ROOT: a value with a quote"):
+        env_lines({"JOB_ROOT": "it's"}, "h")
+
+
+def test_local_net_prints_the_readme_steps():
+    """What `local-net` says to run next is the README's "After the demo" block, line for
+    line (the e2e test runs that block)."""
+    folder = Path("~/fl-local")
+    made = LocalNet(
+        folder=folder,
+        net={"name": "local-net"},
+        site_kits={s: folder / "kits" / s for s in ("site-1", "site-2")},
+        env_file=folder / "fl-dispatcher.env",
+        nets_file=folder / "nets.toml",
+        job="tiny-fedavg",
+    )
+    printed = [line.strip() for line in next_steps(made).splitlines()[1:]]
+    section = README.read_text().split("\n## After the demo\n", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    assert block.group(1).splitlines() == ["fl-dispatcher local-net ~/fl-local", *printed]
+
+
+def test_local_net_wants_a_new_folder_and_a_site(tmp_path, capsys):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    assert main(["local-net", str(tmp_path / "taken")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and f"{tmp_path / 'taken'} is not empty: give a new folder" in err
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
+    with pytest.raises(ValueError, match="at least one site"):
+        make_local_net(tmp_path / "new", sites=0)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_the_demo_ends_by_saying_how_to_look_at_what_it_did(tmp_path, kept):
+    out = io.StringIO()
+    _next_steps(tmp_path, kept=kept, out=out)
+    said = out.getvalue()
+    look = f"fl-dispatcher --env-file {tmp_path / 'fl-dispatcher.env'}"
+    if kept:
+        assert all(f"  {look} {cmd}" in said for cmd in ("status", "jobs", "api --port 8080"))
+        assert "/nets and /fl/status" in said
+    else:
+        assert "Its folder is deleted" in said and "fl-dispatcher demo --keep" in said
+    assert "fl-dispatcher local-net DIR" in said
