@@ -31,10 +31,7 @@ class FaultProfile:
     interleave: float = 0.0  # per hook point: another worker runs a due message right now
     retry_backlog: float = 0.0  # per pipeline retry: it runs 30-90 s after its countdown
     broker_outage_p: float = 0.0  # per world: 1-2 broker outages of 5-90 s (app.sim.messages)
-    # Per world: one worker's clock stepped +-1-30 s for 20-180 s. Off in every profile:
-    # tests/unit/test_simulation.py forces it on (a backward step marks a hold used by an
-    # earlier claim: a known limit, app/sim/FINDINGS.md).
-    clock_step_p: float = 0.0
+    clock_step_p: float = 0.0  # per world: one worker's clock stepped +-1-30 s for 20-180 s
     # per call to a server or a driver: the worker stalls there (a VM pause, a stop-the-world
     # collection, a starved container) for 30 s to stall_max_s, while the other worker, beat
     # and the world go on; then its task resumes where it stopped, past any lease it held
@@ -124,6 +121,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
     FaultProfile(
         name="flaky",
+        clock_step_p=0.3,
         broker_outage_p=0.3,
         db_error=0.003,
         redeploy_p=0.1,
@@ -153,6 +151,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="racy",
+        clock_step_p=0.3,
         broker_outage_p=0.3,
         db_error=0.002,
         poison_row=0.5,
@@ -208,6 +207,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="drift",
+        clock_step_p=0.4,
         reply_loss_rate=3.0,
         redeploy_p=0.3,
         drift_rate=15.0,
@@ -226,6 +226,7 @@ PROFILES: tuple[FaultProfile, ...] = (
     ),
     FaultProfile(
         name="chaos",
+        clock_step_p=0.3,
         broker_outage_p=0.3,
         db_error=0.003,
         poison_row=0.3,

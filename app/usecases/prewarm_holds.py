@@ -156,31 +156,14 @@ def end_hold(row: Prewarm, outcome: PrewarmOutcome, at: datetime, detail: str) -
 
 
 def settle_row(session: Session, row: Prewarm, now: datetime) -> str:
-    """Settle one open hold if it has ended: a job claimed onto its net while it held (used,
-    ending at that claim), its deadline past (expired), its net MISCONFIGURED (failed)."""
+    """Settle one open hold if it has ended: its deadline past (expired), its net
+    MISCONFIGURED (failed). `used` is never inferred here: the claim that uses a hold ends
+    it in its own transaction (claims._use_holds), so a hold still open was not seen by any
+    claim before it. Inferring it from times compared a claim's and a hint's timestamps,
+    written by two processes whose clocks may disagree: a hint taken by a worker whose clock
+    was stepped back read as older than a claim made before it, and was settled used by it."""
     if row.net_name is None:
         return ""  # (an accepted prewarm always names its net)
-    used = session.execute(
-        select(Job.id, Job.assigned_at)
-        .where(
-            Job.net_name == row.net_name,
-            # After the hint: a claim at its very instant came first (the claim ends the
-            # holds open then, claims._use_holds), so it did not use a hint made after it.
-            Job.assigned_at > row.created_at,
-            # Before the deadline: a hold is live on [created_at, hold_until), so a claim at
-            # the deadline's instant finds it expired, as status_of and live_holds read it.
-            Job.assigned_at < row.hold_until,
-            Job.assigned_at <= now,
-        )
-        .order_by(Job.assigned_at)
-        .limit(1)
-    ).first()
-    if used is not None:
-        job_id, assigned_at = used
-        assert assigned_at is not None  # the query asked for a time
-        end_hold(row, PrewarmOutcome.USED, assigned_at, f"job {job_id} was claimed onto the net")
-        row.job_id = job_id
-        return "used"
     if row.hold_until <= now:
         end_hold(row, PrewarmOutcome.EXPIRED, row.hold_until, "no job came within its time")
         return "expired"

@@ -365,8 +365,9 @@ SAFEGUARDS = [
         # Chaos seed 127 of 0-150, the profile forced (36 and 69 too until an abort's reply
         # could be garbled); since the simulator runs app/handlers.py's handlers and the
         # database-error fault, seeds 101, 177 and 178 of 0-300; after the break-it review's
-        # fixes, 101 and 336 of 100-400.
-        range(100, 103),
+        # fixes, 101 and 336 of 100-400; with broker outages and clock steps (round 5), 336
+        # and 375 of 100-400.
+        range(335, 338),
         frozenset({"late-stop-undone"}),
         forced=True,
     ),
