@@ -5,7 +5,7 @@ into DIR/kits, exports a tiny FedAvg job into DIR/jobs, and writes the folder's 
 (DIR/nets.toml with the net's entry, DIR/fl-dispatcher.env naming it, a data folder in
 DIR/data). The local scale driver starts the server when a job needs it; the sites are the
 user's to start (`fl-dispatcher participant DIR/kits/site-1`), and reconnect to the server
-whenever it comes up. README "A local net of your own" walks through it; an e2e test follows
+whenever it comes up. README "After the demo" walks through it; an e2e test follows
 the same steps.
 """
 

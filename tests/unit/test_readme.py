@@ -211,6 +211,42 @@ def test_every_relative_link_in_every_markdown_file_resolves():
     assert broken == []
 
 
+# A citation in code or tests: README "Title", README, "Title", app/x/README.md "Title".
+CITATION = re.compile(
+    r"""((?:[\w./-]+/)?README(?:\.md)?)\)?,?\s+(?:section\s+)?["'“]([^"'”\n]+)["'”]"""
+)
+
+
+def cited_places(markdown: Path) -> list[str]:
+    """What a citation may name in a markdown file: its headings and bold paragraph leads."""
+    text = markdown.read_text(encoding="utf-8")
+    places = [
+        re.sub(r"^#+\s*", "", line).strip() for line in text.splitlines() if line.startswith("#")
+    ]
+    return places + re.findall(r"^\*\*([^*]+)\*\*", text, flags=re.M)
+
+
+def test_every_readme_section_cited_in_code_exists():
+    # A docstring or comment that sends a reader to README "X" must find X there (issue 39:
+    # two citations pointed at sections long gone).
+    sources = [
+        path
+        for top in ("app", "tasks", "models", "migrations", "tests")
+        for path in (ROOT / top).rglob("*.py")
+        if path != Path(__file__).resolve()  # its own examples
+    ]
+    missing = []
+    for path in sources:
+        for ref, title in CITATION.findall(path.read_text(encoding="utf-8")):
+            markdown = README if ref in ("README", "README.md") else ROOT / ref
+            if not markdown.is_file():
+                missing.append(f"{path.relative_to(ROOT)}: {ref} does not exist")
+            elif not any(place.startswith(title) for place in cited_places(markdown)):
+                missing.append(f'{path.relative_to(ROOT)}: {ref} has no "{title}"')
+    assert len(sources) > 100
+    assert missing == []
+
+
 def test_the_first_200_lines_are_the_front_door():
     text = README.read_text()
     front = "\n".join(text.splitlines()[:200])

@@ -1,6 +1,6 @@
 """Correctness round 3: paths by which a caller's or an operator's ordinary action lost a
 job, started a second live run, kept a server up or stalled callbacks. Each test here
-failed before its fix (README "Guarantees under test")."""
+failed before its fix (README "Guarantees")."""
 
 from __future__ import annotations
 
