@@ -56,7 +56,7 @@ from app.usecases.callback_payloads import (
     rejected_event_id,
     rejection_payload,
 )
-from app.usecases.callback_receiver import let_go, release_lease, schedule_wake, take_lease
+from app.usecases.callback_receiver import release_lease, schedule_wake, take_lease
 from app.usecases.callback_verdicts import Verdict, record_job_try, record_rejection_try
 from models import CallbackCursor, JobEvent, RejectedRequest
 
@@ -186,13 +186,15 @@ def _deliver(rt: Runtime, sender: CallbackSender) -> DeliveryReport:
         except BaseException:
             release_lease(rt, owner)
             raise
-        with unit_of_work(rt.sessions) as session:
-            # Let go, then look again, in this order: a kick that found the lease held
-            # returned at once, and what it was sent for must not wait for the sweep. Its
-            # event was committed before its claim failed, so before this release, so this
-            # look sees it; a claim that comes after the release waits for this commit and
-            # then takes the lease (PostgreSQL's row lock; SQLite's BEGIN IMMEDIATE).
-            let_go(session, owner)
+        # Let go, commit, and only then look again: a kick that found the lease held
+        # returned at once, and what it was sent for must not wait for the sweep. Its event
+        # was committed before its claim failed, so before this release committed, so the
+        # look sees it; a kick whose claim comes after the commit takes the lease itself.
+        # (Looking before the commit would miss an event committed meanwhile whose kick's
+        # claim still read the lease as held: PostgreSQL's UPDATE skips a row whose
+        # committed version does not match, without waiting for the uncommitted release.)
+        release_lease(rt, owner)
+        with rt.sessions() as session:
             seen = look(session, rt.clock())
         total.delivered += done.delivered
         total.failed += done.failed

@@ -1,6 +1,6 @@
 """What one delivery round costs and how it reads: a look without the lease first, the
 claim and the due events in one transaction, each accepted event recorded in two
-statements, and the lease let go with one more look (issue 37). The rules the rounds keep
+statements, and the lease let go, committed, before one more look (issue 37). The rules the rounds keep
 (order, retries, give-up, the lease) are tests/unit/test_callbacks.py's."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_a_round_with_nothing_due_is_not_busy_while_another_holds_the_lease(cb, 
 
 def test_one_due_event_costs_seven_statements_and_three_commits(cb, receiver):
     """A look, the claim with the read of what is due, the record (the lease renewed and
-    the cursor moved on), the release with the next look: was 19 statements."""
+    the cursor moved on), the release, then the next look: was 19 statements."""
     delivered_once(cb, receiver)
     cb.enqueue("j1", net="net-a")
     with counted(cb) as sent:
