@@ -1,7 +1,7 @@
 """What one delivery round costs and how it reads: a look without the lease first, the
 claim and the due events in one transaction, each accepted event recorded in two
-statements, and the lease let go, committed, before one more look (issue 37). The rules the rounds keep
-(order, retries, give-up, the lease) are tests/unit/test_callbacks.py's."""
+statements, and the lease let go, committed, before one more look (issue 37). The rules
+the rounds keep (order, retries, give-up, the lease) are tests/unit/test_callbacks.py's."""
 
 from __future__ import annotations
 
