@@ -55,6 +55,13 @@ _RENEW_ANSWERED = (
     .values(lease_until=bindparam("until"), failures=0, next_attempt_at=None)
     .execution_options(**_NO_SYNC)
 )
+# ... or, after the round's last try, the lease let go in the same statement.
+_RELEASE_ANSWERED = (
+    update(CallbackReceiver)
+    .where(_THIS_ROW, _OWNED)
+    .values(lease_owner=None, lease_until=None, failures=0, next_attempt_at=None)
+    .execution_options(**_NO_SYNC)
+)
 # One pending wake-up, the earliest needed: set unless one is pending at or before `at`.
 _WAKE = (
     update(CallbackReceiver)
@@ -134,12 +141,18 @@ def release_lease(rt: Runtime, owner: str) -> None:
         let_go(session, owner)
 
 
-def renew_answered(rt: Runtime, session: Session, owner: str, now: datetime) -> bool:
-    """After a try the receiver answered: renew the lease and wake the receiver, only while
-    `owner` holds the lease (one statement, which also locks the row until the commit, as
-    `leased_receiver` does); False if it no longer does."""
-    until = now + timedelta(seconds=_lease_s(rt))
-    renewed = session.execute(_RENEW_ANSWERED, {"owner": owner, "until": until})
+def renew_answered(
+    rt: Runtime, session: Session, owner: str, now: datetime, *, let_go: bool = False
+) -> bool:
+    """After a try the receiver answered: renew the lease (`let_go`: release it, the round's
+    last try) and wake the receiver, only while `owner` holds the lease (one statement,
+    which also locks the row until the commit, as `leased_receiver` does); False if it no
+    longer does."""
+    if let_go:
+        renewed = session.execute(_RELEASE_ANSWERED, {"owner": owner})
+    else:
+        until = now + timedelta(seconds=_lease_s(rt))
+        renewed = session.execute(_RENEW_ANSWERED, {"owner": owner, "until": until})
     return bool(renewed.rowcount)  # type: ignore[attr-defined]
 
 

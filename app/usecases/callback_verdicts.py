@@ -165,11 +165,13 @@ def record_job_try(
     *,
     answer: Answer | str | Undeliverable,
     now: datetime,
+    last: bool = False,
 ) -> Verdict:
     """Record one try of a job event and renew the lease, only while still holding it (a
-    deliverer that lost its lease records nothing: the new holder redelivers)."""
+    deliverer that lost its lease records nothing: the new holder redelivers). `last`: the
+    round has nothing more to send, so a delivered event's record lets the lease go too."""
     if isinstance(answer, Answer) and 200 <= answer.status < 300:
-        return _record_delivered(rt, owner, job_id, event_id, now)
+        return _record_delivered(rt, owner, job_id, event_id, now, let_go=last)
     with unit_of_work(rt.sessions) as session:
         receiver = leased_receiver(rt, session, owner, now)
         if receiver is None:
@@ -213,13 +215,13 @@ def record_job_try(
 
 
 def _record_delivered(
-    rt: Runtime, owner: str, job_id: uuid.UUID, event_id: int, now: datetime
+    rt: Runtime, owner: str, job_id: uuid.UUID, event_id: int, now: datetime, *, let_go: bool
 ) -> Verdict:
     """A job event the receiver accepted: what `record_job_try` writes for a 2xx, in two
-    statements (the lease renewed with the receiver awake, the cursor moved on) instead of
-    reading both rows first; the answer needs no judging but this."""
+    statements (the lease renewed, or let go, with the receiver awake; the cursor moved on)
+    instead of reading both rows first; the answer needs no judging but this."""
     with unit_of_work(rt.sessions) as session:
-        if not renew_answered(rt, session, owner, now):
+        if not renew_answered(rt, session, owner, now, let_go=let_go):
             return Verdict.LEASE_LOST
         _settle_delivered(session, job_id, event_id, now)
     log.debug("callback delivered", extra={"job": str(job_id), "event_id": event_id})

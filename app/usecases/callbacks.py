@@ -148,6 +148,7 @@ class _Round:
     failed: int = 0
     out_of_time: bool = False
     lease_lost: bool = False
+    released: bool = False  # the last record let the lease go
 
 
 def deliver_callbacks(rt: Runtime, sender: CallbackSender | None = None) -> DeliveryReport:
@@ -186,14 +187,16 @@ def _deliver(rt: Runtime, sender: CallbackSender) -> DeliveryReport:
         except BaseException:
             release_lease(rt, owner)
             raise
-        # Let go, commit, and only then look again: a kick that found the lease held
-        # returned at once, and what it was sent for must not wait for the sweep. Its event
-        # was committed before its claim failed, so before this release committed, so the
-        # look sees it; a kick whose claim comes after the commit takes the lease itself.
-        # (Looking before the commit would miss an event committed meanwhile whose kick's
-        # claim still read the lease as held: PostgreSQL's UPDATE skips a row whose
-        # committed version does not match, without waiting for the uncommitted release.)
-        release_lease(rt, owner)
+        # Let go and commit (here, or the last delivered event's record did), and only
+        # then look again: a kick that found the lease held returned at once, and what it
+        # was sent for must not wait for the sweep. Its event was committed before its
+        # claim failed, so before the release committed, so the look sees it; a kick whose
+        # claim comes after the commit takes the lease itself. (Looking before the commit
+        # would miss an event committed meanwhile whose kick's claim still read the lease
+        # as held: PostgreSQL's UPDATE skips a row whose committed version does not match,
+        # without waiting for the uncommitted release.)
+        if not done.released:
+            release_lease(rt, owner)
         with rt.sessions() as session:
             seen = look(session, rt.clock())
         total.delivered += done.delivered
@@ -236,9 +239,19 @@ def _deliver_due(
             for rejection in batch.rejections
         ] + [
             functools.partial(
-                _deliver_job, rt, sender, owner, job, rows, deadline=deadline, done=done
+                _deliver_job,
+                rt,
+                sender,
+                owner,
+                job,
+                rows,
+                deadline=deadline,
+                done=done,
+                # Nothing is read after a batch that was not full: the last event's record
+                # may let the lease go itself (one statement and commit fewer).
+                last=not batch.full and i == len(batch.jobs) - 1,
             )
-            for job, rows in batch.jobs
+            for i, (job, rows) in enumerate(batch.jobs)
         ]
         unanswered = 0
         for step in steps:
@@ -278,8 +291,10 @@ def _deliver_job(
     *,
     deadline: float,
     done: _Round,
+    last: bool = False,
 ) -> Verdict | None:
-    """Send the job's due events (read in id order) until one is not delivered."""
+    """Send the job's due events (read in id order) until one is not delivered. `last`: the
+    round's last job, whose last event, delivered, lets the lease go with its record."""
     secret, *previous = rt.settings.callback_signing_secrets
     verdict: Verdict | None = None
     for row in rows:
@@ -301,9 +316,13 @@ def _deliver_job(
             answer: Answer | str = sender.post(body, headers)
         except ReceiverUnreachable as exc:
             answer = str(exc)
-        verdict = record_job_try(rt, owner, job.id, row.id, answer=answer, now=rt.clock())
+        let_go = last and row is rows[-1]
+        verdict = record_job_try(
+            rt, owner, job.id, row.id, answer=answer, now=rt.clock(), last=let_go
+        )
         if verdict == Verdict.DELIVERED:
             done.delivered += 1
+            done.released = let_go
         elif verdict == Verdict.FAILED:
             done.failed += 1
         else:
