@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from app.adapters.callbacks import encode_body
-from models import Job, JobEvent, RejectedRequest, attempt_number
+from models import JobState, RejectedRequest, attempt_number
 
 # What a payload's `kind` says: a job's move, or an enqueue that created no job.
 STATE_CHANGE = "state_change"
@@ -21,7 +23,41 @@ def rejected_event_id(rejection_id: int) -> str:
     return f"{REJECTED_EVENT_PREFIX}{rejection_id}"
 
 
-def event_payload(job: Job, event: JobEvent) -> dict[str, Any]:
+class JobFields(Protocol):
+    """What a job event's payload needs of its job (a Job, or the delivery's JobRef)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def caller_key(self) -> str: ...
+    @property
+    def metadata_(self) -> dict[str, Any] | None: ...
+    @property
+    def max_attempts(self) -> int: ...
+
+
+class EventFields(Protocol):
+    """What it needs of the event (a JobEvent, or a row of its columns)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def from_state(self) -> JobState | None: ...
+    @property
+    def to_state(self) -> JobState: ...
+    @property
+    def at(self) -> datetime: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def reason_code(self) -> str | None: ...
+    @property
+    def nvflare_job_id(self) -> str | None: ...
+    @property
+    def attempt(self) -> int | None: ...
+
+
+def event_payload(job: JobFields, event: EventFields) -> dict[str, Any]:
     """The JSON one job event is sent as (README, "Status callbacks")."""
     return {
         "event_id": event.id,

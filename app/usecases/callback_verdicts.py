@@ -11,11 +11,15 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from sqlalchemy import bindparam
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
 from app.adapters.callbacks import Answer
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.usecases.callback_payloads import Undeliverable, rejected_event_id
-from app.usecases.callback_receiver import leased_receiver
+from app.usecases.callback_receiver import leased_receiver, renew_answered
 from models import CallbackCursor, CallbackReceiver, RejectedRequest
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,40 @@ def _settle(cursor: CallbackCursor, event_id: int) -> None:
     cursor.tries = 0
     cursor.rejections = 0
     cursor.next_attempt_at = None
+
+
+def _delivered_upsert(insert: Any) -> Any:
+    """A job's cursor past `event_id`, its tries and backoff cleared, one more delivered:
+    what `_settle` and the DELIVERED count write, as one statement (the cursor row created
+    with the job's first delivered event)."""
+    stmt = insert(CallbackCursor).values(
+        job_id=bindparam("cursor_job"),
+        settled_through=bindparam("settled"),
+        delivered=1,
+        failed=0,
+        tries=0,
+        rejections=0,
+        next_attempt_at=None,
+        updated_at=bindparam("at"),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[CallbackCursor.job_id],
+        set_={
+            "settled_through": stmt.excluded.settled_through,
+            "delivered": CallbackCursor.delivered + 1,
+            "tries": 0,
+            "rejections": 0,
+            "next_attempt_at": None,
+            "updated_at": stmt.excluded.updated_at,
+        },
+    )
+
+
+# Built once per dialect: the statement every delivered event runs.
+_DELIVERED = {
+    "postgresql": _delivered_upsert(postgresql.insert),
+    "sqlite": _delivered_upsert(sqlite.insert),
+}
 
 
 def _is_rejection(answer: Answer | str | Undeliverable) -> bool:
@@ -127,9 +165,13 @@ def record_job_try(
     *,
     answer: Answer | str | Undeliverable,
     now: datetime,
+    last: bool = False,
 ) -> Verdict:
     """Record one try of a job event and renew the lease, only while still holding it (a
-    deliverer that lost its lease records nothing: the new holder redelivers)."""
+    deliverer that lost its lease records nothing: the new holder redelivers). `last`: the
+    round has nothing more to send, so a delivered event's record lets the lease go too."""
+    if isinstance(answer, Answer) and 200 <= answer.status < 300:
+        return _record_delivered(rt, owner, job_id, event_id, now, let_go=last)
     with unit_of_work(rt.sessions) as session:
         receiver = leased_receiver(rt, session, owner, now)
         if receiver is None:
@@ -170,6 +212,25 @@ def record_job_try(
         if judged.error is not None:
             cursor.last_error = judged.error
         return judged.verdict
+
+
+def _record_delivered(
+    rt: Runtime, owner: str, job_id: uuid.UUID, event_id: int, now: datetime, *, let_go: bool
+) -> Verdict:
+    """A job event the receiver accepted: what `record_job_try` writes for a 2xx, in two
+    statements (the lease renewed, or let go, with the receiver awake; the cursor moved on)
+    instead of reading both rows first; the answer needs no judging but this."""
+    with unit_of_work(rt.sessions) as session:
+        if not renew_answered(rt, session, owner, now, let_go=let_go):
+            return Verdict.LEASE_LOST
+        _settle_delivered(session, job_id, event_id, now)
+    log.debug("callback delivered", extra={"job": str(job_id), "event_id": event_id})
+    return Verdict.DELIVERED
+
+
+def _settle_delivered(session: Session, job_id: uuid.UUID, event_id: int, now: datetime) -> None:
+    upsert = _DELIVERED[session.get_bind().dialect.name]
+    session.execute(upsert, {"cursor_job": job_id, "settled": event_id, "at": now})
 
 
 def record_rejection_try(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import event, func, or_, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from app import names
@@ -46,7 +46,9 @@ from app.adapters.callbacks import (
     ReceiverUnreachable,
     signed_headers,
 )
+from app.db import unit_of_work
 from app.runtime import Runtime
+from app.usecases.callback_due import Batch, JobRef, Look, due_batch, look, settled
 from app.usecases.callback_payloads import (
     Undeliverable,
     encoded,
@@ -54,92 +56,19 @@ from app.usecases.callback_payloads import (
     rejected_event_id,
     rejection_payload,
 )
-from app.usecases.callback_receiver import RECEIVER_ID, claim_lease, release_lease, schedule_wake
+from app.usecases.callback_receiver import release_lease, schedule_wake, take_lease
 from app.usecases.callback_verdicts import Verdict, record_job_try, record_rejection_try
-from models import CallbackCursor, CallbackReceiver, Job, JobEvent, RejectedRequest
+from models import CallbackCursor, JobEvent, RejectedRequest
 
 log = logging.getLogger(__name__)
 
 # A delivery task hands its worker back after this long (and is sent again at once), so a
 # backlog never holds a worker away from the pipeline for long.
 ROUND_BUDGET_S = 60.0
-JOBS_PER_READ = 100
-EVENTS_PER_READ = 50
-REJECTIONS_PER_READ = 50
 _KICK_WANTED = "fl_dispatcher.callbacks.kick"
 
 
-# --- what is pending -----------------------------------------------------------------------
-
-
-def _settled() -> Any:
-    return func.coalesce(CallbackCursor.settled_through, 0)
-
-
-def _pending_events() -> Any:
-    """job_events not yet settled, joined with their job's cursor (if any)."""
-    return (
-        select(JobEvent.job_id)
-        .select_from(JobEvent)
-        .outerjoin(CallbackCursor, CallbackCursor.job_id == JobEvent.job_id)
-        .where(JobEvent.id > _settled())
-    )
-
-
-def _unsettled_rejection() -> Any:
-    return RejectedRequest.callback_settled_at.is_(None)
-
-
-def _due_rejections(session: Session, now: datetime) -> list[int]:
-    """Rejected events not yet settled whose backoff is over, oldest first."""
-    stmt = (
-        select(RejectedRequest.id)
-        .where(
-            _unsettled_rejection(),
-            or_(
-                RejectedRequest.callback_next_attempt_at.is_(None),
-                RejectedRequest.callback_next_attempt_at <= now,
-            ),
-        )
-        .order_by(RejectedRequest.id)
-        .limit(REJECTIONS_PER_READ)
-    )
-    return list(session.scalars(stmt))
-
-
-def _due_jobs(session: Session, now: datetime) -> list[uuid.UUID]:
-    """Jobs with an unsettled event whose backoff is over, oldest head first."""
-    stmt = (
-        _pending_events()
-        .where(or_(CallbackCursor.next_attempt_at.is_(None), CallbackCursor.next_attempt_at <= now))
-        .group_by(JobEvent.job_id)
-        .order_by(func.min(JobEvent.id))
-        .limit(JOBS_PER_READ)
-    )
-    return list(session.scalars(stmt))
-
-
-def _next_due(session: Session, now: datetime) -> datetime | None:
-    """When anything is next due (`now` if something is due now), None if nothing is
-    pending. The receiver's backoff is a floor under every job's."""
-    rows = session.execute(
-        _pending_events()
-        .add_columns(CallbackCursor.next_attempt_at)
-        .group_by(JobEvent.job_id, CallbackCursor.next_attempt_at)
-    ).all()
-    waits: list[datetime | None] = [at for _, at in rows]
-    waits += session.scalars(
-        select(RejectedRequest.callback_next_attempt_at)
-        .where(_unsettled_rejection())
-        .group_by(RejectedRequest.callback_next_attempt_at)
-    ).all()
-    if not waits:
-        return None
-    due = min(max(now, at) if at is not None else now for at in waits)
-    receiver = session.get(CallbackReceiver, RECEIVER_ID)
-    if receiver is not None and receiver.next_attempt_at is not None:
-        due = max(due, receiver.next_attempt_at)
-    return due
+# --- what the metrics and the job's view say ------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -158,10 +87,12 @@ def backlog(session: Session) -> Backlog:
         select(func.count(), func.min(JobEvent.at))
         .select_from(JobEvent)
         .outerjoin(CallbackCursor, CallbackCursor.job_id == JobEvent.job_id)
-        .where(JobEvent.id > _settled())
+        .where(JobEvent.id > settled())
     ).one()
     rejected, oldest_rejected = session.execute(
-        select(func.count(), func.min(RejectedRequest.at)).where(_unsettled_rejection())
+        select(func.count(), func.min(RejectedRequest.at)).where(
+            RejectedRequest.callback_settled_at.is_(None)
+        )
     ).one()
     failed = session.scalar(select(func.coalesce(func.sum(CallbackCursor.failed), 0)))
     failed_rejected = session.scalar(
@@ -217,6 +148,7 @@ class _Round:
     failed: int = 0
     out_of_time: bool = False
     lease_lost: bool = False
+    released: bool = False  # the last record let the lease go
 
 
 def deliver_callbacks(rt: Runtime, sender: CallbackSender | None = None) -> DeliveryReport:
@@ -242,53 +174,84 @@ def _deliver(rt: Runtime, sender: CallbackSender) -> DeliveryReport:
     owner = uuid.uuid4().hex
     deadline = time.monotonic() + ROUND_BUDGET_S
     total = _Round()
-    while True:
-        if not claim_lease(rt, owner):
+    # A look first, without the lease: a kick or a sweep that finds nothing due (most of
+    # them, once a round has sent what several commits kicked for) writes nothing at all.
+    with rt.sessions() as session:
+        seen = look(session, rt.clock())
+    while seen.due_now:
+        batch = _claim(rt, owner, seen)
+        if batch is None:
             return DeliveryReport(total.delivered, total.failed, busy=True)
         try:
-            done = _deliver_due(rt, sender, owner, deadline)
-        finally:
+            done = _deliver_due(rt, sender, owner, deadline, batch)
+        except BaseException:
             release_lease(rt, owner)
+            raise
+        # Let go and commit (here, or the last delivered event's record did), and only
+        # then look again: a kick that found the lease held returned at once, and what it
+        # was sent for must not wait for the sweep. Its event was committed before its
+        # claim failed, so before the release committed, so the look sees it; a kick whose
+        # claim comes after the commit takes the lease itself. (Looking before the commit
+        # would miss an event committed meanwhile whose kick's claim still read the lease
+        # as held: PostgreSQL's UPDATE skips a row whose committed version does not match,
+        # without waiting for the uncommitted release.)
+        if not done.released:
+            release_lease(rt, owner)
+        with rt.sessions() as session:
+            seen = look(session, rt.clock())
         total.delivered += done.delivered
         total.failed += done.failed
         if done.out_of_time or done.lease_lost:
             total.out_of_time = done.out_of_time
             break
-        # A task kicked by a commit while we held the lease returned at once; what it was
-        # sent for may be due now that the lease is free.
-        with rt.sessions() as session:
-            due = _next_due(session, rt.clock())
-        if due is None or due > rt.clock():
-            break
-    with rt.sessions() as session:
-        due = rt.clock() if total.out_of_time else _next_due(session, rt.clock())
+    due = rt.clock() if total.out_of_time else seen.due_at
     retry_in = schedule_wake(rt, due) if due is not None else None
     return DeliveryReport(total.delivered, total.failed, retry_in_s=retry_in)
 
 
-def _deliver_due(rt: Runtime, sender: CallbackSender, owner: str, deadline: float) -> _Round:
+def _claim(rt: Runtime, owner: str, seen: Look) -> Batch | None:
+    """Take the lease and read what is due, in one transaction; None if another deliverer
+    holds the lease (it looks again when it lets go)."""
+    now = rt.clock()
+    with unit_of_work(rt.sessions) as session:
+        lease = take_lease(rt, session, owner, now)
+        if lease is None:
+            return None
+        if lease.resting(now):
+            return Batch()  # rested since the look: nothing is tried before then
+        return due_batch(session, now, jobs=seen.jobs_due, rejections=seen.rejections_due)
+
+
+def _deliver_due(
+    rt: Runtime, sender: CallbackSender, owner: str, deadline: float, batch: Batch
+) -> _Round:
+    """Send `batch`, and the next ones while each read comes back full; returns when
+    nothing more is due, the receiver does not answer, or the time is spent."""
     done = _Round()
     while True:
         if time.monotonic() >= deadline:
             done.out_of_time = True
             return done
-        now = rt.clock()
-        with rt.sessions() as session:
-            receiver = session.get(CallbackReceiver, RECEIVER_ID)
-            if receiver and receiver.next_attempt_at and receiver.next_attempt_at > now:
-                return done  # the receiver is resting; nothing is tried before then
-            rejections = _due_rejections(session, now)
-            jobs = _due_jobs(session, now)
-        if not jobs and not rejections:
-            return done
         # Rejected events first: each is one request, and an enqueue refused before a
         # later one with the same caller_key was accepted then usually arrives first.
         steps = [
-            functools.partial(_deliver_rejection, rt, sender, owner, rejection_id, done=done)
-            for rejection_id in rejections
+            functools.partial(_deliver_rejection, rt, sender, owner, rejection, done=done)
+            for rejection in batch.rejections
         ] + [
-            functools.partial(_deliver_job, rt, sender, owner, job_id, deadline=deadline, done=done)
-            for job_id in jobs
+            functools.partial(
+                _deliver_job,
+                rt,
+                sender,
+                owner,
+                job,
+                rows,
+                deadline=deadline,
+                done=done,
+                # Nothing is read after a batch that was not full: the last event's record
+                # may let the lease go itself (one statement and commit fewer).
+                last=not batch.full and i == len(batch.jobs) - 1,
+            )
+            for i, (job, rows) in enumerate(batch.jobs)
         ]
         unanswered = 0
         for step in steps:
@@ -311,54 +274,55 @@ def _deliver_due(rt: Runtime, sender: CallbackSender, owner: str, deadline: floa
             if time.monotonic() >= deadline:
                 done.out_of_time = True
                 return done
+        if unanswered or not batch.full:
+            # The receiver rests after the last one's silence; or everything read was sent
+            # and what was committed meanwhile is found by the look after letting go.
+            return done
+        with rt.sessions() as session:
+            batch = due_batch(session, rt.clock(), jobs=True, rejections=True)
 
 
 def _deliver_job(
     rt: Runtime,
     sender: CallbackSender,
     owner: str,
-    job_id: uuid.UUID,
+    job: JobRef,
+    rows: list[Any],
     *,
     deadline: float,
     done: _Round,
+    last: bool = False,
 ) -> Verdict | None:
-    """Send the job's unsettled events in id order until one is not delivered."""
-    with rt.sessions() as session:
-        job = session.get(Job, job_id)
-        cursor = session.get(CallbackCursor, job_id)
-        settled = cursor.settled_through if cursor is not None else 0
-        events = session.scalars(
-            select(JobEvent)
-            .where(JobEvent.job_id == job_id, JobEvent.id > settled)
-            .order_by(JobEvent.id)
-            .limit(EVENTS_PER_READ)
-        ).all()
-        if job is None:
-            return None
-        bodies = [(e.id, encoded(event_payload, job, e)) for e in events]
+    """Send the job's due events (read in id order) until one is not delivered. `last`: the
+    round's last job, whose last event, delivered, lets the lease go with its record."""
     secret, *previous = rt.settings.callback_signing_secrets
     verdict: Verdict | None = None
-    for event_id, body in bodies:
+    for row in rows:
         if time.monotonic() >= deadline:
             done.out_of_time = True
             return verdict
         now = rt.clock()
+        body = encoded(event_payload, job, row)
         if isinstance(body, Undeliverable):
             # Poison: no try can ever send it. Failed for good at once (visible on the job,
             # in metrics and the log), so the job's later events and every other job go on.
-            verdict = record_job_try(rt, owner, job_id, event_id, answer=body, now=now)
+            verdict = record_job_try(rt, owner, job.id, row.id, answer=body, now=now)
             if verdict == Verdict.FAILED:
                 done.failed += 1
                 continue
             return verdict
-        headers = signed_headers(secret, int(now.timestamp()), body, event_id, previous)
+        headers = signed_headers(secret, int(now.timestamp()), body, row.id, previous)
         try:
             answer: Answer | str = sender.post(body, headers)
         except ReceiverUnreachable as exc:
             answer = str(exc)
-        verdict = record_job_try(rt, owner, job_id, event_id, answer=answer, now=rt.clock())
+        let_go = last and row is rows[-1]
+        verdict = record_job_try(
+            rt, owner, job.id, row.id, answer=answer, now=rt.clock(), last=let_go
+        )
         if verdict == Verdict.DELIVERED:
             done.delivered += 1
+            done.released = let_go
         elif verdict == Verdict.FAILED:
             done.failed += 1
         else:
@@ -367,16 +331,17 @@ def _deliver_job(
 
 
 def _deliver_rejection(
-    rt: Runtime, sender: CallbackSender, owner: str, rejection_id: int, *, done: _Round
+    rt: Runtime,
+    sender: CallbackSender,
+    owner: str,
+    rejection: RejectedRequest,
+    *,
+    done: _Round,
 ) -> Verdict | None:
-    """Send one rejected event (None: its row is gone or already settled)."""
-    with rt.sessions() as session:
-        rejection = session.get(RejectedRequest, rejection_id)
-        if rejection is None or rejection.callback_settled_at is not None:
-            return None
-        body = encoded(rejection_payload, rejection)
+    """Send one rejected event (None: its row is gone)."""
+    body = encoded(rejection_payload, rejection)
     secret, *previous = rt.settings.callback_signing_secrets
-    event_id = rejected_event_id(rejection_id)
+    event_id = rejected_event_id(rejection.id)
     answer: Answer | str | Undeliverable
     if isinstance(body, Undeliverable):
         answer = body
@@ -386,7 +351,7 @@ def _deliver_rejection(
             answer = sender.post(body, headers)
         except ReceiverUnreachable as exc:
             answer = str(exc)
-    verdict = record_rejection_try(rt, owner, rejection_id, answer=answer, now=rt.clock())
+    verdict = record_rejection_try(rt, owner, rejection.id, answer=answer, now=rt.clock())
     if verdict == Verdict.DELIVERED:
         done.delivered += 1
     elif verdict == Verdict.FAILED:

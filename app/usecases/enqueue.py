@@ -19,6 +19,7 @@ from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
+from app.usecases import services
 from models import Job, JobState, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,54 @@ def enqueue_job(
     session: Session, settings: Settings, request: EnqueueJob, now: datetime
 ) -> Enqueued:
     """Queue a job; the same caller key twice with the same payload returns the first job,
-    with another payload is a CallerKeyConflict."""
-    existing = session.scalar(select(Job).where(Job.caller_key == request.caller_key))
-    if existing is not None:
-        return _repeat(existing, request, settings)
+    with another payload is a CallerKeyConflict.
 
+    The job is inserted without a read first: its key is unique, so an insert that fails on
+    it says a job has the key (an earlier enqueue, or a concurrent one that won), and only
+    then is that job read. A request that fails validation is also answered by the job its
+    key names, if any (a repeat is the first request, whatever changed since)."""
+    try:
+        job = _new_job(settings, request, now)
+    except InvalidRequest:
+        existing = _by_key(session, request.caller_key)
+        if existing is None:
+            raise
+        return _repeat(existing, request, settings)
+    try:
+        _insert(session, job)
+    except IntegrityError:
+        existing = _by_key(session, request.caller_key)
+        if existing is not None:
+            return _repeat(existing, request, settings)
+        # No job has the key: the insert failed on the net it names, whose row no worker
+        # has created yet (a deploy that added it). Create the declared nets' rows, again.
+        services.ensure_net_rows(session, settings, now)
+        job = _new_job(settings, request, now)
+        try:
+            _insert(session, job)
+        except IntegrityError:
+            # Not mutated: only a concurrent enqueue of the same key gets here.
+            winner = _by_key(session, request.caller_key)  # pragma: no mutate
+            if winner is None:  # pragma: no mutate
+                raise
+            return _repeat(winner, request, settings)  # pragma: no mutate
+    log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
+    return Enqueued(job.id, created=True, state=job.state)
+
+
+def _by_key(session: Session, caller_key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.caller_key == caller_key))
+
+
+def _insert(session: Session, job: Job) -> None:
+    """Insert the job and its first event; IntegrityError if the key or the net says no."""
+    # A savepoint, so a failed insert leaves the outer transaction usable.
+    with session.begin_nested():
+        session.add(job)
+
+
+def _new_job(settings: Settings, request: EnqueueJob, now: datetime) -> Job:
+    """The job a valid request makes, QUEUED (not stored); InvalidRequest otherwise."""
     sites = list(request.required_sites)
     if request.net is not None:
         try:
@@ -95,8 +139,7 @@ def enqueue_job(
             + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
         )
     definition = resolve_definition(settings, request.definition)
-
-    job = Job.new(
+    return Job.new(
         caller_key=request.caller_key,
         definition=definition,
         required_sites=sites,
@@ -111,21 +154,6 @@ def enqueue_job(
         # Advisory: a key naming no live prewarm is kept all the same and gives no preference.
         prewarm_key=request.prewarm_key,
     )
-    try:
-        # A savepoint, so losing a race on the caller key leaves the outer transaction usable.
-        with session.begin_nested():
-            session.add(job)
-    except IntegrityError:
-        # Not mutated: only a concurrent enqueue of the same key gets here (the integration
-        # tier's test_enqueue_same_caller_key_twice_concurrently_returns_one_job pins it).
-        winner = session.scalar(  # pragma: no mutate
-            select(Job).where(Job.caller_key == request.caller_key)  # pragma: no mutate
-        )
-        if winner is None:  # pragma: no mutate (the race path, as above)
-            raise
-        return _repeat(winner, request, settings)  # pragma: no mutate
-    log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
-    return Enqueued(job.id, created=True, state=job.state)
 
 
 def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:

@@ -66,7 +66,6 @@ def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
     An existing QUEUED job kicks too: the caller's retry may follow a lost message.
     """
     with unit_of_work(rt.sessions) as session:
-        services.ensure_net_rows(session, rt.settings, rt.clock())
         result = enqueue.enqueue_job(session, rt.settings, request, rt.clock())
     notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if result.state == JobState.QUEUED else None
     return Submitted(result, notified)

@@ -1,0 +1,193 @@
+"""What one delivery round costs and how it reads: a look without the lease first, the
+claim and the due events in one transaction, each accepted event recorded in two
+statements (the last one letting the lease go), and one more look once the release is
+committed (issue 37). The rules the rounds keep (order, retries, give-up, the lease) are
+tests/unit/test_callbacks.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event, update
+
+from app.usecases import callback_due, callback_receiver, callbacks
+from app.usecases.callback_due import Look
+from models import CallbackCursor, CallbackReceiver
+from tests.unit.conftest import World
+from tests.unit.test_callbacks import (
+    LIFE,
+    Receiver,
+    callback_settings,
+    complete,
+    deliver,
+    receiver_row,
+)
+
+
+@pytest.fixture
+def cb(tmp_path, job_root, sqlite_factory, clock) -> World:
+    return World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
+
+
+@pytest.fixture
+def receiver() -> Receiver:
+    return Receiver()
+
+
+@dataclass
+class Sent:
+    """The statements and commits an engine ran (SQLite's BEGIN IMMEDIATE left out)."""
+
+    statements: list[str] = field(default_factory=list)
+    commits: int = 0
+
+    def writes(self) -> list[str]:
+        return [s for s in self.statements if s.split()[0] in ("INSERT", "UPDATE", "DELETE")]
+
+    def claims(self) -> list[str]:
+        """Tries for the lease: conditional on nobody holding it."""
+        return [s for s in self.writes() if "callback_receiver.lease_owner IS NULL" in s]
+
+
+@contextmanager
+def counted(world: World) -> Iterator[Sent]:
+    sent = Sent()
+    engine = world.rt.engine
+
+    def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        if not sql.startswith("BEGIN"):
+            sent.statements.append(" ".join(sql.split()))
+
+    def commit(*_: Any) -> None:
+        sent.commits += 1
+
+    event.listen(engine, "before_cursor_execute", statement)
+    event.listen(engine, "commit", commit)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+        event.remove(engine, "commit", commit)
+
+
+def delivered_once(world: World, receiver: Receiver) -> None:
+    """The receiver's row exists and the statement caches are warm, as after any delivery."""
+    world.enqueue("warm-up", net="fixed")
+    assert deliver(world, receiver).delivered == 1
+
+
+def test_a_round_with_nothing_due_takes_no_lease_and_writes_nothing(cb, receiver):
+    delivered_once(cb, receiver)
+    with counted(cb) as sent:
+        report = deliver(cb, receiver)
+    assert report == callbacks.DeliveryReport()
+    assert sent.writes() == [] and sent.commits == 0
+    assert len(sent.statements) == 1  # the look
+
+
+def test_a_round_with_nothing_due_is_not_busy_while_another_holds_the_lease(cb, receiver):
+    """Nothing due: the round does not even try for the lease, so it cannot find it held
+    (before, every kick and sweep took the lease and let it go)."""
+    delivered_once(cb, receiver)
+    assert callback_receiver.claim_lease(cb.rt, "another-deliverer")
+    report = deliver(cb, receiver)
+    assert not report.busy and report.delivered == 0
+
+
+def test_one_due_event_costs_six_statements_and_two_commits(cb, receiver):
+    """A look; the claim with the read of what is due; the record, whose lease update lets
+    the lease go too (nothing more was read), with the cursor moved on; the next look. Was
+    19 statements and 3 commits."""
+    delivered_once(cb, receiver)
+    cb.enqueue("j1", net="net-a")
+    with counted(cb) as sent:
+        assert deliver(cb, receiver).delivered == 1
+    assert len(sent.statements) <= 6, sent.statements
+    assert sent.commits <= 2
+    assert len(sent.claims()) == 1
+    assert receiver_row(cb).lease_owner is None
+
+
+def test_a_full_read_is_followed_by_another_under_the_same_lease(cb, receiver, monkeypatch):
+    monkeypatch.setattr(callback_due, "EVENTS_PER_READ", 2)
+    delivered_once(cb, receiver)
+    jobs = [cb.enqueue(f"j{i}", net="net-a") for i in range(5)]
+    with counted(cb) as sent:
+        assert deliver(cb, receiver).delivered == 5
+    assert len(sent.claims()) == 1
+    assert [p["job_id"] for p, _, _ in receiver.requests[1:]] == [str(j) for j in jobs]
+
+
+def test_a_read_that_cuts_a_jobs_history_short_keeps_its_order_and_its_hold(
+    cb, receiver, monkeypatch
+):
+    """Each read holds the oldest events of every due job, a few at a time: a job refused
+    on one event is held back in the reads after it too, and sends the rest in order once
+    its backoff is over; the other jobs go on."""
+    monkeypatch.setattr(callback_due, "EVENTS_PER_READ", 2)
+    held = cb.enqueue("held", net="net-a")
+    complete(cb, held)
+    other = cb.enqueue("other", net="fixed")
+    tries = iter(range(1, 100))
+
+    def rule(payload: dict[str, Any]) -> int:
+        if payload["job_id"] == str(held) and payload["to_state"] == "ASSIGNED":
+            return 503 if next(tries) == 1 else 200
+        return 200
+
+    receiver.rule = rule
+    deliver(cb, receiver)
+    assert receiver.accepted(held) == ["QUEUED"] and receiver.accepted(other) == ["QUEUED"]
+    cb.clock.advance(60)
+    deliver(cb, receiver)
+    assert receiver.accepted(held) == LIFE
+    assert [sent for sent, _ in receiver.sent(held)] == sorted(s for s, _ in receiver.sent(held))
+
+
+def test_a_receiver_put_to_rest_after_the_look_gets_no_try(cb, receiver, monkeypatch):
+    """Another deliverer found the receiver silent between this round's look and its claim:
+    the claim reads the rest, tries nothing, and schedules the wake-up for its end."""
+    delivered_once(cb, receiver)
+    cb.enqueue("j1", net="net-a")
+    rest_until = cb.clock() + timedelta(seconds=100)
+    with cb.rt.sessions.begin() as session:
+        session.execute(update(CallbackReceiver).values(failures=3, next_attempt_at=rest_until))
+    looks = iter([Look(jobs_due=True, due_at=cb.clock())])  # what the look saw before
+
+    real_look = callback_due.look
+    monkeypatch.setattr(callbacks, "look", lambda s, now: next(looks, None) or real_look(s, now))
+    report = deliver(cb, receiver)
+    assert len(receiver.requests) == 1  # only the warm-up's
+    assert report.delivered == 0 and report.retry_in_s == 100
+
+
+def test_an_accepted_event_after_failures_settles_its_job_and_wakes_the_receiver(cb, receiver):
+    """What the two-statement record writes for a 2xx is what judging the answer wrote."""
+    job_id = cb.enqueue("j1", net="net-a")
+    receiver.rule = lambda p: 503
+    deliver(cb, receiver)
+    receiver.down = True
+    cb.clock.advance(60)
+    deliver(cb, receiver)
+    with cb.rt.sessions() as session:
+        cursor = session.get(CallbackCursor, job_id)
+        assert cursor.tries == 2 and cursor.next_attempt_at is not None
+    receiver.down = False
+    receiver.rule = lambda p: 200
+    cb.clock.advance(60)
+    assert deliver(cb, receiver).delivered == 1
+    with cb.rt.sessions() as session:
+        cursor = session.get(CallbackCursor, job_id)
+        row = session.get(CallbackReceiver, callback_receiver.RECEIVER_ID)
+        assert (cursor.tries, cursor.rejections, cursor.next_attempt_at) == (0, 0, None)
+        assert (cursor.delivered, cursor.failed) == (1, 0)
+        assert cursor.settled_through == receiver.sent(job_id)[-1][0]
+        assert cursor.last_error.endswith("Connection refused")  # kept, as before
+        assert cursor.updated_at == cb.clock()
+        assert (row.failures, row.next_attempt_at) == (0, None)
+        assert row.lease_owner is None and row.lease_until is None
