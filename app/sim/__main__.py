@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 
 from app.sim.faults import PROFILES_BY_NAME
 from app.sim.report import replay_command
-from app.sim.simulation import run_seed
+from app.sim.seeds import run_seed
 from app.sim.sweep import run_seeds
 
 

@@ -8,30 +8,14 @@ retries (the retry counted on the job; the job requeued once RETRY_MAX is spent)
 
 from __future__ import annotations
 
-import random
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from app import names
 from app.runtime import Runtime
-from app.sim.clock import SimClock
-from app.sim.faults import FaultProfile
+from app.sim.host import Host
 from app.usecases import dispatch
-
-
-class Host(Protocol):
-    """What the message layer needs from the simulation that owns it."""
-
-    clock: SimClock
-    rng_msg: random.Random  # the message stream
-
-    @property
-    def faults(self) -> FaultProfile: ...
-
-    def trace(self, line: str) -> None: ...
-
-    def hook(self, point: str, net: str | None) -> None: ...
 
 
 def pipeline_links(job_id: str, net_name: str, attempt: int) -> list[tuple[str, dict[str, Any]]]:

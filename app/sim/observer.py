@@ -1,121 +1,30 @@
-"""What the invariants keep between steps and read from the world: the jobs and nets
-tables (raw SQL on the simulation's one connection: cheap, and read again only when a row
-changed), the cluster's TRUE record of runs, and the since-when clocks the bounded checks
-use. The checks themselves are the families built on it (app.sim.invariants,
-app.sim.run_invariants, app.sim.quiescence)."""
+"""What the invariants keep between steps and read from the world: the jobs, nets and holds
+as the simulation's `WorldState` last read them (app.sim.state), the cluster's TRUE record of
+runs, and the since-when clocks the bounded checks use. The checks themselves are the
+families built on it (app.sim.invariants, app.sim.run_invariants, app.sim.quiescence,
+app.sim.prewarm_invariants, app.sim.call_invariants)."""
 
 from __future__ import annotations
 
-import sqlite3
-import uuid
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
-
-from app.sim import bounds
 from app.sim.bounds import Bounds
-from app.sim.clock import SimClock, seconds_of
-from app.sim.cluster import Cluster
-from app.sim.messages import Broker
-from app.sim.receiver import SimReceiver
-from app.sim.report import Violation
 from app.sim.servers import Run
-from app.sim.workload import Workload
+from app.sim.simulation import Simulation
+from app.sim.state import HoldRow, JobRow, NetRow, _secs, _uuid
 from app.usecases import services
-from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, JobState, NetState
+from models import ACTIVE_JOB_STATES, JobState, NetState
 
 J = JobState
-
-
-class Host(bounds.Host, Protocol):
-    """What the invariants read from the simulation they check."""
-
-    conn: sqlite3.Connection
-    clock: SimClock
-    cluster: Cluster
-    broker: Broker
-    receiver: SimReceiver
-    workload: Workload
-
-    def trace(self, line: str) -> None: ...
-
-    def on_requeued(self, job_id: str) -> None: ...
-
-    def declared_net(self, net: str | None) -> bool: ...
-
-    def scales_to_zero(self, net: str) -> bool: ...
-
-
-@dataclass(frozen=True)
-class JobRow:
-    id: str  # canonical UUID text, as in submit tokens
-    state: JobState
-    net: str | None
-    nvflare_id: str | None
-    token: str | None
-    changed_s: float
-    dispatched_s: float | None
-    requested_net: str | None
-    attempt: int = 0
-
-
-@dataclass(frozen=True)
-class HoldRow:
-    """An accepted prewarm, with the end of its hold as the checker counts it: the earliest
-    of its hint's end, created + PREWARM_MAX_S, and when it ended (cancelled, used, failed)."""
-
-    key: str
-    net: str | None
-    created_s: float
-    end_s: float
-    outcome: str | None
-    ended_s: float | None
-
-    def live(self, t: float) -> bool:
-        return self.created_s <= t < self.end_s
-
-
-@dataclass(frozen=True)
-class NetRow:
-    name: str
-    state: NetState
-    changed_s: float
-
-
-_SECS: dict[str, float] = {}
-_UUIDS: dict[str, str] = {}
-
-
-def _secs(text: str | None) -> float | None:
-    """A stored timestamp as simulation seconds (memoised: the same values recur)."""
-    if text is None:
-        return None
-    value = _SECS.get(text)
-    if value is None:
-        if len(_SECS) > 100_000:
-            _SECS.clear()
-        value = _SECS[text] = seconds_of(datetime.fromisoformat(text))
-    return value
-
-
-def _uuid(hex_text: str) -> str:
-    """A stored UUID (32 hex digits on SQLite) in its canonical text form."""
-    value = _UUIDS.get(hex_text)
-    if value is None:
-        if len(_UUIDS) > 100_000:
-            _UUIDS.clear()
-        value = _UUIDS[hex_text] = str(uuid.UUID(hex_text))
-    return value
+__all__ = ["HoldRow", "J", "JobRow", "NetRow", "Observer", "_secs", "_uuid"]
 
 
 class Observer:
     """Keeps what it needs between steps (last history rows seen, since-when clocks)."""
 
-    def __init__(self, sim: Host) -> None:
+    sim: Simulation
+
+    def start(self, sim: Simulation) -> None:
+        """Watch `sim` from now on (its first worker has started)."""
         self.sim = sim
-        self.bounds = Bounds(sim)
-        self.violations: list[Violation] = []
-        self._seen: set[tuple[str, str]] = set()
         self._job_event_id = 0
         self._net_event_id = 0
         self._job_state: dict[str, JobState] = {}
@@ -130,89 +39,49 @@ class Observer:
         self._unreachable_at: dict[str, float] = {}  # net -> last seen not answering
         self._held_runs: dict[str, str] = {}  # job id -> the run id it held at the last step
         self._claims_seen: set[tuple[str, int]] = set()
-        self.jobs: list[JobRow] = []
-        self.nets: list[NetRow] = []
-        self.holds: list[HoldRow] = []  # read only in a world with prewarms
-        self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
-        self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
-        self._strays_at_changes = -1
-        self._has_strays = (
-            sim.conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
-            ).fetchone()
-            is not None
-        )
+
+    # --- the world as the simulation last read it (app.sim.state) ---------------------------
+
+    @property
+    def bounds(self) -> Bounds:
+        return self.sim.bounds
+
+    @property
+    def jobs(self) -> list[JobRow]:
+        return self.sim.state.jobs
+
+    @property
+    def nets(self) -> list[NetRow]:
+        return self.sim.state.nets
+
+    @property
+    def holds(self) -> list[HoldRow]:
+        return self.sim.state.holds
+
+    @property
+    def _has_strays(self) -> bool:
+        return self.sim.state.has_strays
+
+    def read(self) -> None:
+        self.sim.state.read()
+
+    def held(self, net: str, t: float) -> bool:
+        return self.sim.state.held(net, t)
+
+    def job(self, job_id: str) -> JobRow | None:
+        return self.sim.state.job(job_id)
+
+    def needed(self, net: str) -> bool:
+        return self.sim.state.needed(net)
+
+    def _waits_for_its_stray(self, job_id: str) -> bool:
+        return self.sim.state.waits_for_its_stray(job_id)
 
     # --- reporting ---------------------------------------------------------------------------
 
     def report(self, invariant: str, subject: str, detail: str) -> None:
-        """Record a violation once per (invariant, subject)."""
-        key = (invariant, subject)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        violation = Violation(invariant, self.sim.clock.t, subject, detail)
-        self.violations.append(violation)
-        self.sim.trace(f"!! {violation.line()}")
-
-    # --- reading the world --------------------------------------------------------------------
-
-    def read(self) -> None:
-        """The jobs and nets tables, again only if a row changed since the last read (the
-        connection's change counter: every INSERT, UPDATE and DELETE, rolled back or not)."""
-        conn = self.sim.conn
-        changes = conn.total_changes
-        if changes == self._read_at_changes:
-            return
-        self._read_at_changes = changes
-        self.jobs = [
-            JobRow(
-                id=_uuid(row[0]),
-                state=JobState(row[1]),
-                net=row[2],
-                nvflare_id=row[3],
-                token=row[4],
-                changed_s=_secs(row[5]) or 0.0,
-                dispatched_s=_secs(row[6]),
-                requested_net=row[7],
-                attempt=row[8],
-            )
-            for row in conn.execute(
-                "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
-                " dispatched_at, requested_net, attempts FROM jobs ORDER BY created_at, id"
-            )
-        ]
-        self.nets = [
-            NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0)
-            for row in conn.execute("SELECT name, state, state_changed_at FROM nets ORDER BY name")
-        ]
-        if self.sim.workload.prewarms:
-            self.holds = self._read_holds()
-
-    def _read_holds(self) -> list[HoldRow]:
-        max_s = self.sim.settings.prewarm_max_s
-        holds = []
-        for key, net, created, within, ended, outcome in self.sim.conn.execute(
-            "SELECT caller_key, net_name, created_at, within_s, ended_at, outcome FROM prewarms"
-            " WHERE NOT refused ORDER BY id"
-        ):
-            created_s = _secs(created) or 0.0
-            ended_s = _secs(ended)
-            end_s = created_s + min(float(within or 0.0), max_s)
-            if ended_s is not None:
-                end_s = min(end_s, ended_s)
-            holds.append(HoldRow(key, net, created_s, end_s, outcome, ended_s))
-        return holds
-
-    def held(self, net: str, t: float) -> bool:
-        """A live prewarm holds the net (as the checker counts the hold's end)."""
-        return any(h.net == net and h.live(t) for h in self.holds)
-
-    def job(self, job_id: str) -> JobRow | None:
-        for job in self.jobs:
-            if job.id == job_id:
-                return job
-        return None
+        """Record a violation (once per invariant and subject: the simulation keeps them)."""
+        self.sim.report(invariant, subject, detail)
 
     def counts(self, run: Run) -> bool:
         """Whether the dispatcher counts this run as its job's run."""
@@ -236,22 +105,6 @@ class Observer:
             (run.net, run.nvflare_id, run.token),
         ).fetchone()
         return row is not None
-
-    def _waits_for_its_stray(self, job_id: str) -> bool:
-        if not self._has_strays:
-            return False
-        changes = self.sim.conn.total_changes
-        if changes != self._strays_at_changes:  # answers hold until a row changes
-            self._strays_at_changes = changes
-            self._strays_of.clear()
-        known = self._strays_of.get(job_id)
-        if known is None:
-            row = self.sim.conn.execute(
-                "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
-                (job_id.replace("-", ""),),
-            ).fetchone()
-            known = self._strays_of[job_id] = row is not None
-        return known
 
     def _counted_completion(self, run: Run, t: float) -> bool:
         """A completed run counts if the dispatcher saw it complete (a status read answered
@@ -291,22 +144,3 @@ class Observer:
             return 0.0
         reconcile = 2 * self.sim.world.housekeeping_interval_s
         return services.undeclared_after_s(self.sim.settings) + 2 * reconcile
-
-    def needed(self, net: str) -> bool:
-        """A net's server is needed: an active job on it, a live prewarm hold on it, or a
-        QUEUED job that could take it while it is assignable."""
-        if any(j.net == net and j.state in ACTIVE_JOB_STATES for j in self.jobs):
-            return True
-        if self.holds and self.held(net, self.sim.clock.t):
-            return True
-        row = next((n for n in self.nets if n.name == net), None)
-        if row is None or row.state not in ASSIGNABLE_NET_STATES:
-            return False
-        # Only a job that could be claimed: one waiting for its own stray run (on this net
-        # or another) cannot run here, so it keeps no server up.
-        return any(
-            j.state == J.QUEUED
-            and j.requested_net in (None, net)
-            and not self._waits_for_its_stray(j.id)
-            for j in self.jobs
-        )

@@ -25,7 +25,8 @@ checks hold with prewarms as without, and a driver is never asked for a second r
 from __future__ import annotations
 
 from app.sim import hold_order, placement
-from app.sim.observer import HoldRow, Host, Observer, _secs, _uuid
+from app.sim.observer import HoldRow, Observer, _secs, _uuid
+from app.sim.simulation import Simulation
 
 PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.prewarm*)
 
@@ -33,8 +34,8 @@ PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.
 class PrewarmInvariants(Observer):
     """The checks on holds (state: Observer.holds, read with the jobs and nets)."""
 
-    def __init__(self, sim: Host) -> None:
-        super().__init__(sim)
+    def start(self, sim: Simulation) -> None:
+        super().start(sim)
         self._used_checked: set[int] = set()  # prewarm ids whose `used` was checked
         self._used_at_changes = -1
         self._placement = placement.PlacementCheck()
@@ -123,7 +124,3 @@ class PrewarmInvariants(Observer):
                 f"{hold.outcome}, ended at {ended} outside its hold "
                 f"({hold.created_s:.1f}s to {hold.end_s:.1f}s)",
             )
-
-    def open_prewarms(self) -> list[str]:
-        """Prewarms whose row has no outcome yet (the world is not at rest)."""
-        return [f"prewarm {h.key[:40]} open on {h.net}" for h in self.holds if h.outcome is None]

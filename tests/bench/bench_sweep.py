@@ -20,7 +20,7 @@ import statistics
 import time
 
 from app.sim.db import template_db
-from app.sim.simulation import run_seed
+from app.sim.seeds import run_seed
 from tests.bench.common import common_args, environment, print_table, ratio
 
 GOAL_SEEDS = 10_000

@@ -92,7 +92,7 @@ def test_the_simulated_caller_names_each_hinted_jobs_prewarm():
     workload = savings.workload_for(trace)
     assert [j.prewarm_key for j in workload.jobs] == [workload.prewarms[0].key, None]
     world = savings.world_for(trace, ["net-1"], 0.0, COLD)
-    sim = Simulation(world, workload, CLEAN, 0, check_invariants=False, fast_forward=True)
+    sim = Simulation(world, workload, CLEAN, 0, fast_forward=True)
     _, stored = sim.run_then(
         lambda sim: sorted(sim.conn.execute("SELECT caller_key, prewarm_key FROM jobs"))
     )

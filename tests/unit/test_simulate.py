@@ -12,6 +12,7 @@ import pytest
 
 from app.entrypoints.cli import main
 from app.sim import savings, savings_args
+from app.sim.invariants import Checker
 from app.sim.savings import GraceResult, percentile, recommend, replay
 from app.sim.simulation import Simulation
 from app.sim.trace import (
@@ -278,7 +279,12 @@ def test_the_fast_clock_changes_no_figure():
     figures = []
     for fast in (False, True):
         sim = Simulation(
-            world, workload, savings.CLEAN, 0, check_invariants=not fast, fast_forward=fast
+            world,
+            workload,
+            savings.CLEAN,
+            0,
+            checker=None if fast else Checker(),
+            fast_forward=fast,
         )
         result, ups = sim.run_then(
             lambda s: {

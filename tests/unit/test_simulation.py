@@ -15,9 +15,11 @@ import os
 import pytest
 
 from app.sim.faults import CLEAN, PROFILES_BY_NAME
+from app.sim.invariants import Checker
 from app.sim.redeploy import redeploy
 from app.sim.report import Result, replay_command
-from app.sim.simulation import Simulation, run_seed
+from app.sim.seeds import run_seed
+from app.sim.simulation import Simulation
 from app.sim.sweep import run_seeds, seed_count
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import services
@@ -90,7 +92,7 @@ def _small_world() -> tuple[WorldSpec, Workload]:
 
 def test_a_clean_world_runs_every_job_and_scales_to_zero() -> None:
     world, workload = _small_world()
-    sim = Simulation(world, workload, CLEAN, seed=1)
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
     result = sim.run()
     assert result.ok, result.summary()
     assert sim.job_states() == {
@@ -115,7 +117,7 @@ def test_the_checker_sees_a_net_left_busy(monkeypatch: pytest.MonkeyPatch) -> No
     """A planted bug (finishing a job never frees its net) must be caught."""
     monkeypatch.setattr(services, "release_net", lambda session, net_name, now: None)
     world, workload = _small_world()
-    result = Simulation(world, workload, CLEAN, seed=1).run()
+    result = Simulation(world, workload, CLEAN, seed=1, checker=Checker()).run()
     assert "busy-without-job" in {v.invariant for v in result.violations}
 
 
@@ -134,7 +136,8 @@ def test_a_run_left_on_a_net_nets_no_longer_declares_is_the_operators() -> None:
     declare the net."""
     world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
     hung = JobSpec("hung", arrive_s=5.0, duration_s=None, net="net-a")
-    sim = Simulation(world, Workload(jobs=(hung,), horizon_s=120.0), CLEAN, seed=1)
+    workload = Workload(jobs=(hung,), horizon_s=120.0)
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
     sim.at(60.0, "redeploy (remove)", functools.partial(redeploy, sim, "remove", 0.0))
 
     result = sim.run()
