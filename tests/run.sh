@@ -92,7 +92,7 @@ echo "== ruff"
 ruff check .
 ruff format --check .
 echo "== mypy"
-mypy app tasks models migrations
+mypy app tasks models migrations tests/sim
 if [ "$#" -gt 0 ]; then
   echo "== pytest $*"
   exec python -m pytest "$@"

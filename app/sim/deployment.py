@@ -17,7 +17,7 @@ from app.sim.workload import NetSpec, WorldSpec
 @dataclass
 class Declared:
     """What NETS declares now: the nets in order, and per-net PER_JOB_FL_SERVER overrides
-    (a redeploy changes it: app.sim.redeploy)."""
+    (a redeploy changes it: tests.sim.redeploy)."""
 
     nets: list[NetSpec]
     per_job: dict[str, bool]

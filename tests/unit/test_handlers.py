@@ -14,8 +14,9 @@ from app import names
 from app.celery_app import celery
 from app.errors import AdminMisconfigured, ServerUnavailable
 from app.handlers import HANDLERS, Kind, Verdict, backoff_s, on_error
-from app.sim import delivery, seeds
+from app.sim import delivery
 from tasks.registered import TASKS
+from tests.sim import seeds
 
 DB_DOWN = OperationalError("SELECT 1", None, sqlite3.OperationalError("connection reset"))
 

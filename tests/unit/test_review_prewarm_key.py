@@ -6,11 +6,11 @@ from __future__ import annotations
 from sqlalchemy import event
 
 from app.sim.faults import CLEAN
-from app.sim.invariants import Checker
 from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import claims
 from models import JobState, PrewarmOutcome
+from tests.sim.invariants import Checker
 from tests.unit.conftest import World
 from tests.unit.test_prewarm_key import claim, hold, job, occupy, pk, prewarm_row, ready
 

@@ -1,6 +1,6 @@
-"""The bug-hunting sweep's prewarms (app.sim.prewarms): hints and cancels in a third of the
+"""The bug-hunting sweep's prewarms (tests.sim.prewarms): hints and cancels in a third of the
 worlds on a stream of their own, `cancel_prewarm` in the simulator's task table, and the
-invariants that know holds (app.sim.prewarm_invariants, idle-net-at-zero)."""
+invariants that know holds (tests.sim.prewarm_invariants, idle-net-at-zero)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pytest
 from sqlalchemy import select
 
 from app.sim.faults import CLEAN
-from app.sim.invariants import Checker
-from app.sim.prewarms import PREWARM_SHARE, with_prewarms
 from app.sim.simulation import Simulation
-from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec, random_world
+from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import prewarm_holds
 from models import Prewarm
+from tests.sim.invariants import Checker
+from tests.sim.prewarms import PREWARM_SHARE, with_prewarms
+from tests.sim.worlds import random_world
 
 pytestmark = pytest.mark.unit
 

@@ -2,7 +2,7 @@
 seed, and checks of the harness itself.
 
 `test_sweep` is EXPECTED TO FAIL on code that still has the holes listed in
-app/sim/FINDINGS.md; it must pass once they are fixed. Every failing seed prints its
+tests/sim/FINDINGS.md; it must pass once they are fixed. Every failing seed prints its
 violations and a one-line replay command. SIM_SEEDS sets how many seeds the sweep runs,
 SIM_WORKERS how many processes share them.
 """
@@ -14,15 +14,16 @@ import os
 
 import pytest
 
-from app.sim.faults import CLEAN, PROFILES_BY_NAME
-from app.sim.invariants import Checker
-from app.sim.redeploy import redeploy
-from app.sim.report import Result, replay_command
-from app.sim.seeds import run_seed
+from app.sim.faults import CLEAN
+from app.sim.report import Result
 from app.sim.simulation import Simulation
-from app.sim.sweep import run_seeds, seed_count
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import services
+from tests.sim.invariants import Checker
+from tests.sim.profiles import PROFILES_BY_NAME
+from tests.sim.redeploy import redeploy
+from tests.sim.seeds import replay_command, run_seed
+from tests.sim.sweep import run_seeds, seed_count
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
 # machine busy with the other tiers it takes minutes, so the per-test 600 s default is
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.timeout(1800)
 EXPECTED_S = 150  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
-# a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
+# a fix makes its seed pass (and this entry must then go); see tests/sim/FINDINGS.md.
 KNOWN_OPEN: dict[int, str] = {}
 SEEDS = [
     pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN[s]))

@@ -8,10 +8,6 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
-from app.sim.call_invariants import CallInvariants
-from app.sim.observer import J, _uuid
-from app.sim.quiescence import Quiescence
-from app.sim.run_invariants import RunInvariants
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -20,6 +16,10 @@ from models import (
     JobState,
     NetState,
 )
+from tests.sim.call_invariants import CallInvariants
+from tests.sim.observer import J, _uuid
+from tests.sim.quiescence import Quiescence
+from tests.sim.run_invariants import RunInvariants
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason

@@ -3,8 +3,8 @@ profile draws (servers killed, partitions, broken kits and drivers, drift, bundl
 lost submit replies, outages of an always-on net, a PER_JOB_FL_SERVER flip, redeploys, a
 poison row), hints sent at a claim's very instant and bursts (the sweep's prewarm worlds),
 replaces a bundle between two attempts of a job, races another worker against the running
-one or pauses it at hook points (app.sim.races), and fails database statements
-(app.sim.dbfaults). `Simulation(..., adversary=Adversary())`; the workload's own calls are the
+one or pauses it at hook points (tests.sim.races), and fails database statements
+(tests.sim.dbfaults). `Simulation(..., adversary=Adversary())`; the workload's own calls are the
 caller's (app.sim.caller), the drain at the horizon the simulation's."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import functools
 import random
 
 from app.handlers import Kind
-from app.sim import bursts, claim_prewarms, dbfaults, poison
 from app.sim.bundles import S3_DEFINITION
-from app.sim.races import Races
-from app.sim.redeploy import plan as plan_redeploys
 from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
+from tests.sim import bursts, claim_prewarms, dbfaults, poison
+from tests.sim.races import Races
+from tests.sim.redeploy import plan as plan_redeploys
 
 
 class Adversary:
@@ -55,7 +55,7 @@ class Adversary:
         self._schedule_faults()
 
     def at_hook(self, point: str, net: str | None, fired: bool) -> None:
-        """Races and pauses at a hook point (app.sim.races)."""
+        """Races and pauses at a hook point (tests.sim.races)."""
         self._races.at_hook(point, net, fired)
 
     def after_step(self) -> None:

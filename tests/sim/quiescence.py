@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from app.sim.prewarm_invariants import PrewarmInvariants
+from tests.sim.prewarm_invariants import PrewarmInvariants
 
 
 class Quiescence(PrewarmInvariants):
@@ -31,7 +31,7 @@ class Quiescence(PrewarmInvariants):
         for table, columns in texts.items():
             for column in columns:
                 row = conn.execute(
-                    f"SELECT rowid, {column} FROM {table} WHERE instr({column}, char(0)) > 0"  # noqa: S608 (our own names)
+                    f"SELECT rowid, {column} FROM {table} WHERE instr({column}, char(0)) > 0"
                 ).fetchone()
                 if row is not None:
                     self.report(

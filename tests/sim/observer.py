@@ -1,8 +1,8 @@
 """What the invariants keep between steps and read from the world: the jobs, nets and holds
 as the simulation's `WorldState` last read them (app.sim.state), the cluster's TRUE record of
 runs, and the since-when clocks the bounded checks use. The checks themselves are the
-families built on it (app.sim.invariants, app.sim.run_invariants, app.sim.quiescence,
-app.sim.prewarm_invariants, app.sim.call_invariants)."""
+families built on it (tests.sim.invariants, tests.sim.run_invariants, tests.sim.quiescence,
+tests.sim.prewarm_invariants, tests.sim.call_invariants)."""
 
 from __future__ import annotations
 

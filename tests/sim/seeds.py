@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from app.sim.adversary import Adversary
-from app.sim.faults import FaultProfile, profile_for_seed
-from app.sim.invariants import Checker
-from app.sim.prewarms import with_prewarms
+from app.sim.faults import FaultProfile
 from app.sim.report import Result
 from app.sim.simulation import Simulation
-from app.sim.workload import NetSpec, random_workload, random_world
+from app.sim.workload import NetSpec
+from tests.sim.adversary import Adversary
+from tests.sim.invariants import Checker
+from tests.sim.prewarms import with_prewarms
+from tests.sim.profiles import profile_for_seed
+from tests.sim.worlds import random_workload, random_world
 
 
 def from_seed(
@@ -57,7 +59,7 @@ def from_seed(
             receiver_failures_before=1020 if extra.random() < 0.1 else 0,
         )
     # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
-    # their own (app.sim.prewarms): the others run exactly as before.
+    # their own (tests.sim.prewarms): the others run exactly as before.
     world, workload = with_prewarms(seed, world, workload)
     return Simulation(
         world,
@@ -71,6 +73,11 @@ def from_seed(
     )
 
 
+def replay_command(seed: int) -> str:
+    """The one line that replays a seed with its trace."""
+    return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/unit/test_simulation.py -k replay -s"
+
+
 def run_seed(
     seed: int,
     profile: FaultProfile | None = None,
@@ -79,4 +86,6 @@ def run_seed(
     fail_fast: bool = False,
 ) -> Result:
     """One seed, from scratch (fail_fast: stop at the first violation)."""
-    return from_seed(seed, profile, tracing=tracing, fail_fast=fail_fast).run()
+    result = from_seed(seed, profile, tracing=tracing, fail_fast=fail_fast).run()
+    result.replay = replay_command(seed)
+    return result

@@ -3,7 +3,7 @@ their own, `f"{seed}/claim-prewarm"`: the other worlds run as before), flip-api 
 the net one or two jobs are claimed onto at the very moment of the claim, and the other
 worker takes it at once, so the hint's row has the claim's timestamp but comes after it.
 A claim ends only the holds open when it is made; a hint made after it holds the net for
-the next job, to its own end (`prewarm-used-by-later-claim`, app.sim.prewarm_invariants)."""
+the next job, to its own end (`prewarm-used-by-later-claim`, tests.sim.prewarm_invariants)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from app.sim.bundles import S3_DEFINITION, version_of
 from app.sim.clock import seconds_of
 from app.sim.messages import Message
-from app.sim.observer import Observer
 from app.sim.simulation import Simulation
+from tests.sim.observer import Observer
 
 
 class CallInvariants(Observer):
