@@ -2,18 +2,23 @@
 
 Everything about connecting, readiness, submit and abort is pinned against a real NVFLARE
 server in tests/integration; these fakes only let the branching logic run in milliseconds.
+A FakeServer is scripted (the test sets each run's raw status), where the simulator's
+servers (app/sim) play runs out in time; what a client makes of a server's answers (a
+status read, an abort, a reply lost after the server acted) is the simulator's admin
+client's contract, the same code (app.sim.admin `status_of`, `abort_answer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.adapters.drivers.base import Observation
-from app.adapters.nvflare.base import AbortOutcome, AbortResult, Readiness, RunStatus, ServerState
-from app.adapters.nvflare.classify import run_status
-from app.errors import NvflareJobNotFound, ServerUnavailable
+from app.adapters.nvflare.base import AbortResult, Readiness, RunStatus, ServerState
+from app.adapters.nvflare.classify import NOT_STARTED
+from app.errors import NvflareJobNotFound, NvflareJobNotRunning, ServerUnavailable
+from app.sim.admin import abort_answer, status_of
 
 
 @dataclass
@@ -58,6 +63,9 @@ class FakeServer:
     # Runs aborted before they started: their FINISHED:ABORTED has no start time.
     unstarted: set[str] = field(default_factory=set)
     pings: int = 0
+    # The next abort acts on the server, then its reply is this error instead (once): a
+    # ServerUnavailable is a reply lost, an UnknownAdminError one garbled (app.sim.admin).
+    abort_reply: Exception | None = None
     on_submit: Callable[[], object] | None = None  # runs while a submit is "on the wire"
     on_start_time: Callable[[], object] | None = None  # runs while that call is "on the wire"
 
@@ -136,34 +144,40 @@ class FakeAdmin:
             if status == "RUNNING" and run not in server.killed
         )
 
-    def job_status(self, nvflare_job_id: str) -> RunStatus:
+    def _raw_status(self, nvflare_job_id: str) -> str:
         server = self._require()
         if nvflare_job_id not in server.statuses:
             raise NvflareJobNotFound(f"fake server does not know {nvflare_job_id}")
-        raw = server.statuses[nvflare_job_id]
-        status = run_status(raw)
-        if raw == "RUNNING":
-            status = replace(status, started_at=server.started.get(nvflare_job_id))
-        if raw == "FINISHED:ABORTED" and nvflare_job_id in server.unstarted:
-            status = replace(status, unstarted=True)
-        return status
+        return server.statuses[nvflare_job_id]
+
+    def job_status(self, nvflare_job_id: str) -> RunStatus:
+        raw = self._raw_status(nvflare_job_id)
+        unstarted = raw == "FINISHED:ABORTED" and nvflare_job_id in self.server.unstarted
+        started_at = self.server.started.get(nvflare_job_id)
+        return status_of(raw, started_at=started_at, unstarted=unstarted)
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
-        if not self.server.alive():
-            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, "server down")
-        status = self.server.statuses.get(nvflare_job_id)
+        return abort_answer(
+            lambda: self._raw_status(nvflare_job_id), lambda: self._abort(nvflare_job_id)
+        )
+
+    def _abort(self, nvflare_job_id: str) -> bool:
+        """nvflare's abort_job (True: the run had not started: "... before running it")."""
+        server = self._require()
+        status = server.statuses.get(nvflare_job_id)
         if status is None:
-            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, "unknown job")
-        if status.startswith("FINISHED"):
-            return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
-        if nvflare_job_id in self.server.killed:
-            return AbortResult(AbortOutcome.NOT_RUNNING, "job not running")
-        self.server.aborted.append(nvflare_job_id)
-        self.server.statuses[nvflare_job_id] = "FINISHED:ABORTED"
-        if status in ("SUBMITTED", "DISPATCHED"):  # nvflare: "aborted ... before running it"
-            self.server.unstarted.add(nvflare_job_id)
-            return AbortResult(AbortOutcome.ABORTED_BEFORE_START, status)
-        return AbortResult(AbortOutcome.ABORTED)
+            raise NvflareJobNotFound(f"fake server does not know {nvflare_job_id}")
+        if nvflare_job_id in server.killed:
+            raise NvflareJobNotRunning(f"job {nvflare_job_id} is not running")
+        server.aborted.append(nvflare_job_id)
+        server.statuses[nvflare_job_id] = "FINISHED:ABORTED"
+        before_start = status in NOT_STARTED
+        if before_start:
+            server.unstarted.add(nvflare_job_id)
+        if server.abort_reply is not None:
+            reply, server.abort_reply = server.abort_reply, None
+            raise reply
+        return before_start
 
     def ping(self) -> None:
         self._require().pings += 1

@@ -122,7 +122,7 @@ echo "== ruff"
 ruff check .
 ruff format --check .
 echo "== mypy"
-mypy app tasks models migrations
+mypy app tasks models migrations tests/sim
 if [ "$#" -gt 0 ]; then
   echo "== pytest $*"
   code=0

@@ -1,2 +1,3 @@
-"""A deterministic, seeded simulation of the whole dispatcher, checked against invariants
-after every step (see app/sim/README.md for its modules, and app/sim/FINDINGS.md)."""
+"""A deterministic, seeded simulation of the whole dispatcher (see app/sim/README.md for its
+modules); the unit tier's sweep checks it against invariants after every step (the harness:
+tests/sim)."""

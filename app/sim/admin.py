@@ -5,21 +5,26 @@ then lose the reply.
 
 Every call first calls `host.hook(...)` (the cluster's host): where the simulation spends
 the call's latency, kills the worker, or lets another worker run a message in between.
+
+The contract's answers (`status_of`: a status read; `abort_answer`: an abort, whatever the
+server did or the reply lost on the way) are the unit tier's fake admin's too
+(tests/fakes.py): what a client makes of a server's answer is written once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from app.adapters.nvflare.base import (
     AbortOutcome,
     AbortResult,
     Readiness,
-    RunState,
     RunStatus,
     ServerState,
 )
+from app.adapters.nvflare.classify import run_status
 from app.errors import (
     AdminMisconfigured,
     NvflareJobNotFound,
@@ -30,19 +35,48 @@ from app.errors import (
 )
 from app.sim.clock import EPOCH_S
 from app.sim.cluster import Cluster
-from app.sim.servers import ABORTED, SimServer
-from app.sim.workload import COMPLETED
+from app.sim.servers import SimServer
 
-# NVFLARE 2.9 statuses in the dispatcher's words (app.adapters.nvflare.classify's mapping).
-RUN_STATES = {
-    COMPLETED: RunState.COMPLETED,
-    ABORTED: RunState.ABORTED,
-    "FINISHED:EXECUTION_EXCEPTION": RunState.FAILED,
-    "FINISHED:FAILED_TO_RUN": RunState.FAILED,
-    "FINISHED:CAN_NOT_SCHEDULE": RunState.FAILED,
-    "FINISHED:ABNORMAL": RunState.LOST,
-    "FINISHED:ABANDONED": RunState.LOST,
-}
+
+def status_of(raw: str, *, started_at: float | None, unstarted: bool) -> RunStatus:
+    """A run's raw NVFLARE status as the client reads it (the product's classification): a
+    RUNNING run with its job store's start time, one aborted before its job runner started
+    it (FINISHED:ABORTED, no start time) `unstarted`."""
+    status = run_status(raw)
+    if raw == "RUNNING":
+        return replace(status, started_at=started_at)
+    return replace(status, unstarted=True) if unstarted else status
+
+
+def abort_answer(read_status: Callable[[], str], send_abort: Callable[[], bool]) -> AbortResult:
+    """An abort as the real client answers it (app.adapters.nvflare.client): the run's
+    status first (one that cannot be read is aborted all the same); a finished run is
+    ALREADY_FINISHED; then the abort (`send_abort`: True when the run had not started): a
+    server that does not answer, or a reply lost after it acted, and an unknown run are
+    NOTHING_TO_ABORT, a run no process holds NOT_RUNNING (ALREADY_FINISHED if it ended
+    meanwhile); an unclassified answer (UnknownAdminError) escapes."""
+    try:
+        try:
+            status = read_status()
+        except UnknownAdminError:
+            status = ""  # as the real client: the abort is sent anyway
+        if status.startswith("FINISHED"):
+            return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
+        if send_abort():  # the real client reads nvflare's "before running it" answer
+            return AbortResult(AbortOutcome.ABORTED_BEFORE_START, "aborted before running")
+    except ServerUnavailable as exc:
+        return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"server unavailable: {exc}")
+    except NvflareJobNotFound as exc:
+        return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"unknown job: {exc}")
+    except NvflareJobNotRunning as exc:
+        try:
+            status = read_status()
+        except (TransientError, NvflareJobNotFound):
+            status = ""
+        if status.startswith("FINISHED"):
+            return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
+        return AbortResult(AbortOutcome.NOT_RUNNING, f"job not running: {exc}")
+    return AbortResult(AbortOutcome.ABORTED, "aborted")
 
 
 class SimAdmin:
@@ -182,15 +216,12 @@ class SimAdmin:
         """The run's state in the dispatcher's words (as app.adapters.nvflare.classify maps)."""
         raw = self._raw_status(nvflare_job_id)
         t = self.cluster.host.clock.t
-        state = RUN_STATES.get(raw)
-        if state is None:
-            state = RunState.LOST if raw.startswith("FINISHED") else RunState.RUNNING
         run = self.cluster.servers[self.net].store[nvflare_job_id]
-        if raw != "RUNNING":
-            # Aborted before the job runner started it: no start time in the job store.
-            return RunStatus(state, f"NVFLARE {raw}", unstarted=run.aborted_unstarted(t))
-        # The job store's start time: a simulated run starts as it is submitted.
-        return RunStatus(state, f"NVFLARE {raw}", started_at=EPOCH_S + run.submitted_at)
+        # The job store's start time: a simulated run starts as it is submitted; aborted
+        # before the job runner started it: no start time.
+        return status_of(
+            raw, started_at=EPOCH_S + run.submitted_at, unstarted=run.aborted_unstarted(t)
+        )
 
     def find_run(self, submit_token: str) -> str | None:
         """The run submitted with this token, if the server (still) knows one."""
@@ -199,49 +230,35 @@ class SimAdmin:
         return run_id if run_id is not None and run_id in server.store else None
 
     def abort(self, nvflare_job_id: str) -> AbortResult:
-        """As the real client: status first, then abort; down/unknown is NOTHING_TO_ABORT, a
-        run no process holds NOT_RUNNING; UnknownAdminError and AdminMisconfigured escape."""
-        try:
-            try:
-                status = self._raw_status(nvflare_job_id)
-            except UnknownAdminError:
-                status = ""  # as the real client: the abort is sent anyway
-            if status.startswith("FINISHED"):
-                return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
-            server = self._reach("abort")
-            run = server.store.get(nvflare_job_id)
-            if run is None:
-                raise NvflareJobNotFound(f"{self.net}: no job {nvflare_job_id}")
-            t = self.cluster.host.clock.t
-            if not run.live(t):
-                raise NvflareJobNotRunning(f"{self.net}: job {nvflare_job_id} not running")
-            # A deaf run goes on only on a net that scales to zero (its server's going down
-            # ends it); on an always-on net an operator would have to step in.
-            before_start = run.starting(t) or run.waiting
-            if run.starting(t):
-                # NVFLARE 2.9: marked FINISHED:ABORTED, but the job runner, busy starting
-                # it, overwrites that with RUNNING when it is done.
-                run.aborted_at, run.revives_at = t, run.starts_at
-            elif run.waiting or not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
-                # A SUBMITTED job is marked by the server alone: no process to be deaf.
-                run.aborted_at, run.revives_at = t, None
-            self.cluster.host.hook("admin.abort.after", self.net)
-            self._lose_reply("abort")
-            if before_start:  # the real client reads nvflare's "before running it" answer
-                return AbortResult(AbortOutcome.ABORTED_BEFORE_START, "aborted before running")
-        except ServerUnavailable as exc:
-            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"server unavailable: {exc}")
-        except NvflareJobNotFound as exc:
-            return AbortResult(AbortOutcome.NOTHING_TO_ABORT, f"unknown job: {exc}")
-        except NvflareJobNotRunning as exc:
-            try:
-                status = self._raw_status(nvflare_job_id)
-            except (TransientError, NvflareJobNotFound):
-                status = ""
-            if status.startswith("FINISHED"):
-                return AbortResult(AbortOutcome.ALREADY_FINISHED, status)
-            return AbortResult(AbortOutcome.NOT_RUNNING, f"job not running: {exc}")
-        return AbortResult(AbortOutcome.ABORTED, "aborted")
+        """As the real client (`abort_answer`): status first, then abort; down/unknown is
+        NOTHING_TO_ABORT, a run no process holds NOT_RUNNING; UnknownAdminError and
+        AdminMisconfigured escape."""
+        return abort_answer(
+            lambda: self._raw_status(nvflare_job_id), lambda: self._abort(nvflare_job_id)
+        )
+
+    def _abort(self, nvflare_job_id: str) -> bool:
+        """The abort command on the server (True: the run had not started yet)."""
+        server = self._reach("abort")
+        run = server.store.get(nvflare_job_id)
+        if run is None:
+            raise NvflareJobNotFound(f"{self.net}: no job {nvflare_job_id}")
+        t = self.cluster.host.clock.t
+        if not run.live(t):
+            raise NvflareJobNotRunning(f"{self.net}: job {nvflare_job_id} not running")
+        # A deaf run goes on only on a net that scales to zero (its server's going down
+        # ends it); on an always-on net an operator would have to step in.
+        before_start = run.starting(t) or run.waiting
+        if run.starting(t):
+            # NVFLARE 2.9: marked FINISHED:ABORTED, but the job runner, busy starting
+            # it, overwrites that with RUNNING when it is done.
+            run.aborted_at, run.revives_at = t, run.starts_at
+        elif run.waiting or not (run.deaf and self.cluster.host.scales_to_zero(self.net)):
+            # A SUBMITTED job is marked by the server alone: no process to be deaf.
+            run.aborted_at, run.revives_at = t, None
+        self.cluster.host.hook("admin.abort.after", self.net)
+        self._lose_reply("abort")
+        return before_start
 
     def ping(self) -> None:
         self._reach("ping")

@@ -1,39 +1,30 @@
 """How long each bounded condition may last: the time bounds the invariants hold the
 dispatcher to, derived from the settings the world runs with plus a slack for what the fault
-profile may legitimately delay; a clean world gets no slack beyond two beat ticks."""
+profile may legitimately delay; a clean world gets no slack beyond two beat ticks. The
+simulation's run loop gives up waiting for the world to come to rest at the liveness bound
+(a replay of `fl-dispatcher simulate` too)."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from app.settings import Settings
+from app.sim.deployment import Declared
 from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile
-from app.sim.redeploy import Declared
 from app.sim.workload import WorldSpec
 from app.usecases.dispatch import submit_try_s
-
-
-class Host(Protocol):
-    """What the bounds are derived from: the simulation's world, faults and settings."""
-
-    world: WorldSpec
-    profile: FaultProfile
-    settings: Settings
-    declared: Declared
 
 
 class Bounds:
     """How long each bounded condition may last (simulated seconds): what the settings
     promise, plus what this fault profile may legitimately add to that one path."""
 
-    def __init__(self, sim: Host) -> None:
-        world = sim.world
-        p = sim.profile
+    def __init__(
+        self, world: WorldSpec, p: FaultProfile, settings: Settings, declared: Declared
+    ) -> None:
         tick = world.housekeeping_interval_s
         reconcile = 2 * tick
         budget = world.retry_budget_s() if not p.clean else 0.0
         stuck = world.stuck_after_s
-        abort_timeout = float(getattr(sim.settings, "abort_timeout_s", stuck))
+        abort_timeout = float(getattr(settings, "abort_timeout_s", stuck))
         # Slack common to every path: a beat tick or two, delayed or redelivered messages,
         # slow admin calls.
         common = 2 * tick + p.msg_delay_max_s + p.admin_latency_max_s * 4 + p.submit_latency_max_s
@@ -51,13 +42,13 @@ class Bounds:
         stop_s = 20.0 if p.driver_slow else 4.0
         # Every net the platform has, with the timeouts NETS gives it now (or last gave it).
         nets = {n.name: n for n in (*world.nets, *world.spare)}
-        nets |= {n.name: n for n in sim.declared.nets}
+        nets |= {n.name: n for n in declared.nets}
         self.assigned = {
             n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in nets.values()
         }
         # A submit is abandoned once its tries' own budget (every retry's wait and every
         # try's time, dispatch.submit_try_s) and STUCK_AFTER_S have passed.
-        tries = world.retry_max * (world.retry_backoff_max_s + submit_try_s(sim.settings))
+        tries = world.retry_max * (world.retry_backoff_max_s + submit_try_s(settings))
         self.dispatching = stuck + 2 * reconcile + max(budget, tries) + common
         self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common
         # A driver broken for a while (up to 90 s, adversary._schedule_faults) cannot scale
@@ -86,3 +77,7 @@ class Bounds:
         # waiting its turn again, then a whole run, then some ticks.
         self.per_attempt = max(self.assigned.values()) + self.starved
         self.liveness = HUMAN_FIX_DELAY_S + world.max_run_s + 8 * tick
+
+    def liveness_s(self, max_attempts: int) -> float:
+        """How long after faults stop a job with this many attempts must have ended."""
+        return self.liveness + max_attempts * self.per_attempt

@@ -20,10 +20,11 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from app.adapters import s3_client
-from app.sim.clock import EPOCH_S, SimClock
+from app.sim.clock import EPOCH_S
+from app.sim.host import Host
 
 BUCKET = "sim-bundles"
 S3_PREFIX = "jobs/fedavg"
@@ -34,12 +35,6 @@ FIXED_MTIME_NS = 315_532_800 * 10**9  # 1980-01-01, as zip archives store it
 EPOCH_NS = int(EPOCH_S) * 10**9
 META = '{"name": "job", "deploy_map": {"app": ["@ALL"]}, "min_clients": 2}'
 CONFIG = '{"format_version": 2, "workflows": []}'
-
-
-class Host(Protocol):
-    clock: SimClock
-
-    def hook(self, point: str, net: str | None) -> None: ...
 
 
 @dataclass

@@ -12,35 +12,12 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Protocol
 
 from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured, DriverTransientError
-from app.sim.clock import SimClock
-from app.sim.faults import FaultProfile
+from app.sim.host import Host
 from app.sim.servers import Run, SimServer, parse_token
-from app.sim.workload import COMPLETED, JobSpec, NetSpec
-
-
-class Host(Protocol):
-    """What the platform and its admin clients need from the simulation that owns them."""
-
-    clock: SimClock
-    rng: random.Random  # the fault stream
-
-    @property
-    def faults(self) -> FaultProfile: ...
-
-    def hook(self, point: str, net: str | None) -> None: ...
-
-    def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None: ...
-
-    def on_scale(self, net: str, replicas: int) -> None: ...
-
-    def job_spec(self, job_id: str) -> JobSpec | None: ...
-
-    def scales_to_zero(self, net: str) -> bool: ...
+from app.sim.workload import COMPLETED, NetSpec
 
 
 class Cluster:

@@ -6,7 +6,8 @@ polls, the callback round's next due event), the chain's next link. An exception
 use case is a finding (no-escape) unless the design wants it loud; a message that Celery
 would acknowledge while a caller's request in it was not carried out is `request-lost`; a
 worker killed mid-task has its message redelivered (`ACKS.late`), and so has one whose
-handler ended while the broker was down (its ack never left the worker)."""
+handler ended while the broker was down (its ack never left the worker). An error the
+adversary injected where the design lets a task fail is its to excuse (`excuse`, `refused`)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from app.errors import InvalidRequest, MisconfigurationError, NotFound
 from app.handlers import ACKS, HANDLERS, Handler, Kind, Verdict, backoff_s, on_error, step_of
 from app.handlers import ends_chain as chain_ends
 from app.runtime import Runtime
-from app.sim import dbfaults, messages, poison
-from app.sim.host import SimHost
+from app.sim import messages
 from app.sim.interleaving import WorkerKilled
 from app.sim.messages import Message
+from app.sim.view import SimView
 from app.usecases import dispatch as dispatch_uc
 from app.usecases.dispatch import Step
 from models import NetState
@@ -32,50 +33,52 @@ from models import NetState
 PIPELINE_STEPS_THAT_MARK_MISCONFIGURED = (names.SCALE_UP, names.WAIT_READY, names.DISPATCH)
 
 
-class Delivery(SimHost):
+class Delivery:
     """The message layer's side of a simulation: the worker runs what it is given."""
 
-    def _deliver(self, message: Message, slot: int) -> None:
+    def __init__(self, sim: SimView) -> None:
+        self.sim = sim
+        self._net_events_at_start: dict[int, int] = {}  # a pipeline step's message -> id
+
+    def deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
+        sim = self.sim
         spec = HANDLERS[message.task]
         # Celery judges expiry by the worker's own clock.
-        if message.expires_at is not None and self.process_clocks[slot].t > message.expires_at:
-            if self.tracing:
-                self.trace(f"   expired {message.label()}")
+        if message.expires_at is not None and sim.process_clocks[slot].t > message.expires_at:
+            if sim.tracing:
+                sim.trace(f"   expired {message.label()}")
             return
-        if (
-            self.fast_forward
-            and message.task == names.ASSIGN_NEXT_JOB
-            and not self._calm().assign_due
-        ):
+        if sim.fast_forward and message.task == names.ASSIGN_NEXT_JOB and not sim.calm().assign_due:
             # No QUEUED job has a free net to go to: assign would read and do nothing.
-            self.stats["skipped"] = self.stats.get("skipped", 0) + 1
+            sim.stats["skipped"] = sim.stats.get("skipped", 0) + 1
             return
-        self.stats["messages"] += 1
-        rt = self.workers[slot]
-        self._stack.append(slot)
-        self._current.append(message)
+        sim.stats["messages"] += 1
+        rt = sim.workers[slot]
+        sim.running.append(slot)
+        sim.current.append(message)
         if spec.kind is Kind.PIPELINE:
-            row = self.conn.execute("SELECT max(id) FROM net_events").fetchone()
+            row = sim.conn.execute("SELECT max(id) FROM net_events").fetchone()
             self._net_events_at_start[message.id] = row[0] or 0
+        finished = False
         try:
             self._run_task(rt, message, spec, slot)
-            self._check_late_stops(message)
-            back = self.broker.down_until(self.clock.t) if self.broker.outages else None
+            finished = True
+            back = sim.broker.down_until(sim.clock.t) if sim.broker.outages else None
             if back is not None and ACKS.late:
-                self.broker.restore_unacked(message, back)
+                sim.broker.restore_unacked(message, back)
         except WorkerKilled:
-            delay = self.rng.uniform(1.0, max(1.0, self.faults.worker_restart_s))
+            delay = sim.rng.uniform(1.0, max(1.0, sim.faults.worker_restart_s))
             if ACKS.late:
-                self.broker.redeliver(message, delay)
+                sim.broker.redeliver(message, delay)
             elif spec.kind is Kind.REQUEST:  # acknowledged when taken: it died with the worker
                 self._forgotten(message, spec, "its worker was killed")
-            self._dead.discard(slot)
-            self._restart_worker(slot, f"after a kill during {message.label()}")
+            sim.dead.discard(slot)
+            sim.restart_worker(slot, f"after a kill during {message.label()}")
         finally:
-            self._late_stops.pop(message.id, None)
-            self._stack.pop()
-            self._current.pop()
+            sim.after_message(message, finished)
+            sim.running.pop()
+            sim.current.pop()
 
     def _run_task(self, rt: Runtime, message: Message, spec: Handler, slot: int) -> None:
         try:
@@ -84,30 +87,30 @@ class Delivery(SimHost):
         except Exception as exc:
             self._raised(rt, message, spec, slot, exc)
             return
-        if self.tracing:
-            self.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
-        countdown = spec.again_in(self.settings, result)
+        if self.sim.tracing:
+            self.sim.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
+        countdown = spec.again_in(self.sim.settings, result)
         if countdown is not None:
             if spec.kind is not Kind.CALLBACKS:
-                countdown = self._poll_delay(message.kwargs)  # the fast clock's polls
+                countdown = self.sim.poll_delay(message.kwargs)  # the fast clock's polls
             self._push_again(message, countdown)
             return
         if message.task == names.WAIT_READY and step_of(result) == Step.DONE:
             self._note_ready(message.kwargs)
         if message.chain and not chain_ends(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
-            self.broker.push(task, kwargs, chain=rest, origin=message.origin)
+            self.sim.broker.push(task, kwargs, chain=rest, origin=message.origin)
 
     def _raised(
         self, rt: Runtime, message: Message, spec: Handler, slot: int, exc: Exception
     ) -> None:
         """`on_error`'s verdict on what the handler raised, carried out as Celery would."""
-        verdict = on_error(spec, exc, message.retries, self.settings)
+        verdict = on_error(spec, exc, message.retries, self.sim.settings)
         if verdict is Verdict.ENDED:
             self._escaped(message, spec, exc)  # excused once the net reads MISCONFIGURED
             return
         if verdict is Verdict.EXHAUSTED:
-            self.trace(f"w{slot} {message.label()} -> retries exhausted: {exc}")
+            self.sim.trace(f"w{slot} {message.label()} -> retries exhausted: {exc}")
             self._call_hook(
                 message,
                 spec,
@@ -116,35 +119,37 @@ class Delivery(SimHost):
             return
         if verdict is Verdict.FAILED:
             self._escaped(message, spec, exc)
-            if spec.kind is Kind.REQUEST and not poison.excused(spec.kind, exc):
+            if spec.kind is Kind.REQUEST and not self.sim.refused(spec.kind, exc):
                 # Acknowledged on failure (or rejected without requeue): gone.
                 self._forgotten(message, spec, f"it raised {type(exc).__name__}")
             return
-        self.stats["retries"] += 1
+        self.sim.stats["retries"] += 1
         late = 0.0
-        backlog = self.faults.retry_backlog
-        if spec.kind is Kind.PIPELINE and backlog and self.rng_msg.random() < backlog:
+        backlog = self.sim.faults.retry_backlog
+        if spec.kind is Kind.PIPELINE and backlog and self.sim.rng_msg.random() < backlog:
             # A backlog on the broker: the retry runs well after its countdown, past the
             # lease its try announced, so reconcile may re-send the same submit meanwhile.
-            late = self.rng_msg.uniform(30.0, 90.0)
-            self.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
-        countdown = backoff_s(message.retries, self.settings.retry_backoff_max_s, self.rng_msg)
+            late = self.sim.rng_msg.uniform(30.0, 90.0)
+            self.sim.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
+        countdown = backoff_s(
+            message.retries, self.sim.settings.retry_backoff_max_s, self.sim.rng_msg
+        )
         if spec.kind is Kind.PIPELINE:
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
-        if self.tracing:
-            self.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
+        if self.sim.tracing:
+            self.sim.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
         self._push_again(message, countdown + late)
 
     def _forgotten(self, message: Message, spec: Handler, why: str) -> None:
         """A caller's request the broker no longer holds although it was not carried out."""
-        self.checker.report(
+        self.sim.report(
             "request-lost",
             message.label(),
             f"flip-api's {spec.name.removeprefix(names.PREFIX)} was acknowledged: {why}",
         )
 
     def _push_again(self, message: Message, countdown: float) -> None:
-        self.broker.push(
+        self.sim.broker.push(
             message.task,
             message.kwargs,
             delay=countdown,
@@ -184,33 +189,31 @@ class Delivery(SimHost):
             dispatch_uc.check_ready = original
 
     def _note_ready(self, kwargs: dict[str, Any]) -> None:
-        row = self.conn.execute(
+        row = self.sim.conn.execute(
             "SELECT assigned_at FROM jobs WHERE id = ?", (kwargs["job_id"].replace("-", ""),)
         ).fetchone()
         if row is not None:
-            self.ready_seen[(kwargs["job_id"], kwargs["net_name"])] = row[0]
+            self.sim.ready_seen[(kwargs["job_id"], kwargs["net_name"])] = row[0]
 
     def _escaped(self, message: Message, spec: Handler, exc: Exception) -> None:
         """An exception left a use case: a finding, unless the design wants it loud."""
         if spec.kind is Kind.REQUEST and isinstance(exc, (InvalidRequest, NotFound)):
-            self.trace(f"   {message.label()} rejected: {exc}")
+            self.sim.trace(f"   {message.label()} rejected: {exc}")
             return
         if (
             isinstance(exc, MisconfigurationError)
             and message.task in PIPELINE_STEPS_THAT_MARK_MISCONFIGURED
             and self._marked_misconfigured(message)
         ):
-            self.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
+            self.sim.trace(f"   {message.label()} failed loud (net misconfigured): {exc}")
             return
-        if dbfaults.excused(spec.kind, exc):
-            self.trace(f"   {message.label()} failed on a database error: {type(exc).__name__}")
+        why = self.sim.excuse(spec.kind, exc)
+        if why is not None:
+            self.sim.trace(f"   {message.label()} failed on {why}: {type(exc).__name__}")
             return
-        if poison.excused(spec.kind, exc):
-            self.trace(f"   {message.label()} failed on a poison row: {type(exc).__name__}")
-            return
-        self.stats["escapes"] += 1
+        self.sim.stats["escapes"] += 1
         where = _app_frame(exc)
-        self.checker.report(
+        self.sim.report(
             "no-escape",
             f"{message.task.removeprefix(names.PREFIX)}: {type(exc).__name__} at {where}",
             f"{exc}"[:300],
@@ -223,7 +226,7 @@ class Delivery(SimHost):
         if self._net_state(net) == NetState.MISCONFIGURED:
             return True
         since = self._net_events_at_start.get(message.id, 0)
-        row = self.conn.execute(
+        row = self.sim.conn.execute(
             "SELECT 1 FROM net_events WHERE net_name = ? AND to_state = 'MISCONFIGURED'"
             " AND id > ? LIMIT 1",
             (net, since),
@@ -233,7 +236,7 @@ class Delivery(SimHost):
     def _net_state(self, net: str | None) -> NetState | None:
         if net is None:
             return None
-        row = self.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
+        row = self.sim.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
         return None if row is None else NetState(row[0])
 
 

@@ -4,14 +4,26 @@ for a world (and for what NETS declares after redeploys), and beat's schedule.""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
 from app.sim.db import scratch_dir
 from app.sim.receiver import SECRET, URL
-from app.sim.redeploy import Declared
-from app.sim.workload import WorldSpec
+from app.sim.workload import NetSpec, WorldSpec
+
+
+@dataclass
+class Declared:
+    """What NETS declares now: the nets in order, and per-net PER_JOB_FL_SERVER overrides
+    (a redeploy changes it: tests.sim.redeploy)."""
+
+    nets: list[NetSpec]
+    per_job: dict[str, bool]
+
+    def names(self) -> list[str]:
+        return [n.name for n in self.nets]
 
 
 def settings_for(

@@ -1,8 +1,9 @@
 """Fault profiles: what can go wrong in a simulated world, and how often.
 
 `FaultProfile()` (every field at its default) is a clean world: messages arrive once and in
-time, adapters answer at once and never fail, servers never restart. Named profiles switch
-groups of faults on; `profile_for_seed` picks one per seed so a sweep covers all of them.
+time, adapters answer at once and never fail, servers never restart (`CLEAN`, what
+`fl-dispatcher simulate` replays with). The bug-hunting sweep's named profiles, which switch
+groups of faults on, are the harness's (tests/sim/profiles.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class FaultProfile:
     # and the call lands only then, while the other worker, beat and the world go on
     slow_scale_call: float = 0.0
     # per statement or commit a handler makes: the database fails it, as PostgreSQL does
-    # when it restarts, fails over or resets the connection (app.sim.dbfaults)
+    # when it restarts, fails over or resets the connection (tests.sim.dbfaults)
     db_error: float = 0.0
     # --- the NVFLARE admin side ---
     admin_unavailable: float = 0.0  # per call: ServerUnavailable before acting
@@ -74,7 +75,7 @@ class FaultProfile:
     slow_start: float = 0.0
     hung_run: float = 0.0  # per run: NVFLARE reports RUNNING forever
     # per world: the database refuses every write to one job's row for 30-100 s once it is
-    # RUNNING, ABORTING or FINISHING (app.sim.poison); no other row's work may stop for it
+    # RUNNING, ABORTING or FINISHING (tests.sim.poison); no other row's work may stop for it
     poison_row: float = 0.0
     failed_run: float = 0.0  # per run: FINISHED:EXECUTION_EXCEPTION / ABNORMAL
     # --- the scale driver ---
@@ -97,7 +98,7 @@ class FaultProfile:
     driver_broken_rate: float = 0.0  # DriverMisconfigured for a while
     drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
     settings_flip: float = 0.0  # probability of one PER_JOB_FL_SERVER change (a redeploy)
-    redeploy_p: float = 0.0  # probability of a NETS change (each of up to two; app.sim.redeploy)
+    redeploy_p: float = 0.0  # probability of a NETS change (each of up to two; tests.sim.redeploy)
     # --- the caller (flip-api) ---
     abort_p: float = 0.0  # per job: an abort at a random moment
     report_p: float = 0.0  # per job: a status report at a random moment
@@ -116,162 +117,3 @@ class FaultProfile:
 
 
 CLEAN = FaultProfile()
-
-PROFILES: tuple[FaultProfile, ...] = (
-    CLEAN.with_(name="clean", abort_p=0.2, report_p=0.15),
-    FaultProfile(
-        name="flaky",
-        clock_step_p=0.3,
-        broker_outage_p=0.3,
-        db_error=0.003,
-        redeploy_p=0.1,
-        msg_dup=0.05,
-        msg_delay=0.1,
-        msg_delay_max_s=8.0,
-        admin_unavailable=0.05,
-        admin_unknown=0.03,
-        driver_transient=0.05,
-        admin_latency_max_s=1.0,
-        abort_p=0.2,
-        report_p=0.1,
-    ),
-    FaultProfile(
-        name="crashy",
-        broker_outage_p=0.4,
-        retry_backlog=0.2,
-        reply_loss_rate=4.0,
-        redeploy_p=0.1,
-        msg_drop=0.03,
-        msg_refuse=0.02,
-        msg_dup=0.05,
-        worker_kill=0.01,
-        lost_reply=0.15,
-        driver_lost_reply=0.1,
-        abort_p=0.15,
-    ),
-    FaultProfile(
-        name="racy",
-        clock_step_p=0.3,
-        broker_outage_p=0.3,
-        db_error=0.002,
-        poison_row=0.5,
-        last_try_stall=0.5,
-        stall=0.02,
-        retry_backlog=0.3,
-        reply_loss_rate=6.0,
-        redeploy_p=0.25,
-        interleave=0.15,
-        msg_dup=0.1,
-        msg_delay=0.2,
-        msg_delay_max_s=10.0,
-        admin_latency_max_s=2.0,
-        submit_latency_max_s=5.0,
-        slow_start=0.3,
-        lost_reply=0.1,
-        garbled_reply=0.1,
-        driver_slow=True,
-        abort_p=0.3,
-        report_p=0.2,
-    ),
-    FaultProfile(
-        name="servers",
-        redeploy_p=0.2,
-        admin_unknown=0.01,
-        restart_rate=6.0,
-        partition_rate=6.0,
-        partition_max_s=90.0,
-        outage_p=0.5,
-        lost_reply=0.1,
-        lost_reply_partition=0.5,
-        no_start_time=0.05,
-        no_start_time_at_boot=0.3,
-        crash_before_submit=0.1,
-        deaf_run=0.1,
-        slow_start=0.3,
-        garbled_reply=0.05,
-        hung_run=0.1,
-        poisoned_status=0.05,
-        failed_run=0.1,
-        abort_p=0.15,
-    ),
-    FaultProfile(
-        name="ops",
-        redeploy_p=0.6,
-        kit_broken_rate=4.0,
-        driver_broken_rate=3.0,
-        driver_transient=0.1,
-        driver_slow=True,
-        driver_failure=0.1,
-        settings_flip=0.6,
-        abort_p=0.2,
-    ),
-    FaultProfile(
-        name="drift",
-        clock_step_p=0.4,
-        reply_loss_rate=3.0,
-        redeploy_p=0.3,
-        drift_rate=15.0,
-        interleave=0.25,
-        driver_slow=True,
-        driver_failure=0.1,
-        abort_p=0.4,
-    ),
-    FaultProfile(
-        name="misconfig",
-        redeploy_p=0.2,
-        kit_broken_rate=10.0,
-        driver_broken_rate=4.0,
-        driver_transient=0.3,
-        abort_p=0.3,
-    ),
-    FaultProfile(
-        name="chaos",
-        clock_step_p=0.3,
-        broker_outage_p=0.3,
-        db_error=0.003,
-        poison_row=0.3,
-        last_try_stall=0.3,
-        slow_scale_call=0.3,
-        stall=0.01,
-        retry_backlog=0.1,
-        reply_loss_rate=2.0,
-        redeploy_p=0.3,
-        msg_drop=0.02,
-        msg_dup=0.05,
-        msg_delay=0.1,
-        msg_delay_max_s=10.0,
-        worker_kill=0.005,
-        interleave=0.08,
-        admin_unavailable=0.03,
-        admin_unknown=0.02,
-        lost_reply=0.08,
-        lost_reply_partition=0.3,
-        admin_latency_max_s=1.0,
-        no_start_time=0.02,
-        no_start_time_at_boot=0.1,
-        deaf_run=0.1,
-        slow_start=0.1,
-        garbled_reply=0.03,
-        poisoned_status=0.03,
-        hung_run=0.05,
-        failed_run=0.05,
-        driver_transient=0.05,
-        driver_lost_reply=0.05,
-        driver_slow=True,
-        driver_failure=0.05,
-        restart_rate=3.0,
-        partition_rate=3.0,
-        kit_broken_rate=1.5,
-        driver_broken_rate=1.0,
-        drift_rate=2.0,
-        settings_flip=0.2,
-        abort_p=0.2,
-        report_p=0.1,
-    ),
-)
-PROFILES_BY_NAME = {p.name: p for p in PROFILES}
-
-
-def profile_for_seed(seed: int) -> FaultProfile:
-    """The profile a seed runs with: the sweep cycles through every named profile."""
-    return PROFILES[seed % len(PROFILES)]

@@ -18,33 +18,17 @@ visibility timeout passes (2 h in production, 2-10 minutes here), and it runs ag
 
 from __future__ import annotations
 
-import random
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from app import names
 from app.publishing import published
 from app.runtime import Runtime
-from app.sim.clock import SimClock
-from app.sim.faults import FaultProfile
+from app.sim.host import Host
 from app.usecases import dispatch
-
-
-class Host(Protocol):
-    """What the message layer needs from the simulation that owns it."""
-
-    clock: SimClock
-    rng_msg: random.Random  # the message stream
-
-    @property
-    def faults(self) -> FaultProfile: ...
-
-    def trace(self, line: str) -> None: ...
-
-    def hook(self, point: str, net: str | None) -> None: ...
 
 
 def pipeline_links(job_id: str, net_name: str, attempt: int) -> list[tuple[str, dict[str, Any]]]:

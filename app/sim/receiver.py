@@ -15,7 +15,6 @@ import random
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from app.adapters.callbacks import (
     EVENT_ID_HEADER,
@@ -25,18 +24,11 @@ from app.adapters.callbacks import (
     ReceiverUnreachable,
     verify,
 )
-from app.sim.clock import EPOCH_S, SimClock
+from app.sim.clock import EPOCH_S
+from app.sim.host import Host
 
 SECRET = "sim-callback-secret-0123456789"  # noqa: S105 (a simulated receiver's, not a credential)
 URL = "http://flip-api.sim/fl/callbacks"
-
-
-class Host(Protocol):
-    clock: SimClock
-
-    def hook(self, point: str, net: str | None) -> None: ...
-
-    def report(self, invariant: str, subject: str, detail: str) -> None: ...
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""What a simulation reports: each broken invariant (a `Violation`), and one seed's
-`Result` with the one-line command that replays it."""
+"""What a simulation reports: each broken invariant (a `Violation`), and its `Result`
+(with, for a seed of the sweep, the one-line command that replays it)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ class Violation:
         return f"[{self.invariant}] t={self.t:.1f}s {self.subject}: {self.detail}"
 
 
-def replay_command(seed: int) -> str:
-    return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/unit/test_simulation.py -k replay -s"
-
-
 @dataclass
 class Result:
     """What one simulation found."""
@@ -32,6 +28,7 @@ class Result:
     violations: list[Violation]
     stats: dict[str, int | float]
     trace: list[str] = field(default_factory=list)
+    replay: str | None = None  # how to replay it, where the caller knows (the sweep's seeds)
 
     @property
     def ok(self) -> bool:
@@ -43,5 +40,6 @@ class Result:
             return f"{head}: ok"
         lines = [f"{head}: {len(self.violations)} violation(s)"]
         lines += [f"  {v.line()}" for v in self.violations]
-        lines.append(f"  replay: {replay_command(self.seed)}")
+        if self.replay is not None:
+            lines.append(f"  replay: {self.replay}")
         return "\n".join(lines)

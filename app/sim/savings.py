@@ -267,7 +267,7 @@ def replay(
     started = time.perf_counter()
     world = world_for(trace, nets, grace_s, cold, timings)
     workload = workload_for(trace)
-    sim = Simulation(world, workload, CLEAN, seed, check_invariants=False, fast_forward=True)
+    sim = Simulation(world, workload, CLEAN, seed, fast_forward=True)
     keys = {str(job_id_for(j.key)).replace("-", ""): i for i, j in enumerate(workload.jobs)}
 
     def read(sim: Simulation) -> tuple[dict[int, float], int, tuple[int, int, int]]:

@@ -1,16 +1,20 @@
 """A deterministic, seeded simulation of the whole dispatcher: the REAL use cases and
 tables on an in-memory copy of the migrated schema, driven by a simulated clock, a message
-layer standing in for Celery (app.sim.messages), beat ticks, a caller (flip-api), and fake
-servers, drivers and admin clients (app.sim.servers, app.sim.cluster, app.sim.admin) that
-are slow, fail, lose replies and restart. The invariants (app.sim.invariants) are checked
-after every step.
+layer standing in for Celery (app.sim.messages), beat ticks, a caller (flip-api:
+app.sim.caller), and fake servers, drivers and admin clients (app.sim.servers,
+app.sim.cluster, app.sim.admin) that are slow, fail (as the fault profile says), lose replies
+and restart.
+
+A simulation may be given a checker (its invariants, checked after every step: the
+harness's `Checker`, tests/sim) and an adversary (its moments: faults scheduled, races and
+pauses at hook points, redeploys); `fl-dispatcher simulate` replays a trace with neither.
 
 Everything random comes from `random.Random` streams seeded from the seed (the workload,
 the world's delays, the faults, the message order), nothing reads the wall clock, nothing
 iterates a set, and there are no threads: a seed replays exactly.
 
-    result = Simulation.from_seed(123).run()
-    assert result.ok, result.report()
+    result = Simulation(world, workload, CLEAN, seed=0).run()
+    assert result.ok, result.summary()
 """
 
 from __future__ import annotations
@@ -20,41 +24,35 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 from app import names
 from app.db import session_factory, unit_of_work
-from app.handlers import beat_loops
+from app.handlers import Kind, beat_loops
 from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
-from app.sim import dbfaults
 from app.sim.admin import SimAdmin
-from app.sim.adversary import Adversary
+from app.sim.bounds import Bounds
 from app.sim.bundles import FakeS3, LocalBundle, remove_tree, serving
-from app.sim.call_invariants import CallInvariants
+from app.sim.caller import Caller
+from app.sim.calm import Calm
 from app.sim.clock import ProcessClock, SimClock
 from app.sim.cluster import Cluster
 from app.sim.db import memory_db, scratch_dir
 from app.sim.delivery import Delivery
-from app.sim.deployment import always_on, settings_for
-from app.sim.fast_forward import FastForward
-from app.sim.faults import FaultProfile, profile_for_seed
+from app.sim.deployment import Declared, always_on, settings_for
+from app.sim.fast_forward import FastClock
+from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile
 from app.sim.interleaving import HookedSessions, Interleaving
-from app.sim.invariants import Checker
 from app.sim.messages import Broker, Message, SimOutbox
-from app.sim.prewarms import with_prewarms
+from app.sim.operator import Operator
 from app.sim.receiver import Outage, SimReceiver, random_receiver
-from app.sim.redeploy import Declared
-from app.sim.report import Result
-from app.sim.workload import (
-    JobSpec,
-    NetSpec,
-    Workload,
-    WorldSpec,
-    random_workload,
-    random_world,
-)
+from app.sim.report import Result, Violation
+from app.sim.state import WorldState
+from app.sim.view import Checks, Moves
+from app.sim.workload import JobSpec, Workload, WorldSpec
 from app.usecases import callback_receiver as callback_receiver_uc
 from app.usecases import callbacks as callbacks_uc
 from app.usecases import services
@@ -66,8 +64,9 @@ SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
 _SIMULATIONS = itertools.count()  # each simulation's folder in this process
 
 
-class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants):
-    """A world (nets, settings), a workload, a fault profile and a seed; `run()` plays it."""
+class Simulation:
+    """A world (nets, settings), a workload, a fault profile and a seed; `run()` plays it,
+    checked by `checker` and played against by `adversary` if given."""
 
     def __init__(
         self,
@@ -76,28 +75,29 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         profile: FaultProfile,
         seed: int,
         *,
+        checker: Checks[Simulation] | None = None,
+        adversary: Moves[Simulation] | None = None,
         tracing: bool = False,
         fail_fast: bool = False,
-        check_invariants: bool = True,
         fast_forward: bool = False,
     ) -> None:
-        if fast_forward and not profile.clean:
+        if fast_forward and (not profile.clean or adversary is not None):
             # Skipping beat ticks would skip the faults they would have met.
-            raise ValueError("fast_forward needs a fault-free profile")
+            raise ValueError("fast_forward needs a fault-free profile and no adversary")
         self.world = world
         self.fail_fast = fail_fast
-        self.check_invariants = check_invariants
         self.fast_forward = fast_forward
         self.workload = workload
         self.profile = profile
-        self.faults = profile
+        self.faults = profile  # the profile, or its quiet copy once the workload has ended
         self.seed = seed
         self.tracing = tracing
         self.lines: list[str] = []
+        self.violations: list[Violation] = []
+        self._seen: set[tuple[str, str]] = set()
         self.rng = random.Random(f"{seed}/faults")
         self.rng_msg = random.Random(f"{seed}/messages")
         self.clock = SimClock()
-        # Each worker process reads its own clock (one may be stepped: FaultProfile.clock_step_p).
         self.process_clocks = [ProcessClock(self.clock), ProcessClock(self.clock)]
         self.engine, self.conn = memory_db()
         self.sessions = session_factory(self.engine)
@@ -118,29 +118,19 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         reproducible = bundles.random() < 0.5
         self.local_bundle = LocalBundle(self.root / "jobs", self, reproducible=reproducible)
         self.s3 = FakeS3(self, placeholders=placeholders)
-        adversary = random.Random(f"{seed}/bundle-adversary")
-        self._bundle_adversary = (
-            adversary if not profile.clean and adversary.random() < 0.5 else None
-        )
         self.settings = self._settings()
         self._scales: dict[str, bool] = {}
         self._declared: dict[str | None, bool] = {}
         self._jobs = {str(job_id_for(j.key)): j for j in workload.jobs}
         self._events: list[tuple[float, int, str, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._stack: list[int] = []  # worker slots of the messages being processed
-        self._dead: set[int] = set()  # slots whose current message was killed
-        self._rng_stall = random.Random(f"{seed}/stall")  # drawn only where stalls happen
-        self._rng_last_try = random.Random(f"{seed}/last-try")  # only at a step's last try
-        self._rng_slow_scale = random.Random(f"{seed}/slow-scale")  # only at a scale call
-        self._last_try_seen: set[int] = set()
-        self._net_events_at_start: dict[int, int] = {}
-        self._stalled: int | None = None  # the slot of a stalled worker
-        # Where the running worker last resumed from a stall, and after how long; cleared at
-        # its next hook point (so an adapter call can tell it was paused right before it).
-        self._resumed: tuple[str, float] | None = None
-        # Late scale-downs each message's step made: (net, its index in the driver's calls).
-        self._late_stops: dict[int, list[tuple[str, int]]] = {}
+        self.running: list[int] = []  # worker slots of the messages being processed
+        self.current: list[Message] = []  # the messages being processed, outermost first
+        self.dead: set[int] = set()  # slots whose current message was killed
+        self.stalled: int | None = None  # the slot of a stalled worker
+        self.resumed: tuple[str, float] | None = None  # see app.sim.view.SimView
+        self.starting_worker = False
+        self.draining = False
         self.receiver: SimReceiver = random_receiver(
             self,
             random.Random(f"{seed}/receiver"),
@@ -149,73 +139,27 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         )
         if world.receiver_failures_before:
             self._receiver_down_before(world.receiver_failures_before)
+        self.checker = checker
+        self.adversary = adversary
+        self.caller = Caller(self)
+        self.delivery = Delivery(self)
+        self.fast = FastClock(self)
+        self.interleaving = Interleaving(self)
+        self.operator = Operator(self)
         self.workers = [self._runtime(slot) for slot in (0, 1)]
-        self._db_faults = (
-            dbfaults.DatabaseFaults(self, self.engine, seed) if profile.db_error else None
-        )
-        self._restart_worker(0, "start")
-        self.checker = Checker(self)
+        if adversary is not None:
+            adversary.start(self)
+        self.restart_worker(0, "start")
+        self.bounds = self._bounds()
+        self.state = WorldState(self)
+        if checker is not None:
+            checker.start(self)
         self.ready_seen: dict[tuple[str, str], str] = {}  # (job, net) -> assigned_at seen ready
         self.stats: dict[str, int | float] = dict.fromkeys(
             ("steps", "messages", "retries", "kills", "interleaved", "escapes"), 0
         )
-        self._flip_window: tuple[float, float] | None = None
-        self._triggers: list[tuple[str, str, str, Callable[[], None]]] = []
-        self._current: list[Message] = []  # the messages being processed, outermost first
-        self._draining = False
-        self.claim_prewarms = False  # a replay's hints are its trace's alone
         self._beats = [(h.name, period) for h, period in beat_loops(self.settings)]
         self._next_beat = [period for _, period in self._beats]  # each loop's next tick
-
-    @classmethod
-    def from_seed(
-        cls,
-        seed: int,
-        profile: FaultProfile | None = None,
-        *,
-        tracing: bool = False,
-        fail_fast: bool = False,
-    ) -> Simulation:
-        """The seed's random world, workload and (unless given) fault profile."""
-        profile = profile or profile_for_seed(seed)
-        rng = random.Random(f"{seed}/workload")
-        world = random_world(rng)
-        workload = random_workload(rng, world, abort_p=profile.abort_p, report_p=profile.report_p)
-        # Half the worlds run without the awaited-run poll (QUEUED_POLL_S=0, a supported
-        # setting): both ways must keep every invariant. Its own generator leaves the world
-        # and the workload of every seed as they were before the poll existed.
-        poll = random.Random(f"{seed}/queued-poll").choice((0.0, 1.0))
-        world = dataclasses.replace(world, queued_poll_s=poll)
-        # A third of the worlds hold a finished run's server for flip-api's results report
-        # (RELEASE_AFTER=reported), so reports and aborts meet FINISHING jobs too.
-        extra = random.Random(f"{seed}/world-extra")
-        if extra.random() < 0.35:
-            world = dataclasses.replace(
-                world, release_after="reported", report_timeout_s=extra.choice((20.0, 60.0))
-            )
-        # Where NETS may change, the platform often runs a net NETS declares only later.
-        if profile.redeploy_p and extra.random() < 0.5:
-            world = dataclasses.replace(world, spare=(NetSpec("net-z", idle_timeout_s=20.0),))
-        # Half the worlds declare each net's sites (a job needing site-9 is then refused at
-        # enqueue, where the nets' sites are known).
-        if extra.random() < 0.5:
-            nets = tuple(dataclasses.replace(n, declares_sites=True) for n in world.nets)
-            world = dataclasses.replace(world, nets=nets)
-        # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
-        # start in the middle of a receiver outage thousands of tries long.
-        if extra.random() < 0.6:
-            world = dataclasses.replace(
-                world,
-                callbacks=True,
-                callback_max_backoff_s=extra.choice((4.0, 8.0, 30.0)),
-                receiver_failures_before=1020 if extra.random() < 0.1 else 0,
-            )
-        # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
-        # their own (app.sim.prewarms): the others run exactly as before.
-        world, workload = with_prewarms(seed, world, workload)
-        sim = cls(world, workload, profile, seed, tracing=tracing, fail_fast=fail_fast)
-        sim.claim_prewarms = True  # and hints at a claim's instant (app.sim.claim_prewarms)
-        return sim
 
     # --- wiring ------------------------------------------------------------------------------
 
@@ -242,6 +186,9 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
     def _settings(self) -> Settings:
         return settings_for(self.world, self.per_job_fl_server, self.declared, self.root)
 
+    def _bounds(self) -> Bounds:
+        return Bounds(self.world, self.profile, self.settings, self.declared)
+
     def _receiver_down_before(self, failures: int) -> None:
         """The world starts in the middle of a long receiver outage: `failures` tries in a
         row have failed, and it stays down a while longer."""
@@ -261,27 +208,42 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         self.receiver.outages.append(Outage(0.0, self.receiver.rng.uniform(100.0, 170.0), "down"))
 
     def report(self, invariant: str, subject: str, detail: str) -> None:
-        """A violation found by a fake (the receiver)."""
-        self.checker.report(invariant, subject, detail)
+        """Record a violation once per (invariant, subject): found by the checker, by the
+        delivery of a message (an escaping exception, a lost request) or by a fake."""
+        key = (invariant, subject)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        violation = Violation(invariant, self.clock.t, subject, detail)
+        self.violations.append(violation)
+        self.trace(f"!! {violation.line()}")
 
-    def _restart_worker(self, slot: int, why: str) -> None:
+    def restart_worker(self, slot: int, why: str) -> None:
         """A (new) worker process: fresh runtime and admin sessions, and the worker_init
         signal's sync_nets(at_start=True), which resets MISCONFIGURED nets. A stalled worker
         is replaced: its task dies when it would resume."""
-        if slot == self._stalled:
-            self._dead.add(slot)
+        if slot == self.stalled:
+            self.dead.add(slot)
         self.workers[slot] = self._runtime(slot)
         # A real worker whose start fails on the database starts again: not a case here.
-        faults = getattr(self, "_db_faults", None)
-        if faults is not None:
-            faults.paused = True
+        self.starting_worker = True
         try:
             with unit_of_work(self.sessions) as session:
                 services.sync_nets(session, self.settings, self.clock(), at_start=True)
         finally:
-            if faults is not None:
-                faults.paused = False
+            self.starting_worker = False
         self.trace(f"   worker w{slot} (re)started: {why}")
+
+    def reconfigure(self) -> None:
+        """New settings from the world and what NETS declares now (a redeploy's)."""
+        self.settings = self._settings()
+        self._scales = {}
+        self._declared = {}
+        self.bounds = self._bounds()
+
+    def apply_settings(self, what: str) -> None:
+        """A redeploy (app.sim.operator)."""
+        self.operator.redeploy(what)
 
     def scales_to_zero(self, net: str) -> bool:
         """The settings' verdict; False for a net NETS no longer declares (the dispatcher
@@ -302,10 +264,10 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         return self._jobs.get(job_id)
 
     def job_states(self) -> dict[str, str]:
-        """Each enqueued job's state by its caller key (as the checker last read it)."""
+        """Each enqueued job's state by its caller key (as the tables were last read)."""
         return {
             self._jobs[row.id].key: str(row.state)
-            for row in self.checker.jobs
+            for row in self.state.jobs
             if row.id in self._jobs
         }
 
@@ -318,23 +280,59 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
     def at(self, t: float, label: str, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (t, next(self._seq), label, action))
 
+    def next_event_time(self) -> float | None:
+        return self._events[0][0] if self._events else None
+
+    # --- the parts, as one calls another (app.sim.view.SimView) -----------------------------
+
+    def hook(self, point: str, net: str | None) -> None:
+        self.interleaving.hook(point, net)
+
+    def pause(self, slot: int, point: str, length_s: float) -> None:
+        self.interleaving.pause(slot, point, length_s)
+
+    def deliver(self, message: Message, slot: int) -> None:
+        self.delivery.deliver(message, slot)
+
+    def armed(self) -> bool:
+        return bool(self.caller.triggers)
+
+    def fire_triggers(self) -> bool:
+        return self.caller.fire_triggers()
+
+    def calm(self) -> Calm:
+        return self.fast.calm()
+
+    def poll_delay(self, kwargs: dict[str, Any]) -> float:
+        return self.fast.poll_delay(kwargs)
+
+    def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None:
+        if self.checker is not None:
+            self.checker.on_submit(net, token, folder, repeat=repeat)
+
+    def on_scale(self, net: str, replicas: int) -> None:
+        if self.checker is not None:
+            self.checker.on_scale(net, replicas)
+
+    def after_message(self, message: Message, finished: bool) -> None:
+        if self.checker is not None:
+            self.checker.after_message(message, finished)
+
+    def at_hook(self, point: str, net: str | None, fired: bool) -> None:
+        if self.adversary is not None:
+            self.adversary.at_hook(point, net, fired)
+
+    def excuse(self, kind: Kind, exc: BaseException) -> str | None:
+        return self.adversary.excuse(kind, exc) if self.adversary is not None else None
+
+    def refused(self, kind: Kind, exc: BaseException) -> bool:
+        return self.adversary is not None and self.adversary.refused(kind, exc)
+
     # --- the run loop ----------------------------------------------------------------------------
 
     def run(self) -> Result:
         """Play the workload, then drain until the world is at rest (or a deadline)."""
-        import logging
-
-        logging.disable(logging.CRITICAL)
-        try:
-            with serving(self.s3):
-                return self._run()
-        finally:
-            logging.disable(logging.NOTSET)
-            if self._db_faults is not None:
-                self._db_faults.remove()
-            self.engine.dispose(close=False)
-            self.conn.close()
-            remove_tree(self.root)
+        return self.run_then(lambda _sim: None)[0]
 
     def run_then(self, read: Callable[[Simulation], T]) -> tuple[Result, T]:
         """`run()`, then `read(self)` while the database is still open (figures a caller
@@ -348,8 +346,8 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             return result, read(self)
         finally:
             logging.disable(logging.NOTSET)
-            if self._db_faults is not None:
-                self._db_faults.remove()
+            if self.adversary is not None:
+                self.adversary.stop()
             self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)
@@ -371,7 +369,13 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         ).fetchone()
         return bool(row[0] and row[1])
 
-    def _step(self, slot: int) -> bool:
+    def _after_step(self) -> None:
+        if self.adversary is not None:
+            self.adversary.after_step()
+        if self.checker is not None:
+            self.checker.after_step()
+
+    def step(self, slot: int) -> bool:
         """Deliver one due message (the broker's pick) to the worker in `slot`, then check
         every invariant; False when no message is due."""
         due = self.broker.due(self.clock.t)
@@ -379,31 +383,29 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
             return False
         message = self.rng_msg.choice(due)
         self.broker.take(message)
-        self._deliver(message, slot)
+        self.deliver(message, slot)
         self.stats["steps"] += 1
-        if self._triggers:
-            self._fire_triggers()
+        if self.caller.triggers:
+            self.caller.fire_triggers()
         self.clock.advance(self.rng_msg.uniform(0.01, 0.2))
-        self._maybe_flip()
-        if self.check_invariants:
-            self.checker.check()
+        self._after_step()
         return True
 
-    def _next_change(self) -> float:
+    def next_change(self) -> float:
         """When the next message, beat tick or scheduled event is due."""
         candidates = [t for t in (self.broker.next_time(), min(self._next_beat)) if t is not None]
         if self._events:
             candidates.append(self._events[0][0])
         return min(candidates)
 
-    def _advance(self) -> bool:
+    def advance(self) -> bool:
         """Nothing is due: move the clock to the next change, run the scheduled events and
         beat ticks due by then, and check every invariant. True if assign's tick fired (a
         beat tick, for the settling count)."""
         beats, next_beat = self._beats, self._next_beat
         if self.fast_forward:
-            self._beats_to_skip(beats, next_beat)
-        self.clock.advance_to(self._next_change())
+            self.fast.beats_to_skip(beats, next_beat)
+        self.clock.advance_to(self.next_change())
         now = self.clock.t
         while self._events and self._events[0][0] <= now:
             _, _, label, action = heapq.heappop(self._events)
@@ -412,7 +414,7 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
         beat_fired = False
         idle: set[str] = set()
         if self.fast_forward and any(t <= now for t in next_beat):
-            idle, _ = self._beats_to_skip(beats, list(next_beat))
+            idle, _ = self.fast.beats_to_skip(beats, list(next_beat))
         for i, (task, period) in enumerate(beats):
             if next_beat[i] <= now:
                 next_beat[i] += period
@@ -426,59 +428,72 @@ class Simulation(Interleaving, Delivery, FastForward, Adversary, CallInvariants)
                     # (sending it every second would swamp the sweep's message order).
                     continue
                 self.broker.push(task, {}, expires_in=period, origin="beat")
-        self._maybe_flip()
-        if self.check_invariants:
-            self.checker.check()
+        self._after_step()
         return beat_fired
+
+    def _schedule(self) -> None:
+        self.caller.schedule_prewarms()
+        if self.adversary is not None:
+            self.adversary.moments()
+        self.caller.schedule_calls()
+        self.at(self.workload.horizon_s, "drain: faults stop", self._drain)
+
+    def _drain(self) -> None:
+        """The end of the workload: no new faults (ongoing ones, a broken kit or a partition,
+        run their course); a human restarts the workers a while later if a net is still
+        MISCONFIGURED."""
+        self.draining = True
+        self.faults = self.profile.quiet()
+        self.receiver.quiet = True
+        t = self.clock.t
+        if self.adversary is not None:
+            self.adversary.at_drain()
+
+        self.at(
+            t + HUMAN_FIX_DELAY_S,
+            "a human restarts the workers if a net is MISCONFIGURED, and redeploys an always-on "
+            "net whose server failed to start",
+            self.operator.human_fix,
+        )
 
     def _run(self) -> Result:
         self._schedule()
         checker = self.checker
         # Time for the slowest legitimate tail: a human fix, then a job's whole run.
+        bounds = self.bounds
         attempts = max(j.max_attempts or self.world.max_attempts for j in self.workload.jobs)
-        deadline = self.workload.horizon_s + checker.liveness_s(attempts)
+        deadline = self.workload.horizon_s + bounds.liveness_s(attempts)
         if self.workload.prewarms:
             # A hint sent by the horizon holds at most PREWARM_MAX_S, then its net's grace.
-            grace = max(checker.bounds.idle.values())
-            deadline += self.world.prewarm_max_s + checker.bounds.prewarm_settle + grace
+            grace = max(bounds.idle.values())
+            deadline += self.world.prewarm_max_s + bounds.prewarm_settle + grace
         settled_ticks = 0
         while True:
-            if self._step(0):
-                if self.fail_fast and checker.violations:
+            if self.step(0):
+                if self.fail_fast and self.violations:
                     break
                 continue
-            beat_fired = self._advance()
-            if self.fail_fast and checker.violations:
+            beat_fired = self.advance()
+            if self.fail_fast and self.violations:
                 break
-            if beat_fired and self._draining:
-                reasons = checker.unsettled()
+            if beat_fired and self.draining:
+                reasons = self.state.unsettled()
                 settled_ticks = 0 if reasons else settled_ticks + 1
                 if settled_ticks >= SETTLED_TICKS:
                     break
                 if self.clock.t > deadline:
-                    checker.quiescence(reasons)
+                    if checker is not None:
+                        checker.quiescence(reasons)
                     break
-        if self.check_invariants:
-            checker.storable()
-            checker.refused_once()
+        if checker is not None:
+            checker.at_end()
         self.cluster.advance(self.clock.t)  # timed changes nobody looked at since
         self.stats["sim_s"] = round(self.clock.t, 1)
         self.stats["runs"] = len(self.cluster.runs)
         return Result(
             seed=self.seed,
             profile=self.profile.name,
-            violations=list(checker.violations),
+            violations=list(self.violations),
             stats=dict(self.stats),
             trace=self.lines,
         )
-
-
-def run_seed(
-    seed: int,
-    profile: FaultProfile | None = None,
-    *,
-    tracing: bool = False,
-    fail_fast: bool = False,
-) -> Result:
-    """One seed, from scratch (fail_fast: stop at the first violation)."""
-    return Simulation.from_seed(seed, profile, tracing=tracing, fail_fast=fail_fast).run()

@@ -1,5 +1,5 @@
 """Benchmark (not a test): what one seed of the simulator's sweep costs, and how far the long
-sweep (`python -m app.sim sweep --seeds 10000 --workers 2`) is from its goal.
+sweep (`python -m tests.sim sweep --seeds 10000 --workers 2`) is from its goal.
 
     .venv/bin/python -m tests.bench.bench_sweep [--seeds 200] [--start 0] [--workers 2] [--json]
 
@@ -20,8 +20,8 @@ import statistics
 import time
 
 from app.sim.db import template_db
-from app.sim.simulation import run_seed
 from tests.bench.common import common_args, environment, print_table, ratio
+from tests.sim.seeds import run_seed
 
 GOAL_SEEDS = 10_000
 GOAL_S = 600.0

@@ -1,10 +1,11 @@
 """Undo one of round 3's eight fixes (871e7f6) in a copy of the tree, so the simulator's
-sweep can be asked whether it finds that defect (app/sim/README.md, "What the simulation drives").
+sweep can be asked whether it finds that defect (tests/sim/README.md, "What the simulation
+drives").
 Each edit reverses the core of one fix; the copy is thrown away afterwards.
 
-    git archive HEAD app models migrations tasks | tar -x -C /tmp/undo5
+    git archive HEAD app models migrations tasks tests/__init__.py tests/sim | tar -x -C /tmp/undo5
     .venv/bin/python -m tests.bench.undo_round3_fix 5 /tmp/undo5
-    cd /tmp/undo5 && /path/to/.venv/bin/python -m app.sim 3     # this seed reports it
+    cd /tmp/undo5 && /path/to/.venv/bin/python -m tests.sim 3     # this seed reports it
 """
 
 from __future__ import annotations

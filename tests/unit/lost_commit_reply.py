@@ -1,7 +1,7 @@
 """A commit PostgreSQL applied whose reply was lost (the connection reset during COMMIT):
 the client sees an OperationalError though the change is stored, and a request's retry
 (`app.handlers.on_error`: RETRY) runs on the stored change. The same fault the simulator
-injects (`app.sim.dbfaults`), once, at a chosen commit."""
+injects (`tests.sim.dbfaults`), once, at a chosen commit."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from app.celery_app import celery
 from app.errors import AdminMisconfigured, ServerUnavailable
 from app.handlers import HANDLERS, Kind, Verdict, backoff_s, on_error
 from app.sim import delivery
-from app.sim.simulation import Simulation
 from tasks.registered import TASKS
+from tests.sim import seeds
 
 DB_DOWN = OperationalError("SELECT 1", None, sqlite3.OperationalError("connection reset"))
 
@@ -37,15 +37,15 @@ def test_the_simulator_delivers_a_message_to_every_handler(monkeypatch):
     """A task added to the table that no seed reaches fails here: the sweep would say
     nothing about it. Seeds 0 and 1 between them send every kind of message."""
     reached: set[str] = set()
-    deliver = delivery.Delivery._deliver
+    deliver = delivery.Delivery.deliver
 
     def counting(self, message, slot):
         reached.add(message.task)
         return deliver(self, message, slot)
 
-    monkeypatch.setattr(delivery.Delivery, "_deliver", counting)
+    monkeypatch.setattr(delivery.Delivery, "deliver", counting)
     for seed in (0, 1):
-        assert Simulation.from_seed(seed).run().ok
+        assert seeds.from_seed(seed).run().ok
     assert reached == set(HANDLERS)
 
 

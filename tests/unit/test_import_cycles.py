@@ -1,5 +1,7 @@
 """Rooms of one job each (issue 23): no import cycle among the modules of app/, tasks/ and
-models/, and no such module over MAX_LINES lines.
+models/, and no such module over MAX_LINES lines; and none of them imports the test tree
+(issue 37: the simulator's bug-hunting harness lives in tests/sim, the product keeps only
+what `fl-dispatcher simulate` needs).
 
 Every import counts, wherever it is written: at the top, inside a function (a lazy import
 still closes a cycle the moment it runs) and under `if TYPE_CHECKING:` (a cycle hidden from
@@ -206,6 +208,31 @@ def test_no_module_over_the_line_limit(area: str) -> None:
     )
 
 
+def foreign_imports(module: Module, package: str) -> set[str]:
+    """The modules of `package` (a top-level name, such as tests) that `module` imports,
+    anywhere in its text."""
+    tree = ast.parse(module.path.read_text(), filename=str(module.path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found.update(n for n in names if n == package or n.startswith(f"{package}."))
+    return found
+
+
+@pytest.mark.parametrize("area", _areas())
+def test_no_product_module_imports_the_tests(area: str) -> None:
+    found = {
+        name: sorted(foreign_imports(module, "tests"))
+        for name, module in MODULES.items()
+        if area_of(name) == area and foreign_imports(module, "tests")
+    }
+    assert not found, f"modules in {area} import the test tree: {found}"
+
+
 # The checks themselves, on made-up graphs: a broken detector would pass every area above.
 
 
@@ -237,3 +264,18 @@ def test_imports_in_functions_and_type_checking_blocks_are_edges(tmp_path: Path)
         "app.usecases.dispatch",
         "app.names",
     }
+
+
+def test_an_import_of_the_test_tree_is_found_wherever_it_is_written(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "import testsuite\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from tests.sim.invariants import Checker\n"
+        "def f():\n"
+        "    import tests.fakes\n"
+        "    from tests import sim\n"
+    )
+    module = Module("app.somewhere", source, is_package=False)
+    assert foreign_imports(module, "tests") == {"tests.sim.invariants", "tests.fakes", "tests"}

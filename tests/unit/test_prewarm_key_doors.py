@@ -15,13 +15,14 @@ from app.entrypoints.api import create_app
 from app.schemas import EnqueueJob, job_id_for
 from app.sim import savings
 from app.sim.faults import CLEAN
-from app.sim.prewarms import with_prewarms
 from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceJob
-from app.sim.workload import JobSpec, Workload, random_world
+from app.sim.workload import JobSpec, Workload
 from tasks import base
 from tasks.registered import TASKS
 from tests.fixtures.db import net_decl
+from tests.sim.prewarms import with_prewarms
+from tests.sim.worlds import random_world
 from tests.unit.conftest import World, world_of
 from tests.unit.test_simulate import COLD  # the 10 s cold start of the replay tests
 
@@ -92,7 +93,7 @@ def test_the_simulated_caller_names_each_hinted_jobs_prewarm():
     workload = savings.workload_for(trace)
     assert [j.prewarm_key for j in workload.jobs] == [workload.prewarms[0].key, None]
     world = savings.world_for(trace, ["net-1"], 0.0, COLD)
-    sim = Simulation(world, workload, CLEAN, 0, check_invariants=False, fast_forward=True)
+    sim = Simulation(world, workload, CLEAN, 0, fast_forward=True)
     _, stored = sim.run_then(
         lambda sim: sorted(sim.conn.execute("SELECT caller_key, prewarm_key FROM jobs"))
     )

@@ -203,8 +203,8 @@ def test_defect_sim_servers_profile_seed_222_finds_the_lost_reply_case():
     job_status reads FINISHED:ABORTED, the stray is forgotten; at 105.5 s the next job is
     dispatched on net-a and at 108 s both runs are live. (The default sweep, profiles by
     seed, did not reach it in seeds 0-399; the servers profile alone, once in 800 seeds.)"""
-    from app.sim.faults import PROFILES
-    from app.sim.simulation import run_seed
+    from tests.sim.profiles import PROFILES
+    from tests.sim.seeds import run_seed
 
     servers = next(p for p in PROFILES if p.name == "servers")
     result = run_seed(222, servers)

@@ -10,6 +10,7 @@ from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import claims
 from models import JobState, PrewarmOutcome
+from tests.sim.invariants import Checker
 from tests.unit.conftest import World
 from tests.unit.test_prewarm_key import claim, hold, job, occupy, pk, prewarm_row, ready
 
@@ -122,7 +123,7 @@ def test_review_the_sweep_accepts_a_hold_its_job_ended_from_another_net():
         JobSpec("hinted", 40.0, duration_s=20.0, prewarm_key="pw-h"),
     )
     hint = PrewarmSpec(20.0, "pw-h", 300.0, net="net-a")  # net-a runs "long" meanwhile
-    sim = Simulation(world, Workload(jobs=jobs, prewarms=(hint,)), CLEAN, 0)
+    sim = Simulation(world, Workload(jobs=jobs, prewarms=(hint,)), CLEAN, 0, checker=Checker())
     result, used = sim.run_then(
         lambda s: s.conn.execute(
             "SELECT p.outcome, j.net_name FROM prewarms p JOIN jobs j ON j.id = p.job_id"

@@ -151,7 +151,7 @@ def test_the_long_sweeps_findings_stay_fixed(seed):
     FINDINGS.md): 231 the checker timing a net's grace from its stop rather than from a
     server scaled up by hand, 1025 a stale wait_ready raising for a net it did not mark,
     1157 no human redeploying an always-on net whose server failed to start."""
-    from app.sim.simulation import run_seed
+    from tests.sim.seeds import run_seed
 
     result = run_seed(seed)
     assert [v.invariant for v in result.violations] == []

@@ -1,6 +1,6 @@
-"""The bug-hunting sweep's prewarms (app.sim.prewarms): hints and cancels in a third of the
+"""The bug-hunting sweep's prewarms (tests.sim.prewarms): hints and cancels in a third of the
 worlds on a stream of their own, `cancel_prewarm` in the simulator's task table, and the
-invariants that know holds (app.sim.prewarm_invariants, idle-net-at-zero)."""
+invariants that know holds (tests.sim.prewarm_invariants, idle-net-at-zero)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import pytest
 from sqlalchemy import select
 
 from app.sim.faults import CLEAN
-from app.sim.prewarms import PREWARM_SHARE, with_prewarms
 from app.sim.simulation import Simulation
-from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec, random_world
+from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import prewarm_holds
 from models import Prewarm
+from tests.sim.invariants import Checker
+from tests.sim.prewarms import PREWARM_SHARE, with_prewarms
+from tests.sim.worlds import random_world
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +42,7 @@ def _outcomes(sim: Simulation) -> dict[str, str | None]:
 
 
 def test_a_cancel_goes_through_the_task_table_and_the_world_stays_clean():
-    sim = Simulation(_world(), _held_then_cancelled(), CLEAN, 0, tracing=True)
+    sim = Simulation(_world(), _held_then_cancelled(), CLEAN, 0, checker=Checker(), tracing=True)
     result, outcomes = sim.run_then(_outcomes)
     assert result.ok, result.summary()
     assert outcomes == {"pw-0": "cancelled"}
@@ -59,7 +61,7 @@ def test_a_hold_kept_past_its_cancel_is_reported_as_an_idle_server(monkeypatch):
         return max([idle_since, *ends])
 
     monkeypatch.setattr(prewarm_holds, "idle_start", ignoring_cancels)
-    result = Simulation(_world(), _held_then_cancelled(), CLEAN, 0).run()
+    result = Simulation(_world(), _held_then_cancelled(), CLEAN, 0, checker=Checker()).run()
     assert "idle-net-at-zero" in {v.invariant for v in result.violations}, result.summary()
 
 
@@ -85,7 +87,7 @@ def test_a_server_held_past_its_idle_bound_is_not_idle_while_its_hold_lives():
         jobs=(JobSpec("job-0", arrive_s=0.0, duration_s=20.0, net="net-b"),),
         prewarms=(PrewarmSpec(0.0, "pw-0", 300.0, net="net-a"),),
     )
-    sim = Simulation(_world(), workload, CLEAN, 0)
+    sim = Simulation(_world(), workload, CLEAN, 0, checker=Checker())
     result, outcomes = sim.run_then(_outcomes)
     assert result.ok, result.summary()
     assert outcomes == {"pw-0": "expired"}

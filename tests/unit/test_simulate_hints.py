@@ -225,9 +225,7 @@ def _fast_and_slow(trace: Trace, nets: tuple[str, ...], grace: float, cold: Cold
     figures = []
     for fast in (False, True):
         # (The invariants do not know holds yet: a held idle server is idle-net-at-zero.)
-        sim = Simulation(
-            world, workload, savings.CLEAN, 0, check_invariants=False, fast_forward=fast
-        )
+        sim = Simulation(world, workload, savings.CLEAN, 0, fast_forward=fast)
 
         def read(s: Simulation) -> tuple[dict[str, float], list[str]]:
             ups = {
@@ -321,7 +319,6 @@ def test_the_fast_clock_skips_what_a_hold_makes_idle():
         savings.CLEAN,
         0,
         tracing=True,
-        check_invariants=False,
         fast_forward=True,
     )
     result = sim.run()

@@ -2,7 +2,7 @@
 seed, and checks of the harness itself.
 
 `test_sweep` is EXPECTED TO FAIL on code that still has the holes listed in
-app/sim/FINDINGS.md; it must pass once they are fixed. Every failing seed prints its
+tests/sim/FINDINGS.md; it must pass once they are fixed. Every failing seed prints its
 violations and a one-line replay command. SIM_SEEDS sets how many seeds the sweep runs,
 SIM_WORKERS how many processes share them.
 """
@@ -14,13 +14,16 @@ import os
 
 import pytest
 
-from app.sim.faults import CLEAN, PROFILES_BY_NAME
-from app.sim.redeploy import redeploy
-from app.sim.report import Result, replay_command
-from app.sim.simulation import Simulation, run_seed
-from app.sim.sweep import run_seeds, seed_count
+from app.sim.faults import CLEAN
+from app.sim.report import Result
+from app.sim.simulation import Simulation
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import services
+from tests.sim.invariants import Checker
+from tests.sim.profiles import PROFILES_BY_NAME
+from tests.sim.redeploy import redeploy
+from tests.sim.seeds import replay_command, run_seed
+from tests.sim.sweep import run_seeds, seed_count
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
 # machine busy with the other tiers it takes minutes, so the per-test 600 s default is
@@ -32,7 +35,7 @@ pytestmark = pytest.mark.timeout(1800)
 EXPECTED_S = 150  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
-# a fix makes its seed pass (and this entry must then go); see app/sim/FINDINGS.md.
+# a fix makes its seed pass (and this entry must then go); see tests/sim/FINDINGS.md.
 KNOWN_OPEN: dict[int, str] = {}
 SEEDS = [
     pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN[s]))
@@ -90,7 +93,7 @@ def _small_world() -> tuple[WorldSpec, Workload]:
 
 def test_a_clean_world_runs_every_job_and_scales_to_zero() -> None:
     world, workload = _small_world()
-    sim = Simulation(world, workload, CLEAN, seed=1)
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
     result = sim.run()
     assert result.ok, result.summary()
     assert sim.job_states() == {
@@ -115,7 +118,7 @@ def test_the_checker_sees_a_net_left_busy(monkeypatch: pytest.MonkeyPatch) -> No
     """A planted bug (finishing a job never frees its net) must be caught."""
     monkeypatch.setattr(services, "release_net", lambda session, net_name, now: None)
     world, workload = _small_world()
-    result = Simulation(world, workload, CLEAN, seed=1).run()
+    result = Simulation(world, workload, CLEAN, seed=1, checker=Checker()).run()
     assert "busy-without-job" in {v.invariant for v in result.violations}
 
 
@@ -134,7 +137,8 @@ def test_a_run_left_on_a_net_nets_no_longer_declares_is_the_operators() -> None:
     declare the net."""
     world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
     hung = JobSpec("hung", arrive_s=5.0, duration_s=None, net="net-a")
-    sim = Simulation(world, Workload(jobs=(hung,), horizon_s=120.0), CLEAN, seed=1)
+    workload = Workload(jobs=(hung,), horizon_s=120.0)
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
     sim.at(60.0, "redeploy (remove)", functools.partial(redeploy, sim, "remove", 0.0))
 
     result = sim.run()

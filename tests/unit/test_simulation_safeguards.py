@@ -2,7 +2,7 @@
 switched off again (monkeypatched back to what the old code did), and a small sweep must
 report the invariant that hole broke. This is what keeps the sweep in test_simulation.py
 meaningful as the code moves on: a sweep that no longer notices a lost safeguard would pass
-whatever the code does. (The first hunt ran on the code before the fixes; app/sim/FINDINGS.md
+whatever the code does. (The first hunt ran on the code before the fixes; tests/sim/FINDINGS.md
 lists the holes, seeds and invariants.)
 
 Seeds are tied to the code (a change in what the use cases do changes later random draws), so
@@ -24,8 +24,6 @@ from sqlalchemy import and_, exists, or_, select
 
 from app.adapters.nvflare.base import AbortOutcome
 from app.db import unit_of_work
-from app.sim.faults import PROFILES, PROFILES_BY_NAME
-from app.sim.sweep import run_seeds
 from app.usecases import (
     abort,
     claims,
@@ -40,6 +38,8 @@ from app.usecases import (
     services,
 )
 from models import Job, JobState, Prewarm, PrewarmOutcome, RejectedRequest
+from tests.sim.profiles import PROFILES, PROFILES_BY_NAME
+from tests.sim.sweep import run_seeds
 
 # A sweep is many simulations in one test (the module fixture runs every seed): on a
 # machine busy with the other tiers it takes minutes, so the per-test 600 s default is
@@ -188,7 +188,7 @@ class Safeguard:
     # An open gap: the sweep no longer notices this safeguard switched off in its range (a
     # strict xfail saying why, so the day it notices again the test says so).
     gap: str | None = None
-    # Every seed of the range run with the profile (`python -m app.sim A:B --profile P`),
+    # Every seed of the range run with the profile (`python -m tests.sim A:B --profile P`),
     # not only those the sweep gives it: for a path one world in a few hundred reaches.
     forced: bool = False
 
@@ -304,7 +304,7 @@ SAFEGUARDS = [
         "a held net comes first only for the hinted job it would take next (a4b8e22)",
         _set(claims, "_hinted_here", _any_hinted_job_puts_its_net_first),
         "ops",
-        # A burst (app.sim.bursts): a more urgent plain job and a hinted one wait at one
+        # A burst (tests.sim.bursts): a more urgent plain job and a hinted one wait at one
         # claim, two READY nets free, one held: the plain job takes the held one
         # (held-net-taken). Ops seed 32 and racy seed 93 of 0-200 by seed.
         range(30, 34),
@@ -314,7 +314,7 @@ SAFEGUARDS = [
         "a hint made at a claim's instant, after it, is not used by that claim (review 33)",
         _set_everywhere(prewarm_holds.settle_row, _claim_at_its_instant_used_it),
         "clean",
-        # A hint sent at the very moment of a claim (app.sim.claim_prewarms), settled `used`
+        # A hint sent at the very moment of a claim (tests.sim.claim_prewarms), settled `used`
         # by that claim: prewarm-used-by-later-claim. Seeds 0, 5, 22, 24 of 0-60 by seed.
         range(0, 10),
         frozenset({"prewarm-used-by-later-claim"}),
@@ -440,7 +440,7 @@ SAFEGUARDS = [
         "runs no job counts are recorded as strays (holes 4, 5, 6)",
         _set(services, "add_stray_run", lambda _session, **_kw: None),
         "servers",
-        # Servers seed 22 of 0-90 until bursts (app.sim.bursts) changed its world (it now
+        # Servers seed 22 of 0-90 until bursts (tests.sim.bursts) changed its world (it now
         # reports only claim-beside-live-run); since, seeds 184 and 238.
         range(0, 240),
         frozenset({"one-live-run", "one-run-per-server", "unaccounted-run"}),

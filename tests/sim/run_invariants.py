@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from app.sim.observer import J, Observer
 from app.sim.servers import Run
+from tests.sim.observer import J, Observer
 
 
 class RunInvariants(Observer):

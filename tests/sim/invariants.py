@@ -8,9 +8,6 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
-from app.sim.observer import J, _uuid
-from app.sim.quiescence import Quiescence
-from app.sim.run_invariants import RunInvariants
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -19,15 +16,33 @@ from models import (
     JobState,
     NetState,
 )
+from tests.sim.call_invariants import CallInvariants
+from tests.sim.observer import J, _uuid
+from tests.sim.quiescence import Quiescence
+from tests.sim.run_invariants import RunInvariants
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
 
 
-class Checker(RunInvariants, Quiescence):
+class Checker(RunInvariants, Quiescence, CallInvariants):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
-    runs (RunInvariants) and at rest (Quiescence); what they keep between steps (last
-    history rows seen, since-when clocks) in Observer."""
+    runs (RunInvariants), at rest (Quiescence) and at an adapter call (CallInvariants); what
+    they keep between steps (last history rows seen, since-when clocks) in Observer.
+
+    A `Simulation(..., checker=Checker())` calls `start` once its first worker runs,
+    `after_step` after every step and clock move, the fakes' `on_submit` and `on_scale`,
+    `after_message` as each delivery ends, `quiescence` if the world is not at rest by the
+    liveness bound, and `at_end`."""
+
+    def after_step(self) -> None:
+        """Every invariant, after one step."""
+        self.check()
+
+    def at_end(self) -> None:
+        """The checks of what the run left stored."""
+        self.storable()
+        self.refused_once()
 
     def check(self) -> None:
         """Every invariant, after one step."""
@@ -87,7 +102,6 @@ class Checker(RunInvariants, Quiescence):
             self._job_state[job_id] = JobState(dst)
             if dst == J.QUEUED and src is not None:
                 self._rerun_after_completion(job_id, reason)
-                self.sim.on_requeued(job_id)
             if dst == J.FAILED and reason.startswith(BUNDLE_REFUSED):
                 # Every bundle the simulation serves is usable (a folder under JOB_ROOT, an
                 # S3 prefix with a deploy map, the console's folder placeholders at most).

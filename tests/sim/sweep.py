@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from app.sim.faults import FaultProfile
 from app.sim.report import Result
-from app.sim.simulation import run_seed
+from tests.sim.seeds import run_seed
 
 DEFAULT_SEEDS = 200
 

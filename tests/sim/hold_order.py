@@ -1,5 +1,5 @@
 """The simulation's own order of prewarm holds and claims (for `prewarm-used-by-later-claim`,
-app.sim.prewarm_invariants): a hint handled at the very instant a job is claimed, before or
+tests.sim.prewarm_invariants): a hint handled at the very instant a job is claimed, before or
 after it, has the claim's timestamp, so only the order in which the rows were written tells
 which came first. Temporary triggers on the simulation's one connection number each accepted
 prewarm row and each claim (a job moved to ASSIGNED) as it is written; a rolled-back write

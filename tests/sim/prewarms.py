@@ -22,7 +22,7 @@ from app.sim.workload import SITES, BurstSpec, JobSpec, PrewarmSpec, Workload, W
 
 PREWARM_SHARE = 1 / 3  # the share of worlds that draw prewarms
 # Of those, on a stream of their own (f"{seed}/burst"): the share whose hints for unpinned
-# jobs may name a net, and the share that draw a burst (app.sim.bursts).
+# jobs may name a net, and the share that draw a burst (tests.sim.bursts).
 NAMED_NET_SHARE = 0.5
 BURST_SHARE = 0.5
 # The states an armed hint may wait for (app.models.NetState values).

@@ -1,10 +1,10 @@
 """Hunt seeds from the command line:
 
-.venv/bin/python -m app.sim 0:500                  # every profile, by seed
-.venv/bin/python -m app.sim 0:500 --profile ops    # one profile for every seed
-.venv/bin/python -m app.sim 123 --trace            # one seed with its full trace
-.venv/bin/python -m app.sim 0:2000 --grep one-live-run
-.venv/bin/python -m app.sim sweep --seeds 10000    # the long sweep: seeds 0..9999
+.venv/bin/python -m tests.sim 0:500                  # every profile, by seed
+.venv/bin/python -m tests.sim 0:500 --profile ops    # one profile for every seed
+.venv/bin/python -m tests.sim 123 --trace            # one seed with its full trace
+.venv/bin/python -m tests.sim 0:2000 --grep one-live-run
+.venv/bin/python -m tests.sim sweep --seeds 10000    # the long sweep: seeds 0..9999
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import argparse
 import time
 from collections import Counter, defaultdict
 
-from app.sim.faults import PROFILES_BY_NAME
-from app.sim.report import replay_command
-from app.sim.simulation import run_seed
-from app.sim.sweep import run_seeds
+from tests.sim.profiles import PROFILES_BY_NAME
+from tests.sim.seeds import replay_command, run_seed
+from tests.sim.sweep import run_seeds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m app.sim")
+    parser = argparse.ArgumentParser(prog="python -m tests.sim")
     parser.add_argument("seeds", help="N, A:B, or `sweep` (with --seeds N)")
     parser.add_argument("--profile", choices=sorted(PROFILES_BY_NAME))
     parser.add_argument("--workers", type=int)

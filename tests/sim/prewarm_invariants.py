@@ -11,21 +11,22 @@ first), never the row's `hold_until`:
   `Bounds.prewarm_settle` of its hold's end, once faults have stopped;
 - `prewarm-used-by-later-claim`: a hold settled `used` names a job claimed onto its net
   (or, for the job that names it in `prewarm_key`, onto any net) after the hold was made,
-  in the simulation's own order of writes (app.sim.hold_order: a hint made at a claim's
+  in the simulation's own order of writes (tests.sim.hold_order: a hint made at a claim's
   very instant, after it, has the claim's timestamp), and before its hint's end (a hold is
   live on [created, end));
-- `held-net-taken` (app.sim.placement, at each claim): a job that names no hint takes a
+- `held-net-taken` (tests.sim.placement, at each claim): a job that names no hint takes a
   READY net held for another waiting job while an unheld READY net it may run on is free.
 
-`idle-net-at-zero` (app.sim.invariants) counts a net with a live hold as needed, so its
+`idle-net-at-zero` (tests.sim.invariants) counts a net with a live hold as needed, so its
 grace starts at the hold's end; `no-scale-down-under-job`, `one-run-per-server` and the run
 checks hold with prewarms as without, and a driver is never asked for a second replica
-(`one-replica`, app.sim.call_invariants)."""
+(`one-replica`, tests.sim.call_invariants)."""
 
 from __future__ import annotations
 
-from app.sim import hold_order, placement
-from app.sim.observer import HoldRow, Host, Observer, _secs, _uuid
+from app.sim.simulation import Simulation
+from tests.sim import hold_order, placement
+from tests.sim.observer import HoldRow, Observer, _secs, _uuid
 
 PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.prewarm*)
 
@@ -33,8 +34,8 @@ PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.
 class PrewarmInvariants(Observer):
     """The checks on holds (state: Observer.holds, read with the jobs and nets)."""
 
-    def __init__(self, sim: Host) -> None:
-        super().__init__(sim)
+    def start(self, sim: Simulation) -> None:
+        super().start(sim)
         self._used_checked: set[int] = set()  # prewarm ids whose `used` was checked
         self._used_at_changes = -1
         self._placement = placement.PlacementCheck()
@@ -123,7 +124,3 @@ class PrewarmInvariants(Observer):
                 f"{hold.outcome}, ended at {ended} outside its hold "
                 f"({hold.created_s:.1f}s to {hold.end_s:.1f}s)",
             )
-
-    def open_prewarms(self) -> list[str]:
-        """Prewarms whose row has no outcome yet (the world is not at rest)."""
-        return [f"prewarm {h.key[:40]} open on {h.net}" for h in self.holds if h.outcome is None]

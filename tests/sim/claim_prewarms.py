@@ -3,7 +3,7 @@ their own, `f"{seed}/claim-prewarm"`: the other worlds run as before), flip-api 
 the net one or two jobs are claimed onto at the very moment of the claim, and the other
 worker takes it at once, so the hint's row has the claim's timestamp but comes after it.
 A claim ends only the holds open when it is made; a hint made after it holds the net for
-the next job, to its own end (`prewarm-used-by-later-claim`, app.sim.prewarm_invariants)."""
+the next job, to its own end (`prewarm-used-by-later-claim`, tests.sim.prewarm_invariants)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from collections.abc import Callable
 
 from app import names
 from app.schemas import job_id_for
-from app.sim.host import SimHost
+from app.sim.simulation import Simulation
 
 CLAIM_PREWARM_SHARE = 0.5  # the share of the worlds with prewarms that draw these
 
 Arm = Callable[[str, str, str, Callable[[], None]], None]
 
 
-def schedule(sim: SimHost, arm: Arm) -> None:
+def schedule(sim: Simulation, arm: Arm) -> None:
     """Arm the hints (each sent once, at its job's first claim before the horizon)."""
     jobs = sim.workload.jobs
-    if not sim.claim_prewarms or not sim.workload.prewarms or not jobs:
+    if not sim.workload.prewarms or not jobs:
         return
     rng = random.Random(f"{sim.seed}/claim-prewarm")
     if rng.random() >= CLAIM_PREWARM_SHARE:
@@ -36,9 +36,9 @@ def schedule(sim: SimHost, arm: Arm) -> None:
         )
 
 
-def _sender(sim: SimHost, job_id: str, key: str, within: float) -> Callable[[], None]:
+def _sender(sim: Simulation, job_id: str, key: str, within: float) -> Callable[[], None]:
     def send() -> None:
-        if sim._draining:
+        if sim.draining:
             return  # the caller's hints stop at the horizon
         row = sim.conn.execute(
             "SELECT net_name FROM jobs WHERE id = ?", (job_id.replace("-", ""),)
@@ -52,11 +52,11 @@ def _sender(sim: SimHost, job_id: str, key: str, within: float) -> Callable[[], 
     return send
 
 
-def _take_now(sim: SimHost, key: str) -> None:
+def _take_now(sim: Simulation, key: str) -> None:
     """The other worker runs the hint now, at the claim's instant (unless the broker lost or
     delayed it, or both workers are busy: then it waits its turn like any message)."""
-    free = {0, 1} - set(sim._stack) - {sim._stalled}
-    if len(sim._stack) > 1 or not free:
+    free = {0, 1} - set(sim.running) - {sim.stalled}
+    if len(sim.running) > 1 or not free:
         return
     message = next(
         (
@@ -72,4 +72,4 @@ def _take_now(sim: SimHost, key: str) -> None:
     sim.broker.take(message)
     if sim.tracing:
         sim.trace(f"   || w{slot} runs {message.label()} at the claim's instant")
-    sim._deliver(message, slot)
+    sim.deliver(message, slot)

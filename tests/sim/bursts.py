@@ -1,9 +1,9 @@
-"""Bursts (the sweep's prewarm worlds that draw one, app.sim.prewarms): from its time on,
+"""Bursts (the sweep's prewarm worlds that draw one, tests.sim.prewarms): from its time on,
 the moment two READY nets are free (declared, no active job, no stray run) and held by no
 open prewarm, flip-api sends a hint for one of them, then a more urgent job that names no
 hint, then the job that names the hint, so both wait at the same claim. The claim must give
 the unheld READY net to the plain job and leave the held one to the hinted job (README
-"Prewarm": `held-net-taken`, app.sim.placement); a claim that put the held net first for
+"Prewarm": `held-net-taken`, tests.sim.placement); a claim that put the held net first for
 any job naming it gave it to the plain job (a4b8e22). Dropped at the horizon if the moment
 never comes (the two jobs are then never sent)."""
 
@@ -13,17 +13,16 @@ from collections.abc import Callable
 from functools import partial
 
 from app import names
-from app.sim.host import SimHost
+from app.sim.simulation import Simulation
 from app.sim.workload import BurstSpec, JobSpec
 
-SUBJECT = "nets:ready"  # the trigger's subject (app.sim.adversary._fire_triggers)
-TWO = "TWO"  # its state: two READY nets free and unheld
+TWO = "TWO"  # the trigger's state (app.sim.caller): two READY nets free and unheld
 
-Arm = Callable[[str, str, str, Callable[[], None]], None]
+Arm = Callable[[Callable[[], str], str, str, Callable[[], None]], None]
 Payload = Callable[[JobSpec], dict[str, object]]
 
 
-def free_ready(sim: SimHost) -> list[str]:
+def free_ready(sim: Simulation) -> list[str]:
     """The READY nets free (as a claim reads them) and held by no open prewarm."""
     rows = sim.conn.execute(
         "SELECT n.name FROM nets n WHERE n.state = 'READY' AND NOT EXISTS (SELECT 1 FROM jobs j"
@@ -36,22 +35,22 @@ def free_ready(sim: SimHost) -> list[str]:
     return [name for (name,) in rows if sim.settings.has_net(name)]
 
 
-def state(sim: SimHost) -> str:
+def state(sim: Simulation) -> str:
     return TWO if len(free_ready(sim)) >= 2 else ""
 
 
-def schedule(sim: SimHost, arm: Arm, payload: Payload) -> None:
+def schedule(sim: Simulation, arm: Arm, payload: Payload) -> None:
     for burst in sim.workload.bursts:
         send = _sender(sim, burst, payload)
         label = f"burst {burst.key}: flip-api sends {burst.plain} and {burst.hinted}"
         sim.at(
             burst.at_s,
             f"{label} once two READY nets are free",
-            partial(arm, SUBJECT, TWO, label, send),
+            partial(arm, partial(state, sim), TWO, label, send),
         )
 
 
-def _sender(sim: SimHost, burst: BurstSpec, payload: Payload) -> Callable[[], None]:
+def _sender(sim: Simulation, burst: BurstSpec, payload: Payload) -> Callable[[], None]:
     jobs = {j.key: j for j in sim.workload.jobs}
 
     def send() -> None:

@@ -11,43 +11,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-import sqlite3
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
-from app.sim.workload import NetSpec, Workload, WorldSpec
+from app.sim.simulation import Simulation
 
 KINDS = ("remove", "remove", "add", "flip", "timeouts")
 
 
-@dataclass
-class Declared:
-    """What NETS declares now: the nets in order, and per-net PER_JOB_FL_SERVER overrides."""
-
-    nets: list[NetSpec]
-    per_job: dict[str, bool]
-
-    def names(self) -> list[str]:
-        return [n.name for n in self.nets]
-
-
-class Host(Protocol):
-    """What a redeploy needs from the simulation it changes."""
-
-    world: WorldSpec
-    workload: Workload
-    declared: Declared
-    conn: sqlite3.Connection
-
-    def at(self, t: float, label: str, action: Callable[[], None]) -> None: ...
-
-    def scales_to_zero(self, net: str) -> bool: ...
-
-    def apply_settings(self, what: str) -> None: ...
-
-
-def plan(sim: Host, rng: random.Random, p: float) -> None:
+def plan(sim: Simulation, rng: random.Random, p: float) -> None:
     """Schedule 0 to 2 redeploys within the workload's horizon."""
     horizon = sim.workload.horizon_s
     count = 0
@@ -59,7 +29,7 @@ def plan(sim: Host, rng: random.Random, p: float) -> None:
         sim.at(at, f"redeploy ({kind})", functools.partial(redeploy, sim, kind, choice))
 
 
-def _active_nets(sim: Host) -> list[str]:
+def _active_nets(sim: Simulation) -> list[str]:
     return [
         str(r[0])
         for r in sim.conn.execute(
@@ -69,7 +39,7 @@ def _active_nets(sim: Host) -> list[str]:
     ]
 
 
-def redeploy(sim: Host, kind: str, choice: float) -> None:
+def redeploy(sim: Simulation, kind: str, choice: float) -> None:
     """Change NETS as `kind` says (`choice` in [0, 1) picks the net), then restart."""
     declared = sim.declared
     names = declared.names()

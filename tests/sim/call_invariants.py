@@ -10,18 +10,25 @@ from pathlib import Path
 
 from app.sim.bundles import S3_DEFINITION, version_of
 from app.sim.clock import seconds_of
-from app.sim.host import SimHost
 from app.sim.messages import Message
+from app.sim.simulation import Simulation
+from tests.sim.observer import Observer
 
 
-class CallInvariants(SimHost):
-    """The fakes' on_submit and on_scale (app.sim.cluster.Host)."""
+class CallInvariants(Observer):
+    """The fakes' on_submit and on_scale (app.sim.host.Host), passed on by the simulation,
+    and each message's late scale-downs once it ends."""
+
+    def start(self, sim: Simulation) -> None:
+        super().start(sim)
+        # Late scale-downs each message's step made: (net, its index in the driver's calls).
+        self._late_stops: dict[int, list[tuple[str, int]]] = {}
 
     def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this
         net passed the readiness check (wait_ready), as the chain promises, and carry its
         bundle as it was when this attempt was claimed, or newer."""
-        row = self.conn.execute(
+        row = self.sim.conn.execute(
             "SELECT state, net_name, assigned_at, submit_token, definition FROM jobs WHERE id = ?",
             (token[:36].replace("-", ""),),
         ).fetchone()
@@ -34,9 +41,9 @@ class CallInvariants(SimHost):
         moved_on = state in ("COMPLETED", "FAILED", "ABORTED", "ABORTING")
         if not repeat and not moved_on:
             self._check_bundle(token, definition, assigned_at, folder)
-        if job_net == net and self.ready_seen.get((token[:36], net)) == assigned_at:
+        if job_net == net and self.sim.ready_seen.get((token[:36], net)) == assigned_at:
             return
-        self.checker.report(
+        self.report(
             "submit-after-ready",
             f"job {token[:8]} on {net}",
             f"submit {token[-2:]} reached {net} while the job is {state} on {job_net}"
@@ -44,17 +51,18 @@ class CallInvariants(SimHost):
         )
 
     def _check_bundle(self, token: str, definition: str, assigned_at: str, folder: Path) -> None:
-        bundle = self.s3.bundle if definition == S3_DEFINITION else self.local_bundle.bundle
+        sim = self.sim
+        bundle = sim.s3.bundle if definition == S3_DEFINITION else sim.local_bundle.bundle
         submitted = version_of(folder)
         claimed = bundle.version_at(seconds_of(datetime.fromisoformat(assigned_at)))
         if submitted is None:
-            self.checker.report(
+            self.report(
                 "submitted-bundle-current",
                 f"submit {token[:8]}-{token[37:]}",
                 f"the folder it submits ({folder.name}) is gone or has no {definition} VERSION",
             )
         elif submitted < claimed:
-            self.checker.report(
+            self.report(
                 "submitted-bundle-current",
                 f"submit {token[:8]}-{token[37:]}",
                 f"carries {definition} v{submitted}; v{claimed} was current when this attempt"
@@ -66,21 +74,22 @@ class CallInvariants(SimHost):
         worker was paused past its lease, `_late_stop`); a scale-up (a job's or a
         prewarm's) never asks for a second replica."""
         if replicas > 1:
-            self.checker.report("one-replica", f"net {net}", f"driver asked for {replicas}")
+            self.report("one-replica", f"net {net}", f"driver asked for {replicas}")
         if replicas:
             return
-        row = self.conn.execute(
+        sim = self.sim
+        row = sim.conn.execute(
             "SELECT id, state FROM jobs WHERE net_name = ? AND state IN"
             " ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'ABORTING')",
             (net,),
         ).fetchone()
         if row is not None and self._late_stop(net):
-            self.stats["late stops"] = self.stats.get("late stops", 0) + 1
-            calls = self.cluster.drivers[net].calls
-            self._late_stops.setdefault(self._current[-1].id, []).append((net, len(calls)))
-            self.trace(f"   !! a late scale-down lands on {net} under job {row[0][:8]}")
+            sim.stats["late stops"] = sim.stats.get("late stops", 0) + 1
+            calls = sim.cluster.drivers[net].calls
+            self._late_stops.setdefault(sim.current[-1].id, []).append((net, len(calls)))
+            sim.trace(f"   !! a late scale-down lands on {net} under job {row[0][:8]}")
         elif row is not None:
-            self.checker.report(
+            self.report(
                 "no-scale-down-under-job",
                 f"net {net}",
                 f"scaled to 0 while job {row[0][:8]} is {row[1]} on it",
@@ -92,27 +101,34 @@ class CallInvariants(SimHost):
         conditional scale, so nothing on this side can fence it. The step itself puts the
         replica back when it reads the net again (tests/unit/test_stop_lease.py), and the
         job's lost run is resolved by the monitor like any server restart."""
-        resumed = self._resumed
+        resumed = self.sim.resumed
         return (
             resumed is not None
             and resumed[0] == "driver.scale"
-            and resumed[1] > self.settings.stuck_after_s
+            and resumed[1] > self.sim.settings.stuck_after_s
         )
+
+    def after_message(self, message: Message, finished: bool) -> None:
+        """A message's delivery ended (`finished`: its task returned or raised; else its
+        worker died under it, and it comes back with the same id)."""
+        if finished:
+            self._check_late_stops(message)
+        self._late_stops.pop(message.id, None)
 
     def _check_late_stops(self, message: Message) -> None:
         """A step whose scale-down landed late (`_late_stop`) asked for the replica back
         before it ended, if a job still holds the net: the claimed job's server is not left
         to the monitor's or reconcile's slower paths."""
         for net, at in self._late_stops.pop(message.id, []):
-            if 1 in self.cluster.drivers[net].calls[at:]:
+            if 1 in self.sim.cluster.drivers[net].calls[at:]:
                 continue
-            row = self.conn.execute(
+            row = self.sim.conn.execute(
                 "SELECT id, state FROM jobs WHERE net_name = ? AND state IN"
                 " ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'ABORTING')",
                 (net,),
             ).fetchone()
             if row is not None:
-                self.checker.report(
+                self.report(
                     "late-stop-undone",
                     f"net {net}",
                     f"a late scale-down took its server from job {row[0][:8]} ({row[1]}) and"

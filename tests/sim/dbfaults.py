@@ -19,7 +19,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.exc import OperationalError
 
 from app.handlers import Kind
-from app.sim.host import SimHost
+from app.sim.simulation import Simulation
 
 DB_ERROR = "sim: server closed the connection unexpectedly"
 # The kinds whose work another message redoes: their failure on a database error is excused.
@@ -30,17 +30,17 @@ class DatabaseFaults:
     """Fails statements and commits the workers of `sim` make on `engine` until `remove`;
     the harness's own reads and writes are never failed."""
 
-    def __init__(self, sim: SimHost, engine: Engine, seed: int) -> None:
+    def __init__(self, sim: Simulation, engine: Engine, seed: int) -> None:
         self._sim = sim
         self._engine = engine
         self._rng = random.Random(f"{seed}/db")
-        self.paused = False  # the harness's own work (a worker's start) is never failed
         event.listen(engine, "before_cursor_execute", self._on_statement)
         event.listen(engine, "commit", self._on_commit)
 
     def _fails(self) -> bool:
         rate = self._sim.faults.db_error
-        if not rate or self.paused or not self._sim._stack:
+        # The harness's own work (a worker's start) is never failed.
+        if not rate or self._sim.starting_worker or not self._sim.running:
             return False
         return self._rng.random() < rate
 

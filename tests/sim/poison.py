@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 
 from app.schemas import job_id_for
-from app.sim.host import SimHost
+from app.sim.simulation import Simulation
 
 POISON = "sim: poison row"
 # The tasks the poison may fail: each about one job, or one net (app.sim.messages kinds).
@@ -38,7 +38,7 @@ LATEST_AFTER_HORIZON_S = 120.0
 Arm = Callable[[str, str, str, Callable[[], None]], None]
 
 
-def schedule(sim: SimHost, arm: Arm) -> None:
+def schedule(sim: Simulation, arm: Arm) -> None:
     """Arm the profile's poison, if its stream draws one: one job, once it is in a state."""
     p = sim.profile.poison_row
     jobs = sim.workload.jobs

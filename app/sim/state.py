@@ -1,0 +1,282 @@
+"""The world as its tables and the platform say it is now: the jobs, nets and prewarm holds
+(raw SQL on the simulation's one connection: cheap, and read again only when a row changed),
+which nets a job or a hold still needs, and why the world is not at rest yet. The run loop
+ends a run once the world stays at rest (`unsettled()` empty) for a few beat ticks; the
+harness's invariants (tests/sim) read the same rows."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.sim.clock import seconds_of
+from app.sim.view import SimView
+from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, TERMINAL_JOB_STATES, JobState, NetState
+
+J = JobState
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str  # canonical UUID text, as in submit tokens
+    state: JobState
+    net: str | None
+    nvflare_id: str | None
+    token: str | None
+    changed_s: float
+    dispatched_s: float | None
+    requested_net: str | None
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class HoldRow:
+    """An accepted prewarm, with the end of its hold as the checker counts it: the earliest
+    of its hint's end, created + PREWARM_MAX_S, and when it ended (cancelled, used, failed)."""
+
+    key: str
+    net: str | None
+    created_s: float
+    end_s: float
+    outcome: str | None
+    ended_s: float | None
+
+    def live(self, t: float) -> bool:
+        return self.created_s <= t < self.end_s
+
+
+@dataclass(frozen=True)
+class NetRow:
+    name: str
+    state: NetState
+    changed_s: float
+
+
+_SECS: dict[str, float] = {}
+_UUIDS: dict[str, str] = {}
+
+
+def _secs(text: str | None) -> float | None:
+    """A stored timestamp as simulation seconds (memoised: the same values recur)."""
+    if text is None:
+        return None
+    value = _SECS.get(text)
+    if value is None:
+        if len(_SECS) > 100_000:
+            _SECS.clear()
+        value = _SECS[text] = seconds_of(datetime.fromisoformat(text))
+    return value
+
+
+def _uuid(hex_text: str) -> str:
+    """A stored UUID (32 hex digits on SQLite) in its canonical text form."""
+    value = _UUIDS.get(hex_text)
+    if value is None:
+        if len(_UUIDS) > 100_000:
+            _UUIDS.clear()
+        value = _UUIDS[hex_text] = str(uuid.UUID(hex_text))
+    return value
+
+
+class WorldState:
+    """The jobs, nets and holds as last read, and what they still need."""
+
+    def __init__(self, sim: SimView) -> None:
+        self.sim = sim
+        self.jobs: list[JobRow] = []
+        self.nets: list[NetRow] = []
+        self.holds: list[HoldRow] = []  # read only in a world with prewarms
+        self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
+        self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
+        self._strays_at_changes = -1
+        self.has_strays = (
+            sim.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
+            ).fetchone()
+            is not None
+        )
+
+    # --- reading the world --------------------------------------------------------------------
+
+    def read(self) -> None:
+        """The jobs and nets tables, again only if a row changed since the last read (the
+        connection's change counter: every INSERT, UPDATE and DELETE, rolled back or not)."""
+        conn = self.sim.conn
+        changes = conn.total_changes
+        if changes == self._read_at_changes:
+            return
+        self._read_at_changes = changes
+        self.jobs = [
+            JobRow(
+                id=_uuid(row[0]),
+                state=JobState(row[1]),
+                net=row[2],
+                nvflare_id=row[3],
+                token=row[4],
+                changed_s=_secs(row[5]) or 0.0,
+                dispatched_s=_secs(row[6]),
+                requested_net=row[7],
+                attempt=row[8],
+            )
+            for row in conn.execute(
+                "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
+                " dispatched_at, requested_net, attempts FROM jobs ORDER BY created_at, id"
+            )
+        ]
+        self.nets = [
+            NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0)
+            for row in conn.execute("SELECT name, state, state_changed_at FROM nets ORDER BY name")
+        ]
+        if self.sim.workload.prewarms:
+            self.holds = self._read_holds()
+
+    def _read_holds(self) -> list[HoldRow]:
+        max_s = self.sim.settings.prewarm_max_s
+        holds = []
+        for key, net, created, within, ended, outcome in self.sim.conn.execute(
+            "SELECT caller_key, net_name, created_at, within_s, ended_at, outcome FROM prewarms"
+            " WHERE NOT refused ORDER BY id"
+        ):
+            created_s = _secs(created) or 0.0
+            ended_s = _secs(ended)
+            end_s = created_s + min(float(within or 0.0), max_s)
+            if ended_s is not None:
+                end_s = min(end_s, ended_s)
+            holds.append(HoldRow(key, net, created_s, end_s, outcome, ended_s))
+        return holds
+
+    def held(self, net: str, t: float) -> bool:
+        """A live prewarm holds the net (as the checker counts the hold's end)."""
+        return any(h.net == net and h.live(t) for h in self.holds)
+
+    def job(self, job_id: str) -> JobRow | None:
+        for job in self.jobs:
+            if job.id == job_id:
+                return job
+        return None
+
+    def waits_for_its_stray(self, job_id: str) -> bool:
+        """The job has a stray run recorded (it is not claimed again until that settles)."""
+        if not self.has_strays:
+            return False
+        changes = self.sim.conn.total_changes
+        if changes != self._strays_at_changes:  # answers hold until a row changes
+            self._strays_at_changes = changes
+            self._strays_of.clear()
+        known = self._strays_of.get(job_id)
+        if known is None:
+            row = self.sim.conn.execute(
+                "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
+                (job_id.replace("-", ""),),
+            ).fetchone()
+            known = self._strays_of[job_id] = row is not None
+        return known
+
+    def needed(self, net: str) -> bool:
+        """A net's server is needed: an active job on it, a live prewarm hold on it, or a
+        QUEUED job that could take it while it is assignable."""
+        if any(j.net == net and j.state in ACTIVE_JOB_STATES for j in self.jobs):
+            return True
+        if self.holds and self.held(net, self.sim.clock.t):
+            return True
+        row = next((n for n in self.nets if n.name == net), None)
+        if row is None or row.state not in ASSIGNABLE_NET_STATES:
+            return False
+        # Only a job that could be claimed: one waiting for its own stray run (on this net
+        # or another) cannot run here, so it keeps no server up.
+        return any(
+            j.state == J.QUEUED
+            and j.requested_net in (None, net)
+            and not self.waits_for_its_stray(j.id)
+            for j in self.jobs
+        )
+
+    # --- at rest ------------------------------------------------------------------------------
+
+    def unsettled(self) -> list[str]:
+        """Why the world is not at rest yet (empty: at rest)."""
+        sim = self.sim
+        t = sim.clock.t
+        sim.cluster.advance(t)
+        self.read()
+        reasons = []
+        for job in self.jobs:
+            # Liveness: once faults stop, every job ends (not only: none is stuck where a
+            # net could take it). The one wait the design leaves to an operator: a job whose
+            # own stray run on an always-on net has a status its server never gives.
+            if job.state not in TERMINAL_JOB_STATES and not self._left_to_operator(job):
+                reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
+        for net in self.nets:
+            if (
+                sim.scales_to_zero(net.name)
+                and not self.needed(net.name)
+                and sim.cluster.replicas(net.name) > 0
+            ):
+                reasons.append(f"net {net.name} {net.state} still has a server")
+        for run in sim.cluster.live_runs(t):
+            if sim.declared_net(run.net):  # else the operator's (see stray-run-stopped)
+                reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
+        # Every prewarm's row has its outcome (a live hold keeps the world going).
+        reasons += self.open_prewarms()
+        if sim.broker.work_pending():
+            reasons.append("messages pending")
+        if sim.world.callbacks:
+            reasons += [f"callbacks {line}" for line in self.undelivered()]
+        return reasons
+
+    def open_prewarms(self) -> list[str]:
+        """Prewarms whose row has no outcome yet (the world is not at rest)."""
+        return [f"prewarm {h.key[:40]} open on {h.net}" for h in self.holds if h.outcome is None]
+
+    def undelivered(self) -> list[str]:
+        """Job events and refused enqueues neither delivered (the receiver accepted them) nor
+        visibly undeliverable (settled as failed, with the error kept on the job's cursor or
+        the rejection's row), one line per job or rejection."""
+        conn = self.sim.conn
+        accepted = self.sim.receiver.accepted
+        lines = []
+        cursors = {
+            _uuid(job): (settled, failed, error)
+            for job, settled, failed, error in conn.execute(
+                "SELECT job_id, settled_through, failed, last_error FROM callback_cursors"
+            )
+        }
+        events: dict[str, list[int]] = defaultdict(list)
+        for event_id, job_hex in conn.execute("SELECT id, job_id FROM job_events ORDER BY id"):
+            events[_uuid(job_hex)].append(event_id)
+        for job_id, ids in events.items():
+            settled, failed, error = cursors.get(job_id, (0, 0, None))
+            delivered = set(accepted.get(job_id, ()))
+            missing = [i for i in ids if i not in delivered]
+            visible = [i for i in missing if i <= settled and failed and error]
+            hidden = [i for i in missing if i not in visible]
+            if hidden:
+                lines.append(f"{job_id[:8]} events {hidden} neither delivered nor failed visibly")
+        for row_id, settled_at, failed, error in conn.execute(
+            "SELECT id, callback_settled_at, callback_failed, callback_last_error"
+            " FROM rejected_requests"
+        ):
+            if f"rejected-{row_id}" in self.sim.receiver.accepted_rejections:
+                continue
+            if settled_at is None or not (failed and error):
+                lines.append(f"rejected-{row_id} neither delivered nor failed visibly")
+        return lines
+
+    def _left_to_operator(self, job: JobRow) -> bool:
+        if job.state != J.QUEUED or not self.has_strays:
+            return False
+        rows = self.sim.conn.execute(
+            "SELECT net_name, nvflare_job_id, submit_token FROM stray_runs"
+            " WHERE replace(job_id, '-', '') = ?",
+            (job.id.replace("-", ""),),
+        ).fetchall()
+        for net, nvflare_id, token in rows:
+            if self.sim.scales_to_zero(net):
+                continue
+            key = nvflare_id or token
+            run = next((r for r in self.sim.cluster.runs if key in (r.nvflare_id, r.token)), None)
+            if run is not None and run.poisoned:
+                return True
+        return False

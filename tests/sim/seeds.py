@@ -1,0 +1,91 @@
+"""A seed's world, workload and fault profile, played with every invariant checked and the
+adversary's every moment: what the bug-hunting sweep runs (`run_seed`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from app.sim.faults import FaultProfile
+from app.sim.report import Result
+from app.sim.simulation import Simulation
+from app.sim.workload import NetSpec
+from tests.sim.adversary import Adversary
+from tests.sim.invariants import Checker
+from tests.sim.prewarms import with_prewarms
+from tests.sim.profiles import profile_for_seed
+from tests.sim.worlds import random_workload, random_world
+
+
+def from_seed(
+    seed: int,
+    profile: FaultProfile | None = None,
+    *,
+    tracing: bool = False,
+    fail_fast: bool = False,
+) -> Simulation:
+    """The seed's random world, workload and (unless given) fault profile."""
+    profile = profile or profile_for_seed(seed)
+    rng = random.Random(f"{seed}/workload")
+    world = random_world(rng)
+    workload = random_workload(rng, world, abort_p=profile.abort_p, report_p=profile.report_p)
+    # Half the worlds run without the awaited-run poll (QUEUED_POLL_S=0, a supported
+    # setting): both ways must keep every invariant. Its own generator leaves the world
+    # and the workload of every seed as they were before the poll existed.
+    poll = random.Random(f"{seed}/queued-poll").choice((0.0, 1.0))
+    world = dataclasses.replace(world, queued_poll_s=poll)
+    # A third of the worlds hold a finished run's server for flip-api's results report
+    # (RELEASE_AFTER=reported), so reports and aborts meet FINISHING jobs too.
+    extra = random.Random(f"{seed}/world-extra")
+    if extra.random() < 0.35:
+        world = dataclasses.replace(
+            world, release_after="reported", report_timeout_s=extra.choice((20.0, 60.0))
+        )
+    # Where NETS may change, the platform often runs a net NETS declares only later.
+    if profile.redeploy_p and extra.random() < 0.5:
+        world = dataclasses.replace(world, spare=(NetSpec("net-z", idle_timeout_s=20.0),))
+    # Half the worlds declare each net's sites (a job needing site-9 is then refused at
+    # enqueue, where the nets' sites are known).
+    if extra.random() < 0.5:
+        nets = tuple(dataclasses.replace(n, declares_sites=True) for n in world.nets)
+        world = dataclasses.replace(world, nets=nets)
+    # Most worlds push job status to a callback receiver (app.usecases.callbacks); some
+    # start in the middle of a receiver outage thousands of tries long.
+    if extra.random() < 0.6:
+        world = dataclasses.replace(
+            world,
+            callbacks=True,
+            callback_max_backoff_s=extra.choice((4.0, 8.0, 30.0)),
+            receiver_failures_before=1020 if extra.random() < 0.1 else 0,
+        )
+    # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
+    # their own (tests.sim.prewarms): the others run exactly as before.
+    world, workload = with_prewarms(seed, world, workload)
+    return Simulation(
+        world,
+        workload,
+        profile,
+        seed,
+        checker=Checker(),
+        adversary=Adversary(),
+        tracing=tracing,
+        fail_fast=fail_fast,
+    )
+
+
+def replay_command(seed: int) -> str:
+    """The one line that replays a seed with its trace."""
+    return f"SIM_SEED={seed} .venv/bin/python -m pytest tests/unit/test_simulation.py -k replay -s"
+
+
+def run_seed(
+    seed: int,
+    profile: FaultProfile | None = None,
+    *,
+    tracing: bool = False,
+    fail_fast: bool = False,
+) -> Result:
+    """One seed, from scratch (fail_fast: stop at the first violation)."""
+    result = from_seed(seed, profile, tracing=tracing, fail_fast=fail_fast).run()
+    result.replay = replay_command(seed)
+    return result
