@@ -1,0 +1,386 @@
+"""Adversarial review of round 5 (issue 41: from the demo to a deployment; the broker's
+refusals reported; a killed test run's leftovers cleared): reproductions of promises the
+change does not keep. Each is a strict xfail saying what it shows, so the suite stays green
+and the test flips the day the behaviour is fixed; see the report on branch r5-breakit. The
+test-run sweep's: test_review_round5_testrun.py."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from app.entrypoints.cli import main
+from app.local.demo import _next_steps
+from app.local.local_net import LocalNet, make_local_net, next_steps
+from app.local.settings_folder import write_settings_folder
+from app.settings import ENV_FILE_VARIABLE, Settings, load_settings
+from tests.unit.test_kit_check import make_kit
+from tests.unit.test_local_net import a_net
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+SETTINGS_ALIASES = [f.alias for f in Settings.model_fields.values() if f.alias]
+NOBODY = 65534
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No setting from the test runner's environment; main()'s log handler removed after."""
+    for alias in SETTINGS_ALIASES:
+        monkeypatch.delenv(alias, raising=False)
+    monkeypatch.setenv(ENV_FILE_VARIABLE, "")
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.get_name() == "fl-dispatcher"]:
+        root.removeHandler(handler)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """main()'s exit code (argparse's too), stdout and stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # an option argparse refuses
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def good_kit(folder: Path) -> Path:
+    now = datetime.now(UTC)
+    return make_kit(folder, not_before=now - timedelta(days=1), not_after=now + timedelta(days=30))
+
+
+def static_net(name: str, kit: Path, **extra: object) -> dict[str, object]:
+    return {
+        "name": name,
+        "driver": {"kind": "static"},
+        "required_sites": ["site-1"],
+        "admin": {"kit_dir": str(kit), "username": "admin@nvidia.com"},
+        **extra,
+    }
+
+
+# --- 1. local-net and the settings folders it and the demo write --------------------------
+
+
+def _as_shell_reads(said: str) -> list[list[str]]:
+    """Each printed `fl-dispatcher ...` line as a shell splits it into arguments."""
+    lines = [line.strip().removesuffix("&").strip() for line in said.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("fl-dispatcher ")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="local-net prints its next steps with the folder's paths unquoted: in a folder "
+    "with a space (`local-net '~/FL nets/local'`) every line, copied to a shell, names "
+    "another file (`--env-file ~/FL` ...)",
+)
+def test_local_nets_next_steps_name_its_files_whole_in_a_folder_with_a_space(tmp_path):
+    folder = tmp_path / "FL nets" / "local"
+    made = LocalNet(
+        folder=folder,
+        net={"name": "local-net"},
+        site_kits={s: folder / "kits" / s for s in ("site-1", "site-2")},
+        env_file=folder / "fl-dispatcher.env",
+        nets_file=folder / "nets.toml",
+        job="tiny-fedavg",
+    )
+    commands = _as_shell_reads(next_steps(made))
+    assert len(commands) == 6
+    for argv in commands:
+        if argv[1] == "participant":
+            assert argv[2] in {str(kit) for kit in made.site_kits.values()}
+        else:
+            assert argv[1:3] == ["--env-file", str(made.env_file)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the demo's closing lines (`fl-dispatcher --env-file <folder>/fl-dispatcher.env "
+    "status`) leave the kept folder's path unquoted: with `demo --workdir '~/FL demo' "
+    "--keep` they name a file that is not there",
+)
+def test_the_demos_closing_lines_name_its_settings_file_whole_in_a_folder_with_a_space(tmp_path):
+    root = tmp_path / "FL demo"
+    out = io.StringIO()
+    _next_steps(root, kept=True, out=out)
+    commands = _as_shell_reads(out.getvalue())
+    assert len(commands) == 3
+    for argv in commands:
+        assert argv[1:3] == ["--env-file", str(root / "fl-dispatcher.env")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="local-net accepts a --name no nets file takes (exit 0, 'its entry is in "
+    "nets.toml'): the folder's settings then stop every command with exit 2 (the "
+    "name must match ^[a-z0-9][a-z0-9_-]{0,62}$), and the folder, no longer empty, "
+    "cannot be made again",
+)
+def test_local_net_refuses_a_net_name_its_own_nets_file_would_refuse(tmp_path, capsys):
+    folder = tmp_path / "fl-local"
+    code, _, _ = run(capsys, "local-net", str(folder), "--name", "My Net")
+    assert code != 0
+    assert not folder.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="local-net writes any --port into the kits (70000 here, or 0) and says so with "
+    "exit 0; `config check` then ends 'configuration ok', and the server can never listen "
+    "there: every job waits out the net's readiness deadline",
+)
+def test_local_net_refuses_a_port_no_server_can_listen_on(tmp_path, capsys):
+    folder = tmp_path / "fl-local"
+    code, _, _ = run(capsys, "local-net", str(folder), "--port", "70000")
+    assert code != 0
+    assert not folder.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a local-net that fails after it made its folder (here nvflare refusing the "
+    "--admin name) leaves it half made (nvflare/provision), and the same command, corrected, "
+    "is then refused: 'is not empty: give a new folder'",
+)
+def test_a_local_net_that_fails_leaves_no_half_made_folder_behind(tmp_path, capsys):
+    folder = tmp_path / "fl-local"
+    code, _, err = run(capsys, "local-net", str(folder), "--admin", "not-an-email")
+    assert code == 1 and "local-net:" in err
+    assert not folder.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the settings file has no form for a value with a quote: local-net in a folder "
+    "under /home/o'brien provisions, then fails (exit 1) leaving kits/, jobs/ and nets.toml, "
+    "so that folder can never be used",
+)
+def test_local_net_works_in_a_folder_under_a_path_with_an_apostrophe(tmp_path, capsys):
+    folder = tmp_path / "o'brien" / "fl-local"
+    code, _, err = run(capsys, "local-net", str(folder))
+    assert code == 0, err
+    assert load_settings(folder / "fl-dispatcher.env").data_dir == folder / "data"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason='the same refusal in the demo: `demo --workdir "/home/o\'brien/demo"` dies with '
+    "a ValueError traceback (not 'demo failed: ...') as its stack writes the kept settings "
+    "file, before anything runs",
+)
+def test_the_demos_settings_folder_can_be_written_under_a_path_with_an_apostrophe(tmp_path):
+    folder = tmp_path / "o'brien"
+    folder.mkdir()
+    env_file = write_settings_folder(
+        folder, {"FL_DISPATCHER_DATA_DIR": folder / "data"}, [a_net(folder)], "a header"
+    )
+    assert Settings(_env_file=env_file).data_dir == folder / "data"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the kept settings file leaves out the secrets by name (CALLBACK_SECRET, "
+    "API_SECRET...) but writes DATABASE_URL and BROKER_URL as given: a stack run on a "
+    "PostgreSQL or Redis with a password (StackOptions.database_url/broker_url) leaves that "
+    "password in a world-readable fl-dispatcher.env whose header says secrets are not written",
+)
+def test_a_settings_folder_holds_no_password_of_the_database_or_broker(tmp_path):
+    settings = {
+        "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
+        "DATABASE_URL": "postgresql+psycopg://fl:db-pass-0123456789@db:5432/fl",
+        "BROKER_URL": "redis://:broker-pass-0123456789@redis:6379/5",
+    }
+    env_file = write_settings_folder(tmp_path, settings, [a_net(tmp_path)], "a header")
+    text = env_file.read_text()
+    assert "db-pass-0123456789" not in text and "broker-pass-0123456789" not in text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="local-net's settings file names only a data folder, not its database (the "
+    "demo's names DATABASE_URL and BROKER_URL): with FL_DISPATCHER_DATA_DIR exported, as "
+    "`config check` advises, the environment wins and the README's local-net steps run "
+    "its worker on that other deployment's database, where every net but local-net is "
+    "undeclared (reconcile settles their jobs net_removed)",
+)
+def test_a_local_nets_settings_keep_its_own_database_with_a_data_folder_exported(
+    tmp_path, monkeypatch
+):
+    made = make_local_net(tmp_path / "fl-local")
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "my-deployment"))
+    settings = load_settings(made.env_file)
+    assert [n.name for n in settings.nets] == ["local-net"]
+    assert str(made.folder) in settings.database_url
+    assert str(made.folder) in settings.broker_url
+
+
+# --- 2. config check on kits it cannot read -------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="config check dies with a UnicodeDecodeError traceback on an admin kit whose "
+    "fed_admin.json is not UTF-8 (saved as UTF-16 by an editor): no warning for it, and "
+    "none for the nets after it",
+)
+def test_config_check_warns_about_every_kit_when_one_kits_config_is_not_utf8(
+    tmp_path, capsys, monkeypatch
+):
+    utf16, keyless = good_kit(tmp_path / "kit-1"), good_kit(tmp_path / "kit-2")
+    config = utf16 / "startup" / "fed_admin.json"
+    config.write_text(config.read_text(), encoding="utf-16")
+    (keyless / "startup" / "client.key").unlink()
+    nets = [static_net("net-1", utf16), static_net("net-2", keyless)]
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("NETS", json.dumps(nets))
+    code, out, err = run(capsys, "config", "check")
+    assert code == 0
+    assert "configuration valid, with 2 warning(s)" in out
+    assert f"warning: net net-1: admin kit {utf16}" in err
+    assert f"warning: net net-2: admin kit {keyless}" in err
+
+
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="reads the kit as another user: needs root to become uid 65534 and back",
+)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder every user may enter (pytest's own temporary folder is root's only)."""
+    folder = Path(tempfile.mkdtemp(prefix="fld-review5-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def as_nobody() -> Iterator[None]:
+    """This process reads files as uid/gid 65534 (the workers' other user), then root again."""
+    groups = os.getgroups()
+    os.setgroups([])
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
+def _config_check_imported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Run config check once as root, on a kit with a warning, so that every module it
+    imports lazily is loaded before it runs as a user who cannot read the code."""
+    import app.adapters.nvflare.kit_check
+    import app.entrypoints.cli_jobs  # noqa: F401
+
+    kit = good_kit(tmp_path / "warm-up-kit")
+    (kit / "startup" / "client.key").unlink()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("NETS", json.dumps([static_net("warm-up", kit)]))
+        run(capsys, "config", "check")
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="a kit folder the checking user cannot enter (chmod 700 by the user who "
+    "provisioned; compose's workers are uid 10001) stops config check, and every process, "
+    "with a PermissionError traceback from the settings' validation: neither a warning nor "
+    "'a settings error naming the net and the field' (app/deploy/README.md)",
+)
+def test_config_check_names_a_kit_whose_folder_this_user_cannot_enter(
+    shared_dir, tmp_path, capsys, monkeypatch
+):
+    kit = good_kit(shared_dir / "kit")
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(shared_dir / "data"))
+    _config_check_imported(capsys, tmp_path)
+    monkeypatch.setenv("NETS", json.dumps([static_net("net-1", kit)]))
+    assert run(capsys, "config", "check")[0] == 0  # root reads it
+    (kit / "startup").chmod(0o700)
+    with as_nobody():
+        code, _, err = run(capsys, "config", "check")
+    assert code in (0, 2)
+    assert "net-1" in err and str(kit) in err
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="an admin kit whose fed_admin.json this user cannot read, on a net that names "
+    "its server_endpoint (nets.ecs.toml does), is reported twice, as a warning and as a "
+    "kit problem, and config check exits 2; the README's CLI table: a kit that cannot be "
+    "read by this user is a warning, exit 0",
+)
+def test_config_check_warns_once_and_exits_0_on_a_kit_config_it_cannot_read(
+    shared_dir, tmp_path, capsys, monkeypatch
+):
+    kit = good_kit(shared_dir / "kit")
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(shared_dir / "data"))
+    _config_check_imported(capsys, tmp_path)
+    net = static_net("net-1", kit, server_endpoint="localhost:18002")  # the kit's
+    monkeypatch.setenv("NETS", json.dumps([net]))
+    code, out, _ = run(capsys, "config", "check")
+    assert code == 0 and out.endswith("configuration ok\n")
+    (kit / "startup" / "fed_admin.json").chmod(0o600)
+    with as_nobody():
+        code, out, err = run(capsys, "config", "check")
+    assert code == 0
+    assert "configuration valid, with 1 warning(s)" in out
+    assert err.count(str(kit)) == 1, err
+
+
+# --- 3. the contract flip-api reads -----------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the contract's state_change schema still lets `attempt` be 0: a receiver that "
+    "validates against `fl-dispatcher schema` cannot tell a 0.1.0 (0-based) payload from a "
+    "0.2.0 one, though the README and the field's own description say it counts from 1",
+)
+def test_the_contract_refuses_a_state_change_whose_attempt_is_0(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)["callbacks"]["state_change"]
+    payload = {
+        "attempt": 0,
+        "at": "2026-11-29T12:00:05+00:00",
+        "caller_key": "flip-model-42",
+        "event_id": 1234,
+        "from_state": "ASSIGNED",
+        "job_id": "6f1c0c1e-0000-5000-8000-000000000000",
+        "kind": "state_change",
+        "metadata": {},
+        "nvflare_job_id": None,
+        "reason": "submitting",
+        "reason_code": None,
+        "to_state": "DISPATCHING",
+    }
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid(payload | {"attempt": 1})  # the payload is otherwise valid
+    assert not validator.is_valid(payload)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the README's Status callbacks section (what flip-api's receiver is written "
+    "from) describes `attempt` as counting from 1 without saying it counted from 0 before "
+    "0.2.0 or pointing at the CHANGELOG: an old receiver's author reading it is not told",
+)
+def test_the_readmes_callbacks_section_says_the_attempt_changed():
+    section = README.read_text().split("\n## Status callbacks\n", 1)[1].split("\n## ", 1)[0]
+    assert "app/deploy/CHANGELOG.md" in section and "0.2.0" in section
