@@ -109,15 +109,20 @@ def redrive_lapsed_steps(rt: Runtime) -> dict[str, str]:
             if not _take_over(rt, job_id, state, net_name, attempt):
                 continue
             if state == JobState.ASSIGNED:
-                rt.outbox.start_pipeline(str(job_id), net_name, attempt)
-                redriven[str(job_id)] = "pipeline re-driven"
+                sent = rt.outbox.start_pipeline(str(job_id), net_name, attempt)
+                what = "pipeline re-driven"
             else:
-                rt.outbox.send(
+                sent = rt.outbox.send(
                     names.DISPATCH, job_id=str(job_id), net_name=net_name, attempt=attempt
                 )
-                redriven[str(job_id)] = "dispatch re-sent"
+                what = "dispatch re-sent"
+            # A send the broker refused leaves the new lease to lapse: the next round tries
+            # again. Said as it is, not as done.
+            redriven[str(job_id)] = what if sent else f"{what}: the broker refused it"
             log.warning(
-                "step lease passed: its worker is gone; re-driven",
+                "step lease passed: its worker is gone; re-driven"
+                if sent
+                else "step lease passed: re-drive refused by the broker; tried again later",
                 extra={"job": str(job_id), "net": net_name, "state": str(state)},
             )
     return redriven

@@ -105,6 +105,25 @@ def test_a_chain_whose_worker_died_polling_readiness_is_re_driven_strictly_past_
     assert world.job(job_id).state == JobState.RUNNING
 
 
+def test_a_re_drive_the_broker_refuses_says_so_and_is_tried_again_after_its_lease(
+    world, monkeypatch
+):
+    """A broker down when the lapsed chain is re-driven: the round says the broker refused
+    it (not "re-driven"), and the round after the new lease lapses tries again."""
+    job_id = world.enqueue("j", net="net-a")
+    _polling(world, job_id)
+    monkeypatch.setattr(world.outbox, "start_pipeline", lambda *_a: False)
+    lease = step_leases.poll_lease_s(world.rt.settings)
+    world.clock.advance(lease + 1)
+    verdict = monitor.monitor_running_jobs(world.rt)[str(job_id)]
+    assert verdict == "pipeline re-driven: the broker refused it"
+    monkeypatch.undo()
+    claimed = len(_pipelines_sent(world, job_id))
+    world.clock.advance(step_leases.handoff_lease_s(world.rt.settings) + 1)
+    assert monitor.monitor_running_jobs(world.rt)[str(job_id)] == "pipeline re-driven"
+    assert len(_pipelines_sent(world, job_id)) == claimed + 1
+
+
 def test_with_the_defaults_a_dead_workers_job_is_re_driven_within_a_minute():
     """README's bound: the longest lease between two of a step's writes plus one monitor
     round, with every default."""
