@@ -25,7 +25,6 @@ from app.usecases import (
 from app.usecases.dispatch import Step
 from models import JobState, NetState, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import dispatch_through_a_start_time_blip
 
 
 def _strays(world):
@@ -129,19 +128,6 @@ def test_a_stale_submit_never_goes_out_while_the_next_attempt_is_dispatching(wor
         1,
         f"{job_id}-1",
     )
-
-
-def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
-    # hole 3
-    job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
-    dispatch.scale_up(world.rt, job_id, "net-a", 0)
-    dispatch.check_ready(world.rt, job_id, "net-a", 0)
-    dispatch_through_a_start_time_blip(world, job_id)
-    assert world.net("net-a").server_start_time == 1000.0
-    world.server("net-a").restart(2000.0)  # the server restarted under the job
-    monitor.monitor_running_jobs(world.rt)
-    assert world.job(job_id).state == JobState.QUEUED
 
 
 def test_a_run_the_server_forgot_is_lost_not_running_forever(world):

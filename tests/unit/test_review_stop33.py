@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from app.errors import ServerUnavailable, SettingsError
+from app.errors import SettingsError
 from app.schemas import PrewarmNet
 from app.settings import Settings, load_settings
 from app.usecases import dispatch, monitor, prewarm, prewarm_warm_up, services
 from models import JobState
-from tests.fakes import FakeAdmin
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
 from tests.unit.test_prewarm import held_ready, pw, row, view  # noqa: F401 (pw: a fixture)
@@ -59,35 +58,6 @@ def test_review33_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_aft
 
 
 # --- monitor: a restarted server's verdict on the status just read ---------------------------
-
-
-def test_review33_a_run_finished_across_a_restart_is_settled_on_the_one_status_read(
-    world, monkeypatch
-):
-    """After a restart, a run the new process reports finished is judged on that read
-    (monitor._after_restart -> _verdict): a server that stops answering right after it
-    does not turn a completed run into "status unknown" (nor, past MAX_RUN_S, an overrun
-    FAILED). Pins the single read: before the rewrite a second status call decided."""
-    job_id = world.enqueue("done-before-restart", net="net-a")
-    world.run_pipeline(job_id)
-    server = world.server("net-a")
-    server.statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
-    server.restart()
-    real = FakeAdmin.job_status
-    calls: list[str] = []
-
-    def once_then_gone(admin: FakeAdmin, run: str) -> Any:
-        calls.append(run)
-        if len(calls) > 1:
-            raise ServerUnavailable("connection reset")
-        return real(admin, run)
-
-    monkeypatch.setattr(FakeAdmin, "job_status", once_then_gone)
-    world.clock.advance(world.rt.settings.max_run_s + 1)  # a second read would say overran
-    verdicts = monitor.monitor_running_jobs(world.rt)
-    job = world.job(job_id)
-    assert job.state == JobState.COMPLETED, verdicts
-    assert len(calls) == 1
 
 
 # --- monitor: the report-wait expiry and the other nets' runs -------------------------------

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import abort, dispatch, monitor, reconciler, services
+from app.usecases import abort, dispatch, reconciler, services
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -118,31 +118,6 @@ def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(
     assert [c.job_id for c in claims if c.net_name == "net-a"] == [], (
         f"job {new} claimed onto net-a beside run {world.job(old).nvflare_job_id}"
     )
-
-
-def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on_net(world):
-    """Seed 499 (servers): a job runs on an always-on net; its server process is killed and
-    restarted, and for a while after boot gives no start time, which the monitor cannot tell
-    from a server that does not answer: past the grace the job is requeued and its run kept
-    as a stray (it may still live). The server answers again, still reading the killed run
-    RUNNING (NVFLARE 2.9 does so for ever) but refusing its abort as "not running": that
-    answer settles the stray, and the job, pinned there, is claimed again (it waited for
-    ever when only a status that is over could settle a stray)."""
-    job_id = world.enqueue("j", net="fixed")
-    world.run_pipeline(job_id)
-    server = world.server("fixed")
-    server.up = False  # the process is gone: the admin side cannot tell it from a blip
-    monitor.monitor_running_jobs(world.rt)
-    world.clock.advance(31)  # past SERVER_LOST_GRACE_S
-    monitor.monitor_running_jobs(world.rt)
-    assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray
-    server.up = True
-    server.restart()  # a new process answers; the run died with the old one
-
-    abort.settle_stray_runs(world.rt, "fixed")
-    claims = dispatch.assign_jobs(world.rt)
-
-    assert [c.job_id for c in claims] == [job_id]
 
 
 @pytest.mark.parametrize("seed", [231, 1025, 1157])
