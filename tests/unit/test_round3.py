@@ -19,7 +19,6 @@ from app.settings import Settings
 from app.usecases import (
     abort,
     dispatch,
-    enqueue,
     intake,
     monitor,
     net_repairs,
@@ -178,13 +177,6 @@ def test_a_rejection_with_an_unstorable_caller_key_is_recorded(world):
 
 
 # --- 6. backoff that overflows ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize("tries", [1024, 1025, 10**6])
-def test_backoff_after_any_number_of_tries_is_the_cap(tries):
-    from app.usecases.callback_verdicts import backoff_s
-
-    assert backoff_s(tries, 300.0) == 300.0
 
 
 # --- 8. a failure handler moves only what it owns --------------------------------------------
@@ -508,37 +500,6 @@ def test_a_queued_job_says_why_it_waits(world):
 
 
 # --- callbacks: one undeliverable job holds back no other ----------------------------------
-
-
-def test_one_undeliverable_job_holds_back_no_other(tmp_path, job_root, sqlite_factory, clock):
-    from app.usecases import callbacks
-    from tests.unit.test_callbacks import Receiver, callback_settings, deliver
-
-    world = World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
-    receiver = Receiver()
-    with world.rt.sessions.begin() as session:  # stored before payloads were checked
-        bad = enqueue.enqueue_job(
-            session,
-            world.rt.settings,
-            EnqueueJob.model_construct(
-                caller_key="bad",
-                definition="tiny-job",
-                required_sites=["site-1"],
-                net="net-a",
-                priority=0,
-                max_attempts=None,
-                metadata={"model": "\ud800"},
-            ),
-            world.clock(),
-        ).job_id
-    good = world.enqueue("good", net="fixed")
-    report = deliver(world, receiver)
-    assert receiver.accepted(good) == ["QUEUED"]
-    assert report.failed == 1
-    with world.rt.sessions() as session:
-        status = callbacks.delivery_status(session, bad)
-    assert (status["failed"], status["pending"]) == (1, 0)
-    assert "undeliverable" in status["last_error"]
 
 
 # --- a run the server reports finished while its start time cannot be read -----------------
