@@ -8,50 +8,13 @@ from typing import Any
 
 import pytest
 
-from app.schemas import PrewarmNet
-from app.usecases import dispatch, monitor, prewarm, prewarm_warm_up, services
+from app.usecases import monitor, services
 from models import JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
 from tests.unit.test_prewarm import held_ready, pw, row, view  # noqa: F401 (pw: a fixture)
 
 # --- prewarm holds: a claim and a hint at the same instant ----------------------------------
-
-
-def test_review33_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):  # noqa: F811
-    """README "Prewarm": a hold ends "when a job is claimed onto its net"; a job claimed
-    before the hint did not use it (test_a_busy_net_is_held_after_its_job_until_the_deadline).
-    The claim itself ends the holds open at that moment (claims._use_holds); a hint that
-    arrives after the claim, at the same instant, is not among them and must stay held for
-    the next job. prewarm_holds.settle_row counts a job assigned at the hold's creation
-    instant (`assigned_at >= created_at`) as its use: the hint ends at once, `used` by a job
-    that was claimed before it existed, and the net is let go after that job's grace
-    instead of being held to the hint's deadline."""
-    job_id = pw.enqueue("before", net="net-a")
-    assert dispatch.assign_jobs(pw.rt)  # claimed at T: net-a STARTING for it
-    prewarm.request_prewarm(pw.rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
-    assert row(pw, "p1").outcome is None  # the claim came first: it did not end this hold
-    prewarm_warm_up.settle_prewarms(pw.rt)  # a scale-down round, still at T
-    settled = row(pw, "p1")
-    assert (settled.outcome, settled.job_id) == (None, None), (
-        f"a hint made after job {job_id}'s claim was settled {settled.outcome} by it"
-    )
-
-
-def test_review33_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):  # noqa: F811
-    """README "Prewarm": `status` is warming/held, "then used, expired, cancelled or
-    failed": an ended prewarm keeps its outcome. At the hold's deadline instant T,
-    GET /prewarms (prewarm.status_of: `hold_until <= now`) already reads it `expired`; a
-    claim at that same T once ended it `used` (claims._use_holds had `hold_until >= now`),
-    so a caller that read `expired` read `used` a moment later at the same clock. One rule
-    now: a hold is live on [created_at, hold_until)."""
-    held_ready(pw, within_s=100)
-    pw.enqueue("on-time", net="net-a")
-    pw.clock.now = row(pw, "p1").hold_until
-    before = view(pw, "p1")["status"]
-    assert dispatch.assign_jobs(pw.rt)
-    after = view(pw, "p1")["status"]
-    assert after == before, f"read {before!r} at its deadline, then {after!r} at the same instant"
 
 
 # --- monitor: a restarted server's verdict on the status just read ---------------------------
