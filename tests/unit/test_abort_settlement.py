@@ -10,7 +10,7 @@ from sqlalchemy import select
 from app import names
 from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable, UnknownAdminError
-from app.usecases import abort, dispatch, intake
+from app.usecases import abort, dispatch, intake, reconciler
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -256,3 +256,37 @@ def test_a_stray_whose_abort_or_search_fails_is_kept(world, error, failing):
     assert abort.settle_stray_runs(world.rt, "fixed") == 1
     assert len(_strays(world)) == 1
     assert KICK not in world.outbox.sent
+
+
+def test_aborting_ends_within_the_abort_timeout_and_takes_the_server_down(world):
+    # app/sim/FINDINGS.md, hole 10
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+
+    def unknown(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin("net-a").abort = unknown  # type: ignore[method-assign]
+    assert world.abort(job_id) == JobState.ABORTING
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    reconciler.reconcile(world.rt)
+    job = world.job(job_id)
+    assert (job.state == JobState.ABORTED and "not confirmed" in (job.last_error or "")) or (
+        job.state == JobState.ABORTED
+    )
+    assert world.driver("net-a").replicas == 0
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+def test_an_abort_the_server_did_not_hear_leaves_a_stray_run_not_a_second_job_beside_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False  # a blip: the admin side cannot reach the server
+    assert world.abort(job_id) == JobState.ABORTED  # no error reaches the caller
+    assert [s.nvflare_job_id for s in _strays(world)] == ["nv-1"]
+    world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that may still go on
+    world.server("net-a").up = True
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+from app.errors import AdminMisconfigured
 from app.settings import Settings
-from app.usecases import reconciler, scale_down, services
-from models import NetState
+from app.usecases import monitor, reconciler, scale_down, services
+from models import JobState, NetState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
 
@@ -90,3 +91,35 @@ def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
     redriven = reconciler.reconcile(world.rt).redriven
     assert redriven == (f"{jobs['net-b']}: abort re-sent",)
     assert world.net("net-a").last_error == "reconcile: RuntimeError: broker bug"
+
+
+def test_one_net_misconfigured_admin_does_not_stop_monitoring_of_another(world):
+    # app/sim/FINDINGS.md, hole 1: net "fixed" (static, first by name) raises
+    # AdminMisconfigured on every probe; the job on net-a must still settle.
+    on_fixed = world.enqueue("f", net="fixed")
+    world.run_pipeline(on_fixed)
+    on_a = world.enqueue("a", net="net-a")
+    world.run_pipeline(on_a)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+
+    def broken() -> float:
+        raise AdminMisconfigured("admin certificate expired")
+
+    world.admin("fixed").server_start_time = broken  # type: ignore[method-assign]
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(on_a).state == JobState.COMPLETED
+    assert "expired" in (world.net("fixed").last_error or "")
+
+
+def test_an_unclassified_error_on_one_net_never_escapes_a_housekeeping_loop(world):
+    job_id = world.enqueue("a", net="net-a")
+    world.run_pipeline(job_id)
+
+    def boom() -> None:
+        raise RuntimeError("something nobody classified")
+
+    world.admin("net-a").ping = boom  # type: ignore[method-assign]
+    assert scale_down.keep_alive_busy_nets(world.rt) == []
+    world.admin("net-a").server_start_time = boom  # type: ignore[method-assign]
+    monitor.monitor_running_jobs(world.rt)
+    assert "RuntimeError" in (world.net("net-a").last_error or "")

@@ -89,3 +89,12 @@ def test_a_reconcile_that_crashes_on_one_net_is_recorded_there_and_repairs_the_o
     assert world.net("fixed").last_error == "reconcile: RuntimeError: bug in a client"
     assert "net-a: drift: STOPPED net had a server; scaled to 0" in repaired
     assert world.driver("net-a").replicas == 0
+
+
+def test_a_run_the_server_forgot_is_lost_not_running_forever(world):
+    # app/sim/FINDINGS.md, hole 3 (second half)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses.clear()
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED

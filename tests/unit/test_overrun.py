@@ -128,3 +128,17 @@ def test_an_aborting_job_is_left_to_the_abort_timeout_not_failed_as_an_overrun(w
     world.clock.advance(world.rt.settings.max_run_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.ABORTING
+
+
+def test_status_errors_do_not_switch_off_the_run_time_limit(world):
+    # app/sim/FINDINGS.md, hole 3b
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+
+    def unknown(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin("net-a").job_status = unknown  # type: ignore[method-assign]
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED

@@ -149,3 +149,15 @@ def test_a_scale_up_not_yet_overdue_is_no_repair(world):
     world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # its chain is on the way: nothing to repair yet
     assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
+
+
+def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
+    # app/sim/FINDINGS.md, hole 7: drift (a server up while STOPPED) and a job claimed before
+    # reconcile decides.
+    world.driver("net-a").replicas = 1
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # the net is STARTING with a job now
+    reconciler.reconcile(world.rt)
+    assert world.driver("net-a").replicas == 1
+    assert world.job(job_id).state == JobState.ASSIGNED

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from app.adapters.drivers.base import Observation
 from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import dispatch, intake, monitor, scaling, services, views
+from app.usecases import abort, dispatch, intake, monitor, scaling, services, views
 from app.usecases.services import AbortDecision
 from models import JobState, NetState, StrayRun
 
@@ -102,3 +102,21 @@ def test_a_scale_down_the_driver_could_not_take_is_not_confirmed(world):
     world.driver("net-a").fail_with = DriverTransientError("throttled")
     assert not scaling.stop_net(world.rt, "net-a", "idle")
     assert world.net("net-a").state == NetState.STOPPING
+
+
+def test_a_report_for_a_running_job_never_puts_the_next_job_beside_its_live_run(world):
+    # flip-api says the job is over (its side failed, or the user stopped it) while NVFLARE
+    # still runs it: the job ends as reported, and its run is settled before the net is reused.
+    from app.schemas import ReportedStatus, ReportJobStatus
+    from app.usecases import intake
+
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.ERROR, detail="upload failed")
+    assert intake.report_status(world.rt, report) == JobState.FAILED
+    assert world.server("net-a").statuses["nv-1"] == "RUNNING"
+    world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that still goes on
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]

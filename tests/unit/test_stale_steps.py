@@ -1,0 +1,70 @@
+"""A chain step, and the failure handler of a step whose retries ran out, acts only for the
+attempt it was started for (the job, its net and its attempt: app/sim/FINDINGS.md, hole 2):
+a step whose job moved on meanwhile, to another attempt or past the step, skips and moves
+nothing, and never submits the next attempt's run."""
+
+from __future__ import annotations
+
+from app.usecases import (
+    dispatch,
+    reconciler,
+    services,
+)
+from app.usecases.dispatch import Step
+from models import JobState, NetState
+
+
+def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
+    # app/sim/FINDINGS.md, hole 2: attempt 0's chain gives up; the job is claimed again
+    # (attempt 1); attempt 0's dispatch step arrives late and must skip.
+    job_id = world.enqueue("j", net="net-a", required_sites=["site-9"])
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    world.clock.advance(121)
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
+    reconciler.reconcile(world.rt)  # net-a settles to STOPPED
+    [again] = dispatch.assign_jobs(world.rt)
+    assert again.attempt == 1
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert world.job(job_id).state == JobState.ASSIGNED
+    assert world.server("net-a").submitted == {}
+
+
+def test_a_stale_submit_never_goes_out_while_the_next_attempt_is_dispatching(world, monkeypatch):
+    # app/sim/FINDINGS.md, hole 2, later in the step: attempt 0's dispatch is copying its
+    # bundle when the job moves on and is DISPATCHING again, on attempt 1 with its own token.
+    # Attempt 0's submit must not go out (the same state is not the same attempt).
+    job_id = world.enqueue("j", net="net-a")
+    world.run_until_ready(job_id)
+    real_prepare = dispatch.prepare
+
+    def prepare_while_the_job_moves_on(*args, **kwargs):
+        folder = real_prepare(*args, **kwargs)
+        with world.rt.sessions.begin() as session:
+            services.requeue_job(session, job_id, "moved on", world.clock())
+        world.run_until_ready(job_id)
+        with world.rt.sessions.begin() as session:
+            services.get_job(session, job_id).start_dispatch(world.clock())
+        return folder
+
+    monkeypatch.setattr(dispatch, "prepare", prepare_while_the_job_moves_on)
+    result = dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    assert (result.step, result.detail) == (
+        Step.SKIPPED,
+        "job moved on while its copy was prepared",
+    )
+    assert world.server("net-a").submitted == {}
+    job = world.job(job_id)
+    assert (job.state, job.attempts, job.submit_token) == (
+        JobState.DISPATCHING,
+        1,
+        f"{job_id}-1",
+    )
+
+
+def test_a_late_readiness_check_never_flips_a_busy_net_back_to_ready(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert world.net("net-a").state == NetState.BUSY
