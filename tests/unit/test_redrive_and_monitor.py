@@ -412,3 +412,50 @@ def test_a_net_whose_round_outlived_its_deadline_has_its_jobs_reported_not_watch
     }
     # a round waits out one admin command on a hung server, and a little more
     assert hangs.deadlines[0] > world.rt.settings.admin_command_timeout_s
+
+
+def test_a_submit_whose_worker_died_is_re_sent_within_a_minute_with_the_defaults(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    world = world_of(
+        [net_decl(tmp_path, "net-a", "ecs")], tmp_path, job_root, sqlite_factory, clock
+    )
+    assert world.rt.settings.stuck_after_s == 300  # the defaults, as shipped
+    job_id = world.enqueue("j", net="net-a")
+    net, attempt = world.run_until_ready(job_id)
+
+    class WorkerDied(BaseException):
+        """SIGKILL while the submit is on the wire."""
+
+    def die() -> None:
+        raise WorkerDied
+
+    world.server("net-a").on_submit = die
+    with pytest.raises(WorkerDied):
+        dispatch.dispatch(world.rt, job_id, net, attempt)
+    world.server("net-a").on_submit = None
+    resent = ("fl_dispatcher.dispatch", {"job_id": str(job_id), "net_name": net, "attempt": 0})
+
+    world.outbox.sent.clear()
+    world.clock.advance(15)  # its try could still be going: left alone
+    reconciler.reconcile(world.rt)
+    assert resent not in world.outbox.sent
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    assert resent in world.outbox.sent
+    assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_submit_still_being_retried_is_not_re_sent(tmp_path, job_root, sqlite_factory, clock):
+    world = world_of(
+        [net_decl(tmp_path, "net-a", "ecs")], tmp_path, job_root, sqlite_factory, clock
+    )
+    job_id = world.stuck_in_dispatching("j")
+    for _ in range(6):  # the task's own retries, each announcing its next try
+        world.clock.advance(55)
+        dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
+        world.outbox.sent.clear()
+        reconciler.reconcile(world.rt)
+        assert not [t for t, _ in world.outbox.sent if t == "fl_dispatcher.dispatch"]
+        assert world.job(job_id).state == JobState.DISPATCHING

@@ -120,3 +120,34 @@ def test_a_report_for_a_running_job_never_puts_the_next_job_beside_its_live_run(
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
     assert world.server("net-a").aborted == ["nv-1"]
     assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
+
+
+@pytest.mark.parametrize("status", list(ReportedStatus))
+def test_a_report_on_an_aborting_job_keeps_its_live_run_from_the_next_job(world, status):
+    job_id = world.enqueue("first", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    intake.request_abort(world.rt, job_id, "user")  # ABORTING; abort_on_server not run yet
+    intake.report_status(world.rt, ReportJobStatus(job_id=job_id, status=status))
+    assert world.job(job_id).state in (JobState.ABORTED, JobState.COMPLETED, JobState.FAILED)
+    abort.abort_on_server(world.rt, job_id)  # late: the job is over, it does nothing
+
+    nxt = world.enqueue("next", net="net-a")
+    if world.server("net-a").statuses[run] == "RUNNING":
+        # The run is live: it is a stray, and the net takes no job beside it.
+        assert dispatch.assign_jobs(world.rt) == []
+        assert world.job(nxt).state == JobState.QUEUED
+    abort.settle_stray_runs(world.rt, "net-a")
+    assert world.server("net-a").statuses[run] != "RUNNING"
+    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [nxt]
+
+
+def test_a_report_on_an_aborting_job_asks_for_its_run_to_be_settled(world):
+    job_id = world.enqueue("first", net="net-a")
+    world.run_pipeline(job_id)
+    intake.request_abort(world.rt, job_id, "user")
+    world.outbox.sent.clear()
+    intake.report_status(
+        world.rt, ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
+    )
+    assert ("fl_dispatcher.settle_stray_runs", {"net_name": "net-a"}) in world.outbox.sent

@@ -5,11 +5,7 @@ nothing, and never submits the next attempt's run."""
 
 from __future__ import annotations
 
-from app.usecases import (
-    dispatch,
-    reconciler,
-    services,
-)
+from app.usecases import dispatch, reconciler, services
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 
@@ -68,3 +64,40 @@ def test_a_late_readiness_check_never_flips_a_busy_net_back_to_ready(world):
     world.run_pipeline(job_id)
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
     assert world.net("net-a").state == NetState.BUSY
+
+
+# --- a failure handler moves only the attempt its step was started for -----------------------
+
+
+def test_exhausted_retries_never_requeue_a_job_a_re_sent_submit_has_adopted(world):
+    job_id = world.enqueue("j", net="net-a")
+    net, attempt = world.run_until_ready(job_id)
+    # The first task's submit landed but its reply was lost on its last retry; reconcile's
+    # re-sent dispatch (same token) adopted the run.
+    assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
+    assert world.job(job_id).state == JobState.RUNNING
+    assert not dispatch.requeue_after_transient(
+        world.rt, job_id, "dispatch: retries exhausted", net_name=net, attempt=attempt
+    )
+    assert world.job(job_id).state == JobState.RUNNING
+    assert world.net("net-a").state == NetState.BUSY
+
+
+def test_exhausted_retries_leave_a_job_on_its_next_attempt_alone(world):
+    job_id = world.enqueue("j", net="net-a")
+    net, attempt = world.run_until_ready(job_id)
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, job_id, "readiness gave up", world.clock())
+    dispatch.assign_jobs(world.rt)  # attempt 1, ASSIGNED
+    assert not dispatch.requeue_after_transient(
+        world.rt, job_id, "scale_up: retries exhausted", net_name=net, attempt=attempt
+    )
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.ASSIGNED, 1)
+
+
+def test_a_failure_handler_without_a_step_binding_moves_nothing(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_until_ready(job_id)
+    assert not dispatch.requeue_after_transient(world.rt, job_id, "abort_on_server: exhausted")
+    assert world.job(job_id).state == JobState.ASSIGNED

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import ServerUnavailable
+from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import (
     abort,
@@ -24,6 +25,7 @@ from app.usecases import (
 )
 from models import JobState, Net, NetState, StrayRun
 from tests.fixtures.db import net_decl
+from tests.unit.conftest import World, world_of
 
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
@@ -286,3 +288,99 @@ def test_a_job_that_cannot_be_settled_is_recorded_on_the_removed_net(
     assert undeclared.settle_undeclared(world.rt) == []
     assert world.net("net-a").last_error == "reconcile: RuntimeError: bug in a settlement"
     assert world.job(job_id).state in (JobState.ASSIGNED, JobState.QUEUED)  # next round's
+
+
+# --- a redeploy that drops net-b: its jobs and the runs they leave -----------------------------
+
+
+@pytest.fixture
+def two_nets(tmp_path, job_root, sqlite_factory, clock) -> World:
+    nets = [net_decl(tmp_path, n, "ecs", ready_timeout_s=120) for n in ("net-a", "net-b")]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+
+
+def _without_net_b(world: World, tmp_path) -> Runtime:
+    """The same database after a redeploy whose NETS no longer declare net-b, once no
+    process has declared it for the whole grace (a rolling deploy is over)."""
+    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=world.rt.settings.job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs", ready_timeout_s=120)]),
+        PER_JOB_FL_SERVER="true",
+    )
+    return Runtime(
+        settings=settings,
+        engine=world.rt.engine,
+        sessions=world.rt.sessions,
+        clock=world.clock,
+        driver_factory=lambda net, s: world.drivers.setdefault(net.name, world.driver("net-a")),
+        admin_factory=lambda net, s: world.admin(net.name),
+        outbox=world.outbox,
+    )
+
+
+def _ended_for_the_removed_net(world: World, job_id) -> None:
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED, (job.caller_key, job.state)
+    assert "net-b" in (job.last_error or "") and "no longer declared" in (job.last_error or "")
+
+
+def test_a_running_job_on_a_removed_net_fails_saying_why(two_nets, tmp_path):
+    world = two_nets
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, running)
+
+
+def test_a_dispatching_job_on_a_removed_net_fails_and_never_runs_twice(two_nets, tmp_path):
+    world = two_nets
+    job_id = world.stuck_in_dispatching("dispatching", net="net-b")
+    world.clock.advance(3600)
+    redeployed = _without_net_b(world, tmp_path)
+    reconciler.reconcile(redeployed)
+    _ended_for_the_removed_net(world, job_id)
+    assert dispatch.assign_jobs(redeployed) == []
+
+
+def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_stays(two_nets, tmp_path):
+    world = two_nets
+    waiting = world.enqueue("strayed", required_sites=["site-1"])
+    world.add_stray(waiting, "net-b", None, token="t")
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, waiting)
+    with world.rt.sessions() as session:  # kept: net-b, declared again, waits for it
+        assert session.query(StrayRun).count() == 1
+
+
+def test_a_queued_job_pinned_to_a_removed_net_fails_saying_why(two_nets, tmp_path):
+    world = two_nets
+    pinned = world.enqueue("pinned", net="net-b")
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, pinned)
+
+
+def test_a_job_only_claimed_onto_a_removed_net_goes_back_to_the_queue(two_nets, tmp_path):
+    world = two_nets
+    job_id = world.enqueue("claimed", net="net-b")
+    dispatch.assign_jobs(world.rt)
+    with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
+        services.get_job(session, job_id).requested_net = None
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    job = world.job(job_id)
+    assert (job.state, job.attempts) in ((JobState.QUEUED, 0), (JobState.ASSIGNED, 0))
+    assert job.net_name != "net-b"
+
+
+def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(two_nets, tmp_path):
+    # The simulator's sweep (seed 167): the job was failed without its run being counted,
+    # and net-b, declared again, took the next job beside that run.
+    world = two_nets
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, running)
+    nxt = world.enqueue("next", net="net-b")  # the redeploy is undone: net-b is back
+    assert all(a.job_id != nxt for a in dispatch.assign_jobs(world.rt))
+    assert world.job(nxt).state == JobState.QUEUED
