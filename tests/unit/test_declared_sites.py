@@ -67,3 +67,28 @@ def test_a_site_that_never_connects_is_the_jobs_problem_not_the_nets(sited):
     assert net_row.state == NetState.READY  # healthy: left to its idle grace,
     assert net_row.idle_since == world.clock()  # which starts now
     assert world.driver("net-b").replicas == 1
+
+
+def test_an_unpinned_job_is_never_claimed_by_a_net_that_declares_it_lacks_its_sites(sited):
+    """net-a declares its sites (site-1..3); net-b declares none. An unpinned job needing
+    site-99 is accepted at enqueue (net-b may have it), but the claim ignores declared sites:
+    net-a takes it, waits out ready_timeout_s for a site it declared it does not have, gives
+    up "on sites" and stays READY, so the warm-first claim hands the job straight back to
+    net-a. After max_attempts the job is FAILED without net-b ever being tried.
+
+    Breaks: "a net may declare its `sites` and a job needing one it lacks is refused" (the
+    claim must not do what enqueue refuses) and "refuse valid input / accept input that
+    later fails": a job accepted because net-b may run it is failed on net-a alone."""
+    world = sited
+    job_id = world.enqueue("needs-site-99", required_sites=["site-99"])
+    tried = []
+    for _ in range(world.job(job_id).max_attempts):
+        claims = [a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id]
+        if not claims:
+            break
+        net, attempt = claims[0].net_name, claims[0].attempt
+        tried.append(net)
+        dispatch.scale_up(world.rt, job_id, net, attempt)
+        world.clock.advance(121)
+        dispatch.check_ready(world.rt, job_id, net, attempt)
+    assert "net-a" not in tried, (tried, world.job(job_id).state, world.job(job_id).last_error)

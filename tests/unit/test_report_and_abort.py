@@ -151,3 +151,32 @@ def test_a_report_on_an_aborting_job_asks_for_its_run_to_be_settled(world):
         world.rt, ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
     )
     assert ("fl_dispatcher.settle_stray_runs", {"net_name": "net-a"}) in world.outbox.sent
+
+
+def test_a_report_on_an_aborting_job_whose_submit_is_in_flight_holds_the_net(world):
+    """A job is aborted while its submit is on the wire (DISPATCHING -> ABORTING, no run id
+    yet), then flip-api reports it `stopped`. The report ends the job at once and records a
+    stray known only by its token; the settle_stray_runs it sends asks the server for that
+    token, finds nothing yet (the submit has not landed) and drops the stray. The net is free:
+    the next job is claimed onto it, and then the first job's submit lands beside it.
+
+    Breaks: "`stopped` for a DISPATCHING job (its submit may be in flight) is an abort:
+    ABORTING until the server has been told" and "the net is not handed to the next job
+    while this one's run may still land" (services.report_job_status), and the commit's
+    item 1 "the net takes no job beside it"."""
+    first = world.enqueue("first", net="net-a")
+    net, attempt = world.run_until_ready(first)
+    server = world.server("net-a")
+    claimed: list = []
+
+    def while_the_submit_is_on_the_wire() -> None:
+        server.on_submit = None
+        intake.request_abort(world.rt, first, "user")  # DISPATCHING -> ABORTING
+        intake.report_status(world.rt, ReportJobStatus(job_id=first, status=ReportedStatus.STOPPED))
+        abort.settle_stray_runs(world.rt, "net-a")  # the task report_status sent
+        world.enqueue("next", net="net-a")
+        claimed.extend(dispatch.assign_jobs(world.rt))
+
+    server.on_submit = while_the_submit_is_on_the_wire
+    dispatch.dispatch(world.rt, first, net, attempt)
+    assert claimed == [], "the net was handed to the next job while the first's submit flew"

@@ -5,6 +5,7 @@ nothing, and never submits the next attempt's run."""
 
 from __future__ import annotations
 
+from app.errors import AdminMisconfigured
 from app.usecases import dispatch, reconciler, services
 from app.usecases.dispatch import Step
 from models import JobState, NetState
@@ -101,3 +102,32 @@ def test_a_failure_handler_without_a_step_binding_moves_nothing(world):
     world.run_until_ready(job_id)
     assert not dispatch.requeue_after_transient(world.rt, job_id, "abort_on_server: exhausted")
     assert world.job(job_id).state == JobState.ASSIGNED
+
+
+def test_a_misconfigured_submit_never_requeues_a_job_a_re_sent_submit_has_adopted(always_on):
+    """Always-on nets. A job's first submit is on the wire when reconcile's re-sent dispatch
+    (same token) lands the run: job RUNNING. The first task's own submit then fails with a
+    misconfiguration (its worker's fresh login is refused: an admin certificate that expired
+    under it). `dispatch()` calls `net_misconfigured` with the job, unbound to its attempt,
+    and `requeue_job` takes a RUNNING job: it goes back to the queue (attempt kept, no stray)
+    while its run goes on on the always-on server, and is claimed onto the other net: two
+    live runs of one job.
+
+    Breaks: "At most one live run per job, whatever fails" and the commit's item 8 "a
+    failure handler moves only the attempt its step was started for" (done for exhausted
+    retries only, not for a handled misconfiguration)."""
+    world = always_on
+    job_id = world.enqueue("adopted", required_sites=["site-1"])
+    net, attempt = world.run_until_ready(job_id)
+    server = world.server(net)
+
+    def re_sent_submit_lands_then_this_one_is_refused() -> None:
+        server.on_submit = None
+        assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
+        raise AdminMisconfigured("admin login refused: certificate expired")
+
+    server.on_submit = re_sent_submit_lands_then_this_one_is_refused
+    # The step's job moved on: it ends quietly, leaving the net to the job's owner.
+    assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.SKIPPED
+    job = world.job(job_id)
+    assert job.state == JobState.RUNNING, (job.state, job.last_error)

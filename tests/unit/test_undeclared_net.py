@@ -384,3 +384,43 @@ def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(tw
     nxt = world.enqueue("next", net="net-b")  # the redeploy is undone: net-b is back
     assert all(a.job_id != nxt for a in dispatch.assign_jobs(world.rt))
     assert world.job(nxt).state == JobState.QUEUED
+
+
+def test_a_worker_still_on_the_previous_nets_never_fails_the_jobs_of_a_net_just_added(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """A redeploy adds net-b to NETS. While it rolls out (ECS replaces tasks one by one), a
+    worker still on the previous declaration (net-a only) runs one of beat's reconcile
+    rounds. `_settle_undeclared` takes "not in my NETS" for "removed": the job RUNNING on the
+    healthy new net-b is FAILED (and a QUEUED job pinned to it too), its run goes on
+    unwatched, and the up-to-date workers then hand net-b, released, to the next job beside
+    that run.
+
+    Breaks: "lose a job" (a valid RUNNING job is failed by a routine redeploy) and "a run
+    that no job counts ... is a stray run: the net takes no new job until it is aborted"."""
+    nets = [net_decl(tmp_path, n, "ecs", ready_timeout_s=120) for n in ("net-a", "net-b")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    run = world.job(running).nvflare_job_id
+    pinned = world.enqueue("pinned", net="net-b")
+
+    previous = Runtime(
+        settings=Settings(
+            FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+            JOB_ROOT=job_root,
+            NETS=json.dumps([nets[0]]),
+            PER_JOB_FL_SERVER="true",
+        ),
+        engine=world.rt.engine,
+        sessions=world.rt.sessions,
+        clock=world.clock,
+        driver_factory=lambda net, s: world.driver(net.name),
+        admin_factory=lambda net, s: world.admin(net.name),
+        outbox=world.outbox,
+    )
+    reconciler.reconcile(previous)  # beat's round, taken by the not-yet-replaced worker
+
+    assert world.job(running).state == JobState.RUNNING, world.job(running).last_error
+    assert world.job(pinned).state == JobState.QUEUED, world.job(pinned).last_error
+    assert world.server("net-b").statuses[run] == "RUNNING"
