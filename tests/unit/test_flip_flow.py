@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from app.adapters import jobdefs
 from app.errors import InvalidRequest
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
+from app.settings import Settings
 from app.usecases import dispatch, monitor, scale_down, services
 from models import JobState, NetState
 from tests.unit.conftest import World
@@ -176,6 +177,38 @@ def test_a_bundle_whose_linked_folder_changed_between_attempts_is_submitted_as_i
     world.run_pipeline(job_id)
     second = world.server("net-a").folders[-1]
     assert (second / "app" / "custom" / "train.py").read_text() == "version 2"
+
+
+def test_a_bundle_rebuilt_with_fixed_mtimes_is_prepared_afresh(tmp_path):
+    """A job folder unpacked from a zip (every mtime 1980-01-01) or built with a fixed
+    `tar --mtime` is replaced between two attempts by one whose config differs by a digit:
+    the second attempt must submit the new content (fix 2's promise), not the first copy."""
+    import os
+    import uuid
+
+    from app.adapters.jobdefs import prepare
+
+    bundle = tmp_path / "jobs" / "fedavg"
+    (bundle / "app" / "config").mkdir(parents=True)
+    config = bundle / "app" / "config" / "config_fed_server.json"
+    fixed_ns = 315_532_800 * 10**9
+
+    def build(rounds: int) -> None:
+        (bundle / "meta.json").write_text('{"deploy_map": {"app": ["@ALL"]}}')
+        config.write_text(f'{{"num_rounds": {rounds}}}')
+        for path in (bundle / "meta.json", config):
+            os.utime(path, ns=(fixed_ns, fixed_ns))
+
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=tmp_path / "jobs")
+    job_id = uuid.uuid4()
+    build(5)
+    first = prepare(settings, bundle, job_id, ["site-1"], None)
+    build(6)  # the next attempt's bundle: one digit changed, same size, same mtimes
+    second = prepare(settings, bundle, job_id, ["site-1"], None)
+
+    assert (second / "app" / "config" / "config_fed_server.json").read_text() == (
+        '{"num_rounds": 6}'
+    ), f"submitted from {first}"
 
 
 def _finished_run(world: World) -> uuid.UUID:

@@ -39,6 +39,14 @@ def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
     )
 
 
+def _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root) -> None:
+    """As _redeploy_without_net_a; the redeploy restarts the workers: no adapter built from
+    the old settings survives."""
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
+
+
 def test_an_unknown_submit_on_a_net_no_longer_declared_is_settled_as_a_stray(
     world, tmp_path, job_root
 ):
@@ -424,3 +432,67 @@ def test_a_worker_still_on_the_previous_nets_never_fails_the_jobs_of_a_net_just_
     assert world.job(running).state == JobState.RUNNING, world.job(running).last_error
     assert world.job(pinned).state == JobState.QUEUED, world.job(pinned).last_error
     assert world.server("net-b").statuses[run] == "RUNNING"
+
+
+# --- a redeploy that drops net-a and restarts the workers ------------------------------------
+
+
+@pytest.mark.parametrize("step", ["start", "check_ready", "dispatch"])
+def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_path, job_root, step):
+    """The chain of a job claimed onto net-a is in flight when a redeploy drops net-a from
+    NETS: its next step must end the chain (reconcile settles the job), not raise an
+    unclassified KeyError (Celery's "raised unexpected", a traceback per step)."""
+    job_id = world.enqueue("j", net="net-a")
+    if step == "dispatch":
+        world.run_until_ready(job_id)
+    else:
+        [claim] = dispatch.assign_jobs(world.rt)
+        assert claim.net_name == "net-a"
+        if step == "check_ready":
+            dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
+
+    result = getattr(dispatch, step)(world.rt, job_id, "net-a", 0)
+
+    assert result.step.ends_chain
+    assert result.detail == "net net-a is no longer declared (NETS)"
+    assert world.job(job_id).state != JobState.RUNNING
+
+
+def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_reconcile(
+    world, tmp_path, job_root
+):
+    """flip-api aborts a RUNNING job on net-a; the redeploy that drops net-a lands before the
+    worker runs abort_on_server: it must leave the job to reconcile (fix 7 aborts it), not
+    raise KeyError."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "user", world.clock())
+    _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
+
+    assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)
+
+
+def test_a_net_declared_again_by_restarted_workers_takes_no_job_beside_its_old_run(
+    world, tmp_path, job_root
+):
+    """net-a runs job `old` when a redeploy removes it from NETS; reconcile fails `old` (its
+    run may live on a server nothing watches). A second redeploy declares net-a again while
+    that run still lives: net-a must take no job beside it (one live run per server)."""
+    declared = world.rt.settings
+    old = world.enqueue("old", net="net-a")
+    world.run_pipeline(old)
+    _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
+    reconciler.reconcile(world.rt)
+    assert world.job(old).state == JobState.FAILED
+    world.rt.settings = declared  # net-a declared again; its server still runs `old`'s run
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
+    new = world.enqueue("new", net="net-a")
+
+    claims = dispatch.assign_jobs(world.rt)
+
+    assert [c.job_id for c in claims if c.net_name == "net-a"] == [], (
+        f"job {new} claimed onto net-a beside run {world.job(old).nvflare_job_id}"
+    )
