@@ -15,7 +15,6 @@ from app.usecases import monitor, reconciler, scale_down, services
 from models import JobState, NetState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
-from tests.unit.test_prewarm import held_ready, pw, row, view  # noqa: F401 (pw: a fixture)
 
 
 def test_a_keep_alive_that_crashes_on_one_net_is_recorded_there_and_pings_the_others(
