@@ -16,8 +16,6 @@ from app.usecases import intake
 from models import RejectedRequest
 
 HOSTILE = ["\ud800", "a\x00b", "\udfff tail"]
-
-
 # pydantic itself refuses a lone surrogate in a plain string field (string_unicode).
 UNSTORABLE = r"cannot be stored|as a unicode string"
 
