@@ -1,6 +1,8 @@
 """How an abort ends: a run that had finished keeps its verdict, a run the server says is
 over (or does not know) leaves nothing behind, and whatever may still be alive is kept as a
-stray run until the server confirms it stopped; the queue is kicked once a net is free."""
+stray run until the server confirms it stopped; the queue is kicked once a net is free. A
+completed run held for flip-api's report ends its aborted job ABORTED, and an abort that
+lands between a monitor round's read and its verdict ends the job all the same."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from sqlalchemy import select
 from app import names
 from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable, UnknownAdminError
-from app.usecases import abort, dispatch, intake
+from app.usecases import abort, dispatch, intake, monitor, reconciler
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -256,3 +258,82 @@ def test_a_stray_whose_abort_or_search_fails_is_kept(world, error, failing):
     assert abort.settle_stray_runs(world.rt, "fixed") == 1
     assert len(_strays(world)) == 1
     assert KICK not in world.outbox.sent
+
+
+def test_aborting_ends_within_the_abort_timeout_and_takes_the_server_down(world):
+    # app/sim/FINDINGS.md, hole 10
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+
+    def unknown(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin("net-a").abort = unknown  # type: ignore[method-assign]
+    assert world.abort(job_id) == JobState.ABORTING
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    reconciler.reconcile(world.rt)
+    job = world.job(job_id)
+    assert (job.state == JobState.ABORTED and "not confirmed" in (job.last_error or "")) or (
+        job.state == JobState.ABORTED
+    )
+    assert world.driver("net-a").replicas == 0
+    assert world.net("net-a").state == NetState.STOPPED
+
+
+def test_an_abort_the_server_did_not_hear_leaves_a_stray_run_not_a_second_job_beside_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False  # a blip: the admin side cannot reach the server
+    assert world.abort(job_id) == JobState.ABORTED  # no error reaches the caller
+    assert [s.nvflare_job_id for s in _strays(world)] == ["nv-1"]
+    world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that may still go on
+    world.server("net-a").up = True
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
+
+
+def test_an_abort_between_the_monitor_read_and_its_verdict_ends_the_job(held_for_report):
+    world = held_for_report
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    server = world.server("net-a")
+    server.statuses[run] = "FINISHED:COMPLETED"
+    server.on_start_time = lambda: intake.request_abort(world.rt, job_id, "user")
+    outcomes = monitor.monitor_running_jobs(world.rt)
+    assert world.net("net-a").last_error is None, outcomes
+    assert world.job(job_id).state == JobState.ABORTED
+    assert "completed before the abort" in _last_reason(world, job_id)
+
+
+def test_an_aborted_job_whose_run_completed_is_not_reported_completed_when_held(
+    held_for_report,
+):
+    world = held_for_report
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+    assert world.abort(job_id) == JobState.ABORTED
+    assert "no results report" in _last_reason(world, job_id)
+
+
+def test_an_aborted_job_whose_run_completed_is_completed_when_not_held(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+    assert world.abort(job_id) == JobState.COMPLETED
+
+
+def test_an_accepted_abort_that_the_server_does_not_confirm_leaves_a_stray(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    admin = world.admin("net-a")
+    admin.abort = lambda _id: AbortResult(AbortOutcome.ABORTED)  # type: ignore[method-assign]
+    assert world.abort(job_id) == JobState.ABORTED
+    assert world.server("net-a").statuses[run] == "RUNNING"
+    with world.rt.sessions() as session:
+        assert [s.nvflare_job_id for s in session.query(StrayRun)] == [run]
+    assert dispatch.assign_jobs(world.rt) == []

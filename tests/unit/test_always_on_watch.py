@@ -1,22 +1,30 @@
 """reconcile's watch of always-on nets (PER_JOB_FL_SERVER off, or a static server): a
 scalable net left down by scale-to-zero mode gets exactly one replica asked for, once; a
 static server is never scaled; a reachable server brings a net that was left behind (or in
-OUTAGE) back to READY, while a STARTING net with a job is left to its chain."""
+OUTAGE) back to READY, while a STARTING net with a job is left to its chain. A redeploy that
+flips PER_JOB_FL_SERVER is settled from whatever state the net was in, and an always-on net
+found at zero replicas clears the stray runs that died with its server."""
 
 from __future__ import annotations
 
 import pytest
 from sqlalchemy import select
 
-from app.usecases import dispatch, reconciler, services
+from app.usecases import dispatch, monitor, reconciler, services
 from app.usecases.net_repairs import net_rows, watch_always_on
-from models import JobState, NetEvent, NetState, ReasonCode
+from models import JobState, NetEvent, NetState, ReasonCode, StrayRun
+from tests.fixtures.db import net_decl
 from tests.unit.scale_history import scale_decisions
 
 
 def _set_state(world, name: str, state: NetState) -> None:
     with world.rt.sessions.begin() as session:
         services.get_net(session, name).state = state
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
 
 
 def test_a_scalable_net_left_down_gets_one_replica_once(always_on):
@@ -165,3 +173,66 @@ def test_an_outage_another_round_ended_since_this_rounds_read_is_no_repair(alway
     reconciler.reconcile(world.rt)  # ... and another round ends it first
     assert watch_always_on(world.rt, "fixed", row) == ""
     assert world.net("fixed").state == NetState.READY
+
+
+@pytest.mark.parametrize("state", list(NetState))
+@pytest.mark.parametrize("to_always_on", [True, False])
+def test_a_flag_change_across_a_redeploy_is_legal_from_every_net_state(
+    tmp_path, job_root, sqlite_factory, clock, state, to_always_on
+):
+    # app/sim/FINDINGS.md, hole 8: PER_JOB_FL_SERVER flipped while the net was in any state.
+    import json
+
+    from app.settings import Settings
+    from tests.unit.conftest import World
+
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
+        PER_JOB_FL_SERVER="false" if to_always_on else "true",
+    )
+    world = World(settings, sqlite_factory, clock)
+    with world.rt.sessions.begin() as session:
+        session.get(type(world.net("net-a")), "net-a").state = state
+    world.driver("net-a").replicas = 1 if state in (NetState.READY, NetState.BUSY) else 0
+    for _ in range(3):
+        world.clock.advance(world.rt.settings.stuck_after_s + 1)
+        reconciler.reconcile(world.rt)  # must not raise, whatever the state
+    final = world.net("net-a").state
+    if state == NetState.MISCONFIGURED:
+        assert final == NetState.MISCONFIGURED
+    elif to_always_on:
+        assert final in (NetState.READY, NetState.OUTAGE, NetState.BUSY)
+    else:
+        assert final in (NetState.STOPPED, NetState.READY, NetState.BUSY)
+
+
+def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its_stray(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    # simulator seed 476 (chaos): an always-on net scaled to 0 by hand while its job ran; the
+    # job was requeued with its run kept as a stray, and waited for ever although the run had
+    # died with the server and another net was free.
+    from tests.unit.conftest import world_of
+
+    nets = [
+        net_decl(tmp_path, "always", "ecs", per_job_fl_server=False),
+        net_decl(tmp_path, "net-b", "ecs"),
+    ]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    world.driver("always").replicas = 1
+    reconciler.reconcile(world.rt)  # READY
+    job_id = world.enqueue("j", required_sites=["site-1", "site-2"])
+    world.run_pipeline(job_id)
+    assert world.job(job_id).net_name == "always"
+    world.driver("always").replicas = 0  # by hand: the server and its run are gone
+    world.server("always").up = False
+    monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED and len(_strays(world)) == 1
+    assert dispatch.assign_jobs(world.rt) == []  # its own run may still go on: it waits
+    reconciler.reconcile(world.rt)
+    assert _strays(world) == []
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-b"]

@@ -17,8 +17,8 @@ from app.settings import Settings
 from app.usecases import services
 from models import JobState, attempt_number
 from tests.fixtures.db import net_decl
+from tests.unit.callback_world import SECRET, Receiver, deliver
 from tests.unit.conftest import World
-from tests.unit.test_callbacks import SECRET, Receiver, deliver
 
 SETTINGS_ALIASES = [f.alias for f in Settings.model_fields.values() if f.alias]
 

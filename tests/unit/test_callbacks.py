@@ -1,14 +1,15 @@
 """Status callbacks: the signing scheme, and the delivery use case's ordering, retry and
-give-up rules, driven by the real use cases on an embedded database with a recording
-receiver in place of HTTP (tests/integration/test_callbacks_http.py does it over HTTP)."""
+give-up rules (one job's events in order, no job holding back another, one receiver's
+backoff capped), driven by the real use cases on an embedded database with a recording
+receiver in place of HTTP (tests/integration/test_callbacks_http.py does it over HTTP).
+Refused enqueues' events: test_callback_rejections.py; the settings:
+test_callback_settings.py; the real HTTP sender: test_callback_sender.py."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -31,13 +32,10 @@ from app.adapters.callbacks import (
 )
 from app.celery_app import beat_schedule
 from app.entrypoints.api import job_detail
-from app.errors import SettingsError
-from app.logs import secret_values
 from app.metrics.exposition import families
 from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
-from app.schemas import EnqueueJob, job_id_for
-from app.settings import Settings
+from app.schemas import EnqueueJob
 from app.usecases import (
     callback_receiver,
     callbacks,
@@ -46,114 +44,25 @@ from app.usecases import (
     monitor,
     services,
 )
-from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode, RejectedRequest
-from tests.fixtures.db import net_decl
+from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode
+from tests.unit.callback_world import (
+    LIFE,
+    SECRET,
+    Receiver,
+    callback_settings,
+    cb,
+    complete,
+    deliver,
+    receiver,
+    receiver_row,
+    status,
+)
 from tests.unit.conftest import World
-from tests.unit.lost_commit_reply import commit_reply_lost
 from tests.unit.test_webhook_signatures import MALFORMED_CASES, malformed_webhook_requests
 
-SECRET = "a-callback-secret-of-some-length"
+__all__ = ["cb", "receiver"]  # the fixtures, used by name
+
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-class Receiver:
-    """flip-api as the sender sees it: answers by a rule, or does not answer while down."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[dict[str, Any], dict[str, str], int]] = []
-        self.down = False
-        self.rule: Callable[[dict[str, Any]], int] = lambda payload: 200
-        self.during_post: Callable[[], None] | None = None
-
-    def post(self, body: bytes, headers) -> Answer:
-        if self.during_post is not None:
-            self.during_post()
-        if self.down:
-            raise ReceiverUnreachable("ConnectError: [Errno 111] Connection refused")
-        payload = json.loads(body)
-        assert verify(
-            SECRET,
-            headers[TIMESTAMP_HEADER],
-            headers[SIGNATURE_HEADER],
-            body,
-            now_s=float(headers[TIMESTAMP_HEADER]),
-        )
-        status = self.rule(payload)
-        self.requests.append((payload, dict(headers), status))
-        return Answer(status, "nope" if status >= 300 else "")
-
-    def close(self) -> None:
-        pass
-
-    def sent(self, job_id=None) -> list[tuple[int, str]]:
-        """(event_id, to_state) of every request, in the order they came."""
-        return [
-            (p["event_id"], p.get("to_state") or p["kind"])
-            for p, _, _ in self.requests
-            if job_id is None or p["job_id"] == str(job_id)
-        ]
-
-    def accepted(self, job_id=None) -> list[str]:
-        return [
-            p.get("to_state") or p["kind"]
-            for p, _, status in self.requests
-            if 200 <= status < 300 and (job_id is None or p["job_id"] == str(job_id))
-        ]
-
-
-def callback_settings(tmp_path, job_root, **extra: Any) -> Settings:
-    nets = [
-        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
-        net_decl(tmp_path, "fixed", "static"),
-    ]
-    values: dict[str, Any] = {
-        "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
-        "JOB_ROOT": job_root,
-        "NETS": json.dumps(nets),
-        "PER_JOB_FL_SERVER": "true",
-        "CALLBACK_URL": "http://flip-api.invalid/fl/callbacks",
-        "CALLBACK_SECRET": SECRET,
-        "CALLBACK_MAX_BACKOFF_S": 10,
-    }
-    return Settings(**(values | extra))
-
-
-@pytest.fixture
-def cb(tmp_path, job_root, sqlite_factory, clock) -> World:
-    return World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
-
-
-@pytest.fixture
-def receiver() -> Receiver:
-    return Receiver()
-
-
-def deliver(world: World, receiver: Receiver) -> callbacks.DeliveryReport:
-    return callbacks.deliver_callbacks(world.rt, sender=receiver)
-
-
-def complete(world: World, job_id) -> None:
-    """The job's whole life through the real use cases: enqueued, run, finished."""
-    world.run_pipeline(job_id)
-    nvflare_id = world.job(job_id).nvflare_job_id
-    world.server("net-a").statuses[nvflare_id] = "FINISHED:COMPLETED"
-    monitor.monitor_running_jobs(world.rt)
-    assert world.job(job_id).state == JobState.COMPLETED
-
-
-LIFE = ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING", "COMPLETED"]
-
-
-def receiver_row(world: World) -> CallbackReceiver:
-    with world.rt.sessions() as session:
-        row = session.get(CallbackReceiver, callback_receiver.RECEIVER_ID)
-        assert row is not None
-        return row
-
-
-def status(world: World, job_id) -> dict[str, Any]:
-    with world.rt.sessions() as session:
-        return callbacks.delivery_status(session, job_id)
 
 
 # --- signing -------------------------------------------------------------------------------
@@ -278,34 +187,6 @@ def test_an_unreachable_receiver_is_described_without_url_credentials():
     assert "hunter2" not in text and "flip-api.example" in text
 
 
-# --- settings ------------------------------------------------------------------------------
-
-
-def test_callbacks_need_a_secret_and_an_http_url(tmp_path, job_root):
-    with pytest.raises(SettingsError, match="CALLBACK_SECRET"):
-        callback_settings(tmp_path, job_root, CALLBACK_SECRET="")
-    with pytest.raises(SettingsError, match="CALLBACK_SECRET"):
-        callback_settings(tmp_path, job_root, CALLBACK_SECRET="short")
-    with pytest.raises(SettingsError, match="CALLBACK_URL"):
-        callback_settings(tmp_path, job_root, CALLBACK_URL="ftp://flip-api/cb")
-    off = callback_settings(tmp_path, job_root, CALLBACK_URL="  ", CALLBACK_SECRET="")
-    assert not off.callbacks_enabled
-
-
-def test_the_secret_and_url_password_are_masked(tmp_path, job_root):
-    settings = callback_settings(
-        tmp_path, job_root, CALLBACK_URL="https://flip:pw-in-url@flip-api/cb"
-    )
-    shown = json.dumps(settings.redacted())
-    assert SECRET not in shown and "pw-in-url" not in shown
-    assert {SECRET, "pw-in-url"} <= set(secret_values(settings))
-
-
-def test_beat_sweeps_callbacks_only_when_they_are_on(cb, settings):
-    assert beat_schedule(cb.rt.settings)["deliver-callbacks"]["task"] == names.DELIVER_CALLBACKS
-    assert "deliver-callbacks" not in beat_schedule(settings)
-
-
 # --- delivery ------------------------------------------------------------------------------
 
 
@@ -400,6 +281,72 @@ def test_a_job_held_back_by_its_receiver_answer_keeps_its_order_and_holds_back_n
     assert sent_a == ["QUEUED", "ASSIGNED", "ASSIGNED", "DISPATCHING", "RUNNING"]
 
 
+def test_a_receiver_that_times_out_on_one_jobs_event_never_starves_the_others(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Scenario: flip-api's handler hangs on job A's event (a lock, a slow model lookup): every
+    try of it ends in a read timeout (ReceiverUnreachable), while every other event is
+    answered 200 at once. Job A's head event is the oldest, so it is always tried first, the
+    round stops and the whole receiver rests; job B's QUEUED event is never sent, round after
+    round. Promise (README "Status callbacks"): one job never holds back another / one bad
+    payload holds back nothing. Fix: after a no-answer, resume with the jobs after the one
+    that failed (round-robin), or move a job whose own event keeps timing out while others
+    are answered to a per-job backoff."""
+    from app.adapters.callbacks import Answer
+    from app.usecases import callbacks
+
+    world = World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
+    job_a = world.enqueue("k-slow", net="net-a")
+    job_b = world.enqueue("k-fine", net="net-a")
+    delivered: list[str] = []
+
+    class HangsOnA:
+        def post(self, body: bytes, headers) -> Answer:
+            payload = json.loads(body)
+            if payload["job_id"] == str(job_a):
+                raise ReceiverUnreachable("ReadTimeout: timed out")
+            delivered.append(payload["job_id"])
+            return Answer(200)
+
+        def close(self) -> None:
+            pass
+
+    for _ in range(20):  # 20 rounds, each after the receiver's rest (capped at 10 s)
+        callbacks.deliver_callbacks(world.rt, sender=HangsOnA())
+        world.clock.advance(11)
+    assert str(job_b) in delivered
+
+
+def test_one_undeliverable_job_holds_back_no_other(tmp_path, job_root, sqlite_factory, clock):
+    from app.usecases import callbacks
+
+    world = World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
+    receiver = Receiver()
+    with world.rt.sessions.begin() as session:  # stored before payloads were checked
+        bad = enqueue.enqueue_job(
+            session,
+            world.rt.settings,
+            EnqueueJob.model_construct(
+                caller_key="bad",
+                definition="tiny-job",
+                required_sites=["site-1"],
+                net="net-a",
+                priority=0,
+                max_attempts=None,
+                metadata={"model": "\ud800"},
+            ),
+            world.clock(),
+        ).job_id
+    good = world.enqueue("good", net="fixed")
+    report = deliver(world, receiver)
+    assert receiver.accepted(good) == ["QUEUED"]
+    assert report.failed == 1
+    with world.rt.sessions() as session:
+        status = callbacks.delivery_status(session, bad)
+    assert (status["failed"], status["pending"]) == (1, 0)
+    assert "undeliverable" in status["last_error"]
+
+
 def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver):
     first = cb.enqueue("j1", net="net-a")
     second = cb.enqueue("j2", net="fixed")
@@ -430,6 +377,13 @@ def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver
     assert status(cb, first)["last_error"] == (
         f"event {receiver.sent(first)[0][0]}: ConnectError: [Errno 111] Connection refused"
     )
+
+
+@pytest.mark.parametrize("tries", [1024, 1025, 10**6])
+def test_backoff_after_any_number_of_tries_is_the_cap(tries):
+    from app.usecases.callback_verdicts import backoff_s
+
+    assert backoff_s(tries, 300.0) == 300.0
 
 
 def receiver_row_failures(world: World) -> int:
@@ -676,364 +630,6 @@ def test_every_door_kicks_delivery_through_the_real_broker(tmp_path, job_root, s
     assert queued_tasks(broker) == [names.ASSIGN_NEXT_JOB]
 
 
-# --- rejected enqueues -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def task_rt(cb):
-    """The worker's door: tasks run as functions on the world's runtime."""
-    from tasks import base
-
-    base.set_runtime(cb.rt)
-    yield cb
-    base.set_runtime(None)
-
-
-def rejection_row(world: World, caller_key: str | None) -> RejectedRequest:
-    with world.rt.sessions() as session:
-        row = session.scalar(
-            select(RejectedRequest)
-            .where(
-                RejectedRequest.caller_key.is_(None)
-                if caller_key is None
-                else RejectedRequest.caller_key == caller_key
-            )
-            .order_by(RejectedRequest.id.desc())
-        )
-        assert row is not None
-        return row
-
-
-def test_a_refused_enqueue_is_pushed_as_a_rejected_event_signed_with_its_own_id(task_rt, receiver):
-    from tasks.registered import TASKS
-
-    cb = task_rt
-    refused = TASKS[names.ENQUEUE_JOB].run(
-        payload={"caller_key": "flip-run-9", "definition": "tiny-job", "net": "nope"}
-    )
-    no_key = TASKS[names.ENQUEUE_JOB].run(payload={"definition": "tiny-job"})
-    row = rejection_row(cb, "flip-run-9")
-
-    report = deliver(cb, receiver)
-    assert (report.delivered, report.failed, report.retry_in_s) == (2, 0, None)
-    (first, headers, _), (second, _, _) = receiver.requests  # each signed (Receiver checks)
-    assert first == {
-        "event_id": f"rejected-{row.id}",
-        "kind": "rejected",
-        "job_id": str(job_id_for("flip-run-9")),
-        "caller_key": "flip-run-9",
-        "reason": refused["rejected"],
-        "reason_code": "rejected",
-        "at": cb.clock().isoformat(),
-    }
-    assert "unknown net 'nope'" in first["reason"]
-    assert headers["X-FL-Dispatcher-Event-Id"] == f"rejected-{row.id}"
-    assert (second["kind"], second["job_id"], second["caller_key"]) == ("rejected", None, None)
-    assert second["reason"] == no_key["rejected"]
-
-    assert deliver(cb, receiver).delivered == 0  # delivered once, not again
-    assert len(receiver.requests) == 2
-    assert rejection_row(cb, "flip-run-9").callback_settled_at == cb.clock()
-
-
-def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_rejected_event(
-    cb, receiver
-):
-    """The refusal is stored but the commit's reply is lost, so the task is retried (the
-    database could not confirm it: README "What flip-api may rely on": every request is
-    idempotent, a repeat changes nothing). The retry must not record the refusal again:
-    flip-api would get two `rejected` events, with two event ids, for one request."""
-    from app.handlers import HANDLERS, Verdict, on_error
-
-    handler = HANDLERS[names.ENQUEUE_JOB]
-    payload = {"caller_key": "flip-run-9", "definition": "tiny-job", "net": "nope"}
-    with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
-        handler.call(cb.rt, payload=payload)
-    assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
-    handler.call(cb.rt, payload=payload)  # the retry
-    deliver(cb, receiver)
-    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
-
-
-def test_a_conflict_retried_after_a_lost_reply_once_its_job_moved_is_one_rejected_event(
-    cb, receiver
-):
-    """README "What flip-api may rely on": a retry after a commit applied whose reply was
-    lost changes nothing (a refusal recorded once, one `rejected` event). The retry comes
-    seconds later (backoff); meanwhile the job the key names has moved on (QUEUED to
-    RUNNING): the refusal's text (it names the state) must not make it a second one."""
-    from app.handlers import HANDLERS, Verdict, on_error
-
-    handler = HANDLERS[names.ENQUEUE_JOB]
-    job_id = cb.enqueue("flip-run-11", net="net-a")
-    deliver(cb, receiver)
-    receiver.requests.clear()
-    payload = {"caller_key": "flip-run-11", "definition": "tiny-job", "net": "net-a"}
-    conflicting = {**payload, "priority": 7}
-    with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
-        handler.call(cb.rt, payload=conflicting)
-    assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
-    cb.run_pipeline(job_id)  # the job moves on during the retry's backoff
-    assert cb.job(job_id).state != JobState.QUEUED
-    handler.call(cb.rt, payload=conflicting)  # the retry
-    deliver(cb, receiver)
-    assert [p["kind"] for p, _, _ in receiver.requests if p["kind"] == "rejected"] == ["rejected"]
-
-
-def test_rejected_event_ids_never_collide_with_job_event_ids(cb, receiver):
-    """Both sequences start at 1: the receiver dedups by event_id, so a rejected event must
-    never carry an id a job event has (or will have)."""
-    job_id = cb.enqueue("j1", net="net-a")
-    intake.reject_enqueue(cb.rt, "j2", "unknown net 'x'")
-    with cb.rt.sessions() as session:
-        [job_event] = session.scalars(select(JobEvent.id)).all()
-    assert job_event == rejection_row(cb, "j2").id == 1  # the raw ids do coincide
-
-    deliver(cb, receiver)
-    (rejected, rejected_headers, _), (queued, queued_headers, _) = receiver.requests
-    # Rejected events go first in a round; the QUEUED event is the job's own.
-    assert (rejected["kind"], queued["kind"]) == ("rejected", "state_change")
-    assert (rejected["event_id"], queued["event_id"]) == ("rejected-1", 1)
-    assert queued["job_id"] == str(job_id)
-    assert (
-        rejected_headers["X-FL-Dispatcher-Event-Id"] != queued_headers["X-FL-Dispatcher-Event-Id"]
-    )
-
-
-def test_a_rejected_event_the_receiver_does_not_accept_holds_back_nothing_else(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
-    job_id = cb.enqueue("j1", net="net-a")
-    complete(cb, job_id)
-    receiver.rule = lambda p: 503 if p["kind"] == "rejected" else 200
-
-    report = deliver(cb, receiver)
-    assert receiver.accepted(job_id) == LIFE  # the job's events went on
-    assert report.retry_in_s == 2.0  # the one wake-up: when the rejected event is due again
-    row = rejection_row(cb, "bad")
-    assert row.callback_settled_at is None
-    assert row.callback_last_error == f"event rejected-{row.id}: HTTP 503: nope"
-    with cb.rt.sessions() as session:
-        assert callbacks.backlog(session).undelivered == 1
-
-    cb.clock.advance(1)
-    deliver(cb, receiver)
-    assert receiver.sent().count((f"rejected-{row.id}", "rejected")) == 1  # not before its backoff
-    receiver.rule = lambda p: 200
-    cb.clock.advance(1)
-    assert deliver(cb, receiver).delivered == 1
-    assert receiver.accepted() == [*LIFE, "rejected"]
-
-
-def test_a_rejected_event_refused_by_the_receiver_is_given_up_after_the_4xx_limit(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
-    receiver.rule = lambda p: 400
-    for _ in range(10):
-        deliver(cb, receiver)
-        cb.clock.advance(10)
-    assert [kind for _, kind in receiver.sent()] == ["rejected"] * 3  # CALLBACK_MAX_4XX_TRIES
-    row = rejection_row(cb, "bad")
-    assert row.callback_failed and row.callback_settled_at is not None
-    assert row.callback_last_error == (
-        f"event rejected-{row.id}: HTTP 400: nope (rejected 3 times: given up)"
-    )
-    with cb.rt.sessions() as session:
-        backlog = callbacks.backlog(session)
-    assert (backlog.undelivered, backlog.failed) == (0, 1)
-
-
-def test_a_silent_receiver_gets_a_rejected_event_once_it_answers(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
-    receiver.down = True
-    report = deliver(cb, receiver)
-    assert report.retry_in_s == 2.0 and receiver_row(cb).failures == 1
-    assert "Connection refused" in rejection_row(cb, "bad").callback_last_error
-
-    receiver.down = False
-    cb.clock.advance(2)
-    assert deliver(cb, receiver).delivered == 1
-    assert receiver.accepted() == ["rejected"]
-    assert receiver_row(cb).failures == 0
-
-
-def test_a_deliverer_that_lost_its_lease_records_no_rejected_event(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
-
-    def taken_over() -> None:
-        with cb.rt.sessions.begin() as session:
-            session.execute(update(CallbackReceiver).values(lease_owner="someone-else"))
-
-    receiver.during_post = taken_over
-    assert deliver(cb, receiver).delivered == 0
-    assert rejection_row(cb, "bad").callback_settled_at is None
-
-    receiver.during_post = None
-    cb.clock.advance(callback_receiver._lease_s(cb.rt) + 1)
-    deliver(cb, receiver)
-    (first, _), (again, _) = receiver.sent()
-    assert first == again  # the same event_id again
-    assert rejection_row(cb, "bad").callback_settled_at is not None
-
-
-def test_an_undelivered_rejection_outlives_its_retention_until_it_is_delivered(cb, receiver):
-    retention = cb.rt.settings.rejected_retention_s
-    intake.reject_enqueue(cb.rt, "old", "unknown net 'x'")
-    receiver.down = True
-    deliver(cb, receiver)
-    cb.clock.advance(retention + 1)
-    intake.reject_enqueue(cb.rt, "new", "unknown net 'x'")  # purges what is past retention
-    with cb.rt.sessions() as session:
-        assert enqueue.get_rejection(session, job_id_for("old")) is not None  # not delivered
-
-    receiver.down = False
-    assert deliver(cb, receiver).delivered == 2
-    assert [p["caller_key"] for p, _, _ in receiver.requests] == ["old", "new"]
-    cb.clock.advance(retention + 1)
-    intake.reject_enqueue(cb.rt, "newer", "unknown net 'x'")
-    with cb.rt.sessions() as session:
-        assert enqueue.get_rejection(session, job_id_for("old")) is None  # delivered: purged
-        assert enqueue.get_rejection(session, job_id_for("new")) is None
-
-
-def test_a_rejection_kicks_delivery_after_its_commit(cb):
-    class Outbox(RecordingOutbox):
-        visible: list[int]
-
-        def send(self, task: str, **kwargs: Any) -> bool:
-            with cb.rt.sessions() as session:
-                self.visible.append(len(session.scalars(select(RejectedRequest.id)).all()))
-            return super().send(task, **kwargs)
-
-    outbox = Outbox()
-    outbox.visible = []
-    cb.rt.outbox = outbox
-    callbacks.send_after_commit(cb.rt)
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
-    assert outbox.sent == [(names.DELIVER_CALLBACKS, {})]
-    assert outbox.visible == [1]  # the row was committed when the task was sent
-
-
-def test_metrics_count_an_undelivered_rejected_event(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
-    cb.clock.advance(30)
-    receiver.down = True
-    deliver(cb, receiver)
-    with cb.rt.sessions() as session:
-        snap = read_snapshot(session, cb.clock(), callbacks=True)
-    assert (snap.callback_undelivered, snap.callback_oldest_undelivered_s) == (1, 30.0)
-
-
-def test_callbacks_off_keep_no_rejection_past_its_retention_and_send_nothing(
-    tmp_path, job_root, sqlite_factory, clock, receiver
-):
-    world = World(
-        callback_settings(tmp_path, job_root, CALLBACK_URL="", CALLBACK_SECRET=""),
-        sqlite_factory,
-        clock,
-    )
-    intake.reject_enqueue(world.rt, "old", "unknown net 'x'")
-    assert deliver(world, receiver) == callbacks.DeliveryReport()
-    clock.advance(world.rt.settings.rejected_retention_s + 1)
-    intake.reject_enqueue(world.rt, "new", "unknown net 'x'")
-    with world.rt.sessions() as session:
-        assert enqueue.get_rejection(session, job_id_for("old")) is None
-    assert receiver.requests == []
-
-
-def test_a_reused_caller_key_with_another_payload_is_a_rejected_event_and_changes_nothing(
-    task_rt, receiver
-):
-    from tasks.registered import TASKS
-
-    cb = task_rt
-    payload = {"caller_key": "flip-run-10", "definition": "tiny-job", "net": "net-a"}
-    first = TASKS[names.ENQUEUE_JOB].run(payload=payload)
-    assert TASKS[names.ENQUEUE_JOB].run(payload=payload) == {**first, "created": False}
-    conflict = TASKS[names.ENQUEUE_JOB].run(payload={**payload, "priority": 7})
-    assert conflict["reason_code"] == "caller_key_conflict"
-    assert conflict["rejected"].startswith(
-        f"caller_key 'flip-run-10' already names job {first['job_id']}"
-    )
-    row = rejection_row(cb, "flip-run-10")
-    assert (row.reason_code, row.job_id) == ("caller_key_conflict", job_id_for("flip-run-10"))
-    assert cb.job(uuid.UUID(first["job_id"])).priority == 0
-
-    deliver(cb, receiver)
-    rejected = [p for p, _, _ in receiver.requests if p["kind"] == "rejected"]
-    assert [(p["reason_code"], p["job_id"]) for p in rejected] == [
-        ("caller_key_conflict", first["job_id"])
-    ]
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://u:pw-in-url@127.0.0.1:abc/x",  # a port that is not a number
-        "http://[::1/cb",  # an unclosed IPv6 host
-        "https://flip-api:70000/cb",  # a port out of range: unreachable for ever
-        "http://pw-in-url@/cb",  # no host at all: likewise
-    ],
-)
-def test_a_callback_url_the_client_cannot_use_is_refused_at_start(tmp_path, job_root, url):
-    """Accepted, the first two failed every delivery round with the client's invalid-URL
-    error (an exception, not a back-off), the others never reached anything; the message
-    names the rule, not the value."""
-    with pytest.raises(SettingsError, match="CALLBACK_URL") as refused:
-        callback_settings(tmp_path, job_root, CALLBACK_URL=url)
-    assert "pw-in-url" not in str(refused.value)
-
-
-def test_a_callback_url_with_an_uppercase_scheme_is_accepted(tmp_path, job_root):
-    # A scheme is case-insensitive (RFC 3986), and the client sends to it as https.
-    url = "HTTPS://flip-api/cb"
-    assert callback_settings(tmp_path, job_root, CALLBACK_URL=url).callback_url == url
-
-
-def test_a_callback_url_with_a_port_and_credentials_is_accepted(tmp_path, job_root):
-    url = "https://flip:pw@flip-api.internal:8443/callbacks?x=1"
-    assert callback_settings(tmp_path, job_root, CALLBACK_URL=f" {url} ").callback_url == url
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://[::1]x/cb",  # text after the IPv6 host's bracket
-        "http://[::1]]/cb",  # a stray bracket
-        "http://[v1.x]/cb",  # an IPvFuture host the client does not take
-        "http://256.1.1.1/cb",  # an IPv4 address out of range
-        "http://flip\tapi/cb",  # a control character inside
-        "http://flip-api/cb\x7f",
-        "http://xn--/cb",  # a punycode label with nothing after its prefix
-        "http://flip..api/cb",  # an empty label: the resolver's IDNA codec raises
-        "http://" + "a" * 64 + ".example/cb",  # a label longer than 63: likewise
-    ],
-)
-def test_a_callback_url_the_client_parses_but_cannot_send_to_is_refused_at_start(
-    tmp_path, job_root, url
-):
-    """Accepted at start (urlsplit reads a host and no bad port), each made every delivery
-    round raise the client's InvalidURL, IDNAError or UnicodeError instead of backing off."""
-    with pytest.raises(SettingsError, match="CALLBACK_URL"):
-        callback_settings(tmp_path, job_root, CALLBACK_URL=url)
-
-
-def test_a_raw_at_sign_in_the_callback_urls_password_is_refused(tmp_path, job_root):
-    """The client reads the password up to the last '@' (p@ss-in-url), the log filter and
-    redact_url up to the first: 'ss-in-url' was left readable in every redacted line."""
-    with pytest.raises(SettingsError, match="%40") as refused:
-        callback_settings(tmp_path, job_root, CALLBACK_URL="http://u:p@ss-in-url@flip-api/cb")
-    assert "ss-in-url" not in str(refused.value)
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://[::1]:8080/cb",
-        "http://[fe80::1%25eth0]:8080/cb",
-        "https://flip:p%40ss@flip-api.internal:8443/cb?x=1",
-        "http://flip-api.internal./cb",  # a fully qualified name's trailing dot
-        "http://flip-\u00e4pi.example/cb",  # an internationalised name
-        "http://u@flip-api/cb",
-    ],
-)
-def test_valid_callback_urls_are_still_accepted(tmp_path, job_root, url):
-    assert callback_settings(tmp_path, job_root, CALLBACK_URL=f"{url}  ").callback_url == url
+def test_beat_sweeps_callbacks_only_when_they_are_on(cb, settings):
+    assert beat_schedule(cb.rt.settings)["deliver-callbacks"]["task"] == names.DELIVER_CALLBACKS
+    assert "deliver-callbacks" not in beat_schedule(settings)

@@ -1,6 +1,7 @@
 """Which nets a QUEUED job wants: only claimable jobs pin a net; an idle net is kept only
 for a queued job it could take (pinned to it or unpinned, with sites it has where it declares
-them); and a claim looks through a net's next SITES_SCAN queued jobs for one that fits."""
+them); a claim looks through a net's next SITES_SCAN queued jobs for one that fits; and a
+QUEUED job says why it waits (its net out of service, an earlier run of it not settled)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,22 @@ def test_a_claim_looks_through_a_nets_next_sites_scan_queued_jobs_only(sited):
     sited.abort(ahead[0])
     assert [a.job_id for a in dispatch.assign_jobs(sited.rt)] == [behind]
     assert sited.job(behind).state == JobState.ASSIGNED
+
+
+def test_a_queued_job_says_why_it_waits(world):
+    from app.usecases.scaling import net_misconfigured
+    from app.usecases.views import job_detail
+
+    pinned = world.enqueue("pinned", net="net-a")
+    net_misconfigured(world.rt, "net-a", None, "admin kit signed by another CA")
+    strayed = world.enqueue("strayed", net="fixed")
+    world.add_stray(strayed, "fixed", "nv-9")
+    free = world.enqueue("free", net="fixed")
+    with world.rt.sessions() as session:
+        assert job_detail(session, pinned)["waiting_for"] == (
+            "net net-a is MISCONFIGURED: admin kit signed by another CA"
+        )
+        assert job_detail(session, strayed)["waiting_for"].startswith(
+            "an earlier run of it on net fixed is not settled yet"
+        )
+        assert job_detail(session, free)["waiting_for"] is None

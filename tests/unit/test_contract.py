@@ -1,7 +1,7 @@
 """`fl-dispatcher schema` is the public contract, generated from the code: real payloads
 (tasks as the client sends them, every callback a job's life and a refusal produce, the
 job-id rule) validate against what it prints, and the README's reason-code table is the
-code's table."""
+code's table (its event-to-FLIP row leaving a job's status alone on a caller_key_conflict)."""
 
 from __future__ import annotations
 
@@ -201,3 +201,21 @@ def test_the_signature_scheme_names_the_standard_webhooks_headers(contract):
 
 def test_the_readme_reason_table_is_the_codes_table():
     assert reason_table_markdown() in README.read_text()
+
+
+def test_readmes_event_mapping_keeps_the_job_on_a_caller_key_conflict() -> None:
+    """Scenario: flip-api reuses a caller_key with another payload; the dispatcher sends a
+    `kind: "rejected"` event whose job_id is the EXISTING (maybe running) job's id, with
+    reason_code caller_key_conflict. A receiver built from README's event-to-FLIP table reads
+    `kind: "rejected"` -> ERROR / COMPLETED and marks that live job's model ERROR.
+    Promise (reason codes, models/reasons.py): caller_key_conflict leaves flip-api's statuses
+    unchanged. Fix: the README row must say "ERROR/COMPLETED for reason_code rejected;
+    unchanged for caller_key_conflict" (better: generate that row from REASONS too)."""
+    from pathlib import Path
+
+    from models.reasons import REASONS, ReasonCode
+
+    assert REASONS[ReasonCode.CALLER_KEY_CONFLICT].flip[None].model_status is None
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith('| `kind: "rejected"`'))
+    assert "caller_key_conflict" in row or "unchanged" in row, row

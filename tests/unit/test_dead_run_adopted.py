@@ -2,7 +2,9 @@
 re-sent submit's token is answered, on the new process, with that dead run, the dispatcher
 records the new process's start time, so no restart is ever seen: the run's own start time
 (the job store's) is what says it ran on an earlier process. Found by the 10,000-seed sweep
-(seeds 3894, 7305, 9969): the job read RUNNING until MAX_RUN_S, holding its server a day."""
+(seeds 3894, 7305, 9969): the job read RUNNING until MAX_RUN_S, holding its server a day.
+A run the answering process lists among its own lives on, whatever the two clocks say (a
+server clock stepped back by NTP dates a live run before its process)."""
 
 from __future__ import annotations
 
@@ -124,3 +126,29 @@ def test_a_status_unreadable_after_a_restart_is_asked_again_not_taken_for_lost(w
     monitor.monitor_running_jobs(world.rt)
 
     assert world.job(job_id).state == JobState.COMPLETED
+
+
+def test_a_live_run_is_not_lost_because_its_server_clock_was_stepped_back(world):
+    """README: a run is over only when its server, answering now, says so; the monitor's new
+    rule (`_started_before`) takes a RUNNING run whose job-store start time is before the
+    start time of the server process answering now as dead.
+
+    Both times are the server's wall clock at two moments: `EngineInfo.start_time =
+    time.time()` at process start and `datetime.now(UTC)` when the run went RUNNING. A
+    server container that boots with its clock 90 s fast and is stepped back by NTP (chrony's
+    makestep, ntpd's 128 ms step threshold) records its process start 90 s late; a run the
+    first job starts on it within that margin reads as having begun before the process, and
+    a healthy run, which the process itself lists among the runs it runs (`live_runs`), is
+    declared lost: requeued, recorded as a stray and aborted, and run again."""
+    server = world.server("net-a")
+    server.start_time = 2090.0  # the process started at 2000 by a clock running 90 s fast
+    job_id = world.enqueue("healthy", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    server.started[run] = 2045.0  # went RUNNING 45 s after boot, the clock now corrected
+    assert run in world.admin("net-a").live_runs()  # the server runs it, and says so
+
+    monitor.monitor_running_jobs(world.rt)
+
+    job = world.job(job_id)
+    assert job.state == JobState.RUNNING, f"a healthy run declared lost: {job.last_error}"

@@ -143,3 +143,36 @@ def test_a_late_readiness_step_that_meets_a_misconfigured_net_ends_quietly(world
     assert result.step == dispatch.Step.SKIPPED
     assert world.job(job_id).state == JobState.RUNNING
     assert world.net("net-a").state == NetState.BUSY
+
+
+def _strays(world):
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun)))
+
+
+def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
+    # app/sim/FINDINGS.md, hole 6
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    server = world.server("net-a")
+
+    def flip_api_reports_error() -> None:
+        with world.rt.sessions.begin() as session:
+            services.finish_job(
+                session,
+                job_id,
+                JobState.FAILED,
+                "flip-api: error",
+                world.clock(),
+                code=ReasonCode.REPORTED_ERROR,
+            )
+
+    server.on_submit = flip_api_reports_error
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
+    assert (names.SETTLE_STRAY_RUNS, {"net_name": "net-a"}) in world.outbox.sent
+    assert len(_strays(world)) == 1
+    assert dispatch.assign_jobs(world.rt) == []  # net-a takes no job while it is unsettled
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert server.aborted == ["nv-1"]

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from app import names
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob
 from app.settings import Settings
@@ -206,4 +207,79 @@ def test_a_definition_folder_is_named_with_letters_digits_dot_dash_underscore(
     )
     assert refused == (
         "definition folder name 'bad name' may hold only letters, digits, '.', '_', '-'"
+    )
+
+
+# --- the same request in a world with nets (a repeat, a live job's key) ----------------------
+
+
+def _enqueue_in(world, key: str, **kw):
+    """Enqueue in the world's runtime: its answer."""
+    with world.rt.sessions.begin() as session:
+        return enqueue.enqueue_job(
+            session,
+            world.rt.settings,
+            EnqueueJob(caller_key=key, definition="tiny-job", **kw),
+            world.clock(),
+        )
+
+
+def test_repeat_with_max_attempts_spelled_out_as_its_default_is_the_same_request(world) -> None:
+    """Scenario: flip-api enqueues {caller_key, definition, net} (max_attempts omitted, so
+    MAX_ATTEMPTS=3); its retry spells the default out, max_attempts=3: the very job it names.
+    Promise (README Task API): "a repeat with the same payload (defaults filled in) returns
+    the same job". Here the retry is refused 409 caller_key_conflict (the digest fills in the
+    schema's null, not the setting it stands for; the message lists no differing field)."""
+    first = _enqueue_in(world, "k-defaults", net="net-a")
+    again = _enqueue_in(
+        world, "k-defaults", net="net-a", max_attempts=world.rt.settings.max_attempts
+    )
+    assert (again.job_id, again.created) == (first.job_id, False)
+
+
+def test_repeat_with_the_nets_default_sites_spelled_out_is_the_same_request(world) -> None:
+    """Scenario: an enqueue for net-a omits required_sites (so the net's site-1, site-2);
+    the retry sends required_sites=[site-2, site-1], the very sites the job has.
+    Promise (README Task API): "defaults filled in, sites in any order" names the same job;
+    here it is a 409 caller_key_conflict, with no differing field named."""
+    first = _enqueue_in(world, "k-sites", net="net-a")
+    again = _enqueue_in(world, "k-sites", net="net-a", required_sites=["site-2", "site-1"])
+    assert (again.job_id, again.created) == (first.job_id, False)
+
+
+def test_an_invalid_repeat_of_a_live_jobs_caller_key_is_a_conflict_not_a_rejection(
+    world,
+) -> None:
+    """Scenario: job k-live is QUEUED (or RUNNING); flip-api sends enqueue_job again with the
+    same caller_key and another payload that also fails the schema (priority 5000). Schema
+    validation runs before the key lookup, so it is recorded and pushed as reason_code
+    `rejected` with job_id = the live job's id, and REASONS maps `rejected` to ERROR /
+    COMPLETED: a receiver following the reason table ends the live job's model in ERROR.
+    Promise (Task API): the same caller_key with a different payload creates nothing and
+    changes nothing: caller_key_conflict, "that job is unchanged (keep its status)". Fix: in
+    the task (and POST /jobs), when the payload's caller_key is usable and names an existing
+    job, refuse any payload that is not its repeat as caller_key_conflict, validation
+    error included in the reason."""
+    from models.reasons import REASONS, ReasonCode
+    from tasks import base
+    from tasks.registered import TASKS
+
+    live = world.enqueue("k-live", net="net-a")
+    base.set_runtime(world.rt)
+    try:
+        answer = TASKS[names.ENQUEUE_JOB].run(
+            payload={
+                "caller_key": "k-live",
+                "definition": "tiny-job",
+                "net": "net-a",
+                "priority": 5000,
+            }
+        )
+    finally:
+        base.set_runtime(None)
+    assert world.job(live).state.value == "QUEUED"
+    code = ReasonCode(answer["reason_code"])
+    assert REASONS[code].flip[None].model_status is None, (
+        f"a refused repeat of live job {live} goes out as {code}: flip-api sets "
+        f"{REASONS[code].flip[None]}"
     )

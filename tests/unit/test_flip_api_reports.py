@@ -8,7 +8,7 @@ import pytest
 
 from app.errors import InvalidRequest
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import services
+from app.usecases import dispatch, services
 from models import JobState
 
 
@@ -51,3 +51,15 @@ def test_a_report_timeout_leaves_a_job_that_is_not_finishing_alone(world):
             session, job_id, JobState.FAILED, 3600.0, world.clock()
         )
     assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_results_reported_for_a_job_that_has_not_run_is_refused_plainly(world):
+    from app.errors import InvalidRequest
+    from app.schemas import ReportedStatus, ReportJobStatus
+
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
+    with world.rt.sessions.begin() as session, pytest.raises(InvalidRequest):
+        services.report_job_status(session, report, world.clock())
+    assert world.job(job_id).state == JobState.ASSIGNED

@@ -1,9 +1,12 @@
-"""FLIP's job flow on the unit tier: metadata, prepared jobs, holding the server until
-flip-api reports the results upload, and the report timeout."""
+"""FLIP's job flow on the unit tier: metadata, prepared jobs (submitted as the bundle is now,
+whatever changed between attempts: content, mtimes, a linked folder, a file name that is
+not UTF-8), holding the server until flip-api reports the results upload, and the report
+timeout."""
 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import pytest
@@ -12,7 +15,8 @@ from pydantic import ValidationError
 from app.adapters import jobdefs
 from app.errors import InvalidRequest
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
-from app.usecases import monitor, scale_down, services
+from app.settings import Settings
+from app.usecases import dispatch, monitor, scale_down, services
 from models import JobState, NetState
 from tests.unit.conftest import World
 
@@ -92,6 +96,119 @@ def test_server_apps_stay_on_the_server(tmp_path):
     deploy = {"deploy_map": {"srv": ["server"], "cli": ["site-1", "site-9"]}}
     meta = jobdefs.prepared_meta(deploy, tmp_path, ["site-1", "site-2"], None)
     assert meta["deploy_map"] == {"srv": ["server"], "cli": ["site-1", "site-2"]}
+
+
+def test_a_bundle_changed_between_attempts_is_submitted_as_it_is_now(world, job_root):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    first = world.server("net-a").folders[-1]
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, job_id, "server restarted", world.clock())
+    (job_root / "tiny-job" / "app" / "config" / "train.py").write_text("v2")
+    world.run_pipeline(job_id)
+    second = world.server("net-a").folders[-1]
+    assert second != first
+    assert (second / "app" / "config" / "train.py").read_text() == "v2"
+
+
+def test_a_bundle_rebuilt_with_the_same_sizes_and_mtimes_is_submitted_as_it_is_now(world, job_root):
+    # A reproducible build (or an unpacked archive) gives every version the same mtimes:
+    # the simulator's sweep found the copy keyed by size and mtime reused (seed 34).
+    import os
+
+    script = job_root / "tiny-job" / "app" / "config" / "train.py"
+    script.write_text("v1")
+    os.utime(script, ns=(10**18, 10**18))
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, job_id, "server restarted", world.clock())
+    script.write_text("v2")
+    os.utime(script, ns=(10**18, 10**18))
+    world.run_pipeline(job_id)
+    second = world.server("net-a").folders[-1]
+    assert (second / "app" / "config" / "train.py").read_text() == "v2"
+
+
+def test_a_bundle_with_a_non_utf8_file_name_is_submitted_not_crashed(world, job_root):
+    """A job folder holds a file whose name is not UTF-8 (Latin-1 "café.txt" unpacked from an
+    old zip: Linux allows any bytes). Python sees it as a surrogate escape; `built_from`
+    encodes each relative path strictly (`.encode()`), so every dispatch of the job raises
+    UnicodeEncodeError (not a DispatcherError): no step handles it, the job sits DISPATCHING,
+    reconcile re-sends the same crash, then abandons and requeues it until its attempts are
+    spent. Before this change prepare() copied such a bundle and it was submitted.
+
+    Breaks: "accept input that later crashes" (the definition was accepted at enqueue, and
+    the crash is in the new prepared-copy keying)."""
+    folder = os.fsencode(job_root / "tiny-job" / "app" / "config")
+    with open(folder + b"/caf\xe9.txt", "wb") as handle:
+        handle.write(b"x")
+    job_id = world.enqueue("latin1", net="net-a")
+    net, attempt = world.run_until_ready(job_id)
+    result = dispatch.dispatch(world.rt, job_id, net, attempt)
+    assert result.step == dispatch.Step.DONE
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_bundle_whose_linked_folder_changed_between_attempts_is_submitted_as_it_is_now(
+    world, job_root
+):
+    """The job folder links its code folder from a shared place under the job root
+    (`app/custom -> ../../_shared/custom`, a common layout for jobs that share code; the
+    prepared copy follows links, `copytree(symlinks=False)`). `built_from` walks the bundle
+    with `rglob`, which does not descend into a linked folder, so the files there are not
+    part of the key: after the shared code is edited between two attempts the key is the
+    same, and the earlier attempt's copy, with the old code, is submitted again.
+
+    Breaks: the commit's item 2 "a bundle replaced between attempts (... a job folder
+    edited) gets a new copy and is submitted as it is now, never as an earlier attempt saw
+    it"."""
+    shared = job_root / "_shared" / "custom"
+    shared.mkdir(parents=True)
+    (shared / "train.py").write_text("v1")
+    (job_root / "tiny-job" / "app" / "custom").symlink_to(shared, target_is_directory=True)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    first = world.server("net-a").folders[-1]
+    assert (first / "app" / "custom" / "train.py").read_text() == "v1"
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, job_id, "server restarted", world.clock())
+    (shared / "train.py").write_text("version 2")
+    world.run_pipeline(job_id)
+    second = world.server("net-a").folders[-1]
+    assert (second / "app" / "custom" / "train.py").read_text() == "version 2"
+
+
+def test_a_bundle_rebuilt_with_fixed_mtimes_is_prepared_afresh(tmp_path):
+    """A job folder unpacked from a zip (every mtime 1980-01-01) or built with a fixed
+    `tar --mtime` is replaced between two attempts by one whose config differs by a digit:
+    the second attempt must submit the new content (fix 2's promise), not the first copy."""
+    import os
+    import uuid
+
+    from app.adapters.jobdefs import prepare
+
+    bundle = tmp_path / "jobs" / "fedavg"
+    (bundle / "app" / "config").mkdir(parents=True)
+    config = bundle / "app" / "config" / "config_fed_server.json"
+    fixed_ns = 315_532_800 * 10**9
+
+    def build(rounds: int) -> None:
+        (bundle / "meta.json").write_text('{"deploy_map": {"app": ["@ALL"]}}')
+        config.write_text(f'{{"num_rounds": {rounds}}}')
+        for path in (bundle / "meta.json", config):
+            os.utime(path, ns=(fixed_ns, fixed_ns))
+
+    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=tmp_path / "jobs")
+    job_id = uuid.uuid4()
+    build(5)
+    first = prepare(settings, bundle, job_id, ["site-1"], None)
+    build(6)  # the next attempt's bundle: one digit changed, same size, same mtimes
+    second = prepare(settings, bundle, job_id, ["site-1"], None)
+
+    assert (second / "app" / "config" / "config_fed_server.json").read_text() == (
+        '{"num_rounds": 6}'
+    ), f"submitted from {first}"
 
 
 def _finished_run(world: World) -> uuid.UUID:

@@ -1,15 +1,20 @@
 """A housekeeping loop that fails on one net records it on that net (`last_error`, shown by
-/fl/status and the CLI, naming the loop) and goes on with the other nets."""
+/fl/status and the CLI, naming the loop) and goes on with the other nets: an error nobody
+classified, a misconfigured admin kit, or a report wait that cannot be settled."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pytest
+
+from app.errors import AdminMisconfigured
 from app.settings import Settings
-from app.usecases import reconciler, scale_down, services
-from models import NetState
+from app.usecases import monitor, reconciler, scale_down, services
+from models import JobState, NetState
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import World
+from tests.unit.conftest import World, world_of
 
 
 def test_a_keep_alive_that_crashes_on_one_net_is_recorded_there_and_pings_the_others(
@@ -90,3 +95,72 @@ def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
     redriven = reconciler.reconcile(world.rt).redriven
     assert redriven == (f"{jobs['net-b']}: abort re-sent",)
     assert world.net("net-a").last_error == "reconcile: RuntimeError: broker bug"
+
+
+def test_one_net_misconfigured_admin_does_not_stop_monitoring_of_another(world):
+    # app/sim/FINDINGS.md, hole 1: net "fixed" (static, first by name) raises
+    # AdminMisconfigured on every probe; the job on net-a must still settle.
+    on_fixed = world.enqueue("f", net="fixed")
+    world.run_pipeline(on_fixed)
+    on_a = world.enqueue("a", net="net-a")
+    world.run_pipeline(on_a)
+    world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
+
+    def broken() -> float:
+        raise AdminMisconfigured("admin certificate expired")
+
+    world.admin("fixed").server_start_time = broken  # type: ignore[method-assign]
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(on_a).state == JobState.COMPLETED
+    assert "expired" in (world.net("fixed").last_error or "")
+
+
+def test_an_unclassified_error_on_one_net_never_escapes_a_housekeeping_loop(world):
+    job_id = world.enqueue("a", net="net-a")
+    world.run_pipeline(job_id)
+
+    def boom() -> None:
+        raise RuntimeError("something nobody classified")
+
+    world.admin("net-a").ping = boom  # type: ignore[method-assign]
+    assert scale_down.keep_alive_busy_nets(world.rt) == []
+    world.admin("net-a").server_start_time = boom  # type: ignore[method-assign]
+    monitor.monitor_running_jobs(world.rt)
+    assert "RuntimeError" in (world.net("net-a").last_error or "")
+
+
+def test_a_report_wait_that_cannot_be_settled_stops_no_other_nets_monitoring(
+    tmp_path, job_root, sqlite_factory, clock, monkeypatch
+):
+    """README "Guarantees": every housekeeping loop handles each net on its own, one net's
+    failure "is logged, counted and written to that net's last_error, and never stops the
+    other nets". monitor_running_jobs first settles the overdue FINISHING jobs
+    (_expire_report_waits, every FINISHING row since the rewrite) outside any per-net
+    isolation: one that fails to settle raises out of the round before any net's run is
+    watched, every round, so a finished run on another net is never settled."""
+    nets = [net_decl(tmp_path, n, "ecs", report_timeout_s=60) for n in ("net-a", "net-b")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, RELEASE_AFTER="reported")
+    waiting = world.enqueue("waiting", net="net-a")
+    world.run_pipeline(waiting)
+    world.server("net-a").statuses[world.job(waiting).nvflare_job_id] = "FINISHED:COMPLETED"
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(waiting).state == JobState.FINISHING
+    clock.advance(61)  # its report is overdue
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    world.server("net-b").statuses[world.job(running).nvflare_job_id] = "FINISHED:COMPLETED"
+
+    def bad_row(*_args: Any, **_kw: Any) -> bool:
+        raise RuntimeError("bug settling one report wait")
+
+    monkeypatch.setattr(services, "expire_report_wait", bad_row)
+    try:
+        monitor.monitor_running_jobs(world.rt)
+    except RuntimeError as exc:
+        pytest.fail(f"one FINISHING row stopped the whole monitor round: {exc}")
+    assert world.job(running).state == JobState.FINISHING  # net-b's run was watched
+    # Recorded on its own net, under the loop's name (as /fl/status and the CLI show it).
+    assert world.net("net-a").last_error == (
+        "monitor_running_jobs: RuntimeError: bug settling one report wait"
+    )
+    assert world.net("net-b").last_error is None

@@ -1,6 +1,7 @@
 """Idle scale-down: a READY scale-to-zero net idle for its whole grace (to the second) is
 stopped, unless a job holds it or a QUEUED job could run there; another net's job is no
-reason to keep it, and a net still in its grace is left alone."""
+reason to keep it (nor a queued job that cannot be claimed while its earlier run is
+unsettled), and a net still in its grace is left alone."""
 
 from __future__ import annotations
 
@@ -149,3 +150,13 @@ def test_a_net_that_stopped_is_no_longer_idle_and_a_finished_job_says_when(two_n
     assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
     net = world.net("net-a")
     assert (net.state, net.idle_since) == (NetState.STOPPED, None)
+
+
+def test_an_idle_net_is_stopped_though_a_queued_job_waits_on_a_stray_elsewhere(world):
+    done = world.enqueue("done", net="net-a")
+    world.run_to_completion(done)
+    blocked = world.enqueue("blocked", required_sites=["site-1"])  # fits net-a, stray elsewhere
+    world.add_stray(blocked, "fixed", "nv-old")
+    world.clock.advance(60)
+    assert scale_down.scale_down_idle_nets(world.rt) == ["net-a"]
+    assert world.job(blocked).state == JobState.QUEUED

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.errors import AdminMisconfigured, ServerUnavailable
+from app.errors import AdminMisconfigured, DriverTransientError, ServerUnavailable
 from app.schemas import EnqueueJob
-from app.usecases import abort, enqueue, intake, monitor
+from app.usecases import abort, dispatch, enqueue, intake, monitor, reconciler
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -140,3 +140,50 @@ def test_a_run_lost_on_a_silent_scale_to_zero_server_dies_with_it(world):
         f"run of job {job_id} lost: server not answering for {grace}: no route",
     )
     assert _strays(world) == []  # gone with the server
+
+
+def test_a_busy_net_whose_admin_access_broke_is_settled_after_the_grace(world):
+    job_id = world.enqueue("a", net="net-a")
+    world.run_pipeline(job_id)
+
+    def broken() -> float:
+        raise AdminMisconfigured("admin certificate expired")
+
+    world.admin("net-a").server_start_time = broken  # type: ignore[method-assign]
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING  # inside the grace
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.driver("net-a").replicas == 0  # no server left up
+
+
+def test_a_lost_server_on_a_scale_to_zero_net_is_taken_down_before_the_requeue_runs(world):
+    # app/sim/FINDINGS.md, hole 5: only the admin side lost the server; the first run may
+    # still be going.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False
+    monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").calls[-1] == 0  # the old run dies with its server
+
+
+def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False
+    world.driver("net-a").fail_with = DriverTransientError("throttled")  # cannot take it down
+    monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+    assert len(_strays(world)) == 1
+    assert dispatch.assign_jobs(world.rt) == []  # one live run per job, even on another net
+    world.driver("net-a").fail_with = None
+    world.driver("net-a").replicas = 0  # the platform finally stopped it
+    reconciler.reconcile(world.rt)
+    assert _strays(world) == []

@@ -8,6 +8,7 @@ import pytest
 
 from app.errors import AdminMisconfigured, DriverMisconfigured
 from app.usecases import dispatch, reconciler, services
+from app.usecases.dispatch import Step
 from models import JobState, NetState
 
 
@@ -53,3 +54,20 @@ def test_reconcile_leaves_a_job_that_moved_on_while_it_looked(world):
     assert f"net-a: misconfigured: service missing (job {job_id} moved on: left to it)" in repaired
     assert world.net("net-a").state != NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.ABORTED
+
+
+def test_reconcile_finding_a_starting_net_misconfigured_requeues_its_assigned_job(world):
+    # simulator seed 548 (chaos): the chain's wait_ready message was lost, reconcile found the
+    # net's service gone and marked it MISCONFIGURED with the job still ASSIGNED to it; a
+    # worker restart then reset the net to STOPPED under the job.
+    from app.errors import DriverMisconfigured
+
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
+    world.driver("net-a").fail_with = DriverMisconfigured("service not found")
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)  # its chain is long gone
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    job = world.job(job_id)
+    assert (job.state, job.net_name, job.attempts) == (JobState.QUEUED, None, 0)

@@ -89,3 +89,35 @@ def test_a_reconcile_that_crashes_on_one_net_is_recorded_there_and_repairs_the_o
     assert world.net("fixed").last_error == "reconcile: RuntimeError: bug in a client"
     assert "net-a: drift: STOPPED net had a server; scaled to 0" in repaired
     assert world.driver("net-a").replicas == 0
+
+
+def test_a_run_the_server_forgot_is_lost_not_running_forever(world):
+    # app/sim/FINDINGS.md, hole 3 (second half)
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").statuses.clear()
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_a_run_finished_while_the_start_time_cannot_be_read_is_settled_not_lost(world):
+    # The simulator's sweep (seed 310): a restarted server answered job statuses but not its
+    # start time; monitor took the run for lost, requeued it, and the job completed twice.
+    from app.errors import ServerUnavailable
+
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    admin = world.admin("net-a")
+    world.server("net-a").statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+
+    def no_start_time() -> float:
+        raise ServerUnavailable("server reported no start time")
+
+    admin.server_start_time = no_start_time  # type: ignore[method-assign]
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    outcomes = monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.COMPLETED, outcomes
+    assert outcomes == {str(job_id): "completed"}
+    # No run is left unwatched: the net is not counted unreachable, nor its grace started.
+    net = world.net("net-a")
+    assert (net.unreachable_since, net.last_error) == (None, None)

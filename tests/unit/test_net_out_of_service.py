@@ -109,3 +109,13 @@ def test_another_nets_job_does_not_keep_a_net_in_service(world):
         )
     assert world.net("fixed").state == NetState.MISCONFIGURED
     assert world.net("net-a").state == NetState.BUSY
+
+
+def test_a_restart_never_resets_a_misconfigured_net_to_stopped_under_a_job(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:  # however it came to be marked
+        services.get_net(session, "net-a").transition(NetState.MISCONFIGURED, world.clock(), "x")
+        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.job(job_id).state == JobState.RUNNING

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from sqlalchemy import select
 
+from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import UnknownAdminError
 from app.settings import Settings
 from app.usecases import dispatch, monitor
@@ -35,6 +37,14 @@ def _abort_fails(world, net: str) -> None:
 def _strays(world):
     with world.rt.sessions() as session:
         return list(session.scalars(select(StrayRun)))
+
+
+def _stray_keys(world: World) -> list[tuple[str, str | None, str | None]]:
+    """Each stray run's net, run id and submit token."""
+    with world.rt.sessions() as session:
+        return [
+            (s.net_name, s.nvflare_job_id, s.submit_token) for s in session.query(StrayRun).all()
+        ]
 
 
 def test_a_confirmed_abort_fails_the_job_and_keeps_the_server(world):
@@ -128,3 +138,52 @@ def test_an_aborting_job_is_left_to_the_abort_timeout_not_failed_as_an_overrun(w
     world.clock.advance(world.rt.settings.max_run_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.ABORTING
+
+
+def test_status_errors_do_not_switch_off_the_run_time_limit(world):
+    # app/sim/FINDINGS.md, hole 3b
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+
+    def unknown(_: str):
+        raise UnknownAdminError("odd reply")
+
+    world.admin("net-a").job_status = unknown  # type: ignore[method-assign]
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+
+
+@pytest.mark.parametrize("server_answer", ["unreachable for a moment", "abort accepted, not done"])
+def test_an_overrun_whose_abort_is_not_confirmed_keeps_its_run_from_the_next_job(
+    world, server_answer
+):
+    """A RUNNING job outlives MAX_RUN_S; monitor aborts it (`_stop_overrun`). The server
+    either drops out for a moment (the real client answers NOTHING_TO_ABORT "server
+    unavailable") or accepts the abort but the run is still RUNNING when asked. Either way
+    `_stop_overrun` counts it as confirmed: job FAILED, net released, no stray, no take-down,
+    so the next job is claimed onto the server that still runs the overrun.
+
+    Breaks: "a run that no job counts (... an abort that was never confirmed) is a stray run:
+    the net takes no new job until it is aborted ... or gone with its server"; the commit's own
+    rule "a run is over only when its server, answering now, says so" (abort_on_server,
+    settle_stray_runs) was not applied here."""
+    job_id = world.enqueue("overrun", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    server = world.server("net-a")
+    if server_answer == "unreachable for a moment":
+        # The start time is read, then the server drops out: status unknown, abort "nothing".
+        server.on_start_time = lambda: setattr(server, "up", False)
+    else:
+        admin = world.admin("net-a")
+        admin.abort = lambda _id: AbortResult(AbortOutcome.ABORTED)  # type: ignore[method-assign]
+    world.clock.advance(world.rt.settings.max_run_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.FAILED
+    server.up = True  # the blip is over: the overrun run is still there
+    assert server.statuses[run] == "RUNNING"
+
+    kept = any(nv == run for _, nv, _ in _stray_keys(world))
+    taken_down = world.driver("net-a").replicas == 0
+    assert kept or taken_down, "the overrun run is neither a stray nor gone with its server"

@@ -1,133 +1,46 @@
-"""Prewarm (README "Prewarm"): a net's server brought up on flip-api's hint and held ready
-until the hint's deadline (at most PREWARM_MAX_S), then released to the normal idle grace;
-idempotent per caller key, cancellable, refused for a MISCONFIGURED net, never a second
-replica, never a hold past its deadline whatever message is lost."""
+"""Prewarm's holds (README "Prewarm"): a net's server brought up on flip-api's hint and held
+ready until the hint's deadline (at most PREWARM_MAX_S), then released to the normal idle
+grace; never a second replica, never a hold past its deadline whatever message is lost, nor
+a server kept past the bound however late it boots; a claim ends the hold it uses, and
+status, metrics and the nets page show what is held. What a request is answered:
+test_prewarm_requests.py; the doors: test_prewarm_doors.py; a job naming its hint:
+test_prewarm_key.py; the simulator's prewarms: test_prewarm_sim.py."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import re
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
-from app import names
 from app.adapters.drivers.base import Observation
-from app.errors import (
-    CallerKeyConflict,
-    InvalidRequest,
-    NetMisconfigured,
-    NotFound,
-    RequestRejected,
-)
-from app.handlers import HANDLERS, Verdict, on_error
+from app.errors import DriverMisconfigured, InvalidRequest
+from app.metrics.read import read_snapshot
 from app.schemas import PrewarmNet
-from app.settings import Settings
 from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, scale_down, services
 from app.usecases.prewarm_warm_up import Warm
-from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import World, world_of
-from tests.unit.lost_commit_reply import commit_reply_lost
+from app.usecases.views import collect_status
+from models import JobState, NetEvent, NetState, PrewarmOutcome
+from tests.unit.prewarm_world import (
+    GRACE_S,
+    MAX_S,
+    READY_TIMEOUT_S,
+    ROUND_S,
+    ask,
+    boot_slowly,
+    finish,
+    held_ready,
+    moved_ready,
+    pw,
+    row,
+    starts,
+    view,
+    warm_sent,
+    warm_until_ready,
+)
 from tests.unit.scale_history import scale_decisions
 
-GRACE_S = 60
-READY_TIMEOUT_S = 120
-MAX_S = 600
-
-
-@pytest.fixture
-def pw(tmp_path, job_root, sqlite_factory, clock) -> World:
-    """Two scale-to-zero nets (grace 60 s) with sites; net-c has only site-3; a static one."""
-    nets = [
-        net_decl(
-            tmp_path,
-            name,
-            "ecs",
-            idle_timeout_s=GRACE_S,
-            ready_timeout_s=READY_TIMEOUT_S,
-            sites=["site-1", "site-2"],
-        )
-        for name in ("net-a", "net-b")
-    ]
-    nets.append(
-        net_decl(
-            tmp_path, "net-c", "ecs", idle_timeout_s=GRACE_S, sites=["site-3"], required_sites=[]
-        )
-    )
-    nets.append(net_decl(tmp_path, "fixed", "static", sites=["site-9"], required_sites=[]))
-    return world_of(nets, tmp_path, job_root, sqlite_factory, clock, PREWARM_MAX_S=MAX_S)
-
-
-def ask(world: World, key: str, **kw) -> prewarm.Requested:
-    return prewarm.request_prewarm(world.rt, PrewarmNet(caller_key=key, **kw))
-
-
-def warm_sent(world: World) -> list[str]:
-    return [kw["net_name"] for task, kw in world.outbox.sent if task == names.WARM_UP]
-
-
-def warm_until_ready(world: World, net: str) -> None:
-    """What the warm_up task does: poll until the net is READY."""
-    for _ in range(5):
-        if prewarm_warm_up.warm_up(world.rt, net).step == Warm.READY:
-            return
-    raise AssertionError("never ready")
-
-
-def row(world: World, key: str, *, refused: bool | None = None) -> Prewarm:
-    """The key's accepted prewarm if any, else its latest refusal."""
-    stmt = select(Prewarm).where(Prewarm.caller_key == key)
-    if refused is not None:
-        stmt = stmt.where(Prewarm.refused.is_(refused))
-    with world.rt.sessions() as session:
-        return session.scalars(stmt.order_by(Prewarm.refused, Prewarm.id.desc())).first()
-
-
-def view(world: World, key: str) -> dict:
-    with world.rt.sessions() as session:
-        return prewarm.get_prewarm(session, key, world.clock())
-
-
-def starts(world: World, net: str) -> int:
-    with world.rt.sessions() as session:
-        return len(
-            session.scalars(
-                select(NetEvent).where(
-                    NetEvent.net_name == net, NetEvent.to_state == NetState.STARTING
-                )
-            ).all()
-        )
-
-
-def held_ready(world: World, key: str = "p1", within_s: float = 300, net: str = "net-a"):
-    """A prewarm of `net` whose server is up and READY (held)."""
-    answer = ask(world, key, net=net, within_s=within_s)
-    if answer.notified:
-        warm_until_ready(world, net)
-    assert world.net(net).state == NetState.READY
-    return answer
-
-
-def moved_ready(world: World, net: str = "net-a") -> None:
-    """The STARTING net moved READY by another's readiness check (a job's chain, whose sites
-    may differ from the holds', or reconcile's)."""
-    with world.rt.sessions.begin() as session:
-        services.get_net(session, net).transition(NetState.READY, world.clock(), "ready")
-
-
-def finish(world: World, job_id) -> None:
-    with world.rt.sessions.begin() as session:
-        services.finish_job(
-            session,
-            job_id,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
+__all__ = ["pw"]  # the fixture, used by name
 
 
 # --- scale-up -------------------------------------------------------------------------------
@@ -306,6 +219,43 @@ def test_misconfiguration_seen_while_warming_fails_the_hold(pw):
     assert view(pw, "p1")["status"] == "failed"
 
 
+def test_a_misconfiguration_seen_by_warm_up_never_strands_a_job_claimed_meanwhile(pw):
+    """README: "a job claimed meanwhile takes the net over with its own chain". warm_up reads
+    "no job" without the row lock, then the driver says misconfigured: it marks the net
+    MISCONFIGURED and scales it to 0 with job_id=None, so the job claimed in between is left
+    ASSIGNED on a MISCONFIGURED, scaled-down net (a job's own step would requeue it), and
+    the hold that job used is written `failed`."""
+    ask(pw, "p1", net="net-a", within_s=300)
+    job_id = pw.enqueue("job", net="net-a")
+    driver = pw.driver("net-a")
+    real_observe = driver.observe
+
+    def claimed_then_misconfigured():
+        driver.observe = real_observe
+        dispatch.assign_jobs(pw.rt)  # the job is claimed onto the STARTING net meanwhile
+        raise DriverMisconfigured("no such service")
+
+    driver.observe = claimed_then_misconfigured
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    job, net = pw.job(job_id), pw.net("net-a")
+    assert not (job.state == JobState.ASSIGNED and net.state == NetState.MISCONFIGURED), (
+        "job left ASSIGNED on a MISCONFIGURED net the prewarm scaled to 0"
+    )
+    assert row(pw, "p1").outcome == PrewarmOutcome.USED
+
+
+def test_a_warm_up_whose_holds_all_ended_before_it_asked_the_driver_releases_the_net(pw):
+    """The warm-up's message arrives after its only hold was cancelled: it asks the driver
+    for nothing and takes the STARTING net down, so no server comes up for no hold."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.clock.advance(5)
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED
+    assert (pw.net("net-a").state, pw.driver("net-a").replicas) == (NetState.STOPPED, 0)
+    assert 1 not in pw.driver("net-a").calls
+    assert row(pw, "p1").outcome == PrewarmOutcome.CANCELLED
+
+
 # --- the hold and its bound -----------------------------------------------------------------
 
 
@@ -467,187 +417,116 @@ def test_a_lost_warm_up_is_sent_again_after_stuck_after_s(pw):
     assert warm_sent(pw) == ["net-a", "net-a"]
 
 
-# --- idempotency ----------------------------------------------------------------------------
-
-
-def test_the_same_request_again_names_the_same_prewarm_and_starts_no_second_server(pw):
-    ask(pw, "p1", net="net-a", within_s=300)
-    pw.clock.advance(5)
-    again = ask(pw, "p1", net="net-a", within_s=300, required_sites=["site-2", "site-1"])
-    assert not again.created
-    assert again.prewarm["created_at"] == row(pw, "p1").created_at.isoformat()
-    assert starts(pw, "net-a") == 1
-    # Still STARTING: the warm-up is sent again (the first send may have been lost with a
-    # commit's reply); warm_up is idempotent. Once the net is READY, a repeat sends nothing.
-    assert again.notified and warm_sent(pw) == ["net-a", "net-a"]
-    warm_until_ready(pw, "net-a")
-    assert ask(pw, "p1", net="net-a", within_s=300).notified is None
-
-
-def test_a_prewarm_retried_after_its_commit_reply_was_lost_still_starts_its_server(pw):
-    """flip-api's prewarm is stored (net STARTING, hold live) but the commit's reply is lost,
-    so the warm_up it would send never goes out; the task is retried (the database could not
-    confirm it). The retry must carry the request out as if handled at once: the warm_up is
-    sent now, not by the scale-down round's lost-warm_up repair STUCK_AFTER_S later."""
-    handler = HANDLERS[names.PREWARM]
-    payload = {"caller_key": "p1", "net": "net-a", "within_s": 120}
-    with commit_reply_lost(pw.rt.engine), pytest.raises(Exception) as lost:
-        handler.call(pw.rt, payload=payload)
-    assert on_error(handler, lost.value, 0, pw.rt.settings) is Verdict.RETRY
-    assert pw.net("net-a").state == NetState.STARTING  # the commit was applied
-    assert warm_sent(pw) == []
-    pw.clock.advance(2)  # the retry's backoff
-    handler.call(pw.rt, payload=payload)
-    assert warm_sent(pw) == ["net-a"]
-
-
-def test_an_identical_repeat_after_a_redeploy_changed_the_nets_sites_names_the_same_prewarm(
-    pw, tmp_path
-):
-    """The repeat omits required_sites, as the first did; a redeploy meanwhile changed the
-    net's required_sites: the same request, never a caller_key_conflict."""
-    ask(pw, "p1", net="net-a", within_s=300)
-    nets = [
-        net_decl(tmp_path, "net-a", "ecs", sites=["site-1", "site-2"], required_sites=["site-1"])
-    ]
-    redeployed = Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        JOB_ROOT=pw.rt.settings.job_root,
-        NETS=json.dumps(nets),
+def test_a_short_hint_whose_server_boots_late_is_released_at_within_s_plus_grace(pw):
+    """README: "a prewarm with no job releases the server at within_s + the net's
+    idle_timeout_s". Here the hold ends at 10 s; the server answers at 100 s and is then
+    marked READY with a fresh idle_since, so it is kept up to 160 s instead of 70 s."""
+    ask(pw, "p1", net="net-a", within_s=10)
+    boot_slowly(pw, "net-a", 100)
+    pw.clock.advance(ROUND_S)  # t = 101 > 10 + 60 + a round
+    scale_down.scale_down_idle_nets(pw.rt)
+    assert pw.driver("net-a").replicas == 0, (
+        f"server still up at within_s + grace + a round; net is {pw.net('net-a').state}"
     )
-    rt = dataclasses.replace(pw.rt, settings=redeployed)
-    again = prewarm.request_prewarm(rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
-    assert not again.created and again.prewarm["caller_key"] == "p1"
-    with pytest.raises(CallerKeyConflict, match="required_sites"):
-        prewarm.request_prewarm(
-            rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300, required_sites=["site-1"])
-        )
 
 
-def test_a_repeat_omitting_the_sites_the_prewarm_named_explicitly_is_a_conflict(pw):
-    """Omitted sites are the net's (site-1 and site-2): a prewarm asked for site-1 alone is
-    not what a payload without required_sites asks for, so that repeat is refused as a
-    caller_key_conflict, as an enqueue's is."""
-    ask(pw, "p1", net="net-a", within_s=300, required_sites=["site-1"])
-    with pytest.raises(CallerKeyConflict):
-        ask(pw, "p1", net="net-a", within_s=300)
+def test_a_hold_restarted_near_its_deadline_is_released_at_prewarm_max_s_plus_grace(pw):
+    """README: "nothing, not a lost message nor a dead worker, keeps a server up past
+    PREWARM_MAX_S + the grace (plus one scale-down round)". A held server found gone at
+    590 s is started again for a hold ending at 600 s; it answers at 690 s and is kept up
+    until 750 s (> 600 + 60 + a round)."""
+    held_ready(pw, within_s=5000)  # capped to MAX_S = 600
+    pw.clock.advance(MAX_S - 10)
+    with pw.rt.sessions.begin() as session:  # the server went away under the hold
+        services.get_net(session, "net-a").transition(NetState.STOPPED, pw.clock(), "gone")
+    pw.driver("net-a").replicas = 0
+    scale_down.scale_down_idle_nets(pw.rt)  # the hold wants it up: started again
+    assert pw.net("net-a").state == NetState.STARTING
+    boot_slowly(pw, "net-a", 100)  # t = 690
+    pw.clock.advance(ROUND_S)
+    scale_down.scale_down_idle_nets(pw.rt)
+    assert pw.driver("net-a").replicas == 0, (
+        f"server still up at 691 s, past PREWARM_MAX_S + grace + a round (661 s); "
+        f"net is {pw.net('net-a').state}"
+    )
 
 
-def test_another_payload_under_the_key_is_a_conflict_that_changes_nothing(pw):
-    ask(pw, "p1", net="net-a", within_s=300)
-    with pytest.raises(CallerKeyConflict, match="within_s"):
-        ask(pw, "p1", net="net-a", within_s=900)
-    with pytest.raises(CallerKeyConflict, match="net"):
-        ask(pw, "p1", net="net-b", within_s=300)
-    assert pw.net("net-b").state == NetState.STOPPED
-    assert view(pw, "p1")["hold_until"] == row(pw, "p1").hold_until.isoformat()
-    assert view(pw, "p1")["within_s"] == 300  # the accepted one is what the key names
-    refused = row(pw, "p1", refused=True)
-    assert refused.outcome == PrewarmOutcome.CALLER_KEY_CONFLICT
+def test_lowering_prewarm_max_s_shortens_the_holds_already_granted(pw):
+    """README: a prewarm never keeps a server up past PREWARM_MAX_S. An operator who lowers
+    it (a redeploy) bounds the holds granted before as well, from the next scale-down round."""
+    held_ready(pw, "p1", within_s=MAX_S)
+    pw.rt.settings = pw.rt.settings.model_copy(update={"prewarm_max_s": 30.0})
+    pw.clock.advance(30 + GRACE_S + ROUND_S)
 
+    scale_down.scale_down_idle_nets(pw.rt)
 
-def test_a_repeat_of_an_ended_prewarm_does_not_start_it_again(pw):
-    held_ready(pw, within_s=100)
-    pw.clock.advance(100 + GRACE_S)
-    assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]
-    again = ask(pw, "p1", net="net-a", within_s=100)
-    assert not again.created and again.prewarm["status"] == "expired"
+    assert row(pw, "p1").outcome == PrewarmOutcome.EXPIRED
     assert pw.net("net-a").state == NetState.STOPPED
 
 
-# --- cancel ---------------------------------------------------------------------------------
-
-
-def test_a_cancel_ends_the_hold_now_and_the_grace_starts_then(pw):
-    held_ready(pw, within_s=600)
-    pw.clock.advance(100)
-    cancelled = prewarm.cancel_prewarm(pw.rt, "p1")
-    assert cancelled["status"] == "cancelled" and cancelled["ended_at"] == pw.clock().isoformat()
-    pw.clock.advance(GRACE_S - 1)
-    assert scale_down.scale_down_idle_nets(pw.rt) == []
-    pw.clock.advance(1)
-    assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]  # not at 600 s + grace
-    assert prewarm.cancel_prewarm(pw.rt, "p1")["status"] == "cancelled"  # harmless repeat
-
-
-def test_a_cancel_keeps_the_outcome_of_a_prewarm_that_ended(pw):
+def test_a_used_prewarm_is_never_reported_expired(pw):
+    """README: "an ended prewarm keeps its outcome". A job claimed at 10 s used the hold;
+    read after the 100 s deadline but before a scale-down round, GET answers `expired`; after
+    the round the same prewarm answers `used`."""
     held_ready(pw, within_s=100)
-    pw.clock.advance(101)
-    assert prewarm.cancel_prewarm(pw.rt, "p1")["status"] == "expired"
-    held_ready(pw, key="p2", within_s=500)
-    pw.run_pipeline(pw.enqueue("job", net="net-a"))
-    assert prewarm.cancel_prewarm(pw.rt, "p2")["status"] == "used"
+    pw.clock.advance(10)
+    job_id = pw.enqueue("job", net="net-a")
+    pw.run_pipeline(job_id)
+    pw.clock.advance(100)
+    before = view(pw, "p1")["status"]
+    scale_down.scale_down_idle_nets(pw.rt)
+    after = view(pw, "p1")["status"]
+    assert (before, after) == ("used", "used")
 
 
-def test_cancelling_an_unknown_or_refused_prewarm_says_so(pw):
-    with pytest.raises(NotFound):
-        prewarm.cancel_prewarm(pw.rt, "nope")
-    with pytest.raises(InvalidRequest):
-        ask(pw, "bad", net="net-z", within_s=60)
-    with pytest.raises(RequestRejected) as refused:
-        prewarm.cancel_prewarm(pw.rt, "bad")
-    assert refused.value.reason_code == "rejected"
+def test_an_expired_hold_is_not_rewritten_failed_by_a_late_give_up(pw):
+    """README: "an ended prewarm keeps its outcome". A 30 s hold whose server never answers
+    reads `expired` at 31 s; at the readiness deadline the warm-up's give-up rewrites every
+    open row, this expired one included, as `failed` (and the counter counts it failed)."""
+    ask(pw, "p1", net="net-a", within_s=30)
+    pw.server("net-a").up = False
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    pw.clock.advance(31)
+    assert view(pw, "p1")["status"] == "expired"
+    pw.clock.advance(READY_TIMEOUT_S)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert (view(pw, "p1")["status"], row(pw, "p1").outcome) == ("expired", "expired")
 
 
-# --- refusals -------------------------------------------------------------------------------
+def test_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):
+    """README "Prewarm": a hold ends "when a job is claimed onto its net"; a job claimed
+    before the hint did not use it (test_a_busy_net_is_held_after_its_job_until_the_deadline).
+    The claim itself ends the holds open at that moment (claims._use_holds); a hint that
+    arrives after the claim, at the same instant, is not among them and must stay held for
+    the next job. prewarm_holds.settle_row counts a job assigned at the hold's creation
+    instant (`assigned_at >= created_at`) as its use: the hint ends at once, `used` by a job
+    that was claimed before it existed, and the net is let go after that job's grace
+    instead of being held to the hint's deadline."""
+    job_id = pw.enqueue("before", net="net-a")
+    assert dispatch.assign_jobs(pw.rt)  # claimed at T: net-a STARTING for it
+    prewarm.request_prewarm(pw.rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
+    assert row(pw, "p1").outcome is None  # the claim came first: it did not end this hold
+    prewarm_warm_up.settle_prewarms(pw.rt)  # a scale-down round, still at T
+    settled = row(pw, "p1")
+    assert (settled.outcome, settled.job_id) == (None, None), (
+        f"a hint made after job {job_id}'s claim was settled {settled.outcome} by it"
+    )
 
 
-def test_a_prewarm_for_a_misconfigured_net_is_refused_and_starts_nothing(pw):
-    with pw.rt.sessions.begin() as session:
-        services.mark_misconfigured(session, "net-a", "admin kit names another server", pw.clock())
-    with pytest.raises(NetMisconfigured, match="MISCONFIGURED: admin kit names another server"):
-        ask(pw, "p1", net="net-a", within_s=300)
-    assert pw.driver("net-a").calls == [] and pw.net("net-a").state == NetState.MISCONFIGURED
-    with pytest.raises(RequestRejected) as looked_up:
-        view(pw, "p1")
-    assert looked_up.value.reason_code == "net_misconfigured"
-    assert row(pw, "p1").net_name == "net-a"  # in the net's prewarm history
-    # Fixed and restarted: the same key is a new request now (a refusal takes no key).
-    with pw.rt.sessions.begin() as session:
-        services.sync_nets(session, pw.rt.settings, pw.clock(), at_start=True)
-    assert ask(pw, "p1", net="net-a", within_s=300).created
-
-
-def test_sites_whose_every_net_is_misconfigured_are_refused_as_such(pw):
-    with pw.rt.sessions.begin() as session:
-        services.mark_misconfigured(session, "net-c", "expired certificate", pw.clock())
-    with pytest.raises(NetMisconfigured, match="every net with the sites"):
-        ask(pw, "p1", required_sites=["site-3"], within_s=60)
-    assert row(pw, "p1").outcome == PrewarmOutcome.NET_MISCONFIGURED
-
-
-@pytest.mark.parametrize(
-    ("kw", "words"),
-    [
-        ({"net": "net-z"}, "unknown net 'net-z' (known: net-a, net-b, net-c, fixed)"),
-        ({"net": "net-a", "required_sites": ["site-3"]}, "required sites ['site-3'] are not on"),
-        ({"required_sites": ["site-1", "site-3"]}, "no net has every site"),
-        ({}, "required_sites is empty and no net is given"),
-    ],
-)
-def test_bad_input_is_refused_as_an_enqueue_refuses_it_and_recorded(pw, kw, words):
-    with pytest.raises(InvalidRequest, match=re.escape(words)):
-        ask(pw, "p1", within_s=60, **kw)
-    assert row(pw, "p1").outcome == PrewarmOutcome.REJECTED
-    assert all(pw.net(n).state == NetState.STOPPED for n in ("net-a", "net-b", "net-c"))
-
-
-# --- which net ------------------------------------------------------------------------------
-
-
-def test_sites_resolve_to_the_net_a_job_would_be_claimed_on(pw):
-    held_ready(pw, key="warm", net="net-b", within_s=600)
-    prewarm.cancel_prewarm(pw.rt, "warm")  # net-b READY and free, no hold on it
-    assert ask(pw, "p1", required_sites=["site-1"], within_s=60).prewarm["net"] == "net-b"
-    # net-b is held by p1 now: the next hint for those sites starts net-a for its own job
-    second = ask(pw, "p2", required_sites=["site-1"], within_s=60)
-    assert second.prewarm["net"] == "net-a" and second.notified is True
-    assert ask(pw, "p3", required_sites=["site-3"], within_s=60).prewarm["net"] == "net-c"
-
-
-def test_an_always_on_net_is_only_held(pw):
-    answer = ask(pw, "p1", net="fixed", within_s=60)
-    assert answer.created and answer.notified is None and "always-on" in answer.prewarm["detail"]
+def test_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):
+    """README "Prewarm": `status` is warming/held, "then used, expired, cancelled or
+    failed": an ended prewarm keeps its outcome. At the hold's deadline instant T,
+    GET /prewarms (prewarm.status_of: `hold_until <= now`) already reads it `expired`; a
+    claim at that same T once ended it `used` (claims._use_holds had `hold_until >= now`),
+    so a caller that read `expired` read `used` a moment later at the same clock. One rule
+    now: a hold is live on [created_at, hold_until)."""
+    held_ready(pw, within_s=100)
+    pw.enqueue("on-time", net="net-a")
+    pw.clock.now = row(pw, "p1").hold_until
+    before = view(pw, "p1")["status"]
+    assert dispatch.assign_jobs(pw.rt)
+    after = view(pw, "p1")["status"]
+    assert after == before, f"read {before!r} at its deadline, then {after!r} at the same instant"
 
 
 # --- visibility -----------------------------------------------------------------------------
@@ -700,3 +579,20 @@ def test_the_moves_a_prewarm_causes_are_in_the_nets_history(pw):
             )
         ]
     assert reasons[-2:] == ["prewarm p1: a job is likely within 120s", "ready for its prewarm"]
+
+
+def test_a_hold_a_job_took_is_not_shown_held_while_the_job_runs(pw):
+    """README: a hold ends "when a job is claimed onto its net (used)", and /fl/status and
+    fl_dispatcher_prewarm_held_nets show *live* holds. Until the next scale-down round, the
+    prewarm's GET says `held`, /fl/status shows the hold and the gauge counts it."""
+    held_ready(pw, within_s=600)
+    pw.clock.advance(10)
+    job_id = pw.enqueue("job", net="net-a")
+    pw.run_pipeline(job_id)  # the job was claimed onto the held net
+    assert pw.job(job_id).state == JobState.RUNNING
+    status = collect_status(pw.rt, None, 1.0)
+    [net_a] = [n for n in status["nets"] if n["name"] == "net-a"]
+    with pw.rt.sessions() as session:
+        snap = read_snapshot(session, pw.clock())
+    shown = (view(pw, "p1")["status"], net_a["prewarm"], snap.prewarm_held_nets)
+    assert shown == ("used", None, 0)

@@ -1,16 +1,18 @@
 """Prewarm through its doors: the Celery tasks (as functions), the HTTP routes and the
-client, each answering what the use case decided (README "Prewarm")."""
+client, each answering what the use case decided; and a job's prewarm_key through the
+enqueue task, POST /jobs and the client, with the migration that stores it (README
+"Prewarm")."""
 
 from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import create_engine, inspect, select
 
-from app import names
+from app import migrate, names
 from app.client import DispatcherClient
 from app.entrypoints.api import create_app
-from app.schemas import PrewarmNet
+from app.schemas import EnqueueJob, PrewarmNet, job_id_for
 from app.usecases import prewarm, services
 from models import NetState, Prewarm
 from tasks import base
@@ -25,6 +27,15 @@ AUTH = {"X-API-Key": API_KEY}
 @pytest.fixture
 def pw(tmp_path, job_root, sqlite_factory, clock) -> World:
     nets = [net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120)]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, API_SECRET=API_KEY)
+    base.set_runtime(world.rt)
+    yield world
+    base.set_runtime(None)
+
+
+@pytest.fixture
+def doors(tmp_path, job_root, sqlite_factory, clock) -> World:
+    nets = [net_decl(tmp_path, "net-a", "ecs")]
     world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, API_SECRET=API_KEY)
     base.set_runtime(world.rt)
     yield world
@@ -161,3 +172,55 @@ def test_the_task_answer_is_the_use_cases_view(pw):
     answer = TASKS[names.PREWARM].run(payload={"caller_key": "p1", "net": "net-a", "within_s": 30})
     with pw.rt.sessions() as session:
         assert answer == {**prewarm.get_prewarm(session, "p1", pw.clock()), "created": True}
+
+
+# --- a job's prewarm_key -------------------------------------------------------------------
+
+
+def test_the_enqueue_task_and_post_jobs_store_the_prewarm_key(doors: World):
+    body = {"caller_key": "t-1", "definition": "tiny-job", "net": "net-a", "prewarm_key": "pw/1"}
+    answer = TASKS[names.ENQUEUE_JOB].run(payload=body)
+    assert answer["created"] is True
+    assert doors.job(job_id_for("t-1")).prewarm_key == "pw/1"
+    conflict = TASKS[names.ENQUEUE_JOB].run(payload={**body, "prewarm_key": "pw/2"})
+    assert conflict["reason_code"] == "caller_key_conflict"
+    with TestClient(create_app(doors.rt)) as client:
+        created = client.post("/jobs", json={**body, "caller_key": "h-1"}, headers=AUTH)
+        assert created.status_code == 201, created.text
+        again = client.post("/jobs", json={**body, "caller_key": "h-1"}, headers=AUTH)
+        assert again.status_code == 200
+        other = {**body, "caller_key": "h-1", "prewarm_key": "pw-3"}
+        assert client.post("/jobs", json=other, headers=AUTH).status_code == 409
+        shown = client.get(f"/jobs/{job_id_for('h-1')}").json()
+        assert shown["prewarm_key"] == "pw/1"
+
+
+def test_the_client_sends_the_prewarm_key_when_set():
+    client = DispatcherClient("memory://")
+    request = EnqueueJob(caller_key="k-1", definition="fedavg", prewarm_key="pw-1")
+    client.enqueue_job(request)
+    with client.app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(names.QUEUE)
+        message = queue.get(timeout=1)
+        message.ack()
+        queue.close()
+    client.close()
+    assert message.payload[1]["payload"]["prewarm_key"] == "pw-1"
+
+
+def test_migration_0014_adds_and_drops_the_column(tmp_path):
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+
+    def columns() -> set[str]:
+        engine = create_engine(url)
+        try:
+            return {c["name"] for c in inspect(engine).get_columns("jobs")}
+        finally:
+            engine.dispose()
+
+    migrate.upgrade(url, "0013")
+    assert "prewarm_key" not in columns()
+    migrate.upgrade(url, "0014")
+    assert "prewarm_key" in columns()
+    migrate.downgrade(url, "0013")
+    assert "prewarm_key" not in columns()

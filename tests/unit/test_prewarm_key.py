@@ -2,8 +2,10 @@
 net held for a waiting job that names its hold comes first among the nets as warm as it; a
 job that named no hint leaves a held net to its job while another as warm is free (and takes
 it rather than start a cold one); jobs keep their order; the hold ends wherever its job goes.
+The held net comes first only for a job that may run on it and is the one the net would
+take next (no claimable job that may run there ahead of it, by priority, then age, then id).
 The key is advisory: unknown, refused or ended, it enqueues all the same and gives no
-preference."""
+preference; and it adds no statement to a claim. Through the doors: test_prewarm_doors.py."""
 
 from __future__ import annotations
 
@@ -296,3 +298,201 @@ def test_a_job_naming_no_prewarm_costs_its_claim_no_more_statement(pk: World):
     finally:
         event.remove(pk.rt.engine, "before_cursor_execute", seen)
     assert len(updates) == 1  # the claimed net's holds (_use_holds), nothing for a key
+
+
+def test_an_older_job_naming_no_hint_leaves_the_held_net_to_its_waiting_job(pk: World):
+    """README: "a job that named no hint leaves a held warm server to its job while another
+    warm one is free", and jobs keep their order: the older plain job goes first, to the
+    unheld warm net, and the hinted job then meets its held server."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-h", "net-a")
+    pk.clock.advance(1)
+    plain = job(pk, "plain")
+    pk.clock.advance(1)
+    hinted = job(pk, "hinted", prewarm_key="pw-h")
+    assert claim(pk) == (plain, "net-b")
+    assert prewarm_row(pk, "pw-h").outcome is None  # still held for its job
+    assert claim(pk) == (hinted, "net-a")
+    row = prewarm_row(pk, "pw-h")
+    assert (row.outcome, row.job_id) == (PrewarmOutcome.USED, hinted)
+
+
+def test_two_jobs_with_crossed_hints_each_meet_their_own_held_net(pk: World):
+    """Each job names the hold on the other's net by name order: the first job in the queue
+    must not take the other job's held net and end both holds as its own."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-a", "net-a")
+    hold(pk, "pw-b", "net-b")
+    pk.clock.advance(1)
+    first = job(pk, "first", prewarm_key="pw-b")
+    pk.clock.advance(1)
+    second = job(pk, "second", prewarm_key="pw-a")
+    assert claim(pk) == (first, "net-b")
+    assert claim(pk) == (second, "net-a")
+    assert prewarm_row(pk, "pw-a").job_id == second
+    assert prewarm_row(pk, "pw-b").job_id == first
+    assert pk.job(second).state == JobState.ASSIGNED
+
+
+def test_a_named_hold_at_its_deadlines_instant_gives_no_preference_and_stays_open(
+    pk: World,
+):
+    """A hold is live on [created_at, hold_until): a claim at the deadline's very instant
+    finds it expired, so its job gets no preference and does not end it `used` (a read or
+    a settling round then finds it expired)."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b", within_s=10)
+    named = job(pk, "named", prewarm_key="pw-b")
+    pk.clock.now = prewarm_row(pk, "pw-b").hold_until
+    assert claim(pk) == (named, "net-a")  # by name, as for a job naming no hint
+    row = prewarm_row(pk, "pw-b")
+    assert (row.outcome, row.job_id) == (None, None)
+
+
+def test_hints_and_holds_add_no_statement_to_a_claim_that_places_nothing(pk: World):
+    """A hinted job whose held net is busy, every net busy: the claim still returns after
+    its one query (tests/unit/test_claim_cost.py, with holds and hints)."""
+    for net in ("net-a", "net-b", "net-c"):
+        occupy(pk, net)
+    hold(pk, "pw-a", "net-a")
+    hold(pk, "pw-b", "net-b")
+    job(pk, "hinted", prewarm_key="pw-a")
+    job(pk, "plain")
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        statements.append(statement)
+
+    with pk.rt.sessions.begin() as session:
+        session.connection()  # BEGIN before counting
+        event.listen(pk.rt.engine, "before_cursor_execute", count)
+        try:
+            got = claims.assign_next_job(session, pk.rt.settings, pk.clock())
+        finally:
+            event.remove(pk.rt.engine, "before_cursor_execute", count)
+    assert (got, len(statements)) == (None, 1)
+
+
+def test_a_job_pinned_to_a_busy_net_is_not_ahead_of_a_hinted_job_elsewhere(pk: World):
+    """Only a job that may run on the held net comes before its hinted job there: an older
+    job pinned to another (busy) net leaves the held net first for its hinted job."""
+    occupy(pk, "net-c")
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    pinned = job(pk, "pinned", net="net-c", required_sites=["site-3"], priority=5)
+    hinted = job(pk, "hinted", prewarm_key="pw-b")
+    assert claim(pk) == (hinted, "net-b")
+    assert claim(pk) is None
+    assert pk.job(pinned).state == JobState.QUEUED
+
+
+def test_a_more_urgent_plain_job_takes_the_unheld_net_the_hinted_one_its_own(pk: World):
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-a", "net-a")
+    hinted = job(pk, "hinted", prewarm_key="pw-a")
+    urgent = job(pk, "urgent", priority=1)
+    assert claim(pk) == (urgent, "net-b")
+    assert claim(pk) == (hinted, "net-a")
+    assert prewarm_row(pk, "pw-a").job_id == hinted
+
+
+# --- which job a held net is first for ------------------------------------------------------
+
+
+def test_a_hinted_job_pinned_to_its_held_net_meets_it_before_a_younger_plain_job(pk: World):
+    """Pinned to the held net is "may run on it": the held net comes first and takes its
+    job; the younger plain job would otherwise have taken the unheld net first."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    hinted = job(pk, "hinted", net="net-b", prewarm_key="pw-b")
+    job(pk, "plain")
+    assert claim(pk) == (hinted, "net-b")
+    assert prewarm_row(pk, "pw-b").job_id == hinted
+
+
+def test_a_hinted_job_pinned_elsewhere_leaves_the_held_net_to_its_unheld_peer(pk: World):
+    """A job pinned to net-a that names net-b's hold does not make net-b first: net-a (no
+    hold) comes first and takes the pinned job; the younger plain job is not put on the
+    held net ahead of it."""
+    occupy(pk, "net-c")
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    pinned = job(pk, "pinned", net="net-a", prewarm_key="pw-b")
+    plain = job(pk, "plain")
+    assert claim(pk) == (pinned, "net-a")
+    row = prewarm_row(pk, "pw-b")
+    assert (row.outcome, row.job_id) == (PrewarmOutcome.USED, pinned)
+    assert claim(pk) == (plain, "net-b")
+
+
+def test_an_older_job_pinned_to_the_held_net_is_ahead_of_the_hinted_job_there(pk: World):
+    """The held net would take the older job pinned to it, so it is not first for the
+    younger hinted job: that one goes to the unheld net (its hold ended there), and the
+    pinned job then takes its own net."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    pinned = job(pk, "pinned", net="net-b")
+    hinted = job(pk, "hinted", prewarm_key="pw-b")
+    assert claim(pk) == (hinted, "net-a")
+    assert prewarm_row(pk, "pw-b").job_id == hinted
+    assert claim(pk) == (pinned, "net-b")
+
+
+def test_a_job_no_longer_queued_is_not_ahead_of_the_hinted_job(pk: World):
+    """Only a claimable job comes before the hinted one: an older job that already left
+    (aborted) leaves the held net first for its hinted job."""
+    ready(pk, "net-a", "net-b")
+    gone = job(pk, "gone")
+    assert claim(pk) == (gone, "net-a")
+    finish(pk, gone)
+    assert pk.job(gone).state == JobState.ABORTED
+    hold(pk, "pw-b", "net-b")
+    hinted = job(pk, "hinted", prewarm_key="pw-b")
+    assert claim(pk) == (hinted, "net-b")
+
+
+def test_an_older_job_of_lower_priority_is_not_ahead_of_the_hinted_job(pk: World):
+    """Priority first, then age: an older but less urgent job does not keep the held net
+    from its more urgent hinted job."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    older = job(pk, "older", priority=0)
+    hinted = job(pk, "hinted", prewarm_key="pw-b", priority=1)
+    assert claim(pk) == (hinted, "net-b")
+    assert claim(pk) == (older, "net-a")
+
+
+def test_a_job_enqueued_at_the_same_instant_with_a_lower_id_is_ahead_of_the_hinted_job(
+    pk: World,
+):
+    """Same priority, same instant: the claim takes the lower id first, so the held net is
+    not first for the other job; the first goes to the unheld net, and the held net stays
+    for its hinted job."""
+    ready(pk, "net-a", "net-b")
+    start = pk.clock()
+    one = job(pk, "one", prewarm_key="pw-one")
+    pk.clock.now = start  # the next job gets the same created_at
+    two = job(pk, "two", prewarm_key="pw-two")
+    assert pk.job(one).created_at == pk.job(two).created_at
+    first, second = sorted([one, two])
+    hold(pk, "pw-one" if second == one else "pw-two", "net-b")  # held for the second
+    assert claim(pk) == (first, "net-a")
+    assert claim(pk) == (second, "net-b")
+    assert prewarm_row(pk, "pw-one" if second == one else "pw-two").job_id == second
+
+
+@pytest.mark.parametrize("why", ["aborted", "stray-run"])
+def test_a_hinted_job_that_cannot_be_claimed_does_not_put_its_held_net_first(pk: World, why: str):
+    """The job that names the hold must itself be claimable (QUEUED, no run of it that may
+    still be alive): otherwise the net is held for a job still to come, and the plain job
+    takes the unheld warm net, leaving the hold open."""
+    ready(pk, "net-a", "net-b")
+    hold(pk, "pw-b", "net-b")
+    hinted = job(pk, "hinted", prewarm_key="pw-b")
+    if why == "aborted":
+        finish(pk, hinted)
+    else:
+        pk.add_stray(hinted, "net-c", "run-1")  # its earlier run may still be alive
+    plain = job(pk, "plain")
+    assert claim(pk) == (plain, "net-a")
+    assert prewarm_row(pk, "pw-b").outcome is None

@@ -1,7 +1,7 @@
 """Past a net's readiness deadline the job goes back to the queue with the reason, and a net
 whose server never answered is marked: a scale-to-zero net UNHEALTHY and scaled down, an
 always-on net OUTAGE and never scaled. A chain whose job moved on meanwhile touches neither.
-(A server that answers but lacks the job's sites is the job's problem: test_round3.)"""
+(A server that answers but lacks the job's sites is the job's problem: test_declared_sites.py.)"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ some (each net counted on its own), and the prepared job copies of jobs no longe
 
 from __future__ import annotations
 
-from app.usecases import dispatch, reconciler
+from app.usecases import dispatch, reconciler, services
+from models import JobState, ReasonCode
 
 
 def test_the_stray_runs_of_every_net_are_settled(world):
@@ -36,3 +37,19 @@ def test_a_folder_there_that_is_no_jobs_copy_does_not_stop_the_sweep(world):
     (prepared / "lost+found").mkdir()  # not named for a job
     reconciler.reconcile(world.rt)
     assert str(done) not in {p.name for p in prepared.iterdir()}
+
+
+def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    folder = world.server("net-a").folders[-1]
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, job_id, "server restarted", world.clock())
+    reconciler.reconcile(world.rt)  # QUEUED: not active, but not over either
+    assert folder.is_dir()
+    with world.rt.sessions.begin() as session:
+        services.finish_job(
+            session, job_id, JobState.ABORTED, "user", world.clock(), code=ReasonCode.ABORTED
+        )
+    reconciler.reconcile(world.rt)
+    assert not folder.exists()

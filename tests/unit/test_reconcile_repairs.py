@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import func, select
 
 from app.errors import DriverMisconfigured
-from app.usecases import dispatch, reconciler, services
+from app.usecases import dispatch, net_repairs, reconciler, services
 from models import JobState, NetEvent, NetState
 
 
@@ -149,3 +150,27 @@ def test_a_scale_up_not_yet_overdue_is_no_repair(world):
     world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)  # its chain is on the way: nothing to repair yet
     assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
+
+
+def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
+    # app/sim/FINDINGS.md, hole 7: drift (a server up while STOPPED) and a job claimed before
+    # reconcile decides.
+    world.driver("net-a").replicas = 1
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)  # the net is STARTING with a job now
+    reconciler.reconcile(world.rt)
+    assert world.driver("net-a").replicas == 1
+    assert world.job(job_id).state == JobState.ASSIGNED
+
+
+@pytest.mark.parametrize("read_as", [NetState.STOPPING, NetState.UNHEALTHY])
+def test_a_scale_down_decided_on_an_old_read_spares_a_net_claimed_meanwhile(world, read_as):
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    assert world.net("net-a").state == NetState.STARTING
+    stale = net_repairs.NetRow(read_as, world.clock())
+    net_repairs.repair_scaling_net(world.rt, "net-a", stale)
+    assert world.driver("net-a").replicas == 1
+    assert world.net("net-a").state == NetState.STARTING

@@ -431,3 +431,90 @@ def test_a_net_whose_round_outlived_its_deadline_has_its_jobs_reported_not_watch
     }
     # a round waits out one admin command on a hung server, and a little more
     assert hangs.deadlines[0] > world.rt.settings.admin_command_timeout_s
+
+
+def test_a_submit_whose_worker_died_is_re_sent_within_a_minute_with_the_defaults(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    world = world_of(
+        [net_decl(tmp_path, "net-a", "ecs")], tmp_path, job_root, sqlite_factory, clock
+    )
+    assert world.rt.settings.stuck_after_s == 300  # the defaults, as shipped
+    job_id = world.enqueue("j", net="net-a")
+    net, attempt = world.run_until_ready(job_id)
+
+    class WorkerDied(BaseException):
+        """SIGKILL while the submit is on the wire."""
+
+    def die() -> None:
+        raise WorkerDied
+
+    world.server("net-a").on_submit = die
+    with pytest.raises(WorkerDied):
+        dispatch.dispatch(world.rt, job_id, net, attempt)
+    world.server("net-a").on_submit = None
+    resent = ("fl_dispatcher.dispatch", {"job_id": str(job_id), "net_name": net, "attempt": 0})
+
+    world.outbox.sent.clear()
+    world.clock.advance(15)  # its try could still be going: left alone
+    reconciler.reconcile(world.rt)
+    assert resent not in world.outbox.sent
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    assert resent in world.outbox.sent
+    assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
+    assert world.job(job_id).state == JobState.RUNNING
+
+
+def test_a_submit_still_being_retried_is_not_re_sent(tmp_path, job_root, sqlite_factory, clock):
+    world = world_of(
+        [net_decl(tmp_path, "net-a", "ecs")], tmp_path, job_root, sqlite_factory, clock
+    )
+    job_id = world.stuck_in_dispatching("j")
+    for _ in range(6):  # the task's own retries, each announcing its next try
+        world.clock.advance(55)
+        dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
+        world.outbox.sent.clear()
+        reconciler.reconcile(world.rt)
+        assert not [t for t, _ in world.outbox.sent if t == "fl_dispatcher.dispatch"]
+        assert world.job(job_id).state == JobState.DISPATCHING
+
+
+def _live_runs(world: World, net: str) -> list[str]:
+    server = world.server(net)
+    return sorted(run for run, status in server.statuses.items() if status == "RUNNING")
+
+
+def test_a_live_submit_holder_is_never_taken_for_gone_and_abandoned(world, monkeypatch):
+    """A job is DISPATCHING for a while (its earlier submits went unanswered); reconcile
+    re-sends its dispatch. That dispatch takes its lease (`submit_try_s`: login + command +
+    15 s) and then prepares the bundle copy, which for a large bundle takes longer than the
+    lease (here 40 s). Reconcile, seeing the lease over and the job past its budget, takes the
+    live holder for gone, finds no run for the token (it has not been sent yet) and requeues
+    the job; its next attempt runs. Then the holder's submit goes out with the old token and
+    a second live run of the same job lands.
+
+    Breaks: "At most one live run per job, whatever fails" (the commit: "a worker that died
+    is known gone within about 50 s": here a worker that did not die is taken for gone)."""
+    job_id = world.stuck_in_dispatching("slow-prepare")
+    world.clock.advance(850)  # under the abandon age (retry budget + STUCK_AFTER_S: 870 s)
+    reconciler.reconcile(world.rt)  # holder gone (no lease): dispatch re-sent
+    resent = {"job_id": str(job_id), "net_name": "net-a", "attempt": 0}
+    assert ("fl_dispatcher.dispatch", resent) in world.outbox.sent
+    real_prepare = dispatch.prepare
+    seen: list = []
+
+    def slow_prepare(*args, **kwargs):
+        folder = real_prepare(*args, **kwargs)
+        if not seen:
+            seen.append(True)
+            world.clock.advance(40)  # copying a large bundle
+            reconciler.reconcile(world.rt)  # the round that runs meanwhile
+            if world.job(job_id).state == JobState.QUEUED:
+                world.run_pipeline(job_id)  # its next attempt, on the freed net
+        return folder
+
+    monkeypatch.setattr(dispatch, "prepare", slow_prepare)
+    dispatch.dispatch(world.rt, job_id, "net-a", 0)  # the re-sent message
+    runs = _live_runs(world, "net-a")
+    assert len(runs) <= 1, f"two live runs of one job: {runs}"

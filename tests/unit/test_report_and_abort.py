@@ -11,7 +11,7 @@ from sqlalchemy import select
 from app.adapters.drivers.base import Observation
 from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import dispatch, intake, monitor, scaling, services, views
+from app.usecases import abort, dispatch, intake, monitor, scaling, services, views
 from app.usecases.services import AbortDecision
 from models import JobState, NetState, StrayRun
 
@@ -102,3 +102,81 @@ def test_a_scale_down_the_driver_could_not_take_is_not_confirmed(world):
     world.driver("net-a").fail_with = DriverTransientError("throttled")
     assert not scaling.stop_net(world.rt, "net-a", "idle")
     assert world.net("net-a").state == NetState.STOPPING
+
+
+def test_a_report_for_a_running_job_never_puts_the_next_job_beside_its_live_run(world):
+    # flip-api says the job is over (its side failed, or the user stopped it) while NVFLARE
+    # still runs it: the job ends as reported, and its run is settled before the net is reused.
+    from app.schemas import ReportedStatus, ReportJobStatus
+    from app.usecases import intake
+
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    report = ReportJobStatus(job_id=job_id, status=ReportedStatus.ERROR, detail="upload failed")
+    assert intake.report_status(world.rt, report) == JobState.FAILED
+    assert world.server("net-a").statuses["nv-1"] == "RUNNING"
+    world.enqueue("next", net="net-a")
+    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that still goes on
+    assert abort.settle_stray_runs(world.rt, "net-a") == 0
+    assert world.server("net-a").aborted == ["nv-1"]
+    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
+
+
+@pytest.mark.parametrize("status", list(ReportedStatus))
+def test_a_report_on_an_aborting_job_keeps_its_live_run_from_the_next_job(world, status):
+    job_id = world.enqueue("first", net="net-a")
+    world.run_pipeline(job_id)
+    run = world.job(job_id).nvflare_job_id
+    intake.request_abort(world.rt, job_id, "user")  # ABORTING; abort_on_server not run yet
+    intake.report_status(world.rt, ReportJobStatus(job_id=job_id, status=status))
+    assert world.job(job_id).state in (JobState.ABORTED, JobState.COMPLETED, JobState.FAILED)
+    abort.abort_on_server(world.rt, job_id)  # late: the job is over, it does nothing
+
+    nxt = world.enqueue("next", net="net-a")
+    if world.server("net-a").statuses[run] == "RUNNING":
+        # The run is live: it is a stray, and the net takes no job beside it.
+        assert dispatch.assign_jobs(world.rt) == []
+        assert world.job(nxt).state == JobState.QUEUED
+    abort.settle_stray_runs(world.rt, "net-a")
+    assert world.server("net-a").statuses[run] != "RUNNING"
+    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [nxt]
+
+
+def test_a_report_on_an_aborting_job_asks_for_its_run_to_be_settled(world):
+    job_id = world.enqueue("first", net="net-a")
+    world.run_pipeline(job_id)
+    intake.request_abort(world.rt, job_id, "user")
+    world.outbox.sent.clear()
+    intake.report_status(
+        world.rt, ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
+    )
+    assert ("fl_dispatcher.settle_stray_runs", {"net_name": "net-a"}) in world.outbox.sent
+
+
+def test_a_report_on_an_aborting_job_whose_submit_is_in_flight_holds_the_net(world):
+    """A job is aborted while its submit is on the wire (DISPATCHING -> ABORTING, no run id
+    yet), then flip-api reports it `stopped`. The report ends the job at once and records a
+    stray known only by its token; the settle_stray_runs it sends asks the server for that
+    token, finds nothing yet (the submit has not landed) and drops the stray. The net is free:
+    the next job is claimed onto it, and then the first job's submit lands beside it.
+
+    Breaks: "`stopped` for a DISPATCHING job (its submit may be in flight) is an abort:
+    ABORTING until the server has been told" and "the net is not handed to the next job
+    while this one's run may still land" (services.report_job_status), and the commit's
+    item 1 "the net takes no job beside it"."""
+    first = world.enqueue("first", net="net-a")
+    net, attempt = world.run_until_ready(first)
+    server = world.server("net-a")
+    claimed: list = []
+
+    def while_the_submit_is_on_the_wire() -> None:
+        server.on_submit = None
+        intake.request_abort(world.rt, first, "user")  # DISPATCHING -> ABORTING
+        intake.report_status(world.rt, ReportJobStatus(job_id=first, status=ReportedStatus.STOPPED))
+        abort.settle_stray_runs(world.rt, "net-a")  # the task report_status sent
+        world.enqueue("next", net="net-a")
+        claimed.extend(dispatch.assign_jobs(world.rt))
+
+    server.on_submit = while_the_submit_is_on_the_wire
+    dispatch.dispatch(world.rt, first, net, attempt)
+    assert claimed == [], "the net was handed to the next job while the first's submit flew"

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from app.adapters.drivers.base import Observation
-from app.errors import UnknownAdminError
+from app.errors import AdminMisconfigured, DriverTransientError, UnknownAdminError
 from app.usecases import dispatch, reconciler, services
 from models import NetEvent, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
@@ -213,3 +213,30 @@ def test_a_stopped_net_with_a_server_is_scaled_down_once_past_the_stuck_margin(w
         (NetState.STOPPED, NetState.STOPPING, "drift: server up"),
         (NetState.STOPPING, NetState.STOPPED, "drift: server up while STOPPED"),
     ]
+
+
+def test_a_misconfigured_net_whose_scale_down_failed_is_scaled_down_later(world):
+    # app/sim/FINDINGS.md, hole 9
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    driver = world.driver("net-a")
+    real_scale = driver.scale
+
+    def throttled(replicas: int) -> None:
+        raise DriverTransientError("throttled")
+
+    driver.scale = throttled  # type: ignore[method-assign]
+
+    def wrong_ca(sites):
+        raise AdminMisconfigured("kit signed by another CA")
+
+    world.admin("net-a").is_ready = wrong_ca  # type: ignore[method-assign]
+    with pytest.raises(AdminMisconfigured):
+        dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert world.job(job_id).attempts == 0  # not the job's fault: no attempt burnt
+    driver.scale = real_scale  # type: ignore[method-assign]
+    assert driver.replicas == 1
+    reconciler.reconcile(world.rt)
+    assert driver.replicas == 0

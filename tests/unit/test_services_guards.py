@@ -110,3 +110,13 @@ def test_the_same_run_id_for_another_job_is_another_stray(world):
     world.add_stray(first, "net-a", "nv-1")
     world.add_stray(second, "net-a", "nv-1")
     assert _strays(world) == [("net-a", first, "nv-1", None), ("net-a", second, "nv-1", None)]
+
+
+def test_a_run_recorded_twice_is_one_stray(world):
+    job_id = world.enqueue("first", net="net-a")
+    world.add_stray(job_id, "net-a", None, token="tok-1")
+    world.add_stray(job_id, "net-a", "nv-1", token="tok-1")
+    world.add_stray(job_id, "net-a", "nv-1")
+    with world.rt.sessions() as session:
+        strays = session.query(StrayRun).all()
+    assert [(s.nvflare_job_id, s.submit_token) for s in strays] == [("nv-1", "tok-1")]

@@ -1,5 +1,6 @@
 """What lets every compose service start in any order: the file lock that keeps one beat
-active on the embedded database, and `--wait`, which retries a process's dependencies."""
+active on the embedded database (a standby's heartbeat never vouching for a stalled holder),
+and `--wait`, which retries a process's dependencies."""
 
 from __future__ import annotations
 
@@ -120,3 +121,35 @@ def test_migrate_waits_for_the_database_only(tmp_path: Path):
     settings = _settings(tmp_path, f"sqlite:///{tmp_path / 'empty.db'}")
 
     wait_for_dependencies(settings, 0, schema=False, broker=False)  # an empty db answers
+
+
+def test_a_standby_beats_heartbeat_does_not_vouch_for_a_stalled_active_beat(
+    tmp_path, monkeypatch
+) -> None:
+    """Scenario: two beats share a data folder (FileLock's own case: SQLite, one machine; or
+    compose's beat-data volume with a second replica). The active one, holding the lock,
+    stalls (a hung broker send) at t=0; the standby ticks every second and rewrites the same
+    beat-heartbeat.json with "active": false. `fl-dispatcher ready --beat-ticked-within 60`
+    reads only the file's age, so at t=100 it reports the beat ticking: the hung holder is
+    never restarted, the standby never gets the lock, and no beat round (the cover of a lost
+    kick) runs. Promise ("Run exactly one beat": the heartbeat proves the scheduler is
+    ticking; "Queues and kicks": beat's round within one interval). Fix: only the active
+    beat writes the shared heartbeat (or heartbeat_age_s ignores "active": false / the file
+    is per process), so the check fails for the holder that stopped ticking."""
+    from app import beat
+
+    path = tmp_path / beat.HEARTBEAT_FILE
+    holder = beat.FileLock(tmp_path / "beat.lock")
+    assert holder.hold()
+    beat.write_heartbeat(path, active=True, now=0.0)  # the holder's last tick, then it hangs
+
+    standby = object.__new__(beat.SingleBeatScheduler)
+    standby._beat_lock = beat.FileLock(tmp_path / "beat.lock")
+    standby._heartbeat = path
+    standby._active = False
+    standby._beat_id = "standby"
+    monkeypatch.setattr(beat.time, "time", lambda: 100.0)
+    assert standby.tick() == beat.STANDBY_POLL_S  # standing by: the holder has the lock
+    age = beat.heartbeat_age_s(path, 101.0)
+    holder.release()
+    assert age is None or age > 60, f"the stalled beat looks like it ticked {age:.0f}s ago"

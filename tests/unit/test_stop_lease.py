@@ -2,17 +2,22 @@
 net and start it) while the worker that decided it may still be calling the platform; a
 call that lands after its net was claimed anyway (the worker was frozen past the lease)
 puts the replica back as soon as it reads the net again, and a stop that finds its net
-claimed before the call makes no call at all."""
+claimed before the call makes no call at all. Neither a stray's expiry nor a worker's start
+(which puts a MISCONFIGURED net back in service) finishes a stop whose call may still land."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from app.adapters.drivers.base import Observation
+from app.errors import AdminMisconfigured, UnknownAdminError
 from app.usecases import dispatch, reconciler, scale_down, scaling, services
 from app.usecases.dispatch import Step
 from app.usecases.scaling import stop_net
 from models import JobState, NetState, ReasonCode
+from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
 from tests.unit.scale_down_race import idle_past_grace, on_first_scale_down
 from tests.unit.scale_history import scale_decisions
@@ -233,3 +238,114 @@ def test_a_readiness_give_up_whose_scale_down_lands_late_puts_the_replica_back(w
     assert step.step.name == "GAVE_UP"
     assert world.driver("net-a").replicas == 1
     assert world.job(claimed[0]).state == JobState.ASSIGNED
+
+
+# --- the lease against a stray's expiry and a restart ----------------------------------------
+
+
+def _claim_and_scale_up(world: World, key: str) -> tuple[str | None, int]:
+    """A job tries to claim net-a and have its server scaled up: its id (None when the net
+    could not be claimed), and how many driver calls were made up to then."""
+    job_id = world.enqueue(key, net="net-a")
+    assignment = next((a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id), None)
+    if assignment is None:
+        return None, len(world.driver("net-a").calls)
+    step = dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
+    assert step.step.name == "DONE"
+    return job_id, len(world.driver("net-a").calls)
+
+
+def test_a_stray_expiry_does_not_finish_a_stop_whose_call_may_still_land(world, monkeypatch):
+    """README: reconcile finishes a STOPPING net's stop only once its lease has passed (or
+    the call returned), "so the net cannot be stopped, claimed and started again while the
+    first call may still land"; only a worker frozen LONGER than STUCK_AFTER_S may land late.
+
+    Here the idle stop's call is on the wire for 2 s (its lease runs 300 s). The same
+    reconcile round that leaves the STOPPING net alone (`_stop_in_flight`) goes on to its
+    stray runs: one unsettled for ABORT_TIMEOUT_S gets the net taken down
+    (`expire_stray_runs` -> `take_down` -> `stop_net`), which never looks at the lease,
+    records STOPPED and lets a job claim the net and start it. The first call then lands on
+    the claimed job's server."""
+    # The job that ran there left a run its server would not settle (a stray), 299 s ago.
+    done = idle_past_grace(world, idle_s=0)
+    world.add_stray(done, "net-a", "nv-stray")
+    world.clock.advance(world.rt.settings.abort_timeout_s - 1)
+
+    def unsettled(_admin: FakeAdmin, _run: str) -> None:
+        raise UnknownAdminError("an nvflare error nobody classified")
+
+    # Every admin session (stop_net drops the one it had) gets that answer for the stray.
+    monkeypatch.setattr(FakeAdmin, "abort", unsettled)
+    seen: dict[str, object] = {}
+
+    def meanwhile() -> None:
+        world.clock.advance(2)  # 2 s into a call leased for STUCK_AFTER_S
+        reconciler.reconcile(world.rt)
+        seen["state after reconcile"] = world.net("net-a").state
+        seen["job"], seen["calls"] = _claim_and_scale_up(world, "claimer")
+
+    on_first_scale_down(world, monkeypatch, meanwhile)
+
+    scale_down.scale_down_idle_nets(world.rt)
+
+    after_claim = world.driver("net-a").calls[seen["calls"] :]  # type: ignore[misc]
+    assert seen["job"] is None or 0 not in after_claim, (
+        f"the first scale-to-0 landed after job {seen['job']} claimed the net and scaled it"
+        f" up (driver calls after its scale-up: {after_claim})"
+    )
+    assert seen["state after reconcile"] == NetState.STOPPING, (
+        "reconcile finished a stop whose call was still in flight (lease live)"
+    )
+    assert seen["job"] is None  # nothing can claim the net while a stop's call may land
+
+
+def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on_a_job(
+    world, monkeypatch
+):
+    """README: the net "cannot be stopped, claimed and started again while the first call
+    may still land". A net found misconfigured is scaled down (`scale_down_or_log`, leased);
+    while that call is on the wire a rolling deploy starts a process, whose `sync_nets`
+    resets every MISCONFIGURED net to STOPPED ("a restart after a fix is the human saying
+    try again") without looking at the lease. The requeued job claims the net at once and
+    scales it up; the first call then lands on it."""
+    job_id = world.enqueue("victim", net="net-a")
+    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    net, attempt = assignment.net_name, assignment.attempt
+    assert dispatch.scale_up(world.rt, job_id, net, attempt).step.name == "DONE"
+    real_is_ready = FakeAdmin.is_ready
+
+    def expired(_admin: FakeAdmin, _sites: object) -> None:
+        raise AdminMisconfigured("admin certificate expired")
+
+    monkeypatch.setattr(FakeAdmin, "is_ready", expired)
+    seen: dict[str, object] = {}
+
+    def meanwhile() -> None:
+        world.clock.advance(2)  # 2 s into a call leased for STUCK_AFTER_S
+        monkeypatch.setattr(FakeAdmin, "is_ready", real_is_ready)  # the new process's fix
+        with world.rt.sessions.begin() as session:
+            services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        seen["state"] = world.net(net).state
+        again = next((a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id), None)
+        if again is not None:
+            assert dispatch.scale_up(world.rt, job_id, net, again.attempt).step.name == "DONE"
+        seen["claimed"] = again is not None
+        seen["calls"] = len(world.driver(net).calls)
+
+    on_first_scale_down(world, monkeypatch, meanwhile)
+
+    with pytest.raises(AdminMisconfigured):
+        dispatch.check_ready(world.rt, job_id, net, attempt)
+
+    after_claim = world.driver(net).calls[seen["calls"] :]  # type: ignore[misc]
+    assert not seen["claimed"] or 0 not in after_claim, (
+        f"the misconfigured net's scale-to-0 landed after job {job_id} claimed it again and"
+        f" scaled it up (net {seen['state']} when claimed; driver calls since: {after_claim})"
+    )
+    # The new process left the net STOPPING while the call may land; once the lease has
+    # passed, reconcile finishes the stop and the requeued job claims the net.
+    assert seen["state"] == NetState.STOPPING
+    assert world.job(job_id).state == JobState.QUEUED
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    reconciler.reconcile(world.rt)
+    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [job_id]

@@ -9,8 +9,8 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from app.errors import UnknownAdminError
-from app.usecases import abort
-from models import StrayRun
+from app.usecases import abort, dispatch, reconciler
+from models import JobState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
 
@@ -97,3 +97,25 @@ def test_a_stray_not_held_expires_at_an_abort_timeout_shorter_than_the_start_win
     assert not abort.expire_stray_runs(world.rt, "net-a")
     world.clock.advance(1)
     assert abort.expire_stray_runs(world.rt, "net-a")
+
+
+def test_a_stray_the_server_cannot_settle_takes_an_idle_scale_to_zero_net_down(world):
+    # simulator seeds 139/143: a stray whose status the server cannot give stayed unsettled
+    # for ever, and the job waiting for the net with it starved.
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.server("net-a").up = False  # a blip while the abort goes out: kept as a stray
+    assert world.abort(job_id) == JobState.ABORTED
+    world.server("net-a").up = True
+
+    def unreadable(_: str):
+        raise UnknownAdminError("job has no status")
+
+    world.admin("net-a").job_status = unreadable  # type: ignore[method-assign]
+    waiting = world.enqueue("next", net="net-a")
+    reconciler.reconcile(world.rt)
+    assert len(_strays(world)) == 1 and world.driver("net-a").replicas == 1  # not yet
+    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
+    reconciler.reconcile(world.rt)
+    assert _strays(world) == [] and world.driver("net-a").replicas == 0
+    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [waiting]

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import ServerUnavailable
+from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import (
     abort,
@@ -24,6 +25,7 @@ from app.usecases import (
 )
 from models import JobState, Net, NetState, StrayRun
 from tests.fixtures.db import net_decl
+from tests.unit.conftest import World, world_of
 
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
@@ -35,6 +37,14 @@ def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
         NETS=json.dumps([net_decl(tmp_path, "fixed", "static")]),
         PER_JOB_FL_SERVER="true",
     )
+
+
+def _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root) -> None:
+    """As _redeploy_without_net_a; the redeploy restarts the workers: no adapter built from
+    the old settings survives."""
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
 
 
 def test_an_unknown_submit_on_a_net_no_longer_declared_is_settled_as_a_stray(
@@ -286,3 +296,203 @@ def test_a_job_that_cannot_be_settled_is_recorded_on_the_removed_net(
     assert undeclared.settle_undeclared(world.rt) == []
     assert world.net("net-a").last_error == "reconcile: RuntimeError: bug in a settlement"
     assert world.job(job_id).state in (JobState.ASSIGNED, JobState.QUEUED)  # next round's
+
+
+# --- a redeploy that drops net-b: its jobs and the runs they leave -----------------------------
+
+
+@pytest.fixture
+def two_nets(tmp_path, job_root, sqlite_factory, clock) -> World:
+    nets = [net_decl(tmp_path, n, "ecs", ready_timeout_s=120) for n in ("net-a", "net-b")]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+
+
+def _without_net_b(world: World, tmp_path) -> Runtime:
+    """The same database after a redeploy whose NETS no longer declare net-b, once no
+    process has declared it for the whole grace (a rolling deploy is over)."""
+    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=world.rt.settings.job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs", ready_timeout_s=120)]),
+        PER_JOB_FL_SERVER="true",
+    )
+    return Runtime(
+        settings=settings,
+        engine=world.rt.engine,
+        sessions=world.rt.sessions,
+        clock=world.clock,
+        driver_factory=lambda net, s: world.drivers.setdefault(net.name, world.driver("net-a")),
+        admin_factory=lambda net, s: world.admin(net.name),
+        outbox=world.outbox,
+    )
+
+
+def _ended_for_the_removed_net(world: World, job_id) -> None:
+    job = world.job(job_id)
+    assert job.state == JobState.FAILED, (job.caller_key, job.state)
+    assert "net-b" in (job.last_error or "") and "no longer declared" in (job.last_error or "")
+
+
+def test_a_running_job_on_a_removed_net_fails_saying_why(two_nets, tmp_path):
+    world = two_nets
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, running)
+
+
+def test_a_dispatching_job_on_a_removed_net_fails_and_never_runs_twice(two_nets, tmp_path):
+    world = two_nets
+    job_id = world.stuck_in_dispatching("dispatching", net="net-b")
+    world.clock.advance(3600)
+    redeployed = _without_net_b(world, tmp_path)
+    reconciler.reconcile(redeployed)
+    _ended_for_the_removed_net(world, job_id)
+    assert dispatch.assign_jobs(redeployed) == []
+
+
+def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_stays(two_nets, tmp_path):
+    world = two_nets
+    waiting = world.enqueue("strayed", required_sites=["site-1"])
+    world.add_stray(waiting, "net-b", None, token="t")
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, waiting)
+    with world.rt.sessions() as session:  # kept: net-b, declared again, waits for it
+        assert session.query(StrayRun).count() == 1
+
+
+def test_a_queued_job_pinned_to_a_removed_net_fails_saying_why(two_nets, tmp_path):
+    world = two_nets
+    pinned = world.enqueue("pinned", net="net-b")
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, pinned)
+
+
+def test_a_job_only_claimed_onto_a_removed_net_goes_back_to_the_queue(two_nets, tmp_path):
+    world = two_nets
+    job_id = world.enqueue("claimed", net="net-b")
+    dispatch.assign_jobs(world.rt)
+    with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
+        services.get_job(session, job_id).requested_net = None
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    job = world.job(job_id)
+    assert (job.state, job.attempts) in ((JobState.QUEUED, 0), (JobState.ASSIGNED, 0))
+    assert job.net_name != "net-b"
+
+
+def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(two_nets, tmp_path):
+    # The simulator's sweep (seed 167): the job was failed without its run being counted,
+    # and net-b, declared again, took the next job beside that run.
+    world = two_nets
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    reconciler.reconcile(_without_net_b(world, tmp_path))
+    _ended_for_the_removed_net(world, running)
+    nxt = world.enqueue("next", net="net-b")  # the redeploy is undone: net-b is back
+    assert all(a.job_id != nxt for a in dispatch.assign_jobs(world.rt))
+    assert world.job(nxt).state == JobState.QUEUED
+
+
+def test_a_worker_still_on_the_previous_nets_never_fails_the_jobs_of_a_net_just_added(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """A redeploy adds net-b to NETS. While it rolls out (ECS replaces tasks one by one), a
+    worker still on the previous declaration (net-a only) runs one of beat's reconcile
+    rounds. `_settle_undeclared` takes "not in my NETS" for "removed": the job RUNNING on the
+    healthy new net-b is FAILED (and a QUEUED job pinned to it too), its run goes on
+    unwatched, and the up-to-date workers then hand net-b, released, to the next job beside
+    that run.
+
+    Breaks: "lose a job" (a valid RUNNING job is failed by a routine redeploy) and "a run
+    that no job counts ... is a stray run: the net takes no new job until it is aborted"."""
+    nets = [net_decl(tmp_path, n, "ecs", ready_timeout_s=120) for n in ("net-a", "net-b")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    running = world.enqueue("running", net="net-b")
+    world.run_pipeline(running)
+    run = world.job(running).nvflare_job_id
+    pinned = world.enqueue("pinned", net="net-b")
+
+    previous = Runtime(
+        settings=Settings(
+            FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+            JOB_ROOT=job_root,
+            NETS=json.dumps([nets[0]]),
+            PER_JOB_FL_SERVER="true",
+        ),
+        engine=world.rt.engine,
+        sessions=world.rt.sessions,
+        clock=world.clock,
+        driver_factory=lambda net, s: world.driver(net.name),
+        admin_factory=lambda net, s: world.admin(net.name),
+        outbox=world.outbox,
+    )
+    reconciler.reconcile(previous)  # beat's round, taken by the not-yet-replaced worker
+
+    assert world.job(running).state == JobState.RUNNING, world.job(running).last_error
+    assert world.job(pinned).state == JobState.QUEUED, world.job(pinned).last_error
+    assert world.server("net-b").statuses[run] == "RUNNING"
+
+
+# --- a redeploy that drops net-a and restarts the workers ------------------------------------
+
+
+@pytest.mark.parametrize("step", ["start", "check_ready", "dispatch"])
+def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_path, job_root, step):
+    """The chain of a job claimed onto net-a is in flight when a redeploy drops net-a from
+    NETS: its next step must end the chain (reconcile settles the job), not raise an
+    unclassified KeyError (Celery's "raised unexpected", a traceback per step)."""
+    job_id = world.enqueue("j", net="net-a")
+    if step == "dispatch":
+        world.run_until_ready(job_id)
+    else:
+        [claim] = dispatch.assign_jobs(world.rt)
+        assert claim.net_name == "net-a"
+        if step == "check_ready":
+            dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
+
+    result = getattr(dispatch, step)(world.rt, job_id, "net-a", 0)
+
+    assert result.step.ends_chain
+    assert result.detail == "net net-a is no longer declared (NETS)"
+    assert world.job(job_id).state != JobState.RUNNING
+
+
+def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_reconcile(
+    world, tmp_path, job_root
+):
+    """flip-api aborts a RUNNING job on net-a; the redeploy that drops net-a lands before the
+    worker runs abort_on_server: it must leave the job to reconcile (fix 7 aborts it), not
+    raise KeyError."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    with world.rt.sessions.begin() as session:
+        services.abort_job(session, job_id, "user", world.clock())
+    _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
+
+    assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)
+
+
+def test_a_net_declared_again_by_restarted_workers_takes_no_job_beside_its_old_run(
+    world, tmp_path, job_root
+):
+    """net-a runs job `old` when a redeploy removes it from NETS; reconcile fails `old` (its
+    run may live on a server nothing watches). A second redeploy declares net-a again while
+    that run still lives: net-a must take no job beside it (one live run per server)."""
+    declared = world.rt.settings
+    old = world.enqueue("old", net="net-a")
+    world.run_pipeline(old)
+    _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
+    reconciler.reconcile(world.rt)
+    assert world.job(old).state == JobState.FAILED
+    world.rt.settings = declared  # net-a declared again; its server still runs `old`'s run
+    world.rt._admins.clear()
+    world.rt._drivers.clear()
+    new = world.enqueue("new", net="net-a")
+
+    claims = dispatch.assign_jobs(world.rt)
+
+    assert [c.job_id for c in claims if c.net_name == "net-a"] == [], (
+        f"job {new} claimed onto net-a beside run {world.job(old).nvflare_job_id}"
+    )

@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from app.errors import ServerUnavailable
 from app.usecases import dispatch, services, unknown_submit
+from app.usecases.dispatch import Step
 from models import JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
@@ -142,3 +143,58 @@ def test_a_silent_scale_to_zero_server_is_taken_down_saying_for_which_job(world)
     job = world.job(job_id)
     assert (job.state, job.last_error) == (JobState.QUEUED, REASON)
     assert scale_decisions(world, "net-a")[-1] == (0, f"settling job {job_id}'s unknown submit")
+
+
+def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
+    # app/sim/FINDINGS.md, hole 4: the submit landed, the reply was lost, the task ran out of
+    # retries.
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    server = world.server("net-a")
+
+    def landed_then_lost() -> None:
+        token = f"{job_id}-0"
+        server.submitted[token] = "nv-1"
+        server.statuses["nv-1"] = "RUNNING"
+        raise ServerUnavailable("reply lost")
+
+    server.on_submit = landed_then_lost
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, job_id, "net-a", 0)
+    assert not dispatch.requeue_after_transient(
+        world.rt, job_id, "dispatch: retries exhausted", net_name="net-a", attempt=0
+    )
+    assert world.job(job_id).state == JobState.DISPATCHING  # the attempt is not abandoned
+    server.on_submit = None
+    assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE  # adopts it
+    assert world.job(job_id).nvflare_job_id == "nv-1"
+    assert len(server.submitted) == 1
+
+
+def test_an_abandoned_submit_the_server_never_got_is_requeued_with_the_server_kept(world):
+    job_id = _unknown_submit(world)
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").replicas == 1  # the server said the token has no run
+    assert _strays(world) == []
+
+
+def test_an_abandoned_submit_that_landed_is_adopted_not_run_again(world):
+    job_id = _unknown_submit(world)
+    server = world.server("net-a")
+    server.submitted[f"{job_id}-0"] = "nv-7"  # it had landed; only the reply was lost
+    server.statuses["nv-7"] = "RUNNING"
+    assert not unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    job = world.job(job_id)
+    assert (job.state, job.nvflare_job_id) == (JobState.RUNNING, "nv-7")
+
+
+def test_an_abandoned_submit_on_a_silent_server_takes_it_down_before_the_job_runs_again(world):
+    job_id = _unknown_submit(world)
+    world.server("net-a").up = False  # the admin side cannot reach it; the replica still runs
+    assert unknown_submit.abandon_dispatch(world.rt, job_id, "submit outcome unknown")
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.driver("net-a").replicas == 0
+    assert _strays(world) == []  # settled by the server going away

@@ -28,7 +28,7 @@ from app.adapters.callbacks import (
 from app.errors import SettingsError
 from app.local.receiver import Headers, LocalReceiver, Received
 from app.logs import secret_values
-from app.settings import Settings
+from app.settings import Settings, load_settings
 from app.usecases import callbacks, intake
 from tests.fixtures.db import FrozenClock, net_decl
 from tests.unit.conftest import world_of
@@ -213,6 +213,25 @@ def test_a_whsec_secret_that_is_not_base64_of_16_bytes_stops_the_start(tmp_path,
         "(e.g. whsec_ + `openssl rand -base64 32`)"
     )
     assert bad not in str(caught.value)
+
+
+def test_a_whsec_secret_with_a_non_ascii_character_stops_the_start_naming_it(tmp_path):
+    """A whsec_ secret pasted with a non-ASCII character (a typographic quote, a non-breaking
+    space) is as bad as one with a stray space: the start must stop with the CALLBACK_SECRET
+    message, as for any other non-base64 secret. base64.b64decode raises a plain ValueError
+    (not binascii.Error) for non-ASCII text, which _check_webhook_secret does not catch:
+    pydantic wraps it and the operator reads "field '(net)': Value error, string argument
+    should contain only ASCII characters", which names neither the setting nor the fix."""
+    bad = "whsec_" + _B64_32[:20] + "\u00a0" + _B64_32[20:]
+    extra: dict[str, Any] = {"CALLBACK_URL": "http://127.0.0.1:9/cb", "CALLBACK_SECRET": bad}
+    with pytest.raises(SettingsError) as caught:
+        load_settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
+    assert str(caught.value) == (
+        "CALLBACK_SECRET: a whsec_ secret must be base64 of at least 16 bytes after whsec_ "
+        "(e.g. whsec_ + `openssl rand -base64 32`)"
+    )
+    with pytest.raises(SettingsError):
+        Settings(FL_DISPATCHER_DATA_DIR=tmp_path, **extra)
 
 
 def test_a_whsec_secret_of_exactly_16_bytes_is_accepted(tmp_path):

@@ -1,6 +1,7 @@
 """The bug-hunting sweep's prewarms (tests.sim.prewarms): hints and cancels in a third of the
-worlds on a stream of their own, `cancel_prewarm` in the simulator's task table, and the
-invariants that know holds (tests.sim.prewarm_invariants, idle-net-at-zero)."""
+worlds on a stream of their own, `cancel_prewarm` in the simulator's task table, the
+invariants that know holds (tests.sim.prewarm_invariants, idle-net-at-zero, a hold its job
+used from another net), and the simulated caller naming each hinted job's prewarm."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import random
 import pytest
 from sqlalchemy import select
 
+from app.sim import savings
 from app.sim.faults import CLEAN
 from app.sim.simulation import Simulation
+from app.sim.trace import Trace, TraceJob
 from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import prewarm_holds
 from models import Prewarm
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import PREWARM_SHARE, with_prewarms
 from tests.sim.worlds import random_world
+from tests.unit.test_simulate import COLD  # the 10 s cold start of the replay tests
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +96,50 @@ def test_a_server_held_past_its_idle_bound_is_not_idle_while_its_hold_lives():
     assert result.ok, result.summary()
     assert outcomes == {"pw-0": "expired"}
     assert result.stats["sim_s"] > 300
+
+
+def test_the_sweep_accepts_a_hold_its_job_ended_from_another_net():
+    """README: a hold ends `used` "when the job that names it (`prewarm_key`) is claimed onto
+    another net". The sweep's `prewarm-used-by-later-claim` must accept that use: here the
+    held net is busy when the hinted job comes, so it runs on the other net."""
+    world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
+    jobs = (
+        JobSpec("long", 1.0, duration_s=120.0, net="net-a"),
+        JobSpec("hinted", 40.0, duration_s=20.0, prewarm_key="pw-h"),
+    )
+    hint = PrewarmSpec(20.0, "pw-h", 300.0, net="net-a")  # net-a runs "long" meanwhile
+    sim = Simulation(world, Workload(jobs=jobs, prewarms=(hint,)), CLEAN, 0)
+    result, used = sim.run_then(
+        lambda s: s.conn.execute(
+            "SELECT p.outcome, j.net_name FROM prewarms p JOIN jobs j ON j.id = p.job_id"
+        ).fetchall()
+    )
+    assert used == [("used", "net-b")]
+    assert result.violations == []
+
+
+def test_the_simulated_caller_names_each_hinted_jobs_prewarm():
+    trace = Trace((TraceJob(100.0, 30.0, hint_lead_s=60.0), TraceJob(300.0, 30.0)))
+    workload = savings.workload_for(trace)
+    assert [j.prewarm_key for j in workload.jobs] == [workload.prewarms[0].key, None]
+    world = savings.world_for(trace, ["net-1"], 0.0, COLD)
+    sim = Simulation(world, workload, CLEAN, 0, fast_forward=True)
+    _, stored = sim.run_then(
+        lambda sim: sorted(sim.conn.execute("SELECT caller_key, prewarm_key FROM jobs"))
+    )
+    assert stored == [("job-000000", "job-000000"), ("job-000001", None)]
+
+
+def test_the_sweep_names_the_hints_sent_for_its_jobs():
+    named = 0
+    for seed in range(60):
+        world = random_world(random.Random(f"{seed}/workload"))
+        workload = Workload(jobs=tuple(JobSpec(f"job-{i}", 40.0 * i + 20) for i in range(3)))
+        _, drawn = with_prewarms(seed, world, workload)
+        # The hints drawn up front, and those a burst sends when its moment comes.
+        keys = {h.key for h in drawn.prewarms if not h.cancel} | {b.key for b in drawn.bursts}
+        for spec in drawn.jobs:
+            if spec.prewarm_key is not None:
+                named += 1
+                assert spec.prewarm_key in keys
+    assert named > 0

@@ -1,11 +1,9 @@
-"""Review of the stop35 changes: the HTTP callback sender now makes its httpx client at the
-round's first POST (app.adapters.callbacks.HttpCallbackSender). README "Status callbacks"
-promises attacked against real loopback servers, not mocks: no redirect is followed, no
-proxy or certificate setting comes from the environment, the timeout holds, URL
-credentials never reach last_error, and a whole round through the real sender delivers
+"""The HTTP callback sender (app.adapters.callbacks.HttpCallbackSender, which makes its httpx
+client at a round's first POST), against real loopback servers, not mocks: no redirect is
+followed, no proxy or certificate setting comes from the environment, the timeout holds,
+URL credentials never reach last_error, and a whole round through the real sender delivers
 each job's events in order, signed, and backs off when the receiver cannot be reached.
-(Nothing else in the unit tier runs a delivery round through the real sender, and nothing
-at all tested redirects, the environment or the timeout.)"""
+(Every other delivery round in the unit tier passes a recording sender: test_callbacks.py.)"""
 
 from __future__ import annotations
 
@@ -127,7 +125,7 @@ def one_post(url: str, timeout_s: float = 5) -> Any:
 # --- the sender alone ----------------------------------------------------------------------
 
 
-def test_review35_a_redirect_is_an_answer_and_is_not_followed(servers):
+def test_a_redirect_is_an_answer_and_is_not_followed(servers):
     """Catches the lazily made client following redirects (follow_redirects=True): the
     signed body would be sent again to wherever the Location points."""
     elsewhere = servers(answer_with(200))
@@ -138,9 +136,7 @@ def test_review35_a_redirect_is_an_answer_and_is_not_followed(servers):
     assert elsewhere.requests == []
 
 
-def test_review35_no_proxy_or_certificate_setting_is_taken_from_the_environment(
-    servers, monkeypatch
-):
+def test_no_proxy_or_certificate_setting_is_taken_from_the_environment(servers, monkeypatch):
     """Catches the lazily made client losing trust_env=False (httpx's default is True): the
     body would go through the environment's proxy, and SSL_CERT_FILE pointing nowhere would
     fail the client's making."""
@@ -156,7 +152,7 @@ def test_review35_no_proxy_or_certificate_setting_is_taken_from_the_environment(
     assert receiver.requests == [f"POST {PATH} HTTP/1.1"]
 
 
-def test_review35_the_timeout_reaches_the_lazily_made_client(servers):
+def test_the_timeout_reaches_the_lazily_made_client(servers):
     """Catches the lazily made client losing its timeout (httpx's default is 5 s): a
     receiver that never answers holds the round 0.3 s, not 5."""
     release = threading.Event()
@@ -174,7 +170,7 @@ def test_review35_the_timeout_reaches_the_lazily_made_client(servers):
         release.set()
 
 
-def test_review35_close_closes_the_client_a_failed_post_made_and_may_be_called_twice(
+def test_close_closes_the_client_a_failed_post_made_and_may_be_called_twice(
     clients_made,
 ):
     """Catches close() that leaves the client made at the first POST open (its pool and SSL
@@ -210,7 +206,7 @@ def world_with_receiver_at(port: int, tmp_path, job_root, sqlite_factory, clock)
     )
 
 
-def test_review35_a_round_through_the_real_sender_delivers_in_order_and_signed(
+def test_a_round_through_the_real_sender_delivers_in_order_and_signed(
     tmp_path, job_root, sqlite_factory, clock, clients_made
 ):
     """Every other round test passes a fake sender: this one lets deliver_callbacks make the
@@ -254,7 +250,7 @@ def test_review35_a_round_through_the_real_sender_delivers_in_order_and_signed(
     assert len(clients_made) == 1 and clients_made[0].is_closed
 
 
-def test_review35_a_round_that_reaches_no_receiver_backs_off_without_url_credentials(
+def test_a_round_that_reaches_no_receiver_backs_off_without_url_credentials(
     tmp_path, job_root, sqlite_factory, clock
 ):
     """The real sender against a closed loopback port: the round backs off (a wake-up is

@@ -1,18 +1,16 @@
-"""Adversarial review, session 3, of 75e864f..4ef218e (guards whose `# pragma: no mutate` gave
-way to tests: SQL filters dropped as redundant, net_rows restructured; the simulator's new
-excuses). Each test names the README promise it pins. The two token tests were strict xfails
-(a misconfigured net's requeue counts no attempt, so the next dispatch reused the token and
-NVFLARE answered it with the earlier run); they pass since every dispatch has a token of its
-own (models.Job.start_dispatch)."""
+"""Each dispatch's submit token is new, even after a requeue that counted no attempt (a net
+found misconfigured) and with history written before migration 0004 (the rule itself:
+models.Job.start_dispatch, test_states.py): a server that kept its job store never answers
+the job's next submit with the run of an earlier one, aborted or dead with its process."""
 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.errors import AdminMisconfigured
-from app.usecases import abort, dispatch, intake, monitor, reconciler, services
-from models import JobState, NetState, StrayRun
+from app.usecases import abort, dispatch, monitor, reconciler, services
+from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.conftest import World
 
 
@@ -22,9 +20,6 @@ def _strays(world: World) -> list[tuple[str, str | None, str | None]]:
             (s.net_name, s.nvflare_job_id, s.submit_token)
             for s in session.scalars(select(StrayRun))
         ]
-
-
-# --- 1. a requeue that counts no attempt re-uses the submit token of a run the server keeps --
 
 
 def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_server(always_on):
@@ -92,38 +87,46 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_
     assert world.job(job_id).nvflare_job_id != "nv-1", "the new attempt adopted the dead run"
 
 
-# --- 2. a job ABORTING before its submit landed: monitor's dropped SQL filter -----------------
+def test_a_second_dispatch_at_one_attempt_gets_a_new_token_with_history_before_0004(world):
+    """README: "each dispatch's submit token must be new, even when a requeue counted no
+    attempt" (services.dispatches_of), and a requeued job on a server that kept its job
+    store must not be answered with the earlier run (models.Job.start_dispatch).
 
+    A job that spent an attempt on a readiness timeout was dispatched at attempt 1 before
+    migration 0004 (its DISPATCHING row has attempt NULL), its net was then found
+    misconfigured (a requeue that counts no attempt), and it is dispatched again at attempt
+    1. `start_dispatch` keeps "the older rule" for such history (`len(earlier) > attempts`,
+    1 > 1 is false) and hands out `<id>-1` a second time: the server, which kept its job
+    store, answers with the first dispatch's run (one killed with its process), which the
+    job adopts instead of starting a run of its own."""
+    job_id = world.enqueue("requeued-twice", net="net-a")
+    with world.rt.sessions.begin() as session:
+        services.get_job(session, job_id).attempts = 1  # a readiness timeout spent one
+    net, attempt = world.run_until_ready(job_id)
+    with world.rt.sessions.begin() as session:
+        earlier = services.dispatches_of(session, job_id)
+        first = services.get_job(session, job_id).start_dispatch(world.clock(), earlier=earlier)
+    server = world.server(net)
+    landed = world.admin(net).submit(world.rt.settings.job_root, first)  # the submit landed
+    server.submit_error = AdminMisconfigured("admin certificate expired")
+    with pytest.raises(AdminMisconfigured):
+        dispatch.dispatch(world.rt, job_id, net, attempt)  # the retry meets the bad kit
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.job(job_id).attempts == attempt  # not the job's fault: no attempt counted
+    with world.rt.sessions.begin() as session:
+        # That history was written before migration 0004: its rows know no attempt.
+        session.execute(update(JobEvent).where(JobEvent.job_id == job_id).values(attempt=None))
+    # A human fixes the kit; the server had gone to zero with the run (its job store kept).
+    server.submit_error = None
+    server.restart()
+    with world.rt.sessions.begin() as session:
+        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+    reconciler.reconcile(world.rt)  # the stray died with the server: forgotten
 
-@pytest.mark.parametrize("entry", ["full round", "awaited poll"])
-def test_an_abort_before_the_submit_landed_is_left_to_the_reconciler_and_bounded(world, entry):
-    """monitor._watched no longer filters `nvflare_job_id IS NOT NULL` in SQL: an ABORTING
-    job with no run yet reaches the Python filter, on both entry points (the awaited poll
-    too, with a QUEUED job waiting for the net). Neither may take it for a lost run (a
-    status asked for no id); README: 'aborting is bounded by ABORT_TIMEOUT_S': with the
-    submit never landing, reconcile ends it ABORTED and takes the scale-to-zero server down
-    (its token's run, had it landed, dies with it)."""
-    job_id = world.stuck_in_dispatching("in-flight")
-    intake.request_abort(world.rt, job_id, "user")
-    world.enqueue("waiting", net="net-a")
-    asked: list[str | None] = []
-    admin = world.admin("net-a")
-    read = admin.job_status
+    net, again = world.run_until_ready(job_id)
+    assert again == attempt
+    dispatch.dispatch(world.rt, job_id, net, again)
 
-    def job_status(run: str):
-        asked.append(run)
-        return read(run)
-
-    admin.job_status = job_status
-
-    if entry == "full round":
-        outcomes = monitor.monitor_running_jobs(world.rt)
-    else:
-        outcomes = monitor.monitor_awaited_runs(world.rt)
-    assert (outcomes, asked) == ({}, [])
-    assert world.job(job_id).state == JobState.ABORTING
-
-    world.clock.advance(world.rt.settings.abort_timeout_s + 1)
-    reconciler.reconcile(world.rt)
-    assert world.job(job_id).state == JobState.ABORTED
-    assert world.driver("net-a").replicas == 0  # the token's run, had it landed, is gone
+    second = world.job(job_id).submit_token
+    assert second != first, f"dispatch at attempt {again} reused submit token {first}"
+    assert world.job(job_id).nvflare_job_id != landed, "adopted the earlier dispatch's run"

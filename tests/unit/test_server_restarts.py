@@ -1,12 +1,17 @@
-"""A run killed with its server process (NVFLARE 2.9 reads it RUNNING for ever and refuses
-its abort: "Job ... is not running.") is over, and is taken for over only on the server's
-own answer, never on a start time the net stored: a review of seed 499's first fix showed
-that start time need not be that of the process the run lives on."""
+"""A server restarted under a run. A run killed with its server process (NVFLARE 2.9 reads it
+RUNNING for ever and refuses its abort: "Job ... is not running.") is over, and is taken for
+over only on the server's own answer, never on a start time the net stored: a review of seed
+499's first fix showed that start time need not be that of the process the run lives on. A
+run that finished before the restart keeps its verdict, read once; a run the new process
+lists lives on; and a start time that could not be read after the submit still lets the
+next one show the restart."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from app import names
@@ -14,6 +19,9 @@ from app.adapters.nvflare.base import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable, UnknownAdminError
 from app.usecases import abort, dispatch, intake, monitor
 from models import JobState, StrayRun
+from tests.fakes import FakeAdmin
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import World, dispatch_through_a_start_time_blip, world_of
 
 OLD, NEW = 1000.0, 1500.0  # the start times of the process before and after a restart
 
@@ -41,6 +49,16 @@ def _submitted_on_a_restarted_server_that_gives_no_start_time_yet(world, job_id)
     assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
     assert server.statuses["nv-1"] == "RUNNING" and "nv-1" not in server.killed
     return real
+
+
+@pytest.fixture
+def failing(tmp_path, job_root, sqlite_factory, clock) -> World:
+    """The unit world's nets with LOST_JOB_POLICY=fail."""
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120),
+        net_decl(tmp_path, "fixed", "static"),
+    ]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock, LOST_JOB_POLICY="fail")
 
 
 def test_a_run_on_a_process_readiness_did_not_see_is_aborted_before_its_job_runs_again(world):
@@ -204,3 +222,107 @@ def test_nothing_to_abort_from_a_server_that_still_reads_the_run_running_keeps_t
     )
 
     assert abort.settle_stray_runs(world.rt, "fixed") == 1
+
+
+def test_a_run_that_completed_before_a_restart_the_monitor_saw_late_is_not_run_again(world):
+    """The run completes; the always-on server restarts before the monitor's next round.
+    The server, answering now, says the run COMPLETED (its record survives the restart):
+    the job is COMPLETED, as the unwatchable path does for a finished run "whatever its
+    start time", never requeued and run a second time."""
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    server = world.server("fixed")
+    server.statuses["nv-1"] = "FINISHED:COMPLETED"
+    server.restart()  # after the run ended: nothing to kill
+
+    monitor.monitor_running_jobs(world.rt)
+    abort.settle_stray_runs(world.rt, "fixed")  # the settle the monitor sent
+
+    assert world.job(job_id).state == JobState.COMPLETED
+    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == []
+
+
+def test_a_healthy_run_is_not_failed_as_lost_on_a_start_time_readiness_stored(failing):
+    """Readiness saw the old process; it restarted before the submit, which the new process
+    accepted and runs; the read after the submit failed (just booted). The monitor then
+    reads the new process's start time. Nothing restarted under the job: the server,
+    answering now, runs it (nvflare's `show_stats` or the abort's own answer could tell a
+    run killed with an earlier process from a live one), so the job must not be FAILED as
+    lost nor its run aborted."""
+    world = failing
+    job_id = world.enqueue("j", net="fixed")
+    real = _submitted_on_a_restarted_server_that_gives_no_start_time_yet(world, job_id)
+    admin = world.admin("fixed")
+    admin.server_start_time = real  # type: ignore[method-assign]
+    assert world.net("fixed").server_start_time == OLD
+    server = world.server("fixed")
+
+    monitor.monitor_running_jobs(world.rt)
+    abort.settle_stray_runs(world.rt, "fixed")  # the settle the monitor sent
+
+    assert (world.job(job_id).state, server.aborted) == (JobState.RUNNING, [])
+
+
+def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on_net(world):
+    """Seed 499 (servers): a job runs on an always-on net; its server process is killed and
+    restarted, and for a while after boot gives no start time, which the monitor cannot tell
+    from a server that does not answer: past the grace the job is requeued and its run kept
+    as a stray (it may still live). The server answers again, still reading the killed run
+    RUNNING (NVFLARE 2.9 does so for ever) but refusing its abort as "not running": that
+    answer settles the stray, and the job, pinned there, is claimed again (it waited for
+    ever when only a status that is over could settle a stray)."""
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    server = world.server("fixed")
+    server.up = False  # the process is gone: the admin side cannot tell it from a blip
+    monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(31)  # past SERVER_LOST_GRACE_S
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray
+    server.up = True
+    server.restart()  # a new process answers; the run died with the old one
+
+    abort.settle_stray_runs(world.rt, "fixed")
+    claims = dispatch.assign_jobs(world.rt)
+
+    assert [c.job_id for c in claims] == [job_id]
+
+
+def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
+    # app/sim/FINDINGS.md, hole 3a
+    job_id = world.enqueue("j", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    dispatch.scale_up(world.rt, job_id, "net-a", 0)
+    dispatch.check_ready(world.rt, job_id, "net-a", 0)
+    dispatch_through_a_start_time_blip(world, job_id)
+    assert world.net("net-a").server_start_time == 1000.0
+    world.server("net-a").restart(2000.0)  # the server restarted under the job
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_a_run_finished_across_a_restart_is_settled_on_the_one_status_read(world, monkeypatch):
+    """After a restart, a run the new process reports finished is judged on that read
+    (monitor._after_restart -> _verdict): a server that stops answering right after it
+    does not turn a completed run into "status unknown" (nor, past MAX_RUN_S, an overrun
+    FAILED). Pins the single read: before the rewrite a second status call decided."""
+    job_id = world.enqueue("done-before-restart", net="net-a")
+    world.run_pipeline(job_id)
+    server = world.server("net-a")
+    server.statuses[world.job(job_id).nvflare_job_id] = "FINISHED:COMPLETED"
+    server.restart()
+    real = FakeAdmin.job_status
+    calls: list[str] = []
+
+    def once_then_gone(admin: FakeAdmin, run: str) -> Any:
+        calls.append(run)
+        if len(calls) > 1:
+            raise ServerUnavailable("connection reset")
+        return real(admin, run)
+
+    monkeypatch.setattr(FakeAdmin, "job_status", once_then_gone)
+    world.clock.advance(world.rt.settings.max_run_s + 1)  # a second read would say overran
+    verdicts = monitor.monitor_running_jobs(world.rt)
+    job = world.job(job_id)
+    assert job.state == JobState.COMPLETED, verdicts
+    assert len(calls) == 1
