@@ -16,6 +16,7 @@ from app.runtime import RecordingOutbox, Runtime
 from app.settings import Settings
 from app.usecases import callbacks, requests, services
 from models import Job, RejectedRequest
+from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 from tests.fixtures.db import net_decl
 from tests.unit.test_callbacks import SECRET
 
@@ -40,8 +41,8 @@ def rt(pg_factory, tmp_path, job_root, clock) -> Runtime:
         engine=pg_factory.kw["bind"],
         sessions=pg_factory,
         clock=clock,
-        driver_factory=lambda net, s: None,
-        admin_factory=lambda net, s: None,
+        driver_factory=lambda net, s: FakeDriver(),
+        admin_factory=lambda net, s: FakeAdmin(FakeServer()),
         outbox=RecordingOutbox(),
     )
 
