@@ -261,7 +261,7 @@ def test_a_stray_whose_abort_or_search_fails_is_kept(world, error, failing):
 
 
 def test_aborting_ends_within_the_abort_timeout_and_takes_the_server_down(world):
-    # app/sim/FINDINGS.md, hole 10
+    # tests/sim/FINDINGS.md, hole 10
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
 

@@ -180,7 +180,7 @@ def test_an_outage_another_round_ended_since_this_rounds_read_is_no_repair(alway
 def test_a_flag_change_across_a_redeploy_is_legal_from_every_net_state(
     tmp_path, job_root, sqlite_factory, clock, state, to_always_on
 ):
-    # app/sim/FINDINGS.md, hole 8: PER_JOB_FL_SERVER flipped while the net was in any state.
+    # tests/sim/FINDINGS.md, hole 8: PER_JOB_FL_SERVER flipped while the net was in any state.
     import json
 
     from app.settings import Settings

@@ -151,7 +151,7 @@ def _strays(world):
 
 
 def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
-    # app/sim/FINDINGS.md, hole 6
+    # tests/sim/FINDINGS.md, hole 6
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)

@@ -98,7 +98,7 @@ def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
 
 
 def test_one_net_misconfigured_admin_does_not_stop_monitoring_of_another(world):
-    # app/sim/FINDINGS.md, hole 1: net "fixed" (static, first by name) raises
+    # tests/sim/FINDINGS.md, hole 1: net "fixed" (static, first by name) raises
     # AdminMisconfigured on every probe; the job on net-a must still settle.
     on_fixed = world.enqueue("f", net="fixed")
     world.run_pipeline(on_fixed)

@@ -160,7 +160,7 @@ def test_a_busy_net_whose_admin_access_broke_is_settled_after_the_grace(world):
 
 
 def test_a_lost_server_on_a_scale_to_zero_net_is_taken_down_before_the_requeue_runs(world):
-    # app/sim/FINDINGS.md, hole 5: only the admin side lost the server; the first run may
+    # tests/sim/FINDINGS.md, hole 5: only the admin side lost the server; the first run may
     # still be going.
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)

@@ -92,7 +92,7 @@ def test_a_reconcile_that_crashes_on_one_net_is_recorded_there_and_repairs_the_o
 
 
 def test_a_run_the_server_forgot_is_lost_not_running_forever(world):
-    # app/sim/FINDINGS.md, hole 3 (second half)
+    # tests/sim/FINDINGS.md, hole 3 (second half)
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     world.server("net-a").statuses.clear()

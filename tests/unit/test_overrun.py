@@ -141,7 +141,7 @@ def test_an_aborting_job_is_left_to_the_abort_timeout_not_failed_as_an_overrun(w
 
 
 def test_status_errors_do_not_switch_off_the_run_time_limit(world):
-    # app/sim/FINDINGS.md, hole 3b
+    # tests/sim/FINDINGS.md, hole 3b
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
 

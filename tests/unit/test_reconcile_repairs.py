@@ -153,7 +153,7 @@ def test_a_scale_up_not_yet_overdue_is_no_repair(world):
 
 
 def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
-    # app/sim/FINDINGS.md, hole 7: drift (a server up while STOPPED) and a job claimed before
+    # tests/sim/FINDINGS.md, hole 7: drift (a server up while STOPPED) and a job claimed before
     # reconcile decides.
     world.driver("net-a").replicas = 1
     world.clock.advance(world.rt.settings.stuck_after_s + 1)

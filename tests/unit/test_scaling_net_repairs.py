@@ -216,7 +216,7 @@ def test_a_stopped_net_with_a_server_is_scaled_down_once_past_the_stuck_margin(w
 
 
 def test_a_misconfigured_net_whose_scale_down_failed_is_scaled_down_later(world):
-    # app/sim/FINDINGS.md, hole 9
+    # tests/sim/FINDINGS.md, hole 9
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)

@@ -289,7 +289,7 @@ def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on
 
 
 def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
-    # app/sim/FINDINGS.md, hole 3a
+    # tests/sim/FINDINGS.md, hole 3a
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)

@@ -1,5 +1,5 @@
 """A chain step, and the failure handler of a step whose retries ran out, acts only for the
-attempt it was started for (the job, its net and its attempt: app/sim/FINDINGS.md, hole 2):
+attempt it was started for (the job, its net and its attempt: tests/sim/FINDINGS.md, hole 2):
 a step whose job moved on meanwhile, to another attempt or past the step, skips and moves
 nothing, and never submits the next attempt's run."""
 
@@ -12,7 +12,7 @@ from models import JobState, NetState
 
 
 def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
-    # app/sim/FINDINGS.md, hole 2: attempt 0's chain gives up; the job is claimed again
+    # tests/sim/FINDINGS.md, hole 2: attempt 0's chain gives up; the job is claimed again
     # (attempt 1); attempt 0's dispatch step arrives late and must skip.
     job_id = world.enqueue("j", net="net-a", required_sites=["site-9"])
     dispatch.assign_jobs(world.rt)
@@ -29,7 +29,7 @@ def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
 
 
 def test_a_stale_submit_never_goes_out_while_the_next_attempt_is_dispatching(world, monkeypatch):
-    # app/sim/FINDINGS.md, hole 2, later in the step: attempt 0's dispatch is copying its
+    # tests/sim/FINDINGS.md, hole 2, later in the step: attempt 0's dispatch is copying its
     # bundle when the job moves on and is DISPATCHING again, on attempt 1 with its own token.
     # Attempt 0's submit must not go out (the same state is not the same attempt).
     job_id = world.enqueue("j", net="net-a")

@@ -1,5 +1,5 @@
 """Seeds of the simulator's long sweep that reported a violation before their fix, replayed:
-each stays clean (app/sim/FINDINGS.md says what each found; the minimal reproductions on the
+each stays clean (tests/sim/FINDINGS.md says what each found; the minimal reproductions on the
 use cases are in the files of the behaviour they pin)."""
 
 from __future__ import annotations

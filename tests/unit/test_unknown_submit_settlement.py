@@ -146,7 +146,7 @@ def test_a_silent_scale_to_zero_server_is_taken_down_saying_for_which_job(world)
 
 
 def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
-    # app/sim/FINDINGS.md, hole 4: the submit landed, the reply was lost, the task ran out of
+    # tests/sim/FINDINGS.md, hole 4: the submit landed, the reply was lost, the task ran out of
     # retries.
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
