@@ -231,14 +231,6 @@ testrun.pytest_unconfigure(config)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run's SIGTERM handler is inherited by every process forked from its main "
-    "process: a multiprocessing pool left early (test_simulation_safeguards returns from "
-    "inside run_seeds; any exception does the same) SIGTERMs its workers, and each clears "
-    "the LIVE run: its servers killed, its recorded folders and databases removed, its run "
-    "folder deleted ('SIGTERM: cleared what was left of run ...')",
-)
 def test_a_pool_forked_by_a_runs_main_process_and_left_early_leaves_the_live_run_alone(
     tmp_path,
 ):
