@@ -137,14 +137,11 @@ def test_a_process_title_set_under_a_run_does_not_hide_the_runs_id(
     assert titled.pid in [pid for pid, _ in tagged]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run of an earlier boot (its folder kept: /tmp survives a reboot on many "
-    "machines) has its recorded processes (pid and start ticks, e.g. its private Redis) "
-    "signalled in this boot: ticks count from boot, so a process of the user's that got "
-    "the same pid at the same tick after the reboot is SIGTERMed and SIGKILLed",
-)
-def test_a_run_of_an_earlier_boot_never_signals_a_process_of_this_boot(runs_root, spawned):
+def test_a_run_of_an_earlier_boot_never_signals_a_process_of_this_boot(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+):
+    # Its folder is kept where the temporary folder survives a reboot; start ticks count
+    # from boot, so a process of the user's may have its recorded pid and ticks.
     users = subprocess.Popen(["sleep", "60"])  # no run id: the user's own
     spawned.append(users)
     ticks = proc_start_ticks(users.pid)
@@ -152,11 +149,14 @@ def test_a_run_of_an_earlier_boot_never_signals_a_process_of_this_boot(runs_root
     earlier = RunId("0earlier0boot", 4242, 777)
     assert not earlier.alive()
     earlier.folder.mkdir(parents=True)
-    (earlier.folder / "records").write_text(f"process\t{users.pid}:{ticks}\n")
+    scratch = tmp_path / "earlier-scratch"
+    scratch.mkdir()
+    (earlier.folder / "records").write_text(f"process\t{users.pid}:{ticks}\npath\t{scratch}\n")
 
     testrun.sweep()
 
     assert proc_start_ticks(users.pid) == ticks
+    assert not scratch.exists() and not earlier.folder.exists()  # the rest is cleared
 
 
 @pytest.mark.xfail(
