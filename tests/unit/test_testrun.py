@@ -159,27 +159,48 @@ def test_a_run_of_an_earlier_boot_never_signals_a_process_of_this_boot(
     assert not scratch.exists() and not earlier.folder.exists()  # the rest is cleared
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one dead run's records that are not UTF-8 (written under another user's "
-    "locale into the shared 1777 folder, or cut mid-character by a full disk) raise out "
-    "of sweep(): the other dead runs are not cleared, and every pytest session on the "
-    "machine fails in pytest_configure until someone deletes that folder by hand",
-)
-def test_one_dead_runs_unreadable_records_do_not_stop_the_sweep_of_the_others(runs_root, spawned):
+def test_one_dead_runs_unreadable_records_do_not_stop_the_sweep_of_the_others(
+    spawned: list[subprocess.Popen[bytes]],
+):
+    # Written under another user's locale into the shared folder, or cut by a full disk.
     alive = RunId.of_this_process()
     unreadable, other = (RunId(alive.boot, alive.pid, alive.ticks + n) for n in (1, 2))
     unreadable.folder.mkdir(parents=True)
     (unreadable.folder / "records").write_bytes("path\t/tmp/café-run\n".encode("latin-1"))
-    leftover = subprocess.Popen(
-        ["sleep", "60"], env=os.environ | {testrun.ENV: str(other)}, start_new_session=True
-    )
-    spawned.append(leftover)
+    unreadables = start(spawned, unreadable)
     other.folder.mkdir()  # what start_run makes (and this test's tagged processes go by)
+    leftover = start(spawned, other)
 
-    testrun.sweep()
+    cleared = {result.run: result for result in testrun.sweep()}
 
-    assert proc_start_ticks(leftover.pid) is None
+    assert not running(leftover) and not other.folder.exists()
+    # What carries the run's id is still stopped; what its records name is left, named.
+    assert not running(unreadables)
+    assert unreadable.folder.is_dir()
+    assert any("records unreadable" in problem for problem in cleared[str(unreadable)].problems)
+
+
+def test_a_dead_run_that_cannot_be_cleared_is_named_and_the_others_are_cleared(
+    monkeypatch: pytest.MonkeyPatch, spawned: list[subprocess.Popen[bytes]]
+):
+    alive = RunId.of_this_process()
+    failing, other = (RunId(alive.boot, alive.pid, alive.ticks + n) for n in (1, 2))
+    failing.folder.mkdir(parents=True)
+    other.folder.mkdir()
+    leftover = start(spawned, other)
+    clear = testrun.clear
+
+    def clear_failing(run: RunId, *args: object, **kwargs: object) -> testrun.Cleared:
+        if run == failing:  # as an error past what clear() expects, its message a URL's
+            raise RuntimeError("postgresql://fl:s3cret@db/test")
+        return clear(run, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(testrun, "clear", clear_failing)
+
+    cleared = {result.run: result for result in testrun.sweep()}
+
+    assert not running(leftover) and not other.folder.exists()
+    assert cleared[str(failing)].problems == ["not cleared: RuntimeError"]  # no password
 
 
 # A run's main process (as a pytest session's, without pytest-xdist: `pytest -n 0`, or
