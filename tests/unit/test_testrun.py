@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def start(spawned: list[subprocess.Popen[bytes]], run: RunId, *argv: str) -> int
     env = os.environ | {testrun.ENV: str(run)}
     process = subprocess.Popen(argv or ("sleep", "60"), env=env, start_new_session=True)
     spawned.append(process)
+    # Popen returns once exec has begun; /proc shows the new environment a moment later.
+    shown = f"\0{testrun.ENV}={run}\0".encode()
+    deadline = time.monotonic() + 10
+    while shown not in b"\0" + Path(f"/proc/{process.pid}/environ").read_bytes():
+        assert time.monotonic() < deadline, f"{argv}: no {testrun.ENV} in its environment"
+        time.sleep(0.01)
     return process.pid
 
 
