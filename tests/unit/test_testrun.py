@@ -210,6 +210,24 @@ def test_a_dead_run_that_cannot_be_cleared_is_named_and_the_others_are_cleared(
     assert cleared[str(failing)].problems == ["not cleared: RuntimeError"]  # no password
 
 
+@pytest.mark.parametrize("tail", [b"", "é".encode()[:1]], ids=["mid-path", "mid-character"])
+def test_a_records_line_cut_short_is_never_acted_on(tmp_path: Path, tail: bytes):
+    # A full disk cuts the last append: "/tmp/x-scratch" may end up as "/tmp/x", another's.
+    someone_elses, runs = tmp_path / "kept", tmp_path / "kept-scratch"
+    someone_elses.mkdir()
+    runs.mkdir()
+    dead = dead_run()
+    dead.folder.mkdir(parents=True)
+    cut = f"path\t{runs}\npath\t{someone_elses}".encode() + tail
+    (dead.folder / "records").write_bytes(cut)
+
+    cleared = testrun.sweep()
+
+    assert someone_elses.is_dir()
+    assert not runs.exists() and not dead.folder.exists()  # what its whole lines name goes
+    assert not any(result.problems for result in cleared)
+
+
 # A run's main process (as a pytest session's, without pytest-xdist: `pytest -n 0`, or
 # tests/run.sh given arguments) forking a multiprocessing pool, as app.sim's sweep does, and
 # leaving it early: Pool.terminate() SIGTERMs the workers still there.
