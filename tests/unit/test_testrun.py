@@ -105,6 +105,57 @@ def test_a_sweep_clears_a_dead_runs_processes_and_folders_and_keeps_a_live_runs(
     assert running(live_pid) and live_folder.is_dir() and live.folder.is_dir()
 
 
+# A run in a PID namespace of its own (a container sharing the machine's temporary
+# folder): its pids name other processes, or none, in this one.
+IN_ITS_OWN_NAMESPACE = """
+import os, subprocess, sys, time
+from pathlib import Path
+
+from tests.fixtures import testrun
+
+testrun.runs_root = lambda: Path(sys.argv[1])
+os.environ.pop(testrun.ENV, None)
+run = testrun.start_run()
+testrun.record("path", sys.argv[2])
+server = subprocess.Popen(["sleep", "60"], start_new_session=True)
+print(run, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_run_of_another_pid_namespace_is_left_to_its_own_sweep(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+):
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    if os.geteuid() != 0:
+        unshare[1:1] = ["--user", "--map-root-user"]
+    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace can be made here: {probe.stderr.strip()}")
+    scratch = tmp_path / "its-scratch"
+    scratch.mkdir()
+    repo = Path(__file__).resolve().parents[2]
+    other = subprocess.Popen(
+        [*unshare, sys.executable, "-c", IN_ITS_OWN_NAMESPACE, str(testrun.runs_root()),
+         str(scratch)],
+        env=os.environ | {"PYTHONPATH": str(repo)}, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    spawned.append(other)
+    assert other.stdout is not None
+    run = RunId.parse(other.stdout.readline().decode())
+    assert run is not None and run.pidns != RunId.of_this_process().pidns
+    deadline = time.monotonic() + 10
+    while not (servers := testrun.tagged_processes().get(str(run))):
+        assert time.monotonic() < deadline, "its server never showed its run id here"
+        time.sleep(0.05)
+
+    cleared = testrun.sweep()
+
+    assert str(run) not in [result.run for result in cleared]
+    assert all(running(pid) for pid, _ in servers)
+    assert scratch.is_dir() and run.folder.is_dir()
+
+
 def test_podmans_helpers_are_never_stopped(tmp_path: Path, spawned: list[subprocess.Popen[bytes]]):
     # aardvark-dns, started under a run by the podman command that first needed it, serves
     # every container network on the machine, other runs' and the user's.
