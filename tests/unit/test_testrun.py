@@ -18,6 +18,7 @@ import pytest
 from app.procs import proc_start_ticks
 from tests.fixtures import testrun
 from tests.fixtures.testrun import RunId
+from tests.fixtures.testrun_engines import Cleared
 
 
 @pytest.fixture(autouse=True)
@@ -248,7 +249,7 @@ def test_a_dead_run_that_cannot_be_cleared_is_named_and_the_others_are_cleared(
     leftover = start(spawned, other)
     clear = testrun.clear
 
-    def clear_failing(run: RunId, *args: object, **kwargs: object) -> testrun.Cleared:
+    def clear_failing(run: RunId, *args: object, **kwargs: object) -> Cleared:
         if run == failing:  # as an error past what clear() expects, its message a URL's
             raise RuntimeError("postgresql://fl:s3cret@db/test")
         return clear(run, *args, **kwargs)  # type: ignore[arg-type]
