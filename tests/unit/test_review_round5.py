@@ -341,17 +341,3 @@ def test_config_check_warns_once_and_exits_0_on_a_kit_config_it_cannot_read(
     assert code == 0
     assert "configuration valid, with 1 warning(s)" in out
     assert err.count(str(kit)) == 1, err
-
-
-# --- 3. the contract flip-api reads -----------------------------------------------------------
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the README's Status callbacks section (what flip-api's receiver is written "
-    "from) describes `attempt` as counting from 1 without saying it counted from 0 before "
-    "0.2.0 or pointing at the CHANGELOG: an old receiver's author reading it is not told",
-)
-def test_the_readmes_callbacks_section_says_the_attempt_changed():
-    section = README.read_text().split("\n## Status callbacks\n", 1)[1].split("\n## ", 1)[0]
-    assert "app/deploy/CHANGELOG.md" in section and "0.2.0" in section
