@@ -75,9 +75,77 @@ def test_the_settings_file_reads_the_same_to_env_file_and_a_shell_and_holds_no_s
     assert shell.stdout == str(tmp_path / "a data folder #1")
 
 
-def test_a_value_the_file_cannot_hold_is_refused():
-    with pytest.raises(ValueError, match="JOB_ROOT: a value with a quote"):
-        env_lines({"JOB_ROOT": "it's"}, "h")
+HELD = [
+    "o'brien",
+    'a "quoted" back\\slash\\',
+    "$HOME, `cmd` and a back\\slash",
+    "# not a comment",
+    "  spaces at the ends  ",
+    "tab\tand;semicolon&",
+    "ünïcødé",
+    "",
+]
+
+
+@pytest.mark.parametrize("value", HELD)
+def test_a_value_reads_back_as_written_to_the_settings_loader_and_a_shell(tmp_path, value):
+    """What pydantic-settings reads the file with (python-dotenv) and a shell's `set -a;
+    . FILE` both read back the value written: a path under /home/o'brien, say."""
+    from dotenv import dotenv_values
+
+    env_file = tmp_path / "fl-dispatcher.env"
+    env_file.write_text(env_lines({"SOME_PATH": value}, "a header"))
+    assert dotenv_values(env_file)["SOME_PATH"] == value
+    shell = subprocess.run(
+        ["bash", "-c", f'set -a; . "{env_file}"; printf %s "$SOME_PATH"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shell.stdout == value
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("it's ${HOME}", "'\\$\\{'"),  # python-dotenv expands it in every quoting
+        ("it's $HOME", "a quote or a backslash and a '\\$'"),  # a shell expands it
+        ("two\nlines", "a newline"),
+    ],
+)
+def test_a_value_the_file_cannot_hold_is_refused_by_name(value, why):
+    with pytest.raises(ValueError, match=f"JOB_ROOT: a value with .*{why}"):
+        env_lines({"JOB_ROOT": value}, "h")
+
+
+def test_the_demos_settings_folder_can_be_written_under_a_path_with_an_apostrophe(tmp_path):
+    folder = tmp_path / "o'brien"
+    folder.mkdir()
+    env_file = write_settings_folder(
+        folder, {"FL_DISPATCHER_DATA_DIR": folder / "data"}, [a_net(folder)], "a header"
+    )
+    read = Settings(_env_file=env_file)
+    assert (read.data_dir, read.nets_file) == (folder / "data", folder / "nets.toml")
+
+
+def test_a_settings_folder_holds_no_password_of_the_database_or_broker(tmp_path):
+    """The kept settings file is world-readable: a stack run on a PostgreSQL or Redis with
+    a password leaves its URLs without it, and says where the password goes."""
+    settings = {
+        "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
+        "DATABASE_URL": "postgresql+psycopg://fl:db-pass-0123456789@db:5432/fl",
+        "BROKER_URL": "redis://:broker-pass-0123456789@redis:6379/5",
+        "S3_ENDPOINT_URL": "http://minio:9000/?password=s3-pass-0123456789&region=x",
+    }
+    env_file = write_settings_folder(tmp_path, settings, [a_net(tmp_path)], "a header")
+    text = env_file.read_text()
+    assert "pass-0123456789" not in text
+    read = Settings(_env_file=env_file)
+    assert read.database_url == "postgresql+psycopg://fl@db:5432/fl"
+    assert read.broker_url == "redis://redis:6379/5"
+    assert read.s3_endpoint_url == "http://minio:9000/?region=x"
+    for name in ("DATABASE_URL", "BROKER_URL", "S3_ENDPOINT_URL"):
+        assert f"# {name} without its password: export {name} with it" in text
 
 
 def test_local_net_prints_the_readme_steps():

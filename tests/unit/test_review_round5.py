@@ -23,10 +23,8 @@ import pytest
 from app.entrypoints.cli import main
 from app.local.demo import _next_steps
 from app.local.local_net import LocalNet, make_local_net, next_steps
-from app.local.settings_folder import write_settings_folder
 from app.settings import ENV_FILE_VARIABLE, Settings, load_settings
 from tests.unit.test_kit_check import make_kit
-from tests.unit.test_local_net import a_net
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SETTINGS_ALIASES = [f.alias for f in Settings.model_fields.values() if f.alias]
@@ -171,39 +169,6 @@ def test_local_net_works_in_a_folder_under_a_path_with_an_apostrophe(tmp_path, c
     code, _, err = run(capsys, "local-net", str(folder))
     assert code == 0, err
     assert load_settings(folder / "fl-dispatcher.env").data_dir == folder / "data"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason='the same refusal in the demo: `demo --workdir "/home/o\'brien/demo"` dies with '
-    "a ValueError traceback (not 'demo failed: ...') as its stack writes the kept settings "
-    "file, before anything runs",
-)
-def test_the_demos_settings_folder_can_be_written_under_a_path_with_an_apostrophe(tmp_path):
-    folder = tmp_path / "o'brien"
-    folder.mkdir()
-    env_file = write_settings_folder(
-        folder, {"FL_DISPATCHER_DATA_DIR": folder / "data"}, [a_net(folder)], "a header"
-    )
-    assert Settings(_env_file=env_file).data_dir == folder / "data"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the kept settings file leaves out the secrets by name (CALLBACK_SECRET, "
-    "API_SECRET...) but writes DATABASE_URL and BROKER_URL as given: a stack run on a "
-    "PostgreSQL or Redis with a password (StackOptions.database_url/broker_url) leaves that "
-    "password in a world-readable fl-dispatcher.env whose header says secrets are not written",
-)
-def test_a_settings_folder_holds_no_password_of_the_database_or_broker(tmp_path):
-    settings = {
-        "FL_DISPATCHER_DATA_DIR": tmp_path / "data",
-        "DATABASE_URL": "postgresql+psycopg://fl:db-pass-0123456789@db:5432/fl",
-        "BROKER_URL": "redis://:broker-pass-0123456789@redis:6379/5",
-    }
-    env_file = write_settings_folder(tmp_path, settings, [a_net(tmp_path)], "a header")
-    text = env_file.read_text()
-    assert "db-pass-0123456789" not in text and "broker-pass-0123456789" not in text
 
 
 @pytest.mark.xfail(
