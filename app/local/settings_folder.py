@@ -5,6 +5,7 @@ that `status`, `jobs`, the status API and its nets page show what ran there."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,15 @@ _LEFT_OUT = (
     "API_SECRET",
     "FLOWER_BASIC_AUTH",
 )
+
+
+def shell_word(path: Path | str) -> str:
+    """`path` as one shell word, quoted only where it needs it; a leading `~/` is left bare
+    so that the shell still expands it (`~/'FL nets'/local`)."""
+    text = str(path)
+    if text.startswith("~/"):
+        return "~/" + (shlex.quote(text[2:]) if text[2:] else "")
+    return shlex.quote(text)
 
 
 def _toml_value(value: Any) -> str:

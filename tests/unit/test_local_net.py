@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import shlex
 import subprocess
 import tomllib
 from pathlib import Path
@@ -16,7 +17,7 @@ from app.entrypoints.cli import main
 from app.local.demo import _next_steps
 from app.local.local_net import LocalNet, make_local_net, next_steps
 from app.local.settings_folder import env_lines, nets_toml, write_settings_folder
-from app.settings import Settings
+from app.settings import ENV_FILE_VARIABLE, Settings, load_settings
 from tests.fixtures.db import make_admin_kit, make_server_kit
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -177,6 +178,106 @@ def test_local_net_wants_a_new_folder_and_a_site(tmp_path, capsys):
     with pytest.raises(ValueError, match="at least one site"):
         make_local_net(tmp_path / "new", sites=0)
     assert not (tmp_path / "new").exists()
+
+
+def _as_shell_reads(said: str) -> list[list[str]]:
+    """Each printed `fl-dispatcher ...` line as a shell splits it into arguments."""
+    lines = [line.strip().removesuffix("&").strip() for line in said.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("fl-dispatcher ")]
+
+
+def test_local_nets_next_steps_name_its_files_whole_in_a_folder_with_a_space(tmp_path):
+    folder = tmp_path / "FL nets" / "o'brien"
+    made = LocalNet(
+        folder=folder,
+        net={"name": "local-net"},
+        site_kits={s: folder / "kits" / s for s in ("site-1", "site-2")},
+        env_file=folder / "fl-dispatcher.env",
+        nets_file=folder / "nets.toml",
+        job="tiny-fedavg",
+    )
+    commands = _as_shell_reads(next_steps(made))
+    assert len(commands) == 6
+    for argv in commands:
+        if argv[1] == "participant":
+            assert argv[2] in {str(kit) for kit in made.site_kits.values()}
+        else:
+            assert argv[1:3] == ["--env-file", str(made.env_file)]
+
+
+def test_the_demos_closing_lines_name_its_settings_file_whole_in_a_folder_with_a_space(tmp_path):
+    root = tmp_path / "FL demo"
+    out = io.StringIO()
+    _next_steps(root, kept=True, out=out)
+    commands = _as_shell_reads(out.getvalue())
+    assert len(commands) == 3
+    for argv in commands:
+        assert argv[1:3] == ["--env-file", str(root / "fl-dispatcher.env")]
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--name", "My Net"], "net name 'My Net': a nets file takes"),
+        (["--port", "70000"], "port 70000: a server listens on a port from 1 to 65535"),
+        (["--port", "0"], "port 0: a server listens on a port from 1 to 65535"),
+    ],
+)
+def test_local_net_refuses_what_its_nets_file_or_a_server_cannot_take(
+    tmp_path, capsys, option, said
+):
+    """A name the folder's own nets file refuses (its settings would then stop every
+    command), a port no server can listen on: refused before anything is made."""
+    folder = tmp_path / "fl-local"
+    assert main(["local-net", str(folder), *option]) == 1
+    assert said in capsys.readouterr().err
+    assert not folder.exists()
+
+
+def test_a_local_net_that_fails_leaves_no_half_made_folder_behind(tmp_path, capsys):
+    """nvflare refusing the admin's name fails the provisioning, after the folder was
+    begun: the folder is not left behind, so the corrected command is not refused."""
+    folder = tmp_path / "new" / "fl-local"
+    assert main(["local-net", str(folder), "--admin", "not-an-email"]) == 1
+    assert "local-net:" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nor the parent it made, nor its building folder
+    (tmp_path / "empty").mkdir()
+    assert main(["local-net", str(tmp_path / "empty"), "--admin", "not-an-email"]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"]
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+@pytest.fixture
+def no_settings_in_the_environment(monkeypatch):
+    """No setting from the test runner's environment."""
+    for field in Settings.model_fields.values():
+        if field.alias:
+            monkeypatch.delenv(field.alias, raising=False)
+    monkeypatch.setenv(ENV_FILE_VARIABLE, "")
+
+
+@pytest.mark.usefixtures("no_settings_in_the_environment")
+def test_local_net_works_in_a_folder_under_a_path_with_an_apostrophe(tmp_path, capsys):
+    folder = tmp_path / "o'brien" / "fl-local"
+    assert main(["local-net", str(folder)]) == 0, capsys.readouterr().err
+    settings = load_settings(folder / "fl-dispatcher.env")
+    assert settings.data_dir == folder / "data"
+    assert settings.net("local-net").admin.kit_dir == folder / "kits" / "admin@nvidia.com"
+    assert [p.name for p in tmp_path.iterdir()] == ["o'brien"]  # no building folder left
+
+
+@pytest.mark.usefixtures("no_settings_in_the_environment")
+def test_a_local_nets_settings_keep_its_own_database_with_a_data_folder_exported(
+    tmp_path, monkeypatch
+):
+    """With FL_DISPATCHER_DATA_DIR exported (as `config check` advises) the environment
+    wins: the folder's database and broker are named, so its worker stays on them."""
+    made = make_local_net(tmp_path / "fl-local")
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "my-deployment"))
+    settings = load_settings(made.env_file)
+    assert [n.name for n in settings.nets] == ["local-net"]
+    assert settings.database_url == f"sqlite:///{made.folder / 'data' / 'fl-dispatcher.db'}"
+    assert settings.broker_url == f"sqla+sqlite:///{made.folder / 'data' / 'broker.db'}"
 
 
 @pytest.mark.parametrize("kept", [True, False])

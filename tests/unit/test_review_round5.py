@@ -7,11 +7,9 @@ test-run sweep's: test_review_round5_testrun.py."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
-import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,9 +19,7 @@ from pathlib import Path
 import pytest
 
 from app.entrypoints.cli import main
-from app.local.demo import _next_steps
-from app.local.local_net import LocalNet, make_local_net, next_steps
-from app.settings import ENV_FILE_VARIABLE, Settings, load_settings
+from app.settings import ENV_FILE_VARIABLE, Settings
 from tests.unit.test_kit_check import make_kit
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -69,125 +65,6 @@ def static_net(name: str, kit: Path, **extra: object) -> dict[str, object]:
 
 
 # --- 1. local-net and the settings folders it and the demo write --------------------------
-
-
-def _as_shell_reads(said: str) -> list[list[str]]:
-    """Each printed `fl-dispatcher ...` line as a shell splits it into arguments."""
-    lines = [line.strip().removesuffix("&").strip() for line in said.splitlines()]
-    return [shlex.split(line) for line in lines if line.startswith("fl-dispatcher ")]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="local-net prints its next steps with the folder's paths unquoted: in a folder "
-    "with a space (`local-net '~/FL nets/local'`) every line, copied to a shell, names "
-    "another file (`--env-file ~/FL` ...)",
-)
-def test_local_nets_next_steps_name_its_files_whole_in_a_folder_with_a_space(tmp_path):
-    folder = tmp_path / "FL nets" / "local"
-    made = LocalNet(
-        folder=folder,
-        net={"name": "local-net"},
-        site_kits={s: folder / "kits" / s for s in ("site-1", "site-2")},
-        env_file=folder / "fl-dispatcher.env",
-        nets_file=folder / "nets.toml",
-        job="tiny-fedavg",
-    )
-    commands = _as_shell_reads(next_steps(made))
-    assert len(commands) == 6
-    for argv in commands:
-        if argv[1] == "participant":
-            assert argv[2] in {str(kit) for kit in made.site_kits.values()}
-        else:
-            assert argv[1:3] == ["--env-file", str(made.env_file)]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the demo's closing lines (`fl-dispatcher --env-file <folder>/fl-dispatcher.env "
-    "status`) leave the kept folder's path unquoted: with `demo --workdir '~/FL demo' "
-    "--keep` they name a file that is not there",
-)
-def test_the_demos_closing_lines_name_its_settings_file_whole_in_a_folder_with_a_space(tmp_path):
-    root = tmp_path / "FL demo"
-    out = io.StringIO()
-    _next_steps(root, kept=True, out=out)
-    commands = _as_shell_reads(out.getvalue())
-    assert len(commands) == 3
-    for argv in commands:
-        assert argv[1:3] == ["--env-file", str(root / "fl-dispatcher.env")]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="local-net accepts a --name no nets file takes (exit 0, 'its entry is in "
-    "nets.toml'): the folder's settings then stop every command with exit 2 (the "
-    "name must match ^[a-z0-9][a-z0-9_-]{0,62}$), and the folder, no longer empty, "
-    "cannot be made again",
-)
-def test_local_net_refuses_a_net_name_its_own_nets_file_would_refuse(tmp_path, capsys):
-    folder = tmp_path / "fl-local"
-    code, _, _ = run(capsys, "local-net", str(folder), "--name", "My Net")
-    assert code != 0
-    assert not folder.exists()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="local-net writes any --port into the kits (70000 here, or 0) and says so with "
-    "exit 0; `config check` then ends 'configuration ok', and the server can never listen "
-    "there: every job waits out the net's readiness deadline",
-)
-def test_local_net_refuses_a_port_no_server_can_listen_on(tmp_path, capsys):
-    folder = tmp_path / "fl-local"
-    code, _, _ = run(capsys, "local-net", str(folder), "--port", "70000")
-    assert code != 0
-    assert not folder.exists()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a local-net that fails after it made its folder (here nvflare refusing the "
-    "--admin name) leaves it half made (nvflare/provision), and the same command, corrected, "
-    "is then refused: 'is not empty: give a new folder'",
-)
-def test_a_local_net_that_fails_leaves_no_half_made_folder_behind(tmp_path, capsys):
-    folder = tmp_path / "fl-local"
-    code, _, err = run(capsys, "local-net", str(folder), "--admin", "not-an-email")
-    assert code == 1 and "local-net:" in err
-    assert not folder.exists()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the settings file has no form for a value with a quote: local-net in a folder "
-    "under /home/o'brien provisions, then fails (exit 1) leaving kits/, jobs/ and nets.toml, "
-    "so that folder can never be used",
-)
-def test_local_net_works_in_a_folder_under_a_path_with_an_apostrophe(tmp_path, capsys):
-    folder = tmp_path / "o'brien" / "fl-local"
-    code, _, err = run(capsys, "local-net", str(folder))
-    assert code == 0, err
-    assert load_settings(folder / "fl-dispatcher.env").data_dir == folder / "data"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="local-net's settings file names only a data folder, not its database (the "
-    "demo's names DATABASE_URL and BROKER_URL): with FL_DISPATCHER_DATA_DIR exported, as "
-    "`config check` advises, the environment wins and the README's local-net steps run "
-    "its worker on that other deployment's database, where every net but local-net is "
-    "undeclared (reconcile settles their jobs net_removed)",
-)
-def test_a_local_nets_settings_keep_its_own_database_with_a_data_folder_exported(
-    tmp_path, monkeypatch
-):
-    made = make_local_net(tmp_path / "fl-local")
-    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "my-deployment"))
-    settings = load_settings(made.env_file)
-    assert [n.name for n in settings.nets] == ["local-net"]
-    assert str(made.folder) in settings.database_url
-    assert str(made.folder) in settings.broker_url
 
 
 # --- 2. config check on kits it cannot read -------------------------------------------------
