@@ -53,9 +53,11 @@ class StateChangeEvent(_Event):
         "(see reason_codes), null on other moves and on history written before it existed"
     )
     nvflare_job_id: str | None = Field(description="the NVFLARE run when the move happened")
+    # ge=1: a receiver validating against the contract refuses a 0.1.0 payload (0-based).
     attempt: int | None = Field(
+        ge=1,
         description="the job's attempt when the move happened, from 1 to its max_attempts (the "
-        "count GET /jobs/{id}'s `attempt` shows); null on history written before migration 0004"
+        "count GET /jobs/{id}'s `attempt` shows); null on history written before migration 0004",
     )
 
 

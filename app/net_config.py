@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import posixpath
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -25,6 +25,17 @@ from pydantic import (
 from app.errors import SettingsError
 from app.flags import parse_flag
 from app.schemas import NET_NAME_PATTERN
+
+
+def _is(path: Path, kind: Callable[[Path], bool]) -> bool:
+    """`kind(path)`, True when this user may not look (a kit folder chmod 700 by the user
+    who provisioned it): every process would stop on a PermissionError otherwise, while
+    `config check` warns about that kit as this user's, and the net is MISCONFIGURED at its
+    first preflight."""
+    try:
+        return kind(path)
+    except PermissionError:
+        return True
 
 
 class _Strict(BaseModel):
@@ -50,7 +61,7 @@ class LocalDriverConfig(_Strict):
     @field_validator("server_kit_dir")
     @classmethod
     def _kit_has_startup(cls, value: Path) -> Path:
-        if not (value / "startup").is_dir():
+        if not _is(value / "startup", Path.is_dir):
             raise ValueError(f"{value} has no startup/ folder (not an NVFLARE server kit)")
         return value
 
@@ -99,7 +110,7 @@ class AdminConfig(_Strict):
     @field_validator("kit_dir")
     @classmethod
     def _kit_readable(cls, value: Path) -> Path:
-        if not (value / "startup" / "fed_admin.json").is_file():
+        if not _is(value / "startup" / "fed_admin.json", Path.is_file):
             raise ValueError(f"{value} has no startup/fed_admin.json (not an NVFLARE admin kit)")
         return value
 
@@ -156,6 +167,13 @@ class NetConfig(_Strict):
     def lacks(self, sites: Sequence[str]) -> list[str]:
         """The sites of `sites` this net does not have (none when its sites are undeclared)."""
         return [] if self.sites is None else [s for s in sites if s not in self.sites]
+
+    @field_validator("server_endpoint")
+    @classmethod
+    def _a_port_a_server_can_listen_on(cls, value: str | None) -> str | None:
+        if value is not None and not 1 <= int(value.rpartition(":")[2]) <= 65535:
+            raise ValueError(f"{value}: a server listens on a port from 1 to 65535")
+        return value
 
     @field_validator("per_job_fl_server", mode="before")
     @classmethod

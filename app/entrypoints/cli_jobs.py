@@ -57,9 +57,15 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     admin kit names another server (`kit_problem`); warn about what will not work."""
     from app.adapters.nvflare.kit_check import kit_endpoint_problem
 
+    # A kit config this user cannot read is a warning (below), not also a kit problem.
+    problems = {
+        n.name: p
+        for n in settings.nets
+        if (p := kit_endpoint_problem(n, unread_is_a_problem=False)) is not None
+    }
     data = settings.redacted()
     for net in data["nets"]:
-        net["kit_problem"] = kit_endpoint_problem(settings.net(net["name"]))
+        net["kit_problem"] = problems.get(net["name"])
     warnings = config_warnings(settings)
     for warning in warnings:
         sys.stderr.write(f"fl-dispatcher: warning: {warning}\n")
@@ -73,8 +79,7 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     sys.stdout.write(f"nets: {len(data['nets'])}\n")
     for net in data["nets"]:
         sys.stdout.write(f"  {net['name']}: {json.dumps(net, sort_keys=True)}\n")
-    problems = [(n.name, p) for n in settings.nets if (p := kit_endpoint_problem(n)) is not None]
-    for name, problem in problems:
+    for name, problem in problems.items():
         sys.stderr.write(f"fl-dispatcher: net {name}: {problem}\n")
     if problems:
         return EXIT_SETTINGS

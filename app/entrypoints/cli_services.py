@@ -176,7 +176,7 @@ def cmd_local_net(args: argparse.Namespace) -> int:
         made = make_local_net(
             args.folder, name=args.name, sites=args.sites, port=args.port, admin=args.admin
         )
-    except ValueError as exc:
+    except (ValueError, RuntimeError, OSError) as exc:  # refused, nvflare's, the disk's
         sys.stderr.write(f"fl-dispatcher: local-net: {exc}\n")
         return EXIT_FAILED
     sys.stdout.write(made.entry)

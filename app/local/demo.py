@@ -27,7 +27,7 @@ from typing import Protocol
 from sqlalchemy import func, select
 
 from app.local.receiver import LocalReceiver, Received
-from app.local.settings_folder import ENV_FILE, NETS_FILE
+from app.local.settings_folder import ENV_FILE, NETS_FILE, shell_word
 from app.local.stack import LocalStack, StackOptions
 from app.schemas import ReportedStatus
 from models import JobEvent, JobState, NetEvent, NetState
@@ -278,7 +278,7 @@ def run_demo(
 def _next_steps(root: Path, *, kept: bool, out: TextOut) -> None:
     """How to look at what the demo did, and what to run after it."""
     env_file = root / ENV_FILE
-    look = f"fl-dispatcher --env-file {env_file}"
+    look = f"fl-dispatcher --env-file {shell_word(env_file)}"
     if kept:
         out.write(
             f"\nLook at what it did: {root} keeps its settings ({ENV_FILE}, nets in "

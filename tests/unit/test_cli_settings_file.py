@@ -1,13 +1,18 @@
 """The CLI after the demo (issue 41): a folder's settings file read with --env-file, reading
 commands that create nothing, `status` naming nets only the database knows, and `config
-check` warning about what is valid but cannot work (no net, a kit it cannot read)."""
+check` warning about what is valid but cannot work (no net, a kit it cannot read: not
+UTF-8, in a folder this user cannot enter, unreadable), once per net and with exit 0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -164,3 +169,114 @@ def test_config_check_warns_about_a_kit_it_cannot_read_and_is_ok_with_a_good_one
     assert code == 0 and "configuration ok" not in out
     assert f"warning: net net-1: admin kit {kit}: client key is missing or unreadable" in err
     assert f"(read as uid {os.getuid()}); the net would be MISCONFIGURED" in err
+
+
+def static_net(name: str, kit: Path, **extra: object) -> dict[str, object]:
+    return {
+        "name": name,
+        "driver": {"kind": "static"},
+        "required_sites": ["site-1"],
+        "admin": {"kit_dir": str(kit), "username": "admin@nvidia.com"},
+        **extra,
+    }
+
+
+def test_config_check_warns_about_every_kit_when_one_kits_config_is_not_utf8(
+    tmp_path, capsys, monkeypatch
+):
+    utf16, keyless = good_kit(tmp_path / "kit-1"), good_kit(tmp_path / "kit-2")
+    config = utf16 / "startup" / "fed_admin.json"
+    config.write_text(config.read_text(), encoding="utf-16")
+    (keyless / "startup" / "client.key").unlink()
+    nets = [static_net("net-1", utf16), static_net("net-2", keyless)]
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("NETS", json.dumps(nets))
+    code, out, err = run(capsys, "config", "check")
+    assert code == 0
+    assert "configuration valid, with 2 warning(s)" in out
+    assert f"warning: net net-1: admin kit {utf16}: startup/fed_admin.json is not UTF-8" in err
+    assert f"warning: net net-2: admin kit {keyless}" in err
+
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="reads the kit as another user: needs root to become uid 65534 and back",
+)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder every user may enter (pytest's own temporary folder is root's only)."""
+    folder = Path(tempfile.mkdtemp(prefix="fld-kits-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def as_nobody() -> Iterator[None]:
+    """This process reads files as uid/gid 65534 (the workers' other user), then root again."""
+    groups = os.getgroups()
+    os.setgroups([])
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
+def _config_check_imported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Run config check once as root, on a kit with a warning, so that every module it
+    imports lazily is loaded before it runs as a user who cannot read the code."""
+    kit = good_kit(tmp_path / "warm-up-kit")
+    (kit / "startup" / "client.key").unlink()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("NETS", json.dumps([static_net("warm-up", kit)]))
+        run(capsys, "config", "check")
+
+
+@needs_root
+def test_config_check_warns_about_a_kit_whose_folder_this_user_cannot_enter(
+    shared_dir, tmp_path, capsys, monkeypatch
+):
+    """A kit folder chmod 700 by the user who provisioned it (compose's workers are uid
+    10001): the settings' validation lets it by (no process stops on a PermissionError),
+    and config check names the net and the kit, once, with exit 0."""
+    kit = good_kit(shared_dir / "kit")
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(shared_dir / "data"))
+    _config_check_imported(capsys, tmp_path)
+    monkeypatch.setenv("NETS", json.dumps([static_net("net-1", kit)]))
+    assert run(capsys, "config", "check")[0] == 0  # root reads it
+    (kit / "startup").chmod(0o700)
+    with as_nobody():
+        code, out, err = run(capsys, "config", "check")
+    assert code == 0 and "configuration valid, with 1 warning(s)" in out
+    assert f"warning: net net-1: admin kit {kit}: startup/fed_admin.json is missing or " in err
+    assert err.count(str(kit)) == 1, err
+
+
+@needs_root
+def test_config_check_warns_once_and_exits_0_on_a_kit_config_it_cannot_read(
+    shared_dir, tmp_path, capsys, monkeypatch
+):
+    """On a net that names its server_endpoint (nets.ecs.toml does), an unreadable kit
+    config is this user's warning, not also a kit problem (exit 2): the README's CLI table."""
+    kit = good_kit(shared_dir / "kit")
+    monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(shared_dir / "data"))
+    _config_check_imported(capsys, tmp_path)
+    net = static_net("net-1", kit, server_endpoint="localhost:18002")  # the kit's
+    monkeypatch.setenv("NETS", json.dumps([net]))
+    code, out, _ = run(capsys, "config", "check")
+    assert code == 0 and out.endswith("configuration ok\n")
+    (kit / "startup" / "fed_admin.json").chmod(0o600)
+    with as_nobody():
+        code, out, err = run(capsys, "config", "check")
+        json_code, json_out, _ = run(capsys, "config", "check", "--json")
+    assert code == 0
+    assert "configuration valid, with 1 warning(s)" in out
+    assert err.count(str(kit)) == 1, err
+    assert json_code == 0 and json.loads(json_out)["nets"][0]["kit_problem"] is None

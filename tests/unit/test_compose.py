@@ -208,7 +208,17 @@ def test_other_settings_come_from_an_optional_env_file(services):
     for name in ("migrate", "worker", "beat", "api"):
         [env_file] = services[name]["env_file"]
         assert env_file["required"] is False
-        assert env_file["path"].startswith("${FL_DISPATCHER_ENV_FILE:-")
+        assert env_file["path"].startswith("${DISPATCHER_ENV_FILE:-")
+
+
+def test_compose_s_host_path_of_the_settings_file_is_not_the_one_every_process_reads():
+    """FL_DISPATCHER_ENV_FILE names the settings file of every fl-dispatcher process: had
+    compose read it as its env_file's host path, exporting it for compose would have made
+    every command run on the host read that file (a relative path: from another directory,
+    no file at all)."""
+    from app.settings import ENV_FILE_VARIABLE
+
+    assert f"${{{ENV_FILE_VARIABLE}" not in COMPOSE.read_text()
 
 
 def test_nets_come_from_a_mounted_nets_file(services):

@@ -109,6 +109,29 @@ def test_a_payload_the_contract_does_not_allow_is_refused(contract):
         jsonschema.validate({"kind": "state_change", "event_id": "1"}, schema)
 
 
+def test_the_contract_refuses_a_state_change_whose_attempt_is_0(contract):
+    """Attempts count from 1 since 0.2.0: a receiver validating against the contract tells
+    a 0.1.0 payload (0-based) from a current one."""
+    schema = contract["callbacks"]["state_change"]
+    payload = {
+        "attempt": 0,
+        "at": "2026-11-29T12:00:05+00:00",
+        "caller_key": "flip-model-42",
+        "event_id": 1234,
+        "from_state": "ASSIGNED",
+        "job_id": "6f1c0c1e-0000-5000-8000-000000000000",
+        "kind": "state_change",
+        "metadata": {},
+        "nvflare_job_id": None,
+        "reason": "submitting",
+        "reason_code": None,
+        "to_state": "DISPATCHING",
+    }
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid(payload | {"attempt": 1})  # the payload is otherwise valid
+    assert not validator.is_valid(payload)
+
+
 @pytest.mark.parametrize(
     ("task", "model", "payload"),
     [

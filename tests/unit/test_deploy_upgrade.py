@@ -50,6 +50,13 @@ def test_each_entry_names_a_migration_head_and_the_newest_is_the_code_s():
     assert set(heads) <= known
 
 
+def test_the_rollback_steps_say_0_1_0_s_callbacks_count_attempts_from_0():
+    """Rolling back undoes the contract too: a receiver moved to 1-based attempts is told."""
+    guide = " ".join((ROOT / "app" / "deploy" / "README.md").read_text().split())
+    rollback = guide.split("**Rolling back**", 1)[1]
+    assert "rolling back to 0.1.0, a status callback's `attempt` is the 0-based" in rollback
+
+
 def test_an_older_process_on_a_newer_schema_says_the_database_is_newer(tmp_path):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     migrate.upgrade(url)

@@ -125,6 +125,22 @@ def test_missing_config(tmp_path: Path) -> None:
     assert "fed_admin.json is missing or unreadable" in _reason(tmp_path / "kit")
 
 
+def test_config_that_is_not_utf8(tmp_path: Path) -> None:
+    """An editor that saved it as UTF-16: a misconfiguration, not a UnicodeDecodeError."""
+    kit = make_kit(tmp_path / "a")
+    config = kit / "startup" / "fed_admin.json"
+    config.write_text(config.read_text(), encoding="utf-16")
+    assert "startup/fed_admin.json is not UTF-8 text" in _reason(kit)
+
+
+@pytest.mark.parametrize("port", [-5, 70000])  # 0: "has no 'port'"
+def test_config_naming_a_port_no_server_can_listen_on(tmp_path: Path, port: int) -> None:
+    kit = make_kit(tmp_path / "a")
+    config = kit / "startup" / "fed_admin.json"
+    config.write_text(config.read_text().replace("18002", str(port)))
+    assert f"port {port} is no port a server can listen on" in _reason(kit)
+
+
 def test_config_that_is_not_json_or_has_no_admin_section(tmp_path: Path) -> None:
     kit = make_kit(tmp_path / "a")
     (kit / "startup" / "fed_admin.json").write_text("{nope")

@@ -308,3 +308,14 @@ def test_every_variable_the_test_command_reads_is_in_the_readme():
     variables = section(README.read_text(), "### Test variables")
     documented = set(re.findall(r"`([A-Z][A-Z0-9_]*)`", variables))
     assert read - documented == set(), "add these to the README's Test variables"
+
+
+def test_the_callbacks_section_says_the_attempt_is_1_based_since_0_2_0_as_the_changelog():
+    """flip-api's receiver is written from this section: it says `attempt` counted from 0
+    before 0.2.0, points at the CHANGELOG, and both say what a requeue's event carries."""
+    section = README.read_text().split("\n## Status callbacks\n", 1)[1].split("\n## ", 1)[0]
+    assert "app/deploy/CHANGELOG.md" in section and "1-based since 0.2.0" in section
+    assert "0-based" in section
+    changelog = " ".join((ROOT / "app" / "deploy" / "CHANGELOG.md").read_text().split())
+    said = "carries the attempt it waits for"
+    assert said in " ".join(section.split()) and said in changelog

@@ -226,6 +226,18 @@ def test_two_nets_declaring_one_server_endpoint_are_refused(tmp_path, monkeypatc
         load_settings()
 
 
+@pytest.mark.parametrize("port", ["0", "70000"])
+def test_a_server_endpoint_on_a_port_no_server_can_listen_on_is_refused(
+    port, tmp_path, monkeypatch
+):
+    """Its kit problem would never be found (the kit cannot name that port either), and
+    the net would wait out its readiness deadline on every job."""
+    net = net_decl(tmp_path, "net-a", server_endpoint=f"fl.example.org:{port}")
+    monkeypatch.setenv("NETS", json.dumps([net]))
+    with pytest.raises(SettingsError, match=r"'net-a'.*server_endpoint.*port from 1 to 65535"):
+        load_settings()
+
+
 def test_nets_on_distinct_servers_are_accepted(tmp_path, monkeypatch):
     """Same container name on two engines, same service name in two clusters: two servers."""
     nets = [

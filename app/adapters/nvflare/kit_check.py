@@ -33,6 +33,7 @@ from app.errors import AdminMisconfigured
 from app.net_config import NetConfig
 
 ADMIN_CONFIG = "fed_admin.json"
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,13 @@ def _chains_to(chain: list[x509.Certificate], root: x509.Certificate) -> bool:
 def _load_config(kit_dir: Path) -> dict[str, Any]:
     config_path = kit_dir / "startup" / ADMIN_CONFIG
     try:
-        raw = json.loads(config_path.read_text())
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise _misconfigured(
             kit_dir, f"startup/{ADMIN_CONFIG} is missing or unreadable ({exc.strerror})"
         ) from None
+    except UnicodeDecodeError:  # saved as UTF-16 by an editor, say
+        raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} is not valid JSON: {exc}") from None
     admin = raw.get("admin") if isinstance(raw, dict) else None
@@ -150,6 +153,10 @@ def check_kit_files(kit_dir: Path, *, now: datetime | None = None) -> AdminKit:
         port = int(admin["port"])
     except (TypeError, ValueError):
         raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} port is not a number") from None
+    if not 1 <= port <= MAX_PORT:
+        raise _misconfigured(
+            kit_dir, f"startup/{ADMIN_CONFIG} port {port} is no port a server can listen on"
+        )
 
     ca_path = _kit_file(kit_dir, admin, "ca_cert", "root CA certificate")
     cert_path = _kit_file(kit_dir, admin, "client_cert", "client certificate")
@@ -271,10 +278,12 @@ def server_endpoint_of(net: NetConfig) -> str | None:
     return None
 
 
-def kit_endpoint_problem(net: NetConfig) -> str | None:
+def kit_endpoint_problem(net: NetConfig, *, unread_is_a_problem: bool = True) -> str | None:
     """Why the net's admin kit cannot be for the net's server, or None. A kit provisioned for
     another project names another server: that is a misconfiguration, never a server that
-    "does not come up" (which is how it would look at readiness)."""
+    "does not come up" (which is how it would look at readiness). A kit config this process
+    cannot read is one too, unless `unread_is_a_problem` is False (config check, which
+    warns about it as this user's)."""
     expected = server_endpoint_of(net)
     if expected is None:
         return None
@@ -282,7 +291,7 @@ def kit_endpoint_problem(net: NetConfig) -> str | None:
         admin = _load_config(net.admin.kit_dir)
         dialled = f"{admin.get('host')}:{admin.get('port')}"
     except AdminMisconfigured as exc:
-        return str(exc)
+        return str(exc) if unread_is_a_problem else None
     if dialled.lower() != expected.lower():
         return (
             f"admin kit {net.admin.kit_dir} dials {dialled}, but net {net.name}'s server "
