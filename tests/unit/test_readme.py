@@ -218,12 +218,12 @@ CITATION = re.compile(
 
 
 def cited_places(markdown: Path) -> list[str]:
-    """What a citation may name in a markdown file: its headings and bold paragraph leads."""
+    """What a citation may name in a markdown file: its headings, bold paragraph and list leads."""
     text = markdown.read_text(encoding="utf-8")
     places = [
         re.sub(r"^#+\s*", "", line).strip() for line in text.splitlines() if line.startswith("#")
     ]
-    return places + re.findall(r"^\*\*([^*]+)\*\*", text, flags=re.M)
+    return places + re.findall(r"^(?:[-*] )?\*\*([^*]+)\*\*", text, flags=re.M)
 
 
 def test_every_readme_section_cited_in_code_exists():
