@@ -7,6 +7,7 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from celery import Celery
 
 from app import names
 from app.celery_app import CeleryOutbox, beat_schedule, celery_config, configure
@@ -72,13 +73,16 @@ def test_a_chain_the_broker_refuses_is_reported_not_raised(tmp_path):
     # kombu's OperationalError once its publish retries are spent. An assign round sends
     # the chain after each claim's commit: raised there, it stopped the round (its later
     # claims) over a message the job's step lease re-drives anyway.
-    settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, BROKER_URL="redis://127.0.0.1:1/0")
-    app = configure(settings)
-    app.conf.broker_connection_timeout = 1
-    app.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0}
-    outbox = CeleryOutbox(app)
-    assert outbox.start_pipeline("job-1", "net-a", 1) is False
-    assert outbox.send(names.ASSIGN_NEXT_JOB) is False
+    # An app of its own: the shared one (configure) must keep its settings for other tests.
+    dead = Celery("dead-broker", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    dead.conf.broker_connection_timeout = 1
+    dead.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0}
+    try:
+        outbox = CeleryOutbox(dead)
+        assert outbox.start_pipeline("job-1", "net-a", 1) is False
+        assert outbox.send(names.ASSIGN_NEXT_JOB) is False
+    finally:
+        dead.close()
 
 
 def test_a_worker_without_q_consumes_every_queue(tmp_path):
