@@ -11,9 +11,10 @@ signed, to CALLBACK_URL, at least once and in order per job.
   over after a worker died mid-request) repeats the same `event_id`.
 - Delivery never blocks the pipeline: it runs in its own task, after the commit, and a
   receiver that does not answer only delays it. An event with no answer backs off alone
-  and one other due event is tried, read again if the round's read held no other; two in
-  a row unanswered, and the receiver rests (backoff on the receiver row, capped by
-  CALLBACK_MAX_BACKOFF_S; nothing else is tried until then).
+  and one other due event is tried (a job's, after a rejected event's silence), read
+  again if the round's read held no other; two in a row unanswered, and the receiver rests
+  (backoff on the receiver row, capped by CALLBACK_MAX_BACKOFF_S; nothing else is tried
+  until then).
 - An answer that is not a success holds only that job back (its own backoff): 5xx, 408 and
   429 are retried for ever; any other (4xx, 3xx) is a rejection, and after
   CALLBACK_MAX_4XX_TRIES rejections the event is failed for good and the job's next event
@@ -23,8 +24,9 @@ signed, to CALLBACK_URL, at least once and in order per job.
 - A refused enqueue (`rejected_requests`, written by `intake.reject_enqueue`) is an event of
   its own, `kind: "rejected"`, with an `event_id` of its own sequence ("rejected-<row id>",
   a string: it can never equal a job event's integer id). It belongs to no job's history:
-  its delivery state is on its row, it is sent before the jobs' events of the same round,
-  and the same retry and give-up rules hold it back alone, never a job's events.
+  its delivery state is on its row, it is sent before the jobs' events of the same round
+  (but a job's event is the one tried after its silence), and the same retry and give-up
+  rules hold it back alone, never a job's events.
 """
 
 from __future__ import annotations
@@ -244,7 +246,9 @@ def _deliver_due(
                 return done
             # Rejected events first: each is one request, and an enqueue refused before a
             # later one with the same caller_key was accepted then usually arrives first.
-            if jobs and not rejections:
+            # After a silence, though, the other event tried is a job's: rejected events
+            # that hang never hold back the jobs' events.
+            if jobs and (unanswered or not rejections):
                 job, rows = jobs.popleft()
                 # Nothing is read after the last job of a batch that was not full: its last
                 # event's record may let the lease go itself (one statement and commit fewer).
