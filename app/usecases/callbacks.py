@@ -10,8 +10,11 @@ signed, to CALLBACK_URL, at least once and in order per job.
   was settled: a later event never overtakes an earlier one. A redelivery (a lease taken
   over after a worker died mid-request) repeats the same `event_id`.
 - Delivery never blocks the pipeline: it runs in its own task, after the commit, and a
-  receiver that does not answer only delays it (backoff on the receiver row, capped by
-  CALLBACK_MAX_BACKOFF_S; nothing else is tried until then).
+  receiver that does not answer only delays it. An event with no answer backs off alone
+  and one other due event is tried (a job's, after a rejected event's silence), read
+  again if the round's read held no other; two in a row unanswered, and the receiver rests
+  (backoff on the receiver row, capped by CALLBACK_MAX_BACKOFF_S; nothing else is tried
+  until then).
 - An answer that is not a success holds only that job back (its own backoff): 5xx, 408 and
   429 are retried for ever; any other (4xx, 3xx) is a rejection, and after
   CALLBACK_MAX_4XX_TRIES rejections the event is failed for good and the job's next event
@@ -21,16 +24,17 @@ signed, to CALLBACK_URL, at least once and in order per job.
 - A refused enqueue (`rejected_requests`, written by `intake.reject_enqueue`) is an event of
   its own, `kind: "rejected"`, with an `event_id` of its own sequence ("rejected-<row id>",
   a string: it can never equal a job event's integer id). It belongs to no job's history:
-  its delivery state is on its row, it is sent before the jobs' events of the same round,
-  and the same retry and give-up rules hold it back alone, never a job's events.
+  its delivery state is on its row, it is sent before the jobs' events of the same round
+  (but a job's event is the one tried after its silence), and the same retry and give-up
+  rules hold it back alone, never a job's events.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -228,39 +232,33 @@ def _deliver_due(
     """Send `batch`, and the next ones while each read comes back full; returns when
     nothing more is due, the receiver does not answer, or the time is spent."""
     done = _Round()
+    # No answer to one event may be that event's (a handler that hangs on it): one other due
+    # event is tried before the receiver is taken for down. If it is answered, the
+    # receiver's rest is lifted and only the first one waits (its own backoff); two in a
+    # row unanswered, and everything rests.
+    unanswered = 0
     while True:
-        if time.monotonic() >= deadline:
-            done.out_of_time = True
-            return done
-        # Rejected events first: each is one request, and an enqueue refused before a
-        # later one with the same caller_key was accepted then usually arrives first.
-        steps = [
-            functools.partial(_deliver_rejection, rt, sender, owner, rejection, done=done)
-            for rejection in batch.rejections
-        ] + [
-            functools.partial(
-                _deliver_job,
-                rt,
-                sender,
-                owner,
-                job,
-                rows,
-                deadline=deadline,
-                done=done,
-                # Nothing is read after a batch that was not full: the last event's record
-                # may let the lease go itself (one statement and commit fewer).
-                last=not batch.full and i == len(batch.jobs) - 1,
-            )
-            for i, (job, rows) in enumerate(batch.jobs)
-        ]
-        unanswered = 0
-        for step in steps:
-            verdict = step()
+        rejections = deque(batch.rejections)
+        jobs = deque(batch.jobs)
+        while rejections or jobs:
+            if time.monotonic() >= deadline:
+                done.out_of_time = True
+                return done
+            # Rejected events first: each is one request, and an enqueue refused before a
+            # later one with the same caller_key was accepted then usually arrives first.
+            # After a silence, though, the other event tried is a job's: rejected events
+            # that hang never hold back the jobs' events.
+            if jobs and (unanswered or not rejections):
+                job, rows = jobs.popleft()
+                # Nothing is read after the last job of a batch that was not full: its last
+                # event's record may let the lease go itself (one statement and commit fewer).
+                last = not (batch.full or jobs or rejections)
+                verdict = _deliver_job(
+                    rt, sender, owner, job, rows, deadline=deadline, done=done, last=last
+                )
+            else:
+                verdict = _deliver_rejection(rt, sender, owner, rejections.popleft(), done=done)
             if verdict == Verdict.UNREACHABLE:
-                # No answer to one event may be that event's (a handler that hangs on it):
-                # one other due event is tried before the receiver is taken for down. If it
-                # is answered, the receiver's rest is lifted and only the first job waits
-                # (its own backoff); two in a row unanswered, and everything rests.
                 unanswered += 1
                 if unanswered > 1:
                     return done
@@ -274,12 +272,17 @@ def _deliver_due(
             if time.monotonic() >= deadline:
                 done.out_of_time = True
                 return done
-        if unanswered or not batch.full:
-            # The receiver rests after the last one's silence; or everything read was sent
-            # and what was committed meanwhile is found by the look after letting go.
+        if not (unanswered or batch.full):
+            # Everything read was sent; what was committed meanwhile is found by the look
+            # after letting go.
             return done
+        # A full read: more may be due. Or the last event tried went unanswered with nothing
+        # left in the read to try (all of it that job's history, say): the one other due
+        # event is looked for. The silent one is not read again: its own backoff runs.
         with rt.sessions() as session:
             batch = due_batch(session, rt.clock(), jobs=True, rejections=True)
+        if not (batch.jobs or batch.rejections):
+            return done  # nothing else due: after a silence, the receiver rests
 
 
 def _deliver_job(

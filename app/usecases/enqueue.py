@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
-from sqlalchemy import and_, delete, select
+from sqlalchemy import and_, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -23,6 +23,12 @@ from app.usecases import services
 from models import Job, JobState, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
+
+# Refusals under one caller key are recorded one at a time: on PostgreSQL with a
+# transaction-scoped advisory lock keyed (this, hashtext(key)); SQLite's BEGIN IMMEDIATE
+# already takes the write lock. Two int4 keys: a key space apart from the bigint locks of
+# app.beat and app.metrics.fold.
+_REJECTION_LOCK = 0x666C726A  # "flrj"
 
 
 @dataclass(frozen=True)
@@ -224,17 +230,25 @@ def record_rejection(
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
     the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
     retention until it is."""
-    expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
-    if callbacks:
-        expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
-    session.execute(delete(RejectedRequest).where(expired))
     # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
     # itself is never lost; no job could ever have had such a key, hence no job id.
     valid_key = caller_key is not None and unstorable(caller_key) is None
     recorded = recorded_caller_key(caller_key) if caller_key is not None else None
+    if recorded is not None and session.get_bind().dialect.name == "postgresql":
+        # Held until the commit, so a copy of this refusal handled at the same time (two
+        # workers, flip-api's retry of a send it was unsure of) waits, then finds this row:
+        # its look, a statement of its own, reads what was committed meanwhile.
+        session.execute(
+            select(func.pg_advisory_xact_lock(_REJECTION_LOCK, func.hashtext(recorded)))
+        )
+    expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
+    if callbacks:
+        expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
+    session.execute(delete(RejectedRequest).where(expired))
     shown = storable(reason)[:4000]
     # The same refusal again (a retry after a commit whose reply was lost, the caller's own
-    # repeat) is the one already kept: one row, one `rejected` event.
+    # repeat, a copy handled at the same time) is the one already kept: one row, one
+    # `rejected` event.
     same = (
         session.scalar(
             select(RejectedRequest)

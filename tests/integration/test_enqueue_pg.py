@@ -1,16 +1,27 @@
 """An enqueue on PostgreSQL inserts without reading first (app.usecases.enqueue): a failed
 insert inside its savepoint must leave the transaction usable there too, both when the key
 names a job (a repeat) and when the net it names has no row yet (a deploy that added it,
-before any worker started)."""
+before any worker started); and one refused enqueue handled twice at once is recorded once
+(`record_rejection`'s lock per caller key)."""
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import func, select
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
 
+import pytest
+from sqlalchemy import event, func, select
+
+from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
-from app.usecases import enqueue
-from models import Job, JobEvent, Net
+from app.settings import Settings
+from app.usecases import callbacks, enqueue, requests, services
+from models import Job, JobEvent, Net, RejectedRequest
+from tests.fakes import FakeAdmin, FakeDriver, FakeServer
+from tests.fixtures.db import net_decl
+from tests.unit.callback_world import SECRET
 
 pytestmark = pytest.mark.integration
 
@@ -35,3 +46,89 @@ def test_a_repeat_is_answered_by_its_job_and_writes_nothing(pg_factory, settings
     assert (again.job_id, again.created) == (first.job_id, False)
     with pg_factory() as session:
         assert session.scalar(select(func.count()).select_from(JobEvent)) == 1
+
+
+@pytest.fixture
+def rt(pg_factory, tmp_path, job_root, clock) -> Runtime:
+    """The enqueue task's runtime on PostgreSQL, callbacks on (no driver, server or
+    receiver is reached)."""
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "net-a"), net_decl(tmp_path, "net-b")]),
+        CALLBACK_URL="http://flip-api.invalid/callbacks",
+        CALLBACK_SECRET=SECRET,
+    )
+    with pg_factory.begin() as session:
+        services.sync_nets(session, settings, clock())
+    return Runtime(
+        settings=settings,
+        engine=pg_factory.kw["bind"],
+        sessions=pg_factory,
+        clock=clock,
+        driver_factory=lambda net, s: FakeDriver(),
+        admin_factory=lambda net, s: FakeAdmin(FakeServer()),
+        outbox=RecordingOutbox(),
+    )
+
+
+def payload(key: str, **kw: Any) -> dict[str, Any]:
+    return {"caller_key": key, "definition": "tiny-job", **kw}
+
+
+def side_by_side(*calls: Callable[[], Any]) -> list[Any]:
+    """Run each call in its own thread (its own connection); their results, in order."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(i: int, call: Callable[[], Any]) -> None:
+        try:
+            results[i] = call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return results
+
+
+def first_rejection_held(engine: Any, hold_s: float = 0.5) -> threading.Event:
+    """The first INSERT INTO rejected_requests is held `hold_s` before its transaction goes
+    on to commit; the event is set once it ran."""
+    inserted = threading.Event()
+
+    def after(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("INSERT INTO rejected_requests") and not inserted.is_set():
+            inserted.set()
+            threading.Event().wait(hold_s)
+
+    event.listen(engine, "after_cursor_execute", after)
+    return inserted
+
+
+@pytest.mark.parametrize("refused", ["caller_key_conflict", "rejected"])
+def test_the_same_refused_enqueue_handled_twice_at_once_is_one_rejection(rt, pg_factory, refused):
+    """README, Task API: every request is idempotent, "a refusal recorded once, one
+    `rejected` event". Two copies of one refused enqueue (flip-api's retry of a send it was
+    unsure of, picked up by two workers) handled side by side."""
+    requests.enqueue_job(rt, payload("k", net="net-a"))
+    if refused == "caller_key_conflict":
+        bad = payload("k", net="net-a", priority=5)  # the key names a job with another body
+    else:
+        bad = payload("n", net="net-9")  # an unknown net
+    inserted = first_rejection_held(rt.engine)
+
+    def the_copy() -> Any:
+        inserted.wait(5)
+        return requests.enqueue_job(rt, bad)
+
+    first, copy = side_by_side(lambda: requests.enqueue_job(rt, bad), the_copy)
+    assert first["reason_code"] == copy["reason_code"] == refused
+    with pg_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 1
+        assert session.scalar(select(func.count()).select_from(RejectedRequest)) == 1
+        assert callbacks.backlog(session).undelivered == 2  # the job's QUEUED, one rejected

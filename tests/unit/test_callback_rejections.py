@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select, update
 
 from app import names
+from app.adapters.callbacks import Answer, ReceiverUnreachable
 from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
 from app.schemas import job_id_for
@@ -19,6 +20,7 @@ from app.usecases import callback_receiver, callbacks, enqueue, intake
 from models import CallbackReceiver, JobEvent, JobState, RejectedRequest
 from tests.unit.callback_world import (
     LIFE,
+    Receiver,
     callback_settings,
     cb,
     complete,
@@ -175,6 +177,29 @@ def test_a_rejected_event_the_receiver_does_not_accept_holds_back_nothing_else(c
     cb.clock.advance(1)
     assert deliver(cb, receiver).delivered == 1
     assert receiver.accepted() == [*LIFE, "rejected"]
+
+
+class HangsOnRejections(Receiver):
+    """A receiver up for state changes whose handler of `rejected` events times out."""
+
+    def post(self, body: bytes, headers) -> Answer:
+        if b'"kind":"rejected"' in body:
+            raise ReceiverUnreachable("ReadTimeout: timed out")
+        return super().post(body, headers)
+
+
+def test_rejected_events_whose_handler_hangs_never_hold_back_a_jobs_events(cb):
+    """README, "Rejected events": each one is held back only by its own answers, never holds
+    back a job's events. Two of them go first in the round and both go unanswered: after
+    the first's silence the other event tried is the job's, so it is sent in that round."""
+    job = cb.enqueue("accepted", net="fixed")
+    for key in ("refused-1", "refused-2"):
+        intake.reject_enqueue(cb.rt, key, "unknown net 'net-9' (known: net-a, fixed)")
+    receiver = HangsOnRejections()
+    assert deliver(cb, receiver).delivered == 1
+    assert receiver.accepted(job) == ["QUEUED"]
+    with cb.rt.sessions() as session:
+        assert callbacks.backlog(session).undelivered == 2  # each rejected event backs off
 
 
 def test_a_rejected_event_refused_by_the_receiver_is_given_up_after_the_4xx_limit(cb, receiver):

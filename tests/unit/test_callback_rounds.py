@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from sqlalchemy import event, update
 
+from app.adapters.callbacks import Answer, ReceiverUnreachable
 from app.usecases import callback_due, callback_receiver, callbacks
 from app.usecases.callback_due import Look
-from models import CallbackCursor, CallbackReceiver
+from models import CallbackCursor, CallbackReceiver, JobEvent, JobState
 from tests.unit.conftest import World
 from tests.unit.test_callbacks import (
     LIFE,
@@ -191,3 +192,52 @@ def test_an_accepted_event_after_failures_settles_its_job_and_wakes_the_receiver
         assert cursor.updated_at == cb.clock()
         assert (row.failures, row.next_attempt_at) == (0, None)
         assert row.lease_owner is None and row.lease_until is None
+
+
+class HangsOn(Receiver):
+    """A receiver up for everything but one job, whose handler times out (no answer)."""
+
+    def __init__(self, job_id: Any) -> None:
+        super().__init__()
+        self.hung = str(job_id)
+        self.hangs = 0
+
+    def post(self, body: bytes, headers) -> Answer:
+        if f'"job_id":"{self.hung}"' in body.decode():
+            self.hangs += 1
+            raise ReceiverUnreachable("ReadTimeout: timed out")
+        return super().post(body, headers)
+
+
+def add_history(world: World, job_id: Any, count: int) -> None:
+    """`count` more moves in the job's history (as a long-lived job's requeues leave)."""
+    with world.rt.sessions.begin() as session:
+        for i in range(count):
+            back = i % 2 == 0
+            session.add(
+                JobEvent(
+                    job_id=job_id,
+                    from_state=JobState.QUEUED if back else JobState.ASSIGNED,
+                    to_state=JobState.ASSIGNED if back else JobState.QUEUED,
+                    at=world.clock(),
+                    reason=f"move {i}",
+                )
+            )
+
+
+def test_a_job_whose_handler_hangs_holds_back_no_other_job_even_with_a_full_read_of_history(cb):
+    """README "Status callbacks", its rule for no answer: that job backs off and one other
+    due event is tried; answered, the receiver is up and only the first job waits ("a
+    handler that hangs on one event holds back no other job"). The hung job here has
+    EVENTS_PER_READ events pending, older than the other job's one: the round's read holds
+    only them, so the other event is read again once the hung job's own backoff keeps it
+    out."""
+    hung = cb.enqueue("hung", net="net-a")
+    add_history(cb, hung, callback_due.EVENTS_PER_READ - 1)
+    other = cb.enqueue("other", net="fixed")
+    receiver = HangsOn(hung)
+    report = deliver(cb, receiver)
+    assert receiver.hangs == 1
+    assert receiver.accepted(other) == ["QUEUED"]
+    assert report.delivered == 1
+    assert receiver_row(cb).next_attempt_at is None  # answered: the receiver is up
