@@ -47,7 +47,8 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# "fl_beat"; other advisory locks of this schema: app.metrics.fold._FOLD_LOCK_KEY.
+# "fl_beat"; other advisory locks of this schema: app.metrics.fold._FOLD_LOCK_KEY and the
+# per-caller-key lock of app.usecases.enqueue.record_rejection (a two-number key).
 BEAT_LOCK_KEY = 0x666C5F62656174
 STANDBY_POLL_S = 1.0
 HEARTBEAT_FILE = "beat-heartbeat.json"
