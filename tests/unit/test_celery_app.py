@@ -115,6 +115,13 @@ def test_beat_sends_housekeeping_at_once_after_its_clock_steps_back(
         QUEUED_POLL_S="0",
     )
     app = configure(settings)
+    # The current app for the test: schedule entries read back from the schedule file
+    # tell the time by Celery's current app, and another test may have made its own one
+    # current (its real clock then puts every run "in the future").
+    from celery import _state
+
+    monkeypatch.setattr(_state, "default_app", app)
+    monkeypatch.setattr(_state._tls, "current_app", app, raising=False)
     clock = {"now": datetime(2026, 3, 1, 13, 0, tzinfo=UTC)}  # an hour ahead
     monkeypatch.setattr(app, "now", lambda: clock["now"])
     schedule_file = str(tmp_path / "celerybeat-schedule")
