@@ -211,10 +211,35 @@ def test_every_relative_link_in_every_markdown_file_resolves():
     assert broken == []
 
 
-# A citation in code or tests: README "Title", README, "Title", app/x/README.md "Title".
+# A citation in code or tests: README "Title", README, "Title", app/x/README.md "Title"; a
+# title may run on over a line break (a comment's `#` continues it).
 CITATION = re.compile(
-    r"""((?:[\w./-]+/)?README(?:\.md)?)\)?,?\s+(?:section\s+)?["'“]([^"'”\n]+)["'”]"""
+    r"""((?:[\w./-]+/)?README(?:\.md)?)\)?,?\s+(?:section\s+)?["'“]"""
+    r"""((?:[^"'”\n]|\n[ \t]*(?:\#[ \t]*)?){1,120}?)["'”]"""
 )
+# Where citations live: code, scripts, configuration, the dashboard (Markdown links are
+# checked as links).
+CITING_SUFFIXES = {".py", ".sh", ".yml", ".yaml", ".json", ".toml", ".env", ".cfg", ".tf", ".txt"}
+CITING_SUFFIXES.add("")  # scripts without one, as in .ci/
+
+
+def citing_files() -> list[Path]:
+    """Every file of the project's own folders (and the root's) that may cite a README."""
+    found = [path for path in ROOT.iterdir() if path.is_file() and path.suffix in CITING_SUFFIXES]
+    for top in ("app", "tasks", "models", "migrations", "tests", ".ci"):
+        for path in (ROOT / top).rglob("*"):
+            parts = path.relative_to(ROOT).parts
+            if any(part in SKIPPED_DIRS for part in parts) or not path.is_file():
+                continue
+            if path.suffix in CITING_SUFFIXES and path != Path(__file__).resolve():
+                found.append(path)  # this file's own examples left out
+    return sorted(found)
+
+
+def citations(text: str) -> Iterator[tuple[str, str]]:
+    """(README path as written, section title) of every citation in a file's text."""
+    for ref, title in CITATION.findall(text.replace('\\"', '"')):  # JSON escapes its quotes
+        yield ref, " ".join(re.sub(r"\n[ \t]*#?", " ", title).split())
 
 
 def cited_places(markdown: Path) -> list[str]:
@@ -223,26 +248,27 @@ def cited_places(markdown: Path) -> list[str]:
     places = [
         re.sub(r"^#+\s*", "", line).strip() for line in text.splitlines() if line.startswith("#")
     ]
-    return places + re.findall(r"^(?:[-*] )?\*\*([^*]+)\*\*", text, flags=re.M)
+    places += re.findall(r"^(?:[-*] )?\*\*([^*]+)\*\*", text, flags=re.M)
+    return [place.replace("`", "") for place in places] + places
+
+
+def citation_problems(path: Path) -> list[str]:
+    """Each citation in a file whose README or section does not exist."""
+    missing = []
+    for ref, title in citations(path.read_text(encoding="utf-8", errors="replace")):
+        markdown = README if ref in ("README", "README.md") else ROOT / ref
+        if not markdown.is_file():
+            missing.append(f"{path.relative_to(ROOT)}: {ref} does not exist")
+        elif not any(place.startswith(title) for place in cited_places(markdown)):
+            missing.append(f'{path.relative_to(ROOT)}: {ref} has no "{title}"')
+    return missing
 
 
 def test_every_readme_section_cited_in_code_exists():
     # A docstring or comment that sends a reader to README "X" must find X there (issue 39:
     # two citations pointed at sections long gone).
-    sources = [
-        path
-        for top in ("app", "tasks", "models", "migrations", "tests")
-        for path in (ROOT / top).rglob("*.py")
-        if path != Path(__file__).resolve()  # its own examples
-    ]
-    missing = []
-    for path in sources:
-        for ref, title in CITATION.findall(path.read_text(encoding="utf-8")):
-            markdown = README if ref in ("README", "README.md") else ROOT / ref
-            if not markdown.is_file():
-                missing.append(f"{path.relative_to(ROOT)}: {ref} does not exist")
-            elif not any(place.startswith(title) for place in cited_places(markdown)):
-                missing.append(f'{path.relative_to(ROOT)}: {ref} has no "{title}"')
+    sources = citing_files()
+    missing = [problem for path in sources for problem in citation_problems(path)]
     assert len(sources) > 100
     assert missing == []
 
