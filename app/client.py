@@ -59,7 +59,7 @@ class DispatcherClient:
 
     def prewarm(self, request: PrewarmNet) -> None:
         """Say a job is likely within `request.within_s`: its net's server is brought up and
-        held ready until then (idempotent on caller_key; README "Prewarm")."""
+        held ready until then (idempotent on caller_key; tasks/README.md "Prewarm")."""
         self._send(PREWARM, request.model_dump(mode="json"))
 
     def cancel_prewarm(self, caller_key: str) -> None:

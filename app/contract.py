@@ -159,7 +159,7 @@ def contract_document() -> dict[str, Any]:
 
 
 def reason_table_markdown() -> str:
-    """The README's reason-code table, generated from REASONS (a test keeps them equal)."""
+    """tasks/README.md's reason-code table, generated from REASONS (a test keeps them equal)."""
     lines = [
         "| `reason_code` | Ends a job in | FLIP model status | FLIP job status | Meaning |",
         "|---|---|---|---|---|",

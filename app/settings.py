@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     callback_url: str | None = Field(default=None, alias="CALLBACK_URL")
     callback_secret: SecretStr = Field(default=SecretStr(""), alias="CALLBACK_SECRET")
     # The secret a rotation replaces: while set, every try is signed with it as well, so a
-    # receiver still on it verifies (README "Status callbacks").
+    # receiver still on it verifies (tasks/README.md "Status callbacks").
     callback_previous_secret: SecretStr = Field(
         default=SecretStr(""), alias="CALLBACK_PREVIOUS_SECRET"
     )

@@ -160,7 +160,7 @@ def signed_headers(
     previous: Sequence[str] = (),
 ) -> dict[str, str]:
     """Every header of one try: Standard Webhooks', and the earlier X-FL-Dispatcher-* ones
-    (README "Status callbacks": kept for one release). `previous`: secrets a rotation is
+    (tasks/README.md "Status callbacks": kept for one release). `previous`: secrets a rotation is
     replacing; `webhook-signature` lists a v1 signature with each after the current one
     (space-separated, as Standard Webhooks allows), so a receiver on any of them verifies.
     The deprecated header carries the current secret's only."""

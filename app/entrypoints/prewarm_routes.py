@@ -1,4 +1,4 @@
-"""The prewarm routes (README "Prewarm"): POST /prewarms, POST /prewarms/cancel and
+"""The prewarm routes (tasks/README.md "Prewarm"): POST /prewarms, POST /prewarms/cancel and
 GET /prewarms/{caller_key}, installed by `app.entrypoints.api.create_app`."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ReadBody = Callable[..., Awaitable[Any]]
 
 
 def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: ReadBody) -> None:
-    """README "Prewarm": the task's use case, its payloads and idempotency, over HTTP.
+    """tasks/README.md "Prewarm": the task's use case, its payloads and idempotency, over HTTP.
     `require_api_key` and `read_body` are the job routes' key check and body parser."""
 
     @app.post(

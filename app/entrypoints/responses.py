@@ -114,7 +114,7 @@ class JobView(_Response):
     nvflare_job_id: str | None
     last_error: str | None
     reason_code: ReasonCode | None = Field(
-        description='why it ended (a terminal job only; README "Reason codes")'
+        description='why it ended (a terminal job only; tasks/README.md "Reason codes")'
     )
     created_at: Timestamp
     state_changed_at: Timestamp
@@ -140,7 +140,7 @@ class JobEventView(_Response):
 
 
 class CallbackDelivery(_Response):
-    """How far the job's history was delivered to flip-api (README, "Status callbacks")."""
+    """How far the job's history was delivered to flip-api (tasks/README.md, "Status callbacks")."""
 
     delivered: int = Field(description="events the receiver accepted")
     pending: int = Field(description="events not delivered yet")
@@ -197,7 +197,7 @@ PrewarmStatus = Literal["warming", "held", "used", "expired", "cancelled", "fail
 
 
 class PrewarmView(_Response):
-    """A prewarm (README "Prewarm"): the net it holds, until when, and how it ended."""
+    """A prewarm (tasks/README.md "Prewarm"): the net it holds, until when, and how it ended."""
 
     caller_key: str
     net: str | None = Field(description="the net held (a request for sites: the one chosen)")
@@ -292,7 +292,8 @@ class NetStatus(_Response):
     last_error: str | None = Field(description="the net's last recorded error (SQL)")
     error: str | None = Field(description="this response's probe errors for the net")
     prewarm: NetHold | None = Field(
-        default=None, description="the live prewarm hold on the net, if any (README 'Prewarm')"
+        default=None,
+        description="the live prewarm hold on the net, if any (tasks/README.md 'Prewarm')",
     )
 
 

@@ -34,7 +34,7 @@ class Headers(Protocol):
     def __getitem__(self, name: str) -> str | None: ...
 
 
-# (headers, raw body) -> is the signature good? (the README's verify_callback fits)
+# (headers, raw body) -> is the signature good? (tasks/README.md's verify_callback fits)
 Verifier = Callable[[Headers, bytes], bool]
 
 

@@ -86,7 +86,7 @@ class SimReceiver:
         return 200
 
     def _accept(self, body: bytes, headers: Mapping[str, str]) -> None:
-        """Check what a receiver checks (the README's snippet: signature over the raw body,
+        """Check what a receiver checks (tasks/README.md's snippet: signature over the raw body,
         timestamp near its clock), then note the event as delivered."""
         host = self.host
         event_id = headers.get(EVENT_ID_HEADER, "?")

@@ -1,5 +1,5 @@
 """What a status callback is sent as: the JSON of a job's event or of a refused enqueue
-(README, "Status callbacks"), encoded, or found undeliverable."""
+(tasks/README.md, "Status callbacks"), encoded, or found undeliverable."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class EventFields(Protocol):
 
 
 def event_payload(job: JobFields, event: EventFields) -> dict[str, Any]:
-    """The JSON one job event is sent as (README, "Status callbacks")."""
+    """The JSON one job event is sent as (tasks/README.md, "Status callbacks")."""
     return {
         "event_id": event.id,
         "kind": STATE_CHANGE,

@@ -125,7 +125,7 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     holds the write lock from BEGIN (see app.db). A warm (READY) net is preferred to a cold
     one. Serialised with `scale_down_idle_nets`, which locks the same net row.
 
-    Prewarms (README "Prewarm"): among the nets as warm as each other, a net held for a
+    Prewarms (tasks/README.md "Prewarm"): among the nets as warm as each other, a net held for a
     waiting job that names its hold (`prewarm_key`) comes first when that job is the one
     the net would take next (none that may run there is ahead of it), and a net no hold keeps
     comes before one held for a job still to come, so a job that named no hint leaves the

@@ -1,4 +1,4 @@
-"""Prewarm holds (README "Prewarm"): which holds are live, where a held net's idle grace
+"""Prewarm holds (tasks/README.md "Prewarm"): which holds are live, where a held net's idle grace
 starts, and how one open hold is settled (used, expired, failed). Read by the idle
 scale-down, the status pages and the metrics; written by the warm-up and the cancel."""
 

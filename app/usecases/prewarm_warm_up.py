@@ -1,4 +1,4 @@
-"""Prewarm warm-up and settling (README "Prewarm"): `warm_up` brings a prewarmed net's
+"""Prewarm warm-up and settling (tasks/README.md "Prewarm"): `warm_up` brings a prewarmed net's
 server up and marks it READY (idle from the last hold's end once every hold ended, so a
 late boot never outlives hold end + grace); `settle_prewarms` (every scale-down round)
 writes down how holds ended and starts again a net a live hold wants up."""

@@ -1,5 +1,5 @@
 """Benchmark (not a test): prewarm then enqueue, enqueue -> RUNNING on a net that a hint
-brought up from zero (README "Prewarm").
+brought up from zero (tasks/README.md "Prewarm").
 
     .venv/bin/python -m tests.bench.bench_prewarm_dispatch [--reps 5] [--sqlite] [--json]
 

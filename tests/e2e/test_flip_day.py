@@ -48,7 +48,7 @@ SITES = ["site-1", "site-2"]
 SECRET = "flip-day-callback-secret-0123456789"
 IDLE_TIMEOUT_S = 3.0
 HOUSEKEEPING_S = 1.0
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "tasks" / "README.md"  # "Status callbacks"
 # flip-api's side of the wire: task names and queue as strings, no project import.
 ENQUEUE = "fl_dispatcher.enqueue_job"
 REPORT = "fl_dispatcher.report_job_status"

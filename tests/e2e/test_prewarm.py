@@ -1,4 +1,4 @@
-"""Prewarm on the real stack (README "Prewarm"): a real Celery worker and a separate beat,
+"""Prewarm on the real stack (tasks/README.md "Prewarm"): a real Celery worker and a separate beat,
 Redis, PostgreSQL, the local driver and a real NVFLARE server with two sites. flip-api's
 hint (a plain Celery task) brings the server up and holds it past the normal idle grace; a
 job sent within the hint runs on that warm server; a hint with no job releases the server

@@ -112,7 +112,7 @@ def first_rejection_held(engine: Any, hold_s: float = 0.5) -> threading.Event:
 
 @pytest.mark.parametrize("refused", ["caller_key_conflict", "rejected"])
 def test_the_same_refused_enqueue_handled_twice_at_once_is_one_rejection(rt, pg_factory, refused):
-    """README, Task API: every request is idempotent, "a refusal recorded once, one
+    """tasks/README.md, Task API: every request is idempotent, "a refusal recorded once, one
     `rejected` event". Two copies of one refused enqueue (flip-api's retry of a send it was
     unsure of, picked up by two workers) handled side by side."""
     requests.enqueue_job(rt, payload("k", net="net-a"))

@@ -499,7 +499,7 @@ def test_a_nul_in_any_text_a_task_is_sent_is_refused_before_postgresql(db, setti
 def test_a_request_arriving_before_the_schema_is_migrated_is_retried_on_postgresql(
     db, settings, clock, task_name
 ):
-    """README "What flip-api may rely on": a database that cannot store the request now,
+    """tasks/README.md "What flip-api may rely on": a database that cannot store the request now,
     a schema not yet migrated included (a worker started before `migrate` ran), never lets
     Celery acknowledge it away. On SQLite that is an OperationalError ("no such table"); on
     PostgreSQL, the production database, psycopg raises UndefinedTable, a ProgrammingError."""
@@ -529,7 +529,7 @@ def test_a_request_reaching_a_read_only_postgresql_during_a_failover_is_retried(
 ):
     """The connection string still names the old primary for a while after a failover (DNS,
     a pooler): it answers reads and refuses every write with SQLSTATE 25006. The request
-    cannot be stored now and will be later: README "What flip-api may rely on" says such a
+    cannot be stored now and will be later: tasks/README.md "What flip-api may rely on" says such a
     request is retried, never acknowledged away."""
     from app.db import make_engine, session_factory
     from app.handlers import HANDLERS, Verdict, on_error

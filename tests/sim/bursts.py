@@ -2,7 +2,7 @@
 the moment two READY nets are free (declared, no active job, no stray run) and held by no
 open prewarm, flip-api sends a hint for one of them, then a more urgent job that names no
 hint, then the job that names the hint, so both wait at the same claim. The claim must give
-the unheld READY net to the plain job and leave the held one to the hinted job (README
+the unheld READY net to the plain job and leave the held one to the hinted job (tasks/README.md
 "Prewarm": `held-net-taken`, tests.sim.placement); a claim that put the held net first for
 any job naming it gave it to the plain job (a4b8e22). Dropped at the horizon if the moment
 never comes (the two jobs are then never sent)."""

@@ -1,4 +1,4 @@
-"""Where a claim places its job, checked at the claim itself (`held-net-taken`): README
+"""Where a claim places its job, checked at the claim itself (`held-net-taken`): tasks/README.md
 "Prewarm" promises that "a job that named no hint leaves a held warm server to its job while
 another warm one is free". A temporary trigger on the simulation's one connection sees each
 job move to ASSIGNED inside the claim's own transaction (before the claim ends the holds it

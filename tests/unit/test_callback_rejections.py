@@ -95,7 +95,7 @@ def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_reject
     cb, receiver
 ):
     """The refusal is stored but the commit's reply is lost, so the task is retried (the
-    database could not confirm it: README "What flip-api may rely on": every request is
+    database could not confirm it: tasks/README.md "What flip-api may rely on": every request is
     idempotent, a repeat changes nothing). The retry must not record the refusal again:
     flip-api would get two `rejected` events, with two event ids, for one request."""
     from app.handlers import HANDLERS, Verdict, on_error
@@ -113,7 +113,7 @@ def test_a_refused_enqueue_retried_after_its_commit_reply_was_lost_is_one_reject
 def test_a_conflict_retried_after_a_lost_reply_once_its_job_moved_is_one_rejected_event(
     cb, receiver
 ):
-    """README "What flip-api may rely on": a retry after a commit applied whose reply was
+    """tasks/README.md "What flip-api may rely on": a retry after a commit applied whose reply was
     lost changes nothing (a refusal recorded once, one `rejected` event). The retry comes
     seconds later (backoff); meanwhile the job the key names has moved on (QUEUED to
     RUNNING): the refusal's text (it names the state) must not make it a second one."""
@@ -189,9 +189,10 @@ class HangsOnRejections(Receiver):
 
 
 def test_rejected_events_whose_handler_hangs_never_hold_back_a_jobs_events(cb):
-    """README, "Rejected events": each one is held back only by its own answers, never holds
-    back a job's events. Two of them go first in the round and both go unanswered: after
-    the first's silence the other event tried is the job's, so it is sent in that round."""
+    """tasks/README.md, "Rejected events": each one is held back only by its own answers,
+    never holds back a job's events. Two of them go first in the round and both go
+    unanswered: after the first's silence the other event tried is the job's, so it is sent
+    in that round."""
     job = cb.enqueue("accepted", net="fixed")
     for key in ("refused-1", "refused-2"):
         intake.reject_enqueue(cb.rt, key, "unknown net 'net-9' (known: net-a, fixed)")

@@ -226,7 +226,7 @@ def add_history(world: World, job_id: Any, count: int) -> None:
 
 
 def test_a_job_whose_handler_hangs_holds_back_no_other_job_even_with_a_full_read_of_history(cb):
-    """README "Status callbacks", its rule for no answer: that job backs off and one other
+    """tasks/README.md "Status callbacks", its rule for no answer: that job backs off and one other
     due event is tried; answered, the receiver is up and only the first job waits ("a
     handler that hangs on one event holds back no other job"). The hung job here has
     EVENTS_PER_READ events pending, older than the other job's one: the round's read holds

@@ -62,7 +62,7 @@ from tests.unit.test_webhook_signatures import MALFORMED_CASES, malformed_webhoo
 
 __all__ = ["cb", "receiver"]  # the fixtures, used by name
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "tasks" / "README.md"  # "Status callbacks"
 
 
 # --- signing -------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_a_receiver_that_times_out_on_one_jobs_event_never_starves_the_others(
     try of it ends in a read timeout (ReceiverUnreachable), while every other event is
     answered 200 at once. Job A's head event is the oldest, so it is always tried first, the
     round stops and the whole receiver rests; job B's QUEUED event is never sent, round after
-    round. Promise (README "Status callbacks"): one job never holds back another / one bad
+    round. Promise (tasks/README.md "Status callbacks"): one job never holds back another / one bad
     payload holds back nothing. Fix: after a no-answer, resume with the jobs after the one
     that failed (round-robin), or move a job whose own event keeps timing out while others
     are answered to a per-job backoff."""

@@ -1,6 +1,6 @@
 """`fl-dispatcher schema` is the public contract, generated from the code: real payloads
 (tasks as the client sends them, every callback a job's life and a refusal produce, the
-job-id rule) validate against what it prints, and the README's reason-code table is the
+job-id rule) validate against what it prints, and tasks/README.md's reason-code table is the
 code's table (its event-to-FLIP row leaving a job's status alone on a caller_key_conflict)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from app.usecases import intake, monitor
 from app.usecases.callback_payloads import event_payload, rejection_payload
 from models import REASONS, Job, JobEvent, RejectedRequest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "tasks" / "README.md"  # "Reason codes"
 
 
 @pytest.fixture
@@ -229,16 +229,17 @@ def test_the_readme_reason_table_is_the_codes_table():
 def test_readmes_event_mapping_keeps_the_job_on_a_caller_key_conflict() -> None:
     """Scenario: flip-api reuses a caller_key with another payload; the dispatcher sends a
     `kind: "rejected"` event whose job_id is the EXISTING (maybe running) job's id, with
-    reason_code caller_key_conflict. A receiver built from README's event-to-FLIP table reads
-    `kind: "rejected"` -> ERROR / COMPLETED and marks that live job's model ERROR.
-    Promise (reason codes, models/reasons.py): caller_key_conflict leaves flip-api's statuses
-    unchanged. Fix: the README row must say "ERROR/COMPLETED for reason_code rejected;
-    unchanged for caller_key_conflict" (better: generate that row from REASONS too)."""
+    reason_code caller_key_conflict. A receiver built from tasks/README.md's event-to-FLIP
+    table reads `kind: "rejected"` -> ERROR / COMPLETED and marks that live job's model
+    ERROR. Promise (reason codes, models/reasons.py): caller_key_conflict leaves flip-api's
+    statuses unchanged. Fix: the README row must say "ERROR/COMPLETED for reason_code
+    rejected; unchanged for caller_key_conflict" (better: generate that row from REASONS
+    too)."""
     from pathlib import Path
 
     from models.reasons import REASONS, ReasonCode
 
     assert REASONS[ReasonCode.CALLER_KEY_CONFLICT].flip[None].model_status is None
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "tasks" / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith('| `kind: "rejected"`'))
     assert "caller_key_conflict" in row or "unchanged" in row, row

@@ -226,10 +226,11 @@ def _enqueue_in(world, key: str, **kw):
 
 def test_repeat_with_max_attempts_spelled_out_as_its_default_is_the_same_request(world) -> None:
     """Scenario: flip-api enqueues {caller_key, definition, net} (max_attempts omitted, so
-    MAX_ATTEMPTS=3); its retry spells the default out, max_attempts=3: the very job it names.
-    Promise (README Task API): "a repeat with the same payload (defaults filled in) returns
-    the same job". Here the retry is refused 409 caller_key_conflict (the digest fills in the
-    schema's null, not the setting it stands for; the message lists no differing field)."""
+    MAX_ATTEMPTS=3); its retry spells the default out, max_attempts=3: the very job it
+    names. Promise (tasks/README.md, Task API): "a repeat with the same payload (defaults
+    filled in) returns the same job". Here the retry is refused 409 caller_key_conflict (the
+    digest fills in the schema's null, not the setting it stands for; the message lists no
+    differing field)."""
     first = _enqueue_in(world, "k-defaults", net="net-a")
     again = _enqueue_in(
         world, "k-defaults", net="net-a", max_attempts=world.rt.settings.max_attempts
@@ -239,9 +240,9 @@ def test_repeat_with_max_attempts_spelled_out_as_its_default_is_the_same_request
 
 def test_repeat_with_the_nets_default_sites_spelled_out_is_the_same_request(world) -> None:
     """Scenario: an enqueue for net-a omits required_sites (so the net's site-1, site-2);
-    the retry sends required_sites=[site-2, site-1], the very sites the job has.
-    Promise (README Task API): "defaults filled in, sites in any order" names the same job;
-    here it is a 409 caller_key_conflict, with no differing field named."""
+    the retry sends required_sites=[site-2, site-1], the very sites the job has. Promise
+    (tasks/README.md, Task API): "defaults filled in, sites in any order" names the same
+    job; here it is a 409 caller_key_conflict, with no differing field named."""
     first = _enqueue_in(world, "k-sites", net="net-a")
     again = _enqueue_in(world, "k-sites", net="net-a", required_sites=["site-2", "site-1"])
     assert (again.job_id, again.created) == (first.job_id, False)

@@ -1,8 +1,8 @@
-"""Prewarm's holds (README "Prewarm"): a net's server brought up on flip-api's hint and held
-ready until the hint's deadline (at most PREWARM_MAX_S), then released to the normal idle
-grace; never a second replica, never a hold past its deadline whatever message is lost, nor
-a server kept past the bound however late it boots; a claim ends the hold it uses, and
-status, metrics and the nets page show what is held. What a request is answered:
+"""Prewarm's holds (tasks/README.md "Prewarm"): a net's server brought up on flip-api's hint
+and held ready until the hint's deadline (at most PREWARM_MAX_S), then released to the
+normal idle grace; never a second replica, never a hold past its deadline whatever message
+is lost, nor a server kept past the bound however late it boots; a claim ends the hold it
+uses, and status, metrics and the nets page show what is held. What a request is answered:
 test_prewarm_requests.py; the doors: test_prewarm_doors.py; a job naming its hint:
 test_prewarm_key.py; the simulator's prewarms: test_prewarm_sim.py."""
 
@@ -494,7 +494,7 @@ def test_an_expired_hold_is_not_rewritten_failed_by_a_late_give_up(pw):
 
 
 def test_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):
-    """README "Prewarm": a hold ends "when a job is claimed onto its net"; a job claimed
+    """tasks/README.md "Prewarm": a hold ends "when a job is claimed onto its net"; a job claimed
     before the hint did not use it (test_a_busy_net_is_held_after_its_job_until_the_deadline).
     The claim itself ends the holds open at that moment (claims._use_holds); a hint that
     arrives after the claim, at the same instant, is not among them and must stay held for
@@ -514,7 +514,7 @@ def test_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):
 
 
 def test_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):
-    """README "Prewarm": `status` is warming/held, "then used, expired, cancelled or
+    """tasks/README.md "Prewarm": `status` is warming/held, "then used, expired, cancelled or
     failed": an ended prewarm keeps its outcome. At the hold's deadline instant T,
     GET /prewarms (prewarm.status_of: `hold_until <= now`) already reads it `expired`; a
     claim at that same T once ended it `used` (claims._use_holds had `hold_until >= now`),

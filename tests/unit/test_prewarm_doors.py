@@ -1,6 +1,6 @@
 """Prewarm through its doors: the Celery tasks (as functions), the HTTP routes and the
 client, each answering what the use case decided; and a job's prewarm_key through the
-enqueue task, POST /jobs and the client, with the migration that stores it (README
+enqueue task, POST /jobs and the client, with the migration that stores it (tasks/README.md
 "Prewarm")."""
 
 from __future__ import annotations

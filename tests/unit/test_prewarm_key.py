@@ -1,4 +1,4 @@
-"""A job names the prewarm sent for it (`EnqueueJob.prewarm_key`, README "Prewarm"): the
+"""A job names the prewarm sent for it (`EnqueueJob.prewarm_key`, tasks/README.md "Prewarm"): the
 net held for a waiting job that names its hold comes first among the nets as warm as it; a
 job that named no hint leaves a held net to its job while another as warm is free (and takes
 it rather than start a cold one); jobs keep their order; the hold ends wherever its job goes.

@@ -1,8 +1,8 @@
-"""What flip-api's prewarm request is answered (README "Prewarm"): the same request again names
-the same prewarm and starts nothing more, even retried after a lost commit reply or across a
-redeploy; another payload under its key is a conflict that changes nothing; a cancel ends
-the hold now and keeps the outcome of one that ended; a MISCONFIGURED net or bad input is
-refused and recorded; sites resolve to the net a job would be claimed on."""
+"""What flip-api's prewarm request is answered (tasks/README.md "Prewarm"): the same request
+again names the same prewarm and starts nothing more, even retried after a lost commit reply
+or across a redeploy; another payload under its key is a conflict that changes nothing; a
+cancel ends the hold now and keeps the outcome of one that ended; a MISCONFIGURED net or bad
+input is refused and recorded; sites resolve to the net a job would be claimed on."""
 
 from __future__ import annotations
 

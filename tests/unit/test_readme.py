@@ -339,7 +339,8 @@ def test_every_variable_the_test_command_reads_is_in_the_readme():
 def test_the_callbacks_section_says_the_attempt_is_1_based_since_0_2_0_as_the_changelog():
     """flip-api's receiver is written from this section: it says `attempt` counted from 0
     before 0.2.0, points at the CHANGELOG, and both say what a requeue's event carries."""
-    section = README.read_text().split("\n## Status callbacks\n", 1)[1].split("\n## ", 1)[0]
+    tasks = (ROOT / "tasks" / "README.md").read_text()
+    section = tasks.split("\n## Status callbacks\n", 1)[1].split("\n## ", 1)[0]
     assert "app/deploy/CHANGELOG.md" in section and "1-based since 0.2.0" in section
     assert "0-based" in section
     changelog = " ".join((ROOT / "app" / "deploy" / "CHANGELOG.md").read_text().split())
