@@ -197,7 +197,7 @@ def test_the_inline_nets_form_in_the_guide_is_the_ecs_example():
 
 
 def test_the_readme_s_nets_examples_name_kits_where_compose_mounts_them():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text() + (ROOT / "app" / "README.md").read_text()
     kit_dirs = re.findall(r'^kit_dir = "([^"]+)"', readme, re.MULTILINE)
     assert kit_dirs and all(k.startswith("/etc/fl-dispatcher/kits/") for k in kit_dirs)
 

@@ -17,6 +17,7 @@ from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+APP_README = ROOT / "app" / "README.md"  # the Configuration reference, beside settings.py
 # Not the project's: virtualenvs, caches, git, mutmut's copy of the tree.
 SKIPPED_DIRS = {"mutants", "node_modules", "__pycache__"}
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -123,7 +124,7 @@ def table_rows(text: str, header: str) -> list[list[str]]:
 
 
 def documented_settings(text: str) -> dict[str, str]:
-    """The README's settings table: variable -> its Default cell."""
+    """app/README.md's settings table: variable -> its Default cell."""
     table = section(text, "## Configuration")
     documented = {}
     for row in table_rows(table, "| Variable | Default |"):
@@ -177,11 +178,11 @@ def default_problem(name: str, cell: str, value: object, data_dir: Path) -> str 
 
 
 def test_the_settings_table_is_every_setting_with_its_default(defaults):
-    documented = documented_settings(README.read_text())
+    documented = documented_settings(APP_README.read_text())
     missing = sorted(set(defaults) - set(documented))
     made_up = sorted(set(documented) - set(defaults))
-    assert missing == [], "add these to the README's settings table (## Configuration)"
-    assert made_up == [], "the README's settings table names settings that do not exist"
+    assert missing == [], "add these to app/README.md's settings table (## Configuration)"
+    assert made_up == [], "app/README.md's settings table names settings that do not exist"
     data_dir = defaults["FL_DISPATCHER_DATA_DIR"]
     assert isinstance(data_dir, Path)
     wrong = [
