@@ -6,9 +6,10 @@ Imports nothing, so `app.client` stays light.
 
 from __future__ import annotations
 
-# Three queues, so that no backlog of one kind of work delays another (README "Queues"):
-# flip-api's requests (and the assigner's kicks, which run after the requests ahead of
-# them), the dispatch chains, and beat's housekeeping, which a worker of its own consumes.
+# Three queues, so that no backlog of one kind of work delays another
+# (app/usecases/README.md "Queues"): flip-api's requests (and the assigner's kicks, which
+# run after the requests ahead of them), the dispatch chains, and beat's housekeeping, which
+# a worker of its own consumes.
 QUEUE = "fl_dispatcher"
 PIPELINE_QUEUE = "fl_dispatcher.pipeline"
 HOUSEKEEPING_QUEUE = "fl_dispatcher.housekeeping"

@@ -1,6 +1,7 @@
 """The two state machines: states and the ONE table of allowed moves for each.
 
-Docs and the README diagram are checked against these tables (tests/unit/test_states.py).
+Docs and the diagrams of app/usecases/README.md are checked against these tables
+(tests/unit/test_states.py).
 """
 
 from __future__ import annotations

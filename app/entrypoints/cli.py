@@ -333,7 +333,7 @@ def _add_process_commands(
         type=_queue_list,
         default=[],
         metavar="Q1,Q2",
-        help='consume only these queues (default: all; README "Queues")',
+        help='consume only these queues (default: all; app/usecases/README.md "Queues")',
     )
     _wait_flag(p)
     _wait_flag(add("beat", cmd_beat, "run Celery beat (exactly one active per deployment)"))

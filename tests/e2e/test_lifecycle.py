@@ -87,10 +87,11 @@ def test_back_to_back_jobs_share_one_server_start(stack):
 
 
 def wait_run_started(stack: LocalStack, job_id: uuid.UUID) -> None:
-    """NVFLARE itself runs the job (its job store says RUNNING), not only the dispatcher:
-    an abort sooner would stop a run not yet started, which the dispatcher rightly holds its
-    net for while the job runner might still start it (README "Guarantees"; 60 s, the case
-    of tests/integration/test_nvflare_admin.py and the unit tier, not of this test)."""
+    """NVFLARE itself runs the job (its job store says RUNNING), not only the dispatcher: an
+    abort sooner would stop a run not yet started, which the dispatcher rightly holds its
+    net for while the job runner might still start it (app/usecases/README.md "Guarantees";
+    60 s, the case of tests/integration/test_nvflare_admin.py and the unit tier, not of this
+    test)."""
     job = stack.job(job_id)
     assert job is not None and job.nvflare_job_id is not None
     stack.wait_for(

@@ -76,7 +76,7 @@ def test_every_queue_has_a_worker_and_beat_s_has_one_of_its_own(services):
         if "command" in s and argv(s["command"])[:2] == ["fl-dispatcher", "worker"]
     }
     assert {q for queues in workers.values() for q in queues} == set(names.QUEUES), workers
-    # No backlog of requests or chains can delay housekeeping (README "Queues").
+    # No backlog of requests or chains can delay housekeeping (app/usecases/README.md "Queues").
     assert workers["housekeeper"] == [names.HOUSEKEEPING_QUEUE], workers
     assert all(
         names.HOUSEKEEPING_QUEUE not in queues

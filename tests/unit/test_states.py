@@ -171,6 +171,7 @@ def test_a_history_without_attempts_keeps_the_older_token_rule(clock):
 
 
 def test_readme_diagrams_match_the_tables():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    # app/usecases/README.md "State machines"
+    readme = (Path(__file__).resolve().parents[2] / "app" / "usecases" / "README.md").read_text()
     assert mermaid(JOB_TRANSITIONS) in readme, "regenerate the job diagram: fl-dispatcher diagram"
     assert mermaid(NET_TRANSITIONS) in readme, "regenerate the net diagram: fl-dispatcher diagram"
