@@ -10,7 +10,7 @@ something to make. Why not create it from a spec in the nets file:
 - create is the dangerous call of the Engine API: whoever may create a container may mount
   the host's / into it and is root on the host. Start, stop and inspect of named
   containers is what a socket proxy can allow and nothing more
-  (app/policies/docker-socket-proxy.haproxy.cfg; README "Docker driver").
+  (app/policies/docker-socket-proxy.haproxy.cfg; app/adapters/README.md "Docker driver").
 
 Three Engine API calls, one HTTP request each: `POST /containers/{name}/start` (304 when
 it already runs), `POST /containers/{name}/stop?t=N` (304 when it is already stopped), and

@@ -1,6 +1,7 @@
 """The NVFLARE admin side of one net (implements `base.AdminClient`) on nvflare 2.9.
 
-Rules this module exists to keep (README, "NVFLARE 2.9.0 behaviour this code relies on"):
+Rules this module exists to keep (app/adapters/README.md,
+"NVFLARE 2.9.0 behaviour this code relies on"):
 
 - Connect lazily, and build a FRESH `Session` on every (re)connect. nvflare's
   `AdminAPI.connect` creates and starts its cell before authenticating and returns early when
