@@ -246,8 +246,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # depends_on conditions, and with podman 4.3 running no healthcheck by itself a
         # `service_healthy` one may never hold, so the services behind it were left created
         # and never started (seen when the image was just built). Every service retries its
-        # dependencies on start (README "Running the stack with Docker or podman"), which is
-        # what this exercises.
+        # dependencies on start (app/entrypoints/README.md "Running the stack with Docker or
+        # podman"), which is what this exercises.
         _podman("start", *(stack.container(s) for s in SERVICES if s != "fl-server"))
         stack.wait(
             "the API ready (database at head, broker up)",

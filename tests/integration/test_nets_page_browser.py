@@ -2,8 +2,8 @@
 by uvicorn on loopback, and Debian's chromium headless (tests/run.sh installs it where
 missing) reading the page and taking a laptop and a phone screenshot.
 
-`FL_UPDATE_SCREENSHOTS=1` copies the screenshots over tests/screenshots/ (the README shows
-them), reduced to a 256-colour palette so they stay small.
+`FL_UPDATE_SCREENSHOTS=1` copies the screenshots over tests/screenshots/
+(app/entrypoints/README.md shows them), reduced to a 256-colour palette so they stay small.
 """
 
 from __future__ import annotations

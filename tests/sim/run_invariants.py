@@ -68,10 +68,10 @@ class RunInvariants(Observer):
                         f" by its job nor recorded as a stray run: {where}",
                     )
                 if not self.sim.declared_net(run.net):
-                    # A server NETS no longer declares is the operator's (README, "A net
-                    # removed from NETS": nothing of the dispatcher reaches it); its runs
-                    # are the dispatcher's to stop again only from the net's next
-                    # declaration on.
+                    # A server NETS no longer declares is the operator's
+                    # (app/entrypoints/README.md, "A net removed from NETS": nothing of the
+                    # dispatcher reaches it); its runs are the dispatcher's to stop again
+                    # only from the net's next declaration on.
                     self._undeclared_at[run.net] = t
                     continue
                 if not self.sim.scales_to_zero(run.net) and not self.sim.cluster.servers[

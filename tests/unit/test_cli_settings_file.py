@@ -264,7 +264,8 @@ def test_config_check_warns_once_and_exits_0_on_a_kit_config_it_cannot_read(
     shared_dir, tmp_path, capsys, monkeypatch
 ):
     """On a net that names its server_endpoint (nets.ecs.toml does), an unreadable kit
-    config is this user's warning, not also a kit problem (exit 2): the README's CLI table."""
+    config is this user's warning, not also a kit problem (exit 2):
+    app/entrypoints/README.md's CLI table."""
     kit = good_kit(shared_dir / "kit")
     monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(shared_dir / "data"))
     _config_check_imported(capsys, tmp_path)

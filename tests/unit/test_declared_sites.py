@@ -1,8 +1,8 @@
-"""A net may declare its sites (README "Failures and recovery", "A site a net does not have"):
-a job needing one its net lacks is refused at enqueue, an unpinned job only when no net may
-have its sites, and a net's default sites must be among its own; a claim never puts a job on
-a net that declares it lacks one of its sites; and a site that never connects is the job's
-problem, not the net's."""
+"""A net may declare its sites (app/entrypoints/README.md "Failures and recovery", "A site a
+net does not have"): a job needing one its net lacks is refused at enqueue, an unpinned job
+only when no net may have its sites, and a net's default sites must be among its own; a
+claim never puts a job on a net that declares it lacks one of its sites; and a site that
+never connects is the job's problem, not the net's."""
 
 from __future__ import annotations
 
