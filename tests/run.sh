@@ -2,7 +2,7 @@
 # The test command (README "The two commands"; .ci/run calls exactly this).
 #   bash tests/run.sh              everything: lint, types, unit, integration, e2e
 #   bash tests/run.sh -m unit      one tier: -m unit | -m integration | -m e2e | -m containers
-#                                  (README "Tests"); -m 'not containers' needs no container engine
+#                                  (tests/README.md "Tests"); -m 'not containers' needs no container engine
 #   bash tests/run.sh ARGS...      any other pytest arguments, e.g. a path or -k
 # Sets up what it needs on a fresh machine: a virtualenv with the project and its dev
 # extras, the PostgreSQL and Redis servers the integration and e2e tiers talk to, promtool
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${FL_VENV:-.venv}"
-# Every package comes from .ci/requirements.lock (README "Dependencies"), each file checked
+# Every package comes from .ci/requirements.lock (tests/README.md "Dependencies"), each file checked
 # against the hash it was locked with, so every machine and CI run tests the same set; then
 # the project itself, whose dependencies are all in the lock. pip installs uv alone (its
 # locked version and hashes), and uv the rest: a fresh virtualenv in seconds from uv's cache,
@@ -58,7 +58,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 echo "== container engine"
-# The containers tier (tests/containers, README "Tests") runs real containers: podman (its
+# The containers tier (tests/containers, tests/README.md "Tests") runs real containers: podman (its
 # Docker-compatible API service, which each test starts on a socket of its own, and its CLI
 # under podman-compose), runc, mmdebstrap (base images built from Debian packages, as no image
 # registry is reachable), a static busybox (the driver tests' image) and HAProxy (the shipped
@@ -90,7 +90,7 @@ fi
 
 echo "== leftovers"
 # What a killed test run left behind (its processes, containers, databases and folders, found
-# by the id each run gives them; README "Tests"), never what a live run or anyone else owns.
+# by the id each run gives them; tests/README.md "Tests"), never what a live run or anyone else owns.
 # Every pytest session does this too; here it also asks podman about every labelled container.
 python -m tests.fixtures.testrun || true
 # SIGTERM or Ctrl-C of this script: pytest gets SIGTERM, on which it removes everything its

@@ -1,6 +1,6 @@
 """A burst of enqueues, as flip-api sends them, against a real worker and beat: the intake
 rate, how long the public queue takes to drain, how many assign kicks the burst caused, and
-how late beat's housekeeping ran meanwhile (README "Performance", issue 20).
+how late beat's housekeeping ran meanwhile (tests/README.md "Performance", issue 20).
 
     .venv/bin/python -m tests.bench.bench_burst [--jobs 20000] [--interval 2] \
         [--layout split|one] [--keep] [--json]

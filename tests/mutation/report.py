@@ -95,7 +95,7 @@ def render(results: list[FileResult], with_diffs: bool) -> str:
     out = [
         "# Mutation testing report",
         "",
-        "Written by `bash tests/mutation/run.sh` (README, Tests: Mutation testing); do not edit.",
+        "Written by `bash tests/mutation/run.sh` (tests/README.md, Mutation testing); do not edit.",
         "Score = killed / (killed + survived + no tests); timeouts count as killed, and so do",
         "mutants mypy rejects (the test command runs mypy, so they cannot land); the column",
         "By mypy says how many of the killed those are.",

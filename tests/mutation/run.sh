@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 
 VENV="${FL_VENV:-.venv}"
 if [ ! -x "$VENV/bin/mutmut" ]; then
-  echo "mutmut is missing: install the dev extra (README \"Tests\")" >&2
+  echo "mutmut is missing: install the dev extra (tests/README.md \"Tests\")" >&2
   exit 1
 fi
 # A mutant is tested by every unit test that calls its function. The simulation sweep calls

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The PostgreSQL and Redis the integration and e2e tiers talk to (tests/run.sh runs this;
-# README "Tests" says what they need on a machine that is not Debian). Starts them where it
+# tests/README.md "Tests" says what they need on a machine that is not Debian). Starts them where it
 # can (Debian's PostgreSQL cluster, a redis-server), creates the role and the database
 # FL_TEST_PG_URL names when they are missing, and otherwise says what is missing.
 # Exit 0: both usable; 1: not (the message names what to provide). Needs the project's

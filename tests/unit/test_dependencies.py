@@ -1,5 +1,5 @@
-"""pyproject.toml's bounds, .ci/requirements.lock and .ci/constraints.txt stay in step (README
-"Dependencies")."""
+"""pyproject.toml's bounds, .ci/requirements.lock and .ci/constraints.txt stay in step
+(tests/README.md "Dependencies")."""
 
 from __future__ import annotations
 

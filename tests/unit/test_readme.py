@@ -332,9 +332,9 @@ def variables_read_by_the_tests() -> set[str]:
 def test_every_variable_the_test_command_reads_is_in_the_readme():
     read = variables_read_by_the_tests()
     assert {"FL_VENV", "FL_TEST_WORKERS", "FL_TEST_WORKERS_UNIT", "FL_TEST_PG_URL"} <= read
-    variables = section(README.read_text(), "### Test variables")
+    variables = section((ROOT / "tests" / "README.md").read_text(), "## Test variables")
     documented = set(re.findall(r"`([A-Z][A-Z0-9_]*)`", variables))
-    assert read - documented == set(), "add these to the README's Test variables"
+    assert read - documented == set(), "add these to tests/README.md's Test variables"
 
 
 def test_the_callbacks_section_says_the_attempt_is_1_based_since_0_2_0_as_the_changelog():
