@@ -219,7 +219,7 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     p.set_defaults(handler=None, plain=cmd_simulate)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "trace", nargs="?", type=Path, default=None, help="CSV or JSON lines (README)"
+        "trace", nargs="?", type=Path, default=None, help="CSV or JSON lines (app/sim/README.md)"
     )
     source.add_argument(
         "--synthetic", action="store_true", help="generate a trace shaped like FLIP's load"

@@ -34,7 +34,7 @@ from app.sim.workload import ColdStart, JobSpec, NetSpec, PrewarmSpec, Workload,
 DEFAULT_GRACES = (0.0, 60.0, 300.0, 600.0, 1800.0)
 # This repository's local NVFLARE 2.9 (server and two sites on one machine; the local driver
 # starts the server process at once and stops it synchronously): the means of
-# `python -m tests.bench.bench_cold_start --reps 6 --down 20` (README "Simulating
+# `python -m tests.bench.bench_cold_start --reps 6 --down 20` (app/sim/README.md "Simulating
 # scale-to-zero"). A site re-registers on its own retry timer, so one cold start's `sites`
 # is about 6-8 s or 16-18 s; the mean is what server-hours add up to.
 LOCAL = ColdStart("local", provision_s=0.0, login_s=3.2, sites_s=13.4, stop_s=0.1)
