@@ -1,6 +1,8 @@
-"""The README stays true: its settings table is Settings, every relative link in every
-Markdown file of the repository resolves (anchors by GitHub's rules), its first 200 lines are
-the front door, and every environment variable the test command reads is documented."""
+"""The READMEs stay true: the README is a front door of a few screens whose map links every
+section of the references beside the code (and reaches every Markdown file), every relative
+link in every Markdown file resolves (anchors by GitHub's rules), every citation in code
+names a section that exists, app/README.md's settings table is Settings, and every
+environment variable the test command reads is documented."""
 
 from __future__ import annotations
 
@@ -274,30 +276,76 @@ def test_every_readme_section_cited_in_code_exists():
     assert missing == []
 
 
-def test_the_first_200_lines_are_the_front_door():
+# The references moved out of the README into the folders of the code they describe (issue
+# 39): the map links every section of each.
+REFERENCES = [
+    ROOT / "tasks" / "README.md",
+    ROOT / "app" / "usecases" / "README.md",
+    ROOT / "app" / "adapters" / "README.md",
+    ROOT / "app" / "entrypoints" / "README.md",
+    ROOT / "app" / "README.md",
+    ROOT / "tests" / "README.md",
+]
+
+
+def test_the_readme_is_a_few_screens_and_opens_with_the_front_door():
     text = README.read_text()
-    front = "\n".join(text.splitlines()[:200])
+    lines = text.splitlines()
+    assert len(lines) < 300, "the README is the front door: move references beside their code"
+    first_40 = "\n".join(lines[:40])
     demo = "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/fl-dispatcher demo"
-    assert demo in front
-    assert "\nbash tests/run.sh\n" in front
-    for heading in (
+    assert demo in first_40
+    assert "\nbash tests/run.sh\n" in first_40
+    headings = [line for _, line in prose_lines(text) if line.startswith("## ")]
+    front = [
         "## The two commands",
         "## Architecture",
         "## How flip-api calls it",
         "## Configuration essentials",
         "## What to page on",
-        "## Contents",
-    ):
-        assert f"\n{heading}\n" in front, f"{heading} is not in the first 200 lines"
-    # The table of contents links every top-level section of the README.
-    contents = section(text, "## Contents")
-    listed = set(re.findall(r"\]\(#([^)]+)\)", contents))
-    sections = {
-        github_slug(match.group(2))
-        for _, line in prose_lines(text)
-        if (match := HEADING.match(line)) and match.group(1) == "##" and line != "## Contents"
-    }
-    assert sections - listed == set(), "add these sections to the README's Contents"
+        "## Where things are",
+    ]
+    assert [h for h in headings if h in front] == front, "the front door, in this order"
+
+
+def map_links() -> set[Path | tuple[Path, str]]:
+    """What the README's "Where things are" links: files, and (file, anchor) pairs."""
+    found: set[Path | tuple[Path, str]] = set()
+    for line in section(README.read_text(), "## Where things are").splitlines():
+        for target in LINK.findall(CODE_SPAN.sub("", line)):
+            file_part, _, fragment = target.partition("#")
+            linked = (ROOT / file_part).resolve() if file_part else README
+            found.add((linked, fragment) if fragment else linked)
+    return found
+
+
+def test_the_map_links_every_section_of_every_reference():
+    links = map_links()
+    unlisted = [
+        f"{path.relative_to(ROOT)}#{github_slug(match.group(2))}"
+        for path in REFERENCES
+        for _, line in prose_lines(path.read_text())
+        if (match := HEADING.match(line)) and len(match.group(1)) in (2, 3)
+        if (path, github_slug(match.group(2))) not in links
+    ]
+    assert unlisted == [], "link these from README.md's Where things are"
+
+
+def test_every_markdown_file_is_reachable_from_the_map():
+    # From the map, following relative links file to file, a reader finds every Markdown
+    # file of the repository.
+    seen = {README}
+    todo = [path if isinstance(path, Path) else path[0] for path in map_links()]
+    while todo:
+        path = todo.pop()
+        if path in seen or path.suffix != ".md" or not path.is_file():
+            continue
+        seen.add(path)
+        for _, target in relative_links(path):
+            file_part = target.partition("#")[0]
+            if file_part:
+                todo.append((path.parent / file_part).resolve())
+    assert sorted(set(markdown_files()) - seen) == []
 
 
 def test_every_alert_rule_is_in_what_to_page_on():
