@@ -215,9 +215,9 @@ def test_every_relative_link_in_every_markdown_file_resolves():
 
 
 # A citation in code or tests: README "Title", README, "Title", app/x/README.md "Title"; a
-# title may run on over a line break (a comment's `#` continues it).
+# citation may run on over a line break (a comment's `#` continues it).
 CITATION = re.compile(
-    r"""((?:[\w./-]+/)?README(?:\.md)?)\)?,?\s+(?:section\s+)?["'“]"""
+    r"""((?:[\w./-]+/)?README(?:\.md)?)\)?,?\s+(?:\#\s*)?(?:section\s+)?["'“]"""
     r"""((?:[^"'”\n]|\n[ \t]*(?:\#[ \t]*)?){1,120}?)["'”]"""
 )
 # Where citations live: code, scripts, configuration, the dashboard (Markdown links are
