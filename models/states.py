@@ -93,7 +93,8 @@ class IllegalTransition(Exception):
 def mermaid(
     table: Mapping[JobState, frozenset[JobState]] | Mapping[NetState, frozenset[NetState]],
 ) -> str:
-    """A Mermaid state diagram generated from a transition table (the README embeds it)."""
+    """A Mermaid state diagram generated from a transition table (app/usecases/README.md
+    embeds it)."""
     lines = ["stateDiagram-v2"]
     for source, targets in table.items():
         lines.extend(f"    {source} --> {target}" for target in sorted(targets))

@@ -7,8 +7,9 @@ Every job must end COMPLETED, and the server's job store must hold exactly the r
 to exist: one per job, plus one per requeue after a lost server. Each test uses a job
 definition of its own, so its runs are counted by name.
 
-Recovery times are printed at the end of the module (run with -s to see them); README's
-"Failures and recovery" section has the measured figures and the setting bounding each.
+Recovery times are printed at the end of the module (run with -s to see them);
+app/entrypoints/README.md's "Failures and recovery" section has the measured figures and the
+setting bounding each.
 """
 
 from __future__ import annotations
@@ -206,9 +207,9 @@ def test_worker_sigkill_while_the_job_waits_for_readiness(stack):
     after the 2 h visibility timeout). The job's step lease, renewed by every poll, lapses
     one poll lease after the last poll began; the next monitor round starts the chain again
     for the same attempt (no requeue), on the server that kept starting meanwhile. Measured
-    from the kill to the job DISPATCHING again: within README's bound (the lease, one
-    HOUSEKEEPING_INTERVAL_S, then the re-driven chain's own steps), long before the readiness
-    deadline."""
+    from the kill to the job DISPATCHING again: within app/usecases/README.md's bound (the
+    lease, one HOUSEKEEPING_INTERVAL_S, then the re-driven chain's own steps), long before
+    the readiness deadline."""
     wait_scaled_to_zero(stack)
     definition = stack.add_job_definition("faults-kill-assigned", ROUNDS)
     job_id = stack.enqueue("faults-kill-assigned", definition=definition)

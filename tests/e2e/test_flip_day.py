@@ -8,7 +8,7 @@ Everything is real and on loopback: moto's S3 server (this module's own, stoppab
 fixed port), a private Redis as the broker, a fresh PostgreSQL database, a Celery worker
 and a separate beat (subprocesses that reach S3 through S3_ENDPOINT_URL), the local scale
 driver, an NVFLARE server and two sites, and an HTTP receiver that checks each signature
-with the README's own snippet. One stack for the module; each test uses its own model id.
+with tasks/README.md's own snippet. One stack for the module; each test uses its own model id.
 """
 
 from __future__ import annotations
@@ -113,11 +113,11 @@ def bundle(tmp_path_factory) -> dict[str, bytes]:
 
 
 def readme_verify_callback() -> Callable[..., bool]:
-    """The README's verification snippet, executed as flip-api would copy it."""
+    """tasks/README.md's verification snippet, executed as flip-api would copy it."""
     section = README.read_text().split("## Status callbacks", 1)[1]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     found = [block for block in blocks if "def verify_callback(" in block]
-    assert found, "the README lost its verification snippet"
+    assert found, "tasks/README.md lost its verification snippet"
     namespace: dict[str, Any] = {}
     exec(found[0], namespace)
     return namespace["verify_callback"]  # type: ignore[no-any-return]
@@ -125,7 +125,7 @@ def readme_verify_callback() -> Callable[..., bool]:
 
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[LocalReceiver]:
-    """flip-api's callback endpoint: each signature checked, on arrival, by the README's
+    """flip-api's callback endpoint: each signature checked, on arrival, by tasks/README.md's
     snippet (401 if it does not verify); a fixed port, so it can go down and come back."""
     verify_callback = readme_verify_callback()
     server = LocalReceiver(
@@ -237,7 +237,7 @@ def requests_for(receiver: LocalReceiver, job_id: uuid.UUID) -> list[Received]:
 
 def delivered(receiver: LocalReceiver, job_id: uuid.UUID) -> list[tuple[int, str | None, str]]:
     """The job's state changes in the order they first arrived (a redelivery, which
-    at-least-once allows, carries the same event_id and is dropped as the README says)."""
+    at-least-once allows, carries the same event_id and is dropped as tasks/README.md says)."""
     seen: set[int] = set()
     moves = []
     for request in requests_for(receiver, job_id):
@@ -342,7 +342,7 @@ def test_flip_day_cold_start_run_hold_for_the_upload_report_then_scale_to_zero(
     assert moves[-3:] == [("BUSY", "READY"), ("READY", "STOPPING"), ("STOPPING", "STOPPED")]
     assert scale_events_for(stack, job_id) == [("scale_up", "ok")]  # scale-down: idle
 
-    # flip-api heard every move, in order, each signed (the README's snippet said so).
+    # flip-api heard every move, in order, each signed (tasks/README.md's snippet said so).
     moves = wait_all_delivered(stack, receiver, job_id)
     assert [to for _, _, to in moves] == [
         "QUEUED",

@@ -139,8 +139,9 @@ def test_two_beats_one_schedules_and_the_other_takes_over_when_it_dies(stack, tm
         client.close()
 
 
-# Small, so a silent holder's lease runs out quickly; the takeover bound the README states is
-# BEAT_LOCK_TIMEOUT_S + STANDBY_POLL_S after the holder's last check.
+# Small, so a silent holder's lease runs out quickly; the takeover bound
+# app/entrypoints/README.md states is BEAT_LOCK_TIMEOUT_S + STANDBY_POLL_S after the
+# holder's last check.
 LEASE_S = 3.0
 LOAD_SLACK_S = 2.5  # two beats, PostgreSQL and the test share a loaded 2-core machine
 

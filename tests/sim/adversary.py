@@ -185,8 +185,9 @@ class Adversary:
             step = steps.uniform(1.0, 30.0) * steps.choice((-1.0, 1.0))
             # A worker ahead of beat by more than a beat period finds every beat message
             # expired (Celery judges `expires` by the worker's clock): a documented limit
-            # (README, clock skew), seen as ended-run-settled on flaky seed 100 with a 25.6 s
-            # step. Forward steps stay under a second; backward ones go to 30 s.
+            # (app/entrypoints/README.md, clock skew), seen as ended-run-settled on flaky
+            # seed 100 with a 25.6 s step. Forward steps stay under a second; backward ones
+            # go to 30 s.
             step = min(step, steps.uniform(0.1, 1.0)) if step > 0 else step
             start = steps.uniform(0.0, horizon)
             back = start + steps.uniform(20.0, 180.0)

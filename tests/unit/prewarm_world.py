@@ -18,7 +18,7 @@ from tests.unit.conftest import World, world_of
 GRACE_S = 60
 READY_TIMEOUT_S = 120
 MAX_S = 600
-# Any scale-down round after the bound: the README allows "plus one scale-down round".
+# Any scale-down round after the bound: tasks/README.md allows "plus one scale-down round".
 ROUND_S = 1
 
 

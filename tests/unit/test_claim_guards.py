@@ -57,9 +57,9 @@ def test_an_idle_net_is_kept_only_for_a_queued_job_it_could_take(sited, job, net
 
 
 def test_a_claim_looks_through_a_nets_next_sites_scan_queued_jobs_only(sited):
-    """README: "a claim looks through the net's next 50 QUEUED jobs for one that fits". A
-    job net-a could run behind SITES_SCAN it cannot waits, until the queue ahead of it
-    shrinks."""
+    """app/entrypoints/README.md: "a claim looks through the net's next 50 QUEUED jobs for
+    one that fits". A job net-a could run behind SITES_SCAN it cannot waits, until the queue
+    ahead of it shrinks."""
     with sited.rt.sessions.begin() as session:  # only net-a can claim
         services.get_net(session, "net-b").state = NetState.MISCONFIGURED
     ahead = [

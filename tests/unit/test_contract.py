@@ -232,7 +232,7 @@ def test_readmes_event_mapping_keeps_the_job_on_a_caller_key_conflict() -> None:
     reason_code caller_key_conflict. A receiver built from tasks/README.md's event-to-FLIP
     table reads `kind: "rejected"` -> ERROR / COMPLETED and marks that live job's model
     ERROR. Promise (reason codes, models/reasons.py): caller_key_conflict leaves flip-api's
-    statuses unchanged. Fix: the README row must say "ERROR/COMPLETED for reason_code
+    statuses unchanged. Fix: the tasks/README.md row must say "ERROR/COMPLETED for reason_code
     rejected; unchanged for caller_key_conflict" (better: generate that row from REASONS
     too)."""
     from pathlib import Path

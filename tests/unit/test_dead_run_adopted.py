@@ -129,9 +129,9 @@ def test_a_status_unreadable_after_a_restart_is_asked_again_not_taken_for_lost(w
 
 
 def test_a_live_run_is_not_lost_because_its_server_clock_was_stepped_back(world):
-    """README: a run is over only when its server, answering now, says so; the monitor's new
-    rule (`_started_before`) takes a RUNNING run whose job-store start time is before the
-    start time of the server process answering now as dead.
+    """app/usecases/README.md: a run is over only when its server, answering now, says so;
+    the monitor's new rule (`_started_before`) takes a RUNNING run whose job-store start
+    time is before the start time of the server process answering now as dead.
 
     Both times are the server's wall clock at two moments: `EngineInfo.start_time =
     time.time()` at process start and `datetime.now(UTC)` when the run went RUNNING. A

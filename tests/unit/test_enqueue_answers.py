@@ -86,7 +86,7 @@ def test_a_repeat_omitting_a_value_the_job_was_given_explicitly_is_a_conflict(
     """Omitted means the default (the net's sites, MAX_ATTEMPTS): a job enqueued for site-1
     alone, or with 5 attempts, is not what a payload without those fields asks for, so the
     repeat is a caller_key_conflict, as it was before identical retries read the job's own
-    defaults (the README: the same key with a different payload creates nothing and is
+    defaults (tasks/README.md: the same key with a different payload creates nothing and is
     refused; only a *default* spelled out or omitted is alike)."""
     nets = [net_decl(tmp_path, "net-a", required_sites=["site-1", "site-2"])]
     settings = Settings(

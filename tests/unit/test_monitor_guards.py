@@ -25,9 +25,9 @@ def test_an_abort_before_the_submit_landed_is_left_to_the_reconciler_and_bounded
     """monitor._watched no longer filters `nvflare_job_id IS NOT NULL` in SQL: an ABORTING
     job with no run yet reaches the Python filter, on both entry points (the awaited poll
     too, with a QUEUED job waiting for the net). Neither may take it for a lost run (a
-    status asked for no id); README: 'aborting is bounded by ABORT_TIMEOUT_S': with the
-    submit never landing, reconcile ends it ABORTED and takes the scale-to-zero server down
-    (its token's run, had it landed, dies with it)."""
+    status asked for no id); app/usecases/README.md: 'aborting is bounded by
+    ABORT_TIMEOUT_S': with the submit never landing, reconcile ends it ABORTED and takes the
+    scale-to-zero server down (its token's run, had it landed, dies with it)."""
     job_id = world.stuck_in_dispatching("in-flight")
     intake.request_abort(world.rt, job_id, "user")
     world.enqueue("waiting", net="net-a")

@@ -220,11 +220,11 @@ def test_misconfiguration_seen_while_warming_fails_the_hold(pw):
 
 
 def test_a_misconfiguration_seen_by_warm_up_never_strands_a_job_claimed_meanwhile(pw):
-    """README: "a job claimed meanwhile takes the net over with its own chain". warm_up reads
-    "no job" without the row lock, then the driver says misconfigured: it marks the net
-    MISCONFIGURED and scales it to 0 with job_id=None, so the job claimed in between is left
-    ASSIGNED on a MISCONFIGURED, scaled-down net (a job's own step would requeue it), and
-    the hold that job used is written `failed`."""
+    """tasks/README.md: "a job claimed meanwhile takes the net over with its own chain".
+    warm_up reads "no job" without the row lock, then the driver says misconfigured: it
+    marks the net MISCONFIGURED and scales it to 0 with job_id=None, so the job claimed in
+    between is left ASSIGNED on a MISCONFIGURED, scaled-down net (a job's own step would
+    requeue it), and the hold that job used is written `failed`."""
     ask(pw, "p1", net="net-a", within_s=300)
     job_id = pw.enqueue("job", net="net-a")
     driver = pw.driver("net-a")
@@ -418,7 +418,7 @@ def test_a_lost_warm_up_is_sent_again_after_stuck_after_s(pw):
 
 
 def test_a_short_hint_whose_server_boots_late_is_released_at_within_s_plus_grace(pw):
-    """README: "a prewarm with no job releases the server at within_s + the net's
+    """tasks/README.md: "a prewarm with no job releases the server at within_s + the net's
     idle_timeout_s". Here the hold ends at 10 s; the server answers at 100 s and is then
     marked READY with a fresh idle_since, so it is kept up to 160 s instead of 70 s."""
     ask(pw, "p1", net="net-a", within_s=10)
@@ -431,7 +431,7 @@ def test_a_short_hint_whose_server_boots_late_is_released_at_within_s_plus_grace
 
 
 def test_a_hold_restarted_near_its_deadline_is_released_at_prewarm_max_s_plus_grace(pw):
-    """README: "nothing, not a lost message nor a dead worker, keeps a server up past
+    """tasks/README.md: "nothing, not a lost message nor a dead worker, keeps a server up past
     PREWARM_MAX_S + the grace (plus one scale-down round)". A held server found gone at
     590 s is started again for a hold ending at 600 s; it answers at 690 s and is kept up
     until 750 s (> 600 + 60 + a round)."""
@@ -452,7 +452,7 @@ def test_a_hold_restarted_near_its_deadline_is_released_at_prewarm_max_s_plus_gr
 
 
 def test_lowering_prewarm_max_s_shortens_the_holds_already_granted(pw):
-    """README: a prewarm never keeps a server up past PREWARM_MAX_S. An operator who lowers
+    """tasks/README.md: a prewarm never keeps a server up past PREWARM_MAX_S. An operator who lowers
     it (a redeploy) bounds the holds granted before as well, from the next scale-down round."""
     held_ready(pw, "p1", within_s=MAX_S)
     pw.rt.settings = pw.rt.settings.model_copy(update={"prewarm_max_s": 30.0})
@@ -465,7 +465,7 @@ def test_lowering_prewarm_max_s_shortens_the_holds_already_granted(pw):
 
 
 def test_a_used_prewarm_is_never_reported_expired(pw):
-    """README: "an ended prewarm keeps its outcome". A job claimed at 10 s used the hold;
+    """tasks/README.md: "an ended prewarm keeps its outcome". A job claimed at 10 s used the hold;
     read after the 100 s deadline but before a scale-down round, GET answers `expired`; after
     the round the same prewarm answers `used`."""
     held_ready(pw, within_s=100)
@@ -480,7 +480,7 @@ def test_a_used_prewarm_is_never_reported_expired(pw):
 
 
 def test_an_expired_hold_is_not_rewritten_failed_by_a_late_give_up(pw):
-    """README: "an ended prewarm keeps its outcome". A 30 s hold whose server never answers
+    """tasks/README.md: "an ended prewarm keeps its outcome". A 30 s hold whose server never answers
     reads `expired` at 31 s; at the readiness deadline the warm-up's give-up rewrites every
     open row, this expired one included, as `failed` (and the counter counts it failed)."""
     ask(pw, "p1", net="net-a", within_s=30)
@@ -582,7 +582,7 @@ def test_the_moves_a_prewarm_causes_are_in_the_nets_history(pw):
 
 
 def test_a_hold_a_job_took_is_not_shown_held_while_the_job_runs(pw):
-    """README: a hold ends "when a job is claimed onto its net (used)", and /fl/status and
+    """tasks/README.md: a hold ends "when a job is claimed onto its net (used)", and /fl/status and
     fl_dispatcher_prewarm_held_nets show *live* holds. Until the next scale-down round, the
     prewarm's GET says `held`, /fl/status shows the hold and the gauge counts it."""
     held_ready(pw, within_s=600)

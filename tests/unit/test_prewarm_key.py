@@ -301,7 +301,7 @@ def test_a_job_naming_no_prewarm_costs_its_claim_no_more_statement(pk: World):
 
 
 def test_an_older_job_naming_no_hint_leaves_the_held_net_to_its_waiting_job(pk: World):
-    """README: "a job that named no hint leaves a held warm server to its job while another
+    """tasks/README.md: "a job that named no hint leaves a held warm server to its job while another
     warm one is free", and jobs keep their order: the older plain job goes first, to the
     unheld warm net, and the hinted job then meets its held server."""
     ready(pk, "net-a", "net-b")

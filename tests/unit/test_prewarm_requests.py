@@ -167,7 +167,7 @@ def test_cancelling_an_unknown_or_refused_prewarm_says_so(pw):
 
 
 def test_a_cancel_while_warming_starts_the_grace_at_the_cancel(pw):
-    """README: "Cancellable: the hold ends now and the net's idle grace starts". Cancelled
+    """tasks/README.md: "Cancellable: the hold ends now and the net's idle grace starts". Cancelled
     at 5 s while its server boots, the warm-up carries on, marks the net READY at 50 s with
     idle_since = 50 s, and the server is kept to 110 s instead of 65 s (+ a round)."""
     ask(pw, "p1", net="net-a", within_s=600)

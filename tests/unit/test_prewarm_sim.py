@@ -99,9 +99,10 @@ def test_a_server_held_past_its_idle_bound_is_not_idle_while_its_hold_lives():
 
 
 def test_the_sweep_accepts_a_hold_its_job_ended_from_another_net():
-    """README: a hold ends `used` "when the job that names it (`prewarm_key`) is claimed onto
-    another net". The sweep's `prewarm-used-by-later-claim` must accept that use: here the
-    held net is busy when the hinted job comes, so it runs on the other net."""
+    """tasks/README.md: a hold ends `used` "when the job that names it (`prewarm_key`) is
+    claimed onto another net". The sweep's `prewarm-used-by-later-claim` must accept that
+    use: here the held net is busy when the hinted job comes, so it runs on the other
+    net."""
     world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
     jobs = (
         JobSpec("long", 1.0, duration_s=120.0, net="net-a"),

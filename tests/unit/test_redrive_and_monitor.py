@@ -125,8 +125,8 @@ def test_a_re_drive_the_broker_refuses_says_so_and_is_tried_again_after_its_leas
 
 
 def test_with_the_defaults_a_dead_workers_job_is_re_driven_within_a_minute():
-    """README's bound: the longest lease between two of a step's writes plus one monitor
-    round, with every default."""
+    """app/usecases/README.md's bound: the longest lease between two of a step's writes plus
+    one monitor round, with every default."""
     settings = Settings(NETS="[]")
     assert step_leases.redrive_bound_s(settings) <= 60
 

@@ -130,11 +130,11 @@ def test_a_failing_seed_prints_how_to_replay_it() -> None:
 
 def test_a_run_left_on_a_net_nets_no_longer_declares_is_the_operators() -> None:
     """Seed 1111 (servers) of the 10,000-seed sweep: a hung run on net-a when a redeploy
-    removes net-a from NETS. The README leaves that server to the operator ("stop its server
-    yourself if it still runs"): reconcile fails the job and keeps its run as a stray, and
-    nothing of the dispatcher may reach that server any more. The checker must not hold the
-    run against the dispatcher (stray-run-stopped, then quiescence) while NETS does not
-    declare the net."""
+    removes net-a from NETS. app/entrypoints/README.md leaves that server to the operator
+    ("stop its server yourself if it still runs"): reconcile fails the job and keeps its run
+    as a stray, and nothing of the dispatcher may reach that server any more. The checker
+    must not hold the run against the dispatcher (stray-run-stopped, then quiescence) while
+    NETS does not declare the net."""
     world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
     hung = JobSpec("hung", arrive_s=5.0, duration_s=None, net="net-a")
     workload = Workload(jobs=(hung,), horizon_s=120.0)

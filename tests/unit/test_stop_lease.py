@@ -256,9 +256,10 @@ def _claim_and_scale_up(world: World, key: str) -> tuple[str | None, int]:
 
 
 def test_a_stray_expiry_does_not_finish_a_stop_whose_call_may_still_land(world, monkeypatch):
-    """README: reconcile finishes a STOPPING net's stop only once its lease has passed (or
-    the call returned), "so the net cannot be stopped, claimed and started again while the
-    first call may still land"; only a worker frozen LONGER than STUCK_AFTER_S may land late.
+    """app/usecases/README.md: reconcile finishes a STOPPING net's stop only once its lease
+    has passed (or the call returned), "so the net cannot be stopped, claimed and started
+    again while the first call may still land"; only a worker frozen LONGER than
+    STUCK_AFTER_S may land late.
 
     Here the idle stop's call is on the wire for 2 s (its lease runs 300 s). The same
     reconcile round that leaves the STOPPING net alone (`_stop_in_flight`) goes on to its
@@ -302,12 +303,12 @@ def test_a_stray_expiry_does_not_finish_a_stop_whose_call_may_still_land(world, 
 def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on_a_job(
     world, monkeypatch
 ):
-    """README: the net "cannot be stopped, claimed and started again while the first call
-    may still land". A net found misconfigured is scaled down (`scale_down_or_log`, leased);
-    while that call is on the wire a rolling deploy starts a process, whose `sync_nets`
-    resets every MISCONFIGURED net to STOPPED ("a restart after a fix is the human saying
-    try again") without looking at the lease. The requeued job claims the net at once and
-    scales it up; the first call then lands on it."""
+    """app/usecases/README.md: the net "cannot be stopped, claimed and started again while
+    the first call may still land". A net found misconfigured is scaled down
+    (`scale_down_or_log`, leased); while that call is on the wire a rolling deploy starts a
+    process, whose `sync_nets` resets every MISCONFIGURED net to STOPPED ("a restart after a
+    fix is the human saying try again") without looking at the lease. The requeued job
+    claims the net at once and scales it up; the first call then lands on it."""
     job_id = world.enqueue("victim", net="net-a")
     assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
     net, attempt = assignment.net_name, assignment.attempt

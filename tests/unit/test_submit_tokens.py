@@ -23,12 +23,13 @@ def _strays(world: World) -> list[tuple[str, str | None, str | None]]:
 
 
 def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_server(always_on):
-    """README: misconfiguration 'fails fast: the net goes MISCONFIGURED and its job back to
-    the queue without losing an attempt'; 'a run that no job counts ... is a stray run'.
-    Path: try 1 of a submit lands on `fixed` with its reply lost; try 2 meets a rejected
-    admin kit: the run is kept as a stray by token, the job QUEUED (attempt still 0), the net
-    MISCONFIGURED. The stray is aborted, an operator restarts with the kit fixed, the job is
-    claimed onto `fixed` again and submitted: it must get a new run, not the aborted one."""
+    """app/usecases/README.md: misconfiguration 'fails fast: the net goes MISCONFIGURED and
+    its job back to the queue without losing an attempt'; 'a run that no job counts ... is a
+    stray run'. Path: try 1 of a submit lands on `fixed` with its reply lost; try 2 meets a
+    rejected admin kit: the run is kept as a stray by token, the job QUEUED (attempt still
+    0), the net MISCONFIGURED. The stray is aborted, an operator restarts with the kit
+    fixed, the job is claimed onto `fixed` again and submitted: it must get a new run, not
+    the aborted one."""
     world = always_on
     reconciler.reconcile(world.rt)  # the always-on net comes up READY
     job_id = world.stuck_in_dispatching("pinned", net="fixed")
@@ -59,11 +60,12 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_serve
 
 
 def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_zero(world):
-    """README: 'a run the server forgot is lost, not RUNNING forever'; 'its job back to the
-    queue without losing an attempt'. Try 1 lands on net-a with its reply lost, try 2 meets a
-    rejected kit: net-a MISCONFIGURED and scaled to zero (the run dies with the process),
-    the stray cleared once net-a is STOPPED at zero replicas after a restart with the kit
-    fixed. The job's next submit to net-a must start a run, not adopt the dead one."""
+    """app/usecases/README.md: 'a run the server forgot is lost, not RUNNING forever'; 'its
+    job back to the queue without losing an attempt'. Try 1 lands on net-a with its reply
+    lost, try 2 meets a rejected kit: net-a MISCONFIGURED and scaled to zero (the run dies
+    with the process), the stray cleared once net-a is STOPPED at zero replicas after a
+    restart with the kit fixed. The job's next submit to net-a must start a run, not adopt
+    the dead one."""
     job_id = world.stuck_in_dispatching("pinned", net="net-a")
     token = world.job(job_id).submit_token
     server = world.server("net-a")
@@ -88,9 +90,10 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_
 
 
 def test_a_second_dispatch_at_one_attempt_gets_a_new_token_with_history_before_0004(world):
-    """README: "each dispatch's submit token must be new, even when a requeue counted no
-    attempt" (services.dispatches_of), and a requeued job on a server that kept its job
-    store must not be answered with the earlier run (models.Job.start_dispatch).
+    """app/README.md, Design decisions: "each dispatch's submit token must be new, even when
+    a requeue counted no attempt" (services.dispatches_of), and a requeued job on a server
+    that kept its job store must not be answered with the earlier run
+    (models.Job.start_dispatch).
 
     A job that spent an attempt on a readiness timeout was dispatched at attempt 1 before
     migration 0004 (its DISPATCHING row has attempt NULL), its net was then found

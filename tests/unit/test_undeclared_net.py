@@ -1,7 +1,8 @@
 """A net removed from the settings by a redeploy keeps its rows; its leftovers are settled
 without asking a server nobody declares any more (and without crashing the loop). A net
-counts as removed once no process has declared it for the grace (README: `max(STUCK_AFTER_S,
-20 x HOUSEKEEPING_INTERVAL_S)`), each process recording when it last found its nets."""
+counts as removed once no process has declared it for the grace (app/entrypoints/README.md:
+`max(STUCK_AFTER_S, 20 x HOUSEKEEPING_INTERVAL_S)`), each process recording when it last
+found its nets."""
 
 from __future__ import annotations
 
