@@ -1,5 +1,5 @@
 """The Flower backend's client against a real SuperLink and two real SuperNodes (flwr 1.42,
-from their own virtualenv: tests/fixtures/flower.py), insecure on loopback: readiness,
+from their own virtualenv: tests/fixtures/flower.py), TLS on loopback: readiness,
 submit, status, stop, a SuperLink down or restarted under a run, and a lost submit reply."""
 
 from __future__ import annotations
@@ -48,14 +48,12 @@ def long_app(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_client() -> Iterator[Callable[[FlowerSystem], FlowerControlClient]]:
-    """Clients of a system's SuperLink, all closed after the test."""
+def make_client() -> Iterator[Callable[..., FlowerControlClient]]:
+    """Clients of a system's SuperLink (trusting its test CA), all closed after the test."""
     clients: list[FlowerControlClient] = []
 
-    def make(system: FlowerSystem, address: str | None = None) -> FlowerControlClient:
-        client = FlowerControlClient(
-            net_name="flower-test", address=address or system.address, insecure=True
-        )
+    def make(system: FlowerSystem) -> FlowerControlClient:
+        client: FlowerControlClient = system.client()
         clients.append(client)
         return client
 
@@ -98,10 +96,11 @@ def runs_with_token(system: FlowerSystem, token: str) -> list[Any]:
     """Every run of the SuperLink whose config carries this token (read without the client
     under test's own lookup)."""
     answer = httpx.post(
-        f"http://{system.address}/v1/control/list-runs",
+        f"https://{system.address}/v1/control/list-runs",
         content=control_pb2.ListRunsRequest(limit=1000).SerializeToString(),
         headers={"content-type": "application/protobuf"},
         timeout=10,
+        verify=system.tls.context(),
     )
     answer.raise_for_status()
     runs = control_pb2.ListRunsResponse()
@@ -265,9 +264,10 @@ class _LosingProxy(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, system: FlowerSystem) -> None:
         super().__init__(("127.0.0.1", 0), _LosingHandler)
-        self.upstream = upstream
+        self.upstream = system.address
+        self.verify = system.tls.context()
         self.lost = 0
 
 
@@ -277,10 +277,11 @@ class _LosingHandler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
         answer = httpx.post(
-            f"http://{self.server.upstream}{self.path}",
+            f"https://{self.server.upstream}{self.path}",
             content=body,
             headers={"content-type": self.headers.get("content-type", "")},
             timeout=30,
+            verify=self.server.verify,
         )
         if self.path.endswith("/start-run") and self.server.lost == 0:
             self.server.lost += 1
@@ -299,11 +300,14 @@ class _LosingHandler(http.server.BaseHTTPRequestHandler):
 def test_a_lost_submit_reply_finds_the_run_again_and_starts_none(
     flower: FlowerSystem, make_client: Callable[..., FlowerControlClient]
 ) -> None:
-    proxy = _LosingProxy(flower.address)
+    proxy = _LosingProxy(flower)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
+    # Plain HTTP to the proxy on loopback (it holds no certificate); TLS from it upstream.
+    client = FlowerControlClient(
+        net_name="flower-test", address=f"127.0.0.1:{proxy.server_address[1]}", insecure=True
+    )
     try:
-        client = make_client(flower, f"127.0.0.1:{proxy.server_address[1]}")
         with pytest.raises(ServerUnavailable):
             client.submit(APP, "token-lost-reply")
         assert proxy.lost == 1
@@ -314,5 +318,6 @@ def test_a_lost_submit_reply_finds_the_run_again_and_starts_none(
         assert [str(run.run_id) for run in runs_with_token(flower, "token-lost-reply")] == [found]
         assert finished(client, found).state is RunState.COMPLETED
     finally:
+        client.close()
         proxy.shutdown()
         proxy.server_close()
