@@ -220,6 +220,23 @@ def test_abort_stops_a_running_run(
     assert client.abort("123").outcome is AbortOutcome.NOTHING_TO_ABORT  # unknown run
 
 
+def test_a_run_stopped_before_it_ran_never_runs(
+    flower: FlowerSystem, make_client: Callable[..., FlowerControlClient], long_app: Path
+) -> None:
+    """Flower's stop is final (no ABORTED_BEFORE_START as with NVFLARE): a run stopped
+    while pending is never started, even after a later run has gone all the way through."""
+    client = make_client(flower)
+    run_id = client.submit(long_app, "token-stopped-early")
+    result = client.abort(run_id)
+    assert result.outcome is AbortOutcome.ABORTED, result
+
+    later = client.submit(APP, "token-after-the-stopped-one")
+    assert finished(client, later).state is RunState.COMPLETED
+    status = client.job_status(run_id)
+    assert (status.state, status.started_at) == (RunState.ABORTED, None)
+    assert runs_with_token(flower, "token-stopped-early")[0].running_at == ""
+
+
 def test_abort_with_the_superlink_down_is_nothing_to_abort(
     flower: FlowerSystem, make_client: Callable[..., FlowerControlClient], long_app: Path
 ) -> None:
