@@ -23,7 +23,7 @@ from tests.fixtures.flower import APP, SITES, FlowerSystem, make_tls, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower]
 
-EXPECTED_S = 190  # seconds on the 2-core CI machine (tests/tools/schedule.py): 175 s measured
+EXPECTED_S = 210  # seconds on the 2-core CI machine (tests/tools/schedule.py): 204 s measured
 
 RUN_TIMEOUT_S = 120.0  # measured ~9 s for the tiny app's one round on 2 cores
 
