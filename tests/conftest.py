@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.fixtures.testrun",  # first: what a killed run left is cleared before anything starts
     "tests.fixtures.db",
     "tests.fixtures.nvflare",
+    "tests.fixtures.flower",
     "tests.fixtures.aws",
     "tests.fixtures.containers",
 ]

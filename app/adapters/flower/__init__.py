@@ -1,0 +1,1 @@
+"""The Flower backend: a net whose server is a Flower SuperLink (see client.py)."""

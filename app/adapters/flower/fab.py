@@ -1,0 +1,171 @@
+"""A Flower App Bundle (FAB) from a job's folder, carrying the dispatcher's submit token.
+
+Flower has no submit token: a start-run whose reply was lost cannot be asked about by a key
+of ours. So the dispatcher sets one in the run's config (`TOKEN_KEY`, an override the
+SuperLink stores with the run and lists in ListRuns), and finds the run again by it. The
+SuperLink refuses an override for a key the app does not declare, so the FAB built here
+declares it (default "") in the app's `[tool.flwr.app.config]`.
+
+The bundle is what `flwr build` (flwr 1.42) makes, without flwr: a zip of `pyproject.toml`
+and the app's files of the kinds flwr packs (`INCLUDED_SUFFIXES`, `LICENSE`), without the
+folders and test files flwr leaves out, plus the `.info/CONTENT` manifest (path, sha256,
+size in bits) the SuperExec checks before it installs the app. Entries are sorted and
+dated like flwr's, so one folder always gives the same bytes (and FAB hash).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import re
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from app.errors import InvalidRequest
+
+TOKEN_KEY = "fl-dispatcher-submit-token"  # noqa: S105  (a config key, no secret)
+CONFIG_FILE = "pyproject.toml"
+MANIFEST = ".info/CONTENT"
+FAB_DATE = (2024, 10, 1, 0, 0, 0)  # flwr's own (flwr.common.constant.FAB_DATE)
+FAB_MAX_BYTES = 10 * 1024 * 1024  # what the SuperLink accepts (FAB_MAX_SIZE)
+INCLUDED_SUFFIXES = frozenset({".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl"})
+# Folders flwr never packs (its FAB_EXCLUDE_PATTERNS), at any depth.
+EXCLUDED_DIRS = frozenset(
+    {".flwr", "__pycache__", ".venv", "venv", ".git", "build", "dist", ".eggs", "lib", "lib64"}
+)
+_CONFIG_HEADER = re.compile(
+    r"^[ \t]*\[[ \t]*tool[ \t]*\.[ \t]*flwr[ \t]*\.[ \t]*app[ \t]*\.[ \t]*config[ \t]*\]"
+    r"[ \t]*(#.*)?$",
+    re.MULTILINE,
+)
+
+
+def _app_config(document: dict[str, Any]) -> dict[str, Any] | None:
+    """The document's [tool.flwr.app.config] table, or None."""
+    table = document.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    return table if isinstance(table, dict) else None
+
+
+def _parse(text: str, folder: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidRequest(f"{folder / CONFIG_FILE} is not valid TOML: {exc}") from exc
+
+
+def declare_token_key(text: str, folder: Path = Path(".")) -> str:
+    """`pyproject.toml`'s text with TOKEN_KEY declared in the app's config (default "").
+
+    The line is added under the config table's header, or in a new table at the end; the
+    result is parsed again, and refused if anything but the one key changed (a config
+    written as dotted keys or an inline table, where a line cannot be added safely).
+    """
+    document = _parse(text, folder)
+    components = document.get("tool", {}).get("flwr", {}).get("app", {}).get("components")
+    if not isinstance(components, dict) or not components:
+        raise InvalidRequest(
+            f"{folder / CONFIG_FILE} is not a Flower App: no [tool.flwr.app.components]"
+        )
+    config = _app_config(document)
+    if config is not None and TOKEN_KEY in config:
+        return text
+    line = f'{TOKEN_KEY} = ""\n'
+    header = _CONFIG_HEADER.search(text)
+    if header is not None:
+        cut = text.find("\n", header.end())
+        cut = len(text) if cut < 0 else cut + 1
+        head = text[:cut] if text[:cut].endswith("\n") else text[:cut] + "\n"
+        changed = head + line + text[cut:]
+    else:
+        tail = "" if text.endswith("\n") or not text else "\n"
+        changed = f"{text}{tail}\n[tool.flwr.app.config]\n{line}"
+    if _parse_or_none(changed) != _with_key(document):
+        raise InvalidRequest(
+            f"{folder / CONFIG_FILE}: cannot declare the run config key {TOKEN_KEY!r} "
+            "(write the app's config as a [tool.flwr.app.config] table, or declare the key "
+            'there with the default "")'
+        )
+    return changed
+
+
+def _parse_or_none(text: str) -> dict[str, Any] | None:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+def _with_key(document: dict[str, Any]) -> dict[str, Any]:
+    """What the document must read once the key is declared: itself plus that one key."""
+    expected = copy.deepcopy(document)
+    app = expected.setdefault("tool", {}).setdefault("flwr", {}).setdefault("app", {})
+    app.setdefault("config", {})[TOKEN_KEY] = ""
+    return expected
+
+
+def _packed(relative: Path) -> bool:
+    """Whether flwr packs this file of the app's folder into its FAB."""
+    if any(part in EXCLUDED_DIRS for part in relative.parts[:-1]):
+        return False
+    name = relative.name
+    if (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"):
+        return False
+    if relative.as_posix() == CONFIG_FILE:
+        return False  # written first, with the token key declared
+    return relative.suffix in INCLUDED_SUFFIXES or relative.as_posix() == "LICENSE"
+
+
+def app_files(folder: Path) -> list[str]:
+    """The app's files the FAB carries besides pyproject.toml (POSIX paths, sorted)."""
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() and _packed(path.relative_to(folder))
+    )
+
+
+def build_fab(folder: Path) -> bytes:
+    """The FAB of the Flower App in `folder`, with TOKEN_KEY declared in its config.
+
+    InvalidRequest for a folder that is no Flower App, a config the key cannot be added to,
+    an app that chooses its own files (`fab-include`/`fab-exclude`, not supported here), or
+    a bundle over the SuperLink's size limit.
+    """
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise InvalidRequest(f"{folder} holds no {CONFIG_FILE}: not a Flower App")
+    text = config_path.read_text(encoding="utf-8")
+    app = _parse(text, folder).get("tool", {}).get("flwr", {}).get("app", {})
+    chosen = sorted(key for key in ("fab-include", "fab-exclude") if key in app)
+    if chosen:
+        raise InvalidRequest(f"{config_path}: {', '.join(chosen)} is not supported yet")
+    files = [(CONFIG_FILE, declare_token_key(text, folder).encode("utf-8"))]
+    files += [(name, (folder / name).read_bytes()) for name in app_files(folder)]
+    buffer = io.BytesIO()
+    manifest = []
+    with zipfile.ZipFile(buffer, "w") as fab:
+        for name, content in files:
+            _write(fab, name, content)
+            digest = hashlib.sha256(content).hexdigest()
+            manifest.append(f"{name},{digest},{len(content) * 8}")
+        _write(fab, MANIFEST, "\n".join(manifest).encode("utf-8"))
+    data = buffer.getvalue()
+    if len(data) > FAB_MAX_BYTES:
+        raise InvalidRequest(
+            f"{folder}: its FAB is {len(data):,} bytes, over the SuperLink's {FAB_MAX_BYTES:,}"
+        )
+    return data
+
+
+def _write(fab: zipfile.ZipFile, name: str, content: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=FAB_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    fab.writestr(info, content)
+
+
+def fab_hash(fab: bytes) -> str:
+    """The FAB's hash as the SuperLink computes it (sha256 of the bundle's bytes)."""
+    return hashlib.sha256(fab).hexdigest()

@@ -1,0 +1,1 @@
+"""fl-dispatcher's test Flower App."""
