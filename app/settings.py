@@ -128,6 +128,11 @@ class Settings(BaseSettings):
         default=300.0, ge=1, le=3600, alias="CALLBACK_MAX_BACKOFF_S"
     )
     callback_max_4xx_tries: int = Field(default=3, ge=1, alias="CALLBACK_MAX_4XX_TRIES")
+    # How many job events one read of a delivery round holds, the oldest first (a full read
+    # is followed by another while the round has time); bounds a round's memory.
+    callback_events_per_read: int = Field(
+        default=200, ge=1, le=10_000, alias="CALLBACK_EVENTS_PER_READ"
+    )
 
     api_secret: SecretStr = Field(default=SecretStr(""), alias="API_SECRET")
     # Bounds what one request may make the status API receive; an enqueue is a few KiB.

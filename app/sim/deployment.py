@@ -71,6 +71,7 @@ def settings_for(
             "CALLBACK_SECRET": SECRET,
             "CALLBACK_TIMEOUT_S": 5.0,
             "CALLBACK_MAX_BACKOFF_S": world.callback_max_backoff_s,
+            "CALLBACK_EVENTS_PER_READ": world.callback_events_per_read,
         }
     return Settings(
         **extra,

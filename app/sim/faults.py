@@ -99,6 +99,12 @@ class FaultProfile:
     drift_rate: float = 0.0  # someone scales the service by hand (to 0 if up, to 1 if not)
     settings_flip: float = 0.0  # probability of one PER_JOB_FL_SERVER change (a redeploy)
     redeploy_p: float = 0.0  # probability of a NETS change (each of up to two; tests.sim.redeploy)
+    # --- flip-api's callback endpoint ---
+    # per job and per refused enqueue: flip-api's handler hangs on its events (a locked row,
+    # a stuck dependency) from the first post until the faults stop, every post a read
+    # timeout, while it answers every other event (app.sim.receiver)
+    receiver_hang_p: float = 0.0
+    receiver_outages: bool = True  # whole-receiver outages (down, 5xx, 4xx) in a faulty world
     # --- the caller (flip-api) ---
     abort_p: float = 0.0  # per job: an abort at a random moment
     report_p: float = 0.0  # per job: a status report at a random moment

@@ -135,8 +135,11 @@ class Simulation:
             self,
             random.Random(f"{seed}/receiver"),
             workload.horizon_s,
-            faulty=not profile.clean or world.receiver_failures_before > 0,
+            faulty=(not profile.clean and profile.receiver_outages)
+            or world.receiver_failures_before > 0,
         )
+        if profile.receiver_hang_p:
+            self.receiver.hang(f"{seed}/receiver-hang", profile.receiver_hang_p, world)
         if world.receiver_failures_before:
             self._receiver_down_before(world.receiver_failures_before)
         self.checker = checker

@@ -137,6 +137,7 @@ class WorldSpec:
     # Job status pushed to flip-api's callback endpoint (app.usecases.callbacks).
     callbacks: bool = False
     callback_max_backoff_s: float = 8.0
+    callback_events_per_read: int = 200  # CALLBACK_EVENTS_PER_READ
     # The receiver had already failed this many tries in a row when the world starts (a
     # receiver down for days: thousands of tries at CALLBACK_MAX_BACKOFF_S apart).
     receiver_failures_before: int = 0

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, func, literal, or_, select, union_all
+from sqlalchemy import Integer, bindparam, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from app.usecases.callback_receiver import RECEIVER_ID
 from models import CallbackCursor, CallbackReceiver, Job, JobEvent, RejectedRequest
 
-# One read of job events holds at most this many (the oldest first), one of rejected events
-# at most REJECTIONS_PER_READ; a full read is followed by another while the lease is held.
-EVENTS_PER_READ = 200
+# One read of job events holds at most CALLBACK_EVENTS_PER_READ (the oldest first), one of
+# rejected events at most REJECTIONS_PER_READ; a full read is followed by another while the
+# lease is held.
 REJECTIONS_PER_READ = 50
 
 
@@ -109,8 +109,11 @@ def look(session: Session, now: datetime) -> Look:
     )
 
 
-# Job events whose job has no backoff running, the oldest first, with what their payload
-# needs of the job (`callback_payloads.event_payload`).
+# Job events whose job has no backoff running, with what their payload needs of the job
+# (`callback_payloads.event_payload`): the jobs whose head was tried and not delivered
+# (a handler that hangs on it, a 5xx) after every other, then the oldest first. A job's
+# events share its cursor, so each job's stay in id order; and hung handlers, tried last,
+# can never be each other's "one other due event" while a job the receiver answers waits.
 _DUE_EVENTS = (
     select(
         JobEvent.id,
@@ -135,7 +138,7 @@ _DUE_EVENTS = (
             CallbackCursor.next_attempt_at <= bindparam("now"),
         ),
     )
-    .order_by(JobEvent.id)
+    .order_by(case((CallbackCursor.tries > 0, 1), else_=0), JobEvent.id)
     .limit(bindparam("limit"))
 )
 # Rejected events not settled whose backoff is over, oldest first.
@@ -173,16 +176,18 @@ class Batch:
     full: bool = False  # a read came back full: more may be due after it
 
 
-def due_batch(session: Session, now: datetime, *, jobs: bool, rejections: bool) -> Batch:
-    """What is due now: rejected events if `rejections`, job events if `jobs` (one
-    statement each, read only when the look said so)."""
+def due_batch(
+    session: Session, now: datetime, *, jobs: bool, rejections: bool, events_per_read: int
+) -> Batch:
+    """What is due now: rejected events if `rejections`, job events if `jobs` (at most
+    `events_per_read`; one statement each, read only when the look said so)."""
     rejected = (
         list(session.scalars(_DUE_REJECTIONS, {"now": now, "limit": REJECTIONS_PER_READ}))
         if rejections
         else []
     )
     rows = (
-        session.execute(_DUE_EVENTS, {"now": now, "limit": EVENTS_PER_READ}).all() if jobs else []
+        session.execute(_DUE_EVENTS, {"now": now, "limit": events_per_read}).all() if jobs else []
     )
     by_job: dict[uuid.UUID, tuple[JobRef, list[Any]]] = {}
     for row in rows:
@@ -190,5 +195,5 @@ def due_batch(session: Session, now: datetime, *, jobs: bool, rejections: bool) 
             job = JobRef(row.job_id, row.caller_key, row.job_metadata, row.max_attempts)
             by_job[row.job_id] = (job, [])
         by_job[row.job_id][1].append(row)
-    full = len(rejected) >= REJECTIONS_PER_READ or len(rows) >= EVENTS_PER_READ
+    full = len(rejected) >= REJECTIONS_PER_READ or len(rows) >= events_per_read
     return Batch(rejected, list(by_job.values()), full)

@@ -223,7 +223,13 @@ def _claim(rt: Runtime, owner: str, seen: Look) -> Batch | None:
             return None
         if lease.resting(now):
             return Batch()  # rested since the look: nothing is tried before then
-        return due_batch(session, now, jobs=seen.jobs_due, rejections=seen.rejections_due)
+        return due_batch(
+            session,
+            now,
+            jobs=seen.jobs_due,
+            rejections=seen.rejections_due,
+            events_per_read=rt.settings.callback_events_per_read,
+        )
 
 
 def _deliver_due(
@@ -280,7 +286,13 @@ def _deliver_due(
         # left in the read to try (all of it that job's history, say): the one other due
         # event is looked for. The silent one is not read again: its own backoff runs.
         with rt.sessions() as session:
-            batch = due_batch(session, rt.clock(), jobs=True, rejections=True)
+            batch = due_batch(
+                session,
+                rt.clock(),
+                jobs=True,
+                rejections=True,
+                events_per_read=rt.settings.callback_events_per_read,
+            )
         if not (batch.jobs or batch.rejections):
             return done  # nothing else due: after a silence, the receiver rests
 

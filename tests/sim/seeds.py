@@ -58,6 +58,11 @@ def from_seed(
             callback_max_backoff_s=extra.choice((4.0, 8.0, 30.0)),
             receiver_failures_before=1020 if extra.random() < 0.1 else 0,
         )
+    if profile.receiver_hang_p:
+        # Hangs are on callbacks: every such world pushes them, in reads of three events.
+        world = dataclasses.replace(
+            world, callbacks=True, callback_events_per_read=3, receiver_failures_before=0
+        )
     # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
     # their own (tests.sim.prewarms): the others run exactly as before.
     world, workload = with_prewarms(seed, world, workload)
