@@ -10,7 +10,7 @@ costs CALLBACK_TIMEOUT_S), the worker may die, another worker may run a message.
 A receiver may also hang on some jobs' events (and some refused enqueues') only, as
 flip-api's handler does on a locked row: every post of such a job times out from its first
 one until the faults stop, while every other event is answered. The promise under test
-(README "Status callbacks": a handler that hangs on one event holds back no other job) is
+(tasks/README.md "Status callbacks": a handler that hangs on one event holds back no other job) is
 then checked at each acceptance: an event of a job that never hung is accepted within
 `held_back_bound_s` of its move (`callback-held-back`).
 """

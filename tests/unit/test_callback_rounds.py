@@ -265,7 +265,7 @@ class HangsOnJobs(Receiver):
 
 
 def test_two_jobs_whose_handler_hangs_hold_back_no_other_job(cb):
-    """README "Status callbacks", no answer: the jobs whose head went unanswered are tried
+    """tasks/README.md "Status callbacks", no answer: the jobs whose head went unanswered are tried
     after every other due job, so two hung handlers (each the other's "one other due
     event") cannot keep the receiver resting while a job it answers waits. Found by the
     sweep's `hang` profile (seed 1: other jobs' events waited 65 s, until the hangs ended)."""
