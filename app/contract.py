@@ -7,82 +7,27 @@ implements it (`fl-dispatcher schema` prints it; tests validate real payloads ag
 - how a job id is computed from a caller_key (app.schemas.job_id_for);
 - the callback signature scheme (app.adapters.callbacks).
 
-The callback models here describe what `app.usecases.callbacks` sends; a unit test checks
-every payload it builds against them, so the two cannot drift apart.
+The callback payloads are the read models `app.usecases.callback_payloads` builds and
+`app.usecases.callbacks` sends (`app.read_models.StateChangeEvent`, `RejectedEvent`): the
+schema here is generated from the very models the payloads are.
 """
 
 from __future__ import annotations
 
-import uuid
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from app import names
 from app.adapters import callbacks as signing
+from app.read_models import ReadModel, RejectedEvent, StateChangeEvent
 from app.schemas import JOB_ID_NAMESPACE, JSON_SCHEMA_DIALECT, job_id_for, payload_schemas
-from models import REASONS, JobState, ReasonCode
+from models import REASONS
 
 EXAMPLE_CALLER_KEY = "flip-model-42"
 
 
-class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StateChangeEvent(_Event):
-    """A job moved from one state to another (one row of its history)."""
-
-    event_id: int = Field(
-        description="the history row's id: grows along a job's history, the same on a "
-        "redelivery (drop duplicates by it); also in the webhook-id header"
-    )
-    kind: Literal["state_change"] = Field(description="switch on it first")
-    job_id: uuid.UUID = Field(description="uuid5(job_id_namespace, caller_key)")
-    caller_key: str = Field(description="as flip-api enqueued it")
-    metadata: dict[str, Any] = Field(description="flip-api's object from the enqueue ({} if none)")
-    from_state: JobState | None = Field(description="null on the first event (enqueued)")
-    to_state: JobState = Field(description="the state the job moved to")
-    at: str = Field(
-        description="when the move happened (ISO 8601, UTC)",
-        json_schema_extra={"format": "date-time"},
-    )
-    reason: str = Field(description="why, for a person")
-    reason_code: ReasonCode | None = Field(
-        description="why, for a program: set on a move to COMPLETED, FAILED or ABORTED "
-        "(see reason_codes), null on other moves and on history written before it existed"
-    )
-    nvflare_job_id: str | None = Field(description="the NVFLARE run when the move happened")
-    # ge=1: a receiver validating against the contract refuses a 0.1.0 payload (0-based).
-    attempt: int | None = Field(
-        ge=1,
-        description="the job's attempt when the move happened, from 1 to its max_attempts (the "
-        "count GET /jobs/{id}'s `attempt` shows); null on history written before migration 0004",
-    )
-
-
-class RejectedEvent(_Event):
-    """An enqueue the worker refused: no job was created (the named job, if any, is
-    unchanged)."""
-
-    event_id: str = Field(
-        pattern=r"^rejected-[0-9]+$",
-        description="'rejected-<n>': a string, never equal to a state change's integer id",
-    )
-    kind: Literal["rejected"] = Field(description="switch on it first")
-    job_id: uuid.UUID | None = Field(
-        description="the id the job would have had (null without a usable caller_key)"
-    )
-    caller_key: str | None = Field(description="as sent (null when it had none)")
-    reason: str = Field(description="why it was refused, for a person")
-    reason_code: Literal[ReasonCode.REJECTED, ReasonCode.CALLER_KEY_CONFLICT] = Field(
-        description="rejected, or caller_key_conflict: the key names a job enqueued with "
-        "another payload"
-    )
-    at: str = Field(description="when (ISO 8601, UTC)", json_schema_extra={"format": "date-time"})
-
-
-CALLBACK_EVENTS: dict[str, type[_Event]] = {
+CALLBACK_EVENTS: dict[str, type[ReadModel]] = {
     "state_change": StateChangeEvent,
     "rejected": RejectedEvent,
 }

@@ -6,8 +6,8 @@ them) are open; mutating
 routes need `X-API-Key: $API_SECRET` and are disabled while API_SECRET is unset.
 
 This module is the HTTP door only: routing, authentication, error handlers. What a route
-answers comes from the read models (`app.usecases.views`) and the use cases, shared with
-the CLI and the Celery tasks. `GET /fl/status` probes each net's driver and admin server in
+answers is a read model (`app.read_models`) a use case built, the object the CLI and the
+Celery tasks serialise too. `GET /fl/status` probes each net's driver and admin server in
 parallel with a deadline (`app.parallel.Prober`), so one hung or unreachable net costs the
 response at most the deadline, never more per net.
 """
@@ -32,20 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
-from app.contract import RejectedEvent, StateChangeEvent
 from app.entrypoints import nets_page, prewarm_routes
 from app.entrypoints.limits import BodySizeLimit
-from app.entrypoints.responses import (
-    AbortRequested,
-    Enqueued,
-    FlStatus,
-    Health,
-    JobDetail,
-    JobList,
-    Readiness,
-    error_responses,
-    json_errors,
-)
+from app.entrypoints.responses import Health, Readiness, error_responses, json_errors
 from app.errors import (
     CallerKeyConflict,
     InvalidRequest,
@@ -56,6 +45,15 @@ from app.errors import (
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.payload_json import loads_payload
+from app.read_models import (
+    AbortRequested,
+    Enqueued,
+    FlStatus,
+    JobDetail,
+    JobList,
+    RejectedEvent,
+    StateChangeEvent,
+)
 from app.readiness import check_ready
 from app.runtime import Runtime
 from app.schemas import EnqueueJob, StorableText
@@ -286,7 +284,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_model=FlStatus,
         responses=error_responses(503),
     )
-    def fl_status() -> dict[str, Any]:
+    def fl_status() -> FlStatus:
         """Every configured net and the queue; a failing net reports its own error."""
         return collect_status(ctx.runtime, ctx.prober, ctx.probe_timeout_s)
 
@@ -328,7 +326,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         caller_key: Annotated[
             str | None, Query(description="only the job this caller_key names")
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> JobList:
         """Jobs, newest first, a page at a time (`next_cursor` is null on the last page)."""
         wanted = parse_job_state(state) if state is not None else None
         with ctx.runtime.sessions() as session:
@@ -341,7 +339,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_model=JobDetail,
         responses=error_responses(404, 410, 503),
     )
-    def get_job_by_key(caller_key: str) -> dict[str, Any]:
+    def get_job_by_key(caller_key: str) -> JobDetail:
         """The job a caller_key names, with its history (410: its enqueue was refused)."""
         with ctx.runtime.sessions() as session:
             return job_detail_by_key(
@@ -355,7 +353,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         response_model=JobDetail,
         responses=error_responses(404, 410, 422, 503),
     )
-    def get_job(job_id: uuid.UUID) -> dict[str, Any]:
+    def get_job(job_id: uuid.UUID) -> JobDetail:
         """One job with its history."""
         with ctx.runtime.sessions() as session:
             return job_detail(session, job_id, callbacks=ctx.runtime.settings.callbacks_enabled)
@@ -424,19 +422,14 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
             **error_responses(400, 401, 403, 409, 413, 422, 503),
         },
     )
-    async def post_job(request: Request, response: Response) -> dict[str, Any]:
+    async def post_job(request: Request, response: Response) -> Enqueued:
         """Enqueue a job (idempotent on caller_key): 201 created, 200 existing."""
         payload = await _read_body(request, EnqueueJob, optional=False)
         submitted = await run_in_threadpool(intake.submit_job, runtime, payload)
         result = submitted.enqueued
         response.status_code = 201 if result.created else 200
         response.headers["Location"] = f"/jobs/{result.job_id}"
-        return {
-            "job_id": str(result.job_id),
-            "state": result.state.value,
-            "created": result.created,
-            "notified": submitted.notified,
-        }
+        return submitted.answer()
 
     @app.post(
         "/jobs/{job_id}/abort",
@@ -452,18 +445,12 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
         response_model=AbortRequested,
         responses=error_responses(401, 403, 404, 409, 413, 422, 503),
     )
-    async def post_abort(job_id: uuid.UUID, request: Request) -> dict[str, Any]:
+    async def post_abort(job_id: uuid.UUID, request: Request) -> AbortRequested:
         """Abort a job: QUEUED/ASSIGNED at once; an active job is ABORTING and a worker
         aborts its run on the server (`abort_on_server`, sent after commit)."""
         body = await _read_body(request, AbortBody, optional=True)
         requested = await run_in_threadpool(intake.request_abort, runtime, job_id, body.reason)
-        decision = requested.decision
-        return {
-            "job_id": str(decision.job_id),
-            "state": decision.state.value,
-            "needs_server_abort": decision.needs_server_abort,
-            "notified": requested.notified,
-        }
+        return requested.answer()
 
 
 class _Refused(Exception):

@@ -2,7 +2,8 @@
 
 Human tables by default, `--json` for scripts. Every command builds Settings once from the
 environment; a settings error prints its message and exits 2. Commands call the same use
-cases (`app.usecases.intake`) and read models (`app.usecases.views`) as the status API, and
+cases (`app.usecases.intake`, `app.usecases.views`) as the status API, print the read models
+they return (`app.read_models`; `--json` is `model_dump(mode="json")`, the API's JSON), and
 print no secrets (configuration is shown through `Settings.redacted()`). Only `api` loads
 the HTTP stack (FastAPI, uvicorn); heavy imports stay inside the command that needs them.
 

@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.db import missing_sqlite_file
 from app.entrypoints.cli_output import (
@@ -21,6 +21,9 @@ from app.entrypoints.cli_output import (
 from app.errors import NotFound
 from app.runtime import Runtime
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.read_models import NetHold
 
 
 def config_warnings(settings: Settings) -> list[str]:
@@ -142,25 +145,25 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             "fl-dispatcher.env: pass it with --env-file)\n"
         )
     if args.json:
-        print_json(status, sys.stdout)
+        print_json(status.model_dump(mode="json"), sys.stdout)
         return EXIT_OK
     rows = []
-    for net in status["nets"]:
-        driver = net["driver"]
-        active = net["active_job"]
+    for net in status.nets:
+        driver = net.driver
+        active = net.active_job
         rows.append(
             [
-                net["name"],
-                net["state"],
-                "yes" if net["always_on"] else "no",
-                f"{net['driver_kind']} {driver['desired']}/{driver['running']}/{driver['pending']}"
+                net.name,
+                net.state,
+                "yes" if net.always_on else "no",
+                f"{net.driver_kind} {driver.desired}/{driver.running}/{driver.pending}"
                 if driver
-                else net["driver_kind"],
-                net["server_state"],
-                ",".join(net["connected_sites"]) if net["connected_sites"] is not None else None,
-                f"{active['id']} {active['state']}" if active else None,
-                _hold(net["prewarm"]),
-                net["error"] or net["last_error"],
+                else net.driver_kind,
+                net.server_state,
+                ",".join(net.connected_sites) if net.connected_sites is not None else None,
+                f"{active.id} {active.state}" if active else None,
+                _hold(net.prewarm),
+                net.error or net.last_error,
             ]
         )
     print_table(
@@ -178,19 +181,19 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         rows,
         sys.stdout,
     )
-    queue = status["queue"]
+    queue = status.queue
     sys.stdout.write(
-        f"\nqueued jobs: {queue['queued']}"
-        + (f" (oldest since {short_time(queue['oldest_queued_at'])})" if queue["queued"] else "")
+        f"\nqueued jobs: {queue.queued}"
+        + (f" (oldest since {short_time(queue.oldest_queued_at)})" if queue.queued else "")
         + "\n"
     )
     return EXIT_OK
 
 
-def _hold(hold: dict[str, Any] | None) -> str | None:
+def _hold(hold: NetHold | None) -> str | None:
     if hold is None:
         return None
-    return f"{hold['caller_key']} {hold['status']} until {short_time(hold['hold_until'])}"
+    return f"{hold.caller_key} {hold.status} until {short_time(hold.hold_until)}"
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
@@ -205,21 +208,21 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         runtime.close()
     if args.json:
-        print_json(jobs, sys.stdout)
+        print_json([j.model_dump(mode="json") for j in jobs], sys.stdout)
         return EXIT_OK
     print_table(
         ["ID", "STATE", "CODE", "NET", "KEY", "PRIO", "ATTEMPT", "CREATED", "ERROR"],
         [
             [
-                j["id"],
-                j["state"],
-                j["reason_code"],
-                j["net"] or j["requested_net"],
-                j["caller_key"],
-                j["priority"],
-                f"{j['attempt']} of {j['max_attempts']}",
-                short_time(j["created_at"]),
-                j["last_error"],
+                j.id,
+                j.state,
+                j.reason_code,
+                j.net or j.requested_net,
+                j.caller_key,
+                j.priority,
+                f"{j.attempt} of {j.max_attempts}",
+                short_time(j.created_at),
+                j.last_error,
             ]
             for j in jobs
         ],
@@ -244,28 +247,22 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
                 job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
     finally:
         runtime.close()
+    fields = job.model_dump(mode="json")
     if args.json:
-        print_json(job, sys.stdout)
+        print_json(fields, sys.stdout)
         return EXIT_OK
-    history = job.pop("history")
+    del fields["history"]
     # One attempt count, as the nets page and the callbacks show it (models.attempts).
-    job["attempt"] = f"{job['attempt']} of {job.pop('max_attempts')}"
-    job.pop("attempts")
-    for key, value in job.items():
+    fields["attempt"] = f"{fields['attempt']} of {fields.pop('max_attempts')}"
+    fields.pop("attempts")
+    for key, value in fields.items():
         sys.stdout.write(f"{key:17} {'-' if value is None else value}\n")
     sys.stdout.write("\nhistory:\n")
     print_table(
         ["AT", "FROM", "TO", "ATTEMPT", "CODE", "REASON"],
         [
-            [
-                short_time(e["at"]),
-                e["from_state"],
-                e["to_state"],
-                e["attempt"],
-                e["reason_code"],
-                e["reason"],
-            ]
-            for e in history
+            [short_time(e.at), e.from_state, e.to_state, e.attempt, e.reason_code, e.reason]
+            for e in job.history
         ],
         sys.stdout,
     )
@@ -301,14 +298,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         runtime.close()
     result = submitted.enqueued
-    data = {
-        "job_id": str(result.job_id),
-        "state": result.state.value,
-        "created": result.created,
-        "notified": submitted.notified,
-    }
     if args.json:
-        print_json(data, sys.stdout)
+        print_json(submitted.answer().model_dump(mode="json"), sys.stdout)
     else:
         verb = "queued" if result.created else "already known"
         sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
@@ -328,14 +319,8 @@ def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         runtime.close()
     decision = requested.decision
-    data = {
-        "job_id": str(decision.job_id),
-        "state": decision.state.value,
-        "needs_server_abort": decision.needs_server_abort,
-        "notified": requested.notified,
-    }
     if args.json:
-        print_json(data, sys.stdout)
+        print_json(requested.answer().model_dump(mode="json"), sys.stdout)
     else:
         then = "; the worker aborts it on its server" if decision.needs_server_abort else ""
         sys.stdout.write(f"job {decision.job_id}: {decision.state.value}{then}\n")

@@ -43,13 +43,12 @@ def cmd_prewarm(args: argparse.Namespace, settings: Settings) -> int:
         runtime.close()
     view = requested.prewarm
     if args.json:
-        answer = view | {"created": requested.created, "notified": requested.notified}
-        print_json(answer, sys.stdout)
+        print_json(requested.answer().model_dump(mode="json"), sys.stdout)
     else:
         verb = "prewarm accepted" if requested.created else "already known"
         sys.stdout.write(
-            f"{verb}: net {view['net']} {view['status']} until {short_time(view['hold_until'])}"
-            f" ({view['detail'] or view['status']})\n"
+            f"{verb}: net {view.net} {view.status} until {short_time(view.hold_until)}"
+            f" ({view.detail or view.status})\n"
         )
     if requested.notified is False:
         sys.stderr.write("warning: the workers were not told; beat will start the server\n")
@@ -66,9 +65,9 @@ def cmd_cancel_prewarm(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         runtime.close()
     if args.json:
-        print_json(view, sys.stdout)
+        print_json(view.model_dump(mode="json"), sys.stdout)
     else:
-        sys.stdout.write(f"prewarm {view['caller_key']}: {view['status']} (net {view['net']})\n")
+        sys.stdout.write(f"prewarm {view.caller_key}: {view.status} (net {view.net})\n")
     return EXIT_OK
 
 

@@ -9,7 +9,8 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from app.entrypoints.responses import Prewarmed, PrewarmView, error_responses
+from app.entrypoints.responses import error_responses
+from app.read_models import Prewarmed, PrewarmView
 from app.runtime import Runtime
 from app.schemas import CancelPrewarm, PrewarmNet
 from app.usecases import prewarm
@@ -43,7 +44,7 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
             **error_responses(400, 401, 403, 409, 413, 422, 503),
         },
     )
-    async def post_prewarm(request: Request, response: Response) -> dict[str, Any]:
+    async def post_prewarm(request: Request, response: Response) -> Prewarmed:
         """A job is likely within `within_s`: bring its net's server up and hold it ready
         until then (at most PREWARM_MAX_S). 201 created, 200 existing; 409 with reason_code
         net_misconfigured for a MISCONFIGURED net, caller_key_conflict for another payload
@@ -52,11 +53,7 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
         requested = await run_in_threadpool(prewarm.request_prewarm, runtime, payload)
         response.status_code = 201 if requested.created else 200
         response.headers["Location"] = f"/prewarms/{payload.caller_key}"
-        return {
-            **requested.prewarm,
-            "created": requested.created,
-            "notified": requested.notified,
-        }
+        return requested.answer()
 
     @app.post(
         "/prewarms/cancel",
@@ -72,7 +69,7 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
         response_model=PrewarmView,
         responses=error_responses(401, 403, 404, 410, 413, 422, 503),
     )
-    async def post_cancel_prewarm(request: Request) -> dict[str, Any]:
+    async def post_cancel_prewarm(request: Request) -> PrewarmView:
         """End a prewarm's hold now (the net's idle grace starts); an ended one keeps its
         outcome."""
         payload = await read_body(request, CancelPrewarm, optional=False)
@@ -85,7 +82,7 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
         response_model=PrewarmView,
         responses=error_responses(404, 410, 503),
     )
-    def get_prewarm(caller_key: str) -> dict[str, Any]:
+    def get_prewarm(caller_key: str) -> PrewarmView:
         """The prewarm a caller_key names (410: it was refused, with its reason_code)."""
         with runtime.sessions() as session:
             return prewarm.get_prewarm(session, caller_key, runtime.clock())

@@ -1,5 +1,6 @@
-"""What a status callback is sent as: the JSON of a job's event or of a refused enqueue
-(tasks/README.md, "Status callbacks"), encoded, or found undeliverable."""
+"""What a status callback is sent as: a job's event or a refused enqueue as its read model
+(`app.read_models.StateChangeEvent`, `RejectedEvent`; tasks/README.md, "Status callbacks"),
+encoded, or found undeliverable."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from app.adapters.callbacks import encode_body
+from app.read_models import ReadModel, RejectedEvent, StateChangeEvent
 from models import JobState, RejectedRequest, attempt_number
 
 # What a payload's `kind` says: a job's move, or an enqueue that created no job.
@@ -57,39 +59,39 @@ class EventFields(Protocol):
     def attempt(self) -> int | None: ...
 
 
-def event_payload(job: JobFields, event: EventFields) -> dict[str, Any]:
-    """The JSON one job event is sent as (tasks/README.md, "Status callbacks")."""
-    return {
-        "event_id": event.id,
-        "kind": STATE_CHANGE,
-        "job_id": str(job.id),
-        "caller_key": job.caller_key,
-        "metadata": job.metadata_ if job.metadata_ is not None else {},
-        "from_state": event.from_state.value if event.from_state is not None else None,
-        "to_state": event.to_state.value,
-        "at": event.at.isoformat(),
-        "reason": event.reason,
-        "reason_code": event.reason_code,
-        "nvflare_job_id": event.nvflare_job_id,
+def event_payload(job: JobFields, event: EventFields) -> StateChangeEvent:
+    """What one job event is sent as (tasks/README.md, "Status callbacks")."""
+    return StateChangeEvent(
+        event_id=event.id,
+        kind=STATE_CHANGE,
+        job_id=job.id,
+        caller_key=job.caller_key,
+        metadata=job.metadata_ if job.metadata_ is not None else {},
+        from_state=event.from_state,
+        to_state=event.to_state,
+        at=event.at.isoformat(),
+        reason=event.reason,
+        reason_code=event.reason_code,
+        nvflare_job_id=event.nvflare_job_id,
         # The attempt as every view counts it (models.attempts): 1 on the first.
-        "attempt": attempt_number(event.attempt, job.max_attempts)
+        attempt=attempt_number(event.attempt, job.max_attempts)
         if event.attempt is not None
         else None,
-    }
+    )
 
 
-def rejection_payload(rejection: RejectedRequest) -> dict[str, Any]:
-    """The JSON a refused enqueue is sent as: no job was created; `job_id` is the id the
-    job would have had (null when the payload carried no caller_key)."""
-    return {
-        "event_id": rejected_event_id(rejection.id),
-        "kind": REJECTED,
-        "job_id": str(rejection.job_id) if rejection.job_id is not None else None,
-        "caller_key": rejection.caller_key,
-        "reason": rejection.reason,
-        "reason_code": rejection.reason_code,
-        "at": rejection.at.isoformat(),
-    }
+def rejection_payload(rejection: RejectedRequest) -> RejectedEvent:
+    """What a refused enqueue is sent as: no job was created; `job_id` is the id the job
+    would have had (null when the payload carried no caller_key)."""
+    return RejectedEvent(
+        event_id=rejected_event_id(rejection.id),
+        kind=REJECTED,
+        job_id=rejection.job_id,
+        caller_key=rejection.caller_key,
+        reason=rejection.reason,
+        reason_code=rejection.reason_code,
+        at=rejection.at.isoformat(),
+    )
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,10 @@ class Undeliverable:
     problem: str
 
 
-def encoded(payload_of: Callable[..., dict[str, Any]], *rows: Any) -> bytes | Undeliverable:
-    """The body to send, or why no try could ever send it."""
+def encoded(payload_of: Callable[..., ReadModel], *rows: Any) -> bytes | Undeliverable:
+    """The body to send, or why no try could ever send it (a row its model refuses is one:
+    pydantic's ValidationError is a ValueError)."""
     try:
-        return encode_body(payload_of(*rows))
+        return encode_body(payload_of(*rows).model_dump(mode="json"))
     except (UnicodeError, ValueError, TypeError) as exc:
         return Undeliverable(f"payload cannot be encoded: {type(exc).__name__}: {exc}"[:500])

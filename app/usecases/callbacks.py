@@ -51,6 +51,7 @@ from app.adapters.callbacks import (
     signed_headers,
 )
 from app.db import unit_of_work
+from app.read_models import CallbackDelivery, iso
 from app.runtime import Runtime
 from app.usecases.callback_due import Batch, JobRef, Look, due_batch, look, settled
 from app.usecases.callback_payloads import (
@@ -110,7 +111,7 @@ def backlog(session: Session) -> Backlog:
     )
 
 
-def delivery_status(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
+def delivery_status(session: Session, job_id: uuid.UUID) -> CallbackDelivery:
     """One job's delivery, for its detail view."""
     cursor = session.get(CallbackCursor, job_id)
     settled = cursor.settled_through if cursor is not None else 0
@@ -119,17 +120,13 @@ def delivery_status(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
         .select_from(JobEvent)
         .where(JobEvent.job_id == job_id, JobEvent.id > settled)
     )
-    return {
-        "delivered": cursor.delivered if cursor is not None else 0,
-        "pending": int(pending or 0),
-        "failed": cursor.failed if cursor is not None else 0,
-        "last_error": cursor.last_error if cursor is not None else None,
-        "next_attempt_at": (
-            cursor.next_attempt_at.isoformat()
-            if cursor is not None and cursor.next_attempt_at is not None
-            else None
-        ),
-    }
+    return CallbackDelivery(
+        delivered=cursor.delivered if cursor is not None else 0,
+        pending=int(pending or 0),
+        failed=cursor.failed if cursor is not None else 0,
+        last_error=cursor.last_error if cursor is not None else None,
+        next_attempt_at=iso(cursor.next_attempt_at) if cursor is not None else None,
+    )
 
 
 # --- delivering ------------------------------------------------------------------------------

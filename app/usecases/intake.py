@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 
-from app import names
+from app import names, read_models
 from app.db import unit_of_work
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.runtime import Runtime
@@ -58,6 +58,13 @@ class Submitted:
 
     enqueued: enqueue.Enqueued
     notified: bool | None
+
+    def answer(self) -> read_models.Enqueued:
+        """As POST /jobs and the CLI's `enqueue --json` answer it."""
+        result = self.enqueued
+        return read_models.Enqueued(
+            job_id=result.job_id, state=result.state, created=result.created, notified=self.notified
+        )
 
 
 def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
@@ -125,6 +132,16 @@ class AbortRequested:
 
     decision: services.AbortDecision
     notified: bool | None
+
+    def answer(self) -> read_models.AbortRequested:
+        """As POST /jobs/{id}/abort and the CLI's `abort --json` answer it."""
+        decision = self.decision
+        return read_models.AbortRequested(
+            job_id=decision.job_id,
+            state=decision.state,
+            needs_server_abort=decision.needs_server_abort,
+            notified=self.notified,
+        )
 
 
 def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested:

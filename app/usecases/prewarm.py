@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -48,6 +47,7 @@ from app.errors import (
     RequestRejected,
 )
 from app.net_config import NetConfig
+from app.read_models import Prewarmed, PrewarmView, iso
 from app.runtime import Runtime
 from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
 from app.settings import Settings
@@ -83,9 +83,13 @@ class Requested:
     """A prewarm request's answer: the prewarm, whether this call created it, and whether
     the warm-up was sent (None: nothing to send, the server was up or coming up)."""
 
-    prewarm: dict[str, Any]
+    prewarm: PrewarmView
     created: bool
     notified: bool | None
+
+    def answer(self) -> Prewarmed:
+        """As POST /prewarms and the CLI's `prewarm --json` answer it."""
+        return Prewarmed(**self.prewarm.model_dump(), created=self.created, notified=self.notified)
 
 
 # --- asking ------------------------------------------------------------------------------
@@ -110,7 +114,7 @@ def request_prewarm(rt: Runtime, request: PrewarmNet) -> Requested:
             extra={
                 "caller_key": request.caller_key,
                 "net": row.net_name,
-                "hold_until": view["hold_until"],
+                "hold_until": view.hold_until,
                 "starting": start,
             },
         )
@@ -358,10 +362,6 @@ def _net_state(session: Session, net_name: str | None) -> NetState | None:
 # --- reading ------------------------------------------------------------------------------
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 def status_of(row: Prewarm, net_state: NetState | None, now: datetime) -> str:
     """warming / held while the hold is live; else how it ended (an unsettled row past its
     deadline has expired), or refused."""
@@ -374,29 +374,29 @@ def status_of(row: Prewarm, net_state: NetState | None, now: datetime) -> str:
     return HELD if net_state in UP else WARMING
 
 
-def prewarm_view(row: Prewarm, net_state: NetState | None, now: datetime) -> dict[str, Any]:
+def prewarm_view(row: Prewarm, net_state: NetState | None, now: datetime) -> PrewarmView:
     """A prewarm as the task, the API and the CLI answer it."""
     status = status_of(row, net_state, now)
     ended = row.ended_at
     if ended is None and status == PrewarmOutcome.EXPIRED:
         ended = row.hold_until
-    return {
-        "caller_key": row.caller_key,
-        "net": row.net_name,
-        "required_sites": list(row.required_sites),
-        "within_s": row.within_s,
-        "status": status,
-        "reason_code": row.outcome if row.refused else None,
-        "created_at": _iso(row.created_at),
-        "hold_until": _iso(row.hold_until),
-        "ready_at": _iso(row.ready_at),
-        "ended_at": _iso(ended),
-        "job_id": str(row.job_id) if row.job_id is not None else None,
-        "detail": row.detail,
-    }
+    return PrewarmView(
+        caller_key=row.caller_key,
+        net=row.net_name,
+        required_sites=list(row.required_sites),
+        within_s=row.within_s,
+        status=status,
+        reason_code=row.outcome if row.refused else None,
+        created_at=row.created_at.isoformat(),
+        hold_until=row.hold_until.isoformat(),
+        ready_at=iso(row.ready_at),
+        ended_at=iso(ended),
+        job_id=row.job_id,
+        detail=row.detail,
+    )
 
 
-def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, Any]:
+def get_prewarm(session: Session, caller_key: str, now: datetime) -> PrewarmView:
     """The prewarm a caller_key names; RequestRejected when only a refusal of it is kept,
     NotFound when there is neither."""
     require_storable(caller_key, "caller_key")
@@ -410,7 +410,7 @@ def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, A
         )
         if refused is not None:
             raise RequestRejected(
-                f"prewarm {caller_key!r}: refused at {_iso(refused.created_at)}: {refused.detail}",
+                f"prewarm {caller_key!r}: refused at {iso(refused.created_at)}: {refused.detail}",
                 reason_code=str(refused.outcome),
             )
         raise NotFound(f"no prewarm with caller_key {caller_key!r}")
@@ -420,7 +420,7 @@ def get_prewarm(session: Session, caller_key: str, now: datetime) -> dict[str, A
 # --- cancelling -----------------------------------------------------------------------------
 
 
-def cancel_prewarm(rt: Runtime, caller_key: str) -> dict[str, Any]:
+def cancel_prewarm(rt: Runtime, caller_key: str) -> PrewarmView:
     """End a live hold now (the net's idle grace starts now); a prewarm that has ended
     keeps its outcome. NotFound for an unknown key, RequestRejected for a refused one."""
     now = rt.clock()

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
 from app.errors import NetMisconfigured
+from app.read_models import NetHold
 from models import (
     ACTIVE_JOB_STATES,
     Job,
@@ -53,13 +53,13 @@ class Hold:
     hold_until: datetime
     ready: bool
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> NetHold:
         """As /fl/status shows it."""
-        return {
-            "caller_key": self.caller_key,
-            "hold_until": self.hold_until.isoformat(),
-            "status": HELD if self.ready else WARMING,
-        }
+        return NetHold(
+            caller_key=self.caller_key,
+            hold_until=self.hold_until.isoformat(),
+            status=HELD if self.ready else WARMING,
+        )
 
 
 def live_holds(session: Session, now: datetime) -> dict[str, Hold]:

@@ -64,14 +64,14 @@ def prewarm_net(rt: Runtime, payload: Any) -> dict[str, Any]:
     except InvalidRequest as exc:  # recorded by the use case
         code = prewarm.refusal_code(exc)
         return {"refused": str(exc), "reason_code": str(code), "caller_key": request.caller_key}
-    return {**requested.prewarm, "created": requested.created}
+    return requested.prewarm.model_dump(mode="json") | {"created": requested.created}
 
 
 def cancel_prewarm(rt: Runtime, payload: Any) -> dict[str, Any]:
     """End a prewarm's hold now; the net's idle grace starts."""
     try:
         request = intake.parse_payload(CancelPrewarm, payload)
-        return prewarm.cancel_prewarm(rt, request.caller_key)
+        return prewarm.cancel_prewarm(rt, request.caller_key).model_dump(mode="json")
     except (InvalidRequest, NotFound) as exc:
         log.warning("prewarm cancel rejected: %s", exc)
         return {"rejected": str(exc)}

@@ -1,5 +1,6 @@
-"""Read models: jobs and nets as every door shows them (GET /jobs, GET /fl/status, the
-CLI's `jobs`, `job` and `status`), so the HTTP API and the CLI cannot drift apart.
+"""Reading jobs and nets as every door shows them (GET /jobs, GET /fl/status, the CLI's
+`jobs`, `job` and `status`): each answer is built once, as its read model
+(`app.read_models`), and the HTTP API and the CLI serialise the same object.
 
 Reads only: nothing here writes a row. `collect_status` also probes each net's driver and
 admin server, in parallel with a deadline (`app.parallel.Prober`). The admin server of a
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -25,6 +26,19 @@ from app.adapters.drivers import Observation
 from app.adapters.nvflare.base import ServerState
 from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
+from app.read_models import (
+    ActiveJob,
+    DriverView,
+    FlStatus,
+    JobDetail,
+    JobEventView,
+    JobList,
+    JobView,
+    NetStatus,
+    QueueView,
+    ScaleEventView,
+    iso,
+)
 from app.runtime import Runtime
 from app.schemas import job_id_for, require_storable
 from app.usecases import enqueue, prewarm_holds, services
@@ -45,16 +59,11 @@ NOT_PROBED = "not_probed"  # server_state of a STOPPED scale-to-zero net: not co
 UNKNOWN = "unknown"  # server_state when the probe failed or timed out (see `error`)
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def job_view(job: Job) -> dict[str, Any]:
-    """A job as the API and the CLI show it."""
+def _job_fields(job: Job) -> dict[str, Any]:
     return {
-        "id": str(job.id),
+        "id": job.id,
         "caller_key": job.caller_key,
-        "state": job.state.value,
+        "state": job.state,
         "definition": job.definition,
         "required_sites": list(job.required_sites),
         "metadata": job.metadata_,
@@ -69,15 +78,20 @@ def job_view(job: Job) -> dict[str, Any]:
         "nvflare_job_id": job.nvflare_job_id,
         "last_error": job.last_error,
         "reason_code": job.reason_code,
-        "created_at": _iso(job.created_at),
-        "state_changed_at": _iso(job.state_changed_at),
-        "assigned_at": _iso(job.assigned_at),
-        "dispatched_at": _iso(job.dispatched_at),
-        "finished_at": _iso(job.finished_at),
+        "created_at": iso(job.created_at),
+        "state_changed_at": iso(job.state_changed_at),
+        "assigned_at": iso(job.assigned_at),
+        "dispatched_at": iso(job.dispatched_at),
+        "finished_at": iso(job.finished_at),
     }
 
 
-def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) -> dict[str, Any]:
+def job_view(job: Job) -> JobView:
+    """A job as the API and the CLI show it."""
+    return JobView(**_job_fields(job))
+
+
+def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) -> JobDetail:
     """A job with its full history, oldest move first, and with `callbacks` (CALLBACK_URL
     set) how far that history was delivered to flip-api. RequestRejected if the enqueue that
     would have created it was refused, NotFound if there is no such job at all."""
@@ -88,29 +102,29 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
         if rejection is None:
             raise
         raise RequestRejected(
-            f"job {job_id}: rejected at {_iso(rejection.at)}: {rejection.reason}",
+            f"job {job_id}: rejected at {iso(rejection.at)}: {rejection.reason}",
             reason_code=rejection.reason_code,
         ) from None
     events = session.scalars(
         select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.at, JobEvent.id)
     )
-    view = job_view(job)
-    view["history"] = [
-        {
-            "from_state": e.from_state.value if e.from_state is not None else None,
-            "to_state": e.to_state.value,
-            "at": _iso(e.at),
-            "reason": e.reason,
-            "reason_code": e.reason_code,
-            "attempt": attempt_number(e.attempt, job.max_attempts)
-            if e.attempt is not None
-            else None,
-        }
+    history = [
+        JobEventView(
+            from_state=e.from_state,
+            to_state=e.to_state,
+            at=e.at.isoformat(),
+            reason=e.reason,
+            reason_code=e.reason_code,
+            attempt=attempt_number(e.attempt, job.max_attempts) if e.attempt is not None else None,
+        )
         for e in events
     ]
-    view["callbacks"] = delivery_status(session, job_id) if callbacks else None
-    view["waiting_for"] = waiting_for(session, job) if job.state == JobState.QUEUED else None
-    return view
+    return JobDetail(
+        **_job_fields(job),
+        history=history,
+        callbacks=delivery_status(session, job_id) if callbacks else None,
+        waiting_for=waiting_for(session, job) if job.state == JobState.QUEUED else None,
+    )
 
 
 def waiting_for(session: Session, job: Job) -> str | None:
@@ -137,10 +151,9 @@ def parse_job_state(raw: str) -> JobState:
         raise InvalidRequest(f"unknown job state {raw!r}; expected one of: {accepted}") from None
 
 
-def list_jobs(session: Session, state: JobState | None, limit: int) -> list[dict[str, Any]]:
+def list_jobs(session: Session, state: JobState | None, limit: int) -> list[JobView]:
     """Jobs, newest first, optionally in one state (the first page)."""
-    jobs: list[dict[str, Any]] = page_jobs(session, state, limit)["jobs"]
-    return jobs
+    return page_jobs(session, state, limit).jobs
 
 
 def _encode_cursor(job: Job) -> str:
@@ -170,7 +183,7 @@ def page_jobs(
     *,
     cursor: str | None = None,
     caller_key: str | None = None,
-) -> dict[str, Any]:
+) -> JobList:
     """A page of jobs, newest first, and the cursor of the next one (None on the last).
     Keyset pagination on (created_at, id): a job enqueued meanwhile never shifts a page."""
     stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit + 1)
@@ -186,15 +199,13 @@ def page_jobs(
     jobs = list(session.scalars(stmt))
     more = len(jobs) > limit
     jobs = jobs[:limit]
-    return {
-        "jobs": [job_view(job) for job in jobs],
-        "next_cursor": _encode_cursor(jobs[-1]) if more else None,
-    }
+    return JobList(
+        jobs=[job_view(job) for job in jobs],
+        next_cursor=_encode_cursor(jobs[-1]) if more else None,
+    )
 
 
-def job_detail_by_key(
-    session: Session, caller_key: str, *, callbacks: bool = False
-) -> dict[str, Any]:
+def job_detail_by_key(session: Session, caller_key: str, *, callbacks: bool = False) -> JobDetail:
     """The job a caller_key names, as `job_detail` shows it (RequestRejected when its enqueue
     was refused, NotFound when there is neither)."""
     require_storable(caller_key, "caller_key")
@@ -217,19 +228,28 @@ class _NetRow:
     last_error: str | None
 
 
-def _sql_view(session: Session, names: Sequence[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _SqlView:
+    nets: dict[str, _NetRow]
+    active: dict[str, ActiveJob]
+    scale: dict[str, ScaleEventView]
+    queued: int
+    oldest: datetime | None
+
+
+def _sql_view(session: Session, names: Sequence[str]) -> _SqlView:
     nets = {
         n.name: _NetRow(n.state, n.state_changed_at, n.idle_since, n.last_error)
         for n in session.scalars(select(Net).where(Net.name.in_(names)))
     }
     active = {
-        j.net_name: {
-            "id": str(j.id),
-            "caller_key": j.caller_key,
-            "state": j.state.value,
-            "nvflare_job_id": j.nvflare_job_id,
-            "state_changed_at": _iso(j.state_changed_at),
-        }
+        cast(str, j.net_name): ActiveJob(
+            id=j.id,
+            caller_key=j.caller_key,
+            state=j.state,
+            nvflare_job_id=j.nvflare_job_id,
+            state_changed_at=j.state_changed_at.isoformat(),
+        )
         for j in session.scalars(
             select(Job).where(Job.net_name.in_(names), Job.state.in_(ACTIVE_JOB_STATES))
         )
@@ -241,19 +261,19 @@ def _sql_view(session: Session, names: Sequence[str]) -> dict[str, Any]:
         .scalar_subquery()
     )
     scale = {
-        e.net_name: {
-            "action": e.action,
-            "replicas": e.replicas,
-            "outcome": e.outcome,
-            "reason": e.reason,
-            "at": _iso(e.at),
-        }
+        e.net_name: ScaleEventView(
+            action=e.action,
+            replicas=e.replicas,
+            outcome=e.outcome,
+            reason=e.reason,
+            at=e.at.isoformat(),
+        )
         for e in session.scalars(select(ScaleEvent).where(ScaleEvent.id.in_(latest)))
     }
     queued, oldest = session.execute(
         select(func.count(), func.min(Job.created_at)).where(Job.state == JobState.QUEUED)
     ).one()
-    return {"nets": nets, "active": active, "scale": scale, "queued": queued, "oldest": oldest}
+    return _SqlView(nets, active, scale, queued, oldest)
 
 
 def _observed(batch_result: ProbeResult, name: str) -> ProbeResult:
@@ -281,7 +301,7 @@ def undeclared_nets(session: Session, declared: Sequence[str]) -> list[str]:
     )
 
 
-def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) -> dict[str, Any]:
+def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) -> FlStatus:
     """Every configured net (SQL state, driver view, server state, sites, active job, last
     scale event, live prewarm hold) and the queue. `prober=None` skips the driver and admin
     probes (SQL only).
@@ -304,7 +324,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
         calls[key] = partial(runtime.observe_many, batch)
         driver_call |= dict.fromkeys(batch, key)
     for net in settings.nets:
-        row: _NetRow | None = sql["nets"].get(net.name)
+        row: _NetRow | None = sql.nets.get(net.name)
         always_on = net.always_on
         # A scaled-to-zero server is not contacted: down is its normal state.
         probe_admin[net.name] = always_on or (row is not None and row.state != NetState.STOPPED)
@@ -314,11 +334,11 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
 
     views = []
     for net in settings.nets:
-        row = sql["nets"].get(net.name)
+        row = sql.nets.get(net.name)
         errors = []
         if row is None:
             errors.append("no database row yet (the worker creates it at start)")
-        driver_view: dict[str, Any] | None = None
+        driver_view: DriverView | None = None
         server_state = NOT_PROBED
         sites: list[str] | None = None
         if prober is not None:
@@ -327,12 +347,12 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
                 errors.append(f"driver: {observed.error}")
             else:
                 obs: Observation = observed.value
-                driver_view = {
-                    "desired": obs.desired,
-                    "running": obs.running,
-                    "pending": obs.pending,
-                    "failure": obs.failure,
-                }
+                driver_view = DriverView(
+                    desired=obs.desired,
+                    running=obs.running,
+                    pending=obs.pending,
+                    failure=obs.failure,
+                )
             if probe_admin[net.name]:
                 probed = results[f"admin:{net.name}"]
                 if probed.error is not None:
@@ -342,28 +362,28 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
                     state, sites = probed.value
                     server_state = state.value
         views.append(
-            {
-                "name": net.name,
-                "state": row.state.value if row else None,
-                "state_changed_at": _iso(row.state_changed_at) if row else None,
-                "idle_since": _iso(row.idle_since) if row else None,
-                "always_on": net.always_on,
-                "driver_kind": net.driver.kind,
-                "driver": driver_view,
-                "server_state": server_state,
-                "connected_sites": sites,
-                "required_sites": list(net.required_sites),
-                "active_job": sql["active"].get(net.name),
-                "last_scale_event": sql["scale"].get(net.name),
-                "last_error": row.last_error if row else None,
-                "error": "; ".join(errors) or None,
-                "prewarm": holds[net.name].view() if net.name in holds else None,
-            }
+            NetStatus(
+                name=net.name,
+                state=row.state if row else None,
+                state_changed_at=iso(row.state_changed_at) if row else None,
+                idle_since=iso(row.idle_since) if row else None,
+                always_on=net.always_on,
+                driver_kind=net.driver.kind,
+                driver=driver_view,
+                server_state=server_state,
+                connected_sites=sites,
+                required_sites=list(net.required_sites),
+                active_job=sql.active.get(net.name),
+                last_scale_event=sql.scale.get(net.name),
+                last_error=row.last_error if row else None,
+                error="; ".join(errors) or None,
+                prewarm=holds[net.name].view() if net.name in holds else None,
+            )
         )
-    return {
-        "generated_at": _iso(runtime.clock()),
-        "probed": prober is not None,
-        "probe_timeout_s": timeout_s,
-        "queue": {"queued": sql["queued"], "oldest_queued_at": _iso(sql["oldest"])},
-        "nets": views,
-    }
+    return FlStatus(
+        generated_at=runtime.clock().isoformat(),
+        probed=prober is not None,
+        probe_timeout_s=timeout_s,
+        queue=QueueView(queued=sql.queued, oldest_queued_at=iso(sql.oldest)),
+        nets=views,
+    )

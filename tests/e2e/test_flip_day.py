@@ -361,7 +361,7 @@ def test_flip_day_cold_start_run_hold_for_the_upload_report_then_scale_to_zero(
     done = requests[-1].payload
     assert done["to_state"] == "COMPLETED"
     assert done["reason"].startswith("flip-api reported results_uploaded")
-    assert stack.read(lambda s: delivery_status(s, job_id))["pending"] == 0
+    assert stack.read(lambda s: delivery_status(s, job_id)).pending == 0
 
 
 def test_a_transient_s3_outage_during_the_download_ends_completed(
@@ -430,7 +430,7 @@ def test_a_receiver_that_is_down_for_a_while_gets_every_event_later_in_order(
         job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
         assert job.state == JobState.COMPLETED, job.last_error
         status = stack.read(lambda s: delivery_status(s, job_id))
-        assert status["delivered"] == 0 and status["pending"] == len(history(stack, job_id))
+        assert status.delivered == 0 and status.pending == len(history(stack, job_id))
         resting = stack.read(lambda s: s.get(CallbackReceiver, RECEIVER_ID))
         assert resting is not None and "ConnectError" in (resting.last_error or "")
     finally:

@@ -773,7 +773,7 @@ def test_openapi_declares_a_response_model_for_every_json_route(three_nets):
 def test_the_documented_server_states_are_the_ones_the_view_reports():
     from typing import get_args
 
-    from app.entrypoints.responses import ServerStateView
+    from app.read_models import ServerStateView
     from app.usecases.views import NOT_PROBED, UNKNOWN
 
     assert set(get_args(ServerStateView)) == {s.value for s in ServerState} | {NOT_PROBED, UNKNOWN}

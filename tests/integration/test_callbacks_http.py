@@ -17,6 +17,7 @@ import pytest
 
 from app import names
 from app.adapters.callbacks import EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from app.read_models import CallbackDelivery
 from app.settings import Settings
 from app.usecases import callbacks, monitor
 from models import JobState
@@ -136,7 +137,7 @@ def run_to_completion(world: World, key: str, net: str) -> Any:
     return job_id
 
 
-def status(world: World, job_id: Any) -> dict[str, Any]:
+def status(world: World, job_id: Any) -> CallbackDelivery:
     with world.rt.sessions() as session:
         return callbacks.delivery_status(session, job_id)
 
@@ -176,8 +177,8 @@ def test_a_receiver_that_was_down_gets_every_event_later_in_order(make_world, re
         clock.advance(report.retry_in_s)
     assert waits == [2.0, 4.0, 8.0]
     got = status(world, job_id)
-    assert got["pending"] == 5 and got["delivered"] == 0
-    assert "ConnectError" in got["last_error"]
+    assert got.pending == 5 and got.delivered == 0
+    assert "ConnectError" in got.last_error
 
     late = run_to_completion(world, "b", "fixed")  # more history while it is down
     receiver.start()
@@ -185,7 +186,7 @@ def test_a_receiver_that_was_down_gets_every_event_later_in_order(make_world, re
     assert report.delivered == 10
     assert receiver.states(job_id) == LIFE and receiver.states(late) == LIFE
     assert all(p["_valid"] for p in receiver.requests)
-    assert status(world, job_id)["pending"] == 0
+    assert status(world, job_id).pending == 0
 
 
 def test_a_rejecting_receiver_is_not_retried_for_ever(make_world, receiver, clock):
@@ -200,8 +201,8 @@ def test_a_rejecting_receiver_is_not_retried_for_ever(make_world, receiver, cloc
     # each event twice (CALLBACK_MAX_4XX_TRIES), in order, then given up
     assert receiver.states(job_id) == [state for state in LIFE for _ in range(2)]
     got = status(world, job_id)
-    assert (got["delivered"], got["failed"], got["pending"]) == (0, 5, 0)
-    assert "HTTP 400: ok (rejected 2 times" in got["last_error"]
+    assert (got.delivered, got.failed, got.pending) == (0, 5, 0)
+    assert "HTTP 400: ok (rejected 2 times" in got.last_error
     before = len(receiver.requests)
     clock.advance(3600)
     callbacks.deliver_callbacks(world.rt)
@@ -219,7 +220,7 @@ def test_a_receiver_that_times_out_gets_the_event_again_with_the_same_id(
 
     report = callbacks.deliver_callbacks(world.rt)
     assert report.delivered == 0 and report.retry_in_s == 2.0
-    assert "Timeout" in status(world, job_id)["last_error"]
+    assert "Timeout" in status(world, job_id).last_error
     clock.advance(2)
     assert callbacks.deliver_callbacks(world.rt).delivered == 1
     first, again = receiver.requests
@@ -292,7 +293,7 @@ def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_timeout(
         assert not trickler.finished.is_set()
         assert trickler.requests == 1
         assert report.delivered == 0 and report.retry_in_s == 2.0
-        assert "Timeout" in status(world, job_id)["last_error"]
+        assert "Timeout" in status(world, job_id).last_error
     finally:
         trickler.close()
 

@@ -170,17 +170,18 @@ def test_status_view_reads_ten_services_a_call(rt: Runtime, calls: Counter[str])
     status = collect_status(rt, Prober(), timeout_s=120)
 
     assert calls["DescribeServices"] == LIMIT
-    views = {v["name"]: v for v in status["nets"]}
+    views = {v.name: v for v in status.nets}
     assert len(views) == NETS
     for name, view in views.items():
         expected = _expected(name)
-        assert view["driver"] == {
+        assert view.driver is not None
+        assert view.driver.model_dump() == {
             "desired": expected.desired,
             "running": expected.running,
             "pending": 0,
             "failure": None,
         }, name
-        assert view["error"] is None
+        assert view.error is None
 
 
 def test_outside_a_pass_a_net_is_read_alone(rt: Runtime, calls: Counter[str]) -> None:

@@ -452,7 +452,7 @@ def test_a_claim_waits_for_a_cancel_in_flight_and_the_hold_stays_cancelled(
     run_together(cancel, claim)
     assert not errors, errors
     assert out["claim"].job_id == one
-    assert out["cancel"]["status"] == "cancelled"
+    assert out["cancel"].status == "cancelled"
     with db() as session:
         row = session.scalars(select(Prewarm)).one()
         assert (row.outcome, row.job_id) == (PrewarmOutcome.CANCELLED, None)

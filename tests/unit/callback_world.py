@@ -17,6 +17,7 @@ from app.adapters.callbacks import (
     ReceiverUnreachable,
     verify,
 )
+from app.read_models import CallbackDelivery
 from app.settings import Settings
 from app.usecases import callback_receiver, callbacks, monitor
 from models import CallbackReceiver, JobState
@@ -121,6 +122,6 @@ def receiver_row(world: World) -> CallbackReceiver:
         return row
 
 
-def status(world: World, job_id) -> dict[str, Any]:
+def status(world: World, job_id) -> CallbackDelivery:
     with world.rt.sessions() as session:
         return callbacks.delivery_status(session, job_id)

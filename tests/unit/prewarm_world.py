@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from app import names
+from app.read_models import PrewarmView
 from app.schemas import PrewarmNet
 from app.usecases import prewarm, prewarm_warm_up, services
 from app.usecases.prewarm_warm_up import Warm
@@ -70,7 +71,7 @@ def row(world: World, key: str, *, refused: bool | None = None) -> Prewarm:
         return session.scalars(stmt.order_by(Prewarm.refused, Prewarm.id.desc())).first()
 
 
-def view(world: World, key: str) -> dict:
+def view(world: World, key: str) -> PrewarmView:
     with world.rt.sessions() as session:
         return prewarm.get_prewarm(session, key, world.clock())
 

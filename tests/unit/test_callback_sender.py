@@ -263,5 +263,5 @@ def test_a_round_that_reaches_no_receiver_backs_off_without_url_credentials(
     assert report.retry_in_s is not None and report.retry_in_s > 0
     with world.rt.sessions() as session:
         shown = callbacks.delivery_status(session, uuid.UUID(str(job_id)))
-    assert "ConnectError" in shown["last_error"]
+    assert "ConnectError" in shown.last_error
     assert URL_PASSWORD not in json.dumps(shown, default=str)

@@ -221,7 +221,7 @@ def test_a_jobs_life_is_delivered_in_order_signed_and_only_once(cb, receiver):
 
     assert deliver(cb, receiver).delivered == 0  # nothing is sent twice
     assert len(receiver.requests) == 5
-    assert status(cb, job_id) == {
+    assert status(cb, job_id).model_dump() == {
         "delivered": 5,
         "pending": 0,
         "failed": 0,
@@ -265,8 +265,8 @@ def test_a_job_held_back_by_its_receiver_answer_keeps_its_order_and_holds_back_n
     report = deliver(cb, receiver)
     assert receiver.accepted(b) == ["QUEUED", "ASSIGNED", "DISPATCHING", "RUNNING"]
     assert receiver.sent(a) == [(receiver.sent(a)[0][0], "QUEUED"), (a_assigned, "ASSIGNED")]
-    assert status(cb, a)["pending"] == 3
-    assert status(cb, a)["last_error"] == f"event {a_assigned}: HTTP 503: nope"
+    assert status(cb, a).pending == 3
+    assert status(cb, a).last_error == f"event {a_assigned}: HTTP 503: nope"
     assert report.retry_in_s == 2.0  # the one wake-up, when job a's backoff ends
 
     cb.clock.advance(1)
@@ -343,8 +343,8 @@ def test_one_undeliverable_job_holds_back_no_other(tmp_path, job_root, sqlite_fa
     assert report.failed == 1
     with world.rt.sessions() as session:
         status = callbacks.delivery_status(session, bad)
-    assert (status["failed"], status["pending"]) == (1, 0)
-    assert "undeliverable" in status["last_error"]
+    assert (status.failed, status.pending) == (1, 0)
+    assert "undeliverable" in status.last_error
 
 
 def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver):
@@ -374,7 +374,7 @@ def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver
     deliver(cb, receiver)
     assert receiver.accepted(first) == ["QUEUED"] and receiver.accepted(second) == ["QUEUED"]
     assert receiver_row(cb).failures == 0
-    assert status(cb, first)["last_error"] == (
+    assert status(cb, first).last_error == (
         f"event {receiver.sent(first)[0][0]}: ConnectError: [Errno 111] Connection refused"
     )
 
@@ -410,8 +410,8 @@ def test_a_rejected_event_is_given_up_after_the_4xx_limit_and_the_job_moves_on(c
         "COMPLETED",
     ]
     got = status(cb, job_id)
-    assert (got["delivered"], got["failed"], got["pending"]) == (4, 1, 0)
-    assert got["last_error"].endswith(
+    assert (got.delivered, got.failed, got.pending) == (4, 1, 0)
+    assert got.last_error.endswith(
         "HTTP 422: nope (rejected 3 times: given up, the job's next event goes out)"
     )
     with cb.rt.sessions() as session:
@@ -427,7 +427,7 @@ def test_a_failing_or_busy_receiver_is_retried_past_the_4xx_limit(cb, receiver, 
         deliver(cb, receiver)
         cb.clock.advance(10)
     assert len(receiver.requests) == 6
-    assert status(cb, job_id)["failed"] == 0 and status(cb, job_id)["pending"] == 1
+    assert status(cb, job_id).failed == 0 and status(cb, job_id).pending == 1
     receiver.rule = lambda p: 200
     deliver(cb, receiver)
     assert receiver.accepted(job_id) == ["QUEUED"]
@@ -453,14 +453,14 @@ def test_a_deliverer_that_lost_its_lease_records_nothing_and_the_event_goes_agai
 
     receiver.during_post = taken_over
     assert deliver(cb, receiver).delivered == 0
-    assert status(cb, job_id)["pending"] == 1  # the answer was not recorded
+    assert status(cb, job_id).pending == 1  # the answer was not recorded
 
     receiver.during_post = None
     cb.clock.advance(callback_receiver._lease_s(cb.rt) + 1)
     deliver(cb, receiver)
     (first, _), (again, _) = receiver.sent()
     assert first == again  # a duplicate carries the same event_id
-    assert status(cb, job_id)["delivered"] == 1
+    assert status(cb, job_id).delivered == 1
 
 
 def test_events_committed_while_the_lease_is_held_go_out_in_the_same_call(cb, receiver):
@@ -575,10 +575,12 @@ def test_job_detail_and_metrics_show_what_is_undelivered(cb, receiver):
     deliver(cb, receiver)
     with cb.rt.sessions() as session:
         view = job_detail(session, job_id, callbacks=True)
-        assert job_detail(session, job_id)["callbacks"] is None  # callbacks off
+        assert job_detail(session, job_id).callbacks is None  # callbacks off
         snap = read_snapshot(session, cb.clock(), callbacks=True)
-    assert view["callbacks"]["pending"] == 1 and view["callbacks"]["delivered"] == 0
-    assert "Connection refused" in view["callbacks"]["last_error"]
+    assert view.callbacks is not None
+    assert view.callbacks.pending == 1 and view.callbacks.delivered == 0
+    assert view.callbacks.last_error is not None
+    assert "Connection refused" in view.callbacks.last_error
     assert (snap.callback_undelivered, snap.callback_oldest_undelivered_s) == (1, 30.0)
     named = {f.name: f for f in families(snap)}
     assert named["fl_dispatcher_callback_undelivered_events"].samples[0].value == 1

@@ -82,10 +82,10 @@ def test_a_queued_job_says_why_it_waits(world):
     world.add_stray(strayed, "fixed", "nv-9")
     free = world.enqueue("free", net="fixed")
     with world.rt.sessions() as session:
-        assert job_detail(session, pinned)["waiting_for"] == (
+        assert job_detail(session, pinned).waiting_for == (
             "net net-a is MISCONFIGURED: admin kit signed by another CA"
         )
-        assert job_detail(session, strayed)["waiting_for"].startswith(
+        assert job_detail(session, strayed).waiting_for.startswith(
             "an earlier run of it on net fixed is not settled yet"
         )
-        assert job_detail(session, free)["waiting_for"] is None
+        assert job_detail(session, free).waiting_for is None

@@ -92,9 +92,12 @@ def test_every_callback_a_life_and_the_refusals_produce_validates(contract, worl
     intake.refuse_enqueue(world.rt, "aborted", conflict.value)
     with world.rt.sessions() as session:
         payloads = [
-            event_payload(session.get(Job, e.job_id), e)
+            event_payload(session.get(Job, e.job_id), e).model_dump(mode="json")
             for e in session.scalars(select(JobEvent).order_by(JobEvent.id))
-        ] + [rejection_payload(r) for r in session.scalars(select(RejectedRequest))]
+        ] + [
+            rejection_payload(r).model_dump(mode="json")
+            for r in session.scalars(select(RejectedRequest))
+        ]
     kinds = {p["kind"] for p in payloads}
     codes = {p["reason_code"] for p in payloads}
     assert kinds == {"state_change", "rejected"}

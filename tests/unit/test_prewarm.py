@@ -49,8 +49,8 @@ __all__ = ["pw"]  # the fixture, used by name
 def test_a_prewarm_starts_a_stopped_net_through_the_scale_up_path_and_holds_it_ready(pw):
     answer = ask(pw, "p1", net="net-a", within_s=300)
     assert answer.created and answer.notified is True
-    assert answer.prewarm["status"] == "warming" and answer.prewarm["net"] == "net-a"
-    assert answer.prewarm["required_sites"] == ["site-1", "site-2"]  # the net's default
+    assert answer.prewarm.status == "warming" and answer.prewarm.net == "net-a"
+    assert answer.prewarm.required_sites == ["site-1", "site-2"]  # the net's default
     assert pw.net("net-a").state == NetState.STARTING
     assert warm_sent(pw) == ["net-a"]
 
@@ -65,7 +65,7 @@ def test_a_prewarm_starts_a_stopped_net_through_the_scale_up_path_and_holds_it_r
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
     net = pw.net("net-a")
     assert net.state == NetState.READY and net.idle_since == pw.clock()
-    assert view(pw, "p1")["status"] == "held" and row(pw, "p1").ready_at == pw.clock()
+    assert view(pw, "p1").status == "held" and row(pw, "p1").ready_at == pw.clock()
     assert pw.driver("net-a").calls == [1]  # one ask of the driver, however many polls
 
 
@@ -127,7 +127,7 @@ def test_a_misconfiguration_seen_while_a_ready_net_awaits_its_sites_fails_the_ho
     monkeypatch.setattr(pw.admin("net-a"), "is_ready", misconfigured)
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert pw.net("net-a").state == NetState.MISCONFIGURED
-    assert (pw.driver("net-a").replicas, view(pw, "p1")["status"]) == (0, "failed")
+    assert (pw.driver("net-a").replicas, view(pw, "p1").status) == (0, "failed")
 
 
 def test_a_net_moved_ready_while_its_readiness_was_checked_still_notes_it(pw, monkeypatch):
@@ -196,7 +196,7 @@ def test_a_net_past_its_readiness_deadline_is_unhealthy_and_its_hold_failed(pw):
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert pw.net("net-a").state == NetState.UNHEALTHY
     assert pw.driver("net-a").replicas == 0
-    assert view(pw, "p1")["status"] == "failed"
+    assert view(pw, "p1").status == "failed"
 
 
 def test_a_server_that_answers_without_every_site_by_the_deadline_is_ready_all_the_same(pw):
@@ -216,7 +216,7 @@ def test_misconfiguration_seen_while_warming_fails_the_hold(pw):
     pw.driver("net-a").fail_with = DriverMisconfigured("no such service")
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert pw.net("net-a").state == NetState.MISCONFIGURED
-    assert view(pw, "p1")["status"] == "failed"
+    assert view(pw, "p1").status == "failed"
 
 
 def test_a_misconfiguration_seen_by_warm_up_never_strands_a_job_claimed_meanwhile(pw):
@@ -267,13 +267,13 @@ def test_an_idle_net_is_held_until_the_deadline_then_stopped_after_its_grace(pw)
     pw.clock.advance(1)
     assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]
     assert pw.net("net-a").state == NetState.STOPPED
-    assert view(pw, "p1")["status"] == "expired"
+    assert view(pw, "p1").status == "expired"
     assert row(pw, "p1").outcome == PrewarmOutcome.EXPIRED  # written down by the round
 
 
 def test_a_hint_longer_than_prewarm_max_s_is_held_only_that_long(pw):
     answer = held_ready(pw, within_s=5000)
-    assert "PREWARM_MAX_S" in answer.prewarm["detail"]
+    assert "PREWARM_MAX_S" in answer.prewarm.detail
     pw.clock.advance(MAX_S + GRACE_S - 1)
     assert scale_down.scale_down_idle_nets(pw.rt) == []
     pw.clock.advance(1)
@@ -340,7 +340,7 @@ def test_a_hold_is_live_up_to_its_deadline_excluded(pw):
     job_id = pw.enqueue("on-time", net="net-a")
     pw.clock.now = row(pw, "p1").hold_until - timedelta(microseconds=1)
     assert dispatch.assign_jobs(pw.rt)
-    assert view(pw, "p1")["status"] == "used"
+    assert view(pw, "p1").status == "used"
     prewarm_warm_up.settle_prewarms(pw.rt)
     used = row(pw, "p1")
     assert (used.outcome, used.job_id, used.ended_at) == (PrewarmOutcome.USED, job_id, pw.clock())
@@ -353,9 +353,9 @@ def test_a_job_claimed_at_the_deadline_instant_finds_the_hold_expired(pw):
     pw.enqueue("late", net="net-a")
     deadline = row(pw, "p1").hold_until
     pw.clock.now = deadline
-    assert view(pw, "p1")["status"] == "expired"
+    assert view(pw, "p1").status == "expired"
     assert dispatch.assign_jobs(pw.rt)
-    assert view(pw, "p1")["status"] == "expired"
+    assert view(pw, "p1").status == "expired"
     prewarm_warm_up.settle_prewarms(pw.rt)
     ended = row(pw, "p1")
     assert (ended.outcome, ended.job_id, ended.ended_at) == (PrewarmOutcome.EXPIRED, None, deadline)
@@ -383,7 +383,7 @@ def test_a_busy_net_is_held_after_its_job_until_the_deadline(pw):
     pw.run_pipeline(job_id)
     pw.clock.advance(1)
     ask(pw, "p1", net="net-a", within_s=300)  # the hint is for the next job
-    assert view(pw, "p1")["status"] == "held"
+    assert view(pw, "p1").status == "held"
     pw.clock.advance(100)
     finish(pw, job_id)
     pw.clock.advance(200 + GRACE_S - 1)  # to the hint's deadline, and its grace
@@ -473,9 +473,9 @@ def test_a_used_prewarm_is_never_reported_expired(pw):
     job_id = pw.enqueue("job", net="net-a")
     pw.run_pipeline(job_id)
     pw.clock.advance(100)
-    before = view(pw, "p1")["status"]
+    before = view(pw, "p1").status
     scale_down.scale_down_idle_nets(pw.rt)
-    after = view(pw, "p1")["status"]
+    after = view(pw, "p1").status
     assert (before, after) == ("used", "used")
 
 
@@ -487,10 +487,10 @@ def test_an_expired_hold_is_not_rewritten_failed_by_a_late_give_up(pw):
     pw.server("net-a").up = False
     prewarm_warm_up.warm_up(pw.rt, "net-a")
     pw.clock.advance(31)
-    assert view(pw, "p1")["status"] == "expired"
+    assert view(pw, "p1").status == "expired"
     pw.clock.advance(READY_TIMEOUT_S)
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
-    assert (view(pw, "p1")["status"], row(pw, "p1").outcome) == ("expired", "expired")
+    assert (view(pw, "p1").status, row(pw, "p1").outcome) == ("expired", "expired")
 
 
 def test_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):
@@ -523,9 +523,9 @@ def test_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):
     held_ready(pw, within_s=100)
     pw.enqueue("on-time", net="net-a")
     pw.clock.now = row(pw, "p1").hold_until
-    before = view(pw, "p1")["status"]
+    before = view(pw, "p1").status
     assert dispatch.assign_jobs(pw.rt)
-    after = view(pw, "p1")["status"]
+    after = view(pw, "p1").status
     assert after == before, f"read {before!r} at its deadline, then {after!r} at the same instant"
 
 
@@ -541,13 +541,14 @@ def test_status_metrics_and_the_nets_page_show_the_hold(pw):
     held_ready(pw, within_s=300)
     pw.clock.advance(GRACE_S * 2)  # past the grace since READY: held, so not idle
     status = collect_status(pw.rt, None, 1.0)
-    [net_a] = [n for n in status["nets"] if n["name"] == "net-a"]
-    assert net_a["prewarm"] == {
+    [net_a] = [n for n in status.nets if n.name == "net-a"]
+    assert net_a.prewarm is not None
+    assert net_a.prewarm.model_dump() == {
         "caller_key": "p1",
         "hold_until": row(pw, "p1").hold_until.isoformat(),
         "status": "held",
     }
-    assert all(n["prewarm"] is None for n in status["nets"] if n["name"] != "net-a")
+    assert all(n.prewarm is None for n in status.nets if n.name != "net-a")
     with pw.rt.sessions.begin() as session:
         snap = read_snapshot(session, pw.clock(), idle_grace_s={"net-a": GRACE_S})
         page = nets_overview(session, declared_nets(pw.rt.settings), pw.clock())
@@ -591,8 +592,8 @@ def test_a_hold_a_job_took_is_not_shown_held_while_the_job_runs(pw):
     pw.run_pipeline(job_id)  # the job was claimed onto the held net
     assert pw.job(job_id).state == JobState.RUNNING
     status = collect_status(pw.rt, None, 1.0)
-    [net_a] = [n for n in status["nets"] if n["name"] == "net-a"]
+    [net_a] = [n for n in status.nets if n.name == "net-a"]
     with pw.rt.sessions() as session:
         snap = read_snapshot(session, pw.clock())
-    shown = (view(pw, "p1")["status"], net_a["prewarm"], snap.prewarm_held_nets)
+    shown = (view(pw, "p1").status, net_a.prewarm, snap.prewarm_held_nets)
     assert shown == ("used", None, 0)

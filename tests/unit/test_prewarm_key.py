@@ -125,7 +125,7 @@ def test_an_unknown_refused_or_ended_prewarm_key_enqueues_and_is_kept(pk: World)
     prewarm.cancel_prewarm(pk.rt, "pw-cancelled")
     for key in ("pw-never-sent", "pw-refused", "pw-cancelled"):
         job_id = job(pk, f"job-{key}", prewarm_key=key)
-        assert views.job_view(pk.job(job_id))["prewarm_key"] == key
+        assert views.job_view(pk.job(job_id)).prewarm_key == key
 
 
 def test_a_repeat_with_the_same_prewarm_key_is_the_same_job_another_is_a_conflict(pk: World):

@@ -52,7 +52,7 @@ def test_the_same_request_again_names_the_same_prewarm_and_starts_no_second_serv
     pw.clock.advance(5)
     again = ask(pw, "p1", net="net-a", within_s=300, required_sites=["site-2", "site-1"])
     assert not again.created
-    assert again.prewarm["created_at"] == row(pw, "p1").created_at.isoformat()
+    assert again.prewarm.created_at == row(pw, "p1").created_at.isoformat()
     assert starts(pw, "net-a") == 1
     # Still STARTING: the warm-up is sent again (the first send may have been lost with a
     # commit's reply); warm_up is idempotent. Once the net is READY, a repeat sends nothing.
@@ -94,7 +94,7 @@ def test_an_identical_repeat_after_a_redeploy_changed_the_nets_sites_names_the_s
     )
     rt = dataclasses.replace(pw.rt, settings=redeployed)
     again = prewarm.request_prewarm(rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
-    assert not again.created and again.prewarm["caller_key"] == "p1"
+    assert not again.created and again.prewarm.caller_key == "p1"
     with pytest.raises(CallerKeyConflict, match="required_sites"):
         prewarm.request_prewarm(
             rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300, required_sites=["site-1"])
@@ -117,8 +117,8 @@ def test_another_payload_under_the_key_is_a_conflict_that_changes_nothing(pw):
     with pytest.raises(CallerKeyConflict, match="net"):
         ask(pw, "p1", net="net-b", within_s=300)
     assert pw.net("net-b").state == NetState.STOPPED
-    assert view(pw, "p1")["hold_until"] == row(pw, "p1").hold_until.isoformat()
-    assert view(pw, "p1")["within_s"] == 300  # the accepted one is what the key names
+    assert view(pw, "p1").hold_until == row(pw, "p1").hold_until.isoformat()
+    assert view(pw, "p1").within_s == 300  # the accepted one is what the key names
     refused = row(pw, "p1", refused=True)
     assert refused.outcome == PrewarmOutcome.CALLER_KEY_CONFLICT
 
@@ -128,7 +128,7 @@ def test_a_repeat_of_an_ended_prewarm_does_not_start_it_again(pw):
     pw.clock.advance(100 + GRACE_S)
     assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]
     again = ask(pw, "p1", net="net-a", within_s=100)
-    assert not again.created and again.prewarm["status"] == "expired"
+    assert not again.created and again.prewarm.status == "expired"
     assert pw.net("net-a").state == NetState.STOPPED
 
 
@@ -139,21 +139,21 @@ def test_a_cancel_ends_the_hold_now_and_the_grace_starts_then(pw):
     held_ready(pw, within_s=600)
     pw.clock.advance(100)
     cancelled = prewarm.cancel_prewarm(pw.rt, "p1")
-    assert cancelled["status"] == "cancelled" and cancelled["ended_at"] == pw.clock().isoformat()
+    assert cancelled.status == "cancelled" and cancelled.ended_at == pw.clock().isoformat()
     pw.clock.advance(GRACE_S - 1)
     assert scale_down.scale_down_idle_nets(pw.rt) == []
     pw.clock.advance(1)
     assert scale_down.scale_down_idle_nets(pw.rt) == ["net-a"]  # not at 600 s + grace
-    assert prewarm.cancel_prewarm(pw.rt, "p1")["status"] == "cancelled"  # harmless repeat
+    assert prewarm.cancel_prewarm(pw.rt, "p1").status == "cancelled"  # harmless repeat
 
 
 def test_a_cancel_keeps_the_outcome_of_a_prewarm_that_ended(pw):
     held_ready(pw, within_s=100)
     pw.clock.advance(101)
-    assert prewarm.cancel_prewarm(pw.rt, "p1")["status"] == "expired"
+    assert prewarm.cancel_prewarm(pw.rt, "p1").status == "expired"
     held_ready(pw, key="p2", within_s=500)
     pw.run_pipeline(pw.enqueue("job", net="net-a"))
-    assert prewarm.cancel_prewarm(pw.rt, "p2")["status"] == "used"
+    assert prewarm.cancel_prewarm(pw.rt, "p2").status == "used"
 
 
 def test_cancelling_an_unknown_or_refused_prewarm_says_so(pw):
@@ -174,7 +174,7 @@ def test_a_cancel_while_warming_starts_the_grace_at_the_cancel(pw):
     pw.server("net-a").up = False
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
     pw.clock.advance(5)
-    assert prewarm.cancel_prewarm(pw.rt, "p1")["status"] == "cancelled"
+    assert prewarm.cancel_prewarm(pw.rt, "p1").status == "cancelled"
     pw.clock.advance(45)
     pw.server("net-a").up = True
     prewarm_warm_up.warm_up(pw.rt, "net-a")  # the warm_up task keeps polling after the cancel
@@ -234,13 +234,13 @@ def test_bad_input_is_refused_as_an_enqueue_refuses_it_and_recorded(pw, kw, word
 def test_sites_resolve_to_the_net_a_job_would_be_claimed_on(pw):
     held_ready(pw, key="warm", net="net-b", within_s=600)
     prewarm.cancel_prewarm(pw.rt, "warm")  # net-b READY and free, no hold on it
-    assert ask(pw, "p1", required_sites=["site-1"], within_s=60).prewarm["net"] == "net-b"
+    assert ask(pw, "p1", required_sites=["site-1"], within_s=60).prewarm.net == "net-b"
     # net-b is held by p1 now: the next hint for those sites starts net-a for its own job
     second = ask(pw, "p2", required_sites=["site-1"], within_s=60)
-    assert second.prewarm["net"] == "net-a" and second.notified is True
-    assert ask(pw, "p3", required_sites=["site-3"], within_s=60).prewarm["net"] == "net-c"
+    assert second.prewarm.net == "net-a" and second.notified is True
+    assert ask(pw, "p3", required_sites=["site-3"], within_s=60).prewarm.net == "net-c"
 
 
 def test_an_always_on_net_is_only_held(pw):
     answer = ask(pw, "p1", net="fixed", within_s=60)
-    assert answer.created and answer.notified is None and "always-on" in answer.prewarm["detail"]
+    assert answer.created and answer.notified is None and "always-on" in answer.prewarm.detail

@@ -165,7 +165,7 @@ def test_every_end_carries_its_code_on_the_job_its_history_and_its_callback(worl
             code,
         )
         payload = event_payload(job, last)
-    assert (payload["to_state"], payload["reason_code"]) == (state, code)
+    assert (payload.to_state, payload.reason_code) == (state, code)
     assert state in REASONS[code].flip  # the FLIP table knows this end
 
 
@@ -234,7 +234,7 @@ def test_a_refused_enqueue_says_rejected_and_a_failed_job_never_does(world):
     with world.rt.sessions() as session:
         rejection = session.scalars(select(RejectedRequest)).one()
         payload = rejection_payload(rejection)
-    assert (payload["kind"], payload["reason_code"]) == ("rejected", ReasonCode.REJECTED)
+    assert (payload.kind, payload.reason_code) == ("rejected", ReasonCode.REJECTED)
 
     job_id = world.enqueue("gone", net="net-a")
     (world.rt.settings.job_root / "tiny-job" / "meta.json").unlink(missing_ok=True)

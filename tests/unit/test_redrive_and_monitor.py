@@ -336,8 +336,8 @@ def test_a_report_wait_expires_strictly_past_the_timeout_as_configured(
     old = world.enqueue("old-and-queued", net="net-b")
     job_id = _finishing(world)
     with world.rt.sessions() as session:
-        history = views.job_detail(session, job_id)["history"]
-    assert history[-1]["reason"] == (
+        history = views.job_detail(session, job_id).history
+    assert history[-1].reason == (
         "NVFLARE FINISHED:COMPLETED; holding the server for results upload"
     )
     world.clock.advance(world.rt.settings.report_timeout_s)

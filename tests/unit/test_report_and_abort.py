@@ -47,8 +47,8 @@ def test_a_stop_reported_for_a_dispatching_job_shows_flip_apis_words(world):
     report = ReportJobStatus(job_id=job_id, status=ReportedStatus.STOPPED, detail="by the user")
     assert intake.report_status(world.rt, report) == JobState.ABORTING
     with world.rt.sessions() as session:
-        last = views.job_detail(session, job_id)["history"][-1]
-    assert (last["to_state"], last["reason"]) == (
+        last = views.job_detail(session, job_id).history[-1]
+    assert (last.to_state, last.reason) == (
         "ABORTING",
         "flip-api reported stopped: by the user",
     )
