@@ -4,7 +4,9 @@ end, created + PREWARM_MAX_S, or when it was cancelled, used or failed, whicheve
 first), never the row's `hold_until`:
 
 - `prewarm-start-needs-hold`: a net is moved to STARTING for a prewarm only while a live
-  hold wants it (a cancelled or expired prewarm starts nothing);
+  hold wants it (a cancelled or expired prewarm starts nothing): a hold not ended (cancelled,
+  used, failed) before the start in the simulation's order of writes (tests.sim.hold_order),
+  whose hint had not run out by the start's own clock;
 - `prewarm-ended`: an ended prewarm ended within its hold (ended_at between its creation
   and the end of its hint), so the net's grace starts no later than that;
 - `prewarm-settled` (liveness): every prewarm's row has an outcome within
@@ -43,15 +45,21 @@ class PrewarmInvariants(Observer):
             hold_order.install(sim.conn)
             placement.install(sim.conn)
 
-    def _prewarm_start(self, net: str, at: str, reason: str) -> None:
+    def _prewarm_start(self, event_id: int, net: str, at: str, reason: str) -> None:
         """A net event to STARTING: one a prewarm made needs a live hold on the net."""
         if not reason.startswith(PREWARM_REASON) or not self.sim.workload.prewarms:
             return
         t = _secs(at) or 0.0
-        # Up to its end inclusive: a hint and its cancel handled at the same instant (one
-        # worker interleaved in the other's step) leave a hold of no length, which was live
-        # when its start was written all the same (seed 197).
-        if not any(h.net == net and h.created_s <= t <= h.end_s for h in self.holds):
+        max_s = self.sim.settings.prewarm_max_s
+        # Ended or not by the order of writes, never by comparing the start's timestamp with
+        # the end's: two workers wrote them, and their clocks may disagree (drift seed 771: a
+        # start written just before a claim used the hold, by a worker 0.8 s ahead, read as
+        # 0.8 s after the use). Run out or not by the start's own clock against the hint's, as
+        # the product judges a deadline (`hold_until > now`); up to its end inclusive.
+        if not any(
+            t <= (_secs(created) or 0.0) + min(within, max_s)
+            for created, within in hold_order.open_at_start(self.sim.conn, event_id)
+        ):
             self.report(
                 "prewarm-start-needs-hold",
                 f"net {net} at {t:.1f}",

@@ -6,17 +6,20 @@ used from another net), and the simulated caller naming each hinted job's prewar
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
+from app.db import unit_of_work
 from app.sim import savings
+from app.sim.clock import EPOCH
 from app.sim.faults import CLEAN
 from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceJob
 from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
 from app.usecases import prewarm_holds
-from models import Prewarm
+from models import Net, NetState, Prewarm
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import PREWARM_SHARE, with_prewarms
 from tests.sim.worlds import random_world
@@ -67,6 +70,29 @@ def test_a_hold_kept_past_its_cancel_is_reported_as_an_idle_server(monkeypatch):
     monkeypatch.setattr(prewarm_holds, "idle_start", ignoring_cancels)
     result = Simulation(_world(), _held_then_cancelled(), CLEAN, 0, checker=Checker()).run()
     assert "idle-net-at-zero" in {v.invariant for v in result.violations}, result.summary()
+
+
+def _start_for_a_prewarm(sim: Simulation, stamped_s: float) -> None:
+    """What a bug would write: net-a started for a prewarm by a worker whose clock reads
+    `stamped_s` (behind the simulation's)."""
+    with unit_of_work(sim.sessions) as session:
+        net = session.get(Net, "net-a", with_for_update=True)
+        assert net is not None and net.state == NetState.STOPPED, net
+        at = EPOCH + timedelta(seconds=stamped_s)
+        net.transition(NetState.STARTING, at, "prewarm: its hold wants the server up")
+
+
+def test_a_start_written_after_its_holds_cancel_is_reported_whatever_its_clock_says():
+    # pw-0 (net-a, 0-600 s) is cancelled at 30 s and net-a goes down after its grace; at
+    # 100 s a worker whose clock is 80 s behind starts net-a "for a prewarm" stamped 20 s,
+    # inside the hold's times: only the order of writes tells the hold had ended (the
+    # checker compared the start's stamp with the cancel's, from two clocks: drift seed 771
+    # was the other way round, a start written before a claim used the hold, stamped after).
+    sim = Simulation(_world(), _held_then_cancelled(), CLEAN, 0, checker=Checker())
+    sim.at(100.0, "a prewarm start after the cancel", lambda: _start_for_a_prewarm(sim, 20.0))
+    result = sim.run()
+    found = [v for v in result.violations if v.invariant == "prewarm-start-needs-hold"]
+    assert [v.subject for v in found] == ["net net-a at 20.0"], result.summary()
 
 
 def test_a_third_of_the_worlds_draw_prewarms_and_the_others_are_untouched():
