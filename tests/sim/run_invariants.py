@@ -110,9 +110,10 @@ class RunInvariants(Observer):
                 self._dead_since.pop(job.id, None)
                 continue
             # Nothing settles a run while the broker is down (no beat tick reaches a worker):
-            # the outage's time is not counted, as app/entrypoints/README.md bounds it ("Redis
-            # restarted while RUNNING": HOUSEKEEPING_INTERVAL_S after the reconnect). Flaky
-            # seed 748: a run ended 11 s into 115 s of outage, settled 9 s after it.
+            # the outage's time is not counted, as app/entrypoints/README.md "Failures and
+            # recovery" bounds it (Redis restarted while RUNNING: HOUSEKEEPING_INTERVAL_S
+            # after the reconnect). Flaky seed 748: a run ended 11 s into 115 s of outage,
+            # settled 9 s after it.
             dead = self._dead_since.setdefault(job.id, t)
             since = self._after_broker_outages(dead, t)
             if t - since > b.settle + self._removal_slack(job.net):

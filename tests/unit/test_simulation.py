@@ -134,9 +134,9 @@ def _run_through_a_broker_outage() -> Simulation:
 
 def test_a_run_ended_while_the_broker_is_down_is_settled_in_time_once_it_is_back() -> None:
     """Flaky seed 748 of the 10,000-seed sweep, in a clean world: app/entrypoints/README.md
-    bounds a finished run's settling by HOUSEKEEPING_INTERVAL_S after the broker is back,
-    so `ended-run-settled` counts from there (it reported this run at 159 s, 100 s into the
-    outage, when it counted from the run's end)."""
+    "Failures and recovery" bounds a finished run's settling by HOUSEKEEPING_INTERVAL_S
+    after the broker is back, so `ended-run-settled` does not count the outage (it reported
+    this run at 159 s, 100 s into the outage, when it counted from the run's end)."""
     sim = _run_through_a_broker_outage()
     result = sim.run()
     assert result.ok, result.summary()
