@@ -191,6 +191,19 @@ def test_a_clock_stepped_on_one_worker_breaks_no_invariant(profile: str, seeds: 
     assert found == {seed: [] for seed in seeds}
 
 
+def test_a_hold_ended_by_a_worker_whose_clock_is_behind_ended_within_it() -> None:
+    # Drift seeds 677, 818, 867 of 600-999, the profile forced: a claim by a worker 21 s
+    # behind (677), a cancel by a worker 0.9 s behind the one that took the hint (867),
+    # stamped the holds' ends before their creation (`prewarm-ended`'s lower bound compared
+    # two clocks).
+    results = run_seeds([677, 818, 867], PROFILES_BY_NAME["drift"], workers=1)
+    assert {r.seed: [str(v) for v in r.violations] for r in results} == {
+        677: [],
+        818: [],
+        867: [],
+    }
+
+
 def test_a_backward_clock_step_never_marks_a_hold_used_by_an_earlier_claim() -> None:
     # Drift seed 5, a step forced: w0's clock stepped back 27 s takes a hint at 92 s and
     # writes it at 65 s; a claim made at 75 s on the true clock read as after it, and the
