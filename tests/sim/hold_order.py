@@ -1,9 +1,11 @@
-"""The simulation's own order of prewarm holds and claims (for `prewarm-used-by-later-claim`,
-tests.sim.prewarm_invariants): a hint handled at the very instant a job is claimed, before or
-after it, has the claim's timestamp, so only the order in which the rows were written tells
-which came first. Temporary triggers on the simulation's one connection number each accepted
-prewarm row and each claim (a job moved to ASSIGNED) as it is written; a rolled-back write
-takes its number back with it. Installed only in a world with prewarms."""
+"""The simulation's own order of prewarm holds, claims and starts (tests.sim.prewarm_invariants):
+a hint handled at the very instant a job is claimed, before or after it, has the claim's
+timestamp, and two workers' clocks may disagree (a step, app/sim/clock.py), so only the order
+in which the rows were written tells which came first. Temporary triggers on the simulation's
+one connection number each accepted prewarm row and each claim (a job moved to ASSIGNED) as it
+is written (`prewarm-used-by-later-claim`), and note which holds were open (no outcome yet)
+when a net was moved to STARTING (`prewarm-start-needs-hold`); a rolled-back write takes its
+rows back with it. Installed only in a world with prewarms."""
 
 from __future__ import annotations
 
@@ -18,6 +20,14 @@ BEGIN
     INSERT INTO sim_order (kind, ref, net, at)
     VALUES ('hold', CAST(NEW.id AS TEXT), NEW.net_name, NEW.created_at);
 END;
+CREATE TEMP TABLE sim_start_holds (event INTEGER NOT NULL, hold INTEGER NOT NULL);
+CREATE TEMP TRIGGER sim_order_start AFTER INSERT ON main.net_events
+WHEN NEW.to_state = 'STARTING'
+BEGIN
+    INSERT INTO sim_start_holds (event, hold)
+    SELECT NEW.id, id FROM main.prewarms
+    WHERE net_name = NEW.net_name AND outcome IS NULL AND NOT refused;
+END;
 CREATE TEMP TRIGGER sim_order_claim AFTER UPDATE OF state ON main.jobs
 WHEN NEW.state = 'ASSIGNED' AND OLD.state IS NOT 'ASSIGNED'
 BEGIN
@@ -28,7 +38,8 @@ END;
 
 
 def install(conn: sqlite3.Connection) -> None:
-    """Number every accepted prewarm row and every claim from now on."""
+    """Number every accepted prewarm row and every claim, and note the holds open at every
+    start, from now on."""
     conn.executescript(_SCHEMA)
 
 
@@ -49,5 +60,18 @@ def claims_of(conn: sqlite3.Connection, job_hex: str, net: str | None) -> list[t
             "SELECT seq, at FROM sim_order WHERE kind = 'claim' AND ref = ?"
             " AND (? IS NULL OR net = ?) ORDER BY seq",
             (job_hex, net, net),
+        )
+    ]
+
+
+def open_at_start(conn: sqlite3.Connection, event_id: int) -> list[tuple[str, float]]:
+    """The holds on the net that were open (accepted, no outcome yet) when net event
+    `event_id` moved it to STARTING: each one's creation time and `within_s`."""
+    return [
+        (created, float(within or 0.0))
+        for created, within in conn.execute(
+            "SELECT p.created_at, p.within_s FROM sim_start_holds s"
+            " JOIN prewarms p ON p.id = s.hold WHERE s.event = ? ORDER BY p.id",
+            (event_id,),
         )
     ]

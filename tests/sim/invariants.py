@@ -121,7 +121,7 @@ class Checker(RunInvariants, Quiescence, CallInvariants):
                 )
             self._net_state[net] = NetState(dst)
             if dst == N.STARTING:
-                self._prewarm_start(net, at, reason)
+                self._prewarm_start(event_id, net, at, reason)
             if dst in (N.UNHEALTHY, N.OUTAGE) and "waiting for sites" in reason:
                 # A server that answers while a site never connects is the job's problem
                 # (requeued, the site named), never the net's health.

@@ -136,6 +136,18 @@ class Observer:
             self._seen_answering.pop(run.nvflare_id, None)
         return False  # undecided: asked again at the next step
 
+    def _after_broker_outages(self, since: float, t: float) -> float:
+        """The start of a wait counted from `since`, moved later by the time the broker was
+        down between `since` and `t` (overlapping windows counted once): no message is
+        delivered and no beat tick sent meanwhile, so no housekeeping round can end it."""
+        down, reach = 0.0, since
+        for began, ended in sorted(self.sim.broker.outages):
+            start, end = max(began, reach), min(ended, t)
+            if end > start:
+                down += end - start
+                reach = end
+        return since + down
+
     def _removal_slack(self, net: str | None) -> float:
         """A job on a net NETS no longer declares is settled only once no process has
         declared the net for `services.undeclared_after_s` (a rolling deploy may still be
