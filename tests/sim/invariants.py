@@ -16,6 +16,7 @@ from models import (
     JobState,
     NetState,
 )
+from tests.sim import repeats
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
@@ -47,6 +48,7 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
         """The checks of what the run left stored."""
         self.storable()
         self.refused_once()
+        repeats.repeat_refused(self.sim)
 
     def check(self) -> None:
         """Every invariant, after one step."""
