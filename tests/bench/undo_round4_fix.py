@@ -30,7 +30,7 @@ EDITS: dict[str, list[tuple[str, str, str]]] = {
             "app/usecases/prewarm_warm_up.py",
             "        idle_since = idle_from_holds(session, net_name, net.state_changed_at, now)\n",
             "        idle_since = (\n"
-            '            now  # reconcile\'s READY (its reason), before the fix\n'
+            "            now  # reconcile's READY (its reason), before the fix\n"
             '            if reason == "up, no job: idle"\n'
             "            else idle_from_holds(session, net_name, net.state_changed_at, now)\n"
             "        )\n",
@@ -143,7 +143,7 @@ def main() -> None:
     if found:
         seed, lines = found[0]
         print(f"first: seed {seed}: " + "\n  ".join(lines[:3]))
-        print("seeds: " + ", ".join(f"{s} ({l[0].split(']')[0][1:]})" for s, l in found))
+        print("seeds: " + ", ".join(f"{s} ({ls[0].split(']')[0][1:]})" for s, ls in found))
 
 
 if __name__ == "__main__":

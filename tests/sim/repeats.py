@@ -47,7 +47,9 @@ def schedule(sim: Simulation, arm: Arm) -> None:
         sim.at(sim.clock.t, label, functools.partial(_repeat, sim, job, lowered))
 
     stored = functools.partial(_stored, sim, str(job_id_for(job.key)).replace("-", ""))
-    sim.at(job.arrive_s, f"{label}, once stored", functools.partial(arm, stored, STORED, label, send))
+    sim.at(
+        job.arrive_s, f"{label}, once stored", functools.partial(arm, stored, STORED, label, send)
+    )
 
 
 def _stored(sim: Simulation, job_hex: str) -> str:
