@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(1800)  # a guard against a hang (see the other 
 def _reconcile_ready_idles_from_now(mp: pytest.MonkeyPatch) -> None:
     # Before fix 9: reconcile's READY of a job-less STARTING net set idle_since to now,
     # whatever holds wanted the start (warm_up's own READY idled from their end already).
-    original = net_repairs.mark_ready
+    original = prewarm_warm_up.mark_ready  # as net_repairs imported it
 
     def mark_ready(rt: Runtime, name: str, readiness: Readiness, reason: str) -> bool:
         with pytest.MonkeyPatch.context() as inner:
