@@ -1,5 +1,5 @@
 """Undo one of round 4's fixes (issue 36) in a copy of the tree and ask the sweep whether it
-finds that defect (tests/sim/README.md, "Each fix of round 4 undone"): the copy's seeds A..B
+finds that defect (tests/sim/README.md, "Each fix of round 4"): the copy's seeds A..B
 are run (their own profiles, or `--profile P` on every seed), and a seed counts only if it
 reports an invariant the same seed does not report on this tree, with every fix in.
 

@@ -1,7 +1,7 @@
 """The sweep finds round 4's fixes in its reach (issue 36) when one is undone: each case
 switches a fix off again (monkeypatched back to what the code did before it) and a small
-sweep must report the invariant that catches it (tests/sim/README.md, "Each fix of round 4
-undone"; tests/bench/undo_round4_fix.py hunts the same by editing a copy of the tree).
+sweep must report the invariant that catches it (tests/sim/README.md, "Each fix of round
+4"; tests/bench/undo_round4_fix.py hunts the same by editing a copy of the tree).
 Fix 1, the break-it review's refusal and round 5's chain refusal are cases of
 test_simulation_safeguards.py, whose rules (seeds tied to the code: widen a range that stops
 finding) hold here too."""
