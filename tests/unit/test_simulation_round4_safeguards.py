@@ -4,7 +4,8 @@ sweep must report the invariant that catches it (tests/sim/README.md, "Each fix 
 4"; tests/bench/undo_round4_fix.py hunts the same by editing a copy of the tree).
 Fix 1, the break-it review's refusal and round 5's chain refusal are cases of
 test_simulation_safeguards.py, whose rules (seeds tied to the code: widen a range that stops
-finding) hold here too."""
+finding) hold here too. Run against the harness before its round-4 checks (main's tests/sim),
+each of the four cases failed with its seed reporting nothing (`seen: {115: set()}`)."""
 
 from __future__ import annotations
 
