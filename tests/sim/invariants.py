@@ -16,19 +16,24 @@ from models import (
     JobState,
     NetState,
 )
+from tests.sim import repeats
 from tests.sim.call_invariants import CallInvariants
+from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
+from tests.sim.ready_invariants import ReadyInvariants
 from tests.sim.run_invariants import RunInvariants
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
 
 
-class Checker(RunInvariants, Quiescence, CallInvariants):
+class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseInvariants):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
-    runs (RunInvariants), at rest (Quiescence) and at an adapter call (CallInvariants); what
-    they keep between steps (last history rows seen, since-when clocks) in Observer.
+    runs (RunInvariants), at rest (Quiescence), at an adapter call (CallInvariants), at a
+    job-less net's READY (ReadyInvariants) and on chain jobs no message holds
+    (LeaseInvariants); what they keep between steps (last history rows seen, since-when
+    clocks) in Observer.
 
     A `Simulation(..., checker=Checker())` calls `start` once its first worker runs,
     `after_step` after every step and clock move, the fakes' `on_submit` and `on_scale`,
@@ -43,6 +48,7 @@ class Checker(RunInvariants, Quiescence, CallInvariants):
         """The checks of what the run left stored."""
         self.storable()
         self.refused_once()
+        repeats.repeat_refused(self.sim)
 
     def check(self) -> None:
         """Every invariant, after one step."""
@@ -57,6 +63,8 @@ class Checker(RunInvariants, Quiescence, CallInvariants):
         self._queued_while_free(t)
         self._scale_to_zero(t)
         self._prewarms(t)
+        self._net_moves()
+        self._step_redriven(t)
         self._held_runs = {j.id: j.nvflare_id for j in self.jobs if j.nvflare_id is not None}
 
     def _rerun_after_completion(self, job_id: str, reason: str) -> None:

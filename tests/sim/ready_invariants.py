@@ -1,0 +1,184 @@
+"""The checks on a job-less net's STARTING -> READY move, made as each such move is written
+(round 4's fixes 19 and 9, which no other check saw undone):
+
+- `ready-once-ready`: a job-less STARTING net becomes READY only once its server is ready as
+  warm_up's own check judges it: the server answers, and the sites its open holds wait for
+  (else the net's required sites) are connected; past the net's ready_timeout_s a server
+  that answers is READY all the same (README: a net is READY only once its server answers
+  and its sites are connected). Reconcile once moved it READY as soon as the driver ran a
+  replica, seconds before the server could take a job;
+- `idle-from-hold-end`: a net a prewarm started idles from the end of its holds once they
+  have all ended, never from a later READY (README: a prewarmed server stays up at most hold
+  end + grace + one round). Reconcile once gave such a net a fresh grace from now.
+
+A temporary trigger on the simulation's one connection writes each move down inside its own
+transaction (a rolled-back move takes its row with it), with the simulated time and the
+server as the platform has it at that instant (the fake's up time, boot, partitions and site
+delays, read without moving anything); each net's moves to STARTING are timed the same way.
+Both checks are narrower than the promise where the product's clocks may differ from the
+simulation's (a worker's clock stepped, tests.sim.adversary): a correct move is never
+reported."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from app.sim.simulation import Simulation
+from tests.sim.observer import Observer, _secs
+
+_SCHEMA = """
+CREATE TEMP TABLE sim_net_moves (
+    seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, net TEXT NOT NULL, t REAL NOT NULL,
+    idle_since TEXT, server TEXT
+);
+CREATE TEMP TRIGGER sim_net_starting AFTER UPDATE OF state ON main.nets
+WHEN NEW.state = 'STARTING' AND OLD.state IS NOT 'STARTING'
+BEGIN
+    INSERT INTO sim_net_moves (kind, net, t) VALUES ('starting', NEW.name, sim_now());
+END;
+CREATE TEMP TRIGGER sim_net_claim AFTER UPDATE OF state ON main.jobs
+WHEN NEW.state = 'ASSIGNED' AND OLD.state IS NOT 'ASSIGNED'
+BEGIN
+    INSERT INTO sim_net_moves (kind, net, t) VALUES ('claim', NEW.net_name, sim_now());
+END;
+CREATE TEMP TRIGGER sim_net_ready AFTER UPDATE OF state ON main.nets
+WHEN NEW.state = 'READY' AND OLD.state = 'STARTING'
+    AND NOT EXISTS (
+        SELECT 1 FROM main.jobs j WHERE j.net_name = NEW.name
+            AND j.state IN ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'FINISHING', 'ABORTING')
+    )
+BEGIN
+    INSERT INTO sim_net_moves (kind, net, t, idle_since, server)
+    VALUES ('ready', NEW.name, sim_now(), NEW.idle_since, sim_server(NEW.name));
+END;
+"""
+
+# How far a product's clock may be from the simulation's where clocks are stepped: a
+# worker's clock goes back up to 30 s, forwards under a second (tests.sim.adversary); a
+# second elsewhere (a step's own time). Half a millisecond: the stored times' resolution.
+CLOCK_STEP_S = 30.0
+RESOLUTION_S = 5e-4
+
+
+@dataclass(frozen=True)
+class ServerThen:
+    """The server as the platform had it when the move was written."""
+
+    answering: bool
+    sites: frozenset[str]
+
+
+class ReadyInvariants(Observer):
+    """`ready-once-ready` and `idle-from-hold-end`, from the trigger's rows."""
+
+    def start(self, sim: Simulation) -> None:
+        super().start(sim)
+        self._moves_seen = 0
+        self._moves_at_changes = -1
+        self._starting_at: dict[str, float] = {}  # net -> when it last moved to STARTING
+        self._claimed_at: dict[str, float] = {}  # net -> when a job was last claimed onto it
+        # How far the product's clocks may be from the simulation's in this world.
+        self._slack = CLOCK_STEP_S if sim.profile.clock_step_p else 1.0
+        conn = sim.conn
+        conn.create_function("sim_now", 0, lambda: sim.clock.t)
+        conn.create_function("sim_server", 1, self._server_now)
+        conn.executescript(_SCHEMA)
+
+    def _server_now(self, net: str) -> str:
+        """The fake server at this instant, as JSON for the trigger's row (nothing moved:
+        the cluster's timed changes are left for the next look, as the product sees them)."""
+        server = self.sim.cluster.servers.get(net)
+        t = self.sim.clock.t
+        if server is None:
+            return json.dumps({"answering": False, "sites": []})
+        return json.dumps({"answering": server.answering(t), "sites": list(server.sites(t))})
+
+    def _net_moves(self) -> None:
+        """The moves written since the last step (only if a row changed since)."""
+        conn = self.sim.conn
+        if conn.total_changes == self._moves_at_changes:
+            return
+        self._moves_at_changes = conn.total_changes
+        rows = conn.execute(
+            "SELECT seq, kind, net, t, idle_since, server FROM sim_net_moves WHERE seq > ?"
+            " ORDER BY seq",
+            (self._moves_seen,),
+        ).fetchall()
+        for seq, kind, net, t, idle_since, server in rows:
+            self._moves_seen = seq
+            if kind in ("starting", "claim"):
+                (self._starting_at if kind == "starting" else self._claimed_at)[net] = t
+                continue
+            then = json.loads(server)
+            self._ready_once_ready(net, t, ServerThen(then["answering"], frozenset(then["sites"])))
+            self._idle_from_hold_end(net, t, _secs(idle_since))
+
+    def _open_holds(self, net: str) -> list[tuple[float, float, list[str]]]:
+        """The net's accepted prewarm rows: (created, the end of the hint, sites), in the
+        product's own stored times."""
+        max_s = self.sim.settings.prewarm_max_s
+        rows = []
+        for created, within, ended, sites in self.sim.conn.execute(
+            "SELECT created_at, within_s, ended_at, required_sites FROM prewarms"
+            " WHERE net_name = ? AND NOT refused",
+            (net,),
+        ):
+            created_s = _secs(created) or 0.0
+            end_s = created_s + min(float(within or 0.0), max_s)
+            ended_s = _secs(ended)
+            if ended_s is not None:
+                end_s = min(end_s, ended_s)
+            rows.append((created_s, end_s, list(json.loads(sites or "[]"))))
+        return rows
+
+    def _ready_once_ready(self, net: str, t: float, server: ServerThen) -> None:
+        """The server answered at the move, with the wanted sites connected or past the
+        readiness deadline (counted from the start or the first hold, the earlier)."""
+        sim = self.sim
+        if not sim.declared_net(net):
+            return
+        if server.answering:
+            config = sim.settings.net(net)
+            holds = self._open_holds(net)
+            live = [h for h in holds if h[1] > t - self._slack]
+            wanted = {s for h in live for s in h[2]}
+            if set(config.required_sites) <= server.sites or (wanted and wanted <= server.sites):
+                return
+            since = min([self._starting_at.get(net, t), *(h[0] for h in live)])
+            if t - since > config.ready_timeout_s - self._slack:
+                return  # past the deadline (as a stepped clock may count it): an answer will do
+            want = sorted(wanted or set(config.required_sites))
+            detail = f"its sites {sorted(server.sites)} connected (wanted {want})"
+        else:
+            detail = "its server not answering yet (booting, down or cut off)"
+        started = self._starting_at.get(net)
+        age = f"{t - started:.1f}s after STARTING" if started is not None else "STARTING"
+        self.report(
+            "ready-once-ready",
+            f"net {net} at {t:.1f}",
+            f"moved READY with no job {age}, {detail}: warm_up's readiness check would not "
+            "have said ready",
+        )
+
+    def _idle_from_hold_end(self, net: str, t: float, idle_since: float | None) -> None:
+        """Once every hold that wanted this start has ended, the net idles from the last
+        end, not from its READY. (A job claimed onto the net since its start needed the
+        server until it let go: its chain's READY idles from then.)"""
+        started = self._starting_at.get(net)
+        if started is None or idle_since is None or self._claimed_at.get(net, -1.0) >= started:
+            return
+        holds = self._open_holds(net)
+        if not any(end > started + self._slack for _, end, _ in holds):
+            return  # no hold clearly wanted this start: idle from now is right
+        ends = [end for _, end, _ in holds if end > started - self._slack]
+        last = max(ends)
+        if last > t - self._slack:
+            return  # a hold still live (as a stepped clock may see it): idle from now
+        if idle_since > last + RESOLUTION_S:
+            self.report(
+                "idle-from-hold-end",
+                f"net {net} at {t:.1f}",
+                f"moved READY with no job, idle from {idle_since:.1f}s, after its prewarm "
+                f"holds ended at {last:.1f}s: a fresh grace past hold end + grace",
+            )
