@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from app.errors import InvalidRequest, NotFound
 from app.schemas import ReportedStatus, ReportJobStatus, require_storable
 from app.settings import Settings
+from app.usecases import rows
 from models import (
     ACTIVE_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -148,19 +149,29 @@ def job_folder(settings: Settings, definition: str) -> Path:
     return (settings.job_root / definition).resolve()
 
 
+# The hottest reads, built once at import rather than per call (issue 37).
+_JOB = select(Job).where(Job.id == bindparam("key"))
+_JOB_LOCKED = _JOB.with_for_update()
+_NET = select(Net).where(Net.name == bindparam("key"))
+_NET_LOCKED = _NET.with_for_update()
+
+
 def get_job(
     session: Session,
     job_id: uuid.UUID,
     *,
     lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
 ) -> Job:
-    """The job with this id, optionally locked for update; NotFound otherwise."""
-    stmt = select(Job).where(Job.id == job_id)
-    if lock:
-        stmt = stmt.with_for_update()
-    job = session.scalar(stmt)
+    """The job with this id, optionally locked for update; NotFound otherwise. A job this
+    transaction already locked is not read again (`rows`)."""
+    job = rows.held(session, Job, job_id)
+    if job is not None:
+        return job
+    job = session.scalar(_JOB_LOCKED if lock else _JOB, {"key": job_id})
     if job is None:
         raise NotFound(f"job {job_id} not found")
+    if lock:
+        rows.note_locked(session, job, job_id)
     return job
 
 
@@ -170,13 +181,16 @@ def get_net(
     *,
     lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
 ) -> Net:
-    """The net with this name, optionally locked for update; NotFound otherwise."""
-    stmt = select(Net).where(Net.name == name)
-    if lock:
-        stmt = stmt.with_for_update()
-    net = session.scalar(stmt)
+    """The net with this name, optionally locked for update; NotFound otherwise. A net this
+    transaction already locked is not read again (`rows`)."""
+    net = rows.held(session, Net, name)
+    if net is not None:
+        return net
+    net = session.scalar(_NET_LOCKED if lock else _NET, {"key": name})
     if net is None:
         raise NotFound(f"net {name} not found")  # pragma: no mutate (callers name declared nets)
+    if lock:
+        rows.note_locked(session, net, name)
     return net
 
 
