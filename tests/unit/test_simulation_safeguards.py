@@ -147,16 +147,10 @@ def _claim_at_its_instant_used_it(session: Any, row: Prewarm, now: datetime) -> 
     return "used"
 
 
-def _report_waits_not_isolated(rt: Any) -> dict[str, str]:
+def _report_waits_not_isolated(rt: Any, finishing: Any, now: datetime) -> dict[str, str]:
     # Before c13522b: every overdue report wait settled in the round itself, outside any
     # per-net isolation, so one that raised ended the whole monitor round, every round.
-    now = rt.clock()
-    with rt.sessions() as session:
-        finishing = session.execute(
-            select(Job.id, Job.state_changed_at, Job.net_name).where(
-                Job.state == JobState.FINISHING
-            )
-        ).all()
+    # (`finishing`: the round's read of every FINISHING job, as the fixed function gets it.)
     timeout = rt.settings.report_timeout_for
     outcome = JobState(rt.settings.report_timeout_outcome.upper())
     results = {}

@@ -1,0 +1,47 @@
+"""What a quiet housekeeping round costs (issue 37: a cheaper beat tick and seed), counted
+on a real engine: a monitor round with nothing to settle is one read, whatever it watches; a
+reconcile round with nothing to repair reads the fleet once. An extra read coming back
+fails these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event
+
+from app.usecases import monitor
+
+
+@contextmanager
+def statements(sessions) -> Iterator[list[str]]:
+    """The statements the engine runs meanwhile (SQLite's BEGIN IMMEDIATE left out)."""
+    sent: list[str] = []
+    engine = sessions.kw["bind"]
+
+    def note(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        if not sql.startswith("BEGIN"):
+            sent.append(" ".join(sql.split())[:100])
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+
+
+def _quiet_world(world) -> None:
+    """A run on net-a (RUNNING, its server answering) and a QUEUED job waiting for net-a."""
+    running = world.enqueue("running", net="net-a")
+    world.run_pipeline(running)
+    world.enqueue("waiting", net="net-a")
+    monitor.monitor_running_jobs(world.rt)  # learns what a first round learns (start time)
+
+
+def test_a_quiet_monitor_round_is_one_read(world):
+    _quiet_world(world)
+    with statements(world.rt.sessions) as sent:
+        outcomes = monitor.monitor_running_jobs(world.rt)
+    assert list(outcomes.values()) == ["running"]
+    assert len(sent) == 1, sent
