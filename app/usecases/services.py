@@ -91,27 +91,55 @@ def _insert_net(session: Session, name: str, now: datetime) -> bool:
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
-def note_declared(session: Session, settings: Settings, now: datetime) -> None:
-    """This process declares these nets now (see `undeclared_nets`)."""
-    names = [n.name for n in settings.nets]
+def note_declared(
+    session: Session, settings: Settings, now: datetime, names: list[str] | None = None
+) -> None:
+    """This process declares these nets now (see `undeclared_nets`); `names`: only these of
+    them (a reconcile stamps those whose stamp is `restamp_after_s` old)."""
+    names = [n.name for n in settings.nets] if names is None else names
     if names:
         session.execute(update(Net).where(Net.name.in_(names)).values(declared_at=now))
 
 
 def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
-    """Nets with rows that no process has declared for `undeclared_after_s(settings)`: a
-    redeploy removed them. One this process lacks but another declared lately is in the
-    middle of a rolling deploy (added, or about to go) and is not among them."""
+    """Nets with rows that no process has declared for `undeclared_after_s(settings)` plus
+    `restamp_after_s` (how stale a live stamp may get): a redeploy removed them. One this
+    process lacks but another declared lately is in the middle of a rolling deploy (added,
+    or about to go) and is not among them."""
     declared = [n.name for n in settings.nets]
-    since = now - timedelta(seconds=undeclared_after_s(settings))
     return list(
         session.scalars(
             select(Net.name).where(
                 Net.name.not_in(declared),
-                or_(Net.declared_at.is_(None), Net.declared_at < since),
+                or_(Net.declared_at.is_(None), Net.declared_at < removed_before(settings, now)),
             )
         )
     )
+
+
+def removed_nets(
+    declared_at: dict[str, datetime | None], settings: Settings, now: datetime
+) -> list[str]:
+    """`undeclared_nets` of a round's read of every net's stamp (`declared_at`)."""
+    since = removed_before(settings, now)
+    return [
+        name
+        for name, at in declared_at.items()
+        if not settings.has_net(name) and (at is None or at < since)
+    ]
+
+
+def removed_before(settings: Settings, now: datetime) -> datetime:
+    """A net last declared before this is removed (`removed_after_s`)."""
+    return now - timedelta(seconds=removed_after_s(settings))
+
+
+def removed_after_s(settings: Settings) -> float:
+    """How old a net's last stamp must be for the net to count as removed: no process has
+    declared it for the grace (`undeclared_after_s`), a live stamp being up to
+    `restamp_after_s` old. So a net is never taken for removed sooner than the grace after
+    the last round that declared it, and is at most a quarter of it later."""
+    return undeclared_after_s(settings) + restamp_after_s(settings)
 
 
 def undeclared_after_s(settings: Settings) -> float:
@@ -119,6 +147,13 @@ def undeclared_after_s(settings: Settings) -> float:
     a rolling deploy leaves old and new processes side by side, and than ten reconcile
     rounds (each declares its nets)."""
     return max(settings.stuck_after_s, 20 * settings.housekeeping_interval_s)
+
+
+def restamp_after_s(settings: Settings) -> float:
+    """How old a net's stamp (`declared_at`) gets before a reconcile stamps it again: a
+    quarter of the grace, so a round writes nothing most of the time (issue 37), and a
+    removed net is noticed at most that much later."""
+    return undeclared_after_s(settings) / 4
 
 
 def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:

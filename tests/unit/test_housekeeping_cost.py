@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from app.usecases import monitor
+from app.usecases import monitor, reconciler
 
 
 @contextmanager
@@ -45,3 +45,19 @@ def test_a_quiet_monitor_round_is_one_read(world):
         outcomes = monitor.monitor_running_jobs(world.rt)
     assert list(outcomes.values()) == ["running"]
     assert len(sent) == 1, sent
+
+
+def test_a_quiet_reconcile_round_reads_the_fleet_once(world):
+    """Every net with its active job and strays, the leases, the stuck jobs, the rows to
+    create and the nets no process declares: one read; besides it only the check of the
+    prepared copies (the running job's) and the heartbeat (the nets' stamps are renewed a
+    quarter grace old, not every round)."""
+    _quiet_world(world)
+    reconciler.reconcile(world.rt)  # stamps what this process declares
+    with statements(world.rt.sessions) as sent:
+        result = reconciler.reconcile(world.rt)
+    assert result == reconciler.Reconciled()
+    fleet, copies, heartbeat = sent  # nothing else
+    assert fleet.startswith("SELECT nets.name, nets.state")
+    assert copies.startswith("SELECT jobs.id FROM jobs WHERE jobs.id IN")  # the running job's
+    assert heartbeat.startswith("INSERT INTO housekeeping_runs")
