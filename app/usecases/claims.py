@@ -51,6 +51,11 @@ def _claimable(job: Any = Job) -> ColumnElement[bool]:
     return and_(job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == job.id))
 
 
+def claimable() -> ColumnElement[bool]:
+    """SQL: a QUEUED job that may be claimed now (see `_claimable`)."""
+    return _claimable()
+
+
 def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
     pinned one only its own)."""
@@ -187,9 +192,12 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None
-        _lock_holds(session, job, net.name, now)
-        _end_named_hold(session, job, net.name, now)
-        _use_holds(session, net.name, job.id, now)
+        if _lock_holds(session, job, net.name, now):
+            # None locked, none to end: a hold committed after that read is one made after
+            # this claim, as one made after its commit would be (issue 37: a statement fewer
+            # for most claims).
+            _end_named_hold(session, job, net.name, now)
+            _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
@@ -205,15 +213,17 @@ def _named_live_hold(prewarm_key: str, now: datetime) -> ColumnElement[bool]:
     )
 
 
-def _lock_holds(session: Session, job: Job, net_name: str, now: datetime) -> None:
+def _lock_holds(session: Session, job: Job, net_name: str, now: datetime) -> bool:
     """Lock the live holds this claim ends (the one its job names, those on its net) in id
     order, before ending them: two claims that each end the other's net's hold would
     otherwise lock the two rows in opposite orders, and PostgreSQL would kill one of them as
-    a deadlock (tests/integration/test_pg_state.py). No-op on SQLite (write lock from BEGIN)."""
+    a deadlock (tests/integration/test_pg_state.py). No lock on SQLite (write lock from
+    BEGIN). Whether there is any."""
     ends = _live_hold_on(net_name, now)
     if job.prewarm_key is not None:
         ends = or_(ends, _named_live_hold(job.prewarm_key, now))
-    session.execute(select(Prewarm.id).where(ends).order_by(Prewarm.id).with_for_update())
+    locked = session.execute(select(Prewarm.id).where(ends).order_by(Prewarm.id).with_for_update())
+    return locked.first() is not None
 
 
 def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) -> None:
