@@ -67,28 +67,41 @@ def mark_pending(session: Session, task: str, now: datetime, stale_before: datet
         # kick, as it would after any round's read. A freed net's kick mostly ends here: one
         # read, where it cost the marker's write and a whole empty round (issue 37).
         return False
-    dialect = session.get_bind().dialect.name
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     # One statement, so two senders that both saw no marker cannot both send: the loser's
     # conflict finds the winner's fresh marker and changes nothing, so returns no row.
-    upsert = (
+    upsert = _MARK[session.get_bind().dialect.name]
+    params = {"task": task, "now": now, "stale_before": stale_before}
+    return session.execute(upsert, params).first() is not None
+
+
+def _mark(insert: Any) -> Any:
+    now = bindparam("now", type_=PendingKick.sent_at.type)
+    return (
         insert(PendingKick)
-        .values(task=task, sent_at=now)
+        .values(task=bindparam("task"), sent_at=now)
         .on_conflict_do_update(
             index_elements=[PendingKick.task],
             set_={"sent_at": now},
-            where=PendingKick.sent_at < stale_before,
+            where=PendingKick.sent_at < bindparam("stale_before"),
         )
         .returning(PendingKick.task)
     )
-    return session.execute(upsert).first() is not None
+
+
+# Built once at import (issue 37): each dialect's upsert, and the marker's removal (no
+# PendingKick is ever loaded in a session: nothing to synchronise).
+_MARK = {"postgresql": _mark(postgresql.insert), "sqlite": _mark(sqlite.insert)}
+_TAKE = (
+    delete(PendingKick)
+    .where(PendingKick.task == bindparam("task"))
+    .execution_options(synchronize_session=False)
+)
 
 
 def take(session: Session, task: str) -> None:
     """The pending kick of `task` is being acted on: later work needs a kick of its own.
     Commit this before reading the work."""
-    session.execute(delete(PendingKick).where(PendingKick.task == task))
+    session.execute(_TAKE, {"task": task})
 
 
 class CoalescingOutbox:

@@ -115,13 +115,13 @@ _WATCHED = (
     .where(Job.state.in_(WATCHED_STATES))
 )
 
+_AWAITED = _WATCHED.where(Net.unreachable_since.is_(None), claims.wanted_by_queued_job(Net.name))
+
 
 def _watched(rt: Runtime, *, awaited_only: bool) -> list[Watched]:
     """The runs to watch: every RUNNING/ABORTING job with a run on the server, or only those
     on answering nets some QUEUED job could take."""
-    stmt = _WATCHED
-    if awaited_only:
-        stmt = stmt.where(Net.unreachable_since.is_(None), claims.wanted_by_queued_job(Net.name))
+    stmt = _AWAITED if awaited_only else _WATCHED
     with rt.sessions() as session:
         return _watchable(session.execute(stmt).all())
 
