@@ -242,7 +242,8 @@ class Settings(BaseSettings):
     def report_timeout_for(self, net_name: str | None) -> float:
         """How long a FINISHING job on this net waits for flip-api's report (the net's
         `report_timeout_s`, else REPORT_TIMEOUT_S; an undeclared net has the global one)."""
-        net = self._private["_by_name"].get(net_name) if net_name is not None else None
+        by_name: dict[str, NetConfig] = self._private["_by_name"]
+        net = by_name.get(net_name) if net_name is not None else None
         if net is not None and net.report_timeout_s is not None:
             return net.report_timeout_s
         return self.report_timeout_s

@@ -207,7 +207,7 @@ def _free() -> tuple[ColumnElement[bool], ...]:
 
 def _candidates() -> Any:
     """The free nets some claimable job may run on, warmest first (`assign_next_job`)."""
-    now = bindparam("now")
+    now: Any = bindparam("now")
     warm_first = case(
         (Net.state == NetState.READY, 0),
         (Net.state == NetState.STARTING, 1),
@@ -257,7 +257,7 @@ def _lock_holds(session: Session, job: Job, net_name: str, now: datetime) -> boo
 
 
 def _holds(named: bool) -> Any:
-    now = bindparam("now")
+    now: Any = bindparam("now")
     ends = _live_hold_on(bindparam("net"), now)
     if named:
         ends = or_(ends, _named_live_hold(bindparam("key"), now))
@@ -318,7 +318,10 @@ SITES_SCAN = 50
 def _next_job_for(session: Session, net: NetConfig) -> Job | None:
     """The next QUEUED job (priority, then age) that may run on `net`, locked."""
     if net.sites is None:
-        return session.scalar(_statement("next job", partial(_next_jobs, 1)), {"net": net.name})
+        job: Job | None = session.scalar(
+            _statement("next job", partial(_next_jobs, 1)), {"net": net.name}
+        )
+        return job
     # A net that declares its sites never takes a job needing one it lacks: enqueue refused
     # such a job only when no net could run it, so another net may.
     jobs = session.scalars(
