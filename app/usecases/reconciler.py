@@ -52,7 +52,7 @@ def reconcile(rt: Runtime) -> Reconciled:
     # One read for the fleet (issue 37: it was seven); each decision re-checks under lock.
     fleet = _fleet(rt, now)
     rows = fleet.rows
-    removed = services.removed_nets(fleet.declared_at, rt.settings, now)
+    removed = _removed_nets(fleet.declared_at, rt, now)
     # Lapsed leases first (also every monitor round): a job whose step's worker is gone.
     redrive = redrive_lapsed_steps(rt, fleet.chain_jobs, now)
     lease_lapsed = [f"{job}: {what}" for job, what in redrive.items()]
@@ -114,6 +114,16 @@ def _fleet(rt: Runtime, now: datetime) -> Fleet:
         with unit_of_work(rt.sessions) as session:
             services.note_declared(session, rt.settings, now, stale)
     return fleet
+
+
+def _removed_nets(declared_at: dict[str, datetime | None], rt: Runtime, now: datetime) -> list[str]:
+    """`services.undeclared_nets` of the round's read of every net's stamp."""
+    since = services.removed_before(rt.settings, now)
+    return [
+        name
+        for name, at in declared_at.items()
+        if not rt.settings.has_net(name) and (at is None or at < since)
+    ]
 
 
 def _sweep_prepared(rt: Runtime) -> None:

@@ -117,29 +117,17 @@ def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list
     )
 
 
-def removed_nets(
-    declared_at: dict[str, datetime | None], settings: Settings, now: datetime
-) -> list[str]:
-    """`undeclared_nets` of a round's read of every net's stamp (`declared_at`)."""
-    since = removed_before(settings, now)
-    return [
-        name
-        for name, at in declared_at.items()
-        if not settings.has_net(name) and (at is None or at < since)
-    ]
-
-
-def removed_before(settings: Settings, now: datetime) -> datetime:
-    """A net last declared before this is removed (`removed_after_s`)."""
-    return now - timedelta(seconds=removed_after_s(settings))
-
-
 def removed_after_s(settings: Settings) -> float:
     """How old a net's last stamp must be for the net to count as removed: no process has
     declared it for the grace (`undeclared_after_s`), a live stamp being up to
     `restamp_after_s` old. So a net is never taken for removed sooner than the grace after
     the last round that declared it, and is at most a quarter of it later."""
     return undeclared_after_s(settings) + restamp_after_s(settings)
+
+
+def removed_before(settings: Settings, now: datetime) -> datetime:
+    """A net last declared before this counts as removed (`removed_after_s`)."""
+    return now - timedelta(seconds=removed_after_s(settings))
 
 
 def undeclared_after_s(settings: Settings) -> float:

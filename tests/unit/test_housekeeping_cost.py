@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from app.usecases import monitor, reconciler
+from app.usecases import monitor, reconciler, services
 
 
 @contextmanager
@@ -61,3 +61,17 @@ def test_a_quiet_reconcile_round_reads_the_fleet_once(world):
     assert fleet.startswith("SELECT nets.name, nets.state")
     assert copies.startswith("SELECT jobs.id FROM jobs WHERE jobs.id IN")  # the running job's
     assert heartbeat.startswith("INSERT INTO housekeeping_runs")
+
+
+def test_a_round_stamps_only_the_nets_whose_stamp_is_a_quarter_grace_old(world):
+    """Reconcile re-stamps a declared net's `declared_at` once it is `restamp_after_s` old,
+    not every round (issue 37: a quiet round writes nothing); a net it declares is thus never
+    older than that plus one round, well inside the grace."""
+    reconciler.reconcile(world.rt)
+    stamped = world.net("net-a").declared_at
+    world.clock.advance(services.restamp_after_s(world.rt.settings))
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").declared_at == stamped
+    world.clock.advance(1)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").declared_at == world.clock()
