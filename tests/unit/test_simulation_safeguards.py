@@ -414,8 +414,10 @@ SAFEGUARDS = [
         "misconfig",
         # Seed 718 since issue 20's generator (none of 0-400's misconfig seeds raises in a
         # housekeeping loop any more); since the sweep's outages, paused last tries and the
-        # monitor's dead-run check, seed 40 with the profile forced.
-        range(38, 42),
+        # monitor's dead-run check, seed 40 with the profile forced; since issue 37's cheaper
+        # rounds, none of 0-300, seeds 546 and 572 of 300-600 (an idle scale-down's driver
+        # found misconfigured, as seed 40's was).
+        range(545, 548),
         frozenset({"no-escape"}),
         forced=True,
     ),
