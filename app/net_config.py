@@ -145,7 +145,9 @@ class NetConfig(_Strict):
     @property
     def always_on(self) -> bool:
         """True when the net's server must never be scaled (static driver, or flag off)."""
-        return self._always_on
+        # Read from pydantic's private dict: its attribute lookup costs 2-4 us, this 0.2 us,
+        # and reconcile asks it of every net every round (issue 37).
+        return self.__pydantic_private__["_always_on"]  # type: ignore[index,no-any-return]
 
     def holds_for_report(self, default: str) -> bool:
         """True when a finished run keeps the server until flip-api reports the upload."""
@@ -154,7 +156,7 @@ class NetConfig(_Strict):
     @property
     def scales_to_zero(self) -> bool:
         """True when the net's server runs only while a job needs it."""
-        return not self._always_on
+        return not self.always_on
 
     @model_validator(mode="after")
     def _defaults_among_sites(self) -> NetConfig:

@@ -247,7 +247,8 @@ class Settings(BaseSettings):
     def report_timeout_for(self, net_name: str | None) -> float:
         """How long a FINISHING job on this net waits for flip-api's report (the net's
         `report_timeout_s`, else REPORT_TIMEOUT_S; an undeclared net has the global one)."""
-        net = self._by_name.get(net_name) if net_name is not None else None
+        by_name: dict[str, NetConfig] = self._private["_by_name"]
+        net = by_name.get(net_name) if net_name is not None else None
         if net is not None and net.report_timeout_s is not None:
             return net.report_timeout_s
         return self.report_timeout_s
@@ -260,15 +261,21 @@ class Settings(BaseSettings):
     @property
     def nets(self) -> tuple[NetConfig, ...]:
         """Every declared net, validated in full."""
-        return self._nets
+        return self._private["_nets"]  # type: ignore[no-any-return]
 
     def net(self, name: str) -> NetConfig:
         """The configuration of one net; KeyError if it is not declared."""
-        return self._by_name[name]
+        return self._private["_by_name"][name]  # type: ignore[no-any-return]
 
     def has_net(self, name: str | None) -> bool:
         """True when `name` is a declared net."""
-        return name is not None and name in self._by_name
+        return name is not None and name in self._private["_by_name"]
+
+    @property
+    def _private(self) -> dict[str, Any]:
+        # The hottest reads of a round (once per net per loop): pydantic's attribute lookup
+        # of a private attribute costs about 4 us, its dict read 0.1 us (issue 37).
+        return self.__pydantic_private__  # type: ignore[return-value]
 
     def redacted(self) -> dict[str, Any]:
         """The effective configuration with secrets and URL passwords masked."""

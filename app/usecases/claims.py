@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, exists, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, case, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from app.net_config import NetConfig
@@ -51,6 +53,11 @@ def _claimable(job: Any = Job) -> ColumnElement[bool]:
     return and_(job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == job.id))
 
 
+def claimable() -> ColumnElement[bool]:
+    """SQL: a QUEUED job that may be claimed now (see `_claimable`)."""
+    return _claimable()
+
+
 def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     """SQL: a claimable QUEUED job could run on this net (an unpinned job fits every net, a
     pinned one only its own)."""
@@ -62,7 +69,7 @@ def wanted_by_queued_job(net_name_column: Any) -> ColumnElement[bool]:
     return or_(exists().where(queued, Job.requested_net.is_(None)), net_name_column.in_(pinned))
 
 
-def _live_hold_on(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
+def _live_hold_on(net_name_column: Any, now: Any) -> ColumnElement[bool]:
     """SQL: a prewarm holds this net now (open, its deadline still ahead: a hold is live on
     [created_at, hold_until); a refusal is never open)."""
     return and_(
@@ -81,7 +88,7 @@ def _may_run_on(job: Any, net_name_column: Any) -> ColumnElement[bool]:
 _AHEAD = aliased(Job, name="ahead")
 
 
-def _hinted_here(net_name_column: Any, now: datetime) -> ColumnElement[bool]:
+def _hinted_here(net_name_column: Any, now: Any) -> ColumnElement[bool]:
     """SQL: the job names (prewarm_key) a live hold on this net, may run on it (a job
     pinned elsewhere leaves the net held for a job still to come), and is the one this net
     would take next: no claimable job that may run on it comes before it (priority, then
@@ -141,43 +148,18 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
     """
     if not settings.nets:
         return None
-    warm_first = case(
-        (Net.state == NetState.READY, 0),
-        (Net.state == NetState.STARTING, 1),
-        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
-    )
-    free = (
-        Net.state.in_(ASSIGNABLE_NET_STATES),
-        ~_active_job_on(Net.name),  # type: ignore[operator]
-        # A run the server may still hold must be settled before the net takes a new job.
-        ~exists().where(StrayRun.net_name == Net.name),
-    )
-    queued = _claimable()
-    hinted = exists().where(queued, _hinted_here(Net.name, now))
-    held = exists().where(_live_hold_on(Net.name, now))
-    candidates = session.scalars(
-        select(Net.name)
-        .where(*free, wanted_by_queued_job(Net.name))
-        .order_by(
-            warm_first,
-            ~hinted,  # held for a waiting job that named its hold: first of its warmth
-            held,  # held for a job still to come: after the unheld nets as warm
-            Net.name,  # pragma: no mutate (a tie-break)
-        )
-    ).all()
+    candidates = session.scalars(_statement("candidates", _candidates), {"now": now}).all()
     for name in candidates:
         if not settings.has_net(name):
             continue  # a row left by a net no longer declared
         # Lock one net at a time: locking every free net in one statement would let the
         # first claimer hide all nets from the others until it commits.
-        net = session.scalar(
-            select(Net).where(Net.name == name, *free).with_for_update(skip_locked=True)
-        )
+        net = session.scalar(_statement("lock net", _lock_net), {"name": name})
         # Not mutated, nor the `continue` for a job below: only a concurrent claimer makes
         # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
         if net is None:
             continue  # pragma: no mutate
-        job = _next_job_for(session, settings.net(name), queued)
+        job = _next_job_for(session, settings.net(name))
         if job is None:
             continue  # pragma: no mutate (see above)
         job.assign(net.name, now)
@@ -187,16 +169,73 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
         if net.state == NetState.STOPPED:
             net.transition(NetState.STARTING, now, f"job {job.id} assigned")
         net.idle_since = None
-        _lock_holds(session, job, net.name, now)
-        _end_named_hold(session, job, net.name, now)
-        _use_holds(session, net.name, job.id, now)
+        if _lock_holds(session, job, net.name, now):
+            # None locked, none to end: a hold committed after that read is one made after
+            # this claim, as one made after its commit would be (issue 37: a statement fewer
+            # for most claims).
+            _end_named_hold(session, job, net.name, now)
+            _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
         return Assignment(job.id, net.name, net.state, job.attempts)
     return None
 
 
-def _named_live_hold(prewarm_key: str, now: datetime) -> ColumnElement[bool]:
+# The claim's statements, each built once per process with bind parameters (`now`, the
+# net's name...) rather than per claim: building and keying them was a quarter of a
+# simulated seed's CPU (issue 37). Keyed by the helpers they are built from too, so a test
+# that patches one (the simulation's safeguards) gets a statement built with its patch.
+_BUILT: dict[tuple[object, ...], Any] = {}
+
+
+def _statement(name: str, build: Callable[[], Any]) -> Any:
+    key = (name, build, _hinted_here, _live_hold_on, _claimable)
+    built = _BUILT.get(key)
+    if built is None:
+        built = _BUILT[key] = build()
+    return built
+
+
+def _free() -> tuple[ColumnElement[bool], ...]:
+    return (
+        Net.state.in_(ASSIGNABLE_NET_STATES),
+        ~_active_job_on(Net.name),  # type: ignore[operator]
+        # A run the server may still hold must be settled before the net takes a new job.
+        ~exists().where(StrayRun.net_name == Net.name),
+    )
+
+
+def _candidates() -> Any:
+    """The free nets some claimable job may run on, warmest first (`assign_next_job`)."""
+    now: Any = bindparam("now")
+    warm_first = case(
+        (Net.state == NetState.READY, 0),
+        (Net.state == NetState.STARTING, 1),
+        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
+    )
+    queued = _claimable()
+    hinted = exists().where(queued, _hinted_here(Net.name, now))
+    held = exists().where(_live_hold_on(Net.name, now))
+    return (
+        select(Net.name)
+        .where(*_free(), wanted_by_queued_job(Net.name))
+        .order_by(
+            warm_first,
+            ~hinted,  # held for a waiting job that named its hold: first of its warmth
+            held,  # held for a job still to come: after the unheld nets as warm
+            Net.name,  # pragma: no mutate (a tie-break)
+        )
+    )
+
+
+def _lock_net() -> Any:
+    """The net named `name`, locked, if it is still free (SKIP LOCKED: another claimer's)."""
+    return (
+        select(Net).where(Net.name == bindparam("name"), *_free()).with_for_update(skip_locked=True)
+    )
+
+
+def _named_live_hold(prewarm_key: Any, now: Any) -> ColumnElement[bool]:
     """SQL: the live hold a job names by its prewarm_key, on whichever net."""
     return and_(
         Prewarm.caller_key == prewarm_key,
@@ -205,15 +244,24 @@ def _named_live_hold(prewarm_key: str, now: datetime) -> ColumnElement[bool]:
     )
 
 
-def _lock_holds(session: Session, job: Job, net_name: str, now: datetime) -> None:
+def _lock_holds(session: Session, job: Job, net_name: str, now: datetime) -> bool:
     """Lock the live holds this claim ends (the one its job names, those on its net) in id
     order, before ending them: two claims that each end the other's net's hold would
     otherwise lock the two rows in opposite orders, and PostgreSQL would kill one of them as
-    a deadlock (tests/integration/test_pg_state.py). No-op on SQLite (write lock from BEGIN)."""
-    ends = _live_hold_on(net_name, now)
-    if job.prewarm_key is not None:
-        ends = or_(ends, _named_live_hold(job.prewarm_key, now))
-    session.execute(select(Prewarm.id).where(ends).order_by(Prewarm.id).with_for_update())
+    a deadlock (tests/integration/test_pg_state.py). No lock on SQLite (write lock from
+    BEGIN). Whether there is any."""
+    named = job.prewarm_key is not None
+    stmt = _statement("lock named holds" if named else "lock holds", partial(_holds, named))
+    found = session.execute(stmt, {"net": net_name, "now": now, "key": job.prewarm_key})
+    return found.first() is not None
+
+
+def _holds(named: bool) -> Any:
+    now: Any = bindparam("now")
+    ends = _live_hold_on(bindparam("net"), now)
+    if named:
+        ends = or_(ends, _named_live_hold(bindparam("key"), now))
+    return select(Prewarm.id).where(ends).order_by(Prewarm.id).with_for_update()
 
 
 def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) -> None:
@@ -221,15 +269,28 @@ def _end_named_hold(session: Session, job: Job, net_name: str, now: datetime) ->
     net it went to: a hold never keeps a server up for a job already running elsewhere."""
     if job.prewarm_key is None:
         return
-    session.execute(
+    detail = f"job {job.id}, sent for it, was claimed onto net {net_name}"
+    params = {"key": job.prewarm_key, "now": now, "job": job.id, "detail": detail}
+    session.execute(_statement("end named hold", _end_named), params)
+
+
+def _end_named() -> Any:
+    return _ending(_named_live_hold(bindparam("key"), bindparam("now")))
+
+
+def _ending(holds: ColumnElement[bool]) -> Any:
+    """Those holds end `used` by job `job` at `now`, saying `detail`."""
+    return (
         update(Prewarm)
-        .where(_named_live_hold(job.prewarm_key, now))
+        .where(holds)
         .values(
             outcome=PrewarmOutcome.USED,
-            ended_at=now,
-            job_id=job.id,
-            detail=f"job {job.id}, sent for it, was claimed onto net {net_name}",
+            ended_at=bindparam("now"),
+            job_id=bindparam("job"),
+            detail=bindparam("detail"),
         )
+        # No Prewarm row is loaded in a claim's session: nothing to synchronise.
+        .execution_options(synchronize_session=False)
     )
 
 
@@ -240,16 +301,13 @@ def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime
     claim, i.e. whose deadline is after it (a hold is live on [created_at, hold_until), as
     prewarm_holds.settle_row and prewarm.status_of read it). A refusal is never open: it is
     written with its outcome."""
-    session.execute(
-        update(Prewarm)
-        .where(_live_hold_on(net_name, now))
-        .values(
-            outcome=PrewarmOutcome.USED,
-            ended_at=now,
-            job_id=job_id,
-            detail=f"job {job_id} was claimed onto the net",
-        )
-    )
+    detail = f"job {job_id} was claimed onto the net"
+    params = {"net": net_name, "now": now, "job": job_id, "detail": detail}
+    session.execute(_statement("use holds", _use), params)
+
+
+def _use() -> Any:
+    return _ending(_live_hold_on(bindparam("net"), bindparam("now")))
 
 
 # How many of a net's next QUEUED jobs a claim looks through for one whose sites the net
@@ -257,30 +315,36 @@ def _use_holds(session: Session, net_name: str, job_id: uuid.UUID, now: datetime
 SITES_SCAN = 50
 
 
-def _next_job_for(session: Session, net: NetConfig, queued: ColumnElement[bool]) -> Job | None:
+def _next_job_for(session: Session, net: NetConfig) -> Job | None:
     """The next QUEUED job (priority, then age) that may run on `net`, locked."""
-    stmt = (
+    if net.sites is None:
+        job: Job | None = session.scalar(
+            _statement("next job", partial(_next_jobs, 1)), {"net": net.name}
+        )
+        return job
+    # A net that declares its sites never takes a job needing one it lacks: enqueue refused
+    # such a job only when no net could run it, so another net may.
+    jobs = session.scalars(
+        _statement("next jobs", partial(_next_jobs, SITES_SCAN)), {"net": net.name}
+    )
+    return next((job for job in jobs if not net.lacks(job.required_sites)), None)
+
+
+def _next_jobs(limit: int) -> Any:
+    return (
         select(Job)
-        .where(queued, or_(Job.requested_net.is_(None), Job.requested_net == net.name))
+        .where(
+            _claimable(),
+            or_(Job.requested_net.is_(None), Job.requested_net == bindparam("net")),
+        )
         .order_by(
             Job.priority.desc(),
             Job.created_at,
             Job.id,  # pragma: no mutate (a tie-break)
         )
         .with_for_update(skip_locked=True)
-    )
-    if net.sites is None:
-        # (a bound only: scalar() reads the first row anyway)
-        return session.scalar(stmt.limit(1))  # pragma: no mutate
-    # A net that declares its sites never takes a job needing one it lacks: enqueue refused
-    # such a job only when no net could run it, so another net may.
-    return next(
-        (
-            job
-            for job in session.scalars(stmt.limit(SITES_SCAN))
-            if not net.lacks(job.required_sites)
-        ),
-        None,
+        # (a bound only for one: scalar() reads the first row anyway)
+        .limit(limit)  # pragma: no mutate
     )
 
 

@@ -4,7 +4,9 @@ a worker and the broker all work while nothing else happens, read by /metrics.""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+from sqlalchemy import bindparam
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -15,11 +17,15 @@ RECONCILE = "reconcile"
 
 def record_run(session: Session, loop: str, now: datetime) -> None:
     """`loop` finished a round at `now` (an upsert: two rounds at once both land)."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = insert(HousekeepingRun).values(loop=loop, finished_at=now)
-    session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["loop"], set_={"finished_at": stmt.excluded.finished_at}
-        )
+    session.execute(_UPSERTS[session.get_bind().dialect.name], {"loop": loop, "at": now})
+
+
+def _upsert(insert: Any) -> Any:
+    stmt = insert(HousekeepingRun).values(loop=bindparam("loop"), finished_at=bindparam("at"))
+    return stmt.on_conflict_do_update(
+        index_elements=["loop"], set_={"finished_at": stmt.excluded.finished_at}
     )
+
+
+# Built once at import, not per round (issue 37): each dialect's own upsert.
+_UPSERTS = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}

@@ -7,7 +7,9 @@ SQL database, which every process has whatever the broker:
 
 - a sender commits its work first, then looks at the marker: present and fresh means a
   kick is on its way that has not started reading yet, so it will see this work; absent
-  (or stale) means the sender sets it and sends;
+  (or stale) means the sender sets it and sends, unless no job waits to be claimed (the
+  same read says so): a round would claim nothing, and a job that becomes claimable later
+  is committed after this read, so its own sender looks at the marker then;
 - the assign round deletes the marker and commits BEFORE it reads the queue, so a job
   committed after that read finds no marker and sends a kick of its own.
 
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, exists, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,34 +46,62 @@ log = logging.getLogger(__name__)
 COALESCED = frozenset({names.ASSIGN_NEXT_JOB})
 
 
+# The marker's time (None: no marker) and whether a claimable job waits, in one read.
+_MARKER_AND_WORK = select(
+    select(PendingKick.sent_at).where(PendingKick.task == bindparam("task")).scalar_subquery(),
+    exists().where(claims.claimable()),
+)
+
+
 def mark_pending(session: Session, task: str, now: datetime, stale_before: datetime) -> bool:
     """Whether the caller must send `task`: True if no kick of it was pending (or the
-    pending one was sent before `stale_before`, its message presumed lost); the marker then
-    says one is pending from `now`. Call it after the commit of the work the kick is for."""
-    sent_at = session.scalar(select(PendingKick.sent_at).where(PendingKick.task == task))
+    pending one was sent before `stale_before`, its message presumed lost) and a job waits
+    to be claimed; the marker then says one is pending from `now`. Call it after the commit
+    of the work the kick is for."""
+    sent_at, waiting = session.execute(_MARKER_AND_WORK, {"task": task}).one()
     if sent_at is not None and sent_at >= stale_before:
         return False  # the common case in a burst: a read, no write, no row lock
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    if not waiting:
+        # No job waits to be claimed: a round now would claim nothing (it claims only
+        # claimable QUEUED jobs), and a job that becomes so after this read sends its own
+        # kick, as it would after any round's read. A freed net's kick mostly ends here: one
+        # read, where it cost the marker's write and a whole empty round (issue 37).
+        return False
     # One statement, so two senders that both saw no marker cannot both send: the loser's
     # conflict finds the winner's fresh marker and changes nothing, so returns no row.
-    upsert = (
+    upsert = _MARK[session.get_bind().dialect.name]
+    params = {"task": task, "now": now, "stale_before": stale_before}
+    return session.execute(upsert, params).first() is not None
+
+
+def _mark(insert: Any) -> Any:
+    now = bindparam("now", type_=PendingKick.sent_at.type)
+    return (
         insert(PendingKick)
-        .values(task=task, sent_at=now)
+        .values(task=bindparam("task"), sent_at=now)
         .on_conflict_do_update(
             index_elements=[PendingKick.task],
             set_={"sent_at": now},
-            where=PendingKick.sent_at < stale_before,
+            where=PendingKick.sent_at < bindparam("stale_before"),
         )
         .returning(PendingKick.task)
     )
-    return session.execute(upsert).first() is not None
+
+
+# Built once at import (issue 37): each dialect's upsert, and the marker's removal (no
+# PendingKick is ever loaded in a session: nothing to synchronise).
+_MARK = {"postgresql": _mark(postgresql.insert), "sqlite": _mark(sqlite.insert)}
+_TAKE = (
+    delete(PendingKick)
+    .where(PendingKick.task == bindparam("task"))
+    .execution_options(synchronize_session=False)
+)
 
 
 def take(session: Session, task: str) -> None:
     """The pending kick of `task` is being acted on: later work needs a kick of its own.
     Commit this before reading the work."""
-    session.execute(delete(PendingKick).where(PendingKick.task == task))
+    session.execute(_TAKE, {"task": task})
 
 
 class CoalescingOutbox:
@@ -91,7 +121,8 @@ class CoalescingOutbox:
         self.stale_after = stale_after
 
     def send(self, task: str, **kwargs: Any) -> bool:
-        """Send `task`, or count on the kick already pending. True if a worker will act."""
+        """Send `task`, or count on the kick already pending. True if a worker will act (or
+        no job waits for one)."""
         if task not in COALESCED or kwargs:
             return self.inner.send(task, **kwargs)
         now = self.clock()

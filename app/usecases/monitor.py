@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,7 +24,12 @@ from app.usecases import claims, services
 from app.usecases.abort import RUN_OUTCOMES, RunEnd, over_after_abort, run_outcome, window_end
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
-from app.usecases.step_leases import redrive_lapsed_steps
+from app.usecases.step_leases import (
+    LEASED_COLUMNS,
+    LEASED_STATES,
+    Leased,
+    redrive_lapsed_steps,
+)
 from models import Job, JobState, Net, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -62,9 +69,19 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
     Each net is watched on its own: one net's failure never stops the others'. Each round
     also re-drives the jobs whose pipeline step lost its worker (step_leases): this round
     runs every HOUSEKEEPING_INTERVAL_S, twice as often as reconcile."""
-    redriven = redrive_lapsed_steps(rt)
-    watched = _watched(rt, awaited_only=False)
-    outcomes = _expire_report_waits(rt)
+    now = rt.clock()
+    # One read for the whole round (issue 37: it was three), of every job it may act on.
+    with rt.sessions() as session:
+        rows = session.execute(_ROUND).all()
+    leased = [Leased(*row[:6]) for row in rows if row.state in LEASED_STATES]
+    redriven = redrive_lapsed_steps(rt, leased, now)
+    watched = _watchable(row for row in rows if row.state in WATCHED_STATES)
+    finishing = [
+        (row.id, row.state_changed_at, row.net_name)
+        for row in rows
+        if row.state == JobState.FINISHING
+    ]
+    outcomes = _expire_report_waits(rt, finishing, now)
     return redriven | outcomes | _monitor(rt, watched)
 
 
@@ -76,31 +93,46 @@ def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
     return _monitor(rt, _watched(rt, awaited_only=True))
 
 
+WATCHED_STATES = (JobState.RUNNING, JobState.ABORTING)
+# A round's one read: the leased jobs' columns first (`Leased`), then what a watch needs
+# (`_watchable`), of every job the round may act on (FINISHING: its report may be overdue).
+# Outer join: a leased or FINISHING job's row is wanted whatever its net (every job with a
+# net has its row: jobs.net_name references nets.name).
+_ROUND = (
+    select(
+        *LEASED_COLUMNS,
+        Job.nvflare_job_id,
+        Job.dispatched_at,
+        Net.server_start_time,
+        Net.unreachable_since,
+    )
+    .outerjoin(Net, Net.name == Job.net_name)
+    .where(Job.state.in_((*LEASED_STATES, *WATCHED_STATES, JobState.FINISHING)))
+)
+_WATCHED = (
+    select(*_ROUND.selected_columns)
+    .join(Net, Net.name == Job.net_name)
+    .where(Job.state.in_(WATCHED_STATES))
+)
+
+_AWAITED = _WATCHED.where(Net.unreachable_since.is_(None), claims.wanted_by_queued_job(Net.name))
+
+
 def _watched(rt: Runtime, *, awaited_only: bool) -> list[Watched]:
     """The runs to watch: every RUNNING/ABORTING job with a run on the server, or only those
     on answering nets some QUEUED job could take."""
-    stmt = (
-        select(
-            Job.id,
-            Job.state,
-            Job.net_name,
-            Job.nvflare_job_id,
-            Net.server_start_time,
-            Job.dispatched_at,
-            Net.unreachable_since,
-        )
-        .join(Net, Net.name == Job.net_name)
-        .where(Job.state.in_((JobState.RUNNING, JobState.ABORTING)))
-    )
-    if awaited_only:
-        stmt = stmt.where(Net.unreachable_since.is_(None), claims.wanted_by_queued_job(Net.name))
+    stmt = _AWAITED if awaited_only else _WATCHED
     with rt.sessions() as session:
-        rows = session.execute(stmt).all()
+        return _watchable(session.execute(stmt).all())
+
+
+def _watchable(rows: Iterable[Sequence[Any]]) -> list[Watched]:
+    """The runs of these rows (`_ROUND`'s columns) that can be watched."""
     return [
         Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at, since is not None)
-        for job_id, state, net_name, nvflare_job_id, start, dispatched_at, since in rows
-        # A job ABORTING before its submit landed has no run to watch yet (the join gives
-        # every row a net: that test only narrows the type).
+        for job_id, state, net_name, _, _, _, nvflare_job_id, dispatched_at, start, since in rows
+        # A job ABORTING before its submit landed has no run to watch yet (a job with a net
+        # has its row: that test only narrows the type).
         if net_name is not None and nvflare_job_id is not None
     ]
 
@@ -127,25 +159,20 @@ def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
     return outcomes
 
 
-def _expire_report_waits(rt: Runtime) -> dict[str, str]:
-    """FINISHING jobs whose results report never came within their net's report timeout
-    (`report_timeout_s`, else REPORT_TIMEOUT_S): settled per REPORT_TIMEOUT_OUTCOME, so a
-    lost report cannot hold a server up forever."""
-    now = rt.clock()
+def _expire_report_waits(
+    rt: Runtime, finishing: list[tuple[uuid.UUID, datetime, str | None]], now: datetime
+) -> dict[str, str]:
+    """FINISHING jobs (the round's read of every one) whose results report never came
+    within their net's report timeout (`report_timeout_s`, else REPORT_TIMEOUT_S): settled
+    per REPORT_TIMEOUT_OUTCOME, so a lost report cannot hold a server up forever."""
     settings = rt.settings
-    with rt.sessions() as session:
-        # Every FINISHING job is read, each then held to its own net's timeout: at most one
-        # per net (a FINISHING job holds its net), so no bound in SQL is worth its duplicate.
-        finishing = session.execute(
-            select(Job.id, Job.state_changed_at, Job.net_name).where(
-                Job.state == JobState.FINISHING
-            )
-        )
-        overdue = [
-            (job_id, since, net_name)
-            for job_id, since, net_name in finishing
-            if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
-        ]
+    # Every FINISHING job is read, each then held to its own net's timeout: at most one per
+    # net (a FINISHING job holds its net), so no bound in SQL is worth its duplicate.
+    overdue = [
+        (job_id, since, net_name)
+        for job_id, since, net_name in finishing
+        if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
+    ]
     outcome = (
         JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
     )

@@ -286,7 +286,7 @@ def settle_prewarms(rt: Runtime) -> list[str]:
         now = rt.clock()
         with rt.sessions() as session:
             # The common case, no open hold at all, costs this one read.
-            if session.scalar(select(_open_hold().exists())) is not True:
+            if session.scalar(_ANY_OPEN_HOLD) is not True:
                 return notes
         with unit_of_work(rt.sessions) as session:
             rows = list(
@@ -324,6 +324,10 @@ def settle_prewarms(rt: Runtime) -> list[str]:
 
 def _open_hold() -> Select[Any]:
     return select(Prewarm.id).where(Prewarm.outcome.is_(None), ~Prewarm.refused)
+
+
+# Asked every idle scale-down round: built once at import (issue 37).
+_ANY_OPEN_HOLD = select(_open_hold().exists())
 
 
 def _keep_warming(rt: Runtime, net_name: str) -> str:

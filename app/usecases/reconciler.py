@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -21,13 +21,14 @@ from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_run
 from app.usecases.dispatch import requeue_after_transient
 from app.usecases.housekeeping import isolated
 from app.usecases.net_repairs import (
-    net_rows,
+    Fleet,
+    read_fleet,
     repair_scaling_net,
     settle_misconfigured,
     watch_always_on,
 )
 from app.usecases.scaling import kick
-from app.usecases.step_leases import lapsed, redrive_lapsed_steps, retry_budget_s
+from app.usecases.step_leases import Leased, lapsed, redrive_lapsed_steps, retry_budget_s
 from app.usecases.undeclared import settle_undeclared
 from app.usecases.unknown_submit import abandon_dispatch
 from models import TERMINAL_JOB_STATES, Job, JobState
@@ -48,15 +49,18 @@ def reconcile(rt: Runtime) -> Reconciled:
     between the nets table and what the driver sees, and watch always-on servers for an
     OUTAGE. Each net is handled on its own: one net's failure never stops the others."""
     now = rt.clock()
-    with unit_of_work(rt.sessions) as session:
-        services.ensure_net_rows(session, rt.settings, now)
-        services.note_declared(session, rt.settings, now)
+    # One read for the fleet (issue 37: it was seven); each decision re-checks under lock.
+    fleet = _fleet(rt, now)
+    rows = fleet.rows
+    removed = _removed_nets(fleet.declared_at, rt, now)
     # Lapsed leases first (also every monitor round): a job whose step's worker is gone.
-    lease_lapsed = [f"{job}: {what}" for job, what in redrive_lapsed_steps(rt).items()]
-    redriven = settle_undeclared(rt) + lease_lapsed + _redrive_stuck_jobs(rt, now)
+    redrive = redrive_lapsed_steps(rt, fleet.chain_jobs, now)
+    lease_lapsed = [f"{job}: {what}" for job, what in redrive.items()]
+    # A job on a removed net is settled there, never also re-driven on the round's read.
+    stuck = [job for job in fleet.chain_jobs if job.net_name not in removed]
+    redriven = settle_undeclared(rt, removed) + lease_lapsed + _redrive_stuck_jobs(rt, now, stuck)
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
-    rows = net_rows(rt)  # one read for the fleet; each net's decision re-checks under lock
     repaired = []
     for net_config in rt.settings.nets:
         note = ""  # pragma: no mutate (every path below sets it before it is read)
@@ -82,10 +86,44 @@ def reconcile(rt: Runtime) -> Reconciled:
                 note = f"not checked: {exc}"
         if note:
             repaired.append(f"{net_config.name}: {note}")
-    kick(rt)
+    if redriven or repaired:
+        kick(rt)  # what it freed or requeued; a round that changed nothing asks for nothing
     with unit_of_work(rt.sessions) as session:
         heartbeat.record_run(session, heartbeat.RECONCILE, rt.clock())
     return Reconciled(tuple(redriven), tuple(repaired))
+
+
+def _fleet(rt: Runtime, now: datetime) -> Fleet:
+    """The round's read of every net; a declared net with no row yet gets one first (read
+    again then), and the nets this process declares whose stamp is `restamp_after_s` old
+    are stamped again (most rounds write nothing)."""
+    with rt.sessions() as session:
+        fleet = read_fleet(session)
+    if any(net.name not in fleet.rows for net in rt.settings.nets):
+        with unit_of_work(rt.sessions) as session:
+            services.sync_nets(session, rt.settings, now)
+        with rt.sessions() as session:
+            fleet = read_fleet(session)
+    since = now - timedelta(seconds=services.restamp_after_s(rt.settings))
+    stale = [
+        net.name
+        for net in rt.settings.nets
+        if (at := fleet.declared_at.get(net.name)) is None or at < since
+    ]
+    if stale:
+        with unit_of_work(rt.sessions) as session:
+            services.note_declared(session, rt.settings, now, stale)
+    return fleet
+
+
+def _removed_nets(declared_at: dict[str, datetime | None], rt: Runtime, now: datetime) -> list[str]:
+    """`services.undeclared_nets` of the round's read of every net's stamp."""
+    since = services.removed_before(rt.settings, now)
+    return [
+        name
+        for name, at in declared_at.items()
+        if not rt.settings.has_net(name) and (at is None or at < since)
+    ]
 
 
 def _sweep_prepared(rt: Runtime) -> None:
@@ -101,6 +139,8 @@ def _sweep_prepared(rt: Runtime) -> None:
 
 def _live_jobs(rt: Runtime, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
     """Those of these jobs that have not ended (one that no longer exists has)."""
+    if not job_ids:
+        return set()  # no copy, no cached bundle: nothing to ask (most rounds)
     with rt.sessions() as session:
         # Not mutated: without the id filter the answer holds every live job, and what each
         # caller keeps (its own ids less these) is the same; the filter only keeps the query
@@ -142,16 +182,13 @@ def _discard_finished_bundles(rt: Runtime) -> list[uuid.UUID]:
     return finished
 
 
-def _redrive_stuck_jobs(rt: Runtime, now: datetime) -> list[str]:
+def _redrive_stuck_jobs(rt: Runtime, now: datetime, jobs: list[Leased]) -> list[str]:
+    """Act on the jobs of the round's read stuck in ASSIGNED, DISPATCHING or ABORTING."""
     stuck_s = rt.settings.stuck_after_s
     redriven = []
-    with rt.sessions() as session:
-        jobs = session.execute(
-            select(
-                Job.id, Job.state, Job.net_name, Job.state_changed_at, Job.attempts, Job.step_due_at
-            ).where(Job.state.in_((JobState.ASSIGNED, JobState.DISPATCHING, JobState.ABORTING)))
-        ).all()
-    for job_id, state, net_name, changed_at, attempt, due_at in jobs:
+    for job_id, state, net_name, attempt, changed_at, due_at in (
+        (j.job_id, j.state, j.net_name, j.attempt, j.changed_at, j.due_at) for j in jobs
+    ):
         age_s = (now - changed_at).total_seconds()
         known = rt.settings.has_net(net_name)
         with isolated(rt, "reconcile", net_name or "-"):  # pragma: no mutate (no such net row)

@@ -21,6 +21,12 @@ from models import ACTIVE_JOB_STATES, Job, Net, NetState
 log = logging.getLogger(__name__)
 
 
+# Every round's read, built once at import (issue 37).
+_READY = select(Net.name, Net.idle_since, Net.state_changed_at).where(  # pragma: no mutate
+    Net.state == NetState.READY
+)
+
+
 def scale_down_idle_nets(rt: Runtime) -> list[str]:
     """READY nets with no active job and no QUEUED job that could run there, idle past their
     grace, go STOPPING -> driver 0 -> STOPPED. The net row is locked like assign_next_job
@@ -33,11 +39,7 @@ def scale_down_idle_nets(rt: Runtime) -> list[str]:
     # row lock, which recomputes the idle time from the row (so a wrong column read here
     # cannot be seen: the columns are not mutated).
     with rt.sessions() as session:
-        ready = session.execute(
-            select(Net.name, Net.idle_since, Net.state_changed_at).where(  # pragma: no mutate
-                Net.state == NetState.READY
-            )
-        ).all()
+        ready = session.execute(_READY).all()
     candidates = [
         name
         for name, idle_since, changed_at in ready

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from app.errors import InvalidRequest, NotFound
 from app.schemas import ReportedStatus, ReportJobStatus, require_storable
 from app.settings import Settings
+from app.usecases import rows
 from models import (
     ACTIVE_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -90,27 +91,43 @@ def _insert_net(session: Session, name: str, now: datetime) -> bool:
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
-def note_declared(session: Session, settings: Settings, now: datetime) -> None:
-    """This process declares these nets now (see `undeclared_nets`)."""
-    names = [n.name for n in settings.nets]
+def note_declared(
+    session: Session, settings: Settings, now: datetime, names: list[str] | None = None
+) -> None:
+    """This process declares these nets now (see `undeclared_nets`); `names`: only these of
+    them (a reconcile stamps those whose stamp is `restamp_after_s` old)."""
+    names = [n.name for n in settings.nets] if names is None else names
     if names:
         session.execute(update(Net).where(Net.name.in_(names)).values(declared_at=now))
 
 
 def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
-    """Nets with rows that no process has declared for `undeclared_after_s(settings)`: a
-    redeploy removed them. One this process lacks but another declared lately is in the
-    middle of a rolling deploy (added, or about to go) and is not among them."""
+    """Nets with rows that no process has declared for `undeclared_after_s(settings)` plus
+    `restamp_after_s` (how stale a live stamp may get): a redeploy removed them. One this
+    process lacks but another declared lately is in the middle of a rolling deploy (added,
+    or about to go) and is not among them."""
     declared = [n.name for n in settings.nets]
-    since = now - timedelta(seconds=undeclared_after_s(settings))
     return list(
         session.scalars(
             select(Net.name).where(
                 Net.name.not_in(declared),
-                or_(Net.declared_at.is_(None), Net.declared_at < since),
+                or_(Net.declared_at.is_(None), Net.declared_at < removed_before(settings, now)),
             )
         )
     )
+
+
+def removed_after_s(settings: Settings) -> float:
+    """How old a net's last stamp must be for the net to count as removed: no process has
+    declared it for the grace (`undeclared_after_s`), a live stamp being up to
+    `restamp_after_s` old. So a net is never taken for removed sooner than the grace after
+    the last round that declared it, and is at most a quarter of it later."""
+    return undeclared_after_s(settings) + restamp_after_s(settings)
+
+
+def removed_before(settings: Settings, now: datetime) -> datetime:
+    """A net last declared before this counts as removed (`removed_after_s`)."""
+    return now - timedelta(seconds=removed_after_s(settings))
 
 
 def undeclared_after_s(settings: Settings) -> float:
@@ -118,6 +135,13 @@ def undeclared_after_s(settings: Settings) -> float:
     a rolling deploy leaves old and new processes side by side, and than ten reconcile
     rounds (each declares its nets)."""
     return max(settings.stuck_after_s, 20 * settings.housekeeping_interval_s)
+
+
+def restamp_after_s(settings: Settings) -> float:
+    """How old a net's stamp (`declared_at`) gets before a reconcile stamps it again: a
+    quarter of the grace, so a round writes nothing most of the time (issue 37), and a
+    removed net is noticed at most that much later."""
+    return undeclared_after_s(settings) / 4
 
 
 def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
@@ -148,19 +172,29 @@ def job_folder(settings: Settings, definition: str) -> Path:
     return (settings.job_root / definition).resolve()
 
 
+# The hottest reads, built once at import rather than per call (issue 37).
+_JOB = select(Job).where(Job.id == bindparam("key"))
+_JOB_LOCKED = _JOB.with_for_update()
+_NET = select(Net).where(Net.name == bindparam("key"))
+_NET_LOCKED = _NET.with_for_update()
+
+
 def get_job(
     session: Session,
     job_id: uuid.UUID,
     *,
     lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
 ) -> Job:
-    """The job with this id, optionally locked for update; NotFound otherwise."""
-    stmt = select(Job).where(Job.id == job_id)
-    if lock:
-        stmt = stmt.with_for_update()
-    job = session.scalar(stmt)
+    """The job with this id, optionally locked for update; NotFound otherwise. A job this
+    transaction already locked is not read again (`rows`)."""
+    job = rows.held(session, Job, job_id)
+    if job is not None:
+        return job
+    job = session.scalar(_JOB_LOCKED if lock else _JOB, {"key": job_id})
     if job is None:
         raise NotFound(f"job {job_id} not found")
+    if lock:
+        rows.note_locked(session, job, job_id)
     return job
 
 
@@ -170,13 +204,16 @@ def get_net(
     *,
     lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
 ) -> Net:
-    """The net with this name, optionally locked for update; NotFound otherwise."""
-    stmt = select(Net).where(Net.name == name)
-    if lock:
-        stmt = stmt.with_for_update()
-    net = session.scalar(stmt)
+    """The net with this name, optionally locked for update; NotFound otherwise. A net this
+    transaction already locked is not read again (`rows`)."""
+    net = rows.held(session, Net, name)
+    if net is not None:
+        return net
+    net = session.scalar(_NET_LOCKED if lock else _NET, {"key": name})
     if net is None:
         raise NotFound(f"net {name} not found")  # pragma: no mutate (callers name declared nets)
+    if lock:
+        rows.note_locked(session, net, name)
     return net
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 
 from app import names
 from app.db import unit_of_work
@@ -80,24 +82,63 @@ def retry_budget_s(settings: Settings) -> float:
     return float(settings.retry_max * (settings.retry_backoff_max_s + step_try_s(settings)))
 
 
-def redrive_lapsed_steps(rt: Runtime) -> dict[str, str]:
+@dataclass(frozen=True)
+class Leased:
+    """A job in the dispatch chain as a housekeeping round read it."""
+
+    job_id: uuid.UUID
+    state: JobState
+    net_name: str | None
+    attempt: int
+    changed_at: datetime
+    due_at: datetime | None
+
+
+# The columns a round reads of each leased job, in `Leased`'s order.
+LEASED_COLUMNS = (
+    Job.id,
+    Job.state,
+    Job.net_name,
+    Job.attempts,
+    Job.state_changed_at,
+    Job.step_due_at,
+)
+_LAPSED = select(*LEASED_COLUMNS).where(
+    Job.state.in_(LEASED_STATES),
+    or_(
+        Job.step_due_at < bindparam("now"),
+        # A submit from before the lease existed: its holder is taken as gone.
+        and_(Job.state == JobState.DISPATCHING, Job.step_due_at.is_(None)),
+    ),
+)
+
+
+def lease_passed(job: Leased, now: datetime) -> bool:
+    """What `_LAPSED` asks in SQL, of a row a round read already: a lease that passed, or a
+    DISPATCHING job with none (an ASSIGNED job with none is reconcile's, by its age)."""
+    if job.due_at is None:
+        return job.state == JobState.DISPATCHING
+    return job.due_at < now
+
+
+def redrive_lapsed_steps(
+    rt: Runtime, leased: Iterable[Leased] | None = None, now: datetime | None = None
+) -> dict[str, str]:
     """Re-drive every job whose step lease has passed: the chain of an ASSIGNED job is
     started again (every step is idempotent and bound to the job's attempt), the submit of
     a DISPATCHING job re-sent with its stored token (NVFLARE returns the run it already
     has). A DISPATCHING job past its retry budget is left to reconcile, which abandons it.
-    Returns what was done, by job id."""
-    now = rt.clock()
-    with rt.sessions() as session:
-        rows = session.execute(
-            select(Job.id, Job.state, Job.net_name, Job.attempts, Job.state_changed_at).where(
-                Job.state.in_(LEASED_STATES),
-                or_(
-                    Job.step_due_at < now,
-                    # A submit from before the lease existed: its holder is taken as gone.
-                    and_(Job.state == JobState.DISPATCHING, Job.step_due_at.is_(None)),
-                ),
-            )
-        ).all()
+    `leased`: the round's own read of the leased jobs at `now` (else read here). Returns
+    what was done, by job id."""
+    now = now or rt.clock()
+    if leased is None:
+        with rt.sessions() as session:
+            leased = [Leased(*row) for row in session.execute(_LAPSED, {"now": now})]
+    rows = [
+        (job.job_id, job.state, job.net_name, job.attempt, job.changed_at)
+        for job in leased
+        if job.state in LEASED_STATES and lease_passed(job, now)
+    ]
     budget_s = retry_budget_s(rt.settings) + rt.settings.stuck_after_s
     redriven: dict[str, str] = {}
     for job_id, state, net_name, attempt, changed_at in rows:

@@ -25,7 +25,7 @@ def undeclared_reason(net_name: str) -> str:
     )
 
 
-def settle_undeclared(rt: Runtime) -> list[str]:
+def settle_undeclared(rt: Runtime, removed: list[str] | None = None) -> list[str]:
     """Settle the work left on nets a redeploy removed from NETS: nothing here can reach
     their servers any more. A job only claimed there goes back to the queue (its attempt
     kept); a job that may have a run there, or whose earlier run may still be there (a
@@ -36,11 +36,14 @@ def settle_undeclared(rt: Runtime) -> list[str]:
 
     A net counts as removed only once no process has declared it for a while
     (`services.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
-    never settles the jobs of a net just added."""
+    never settles the jobs of a net just added. `removed`: those nets as the round read
+    them (else read here)."""
+    if removed is None:
+        with rt.sessions() as session:
+            removed = services.undeclared_nets(session, rt.settings, rt.clock())
+    if not removed:
+        return []
     with rt.sessions() as session:
-        removed = services.undeclared_nets(session, rt.settings, rt.clock())
-        if not removed:
-            return []
         jobs = session.execute(
             # Each with the removed net it is settled for: the one it holds (an active job)
             # or is pinned to (a QUEUED one); the filter makes it one of `removed`.

@@ -14,7 +14,8 @@ The world at N declared nets (scale to zero, PER_JOB_FL_SERVER=true): 10% BUSY w
 RUNNING job, 10% READY and idle inside their grace, the rest STOPPED; QUEUED jobs worth 5% of
 N, each pinned (`net=`) to a busy net, so no claim can place one; `--finished-per-net`
 finished jobs per net as history. Nothing changes state during a tick (checked), so every
-tick does the same work. Goal: a whole tick <= 100 ms of dispatcher time at 1,000 nets.
+tick does the same work. Goal: a whole tick <= 100 ms of dispatcher time at 1,000 nets
+(issue 37: under 30 ms; 8 statements since its second half, 18 before).
 `--profile` adds, per loop, the statement shapes that cost the most (count, total ms);
 `--cprofile LOOP` prints cProfile's top functions of that loop at the largest N.
 """

@@ -35,7 +35,9 @@ def test_every_task_the_worker_registers_is_a_handler_and_back():
 
 def test_the_simulator_delivers_a_message_to_every_handler(monkeypatch):
     """A task added to the table that no seed reaches fails here: the sweep would say
-    nothing about it. Seeds 0 and 1 between them send every kind of message."""
+    nothing about it. Seeds 0 and 9 between them send every kind of message (0 and 1 did
+    until reconcile stopped kicking after a round that changed nothing, issue 37: the
+    messages, hence the draws, moved, and no seed of 0-8 sends settle_stray_runs since)."""
     reached: set[str] = set()
     deliver = delivery.Delivery.deliver
 
@@ -44,7 +46,7 @@ def test_the_simulator_delivers_a_message_to_every_handler(monkeypatch):
         return deliver(self, message, slot)
 
     monkeypatch.setattr(delivery.Delivery, "deliver", counting)
-    for seed in (0, 1):
+    for seed in (0, 9):
         assert seeds.from_seed(seed).run().ok
     assert reached == set(HANDLERS)
 

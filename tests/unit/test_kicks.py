@@ -162,6 +162,26 @@ def test_other_sends_are_not_coalesced(two_free_nets):
     )
 
 
+def test_a_freed_net_sends_no_kick_when_no_job_waits(two_free_nets):
+    """A kick with nothing to claim is one read: no marker written, no empty round (issue
+    37). A job enqueued after it sends its own kick, and is claimed."""
+    world = two_free_nets
+    sent: list[str] = []
+    engine = world.rt.sessions.kw["bind"]
+    note = lambda _c, _cur, sql, *_: sent.append(sql)  # noqa: E731
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        assert world.rt.outbox.send(names.ASSIGN_NEXT_JOB) is True  # nothing is owed
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert kicks_sent(world) == 0
+    assert [sql for sql in sent if not sql.startswith("BEGIN")][1:] == []  # one read
+    assert no_marker(world)
+    job = submit(world, "later")
+    assert run_every_kick(world) == 1
+    assert state(world, job) == JobState.ASSIGNED
+
+
 # --- helpers ------------------------------------------------------------------------------
 
 

@@ -30,8 +30,8 @@ from tests.unit.conftest import World, world_of
 
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
-    """NETS without net-a, and no process has declared it for the whole grace since."""
-    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
+    """NETS without net-a, its last stamp older than `removed_after_s` (grace + a quarter)."""
+    world.clock.advance(services.removed_after_s(world.rt.settings) + 1)
     world.rt.settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
@@ -148,8 +148,9 @@ def test_the_grace_before_a_net_counts_as_removed_is_the_longer_of_the_two(
 
 
 def test_a_net_last_declared_a_whole_grace_ago_counts_as_removed_only_after_it(world):
+    """Stamps are renewed a quarter grace old (issue 37): removed past grace + a quarter."""
     _row_of_a_removed_net(world, world.clock())
-    world.clock.advance(services.undeclared_after_s(world.rt.settings))
+    world.clock.advance(services.removed_after_s(world.rt.settings))
     assert _undeclared(world) == []
     world.clock.advance(1)
     assert _undeclared(world) == ["gone"]
@@ -311,7 +312,7 @@ def two_nets(tmp_path, job_root, sqlite_factory, clock) -> World:
 def _without_net_b(world: World, tmp_path) -> Runtime:
     """The same database after a redeploy whose NETS no longer declare net-b, once no
     process has declared it for the whole grace (a rolling deploy is over)."""
-    world.clock.advance(services.undeclared_after_s(world.rt.settings) + 1)
+    world.clock.advance(services.removed_after_s(world.rt.settings) + 1)
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=world.rt.settings.job_root,
