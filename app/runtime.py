@@ -18,10 +18,10 @@ from typing import Any, Protocol
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.adapters.backend import AdminClient
 from app.adapters.callbacks import CallbackSender
 from app.adapters.drivers import Observation, ScaleDriver, build_driver
 from app.adapters.drivers.base import ObservationPass, observation_pass
-from app.adapters.nvflare.base import AdminClient
 from app.db import make_engine, session_factory
 from app.net_config import NetConfig
 from app.parallel import ProbeResult, Sequential

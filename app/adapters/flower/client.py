@@ -32,10 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from app.adapters.flower import classify
-from app.adapters.flower.fab import TOKEN_KEY, build_fab
-from app.adapters.flower.proto import control_pb2, fab_pb2, transport_pb2
-from app.adapters.nvflare.base import (
+from app.adapters.backend import (
     AbortOutcome,
     AbortResult,
     Readiness,
@@ -43,6 +40,9 @@ from app.adapters.nvflare.base import (
     RunStatus,
     ServerState,
 )
+from app.adapters.flower import classify
+from app.adapters.flower.fab import TOKEN_KEY, build_fab
+from app.adapters.flower.proto import control_pb2, fab_pb2, transport_pb2
 from app.errors import (
     AdminMisconfigured,
     InvalidRequest,

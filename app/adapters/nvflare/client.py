@@ -28,14 +28,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.adapters.nvflare import kit_check
-from app.adapters.nvflare.base import (
+from app.adapters.backend import (
     AbortOutcome,
     AbortResult,
     Readiness,
     RunStatus,
     ServerState,
 )
+from app.adapters.nvflare import kit_check
 from app.adapters.nvflare.classify import aborted_before_start, classified_error, meta_status
 from app.errors import (
     AdminMisconfigured,
