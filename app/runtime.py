@@ -35,6 +35,12 @@ AdminFactory = Callable[[NetConfig, Settings], AdminClient]
 
 
 def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
+    """The client of the net's backend (imported only when a net uses it); mypy checks here
+    that each satisfies the interface."""
+    if net.backend == "flower":
+        from app.adapters.flower.client import build_flower_client
+
+        return build_flower_client(net, settings)
     from app.adapters.nvflare.client import build_admin_client
 
     return build_admin_client(net, settings)

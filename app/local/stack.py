@@ -35,6 +35,7 @@ from app.local.nvflare import (
     stop,
 )
 from app.local.settings_folder import NETS_FILE, write_settings_folder
+from app.net_config import LocalDriverConfig
 from app.procs import terminate_tree
 from app.schemas import EnqueueJob
 from app.settings import Settings
@@ -263,7 +264,7 @@ class LocalStack:
         """A local driver on the net's server (the same PID file the worker uses)."""
         assert self.settings is not None
         config = self.settings.net(NET).driver
-        assert config.kind == "local"
+        assert isinstance(config, LocalDriverConfig)
         return LocalDriver(NET, config.server_kit_dir, self.settings.data_dir / "local-driver")
 
     def read(self, fn: Callable[[Any], T]) -> T:
