@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,21 @@ def test_config_check_warns_when_flwr_or_a_file_is_not_usable(
     _, data, _ = config_check(capsys)
     (warning,) = data["warnings"]
     assert "is no unencrypted PEM key" in warning and "BEGIN" not in warning
+
+
+def test_a_flower_app_bundle_is_submitted_as_it_is_while_an_nvflare_job_is_prepared(tmp_path):
+    from app.adapters.flower.fab import build_fab
+    from app.adapters.jobdefs import prepare
+    from tests.fixtures.flower import APP
+
+    settings = Settings(FL_DISPATCHER_DATA_DIR=str(tmp_path / "data"))
+    job_id = uuid.uuid4()
+    folder = prepare(settings, APP, job_id, ["site-1", "site-2"], None)
+    assert folder == APP and not (folder / "meta.json").exists()
+    assert build_fab(folder)  # what the Flower client sends
+    nvflare_job = tmp_path / "nv-job"
+    (nvflare_job / "app" / "config").mkdir(parents=True)
+    prepared = prepare(settings, nvflare_job, job_id, ["site-1"], None)
+    assert json.loads((prepared / "meta.json").read_text())["deploy_map"] == {
+        "app": ["server", "site-1"]
+    }
