@@ -1,0 +1,174 @@
+"""A Flower net through the whole chain (issue 38): a real Celery worker and beat
+(subprocesses), a private Redis as the broker, PostgreSQL as the job store, the local driver
+starting a real SuperLink (flwr 1.42 from its own virtualenv, tests/fixtures/flower.py) with
+TLS and SuperNode authentication, and two real SuperNodes started by the test. The job's
+bundle is a Flower App folder (tests/integration/flower_app)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.adapters.drivers import build_driver
+from app.adapters.flower.client import build_flower_client
+from app.local.stack import LocalStack, StackOptions
+from app.settings import Settings
+from models import JobState, NetEvent, NetState
+from tests.e2e.lifecycle_stack import RUN_S, lifecycle_database, private_broker
+from tests.fixtures.flower import APP, NODES_TIMEOUT_S, SITES, START_TIMEOUT_S, FlowerSystem, poll
+
+pytestmark = [pytest.mark.e2e, pytest.mark.flower]
+
+EXPECTED_S = 120  # seconds on the 2-core CI machine (tests/tools/schedule.py)
+
+NET = "flower-net"
+APP_NAME = "flower-app"
+LONG_APP = "flower-app-long"
+
+
+def flower_net(system: FlowerSystem, workdir: Path) -> dict[str, Any]:
+    """The stack's Flower net: the system's port, TLS files and SuperNode names."""
+    return {
+        "name": NET,
+        "backend": "flower",
+        "idle_timeout_s": 4,
+        "ready_timeout_s": 120,
+        "required_sites": list(SITES),
+        "driver": {
+            "kind": "local",
+            "superlink_dir": str(workdir / "superlink"),
+            "ssl_certfile": str(system.tls.cert),
+            "ssl_keyfile": str(system.tls.key),
+        },
+        "flower": {"address": system.address, "root_certificates": str(system.tls.ca)},
+    }
+
+
+def copy_app(target: Path, **config: str) -> None:
+    """The test's Flower App under the job root, with other defaults in its run config."""
+    shutil.copytree(APP, target, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (target / "pyproject.toml").read_text()
+    for key, value in config.items():
+        head = f"\n{key} = "
+        start = text.index(head) + len(head)
+        text = text[:start] + value + text[text.index("\n", start) :]
+    (target / "pyproject.toml").write_text(text)
+
+
+def register_sites(system: FlowerSystem, workdir: Path, venv: Path) -> None:
+    """What an operator does once: the SuperLink up (by the net's own driver, on its own
+    state database), each SuperNode registered by its site name and started, then the
+    SuperLink down again. The SuperNodes keep running and reconnect when it is back."""
+    settings = Settings(
+        NETS=json.dumps([flower_net(system, workdir)]),
+        FLWR_VENV=str(venv),
+        FL_DISPATCHER_DATA_DIR=str(workdir / "data"),  # the stack's: one driver state file
+    )
+    driver = build_driver(settings.net(NET), settings)
+    driver.scale(1)
+    poll("the SuperLink's port", lambda: driver.observe().running == 1, START_TIMEOUT_S)
+    system.register_nodes()
+    for site in SITES:
+        system.start_supernode(site)
+
+    def ready() -> bool:
+        with build_flower_client(settings.net(NET), settings) as client:
+            return client.is_ready(SITES).ready
+
+    poll("both SuperNodes online", ready, NODES_TIMEOUT_S)
+    driver.scale(0)
+
+
+@pytest.fixture(scope="module")
+def stack(flower_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    workdir = tmp_path_factory.mktemp("flower-e2e").resolve()
+    system = FlowerSystem(flower_venv, workdir / "flower", database=False)
+    try:
+        register_sites(system, workdir, flower_venv)
+        copy_app(workdir / "jobs" / APP_NAME)
+        copy_app(workdir / "jobs" / LONG_APP, **{"num-rounds": "1000", "round-sleep-s": "0.5"})
+        with (
+            lifecycle_database("fld_e2e_flower") as database,
+            private_broker(workdir / "redis") as broker,
+        ):
+            options = StackOptions(
+                workdir=workdir,
+                database_url=database,
+                broker_url=broker,
+                idle_timeout_s=4,
+                ready_timeout_s=120,
+                housekeeping_interval_s=1.5,
+                embedded_beat=False,  # a separate beat process, as in production
+                nvflare=False,
+                extra_nets=[flower_net(system, workdir)],
+                flwr_venv=flower_venv,
+                extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2", "STUCK_AFTER_S": "5"},
+            )
+            with LocalStack(options) as running:
+                yield running
+    finally:
+        system.close()
+
+
+def wait_state(stack: LocalStack, job_id: Any, *states: JobState) -> Any:
+    """The job, once it is in one of `states`."""
+
+    def reached() -> Any:
+        job = stack.job(job_id)
+        return job if job is not None and job.state in states else None
+
+    return stack.wait_for(f"job {job_id} in {states}", reached, RUN_S)
+
+
+def wait_scaled_to_zero(stack: LocalStack) -> None:
+    """The net STOPPED and its SuperLink gone."""
+    stack.wait_for(
+        "the net STOPPED and its SuperLink gone",
+        lambda: (
+            stack.net(NET).state == NetState.STOPPED and stack.driver(NET).observe().running == 0
+        ),
+        RUN_S,
+    )
+
+
+def net_moves(stack: LocalStack) -> list[tuple[str, str]]:
+    return stack.read(
+        lambda s: [
+            (str(e.from_state), str(e.to_state))
+            for e in s.scalars(
+                select(NetEvent).where(NetEvent.net_name == NET).order_by(NetEvent.id)
+            )
+        ]
+    )
+
+
+def test_a_job_on_a_flower_net_completes_and_the_net_scales_to_zero(stack):
+    assert stack.net(NET).state == NetState.STOPPED
+    assert stack.driver(NET).observe().running == 0
+
+    job_id = stack.enqueue("flower-e2e-1", definition=APP_NAME, net=NET)
+    job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
+    assert job.state == JobState.COMPLETED, job.last_error
+    assert job.attempts == 0 and job.nvflare_job_id is not None  # the Flower run's id
+    wait_scaled_to_zero(stack)
+    moves = net_moves(stack)
+    assert moves.count(("STOPPED", "STARTING")) == 1
+    assert moves[-1] == ("STOPPING", "STOPPED")
+
+
+def test_abort_with_the_superlink_down_ends_aborted_with_no_error(stack):
+    wait_scaled_to_zero(stack)
+    job_id = stack.enqueue("flower-e2e-abort-down", definition=LONG_APP, net=NET)
+    job = wait_state(stack, job_id, JobState.RUNNING)
+    stack.driver(NET).scale(0)  # the SuperLink dies under the run
+    stack.client.abort_job(job_id)
+    job = wait_state(stack, job_id, JobState.ABORTED)
+    assert job.state == JobState.ABORTED  # "nothing to abort", no error
+    print("aborted job:", job.last_error, job.reason_code if hasattr(job, "reason_code") else "")
+    wait_scaled_to_zero(stack)
