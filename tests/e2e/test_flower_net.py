@@ -25,7 +25,7 @@ from tests.fixtures.flower import APP, NODES_TIMEOUT_S, SITES, START_TIMEOUT_S, 
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
-EXPECTED_S = 120  # seconds on the 2-core CI machine (tests/tools/schedule.py)
+EXPECTED_S = 80  # seconds on the 2-core CI machine (tests/tools/schedule.py): 71 s measured
 
 NET = "flower-net"
 APP_NAME = "flower-app"
@@ -170,5 +170,5 @@ def test_abort_with_the_superlink_down_ends_aborted_with_no_error(stack):
     stack.client.abort_job(job_id)
     job = wait_state(stack, job_id, JobState.ABORTED)
     assert job.state == JobState.ABORTED  # "nothing to abort", no error
-    print("aborted job:", job.last_error, job.reason_code if hasattr(job, "reason_code") else "")
+    assert job.last_error is None
     wait_scaled_to_zero(stack)
