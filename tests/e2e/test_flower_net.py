@@ -2,7 +2,8 @@
 (subprocesses), a private Redis as the broker, PostgreSQL as the job store, the local driver
 starting a real SuperLink (flwr 1.42 from its own virtualenv, tests/fixtures/flower.py) with
 TLS and SuperNode authentication, and two real SuperNodes started by the test. The job's
-bundle is a Flower App folder (tests/integration/flower_app)."""
+bundle is a Flower App folder (tests/integration/flower_app). The same deployment has an
+NVFLARE net (LocalStack's, a real server and two sites): the two serve jobs side by side."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sqlalchemy import select
 
 from app.adapters.drivers import build_driver
 from app.adapters.flower.client import build_flower_client
+from app.local.stack import NET as NVFLARE_NET
 from app.local.stack import LocalStack, StackOptions
 from app.settings import Settings
 from models import JobState, NetEvent, NetState
@@ -105,7 +107,7 @@ def stack(flower_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 ready_timeout_s=120,
                 housekeeping_interval_s=1.5,
                 embedded_beat=False,  # a separate beat process, as in production
-                nvflare=False,
+                nvflare=True,  # its `local-net` beside the Flower net
                 extra_nets=[flower_net(system, workdir)],
                 flwr_venv=flower_venv,
                 extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2", "STUCK_AFTER_S": "5"},
@@ -172,3 +174,22 @@ def test_abort_with_the_superlink_down_ends_aborted_with_no_error(stack):
     assert job.state == JobState.ABORTED  # "nothing to abort", no error
     assert job.last_error is None
     wait_scaled_to_zero(stack)
+
+
+def test_a_flower_net_and_an_nvflare_net_serve_jobs_side_by_side(stack):
+    wait_scaled_to_zero(stack)
+    flower = stack.enqueue("flower-e2e-beside", definition=APP_NAME, net=NET)
+    nvflare = stack.enqueue("nvflare-e2e-beside", net=NVFLARE_NET)
+    for job_id in (flower, nvflare):
+        job = wait_state(stack, job_id, JobState.COMPLETED, JobState.FAILED)
+        assert job.state == JobState.COMPLETED, job.last_error
+    assert (stack.job(flower).net_name, stack.job(nvflare).net_name) == (NET, NVFLARE_NET)
+    wait_scaled_to_zero(stack)
+    stack.wait_for(
+        "the NVFLARE net STOPPED and its server gone",
+        lambda: (
+            stack.net(NVFLARE_NET).state == NetState.STOPPED
+            and stack.driver(NVFLARE_NET).observe().running == 0
+        ),
+        RUN_S,
+    )
