@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from app.adapters.backend import RunState
 from app.adapters.drivers import build_driver
 from app.adapters.flower.client import build_flower_client
+from app.errors import ServerUnavailable
 from app.local.stack import NET as NVFLARE_NET
 from app.local.stack import LocalStack, StackOptions
+from app.procs import terminate_tree
 from app.settings import Settings
 from models import JobState, NetEvent, NetState
 from tests.e2e.lifecycle_stack import RUN_S, lifecycle_database, private_broker
@@ -32,6 +36,7 @@ EXPECTED_S = 150  # seconds on the 2-core CI machine (tests/tools/schedule.py): 
 NET = "flower-net"
 APP_NAME = "flower-app"
 LONG_APP = "flower-app-long"
+MID_APP = "flower-app-mid"  # about 15 s of rounds: long enough to be killed under
 
 
 def flower_net(system: FlowerSystem, workdir: Path) -> dict[str, Any]:
@@ -95,6 +100,7 @@ def stack(flower_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         register_sites(system, workdir, flower_venv)
         copy_app(workdir / "jobs" / APP_NAME)
         copy_app(workdir / "jobs" / LONG_APP, **{"num-rounds": "1000", "round-sleep-s": "0.5"})
+        copy_app(workdir / "jobs" / MID_APP, **{"num-rounds": "30", "round-sleep-s": "0.5"})
         with (
             lifecycle_database("fld_e2e_flower") as database,
             private_broker(workdir / "redis") as broker,
@@ -193,3 +199,51 @@ def test_a_flower_net_and_an_nvflare_net_serve_jobs_side_by_side(stack):
         ),
         RUN_S,
     )
+
+
+def live_runs(stack: LocalStack) -> frozenset[str] | None:
+    """The SuperLink's unfinished runs, or None while it does not answer."""
+    assert stack.settings is not None
+    with build_flower_client(stack.settings.net(NET), stack.settings) as client:
+        try:
+            return client.live_runs()
+        except ServerUnavailable:
+            return None
+
+
+def test_a_superlink_killed_mid_run_is_detected_and_the_job_requeued_with_one_live_run(stack):
+    wait_scaled_to_zero(stack)
+    job_id = stack.enqueue("flower-e2e-killed", definition=MID_APP, net=NET)
+    job = wait_state(stack, job_id, JobState.RUNNING)
+    first_run = job.nvflare_job_id
+    assert stack.settings is not None
+    with build_flower_client(stack.settings.net(NET), stack.settings) as client:
+        poll(
+            "the ServerApp running",
+            lambda: client.job_status(first_run).started_at is not None,
+            RUN_S,
+            0.2,
+        )
+    server = stack.driver(NET).server_process()
+    assert server is not None
+    terminate_tree(server[0], sig=signal.SIGKILL, expected_ticks=server[1])  # a crash
+
+    seen: list[frozenset[str]] = []
+
+    def settled() -> Any:
+        live = live_runs(stack)
+        if live is not None:
+            seen.append(live)
+        job = stack.job(job_id)
+        return (
+            job if job is not None and job.state in (JobState.COMPLETED, JobState.FAILED) else None
+        )
+
+    job = stack.wait_for("the requeued job settled", settled, RUN_S, poll_s=0.5)
+    assert job.state == JobState.COMPLETED, job.last_error
+    assert job.attempts == 1 and job.nvflare_job_id != first_run  # requeued, run anew
+    assert all(len(live) <= 1 for live in seen), seen  # never two live runs at once
+    assert first_run not in set().union(*seen)  # the killed run never came back
+    with build_flower_client(stack.settings.net(NET), stack.settings) as client:
+        assert client.job_status(first_run).state is RunState.LOST  # finished, no verdict
+    wait_scaled_to_zero(stack)
