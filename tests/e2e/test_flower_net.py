@@ -33,7 +33,7 @@ from tests.fixtures.flower import APP, NODES_TIMEOUT_S, SITES, START_TIMEOUT_S, 
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
-EXPECTED_S = 150  # seconds on the 2-core CI machine (tests/tools/schedule.py): 146 s measured
+EXPECTED_S = 240  # seconds on the 2-core CI machine (tests/tools/schedule.py): 232 s measured
 
 NET = "flower-net"
 APP_NAME = "flower-app"
