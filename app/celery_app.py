@@ -179,8 +179,9 @@ def _drop_connection_pool(app: Celery) -> None:
 def prepare_nets_at_start(settings: Settings) -> None:
     """Every worker start (`fl-dispatcher worker` or `celery -A app.celery_app worker`)
     creates missing net rows and resets MISCONFIGURED nets (settings were just validated),
-    then takes out of service a net whose admin kit names another server."""
-    from app.adapters.nvflare.kit_check import kit_endpoint_problem
+    then takes out of service a net whose admin kit (a Flower net's SuperLink certificate)
+    names another server."""
+    from app.adapters.net_check import endpoint_problem
     from app.db import make_engine, session_factory, unit_of_work
     from app.usecases.services import mark_misconfigured, sync_nets
     from models import utcnow
@@ -190,7 +191,7 @@ def prepare_nets_at_start(settings: Settings) -> None:
         with unit_of_work(session_factory(engine)) as session:
             sync_nets(session, settings, utcnow(), at_start=True)
         for net in settings.nets:
-            problem = kit_endpoint_problem(net)
+            problem = endpoint_problem(net, settings)
             if problem is not None:
                 log.error("net misconfigured at start", extra={"net": net.name, "reason": problem})
                 with unit_of_work(session_factory(engine)) as session:

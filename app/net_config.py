@@ -1,6 +1,6 @@
-"""What a net is declared as (its driver, admin kit and timeouts), and reading the nets
-file or the inline list that declares them all, validated in full: an error names the net
-and the field."""
+"""What a net is declared as (its backend, driver, admin kit or SuperLink, and timeouts), and
+reading the nets file or the inline list that declares them all, validated in full: an error
+names the net and the field."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from urllib.parse import urlsplit
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from app.errors import SettingsError
+from app.errors import AdminMisconfigured, SettingsError
 from app.flags import parse_flag
 from app.schemas import NET_NAME_PATTERN
 
@@ -36,6 +38,13 @@ def _is(path: Path, kind: Callable[[Path], bool]) -> bool:
         return kind(path)
     except PermissionError:
         return True
+
+
+def _listenable(value: str) -> str:
+    """`host:port` with a port a server can listen on."""
+    if not 1 <= int(value.rpartition(":")[2]) <= 65535:
+        raise ValueError(f"{value}: a server listens on a port from 1 to 65535")
+    return value
 
 
 class _Strict(BaseModel):
@@ -63,6 +72,25 @@ class LocalDriverConfig(_Strict):
     def _kit_has_startup(cls, value: Path) -> Path:
         if not _is(value / "startup", Path.is_dir):
             raise ValueError(f"{value} has no startup/ folder (not an NVFLARE server kit)")
+        return value
+
+
+class FlowerLocalDriverConfig(_Strict):
+    """A Flower net's SuperLink started as a local process from FLWR_VENV's flwr, with TLS
+    and SuperNode authentication on (flwr allows the second only with the first: it is what
+    names SuperNodes for readiness) and its state in a database that outlives the process
+    (the SuperNodes registered by name, and the runs)."""
+
+    kind: Literal["local"]
+    superlink_dir: Path  # its working folder: state.db and FLWR_HOME (made if missing)
+    ssl_certfile: Path  # the SuperLink's certificate (PEM), signed by flower.root_certificates
+    ssl_keyfile: Path  # its private key (PEM): read by the SuperLink alone
+
+    @field_validator("ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _a_file(cls, value: Path) -> Path:
+        if not _is(value, Path.is_file):
+            raise ValueError(f"{value} is no file")
         return value
 
 
@@ -95,10 +123,27 @@ class DockerDriverConfig(_Strict):
     api_timeout_s: int = Field(default=10, gt=0, le=120)
 
 
+def _driver_tag(value: Any) -> str | None:
+    """Which driver config a declaration is: its kind, and for `local` the backend's form
+    (a Flower SuperLink's `superlink_dir`, or an NVFLARE kit's `server_kit_dir`)."""
+    if isinstance(value, Mapping):
+        kind = value.get("kind")
+        return "local-flower" if kind == "local" and "superlink_dir" in value else kind
+    if isinstance(value, FlowerLocalDriverConfig):
+        return "local-flower"
+    return getattr(value, "kind", None)
+
+
 DriverConfig = Annotated[
-    EcsDriverConfig | LocalDriverConfig | StaticDriverConfig | DockerDriverConfig,
-    Field(discriminator="kind"),
+    Annotated[EcsDriverConfig, Tag("ecs")]
+    | Annotated[LocalDriverConfig, Tag("local")]
+    | Annotated[FlowerLocalDriverConfig, Tag("local-flower")]
+    | Annotated[StaticDriverConfig, Tag("static")]
+    | Annotated[DockerDriverConfig, Tag("docker")],
+    Discriminator(_driver_tag),
 ]
+
+HOST_PORT_PATTERN = r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$"
 
 
 class AdminConfig(_Strict):
@@ -115,12 +160,45 @@ class AdminConfig(_Strict):
         return value
 
 
+class FlowerConfig(_Strict):
+    """How the dispatcher reaches a Flower net's SuperLink: its Control API (flwr 1.42 serves
+    it on the SuperLink's one port, with the Fleet API the SuperNodes dial)."""
+
+    address: str = Field(pattern=HOST_PORT_PATTERN)
+    # The CA (PEM) that signed the SuperLink's certificate; unset: the system's CAs.
+    root_certificates: Path | None = None
+    # Plain HTTP, no TLS: a SuperLink on loopback in a test only.
+    insecure: bool = False
+
+    @field_validator("root_certificates")
+    @classmethod
+    def _ca_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not _is(value, Path.is_file):
+            raise ValueError(f"{value} is no file (the CA of the SuperLink's certificate)")
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _a_port(cls, value: str) -> str:
+        return _listenable(value)
+
+    @model_validator(mode="after")
+    def _tls_or_not(self) -> FlowerConfig:
+        if self.insecure and self.root_certificates is not None:
+            raise ValueError("insecure (no TLS) and a CA file for TLS: choose one")
+        return self
+
+
 class NetConfig(_Strict):
-    """One net: its driver, its admin kit and its timeouts."""
+    """One net: its backend, its driver, how to reach its server, and its timeouts."""
 
     name: str = Field(pattern=NET_NAME_PATTERN)
+    # The federated-learning server the net runs: NVIDIA FLARE (an admin kit) or a Flower
+    # SuperLink (its Control API); see app/adapters/backend.py.
+    backend: Literal["nvflare", "flower"] = "nvflare"
     driver: DriverConfig
-    admin: AdminConfig
+    admin: AdminConfig | None = None  # nvflare: required
+    flower: FlowerConfig | None = None  # flower: required
     idle_timeout_s: float = Field(default=600.0, ge=0)
     ready_timeout_s: float = Field(default=900.0, gt=0)
     required_sites: tuple[str, ...] = ()
@@ -135,12 +213,19 @@ class NetConfig(_Strict):
     # "host:port" the net's server serves on, as its admin kit must name it. The local driver
     # reads it from the server kit; declare it for ecs and static nets to have a kit that
     # points elsewhere reported as a misconfiguration instead of "server never came up".
-    server_endpoint: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
+    server_endpoint: str | None = Field(default=None, pattern=HOST_PORT_PATTERN)
     # None: RELEASE_AFTER. "reported": hold the server after NVFLARE finished until flip-api
     # reports the results uploaded (FLIP's fl-server uploads them from its own disk).
     release_after: Literal["finished", "reported"] | None = None
     # Resolved once when Settings are built (the net's flag, else the global one).
     _always_on: bool = PrivateAttr(default=True)
+
+    @property
+    def admin_kit(self) -> AdminConfig:
+        """The NVFLARE admin kit; AdminMisconfigured for a net of another backend."""
+        if self.admin is None:  # only a Flower net: NetConfig refuses an NVFLARE one without
+            raise AdminMisconfigured(f"net {self.name!r} has no NVFLARE admin kit")
+        return self.admin
 
     @property
     def always_on(self) -> bool:
@@ -159,6 +244,39 @@ class NetConfig(_Strict):
         return not self.always_on
 
     @model_validator(mode="after")
+    def _backend_settings(self) -> NetConfig:
+        if self.backend == "nvflare":
+            if self.admin is None:
+                raise ValueError("'admin' is missing: an NVFLARE net's kit (kit_dir, username)")
+            if self.flower is not None:
+                raise ValueError('[flower] is for a Flower net (backend = "flower")')
+            if isinstance(self.driver, FlowerLocalDriverConfig):
+                raise ValueError(
+                    'driver.superlink_dir is for a Flower net (backend = "flower"); an '
+                    "NVFLARE net's local driver takes server_kit_dir"
+                )
+            return self
+        if self.flower is None:
+            raise ValueError("'flower' is missing: a Flower net's SuperLink address (and CA)")
+        if self.admin is not None:
+            raise ValueError("[admin] is an NVFLARE admin kit: a Flower net has [flower]")
+        if self.server_endpoint is not None:
+            raise ValueError("server_endpoint is NVFLARE's: a Flower net's is flower.address")
+        if isinstance(self.driver, LocalDriverConfig):
+            raise ValueError(
+                "a Flower net's local driver takes superlink_dir, ssl_certfile and "
+                "ssl_keyfile (server_kit_dir is an NVFLARE server kit)"
+            )
+        if isinstance(self.driver, FlowerLocalDriverConfig) and (
+            self.flower.insecure or self.flower.root_certificates is None
+        ):
+            raise ValueError(
+                "a local SuperLink runs with TLS (SuperNode authentication needs it): set "
+                "flower.root_certificates to the CA that signed driver.ssl_certfile"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _defaults_among_sites(self) -> NetConfig:
         if self.sites is not None:
             unknown = [s for s in self.required_sites if s not in self.sites]
@@ -173,9 +291,7 @@ class NetConfig(_Strict):
     @field_validator("server_endpoint")
     @classmethod
     def _a_port_a_server_can_listen_on(cls, value: str | None) -> str | None:
-        if value is not None and not 1 <= int(value.rpartition(":")[2]) <= 65535:
-            raise ValueError(f"{value}: a server listens on a port from 1 to 65535")
-        return value
+        return None if value is None else _listenable(value)
 
     @field_validator("per_job_fl_server", mode="before")
     @classmethod
@@ -250,6 +366,10 @@ def server_identities(net: NetConfig) -> list[tuple[str, tuple[object, ...]]]:
         found.append(("driver.cluster+service", (*key, _arn_name(driver.service))))
     elif isinstance(driver, LocalDriverConfig):
         found.append(("driver.server_kit_dir", (str(driver.server_kit_dir.resolve()),)))
+    elif isinstance(driver, FlowerLocalDriverConfig):
+        found.append(("driver.superlink_dir", (str(driver.superlink_dir.resolve()),)))
+    if net.flower is not None:
+        found.append(("flower.address", (net.flower.address.lower(),)))
     if net.server_endpoint is not None:
         # Any kind, and the only identity a static net declares: the address is the server.
         found.append(("server_endpoint", (net.server_endpoint.lower(),)))

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.adapters.backend import AdminClient
 from app.adapters.callbacks import CallbackSender
 from app.adapters.drivers import Observation, ScaleDriver, build_driver
 from app.adapters.drivers.base import ObservationPass, observation_pass
-from app.adapters.nvflare.base import AdminClient
 from app.db import make_engine, session_factory
 from app.net_config import NetConfig
 from app.parallel import ProbeResult, Sequential
@@ -35,6 +35,12 @@ AdminFactory = Callable[[NetConfig, Settings], AdminClient]
 
 
 def _build_admin(net: NetConfig, settings: Settings) -> AdminClient:
+    """The client of the net's backend (imported only when a net uses it); mypy checks here
+    that each satisfies the interface."""
+    if net.backend == "flower":
+        from app.adapters.flower.client import build_flower_client
+
+        return build_flower_client(net, settings)
     from app.adapters.nvflare.client import build_admin_client
 
     return build_admin_client(net, settings)

@@ -138,6 +138,10 @@ class Settings(BaseSettings):
     # Bounds what one request may make the status API receive; an enqueue is a few KiB.
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024, alias="API_MAX_BODY_BYTES")
     flower_basic_auth: SecretStr = Field(default=SecretStr(""), alias="FLOWER_BASIC_AUTH")
+    # The virtualenv holding flwr (Flower, the federated-learning framework; not Celery
+    # Flower) from which the local driver starts a Flower net's SuperLink: flwr cannot share
+    # this service's virtualenv (tests/README.md "Dependencies").
+    flwr_venv: Path | None = Field(default=None, alias="FLWR_VENV")
     log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
 
@@ -146,7 +150,7 @@ class Settings(BaseSettings):
     def _per_job(cls, value: object) -> bool:
         return parse_flag("PER_JOB_FL_SERVER", value, default=False)
 
-    @field_validator("nets_file", mode="before")
+    @field_validator("nets_file", "flwr_venv", mode="before")
     @classmethod
     def _nets_file(cls, value: object) -> object:
         # An exported-but-empty NETS_FILE means "not set", like every other empty value.

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.adapters.backend import AbortResult, Readiness, RunStatus, ServerState
 from app.adapters.drivers.base import Observation
-from app.adapters.nvflare.base import AbortResult, Readiness, RunStatus, ServerState
 from app.adapters.nvflare.classify import NOT_STARTED
 from app.errors import NvflareJobNotFound, NvflareJobNotRunning, ServerUnavailable
 from app.sim.admin import abort_answer, status_of

@@ -1,6 +1,6 @@
 """Job definitions: where a job's folder comes from (a folder under JOB_ROOT, or an s3://
 prefix downloaded into the data folder), and the prepared copy that is submitted (its
-NVFLARE meta.json made to match the job)."""
+NVFLARE meta.json made to match the job; a Flower App as it is)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,7 +68,12 @@ def prepare(
     in DISPATCHING while the first may still run): each builds in a staging folder of its
     own, and a complete copy, once in place, is never replaced, and removed only once its
     job has ended (`sweep_prepared`), since another worker may be submitting it. Only a
-    rename puts it there, so an existing copy is complete and built from the same inputs."""
+    rename puts it there, so an existing copy is complete and built from the same inputs.
+
+    A Flower App (a `pyproject.toml` declaring `[tool.flwr.app]`) has no meta.json: it is
+    submitted as it is, packed into a FAB by the Flower client, which never changes it."""
+    if is_flower_app(bundle):
+        return bundle
     key = built_from(bundle, required_sites, metadata)
     target = settings.data_dir.resolve() / PREPARED_DIR / str(job_id) / key / bundle.name
     if target.is_dir():
@@ -93,6 +99,19 @@ def prepare(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def is_flower_app(bundle: Path) -> bool:
+    """True for a Flower App folder: its `pyproject.toml` declares `[tool.flwr.app]`."""
+    try:
+        text = (bundle / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return False
+    return isinstance(document.get("tool", {}).get("flwr", {}).get("app"), dict)
 
 
 def built_from(

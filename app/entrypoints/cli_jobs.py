@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 
 def config_warnings(settings: Settings) -> list[str]:
-    """What is valid but will not work as it stands: no net at all, an admin kit this
-    process cannot read or verify, an unset data folder."""
-    from app.adapters.nvflare.kit_check import check_kit_files
-    from app.errors import AdminMisconfigured
+    """What is valid but will not work as it stands: no net at all, an admin kit (a Flower
+    net's CA, certificate or flwr) this process cannot read or verify, an unset data
+    folder."""
+    from app.adapters.net_check import files_problem
 
     warnings = []
     if settings.data_dir_defaulted:
@@ -45,9 +45,8 @@ def config_warnings(settings: Settings) -> list[str]:
             "`fl-dispatcher local-net DIR` makes a local one and prints its entry"
         )
     for net in settings.nets:
-        try:
-            check_kit_files(net.admin.kit_dir)
-        except AdminMisconfigured as exc:
+        exc = files_problem(net, settings)
+        if exc is not None:
             # Checked as this user: the workers may run as another (compose: uid 10001).
             warnings.append(
                 f"net {net.name}: {exc} (read as uid {os.getuid()}); the net would be MISCONFIGURED"
@@ -57,14 +56,15 @@ def config_warnings(settings: Settings) -> list[str]:
 
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     """Print the effective configuration with secrets masked, and for each net whether its
-    admin kit names another server (`kit_problem`); warn about what will not work."""
-    from app.adapters.nvflare.kit_check import kit_endpoint_problem
+    admin kit (a Flower net's SuperLink certificate) names another server (`kit_problem`);
+    warn about what will not work."""
+    from app.adapters.net_check import endpoint_problem
 
     # A kit config this user cannot read is a warning (below), not also a kit problem.
     problems = {
         n.name: p
         for n in settings.nets
-        if (p := kit_endpoint_problem(n, unread_is_a_problem=False)) is not None
+        if (p := endpoint_problem(n, settings, unread_is_a_problem=False)) is not None
     }
     data = settings.redacted()
     for net in data["nets"]:

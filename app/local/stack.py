@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 
 from app import migrate
+from app.adapters.drivers import build_driver
 from app.adapters.drivers.local import LocalDriver
 from app.client import DispatcherClient
 from app.db import make_engine, session_factory, unit_of_work
@@ -35,6 +36,7 @@ from app.local.nvflare import (
     stop,
 )
 from app.local.settings_folder import NETS_FILE, write_settings_folder
+from app.net_config import FlowerLocalDriverConfig, LocalDriverConfig
 from app.procs import terminate_tree
 from app.schemas import EnqueueJob
 from app.settings import Settings
@@ -69,6 +71,10 @@ class StackOptions:
     concurrency: int = 2
     api_port: int | None = None  # also serve the status HTTP API on this loopback port
     extra_env: dict[str, str] = field(default_factory=dict)
+    nvflare: bool = True  # provision the NVFLARE net `local-net` and start its two sites
+    # Further nets, as NETS declares them (a Flower net: its SuperNodes are the caller's).
+    extra_nets: list[dict[str, Any]] = field(default_factory=list)
+    flwr_venv: Path | None = None  # FLWR_VENV, for a Flower net on the local driver
 
 
 class LocalStack:
@@ -101,7 +107,8 @@ class LocalStack:
     def start(self) -> None:
         """Provision, migrate, start the sites, then the worker (and beat)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.deployment = provision(self.workdir / "nvflare")
+        if self.options.nvflare:
+            self.deployment = provision(self.workdir / "nvflare")
         job_root = self.workdir / "jobs"
         build_tiny_job(job_root / JOB_NAME)
         # The folder's own settings, what the worker runs with (its NETS_FILE is this
@@ -110,7 +117,7 @@ class LocalStack:
         self.env_file = write_settings_folder(
             self.workdir,
             {k: v for k, v in settings.items() if k in SETTING_NAMES},  # not AWS_* and such
-            [self._net()],
+            [*([self._net()] if self.options.nvflare else []), *self.options.extra_nets],
             SETTINGS_HEADER,
         )
         self.env = self._env(job_root)
@@ -119,7 +126,7 @@ class LocalStack:
         # Create the net rows now (the worker does it too, but only once it has booted).
         with unit_of_work(session_factory(_engine(self.settings.database_url))) as session:
             sync_nets(session, self.settings, utcnow(), at_start=True)
-        for name, kit in self.deployment.site_kits.items():
+        for name, kit in self.deployment.site_kits.items() if self.deployment else ():
             self.sites[name] = start_site(kit, log_dir=self.workdir / "logs")
         self.start_worker()
 
@@ -155,7 +162,7 @@ class LocalStack:
             "READY_POLL_S": 0.5,
             "ADMIN_LOGIN_TIMEOUT_S": 5.0,
             "ADMIN_COMMAND_TIMEOUT_S": 10.0,
-        }
+        } | ({"FLWR_VENV": opts.flwr_venv} if opts.flwr_venv is not None else {})
 
     def _env(self, job_root: Path) -> dict[str, str]:
         """The environment the worker and beat get: exactly the stack's settings."""
@@ -231,7 +238,8 @@ class LocalStack:
     def enqueue(self, key: str, definition: str = JOB_NAME, **overrides: Any) -> uuid.UUID:
         """Enqueue a job (the tiny one unless told) through the public task, as flip-api
         would."""
-        request = EnqueueJob(caller_key=key, definition=definition, net=NET, **overrides)
+        overrides.setdefault("net", NET)
+        request = EnqueueJob(caller_key=key, definition=definition, **overrides)
         return self.client.enqueue_job(request)
 
     def add_job_definition(self, name: str, num_rounds: int) -> str:
@@ -259,12 +267,12 @@ class LocalStack:
             runs.append(json.loads(meta.read_text()))
         return runs
 
-    def driver(self) -> LocalDriver:
-        """A local driver on the net's server (the same PID file the worker uses)."""
+    def driver(self, name: str = NET) -> LocalDriver:
+        """A local driver on a net's server (the same PID file the worker uses)."""
         assert self.settings is not None
-        config = self.settings.net(NET).driver
-        assert config.kind == "local"
-        return LocalDriver(NET, config.server_kit_dir, self.settings.data_dir / "local-driver")
+        driver = build_driver(self.settings.net(name), self.settings)
+        assert isinstance(driver, LocalDriver)  # a Flower net's too (SuperLinkDriver)
+        return driver
 
     def read(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(session)` on a short read-only session."""
@@ -278,9 +286,9 @@ class LocalStack:
         job: Job | None = self.read(lambda s: s.get(Job, job_id))
         return job
 
-    def net(self) -> Net:
-        """The net row."""
-        net: Net | None = self.read(lambda s: s.get(Net, NET))
+    def net(self, name: str = NET) -> Net:
+        """The net's row."""
+        net: Net | None = self.read(lambda s: s.get(Net, name))
         assert net is not None, "net row missing: has the worker started?"
         return net
 
@@ -325,11 +333,13 @@ class LocalStack:
         self.stop_worker()
         if self._client is not None:
             self._client.close()
-        if self.settings is not None and self.deployment is not None:
+        local = (LocalDriverConfig, FlowerLocalDriverConfig)
+        for net in self.settings.nets if self.settings is not None else ():
             try:
-                self.driver().scale(0)
-            except Exception:  # teardown must go on to the sites
-                log.exception("stopping the local server failed")
+                if isinstance(net.driver, local):
+                    self.driver(net.name).scale(0)
+            except Exception:  # teardown must go on to the other nets and the sites
+                log.exception("stopping net %s's local server failed", net.name)
         for handle in self.sites.values():
             stop(handle)
         self.sites.clear()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from app.adapters.nvflare.base import (
+from app.adapters.backend import (
     AbortOutcome,
     AbortResult,
     Readiness,

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from sqlalchemy import select
 
-from app.adapters.nvflare.base import AbortOutcome, RunState
+from app.adapters.backend import AbortOutcome, RunState
 from app.db import unit_of_work
 from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime

@@ -19,8 +19,8 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from app import names
+from app.adapters.backend import Readiness
 from app.adapters.jobdefs import check_available, materialize, prepare
-from app.adapters.nvflare.base import Readiness
 from app.db import unit_of_work
 from app.errors import (
     BundleMissing,

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
-from app.adapters.nvflare.base import Readiness, ServerState
+from app.adapters.backend import Readiness, ServerState
 from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime

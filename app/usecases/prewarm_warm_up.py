@@ -15,7 +15,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from app import names
-from app.adapters.nvflare.base import Readiness, ServerState
+from app.adapters.backend import Readiness, ServerState
 from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime

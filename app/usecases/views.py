@@ -22,8 +22,8 @@ from typing import Any, cast
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.adapters.backend import ServerState
 from app.adapters.drivers import Observation
-from app.adapters.nvflare.base import ServerState
 from app.errors import InvalidRequest, NotFound, RequestRejected
 from app.parallel import Prober, ProbeResult, describe_error
 from app.read_models import (

@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
+from app.adapters.backend import ServerState
 from app.adapters.drivers import Observation
-from app.adapters.nvflare.base import ServerState
 from app.celery_app import CeleryOutbox
 from app.entrypoints.api import create_app, iter_routes
 from app.errors import AdminMisconfigured

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from app.adapters.backend import AbortOutcome, RunState, RunStatus, ServerState
 from app.adapters.flower.client import NO_START_TIME, FlowerControlClient, run_token
 from app.adapters.flower.proto import control_pb2
-from app.adapters.nvflare.base import AbortOutcome, RunState, RunStatus, ServerState
 from app.errors import AdminMisconfigured, NvflareJobNotFound, ServerUnavailable
 from tests.fixtures.flower import APP, SITES, FlowerSystem, make_tls, poll
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from app import procs
+from app.adapters.backend import ServerState
 from app.adapters.drivers.base import Observation
 from app.adapters.drivers.local import LocalDriver
-from app.adapters.nvflare.base import ServerState
 from app.adapters.nvflare.client import build_admin_client
 from app.errors import DriverMisconfigured
 from app.local import nvflare as nvflare_local

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from app import procs
+from app.adapters.backend import AbortOutcome, Readiness, RunState, ServerState
 from app.adapters.nvflare import classify as nvflare_classify
-from app.adapters.nvflare.base import AbortOutcome, Readiness, RunState, ServerState
 from app.adapters.nvflare.client import NvflareAdminClient, build_admin_client
 from app.errors import AdminMisconfigured, ServerUnavailable, TransientError
 from app.local.nvflare import Deployment

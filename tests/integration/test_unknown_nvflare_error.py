@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from app.adapters.backend import RunState
 from app.adapters.nvflare import classify as nvflare_classify
-from app.adapters.nvflare.base import RunState
 from app.db import unit_of_work
 from app.migrate import upgrade
 from app.runtime import Runtime

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from app.adapters.nvflare.base import AbortOutcome, AbortResult
+from app.adapters.backend import AbortOutcome, AbortResult
 from app.db import unit_of_work
 from app.errors import ServerUnavailable
 from app.usecases import abort, dispatch, intake, monitor, reconciler, services

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.adapters.nvflare.base import AbortOutcome, AbortResult, RunState
+from app.adapters.backend import AbortOutcome, AbortResult, RunState
 from app.errors import ServerUnavailable
 from app.sim.admin import SimAdmin
 from app.sim.clock import SimClock

@@ -645,7 +645,7 @@ class _ChattyAdmin:
     def server_state(self):
         from nvflare.fuel.hci.client.api import _print_hci_message
 
-        from app.adapters.nvflare.base import ServerState
+        from app.adapters.backend import ServerState
 
         _print_hci_message("Connecting to FLARE ...")
         return ServerState.STARTED

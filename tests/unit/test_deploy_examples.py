@@ -25,6 +25,7 @@ from app.local.settings_folder import nets_toml
 from app.net_config import parse_nets
 from app.settings import Settings
 from tests.fixtures.db import make_admin_kit, make_server_kit
+from tests.fixtures.flower import make_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "app" / "deploy"
@@ -136,6 +137,18 @@ def test_the_local_example_loads(tmp_path):
     net["driver"]["server_kit_dir"] = str(make_server_kit(tmp_path / "server"))
     net["admin"]["kit_dir"] = str(make_admin_kit(tmp_path / "admin"))
     assert parse_nets(raw, "nets.local.toml")[0].driver.kind == "local"
+
+
+def test_the_flower_example_loads_with_a_superlink_s_files(tmp_path):
+    raw = tomllib.loads((EXAMPLES / "nets.flower.toml").read_text())
+    (net,) = raw["nets"]
+    tls = make_tls(tmp_path / "tls")
+    net["driver"].update(ssl_certfile=str(tls.cert), ssl_keyfile=str(tls.key))
+    net["flower"]["root_certificates"] = str(tls.ca)
+    (loaded,) = parse_nets(raw, "nets.flower.toml")
+    assert (loaded.backend, loaded.driver.kind) == ("flower", "local")
+    assert loaded.flower is not None and loaded.flower.address.startswith("127.0.0.1:")
+    assert loaded.required_sites == ("site-1", "site-2")
 
 
 def compose_variables(*texts: str) -> set[str]:

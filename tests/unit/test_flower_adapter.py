@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.adapters.backend import AbortOutcome, RunState
 from app.adapters.flower import classify, fab
 from app.adapters.flower.client import FlowerControlClient
-from app.adapters.nvflare.base import AbortOutcome, RunState
 from app.errors import (
     AdminMisconfigured,
     InvalidRequest,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.adapters.nvflare.base import AbortOutcome
+from app.adapters.backend import AbortOutcome
 from app.adapters.nvflare.client import NvflareAdminClient
 from app.errors import NvflareJobNotRunning, ServerUnavailable, UnknownAdminError
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from sqlalchemy import select
 
-from app.adapters.nvflare.base import AbortOutcome, AbortResult
+from app.adapters.backend import AbortOutcome, AbortResult
 from app.errors import UnknownAdminError
 from app.settings import Settings
 from app.usecases import dispatch, monitor

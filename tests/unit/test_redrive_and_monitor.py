@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 
 from app import names
-from app.adapters.nvflare.base import Readiness, ServerState
+from app.adapters.backend import Readiness, ServerState
 from app.parallel import ProbeResult, Sequential
 from app.runtime import Runtime
 from app.settings import Settings

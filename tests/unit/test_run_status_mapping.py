@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.adapters.nvflare.base import RunState
+from app.adapters.backend import RunState
 from app.adapters.nvflare.classify import aborted_before_start, meta_status, run_status
 
 

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from app import names
-from app.adapters.nvflare.base import AbortOutcome, AbortResult
+from app.adapters.backend import AbortOutcome, AbortResult
 from app.errors import ServerUnavailable, UnknownAdminError
 from app.usecases import abort, dispatch, intake, monitor
 from models import JobState, StrayRun

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import and_, exists, or_, select
 
-from app.adapters.nvflare.base import AbortOutcome
+from app.adapters.backend import AbortOutcome
 from app.db import unit_of_work
 from app.usecases import (
     abort,

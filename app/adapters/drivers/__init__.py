@@ -7,6 +7,7 @@ from app.adapters.drivers.static import StaticDriver
 from app.net_config import (
     DockerDriverConfig,
     EcsDriverConfig,
+    FlowerLocalDriverConfig,
     LocalDriverConfig,
     NetConfig,
     StaticDriverConfig,
@@ -43,6 +44,10 @@ def build_driver(net: NetConfig, settings: Settings) -> ScaleDriver:
             net.name, config.server_kit_dir, settings.data_dir / "local-driver"
         )
         return driver
+    if isinstance(config, FlowerLocalDriverConfig):
+        from app.adapters.drivers.local_superlink import superlink_driver
+
+        return superlink_driver(net, config, settings)
     if isinstance(config, DockerDriverConfig):
         from app.adapters.drivers.docker import DockerDriver
 

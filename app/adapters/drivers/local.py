@@ -1,4 +1,5 @@
-"""The `local` scale driver: a net's NVFLARE server as a local process started from its kit.
+"""The `local` scale driver: a net's NVFLARE server as a local process started from its kit
+(a Flower net's SuperLink: `local_superlink.py`, this driver with another program).
 
 Replica 1 = the server process runs (started without nvflare's watchdog, so "stopped" stays
 stopped); replica 0 = it does not. The dispatcher runs in several processes (worker children,
@@ -65,6 +66,9 @@ class LocalDriver:
 
     kind = "local"
 
+    # What names the server program in its command line (one exact argument).
+    program = _SERVER_MODULE
+
     def __init__(self, net_name: str, server_kit_dir: Path, state_dir: Path) -> None:
         self.net_name = net_name
         self.server_kit_dir = server_kit_dir.resolve()
@@ -81,7 +85,7 @@ class LocalDriver:
         with self._locked():
             state = self._read_state()
             alive = self._is_our_server(state)
-            if replicas == 1 and alive and state.kit == str(self.server_kit_dir):
+            if replicas == 1 and alive and state.kit == self._identity():
                 self._write_state(replace(state, desired=1))
                 return
             # Record the intent first: a crash mid-stop must not read as "wanted up".
@@ -160,6 +164,20 @@ class LocalDriver:
         tmp.write_text(json.dumps(asdict(state), indent=2))
         tmp.replace(self._state_path)
 
+    def _identity(self) -> str:
+        """The argument of the server's command line that names this net's own server (two
+        nets' servers run the same program): its kit."""
+        return str(self.server_kit_dir)
+
+    def _launch(self) -> participants.ProcessHandle:
+        """Start the server process; returns at once."""
+        return participants.start_server(
+            self.server_kit_dir,
+            log_dir=self.state_dir / "logs",
+            track=False,  # the server must outlive the worker that started it
+            name=self.net_name,
+        )
+
     def _endpoint(self) -> tuple[str, int]:
         try:
             return participants.server_endpoint(self.server_kit_dir)
@@ -180,7 +198,7 @@ class LocalDriver:
         if procs.proc_start_ticks(state.pid) != state.start_ticks:
             return False
         cmdline = procs.proc_cmdline(state.pid) or []
-        return _SERVER_MODULE in cmdline and bool(state.kit) and state.kit in cmdline
+        return self.program in cmdline and bool(state.kit) and state.kit in cmdline
 
     # --- start / stop ------------------------------------------------------------------------
 
@@ -202,18 +220,13 @@ class LocalDriver:
                 self.net_name,
                 previous.pid,
             )
-        handle = participants.start_server(
-            self.server_kit_dir,
-            log_dir=self.state_dir / "logs",
-            track=False,  # the server must outlive the worker that started it
-            name=self.net_name,
-        )
+        handle = self._launch()
         _children[handle.pid] = handle
         ticks = procs.proc_start_ticks(handle.pid)
         # Hold the lock until the child has exec'd the server: before that its cmdline is ours,
         # and another worker would not recognise it and start a second server.
         deadline = time.monotonic() + _STOP_TIMEOUT_S
-        while _SERVER_MODULE not in (procs.proc_cmdline(handle.pid) or []):
+        while self.program not in (procs.proc_cmdline(handle.pid) or []):
             if not handle.alive() or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S / 5)
@@ -222,7 +235,7 @@ class LocalDriver:
                 desired=1,
                 pid=handle.pid,
                 start_ticks=ticks,
-                kit=str(self.server_kit_dir),
+                kit=self._identity(),
                 port=port,
                 started_at=handle.started_at,
                 log=str(handle.log_path),

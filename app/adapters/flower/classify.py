@@ -13,7 +13,7 @@ from datetime import datetime
 
 import httpx
 
-from app.adapters.nvflare.base import RunState, RunStatus
+from app.adapters.backend import RunState, RunStatus
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,

@@ -32,10 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from app.adapters.flower import classify
-from app.adapters.flower.fab import TOKEN_KEY, build_fab
-from app.adapters.flower.proto import control_pb2, fab_pb2, transport_pb2
-from app.adapters.nvflare.base import (
+from app.adapters.backend import (
     AbortOutcome,
     AbortResult,
     Readiness,
@@ -43,6 +40,9 @@ from app.adapters.nvflare.base import (
     RunStatus,
     ServerState,
 )
+from app.adapters.flower import classify
+from app.adapters.flower.fab import TOKEN_KEY, build_fab
+from app.adapters.flower.proto import control_pb2, fab_pb2, transport_pb2
 from app.errors import (
     AdminMisconfigured,
     InvalidRequest,
@@ -52,6 +52,8 @@ from app.errors import (
     TransientError,
     UnknownAdminError,
 )
+from app.net_config import NetConfig
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")
@@ -342,19 +344,14 @@ def _run_number(run_id: str, context: str) -> int:
     return number
 
 
-def build_flower_client(
-    *,
-    net_name: str,
-    address: str,
-    root_certificates: Path | None = None,
-    insecure: bool = False,
-    timeout_s: float = 10.0,
-) -> FlowerControlClient:
-    """The Control API client of one Flower net (the lead wires it to NetConfig)."""
+def build_flower_client(net: NetConfig, settings: Settings) -> FlowerControlClient:
+    """The Control API client of one Flower net, from its validated config."""
+    if net.flower is None:  # NetConfig refuses a Flower net without its [flower]
+        raise AdminMisconfigured(f"net {net.name!r} has no [flower] SuperLink address")
     return FlowerControlClient(
-        net_name=net_name,
-        address=address,
-        root_certificates=root_certificates,
-        insecure=insecure,
-        timeout_s=timeout_s,
+        net_name=net.name,
+        address=net.flower.address,
+        root_certificates=net.flower.root_certificates,
+        insecure=net.flower.insecure,
+        timeout_s=settings.admin_command_timeout_s,
     )

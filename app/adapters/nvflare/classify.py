@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from app.adapters.nvflare.base import RunState, RunStatus
+from app.adapters.backend import RunState, RunStatus
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,

@@ -28,14 +28,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.adapters.nvflare import kit_check
-from app.adapters.nvflare.base import (
+from app.adapters.backend import (
     AbortOutcome,
     AbortResult,
     Readiness,
     RunStatus,
     ServerState,
 )
+from app.adapters.nvflare import kit_check
 from app.adapters.nvflare.classify import aborted_before_start, classified_error, meta_status
 from app.errors import (
     AdminMisconfigured,
@@ -491,8 +491,8 @@ def build_admin_client(net: NetConfig, settings: Settings) -> NvflareAdminClient
     """The admin client of one net, from its validated config."""
     return NvflareAdminClient(
         net_name=net.name,
-        kit_dir=net.admin.kit_dir,
-        username=net.admin.username,
+        kit_dir=net.admin_kit.kit_dir,
+        username=net.admin_kit.username,
         login_timeout_s=settings.admin_login_timeout_s,
         command_timeout_s=settings.admin_command_timeout_s,
         login_max_tries=settings.admin_login_max_tries,

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from app.errors import AdminMisconfigured
-from app.net_config import NetConfig
+from app.net_config import LocalDriverConfig, NetConfig
 
 ADMIN_CONFIG = "fed_admin.json"
 MAX_PORT = 65535
@@ -267,7 +267,7 @@ def server_endpoint_of(net: NetConfig) -> str | None:
     or read from the local driver's server kit. None for a net that declares none."""
     if net.server_endpoint:
         return net.server_endpoint
-    if net.driver.kind == "local":
+    if isinstance(net.driver, LocalDriverConfig):
         from app.adapters.nvflare.participants import server_endpoint
 
         try:
@@ -285,7 +285,7 @@ def kit_endpoint_problem(net: NetConfig, *, unread_is_a_problem: bool = True) ->
     cannot read is one too, unless `unread_is_a_problem` is False (config check, which
     warns about it as this user's)."""
     expected = server_endpoint_of(net)
-    if expected is None:
+    if expected is None or net.admin is None:  # no endpoint, or no NVFLARE net
         return None
     try:
         admin = _load_config(net.admin.kit_dir)
