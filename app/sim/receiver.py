@@ -33,6 +33,7 @@ from app.adapters.callbacks import (
     verify,
 )
 from app.sim.clock import EPOCH_S
+from app.sim.faults import FaultProfile
 from app.sim.host import Host
 from app.sim.workload import WorldSpec
 
@@ -222,10 +223,17 @@ def _job_of(body: bytes) -> str | None:
     return str(job) if job is not None else None
 
 
-def random_receiver(host: Host, rng: random.Random, horizon_s: float, faulty: bool) -> SimReceiver:
+def random_receiver(
+    host: Host, seed: int, profile: FaultProfile, world: WorldSpec, horizon_s: float
+) -> SimReceiver:
     """A receiver for a seed: clean, or with outages (down, 5xx, 429, 408) within the
-    workload's horizon."""
+    workload's horizon (a faulty profile's, or a world that starts in one); hanging on some
+    jobs if the profile says so."""
+    rng = random.Random(f"{seed}/receiver")
+    faulty = (not profile.clean and profile.receiver_outages) or world.receiver_failures_before > 0
     receiver = SimReceiver(host, rng, timeout_s=rng.choice((1.0, 5.0)))
+    if profile.receiver_hang_p:
+        receiver.hang(f"{seed}/receiver-hang", profile.receiver_hang_p, world)
     if faulty:
         for _ in range(rng.randint(1, 3)):
             start = rng.uniform(0.0, horizon_s)

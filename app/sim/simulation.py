@@ -131,15 +131,7 @@ class Simulation:
         self.resumed: tuple[str, float] | None = None  # see app.sim.view.SimView
         self.starting_worker = False
         self.draining = False
-        self.receiver: SimReceiver = random_receiver(
-            self,
-            random.Random(f"{seed}/receiver"),
-            workload.horizon_s,
-            faulty=(not profile.clean and profile.receiver_outages)
-            or world.receiver_failures_before > 0,
-        )
-        if profile.receiver_hang_p:
-            self.receiver.hang(f"{seed}/receiver-hang", profile.receiver_hang_p, world)
+        self.receiver: SimReceiver = random_receiver(self, seed, profile, world, workload.horizon_s)
         if world.receiver_failures_before:
             self._receiver_down_before(world.receiver_failures_before)
         self.checker = checker

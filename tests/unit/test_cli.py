@@ -262,6 +262,8 @@ def broker_messages(cli_env) -> list[str]:
     path = cli_env["BROKER_URL"].removeprefix("sqla+sqlite:///")
     marks = ", ".join("?" * len(names.QUEUES))
     with sqlite3.connect(path) as conn:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'kombu_message'").fetchone():
+            return []  # kombu makes its tables with the first message: none was sent
         return [
             payload
             for (payload,) in conn.execute(
@@ -371,7 +373,9 @@ def test_abort_a_queued_job(capsys, db, world, cli_env):
     }
     with db() as session:
         assert session.get(Job, world["second"]).state == JobState.ABORTED
-    assert task_names(broker_messages(cli_env)) == ["fl_dispatcher.assign_next_job"]
+    # The only QUEUED job is gone: no job waits for the assigner, so no kick is sent (an
+    # empty assign kick is one read, app/usecases/kicks.py).
+    assert task_names(broker_messages(cli_env)) == []
 
 
 def test_abort_a_dispatching_job_sends_only_the_server_abort(capsys, db, world, cli_env):
