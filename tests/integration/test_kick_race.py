@@ -10,13 +10,25 @@ from datetime import timedelta
 import pytest
 
 from app import names
-from app.usecases import kicks
+from app.schemas import EnqueueJob
+from app.usecases import enqueue, kicks, services
 from models import PendingKick
 
 pytestmark = pytest.mark.integration
 
 SENDERS = 8
 STALE_AFTER = timedelta(seconds=15)
+
+
+@pytest.fixture
+def pg_factory(pg_factory, settings, clock):
+    """The database with a QUEUED job that a free net can take: a kick is worth sending
+    (without one, a sender only reads: app/usecases/kicks.py)."""
+    with pg_factory.begin() as session:
+        services.sync_nets(session, settings, clock())
+        request = EnqueueJob(caller_key="waiting", definition="tiny-job", required_sites=["s"])
+        enqueue.enqueue_job(session, settings, request, clock())
+    return pg_factory
 
 
 def race(pg_factory, now) -> list[bool]:
