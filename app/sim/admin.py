@@ -201,7 +201,11 @@ class SimAdmin:
             raise UnknownAdminError(f"{self.net}: job {nvflare_job_id} has no status")
         status = run.status(self.cluster.host.clock.t)
         if status.startswith("FINISHED"):
-            server.finished_seen.add(nvflare_job_id)
+            reader = self.cluster.host.reader()
+            if reader is None:
+                server.finished_seen.add(nvflare_job_id)
+            else:
+                server.finished_read.setdefault(reader, set()).add(nvflare_job_id)
         return status
 
     def live_runs(self) -> frozenset[str]:

@@ -50,6 +50,20 @@ class Cluster:
             if net.kind == "static":  # always on: up before the simulation starts
                 self.drivers[net.name].pin_up(-100.0)
 
+    def unsee_reads(self, message_id: int) -> None:
+        """The handler's reads of a run's end so far saw nothing: a database error failed
+        what it went on to write."""
+        for server in self.servers.values():
+            server.finished_read.pop(message_id, None)
+
+    def reads_done(self, message_id: int, *, seen: bool) -> None:
+        """The handler's delivery ended: its reads of a run's end left standing were seen
+        (`seen`: it returned or raised) or not (its worker died under it)."""
+        for server in self.servers.values():
+            ends = server.finished_read.pop(message_id, set())
+            if seen:
+                server.finished_seen |= ends
+
     def at(self, t: float, action: Callable[[float], None]) -> None:
         heapq.heappush(self._timers, (t, next(self._seq), action))
 

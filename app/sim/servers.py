@@ -118,8 +118,12 @@ class SimServer:
     # times out answers): a dispatch's every retry, the last included, and reconcile's
     # re-sent submits with the same token all lose theirs.
     reply_loss: list[tuple[float, float]] = field(default_factory=list)
-    # Runs whose final status a client has read (the dispatcher saw them end).
+    # Runs whose final status a client has read (the dispatcher saw them end), once the
+    # handler that read it ended with no database error after the read (`Simulation.
+    # after_message`): a read whose write failed, or whose worker died, saw nothing.
     finished_seen: set[str] = field(default_factory=set)
+    # The reads of a final status not yet confirmed so, by the message that made them.
+    finished_read: dict[int, set[str]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

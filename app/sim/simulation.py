@@ -309,7 +309,11 @@ class Simulation:
         if self.checker is not None:
             self.checker.on_scale(net, replicas)
 
+    def reader(self) -> int | None:
+        return self.current[-1].id if self.current else None
+
     def after_message(self, message: Message, finished: bool) -> None:
+        self.cluster.reads_done(message.id, seen=finished)
         if self.checker is not None:
             self.checker.after_message(message, finished)
 

@@ -37,6 +37,8 @@ def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: Misconfigurat
         return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
     bound = (JobState.ASSIGNED, row.attempt)
     if not net_misconfigured(rt, name, row.job_id, str(exc), attempt=bound):
+        if row.job_id is None:
+            return f"misconfigured: {exc} (a job claimed the net meanwhile: left to its chain)"
         return f"misconfigured: {exc} (job {row.job_id} moved on: left to it)"
     return f"misconfigured: {exc}"
 

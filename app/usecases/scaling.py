@@ -98,7 +98,10 @@ def net_misconfigured(
     net): a step acts only on what it still owns, so if the job moved on meanwhile (a re-sent
     submit adopted its run, it is on its next attempt) everything is left as it is. A
     DISPATCHING job's submit may have landed on an earlier try: that run is kept as a stray
-    before the job goes back to the queue. True when the net was marked."""
+    before the job goes back to the queue. A job claimed onto the net since the caller read
+    it (a round that saw the net free, a monitor that settled its jobs) is left to its own
+    chain, which meets the misconfiguration itself: a net is never marked under an active job.
+    True when the net was marked."""
     with unit_of_work(rt.sessions) as session:
         if job_id is not None and attempt is not None:
             job = services.get_job(session, job_id, lock=True)
@@ -127,6 +130,13 @@ def net_misconfigured(
                 count_attempt=False,
             )
         net = services.get_net(session, net_name, lock=True)
+        other = services.active_job(session, net_name)
+        if other is not None:
+            log.info(
+                "misconfiguration seen; a job claimed the net meanwhile: left to its chain",
+                extra={"net": net_name, "job": str(other.id), "reason": reason},
+            )
+            return False
         net.transition(NetState.MISCONFIGURED, rt.clock(), reason)
         net.last_error = reason
     log.error("net misconfigured", extra={"net": net_name, "job": str(job_id), "reason": reason})
@@ -217,11 +227,13 @@ def _lease_stop(rt: Runtime, name: str) -> datetime | None:
     """Under the row lock claims take: the net still wants its scale-down (no job has
     claimed it since) and no other scale-down call of it is in flight (one at a time: that
     call records the net down when it lands, or reconcile once its lease has passed); this
-    call then holds it until STUCK_AFTER_S from now. None: make no call."""
+    call then holds it until STUCK_AFTER_S from now. None: make no call. A net already
+    STOPPED had its stop finished by another (its worker paused before this lease): a
+    claim may take a STOPPED net while a call is on the wire, so none is made."""
     with unit_of_work(rt.sessions) as session:
         net = services.get_net(session, name, lock=True)
         now = rt.clock()
-        if _claimed(session, name, net.state):
+        if net.state == NetState.STOPPED or _claimed(session, name, net.state):
             return None
         if stop_in_flight(net.stop_due_at, now):
             return None

@@ -44,9 +44,18 @@ class DatabaseFaults:
             return False
         return self._rng.random() < rate
 
+    def _failed(self) -> None:
+        """What the handler read of a run's end so far is not written (simulation seed
+        2348: a monitor round read a run's end and failed to write it; the server lost its
+        record in a restart, and the job rightly ran again): it did not see that end."""
+        reader = self._sim.reader()
+        if reader is not None:
+            self._sim.cluster.unsee_reads(reader)
+
     def _on_statement(self, *_args: Any, **_kwargs: Any) -> None:
         if self._fails():
             self._sim.trace("   !! database error at a statement (simulated)")
+            self._failed()
             raise sqlite3.OperationalError(DB_ERROR)  # wrapped as SQLAlchemy's, as psycopg's
 
     def _on_commit(self, conn: Any) -> None:
@@ -62,6 +71,8 @@ class DatabaseFaults:
         else:
             dbapi.rollback()
         what = "its reply lost" if applied else "not applied"
+        if not applied:
+            self._failed()
         self._sim.trace(f"   !! database error at a commit, {what} (simulated)")
         raise OperationalError("COMMIT", None, sqlite3.OperationalError(DB_ERROR))
 

@@ -144,10 +144,11 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
             ):
                 self.report("busy-without-job", f"net {net.name}", "BUSY with no active job")
         for job in self.jobs:
-            age = t - job.changed_s
+            # The broker down meanwhile delivers no beat tick, so no round can end the wait.
+            age = t - self._after_broker_outages(job.changed_s, t)
             if job.state in ACTIVE_JOB_STATES and job.net is not None:
                 state = net_state.get(job.net)
-                if state in (N.STOPPED, N.STOPPING):
+                if state in (N.STOPPED, N.STOPPING, N.MISCONFIGURED):
                     self.report(
                         "job-on-stopped-net",
                         f"job {job.id[:8]}",
@@ -170,7 +171,8 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
             if (
                 job.state == J.RUNNING
                 and job.dispatched_s is not None
-                and t - job.dispatched_s > b.max_run + self._removal_slack(job.net)
+                and t - self._after_broker_outages(job.dispatched_s, t)
+                > b.max_run + self._removal_slack(job.net)
             ):
                 self.report(
                     "max-run-enforced",

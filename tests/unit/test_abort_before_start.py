@@ -497,6 +497,9 @@ class _Host:
     def hook(self, point: str, net: str | None) -> None:
         pass
 
+    def reader(self) -> int | None:
+        return None
+
     def scales_to_zero(self, net: str) -> bool:
         return self._scales
 

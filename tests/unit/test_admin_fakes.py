@@ -38,6 +38,9 @@ class _Host:
 
     def hook(self, point: str, net: str | None) -> None: ...
 
+    def reader(self) -> int | None:
+        return None
+
     def report(self, invariant: str, subject: str, detail: str) -> None: ...
 
     def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None: ...

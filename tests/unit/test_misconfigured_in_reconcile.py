@@ -71,3 +71,40 @@ def test_reconcile_finding_a_starting_net_misconfigured_requeues_its_assigned_jo
     assert world.net("net-a").state == NetState.MISCONFIGURED
     job = world.job(job_id)
     assert (job.state, job.net_name, job.attempts) == (JobState.QUEUED, None, 0)
+
+
+def test_reconcile_leaves_a_net_a_job_was_claimed_onto_while_it_looked(world):
+    # simulator seed 5597 (chaos): reconcile read net-b with no job, a worker claimed a job
+    # onto it meanwhile, and reconcile's probe, answering "service not found" for a moment,
+    # marked the net MISCONFIGURED under the ASSIGNED job; its chain later tried
+    # MISCONFIGURED -> BUSY, failed, and the job sat DISPATCHING for good.
+    job_id = world.enqueue("j", net="net-a")
+
+    def claimed_meanwhile():
+        dispatch.assign_jobs(world.rt)
+        raise DriverMisconfigured("service not found")
+
+    world.driver("net-a").observe = claimed_meanwhile  # type: ignore[method-assign]
+    repaired = reconciler.reconcile(world.rt).repaired
+    assert (
+        "net-a: misconfigured: service not found (a job claimed the net meanwhile: left to its"
+        " chain)" in repaired
+    )
+    assert world.net("net-a").state == NetState.STARTING
+    job = world.job(job_id)
+    assert (job.state, job.net_name) == (JobState.ASSIGNED, "net-a")
+
+
+def test_monitor_leaves_a_net_a_job_was_claimed_onto_after_its_jobs_were_settled(world):
+    # The same race on the monitor's path: the busy net's jobs were requeued, and a claim
+    # took the net before it was marked; the new job's chain settles the net itself.
+    from app.usecases import scaling
+
+    first = world.enqueue("j1", net="net-a")
+    dispatch.assign_jobs(world.rt)
+    with world.rt.sessions.begin() as session:
+        services.requeue_job(session, first, "lost", world.clock(), count_attempt=False)
+    dispatch.assign_jobs(world.rt)  # the same job, claimed again
+    assert not scaling.net_misconfigured(world.rt, "net-a", None, "admin access failed")
+    assert world.net("net-a").state == NetState.STARTING
+    assert world.job(first).state == JobState.ASSIGNED

@@ -211,3 +211,56 @@ def test_a_backward_clock_step_never_marks_a_hold_used_by_an_earlier_claim() -> 
     # processes' timestamps; the claim that uses a hold now ends it itself, and only it).
     (result,) = run_seeds([5], PROFILES_BY_NAME["drift"].with_(clock_step_p=1.0), workers=1)
     assert [str(v) for v in result.violations] == []
+
+
+def _completion_read_then_lost(monkeypatch: pytest.MonkeyPatch, fail: str) -> Result:
+    """One job whose run ends; the monitor round that reads its end does not write it
+    (`fail`: "db", a database error at the write; "bug", the write silently skipped), and
+    the server, whose job store does not survive a restart, is killed and restarted
+    before the next round: the run's end is gone with it."""
+    from sqlalchemy.exc import OperationalError
+
+    from tests.sim.dbfaults import DB_ERROR, DatabaseFaults
+
+    world = WorldSpec(nets=(NetSpec("net-a", keeps_jobs=False),))
+    workload = Workload(jobs=(JobSpec("a", arrive_s=5.0, duration_s=30.0),), horizon_s=400.0)
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
+    real = services.finish_job
+    missed: list[float] = []
+
+    def finish_once(*args: object, **kwargs: object) -> None:
+        if missed:
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+        missed.append(sim.clock.t)
+        sim.at(sim.clock.t + 1.0, "restart", lambda: sim.cluster.crash("net-a", sim.clock.t, 3.0))
+        if fail == "db":
+            faults = DatabaseFaults(sim, sim.engine, 0)
+            faults._failed()  # what its statement hook does as it raises
+            faults.remove()
+            raise OperationalError("UPDATE jobs", None, Exception(DB_ERROR))
+        return None
+
+    monkeypatch.setattr(services, "finish_job", finish_once)
+    result = sim.run()
+    assert missed, "the run's end was never read"
+    return result
+
+
+def test_a_runs_end_read_by_a_round_whose_write_failed_was_not_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 2348 of the 10,000-seed sweep (checker error): a monitor round read a run's
+    end, failed to write it on a database error, and the server's restart lost the run's
+    record before the next round; the dispatcher rightly took the run for lost and ran the
+    job again. A read whose handler then failed to write is no sighting of the end."""
+    result = _completion_read_then_lost(monkeypatch, "db")
+    assert "one-counted-run" not in {v.invariant for v in result.violations}, result.summary()
+
+
+def test_a_runs_end_read_and_dropped_without_a_fault_is_still_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planted bug (a round that reads a run's end and skips its write): the same world
+    with no database error is a completed job run twice."""
+    result = _completion_read_then_lost(monkeypatch, "bug")
+    assert "one-counted-run" in {v.invariant for v in result.violations}, result.summary()

@@ -138,6 +138,33 @@ def test_a_stop_whose_net_was_claimed_before_its_call_makes_no_call(world):
     assert world.job(job_id).state == JobState.ASSIGNED
 
 
+def test_a_stop_finished_by_another_before_its_lease_makes_no_call(world, monkeypatch):
+    """Simulation seed 8160 (drift): the worker that moved net-a to STOPPING paused before
+    its lease; reconcile finished the stop (its own lease, its call, STOPPED); the worker
+    then leased a STOPPED net, and a claim took the net while its call was on the wire: the
+    scale-to-0 landed under an ASSIGNED job. A net already STOPPED wants no call."""
+    idle_past_grace(world)
+    with world.rt.sessions.begin() as session:
+        services.get_net(session, "net-a", lock=True).transition(
+            NetState.STOPPING, world.clock(), "idle"
+        )
+    assert stop_net(world.rt, "net-a", "settling STOPPING")  # reconcile, meanwhile
+    assert world.net("net-a").state == NetState.STOPPED
+    world.enqueue("next", net="net-a")
+    claimed: list[str] = []
+    on_first_scale_down(
+        world,
+        monkeypatch,
+        lambda: claimed.extend(a.job_id for a in dispatch.assign_jobs(world.rt)),
+    )
+    calls = list(world.driver("net-a").calls)
+
+    assert stop_net(world.rt, "net-a", "idle grace passed") is False  # the paused worker
+
+    assert world.driver("net-a").calls == calls
+    assert claimed == []  # nothing was on the wire for a claim to race
+
+
 def _stopping_with_call_in_flight(world: World) -> None:
     """net-a is STOPPING, its worker's scale-to-0 call leased now and not landed yet."""
     idle_past_grace(world)
