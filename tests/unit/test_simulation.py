@@ -264,3 +264,20 @@ def test_a_runs_end_read_and_dropped_without_a_fault_is_still_reported(
     with no database error is a completed job run twice."""
     result = _completion_read_then_lost(monkeypatch, "bug")
     assert "one-counted-run" in {v.invariant for v in result.violations}, result.summary()
+
+
+def test_an_assign_kick_is_not_absorbed_by_a_round_restored_only_later() -> None:
+    """Racy seed 7095 of the b9eb150 sweep (checker error): an assign round ended while the
+    broker was down and was restored 541 s later (the visibility timeout); the simulated
+    broker absorbed every assign kick and beat tick meanwhile into that message, so no round
+    ran for 541 s. A real broker delivers them; only a queued kick due as soon absorbs one."""
+    from app import names
+
+    world = WorldSpec(nets=(NetSpec("net-a"),))
+    sim = Simulation(world, Workload(jobs=(), horizon_s=60.0), CLEAN, seed=1, checker=Checker())
+    broker = sim.broker
+    broker.push(names.ASSIGN_NEXT_JOB, {}, delay=500.0, faulty=False)
+    broker.push(names.ASSIGN_NEXT_JOB, {}, faulty=False)
+    broker.push(names.ASSIGN_NEXT_JOB, {}, faulty=False)
+    due = sorted(m.deliver_at for m in broker.pending if m.task == names.ASSIGN_NEXT_JOB)
+    assert due == [sim.clock.t, sim.clock.t + 500.0]  # the third absorbed by the second
