@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import functools
 import random
+from typing import Any
+
+from sqlalchemy import event
 
 from app.handlers import Kind
 from app.sim.bundles import S3_DEFINITION
@@ -41,11 +44,23 @@ class Adversary:
         self._db_faults = (
             dbfaults.DatabaseFaults(sim, sim.engine, seed) if sim.profile.db_error else None
         )
+        event.listen(sim.engine, "handle_error", self._poison_refused)
 
     def stop(self) -> None:
-        """Take the database faults' listeners off the engine."""
+        """Take the database faults' listeners off the engine (the process's, shared)."""
         if self._db_faults is not None:
             self._db_faults.remove()
+        event.remove(self.sim.engine, "handle_error", self._poison_refused)
+
+    def _poison_refused(self, context: Any) -> None:
+        """What the handler read of a run's end so far is not written when the poison row
+        refuses its write (chaos seed 791: a monitor round read a run's end, the poison
+        refused the job's row, a partition then hid the server past the grace and the job
+        was rightly requeued as lost): it did not see that end, as with a database error
+        (`dbfaults.DatabaseFaults`)."""
+        reader = self.sim.reader()
+        if reader is not None and poison.POISON in str(context.original_exception):
+            self.sim.cluster.unsee_reads(reader)
 
     def moments(self) -> None:
         """Hints at a claim's instant and bursts (armed), then the profile's faults."""

@@ -215,16 +215,20 @@ def test_a_backward_clock_step_never_marks_a_hold_used_by_an_earlier_claim() -> 
 
 def _completion_read_then_lost(monkeypatch: pytest.MonkeyPatch, fail: str) -> Result:
     """One job whose run ends; the monitor round that reads its end does not write it
-    (`fail`: "db", a database error at the write; "bug", the write silently skipped), and
+    (`fail`: "db", a database error at the write; "poison", the poison row's trigger
+    refusing it; "bug", the write silently skipped), and
     the server, whose job store does not survive a restart, is killed and restarted
     before the next round: the run's end is gone with it."""
     from sqlalchemy.exc import OperationalError
 
+    from tests.sim import poison
+    from tests.sim.adversary import Adversary
     from tests.sim.dbfaults import DB_ERROR, DatabaseFaults
 
     world = WorldSpec(nets=(NetSpec("net-a", keeps_jobs=False),))
     workload = Workload(jobs=(JobSpec("a", arrive_s=5.0, duration_s=30.0),), horizon_s=400.0)
-    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
+    # A clean profile: the adversary does nothing but watch the database's errors.
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker(), adversary=Adversary())
     real = services.finish_job
     missed: list[float] = []
 
@@ -233,6 +237,14 @@ def _completion_read_then_lost(monkeypatch: pytest.MonkeyPatch, fail: str) -> Re
             return real(*args, **kwargs)  # type: ignore[arg-type]
         missed.append(sim.clock.t)
         sim.at(sim.clock.t + 1.0, "restart", lambda: sim.cluster.crash("net-a", sim.clock.t, 3.0))
+        if fail == "poison":  # the job's row refused by the poison's trigger, as it fires
+            sim.conn.executescript(poison._SCHEMA)
+            job_hex = str(args[1]).replace("-", "")
+            sim.conn.execute("INSERT INTO temp.sim_poison (job_id) VALUES (?)", (job_hex,))
+            sim.at(
+                sim.clock.t + 1.0, "cured", lambda: sim.conn.execute("DELETE FROM temp.sim_poison")
+            )
+            return real(*args, **kwargs)  # type: ignore[arg-type]
         if fail == "db":
             faults = DatabaseFaults(sim, sim.engine, 0)
             faults._failed()  # what its statement hook does as it raises
@@ -254,6 +266,15 @@ def test_a_runs_end_read_by_a_round_whose_write_failed_was_not_seen(
     record before the next round; the dispatcher rightly took the run for lost and ran the
     job again. A read whose handler then failed to write is no sighting of the end."""
     result = _completion_read_then_lost(monkeypatch, "db")
+    assert "one-counted-run" not in {v.invariant for v in result.violations}, result.summary()
+
+
+def test_a_runs_end_read_by_a_round_whose_write_the_poison_refused_was_not_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 791 of the 10,000-seed sweep on 868f6cc (checker error): the same with the
+    poison row refusing the write (then a partition, not a restart, hid the run's end)."""
+    result = _completion_read_then_lost(monkeypatch, "poison")
     assert "one-counted-run" not in {v.invariant for v in result.violations}, result.summary()
 
 
