@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import pytest
 
@@ -232,19 +233,20 @@ def _completion_read_then_lost(monkeypatch: pytest.MonkeyPatch, fail: str) -> Re
     real = services.finish_job
     missed: list[float] = []
 
-    def finish_once(*args: object, **kwargs: object) -> None:
+    def cure() -> None:
+        sim.conn.execute("DELETE FROM temp.sim_poison")
+
+    def finish_once(*args: Any, **kwargs: Any) -> Any:
         if missed:
-            return real(*args, **kwargs)  # type: ignore[arg-type]
+            return real(*args, **kwargs)
         missed.append(sim.clock.t)
         sim.at(sim.clock.t + 1.0, "restart", lambda: sim.cluster.crash("net-a", sim.clock.t, 3.0))
         if fail == "poison":  # the job's row refused by the poison's trigger, as it fires
             sim.conn.executescript(poison._SCHEMA)
             job_hex = str(args[1]).replace("-", "")
             sim.conn.execute("INSERT INTO temp.sim_poison (job_id) VALUES (?)", (job_hex,))
-            sim.at(
-                sim.clock.t + 1.0, "cured", lambda: sim.conn.execute("DELETE FROM temp.sim_poison")
-            )
-            return real(*args, **kwargs)  # type: ignore[arg-type]
+            sim.at(sim.clock.t + 1.0, "cured", cure)
+            return real(*args, **kwargs)
         if fail == "db":
             faults = DatabaseFaults(sim, sim.engine, 0)
             faults._failed()  # what its statement hook does as it raises
