@@ -189,7 +189,10 @@ _BUILT: dict[tuple[object, ...], Any] = {}
 
 
 def _statement(name: str, build: Callable[[], Any]) -> Any:
-    key = (name, build, _hinted_here, _live_hold_on, _claimable)
+    # A partial is keyed by what it calls with what: two partials of one builder are never
+    # equal, so keyed as themselves each claim would build (and keep) statements anew.
+    how = (build.func, build.args) if isinstance(build, partial) else build
+    key = (name, how, _hinted_here, _live_hold_on, _claimable)
     built = _BUILT.get(key)
     if built is None:
         built = _BUILT[key] = build()
