@@ -1,11 +1,11 @@
 """A local NVFLARE deployment: provision it, start and stop its processes, build a tiny job.
 
 Used by the demo and the integration/e2e tests (the local scale driver uses only
-`app.adapters.nvflare.participants` and `app.procs`, never this harness). Everything stays inside
-the given workspace and on loopback: provisioning runs nvflare's own provisioner in-process
-(no `nvflare poc`, so nothing is written under the real HOME), and the server's job store is
-moved from nvflare's default `/tmp/nvflare` into the workspace so two deployments on one machine
-never share state.
+`app.adapters.nvflare.participants` and `app.process_control`, never this harness).
+Everything stays inside the given workspace and on loopback: provisioning runs nvflare's own
+provisioner in-process (no `nvflare poc`, so nothing is written under the real HOME), and the
+server's job store is moved from nvflare's default `/tmp/nvflare` into the workspace so two
+deployments on one machine never share state.
 
 Processes are started without nvflare's watchdog (`sub_start.sh` restarts a dead process after
 5 s; we want "stopped" to mean stopped): we run the exact python command line `sub_start.sh
@@ -35,7 +35,7 @@ from app.adapters.nvflare.participants import (
     stop,
 )
 from app.adapters.nvflare.participants import start_server as _start_kit
-from app.procs import free_port
+from app.process_control import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from app.adapters.callbacks import (
     WEBHOOK_TIMESTAMP_HEADER,
     verify_webhook,
 )
-from app.procs import free_port
+from app.process_control import free_port
 
 HOST = "127.0.0.1"
 PATH = "/fl/callbacks"

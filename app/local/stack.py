@@ -37,7 +37,7 @@ from app.local.nvflare import (
 )
 from app.local.settings_folder import NETS_FILE, write_settings_folder
 from app.net_config import FlowerLocalDriverConfig, LocalDriverConfig
-from app.procs import terminate_tree
+from app.process_control import terminate_tree
 from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases.services import sync_nets

@@ -26,7 +26,7 @@ from app.settings import Settings
 from app.sim.clock import seconds_of
 from app.sim.db import template_db
 from app.sim.faults import CLEAN
-from app.sim.processes import in_processes
+from app.sim.forked import in_processes
 from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceError
 from app.sim.workload import ColdStart, JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec

@@ -21,7 +21,7 @@ signed, to CALLBACK_URL, at least once and in order per job.
   goes out. Progress over completeness: a receiver that refuses one payload must not
   withhold every later status of the job (above all its end) for ever; the failure stays
   visible (job detail, metrics, log) and the order of what is delivered is unchanged.
-- A refused enqueue (`rejected_requests`, written by `intake.reject_enqueue`) is an event of
+- A refused enqueue (`rejected_requests`, written by `intake.record_refusal`) is an event of
   its own, `kind: "rejected"`, with an `event_id` of its own sequence ("rejected-<row id>",
   a string: it can never equal a job event's integer id). It belongs to no job's history:
   its delivery state is on its row, it is sent before the jobs' events of the same round

@@ -78,7 +78,7 @@ def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
     return Submitted(result, notified)
 
 
-def reject_enqueue(
+def record_refusal(
     rt: Runtime,
     caller_key: str | None,
     reason: str,
@@ -115,7 +115,7 @@ def refuse_enqueue(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
         # A payload that fails validation under a key that already names a job is not a
         # repeat of it either: the job is unchanged, and must not read as rejected.
         reason = f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
-    reject_enqueue(rt, caller_key, reason, code)
+    record_refusal(rt, caller_key, reason, code)
     return code
 
 

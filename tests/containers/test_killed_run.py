@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from app.procs import proc_start_ticks
+from app.process_control import proc_start_ticks
 from tests.fixtures import testrun
 from tests.fixtures.containers import podman
 from tests.fixtures.db import PG_ADMIN_URL
@@ -35,7 +35,7 @@ WORLD = """
 import json, os, subprocess, time
 from pathlib import Path
 
-from app.procs import proc_start_ticks
+from app.process_control import proc_start_ticks
 from tests.fixtures import testrun
 from tests.fixtures.containers import SERVES_UNTIL_STOPPED, podman
 from tests.fixtures.db import fresh_pg_database

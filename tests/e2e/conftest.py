@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from app.local.stack import LocalStack, StackOptions
-from app.procs import free_port
+from app.process_control import free_port
 from tests.fixtures.services import PrivateRedis
 
 CONTRACT_API_KEY = "flip-client-api-key-0123456789"

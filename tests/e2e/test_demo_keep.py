@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.procs import free_port
+from app.process_control import free_port
 from app.settings import ENV_FILE_VARIABLE, Settings
 
 pytestmark = pytest.mark.e2e

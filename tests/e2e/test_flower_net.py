@@ -25,7 +25,7 @@ from app.adapters.drivers import build_driver
 from app.adapters.flower.client import build_flower_client
 from app.local.stack import NET as NVFLARE_NET
 from app.local.stack import LocalStack, StackOptions
-from app.procs import terminate_tree
+from app.process_control import terminate_tree
 from app.settings import Settings
 from models import JobState, NetEvent, NetState
 from tests.e2e.lifecycle_stack import RUN_S, lifecycle_database, private_broker

@@ -18,7 +18,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from app.entrypoints.api import create_app
-from app.procs import free_port
+from app.process_control import free_port
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.usecases import intake
@@ -68,7 +68,7 @@ def test_a_job_is_found_by_its_caller_key_even_one_with_slashes(client, world):
         404,
         "no job with caller_key 'nobody'",
     )
-    intake.reject_enqueue(world.rt, "refused-1", "unknown net 'net-9'")
+    intake.record_refusal(world.rt, "refused-1", "unknown net 'net-9'")
     refused = client.get("/jobs/by-key/refused-1")
     assert refused.status_code == 410
     assert refused.json()["reason_code"] == "rejected"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app import procs
+from app import process_control
 from app.adapters.backend import ServerState
 from app.adapters.drivers.base import Observation
 from app.adapters.drivers.local import LocalDriver
@@ -114,7 +114,7 @@ def test_scale_up_down_up_against_a_real_server(
     driver.scale(0)
     assert driver.observe() == Observation(desired=0, running=0, pending=0)
     assert not server_pids(driver_deployment)
-    assert not procs.port_open(driver_deployment.host, driver_deployment.port)
+    assert not process_control.port_open(driver_deployment.host, driver_deployment.port)
 
     driver.scale(1)
     wait_up(driver)
@@ -207,7 +207,7 @@ def test_never_signals_a_process_it_did_not_start(
     """A PID file pointing at someone else's process (pid reuse, a hand-edited file)."""
     foreign = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        ticks = procs.proc_start_ticks(foreign.pid)
+        ticks = process_control.proc_start_ticks(foreign.pid)
         assert ticks is not None
         state_dir.mkdir(parents=True)
         (state_dir / f"{NET}.json").write_text(
@@ -239,7 +239,7 @@ def test_a_port_served_by_a_process_it_did_not_start_is_refused_and_left_alone(
 ) -> None:
     outsider = nvflare_local.start_server(driver_deployment)
     try:
-        procs.wait_port(driver_deployment.host, driver_deployment.port, UP_TIMEOUT_S)
+        process_control.wait_port(driver_deployment.host, driver_deployment.port, UP_TIMEOUT_S)
         with pytest.raises(DriverMisconfigured, match="did not start"):
             driver.scale(1)
         driver.scale(0)

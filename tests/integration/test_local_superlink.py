@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from app import procs
+from app import process_control
 from app.adapters.backend import ServerState
 from app.adapters.drivers import build_driver
 from app.adapters.drivers.local_superlink import SuperLinkDriver
@@ -105,7 +105,7 @@ def test_the_driver_starts_one_superlink_stops_it_whole_and_sites_stay_registere
     assert superlink_processes(folder)
     driver.scale(0)
     assert driver.observe().running == 0 and driver.server_process() is None
-    assert not procs.port_open("127.0.0.1", system.port)
+    assert not process_control.port_open("127.0.0.1", system.port)
     assert superlink_processes(folder) == []
     with build_flower_client(net, settings) as client:
         assert client.server_state() is ServerState.UNREACHABLE

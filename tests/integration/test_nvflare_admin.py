@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from app import procs
+from app import process_control
 from app.adapters.backend import AbortOutcome, Readiness, RunState, ServerState
 from app.adapters.nvflare import classify as nvflare_classify
 from app.adapters.nvflare.client import NvflareAdminClient, build_admin_client
@@ -232,7 +232,7 @@ def test_cold_start_every_error_is_transient_and_first_success_follows_the_first
         # Its first login, not its exit: a stock session may be slow to close.
         poll("the raw probe's first login", result.exists, 60, 0.05)
     finally:
-        procs.terminate_tree(prober.pid, sig=signal.SIGKILL)
+        process_control.terminate_tree(prober.pid, sig=signal.SIGKILL)
         prober.wait(timeout=10)
 
     assert client_first is not None, "the client never got through"

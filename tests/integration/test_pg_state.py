@@ -229,7 +229,7 @@ def test_a_refused_enqueue_whose_words_cannot_be_stored_is_recorded_on_postgresq
     from tests.unit.conftest import World
 
     world = World(settings, db, clock)
-    intake.reject_enqueue(world.rt, "bad\x00key\ud800", "caller_key: bad \x00 \ud800")
+    intake.record_refusal(world.rt, "bad\x00key\ud800", "caller_key: bad \x00 \ud800")
     with db() as session:
         row = session.scalars(select(RejectedRequest)).one()
     assert (row.caller_key, row.job_id) == ("bad\\x00key\\ud800", None)

@@ -83,8 +83,8 @@ def test_a_state_change_and_a_rejection_are_sent_as_the_same_bytes_as_before(cb:
     cb.clock.advance(0.654321)  # the moves' timestamps with microseconds
     complete(cb, job_id)
     cb.clock.advance(0.123456)  # a timestamp with microseconds
-    intake.reject_enqueue(cb.rt, "bad-\u00e9", 'unknown net "x"\tplease')
-    intake.reject_enqueue(cb.rt, None, "no caller_key")
+    intake.record_refusal(cb.rt, "bad-\u00e9", 'unknown net "x"\tplease')
+    intake.record_refusal(cb.rt, None, "no caller_key")
     receiver = RawReceiver()
     assert callbacks.deliver_callbacks(cb.rt, sender=receiver).delivered == 7
     assert receiver.bodies == SENT

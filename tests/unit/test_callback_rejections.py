@@ -139,7 +139,7 @@ def test_rejected_event_ids_never_collide_with_job_event_ids(cb, receiver):
     """Both sequences start at 1: the receiver dedups by event_id, so a rejected event must
     never carry an id a job event has (or will have)."""
     job_id = cb.enqueue("j1", net="net-a")
-    intake.reject_enqueue(cb.rt, "j2", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "j2", "unknown net 'x'")
     with cb.rt.sessions() as session:
         [job_event] = session.scalars(select(JobEvent.id)).all()
     assert job_event == rejection_row(cb, "j2").id == 1  # the raw ids do coincide
@@ -156,7 +156,7 @@ def test_rejected_event_ids_never_collide_with_job_event_ids(cb, receiver):
 
 
 def test_a_rejected_event_the_receiver_does_not_accept_holds_back_nothing_else(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
     job_id = cb.enqueue("j1", net="net-a")
     complete(cb, job_id)
     receiver.rule = lambda p: 503 if p["kind"] == "rejected" else 200
@@ -195,7 +195,7 @@ def test_rejected_events_whose_handler_hangs_never_hold_back_a_jobs_events(cb):
     in that round."""
     job = cb.enqueue("accepted", net="fixed")
     for key in ("refused-1", "refused-2"):
-        intake.reject_enqueue(cb.rt, key, "unknown net 'net-9' (known: net-a, fixed)")
+        intake.record_refusal(cb.rt, key, "unknown net 'net-9' (known: net-a, fixed)")
     receiver = HangsOnRejections()
     assert deliver(cb, receiver).delivered == 1
     assert receiver.accepted(job) == ["QUEUED"]
@@ -204,7 +204,7 @@ def test_rejected_events_whose_handler_hangs_never_hold_back_a_jobs_events(cb):
 
 
 def test_a_rejected_event_refused_by_the_receiver_is_given_up_after_the_4xx_limit(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
     receiver.rule = lambda p: 400
     for _ in range(10):
         deliver(cb, receiver)
@@ -221,7 +221,7 @@ def test_a_rejected_event_refused_by_the_receiver_is_given_up_after_the_4xx_limi
 
 
 def test_a_silent_receiver_gets_a_rejected_event_once_it_answers(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
     receiver.down = True
     report = deliver(cb, receiver)
     assert report.retry_in_s == 2.0 and receiver_row(cb).failures == 1
@@ -235,7 +235,7 @@ def test_a_silent_receiver_gets_a_rejected_event_once_it_answers(cb, receiver):
 
 
 def test_a_deliverer_that_lost_its_lease_records_no_rejected_event(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
 
     def taken_over() -> None:
         with cb.rt.sessions.begin() as session:
@@ -255,11 +255,11 @@ def test_a_deliverer_that_lost_its_lease_records_no_rejected_event(cb, receiver)
 
 def test_an_undelivered_rejection_outlives_its_retention_until_it_is_delivered(cb, receiver):
     retention = cb.rt.settings.rejected_retention_s
-    intake.reject_enqueue(cb.rt, "old", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "old", "unknown net 'x'")
     receiver.down = True
     deliver(cb, receiver)
     cb.clock.advance(retention + 1)
-    intake.reject_enqueue(cb.rt, "new", "unknown net 'x'")  # purges what is past retention
+    intake.record_refusal(cb.rt, "new", "unknown net 'x'")  # purges what is past retention
     with cb.rt.sessions() as session:
         assert enqueue.get_rejection(session, job_id_for("old")) is not None  # not delivered
 
@@ -267,7 +267,7 @@ def test_an_undelivered_rejection_outlives_its_retention_until_it_is_delivered(c
     assert deliver(cb, receiver).delivered == 2
     assert [p["caller_key"] for p, _, _ in receiver.requests] == ["old", "new"]
     cb.clock.advance(retention + 1)
-    intake.reject_enqueue(cb.rt, "newer", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "newer", "unknown net 'x'")
     with cb.rt.sessions() as session:
         assert enqueue.get_rejection(session, job_id_for("old")) is None  # delivered: purged
         assert enqueue.get_rejection(session, job_id_for("new")) is None
@@ -286,13 +286,13 @@ def test_a_rejection_kicks_delivery_after_its_commit(cb):
     outbox.visible = []
     cb.rt.outbox = outbox
     callbacks.send_after_commit(cb.rt)
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
     assert outbox.sent == [(names.DELIVER_CALLBACKS, {})]
     assert outbox.visible == [1]  # the row was committed when the task was sent
 
 
 def test_metrics_count_an_undelivered_rejected_event(cb, receiver):
-    intake.reject_enqueue(cb.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
     cb.clock.advance(30)
     receiver.down = True
     deliver(cb, receiver)
@@ -309,10 +309,10 @@ def test_callbacks_off_keep_no_rejection_past_its_retention_and_send_nothing(
         sqlite_factory,
         clock,
     )
-    intake.reject_enqueue(world.rt, "old", "unknown net 'x'")
+    intake.record_refusal(world.rt, "old", "unknown net 'x'")
     assert deliver(world, receiver) == callbacks.DeliveryReport()
     clock.advance(world.rt.settings.rejected_retention_s + 1)
-    intake.reject_enqueue(world.rt, "new", "unknown net 'x'")
+    intake.record_refusal(world.rt, "new", "unknown net 'x'")
     with world.rt.sessions() as session:
         assert enqueue.get_rejection(session, job_id_for("old")) is None
     assert receiver.requests == []

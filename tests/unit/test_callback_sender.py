@@ -32,7 +32,7 @@ from app.adapters.callbacks import (
     verify_webhook,
 )
 from app.local.receiver import HOST, PATH, LocalReceiver
-from app.procs import free_port
+from app.process_control import free_port
 from app.usecases import callbacks, monitor
 from models import JobState
 from tests.fixtures.db import net_decl

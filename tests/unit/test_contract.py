@@ -84,7 +84,7 @@ def test_every_callback_a_life_and_the_refusals_produce_validates(contract, worl
     monitor.monitor_running_jobs(world.rt)
     aborted = world.enqueue("aborted", net="net-a")
     world.abort(aborted)
-    intake.reject_enqueue(world.rt, "bad", "unknown net 'x'")
+    intake.record_refusal(world.rt, "bad", "unknown net 'x'")
     with pytest.raises(CallerKeyConflict) as conflict:
         intake.submit_job(
             world.rt, EnqueueJob(caller_key="aborted", definition="tiny-job", priority=3)

@@ -230,7 +230,7 @@ def test_a_refused_enqueue_says_rejected_and_a_failed_job_never_does(world):
     """A missing bundle fails a job (bundle_missing); a refused enqueue created none
     (rejected): the codes tell them apart, and the failed job's words no longer start with
     "rejected"."""
-    intake.reject_enqueue(world.rt, "bad-key", "unknown net 'net-9'")
+    intake.record_refusal(world.rt, "bad-key", "unknown net 'net-9'")
     with world.rt.sessions() as session:
         rejection = session.scalars(select(RejectedRequest)).one()
         payload = rejection_payload(rejection)

@@ -12,7 +12,7 @@ import pytest
 
 from app.entrypoints.cli import main
 from app.sim import savings, savings_table
-from app.sim.processes import in_processes
+from app.sim.forked import in_processes
 from app.sim.savings import replay
 from app.sim.simulation import Simulation
 from app.sim.trace import (

@@ -45,7 +45,7 @@ def test_unicode_that_is_valid_is_accepted_as_is():
 
 
 def test_a_rejection_with_an_unstorable_caller_key_is_recorded(world):
-    intake.reject_enqueue(world.rt, "bad\x00key\ud800", "caller_key: invalid")
+    intake.record_refusal(world.rt, "bad\x00key\ud800", "caller_key: invalid")
     with world.rt.sessions() as session:
         rows = session.query(RejectedRequest).all()
     assert [(r.caller_key, r.job_id) for r in rows] == [("bad\\x00key\\ud800", None)]
@@ -80,7 +80,7 @@ def test_a_refused_caller_key_is_recorded_within_its_column(world):
     from app.usecases.intake import caller_key_of as _caller_key
 
     key = _caller_key({"caller_key": "\x00" * 300})
-    intake.reject_enqueue(world.rt, key, "caller_key: invalid")
+    intake.record_refusal(world.rt, key, "caller_key: invalid")
     limit = RejectedRequest.__table__.c.caller_key.type.length
     with world.rt.sessions() as session:
         stored = [r.caller_key for r in session.query(RejectedRequest).all()]

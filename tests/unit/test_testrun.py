@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.procs import proc_start_ticks
+from app.process_control import proc_start_ticks
 from tests.fixtures import testrun
 from tests.fixtures.testrun import RunId
 from tests.fixtures.testrun_engines import Cleared

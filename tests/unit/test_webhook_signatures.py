@@ -73,7 +73,7 @@ def test_every_delivered_event_verifies_with_the_standard_webhooks_library(
         )
         job_id = world.enqueue("signed", net="net-a")
         world.run_pipeline(job_id)
-        intake.reject_enqueue(world.rt, "refused", "unknown net 'net-9'")
+        intake.record_refusal(world.rt, "refused", "unknown net 'net-9'")
         callbacks.deliver_callbacks(world.rt)
     assert [r.status for r in receiver.received] == [200] * 5  # 4 moves, 1 rejection
     ids = sorted(str(r.payload["event_id"]) for r in seen)
@@ -104,7 +104,7 @@ def test_during_a_rotation_receivers_on_the_old_and_on_the_new_secret_both_verif
             CALLBACK_PREVIOUS_SECRET=old,
         )
         world.run_pipeline(world.enqueue("rotated", net="net-a"))
-        intake.reject_enqueue(world.rt, "refused", "unknown net 'net-9'")
+        intake.record_refusal(world.rt, "refused", "unknown net 'net-9'")
         callbacks.deliver_callbacks(world.rt)
     assert [r.status for r in receiver.received] == [200] * 5  # 4 moves, 1 rejection
     # The shipped receiver helper accepts any listed signature too.

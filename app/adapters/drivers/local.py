@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from app import procs
+from app import process_control
 from app.adapters.drivers.base import Observation
 from app.adapters.nvflare import participants
 from app.errors import DriverMisconfigured
@@ -45,7 +45,7 @@ _children: dict[int, participants.ProcessHandle] = {}
 def _reap(pid: int) -> None:
     handle = _children.get(pid)
     if handle is None:
-        procs.reap(pid)
+        process_control.reap(pid)
     elif handle.popen.poll() is not None:
         _children.pop(pid, None)
 
@@ -104,7 +104,7 @@ class LocalDriver:
         state = self._read_state()
         alive = self._is_our_server(state)
         host, port = self._endpoint()
-        port_open = alive and procs.port_open(host, port)
+        port_open = alive and process_control.port_open(host, port)
         failure = None
         if state.desired == 1 and not alive:
             failure = (
@@ -195,19 +195,19 @@ class LocalDriver:
         if state.pid is None or state.start_ticks is None:
             return False
         _reap(state.pid)  # our own exited child would otherwise linger as a zombie
-        if procs.proc_start_ticks(state.pid) != state.start_ticks:
+        if process_control.proc_start_ticks(state.pid) != state.start_ticks:
             return False
-        cmdline = procs.proc_cmdline(state.pid) or []
+        cmdline = process_control.proc_cmdline(state.pid) or []
         return self.program in cmdline and bool(state.kit) and state.kit in cmdline
 
     # --- start / stop ------------------------------------------------------------------------
 
     def _start(self, previous: _State) -> None:
         host, port = self._endpoint()
-        if procs.port_open(host, port):
+        if process_control.port_open(host, port):
             holders = [
-                f"{pid} ({' '.join((procs.proc_cmdline(pid) or ['?'])[:4])})"
-                for pid in procs.listener_pids(port)
+                f"{pid} ({' '.join((process_control.proc_cmdline(pid) or ['?'])[:4])})"
+                for pid in process_control.listener_pids(port)
             ]
             raise DriverMisconfigured(
                 f"net {self.net_name}: {host}:{port} is already served by a process this "
@@ -222,11 +222,11 @@ class LocalDriver:
             )
         handle = self._launch()
         _children[handle.pid] = handle
-        ticks = procs.proc_start_ticks(handle.pid)
+        ticks = process_control.proc_start_ticks(handle.pid)
         # Hold the lock until the child has exec'd the server: before that its cmdline is ours,
         # and another worker would not recognise it and start a second server.
         deadline = time.monotonic() + _STOP_TIMEOUT_S
-        while self.program not in (procs.proc_cmdline(handle.pid) or []):
+        while self.program not in (process_control.proc_cmdline(handle.pid) or []):
             if not handle.alive() or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S / 5)
@@ -248,7 +248,7 @@ class LocalDriver:
     def _stop(self, pid: int, ticks: int) -> None:
         # The server's pid is its process group (own session); its job processes are found
         # through /proc (nvflare gives them sessions of their own).
-        procs.terminate_tree(
+        process_control.terminate_tree(
             pid, sig=signal.SIGTERM, timeout=_STOP_TIMEOUT_S, reap=_reap, expected_ticks=ticks
         )
         log.info("net %s: stopped local server pid=%s", self.net_name, pid)

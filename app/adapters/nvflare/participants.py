@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.procs import STOP_TIMEOUT_S, terminate_tree
+from app.process_control import STOP_TIMEOUT_S, terminate_tree
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""app.procs against real processes: the start time that identifies a server across dispatcher
-restarts, its command line, who listens on a port, process trees and stopping them."""
+"""app.process_control against real processes: the start time that identifies a server
+across dispatcher restarts, its command line, who listens on a port, process trees and
+stopping them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app import procs
+from app import process_control
 
 # A child that keeps running until killed (and says when it is ready).
 SLEEPER = "import time; print('ready', flush=True); time.sleep(120)"
@@ -60,7 +61,7 @@ def spawn(children: Children, code: str, *args: str) -> tuple[subprocess.Popen[s
 
 
 def stat_ticks(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat, read here independently of app.procs: the value a
+    """Field 22 of /proc/<pid>/stat, read here independently of app.process_control: the value a
     running local driver stored before an upgrade must still match."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rindex(")") + 2 :].split()[19])
@@ -80,7 +81,7 @@ def no_reap(pid: int) -> None:
 
 def gone(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
-    while procs.proc_start_ticks(pid) is not None:
+    while process_control.proc_start_ticks(pid) is not None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
@@ -89,18 +90,18 @@ def gone(pid: int, timeout: float = 10.0) -> bool:
 
 def test_start_ticks_are_the_kernels_start_time_of_a_live_process(children):
     child, _ = spawn(children, SLEEPER)
-    assert procs.proc_start_ticks(child.pid) == stat_ticks(child.pid)
-    assert procs.proc_start_ticks(os.getpid()) == stat_ticks(os.getpid())
+    assert process_control.proc_start_ticks(child.pid) == stat_ticks(child.pid)
+    assert process_control.proc_start_ticks(os.getpid()) == stat_ticks(os.getpid())
 
 
 def test_a_zombie_and_a_missing_pid_have_no_start_ticks(children):
     child, _ = spawn(children, SLEEPER)
     os.kill(child.pid, signal.SIGKILL)
     wait_zombie(child.pid)
-    assert procs.proc_start_ticks(child.pid) is None  # exited, not yet reaped
-    procs.reap(child.pid)
+    assert process_control.proc_start_ticks(child.pid) is None  # exited, not yet reaped
+    process_control.reap(child.pid)
     assert not Path(f"/proc/{child.pid}").exists()
-    assert procs.proc_start_ticks(child.pid) is None
+    assert process_control.proc_start_ticks(child.pid) is None
     child.returncode = -signal.SIGKILL  # reaped above: Popen must not wait for it
 
 
@@ -117,15 +118,21 @@ def test_a_process_whose_main_thread_exited_lives_while_another_thread_runs(chil
         """,
     )
     wait_zombie(child.pid)
-    assert procs.proc_start_ticks(child.pid) == stat_ticks(child.pid)
+    assert process_control.proc_start_ticks(child.pid) == stat_ticks(child.pid)
 
 
 def test_cmdline_is_the_argv_of_a_live_process_and_none_once_gone(children):
     child, _ = spawn(children, SLEEPER, "first arg", "--flag")
-    assert procs.proc_cmdline(child.pid) == [sys.executable, "-c", SLEEPER, "first arg", "--flag"]
+    assert process_control.proc_cmdline(child.pid) == [
+        sys.executable,
+        "-c",
+        SLEEPER,
+        "first arg",
+        "--flag",
+    ]
     child.kill()
     child.wait(10)
-    assert procs.proc_cmdline(child.pid) is None
+    assert process_control.proc_cmdline(child.pid) is None
 
 
 def test_listener_pids_names_the_process_listening_on_a_port_and_no_other(children):
@@ -140,19 +147,19 @@ def test_listener_pids_names_the_process_listening_on_a_port_and_no_other(childr
         time.sleep(120)
         """,
     )
-    assert procs.listener_pids(int(port)) == [child.pid]
+    assert process_control.listener_pids(int(port)) == [child.pid]
     # The other end of a connection to it is not a listener.
     with socket.create_connection(("127.0.0.1", int(port))) as conn:
-        assert procs.listener_pids(conn.getsockname()[1]) == []
-    assert procs.listener_pids(procs.free_port()) == []
+        assert process_control.listener_pids(conn.getsockname()[1]) == []
+    assert process_control.listener_pids(process_control.free_port()) == []
 
 
 def test_process_tree_holds_every_live_descendant_even_in_another_session(children):
     leader, line = spawn(children, LEADER)
     grandchild = int(line)
     try:
-        assert procs.process_tree(leader.pid) == [(grandchild, stat_ticks(grandchild))]
-        assert procs.process_tree(grandchild) == []
+        assert process_control.process_tree(leader.pid) == [(grandchild, stat_ticks(grandchild))]
+        assert process_control.process_tree(grandchild) == []
     finally:
         os.kill(grandchild, signal.SIGKILL)
 
@@ -161,7 +168,7 @@ def test_terminate_tree_stops_the_leader_and_what_it_spawned_in_another_session(
     leader, line = spawn(children, LEADER)
     grandchild = int(line)
     try:
-        procs.terminate_tree(leader.pid, timeout=5, reap=no_reap)
+        process_control.terminate_tree(leader.pid, timeout=5, reap=no_reap)
         assert leader.wait(1) == -signal.SIGTERM
         assert gone(grandchild), "the job process in its own session survived"
     finally:
@@ -179,29 +186,29 @@ def test_terminate_tree_kills_a_leader_that_ignores_sigterm(children):
         time.sleep(120)
         """,
     )
-    procs.terminate_tree(stubborn.pid, timeout=0.5, reap=no_reap)
+    process_control.terminate_tree(stubborn.pid, timeout=0.5, reap=no_reap)
     assert stubborn.wait(1) == -signal.SIGKILL
 
 
 def test_terminate_tree_leaves_alone_a_pid_that_started_at_another_time(children):
     child, _ = spawn(children, SLEEPER)
-    ticks = procs.proc_start_ticks(child.pid)
+    ticks = process_control.proc_start_ticks(child.pid)
     assert ticks is not None
-    procs.terminate_tree(child.pid, timeout=0.5, reap=no_reap, expected_ticks=ticks - 1)
+    process_control.terminate_tree(child.pid, timeout=0.5, reap=no_reap, expected_ticks=ticks - 1)
     assert child.poll() is None  # the pid was reused: not the process that was started
-    procs.terminate_tree(child.pid, timeout=5, reap=no_reap, expected_ticks=ticks)
+    process_control.terminate_tree(child.pid, timeout=5, reap=no_reap, expected_ticks=ticks)
     assert child.wait(1) == -signal.SIGTERM
 
 
 def test_ports_open_and_close():
-    port = procs.free_port()
-    assert not procs.port_open("127.0.0.1", port)
+    port = process_control.free_port()
+    assert not process_control.port_open("127.0.0.1", port)
     with pytest.raises(TimeoutError):
-        procs.wait_port("127.0.0.1", port, 0.2)
+        process_control.wait_port("127.0.0.1", port, 0.2)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
         sock.listen()
-        procs.wait_port("127.0.0.1", port, 5)
+        process_control.wait_port("127.0.0.1", port, 5)
         with pytest.raises(TimeoutError):
-            procs.wait_port_closed("127.0.0.1", port, 0.2)
-    procs.wait_port_closed("127.0.0.1", port, 5)
+            process_control.wait_port_closed("127.0.0.1", port, 0.2)
+    process_control.wait_port_closed("127.0.0.1", port, 5)
