@@ -246,7 +246,7 @@ def _handlers() -> tuple[Handler, ...]:
             names.MONITOR_AWAITED_RUNS,
             monitor.monitor_awaited_runs,
             Kind.HOUSEKEEPING,
-            period=lambda settings: settings.queued_poll_s or None,
+            period=lambda settings: settings.awaited_poll_s or None,
             task_events=False,
         ),
         # The sweep of events whose kick was lost, or made by a process that sends none;

@@ -96,7 +96,7 @@ class CeleryTaskFilter(logging.Filter):
         return True
 
 
-# Beat's once-a-second poll (QUEUED_POLL_S): Celery's own INFO lines for it (sent, received,
+# Beat's once-a-second poll (AWAITED_POLL_S): Celery's own INFO lines for it (sent, received,
 # succeeded, expired) would be most of a worker's log. Its warnings, errors and the lines the
 # task itself writes (a run settled) still appear.
 QUIET_TASKS = frozenset({names.MONITOR_AWAITED_RUNS})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -82,7 +83,10 @@ class Settings(BaseSettings):
     # While a QUEUED job waits for a busy net, that net's runs are polled this often (beat's
     # monitor-awaited-runs), so the job starts soon after the run before it ends; 0: only
     # every HOUSEKEEPING_INTERVAL_S.
-    queued_poll_s: float = Field(default=1.0, ge=0, alias="QUEUED_POLL_S")
+    awaited_poll_s: float = Field(default=1.0, ge=0, alias="AWAITED_POLL_S")
+    # AWAITED_POLL_S's name until 0.3.0, read (with a warning) where AWAITED_POLL_S is not
+    # set, until 0.4.0 (app/deploy/CHANGELOG.md): it polls the runs a QUEUED job awaits.
+    queued_poll_s_old: float | None = Field(default=None, ge=0, alias="QUEUED_POLL_S")
     housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
     # The longest a prewarm holds a net's server up (app.usecases.prewarm): a hint asking
     # for longer is held this long, then the net's idle grace applies as after any job.
@@ -198,6 +202,13 @@ class Settings(BaseSettings):
         # keeps the one folder it started with.
         data = self.data_dir.resolve()
         object.__setattr__(self, "data_dir", data)
+        if self.queued_poll_s_old is not None:
+            if "awaited_poll_s" not in self.model_fields_set:
+                object.__setattr__(self, "awaited_poll_s", self.queued_poll_s_old)
+            logging.getLogger(__name__).warning(
+                "QUEUED_POLL_S is deprecated: set AWAITED_POLL_S (read instead until 0.4.0;"
+                " ignored where AWAITED_POLL_S is set)"
+            )
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{data / 'fl-dispatcher.db'}")
         object.__setattr__(self, "database_url", normalise_database_url(self.database_url))

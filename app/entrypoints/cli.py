@@ -251,7 +251,7 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
         default=None,
         metavar="S",
         help="p95 added wait a recommended grace may cost (default: one cold start as the"
-        " dispatcher sees it, the profile's time + READY_POLL_S + QUEUED_POLL_S)",
+        " dispatcher sees it, the profile's time + READY_POLL_S + AWAITED_POLL_S)",
     )
     p.add_argument("--workers", type=int, default=2, help="replays in parallel (default 2)")
     p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="write the plot here")

@@ -91,7 +91,7 @@ def settings_for(
         RETRY_BACKOFF_MAX_S=world.retry_backoff_max_s,
         HOUSEKEEPING_INTERVAL_S=world.housekeeping_interval_s,
         KEEP_ALIVE_INTERVAL_S=world.keep_alive_interval_s,
-        QUEUED_POLL_S=world.queued_poll_s,
+        AWAITED_POLL_S=world.awaited_poll_s,
         RELEASE_AFTER=world.release_after,
         REPORT_TIMEOUT_S=world.report_timeout_s,
         PREWARM_MAX_S=world.prewarm_max_s,

@@ -153,9 +153,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 def seen_cold_start_s(cold: ColdStart) -> float:
     """One cold start as the dispatcher can see it, the default wait budget: the server's
     own time, plus up to one READY_POLL_S until a readiness poll sees it ready, plus up to one
-    QUEUED_POLL_S for a job queued behind the cold-started one (its start follows the poll
+    AWAITED_POLL_S for a job queued behind the cold-started one (its start follows the poll
     that sees the run before it end, which in the always-on replay fell elsewhere)."""
-    return float(cold.total_s + _default("ready_poll_s") + _default("queued_poll_s"))
+    return float(cold.total_s + _default("ready_poll_s") + _default("awaited_poll_s"))
 
 
 def recommend(results: Sequence[GraceResult], budget_s: float) -> float | None:
@@ -194,7 +194,7 @@ def world_for(
         nets=specs,
         housekeeping_interval_s=_default("housekeeping_interval_s"),
         keep_alive_interval_s=_default("keep_alive_interval_s"),
-        queued_poll_s=_default("queued_poll_s"),
+        awaited_poll_s=_default("awaited_poll_s"),
         ready_poll_s=_default("ready_poll_s"),
         retry_max=_default("retry_max"),
         retry_backoff_max_s=_default("retry_backoff_max_s"),

@@ -28,7 +28,7 @@ def table(report: Report) -> str:
     budget = (
         f"one cold start as the dispatcher sees it, {report.wait_budget_s:.1f}s ="
         f" {cold.total_s:.1f}s + READY_POLL_S {_default('ready_poll_s'):g}s"
-        f" + QUEUED_POLL_S {_default('queued_poll_s'):g}s"
+        f" + AWAITED_POLL_S {_default('awaited_poll_s'):g}s"
         if report.wait_budget_s == seen_cold_start_s(cold)
         else f"{report.wait_budget_s:g}s"
     )

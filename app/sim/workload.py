@@ -120,7 +120,7 @@ class WorldSpec:
     per_job_fl_server: bool = True
     housekeeping_interval_s: float = 15.0
     keep_alive_interval_s: float = 60.0
-    queued_poll_s: float = 1.0
+    awaited_poll_s: float = 1.0
     ready_poll_s: float = 4.0
     retry_max: int = 4
     retry_backoff_max_s: int = 8

@@ -86,7 +86,7 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
 
 
 def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
-    """Monitor, every QUEUED_POLL_S, only the runs of nets a QUEUED job waits for, so that job
+    """Monitor, every AWAITED_POLL_S, only the runs of nets a QUEUED job waits for, so that job
     starts within seconds of the run before it ending, not up to a whole
     HOUSEKEEPING_INTERVAL_S later. A net whose server is not answering is left to the full
     round: a dead server is not called every second."""

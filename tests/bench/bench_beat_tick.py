@@ -6,7 +6,7 @@
 A tick is what beat asks for every HOUSEKEEPING_INTERVAL_S: assign_jobs, then
 scale_down_idle_nets, keep_alive_busy_nets, monitor_running_jobs and reconcile, each called as
 the task calls it, plus one call of monitor_awaited_runs (beat sends that one every
-QUEUED_POLL_S; here it polls the busy nets the QUEUED jobs are pinned to). PostgreSQL is
+AWAITED_POLL_S; here it polls the busy nets the QUEUED jobs are pinned to). PostgreSQL is
 real (a throw-away database built by migrations); the driver and the admin client are the
 project's fakes (tests/fakes.py), so only the dispatcher's own cost is measured.
 
@@ -61,7 +61,7 @@ LOOPS: dict[str, Callable[[Runtime], Any]] = {
     "keep_alive_busy_nets": scale_down.keep_alive_busy_nets,
     "monitor_running_jobs": monitor.monitor_running_jobs,
     "reconcile": reconciler.reconcile,
-    # Beat sends this one every QUEUED_POLL_S (1 s), not once a tick: its column is one call.
+    # Beat sends this one every AWAITED_POLL_S (1 s), not once a tick: its column is one call.
     "monitor_awaited_runs": monitor.monitor_awaited_runs,
 }
 SHORT = {

@@ -1,5 +1,5 @@
 """A job queued behind a run starts within seconds of that run's end, on the real stack: a
-real beat sends monitor_awaited_runs every QUEUED_POLL_S to a real Celery worker, which reads
+real beat sends monitor_awaited_runs every AWAITED_POLL_S to a real Celery worker, which reads
 the real NVFLARE server's run status. The full monitor round is made far slower than the jobs
 (HOUSEKEEPING_INTERVAL_S 300 s: beat's first tick of an interval entry is one interval after
 it starts, after both jobs have run), so only the awaited-run poll can see the first run end
@@ -22,7 +22,7 @@ from tests.fixtures.services import PrivateRedis
 pytestmark = [pytest.mark.e2e, pytest.mark.nvflare]
 
 RUN_S = 240  # generous bounds for a 2-core CI machine
-QUEUED_POLL_S = 0.5
+AWAITED_POLL_S = 0.5
 HOUSEKEEPING_S = 300.0  # the full monitor round (and assign, scale-down)
 
 
@@ -41,7 +41,7 @@ def stack(tmp_path_factory) -> Iterator[tuple[LocalStack, datetime]]:
                 ready_timeout_s=120,
                 housekeeping_interval_s=HOUSEKEEPING_S,
                 embedded_beat=False,
-                extra_env={"QUEUED_POLL_S": str(QUEUED_POLL_S)},
+                extra_env={"AWAITED_POLL_S": str(AWAITED_POLL_S)},
             )
             with LocalStack(options) as running:
                 yield running, before_beat

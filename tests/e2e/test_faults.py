@@ -83,7 +83,7 @@ def stack(tmp_path_factory, redis_server, postgres) -> Iterator[LocalStack]:
             # prefetch slots, so that message could still be in Redis at the kill and simply
             # run on the restarted worker (a correct outcome, but not the case under test).
             # No job here queues behind a run: the poll has nothing to do in these cases.
-            "QUEUED_POLL_S": "0",
+            "AWAITED_POLL_S": "0",
         },
     )
     with LocalStack(options) as running:

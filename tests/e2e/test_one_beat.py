@@ -48,7 +48,7 @@ def _env(database_url: str, broker_url: str, data_dir: Path) -> dict[str, str]:
         "BROKER_URL": broker_url,
         "FL_DISPATCHER_DATA_DIR": str(data_dir),
         "HOUSEKEEPING_INTERVAL_S": "1",
-        "QUEUED_POLL_S": "0",
+        "AWAITED_POLL_S": "0",
         "NETS": "[]",
         "NETS_FILE": "",
         "LOG_LEVEL": "INFO",

@@ -29,11 +29,11 @@ def from_seed(
     rng = random.Random(f"{seed}/workload")
     world = random_world(rng)
     workload = random_workload(rng, world, abort_p=profile.abort_p, report_p=profile.report_p)
-    # Half the worlds run without the awaited-run poll (QUEUED_POLL_S=0, a supported
+    # Half the worlds run without the awaited-run poll (AWAITED_POLL_S=0, a supported
     # setting): both ways must keep every invariant. Its own generator leaves the world
     # and the workload of every seed as they were before the poll existed.
     poll = random.Random(f"{seed}/queued-poll").choice((0.0, 1.0))
-    world = dataclasses.replace(world, queued_poll_s=poll)
+    world = dataclasses.replace(world, awaited_poll_s=poll)
     # A third of the worlds hold a finished run's server for flip-api's results report
     # (RELEASE_AFTER=reported), so reports and aborts meet FINISHING jobs too.
     extra = random.Random(f"{seed}/world-extra")

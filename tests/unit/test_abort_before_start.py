@@ -257,7 +257,7 @@ def test_an_overrun_abort_whose_reply_is_lost_keeps_an_always_on_net_from_the_ne
 
 def test_the_monitor_never_reads_the_mark_of_an_unconfirmed_abort_as_the_end(world):
     """The abort marks the DISPATCHED run but its reply is an error (the job stays
-    ABORTING); the monitor, which watches ABORTING jobs (every QUEUED_POLL_S while a queued
+    ABORTING); the monitor, which watches ABORTING jobs (every AWAITED_POLL_S while a queued
     job waits for the net), reads FINISHED:ABORTED and gives the abort's verdict: ABORTED,
     net free, no stray, while the job runner starts the run."""
     job_id = _dispatched(world)

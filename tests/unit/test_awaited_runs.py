@@ -1,4 +1,4 @@
-"""monitor_awaited_runs (beat, every QUEUED_POLL_S): the runs a QUEUED job waits for are
+"""monitor_awaited_runs (beat, every AWAITED_POLL_S): the runs a QUEUED job waits for are
 settled soon after they end, and only those are polled."""
 
 from __future__ import annotations
@@ -102,13 +102,13 @@ def test_a_net_whose_server_is_not_answering_is_left_to_the_full_round(two_nets)
     assert calls == []
 
 
-def test_beat_polls_awaited_runs_every_queued_poll_s_unless_off(tmp_path, job_root):
+def test_beat_polls_awaited_runs_every_awaited_poll_s_unless_off(tmp_path, job_root):
     def settings(poll: str) -> Settings:
         return Settings(
             FL_DISPATCHER_DATA_DIR=tmp_path / "data",
             JOB_ROOT=job_root,
             NETS=json.dumps([net_decl(tmp_path, "net-a", "ecs")]),
-            QUEUED_POLL_S=poll,
+            AWAITED_POLL_S=poll,
         )
 
     entry = beat_schedule(settings("2.5"))["monitor-awaited-runs"]
@@ -119,13 +119,13 @@ def test_beat_polls_awaited_runs_every_queued_poll_s_unless_off(tmp_path, job_ro
     assert "monitor-awaited-runs" not in beat_schedule(settings("0"))
 
 
-@pytest.mark.parametrize("queued_poll_s", [0.0, 1.0, 3.0])
-def test_beat_polls_awaited_runs_every_queued_poll_s_and_not_at_all_at_zero(queued_poll_s):
+@pytest.mark.parametrize("awaited_poll_s", [0.0, 1.0, 3.0])
+def test_beat_polls_awaited_runs_every_awaited_poll_s_and_not_at_all_at_zero(awaited_poll_s):
     world = WorldSpec(
         nets=(NetSpec("net-a", "ecs", 60.0, 120.0, ("site-1",)),),
         housekeeping_interval_s=7.0,
         keep_alive_interval_s=90.0,
-        queued_poll_s=queued_poll_s,
+        awaited_poll_s=awaited_poll_s,
     )
     schedule = beat_schedule(settings_for(world, per_job_fl_server=True))
     expected = {
@@ -135,8 +135,8 @@ def test_beat_polls_awaited_runs_every_queued_poll_s_and_not_at_all_at_zero(queu
         names.RECONCILE: 14.0,
         names.KEEP_ALIVE_BUSY_NETS: 90.0,
     }
-    if queued_poll_s:
-        expected[names.MONITOR_AWAITED_RUNS] = queued_poll_s
+    if awaited_poll_s:
+        expected[names.MONITOR_AWAITED_RUNS] = awaited_poll_s
     assert {e["task"]: e["schedule"].total_seconds() for e in schedule.values()} == expected
 
 

@@ -112,7 +112,7 @@ def test_beat_sends_housekeeping_at_once_after_its_clock_steps_back(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         BROKER_URL=f"sqla+sqlite:///{broker}",
         HOUSEKEEPING_INTERVAL_S="15",
-        QUEUED_POLL_S="0",
+        AWAITED_POLL_S="0",
     )
     app = configure(settings)
     # The current app for the test: schedule entries read back from the schedule file

@@ -263,3 +263,20 @@ def test_an_api_secret_no_header_can_carry_is_refused_at_start(secret):
         load_settings(API_SECRET=secret)
     assert secret.strip() not in str(refused.value)
     assert load_settings(API_SECRET="s3cret-with inner space~!").api_secret
+
+
+def test_the_awaited_runs_poll_is_still_read_under_its_old_name_with_a_warning(monkeypatch, caplog):
+    """QUEUED_POLL_S became AWAITED_POLL_S (it polls the runs a QUEUED job awaits): the old
+    name is read, with a warning, until 0.4.0; where both are set the new one wins."""
+    monkeypatch.delenv("AWAITED_POLL_S", raising=False)
+    monkeypatch.setenv("QUEUED_POLL_S", "2.5")
+    with caplog.at_level("WARNING", logger="app.settings"):
+        assert Settings().awaited_poll_s == 2.5
+    assert "QUEUED_POLL_S is deprecated: set AWAITED_POLL_S" in caplog.text
+    monkeypatch.setenv("AWAITED_POLL_S", "0.5")
+    assert Settings().awaited_poll_s == 0.5
+    monkeypatch.delenv("QUEUED_POLL_S")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="app.settings"):
+        assert Settings().awaited_poll_s == 0.5
+    assert "deprecated" not in caplog.text
