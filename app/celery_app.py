@@ -207,6 +207,24 @@ def _on_worker_init(**_: Any) -> None:
 signals.worker_init.connect(_on_worker_init, weak=False)
 
 
+def _on_worker_process_init(**_: Any) -> None:
+    # Traces (TRACES=true) in each pool process, after the fork and before its first task:
+    # the instrumentation must see that task start, and no exporter thread survives a fork.
+    from app import traces
+
+    traces.setup(_Configured.settings or load_settings())
+
+
+def _on_worker_process_shutdown(**_: Any) -> None:
+    from app import traces
+
+    traces.flush()
+
+
+signals.worker_process_init.connect(_on_worker_process_init, weak=False)
+signals.worker_process_shutdown.connect(_on_worker_process_shutdown, weak=False)
+
+
 class CeleryOutbox:
     """Sends follow-up tasks by name, so use cases need no task imports."""
 
@@ -236,13 +254,16 @@ class CeleryOutbox:
 
 def celery_runtime(settings: Settings) -> Runtime:
     """A runtime whose outbox sends through the shared app configured for `settings`: what
-    a worker child, the status API and the CLI's enqueue and abort use. Its assigner kicks
-    are coalesced (`app.usecases.kicks`). With callbacks on, every commit of it that moves a
-    job also sends the delivery task."""
+    a worker child, the status API and the CLI's enqueue and abort use (with TRACES=true,
+    tracing on in the process: `app.traces.setup`). Its assigner kicks are coalesced
+    (`app.usecases.kicks`). With callbacks on, every commit of it that moves a job also
+    sends the delivery task."""
+    from app import traces
     from app.parallel import Prober
     from app.runtime import Runtime
     from app.usecases.kicks import coalesce_kicks
 
+    traces.setup(settings)  # TRACES=true: the status API's and the CLI's spans too
     rt = Runtime.from_settings(
         settings,
         outbox=CeleryOutbox(configure(settings)),

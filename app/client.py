@@ -9,6 +9,7 @@ no worker code, and validates payloads before they leave (the worker validates a
 
 from __future__ import annotations
 
+import sys
 import uuid
 from typing import Any
 
@@ -34,7 +35,8 @@ class DispatcherClient:
         self.app.conf.update(task_serializer="json", accept_content=["json"])
 
     def _send(self, name: str, payload: dict[str, Any]) -> None:
-        self.app.send_task(name, kwargs={"payload": payload}, queue=QUEUE)
+        headers = trace_headers() or None
+        self.app.send_task(name, kwargs={"payload": payload}, queue=QUEUE, headers=headers)
 
     def enqueue_job(self, request: EnqueueJob) -> uuid.UUID:
         """Queue a job; returns its id (derived from caller_key, so a repeat is harmless).
@@ -69,3 +71,17 @@ class DispatcherClient:
     def close(self) -> None:
         """Release the broker connection pool."""
         self.app.close()
+
+
+def trace_headers() -> dict[str, str]:
+    """The caller's current trace context as task headers (W3C `traceparent`, and
+    `tracestate`/`baggage` as its propagators write them), so the job's trace continues
+    the caller's: empty when the caller has no OpenTelemetry loaded or no current span.
+    This client never loads OpenTelemetry itself."""
+    if "opentelemetry.trace" not in sys.modules:
+        return {}
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier

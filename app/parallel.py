@@ -7,6 +7,7 @@ the broker at once.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -90,7 +91,11 @@ class Prober:
                 if slots is not None:
                     slots.release()
 
-        threading.Thread(target=target, name=f"probe {key}", daemon=True).start()
+        # The caller's context variables go with the call (a round's trace span, app/traces.py).
+        context = contextvars.copy_context()
+        threading.Thread(
+            target=context.run, args=(target,), name=f"probe {key}", daemon=True
+        ).start()
         return future
 
     def run(

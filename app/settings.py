@@ -148,13 +148,18 @@ class Settings(BaseSettings):
     flwr_venv: Path | None = Field(default=None, alias="FLWR_VENV")
     log_json: Annotated[bool, NoDecode] = Field(default=False, alias="LOG_JSON")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
+    # OpenTelemetry spans of every job (app/traces.py; the `traces` extra), exported over
+    # OTLP as the standard OTEL_* variables say; off: nothing of OpenTelemetry is imported.
+    traces: Annotated[bool, NoDecode] = Field(default=False, alias="TRACES")
+    # Spans written as JSON lines to this file instead of OTLP (tests, debugging).
+    traces_file: Path | None = Field(default=None, alias="TRACES_FILE")
 
     @field_validator("per_job_fl_server", mode="before")
     @classmethod
     def _per_job(cls, value: object) -> bool:
         return parse_flag("PER_JOB_FL_SERVER", value, default=False)
 
-    @field_validator("nets_file", "flwr_venv", mode="before")
+    @field_validator("nets_file", "flwr_venv", "traces_file", mode="before")
     @classmethod
     def _nets_file(cls, value: object) -> object:
         # An exported-but-empty NETS_FILE means "not set", like every other empty value.
@@ -194,6 +199,11 @@ class Settings(BaseSettings):
     @classmethod
     def _log_json(cls, value: object) -> bool:
         return parse_flag("LOG_JSON", value, default=False)
+
+    @field_validator("traces", mode="before")
+    @classmethod
+    def _traces(cls, value: object) -> bool:
+        return parse_flag("TRACES", value, default=False)
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:

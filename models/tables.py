@@ -196,6 +196,7 @@ class Job(Base):
     # The caller_key of the prewarm sent for it (advisory): its claim prefers the net that
     # prewarm holds, and ends that hold wherever the job goes (app.usecases.claims).
     prewarm_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    traceparent: Mapped[str | None] = mapped_column(String(55))  # enqueue span (app/traces.py)
     net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_state"))

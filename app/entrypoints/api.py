@@ -425,7 +425,9 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
     async def post_job(request: Request, response: Response) -> Enqueued:
         """Enqueue a job (idempotent on caller_key): 201 created, 200 existing."""
         payload = await _read_body(request, EnqueueJob, optional=False)
-        submitted = await run_in_threadpool(intake.submit_job, runtime, payload)
+        # A W3C traceparent the caller sent continues its trace (TRACES=true; app/traces.py).
+        trace = request.headers.get("traceparent")
+        submitted = await run_in_threadpool(intake.submit_job, runtime, payload, trace)
         result = submitted.enqueued
         response.status_code = 201 if result.created else 200
         response.headers["Location"] = f"/jobs/{result.job_id}"

@@ -128,6 +128,7 @@ _DUE_EVENTS = (
         Job.caller_key.label("caller_key"),
         Job.metadata_.label("job_metadata"),
         Job.max_attempts.label("max_attempts"),
+        Job.traceparent.label("job_traceparent"),
     )
     .join(Job, Job.id == JobEvent.job_id)
     .outerjoin(CallbackCursor, CallbackCursor.job_id == JobEvent.job_id)
@@ -164,6 +165,7 @@ class JobRef:
     caller_key: str
     metadata_: dict[str, Any] | None
     max_attempts: int
+    traceparent: str | None = None  # the job's trace (app/traces.py)
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,9 @@ def due_batch(
     by_job: dict[uuid.UUID, tuple[JobRef, list[Any]]] = {}
     for row in rows:
         if row.job_id not in by_job:
-            job = JobRef(row.job_id, row.caller_key, row.job_metadata, row.max_attempts)
+            job = JobRef(
+                row.job_id, row.caller_key, row.job_metadata, row.max_attempts, row.job_traceparent
+            )
             by_job[row.job_id] = (job, [])
         by_job[row.job_id][1].append(row)
     full = len(rejected) >= REJECTIONS_PER_READ or len(rows) >= events_per_read

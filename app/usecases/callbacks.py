@@ -42,7 +42,7 @@ from typing import Any
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from app import names
+from app import names, traces
 from app.adapters.callbacks import (
     Answer,
     CallbackSender,
@@ -324,6 +324,7 @@ def _deliver_job(
                 continue
             return verdict
         headers = signed_headers(secret, int(now.timestamp()), body, row.id, previous)
+        started = traces.clock()
         try:
             answer: Answer | str = sender.post(body, headers)
         except ReceiverUnreachable as exc:
@@ -332,6 +333,7 @@ def _deliver_job(
         verdict = record_job_try(
             rt, owner, job.id, row.id, answer=answer, now=rt.clock(), last=let_go
         )
+        traces.callback(job, row, started, verdict)
         if verdict == Verdict.DELIVERED:
             done.delivered += 1
             done.released = let_go

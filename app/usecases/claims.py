@@ -41,6 +41,7 @@ class Assignment:
     net_name: str
     net_state: NetState  # the net's state after the claim: STARTING needs a scale-up
     attempt: int = 0  # the job's attempt number: every chain step checks it
+    traceparent: str | None = None  # the job's trace (app/traces.py), read with its row
 
 
 def _active_job_on(net_name_column: object) -> object:
@@ -177,7 +178,7 @@ def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assi
             _use_holds(session, net.name, job.id, now)
         session.flush()
         log.info("job assigned", extra={"job": str(job.id), "net": net.name})
-        return Assignment(job.id, net.name, net.state, job.attempts)
+        return Assignment(job.id, net.name, net.state, job.attempts, job.traceparent)
     return None
 
 

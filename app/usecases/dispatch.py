@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
-from app import names
+from app import names, traces
 from app.adapters.backend import Readiness
 from app.adapters.jobdefs import check_available, materialize, prepare
 from app.db import unit_of_work
@@ -81,11 +81,14 @@ def assign_jobs(
     for each after its claim has committed."""
     claimed = []
     for _ in range(limit):
+        started = traces.clock()
         with unit_of_work(rt.sessions) as session:
             assignment = claims.assign_next_job(session, rt.settings, rt.clock())
         if assignment is None:
             break
-        rt.outbox.start_pipeline(str(assignment.job_id), assignment.net_name, assignment.attempt)
+        job_id, net, attempt = str(assignment.job_id), assignment.net_name, assignment.attempt
+        with traces.claimed(assignment, started):  # the chain carries the job's trace
+            rt.outbox.start_pipeline(job_id, net, attempt)
         claimed.append(assignment)
     return claimed
 
@@ -99,6 +102,7 @@ def _assigned(session: Session, job_id: uuid.UUID, net_name: str, attempt: int) 
     return job if _ours(job, JobState.ASSIGNED, net_name, attempt) else None
 
 
+@traces.job_step("scale_up")
 def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 1: check the job's bundle is there (a missing one fails the job before any
     scale-up), ask the net's driver for one replica (no-op for a warm or always-on net), and
@@ -156,13 +160,7 @@ def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepRe
     if scaled.step != Step.DONE or not scaled.warm:
         return scaled
     # scale_up has just seen the server up: readiness need not ask the driver again.
-    ready = check_ready(
-        rt,
-        job_id,
-        net_name,
-        attempt,
-        server_seen_up=True,  # spares a second look at the driver, a moment after scale_up's
-    )
+    ready = check_ready(rt, job_id, net_name, attempt, server_seen_up=True)
     if ready.step != Step.DONE:
         return ready  # NOT_READY: wait_ready polls on; SKIPPED/GAVE_UP: the chain ends
     return _whole_chain(dispatch(rt, job_id, net_name, attempt))
@@ -236,6 +234,7 @@ def _misconfigured(
     return StepResult(Step.SKIPPED, f"job moved on; net {net_name} misconfigured: {exc}")
 
 
+@traces.job_step("readiness_poll")
 def check_ready(
     rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, *, server_seen_up: bool = False
 ) -> StepResult:
@@ -353,6 +352,7 @@ def _give_up_readiness(
     return StepResult(Step.GAVE_UP, reason)
 
 
+@traces.job_step("submit")
 def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     """Step 3: submit with the submit token stored FIRST, so a retry after an unknown
     outcome or a redelivered message finds the same NVFLARE job instead of a second run."""

@@ -68,7 +68,11 @@ def resolve_definition(settings: Settings, definition: str) -> str:
 
 
 def enqueue_job(
-    session: Session, settings: Settings, request: EnqueueJob, now: datetime
+    session: Session,
+    settings: Settings,
+    request: EnqueueJob,
+    now: datetime,
+    traceparent: str | None = None,
 ) -> Enqueued:
     """Queue a job; the same caller key twice with the same payload returns the first job,
     with another payload is a CallerKeyConflict.
@@ -78,7 +82,7 @@ def enqueue_job(
     then is that job read. A request that fails validation is also answered by the job its
     key names, if any (a repeat is the first request, whatever changed since)."""
     try:
-        job = _new_job(settings, request, now)
+        job = _new_job(settings, request, now, traceparent)
     except InvalidRequest:
         existing = _by_key(session, request.caller_key)
         if existing is None:
@@ -93,7 +97,7 @@ def enqueue_job(
         # No job has the key: the insert failed on the net it names, whose row no worker
         # has created yet (a deploy that added it). Create the declared nets' rows, again.
         services.ensure_net_rows(session, settings, now)
-        job = _new_job(settings, request, now)
+        job = _new_job(settings, request, now, traceparent)
         try:
             _insert(session, job)
         except IntegrityError:
@@ -117,7 +121,9 @@ def _insert(session: Session, job: Job) -> None:
         session.add(job)
 
 
-def _new_job(settings: Settings, request: EnqueueJob, now: datetime) -> Job:
+def _new_job(
+    settings: Settings, request: EnqueueJob, now: datetime, traceparent: str | None = None
+) -> Job:
     """The job a valid request makes, QUEUED (not stored); InvalidRequest otherwise."""
     sites = list(request.required_sites)
     if request.net is not None:
@@ -145,7 +151,7 @@ def _new_job(settings: Settings, request: EnqueueJob, now: datetime) -> Job:
             + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
         )
     definition = resolve_definition(settings, request.definition)
-    return Job.new(
+    job = Job.new(
         caller_key=request.caller_key,
         definition=definition,
         required_sites=sites,
@@ -160,6 +166,8 @@ def _new_job(settings: Settings, request: EnqueueJob, now: datetime) -> Job:
         # Advisory: a key naming no live prewarm is kept all the same and gives no preference.
         prewarm_key=request.prewarm_key,
     )
+    job.traceparent = traceparent  # its enqueue span's, with TRACES on (app/traces.py)
+    return job
 
 
 def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:

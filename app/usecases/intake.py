@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 
-from app import names, read_models
+from app import names, read_models, traces
 from app.db import unit_of_work
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.runtime import Runtime
@@ -67,14 +67,21 @@ class Submitted:
         )
 
 
-def submit_job(rt: Runtime, request: EnqueueJob) -> Submitted:
+def submit_job(rt: Runtime, request: EnqueueJob, traceparent: str | None = None) -> Submitted:
     """Queue a job (idempotent on caller_key), then kick the assigner.
 
-    An existing QUEUED job kicks too: the caller's retry may follow a lost message.
+    An existing QUEUED job kicks too: the caller's retry may follow a lost message. With
+    traces on, a new job stores its enqueue span's context, a child of `traceparent` (the
+    HTTP caller's) or of the current one (app/traces.py).
     """
-    with unit_of_work(rt.sessions) as session:
-        result = enqueue.enqueue_job(session, rt.settings, request, rt.clock())
-    notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if result.state == JobState.QUEUED else None
+    with traces.enqueue(traceparent) as trace:
+        with unit_of_work(rt.sessions) as session:
+            result = enqueue.enqueue_job(
+                session, rt.settings, request, rt.clock(), traceparent=trace.traceparent
+            )
+        trace.done(result.job_id, result.created, result.state)
+        queued = result.state == JobState.QUEUED
+        notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if queued else None
     return Submitted(result, notified)
 
 

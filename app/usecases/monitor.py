@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import names
+from app import names, traces
 from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
@@ -46,6 +46,7 @@ class Watched:
     server_start_time: float | None
     dispatched_at: datetime | None = None
     unreachable: bool = False  # the net had a monitor failure pending (unreachable_since)
+    traceparent: str | None = None  # the job's trace (app/traces.py)
 
 
 STALE = "job moved on since this round read it; nothing done"
@@ -105,6 +106,7 @@ _ROUND = (
         Job.dispatched_at,
         Net.server_start_time,
         Net.unreachable_since,
+        Job.traceparent,
     )
     .outerjoin(Net, Net.name == Job.net_name)
     .where(Job.state.in_((*LEASED_STATES, *WATCHED_STATES, JobState.FINISHING)))
@@ -129,11 +131,11 @@ def _watched(rt: Runtime, *, awaited_only: bool) -> list[Watched]:
 def _watchable(rows: Iterable[Sequence[Any]]) -> list[Watched]:
     """The runs of these rows (`_ROUND`'s columns) that can be watched."""
     return [
-        Watched(job_id, state, net_name, nvflare_job_id, start, dispatched_at, since is not None)
-        for job_id, state, net_name, _, _, _, nvflare_job_id, dispatched_at, start, since in rows
+        Watched(job_id, state, net_name, run, start, dispatched_at, since is not None, trace)
+        for job_id, state, net_name, _, _, _, run, dispatched_at, start, since, trace in rows
         # A job ABORTING before its submit landed has no run to watch yet (a job with a net
         # has its row: that test only narrows the type).
-        if net_name is not None and nvflare_job_id is not None
+        if net_name is not None and run is not None
     ]
 
 
@@ -286,6 +288,7 @@ def _reads_finished(admin: AdminClient, job: Watched) -> bool:
         return False
 
 
+@traces.monitor_verdict(quiet=(str(RunState.RUNNING), STALE, "status unknown"))
 def _watch_run(
     rt: Runtime,
     admin: AdminClient,

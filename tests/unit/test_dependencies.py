@@ -98,3 +98,12 @@ def test_installs_use_the_lock_with_its_hashes():
     assert lock in run_sh
     assert '"${uv_install[@]}" --no-deps -e .' in run_sh  # nothing resolved past the lock
     assert ".ci/requirements.lock -nt" in run_sh  # a refreshed lock reinstalls
+
+
+def test_the_dev_extra_holds_every_other_extra():
+    """The tests install `.[dev]`: what an extra adds (plot, traces) is tested only if dev
+    has it too, within the same bounds."""
+    extras = PROJECT["optional-dependencies"]
+    dev = set(extras["dev"])
+    lacking = {name: sorted(set(reqs) - dev) for name, reqs in extras.items() if name != "dev"}
+    assert {name: reqs for name, reqs in lacking.items() if reqs} == {}
