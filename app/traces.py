@@ -47,7 +47,7 @@ SPAN_PREFIX = "fl_dispatcher."
 JOB_ID = "fl_dispatcher.job_id"
 NET = "fl_dispatcher.net"
 ATTEMPT = "fl_dispatcher.attempt"
-# The Celery spans of a round run every second (QUEUED_POLL_S) that acts on no job as a rule:
+# The Celery spans of a round run every second (AWAITED_POLL_S) that acts on no job as a rule:
 # not exported when they are a trace's root (the job spans they make still are).
 QUIET_ROOTS = frozenset({f"run/{names.MONITOR_AWAITED_RUNS}"})
 # Job ids whose traceparent a pipeline step has read, per process (it never changes).

@@ -151,7 +151,8 @@ def test_the_client_sends_both_tasks_by_name_on_the_requests_queue():
     class App:
         conf = type("Conf", (), {"update": lambda self, **kw: None})()
 
-        def send_task(self, name, kwargs, queue):
+        def send_task(self, name, kwargs, queue, headers=None):
+            assert headers is None  # no current span: no trace context sent
             sent.append((name, kwargs, queue))
 
     client = DispatcherClient("memory://", app=App())
