@@ -154,7 +154,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         rows.append(
             [
                 net.name,
-                net.state,
+                f"{net.state} (drained)" if net.drained else net.state,
                 "yes" if net.always_on else "no",
                 f"{net.driver_kind} {driver.desired}/{driver.running}/{driver.pending}"
                 if driver
@@ -187,6 +187,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         + (f" (oldest since {short_time(queue.oldest_queued_at)})" if queue.queued else "")
         + "\n"
     )
+    if status.drain.state != "none":
+        from app.entrypoints.cli_drain import describe
+
+        sys.stdout.write("\n".join(describe(status.drain)) + "\n")
     return EXIT_OK
 
 
@@ -242,9 +246,13 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with runtime.sessions() as session:
             if args.key is not None:
-                job = job_detail_by_key(session, args.key, callbacks=settings.callbacks_enabled)
+                job = job_detail_by_key(
+                    session, args.key, callbacks=settings.callbacks_enabled, settings=settings
+                )
             else:
-                job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
+                job = job_detail(
+                    session, args.job_id, callbacks=settings.callbacks_enabled, settings=settings
+                )
     finally:
         runtime.close()
     fields = job.model_dump(mode="json")

@@ -23,8 +23,9 @@ settling a row) are in `prewarm_holds`, `warm_up` and `settle_prewarms` in `prew
   meanwhile, and re-sends a `warm_up` that was lost before it asked the driver.
 - `cancel_prewarm` ends a hold now; the net's idle grace starts then.
 
-A refused prewarm (bad input, another payload under the same key, a MISCONFIGURED net)
-starts nothing and takes no key; it is recorded, so a caller of the task can look it up.
+A refused prewarm (bad input, another payload under the same key, a MISCONFIGURED net, a
+drained one: `drained_error` says why a drained net's hint is refused, not held) starts
+nothing and takes no key; it is recorded, so a caller of the task can look it up.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from app.db import unit_of_work
 from app.errors import (
     CallerKeyConflict,
     InvalidRequest,
+    NetDrained,
     NetMisconfigured,
     NotFound,
     RequestRejected,
@@ -52,6 +54,7 @@ from app.runtime import Runtime
 from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
 from app.settings import Settings
 from app.usecases import services
+from app.usecases.claims import drained
 from app.usecases.prewarm_holds import (
     HELD,
     UP,
@@ -128,6 +131,8 @@ def refusal_code(exc: InvalidRequest) -> PrewarmOutcome:
         return PrewarmOutcome.CALLER_KEY_CONFLICT
     if isinstance(exc, NetMisconfigured):
         return PrewarmOutcome.NET_MISCONFIGURED
+    if isinstance(exc, NetDrained):
+        return PrewarmOutcome.NET_DRAINED
     return PrewarmOutcome.REJECTED
 
 
@@ -182,6 +187,9 @@ def _accept(
     net = services.get_net(session, net_name, lock=True)
     if net.state == NetState.MISCONFIGURED:
         raise misconfigured_error(net)
+    # Read after the net's lock, which a drain takes too: a drain committed before it is seen.
+    if session.scalar(select(drained(net_name))):
+        raise drained_error(net_name)
     granted_s = min(request.within_s, settings.prewarm_max_s)
     row = Prewarm(
         caller_key=request.caller_key,
@@ -244,6 +252,23 @@ def _start_or_hold(
     return False, f"net is {net.state}: started again once it is down"
 
 
+def drained_error(net_name: str, fitting: list[str] | None = None) -> NetDrained:
+    """A prewarm is refused, not held, on a drained net: a drained net takes no new job, so
+    warming or holding its server could only keep it up for nothing and hold back the
+    drain's end (its scale to zero); the caller learns at once, and may hint again after
+    the undrain."""
+    which = (
+        f"every net with its sites is drained ({', '.join(fitting)})"
+        if fitting
+        else (f"net {net_name} is drained")
+    )
+    return NetDrained(
+        f"{which}: it takes no new job until an operator undrains it (a redeploy, most "
+        "likely); nothing was started or held, hint again after the undrain",
+        net_name=net_name,
+    )
+
+
 def _resolve(
     session: Session, settings: Settings, request: PrewarmNet, now: datetime
 ) -> tuple[str, list[str]]:
@@ -286,6 +311,11 @@ def _likely_net(session: Session, fitting: list[str], sites: list[str], now: dat
         for name, state in session.execute(select(Net.name, Net.state).where(Net.name.in_(fitting)))
     }
     usable = [n for n in fitting if states.get(n) not in (None, NetState.MISCONFIGURED)]
+    if usable:
+        shut = set(session.scalars(select(Net.name).where(Net.name.in_(usable), drained(Net.name))))
+        if len(shut) == len(usable):
+            raise drained_error(usable[0], usable)
+        usable = [n for n in usable if n not in shut]
     if not usable:
         raise NetMisconfigured(
             f"every net with the sites {sites} is MISCONFIGURED ({', '.join(fitting)}); nothing "

@@ -457,7 +457,7 @@ def test_parser_lists_every_command():
     assert set(sub.choices) == {
         "config", "status", "jobs", "job", "enqueue", "abort", "db",
         "diagram", "schema", "api", "ready", "worker", "beat", "demo", "simulate",
-        "participant", "prewarm", "cancel-prewarm", "local-net",
+        "participant", "prewarm", "cancel-prewarm", "local-net", "drain", "undrain",
     }  # fmt: skip
 
 
