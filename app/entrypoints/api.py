@@ -281,7 +281,9 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
 
 
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
-    declared = declared_nets(ctx.runtime.settings)
+    settings = ctx.runtime.settings
+    callbacks = settings.callbacks_enabled
+    declared = declared_nets(settings)
     declared_names = {n.name for n in declared}
 
     @app.get(
@@ -349,12 +351,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job_by_key(caller_key: str) -> JobDetail:
         """The job a caller_key names, with its history (410: its enqueue was refused)."""
         with ctx.runtime.sessions() as session:
-            return job_detail_by_key(
-                session,
-                caller_key,
-                callbacks=ctx.runtime.settings.callbacks_enabled,
-                settings=ctx.runtime.settings,
-            )
+            return job_detail_by_key(session, caller_key, callbacks=callbacks, settings=settings)
 
     @app.get(
         "/jobs/{job_id}",
@@ -366,12 +363,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job(job_id: uuid.UUID) -> JobDetail:
         """One job with its history."""
         with ctx.runtime.sessions() as session:
-            return job_detail(
-                session,
-                job_id,
-                callbacks=ctx.runtime.settings.callbacks_enabled,
-                settings=ctx.runtime.settings,
-            )
+            return job_detail(session, job_id, callbacks=callbacks, settings=settings)
 
 
 async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:

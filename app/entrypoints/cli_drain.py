@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from app.entrypoints import cli_jobs
-from app.entrypoints.cli_output import EXIT_FAILED, EXIT_OK, print_json, short_time
-from app.read_models import DrainChanged, DrainView
+from app.entrypoints.cli_output import EXIT_FAILED, EXIT_OK, describe_drain, print_json
+from app.read_models import DrainChanged
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -22,25 +22,6 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 # How often `drain --wait` reads the drain again.
 WAIT_POLL_S = 5.0
-
-
-def describe(view: DrainView) -> list[str]:
-    """The drain in a few lines, as `drain`, `undrain` and `status` print it."""
-    if view.state == "none":
-        return ["drain: none (every net takes new jobs)"]
-    scope = (
-        f"the whole deployment since {short_time(view.deployment_since)}"
-        if view.deployment
-        else ", ".join(n.name for n in view.nets)
-    )
-    lines = [f"drain: {view.state.upper()} ({scope}); queued jobs waiting: {view.queued}"]
-    for net in view.nets:
-        job = net.active_job
-        left = f"job {job.id} {job.state}" if job else "nothing active"
-        lines.append(f"  {net.name}: {net.state or 'no row yet'}, {left}")
-    if view.complete:
-        lines.append("  no drained net has an active job: safe to stop the processes and deploy")
-    return lines
 
 
 def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
@@ -91,7 +72,7 @@ def _print(view: DrainChanged, as_json: bool) -> None:
     if as_json:
         print_json(view.model_dump(mode="json"), sys.stdout)
     else:
-        sys.stdout.write("\n".join(describe(view)) + "\n")
+        sys.stdout.write("\n".join(describe_drain(view)) + "\n")
 
 
 def add_drain_commands(

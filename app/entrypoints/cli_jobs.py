@@ -14,6 +14,7 @@ from app.entrypoints.cli_output import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SETTINGS,
+    describe_drain,
     print_json,
     print_table,
     short_time,
@@ -188,9 +189,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         + "\n"
     )
     if status.drain.state != "none":
-        from app.entrypoints.cli_drain import describe
-
-        sys.stdout.write("\n".join(describe(status.drain)) + "\n")
+        sys.stdout.write("\n".join(describe_drain(status.drain)) + "\n")
     return EXIT_OK
 
 
