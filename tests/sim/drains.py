@@ -41,8 +41,12 @@ def schedule(sim: Simulation) -> None:
     everything = rng.random() < 0.4
     nets: tuple[str, ...] = () if everything else (rng.choice([n.name for n in sim.world.nets]),)
     what = "the whole deployment" if everything else nets[0]
-    sim.at(start, f"operator drains {what}", functools.partial(_drain, sim, nets, everything))
-    sim.at(end, f"operator undrains {what}", functools.partial(_undrain, sim, nets, everything))
+    sim.at(
+        start, f"operator drains {what}", functools.partial(operator_drain, sim, nets, everything)
+    )
+    sim.at(
+        end, f"operator undrains {what}", functools.partial(operator_undrain, sim, nets, everything)
+    )
 
 
 def _operator(sim: Simulation) -> Runtime:
@@ -50,26 +54,26 @@ def _operator(sim: Simulation) -> Runtime:
     return dataclasses.replace(sim.workers[0], sessions=sim.sessions, clock=sim.clock)
 
 
-def _drain(sim: Simulation, nets: tuple[str, ...], everything: bool) -> None:
+def operator_drain(sim: Simulation, nets: tuple[str, ...], everything: bool) -> None:
     try:
         view = drains.drain(_operator(sim), nets, everything=everything, reason="sim")
     except InvalidRequest as exc:  # a redeploy removed the net meanwhile: the CLI says so
         sim.trace(f"   drain refused: {exc}")
         return
     except SQLAlchemyError:  # a simulated database fault: the operator runs it again
-        _again(sim, "drain", functools.partial(_drain, sim, nets, everything))
+        _again(sim, "drain", functools.partial(operator_drain, sim, nets, everything))
         return
     sim.trace(f"== drained {', '.join(n.name for n in view.nets)}: {view.state}")
 
 
-def _undrain(sim: Simulation, nets: tuple[str, ...], everything: bool) -> None:
+def operator_undrain(sim: Simulation, nets: tuple[str, ...], everything: bool) -> None:
     try:
         view = drains.undrain(_operator(sim), nets, everything=everything)
     except InvalidRequest as exc:
         sim.trace(f"   undrain refused: {exc}")
         return
     except SQLAlchemyError:
-        _again(sim, "undrain", functools.partial(_undrain, sim, nets, everything))
+        _again(sim, "undrain", functools.partial(operator_undrain, sim, nets, everything))
         return
     sim.trace(f"== undrained ({view.state}), assigner told: {view.notified}")
 
