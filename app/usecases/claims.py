@@ -12,7 +12,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, case, exists, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, case, exists, literal, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from app.net_config import NetConfig
@@ -362,12 +362,13 @@ def _next_jobs(limit: int) -> Any:
 def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
     """A QUEUED job that could be claimed onto this net waits (claimable, pinned to it or
     unpinned, and with sites the net has where it declares them). None can be onto a
-    drained net: its server is left to its idle grace, as with no job waiting."""
-    if session.scalar(select(drained(net_name))):
-        return False
+    drained net: its server is left to its idle grace, as with no job waiting (read in the
+    same statement: no statement more per idle check)."""
     net = settings.net(net_name)
     sites = select(Job.required_sites).where(
-        _claimable(), or_(Job.requested_net.is_(None), Job.requested_net == net_name)
+        _claimable(),
+        or_(Job.requested_net.is_(None), Job.requested_net == net_name),
+        ~drained(literal(net_name)),
     )
     if net.sites is None:
         return bool(session.scalar(select(exists(sites))))

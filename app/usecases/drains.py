@@ -11,9 +11,13 @@ drained" in its `waiting_for`. The rows are the only record: a drain survives a 
 every process, and the deployment's row covers nets added to NETS later.
 
 `drain` locks the drained nets' rows, as a claim and a prewarm lock them, and commits
-after any claim that holds one: once it returns, no claim or prewarm can start one of them
-(a claim reads the drain in the statement that locks its net). `undrain` deletes the rows
-and kicks the assigner, which claims for the queued jobs at once.
+after any claim or prewarm that holds one, which it then counts (an active job shows in
+`status`; a live hold it ends). A claim reads the drain in the statement that locks its
+net, so one that commits after the drain read the rows before the drain's commit, within
+that one statement (PostgreSQL's snapshot): it shows as the net's active job, and the drain
+is complete only once it ends. A prewarm let through the same way is ended by the next
+scale-down round (`prewarm_warm_up.settle_prewarms`). `undrain` deletes the rows and kicks
+the assigner, which claims for the queued jobs at once.
 """
 
 from __future__ import annotations

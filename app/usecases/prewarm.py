@@ -34,7 +34,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -53,7 +53,7 @@ from app.read_models import Prewarmed, PrewarmView, iso
 from app.runtime import Runtime
 from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import rows, services
 from app.usecases.claims import drained
 from app.usecases.prewarm_holds import (
     HELD,
@@ -184,11 +184,10 @@ def _accept(
         row = _repeat(existing, request, settings)
         return row, False, _still_warming(session, row, now)
     net_name, sites = _resolve(session, settings, request, now)
-    net = services.get_net(session, net_name, lock=True)
+    net, shut = _lock_net(session, net_name)
     if net.state == NetState.MISCONFIGURED:
         raise misconfigured_error(net)
-    # Read after the net's lock, which a drain takes too: a drain committed before it is seen.
-    if session.scalar(select(drained(net_name))):
+    if shut:
         raise drained_error(net_name)
     granted_s = min(request.within_s, settings.prewarm_max_s)
     row = Prewarm(
@@ -216,6 +215,24 @@ def _accept(
         note += f"; held {granted_s:.0f}s (PREWARM_MAX_S), not the {request.within_s:.0f}s asked"
     row.detail = note
     return row, True, start
+
+
+# The net locked as a claim locks it, and whether it is drained, in one statement (no
+# statement more per prewarm). A drain that commits while this waits for the lock is not
+# seen here: the hold it lets through is ended by the next scale-down round
+# (prewarm_warm_up.settle_prewarms), before its net is started again for it.
+_NET_LOCKED = (
+    select(Net, drained(Net.name)).where(Net.name == bindparam("key")).with_for_update(of=Net)
+)
+
+
+def _lock_net(session: Session, net_name: str) -> tuple[Net, bool]:
+    found = session.execute(_NET_LOCKED, {"key": net_name}).first()
+    if found is None:
+        raise NotFound(f"net {net_name} not found")  # (a declared net has its row: ensured)
+    net, shut = found
+    rows.note_locked(session, net, net_name)
+    return net, bool(shut)
 
 
 def _still_warming(session: Session, row: Prewarm, now: datetime) -> bool:
@@ -306,13 +323,17 @@ def _likely_net(session: Session, fitting: list[str], sites: list[str], now: dat
     free READY net, then a STARTING one, then a STOPPED one (a net another live hold already
     keeps comes after those, as that hold's job will take it), then one whose job is still
     on it; never a MISCONFIGURED one. Ties by name."""
-    states: dict[str, NetState] = {
-        name: NetState(state)
-        for name, state in session.execute(select(Net.name, Net.state).where(Net.name.in_(fitting)))
-    }
+    states: dict[str, NetState] = {}
+    shut: set[str] = set()
+    for name, state, is_drained in session.execute(
+        select(Net.name, Net.state, drained(Net.name)).where(Net.name.in_(fitting))
+    ):
+        states[name] = NetState(state)
+        if is_drained:
+            shut.add(name)
     usable = [n for n in fitting if states.get(n) not in (None, NetState.MISCONFIGURED)]
     if usable:
-        shut = set(session.scalars(select(Net.name).where(Net.name.in_(usable), drained(Net.name))))
+        shut &= set(usable)
         if len(shut) == len(usable):
             raise drained_error(usable[0], usable)
         usable = [n for n in usable if n not in shut]

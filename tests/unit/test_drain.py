@@ -20,7 +20,7 @@ from app.settings import Settings
 from app.usecases import dispatch, drains, monitor, scale_down, services
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import job_detail
-from models import JobState, NetState, PrewarmOutcome
+from models import Drain, JobState, NetState, PrewarmOutcome
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 from tests.unit.prewarm_world import ask, pw, row, warm_sent  # noqa: F401 (pw: a fixture)
@@ -220,3 +220,16 @@ def test_the_nets_page_shows_a_drain_banner(two):
     assert "The whole deployment is drained" in page
     assert "<b>Draining</b>: still active: net-a: running" in page
     assert page.count("takes no new job") == 2  # each net's card
+
+
+def test_a_hold_accepted_as_its_net_was_drained_is_ended_by_the_next_round(pw):  # noqa: F811
+    """A prewarm that read its net before a drain committed (PostgreSQL: the drain's commit
+    landed while the prewarm waited for the net's lock) is let through; the next scale-down
+    round ends it, so nothing starts the drained net again for it."""
+    ask(pw, "p1", net="net-a", within_s=300)
+    with pw.rt.sessions.begin() as session:  # the drain's row, without its own hold ending
+        session.add(Drain(scope="net-a", drained_at=pw.clock()))
+    pw.clock.advance(1)
+    scale_down.scale_down_idle_nets(pw.rt)
+    held = row(pw, "p1")
+    assert (held.outcome, held.detail) == (PrewarmOutcome.CANCELLED, "net net-a drained")
