@@ -66,6 +66,15 @@ class NetMisconfigured(InvalidRequest):
         self.net_name = net_name
 
 
+class NetDrained(InvalidRequest):
+    """The request needs a net an operator has drained (before a redeploy): nothing was
+    started, nothing held (prewarm reason code `net_drained`; HTTP 409)."""
+
+    def __init__(self, message: str, net_name: str | None = None) -> None:
+        super().__init__(message)
+        self.net_name = net_name
+
+
 class NotFound(DispatcherError):
     """The job or net named by a caller does not exist."""
 

@@ -108,7 +108,8 @@ class JobDetail(JobView):
     waiting_for: str | None = Field(
         default=None,
         description="a QUEUED job: what holds it besides a free net (its earlier run not "
-        "settled yet, its net out of service); null otherwise",
+        "settled yet, its net out of service, every net it may run on drained: 'net "
+        "drained: ...'); null otherwise",
     )
 
 
@@ -159,7 +160,7 @@ class PrewarmView(ReadModel):
         "was claimed onto the net), expired, cancelled or failed; refused: nothing was started"
     )
     reason_code: PrewarmOutcome | None = Field(
-        description="refused only: rejected, caller_key_conflict or net_misconfigured"
+        description="refused only: rejected, caller_key_conflict, net_misconfigured or net_drained"
     )
     created_at: Timestamp
     hold_until: Timestamp = Field(description="created_at + min(within_s, PREWARM_MAX_S)")
@@ -246,6 +247,11 @@ class NetStatus(ReadModel):
         default=None,
         description="the live prewarm hold on the net, if any (tasks/README.md 'Prewarm')",
     )
+    drained: bool = Field(
+        default=False,
+        description="drained (on its own or with the whole deployment): takes no new job "
+        "and no prewarm (GET /drain)",
+    )
 
 
 class QueueView(ReadModel):
@@ -253,6 +259,45 @@ class QueueView(ReadModel):
 
     queued: int
     oldest_queued_at: Timestamp | None
+
+
+# --- drain (app/entrypoints/README.md "Drain before a redeploy") -----------------------------
+
+
+DrainState = Literal["none", "draining", "drained"]
+
+
+class DrainedNet(ReadModel):
+    """A drained net and what still runs on it."""
+
+    name: str
+    since: Timestamp = Field(description="when its drain began (its own or the deployment's)")
+    deployment: bool = Field(description="drained by the whole deployment's drain only")
+    declared: bool = Field(description="false: a drain kept for a net NETS no longer declares")
+    state: NetState | None = Field(description="null: no database row yet")
+    active_job: ActiveJob | None = Field(description="null: nothing left on it")
+
+
+class DrainView(ReadModel):
+    """What is drained: `drained` once no drained net has an active job (FINISHING, waiting
+    for flip-api's report, included): then the processes can be stopped for a redeploy."""
+
+    state: DrainState = Field(
+        description="none: nothing drained; draining: a drained net still has an active "
+        "job; drained: no drained net has one"
+    )
+    complete: bool = Field(description="state is drained")
+    deployment: bool = Field(description="the whole deployment is drained (nets added later too)")
+    deployment_since: Timestamp | None
+    nets: list[DrainedNet] = Field(description="every drained net, by name")
+    queued: int = Field(description="QUEUED jobs: they wait, and run after undrain")
+
+
+class DrainChanged(DrainView):
+    """The answer of a drain or an undrain: the drain now, and whether the assigner was told
+    (undrain; null: nothing to tell)."""
+
+    notified: bool | None
 
 
 class FlStatus(ReadModel):
@@ -263,6 +308,7 @@ class FlStatus(ReadModel):
     probe_timeout_s: float
     queue: QueueView
     nets: list[NetStatus]
+    drain: DrainView = Field(description="what is drained, and whether draining is complete")
 
 
 # --- status callbacks (the public contract: app.contract) ---------------------------------

@@ -3,6 +3,7 @@
 from models.attempts import attempt_number
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
+from models.drains import ALL_NETS, Drain
 from models.housekeeping import HousekeepingRun
 from models.kicks import PendingKick
 from models.metrics import MetricNetClock, MetricTotal
@@ -30,6 +31,7 @@ from models.tables import (
 
 __all__ = [
     "ACTIVE_JOB_STATES",
+    "ALL_NETS",
     "ASSIGNABLE_NET_STATES",
     "JOB_TRANSITIONS",
     "NET_TRANSITIONS",
@@ -39,6 +41,7 @@ __all__ = [
     "Base",
     "CallbackCursor",
     "CallbackReceiver",
+    "Drain",
     "FlipStatus",
     "HousekeepingRun",
     "IllegalTransition",

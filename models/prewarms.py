@@ -48,6 +48,7 @@ class PrewarmOutcome(StrEnum):
     REJECTED = "rejected"  # bad input: unknown net, sites no net has...
     CALLER_KEY_CONFLICT = "caller_key_conflict"  # the key names a prewarm asked otherwise
     NET_MISCONFIGURED = "net_misconfigured"  # its net needs an operator first
+    NET_DRAINED = "net_drained"  # its net (every fitting net) is drained: try after undrain
 
 
 REFUSALS: frozenset[PrewarmOutcome] = frozenset(
@@ -55,6 +56,7 @@ REFUSALS: frozenset[PrewarmOutcome] = frozenset(
         PrewarmOutcome.REJECTED,
         PrewarmOutcome.CALLER_KEY_CONFLICT,
         PrewarmOutcome.NET_MISCONFIGURED,
+        PrewarmOutcome.NET_DRAINED,
     }
 )
 

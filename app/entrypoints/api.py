@@ -32,12 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
 
-from app.entrypoints import nets_page, prewarm_routes
+from app.entrypoints import drain_routes, nets_page, prewarm_routes
 from app.entrypoints.limits import BodySizeLimit
 from app.entrypoints.responses import Health, Readiness, error_responses, json_errors
 from app.errors import (
     CallerKeyConflict,
     InvalidRequest,
+    NetDrained,
     NetMisconfigured,
     NotFound,
     RequestRejected,
@@ -142,6 +143,7 @@ def create_app(
     _install_status_routes(app, ctx)
     _install_job_routes(app, ctx)
     prewarm_routes.install(app, ctx.runtime, _api_key_check(ctx), _read_body)
+    drain_routes.install(app, ctx.runtime, _api_key_check(ctx), _read_body)
     _install_webhooks(app)
     return app
 
@@ -192,6 +194,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _net_misconfigured(_: Request, exc: NetMisconfigured) -> JSONResponse:
         # A prewarm for a net an operator must fix first: nothing was started.
         return _error(409, str(exc), reason_code="net_misconfigured")
+
+    @app.exception_handler(NetDrained)
+    async def _net_drained(_: Request, exc: NetDrained) -> JSONResponse:
+        # A prewarm for a drained net: nothing was started or held (app.usecases.drains).
+        return _error(409, str(exc), reason_code="net_drained")
 
     @app.exception_handler(RequestRejected)
     async def _rejected(_: Request, exc: RequestRejected) -> JSONResponse:
@@ -274,7 +281,9 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
 
 
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
-    declared = declared_nets(ctx.runtime.settings)
+    settings = ctx.runtime.settings
+    callbacks = settings.callbacks_enabled
+    declared = declared_nets(settings)
     declared_names = {n.name for n in declared}
 
     @app.get(
@@ -342,9 +351,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job_by_key(caller_key: str) -> JobDetail:
         """The job a caller_key names, with its history (410: its enqueue was refused)."""
         with ctx.runtime.sessions() as session:
-            return job_detail_by_key(
-                session, caller_key, callbacks=ctx.runtime.settings.callbacks_enabled
-            )
+            return job_detail_by_key(session, caller_key, callbacks=callbacks, settings=settings)
 
     @app.get(
         "/jobs/{job_id}",
@@ -356,7 +363,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job(job_id: uuid.UUID) -> JobDetail:
         """One job with its history."""
         with ctx.runtime.sessions() as session:
-            return job_detail(session, job_id, callbacks=ctx.runtime.settings.callbacks_enabled)
+            return job_detail(session, job_id, callbacks=callbacks, settings=settings)
 
 
 async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:

@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from app.entrypoints.cli_drain import add_drain_commands
 from app.entrypoints.cli_jobs import (
     cmd_abort,
     cmd_config_check,
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_job_commands(add, json_flag)
     add_prewarm_commands(add, json_flag)
+    add_drain_commands(add, json_flag)
 
     db = add("db", cmd_db, "database schema (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")

@@ -14,6 +14,7 @@ from app.entrypoints.cli_output import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SETTINGS,
+    describe_drain,
     print_json,
     print_table,
     short_time,
@@ -154,7 +155,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         rows.append(
             [
                 net.name,
-                net.state,
+                f"{net.state} (drained)" if net.drained else net.state,
                 "yes" if net.always_on else "no",
                 f"{net.driver_kind} {driver.desired}/{driver.running}/{driver.pending}"
                 if driver
@@ -187,6 +188,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         + (f" (oldest since {short_time(queue.oldest_queued_at)})" if queue.queued else "")
         + "\n"
     )
+    if status.drain.state != "none":
+        sys.stdout.write("\n".join(describe_drain(status.drain)) + "\n")
     return EXIT_OK
 
 
@@ -242,9 +245,13 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with runtime.sessions() as session:
             if args.key is not None:
-                job = job_detail_by_key(session, args.key, callbacks=settings.callbacks_enabled)
+                job = job_detail_by_key(
+                    session, args.key, callbacks=settings.callbacks_enabled, settings=settings
+                )
             else:
-                job = job_detail(session, args.job_id, callbacks=settings.callbacks_enabled)
+                job = job_detail(
+                    session, args.job_id, callbacks=settings.callbacks_enabled, settings=settings
+                )
     finally:
         runtime.close()
     fields = job.model_dump(mode="json")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from app.read_models import DrainView
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -35,3 +38,22 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: T
 def short_time(iso: str | None) -> str:
     """An ISO time to the second, as a terminal shows it ("-" for none)."""
     return iso[:19].replace("T", " ") if iso else "-"
+
+
+def describe_drain(view: DrainView) -> list[str]:
+    """The drain in a few lines, as `drain`, `undrain` and `status` print it."""
+    if view.state == "none":
+        return ["drain: none (every net takes new jobs)"]
+    scope = (
+        f"the whole deployment since {short_time(view.deployment_since)}"
+        if view.deployment
+        else ", ".join(n.name for n in view.nets)
+    )
+    lines = [f"drain: {view.state.upper()} ({scope}); queued jobs waiting: {view.queued}"]
+    for net in view.nets:
+        job = net.active_job
+        left = f"job {job.id} {job.state}" if job else "nothing active"
+        lines.append(f"  {net.name}: {net.state or 'no row yet'}, {left}")
+    if view.complete:
+        lines.append("  no drained net has an active job: safe to stop the processes and deploy")
+    return lines

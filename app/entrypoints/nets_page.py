@@ -32,6 +32,10 @@ main{padding:14px 20px;max-width:1400px;margin:0 auto}
 .chip{background:var(--card);border:1px solid var(--line);border-radius:14px;padding:3px 11px;
 font-size:13.5px}
 .chip b{font-weight:600}
+.drain{background:#fff8e6;border:1px solid #f0d08a;border-left:5px solid var(--starting);
+border-radius:6px;padding:8px 14px;margin:10px 0}
+.drain h2{font-size:15px;margin:2px 0 4px;color:#7a5200}
+.drain p{margin:2px 0}
 .attention{background:#fff4f2;border:1px solid #f1c2ba;border-left:5px solid var(--outage);
 border-radius:6px;padding:8px 14px;margin:0 0 16px}
 .attention h2{font-size:15px;margin:2px 0 4px;color:#8f1414}
@@ -206,6 +210,10 @@ def _net_card(panel: NetPanel, ov: Overview) -> str:
             rows.append(
                 ("Idle grace", f'<span class="late">{duration(net.idle_left_s)} overdue</span>')
             )
+    drained = {n.name: n for n in ov.drain.nets} if ov.drain is not None else {}
+    if net.name in drained:
+        began = datetime.fromisoformat(drained[net.name].since)
+        rows.append(("Drained", f"since {_clock(began, ov.now)}: takes no new job"))
     if net.strays:
         rows.append(("Stray runs", f'<span class="late">{net.strays}</span>'))
     if net.last_error:
@@ -247,6 +255,33 @@ def _attention(ov: Overview) -> str:
     if more > 0:
         items += f"<li>and {more} more (first on the pages below)</li>"
     return f'<section class="attention"><h2>Needs attention</h2><ul>{items}</ul></section>'
+
+
+def _drain(ov: Overview) -> str:
+    """The drain banner (app.usecases.drains): what is drained, and what still runs."""
+    drain = ov.drain
+    if drain is None or drain.state == "none":
+        return ""
+    if drain.deployment and drain.deployment_since:
+        since = datetime.fromisoformat(drain.deployment_since)
+        scope = f"The whole deployment is drained (since {_clock(since, ov.now)})"
+    else:
+        scope = "Drained: " + ", ".join(escape(n.name) for n in drain.nets)
+    busy = [n for n in drain.nets if n.active_job is not None]
+    if busy:
+        left = "; ".join(
+            f"{escape(n.name)}: {escape(n.active_job.caller_key)} {_badge_job(n.active_job.state)}"
+            for n in busy
+            if n.active_job is not None
+        )
+        status = f"<b>Draining</b>: still active: {left}."
+    else:
+        status = "<b>Drained</b>: no drained net has an active job (safe to deploy)."
+    return (
+        f'<section class="drain"><h2>{scope}</h2><p>{status}</p><p>Drained nets take no new '
+        f"job and no prewarm; {drain.queued} queued job(s) wait and run after "
+        "<code>fl-dispatcher undrain</code>.</p></section>"
+    )
 
 
 def _pager(ov: Overview) -> str:
@@ -314,7 +349,7 @@ def render(ov: Overview, refresh_s: int = REFRESH_S) -> str:
         f"refreshes every {refresh_s} s{back}</span></header><main>"
         f'<div class="summary"><span class="chip"><b>{ov.total_nets:,} nets</b>: {counts}</span>'
         f'<span class="chip"><b>Queue</b>: {ov.queued} job(s){oldest}</span></div>'
-        f"{_attention(ov)}"
+        f"{_drain(ov)}{_attention(ov)}"
         f'<h2 class="section">Last 24 hours</h2><div class="legend">{legend}</div>'
         f'{_pager(ov)}<div class="nets">{cards}</div>{_pager(ov)}'
         f'<h2 class="section">Recent jobs</h2>{_jobs(ov)}'

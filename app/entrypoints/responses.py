@@ -37,7 +37,7 @@ class ErrorResponse(_Response):
     reason_code: ReasonCode | PrewarmOutcome | None = Field(
         default=None,
         description="410 and 409 only: `rejected` or `caller_key_conflict`; a prewarm's 409 "
-        "for a MISCONFIGURED net: `net_misconfigured`",
+        "for a MISCONFIGURED net: `net_misconfigured`, for a drained one: `net_drained`",
     )
 
 
@@ -52,7 +52,8 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
         "(the reason, and its reason_code).",
         409: "The job or net changed meanwhile (read it again), or the caller_key already "
         "names a job (prewarm) asked with another payload (reason_code caller_key_conflict), "
-        "or a prewarm's net is MISCONFIGURED (reason_code net_misconfigured).",
+        "or a prewarm's net is MISCONFIGURED (reason_code net_misconfigured) or drained "
+        "(reason_code net_drained).",
         413: "The request body is larger than API_MAX_BODY_BYTES (refused unread).",
         422: "The request does not match its schema.",
         503: "The database is unavailable.",

@@ -170,7 +170,7 @@ def _prewarms(snap: Snapshot) -> list[Metric]:
     counter = CounterMetricFamily(
         "fl_dispatcher_prewarms",
         "Prewarms by outcome: used (a job came while held), expired, cancelled, failed, or "
-        "refused (rejected, caller_key_conflict, net_misconfigured).",
+        "refused (rejected, caller_key_conflict, net_misconfigured, net_drained).",
         labels=["outcome"],
     )
     for outcome in PrewarmOutcome:

@@ -52,6 +52,7 @@ class NetRow:
     name: str
     state: NetState
     changed_s: float
+    drained: bool = False  # an operator drained it (app.usecases.drains): it takes no claim
 
 
 _SECS: dict[str, float] = {}
@@ -80,6 +81,13 @@ def _uuid(hex_text: str) -> str:
     return value
 
 
+_NETS = (
+    "SELECT name, state, state_changed_at,"
+    " EXISTS (SELECT 1 FROM drains WHERE scope IN (nets.name, '*')) FROM nets ORDER BY name"
+)
+_NETS_BEFORE_DRAINS = "SELECT name, state, state_changed_at, 0 FROM nets ORDER BY name"
+
+
 class WorldState:
     """The jobs, nets and holds as last read, and what they still need."""
 
@@ -91,12 +99,14 @@ class WorldState:
         self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
         self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
         self._strays_at_changes = -1
-        self.has_strays = (
-            sim.conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stray_runs'"
-            ).fetchone()
-            is not None
-        )
+        self.has_strays = self._has_table("stray_runs")
+        self.has_drains = self._has_table("drains")
+
+    def _has_table(self, name: str) -> bool:
+        found = self.sim.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        return found is not None
 
     # --- reading the world --------------------------------------------------------------------
 
@@ -126,8 +136,8 @@ class WorldState:
             )
         ]
         self.nets = [
-            NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0)
-            for row in conn.execute("SELECT name, state, state_changed_at FROM nets ORDER BY name")
+            NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0, bool(row[3]))
+            for row in conn.execute(_NETS if self.has_drains else _NETS_BEFORE_DRAINS)
         ]
         if self.sim.workload.prewarms:
             self.holds = self._read_holds()
@@ -182,8 +192,8 @@ class WorldState:
         if self.holds and self.held(net, self.sim.clock.t):
             return True
         row = next((n for n in self.nets if n.name == net), None)
-        if row is None or row.state not in ASSIGNABLE_NET_STATES:
-            return False
+        if row is None or row.state not in ASSIGNABLE_NET_STATES or row.drained:
+            return False  # (a drained net's queue keeps no server up: it waits for undrain)
         # Only a job that could be claimed: one waiting for its own stray run (on this net
         # or another) cannot run here, so it keeps no server up.
         return any(

@@ -12,7 +12,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, case, exists, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, case, exists, literal, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from app.net_config import NetConfig
@@ -20,7 +20,9 @@ from app.settings import Settings
 from app.usecases.step_leases import handoff_lease_s, hold
 from models import (
     ACTIVE_JOB_STATES,
+    ALL_NETS,
     ASSIGNABLE_NET_STATES,
+    Drain,
     Job,
     JobState,
     Net,
@@ -206,7 +208,16 @@ def _free() -> tuple[ColumnElement[bool], ...]:
         ~_active_job_on(Net.name),  # type: ignore[operator]
         # A run the server may still hold must be settled before the net takes a new job.
         ~exists().where(StrayRun.net_name == Net.name),
+        # Drained (app.usecases.drains): on its own, or with the whole deployment. Read in
+        # the candidates' statement and again in the one that locks the net: no statement
+        # more per claim, and a claim after a drain's commit never takes a drained net.
+        ~drained(Net.name),
     )
+
+
+def drained(net_name_column: Any) -> ColumnElement[bool]:
+    """SQL: the net is drained (a `drains` row names it, or the whole deployment's)."""
+    return exists().where(or_(Drain.scope == net_name_column, Drain.scope == ALL_NETS))
 
 
 def _candidates() -> Any:
@@ -354,10 +365,14 @@ def _next_jobs(limit: int) -> Any:
 
 def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
     """A QUEUED job that could be claimed onto this net waits (claimable, pinned to it or
-    unpinned, and with sites the net has where it declares them)."""
+    unpinned, and with sites the net has where it declares them). None can be onto a
+    drained net: its server is left to its idle grace, as with no job waiting (read in the
+    same statement: no statement more per idle check)."""
     net = settings.net(net_name)
     sites = select(Job.required_sites).where(
-        _claimable(), or_(Job.requested_net.is_(None), Job.requested_net == net_name)
+        _claimable(),
+        or_(Job.requested_net.is_(None), Job.requested_net == net_name),
+        ~drained(literal(net_name)),
     )
     if net.sites is None:
         return bool(session.scalar(select(exists(sites))))

@@ -21,8 +21,10 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from app.metrics.figures import cold_starts
+from app.read_models import DrainView
 from app.settings import Settings
 from app.usecases import prewarm_holds
+from app.usecases.drains import drain_state
 from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, NetState, StrayRun
 
 WINDOW = timedelta(hours=24)
@@ -154,6 +156,7 @@ class Overview:
     queued_anywhere: int  # QUEUED jobs that take any net
     oldest_queued_at: datetime | None
     jobs: list[JobHistory]
+    drain: DrainView | None = None  # what is drained (the page's banner)
 
 
 def nets_overview(
@@ -243,6 +246,7 @@ def nets_overview(
         queued_anywhere=queued_by_net.get(None, 0),
         oldest_queued_at=oldest,
         jobs=recent_jobs(session, jobs_limit, net),
+        drain=drain_state(session, [d.name for d in declared], queued=sum(queued_by_net.values())),
     )
 
 

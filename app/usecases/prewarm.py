@@ -23,8 +23,9 @@ settling a row) are in `prewarm_holds`, `warm_up` and `settle_prewarms` in `prew
   meanwhile, and re-sends a `warm_up` that was lost before it asked the driver.
 - `cancel_prewarm` ends a hold now; the net's idle grace starts then.
 
-A refused prewarm (bad input, another payload under the same key, a MISCONFIGURED net)
-starts nothing and takes no key; it is recorded, so a caller of the task can look it up.
+A refused prewarm (bad input, another payload under the same key, a MISCONFIGURED net, a
+drained one: `drained_error` says why a drained net's hint is refused, not held) starts
+nothing and takes no key; it is recorded, so a caller of the task can look it up.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -42,6 +43,7 @@ from app.db import unit_of_work
 from app.errors import (
     CallerKeyConflict,
     InvalidRequest,
+    NetDrained,
     NetMisconfigured,
     NotFound,
     RequestRejected,
@@ -51,7 +53,8 @@ from app.read_models import Prewarmed, PrewarmView, iso
 from app.runtime import Runtime
 from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import rows, services
+from app.usecases.claims import drained
 from app.usecases.prewarm_holds import (
     HELD,
     UP,
@@ -128,6 +131,8 @@ def refusal_code(exc: InvalidRequest) -> PrewarmOutcome:
         return PrewarmOutcome.CALLER_KEY_CONFLICT
     if isinstance(exc, NetMisconfigured):
         return PrewarmOutcome.NET_MISCONFIGURED
+    if isinstance(exc, NetDrained):
+        return PrewarmOutcome.NET_DRAINED
     return PrewarmOutcome.REJECTED
 
 
@@ -179,9 +184,11 @@ def _accept(
         row = _repeat(existing, request, settings)
         return row, False, _still_warming(session, row, now)
     net_name, sites = _resolve(session, settings, request, now)
-    net = services.get_net(session, net_name, lock=True)
+    net, shut = _lock_net(session, net_name)
     if net.state == NetState.MISCONFIGURED:
         raise misconfigured_error(net)
+    if shut:
+        raise drained_error(net_name)
     granted_s = min(request.within_s, settings.prewarm_max_s)
     row = Prewarm(
         caller_key=request.caller_key,
@@ -208,6 +215,24 @@ def _accept(
         note += f"; held {granted_s:.0f}s (PREWARM_MAX_S), not the {request.within_s:.0f}s asked"
     row.detail = note
     return row, True, start
+
+
+# The net locked as a claim locks it, and whether it is drained, in one statement (no
+# statement more per prewarm). A drain that commits while this waits for the lock is not
+# seen here: the hold it lets through is ended by the next scale-down round
+# (prewarm_warm_up.settle_prewarms), before its net is started again for it.
+_NET_LOCKED = (
+    select(Net, drained(Net.name)).where(Net.name == bindparam("key")).with_for_update(of=Net)
+)
+
+
+def _lock_net(session: Session, net_name: str) -> tuple[Net, bool]:
+    found = session.execute(_NET_LOCKED, {"key": net_name}).first()
+    if found is None:
+        raise NotFound(f"net {net_name} not found")  # (a declared net has its row: ensured)
+    net, shut = found
+    rows.note_locked(session, net, net_name)
+    return net, bool(shut)
 
 
 def _still_warming(session: Session, row: Prewarm, now: datetime) -> bool:
@@ -242,6 +267,23 @@ def _start_or_hold(
         )
         return True, "server starting"
     return False, f"net is {net.state}: started again once it is down"
+
+
+def drained_error(net_name: str, fitting: list[str] | None = None) -> NetDrained:
+    """A prewarm is refused, not held, on a drained net: a drained net takes no new job, so
+    warming or holding its server could only keep it up for nothing and hold back the
+    drain's end (its scale to zero); the caller learns at once, and may hint again after
+    the undrain."""
+    which = (
+        f"every net with its sites is drained ({', '.join(fitting)})"
+        if fitting
+        else (f"net {net_name} is drained")
+    )
+    return NetDrained(
+        f"{which}: it takes no new job until an operator undrains it (a redeploy, most "
+        "likely); nothing was started or held, hint again after the undrain",
+        net_name=net_name,
+    )
 
 
 def _resolve(
@@ -281,11 +323,20 @@ def _likely_net(session: Session, fitting: list[str], sites: list[str], now: dat
     free READY net, then a STARTING one, then a STOPPED one (a net another live hold already
     keeps comes after those, as that hold's job will take it), then one whose job is still
     on it; never a MISCONFIGURED one. Ties by name."""
-    states: dict[str, NetState] = {
-        name: NetState(state)
-        for name, state in session.execute(select(Net.name, Net.state).where(Net.name.in_(fitting)))
-    }
+    states: dict[str, NetState] = {}
+    shut: set[str] = set()
+    for name, state, is_drained in session.execute(
+        select(Net.name, Net.state, drained(Net.name)).where(Net.name.in_(fitting))
+    ):
+        states[name] = NetState(state)
+        if is_drained:
+            shut.add(name)
     usable = [n for n in fitting if states.get(n) not in (None, NetState.MISCONFIGURED)]
+    if usable:
+        shut &= set(usable)
+        if len(shut) == len(usable):
+            raise drained_error(usable[0], usable)
+        usable = [n for n in usable if n not in shut]
     if not usable:
         raise NetMisconfigured(
             f"every net with the sites {sites} is MISCONFIGURED ({', '.join(fitting)}); nothing "

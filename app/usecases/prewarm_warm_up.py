@@ -20,6 +20,7 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import services
+from app.usecases.claims import drained
 from app.usecases.prewarm_holds import (
     end_hold,
     idle_from_holds,
@@ -289,22 +290,21 @@ def settle_prewarms(rt: Runtime) -> list[str]:
             if session.scalar(_ANY_OPEN_HOLD) is not True:
                 return notes
         with unit_of_work(rt.sessions) as session:
-            rows = list(
-                session.scalars(
-                    select(Prewarm)
-                    .where(Prewarm.outcome.is_(None), ~Prewarm.refused)
-                    .order_by(Prewarm.id)
-                    .with_for_update()
-                )
-            )
+            found = session.execute(_OPEN_ROWS).all()
+            rows = [row for row, _ in found]
             cap = timedelta(seconds=rt.settings.prewarm_max_s)
-            for row in rows:
+            for row, shut in found:
                 if row.hold_until > row.created_at + cap:
                     # PREWARM_MAX_S was lowered since it was granted: the bound holds for
                     # the holds already granted too, not only for new ones.
                     row.hold_until = row.created_at + cap
                     notes.append(f"prewarm {row.caller_key}: shortened to PREWARM_MAX_S")
                 note = settle_row(session, row, now)
+                if not note and shut:
+                    # Accepted while a drain of its net committed (prewarm._lock_net): the
+                    # drain ends it here, before the net is started again for it.
+                    end_hold(row, PrewarmOutcome.CANCELLED, now, f"net {row.net_name} drained")
+                    note = "cancelled: net drained"
                 if note:
                     notes.append(f"prewarm {row.caller_key}: {note}")
             wanted = sorted({r.net_name for r in rows if r.outcome is None and r.net_name})
@@ -328,6 +328,13 @@ def _open_hold() -> Select[Any]:
 
 # Asked every idle scale-down round: built once at import (issue 37).
 _ANY_OPEN_HOLD = select(_open_hold().exists())
+# The open holds, locked, and whether each one's net is drained (app.usecases.drains).
+_OPEN_ROWS = (
+    select(Prewarm, drained(Prewarm.net_name))
+    .where(Prewarm.outcome.is_(None), ~Prewarm.refused)
+    .order_by(Prewarm.id)
+    .with_for_update(of=Prewarm)
+)
 
 
 def _keep_warming(rt: Runtime, net_name: str) -> str:

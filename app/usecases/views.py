@@ -41,8 +41,11 @@ from app.read_models import (
 )
 from app.runtime import Runtime
 from app.schemas import job_id_for, require_storable
+from app.settings import Settings
 from app.usecases import enqueue, prewarm_holds, services
 from app.usecases.callbacks import delivery_status
+from app.usecases.claims import drained
+from app.usecases.drains import NET_DRAINED, drain_state
 from models import (
     ACTIVE_JOB_STATES,
     Job,
@@ -91,10 +94,17 @@ def job_view(job: Job) -> JobView:
     return JobView(**_job_fields(job))
 
 
-def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) -> JobDetail:
+def job_detail(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    callbacks: bool = False,
+    settings: Settings | None = None,
+) -> JobDetail:
     """A job with its full history, oldest move first, and with `callbacks` (CALLBACK_URL
     set) how far that history was delivered to flip-api. RequestRejected if the enqueue that
-    would have created it was refused, NotFound if there is no such job at all."""
+    would have created it was refused, NotFound if there is no such job at all. `settings`:
+    the nets an unpinned job may run on (else every net the database holds)."""
     try:
         job = services.get_job(session, job_id)
     except NotFound:
@@ -123,16 +133,20 @@ def job_detail(session: Session, job_id: uuid.UUID, *, callbacks: bool = False) 
         **_job_fields(job),
         history=history,
         callbacks=delivery_status(session, job_id) if callbacks else None,
-        waiting_for=waiting_for(session, job) if job.state == JobState.QUEUED else None,
+        waiting_for=waiting_for(session, job, settings) if job.state == JobState.QUEUED else None,
     )
 
 
-def waiting_for(session: Session, job: Job) -> str | None:
+def waiting_for(session: Session, job: Job, settings: Settings | None = None) -> str | None:
     """Why a QUEUED job is not running yet, when something other than a free net holds it:
-    an earlier run of it not yet settled, or the net it is pinned to out of service."""
+    an earlier run of it not yet settled, every net it may run on drained ("net drained"),
+    or the net it is pinned to out of service."""
     stray = session.scalar(select(StrayRun).where(StrayRun.job_id == job.id).limit(1))
     if stray is not None:
         return f"an earlier run of it on net {stray.net_name} is not settled yet: {stray.reason}"
+    shut = _drained_for(session, job, settings)
+    if shut is not None:
+        return shut
     if job.requested_net is None:
         return None
     net = session.get(Net, job.requested_net)
@@ -140,6 +154,26 @@ def waiting_for(session: Session, job: Job) -> str | None:
         why = f": {net.last_error}" if net.last_error else ""
         return f"net {net.name} is {net.state}{why}"
     return None
+
+
+def _drained_for(session: Session, job: Job, settings: Settings | None) -> str | None:
+    """ "net drained: ..." when every net the job may run on is drained."""
+    if job.requested_net is not None:
+        candidates = [job.requested_net]
+    elif settings is not None:
+        candidates = [n.name for n in settings.nets if not n.lacks(job.required_sites)]
+    else:
+        candidates = list(session.scalars(select(Net.name)))
+    if not candidates:
+        return None
+    shut = set(session.scalars(select(Net.name).where(Net.name.in_(candidates), drained(Net.name))))
+    if shut != set(candidates):
+        return None
+    if job.requested_net is not None:
+        which = f"net {job.requested_net}, which it is pinned to, is drained"
+    else:
+        which = f"every net it may run on is drained ({', '.join(sorted(shut))})"
+    return f"{NET_DRAINED}: {which}; it runs once an operator undrains one (`undrain`)"
 
 
 def parse_job_state(raw: str) -> JobState:
@@ -205,14 +239,23 @@ def page_jobs(
     )
 
 
-def job_detail_by_key(session: Session, caller_key: str, *, callbacks: bool = False) -> JobDetail:
+def job_detail_by_key(
+    session: Session,
+    caller_key: str,
+    *,
+    callbacks: bool = False,
+    settings: Settings | None = None,
+) -> JobDetail:
     """The job a caller_key names, as `job_detail` shows it (RequestRejected when its enqueue
     was refused, NotFound when there is neither)."""
     require_storable(caller_key, "caller_key")
     job = session.scalar(select(Job.id).where(Job.caller_key == caller_key))
     try:
         return job_detail(
-            session, job if job is not None else job_id_for(caller_key), callbacks=callbacks
+            session,
+            job if job is not None else job_id_for(caller_key),
+            callbacks=callbacks,
+            settings=settings,
         )
     except RequestRejected:
         raise
@@ -314,6 +357,8 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
     with runtime.sessions() as session:
         sql = _sql_view(session, names)
         holds = prewarm_holds.live_holds(session, runtime.clock())
+        drain = drain_state(session, names, sql.queued)
+    shut = {n.name for n in drain.nets}
 
     calls: dict[str, Callable[[], Any]] = {}
     probe_admin: dict[str, bool] = {}
@@ -378,6 +423,7 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
                 last_error=row.last_error if row else None,
                 error="; ".join(errors) or None,
                 prewarm=holds[net.name].view() if net.name in holds else None,
+                drained=net.name in shut,
             )
         )
     return FlStatus(
@@ -386,4 +432,5 @@ def collect_status(runtime: Runtime, prober: Prober | None, timeout_s: float) ->
         probe_timeout_s=timeout_s,
         queue=QueueView(queued=sql.queued, oldest_queued_at=iso(sql.oldest)),
         nets=views,
+        drain=drain,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from app import migrate
 from tests.fixtures.db import fresh_pg_database
@@ -29,6 +29,7 @@ TABLES = {
     "housekeeping_runs",
     "pending_kicks",
     "prewarms",
+    "drains",
     "alembic_version",
 }
 
@@ -72,3 +73,30 @@ def test_partial_unique_index_exists_after_migration(empty_db):
     finally:
         engine.dispose()
     assert indexes["uq_jobs_one_active_per_net"]["unique"]
+
+
+def test_0017_adds_drains_to_a_database_with_work_and_a_drain_survives_to_head(empty_db):
+    """A deployment on 0015 is migrated with its nets in place; the drain made after it is a
+    row the next release's processes read (issue 40: drain, deploy, migrate, undrain)."""
+    migrate.upgrade(empty_db, "0015")
+    assert "drains" not in _tables(empty_db)
+    engine = create_engine(empty_db)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO nets (name, state, state_changed_at, version)"
+                    " VALUES ('net-a', 'READY', '2026-12-05 09:00:00+00:00', 1)"
+                )
+            )
+        migrate.upgrade(empty_db)
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO drains (scope, drained_at) VALUES ('*', :at)"),
+                {"at": "2026-12-05 09:01:00+00:00"},
+            )
+            assert conn.execute(text("SELECT scope, reason FROM drains")).all() == [("*", "")]
+        migrate.downgrade(empty_db, "0015")
+        assert "drains" not in _tables(empty_db) and "nets" in _tables(empty_db)
+    finally:
+        engine.dispose()

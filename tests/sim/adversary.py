@@ -20,7 +20,7 @@ from app.sim.bundles import S3_DEFINITION
 from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
-from tests.sim import bursts, claim_prewarms, dbfaults, poison, repeats
+from tests.sim import bursts, claim_prewarms, dbfaults, drains, poison, repeats
 from tests.sim.races import Races
 from tests.sim.redeploy import plan as plan_redeploys
 
@@ -68,6 +68,7 @@ class Adversary:
         claim_prewarms.schedule(sim, sim.caller.arm)
         bursts.schedule(sim, sim.caller.arm, sim.caller.enqueue_payload)
         repeats.schedule(sim, sim.caller.arm)
+        drains.schedule(sim)
         self._schedule_faults()
 
     def at_hook(self, point: str, net: str | None, fired: bool) -> None:

@@ -16,7 +16,7 @@ from models import (
     JobState,
     NetState,
 )
-from tests.sim import repeats
+from tests.sim import drains, repeats
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
@@ -61,6 +61,7 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
         self._runs(t)
         self._claims(t)
         self._queued_while_free(t)
+        drains.check(self)
         self._scale_to_zero(t)
         self._prewarms(t)
         self._net_moves()
@@ -182,13 +183,16 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
 
     def _queued_while_free(self, t: float) -> None:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no
-        active job): assign runs every tick and after every release."""
+        active job, not drained): assign runs every tick and after every release."""
         busy = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
         declared = self.sim.declared_net
         free = [
             n.name
             for n in self.nets
-            if n.state in ASSIGNABLE_NET_STATES and n.name not in busy and declared(n.name)
+            if n.state in ASSIGNABLE_NET_STATES
+            and n.name not in busy
+            and declared(n.name)
+            and not n.drained  # an operator's drain: its queue waits by design
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):

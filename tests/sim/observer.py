@@ -39,6 +39,8 @@ class Observer:
         self._unreachable_at: dict[str, float] = {}  # net -> last seen not answering
         self._held_runs: dict[str, str] = {}  # job id -> the run id it held at the last step
         self._claims_seen: set[tuple[str, int]] = set()
+        self._active_before: set[str] = set()  # jobs active at the last step (tests.sim.drains)
+        self._drained_before: set[str] = set()  # nets drained at the last step
 
     # --- the world as the simulation last read it (app.sim.state) ---------------------------
 

@@ -395,6 +395,47 @@ def test_abort_a_dispatching_job_sends_only_the_server_abort(capsys, db, world, 
         assert session.get(Job, world["first"]).state == JobState.ABORTING
 
 
+def test_drain_and_undrain_answer_json_and_undrain_kicks_the_assigner(capsys, db, world, cli_env):
+    """app/entrypoints/README.md "Drain before a redeploy": net-a holds the ASSIGNED first
+    job and the second waits for it."""
+    code, out, _ = run(capsys, "drain", "net-a", "--reason", "release 0.3.0", "--json")
+    assert code == 0
+    drained = json.loads(out)
+    assert (drained["state"], drained["complete"], drained["queued"]) == ("draining", False, 1)
+    assert [(n["name"], n["active_job"]["state"]) for n in drained["nets"]] == [
+        ("net-a", "ASSIGNED")
+    ]
+    code, out, _ = run(capsys, "status", "--json", "--no-probe")
+    status = json.loads(out)
+    assert status["drain"]["state"] == "draining"
+    assert [(n["name"], n["drained"]) for n in status["nets"]] == [
+        ("net-a", True),
+        ("net-b", False),
+    ]
+    code, out, _ = run(capsys, "status", "--no-probe")
+    assert "STARTING (drained)" in out and "drain: DRAINING (net-a)" in out
+    code, out, _ = run(capsys, "job", str(world["second"]), "--json")
+    assert json.loads(out)["waiting_for"].startswith("net drained: net net-a")
+    assert broker_messages(cli_env) == []  # a drain tells no worker
+
+    code, _, err = run(capsys, "undrain", "--all", "net-a")
+    assert code == 1 and "name the nets to drain or undrain, or ask for all" in err
+    code, out, _ = run(capsys, "undrain", "net-a", "--json")
+    assert code == 0
+    assert json.loads(out)["state"] == "none" and json.loads(out)["notified"] is True
+    assert task_names(broker_messages(cli_env)) == [names.ASSIGN_NEXT_JOB]
+
+
+def test_drain_wait_says_when_the_drain_is_not_complete(capsys, db, world, cli_env):
+    code, out, err = run(capsys, "drain", "--all", "--wait", "0")
+    assert code == 1 and "drain: not complete after 0s" in err
+    assert "drain: DRAINING (the whole deployment since" in out
+    with db.begin() as session:  # the ASSIGNED job ends: nothing active left
+        services.abort_job(session, world["first"], "done", FrozenClock()())
+    code, out, _ = run(capsys, "drain", "--all", "--wait", "0")
+    assert code == 0 and "safe to stop the processes and deploy" in out
+
+
 def test_db_commands(capsys, cli_env, monkeypatch, tmp_path):
     fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
     monkeypatch.setenv("DATABASE_URL", fresh)
@@ -457,7 +498,7 @@ def test_parser_lists_every_command():
     assert set(sub.choices) == {
         "config", "status", "jobs", "job", "enqueue", "abort", "db",
         "diagram", "schema", "api", "ready", "worker", "beat", "demo", "simulate",
-        "participant", "prewarm", "cancel-prewarm", "local-net",
+        "participant", "prewarm", "cancel-prewarm", "local-net", "drain", "undrain",
     }  # fmt: skip
 
 

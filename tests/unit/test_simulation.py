@@ -20,6 +20,7 @@ from app.sim.report import Result
 from app.sim.simulation import Simulation
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import services
+from tests.sim import drains
 from tests.sim.invariants import Checker
 from tests.sim.profiles import PROFILES_BY_NAME
 from tests.sim.redeploy import redeploy
@@ -304,3 +305,38 @@ def test_an_assign_kick_is_not_absorbed_by_a_round_restored_only_later() -> None
     broker.push(names.ASSIGN_NEXT_JOB, {}, faulty=False)
     due = sorted(m.deliver_at for m in broker.pending if m.task == names.ASSIGN_NEXT_JOB)
     assert due == [sim.clock.t, sim.clock.t + 500.0]  # the third absorbed by the second
+
+
+def test_a_long_drain_holds_the_queue_and_lets_the_drained_net_go_to_zero() -> None:
+    """Issue 40 (tests/sim/drains.py): net-a drained with a job on it for 400 s, far past
+    `queued-while-free`'s bound and net-a's idle grace: the job completes, net-a scales to
+    zero while a job for it waits, and that job runs after the undrain. The checker must
+    count the drained net neither free (queued-while-free) nor needed (idle-net-at-zero)."""
+    world = WorldSpec(nets=(NetSpec("net-a"),))
+    jobs = (
+        JobSpec("running", arrive_s=5.0, duration_s=40.0),
+        JobSpec("waiting", arrive_s=30.0, duration_s=20.0),
+    )
+    sim = Simulation(world, Workload(jobs=jobs, horizon_s=500.0), CLEAN, seed=1, checker=Checker())
+    sim.at(
+        20.0,
+        "operator drains net-a",
+        functools.partial(drains.operator_drain, sim, ("net-a",), False),
+    )
+    sim.at(
+        420.0,
+        "operator undrains",
+        functools.partial(drains.operator_undrain, sim, ("net-a",), False),
+    )
+    states: list[tuple[str, str, int]] = []
+    sim.at(
+        415.0,
+        "look",
+        lambda: states.append((*sim.job_states().values(), sim.cluster.replicas("net-a"))),
+    )
+
+    result = sim.run()
+
+    assert result.ok, result.summary()  # (a net kept up for its queue: idle-net-at-zero)
+    assert states == [("COMPLETED", "QUEUED", 0)]
+    assert sim.job_states() == {"running": "COMPLETED", "waiting": "COMPLETED"}
