@@ -380,7 +380,12 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
         if not _hold_submit(rt, job_id, net_name, attempt, token):
             return StepResult(Step.SKIPPED, "job moved on while its copy was prepared")
-        nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
+        nvflare_job_id = admin.submit(  # TransientError -> the task retries
+            folder,
+            token,
+            required_sites=sites,
+            resource_spec=(metadata or {}).get("resource_spec"),
+        )
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:

@@ -380,8 +380,16 @@ class NvflareAdminClient:
             server_start_time=float(start_time) if start_time is not None else None,
         )
 
-    def submit(self, job_folder: Path, submit_token: str) -> str:
-        """Submit a job folder; a repeated token returns the existing job's id."""
+    def submit(
+        self,
+        job_folder: Path,
+        submit_token: str,
+        *,
+        required_sites: Sequence[str] = (),
+        resource_spec: Any = None,
+    ) -> str:
+        """Submit a job folder; a repeated token returns the existing job's id. The sites
+        and resource spec are the prepared folder's meta.json's already (unused here)."""
         from nvflare.fuel.flare_api import api_spec as nv
 
         def operation(session: Any) -> str:
