@@ -18,7 +18,6 @@ tiny Flower App; the rest is the same story.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy import func, select
 
@@ -339,58 +338,14 @@ def _flower_venv(out: TextOut) -> Path:
 def _flower_options(
     root: Path, extra_env: dict[str, str], resources: contextlib.ExitStack, out: TextOut
 ) -> tuple[StackOptions, DemoNet]:
-    """A local Flower net (SuperLink by the local driver, with TLS and SuperNode
-    authentication, its state in a database) and its two SuperNodes, registered by site
-    name and running; the stack to run on it."""
-    from app.adapters.drivers import build_driver
-    from app.adapters.flower.client import build_flower_client
+    """A local Flower net and its two SuperNodes, registered by site name and running; the
+    stack to run on it."""
     from app.local import flower
-    from app.procs import free_port
-    from app.settings import Settings
 
     venv = _flower_venv(out)
-    workspace = root / "flower"
-    tls = flower.make_tls(workspace / "tls")
-    address = f"127.0.0.1:{free_port()}"
-    entry = {
-        "name": FLOWER_NET,
-        "backend": "flower",
-        "idle_timeout_s": 6,
-        "ready_timeout_s": 120,
-        "required_sites": list(flower.SITES),
-        "driver": {
-            "kind": "local",
-            "superlink_dir": str(workspace / "superlink"),
-            "ssl_certfile": str(tls.cert),
-            "ssl_keyfile": str(tls.key),
-        },
-        "flower": {"address": address, "root_certificates": str(tls.ca)},
-    }
-    flower.build_flower_app(root / "jobs" / FLOWER_APP)
-    sites = flower.LocalSuperNodes(venv, workspace, address=address, ca=tls.ca, sites=flower.SITES)
+    entry, sites = flower.local_flower_net(root, venv, name=FLOWER_NET, idle_timeout_s=6)
     resources.callback(sites.close)
-    # What an operator does once: the SuperLink up (by the net's own driver, on its own state
-    # database), each SuperNode registered by its site name and started, the SuperLink down
-    # again. The SuperNodes keep running and reconnect whenever it is back.
-    settings = Settings(
-        NETS=json.dumps([entry]), FLWR_VENV=str(venv), FL_DISPATCHER_DATA_DIR=str(root / "data")
-    )
-    net = settings.net(FLOWER_NET)
-    driver = build_driver(net, settings)
-    driver.scale(1)
-    try:
-        flower.poll("the SuperLink's port", lambda: driver.observe().running == 1, 60)
-        flower.poll("the SuperLink's Control API", lambda: _answers(net, settings), 60, 0.5)
-        sites.register()
-        sites.start()
-
-        def ready() -> bool:
-            with build_flower_client(net, settings) as client:
-                return client.is_ready(flower.SITES).ready
-
-        flower.poll("both SuperNodes online", ready, flower.NODES_TIMEOUT_S, 0.5)
-    finally:
-        driver.scale(0)
+    flower.build_flower_app(root / "jobs" / FLOWER_APP)
     options = StackOptions(
         workdir=root,
         nvflare=False,
@@ -399,18 +354,6 @@ def _flower_options(
         extra_env=extra_env,
     )
     return options, DemoNet(FLOWER_NET, FLOWER_APP, "Flower", "SuperLink")
-
-
-def _answers(net: Any, settings: Any) -> bool:
-    from app.adapters.flower.client import build_flower_client
-    from app.errors import TransientError
-
-    with build_flower_client(net, settings) as client:
-        try:
-            client.ping()
-        except TransientError:
-            return False
-        return True
 
 
 def _next_steps(root: Path, *, kept: bool, out: TextOut) -> None:

@@ -290,6 +290,80 @@ class LocalSuperNodes:
                 procs.terminate_tree(pid, sig=signal.SIGKILL)
 
 
+def local_flower_net(
+    root: Path,
+    venv: Path,
+    *,
+    name: str,
+    idle_timeout_s: float,
+    ready_timeout_s: float = 120,
+    sites: Sequence[str] = SITES,
+) -> tuple[dict[str, Any], LocalSuperNodes]:
+    """A Flower net for a local stack whose workdir is `root` (its data folder
+    `root/data`): its nets entry (the local driver's SuperLink, with TLS, SuperNode
+    authentication and its state in a database, on a free port) and its SuperNodes,
+    registered by site name and running. The caller closes the SuperNodes.
+
+    What an operator does once: the SuperLink up (by the net's own driver, on its own state
+    database), each SuperNode registered by its site name and started, the SuperLink down
+    again. The SuperNodes keep running and reconnect whenever it is back."""
+    import json
+
+    from app.adapters.drivers import build_driver
+    from app.adapters.flower.client import build_flower_client
+    from app.errors import TransientError
+    from app.settings import Settings
+
+    workspace = root / "flower"
+    tls = make_tls(workspace / "tls")
+    address = f"127.0.0.1:{procs.free_port()}"
+    entry: dict[str, Any] = {
+        "name": name,
+        "backend": "flower",
+        "idle_timeout_s": idle_timeout_s,
+        "ready_timeout_s": ready_timeout_s,
+        "required_sites": list(sites),
+        "driver": {
+            "kind": "local",
+            "superlink_dir": str(workspace / "superlink"),
+            "ssl_certfile": str(tls.cert),
+            "ssl_keyfile": str(tls.key),
+        },
+        "flower": {"address": address, "root_certificates": str(tls.ca)},
+    }
+    nodes = LocalSuperNodes(venv, workspace, address=address, ca=tls.ca, sites=sites)
+    settings = Settings(
+        NETS=json.dumps([entry]), FLWR_VENV=str(venv), FL_DISPATCHER_DATA_DIR=str(root / "data")
+    )
+    net = settings.net(name)
+    driver = build_driver(net, settings)
+
+    def answers() -> bool:
+        with build_flower_client(net, settings) as client:
+            try:
+                client.ping()
+            except TransientError:
+                return False
+            return True
+
+    def ready() -> bool:
+        with build_flower_client(net, settings) as client:
+            return client.is_ready(sites).ready
+
+    driver.scale(1)
+    try:
+        poll("the SuperLink's Control API", answers, 60, 0.5)
+        nodes.register()
+        nodes.start()
+        poll("the SuperNodes online", ready, NODES_TIMEOUT_S, 0.5)
+    except BaseException:
+        nodes.close()
+        raise
+    finally:
+        driver.scale(0)
+    return entry, nodes
+
+
 # --- the demo's Flower App ------------------------------------------------------------
 
 _APP_FILES = {
