@@ -92,7 +92,7 @@ class DispatcherTask(Task):  # type: ignore[misc]
         # out, and its job is requeued.
         settings = runtime().settings
         if on_error(handler, exc, settings.retry_max, settings) is Verdict.EXHAUSTED:
-            from app.usecases.dispatch import requeue_after_transient
+            from app.usecases.retries import requeue_after_transient
 
             log.warning(
                 "retries exhausted; requeueing",
@@ -147,7 +147,7 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
             countdown = backoff_s(self.request.retries, settings.retry_backoff_max_s)
             job_id = kwargs.get("job_id")
             if handler.kind is Kind.PIPELINE and job_id:
-                from app.usecases.dispatch import count_retry
+                from app.usecases.retries import count_retry
 
                 # Counted on the job, which also learns when this task will try again: a
                 # worker that dies in the wait is then known gone soon after (reconcile).

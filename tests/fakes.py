@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from app.adapters.backend import AbortResult, Readiness, RunStatus, ServerState
 from app.adapters.drivers.base import Observation
@@ -55,6 +56,8 @@ class FakeServer:
     submitted: dict[str, str] = field(default_factory=dict)  # token -> nvflare id
     started: dict[str, float] = field(default_factory=dict)  # nvflare id -> its start_time
     folders: list[Path] = field(default_factory=list)  # the job folder of each submit
+    # The job's sites and resource spec each submit was given (what a Flower run's config gets)
+    submit_args: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
     submit_error: Exception | None = None
     aborted: list[str] = field(default_factory=list)
     # Runs killed with an earlier server process: NVFLARE 2.9 still reads them RUNNING and
@@ -119,9 +122,17 @@ class FakeAdmin:
             server_start_time=self.server.start_time,
         )
 
-    def submit(self, job_folder: Path, submit_token: str) -> str:
+    def submit(
+        self,
+        job_folder: Path,
+        submit_token: str,
+        *,
+        required_sites: Sequence[str] = (),
+        resource_spec: Any = None,
+    ) -> str:
         server = self._require()
         server.folders.append(job_folder)
+        server.submit_args.append((tuple(required_sites), resource_spec))
         if server.submit_error is not None:
             raise server.submit_error
         if server.on_submit is not None:

@@ -22,7 +22,8 @@ Where the backends differ, behind the same words:
   its client answers a constant (`flower.client.NO_START_TIME`) and a restart under a run
   shows in the run's own record instead (forgotten, or finished without a verdict: LOST).
 - `submit`'s token: NVFLARE resolves it itself; the Flower client puts it in the run config
-  and looks for it before starting a run.
+  and looks for it before starting a run. The job's sites and resource spec: NVFLARE's in
+  the prepared meta.json's deploy map, Flower's in the run config (`flower.fab.SITES_KEY`).
 - `abort`: Flower's stop is final, so it never answers ABORTED_BEFORE_START or NOT_RUNNING.
 - Sites: NVFLARE's client names; Flower's SuperNodes by their registered names.
 """
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ServerState(StrEnum):
@@ -135,8 +136,17 @@ class BackendClient(Protocol):
         AdminMisconfigured escapes)."""
         ...
 
-    def submit(self, job_folder: Path, submit_token: str) -> str:
-        """Submit a job folder; a repeated token returns the existing job's id."""
+    def submit(
+        self,
+        job_folder: Path,
+        submit_token: str,
+        *,
+        required_sites: Sequence[str] = (),
+        resource_spec: Any = None,
+    ) -> str:
+        """Submit a job folder; a repeated token returns the existing job's id. The job's
+        sites and resource spec: NVFLARE's are in the prepared folder's meta.json already
+        (jobdefs.prepare); Flower's go into the run config."""
         ...
 
     def find_run(self, submit_token: str) -> str | None:

@@ -353,6 +353,13 @@ def _add_process_commands(
         action="store_true",
         help="keep the work folder: its fl-dispatcher.env shows what ran (status --env-file)",
     )
+    p.add_argument(
+        "--backend",
+        choices=("nvflare", "flower"),
+        default="nvflare",
+        help="the net's backend: NVFLARE (server + 2 sites) or Flower (SuperLink + 2 "
+        "SuperNodes, flwr from FLWR_VENV or made from .ci/flower.lock)",
+    )
     _add_local_net(add)
 
 

@@ -164,7 +164,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     logging.getLogger().setLevel(logging.WARNING)
     from app.local.demo import run_demo
 
-    return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep)
+    return run_demo(args.workdir, idle_gap_s=args.idle_gap, keep=args.keep, backend=args.backend)
 
 
 def cmd_local_net(args: argparse.Namespace) -> int:

@@ -7,12 +7,21 @@ server scale to zero; after an idle gap does it all again; prints every job and 
 change live and ends with a summary. A tiny local receiver stands in for flip-api's
 callback endpoint (loopback, a free port, a CALLBACK_SECRET made for the run): each signed
 status callback is printed as it arrives, and counted at the end. Leaves no process behind.
+
+With `--backend flower` the net is a Flower net instead (issue 38): a SuperLink the worker's
+local driver starts from flwr's own virtualenv (FLWR_VENV, else the checkout's, made from
+`.ci/flower.lock` as the tests make it: app/local/flower.py), with TLS and SuperNode
+authentication, and two SuperNodes registered by site name and left running; the job is a
+tiny Flower App; the rest is the same story.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +37,7 @@ from sqlalchemy import func, select
 
 from app.local.receiver import LocalReceiver, Received
 from app.local.settings_folder import ENV_FILE, NETS_FILE, shell_word
-from app.local.stack import LocalStack, StackOptions
+from app.local.stack import JOB_NAME, NET, LocalStack, StackOptions
 from app.schemas import ReportedStatus
 from models import JobEvent, JobState, NetEvent, NetState
 
@@ -111,8 +120,20 @@ def _poll(stack: LocalStack, timeline: Timeline, out: TextOut) -> None:
     out.flush()
 
 
-def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextOut) -> uuid.UUID:
-    job_id = stack.enqueue(key)
+@dataclass(frozen=True)
+class DemoNet:
+    """What the demo runs its jobs on: a net, its job definition, and how to say it."""
+
+    name: str = NET
+    definition: str = JOB_NAME
+    backend: str = "NVFLARE"
+    server: str = "server"
+
+
+def _run_one(
+    stack: LocalStack, timeline: Timeline, key: str, out: TextOut, net: DemoNet
+) -> uuid.UUID:
+    job_id = stack.enqueue(key, definition=net.definition, net=net.name)
     out.write(
         f"[{time.monotonic() - timeline.started:6.1f}s] enqueued {key} as job {str(job_id)[:8]}\n"
     )
@@ -133,8 +154,9 @@ def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextOut) -> u
         # FLIP's fl-server uploads the results from its own disk, then flip-api reports it:
         # the server must stay up until then (RELEASE_AFTER=reported).
         out.write(
-            f"[{time.monotonic() - timeline.started:6.1f}s] NVFLARE finished; the server is "
-            f"held (net {stack.net().state}) while flip-api uploads the results...\n"
+            f"[{time.monotonic() - timeline.started:6.1f}s] {net.backend} finished; the "
+            f"{net.server} is held (net {stack.net(net.name).state}) while flip-api uploads "
+            "the results...\n"
         )
         time.sleep(UPLOAD_S)
         _poll(stack, timeline, out)
@@ -160,9 +182,12 @@ def _run_one(stack: LocalStack, timeline: Timeline, key: str, out: TextOut) -> u
 
     def stopped() -> bool:
         _poll(stack, timeline, out)
-        return stack.net().state == NetState.STOPPED and not stack.driver().observe().is_up
+        return (
+            stack.net(net.name).state == NetState.STOPPED
+            and not stack.driver(net.name).observe().is_up
+        )
 
-    stack.wait_for("the server to scale to zero", stopped, RUN_TIMEOUT_S, poll_s=0.5)
+    stack.wait_for(f"the {net.server} to scale to zero", stopped, RUN_TIMEOUT_S, poll_s=0.5)
     return job_id
 
 
@@ -170,7 +195,9 @@ def _seconds(a: datetime | None, b: datetime | None) -> str:
     return f"{(b - a).total_seconds():6.1f}s" if a and b else "     n/a"
 
 
-def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextOut) -> None:
+def _summary(
+    timeline: Timeline, job_ids: list[uuid.UUID], out: TextOut, server: str = "server"
+) -> None:
     wall = time.monotonic() - timeline.started
     out.write("\nSummary\n")
     up_total = 0.0
@@ -191,7 +218,7 @@ def _summary(timeline: Timeline, job_ids: list[uuid.UUID], out: TextOut) -> None
             f"enqueue->done {_seconds(at.get(JobState.QUEUED), at.get(JobState.COMPLETED))}\n"
         )
     out.write(
-        f"  server up {up_total:.1f}s of {wall:.1f}s wall time "
+        f"  {server} up {up_total:.1f}s of {wall:.1f}s wall time "
         f"({100 * up_total / wall:.0f}%); scaled to zero {len(job_ids)} times\n"
     )
 
@@ -229,9 +256,11 @@ def run_demo(
     *,
     idle_gap_s: float = 5.0,
     keep: bool = False,
+    backend: str = "nvflare",
     out: TextOut = sys.stdout,
 ) -> int:
-    """Run the demo; returns the process exit code."""
+    """Run the demo on an NVFLARE net, or on a Flower net (`backend="flower"`); returns the
+    process exit code."""
     own_dir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="fl-dispatcher-demo-")) if workdir is None else workdir
     shared = SharedOut(out)
@@ -241,29 +270,40 @@ def run_demo(
     succeeded = False
     secret = secrets.token_urlsafe(32)  # this run's CALLBACK_SECRET, never printed
     try:
-        with LocalReceiver(secret, on_event=_callback_printer(timeline, out)) as receiver:
-            options = StackOptions(
-                workdir=root,
-                extra_env={
-                    "RELEASE_AFTER": "reported",
-                    "CALLBACK_URL": receiver.url,
-                    "CALLBACK_SECRET": secret,
-                },
-            )
+        with (
+            LocalReceiver(secret, on_event=_callback_printer(timeline, out)) as receiver,
+            contextlib.ExitStack() as resources,
+        ):
+            extra_env = {
+                "RELEASE_AFTER": "reported",
+                "CALLBACK_URL": receiver.url,
+                "CALLBACK_SECRET": secret,
+            }
+            if backend == "flower":
+                options, net = _flower_options(root, extra_env, resources, out)
+                intro = (
+                    "a local Flower net: its SuperLink started and stopped by the worker's "
+                    "local driver, 2 SuperNodes running"
+                )
+            else:
+                options, net = StackOptions(workdir=root, extra_env=extra_env), DemoNet()
+                intro = "provisioned a local NVFLARE deployment; sites started"
             with LocalStack(options) as stack:
                 out.write(
-                    "provisioned a local NVFLARE deployment; sites started; worker + beat "
-                    f"running on SQLite; status callbacks to {receiver.url}\n"
+                    f"{intro}; worker + beat running on SQLite; status callbacks to "
+                    f"{receiver.url}\n"
                 )
-                first = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-1", out)
-                out.write(f"--- idle gap of {idle_gap_s:.0f}s: the server stays at zero ---\n")
+                first = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-1", out, net)
+                out.write(
+                    f"--- idle gap of {idle_gap_s:.0f}s: the {net.server} stays at zero ---\n"
+                )
                 time.sleep(idle_gap_s)
-                second = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-2", out)
+                second = _run_one(stack, timeline, f"demo-{uuid.uuid4().hex[:6]}-2", out, net)
                 _poll(stack, timeline, out)
-                _summary(timeline, [first, second], out)
+                _summary(timeline, [first, second], out, net.server)
                 _callbacks_summary(stack, receiver, out)
                 succeeded = True
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
         out.write(f"demo failed: {exc}\n(logs kept in {root})\n")
         _next_steps(root, kept=True, out=out)
         return 1
@@ -273,6 +313,47 @@ def run_demo(
     out.write("done: no process left behind\n")
     _next_steps(root, kept=keep or not own_dir, out=out)
     return 0
+
+
+FLOWER_NET = "flower-net"
+FLOWER_APP = "demo-flower-app"
+
+
+def _flower_venv(out: TextOut) -> Path:
+    """FLWR_VENV if the environment names one, else the checkout's own (made from
+    `.ci/flower.lock` on first use, as the tests make it)."""
+    from app.local import flower
+
+    named = os.environ.get("FLWR_VENV")
+    if named:
+        return Path(named)
+    if not flower.flower_venv_ready():
+        out.write(
+            f"making Flower's virtualenv from {flower.LOCK} (once; a few minutes) into "
+            f"{flower.flower_venv_path()}...\n"
+        )
+    return flower.ensure_flower_venv()
+
+
+def _flower_options(
+    root: Path, extra_env: dict[str, str], resources: contextlib.ExitStack, out: TextOut
+) -> tuple[StackOptions, DemoNet]:
+    """A local Flower net and its two SuperNodes, registered by site name and running; the
+    stack to run on it."""
+    from app.local import flower
+
+    venv = _flower_venv(out)
+    entry, sites = flower.local_flower_net(root, venv, name=FLOWER_NET, idle_timeout_s=6)
+    resources.callback(sites.close)
+    flower.build_flower_app(root / "jobs" / FLOWER_APP)
+    options = StackOptions(
+        workdir=root,
+        nvflare=False,
+        extra_nets=[entry],
+        flwr_venv=venv,
+        extra_env=extra_env,
+    )
+    return options, DemoNet(FLOWER_NET, FLOWER_APP, "Flower", "SuperLink")
 
 
 def _next_steps(root: Path, *, kept: bool, out: TextOut) -> None:

@@ -110,7 +110,10 @@ class LocalStack:
         if self.options.nvflare:
             self.deployment = provision(self.workdir / "nvflare")
         job_root = self.workdir / "jobs"
-        build_tiny_job(job_root / JOB_NAME)
+        if self.options.nvflare:
+            build_tiny_job(job_root / JOB_NAME)
+        else:
+            job_root.mkdir(exist_ok=True)  # the caller's jobs only (a Flower App, say)
         # The folder's own settings, what the worker runs with (its NETS_FILE is this
         # nets.toml): `status`, `jobs` and the status API read them with --env-file.
         settings = {**self._settings_kwargs(job_root), **self.options.extra_env}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from app.adapters.backend import (
     AbortOutcome,
@@ -165,7 +166,14 @@ class SimAdmin:
             server_start_time=start,
         )
 
-    def submit(self, job_folder: Path, submit_token: str) -> str:
+    def submit(
+        self,
+        job_folder: Path,
+        submit_token: str,
+        *,
+        required_sites: Sequence[str] = (),
+        resource_spec: Any = None,
+    ) -> str:
         host = self.cluster.host
         self.cluster.crash_before_submit(self.net, host.clock.t)
         server = self._reach("submit")

@@ -10,7 +10,7 @@ from app.settings import Settings
 from app.sim.deployment import Declared
 from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile
 from app.sim.workload import WorldSpec
-from app.usecases.dispatch import submit_try_s
+from app.usecases.retries import submit_try_s
 
 
 class Bounds:
@@ -47,7 +47,7 @@ class Bounds:
             n.name: n.ready_timeout_s + stuck + 2 * reconcile + common for n in nets.values()
         }
         # A submit is abandoned once its tries' own budget (every retry's wait and every
-        # try's time, dispatch.submit_try_s) and STUCK_AFTER_S have passed.
+        # try's time, retries.submit_try_s) and STUCK_AFTER_S have passed.
         tries = world.retry_max * (world.retry_backoff_max_s + submit_try_s(settings))
         self.dispatching = stuck + 2 * reconcile + max(budget, tries) + common
         self.aborting = max(abort_timeout, stuck) + 2 * reconcile + budget + common

@@ -28,7 +28,7 @@ from app import names
 from app.publishing import published
 from app.runtime import Runtime
 from app.sim.host import Host
-from app.usecases import dispatch
+from app.usecases import retries as step_retries
 
 
 def pipeline_links(job_id: str, net_name: str, attempt: int) -> list[tuple[str, dict[str, Any]]]:
@@ -42,14 +42,14 @@ def on_retry(rt: Runtime, kw: dict[str, Any], countdown: float) -> None:
     """tasks.base._apply_rules' count (a transient retry of a job's step, and when it
     will be tried again)."""
     if kw.get("job_id"):
-        dispatch.count_retry(rt, uuid.UUID(kw["job_id"]), next_try_in_s=countdown)
+        step_retries.count_retry(rt, uuid.UUID(kw["job_id"]), next_try_in_s=countdown)
 
 
 def on_failure(rt: Runtime, task: str, kw: dict[str, Any], exc: BaseException) -> None:
     """tasks.base.DispatcherTask.on_failure (retries of a transient error exhausted)."""
     if kw.get("job_id"):
         attempt = kw.get("attempt")
-        dispatch.requeue_after_transient(
+        step_retries.requeue_after_transient(
             rt,
             uuid.UUID(kw["job_id"]),
             f"{task}: retries exhausted: {exc}",

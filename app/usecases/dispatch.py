@@ -33,8 +33,8 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.settings import Settings
 from app.usecases import claims, services
+from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
     net_misconfigured,
@@ -42,7 +42,7 @@ from app.usecases.scaling import (
     scale_down_or_log,
     scale_net,
 )
-from app.usecases.step_leases import LEASED_STATES, hold, poll_lease_s, step_try_s
+from app.usecases.step_leases import hold, poll_lease_s, step_try_s
 from models import Job, JobState, NetState, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -380,7 +380,12 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
         if not _hold_submit(rt, job_id, net_name, attempt, token):
             return StepResult(Step.SKIPPED, "job moved on while its copy was prepared")
-        nvflare_job_id = admin.submit(folder, token)  # TransientError -> the task retries
+        nvflare_job_id = admin.submit(  # TransientError -> the task retries
+            folder,
+            token,
+            required_sites=sites,
+            resource_spec=(metadata or {}).get("resource_spec"),
+        )
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:
@@ -442,59 +447,3 @@ def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, to
             return False
         job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
         return True
-
-
-def requeue_after_transient(
-    rt: Runtime,
-    job_id: uuid.UUID,
-    reason: str,
-    *,
-    net_name: str | None = None,
-    attempt: int | None = None,
-) -> bool:
-    """A pipeline step ran out of retries on a transient error: requeue, never delete.
-
-    Only the attempt the step was started for is touched (the job ASSIGNED to `net_name`
-    at `attempt`, re-read under its lock): by the time retries run out, a re-sent step may
-    have dispatched the job, or it may be on its next attempt elsewhere, and neither is this
-    step's to move. A step with no such binding moves nothing.
-
-    A DISPATCHING job's submit may have landed with its reply lost, so its attempt is not
-    abandoned with a new token while the old one may own a run: it stays DISPATCHING (the
-    reconciler re-sends the same token, which adopts the run) until `abandon_dispatch`
-    settles it by taking the server down.
-    """
-    if net_name is None or attempt is None:
-        return False
-    with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
-        if _ours(job, JobState.DISPATCHING, net_name, attempt):
-            log.warning("submit outcome unknown; attempt kept", extra={"job": str(job_id)})
-            return False
-        if not _ours(job, JobState.ASSIGNED, net_name, attempt):
-            log.info(
-                "retries exhausted for an attempt that is over; nothing to requeue",
-                extra={"job": str(job_id), "net": net_name, "state": str(job.state)},
-            )
-            return False
-        requeued = services.requeue_job(session, job_id, reason, rt.clock())
-    kick(rt)
-    return requeued
-
-
-def submit_try_s(settings: Settings) -> float:
-    """How long one submit try may take: a fresh login, the submit command, and a margin
-    for the worker's own bookkeeping. A worker not heard of past it is gone."""
-    return step_try_s(settings)
-
-
-def count_retry(rt: Runtime, job_id: uuid.UUID, next_try_in_s: float | None = None) -> None:
-    """One more transient retry of this job's pipeline (a metric), and, for a job in the
-    chain, when its worker will be heard of again: the next try's start plus one try (so a
-    step waiting its countdown is never re-driven beside itself)."""
-    with unit_of_work(rt.sessions) as session:
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is not None:
-            job.retries += 1
-            if job.state in LEASED_STATES and next_try_in_s is not None:
-                hold(job, rt.clock(), next_try_in_s + step_try_s(rt.settings))

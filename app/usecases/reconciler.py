@@ -18,7 +18,6 @@ from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import heartbeat, services
 from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_runs
-from app.usecases.dispatch import requeue_after_transient
 from app.usecases.housekeeping import isolated
 from app.usecases.net_repairs import (
     Fleet,
@@ -27,6 +26,7 @@ from app.usecases.net_repairs import (
     settle_misconfigured,
     watch_always_on,
 )
+from app.usecases.retries import requeue_after_transient
 from app.usecases.scaling import kick
 from app.usecases.step_leases import Leased, lapsed, redrive_lapsed_steps, retry_budget_s
 from app.usecases.undeclared import settle_undeclared

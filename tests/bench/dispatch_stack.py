@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, redirect_stdout
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,9 +52,15 @@ def stack_args(parser: argparse.ArgumentParser, reps: int) -> argparse.ArgumentP
 
 @contextmanager
 def dispatch_stack(
-    args: argparse.Namespace, *, idle_timeout_s: float, housekeeping_interval_s: float
+    args: argparse.Namespace,
+    *,
+    idle_timeout_s: float,
+    housekeeping_interval_s: float,
+    before: Callable[[Path, ExitStack], dict[str, Any]] | None = None,
 ) -> Iterator[LocalStack]:
-    """A started local stack on a private Redis and a fresh database; all stopped after."""
+    """A started local stack on a private Redis and a fresh database; all stopped after.
+    `before(stack workdir, exit stack)`, if given, prepares what the stack needs and returns
+    StackOptions fields to set (a Flower net: bench_flower_dispatch)."""
     with ExitStack() as stack:
         if args.json:
             # nvflare's session prints "Connecting to FLARE ..." to stdout: keep the JSON clean.
@@ -71,6 +77,7 @@ def dispatch_stack(
         if not args.sqlite:
             database_url = stack.enter_context(fresh_pg_database("fld_bench_dispatch"))
             migrate.upgrade(database_url)
+        more = before(workdir / "stack", stack) if before is not None else {}
         options = StackOptions(
             workdir=workdir / "stack",
             database_url=database_url,
@@ -80,6 +87,7 @@ def dispatch_stack(
             housekeeping_interval_s=housekeeping_interval_s,
             embedded_beat=False,  # a separate beat, as in production
             extra_env={"READY_POLL_S": DEFAULT_READY_POLL_S},
+            **more,
         )
         local = stack.enter_context(LocalStack(options))
         if args.keep:

@@ -36,6 +36,7 @@ from app.local.nvflare import build_tiny_job, provision
 from app.schemas import job_id_for
 from tests.fixtures import images, testrun
 from tests.fixtures.containers import PodmanService
+from tests.fixtures.flower import make_tls
 from tests.fixtures.services import free_port
 
 pytestmark = pytest.mark.timeout(1200)
@@ -48,9 +49,15 @@ SERVER_PORT = 8002
 ADMIN = "admin@nvidia.com"
 IMAGE_UID = 10001  # the image's user (compose.yml)
 GRACE_S = 5
-# Every service compose.yml declares (the profiles' included), read from the file itself so
-# that a service added there is started here too.
-SERVICES = tuple(yaml.safe_load((ROOT / "compose.yml").read_text())["services"])
+# Every service compose.yml declares (the profiles' above included), read from the file
+# itself so that a service added there is started here too. The `flower-net` profile's
+# (a SuperLink and SuperNodes) are not run here: its net's configuration is checked.
+SERVICES = tuple(
+    name
+    for name, service in yaml.safe_load((ROOT / "compose.yml").read_text())["services"].items()
+    if set(service.get("profiles", [])) <= set(PROFILES[1::2])
+)
+FLOWER_NET = "flower-net-1"
 
 
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -150,7 +157,9 @@ def _chown(path: Path) -> None:
         os.chown(item, IMAGE_UID, IMAGE_UID, follow_symlinks=False)
 
 
-def _nets_file(path: Path, container: str, kits: str) -> None:
+def _nets_file(path: Path, container: str, kits: str, flower_container: str) -> None:
+    """net-1, the NVFLARE net that runs here; a Flower net beside it, as
+    app/deploy/examples/nets.docker.toml shows one (its SuperLink never created here)."""
     path.write_text(
         f"""[[nets]]
 name = "net-1"
@@ -167,6 +176,19 @@ stop_timeout_s = 20
 [nets.admin]
 kit_dir = "{kits}/{ADMIN}"
 username = "{ADMIN}"
+
+[[nets]]
+name = "{FLOWER_NET}"
+backend = "flower"
+idle_timeout_s = {GRACE_S}
+required_sites = ["site-1", "site-2"]
+[nets.driver]
+kind = "docker"
+container = "{flower_container}"
+engine_url = "tcp://docker-proxy:2375"
+[nets.flower]
+address = "superlink:9093"
+root_certificates = "{kits}/{FLOWER_NET}/ca.pem"
 """
     )
 
@@ -197,11 +219,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     kits = deployment.server_kit.parent
     jobs = work / "jobs"
     build_tiny_job(jobs / "tiny-fedavg", num_rounds=2)
+    make_tls(kits / FLOWER_NET).ca.rename(kits / FLOWER_NET / "ca.pem")
     _chown(kits)
     _chown(jobs)
     server_container = f"fl-server-e2e-{suffix}"
     nets = work / "nets.toml"
-    _nets_file(nets, server_container, "/etc/fl-dispatcher/kits")
+    _nets_file(nets, server_container, "/etc/fl-dispatcher/kits", f"fl-server-flower-{suffix}")
     api_port, flower_port = free_port(), free_port()
     env = os.environ | {
         "POSTGRES_PASSWORD": uuid.uuid4().hex,
@@ -342,6 +365,20 @@ def test_jobs_from_outside_start_the_server_container_and_it_goes_back_to_zero(s
         line.startswith("fl_dispatcher_cold_start_seconds_count") and line.endswith(" 2.0")
         for line in cold
     ), cold
+
+
+def test_config_check_in_the_stack_passes_the_flower_net_beside_the_nvflare_one(stack: Stack):
+    # What the dispatcher's containers read: the mounted nets file, its CA under the kits.
+    done = _podman(
+        "exec", stack.container("api"), "fl-dispatcher", "config", "check", "--json", check=False
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    nets = {net["name"]: net for net in json.loads(done.stdout)["nets"]}
+    assert set(nets) == {"net-1", FLOWER_NET}
+    flower = nets[FLOWER_NET]
+    assert (flower["backend"], flower["driver"]["kind"]) == ("flower", "docker")
+    assert flower["kit_problem"] is None
+    assert nets["net-1"]["kit_problem"] is None
 
 
 def test_flower_needs_its_credentials_and_beat_is_ticking(stack: Stack):

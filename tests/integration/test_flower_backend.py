@@ -5,6 +5,7 @@ submit, status, stop, a SuperLink down or restarted under a run, and a lost subm
 from __future__ import annotations
 
 import http.server
+import json
 import re
 import shutil
 import threading
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from app.adapters.backend import AbortOutcome, RunState, RunStatus, ServerState
+from app.adapters.flower import fab
 from app.adapters.flower.client import NO_START_TIME, FlowerControlClient, run_token
 from app.adapters.flower.proto import control_pb2
 from app.errors import AdminMisconfigured, NvflareJobNotFound, ServerUnavailable
@@ -192,6 +194,27 @@ def test_submit_runs_to_completed_once_per_token(
     assert [str(run.run_id) for run in runs_with_token(flower, "token-completed")] == [run_id]
     assert client.find_run("token-never-used") is None
     assert client.abort(run_id).outcome is AbortOutcome.ALREADY_FINISHED
+
+
+def test_the_jobs_sites_and_resource_spec_reach_the_server_apps_run_config(
+    flower: FlowerSystem, make_client: Callable[..., FlowerControlClient], tmp_path: Path
+) -> None:
+    spec = {"site-1": {"num_of_gpus": 1, "mem_per_gpu_in_GiB": 8}}
+    app = app_variant(
+        tmp_path,
+        "sites",
+        **{"expect-sites": '["site-1", "site-2"]', "expect-resource-spec": json.dumps(spec)},
+    )
+    client = make_client(flower)
+    run_id = client.submit(
+        app, "token-sites", required_sites=("site-1", "site-2"), resource_spec=spec
+    )
+    [run] = runs_with_token(flower, "token-sites")  # on the run's record, as `flwr ls` shows
+    config = {key: value.string for key, value in run.override_config.items()}
+    assert json.loads(config[fab.SITES_KEY]) == ["site-1", "site-2"]
+    assert json.loads(config[fab.RESOURCE_SPEC_KEY]) == spec
+    status = finished(client, run_id)  # the ServerApp read both in its run config, or failed
+    assert status.state is RunState.COMPLETED, status
 
 
 def test_a_failing_server_app_is_failed(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
-from app.usecases.dispatch import submit_try_s
+from app.usecases.retries import submit_try_s
 from app.usecases.step_leases import poll_lease_s, retry_budget_s, step_try_s
 from models import JobState
 from tests.sim.observer import Observer

@@ -18,7 +18,7 @@ COMPOSE = ROOT / "compose.yml"
 APP_IMAGE = "fl-dispatcher:local"
 ONE_SHOT = {"migrate"}
 # Started and stopped by the docker scale driver, never by the engine's restart policy.
-SCALED = {"fl-server"}
+SCALED = {"fl-server", "superlink"}
 CORE = {"redis", "postgres", "migrate", "worker", "housekeeper", "beat", "flower", "api"}
 # The dispatcher's services that use the scale driver: the only ones that may reach the
 # Engine API proxy (the `net` profile's containers run submitted job code).
@@ -60,6 +60,9 @@ def test_parses_and_has_the_stack(services):
         "fl-server": ["net"],
         "site-1": ["net"],
         "site-2": ["net"],
+        "superlink": ["flower-net"],
+        "supernode-1": ["flower-net"],
+        "supernode-2": ["flower-net"],
     }
 
 
@@ -250,6 +253,18 @@ def test_image_is_built_inline_from_existing_paths(compose, services):
     assert not (ROOT / "Dockerfile").exists()
 
 
+def test_the_flower_image_installs_the_hash_locked_flwr_and_nothing_at_run_time(services):
+    dockerfile = services["superlink"]["build"]["dockerfile_inline"]
+    assert "pip install --no-deps --require-hashes -r /tmp/flower.lock" in dockerfile
+    assert "COPY .ci/flower.lock /tmp/flower.lock" in dockerfile
+    assert (ROOT / ".ci" / "flower.lock").is_file()
+    assert "USER fl" in dockerfile  # as the app image's: not root
+    for name in ("superlink", "supernode-1", "supernode-2"):
+        assert services[name]["image"] != APP_IMAGE, name  # flwr clashes with its pins
+    assert "--disable-runtime-dependency-installation" in services["superlink"]["command"]
+    assert "--enable-supernode-auth" in services["superlink"]["command"]
+
+
 def test_secrets_have_no_defaults_in_the_file():
     text = COMPOSE.read_text()
     assert re.search(r"\$\{POSTGRES_PASSWORD:\?", text)
@@ -274,8 +289,9 @@ def test_only_the_dispatchers_driving_services_share_the_docker_proxys_network(c
     assert all("default" in networks_of(services[name]) for name in DRIVES_THE_ENGINE)
 
 
-# The `net` profile's containers: they run the NVFLARE jobs flip-api's users submit.
-RUNS_JOB_CODE = {"fl-server", "site-1", "site-2"}
+# The `net` profile's containers: they run the NVFLARE jobs flip-api's users submit; the
+# `flower-net` profile's run the Flower ones (ServerApps, ClientApps).
+RUNS_JOB_CODE = {"fl-server", "site-1", "site-2", "superlink", "supernode-1", "supernode-2"}
 # The dispatcher's services that talk to the fl-server's admin port: the worker (submit,
 # abort), the housekeeper (monitor) and the api (/fl/status asks the server for its sites).
 ADMINISTERS_THE_SERVER = {"worker", "housekeeper", "api"}

@@ -100,6 +100,12 @@ def test_each_compose_nets_example_loads_with_every_path_where_compose_mounts_it
         for path in paths_in(net):
             assert any(path.startswith(t.rstrip("/") + "/") for t in targets), (example, path)
         # Loaded as the containers would: the kit mount is tmp_path/kits here.
+        if net.get("backend") == "flower":  # its SuperLink's CA, where the kits are
+            ca = net["flower"]["root_certificates"]
+            assert ca.startswith(kits + "/"), ca
+            here = tmp_path / "kits" / ca.removeprefix(kits + "/")
+            net["flower"]["root_certificates"] = str(make_tls(here.parent).ca)
+            continue
         kit = net["admin"]["kit_dir"]
         assert kit.startswith(kits + "/"), kit
         here = tmp_path / "kits" / kit.removeprefix(kits + "/")
@@ -109,8 +115,19 @@ def test_each_compose_nets_example_loads_with_every_path_where_compose_mounts_it
 
 
 def test_the_docker_example_names_compose_s_fl_server_container_and_proxy(compose):
-    (net,) = tomllib.loads((EXAMPLES / "nets.docker.toml").read_text())["nets"]
+    net, flower = tomllib.loads((EXAMPLES / "nets.docker.toml").read_text())["nets"]
     services = compose["services"]
+    # The Flower net beside it: compose's SuperLink, its port, through the same proxy.
+    superlink = services["superlink"]
+    assert flower["backend"] == "flower"
+    assert flower["driver"]["container"] == default_of(superlink["container_name"])
+    assert flower["driver"]["container"].startswith("fl-server-")  # what the proxy lets by
+    assert flower["driver"]["engine_url"] == net["driver"]["engine_url"]
+    host, port = flower["flower"]["address"].split(":")
+    assert (host, f"--port={port}") == ("superlink", superlink["command"][-1])
+    for name in ("supernode-1", "supernode-2"):
+        assert f"--superlink={host}:{port}" in services[name]["command"]
+    assert set(superlink["networks"]) <= set(services["worker"]["networks"])
     assert net["driver"]["container"] == default_of(services["fl-server"]["container_name"])
     proxy_port = services["docker-proxy"]["environment"]["PROXY_BIND"].rsplit(":", 1)[1]
     assert net["driver"]["engine_url"] == f"tcp://docker-proxy:{proxy_port}"

@@ -34,6 +34,8 @@ def test_the_server_is_sent_the_jobs_prepared_copy(world):
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["deploy_map"] == {"app": ["server", "site-2"]}
     assert meta["resource_spec"] == spec
+    # And to the submit itself, for a backend with no meta.json (a Flower run's config).
+    assert world.server("net-a").submit_args == [(("site-2",), spec)]
 
 
 def test_a_warm_start_runs_the_whole_chain_and_names_the_run(world):

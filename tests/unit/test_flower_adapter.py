@@ -44,20 +44,25 @@ def config_of(text: str) -> dict[str, object]:
     return tomllib.loads(text)["tool"]["flwr"]["app"]["config"]  # type: ignore[no-any-return]
 
 
-def test_the_token_key_goes_under_the_apps_config_table() -> None:
+KEYS = dict.fromkeys(fab.DISPATCHER_KEYS, "")  # the submit token, the job's sites and spec
+
+
+def test_the_dispatchers_keys_go_under_the_apps_config_table() -> None:
     text = APP_HEAD + "\n[tool.flwr.app.config]  # the run config\nnum-rounds = 3\n\n[x]\ny = 1\n"
-    changed = fab.declare_token_key(text)
-    assert config_of(changed) == {"num-rounds": 3, fab.TOKEN_KEY: ""}
+    changed = fab.declare_keys(text)
+    assert config_of(changed) == {"num-rounds": 3, **KEYS}
     assert tomllib.loads(changed)["x"] == {"y": 1}
 
 
-def test_an_app_without_a_config_gets_one_with_the_key() -> None:
-    assert config_of(fab.declare_token_key(APP_HEAD.rstrip("\n"))) == {fab.TOKEN_KEY: ""}
+def test_an_app_without_a_config_gets_one_with_the_keys() -> None:
+    assert config_of(fab.declare_keys(APP_HEAD.rstrip("\n"))) == KEYS
 
 
-def test_a_key_already_declared_leaves_the_text_as_it_is() -> None:
-    text = APP_HEAD + f'\n[tool.flwr.app.config]\n{fab.TOKEN_KEY} = ""\n'
-    assert fab.declare_token_key(text) == text
+def test_keys_already_declared_leave_the_text_as_it_is_and_the_others_are_added() -> None:
+    text = APP_HEAD + "\n[tool.flwr.app.config]\n" + "".join(f'{k} = ""\n' for k in KEYS)
+    assert fab.declare_keys(text) == text
+    one = APP_HEAD + f'\n[tool.flwr.app.config]\n{fab.SITES_KEY} = "[]"\n'
+    assert config_of(fab.declare_keys(one)) == {**KEYS, fab.SITES_KEY: "[]"}
 
 
 @pytest.mark.parametrize(
@@ -70,8 +75,8 @@ def test_a_key_already_declared_leaves_the_text_as_it_is() -> None:
 def test_a_config_the_key_cannot_be_added_to_is_refused(config: str) -> None:
     text = APP_HEAD.replace('publisher = "me"', f'publisher = "me"\n{config}')
     assert "num-rounds" in str(tomllib.loads(text))
-    with pytest.raises(InvalidRequest, match="cannot declare the run config key"):
-        fab.declare_token_key(text)
+    with pytest.raises(InvalidRequest, match="cannot declare the run config keys"):
+        fab.declare_keys(text)
 
 
 def test_what_is_no_flower_app_is_refused(tmp_path: Path) -> None:
@@ -132,7 +137,7 @@ def test_the_fab_holds_flwrs_files_a_manifest_and_the_same_bytes_each_time(
             "demo/settings.yaml",
             ".info/CONTENT",
         ]
-        assert config_of(archive.read("pyproject.toml").decode()) == {fab.TOKEN_KEY: ""}
+        assert config_of(archive.read("pyproject.toml").decode()) == KEYS
         manifest = archive.read(".info/CONTENT").decode().splitlines()
         assert [line.split(",")[0] for line in manifest] == names[:-1]
         for line in manifest:

@@ -15,7 +15,7 @@ from app.metrics.exposition import families
 from app.metrics.figures import Snapshot
 from app.metrics.fold import fold
 from app.metrics.read import read_snapshot
-from app.usecases import abort, dispatch, monitor, scale_down, services
+from app.usecases import abort, dispatch, monitor, retries, scale_down, services
 from models import Job, JobEvent, JobState, NetEvent, ScaleEvent
 from tests.metrics_reference import reference_snapshot
 from tests.unit.conftest import World
@@ -67,7 +67,7 @@ def a_life(world: World, check) -> None:
     check()  # a cold start begun in one fold, ended in the next
     net, attempt = assignment.net_name, assignment.attempt
     dispatch.scale_up(world.rt, first, net, attempt)
-    dispatch.count_retry(world.rt, first)  # a retry while ASSIGNED
+    retries.count_retry(world.rt, first)  # a retry while ASSIGNED
     world.clock.advance(45)
     dispatch.check_ready(world.rt, first, net, attempt)
     check()
@@ -80,7 +80,7 @@ def a_life(world: World, check) -> None:
     world.clock.advance(30)
     monitor.monitor_running_jobs(world.rt)
     abort.settle_stray_runs(world.rt, net)  # the settle the monitor sent: its run is dead
-    dispatch.count_retry(world.rt, first)  # a retry counted on a QUEUED job
+    retries.count_retry(world.rt, first)  # a retry counted on a QUEUED job
     check()
     world.clock.advance(20)
     world.run_pipeline(first)
@@ -94,7 +94,7 @@ def a_life(world: World, check) -> None:
     check()
     world.clock.advance(world.rt.settings.report_timeout_s + 1)
     monitor.monitor_running_jobs(world.rt)
-    dispatch.count_retry(world.rt, first)  # late: counted on a job already finished
+    retries.count_retry(world.rt, first)  # late: counted on a job already finished
     check()
 
     # Idle past the grace: scaled down (scale events, uptime ends).
@@ -160,7 +160,7 @@ def test_only_the_new_history_is_read_by_a_scrape(world: World):
 def test_retries_count_once_whether_folded_or_not(world: World, rows: int):
     job = world.enqueue("r", net="net-a")
     for _ in range(3):
-        dispatch.count_retry(world.rt, job)
+        retries.count_retry(world.rt, job)
     if rows:
         world.run_pipeline(job)  # no longer QUEUED: its retries are folded
     assert scrape(world).job_retries == 3

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.adapters.nvflare import client as nvflare_client
+from app.adapters.nvflare import sessions as nvflare_sessions
 
 pytestmark = pytest.mark.unit
 
@@ -45,13 +45,13 @@ class _StuckSession:
 def test_a_close_that_hangs_returns_to_its_caller_within_the_bound(
     monkeypatch: pytest.MonkeyPatch, logout: bool
 ) -> None:
-    monkeypatch.setattr(nvflare_client, "CLOSE_WAIT_S", 0.3)
+    monkeypatch.setattr(nvflare_sessions, "CLOSE_WAIT_S", 0.3)
     session: Any = _StuckSession()
     # Released after 8 s whatever happens, so a close that blocks its caller fails the test
     # instead of hanging it.
     threading.Timer(8.0, session.release.set).start()
     started = time.monotonic()
-    nvflare_client._close_quietly(session, logout=logout)
+    nvflare_sessions.close_quietly(session, logout=logout)
     took = time.monotonic() - started
     assert took < 5.0, f"the caller waited {took:.1f} s for a close that hangs"
     session.release.set()
@@ -65,5 +65,5 @@ def test_a_close_that_hangs_returns_to_its_caller_within_the_bound(
 def test_a_close_that_finishes_in_time_is_waited_for() -> None:
     session: Any = _StuckSession()
     session.release.set()
-    nvflare_client._close_quietly(session, logout=False)
+    nvflare_sessions.close_quietly(session, logout=False)
     assert session.api.closed  # done before the call returned, not left to a thread

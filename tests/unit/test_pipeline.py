@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import DriverMisconfigured, ServerUnavailable
-from app.usecases import abort, dispatch, monitor, reconciler, scale_down
+from app.usecases import abort, dispatch, monitor, reconciler, retries, scale_down
 from app.usecases.dispatch import Step
 from models import JobState, NetState, ScaleEvent
 
@@ -114,7 +114,7 @@ def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
 def test_retries_exhausted_requeues_and_never_deletes(world):
     job_id = world.enqueue("j1", net="net-a")
     dispatch.assign_jobs(world.rt)
-    assert dispatch.requeue_after_transient(
+    assert retries.requeue_after_transient(
         world.rt, job_id, "dispatch: retries exhausted", net_name="net-a", attempt=0
     )
     job = world.job(job_id)
@@ -283,8 +283,8 @@ def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
 def test_reconcile_redrives_a_stuck_dispatch(world):
     job_id = world.stuck_in_dispatching("j")
     # Not while a worker still holds the submit: a retry announced its next try.
-    dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
-    due_s = 60 + dispatch.submit_try_s(world.rt.settings)
+    retries.count_retry(world.rt, job_id, next_try_in_s=60)
+    due_s = 60 + retries.submit_try_s(world.rt.settings)
     world.clock.advance(due_s)
     reconciler.reconcile(world.rt)
     sent = ("fl_dispatcher.dispatch", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0})

@@ -6,7 +6,7 @@ always-on net OUTAGE and never scaled. A chain whose job moved on meanwhile touc
 from __future__ import annotations
 
 from app.adapters.drivers.base import Observation
-from app.usecases import dispatch, services
+from app.usecases import dispatch, retries, services
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 from tests.unit.scale_history import scale_decisions
@@ -70,7 +70,7 @@ def test_a_driver_failure_gives_up_at_once(world):
 
 def test_a_requeue_after_exhausted_retries_says_why(world):
     job_id = _claimed(world, "net-a")
-    assert dispatch.requeue_after_transient(
+    assert retries.requeue_after_transient(
         world.rt, job_id, "scale_up: retries exhausted", net_name="net-a", attempt=0
     )
     job = world.job(job_id)

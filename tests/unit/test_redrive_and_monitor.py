@@ -20,7 +20,7 @@ from app.adapters.backend import Readiness, ServerState
 from app.parallel import ProbeResult, Sequential
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import dispatch, monitor, reconciler, services, step_leases, views
+from app.usecases import dispatch, monitor, reconciler, retries, services, step_leases, views
 from app.usecases.dispatch import Step
 from models import JobState
 from tests.fixtures.db import net_decl
@@ -167,7 +167,7 @@ def test_a_step_waiting_its_retry_countdown_is_never_re_driven_beside_itself(wor
     then re-driven (the retry's message was lost with its worker)."""
     job_id = world.enqueue("j", net="net-a")
     dispatch.assign_jobs(world.rt)
-    dispatch.count_retry(world.rt, uuid.UUID(str(job_id)), next_try_in_s=60)
+    retries.count_retry(world.rt, uuid.UUID(str(job_id)), next_try_in_s=60)
     world.clock.advance(60 + step_leases.step_try_s(world.rt.settings))
     assert str(job_id) not in monitor.monitor_running_jobs(world.rt)
     assert _redriven(world) == ()
@@ -233,7 +233,7 @@ def test_a_submit_whose_worker_died_preparing_its_copy_is_re_sent_strictly_past_
     with pytest.raises(WorkerDied):
         dispatch.dispatch(world.rt, job_id, net, attempt)
     assert world.job(job_id).state == JobState.DISPATCHING
-    world.clock.advance(dispatch.submit_try_s(world.rt.settings))  # exactly one try
+    world.clock.advance(retries.submit_try_s(world.rt.settings))  # exactly one try
     assert _redriven(world) == ()
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
@@ -259,8 +259,8 @@ def test_a_submit_still_held_holds_back_no_other_stuck_job(
 def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(world):
     job_id = world.stuck_in_dispatching("j")  # the submit is never heard of again
     settings = world.rt.settings
-    try_s = dispatch.submit_try_s(settings)
-    dispatch.count_retry(world.rt, job_id, next_try_in_s=60)  # its last word: a retry
+    try_s = retries.submit_try_s(settings)
+    retries.count_retry(world.rt, job_id, next_try_in_s=60)  # its last word: a retry
     world.clock.advance(60 + try_s)  # exactly when it had to be heard of again
     assert _redriven(world) == ()
     world.clock.advance(1)
@@ -473,7 +473,7 @@ def test_a_submit_still_being_retried_is_not_re_sent(tmp_path, job_root, sqlite_
     job_id = world.stuck_in_dispatching("j")
     for _ in range(6):  # the task's own retries, each announcing its next try
         world.clock.advance(55)
-        dispatch.count_retry(world.rt, job_id, next_try_in_s=60)
+        retries.count_retry(world.rt, job_id, next_try_in_s=60)
         world.outbox.sent.clear()
         reconciler.reconcile(world.rt)
         assert not [t for t, _ in world.outbox.sent if t == "fl_dispatcher.dispatch"]

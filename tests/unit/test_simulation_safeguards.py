@@ -34,6 +34,7 @@ from app.usecases import (
     net_repairs,
     prewarm_holds,
     reconciler,
+    retries,
     scaling,
     services,
 )
@@ -399,7 +400,7 @@ SAFEGUARDS = [
     ),
     Safeguard(
         "a failure handler moves only its own attempt (round 3's fix 8)",
-        _set_everywhere(dispatch.requeue_after_transient, _requeue_whatever_it_is),
+        _set_everywhere(retries.requeue_after_transient, _requeue_whatever_it_is),
         "racy",
         # A dispatch's last try paused past its lease (FaultProfile.last_try_stall) while
         # reconcile's re-sent submit adopted the run: seed 36 of 0-300, the profile forced;

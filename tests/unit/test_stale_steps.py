@@ -6,7 +6,7 @@ nothing, and never submits the next attempt's run."""
 from __future__ import annotations
 
 from app.errors import AdminMisconfigured
-from app.usecases import dispatch, reconciler, services
+from app.usecases import dispatch, reconciler, retries, services
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 
@@ -77,7 +77,7 @@ def test_exhausted_retries_never_requeue_a_job_a_re_sent_submit_has_adopted(worl
     # re-sent dispatch (same token) adopted the run.
     assert dispatch.dispatch(world.rt, job_id, net, attempt).step == dispatch.Step.DONE
     assert world.job(job_id).state == JobState.RUNNING
-    assert not dispatch.requeue_after_transient(
+    assert not retries.requeue_after_transient(
         world.rt, job_id, "dispatch: retries exhausted", net_name=net, attempt=attempt
     )
     assert world.job(job_id).state == JobState.RUNNING
@@ -90,7 +90,7 @@ def test_exhausted_retries_leave_a_job_on_its_next_attempt_alone(world):
     with world.rt.sessions.begin() as session:
         services.requeue_job(session, job_id, "readiness gave up", world.clock())
     dispatch.assign_jobs(world.rt)  # attempt 1, ASSIGNED
-    assert not dispatch.requeue_after_transient(
+    assert not retries.requeue_after_transient(
         world.rt, job_id, "scale_up: retries exhausted", net_name=net, attempt=attempt
     )
     job = world.job(job_id)
@@ -100,7 +100,7 @@ def test_exhausted_retries_leave_a_job_on_its_next_attempt_alone(world):
 def test_a_failure_handler_without_a_step_binding_moves_nothing(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_until_ready(job_id)
-    assert not dispatch.requeue_after_transient(world.rt, job_id, "abort_on_server: exhausted")
+    assert not retries.requeue_after_transient(world.rt, job_id, "abort_on_server: exhausted")
     assert world.job(job_id).state == JobState.ASSIGNED
 
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import ServerUnavailable
-from app.usecases import dispatch, services, unknown_submit
+from app.usecases import dispatch, retries, services, unknown_submit
 from app.usecases.dispatch import Step
 from models import JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
@@ -29,7 +29,7 @@ def _unknown_submit(world, net: str = "net-a"):
     world.server(net).submit_error = None
     assert world.job(job_id).state == JobState.DISPATCHING
     # No worker holds it any more: its lease (renewed right before the submit) has passed.
-    world.clock.advance(dispatch.submit_try_s(world.rt.settings) + 1)
+    world.clock.advance(retries.submit_try_s(world.rt.settings) + 1)
     return job_id
 
 
@@ -163,7 +163,7 @@ def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
     server.on_submit = landed_then_lost
     with pytest.raises(ServerUnavailable):
         dispatch.dispatch(world.rt, job_id, "net-a", 0)
-    assert not dispatch.requeue_after_transient(
+    assert not retries.requeue_after_transient(
         world.rt, job_id, "dispatch: retries exhausted", net_name="net-a", attempt=0
     )
     assert world.job(job_id).state == JobState.DISPATCHING  # the attempt is not abandoned

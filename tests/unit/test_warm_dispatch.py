@@ -15,7 +15,7 @@ from celery.exceptions import Retry
 
 from app import names
 from app.errors import ServerUnavailable
-from app.usecases import abort, dispatch, monitor
+from app.usecases import abort, dispatch, monitor, retries
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 from tasks import base
@@ -129,7 +129,7 @@ def test_a_transient_submit_failure_retries_the_step_which_resumes_with_the_same
 def test_a_step_of_an_older_attempt_never_submits_the_next_one(rt):
     warm_net(rt)
     job_id = claim(rt, "requeued")
-    dispatch.requeue_after_transient(rt.rt, job_id, "the net failed", net_name="net-a", attempt=0)
+    retries.requeue_after_transient(rt.rt, job_id, "the net failed", net_name="net-a", attempt=0)
     TASKS[names.ASSIGN_NEXT_JOB].run()
     assert (rt.job(job_id).state, rt.job(job_id).attempts) == (JobState.ASSIGNED, 1)
 

@@ -23,6 +23,7 @@ What Flower lacks, and how it is made up here:
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import threading
@@ -41,7 +42,7 @@ from app.adapters.backend import (
     ServerState,
 )
 from app.adapters.flower import classify
-from app.adapters.flower.fab import TOKEN_KEY, build_fab
+from app.adapters.flower.fab import RESOURCE_SPEC_KEY, SITES_KEY, TOKEN_KEY, build_fab
 from app.adapters.flower.proto import control_pb2, fab_pb2, transport_pb2
 from app.errors import (
     AdminMisconfigured,
@@ -265,9 +266,18 @@ class FlowerControlClient:
             if len(page) < LIST_PAGE:
                 return runs
 
-    def submit(self, job_folder: Path, submit_token: str) -> str:
+    def submit(
+        self,
+        job_folder: Path,
+        submit_token: str,
+        *,
+        required_sites: Sequence[str] = (),
+        resource_spec: Any = None,
+    ) -> str:
         """Start a run of the Flower App in `job_folder` with the token in its run config; a
-        token already used returns that run's id (nothing is started twice)."""
+        token already used returns that run's id (nothing is started twice). The job's
+        sites (a JSON list of SuperNode names) and resource spec (a JSON object, when it has
+        one) go into the run config beside it (`fab.SITES_KEY`, `fab.RESOURCE_SPEC_KEY`)."""
         fab = build_fab(job_folder)
         existing = self.find_run(submit_token)
         if existing is not None:
@@ -278,9 +288,14 @@ class FlowerControlClient:
                 existing,
             )
             return existing
+        config = {TOKEN_KEY: submit_token, SITES_KEY: json.dumps(list(required_sites))}
+        if resource_spec is not None:
+            config[RESOURCE_SPEC_KEY] = json.dumps(resource_spec, sort_keys=True)
         request = control_pb2.StartRunRequest(
             fab=fab_pb2.Fab(content=fab),
-            override_config={TOKEN_KEY: transport_pb2.Scalar(string=submit_token)},
+            override_config={
+                key: transport_pb2.Scalar(string=value) for key, value in config.items()
+            },
         )
         answer = self._call("start-run", request, control_pb2.StartRunResponse)
         if not answer.HasField("run_id"):

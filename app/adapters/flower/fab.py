@@ -2,9 +2,11 @@
 
 Flower has no submit token: a start-run whose reply was lost cannot be asked about by a key
 of ours. So the dispatcher sets one in the run's config (`TOKEN_KEY`, an override the
-SuperLink stores with the run and lists in ListRuns), and finds the run again by it. The
-SuperLink refuses an override for a key the app does not declare, so the FAB built here
-declares it (default "") in the app's `[tool.flwr.app.config]`.
+SuperLink stores with the run and lists in ListRuns), and finds the run again by it; the
+job's required sites and resource spec go in beside it (`SITES_KEY`, `RESOURCE_SPEC_KEY`),
+for the ServerApp to read in `context.run_config`. The SuperLink refuses an override for a
+key the app does not declare, so the FAB built here declares the three (default "") in the
+app's `[tool.flwr.app.config]`.
 
 The bundle is what `flwr build` (flwr 1.42) makes, without flwr: a zip of `pyproject.toml`
 and the app's files of the kinds flwr packs (`INCLUDED_SUFFIXES`, `LICENSE`), without the
@@ -27,6 +29,11 @@ from typing import Any
 from app.errors import InvalidRequest
 
 TOKEN_KEY = "fl-dispatcher-submit-token"  # noqa: S105  (a config key, no secret)
+# The job's sites (a JSON list of SuperNode names) and resource spec (a JSON object, "" for
+# none), so a ServerApp can know which SuperNodes the job needs (`client.submit`).
+SITES_KEY = "fl-dispatcher-required-sites"
+RESOURCE_SPEC_KEY = "fl-dispatcher-resource-spec"
+DISPATCHER_KEYS = (TOKEN_KEY, SITES_KEY, RESOURCE_SPEC_KEY)
 CONFIG_FILE = "pyproject.toml"
 MANIFEST = ".info/CONTENT"
 FAB_DATE = (2024, 10, 1, 0, 0, 0)  # flwr's own (flwr.common.constant.FAB_DATE)
@@ -56,11 +63,11 @@ def _parse(text: str, folder: Path) -> dict[str, Any]:
         raise InvalidRequest(f"{folder / CONFIG_FILE} is not valid TOML: {exc}") from exc
 
 
-def declare_token_key(text: str, folder: Path = Path(".")) -> str:
-    """`pyproject.toml`'s text with TOKEN_KEY declared in the app's config (default "").
+def declare_keys(text: str, folder: Path = Path(".")) -> str:
+    """`pyproject.toml`'s text with DISPATCHER_KEYS declared in the app's config (default "").
 
-    The line is added under the config table's header, or in a new table at the end; the
-    result is parsed again, and refused if anything but the one key changed (a config
+    The lines are added under the config table's header, or in a new table at the end; the
+    result is parsed again, and refused if anything but those keys changed (a config
     written as dotted keys or an inline table, where a line cannot be added safely).
     """
     document = _parse(text, folder)
@@ -69,24 +76,25 @@ def declare_token_key(text: str, folder: Path = Path(".")) -> str:
         raise InvalidRequest(
             f"{folder / CONFIG_FILE} is not a Flower App: no [tool.flwr.app.components]"
         )
-    config = _app_config(document)
-    if config is not None and TOKEN_KEY in config:
+    config = _app_config(document) or {}
+    missing = [key for key in DISPATCHER_KEYS if key not in config]
+    if not missing:
         return text
-    line = f'{TOKEN_KEY} = ""\n'
+    lines = "".join(f'{key} = ""\n' for key in missing)
     header = _CONFIG_HEADER.search(text)
     if header is not None:
         cut = text.find("\n", header.end())
         cut = len(text) if cut < 0 else cut + 1
         head = text[:cut] if text[:cut].endswith("\n") else text[:cut] + "\n"
-        changed = head + line + text[cut:]
+        changed = head + lines + text[cut:]
     else:
         tail = "" if text.endswith("\n") or not text else "\n"
-        changed = f"{text}{tail}\n[tool.flwr.app.config]\n{line}"
-    if _parse_or_none(changed) != _with_key(document):
+        changed = f"{text}{tail}\n[tool.flwr.app.config]\n{lines}"
+    if _parse_or_none(changed) != _with_keys(document, missing):
         raise InvalidRequest(
-            f"{folder / CONFIG_FILE}: cannot declare the run config key {TOKEN_KEY!r} "
-            "(write the app's config as a [tool.flwr.app.config] table, or declare the key "
-            'there with the default "")'
+            f"{folder / CONFIG_FILE}: cannot declare the run config keys "
+            f"{', '.join(map(repr, missing))} (write the app's config as a "
+            '[tool.flwr.app.config] table, or declare the keys there with the default "")'
         )
     return changed
 
@@ -98,11 +106,13 @@ def _parse_or_none(text: str) -> dict[str, Any] | None:
         return None
 
 
-def _with_key(document: dict[str, Any]) -> dict[str, Any]:
-    """What the document must read once the key is declared: itself plus that one key."""
+def _with_keys(document: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """What the document must read once the keys are declared: itself plus those keys."""
     expected = copy.deepcopy(document)
     app = expected.setdefault("tool", {}).setdefault("flwr", {}).setdefault("app", {})
-    app.setdefault("config", {})[TOKEN_KEY] = ""
+    config = app.setdefault("config", {})
+    for key in keys:
+        config[key] = ""
     return expected
 
 
@@ -114,7 +124,7 @@ def _packed(relative: Path) -> bool:
     if (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"):
         return False
     if relative.as_posix() == CONFIG_FILE:
-        return False  # written first, with the token key declared
+        return False  # written first, with the dispatcher's keys declared
     return relative.suffix in INCLUDED_SUFFIXES or relative.as_posix() == "LICENSE"
 
 
@@ -128,7 +138,7 @@ def app_files(folder: Path) -> list[str]:
 
 
 def build_fab(folder: Path) -> bytes:
-    """The FAB of the Flower App in `folder`, with TOKEN_KEY declared in its config.
+    """The FAB of the Flower App in `folder`, with DISPATCHER_KEYS declared in its config.
 
     InvalidRequest for a folder that is no Flower App, a config the key cannot be added to,
     an app that chooses its own files (`fab-include`/`fab-exclude`, not supported here), or
@@ -142,7 +152,7 @@ def build_fab(folder: Path) -> bytes:
     chosen = sorted(key for key in ("fab-include", "fab-exclude") if key in app)
     if chosen:
         raise InvalidRequest(f"{config_path}: {', '.join(chosen)} is not supported yet")
-    files = [(CONFIG_FILE, declare_token_key(text, folder).encode("utf-8"))]
+    files = [(CONFIG_FILE, declare_keys(text, folder).encode("utf-8"))]
     files += [(name, (folder / name).read_bytes()) for name in app_files(folder)]
     buffer = io.BytesIO()
     manifest = []

@@ -37,6 +37,7 @@ from app.adapters.backend import (
 )
 from app.adapters.nvflare import kit_check
 from app.adapters.nvflare.classify import aborted_before_start, classified_error, meta_status
+from app.adapters.nvflare.sessions import close_quietly, install_fast_challenge_retry
 from app.errors import (
     AdminMisconfigured,
     DispatcherError,
@@ -59,72 +60,6 @@ _PROBE_TIMEOUT_S = 2.0
 def _is_connection_failure(error: DispatcherError) -> bool:
     # Anything but a job-level answer means the session can no longer be trusted.
     return not isinstance(error, (NvflareJobNotFound, NvflareJobNotRunning, InvalidRequest))
-
-
-# How long a caller waits for an nvflare session to close. nvflare's close stops the
-# session's cell, which joins its executor threads; under load that join was seen to hang
-# past a 600 s test timeout, holding a worker's slot (and a job's readiness poll) with it.
-# Past this bound the close goes on in a daemon thread; a logout to a server that is gone
-# costs one command timeout, so a close that ends normally is still waited for.
-CLOSE_WAIT_S = 15.0
-
-
-def _close_quietly(session: Any, *, logout: bool) -> None:
-    """Close an nvflare session so its cell threads stop (an unclosed one keeps the process
-    alive for 40 s+), waiting at most CLOSE_WAIT_S. `logout=False` skips the logout round
-    trip to a server known gone."""
-    done = threading.Event()
-
-    def close() -> None:
-        try:
-            if logout:
-                session.close()
-            else:
-                session.api.close()
-        except Exception:  # closing must never mask the error being handled
-            log.debug("closing an nvflare session failed", exc_info=True)
-        finally:
-            done.set()
-
-    threading.Thread(target=close, name="nvflare-session-close", daemon=True).start()
-    if not done.wait(CLOSE_WAIT_S):
-        log.warning(
-            "closing an nvflare session took over %.0f s; it goes on in the background",
-            CLOSE_WAIT_S,
-        )
-
-
-_CHALLENGE_RETRY_S = 0.1
-
-
-def _install_fast_challenge_retry() -> None:
-    """Make an admin login cost what it must, not one extra second.
-
-    nvflare 2.9's `AdminAPI.connect` sends its first identity challenge right after starting
-    its cell, before the cell's connector has connected, so that challenge always fails; the
-    `Authenticator` then sleeps a hard-coded `retry_interval=1.0` before the next one. Every
-    fresh login (each readiness poll of a cold start until one gets in) paid that second.
-    The admin API's own module-level reference to `Authenticator` is replaced, once, by a
-    subclass that retries after 0.1 s;
-    sites and servers import the class elsewhere and are unaffected, and the overall login
-    timeout is unchanged.
-    """
-    from nvflare.fuel.hci.client import api
-    from nvflare.private.fed.authenticator import Authenticator
-
-    if getattr(api.Authenticator, "fl_dispatcher_fast_retry", False):
-        return
-
-    class _FastRetryAuthenticator(Authenticator):  # type: ignore[misc]  # nvflare is untyped
-        fl_dispatcher_fast_retry = True
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.retry_interval: float = min(
-                float(kwargs.get("retry_interval", 1.0)), _CHALLENGE_RETRY_S
-            )
-
-    api.Authenticator = _FastRetryAuthenticator
 
 
 # Every client alive in this process, closed before the interpreter joins its threads: an
@@ -210,7 +145,7 @@ class NvflareAdminClient:
         session, self._session = self._session, None
         self._connected = False
         if session is not None:
-            _close_quietly(session, logout=logout)
+            close_quietly(session, logout=logout)
 
     def _context(self) -> str:
         return f"net {self.net_name!r} (admin kit {self.kit_dir})"
@@ -254,14 +189,14 @@ class NvflareAdminClient:
         without that round trip, and never used again."""
         from nvflare.fuel.flare_api.flare_api import Session
 
-        _install_fast_challenge_retry()
+        install_fast_challenge_retry()
         session = Session(username=self.username, startup_path=str(self.kit_dir))
         try:
             session.api.auto_login_max_tries = self.login_max_tries
             session.set_timeout(self.command_timeout_s)
             session.try_connect(self.login_timeout_s)
         except BaseException:
-            _close_quietly(session, logout=False)
+            close_quietly(session, logout=False)
             raise
         return session
 
@@ -380,8 +315,16 @@ class NvflareAdminClient:
             server_start_time=float(start_time) if start_time is not None else None,
         )
 
-    def submit(self, job_folder: Path, submit_token: str) -> str:
-        """Submit a job folder; a repeated token returns the existing job's id."""
+    def submit(
+        self,
+        job_folder: Path,
+        submit_token: str,
+        *,
+        required_sites: Sequence[str] = (),
+        resource_spec: Any = None,
+    ) -> str:
+        """Submit a job folder; a repeated token returns the existing job's id. The sites
+        and resource spec are the prepared folder's meta.json's already (unused here)."""
         from nvflare.fuel.flare_api import api_spec as nv
 
         def operation(session: Any) -> str:

@@ -1,5 +1,6 @@
 """The ServerApp: waits for min-nodes SuperNodes, then runs num-rounds rounds."""
 
+import json
 import time
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -14,6 +15,12 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     if bool(config["fail"]):
         raise RuntimeError("tinyfl: failing as its run config asks")
+    for key, expected in (
+        ("fl-dispatcher-required-sites", config["expect-sites"]),
+        ("fl-dispatcher-resource-spec", config["expect-resource-spec"]),
+    ):
+        if expected and json.loads(str(config[key])) != json.loads(str(expected)):
+            raise RuntimeError(f"tinyfl: {key} is {config[key]!r}, not {expected!r}")
     min_nodes = int(config["min-nodes"])
     node_ids = list(grid.get_node_ids())
     while len(node_ids) < min_nodes:
