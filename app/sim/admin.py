@@ -84,6 +84,8 @@ class SimAdmin:
     """One worker process's admin client of a net: the real client's contract (which errors
     escape which call) on top of a SimServer, with injected faults."""
 
+    UNCLASSIFIED = "unclassified nvflare error"  # an error no class of app.errors names
+
     def __init__(self, cluster: Cluster, net: str) -> None:
         self.cluster = cluster
         self.net = net
@@ -116,7 +118,7 @@ class SimAdmin:
             self._connected = False
             raise ServerUnavailable(f"{self.net}: connection reset (simulated)")
         if roll < faults.admin_unavailable + faults.admin_unknown:
-            raise UnknownAdminError(f"{self.net}: unclassified nvflare error (simulated)")
+            raise UnknownAdminError(f"{self.net}: {self.UNCLASSIFIED} (simulated)")
         self._connected = True
         return server
 

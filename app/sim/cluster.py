@@ -17,6 +17,7 @@ from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured, DriverTransientError
 from app.sim.host import Host
 from app.sim.servers import Run, SimServer, parse_token
+from app.sim.superlink import FLOWER, SuperLink
 from app.sim.workload import COMPLETED, NetSpec
 
 
@@ -32,6 +33,7 @@ class Cluster:
         crash_rng: random.Random | None = None,
         deaf_rng: random.Random | None = None,
         start_rng: random.Random | None = None,
+        flower_rng: random.Random | None = None,
     ) -> None:
         self.host = host
         self.rng = rng  # the world stream (delays, durations)
@@ -40,7 +42,14 @@ class Cluster:
         self.crash_rng = crash_rng or random.Random(0)
         self.deaf_rng = deaf_rng or random.Random(0)  # runs whose abort does not take
         self.start_rng = start_rng or random.Random(0)  # runs the job runner starts slowly
-        self.servers = {n.name: SimServer(n) for n in nets}
+        # Flower SuperLinks' draws (app.sim.superlink): only worlds with a Flower net use it.
+        self.flower_rng = flower_rng or random.Random(0)
+        self.servers: dict[str, SimServer] = {
+            n.name: SuperLink(n, flower_rng=self.flower_rng)
+            if n.backend == FLOWER
+            else SimServer(n)
+            for n in nets
+        }
         self.drivers = {n.name: SimDriver(self, n) for n in nets}
         self.runs: list[Run] = []
         self._timers: list[tuple[float, int, Callable[[float], None]]] = []
@@ -49,6 +58,12 @@ class Cluster:
         for net in nets:
             if net.kind == "static":  # always on: up before the simulation starts
                 self.drivers[net.name].pin_up(-100.0)
+
+    def _server(self, spec: NetSpec) -> SimServer:
+        """The net's server process: an NVFLARE server, or a Flower SuperLink."""
+        if spec.backend == FLOWER:
+            return SuperLink(spec, flower_rng=self.flower_rng)
+        return SimServer(spec)
 
     def unsee_reads(self, message_id: int) -> None:
         """The handler's reads of a run's end so far saw nothing: a database error failed
@@ -89,6 +104,10 @@ class Cluster:
     # --- server-side effects --------------------------------------------------------------
 
     def submit(self, server: SimServer, token: str, t: float) -> Run:
+        if isinstance(server, SuperLink):  # no submit token: every start-run is a new run
+            run = server.new_run(self.host, token, t, next(self._ids))
+            self.runs.append(run)
+            return run
         known = server.tokens.get(token)
         if known is not None and known in server.store:
             return server.store[known]  # NVFLARE's submit token: the same job, no second run

@@ -52,11 +52,16 @@ def settings_for(
         driver: dict[str, object] = {"kind": net.kind}
         if net.kind == "ecs":
             driver |= {"region": "eu-west-2", "cluster": "sim", "service": f"fl-{net.name}"}
+        # How the workers reach the net's server: an NVFLARE admin kit, or a SuperLink's
+        # Control API (its address; TLS against the system's CAs).
+        server: dict[str, object] = {"admin": {"kit_dir": str(kit), "username": "admin"}}
+        if net.backend == "flower":
+            server = {"backend": "flower", "flower": {"address": f"{net.name}.superlink:9093"}}
         nets.append(
             {
                 "name": net.name,
                 "driver": driver,
-                "admin": {"kit_dir": str(kit), "username": "admin"},
+                **server,
                 "required_sites": list(net.sites),
                 "idle_timeout_s": net.idle_timeout_s,
                 "ready_timeout_s": net.ready_timeout_s,

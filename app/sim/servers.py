@@ -1,5 +1,6 @@
 """The simulated NVFLARE server: one net's server process (its admin port, its sites, its job
-store) and the runs it holds, as they really are (not as any client believes).
+store) and the runs it holds, as they really are (not as any client believes). A Flower
+net's server is a SimServer with Flower's records of runs (app.sim.superlink.SuperLink).
 
 Servers restart (a new start time; their runs forgotten, or kept "RUNNING" forever as
 NVFLARE 2.9 does after a SIGKILL).
@@ -41,6 +42,19 @@ class Run:
     # An abort accepted while the job runner was starting the run: NVFLARE 2.9's runner
     # then overwrites the FINISHED:ABORTED mark and the run goes on from here.
     revives_at: float | None = None
+    # A Flower run's (app.sim.superlink): pending until the SuperExec claims it, then
+    # starting for `start_s`, then running for `duration_s` (None: for ever); `expires_at`:
+    # the record of a run killed with its SuperLink reads as it was until then; `dormant`:
+    # pending in the state database of a SuperLink that is down (it runs once one is up).
+    claimed_at: float | None = None
+    start_s: float = 0.0
+    duration_s: float | None = None
+    expires_at: float | None = None
+    dormant: bool = False
+
+    def pending(self, t: float) -> bool:
+        """A Flower run no SuperExec has claimed yet (never true of an NVFLARE run)."""
+        return self.dormant or (self.claimed_at is not None and t < self.claimed_at)
 
     def aborted(self, t: float) -> bool:
         """An abort has stopped the run (one the job runner overwrote stops it only until
@@ -149,13 +163,17 @@ class SimServer:
         """The process dies: every live run on it dies too (zombies stay in the store)."""
         if self.up_at is None:
             return
-        for run in runs:
-            if run.net == self.name and run.live(t):
-                run.killed_at = t
+        self.kill_runs(t, runs)
         self.up_at = None
         if not self.spec.keeps_jobs:
             self.store.clear()
             self.tokens.clear()
+
+    def kill_runs(self, t: float, runs: list[Run]) -> None:
+        """The runs the process dies with: every live one (a SuperLink's: app.sim.superlink)."""
+        for run in runs:
+            if run.net == self.name and run.live(t):
+                run.killed_at = t
 
     def partition(self, start: float, end: float) -> None:
         """The admin port is unreachable from `start` to `end` (the server runs on)."""

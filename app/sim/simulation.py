@@ -33,7 +33,6 @@ from app.handlers import Kind, beat_loops
 from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
-from app.sim.admin import SimAdmin
 from app.sim.bounds import Bounds
 from app.sim.bundles import FakeS3, LocalBundle, remove_tree, serving
 from app.sim.caller import Caller
@@ -45,6 +44,7 @@ from app.sim.delivery import Delivery
 from app.sim.deployment import Declared, always_on, settings_for
 from app.sim.fast_forward import FastClock
 from app.sim.faults import HUMAN_FIX_DELAY_S, FaultProfile
+from app.sim.flower_admin import admin_for
 from app.sim.interleaving import HookedSessions, Interleaving
 from app.sim.messages import Broker, Message, SimOutbox
 from app.sim.operator import Operator
@@ -108,6 +108,7 @@ class Simulation:
             crash_rng=random.Random(f"{seed}/crash-before-submit"),
             deaf_rng=random.Random(f"{seed}/deaf-runs"),
             start_rng=random.Random(f"{seed}/slow-starts"),
+            flower_rng=random.Random(f"{seed}/flower"),
         )
         self.broker = Broker(self)
         self.per_job_fl_server = world.per_job_fl_server
@@ -168,7 +169,7 @@ class Simulation:
             sessions=factory,
             clock=self.process_clocks[slot],
             driver_factory=lambda net, _s: self.cluster.drivers[net.name],
-            admin_factory=lambda net, _s: SimAdmin(self.cluster, net.name),
+            admin_factory=lambda net, _s: admin_for(self.cluster, net),
             outbox=SimOutbox(self.broker, slot),
             callback_sender=self.receiver,
         )

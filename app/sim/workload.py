@@ -31,7 +31,8 @@ class ColdStart:
 
 @dataclass(frozen=True)
 class NetSpec:
-    """One net: scale-to-zero (`ecs`, driven by our fake driver) or always-on (`static`)."""
+    """One net: scale-to-zero (`ecs`, driven by our fake driver) or always-on (`static`),
+    whose server is an NVFLARE server or a Flower SuperLink (`backend`)."""
 
     name: str
     kind: str = "ecs"  # "ecs" | "static"
@@ -39,12 +40,17 @@ class NetSpec:
     ready_timeout_s: float = 50.0
     sites: tuple[str, ...] = SITES
     # The server's job store survives a restart (NVFLARE 2.9 then reports a killed run as
-    # RUNNING forever) or is lost with the process (the run is forgotten).
+    # RUNNING forever; a Flower SuperLink with --database reads it running until its task
+    # expires, then finished:failed) or is lost with the process (the run is forgotten).
     keeps_jobs: bool = True
     # Fixed start-up and stop delays; None: the sweep's seeded random ones.
     cold_start: ColdStart | None = None
     # NETS declares the net's sites (a job needing another is refused at enqueue).
     declares_sites: bool = False
+    # The net's backend (app.net_config's `backend`): which fake server the platform runs
+    # (app.sim.servers, app.sim.superlink) and which fake client the workers build for it
+    # (app.sim.admin, app.sim.flower_admin).
+    backend: str = "nvflare"  # "nvflare" | "flower"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from tests.sim.run_invariants import RunInvariants
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
+# Readiness's words for missing sites: NVFLARE's client names sites, Flower's SuperNodes.
+WAITING_FOR_SITES = ("waiting for sites", "waiting for SuperNodes")
 
 
 class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseInvariants):
@@ -131,7 +133,7 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
             self._net_state[net] = NetState(dst)
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
-            if dst in (N.UNHEALTHY, N.OUTAGE) and "waiting for sites" in reason:
+            if dst in (N.UNHEALTHY, N.OUTAGE) and any(w in reason for w in WAITING_FOR_SITES):
                 # A server that answers while a site never connects is the job's problem
                 # (requeued, the site named), never the net's health.
                 self.report("sites-not-the-nets", f"net {net} event {event_id}", reason[:300])

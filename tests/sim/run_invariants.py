@@ -104,7 +104,12 @@ class RunInvariants(Observer):
                 self._dead_since.pop(job.id, None)
                 continue
             recorded = by_id.get(job.nvflare_id)
-            if recorded is None or recorded.live(t) or recorded.poisoned:
+            if (
+                recorded is None
+                or recorded.live(t)
+                or recorded.poisoned
+                or _unseen_end(recorded, t)
+            ):
                 # A run whose status the server never gives cannot be seen to end: only
                 # MAX_RUN_S (max-run-enforced) bounds it.
                 self._dead_since.pop(job.id, None)
@@ -151,6 +156,15 @@ class RunInvariants(Observer):
                     + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in beside)
                     + " lives there",
                 )
+
+
+def _unseen_end(run: Run, t: float) -> bool:
+    """Backend-aware: a Flower run killed with a SuperLink that keeps its state database
+    reads as it was (running) until its task's token expires (app.sim.superlink), and the
+    SuperLink tells no start time to compare, so nothing can tell the dispatcher it ended
+    before then: its settling is bounded from then on. (An NVFLARE run killed with its
+    server reads RUNNING for ever, but the server's new start time tells at once.)"""
+    return run.expires_at is not None and t < run.expires_at
 
 
 def _how_ended(run: Run, t: float) -> str:

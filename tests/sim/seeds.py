@@ -9,12 +9,14 @@ import random
 from app.sim.faults import FaultProfile
 from app.sim.report import Result
 from app.sim.simulation import Simulation
-from app.sim.workload import NetSpec
+from app.sim.workload import NetSpec, WorldSpec
 from tests.sim.adversary import Adversary
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import with_prewarms
 from tests.sim.profiles import profile_for_seed
 from tests.sim.worlds import random_workload, random_world
+
+FLOWER_WORLDS = 1 / 3  # the share of worlds with a Flower net
 
 
 def from_seed(
@@ -66,7 +68,8 @@ def from_seed(
     # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
     # their own (tests.sim.prewarms): the others run exactly as before.
     world, workload = with_prewarms(seed, world, workload)
-    return Simulation(
+    world = with_flower(seed, world)
+    sim = Simulation(
         world,
         workload,
         profile,
@@ -76,6 +79,26 @@ def from_seed(
         tracing=tracing,
         fail_fast=fail_fast,
     )
+    for net in world.nets:
+        if net.backend == "flower":
+            state = "a state database" if net.keeps_jobs else "its state in memory"
+            sim.trace(f"   {net.name} is a Flower net: a SuperLink with {state}")
+    return sim
+
+
+def with_flower(seed: int, world: WorldSpec) -> WorldSpec:
+    """About a third of the worlds make one of their nets a Flower net (issue 38: its server
+    a SuperLink, app.sim.superlink; its client the Flower adapter's, app.sim.flower_admin),
+    drawn on a stream of its own: every other world runs exactly as before."""
+    rng = random.Random(f"{seed}/backend")
+    if rng.random() >= FLOWER_WORLDS:
+        return world
+    pick = rng.randrange(len(world.nets))
+    nets = tuple(
+        dataclasses.replace(n, backend="flower") if i == pick else n
+        for i, n in enumerate(world.nets)
+    )
+    return dataclasses.replace(world, nets=nets)
 
 
 def replay_command(seed: int) -> str:

@@ -515,8 +515,9 @@ SAFEGUARDS = [
         # (94 until runs could start slowly, then 139 until an abort's reply could be
         # garbled), the retried submit lands on the new process while the net keeps
         # readiness's start time, and the monitor takes the live run's process for a restart
-        # under the job.
-        range(245, 250),
+        # under the job. Since a third of the worlds have a Flower net (issue 38), 247's
+        # among them: seed 517, the one servers seed of 0-600 without one that finds it.
+        range(517, 518),
         frozenset(
             {"one-live-run", "one-run-per-server", "unaccounted-run", "claim-beside-live-run"}
         ),
