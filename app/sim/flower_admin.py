@@ -102,6 +102,12 @@ class FlowerSimAdmin(SimAdmin):
         run = self.cluster.submit(server, submit_token, host.clock.t)
         host.hook("admin.submit.after", self.net)
         self._lose_reply("submit")
+        # The adapter's re-check (FlowerControlClient._first_with_token): a run the token
+        # started meanwhile is kept and this one stopped while pending (seed 561).
+        first = self.find_run(submit_token)
+        if first is not None and first != run.nvflare_id:
+            self.abort(run.nvflare_id)
+            return first
         return run.nvflare_id
 
     def _started_run(self, submit_token: str) -> str | None:
@@ -109,9 +115,9 @@ class FlowerSimAdmin(SimAdmin):
         return self.find_run(submit_token)
 
     def find_run(self, submit_token: str) -> str | None:
-        """The newest run whose config carries the token (ListRuns is newest first)."""
+        """The first run whose config carries the token, as the adapter keeps it."""
         server = self._reach("find_run")
-        for run in reversed(server.store.values()):
+        for run in server.store.values():
             if run.token == submit_token:
                 return run.nvflare_id
         return None

@@ -375,3 +375,28 @@ def test_a_lost_submit_reply_finds_the_run_again_and_starts_none(
         client.close()
         proxy.shutdown()
         proxy.server_close()
+
+
+def test_a_submit_paused_past_another_start_of_its_token_keeps_the_first_run(
+    flower: FlowerSystem,
+    make_client: Callable[..., FlowerControlClient],
+    long_app: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Simulation seed 561: a worker looked the token up (no run), paused, and a retry of
+    the same attempt started the run meanwhile; the paused worker's start-run then starts a
+    second one. Its re-check finds the first, stops its own while still pending (a stop is
+    final: it never runs) and answers the first, as every racer does."""
+    client = make_client(flower)
+    first = client.submit(long_app, "token-paused")
+    late = make_client(flower)
+    monkeypatch.setattr(late, "find_run", lambda _token: None)  # its lookup came before
+    assert late.submit(long_app, "token-paused") == first
+    assert client.find_run("token-paused") == first  # a re-sent submit adopts it too
+    runs = runs_with_token(flower, "token-paused")
+    assert len(runs) == 2
+    second = next(run for run in runs if str(run.run_id) != first)
+    status = client.job_status(str(second.run_id))
+    assert (status.state, status.started_at) == (RunState.ABORTED, None)
+    assert client.abort(first).outcome is AbortOutcome.ABORTED
+    assert second.running_at == ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("seed", [231, 1025, 1157, 748, 771])
+@pytest.mark.parametrize("seed", [231, 1025, 1157, 748, 771, 791, 561])
 def test_the_long_sweeps_findings_stay_fixed(seed):
     """Seeds of the 200-2000 sweep that reported a violation before their fix (app/sim/
     FINDINGS.md): 231 the checker timing a net's grace from its stop rather than from a
@@ -15,7 +15,11 @@ def test_the_long_sweeps_findings_stay_fixed(seed):
     1157 no human redeploying an always-on net whose server failed to start. Of the
     10,000-seed sweep (tests/sim/FINDINGS.md, "The long sweep's seeds 748 and 771"),
     checker errors: 748 (flaky) a run's settling timed across a broker outage, 771 (drift)
-    a prewarm start judged against a hold's end stamped by another worker's clock."""
+    a prewarm start judged against a hold's end stamped by another worker's clock; 791
+    (chaos, the sweep on 868f6cc) a checker error, a run's end read by a round whose write
+    the poison row refused. 561 (racy, on a Flower net): a submit paused between the
+    adapter's lookup and its start-run started a second run of the attempt (the adapter now
+    keeps the token's first run and stops its own)."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(seed)

@@ -301,14 +301,34 @@ class FlowerControlClient:
         if not answer.HasField("run_id"):
             # The SuperLink logged why (a FAB over its size limit answers so); not retried.
             raise InvalidRequest(f"{self._context()}: the SuperLink started no run")
-        return str(answer.run_id)
+        return self._first_with_token(str(answer.run_id), submit_token)
+
+    def _first_with_token(self, started: str, submit_token: str) -> str:
+        """The token's first run: `started` unless another submit with the same token
+        started one before it (the lookup and the start-run are two calls, and a worker
+        paused between them while a retry or reconcile started the attempt's run: simulation
+        seed 561). Then `started` is stopped, still pending (a stop is final: it never runs),
+        and the first one is kept, so every racer answers the same run."""
+        runs = [run for run in self._all_runs() if run_token(run) == submit_token]
+        if not runs:
+            return started
+        first = str(_first(runs).run_id)
+        if first != started:
+            log.warning(
+                "%s: submit token %s had started run %s meanwhile; run %s stopped",
+                self._context(),
+                submit_token,
+                first,
+                started,
+            )
+            self.abort(started)
+        return first
 
     def find_run(self, submit_token: str) -> str | None:
-        """The id of the run started with this token, or None if the SuperLink has none."""
-        for run in self._all_runs():
-            if run_token(run) == submit_token:
-                return str(run.run_id)
-        return None
+        """The id of the first run started with this token, or None if the SuperLink has
+        none. The first, as `submit` keeps it: a later one was stopped before it ran."""
+        runs = [run for run in self._all_runs() if run_token(run) == submit_token]
+        return str(_first(runs).run_id) if runs else None
 
     def job_status(self, nvflare_job_id: str) -> RunStatus:
         """The run's state (classify.run_status); NvflareJobNotFound if the SuperLink has
@@ -346,6 +366,11 @@ class FlowerControlClient:
         if status.state is not RunState.RUNNING:
             return AbortResult(AbortOutcome.ALREADY_FINISHED, status.detail)
         raise UnknownAdminError(f"{self._context()}: run {nvflare_job_id} was not stopped")
+
+
+def _first(runs: list[Any]) -> Any:
+    """The run created first (`pending_at`, then the id, should two share a moment)."""
+    return min(runs, key=lambda run: (run.pending_at, run.run_id))
 
 
 def _run_number(run_id: str, context: str) -> int:
