@@ -187,7 +187,7 @@ def _handlers() -> tuple[Handler, ...]:
         # The assign round first: beat's schedule and the simulator's ticks keep this order.
         Handler(
             names.ASSIGN_NEXT_JOB,
-            lambda rt: len(kicks.assign_after_kick(rt)),
+            lambda rt: len(kicks.assign_round(rt)),
             Kind.PLAIN,
             period=_every,
         ),

@@ -163,7 +163,7 @@ class Job(Base):
         ),
         Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
         # Which nets the queue waits for: a claim that cannot place any job knows so from
-        # this index alone (app.usecases.services.assign_next_job).
+        # this index alone (app.usecases.claims.claim_next_job).
         Index(
             "ix_jobs_queued_requested_net",
             "requested_net",

@@ -127,7 +127,7 @@ def _hinted_here(net_name_column: Any, now: Any) -> ColumnElement[bool]:
     )
 
 
-def assign_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
+def claim_next_job(session: Session, settings: Settings, now: datetime) -> Assignment | None:
     """Claim the next QUEUED job (priority, then age) and a free net for it.
 
     Both rows are taken with FOR UPDATE SKIP LOCKED (PostgreSQL), so concurrent claimers
@@ -221,7 +221,7 @@ def drained(net_name_column: Any) -> ColumnElement[bool]:
 
 
 def _candidates() -> Any:
-    """The free nets some claimable job may run on, warmest first (`assign_next_job`)."""
+    """The free nets some claimable job may run on, warmest first (`claim_next_job`)."""
     now: Any = bindparam("now")
     warm_first = case(
         (Net.state == NetState.READY, 0),

@@ -73,7 +73,7 @@ class StepResult:
     warm: bool = False  # scale_up: the server was up already (nothing had to be started)
 
 
-def assign_jobs(
+def claim_and_start(
     rt: Runtime,
     limit: int = 50,  # pragma: no mutate (a bound per round: the next round claims the rest)
 ) -> list[claims.Assignment]:
@@ -83,7 +83,7 @@ def assign_jobs(
     for _ in range(limit):
         started = traces.clock()
         with unit_of_work(rt.sessions) as session:
-            assignment = claims.assign_next_job(session, rt.settings, rt.clock())
+            assignment = claims.claim_next_job(session, rt.settings, rt.clock())
         if assignment is None:
             break
         job_id, net, attempt = str(assignment.job_id), assignment.net_name, assignment.attempt

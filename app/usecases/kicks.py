@@ -163,9 +163,9 @@ def coalesce_kicks(rt: Runtime) -> None:
     )
 
 
-def assign_after_kick(rt: Runtime) -> list[claims.Assignment]:
+def assign_round(rt: Runtime) -> list[claims.Assignment]:
     """The assign round a kick (or beat) asks for: take the pending kick, commit, and only
     then claim, so a job committed after the claim's read sends a new kick."""
     with unit_of_work(rt.sessions) as session:
         take(session, names.ASSIGN_NEXT_JOB)
-    return dispatch.assign_jobs(rt)
+    return dispatch.claim_and_start(rt)

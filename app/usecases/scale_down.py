@@ -29,7 +29,7 @@ _READY = select(Net.name, Net.idle_since, Net.state_changed_at).where(  # pragma
 
 def scale_down_idle_nets(rt: Runtime) -> list[str]:
     """READY nets with no active job and no QUEUED job that could run there, idle past their
-    grace, go STOPPING -> driver 0 -> STOPPED. The net row is locked like assign_next_job
+    grace, go STOPPING -> driver 0 -> STOPPED. The net row is locked like claims.claim_next_job
     locks it, so a job claimed at the same moment is never stranded on a vanishing server."""
     stopped = []
     prewarm_warm_up.settle_prewarms(rt)  # prewarm hook: how holds ended; nets a live hold wants up

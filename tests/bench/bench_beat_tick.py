@@ -3,7 +3,7 @@
     .venv/bin/python -m tests.bench.bench_beat_tick [--nets 10,100,1000] [--ticks 3] [--json]
         [--profile] [--cprofile LOOP]
 
-A tick is what beat asks for every HOUSEKEEPING_INTERVAL_S: assign_jobs, then
+A tick is what beat asks for every HOUSEKEEPING_INTERVAL_S: claim_and_start, then
 scale_down_idle_nets, keep_alive_busy_nets, monitor_running_jobs and reconcile, each called as
 the task calls it, plus one call of monitor_awaited_runs (beat sends that one every
 AWAITED_POLL_S; here it polls the busy nets the QUEUED jobs are pinned to). PostgreSQL is
@@ -56,7 +56,7 @@ from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 
 GOAL_MS = 100.0
 LOOPS: dict[str, Callable[[Runtime], Any]] = {
-    "assign_jobs": dispatch.assign_jobs,
+    "claim_and_start": dispatch.claim_and_start,
     "scale_down_idle_nets": scale_down.scale_down_idle_nets,
     "keep_alive_busy_nets": scale_down.keep_alive_busy_nets,
     "monitor_running_jobs": monitor.monitor_running_jobs,
@@ -65,7 +65,7 @@ LOOPS: dict[str, Callable[[Runtime], Any]] = {
     "monitor_awaited_runs": monitor.monitor_awaited_runs,
 }
 SHORT = {
-    "assign_jobs": "assign",
+    "claim_and_start": "assign",
     "scale_down_idle_nets": "idle",
     "keep_alive_busy_nets": "keepalive",
     "monitor_running_jobs": "monitor",

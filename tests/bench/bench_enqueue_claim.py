@@ -75,11 +75,11 @@ def main() -> None:
             for _ in range(args.nets):
                 start = time.perf_counter()
                 with unit_of_work(factory) as session:
-                    assert claims.assign_next_job(session, settings, utcnow()) is not None
+                    assert claims.claim_next_job(session, settings, utcnow()) is not None
                 claim_ms.append((time.perf_counter() - start) * 1000)
             start = time.perf_counter()
             with unit_of_work(factory) as session:
-                assert claims.assign_next_job(session, settings, utcnow()) is None
+                assert claims.claim_next_job(session, settings, utcnow()) is None
             no_free_ms = (time.perf_counter() - start) * 1000
             engine.dispose()
     finally:

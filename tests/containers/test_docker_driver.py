@@ -244,7 +244,7 @@ def test_an_engine_restart_while_the_net_comes_up_is_waited_out(
     with sqlite_factory.begin() as session:
         request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-d")
         job_id = enqueue.enqueue_job(session, settings, request, clock()).job_id
-    [assignment] = dispatch.assign_jobs(rt)
+    [assignment] = dispatch.claim_and_start(rt)
     assert dispatch.scale_up(rt, job_id, "net-d", assignment.attempt).step == Step.DONE
     assert _running(own_engine, name)
 

@@ -58,7 +58,7 @@ def test_server_lost_between_readiness_and_submit_requeues_then_completes(stack)
                 EnqueueJob(caller_key="e2e-lost", definition="tiny-fedavg", net=NET),
                 rt.clock(),
             ).job_id
-        [_claim] = dispatch.assign_jobs(rt)
+        [_claim] = dispatch.claim_and_start(rt)
         assert dispatch.scale_up(rt, job_id, NET, 0).step == dispatch.Step.DONE
 
         def ready() -> bool:

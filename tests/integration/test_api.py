@@ -178,7 +178,7 @@ def three_nets(tmp_path, job_root, pg_engine, pg_factory, clock):
             clock(),
         ).job_id
         clock.advance(2)
-        assert claims.assign_next_job(session, settings, clock()).net_name == "net-b"
+        assert claims.claim_next_job(session, settings, clock()).net_name == "net-b"
         session.add(
             ScaleEvent(
                 net_name="net-b",

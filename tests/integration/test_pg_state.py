@@ -57,7 +57,7 @@ def race(db, settings, clock, n=2, hold_locks=True):
             with db.begin() as session:
                 session.execute(text("SELECT 1"))
                 barrier.wait()  # both transactions are open
-                results[i] = claims.assign_next_job(session, settings, clock())
+                results[i] = claims.claim_next_job(session, settings, clock())
                 if hold_locks:
                     barrier.wait()  # both have claimed while holding their row locks
         except BaseException as exc:
@@ -112,7 +112,7 @@ def test_many_claimers_many_jobs_each_net_gets_at_most_one(db, settings, clock):
 def test_one_active_job_per_net_is_enforced_by_the_database(db, settings, clock, pg_engine):
     enqueue(db, settings, clock, "a", net="net-a")
     with db.begin() as session:
-        claims.assign_next_job(session, settings, clock())
+        claims.claim_next_job(session, settings, clock())
     # Bypass the application entirely: a raw INSERT of a second active job on net-a.
     with pytest.raises(IntegrityError, match="uq_jobs_one_active_per_net"), pg_engine.begin() as c:
         c.execute(
@@ -397,7 +397,7 @@ def test_a_claim_and_a_settling_round_at_once_do_not_deadlock(
     def claim():
         try:
             with db.begin() as session:
-                results.append(claims.assign_next_job(session, settings, clock()))
+                results.append(claims.claim_next_job(session, settings, clock()))
         except BaseException as exc:
             errors.append(exc)
 
@@ -445,7 +445,7 @@ def test_a_claim_waits_for_a_cancel_in_flight_and_the_hold_stays_cancelled(
         locked.wait(5)
         try:
             with db.begin() as session:
-                out["claim"] = claims.assign_next_job(session, settings, clock())
+                out["claim"] = claims.claim_next_job(session, settings, clock())
         except BaseException as exc:
             errors.append(exc)
 

@@ -102,11 +102,11 @@ def test_prewarms_racing_a_claim_start_the_net_once(world):
         )
         for n in range(RACERS - 1)
     ]
-    calls.append(lambda: dispatch.assign_jobs(world.rt))
+    calls.append(lambda: dispatch.claim_and_start(world.rt))
     race(calls)
     # A claim that found the net's row locked by a prewarm skips it (SKIP LOCKED): the next
     # assign round (its kick, or beat's) claims the net, STARTING now, without a start.
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     assert world.job(job_id).state == JobState.ASSIGNED
     assert world.net("net-a").state == NetState.STARTING
     assert starts(world) == 1

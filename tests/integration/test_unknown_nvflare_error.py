@@ -59,7 +59,7 @@ def rt(tmp_path: Path, nvflare_sites: NvflareSystem, long_job: Path) -> Iterator
 def _running_job(rt: Runtime, definition: str) -> object:
     request = EnqueueJob(caller_key=f"unknown-{time.time_ns()}", definition=definition, net=NET)
     job_id = intake.submit_job(rt, request).enqueued.job_id
-    [claim] = dispatch.assign_jobs(rt)
+    [claim] = dispatch.claim_and_start(rt)
     assert dispatch.scale_up(rt, job_id, NET, claim.attempt).step == Step.DONE
     deadline = time.monotonic() + 60
     while dispatch.check_ready(rt, job_id, NET, claim.attempt).step != Step.DONE:
@@ -116,7 +116,7 @@ def test_a_bundle_nvflare_rejects_fails_the_job_with_nvflares_reason(
     )
     request = EnqueueJob(caller_key=f"broken-{time.time_ns()}", definition="broken-job", net=NET)
     job_id = intake.submit_job(rt, request).enqueued.job_id
-    [claim] = dispatch.assign_jobs(rt)
+    [claim] = dispatch.claim_and_start(rt)
     assert dispatch.scale_up(rt, job_id, NET, claim.attempt).step == Step.DONE
     deadline = time.monotonic() + 60
     while dispatch.check_ready(rt, job_id, NET, claim.attempt).step != Step.DONE:

@@ -156,7 +156,7 @@ class World:
     def run_until_ready(self, job_id) -> tuple[str, int]:
         """The chain's steps before the submit: claimed, scaled up, seen ready. Its net and
         attempt."""
-        assignment = next(a for a in dispatch.assign_jobs(self.rt) if a.job_id == job_id)
+        assignment = next(a for a in dispatch.claim_and_start(self.rt) if a.job_id == job_id)
         net, attempt = assignment.net_name, assignment.attempt
         assert dispatch.scale_up(self.rt, job_id, net, attempt).step == Step.DONE
         assert dispatch.check_ready(self.rt, job_id, net, attempt).step == Step.DONE

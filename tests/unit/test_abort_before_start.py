@@ -88,7 +88,7 @@ def _runner_overwrites_the_mark(world) -> None:
 
 def _net_takes_no_new_job(world) -> None:
     other = world.enqueue("next", net="net-a")
-    assert dispatch.assign_jobs(world.rt) == [], "net-a took a job beside a run it may start"
+    assert dispatch.claim_and_start(world.rt) == [], "net-a took a job beside a run it may start"
     assert world.job(other).state == JobState.QUEUED
 
 
@@ -123,13 +123,13 @@ def test_the_run_is_kept_as_a_stray_until_the_runner_cannot_start_it(world):
     world.clock.advance(abort.RUN_START_WINDOW_S - 1)
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
     other = world.enqueue("next", net="net-a")
-    assert dispatch.assign_jobs(world.rt) == []
+    assert dispatch.claim_and_start(world.rt) == []
     assert world.job(other).state == JobState.QUEUED
     # ...until the window has passed and the server still says it is over.
     world.clock.advance(1)
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
     assert _strays(world) == []
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [other]
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == [other]
 
 
 def test_a_job_that_was_only_submitted_is_held_the_same(world):
@@ -268,7 +268,7 @@ def test_the_monitor_never_reads_the_mark_of_an_unconfirmed_abort_as_the_end(wor
     monitor.monitor_awaited_runs(world.rt)
     assert world.job(job_id).state == JobState.ABORTED  # the verdict f31b5cd gives
     _runner_overwrites_the_mark(world)
-    assert dispatch.assign_jobs(world.rt) == [], "net-a took a job beside a run it may start"
+    assert dispatch.claim_and_start(world.rt) == [], "net-a took a job beside a run it may start"
 
 
 def test_the_servers_profiles_seed_222_which_loses_a_reply_after_a_mark_stays_clean():
@@ -413,10 +413,10 @@ def test_an_operator_abort_while_nvflare_queues_the_run_holds_then_frees_the_net
     for _ in range(3):  # a mere UNSTARTED reading never pushes the window
         world.clock.advance(abort.RUN_START_WINDOW_S / 4)
         assert abort.settle_stray_runs(world.rt, "net-a") == 1
-        assert dispatch.assign_jobs(world.rt) == []
+        assert dispatch.claim_and_start(world.rt) == []
     world.clock.advance(abort.RUN_START_WINDOW_S / 4)
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
-    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [other]
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [other]
 
 
 def test_a_finished_run_whose_status_then_cannot_be_read_is_held_for_the_window_only(always_on):
@@ -443,7 +443,7 @@ def test_a_finished_run_whose_status_then_cannot_be_read_is_held_for_the_window_
     other = world.enqueue("next", net="net-a")
     world.clock.advance(abort.RUN_START_WINDOW_S)
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
-    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [other]
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [other]
 
 
 def test_a_report_of_an_aborting_job_whose_abort_marked_the_run_holds_the_net(world):
@@ -469,7 +469,7 @@ def test_a_report_of_an_aborting_job_whose_abort_marked_the_run_holds_the_net(wo
     world.clock.advance(10)
     other = world.enqueue("next", net="net-a")
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
-    assert dispatch.assign_jobs(world.rt) == []
+    assert dispatch.claim_and_start(world.rt) == []
     assert world.job(other).state == JobState.QUEUED
     assert world.server("net-a").aborted.count("nv-1") == 2
 

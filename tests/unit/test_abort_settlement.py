@@ -191,7 +191,7 @@ def test_strays_of_a_silent_server_are_kept_and_the_others_settled(world):
     assert KICK not in world.outbox.sent
     server.up = True
     assert abort.settle_stray_runs(world.rt, "fixed") == 0
-    assert dispatch.assign_jobs(world.rt) != []  # the net takes jobs again
+    assert dispatch.claim_and_start(world.rt) != []  # the net takes jobs again
 
 
 def test_a_stray_the_server_has_never_heard_of_is_forgotten(world):
@@ -287,11 +287,11 @@ def test_an_abort_the_server_did_not_hear_leaves_a_stray_run_not_a_second_job_be
     assert world.abort(job_id) == JobState.ABORTED  # no error reaches the caller
     assert [s.nvflare_job_id for s in _strays(world)] == ["nv-1"]
     world.enqueue("next", net="net-a")
-    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that may still go on
+    assert dispatch.claim_and_start(world.rt) == []  # not beside a run that may still go on
     world.server("net-a").up = True
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
     assert world.server("net-a").aborted == ["nv-1"]
-    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
+    assert [a.net_name for a in dispatch.claim_and_start(world.rt)] == ["net-a"]
 
 
 def test_an_abort_between_the_monitor_read_and_its_verdict_ends_the_job(held_for_report):
@@ -336,4 +336,4 @@ def test_an_accepted_abort_that_the_server_does_not_confirm_leaves_a_stray(world
     assert world.server("net-a").statuses[run] == "RUNNING"
     with world.rt.sessions() as session:
         assert [s.nvflare_job_id for s in session.query(StrayRun)] == [run]
-    assert dispatch.assign_jobs(world.rt) == []
+    assert dispatch.claim_and_start(world.rt) == []

@@ -91,7 +91,7 @@ def test_a_misconfigured_always_on_net_is_no_repair(always_on):
     repaired = reconciler.reconcile(world.rt).repaired
     assert not [r for r in repaired if r.startswith("fixed")]
     assert world.net("fixed").state == NetState.MISCONFIGURED
-    assert dispatch.assign_jobs(world.rt) == []
+    assert dispatch.claim_and_start(world.rt) == []
 
 
 def _last_move(world, name: str):
@@ -232,7 +232,7 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED and len(_strays(world)) == 1
-    assert dispatch.assign_jobs(world.rt) == []  # its own run may still go on: it waits
+    assert dispatch.claim_and_start(world.rt) == []  # its own run may still go on: it waits
     reconciler.reconcile(world.rt)
     assert _strays(world) == []
-    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-b"]
+    assert [a.net_name for a in dispatch.claim_and_start(world.rt)] == ["net-b"]

@@ -17,7 +17,7 @@ from tests.unit.scale_history import scale_decisions
 
 def _claim(world, net: str, key: str = "j"):
     job_id = world.enqueue(key, net=net)
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     return job_id
 
 

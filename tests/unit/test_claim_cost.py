@@ -40,7 +40,7 @@ def claim_counting_statements(world: World) -> tuple[claims.Assignment | None, i
         session.connection()  # BEGIN before counting
         event.listen(engine, "before_cursor_execute", count)
         try:
-            assignment = claims.assign_next_job(session, world.rt.settings, world.clock())
+            assignment = claims.claim_next_job(session, world.rt.settings, world.clock())
         finally:
             event.remove(engine, "before_cursor_execute", count)
     return assignment, len(statements)

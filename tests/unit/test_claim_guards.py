@@ -66,9 +66,9 @@ def test_a_claim_looks_through_a_nets_next_sites_scan_queued_jobs_only(sited):
         sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(claims.SITES_SCAN)
     ]
     behind = sited.enqueue("fits", required_sites=["site-1"])
-    assert dispatch.assign_jobs(sited.rt) == []
+    assert dispatch.claim_and_start(sited.rt) == []
     sited.abort(ahead[0])
-    assert [a.job_id for a in dispatch.assign_jobs(sited.rt)] == [behind]
+    assert [a.job_id for a in dispatch.claim_and_start(sited.rt)] == [behind]
     assert sited.job(behind).state == JobState.ASSIGNED
 
 

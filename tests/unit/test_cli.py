@@ -84,7 +84,7 @@ def world(db, cli_env):
             request = EnqueueJob(caller_key=key, definition="tiny-job", net="net-a")
             ids[key] = enqueue_uc.enqueue_job(session, settings, request, clock()).job_id
         clock.advance(5)
-        assignment = claims.assign_next_job(session, settings, clock())
+        assignment = claims.claim_next_job(session, settings, clock())
         assert assignment is not None and assignment.job_id == ids["first"]
         session.add(
             ScaleEvent(

@@ -55,7 +55,7 @@ def test_declared_default_sites_must_be_among_the_nets_sites(tmp_path, job_root)
 def test_a_site_that_never_connects_is_the_jobs_problem_not_the_nets(sited):
     world = sited
     job_id = world.enqueue("j", net="net-b", required_sites=["site-1", "site-7"])
-    net, attempt = next((a.net_name, a.attempt) for a in dispatch.assign_jobs(world.rt))
+    net, attempt = next((a.net_name, a.attempt) for a in dispatch.claim_and_start(world.rt))
     dispatch.scale_up(world.rt, job_id, net, attempt)
     world.clock.advance(121)
     result = dispatch.check_ready(world.rt, job_id, net, attempt)
@@ -84,7 +84,7 @@ def test_an_unpinned_job_is_never_claimed_by_a_net_that_declares_it_lacks_its_si
     job_id = world.enqueue("needs-site-99", required_sites=["site-99"])
     tried = []
     for _ in range(world.job(job_id).max_attempts):
-        claims = [a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id]
+        claims = [a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id]
         if not claims:
             break
         net, attempt = claims[0].net_name, claims[0].attempt

@@ -11,7 +11,7 @@ from tests.unit.test_warm_dispatch import warm_net
 
 def _claimed(world, key: str):
     job_id = world.enqueue(key, net="net-a")
-    (assignment,) = dispatch.assign_jobs(world.rt)
+    (assignment,) = dispatch.claim_and_start(world.rt)
     return job_id, assignment.attempt
 
 

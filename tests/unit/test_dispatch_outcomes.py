@@ -20,7 +20,7 @@ from models import JobState, NetState, ReasonCode, StrayRun
 
 def _ready(world, key: str = "j", **kw):
     job_id = world.enqueue(key, net="net-a", **kw)
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.DONE
     return job_id
@@ -42,7 +42,7 @@ def test_a_warm_start_runs_the_whole_chain_and_names_the_run(world):
     first = world.enqueue("first", net="net-a")
     world.run_to_completion(first)
     job_id = world.enqueue("warm", net="net-a")
-    [claim] = dispatch.assign_jobs(world.rt)
+    [claim] = dispatch.claim_and_start(world.rt)
     assert dispatch.start(world.rt, job_id, "net-a", claim.attempt) == StepResult(
         Step.DISPATCHED, "nv-2"
     )
@@ -127,7 +127,7 @@ def test_a_late_readiness_step_that_meets_a_misconfigured_net_ends_quietly(world
     (the job is not its own any more): it must not raise (Celery's "raised unexpected") nor
     take the net of a running job out of service."""
     job_id = world.enqueue("j", net="net-a")
-    [claim] = dispatch.assign_jobs(world.rt)
+    [claim] = dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", claim.attempt)
     admin = world.admin("net-a")
     real = admin.is_ready
@@ -155,7 +155,7 @@ def _strays(world):
 def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
     # tests/sim/FINDINGS.md, hole 6
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     server = world.server("net-a")
@@ -175,6 +175,6 @@ def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
     assert (names.SETTLE_STRAY_RUNS, {"net_name": "net-a"}) in world.outbox.sent
     assert len(_strays(world)) == 1
-    assert dispatch.assign_jobs(world.rt) == []  # net-a takes no job while it is unsettled
+    assert dispatch.claim_and_start(world.rt) == []  # net-a takes no job while it is unsettled
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
     assert server.aborted == ["nv-1"]

@@ -53,7 +53,7 @@ def _waiting_for(world: World, job_id) -> str | None:
 def test_a_claim_skips_a_drained_net_and_the_job_waits_saying_net_drained(two):
     pinned = two.enqueue("pinned", net="net-a")
     drains.drain(two.rt, ["net-a"])
-    assert dispatch.assign_jobs(two.rt) == []
+    assert dispatch.claim_and_start(two.rt) == []
     job = two.job(pinned)
     assert (job.state, job.attempts, job.retries) == (JobState.QUEUED, 0, 0)
     assert _waiting_for(two, pinned) == (
@@ -64,7 +64,7 @@ def test_a_claim_skips_a_drained_net_and_the_job_waits_saying_net_drained(two):
     anywhere = two.enqueue("anywhere", required_sites=["site-1"])
     assert _waiting_for(two, anywhere) is None
     drains.drain(two.rt, ["net-b"])
-    assert dispatch.assign_jobs(two.rt) == []
+    assert dispatch.claim_and_start(two.rt) == []
     assert _waiting_for(two, anywhere).startswith(
         "net drained: every net it may run on is drained (net-a, net-b)"
     )
@@ -78,7 +78,7 @@ def test_undrain_kicks_the_assigner_and_the_waiting_job_is_claimed(two):
     changed = drains.undrain(two.rt, ["net-a"])
     assert changed.notified is True and changed.state == "none"
     assert _kicks(two) == before + 1
-    assert [a.job_id for a in dispatch.assign_jobs(two.rt)] == [job_id]
+    assert [a.job_id for a in dispatch.claim_and_start(two.rt)] == [job_id]
     assert two.net("net-a").state == NetState.STARTING
 
 
@@ -94,7 +94,7 @@ def test_a_drained_net_finishes_its_job_then_scales_to_zero_while_a_queued_job_w
     two.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
     monitor.monitor_running_jobs(two.rt)
     assert two.job(running).state == JobState.COMPLETED
-    assert dispatch.assign_jobs(two.rt) == []  # the freed net is not claimed
+    assert dispatch.claim_and_start(two.rt) == []  # the freed net is not claimed
     view = drains.drain_view(two.rt)
     assert (view.state, view.complete, view.nets[0].active_job) == ("drained", True, None)
 
@@ -106,7 +106,7 @@ def test_a_drained_net_finishes_its_job_then_scales_to_zero_while_a_queued_job_w
     assert (job.state, job.attempts, job.retries) == (JobState.QUEUED, 0, 0)
 
     drains.undrain(two.rt, ["net-a"])
-    assert [a.job_id for a in dispatch.assign_jobs(two.rt)] == [waiting]
+    assert [a.job_id for a in dispatch.claim_and_start(two.rt)] == [waiting]
 
 
 def test_a_finishing_job_held_for_flip_api_s_report_keeps_the_drain_from_completing(two):
@@ -143,7 +143,7 @@ def test_a_whole_deployment_drain_covers_a_net_declared_later_and_outlives_its_r
         clock,
     )
     job_id = later.enqueue("anywhere", required_sites=["site-1"])
-    assert dispatch.assign_jobs(later.rt) == []
+    assert dispatch.claim_and_start(later.rt) == []
     view = drains.drain_view(later.rt)
     assert view.deployment and view.state == "drained"
     assert [(n.name, n.deployment) for n in view.nets] == [
@@ -155,7 +155,7 @@ def test_a_whole_deployment_drain_covers_a_net_declared_later_and_outlives_its_r
     with pytest.raises(InvalidRequest, match="the whole deployment is drained"):
         drains.undrain(later.rt, ["net-c"])
     drains.undrain(later.rt, everything=True)
-    assert len(dispatch.assign_jobs(later.rt)) == 1
+    assert len(dispatch.claim_and_start(later.rt)) == 1
 
 
 def test_a_drain_names_declared_nets_or_all_and_keeps_its_first_time(two):

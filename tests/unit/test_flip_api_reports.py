@@ -58,7 +58,7 @@ def test_results_reported_for_a_job_that_has_not_run_is_refused_plainly(world):
     from app.schemas import ReportedStatus, ReportJobStatus
 
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
     with world.rt.sessions.begin() as session, pytest.raises(InvalidRequest):
         services.report_job_status(session, report, world.clock())

@@ -74,7 +74,7 @@ def test_a_net_claimed_by_a_job_is_not_stopped_though_long_ready(two_nets):
     _idle(world, "net-a")
     world.clock.advance(IDLE_S)
     job_id = world.enqueue("next", net="net-a")
-    dispatch.assign_jobs(world.rt)  # a warm net: claimed, still READY
+    dispatch.claim_and_start(world.rt)  # a warm net: claimed, still READY
     assert world.job(job_id).state == JobState.ASSIGNED
     assert scale_down.scale_down_idle_nets(world.rt) == []
     assert world.driver("net-a").replicas == 1
@@ -122,7 +122,7 @@ def test_a_warm_net_claimed_after_its_grace_keeps_its_server_without_an_error(tw
     _idle(world, "net-a")
     world.clock.advance(IDLE_S + 1)
     world.enqueue("claimed", net="net-a")
-    dispatch.assign_jobs(world.rt)  # READY with an ASSIGNED job: its chain comes next
+    dispatch.claim_and_start(world.rt)  # READY with an ASSIGNED job: its chain comes next
     assert scale_down.scale_down_idle_nets(world.rt) == []
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.READY, None)

@@ -59,7 +59,7 @@ def run_every_kick(world: World, start: int = 0) -> int:
     index = start
     while index < len(world.outbox.sent):
         if world.outbox.sent[index] == KICK:
-            kicks.assign_after_kick(world.rt)
+            kicks.assign_round(world.rt)
             ran += 1
         index += 1
     return ran
@@ -88,7 +88,7 @@ ROUND_COMMITS = 3
 def test_an_assign_round_commits_three_times(two_free_nets):
     world = two_free_nets
     submit(world, "first")
-    assert count_commits(world, lambda: kicks.assign_after_kick(world.rt)) == ROUND_COMMITS
+    assert count_commits(world, lambda: kicks.assign_round(world.rt)) == ROUND_COMMITS
 
 
 @pytest.mark.parametrize("point", range(ROUND_COMMITS + 1))
@@ -103,7 +103,7 @@ def test_every_enqueue_that_an_assign_round_could_miss_sends_a_kick(two_free_net
     sent_before = len(world.outbox.sent)
     late: list[uuid.UUID] = []
     with enqueue_after_commit(world, point, lambda: late.append(submit(world, "late"))):
-        kicks.assign_after_kick(world.rt)  # the worker runs `first`'s kick
+        kicks.assign_round(world.rt)  # the worker runs `first`'s kick
     assert late, f"point {point}: the enqueue was never injected"
     run_every_kick(world, start=sent_before)
     assert state(world, first) == JobState.ASSIGNED
@@ -127,7 +127,7 @@ def test_a_lost_kick_holds_later_kicks_back_for_one_interval_at_most(two_free_ne
 def test_beat_s_round_takes_the_marker_of_a_lost_kick(two_free_nets):
     world = two_free_nets
     job = submit(world, "lost")
-    kicks.assign_after_kick(world.rt)  # beat's assign round: same task, same order
+    kicks.assign_round(world.rt)  # beat's assign round: same task, same order
     assert state(world, job) == JobState.ASSIGNED
     submit(world, "next")
     assert kicks_sent(world) == 2

@@ -182,7 +182,7 @@ def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
     assert len(_strays(world)) == 1
-    assert dispatch.assign_jobs(world.rt) == []  # one live run per job, even on another net
+    assert dispatch.claim_and_start(world.rt) == []  # one live run per job, even on another net
     world.driver("net-a").fail_with = None
     world.driver("net-a").replicas = 0  # the platform finally stopped it
     reconciler.reconcile(world.rt)

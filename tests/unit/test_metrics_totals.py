@@ -63,7 +63,7 @@ def a_life(world: World, check) -> None:
     first = world.enqueue("first", net="net-a")
     check()
     world.clock.advance(7)
-    assignment = dispatch.assign_jobs(world.rt)[0]  # net-a STOPPED -> STARTING
+    assignment = dispatch.claim_and_start(world.rt)[0]  # net-a STOPPED -> STARTING
     check()  # a cold start begun in one fold, ended in the next
     net, attempt = assignment.net_name, assignment.attempt
     dispatch.scale_up(world.rt, first, net, attempt)

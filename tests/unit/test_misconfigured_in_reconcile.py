@@ -14,7 +14,7 @@ from models import JobState, NetState
 
 def test_a_submit_refused_as_misconfigured_takes_the_net_out_and_requeues_the_job(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     world.server("net-a").submit_error = AdminMisconfigured("admin not authorized")
@@ -27,7 +27,7 @@ def test_a_submit_refused_as_misconfigured_takes_the_net_out_and_requeues_the_jo
 
 def _claimed_and_overdue(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # its chain is lost before scale_up
+    dispatch.claim_and_start(world.rt)  # its chain is lost before scale_up
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     return job_id
 
@@ -63,7 +63,7 @@ def test_reconcile_finding_a_starting_net_misconfigured_requeues_its_assigned_jo
     from app.errors import DriverMisconfigured
 
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
     world.driver("net-a").fail_with = DriverMisconfigured("service not found")
     world.clock.advance(world.rt.settings.stuck_after_s + 1)  # its chain is long gone
@@ -81,7 +81,7 @@ def test_reconcile_leaves_a_net_a_job_was_claimed_onto_while_it_looked(world):
     job_id = world.enqueue("j", net="net-a")
 
     def claimed_meanwhile():
-        dispatch.assign_jobs(world.rt)
+        dispatch.claim_and_start(world.rt)
         raise DriverMisconfigured("service not found")
 
     world.driver("net-a").observe = claimed_meanwhile  # type: ignore[method-assign]
@@ -101,10 +101,10 @@ def test_monitor_leaves_a_net_a_job_was_claimed_onto_after_its_jobs_were_settled
     from app.usecases import scaling
 
     first = world.enqueue("j1", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:
         services.requeue_job(session, first, "lost", world.clock(), count_attempt=False)
-    dispatch.assign_jobs(world.rt)  # the same job, claimed again
+    dispatch.claim_and_start(world.rt)  # the same job, claimed again
     assert not scaling.net_misconfigured(world.rt, "net-a", None, "admin access failed")
     assert world.net("net-a").state == NetState.STARTING
     assert world.job(first).state == JobState.ASSIGNED

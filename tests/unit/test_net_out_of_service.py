@@ -31,7 +31,7 @@ def test_a_misconfigured_net_says_why_and_takes_no_job(world):
     assert history[-1] == (NetState.STOPPED, NetState.MISCONFIGURED, "kit names another server")
     world.enqueue("j", net="net-a")
     with world.rt.sessions.begin() as session:
-        assert claims.assign_next_job(session, world.rt.settings, world.clock()) is None
+        assert claims.claim_next_job(session, world.rt.settings, world.clock()) is None
 
 
 def test_a_net_with_an_active_job_is_not_taken_out_of_service(world):
@@ -79,7 +79,7 @@ def test_a_restart_keeps_a_misconfigured_net_stopping_until_its_stop_lease_has_p
 
 def test_a_net_found_misconfigured_in_the_pipeline_says_why_and_so_does_its_job(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
 
     def wrong_ca(sites):

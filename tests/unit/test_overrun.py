@@ -85,7 +85,7 @@ def test_an_unconfirmed_abort_on_an_always_on_net_leaves_a_stray_run_that_blocks
     assert stray.reason == job.last_error
     assert world.drivers.get("fixed") is None or world.drivers["fixed"].calls == []
     world.enqueue("next", net="fixed")
-    assert dispatch.assign_jobs(world.rt) == []  # no new job beside a run that may live
+    assert dispatch.claim_and_start(world.rt) == []  # no new job beside a run that may live
 
 
 def test_an_overrun_whose_abort_the_server_runs_in_no_process_is_over(world, monkeypatch):

@@ -13,7 +13,7 @@ from models import JobState, NetState, ScaleEvent
 
 def test_cold_start_run_and_scale_to_zero(world):
     job_id = world.enqueue("j1", net="net-a")
-    claimed = dispatch.assign_jobs(world.rt)
+    claimed = dispatch.claim_and_start(world.rt)
     assert [(a.job_id, a.net_name) for a in claimed] == [(job_id, "net-a")]
     assert world.outbox.sent == [
         ("pipeline", {"job_id": str(job_id), "net_name": "net-a", "attempt": 0})
@@ -69,7 +69,7 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
     first = world.enqueue("j1", net="net-a")
     second = world.enqueue("j2", net="net-a")
     world.run_pipeline(first)
-    assert dispatch.assign_jobs(world.rt) == []  # the net is busy
+    assert dispatch.claim_and_start(world.rt) == []  # the net is busy
     world.server("net-a").statuses["nv-1"] = "FINISHED:COMPLETED"
     monitor.monitor_running_jobs(world.rt)
     world.run_pipeline(second)
@@ -80,7 +80,7 @@ def test_back_to_back_jobs_reuse_the_warm_net(world):
 def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
     job_id = world.enqueue("j1", net="net-a")
     world.server("net-a").up = False  # the server process never answers
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     result = dispatch.check_ready(world.rt, job_id, "net-a", 0)
     assert result.step == Step.NOT_READY and "down" in result.detail
@@ -96,7 +96,7 @@ def test_not_ready_then_deadline_requeues_and_marks_unhealthy(world):
 
 def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
     job_id = world.enqueue("j1", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     admin = world.server("net-a")
@@ -113,7 +113,7 @@ def test_transient_submit_failure_keeps_the_token_and_never_runs_twice(world):
 
 def test_retries_exhausted_requeues_and_never_deletes(world):
     job_id = world.enqueue("j1", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     assert retries.requeue_after_transient(
         world.rt, job_id, "dispatch: retries exhausted", net_name="net-a", attempt=0
     )
@@ -124,13 +124,13 @@ def test_retries_exhausted_requeues_and_never_deletes(world):
 
 def test_misconfigured_driver_fails_loud_and_requeues(world):
     job_id = world.enqueue("j1", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     world.driver("net-a").fail_with = DriverMisconfigured("service fl-server-net-a MISSING")
     with pytest.raises(DriverMisconfigured):
         dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert world.net("net-a").state == NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.QUEUED
-    assert dispatch.assign_jobs(world.rt) == []  # never assigned to a misconfigured net
+    assert dispatch.claim_and_start(world.rt) == []  # never assigned to a misconfigured net
 
 
 def test_abort_in_every_phase(world):
@@ -138,7 +138,7 @@ def test_abort_in_every_phase(world):
     assert world.abort(queued, "user") == JobState.ABORTED
 
     scaling = world.enqueue("s", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, scaling, "net-a", 0)
     assert world.abort(scaling, "user") == JobState.ABORTED
     assert dispatch.check_ready(world.rt, scaling, "net-a", 0).step == Step.SKIPPED
@@ -155,7 +155,7 @@ def test_abort_in_every_phase(world):
 
 def test_abort_while_submit_in_flight_aborts_the_run_when_it_lands(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     # flip-api's abort arrives while the submit is on the wire.
@@ -273,7 +273,7 @@ def test_always_on_net_is_never_scaled_and_reports_outage(world):
 
 def test_reconcile_requeues_a_job_whose_chain_was_lost(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # the chain message is "lost": nothing runs it
+    dispatch.claim_and_start(world.rt)  # the chain message is "lost": nothing runs it
     world.clock.advance(120 + world.rt.settings.stuck_after_s + 1)
     result = reconciler.reconcile(world.rt)
     assert f"{job_id}: requeued" in result.redriven
@@ -304,7 +304,7 @@ def test_reconcile_repairs_drift(world):
 
 def test_reconcile_redrives_a_starting_net_whose_chain_was_lost_before_scale_up(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # claimed; the chain message is lost before scale_up
+    dispatch.claim_and_start(world.rt)  # claimed; the chain message is lost before scale_up
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s - 1)
     assert not any("re-driven" in r for r in reconciler.reconcile(world.rt).repaired)

@@ -152,7 +152,7 @@ def test_no_second_replica_and_one_cold_start_however_many_hints_and_jobs(pw):
     warm_until_ready(pw, "net-a")
     ask(pw, "p3", net="net-a", within_s=100)  # and one while it is up
     job_id = pw.enqueue("job", net="net-a")
-    [claim] = dispatch.assign_jobs(pw.rt)
+    [claim] = dispatch.claim_and_start(pw.rt)
     assert claim.net_state == NetState.READY
     assert dispatch.start(pw.rt, job_id, "net-a", 0).step.value == "dispatched"  # warm path
     assert pw.job(job_id).state == JobState.RUNNING
@@ -165,7 +165,7 @@ def test_a_job_claimed_while_the_server_starts_takes_it_over_without_a_second_st
     ask(pw, "p1", net="net-a", within_s=300)
     prewarm_warm_up.warm_up(pw.rt, "net-a")  # the driver was asked
     job_id = pw.enqueue("job", net="net-a")
-    [claim] = dispatch.assign_jobs(pw.rt)  # the STARTING net is claimed, not started again
+    [claim] = dispatch.claim_and_start(pw.rt)  # the STARTING net is claimed, not started again
     assert claim.net_state == NetState.STARTING
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED  # the job's chain owns it
     # The chain's scale-up asks the driver for the same one replica.
@@ -232,7 +232,7 @@ def test_a_misconfiguration_seen_by_warm_up_never_strands_a_job_claimed_meanwhil
 
     def claimed_then_misconfigured():
         driver.observe = real_observe
-        dispatch.assign_jobs(pw.rt)  # the job is claimed onto the STARTING net meanwhile
+        dispatch.claim_and_start(pw.rt)  # the job is claimed onto the STARTING net meanwhile
         raise DriverMisconfigured("no such service")
 
     driver.observe = claimed_then_misconfigured
@@ -314,7 +314,7 @@ def test_the_claim_itself_ends_the_hold_as_used_naming_the_job(pw):
     that job, and saying so."""
     held_ready(pw, within_s=1000)
     job_id = pw.enqueue("job", net="net-a")
-    dispatch.assign_jobs(pw.rt)
+    dispatch.claim_and_start(pw.rt)
     used = row(pw, "p1")
     assert (used.outcome, used.job_id, used.ended_at) == (PrewarmOutcome.USED, job_id, pw.clock())
     assert used.detail == f"job {job_id} was claimed onto the net"
@@ -326,7 +326,7 @@ def test_a_claim_after_the_deadline_leaves_the_hold_to_expire(pw):
     held_ready(pw, within_s=100)
     pw.enqueue("late", net="net-a")
     pw.clock.now = row(pw, "p1").hold_until + timedelta(seconds=1)
-    assert dispatch.assign_jobs(pw.rt)
+    assert dispatch.claim_and_start(pw.rt)
     assert row(pw, "p1").outcome is None
     prewarm_warm_up.settle_prewarms(pw.rt)
     ended = row(pw, "p1")
@@ -339,7 +339,7 @@ def test_a_hold_is_live_up_to_its_deadline_excluded(pw):
     held_ready(pw, within_s=100)
     job_id = pw.enqueue("on-time", net="net-a")
     pw.clock.now = row(pw, "p1").hold_until - timedelta(microseconds=1)
-    assert dispatch.assign_jobs(pw.rt)
+    assert dispatch.claim_and_start(pw.rt)
     assert view(pw, "p1").status == "used"
     prewarm_warm_up.settle_prewarms(pw.rt)
     used = row(pw, "p1")
@@ -354,7 +354,7 @@ def test_a_job_claimed_at_the_deadline_instant_finds_the_hold_expired(pw):
     deadline = row(pw, "p1").hold_until
     pw.clock.now = deadline
     assert view(pw, "p1").status == "expired"
-    assert dispatch.assign_jobs(pw.rt)
+    assert dispatch.claim_and_start(pw.rt)
     assert view(pw, "p1").status == "expired"
     prewarm_warm_up.settle_prewarms(pw.rt)
     ended = row(pw, "p1")
@@ -369,7 +369,7 @@ def test_a_claim_keeps_the_outcome_of_a_hold_that_ended_before_it(pw):
     cancelled_at = pw.clock()
     prewarm.cancel_prewarm(pw.rt, "p1")
     pw.enqueue("after", net="net-a")
-    assert dispatch.assign_jobs(pw.rt)
+    assert dispatch.claim_and_start(pw.rt)
     kept = row(pw, "p1")
     assert (kept.outcome, kept.job_id, kept.ended_at) == (
         PrewarmOutcome.CANCELLED,
@@ -503,7 +503,7 @@ def test_a_hint_made_just_after_a_claim_is_not_used_by_that_claim(pw):
     that was claimed before it existed, and the net is let go after that job's grace
     instead of being held to the hint's deadline."""
     job_id = pw.enqueue("before", net="net-a")
-    assert dispatch.assign_jobs(pw.rt)  # claimed at T: net-a STARTING for it
+    assert dispatch.claim_and_start(pw.rt)  # claimed at T: net-a STARTING for it
     prewarm.request_prewarm(pw.rt, PrewarmNet(caller_key="p1", net="net-a", within_s=300))
     assert row(pw, "p1").outcome is None  # the claim came first: it did not end this hold
     prewarm_warm_up.settle_prewarms(pw.rt)  # a scale-down round, still at T
@@ -524,7 +524,7 @@ def test_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):
     pw.enqueue("on-time", net="net-a")
     pw.clock.now = row(pw, "p1").hold_until
     before = view(pw, "p1").status
-    assert dispatch.assign_jobs(pw.rt)
+    assert dispatch.claim_and_start(pw.rt)
     after = view(pw, "p1").status
     assert after == before, f"read {before!r} at its deadline, then {after!r} at the same instant"
 

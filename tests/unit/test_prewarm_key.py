@@ -57,7 +57,7 @@ def hold(world: World, key: str, net: str, within_s: float = 120) -> None:
 
 def claim(world: World) -> tuple[uuid.UUID, str] | None:
     with world.rt.sessions.begin() as session:
-        got = claims.assign_next_job(session, world.rt.settings, world.clock())
+        got = claims.claim_next_job(session, world.rt.settings, world.clock())
     return None if got is None else (got.job_id, got.net_name)
 
 
@@ -369,7 +369,7 @@ def test_hints_and_holds_add_no_statement_to_a_claim_that_places_nothing(pk: Wor
         session.connection()  # BEGIN before counting
         event.listen(pk.rt.engine, "before_cursor_execute", count)
         try:
-            got = claims.assign_next_job(session, pk.rt.settings, pk.clock())
+            got = claims.claim_next_job(session, pk.rt.settings, pk.clock())
         finally:
             event.remove(pk.rt.engine, "before_cursor_execute", count)
     assert (got, len(statements)) == (None, 1)

@@ -15,7 +15,7 @@ from tests.unit.scale_history import scale_decisions
 def _claimed(world, net: str):
     job_id = world.enqueue("j", net=net)
     world.server(net).up = False  # its server process never comes to answer
-    [assignment] = dispatch.assign_jobs(world.rt)
+    [assignment] = dispatch.claim_and_start(world.rt)
     assert dispatch.scale_up(world.rt, job_id, net, assignment.attempt).step == Step.DONE
     return job_id
 

@@ -243,7 +243,7 @@ def test_a_refused_enqueue_says_rejected_and_a_failed_job_never_does(world):
     shutil.rmtree(world.rt.settings.job_root / "tiny-job")
     from app.usecases import dispatch
 
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    assignment = next(a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id)
     dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
     job = world.job(job_id)
     assert (job.state, job.reason_code) == (JobState.FAILED, ReasonCode.BUNDLE_MISSING)

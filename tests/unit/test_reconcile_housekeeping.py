@@ -27,7 +27,7 @@ def test_prepared_copies_of_jobs_no_longer_active_are_removed(world):
     assert {p.name for p in prepared.iterdir()} == {str(done), str(running)}
     reconciler.reconcile(world.rt)
     assert {p.name for p in prepared.iterdir()} == {str(running)}
-    assert dispatch.assign_jobs(world.rt) == []
+    assert dispatch.claim_and_start(world.rt) == []
 
 
 def test_a_folder_there_that_is_no_jobs_copy_does_not_stop_the_sweep(world):

@@ -28,7 +28,7 @@ def _lease_held(world, job_id) -> None:
 
 def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # the chain is lost before scale_up
+    dispatch.claim_and_start(world.rt)  # the chain is lost before scale_up
     _lease_held(world, job_id)
     world.outbox.sent.clear()
     world.clock.advance(world.rt.settings.stuck_after_s)  # not overdue yet
@@ -41,7 +41,7 @@ def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
 
 def test_a_scale_up_the_driver_was_asked_for_is_not_redriven(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     _lease_held(world, job_id)
     world.driver("net-a").replicas = 1  # asked for: the chain is slow, not lost
     world.outbox.sent.clear()
@@ -52,7 +52,7 @@ def test_a_scale_up_the_driver_was_asked_for_is_not_redriven(world):
 
 def _starting_without_a_job(world):
     job_id = world.enqueue("first", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:
         services.abort_job(session, job_id, "flip-api: stop", world.clock())
     assert world.net("net-a").state == NetState.STARTING
@@ -65,7 +65,7 @@ def _claimed_while_the_driver_is_read(world, driver) -> str:
     late = world.enqueue("late", net="net-a")
 
     def claimed_meanwhile():
-        dispatch.assign_jobs(world.rt)
+        dispatch.claim_and_start(world.rt)
         return real_observe()
 
     driver.observe = claimed_meanwhile  # type: ignore[method-assign]
@@ -148,7 +148,7 @@ def test_a_starting_net_claimed_while_reconcile_looks_is_left_to_its_job(world):
 
 def test_a_scale_up_not_yet_overdue_is_no_repair(world):
     world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # its chain is on the way: nothing to repair yet
+    dispatch.claim_and_start(world.rt)  # its chain is on the way: nothing to repair yet
     assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
 
 
@@ -158,7 +158,7 @@ def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
     world.driver("net-a").replicas = 1
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # the net is STARTING with a job now
+    dispatch.claim_and_start(world.rt)  # the net is STARTING with a job now
     reconciler.reconcile(world.rt)
     assert world.driver("net-a").replicas == 1
     assert world.job(job_id).state == JobState.ASSIGNED
@@ -167,7 +167,7 @@ def test_reconcile_never_stops_a_net_under_a_job_claimed_meanwhile(world):
 @pytest.mark.parametrize("read_as", [NetState.STOPPING, NetState.UNHEALTHY])
 def test_a_scale_down_decided_on_an_old_read_spares_a_net_claimed_meanwhile(world, read_as):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert world.net("net-a").state == NetState.STARTING
     stale = net_repairs.NetRow(read_as, world.clock())

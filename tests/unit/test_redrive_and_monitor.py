@@ -48,7 +48,7 @@ def _redriven(world) -> tuple[str, ...]:
 def test_a_job_stuck_in_assigned_is_requeued_strictly_past_its_margin(world):
     """The backstop: a job whose re-driven chains never get anywhere (each message lost)."""
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # its chain is lost, and every re-driven one too
+    dispatch.claim_and_start(world.rt)  # its chain is lost, and every re-driven one too
     margin = world.rt.settings.net("net-a").ready_timeout_s + world.rt.settings.stuck_after_s
     world.clock.advance(margin)
     assert _redriven(world) == (f"{job_id}: pipeline re-driven",)
@@ -65,7 +65,7 @@ def _polling(world, job_id: str) -> None:
     """Claimed, scaled up, one readiness poll answered "not ready" (its server is still
     coming): the chain would poll again after READY_POLL_S."""
     world.server("net-a").up = False
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     assert dispatch.scale_up(world.rt, job_id, "net-a", 0).step == Step.DONE
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.NOT_READY
 
@@ -135,7 +135,7 @@ def test_a_chain_lost_before_its_first_step_is_re_driven_strictly_past_the_hand_
     """A claim's chain never reached a worker (a lost message, a worker killed holding it):
     re-driven one hand-off lease after the claim, not at the readiness deadline."""
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     world.clock.advance(step_leases.handoff_lease_s(world.rt.settings))
     assert _redriven(world) == ()
     world.clock.advance(1)
@@ -144,7 +144,7 @@ def test_a_chain_lost_before_its_first_step_is_re_driven_strictly_past_the_hand_
 
 def test_a_worker_killed_inside_scale_up_is_re_driven_strictly_past_one_try(world, monkeypatch):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
 
     class WorkerDied(BaseException):
         """SIGKILL while the bundle is fetched."""
@@ -166,7 +166,7 @@ def test_a_step_waiting_its_retry_countdown_is_never_re_driven_beside_itself(wor
     records it): the job is left alone until that retry would have started and run one try,
     then re-driven (the retry's message was lost with its worker)."""
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     retries.count_retry(world.rt, uuid.UUID(str(job_id)), next_try_in_s=60)
     world.clock.advance(60 + step_leases.step_try_s(world.rt.settings))
     assert str(job_id) not in monitor.monitor_running_jobs(world.rt)
@@ -183,7 +183,7 @@ def test_a_job_claimed_onto_a_net_this_process_lacks_is_requeued_strictly_past_t
     strictly past STUCK_AFTER_S alone."""
     world = _world(tmp_path, job_root, sqlite_factory, clock, STUCK_AFTER_S=60)
     job_id = world.enqueue("j", net="net-b")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     old = _process_declaring_only_net_a(world, tmp_path, STUCK_AFTER_S=60)
     world.clock.advance(60)
     assert reconciler.reconcile(old).redriven == ()
@@ -390,7 +390,7 @@ def test_a_start_time_unknown_at_dispatch_is_learnt_by_the_monitor(world):
     """Neither readiness nor the submit could tell the server's start time: the monitor
     learns it, so a restart under the job is still seen."""
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     admin = world.admin("net-a")
     admin.is_ready = lambda sites: Readiness(  # type: ignore[method-assign]

@@ -75,7 +75,7 @@ def test_a_report_for_a_run_held_for_it_leaves_nothing_to_settle(held_for_report
     assert intake.report_status(world.rt, report) == JobState.COMPLETED
     assert _strays(world) == []
     following = world.enqueue("next", net="net-a")
-    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [following]
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [following]
 
 
 def _stopping(world) -> None:
@@ -116,10 +116,10 @@ def test_a_report_for_a_running_job_never_puts_the_next_job_beside_its_live_run(
     assert intake.report_status(world.rt, report) == JobState.FAILED
     assert world.server("net-a").statuses["nv-1"] == "RUNNING"
     world.enqueue("next", net="net-a")
-    assert dispatch.assign_jobs(world.rt) == []  # not beside a run that still goes on
+    assert dispatch.claim_and_start(world.rt) == []  # not beside a run that still goes on
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
     assert world.server("net-a").aborted == ["nv-1"]
-    assert [a.net_name for a in dispatch.assign_jobs(world.rt)] == ["net-a"]
+    assert [a.net_name for a in dispatch.claim_and_start(world.rt)] == ["net-a"]
 
 
 @pytest.mark.parametrize("status", list(ReportedStatus))
@@ -135,11 +135,11 @@ def test_a_report_on_an_aborting_job_keeps_its_live_run_from_the_next_job(world,
     nxt = world.enqueue("next", net="net-a")
     if world.server("net-a").statuses[run] == "RUNNING":
         # The run is live: it is a stray, and the net takes no job beside it.
-        assert dispatch.assign_jobs(world.rt) == []
+        assert dispatch.claim_and_start(world.rt) == []
         assert world.job(nxt).state == JobState.QUEUED
     abort.settle_stray_runs(world.rt, "net-a")
     assert world.server("net-a").statuses[run] != "RUNNING"
-    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [nxt]
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [nxt]
 
 
 def test_a_report_on_an_aborting_job_asks_for_its_run_to_be_settled(world):
@@ -175,7 +175,7 @@ def test_a_report_on_an_aborting_job_whose_submit_is_in_flight_holds_the_net(wor
         intake.report_status(world.rt, ReportJobStatus(job_id=first, status=ReportedStatus.STOPPED))
         abort.settle_stray_runs(world.rt, "net-a")  # the task report_status sent
         world.enqueue("next", net="net-a")
-        claimed.extend(dispatch.assign_jobs(world.rt))
+        claimed.extend(dispatch.claim_and_start(world.rt))
 
     server.on_submit = while_the_submit_is_on_the_wire
     dispatch.dispatch(world.rt, first, net, attempt)

@@ -48,7 +48,7 @@ def _dispatching(world) -> tuple[uuid.UUID, int]:
             world.clock(),
         ).job_id
     world.server("fixed").sites = ["s"]
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    assignment = next(a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id)
     ready = dispatch.check_ready(world.rt, job_id, "fixed", assignment.attempt)
     assert ready.step == Step.DONE
     return job_id, assignment.attempt
@@ -134,7 +134,7 @@ def _claimed_on_scaling_net(world) -> tuple[uuid.UUID, int]:
             EnqueueJob(caller_key="s3-cold", definition=URI, net="net-a", required_sites=["s"]),
             world.clock(),
         ).job_id
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    assignment = next(a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id)
     return job_id, assignment.attempt
 
 
@@ -184,7 +184,7 @@ def test_a_net_claimed_by_another_job_meanwhile_stays_starting(world, stub):
     real_observe = world.driver("net-a").observe
 
     def claimed_while_observed():  # the failed job freed the net; the next one takes it
-        assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [other]
+        assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [other]
         return real_observe()
 
     world.driver("net-a").observe = claimed_while_observed

@@ -55,7 +55,7 @@ def _set(world, **states: NetState) -> None:
 
 def _claimed_net(world) -> str:
     world.enqueue("anywhere", required_sites=["site-1"])
-    [claim] = dispatch.assign_jobs(world.rt)
+    [claim] = dispatch.claim_and_start(world.rt)
     return claim.net_name
 
 

@@ -167,7 +167,7 @@ def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):
     world.driver("net-a").replicas = 1
     _set_state(world, NetState.READY)
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)  # READY with an ASSIGNED job
+    dispatch.claim_and_start(world.rt)  # READY with an ASSIGNED job
     _lease_held(world, job_id)
     world.driver("net-a").replicas = 0
     world.outbox.sent.clear()
@@ -218,7 +218,7 @@ def test_a_stopped_net_with_a_server_is_scaled_down_once_past_the_stuck_margin(w
 def test_a_misconfigured_net_whose_scale_down_failed_is_scaled_down_later(world):
     # tests/sim/FINDINGS.md, hole 9
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     driver = world.driver("net-a")
     real_scale = driver.scale

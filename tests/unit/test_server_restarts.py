@@ -74,7 +74,7 @@ def test_a_run_on_a_process_readiness_did_not_see_is_aborted_before_its_job_runs
     world.admin("fixed").server_start_time = real  # type: ignore[method-assign]
 
     abort.settle_stray_runs(world.rt, "fixed")
-    claims = [c.job_id for c in dispatch.assign_jobs(world.rt)]
+    claims = [c.job_id for c in dispatch.claim_and_start(world.rt)]
 
     assert server.aborted == ["nv-1"]
     assert claims == [job_id] and _strays(world) == []
@@ -119,7 +119,7 @@ def test_a_restart_under_a_job_settles_its_dead_run_at_once_and_keeps_the_server
     assert (names.SETTLE_STRAY_RUNS, {"net_name": "net-a"}) in world.outbox.sent
     assert abort.settle_stray_runs(world.rt, "net-a") == 0
     assert world.server("net-a").aborted == []
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [job_id]
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == [job_id]
 
 
 def test_a_run_killed_by_a_restart_right_after_its_submit_does_not_hold_its_net_for_ever(
@@ -143,7 +143,7 @@ def test_a_run_killed_by_a_restart_right_after_its_submit_does_not_hold_its_net_
     assert world.job(job_id).state == JobState.QUEUED  # LOST_JOB_POLICY=requeue
     assert abort.settle_stray_runs(world.rt, "fixed") == 0  # "not running": it is over
     assert _strays(world) == []
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [job_id]
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == [job_id]
 
 
 def test_a_stray_an_unconfirmed_abort_left_goes_with_its_restarted_server(world):
@@ -169,7 +169,7 @@ def test_a_stray_an_unconfirmed_abort_left_goes_with_its_restarted_server(world)
 
     assert abort.settle_stray_runs(world.rt, "fixed") == 0
 
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [waiting]
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == [waiting]
 
 
 def test_a_run_killed_before_its_start_time_was_learned_frees_its_always_on_net(world):
@@ -193,7 +193,7 @@ def test_a_run_killed_before_its_start_time_was_learned_frees_its_always_on_net(
 
     assert abort.settle_stray_runs(world.rt, "fixed") == 0
 
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [job_id]
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == [job_id]
 
 
 def test_an_abort_of_a_run_its_server_runs_in_no_process_ends_the_job_without_a_stray(world):
@@ -206,7 +206,7 @@ def test_an_abort_of_a_run_its_server_runs_in_no_process_ends_the_job_without_a_
     assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTED
 
     assert _strays(world) == []
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == [waiting]
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == [waiting]
 
 
 def test_nothing_to_abort_from_a_server_that_still_reads_the_run_running_keeps_the_stray(
@@ -239,7 +239,7 @@ def test_a_run_that_completed_before_a_restart_the_monitor_saw_late_is_not_run_a
     abort.settle_stray_runs(world.rt, "fixed")  # the settle the monitor sent
 
     assert world.job(job_id).state == JobState.COMPLETED
-    assert [c.job_id for c in dispatch.assign_jobs(world.rt)] == []
+    assert [c.job_id for c in dispatch.claim_and_start(world.rt)] == []
 
 
 def test_a_healthy_run_is_not_failed_as_lost_on_a_start_time_readiness_stored(failing):
@@ -283,7 +283,7 @@ def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on
     server.restart()  # a new process answers; the run died with the old one
 
     abort.settle_stray_runs(world.rt, "fixed")
-    claims = dispatch.assign_jobs(world.rt)
+    claims = dispatch.claim_and_start(world.rt)
 
     assert [c.job_id for c in claims] == [job_id]
 
@@ -291,7 +291,7 @@ def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on
 def test_a_start_time_unknown_after_submit_keeps_restart_detection(world):
     # tests/sim/FINDINGS.md, hole 3a
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     dispatch_through_a_start_time_blip(world, job_id)

@@ -138,32 +138,32 @@ def test_assign_prefers_priority_then_age_and_a_warm_net(db, settings, clock):
         session.get(Net, "net-b").transition(NetState.STARTING, clock(), "t")
         session.get(Net, "net-b").transition(NetState.READY, clock(), "t")
     with db.begin() as session:
-        first = claims.assign_next_job(session, settings, clock())
+        first = claims.claim_next_job(session, settings, clock())
     assert first is not None
     assert (first.job_id, first.net_name, first.net_state) == (high, "net-b", NetState.READY)
     with db.begin() as session:
-        second = claims.assign_next_job(session, settings, clock())
+        second = claims.claim_next_job(session, settings, clock())
     assert (second.job_id, second.net_name, second.net_state) == (low, "net-a", NetState.STARTING)
     with db.begin() as session:
-        assert claims.assign_next_job(session, settings, clock()) is None
+        assert claims.claim_next_job(session, settings, clock()) is None
 
 
 def test_assign_honours_the_requested_net(db, settings, clock):
     job_id = enqueue(db, settings, clock, net="net-b").job_id
     with db.begin() as session:
-        assignment = claims.assign_next_job(session, settings, clock())
+        assignment = claims.claim_next_job(session, settings, clock())
     assert assignment.net_name == "net-b" and assignment.job_id == job_id
 
 
 def test_requeue_then_fail_after_max_attempts(db, settings, clock):
     job_id = enqueue(db, settings, clock, required_sites=["s"], max_attempts=2).job_id
     with db.begin() as session:
-        claims.assign_next_job(session, settings, clock())
+        claims.claim_next_job(session, settings, clock())
     with db.begin() as session:
         assert services.requeue_job(session, job_id, "server vanished", clock()) is True
     assert states(db, job_id) == (JobState.QUEUED, None)
     with db.begin() as session:
-        claims.assign_next_job(session, settings, clock())
+        claims.claim_next_job(session, settings, clock())
     with db.begin() as session:
         assert services.requeue_job(session, job_id, "server vanished again", clock()) is False
     with db() as session:
@@ -176,7 +176,7 @@ def test_requeue_then_fail_after_max_attempts(db, settings, clock):
 def test_dispatch_then_finish_frees_the_net(db, settings, clock):
     job_id = enqueue(db, settings, clock, net="net-a").job_id
     with db.begin() as session:
-        claims.assign_next_job(session, settings, clock())
+        claims.claim_next_job(session, settings, clock())
         session.get(Net, "net-a").transition(NetState.READY, clock(), "ready")
         session.get(Job, job_id).start_dispatch(clock())
     with db.begin() as session:
@@ -209,14 +209,14 @@ def test_abort_queued_and_assigned_at_once_running_goes_aborting(db, settings, c
 
     assigned = enqueue(db, settings, clock, "a", net="net-a").job_id
     with db.begin() as session:
-        claims.assign_next_job(session, settings, clock())
+        claims.claim_next_job(session, settings, clock())
     with db.begin() as session:
         decision = services.abort_job(session, assigned, "user", clock())
     assert (decision.state, decision.needs_server_abort) == (JobState.ABORTED, False)
 
     running = enqueue(db, settings, clock, "r", net="net-a").job_id
     with db.begin() as session:
-        claims.assign_next_job(session, settings, clock())
+        claims.claim_next_job(session, settings, clock())
         session.get(Job, running).start_dispatch(clock())
     with db.begin() as session:
         decision = services.abort_job(session, running, "user", clock())

@@ -15,12 +15,12 @@ def test_a_stale_chain_step_never_dispatches_the_next_attempt(world):
     # tests/sim/FINDINGS.md, hole 2: attempt 0's chain gives up; the job is claimed again
     # (attempt 1); attempt 0's dispatch step arrives late and must skip.
     job_id = world.enqueue("j", net="net-a", required_sites=["site-9"])
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     world.clock.advance(121)
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.GAVE_UP
     reconciler.reconcile(world.rt)  # net-a settles to STOPPED
-    [again] = dispatch.assign_jobs(world.rt)
+    [again] = dispatch.claim_and_start(world.rt)
     assert again.attempt == 1
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.SKIPPED
@@ -89,7 +89,7 @@ def test_exhausted_retries_leave_a_job_on_its_next_attempt_alone(world):
     net, attempt = world.run_until_ready(job_id)
     with world.rt.sessions.begin() as session:
         services.requeue_job(session, job_id, "readiness gave up", world.clock())
-    dispatch.assign_jobs(world.rt)  # attempt 1, ASSIGNED
+    dispatch.claim_and_start(world.rt)  # attempt 1, ASSIGNED
     assert not retries.requeue_after_transient(
         world.rt, job_id, "scale_up: retries exhausted", net_name=net, attempt=attempt
     )

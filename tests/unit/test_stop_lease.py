@@ -31,7 +31,7 @@ def _stop_finished_and_net_claimed(world: World) -> str:
             NetState.STOPPED, world.clock(), "stop finished by reconcile"
         )
     world.enqueue("next", net="net-a")
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.net_name == "net-a")
+    assignment = next(a for a in dispatch.claim_and_start(world.rt) if a.net_name == "net-a")
     job_id = assignment.job_id
     assert dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt).step.name == "DONE"
     return job_id
@@ -155,7 +155,7 @@ def test_a_stop_finished_by_another_before_its_lease_makes_no_call(world, monkey
     on_first_scale_down(
         world,
         monkeypatch,
-        lambda: claimed.extend(a.job_id for a in dispatch.assign_jobs(world.rt)),
+        lambda: claimed.extend(a.job_id for a in dispatch.claim_and_start(world.rt)),
     )
     calls = list(world.driver("net-a").calls)
 
@@ -251,7 +251,7 @@ def test_a_readiness_give_up_whose_scale_down_lands_late_puts_the_replica_back(w
     # Every scale-down is leased and read again after, not only an idle stop's: here the
     # chain's own, after its readiness deadline (the simulator's chaos seed 65 found it).
     job_id = world.enqueue("never-ready", net="net-a")
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    assignment = next(a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id)
     dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
     world.server("net-a").up = False
     world.clock.advance(121)  # past the net's ready_timeout_s
@@ -274,7 +274,7 @@ def _claim_and_scale_up(world: World, key: str) -> tuple[str | None, int]:
     """A job tries to claim net-a and have its server scaled up: its id (None when the net
     could not be claimed), and how many driver calls were made up to then."""
     job_id = world.enqueue(key, net="net-a")
-    assignment = next((a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id), None)
+    assignment = next((a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id), None)
     if assignment is None:
         return None, len(world.driver("net-a").calls)
     step = dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
@@ -337,7 +337,7 @@ def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on
     fix is the human saying try again") without looking at the lease. The requeued job
     claims the net at once and scales it up; the first call then lands on it."""
     job_id = world.enqueue("victim", net="net-a")
-    assignment = next(a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id)
+    assignment = next(a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id)
     net, attempt = assignment.net_name, assignment.attempt
     assert dispatch.scale_up(world.rt, job_id, net, attempt).step.name == "DONE"
     real_is_ready = FakeAdmin.is_ready
@@ -354,7 +354,7 @@ def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on
         with world.rt.sessions.begin() as session:
             services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
         seen["state"] = world.net(net).state
-        again = next((a for a in dispatch.assign_jobs(world.rt) if a.job_id == job_id), None)
+        again = next((a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id), None)
         if again is not None:
             assert dispatch.scale_up(world.rt, job_id, net, again.attempt).step.name == "DONE"
         seen["claimed"] = again is not None
@@ -376,4 +376,4 @@ def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on
     assert world.job(job_id).state == JobState.QUEUED
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     reconciler.reconcile(world.rt)
-    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [job_id]
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [job_id]

@@ -118,4 +118,4 @@ def test_a_stray_the_server_cannot_settle_takes_an_idle_scale_to_zero_net_down(w
     world.clock.advance(world.rt.settings.abort_timeout_s + 1)
     reconciler.reconcile(world.rt)
     assert _strays(world) == [] and world.driver("net-a").replicas == 0
-    assert [a.job_id for a in dispatch.assign_jobs(world.rt)] == [waiting]
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [waiting]

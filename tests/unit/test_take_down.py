@@ -18,7 +18,7 @@ def _moves(world, name):
 
 def test_a_net_with_a_job_claimed_meanwhile_is_not_taken_down(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert not scaling.take_down(world.rt, "net-a", "stray run")
     assert world.driver("net-a").replicas == 1

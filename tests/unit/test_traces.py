@@ -90,7 +90,7 @@ def test_a_step_run_in_another_trace_stays_in_the_jobs_and_links_to_that_span(cb
     job_id = intake.submit_job(cb.rt, request(), traceparent=CALLER).enqueued.job_id
     round_tracer = TracerProvider().get_tracer("a beat round")
     with round_tracer.start_as_current_span("run/fl_dispatcher.assign_next_job") as round_span:
-        (assignment,) = dispatch.assign_jobs(cb.rt)
+        (assignment,) = dispatch.claim_and_start(cb.rt)
     assert assignment.job_id == job_id
     (claim,) = named(spans, "claim")
     assert format(claim.context.trace_id, "032x") == CALLER_TRACE
@@ -180,7 +180,7 @@ rt = Runtime.from_settings(settings)
 with rt.sessions.begin() as session:
     services.sync_nets(session, settings, utcnow())
 intake.submit_job(rt, EnqueueJob(caller_key="j1", definition="tiny-job", net="net-a"))
-dispatch.assign_jobs(rt)
+dispatch.claim_and_start(rt)
 monitor.monitor_running_jobs(rt)
 """
 
@@ -245,6 +245,6 @@ def test_the_current_span_of_a_job_trace_is_not_linked_to_itself(cb, spans):
     job_id = intake.submit_job(cb.rt, request(), traceparent=CALLER).enqueued.job_id
     parent = TraceContextTextMapPropagator().extract({"traceparent": cb.job(job_id).traceparent})
     with TracerProvider().get_tracer("t").start_as_current_span("same trace", context=parent):
-        dispatch.assign_jobs(cb.rt)
+        dispatch.claim_and_start(cb.rt)
     (claim,) = named(spans, "claim")
     assert list(claim.links) == []

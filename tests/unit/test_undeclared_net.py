@@ -52,7 +52,7 @@ def test_an_unknown_submit_on_a_net_no_longer_declared_is_settled_as_a_stray(
     world, tmp_path, job_root
 ):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     world.server("net-a").submit_error = ServerUnavailable("no reply")
@@ -78,7 +78,7 @@ def test_a_job_assigned_to_a_net_no_longer_declared_and_pinned_to_it_fails_at_on
     world, tmp_path, job_root
 ):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     _redeploy_without_net_a(world, tmp_path, job_root)
     redriven = reconciler.reconcile(world.rt).redriven  # no deadline to wait out
     assert f"{job_id}: failed: pinned to an undeclared net" in redriven
@@ -95,7 +95,7 @@ def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_pat
         services.get_net(session, "net-a").state = NetState.READY  # first in the claim order
     _redeploy_without_net_a(world, tmp_path, job_root)
     job_id = world.enqueue("anywhere", required_sites=["site-1"])
-    claims = dispatch.assign_jobs(world.rt)
+    claims = dispatch.claim_and_start(world.rt)
     assert [(a.job_id, a.net_name) for a in claims] == [(job_id, "fixed")]
 
 
@@ -180,7 +180,7 @@ def _strays(world) -> list[StrayRun]:
 def _claimed_unpinned(world) -> str:
     """A job claimed onto net-a without being pinned to it: its id."""
     job_id = world.enqueue("claimed", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
         services.get_job(session, job_id).requested_net = None
     return job_id
@@ -351,7 +351,7 @@ def test_a_dispatching_job_on_a_removed_net_fails_and_never_runs_twice(two_nets,
     redeployed = _without_net_b(world, tmp_path)
     reconciler.reconcile(redeployed)
     _ended_for_the_removed_net(world, job_id)
-    assert dispatch.assign_jobs(redeployed) == []
+    assert dispatch.claim_and_start(redeployed) == []
 
 
 def test_a_queued_job_whose_stray_is_on_a_removed_net_fails_and_the_stray_stays(two_nets, tmp_path):
@@ -374,7 +374,7 @@ def test_a_queued_job_pinned_to_a_removed_net_fails_saying_why(two_nets, tmp_pat
 def test_a_job_only_claimed_onto_a_removed_net_goes_back_to_the_queue(two_nets, tmp_path):
     world = two_nets
     job_id = world.enqueue("claimed", net="net-b")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
         services.get_job(session, job_id).requested_net = None
     reconciler.reconcile(_without_net_b(world, tmp_path))
@@ -392,7 +392,7 @@ def test_a_net_declared_again_takes_no_job_beside_the_run_it_was_removed_with(tw
     reconciler.reconcile(_without_net_b(world, tmp_path))
     _ended_for_the_removed_net(world, running)
     nxt = world.enqueue("next", net="net-b")  # the redeploy is undone: net-b is back
-    assert all(a.job_id != nxt for a in dispatch.assign_jobs(world.rt))
+    assert all(a.job_id != nxt for a in dispatch.claim_and_start(world.rt))
     assert world.job(nxt).state == JobState.QUEUED
 
 
@@ -448,7 +448,7 @@ def test_a_chain_step_for_a_net_a_redeploy_removed_ends_its_chain(world, tmp_pat
     if step == "dispatch":
         world.run_until_ready(job_id)
     else:
-        [claim] = dispatch.assign_jobs(world.rt)
+        [claim] = dispatch.claim_and_start(world.rt)
         assert claim.net_name == "net-a"
         if step == "check_ready":
             dispatch.scale_up(world.rt, job_id, "net-a", 0)
@@ -493,7 +493,7 @@ def test_a_net_declared_again_by_restarted_workers_takes_no_job_beside_its_old_r
     world.rt._drivers.clear()
     new = world.enqueue("new", net="net-a")
 
-    claims = dispatch.assign_jobs(world.rt)
+    claims = dispatch.claim_and_start(world.rt)
 
     assert [c.job_id for c in claims if c.net_name == "net-a"] == [], (
         f"job {new} claimed onto net-a beside run {world.job(old).nvflare_job_id}"

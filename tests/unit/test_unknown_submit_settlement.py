@@ -20,7 +20,7 @@ REASON = "submit outcome unknown"
 def _unknown_submit(world, net: str = "net-a"):
     """A job left DISPATCHING on `net`: its submit raised and no run is known."""
     job_id = world.enqueue("j", net=net)
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, net, 0)
     dispatch.check_ready(world.rt, job_id, net, 0)
     world.server(net).submit_error = ServerUnavailable("no reply")
@@ -49,7 +49,7 @@ def test_a_job_that_is_not_dispatching_is_left_alone(world):
 
 def test_an_assigned_job_is_left_alone(world):
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     assert world.job(job_id).state == JobState.ASSIGNED
     assert _strays(world) == []
@@ -149,7 +149,7 @@ def test_retries_exhausted_on_an_unknown_submit_never_start_a_second_run(world):
     # tests/sim/FINDINGS.md, hole 4: the submit landed, the reply was lost, the task ran out of
     # retries.
     job_id = world.enqueue("j", net="net-a")
-    dispatch.assign_jobs(world.rt)
+    dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     dispatch.check_ready(world.rt, job_id, "net-a", 0)
     server = world.server("net-a")

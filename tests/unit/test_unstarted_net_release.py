@@ -26,7 +26,7 @@ from models import JobState, NetState
 )
 def test_a_net_is_stopped_again_only_if_no_server_is_on_its_way(world, observed, net_after):
     job_id = world.enqueue("j", net="net-a")
-    [assignment] = dispatch.assign_jobs(world.rt)
+    [assignment] = dispatch.claim_and_start(world.rt)
     assert world.net("net-a").state == NetState.STARTING
     shutil.rmtree(world.rt.settings.job_root / "tiny-job")
     world.driver("net-a").observe = lambda: observed  # type: ignore[method-assign]

@@ -161,7 +161,7 @@ def test_a_stopped_report_while_the_submit_is_in_flight_holds_the_net_until_the_
 
     def flip_api_stops_it() -> None:
         TASKS[names.REPORT_JOB_STATUS].run(payload={"job_id": str(job_id), "status": "stopped"})
-        claimed_meanwhile.extend(dispatch.assign_jobs(rt.rt))
+        claimed_meanwhile.extend(dispatch.claim_and_start(rt.rt))
 
     server.on_submit = flip_api_stops_it
     TASKS[names.SCALE_UP].run(job_id=str(job_id), net_name="net-a")
@@ -172,5 +172,5 @@ def test_a_stopped_report_while_the_submit_is_in_flight_holds_the_net_until_the_
     assert ("fl_dispatcher.abort_on_server", {"job_id": str(job_id)}) in rt.outbox.sent
     assert abort.abort_on_server(rt.rt, job_id) == JobState.ABORTED
     assert server.aborted == [job.nvflare_job_id]
-    [next_claim] = dispatch.assign_jobs(rt.rt)
+    [next_claim] = dispatch.claim_and_start(rt.rt)
     assert next_claim.job_id == waiting
