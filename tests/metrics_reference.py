@@ -22,7 +22,7 @@ from app.metrics.figures import (
     uptimes,
 )
 from app.metrics.read import read_current_extras
-from app.usecases.services import REPORT_TIMEOUT_REASON
+from app.usecases.records import REPORT_TIMEOUT_REASON
 from models import Job, JobEvent, JobState, NetEvent, Prewarm, PrewarmOutcome, ScaleEvent, StrayRun
 
 

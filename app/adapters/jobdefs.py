@@ -17,7 +17,7 @@ from typing import Any
 from app.adapters.s3_bundles import BundleFetcher
 from app.errors import BundleMissing, InvalidRequest
 from app.settings import Settings
-from app.usecases.services import job_folder
+from app.usecases.records import job_folder
 
 
 def materialize(settings: Settings, definition: str, job_id: uuid.UUID) -> Path:

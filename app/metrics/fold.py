@@ -34,7 +34,7 @@ from app.metrics.figures import (
     scale_outcome_class,
     table_of,
 )
-from app.usecases.services import REPORT_TIMEOUT_REASON
+from app.usecases.records import REPORT_TIMEOUT_REASON
 from models import (
     TERMINAL_JOB_STATES,
     Job,

@@ -55,7 +55,7 @@ from app.sim.view import Checks, Moves
 from app.sim.workload import JobSpec, Workload, WorldSpec
 from app.usecases import callback_receiver as callback_receiver_uc
 from app.usecases import callbacks as callbacks_uc
-from app.usecases import services
+from app.usecases import records
 
 T = TypeVar("T")
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
@@ -225,7 +225,7 @@ class Simulation:
         self.starting_worker = True
         try:
             with unit_of_work(self.sessions) as session:
-                services.sync_nets(session, self.settings, self.clock(), at_start=True)
+                records.sync_nets(session, self.settings, self.clock(), at_start=True)
         finally:
             self.starting_worker = False
         self.trace(f"   worker w{slot} (re)started: {why}")

@@ -16,7 +16,7 @@ from app.adapters.backend import AbortOutcome, RunState
 from app.db import unit_of_work
 from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import records
 from app.usecases.scaling import kick, take_down
 from models import JobState, ReasonCode, StrayRun
 
@@ -72,7 +72,7 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     the server could not confirm (an error it raised) is retried by the reconciler until
     ABORT_TIMEOUT_S, then settled by `expire_abort`."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         if job.state != JobState.ABORTING:
             return job.state
         nvflare_job_id, net_name = job.nvflare_job_id, job.net_name
@@ -121,7 +121,7 @@ def _finish(
     net_name, nvflare_job_id, end = run
     with unit_of_work(rt.sessions) as session:
         if end != RunEnd.OVER:
-            services.add_stray_run(
+            records.add_stray_run(
                 session,
                 net_name=net_name,
                 job_id=job_id,
@@ -131,7 +131,7 @@ def _finish(
                 now=rt.clock(),
                 settle_after=window_end(rt, end),
             )
-        services.finish_job(session, job_id, state, reason, rt.clock(), code=code)
+        records.finish_job(session, job_id, state, reason, rt.clock(), code=code)
     kick(rt)
 
 
@@ -208,13 +208,13 @@ def expire_abort(rt: Runtime, job_id: uuid.UUID) -> JobState:
     the reason, and its run is not left running: a scale-to-zero net is taken down, an
     always-on net keeps it as a stray run (no new job there until it is settled)."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         if job.state != JobState.ABORTING:
             return job.state
         net_name, nvflare_job_id, token = job.net_name, job.nvflare_job_id, job.submit_token
         reason = f"abort not confirmed within {rt.settings.abort_timeout_s:.0f}s"
         if net_name is not None:
-            services.add_stray_run(
+            records.add_stray_run(
                 session,
                 net_name=net_name,
                 job_id=job_id,
@@ -223,7 +223,7 @@ def expire_abort(rt: Runtime, job_id: uuid.UUID) -> JobState:
                 reason=reason,
                 now=rt.clock(),
             )
-        services.finish_job(
+        records.finish_job(
             session,
             job_id,
             JobState.ABORTED,
@@ -296,7 +296,7 @@ def _settle_one(rt: Runtime, stray_id: int, end: RunEnd, fresh: datetime | None)
         stray = session.get(StrayRun, stray_id, with_for_update=True)
         if stray is None:
             return True  # settled by another round
-        hold = services.later(stray.settle_after, fresh)
+        hold = records.later(stray.settle_after, fresh)
         if end == RunEnd.UNSTARTED and hold is None:
             hold = window_end(rt, end)  # first seen aborted before it started: from now
         if end in (RunEnd.OVER, RunEnd.UNSTARTED) and (hold is None or rt.clock() >= hold):

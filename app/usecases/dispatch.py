@@ -33,7 +33,7 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.usecases import claims, services
+from app.usecases import claims, records
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
@@ -98,7 +98,7 @@ def _ours(job: Job, state: JobState, net_name: str, attempt: int) -> bool:
 
 
 def _assigned(session: Session, job_id: uuid.UUID, net_name: str, attempt: int) -> Job | None:
-    job = services.get_job(session, job_id)
+    job = records.get_job(session, job_id)
     return job if _ours(job, JobState.ASSIGNED, net_name, attempt) else None
 
 
@@ -116,7 +116,7 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         # Its worker is heard of again by the end of this try: killed in it, the job is
         # re-driven soon after (step_leases), not only past the readiness deadline.
         hold(job, rt.clock(), step_try_s(rt.settings))
-        net_state = services.get_net(session, net_name).state
+        net_state = records.get_net(session, net_name).state
         definition = job.definition
     try:
         check_available(rt.settings, definition)  # TransientError -> the task retries
@@ -175,7 +175,7 @@ def _undeclared(net_name: str) -> StepResult:
 def _resuming(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> bool:
     # Asked only when scale_up skipped, so the warm path pays no extra transaction.
     with rt.sessions() as session:
-        return _ours(services.get_job(session, job_id), JobState.DISPATCHING, net_name, attempt)
+        return _ours(records.get_job(session, job_id), JobState.DISPATCHING, net_name, attempt)
 
 
 def _whole_chain(result: StepResult) -> StepResult:
@@ -194,12 +194,12 @@ def _reject_definition(
     """The job's definition itself is bad or gone: retrying cannot help, the net is fine.
     Only the attempt the step was started for is failed (a job that moved on is left)."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         if not _ours(job, attempt[0], net_name, attempt[1]):
             return StepResult(Step.SKIPPED, f"job moved on ({job.state}); not failed")
         code = definition_code(exc)
         # Never worded "rejected": that is a refused enqueue, which created no job.
-        services.finish_job(
+        records.finish_job(
             session, job_id, JobState.FAILED, f"{code}: {exc}", rt.clock(), code=code
         )
     release_unstarted_net(rt, net_name, job_id)
@@ -285,7 +285,7 @@ def _check_ready(
 
     if readiness is not None and readiness.ready:
         with unit_of_work(rt.sessions) as session:
-            net = services.get_net(session, net_name, lock=True)
+            net = records.get_net(session, net_name, lock=True)
             # Re-checked under the lock: a duplicate chain may have dispatched the job while
             # this check ran, and a late "ready" must never flip a BUSY net back to READY.
             if _assigned(session, job_id, net_name, attempt) is None:
@@ -315,8 +315,8 @@ def _give_up_on_sites(
     with unit_of_work(rt.sessions) as session:
         if _assigned(session, job_id, net_name, attempt) is None:
             return StepResult(Step.SKIPPED, "job moved on before the readiness deadline")
-        net = services.get_net(session, net_name, lock=True)
-        services.requeue_job(session, job_id, reason, rt.clock())
+        net = records.get_net(session, net_name, lock=True)
+        records.requeue_job(session, job_id, reason, rt.clock())
         if net.state == NetState.STARTING:
             net.transition(NetState.READY, rt.clock(), "up; the job's sites never came")
             net.idle_since = rt.clock()
@@ -336,8 +336,8 @@ def _give_up_readiness(
                 Step.SKIPPED,
                 "job moved on before the readiness deadline",  # pragma: no mutate (unread)
             )
-        services.requeue_job(session, job_id, reason, rt.clock())
-        net = services.get_net(session, net_name, lock=True)
+        records.requeue_job(session, job_id, reason, rt.clock())
+        net = records.get_net(session, net_name, lock=True)
         target = NetState.OUTAGE if always_on else NetState.UNHEALTHY
         if net.state in (NetState.STARTING, NetState.READY):
             net.transition(target, rt.clock(), reason)
@@ -363,9 +363,9 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
 
 def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
-            token = job.start_dispatch(rt.clock(), earlier=services.dispatches_of(session, job_id))
+            token = job.start_dispatch(rt.clock(), earlier=records.dispatches_of(session, job_id))
         elif _ours(job, JobState.DISPATCHING, net_name, attempt) and job.submit_token:
             token = job.submit_token
         else:
@@ -397,9 +397,9 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
 
     abort_needed: bool = False  # annotated: mypy refuses None here, which reads as False
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         if job.state == JobState.DISPATCHING and job.submit_token == token:
-            services.mark_dispatched(session, job_id, nvflare_job_id, start_time, rt.clock())
+            records.mark_dispatched(session, job_id, nvflare_job_id, start_time, rt.clock())
         elif job.state == JobState.ABORTING and job.submit_token == token:
             # Aborted while the submit was in flight: the run exists now, so stop it.
             job.nvflare_job_id = nvflare_job_id
@@ -409,7 +409,7 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         else:
             # The job moved on while the submit was in flight (flip-api ended it, or it was
             # requeued): this run counts for nobody, so it is stopped, never left running.
-            services.add_stray_run(
+            records.add_stray_run(
                 session,
                 net_name=net_name,
                 job_id=job_id,
@@ -437,7 +437,7 @@ def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, to
     never mistaken for a dead worker. Under the row lock `abandon_dispatch` takes: either
     the attempt is abandoned first and nothing is sent, or this holds it and it is not."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         holding = job.state in (JobState.DISPATCHING, JobState.ABORTING)
         if not holding or (job.net_name, job.attempts, job.submit_token) != (
             net_name,

@@ -1,6 +1,6 @@
 """An enqueue stored: a new job (its definition checked, its caller key answering a repeat
 with the same job and refusing another payload under it), or, refused, the rejection kept
-for a while so the job's id can say "rejected". SQL only, like `services`."""
+for a while so the job's id can say "rejected". SQL only, like `records`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import records
 from models import Job, JobState, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def enqueue_job(
             return _repeat(existing, request, settings)
         # No job has the key: the insert failed on the net it names, whose row no worker
         # has created yet (a deploy that added it). Create the declared nets' rows, again.
-        services.ensure_net_rows(session, settings, now)
+        records.ensure_net_rows(session, settings, now)
         job = _new_job(settings, request, now, traceparent)
         try:
             _insert(session, job)

@@ -24,7 +24,7 @@ from app.schemas import (
     storable,
     unstorable,
 )
-from app.usecases import enqueue, services
+from app.usecases import enqueue, records
 from models import Job, JobState, ReasonCode
 
 M = TypeVar("M", bound=BaseModel)
@@ -137,7 +137,7 @@ def _names_a_job(rt: Runtime, caller_key: str | None) -> bool:
 class AbortRequested:
     """An abort's result in SQL, and whether the follow-up was sent."""
 
-    decision: services.AbortDecision
+    decision: records.AbortDecision
     notified: bool | None
 
     def answer(self) -> read_models.AbortRequested:
@@ -155,7 +155,7 @@ def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested
     """Abort as far as SQL can; an active job's run is aborted on its server by a worker
     (`abort_on_server`), a job that held a net frees it for the next one (kick)."""
     with unit_of_work(rt.sessions) as session:
-        decision = services.abort_job(session, job_id, reason, rt.clock())
+        decision = records.abort_job(session, job_id, reason, rt.clock())
     if decision.needs_server_abort:
         notified = rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
     else:
@@ -164,17 +164,17 @@ def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested
 
 
 def report_status(rt: Runtime, request: ReportJobStatus) -> JobState:
-    """flip-api's terminal signal for a job (`services.report_job_status`), then the follow-up:
+    """flip-api's terminal signal for a job (`records.report_job_status`), then the follow-up:
     a DISPATCHING job's server abort; for a job that was RUNNING or ABORTING, the settling of
     its run, which may still be live (recorded as a stray: the net takes no new job until its
     server says the run is over, aborting it if need be); otherwise a kick for the freed
     net."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, request.job_id, lock=True)
+        job = records.get_job(session, request.job_id, lock=True)
         # An ABORTING job's run may be live too: its abort may not have reached the server.
         was_running = job.state in (JobState.RUNNING, JobState.ABORTING)
         net_name = job.net_name
-        state = services.report_job_status(session, request, rt.clock())
+        state = records.report_job_status(session, request, rt.clock())
     if state == JobState.ABORTING:
         rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(request.job_id))
         return state

@@ -20,7 +20,7 @@ from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
-from app.usecases import claims, services
+from app.usecases import claims, records
 from app.usecases.abort import RUN_OUTCOMES, RunEnd, over_after_abort, run_outcome, window_end
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
@@ -57,7 +57,7 @@ def _watched_state(session: Session, job: Watched) -> JobState | None:
     None. A round's snapshot can be seconds old when it acts (a call to a dead server waits
     its timeout, and rounds overlap); by then the job may have been settled and even be on
     its next attempt, which a verdict about the old run must never touch."""
-    row = services.get_job(session, job.job_id, lock=True)
+    row = records.get_job(session, job.job_id, lock=True)
     watching = (JobState.RUNNING, JobState.ABORTING)
     if row.state in watching and row.nvflare_job_id == job.nvflare_job_id:
         return row.state
@@ -185,7 +185,7 @@ def _expire_report_waits(
         # neither the others nor the round's watch of every net's runs.
         with isolated(rt, "monitor_running_jobs", net_name):
             with unit_of_work(rt.sessions) as session:
-                services.expire_report_wait(
+                records.expire_report_wait(
                     session, job_id, outcome, (now - since).total_seconds(), now
                 )
             results[str(job_id)] = f"report timeout: {outcome}"
@@ -226,7 +226,7 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):
         return results  # nothing to write: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
+        net = records.get_net(session, net_name, lock=True)
         net.unreachable_since = None
         if net.server_start_time is None or stale:
             # Unknown at dispatch, or readiness's of an earlier process: learn it now, or
@@ -336,9 +336,9 @@ def _verdict(
                 # the server's job runner may still start it.
                 _keep_as_stray(rt, session, job, detail, window_end(rt, RunEnd.UNSTARTED))
             if code is None:
-                services.hold_for_report(session, job.job_id, detail, rt.clock())
+                records.hold_for_report(session, job.job_id, detail, rt.clock())
             else:
-                services.finish_job(session, job.job_id, outcome, detail, rt.clock(), code=code)
+                records.finish_job(session, job.job_id, outcome, detail, rt.clock(), code=code)
             hold = code is None
         if hold:
             return "finishing: waiting for flip-api's results report"
@@ -382,7 +382,7 @@ def _unwatchable(
     rt: Runtime, net_name: str, jobs: list[Watched], exc: DispatcherError, now: datetime
 ) -> dict[str, str]:
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
+        net = records.get_net(session, net_name, lock=True)
         if net.unreachable_since is None:
             net.unreachable_since = now
         net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (Text: any bound fits)
@@ -426,7 +426,7 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
             return STALE
         if not confirmed:
             _keep_as_stray(rt, session, job, reason, window_end(rt, end))
-        services.finish_job(
+        records.finish_job(
             session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
         )
     log.error("run overran", extra={"job": str(job.job_id), "net": job.net_name, "reason": reason})
@@ -439,7 +439,7 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
 def _keep_as_stray(
     rt: Runtime, session: Session, job: Watched, reason: str, hold: datetime | None = None
 ) -> None:
-    services.add_stray_run(
+    records.add_stray_run(
         session,
         net_name=job.net_name,
         job_id=job.job_id,
@@ -465,18 +465,18 @@ def _lost(rt: Runtime, job: Watched, reason: str) -> str:
             return STALE
         _keep_as_stray(rt, session, job, reason)
         if state == JobState.ABORTING:
-            services.finish_job(
+            records.finish_job(
                 session, job.job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
             )
             outcome = "aborted"
         elif rt.settings.lost_job_policy == "requeue":
             outcome = (
                 "requeued"
-                if services.requeue_job(session, job.job_id, reason, rt.clock())
+                if records.requeue_job(session, job.job_id, reason, rt.clock())
                 else "failed"
             )
         else:
-            services.finish_job(
+            records.finish_job(
                 session,
                 job.job_id,
                 JobState.FAILED,

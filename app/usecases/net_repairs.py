@@ -17,7 +17,7 @@ from app.adapters.backend import Readiness, ServerState
 from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import records
 from app.usecases.prewarm_holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm_warm_up import mark_ready
 from app.usecases.scaling import net_misconfigured, scale_net, stop_in_flight, stop_net
@@ -117,7 +117,7 @@ def net_rows(rt: Runtime) -> dict[str, NetRow]:
 
 def _net_state(rt: Runtime, name: str) -> NetState:
     with rt.sessions() as session:
-        return services.get_net(session, name).state
+        return records.get_net(session, name).state
 
 
 def _set_net_state(
@@ -132,10 +132,10 @@ def _set_net_state(
     """Move a net only if it is still in `expected` (and, with `require_idle`, still has no
     active job), checked under the row lock assignment takes."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
+        net = records.get_net(session, name, lock=True)
         if net.state != expected:
             return False
-        if require_idle and services.active_job(session, name) is not None:
+        if require_idle and records.active_job(session, name) is not None:
             return False
         if target == NetState.READY:
             now = rt.clock()
@@ -158,10 +158,10 @@ def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
     left): BUSY if a job still holds the net, else READY, decided under the row lock, not
     on the round's earlier read (the job may have ended since). None: the net moved on."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
+        net = records.get_net(session, name, lock=True)
         if net.state != expected:
             return None
-        held = services.active_job(session, name) is not None
+        held = records.active_job(session, name) is not None
         if held and expected != NetState.OUTAGE:
             return None  # a job claimed it meanwhile: its chain moves it
         target = NetState.BUSY if held else NetState.READY
@@ -195,7 +195,7 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
     if state == NetState.STOPPED and not up and row.strays:
         # The server is confirmed at zero replicas: whatever it ran died with it.
         with unit_of_work(rt.sessions) as session:
-            services.clear_stray_runs(session, name)
+            records.clear_stray_runs(session, name)
         return "STOPPED at zero replicas: stray runs gone with the server"
     if state in (NetState.STOPPING, NetState.UNHEALTHY):
         if stop_in_flight(row.stop_due_at, now):
@@ -282,8 +282,8 @@ def _still(rt: Runtime, name: str, state: NetState) -> bool:
     None of these states is one a claim takes a net from, so the answer holds until the
     scale-down that follows."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
-        return net.state == state and services.active_job(session, name) is None
+        net = records.get_net(session, name, lock=True)
+        return net.state == state and records.active_job(session, name) is None
 
 
 def _redrive_lost_scale_up(
@@ -335,6 +335,6 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
         # Scaled to zero by hand (or crashed for good): the runs it held died with it, and a
         # job waiting on its own stray run may go elsewhere instead of waiting for an operator.
         with unit_of_work(rt.sessions) as session:
-            services.clear_stray_runs(session, name)
+            records.clear_stray_runs(session, name)
         note = (note + "; " if note else "") + "no server: stray runs gone with it"
     return note

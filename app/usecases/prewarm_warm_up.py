@@ -19,7 +19,7 @@ from app.adapters.backend import Readiness, ServerState
 from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import records
 from app.usecases.claims import drained
 from app.usecases.prewarm_holds import (
     end_hold,
@@ -68,9 +68,9 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     config = rt.settings.net(net_name)
     now = rt.clock()
     with rt.sessions() as session:
-        net = services.get_net(session, net_name)
+        net = records.get_net(session, net_name)
         state, since = net.state, net.state_changed_at
-        job = services.active_job(session, net_name)
+        job = records.active_job(session, net_name)
         live = wanted_hold(session, net_name, now) is not None
         sites = wanted_sites(session, net_name, now) or list(config.required_sites)
         awaited = _awaited_since(session, net_name, now)
@@ -181,9 +181,9 @@ def mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) ->
     """The holds' server is ready: noted on them (also when another check moved the net
     READY first), and the net STARTING -> READY unless a job took it meanwhile (True: moved)."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
+        net = records.get_net(session, net_name, lock=True)
         now = rt.clock()
-        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+        if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             _note_ready(session, net_name, now)
             return False
         idle_since = idle_from_holds(session, net_name, net.state_changed_at, now)
@@ -209,8 +209,8 @@ def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
     """The server never came: UNHEALTHY and scaled down (as after a job's readiness
     deadline), its holds failed."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
-        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+        net = records.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
         now = rt.clock()
         net.transition(NetState.UNHEALTHY, now, reason)
@@ -243,8 +243,8 @@ def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:
     """Its holds ended: the STARTING net goes down (STOPPING -> driver 0 -> STOPPED, as an
     idle net does) unless a job took it meanwhile."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
-        if net.state != NetState.STARTING or services.active_job(session, net_name) is not None:
+        net = records.get_net(session, net_name, lock=True)
+        if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
         net.transition(NetState.STOPPING, rt.clock(), reason)
     log.info("prewarmed net released", extra={"net": net_name, "reason": reason})
@@ -259,8 +259,8 @@ def _misconfigured_while_warming(
     claim takes (still in the state `seen`), so a job claimed meanwhile is left to its own
     chain (which requeues it)."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
-        if net.state != seen or services.active_job(session, net_name) is not None:
+        net = records.get_net(session, net_name, lock=True)
+        if net.state != seen or records.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile: its chain sees to it")
         now = rt.clock()
         for row in _live_rows(session, net_name, now):
@@ -346,7 +346,7 @@ def _keep_warming(rt: Runtime, net_name: str) -> str:
         return ""
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
+        net = records.get_net(session, net_name, lock=True)
         live = bool(wanted_hold(session, net_name, now))
         if not live:
             return ""
@@ -355,7 +355,7 @@ def _keep_warming(rt: Runtime, net_name: str) -> str:
                 return ""
             net.transition(NetState.STARTING, now, "prewarm: its hold wants the server up")
             start = True
-        elif net.state == NetState.STARTING and services.active_job(session, net_name) is None:
+        elif net.state == NetState.STARTING and records.active_job(session, net_name) is None:
             age_s = (now - net.state_changed_at).total_seconds()
             start = False
             if age_s <= rt.settings.stuck_after_s:

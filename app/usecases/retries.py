@@ -12,7 +12,7 @@ import uuid
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import records
 from app.usecases.scaling import kick
 from app.usecases.step_leases import LEASED_STATES, hold, step_try_s
 from models import Job, JobState
@@ -48,7 +48,7 @@ def requeue_after_transient(
     if net_name is None or attempt is None:
         return False
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         if _bound(job, JobState.DISPATCHING, net_name, attempt):
             log.warning("submit outcome unknown; attempt kept", extra={"job": str(job_id)})
             return False
@@ -58,7 +58,7 @@ def requeue_after_transient(
                 extra={"job": str(job_id), "net": net_name, "state": str(job.state)},
             )
             return False
-        requeued = services.requeue_job(session, job_id, reason, rt.clock())
+        requeued = records.requeue_job(session, job_id, reason, rt.clock())
     kick(rt)
     return requeued
 

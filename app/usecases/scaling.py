@@ -18,7 +18,7 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import records
 from models import JobState, NetState, ScaleEvent
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def net_misconfigured(
     True when the net was marked."""
     with unit_of_work(rt.sessions) as session:
         if job_id is not None and attempt is not None:
-            job = services.get_job(session, job_id, lock=True)
+            job = records.get_job(session, job_id, lock=True)
             if (job.state, job.attempts, job.net_name) != (*attempt, net_name):
                 log.info(
                     "misconfiguration seen by a step whose job moved on; left to it",
@@ -112,7 +112,7 @@ def net_misconfigured(
                 )
                 return False
             if job.state == JobState.DISPATCHING:
-                services.add_stray_run(
+                records.add_stray_run(
                     session,
                     net_name=net_name,
                     job_id=job_id,
@@ -122,15 +122,15 @@ def net_misconfigured(
                     now=rt.clock(),
                 )
         if job_id is not None:
-            services.requeue_job(
+            records.requeue_job(
                 session,
                 job_id,
                 f"net {net_name} misconfigured: {reason}",
                 rt.clock(),
                 count_attempt=False,
             )
-        net = services.get_net(session, net_name, lock=True)
-        other = services.active_job(session, net_name)
+        net = records.get_net(session, net_name, lock=True)
+        other = records.active_job(session, net_name)
         if other is not None:
             log.info(
                 "misconfiguration seen; a job claimed the net meanwhile: left to its chain",
@@ -165,12 +165,12 @@ def stop_net(rt: Runtime, name: str, reason: str) -> bool:
     if not down:
         return False
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
+        net = records.get_net(session, name, lock=True)
         if _claimed(session, name, net.state):
             return False  # claimed once the server was down: its job scales it up
         if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
             net.transition(NetState.STOPPED, rt.clock(), reason)
-        services.clear_stray_runs(session, name)
+        records.clear_stray_runs(session, name)
     return True
 
 
@@ -231,7 +231,7 @@ def _lease_stop(rt: Runtime, name: str) -> datetime | None:
     STOPPED had its stop finished by another (its worker paused before this lease): a
     claim may take a STOPPED net while a call is on the wire, so none is made."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
+        net = records.get_net(session, name, lock=True)
         now = rt.clock()
         if net.state == NetState.STOPPED or _claimed(session, name, net.state):
             return None
@@ -246,7 +246,7 @@ def _end_lease(rt: Runtime, name: str, lease: datetime) -> tuple[bool, bool]:
     past it, reconcile may have re-driven the stop with a lease of its own); the net was
     claimed meanwhile (the call landed late)."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
+        net = records.get_net(session, name, lock=True)
         ended = net.stop_due_at == lease
         if ended:
             net.stop_due_at = None
@@ -266,7 +266,7 @@ def _undo_late_stop(rt: Runtime, name: str, reason: str) -> None:
 
 def _claimed(session: Session, name: str, state: NetState) -> bool:
     """A job holds the net, or it is on its way up for one (or was, and is idle now)."""
-    return state not in _DOWN_BOUND or services.active_job(session, name) is not None
+    return state not in _DOWN_BOUND or records.active_job(session, name) is not None
 
 
 def take_down(rt: Runtime, name: str, reason: str) -> bool:
@@ -274,8 +274,8 @@ def take_down(rt: Runtime, name: str, reason: str) -> bool:
     stopped otherwise dies with its server). Holds the row lock assignment takes, so no job
     is claimed onto a server that is going away. Returns True once confirmed down."""
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, name, lock=True)
-        if services.active_job(session, name) is not None:
+        net = records.get_net(session, name, lock=True)
+        if records.active_job(session, name) is not None:
             return False  # a job was claimed meanwhile: it owns the server now
         if net.state in (NetState.READY, NetState.STOPPED, NetState.STARTING, NetState.OUTAGE):
             net.transition(NetState.STOPPING, rt.clock(), reason)
@@ -290,7 +290,7 @@ def release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> None
     reading STARTING until reconcile gives the start up after `ready_timeout_s`. A net the
     driver was asked to start, or that another job has claimed meanwhile, is left alone."""
     with rt.sessions() as session:
-        if services.get_net(session, net_name).state != NetState.STARTING:
+        if records.get_net(session, net_name).state != NetState.STARTING:
             return
     if not rt.settings.net(net_name).scales_to_zero:
         return
@@ -305,6 +305,6 @@ def release_unstarted_net(rt: Runtime, net_name: str, job_id: uuid.UUID) -> None
     if observation.desired or observation.running or observation.pending:
         return
     with unit_of_work(rt.sessions) as session:
-        net = services.get_net(session, net_name, lock=True)
-        if net.state == NetState.STARTING and services.active_job(session, net_name) is None:
+        net = records.get_net(session, net_name, lock=True)
+        if net.state == NetState.STARTING and records.active_job(session, net_name) is None:
             net.transition(NetState.STOPPED, rt.clock(), f"job {job_id} failed before any scale-up")

@@ -24,7 +24,7 @@ from app import names
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import records
 from app.usecases.housekeeping import isolated
 from models import Job, JobState
 
@@ -175,7 +175,7 @@ def _take_over(
     """Under the row lock: the job is still at this step of this attempt with its lease
     passed, and the re-drive now holds it (a new lease), so no other round re-drives it."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         now = rt.clock()
         if (job.state, job.net_name, job.attempts) != (state, net_name, attempt):
             return False

@@ -10,7 +10,7 @@ from sqlalchemy import func, or_, select
 
 from app.db import unit_of_work
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import records
 from app.usecases.housekeeping import isolated
 from models import ACTIVE_JOB_STATES, Job, JobState, ReasonCode, StrayRun
 
@@ -35,12 +35,12 @@ def settle_undeclared(rt: Runtime, removed: list[str] | None = None) -> list[str
     (its run is over). A QUEUED job pinned to such a net fails: it can never run.
 
     A net counts as removed only once no process has declared it for a while
-    (`services.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
+    (`records.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
     never settles the jobs of a net just added. `removed`: those nets as the round read
     them (else read here)."""
     if removed is None:
         with rt.sessions() as session:
-            removed = services.undeclared_nets(session, rt.settings, rt.clock())
+            removed = records.undeclared_nets(session, rt.settings, rt.clock())
     if not removed:
         return []
     with rt.sessions() as session:
@@ -70,10 +70,10 @@ def settle_undeclared(rt: Runtime, removed: list[str] | None = None) -> list[str
         # that run is settled. Only a QUEUED job waiting on it is ended.
         with isolated(rt, "reconcile", net_name):
             with unit_of_work(rt.sessions) as session:
-                job = services.get_job(session, job_id, lock=True)
+                job = records.get_job(session, job_id, lock=True)
                 if job.state != JobState.QUEUED:
                     continue
-                services.finish_job(
+                records.finish_job(
                     session,
                     job_id,
                     JobState.FAILED,
@@ -91,15 +91,15 @@ def settle_undeclared(rt: Runtime, removed: list[str] | None = None) -> list[str
 
 def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -> str:
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         net_name = job.net_name if job.state in ACTIVE_JOB_STATES else job.requested_net
         if net_name is None or net_name not in removed:
             return ""  # pragma: no mutate (the job moved on since the read)
         reason = undeclared_reason(net_name)
         if job.state == JobState.ASSIGNED:
-            services.requeue_job(session, job_id, reason, rt.clock(), count_attempt=False)
+            records.requeue_job(session, job_id, reason, rt.clock(), count_attempt=False)
             if job.requested_net == net_name:
-                services.finish_job(
+                records.finish_job(
                     session,
                     job_id,
                     JobState.FAILED,
@@ -114,7 +114,7 @@ def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -
         outcome = JobState.ABORTED if job.state == JobState.ABORTING else JobState.FAILED
         # Its run may still live on that server: counted as a stray, so that the net, if it
         # is ever declared again, takes no job beside it before it is settled.
-        services.add_stray_run(
+        records.add_stray_run(
             session,
             net_name=net_name,
             job_id=job_id,
@@ -123,7 +123,7 @@ def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -
             reason=reason,
             now=rt.clock(),
         )
-        services.finish_job(
+        records.finish_job(
             session, job_id, outcome, reason, rt.clock(), code=ReasonCode.NET_REMOVED
         )
     log.error("job on an undeclared net settled", extra={"job": str(job_id), "net": net_name})

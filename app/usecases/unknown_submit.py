@@ -11,7 +11,7 @@ from datetime import datetime
 from app.db import unit_of_work
 from app.errors import DispatcherError
 from app.runtime import Runtime
-from app.usecases import services
+from app.usecases import records
 from app.usecases.scaling import kick, take_down
 from models import Job, JobState
 
@@ -22,7 +22,7 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
     an always-on net's possible run is recorded as a stray run to abort when it answers.
     Returns True once the job is back in the queue (or FAILED past its attempts)."""
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         if job.state != JobState.DISPATCHING or job.net_name is None:
             return False
         net_name, token = job.net_name, job.submit_token
@@ -36,19 +36,19 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
             pass  # not answering: settled below by taking the server down
         else:
             with unit_of_work(rt.sessions) as session:
-                current = services.get_job(session, job_id, lock=True)
+                current = records.get_job(session, job_id, lock=True)
                 if not _unheld(current, token, rt.clock()):
                     return False
                 if run_id is not None:
-                    services.mark_dispatched(session, job_id, run_id, start_time, rt.clock())
+                    records.mark_dispatched(session, job_id, run_id, start_time, rt.clock())
                 else:
-                    services.requeue_job(session, job_id, reason, rt.clock())
+                    records.requeue_job(session, job_id, reason, rt.clock())
             kick(rt)
             return run_id is None
     with unit_of_work(rt.sessions) as session:
-        if not _unheld(services.get_job(session, job_id, lock=True), token, rt.clock()):
+        if not _unheld(records.get_job(session, job_id, lock=True), token, rt.clock()):
             return False
-        services.add_stray_run(
+        records.add_stray_run(
             session,
             net_name=net_name,
             job_id=job_id,
@@ -57,7 +57,7 @@ def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:
             reason=reason,
             now=rt.clock(),
         )
-        services.requeue_job(session, job_id, reason, rt.clock())
+        records.requeue_job(session, job_id, reason, rt.clock())
     if rt.settings.has_net(net_name) and rt.settings.net(net_name).scales_to_zero:
         take_down(rt, net_name, f"settling job {job_id}'s unknown submit")
     kick(rt)

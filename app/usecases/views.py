@@ -42,7 +42,7 @@ from app.read_models import (
 from app.runtime import Runtime
 from app.schemas import job_id_for, require_storable
 from app.settings import Settings
-from app.usecases import enqueue, prewarm_holds, services
+from app.usecases import enqueue, prewarm_holds, records
 from app.usecases.callbacks import delivery_status
 from app.usecases.claims import drained
 from app.usecases.drains import NET_DRAINED, drain_state
@@ -106,7 +106,7 @@ def job_detail(
     would have created it was refused, NotFound if there is no such job at all. `settings`:
     the nets an unpinned job may run on (else every net the database holds)."""
     try:
-        job = services.get_job(session, job_id)
+        job = records.get_job(session, job_id)
     except NotFound:
         rejection = enqueue.get_rejection(session, job_id)
         if rejection is None:

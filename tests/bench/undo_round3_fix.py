@@ -17,7 +17,7 @@ from pathlib import Path
 EDITS: dict[int, list[tuple[str, str, str]]] = {
     1: [  # a report on an ABORTING job keeps its run as a stray
         (
-            "app/usecases/services.py",
+            "app/usecases/records.py",
             "if job.state in (JobState.RUNNING, JobState.ABORTING) and job.net_name is not None:",
             "if job.state == JobState.RUNNING and job.net_name is not None:",
         ),

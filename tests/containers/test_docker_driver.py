@@ -18,7 +18,7 @@ from app.net_config import DockerDriverConfig
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import dispatch, enqueue, prewarm, prewarm_warm_up, reconciler, services
+from app.usecases import dispatch, enqueue, prewarm, prewarm_warm_up, reconciler, records
 from app.usecases.dispatch import Step
 from app.usecases.prewarm_warm_up import Warm
 from models import NetState
@@ -172,13 +172,13 @@ def _docker_runtime(tmp_path, job_root, sqlite_factory, clock, engine_url: str, 
         outbox=RecordingOutbox(),
     )
     with sqlite_factory.begin() as session:
-        services.sync_nets(session, settings, clock())
+        records.sync_nets(session, settings, clock())
     return rt
 
 
 def _net_state(rt: Runtime) -> NetState:
     with rt.sessions() as session:
-        return services.get_net(session, "net-d").state
+        return records.get_net(session, "net-d").state
 
 
 def test_a_prewarm_starts_a_server_that_crashed_before_instead_of_giving_up(
@@ -255,8 +255,8 @@ def test_an_engine_restart_while_the_net_comes_up_is_waited_out(
     assert down.step == Step.NOT_READY
     assert "engine unreachable" in down.detail
     with sqlite_factory() as session:
-        assert services.get_net(session, "net-d").state == NetState.STARTING
-        assert services.get_job(session, job_id).net_name == "net-d"
+        assert records.get_net(session, "net-d").state == NetState.STARTING
+        assert records.get_job(session, job_id).net_name == "net-d"
 
     own_engine.start()
     clock.advance(5)
@@ -264,5 +264,5 @@ def test_an_engine_restart_while_the_net_comes_up_is_waited_out(
 
     assert back.step == Step.DONE, back.detail
     with sqlite_factory() as session:
-        assert services.get_net(session, "net-d").state == NetState.READY
+        assert records.get_net(session, "net-d").state == NetState.READY
     assert _running(own_engine, name)  # the container outlived the engine's API service

@@ -27,7 +27,7 @@ from app.errors import AdminMisconfigured
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
-from app.usecases import claims, enqueue, services
+from app.usecases import claims, enqueue, records
 from models import Job, JobEvent, JobState, Net, NetState, ScaleEvent
 from tests.fixtures.db import net_decl
 
@@ -133,7 +133,7 @@ class Harness:
 
     def sync(self) -> None:
         with self.sessions.begin() as session:
-            services.sync_nets(session, self.runtime.settings, self.clock())
+            records.sync_nets(session, self.runtime.settings, self.clock())
 
     def count(self, model) -> int:
         with self.sessions() as session:
@@ -190,11 +190,11 @@ def three_nets(tmp_path, job_root, pg_engine, pg_factory, clock):
             )
         )
         clock.advance(60)
-        services.get_net(session, "net-b").transition(NetState.READY, clock(), "ready")
-        services.get_job(session, job_id).start_dispatch(clock())
+        records.get_net(session, "net-b").transition(NetState.READY, clock(), "ready")
+        records.get_job(session, job_id).start_dispatch(clock())
         clock.advance(3)
-        services.mark_dispatched(session, job_id, "nvf-123", 1000.0, clock())
-        services.get_net(session, "net-c").transition(NetState.READY, clock(), "always on")
+        records.mark_dispatched(session, job_id, "nvf-123", 1000.0, clock())
+        records.get_net(session, "net-c").transition(NetState.READY, clock(), "always on")
     h.job_id = job_id
     return h
 
@@ -578,7 +578,7 @@ def test_metrics_match_the_database(three_nets):
     clock = h.clock
     with h.sessions.begin() as session:
         # net-a: a cold start of 90 s, up for 200 s in total, then stopped.
-        net_a = services.get_net(session, "net-a")
+        net_a = records.get_net(session, "net-a")
         net_a.transition(NetState.STARTING, clock(), "job")
         clock.advance(90)
         net_a.transition(NetState.READY, clock(), "ready")
@@ -612,10 +612,10 @@ def test_metrics_match_the_database(three_nets):
             clock(),
         ).job_id
         clock.advance(30)
-        job = services.get_job(session, requeued)
+        job = records.get_job(session, requeued)
         job.assign("net-a", clock())
         session.flush()
-        services.requeue_job(session, requeued, "server lost", clock())
+        records.requeue_job(session, requeued, "server lost", clock())
         job.retries = 2
     with h.client() as client:
         response = client.get("/metrics")

@@ -17,7 +17,7 @@ from app.entrypoints.cli_output import EXIT_SETTINGS
 from app.local import nvflare as nvflare_local
 from app.local.nvflare import Deployment
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import records
 from models import NetState
 
 pytestmark = [pytest.mark.integration]
@@ -69,7 +69,7 @@ def test_worker_start_takes_the_net_out_of_service(
     prepare_nets_at_start(settings)
     sessions = session_factory(make_engine(settings.database_url))
     with sessions() as session:
-        net = services.get_net(session, "local-net")
+        net = records.get_net(session, "local-net")
         assert net.state == NetState.MISCONFIGURED
         assert "dials" in (net.last_error or "")
 

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from app import names
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import claims, prewarm, prewarm_warm_up, services
+from app.usecases import claims, prewarm, prewarm_warm_up, records
 from app.usecases import enqueue as enqueue_uc
 from models import Job, JobState, Net, NetState, Prewarm, PrewarmOutcome
 from tests.fixtures.db import net_decl
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def db(pg_factory, settings, clock):
     with pg_factory.begin() as session:
-        services.sync_nets(session, settings, clock())
+        records.sync_nets(session, settings, clock())
     return pg_factory
 
 
@@ -191,14 +191,14 @@ def test_two_first_requests_creating_a_new_nets_rows_at_once_both_succeed(
         inserted.wait(10)
         try:
             with pg_factory.begin() as session:
-                services.ensure_net_rows(session, settings, clock())
+                records.ensure_net_rows(session, settings, clock())
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     thread = threading.Thread(target=second)
     thread.start()
     with pg_factory.begin() as session:
-        services.ensure_net_rows(session, settings, clock())  # inserted, not yet committed
+        records.ensure_net_rows(session, settings, clock())  # inserted, not yet committed
         inserted.set()
         _until_a_backend_waits_on_a_lock(pg_factory)
     thread.join(10)
@@ -213,7 +213,7 @@ def test_a_stale_writer_cannot_overwrite_a_newer_state(db, settings, clock):
     with db() as stale:
         stale_job = stale.get(Job, job_id)
         with db.begin() as fresh:
-            services.abort_job(fresh, job_id, "user", clock())
+            records.abort_job(fresh, job_id, "user", clock())
         stale_job.priority = 9
         with pytest.raises(Exception, match="expected to update 1 row"):
             stale.commit()
@@ -250,7 +250,7 @@ def test_a_payload_postgresql_cannot_store_is_refused_before_it_reaches_it(db, s
         job_id=job_id, status=ReportedStatus.STOPPED, detail="a\x00b"
     )
     with pytest.raises(DataError, match="0x00"), db.begin() as session:
-        services.report_job_status(session, unchecked, clock())
+        records.report_job_status(session, unchecked, clock())
         session.flush()
 
 
@@ -489,7 +489,7 @@ def test_a_nul_in_any_text_a_task_is_sent_is_refused_before_postgresql(db, setti
     for what, answer in answers.items():
         assert "rejected" in str(answer) or "refused" in str(answer), (what, answer)
     with pytest.raises(InvalidRequest, match="reason holds a NUL"), db.begin() as session:
-        services.abort_job(session, job_id, "cli \x00", clock())
+        records.abort_job(session, job_id, "cli \x00", clock())
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     with db() as session:
         assert session.get(Job, job_id).state == JobState.QUEUED

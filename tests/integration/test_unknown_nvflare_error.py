@@ -20,7 +20,7 @@ from app.migrate import upgrade
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import abort, dispatch, intake, monitor, scale_down, services
+from app.usecases import abort, dispatch, intake, monitor, records, scale_down
 from app.usecases.dispatch import Step
 from models import JobState
 from tests.fixtures.nvflare import NvflareSystem
@@ -49,7 +49,7 @@ def rt(tmp_path: Path, nvflare_sites: NvflareSystem, long_job: Path) -> Iterator
     upgrade(settings.database_url)
     runtime = Runtime.from_settings(settings)
     with unit_of_work(runtime.sessions) as session:
-        services.sync_nets(session, settings, runtime.clock())
+        records.sync_nets(session, settings, runtime.clock())
     try:
         yield runtime
     finally:
@@ -90,8 +90,8 @@ def test_an_unclassified_nvflare_error_is_tolerated_counted_and_never_escapes(
     outcomes = monitor.monitor_running_jobs(rt)
     assert "zorblax" in outcomes[str(job_id)]
     with rt.sessions() as session:
-        assert services.get_job(session, job_id).state == JobState.RUNNING
-        assert "zorblax" in (services.get_net(session, NET).last_error or "")
+        assert records.get_job(session, job_id).state == JobState.RUNNING
+        assert "zorblax" in (records.get_net(session, NET).last_error or "")
     # keep-alive: the ping fails for this net, nothing escapes
     assert scale_down.keep_alive_busy_nets(rt) == []
     # abort: the server's answer cannot be read, so the job stays ABORTING (bounded by
@@ -125,11 +125,11 @@ def test_a_bundle_nvflare_rejects_fails_the_job_with_nvflares_reason(
     result = dispatch.dispatch(rt, job_id, NET, claim.attempt)
     assert result.step == Step.GAVE_UP
     with rt.sessions() as session:
-        job = services.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         assert job.state == JobState.FAILED and job.attempts == 0
         # A failed job's reason never reads as a refused enqueue: it has its own code.
         assert job.reason_code == "definition_invalid", (job.reason_code, job.last_error)
-        assert services.get_net(session, NET).state != "MISCONFIGURED"
+        assert records.get_net(session, NET).state != "MISCONFIGURED"
 
 
 def test_a_run_whose_status_cannot_be_read_is_still_aborted(
@@ -143,7 +143,7 @@ def test_a_run_whose_status_cannot_be_read_is_still_aborted(
 
     job_id = _running_job(rt, long_job.name)
     with rt.sessions() as session:
-        run_id = services.get_job(session, job_id).nvflare_job_id
+        run_id = records.get_job(session, job_id).nvflare_job_id
     assert run_id is not None
     # Started: an abort while nvflare's job runner starts the run may be overwritten (CI,
     # once; test_nvflare_admin's job-runner race), which is not what this test is about.

@@ -14,7 +14,7 @@ from app.errors import ServerUnavailable
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import abort, dispatch, intake, services
+from app.usecases import abort, dispatch, intake, records
 from app.usecases import enqueue as enqueue_uc
 from app.usecases.dispatch import Step
 from models import Job, JobState, Net, ReasonCode
@@ -75,7 +75,7 @@ class World:
             outbox=self.outbox,
         )
         with sessions.begin() as session:
-            services.sync_nets(session, settings, clock())
+            records.sync_nets(session, settings, clock())
 
     def _admin(self, net, settings):
         admin = FakeAdmin(self.server(net.name))
@@ -110,7 +110,7 @@ class World:
     ) -> None:
         """Record a run the net's server may hold that no job counts (a stray run)."""
         with self.rt.sessions.begin() as session:
-            services.add_stray_run(
+            records.add_stray_run(
                 session,
                 net_name=net,
                 job_id=job_id,
@@ -144,7 +144,7 @@ class World:
         """The chain runs the job, and its run completes (the monitor's verdict)."""
         self.run_pipeline(job_id)
         with self.rt.sessions.begin() as session:
-            services.finish_job(
+            records.finish_job(
                 session,
                 job_id,
                 JobState.COMPLETED,
@@ -167,7 +167,7 @@ class World:
         job_id = self.enqueue(key, net=net)
         self.run_until_ready(job_id)
         with self.rt.sessions.begin() as session:
-            services.get_job(session, job_id).start_dispatch(self.clock())
+            records.get_job(session, job_id).start_dispatch(self.clock())
         return job_id
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from app import names
 from app.read_models import PrewarmView
 from app.schemas import PrewarmNet
-from app.usecases import prewarm, prewarm_warm_up, services
+from app.usecases import prewarm, prewarm_warm_up, records
 from app.usecases.prewarm_warm_up import Warm
 from models import JobState, NetEvent, NetState, Prewarm, ReasonCode
 from tests.fixtures.db import net_decl
@@ -100,12 +100,12 @@ def moved_ready(world: World, net: str = "net-a") -> None:
     """The STARTING net moved READY by another's readiness check (a job's chain, whose sites
     may differ from the holds', or reconcile's)."""
     with world.rt.sessions.begin() as session:
-        services.get_net(session, net).transition(NetState.READY, world.clock(), "ready")
+        records.get_net(session, net).transition(NetState.READY, world.clock(), "ready")
 
 
 def finish(world: World, job_id) -> None:
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session,
             job_id,
             JobState.COMPLETED,

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from app.adapters.backend import AbortOutcome, AbortResult
 from app.db import unit_of_work
 from app.errors import ServerUnavailable
-from app.usecases import abort, dispatch, intake, monitor, reconciler, services
+from app.usecases import abort, dispatch, intake, monitor, reconciler, records
 from models import JobEvent, JobState, ReasonCode, StrayRun
 from tests.unit.abort_replies import (
     held_for_one_window,
@@ -45,7 +45,7 @@ def _aborted_while_starting(world, status: str = "DISPATCHED"):
 def _record_nv1_again(world, job_id, reason: str) -> None:
     """Record run nv-1 of the job on net-a as a stray, held for one window from now."""
     with unit_of_work(world.rt.sessions) as session:
-        services.add_stray_run(
+        records.add_stray_run(
             session,
             net_name="net-a",
             job_id=job_id,
@@ -70,7 +70,7 @@ def _moved_on_with_a_stray(world, job_id) -> None:
     token, recorded with no window (as dispatch's "submit landed after the job moved on")."""
     world.add_stray(job_id, "net-a", "nv-1", token=world.job(job_id).submit_token)
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session,
             job_id,
             JobState.FAILED,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.usecases import dispatch, monitor, reconciler, services
+from app.usecases import dispatch, monitor, reconciler, records
 from app.usecases.net_repairs import net_rows, watch_always_on
 from models import JobState, NetEvent, NetState, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
@@ -19,7 +19,7 @@ from tests.unit.scale_history import scale_decisions
 
 def _set_state(world, name: str, state: NetState) -> None:
     with world.rt.sessions.begin() as session:
-        services.get_net(session, name).state = state
+        records.get_net(session, name).state = state
 
 
 def _strays(world):
@@ -78,7 +78,7 @@ def test_a_starting_net_with_a_job_is_left_to_its_chain(always_on):
     _set_state(world, "fixed", NetState.STARTING)
     job_id = world.enqueue("j", net="fixed")
     with world.rt.sessions.begin() as session:
-        services.get_job(session, job_id).assign("fixed", world.clock())
+        records.get_job(session, job_id).assign("fixed", world.clock())
     repaired = reconciler.reconcile(world.rt).repaired
     assert world.net("fixed").state == NetState.STARTING
     assert not [r for r in repaired if r.startswith("fixed")]
@@ -142,7 +142,7 @@ def test_an_outage_ends_ready_when_its_job_ended_after_the_rounds_read(always_on
     row = net_rows(world.rt)["fixed"]
     assert row.job_id == job_id
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session, job_id, JobState.FAILED, "lost", world.clock(), code=ReasonCode.SERVER_LOST
         )
     assert watch_always_on(world.rt, "fixed", row) == "OUTAGE -> READY"

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from app.entrypoints.api import create_app
 from app.entrypoints.cli import main
 from app.settings import Settings
-from app.usecases import services
+from app.usecases import records
 from models import JobState, attempt_number
 from tests.fixtures.db import net_decl
 from tests.unit.callback_world import SECRET, Receiver, deliver
@@ -65,7 +65,7 @@ def test_a_job_on_its_second_attempt_reads_2_of_3_at_every_door(env, sqlite_fact
     job_id = world.enqueue("twice", net="net-a", max_attempts=3)
     world.run_until_ready(job_id)
     with world.rt.sessions.begin() as session:  # the first attempt gave up before its submit
-        assert services.requeue_job(session, job_id, "sites never connected", world.clock())
+        assert records.requeue_job(session, job_id, "sites never connected", world.clock())
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.QUEUED, 1)
     world.run_pipeline(job_id)

@@ -42,7 +42,7 @@ from app.usecases import (
     enqueue,
     intake,
     monitor,
-    services,
+    records,
 )
 from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode
 from tests.unit.callback_world import (
@@ -533,14 +533,14 @@ def test_the_delivery_task_is_sent_through_the_outbox_after_the_commit(cb):
 
     outbox.sent.clear()
     with pytest.raises(RuntimeError), cb.rt.sessions.begin() as session:
-        services.get_job(session, job_id).fail(
+        records.get_job(session, job_id).fail(
             "about to roll back", cb.clock(), ReasonCode.REPORTED_ERROR
         )
         session.flush()
         raise RuntimeError("the use case failed after its move")
     assert outbox.sent == []  # a rolled-back move sends nothing
     with cb.rt.sessions.begin() as session:
-        services.sync_nets(session, cb.rt.settings, cb.clock())  # no job moved
+        records.sync_nets(session, cb.rt.settings, cb.clock())  # no job moved
     assert outbox.sent == []
 
     intake.request_abort(cb.rt, job_id, "user")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import BundleUnavailable, DriverMisconfigured, DriverTransientError
-from app.usecases import dispatch, services
+from app.usecases import dispatch, records
 from app.usecases.dispatch import Step, StepResult
 from models import JobState, NetState, ReasonCode
 from tests.unit.scale_history import scale_decisions
@@ -34,7 +34,7 @@ def test_scale_up_says_what_it_did_with_the_net(world):
     assert dispatch.check_ready(world.rt, cold, "net-a", 0) == StepResult(Step.DONE, "ready")
     assert dispatch.dispatch(world.rt, cold, "net-a", 0).step == Step.DONE
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session, cold, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
         )
     warm = _claim(world, "net-a", "warm")
@@ -46,7 +46,7 @@ def test_scale_up_says_what_it_did_with_the_net(world):
 
 def test_a_ready_net_whose_server_died_unnoticed_is_scaled_again(world):
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = NetState.READY  # the driver shows none
+        records.get_net(session, "net-a").state = NetState.READY  # the driver shows none
     job_id = _claim(world, "net-a")
     assert dispatch.scale_up(world.rt, job_id, "net-a", 0).warm is False
     assert world.driver("net-a").calls == [1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.usecases import claims, dispatch, services
+from app.usecases import claims, dispatch, records
 from models import JobState, Net, NetState
 
 
@@ -61,7 +61,7 @@ def test_a_claim_looks_through_a_nets_next_sites_scan_queued_jobs_only(sited):
     one that fits". A job net-a could run behind SITES_SCAN it cannot waits, until the queue
     ahead of it shrinks."""
     with sited.rt.sessions.begin() as session:  # only net-a can claim
-        services.get_net(session, "net-b").state = NetState.MISCONFIGURED
+        records.get_net(session, "net-b").state = NetState.MISCONFIGURED
     ahead = [
         sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(claims.SITES_SCAN)
     ]

@@ -19,7 +19,7 @@ from app.db import make_engine, session_factory
 from app.entrypoints.cli import build_parser, main
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import claims, services
+from app.usecases import claims, records
 from app.usecases import enqueue as enqueue_uc
 from models import Job, JobEvent, JobState, Net, ScaleEvent
 from models.states import JOB_TRANSITIONS, NET_TRANSITIONS, mermaid
@@ -77,7 +77,7 @@ def world(db, cli_env):
     settings = Settings()
     clock = FrozenClock()
     with db.begin() as session:
-        services.sync_nets(session, settings, clock())
+        records.sync_nets(session, settings, clock())
         ids = {}
         for key in ("first", "second", "third"):
             clock.advance(10)
@@ -96,7 +96,7 @@ def world(db, cli_env):
                 at=clock(),
             )
         )
-        services.abort_job(session, ids["third"], "not needed", clock())
+        records.abort_job(session, ids["third"], "not needed", clock())
     return ids
 
 
@@ -342,8 +342,8 @@ def test_prewarm_starts_the_net_and_sends_the_warm_up_then_cancel_ends_it(capsys
 
 def test_prewarm_refusals_exit_1_with_their_reason_code(capsys, db, cli_env):
     with db.begin() as session:
-        services.sync_nets(session, Settings(), FrozenClock()())
-        services.mark_misconfigured(session, "net-a", "wrong kit", FrozenClock()())
+        records.sync_nets(session, Settings(), FrozenClock()())
+        records.mark_misconfigured(session, "net-a", "wrong kit", FrozenClock()())
     code, out, err = run(capsys, "prewarm", "--key", "p", "--net", "net-a", "--within", "9")
     assert (code, out) == (1, "")
     assert "MISCONFIGURED: wrong kit" in err and "(reason_code: net_misconfigured)" in err
@@ -380,7 +380,7 @@ def test_abort_a_queued_job(capsys, db, world, cli_env):
 
 def test_abort_a_dispatching_job_sends_only_the_server_abort(capsys, db, world, cli_env):
     with db.begin() as session:  # it may have reached its server: only a worker can tell
-        services.get_job(session, world["first"]).start_dispatch(FrozenClock()())
+        records.get_job(session, world["first"]).start_dispatch(FrozenClock()())
     code, out, _ = run(capsys, "abort", str(world["first"]), "--json")
     assert code == 0
     assert json.loads(out)["state"] == "ABORTING"
@@ -431,7 +431,7 @@ def test_drain_wait_says_when_the_drain_is_not_complete(capsys, db, world, cli_e
     assert code == 1 and "drain: not complete after 0s" in err
     assert "drain: DRAINING (the whole deployment since" in out
     with db.begin() as session:  # the ASSIGNED job ends: nothing active left
-        services.abort_job(session, world["first"], "done", FrozenClock()())
+        records.abort_job(session, world["first"], "done", FrozenClock()())
     code, out, _ = run(capsys, "drain", "--all", "--wait", "0")
     assert code == 0 and "safe to stop the processes and deploy" in out
 

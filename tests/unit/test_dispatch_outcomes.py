@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from app import names
 from app.errors import AdminMisconfigured
-from app.usecases import abort, dispatch, monitor, services
+from app.usecases import abort, dispatch, monitor, records
 from app.usecases.dispatch import Step, StepResult
 from models import JobState, NetState, ReasonCode, StrayRun
 
@@ -70,7 +70,7 @@ def test_a_run_landing_for_a_job_aborted_meanwhile_is_stopped_by_the_step(world)
 
     def aborted_in_flight() -> None:
         with world.rt.sessions.begin() as session:
-            services.abort_job(session, job_id, "user", world.clock())
+            records.abort_job(session, job_id, "user", world.clock())
         world.outbox.sent.clear()  # the abort's own messages are handled: no run id yet
 
     server.on_submit = aborted_in_flight
@@ -90,7 +90,7 @@ def test_a_run_landing_for_a_job_gone_meanwhile_is_kept_as_a_stray_naming_it(wor
 
     def failed_in_flight() -> None:
         with world.rt.sessions.begin() as session:
-            services.finish_job(
+            records.finish_job(
                 session,
                 job_id,
                 JobState.FAILED,
@@ -162,7 +162,7 @@ def test_a_submit_that_lands_after_flip_api_ended_the_job_is_aborted(world):
 
     def flip_api_reports_error() -> None:
         with world.rt.sessions.begin() as session:
-            services.finish_job(
+            records.finish_job(
                 session,
                 job_id,
                 JobState.FAILED,

@@ -17,7 +17,7 @@ from app.entrypoints.api import create_app
 from app.errors import InvalidRequest, NetDrained
 from app.schemas import ReportedStatus, ReportJobStatus
 from app.settings import Settings
-from app.usecases import dispatch, drains, monitor, scale_down, services
+from app.usecases import dispatch, drains, monitor, records, scale_down
 from app.usecases.net_history import declared_nets, nets_overview
 from app.usecases.views import job_detail
 from models import Drain, JobState, NetState, PrewarmOutcome
@@ -123,7 +123,7 @@ def test_a_finishing_job_held_for_flip_api_s_report_keeps_the_drain_from_complet
     assert scale_down.scale_down_idle_nets(two.rt) == []  # the hold is kept
     with two.rt.sessions.begin() as session:
         report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
-        services.report_job_status(session, report, two.clock())
+        records.report_job_status(session, report, two.clock())
     assert drains.drain_view(two.rt).state == "drained"
 
 

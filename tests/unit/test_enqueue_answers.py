@@ -15,7 +15,7 @@ from app import names
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import enqueue, services
+from app.usecases import enqueue, records
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -23,7 +23,7 @@ from tests.fixtures.db import net_decl
 def _enqueue(sqlite_factory, settings, clock, key="k", **kw):
     request = EnqueueJob(caller_key=key, definition=kw.pop("definition", "tiny-job"), **kw)
     with sqlite_factory.begin() as session:
-        services.sync_nets(session, settings, clock())
+        records.sync_nets(session, settings, clock())
         return enqueue.enqueue_job(session, settings, request, clock())
 
 
@@ -108,7 +108,7 @@ def test_a_caller_key_reused_with_another_payload_is_a_conflict_naming_the_job(
         "payload (differs in: priority); a new job needs a new caller_key"
     )
     with sqlite_factory() as session:
-        assert services.get_job(session, first.job_id).priority == 0  # unchanged
+        assert records.get_job(session, first.job_id).priority == 0  # unchanged
 
 
 def _conflict(sqlite_factory, settings, clock, first: dict, again: dict) -> str:

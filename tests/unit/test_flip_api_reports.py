@@ -8,13 +8,13 @@ import pytest
 
 from app.errors import InvalidRequest
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import dispatch, services
+from app.usecases import dispatch, records
 from models import JobState
 
 
 def _report(world, job_id, status: ReportedStatus, detail: str = "") -> JobState:
     with world.rt.sessions.begin() as session:
-        return services.report_job_status(
+        return records.report_job_status(
             session, ReportJobStatus(job_id=job_id, status=status, detail=detail), world.clock()
         )
 
@@ -47,7 +47,7 @@ def test_a_report_timeout_leaves_a_job_that_is_not_finishing_alone(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        assert not services.expire_report_wait(
+        assert not records.expire_report_wait(
             session, job_id, JobState.FAILED, 3600.0, world.clock()
         )
     assert world.job(job_id).state == JobState.RUNNING
@@ -61,5 +61,5 @@ def test_results_reported_for_a_job_that_has_not_run_is_refused_plainly(world):
     dispatch.claim_and_start(world.rt)
     report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
     with world.rt.sessions.begin() as session, pytest.raises(InvalidRequest):
-        services.report_job_status(session, report, world.clock())
+        records.report_job_status(session, report, world.clock())
     assert world.job(job_id).state == JobState.ASSIGNED

@@ -16,7 +16,7 @@ from app.adapters import jobdefs
 from app.errors import InvalidRequest
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
 from app.settings import Settings
-from app.usecases import dispatch, monitor, scale_down, services
+from app.usecases import dispatch, monitor, records, scale_down
 from models import JobState, NetState
 from tests.unit.conftest import World
 
@@ -103,7 +103,7 @@ def test_a_bundle_changed_between_attempts_is_submitted_as_it_is_now(world, job_
     world.run_pipeline(job_id)
     first = world.server("net-a").folders[-1]
     with world.rt.sessions.begin() as session:
-        services.requeue_job(session, job_id, "server restarted", world.clock())
+        records.requeue_job(session, job_id, "server restarted", world.clock())
     (job_root / "tiny-job" / "app" / "config" / "train.py").write_text("v2")
     world.run_pipeline(job_id)
     second = world.server("net-a").folders[-1]
@@ -122,7 +122,7 @@ def test_a_bundle_rebuilt_with_the_same_sizes_and_mtimes_is_submitted_as_it_is_n
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        services.requeue_job(session, job_id, "server restarted", world.clock())
+        records.requeue_job(session, job_id, "server restarted", world.clock())
     script.write_text("v2")
     os.utime(script, ns=(10**18, 10**18))
     world.run_pipeline(job_id)
@@ -172,7 +172,7 @@ def test_a_bundle_whose_linked_folder_changed_between_attempts_is_submitted_as_i
     first = world.server("net-a").folders[-1]
     assert (first / "app" / "custom" / "train.py").read_text() == "v1"
     with world.rt.sessions.begin() as session:
-        services.requeue_job(session, job_id, "server restarted", world.clock())
+        records.requeue_job(session, job_id, "server restarted", world.clock())
     (shared / "train.py").write_text("version 2")
     world.run_pipeline(job_id)
     second = world.server("net-a").folders[-1]
@@ -229,7 +229,7 @@ def test_a_completed_run_holds_the_server_until_results_are_reported(held):
     assert held.driver("net-a").replicas == 1
     with held.rt.sessions.begin() as session:
         report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOADED)
-        assert services.report_job_status(session, report, held.clock()) == JobState.COMPLETED
+        assert records.report_job_status(session, report, held.clock()) == JobState.COMPLETED
     assert held.net("net-a").state == NetState.READY
 
 
@@ -237,7 +237,7 @@ def test_a_failed_upload_fails_the_job(held):
     job_id = _finished_run(held)
     with held.rt.sessions.begin() as session:
         report = ReportJobStatus(job_id=job_id, status=ReportedStatus.RESULTS_UPLOAD_FAILED)
-        assert services.report_job_status(session, report, held.clock()) == JobState.FAILED
+        assert records.report_job_status(session, report, held.clock()) == JobState.FAILED
 
 
 def test_a_report_that_never_comes_settles_the_job_after_the_timeout(held):

@@ -11,7 +11,7 @@ import pytest
 
 from app.errors import AdminMisconfigured
 from app.settings import Settings
-from app.usecases import monitor, reconciler, scale_down, services
+from app.usecases import monitor, reconciler, records, scale_down
 from models import JobState, NetState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
@@ -82,7 +82,7 @@ def test_a_redrive_that_crashes_is_recorded_on_its_net_and_the_others_go_on(
         jobs[name] = world.enqueue(f"job-{name}", net=name)
         world.run_pipeline(jobs[name])
         with world.rt.sessions.begin() as session:
-            services.abort_job(session, jobs[name], "user", world.clock())  # ABORTING
+            records.abort_job(session, jobs[name], "user", world.clock())  # ABORTING
     world.clock.advance(world.rt.settings.stuck_after_s + 1)
     real_send = world.outbox.send
 
@@ -153,7 +153,7 @@ def test_a_report_wait_that_cannot_be_settled_stops_no_other_nets_monitoring(
     def bad_row(*_args: Any, **_kw: Any) -> bool:
         raise RuntimeError("bug settling one report wait")
 
-    monkeypatch.setattr(services, "expire_report_wait", bad_row)
+    monkeypatch.setattr(records, "expire_report_wait", bad_row)
     try:
         monitor.monitor_running_jobs(world.rt)
     except RuntimeError as exc:

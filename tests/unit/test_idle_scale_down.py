@@ -10,7 +10,7 @@ import json
 import pytest
 
 from app.settings import Settings
-from app.usecases import dispatch, scale_down, services
+from app.usecases import dispatch, records, scale_down
 from models import JobState, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World
@@ -100,7 +100,7 @@ def test_the_locked_recheck_decides_on_the_net_as_it_is_now(two_nets):
     world.run_pipeline(busy)  # claimed and running after the candidate read
     assert not scale_down._scale_down_if_idle(world.rt, "net-a", world.clock())
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session, busy, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
         )
     # READY again, its grace restarted now: idle by the earlier read, not by the row
@@ -136,7 +136,7 @@ def test_a_net_that_stopped_is_no_longer_idle_and_a_finished_job_says_when(two_n
     assert world.job(job_id).finished_at is None  # running
     world.clock.advance(5)
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session,
             job_id,
             JobState.COMPLETED,

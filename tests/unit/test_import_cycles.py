@@ -251,7 +251,7 @@ def test_imports_in_functions_and_type_checking_blocks_are_edges(tmp_path: Path)
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from app.usecases.services import get_job\n"
+        "    from app.usecases.records import get_job\n"
         "def f():\n"
         "    import tasks.base\n"
         "    from app.usecases import dispatch\n"
@@ -259,7 +259,7 @@ def test_imports_in_functions_and_type_checking_blocks_are_edges(tmp_path: Path)
     )
     module = Module("app.somewhere", source, is_package=False)
     assert imports_of(module) == {
-        "app.usecases.services",
+        "app.usecases.records",
         "tasks.base",
         "app.usecases.dispatch",
         "app.names",

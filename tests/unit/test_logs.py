@@ -42,12 +42,12 @@ def log_to(tmp_path):
 
 def test_json_lines_carry_the_extra_keys(log_to):
     buffer = log_to(LOG_JSON="true")
-    logging.getLogger("app.usecases.services").info(
+    logging.getLogger("app.usecases.records").info(
         "job %s requeued", "j-1", extra={"net": "net-a", "job": "j-1", "reason": "server lost"}
     )
     line = json.loads(buffer.getvalue())
     assert line["message"] == "job j-1 requeued"
-    assert line["level"] == "INFO" and line["logger"] == "app.usecases.services"
+    assert line["level"] == "INFO" and line["logger"] == "app.usecases.records"
     assert (line["net"], line["job"], line["reason"]) == ("net-a", "j-1", "server lost")
     assert line["ts"].endswith("+00:00")
 

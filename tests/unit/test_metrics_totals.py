@@ -15,7 +15,7 @@ from app.metrics.exposition import families
 from app.metrics.figures import Snapshot
 from app.metrics.fold import fold
 from app.metrics.read import read_snapshot
-from app.usecases import abort, dispatch, monitor, retries, scale_down, services
+from app.usecases import abort, dispatch, monitor, records, retries, scale_down
 from models import Job, JobEvent, JobState, NetEvent, ScaleEvent
 from tests.metrics_reference import reference_snapshot
 from tests.unit.conftest import World
@@ -169,5 +169,5 @@ def test_retries_count_once_whether_folded_or_not(world: World, rows: int):
         counted = session.scalar(select(Job.retries_counted).where(Job.id == job))
     assert counted == (3 if rows else 0)  # a QUEUED job is never locked by a scrape
     with world.rt.sessions.begin() as session:
-        services.get_job(session, job)
+        records.get_job(session, job)
     assert_matches_the_tables(world)

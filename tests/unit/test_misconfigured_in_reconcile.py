@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import AdminMisconfigured, DriverMisconfigured
-from app.usecases import dispatch, reconciler, services
+from app.usecases import dispatch, reconciler, records
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 
@@ -46,7 +46,7 @@ def test_reconcile_leaves_a_job_that_moved_on_while_it_looked(world):
 
     def aborted_meanwhile():
         with world.rt.sessions.begin() as session:
-            services.abort_job(session, job_id, "flip-api: stop", world.clock())
+            records.abort_job(session, job_id, "flip-api: stop", world.clock())
         raise DriverMisconfigured("service missing")
 
     world.driver("net-a").observe = aborted_meanwhile  # type: ignore[method-assign]
@@ -103,7 +103,7 @@ def test_monitor_leaves_a_net_a_job_was_claimed_onto_after_its_jobs_were_settled
     first = world.enqueue("j1", net="net-a")
     dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:
-        services.requeue_job(session, first, "lost", world.clock(), count_attempt=False)
+        records.requeue_job(session, first, "lost", world.clock(), count_attempt=False)
     dispatch.claim_and_start(world.rt)  # the same job, claimed again
     assert not scaling.net_misconfigured(world.rt, "net-a", None, "admin access failed")
     assert world.net("net-a").state == NetState.STARTING

@@ -17,7 +17,7 @@ from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured, InvalidRequest
 from app.metrics.read import read_snapshot
 from app.schemas import PrewarmNet
-from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, scale_down, services
+from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, records, scale_down
 from app.usecases.prewarm_warm_up import Warm
 from app.usecases.views import collect_status
 from models import JobState, NetEvent, NetState, PrewarmOutcome
@@ -397,7 +397,7 @@ def test_a_busy_net_is_held_after_its_job_until_the_deadline(pw):
 def test_a_net_a_live_hold_finds_down_is_started_again(pw):
     held_ready(pw, within_s=600)
     with pw.rt.sessions.begin() as session:  # the server went away (found gone, taken down)
-        services.get_net(session, "net-a").transition(NetState.STOPPED, pw.clock(), "gone")
+        records.get_net(session, "net-a").transition(NetState.STOPPED, pw.clock(), "gone")
     pw.driver("net-a").replicas = 0
     scale_down.scale_down_idle_nets(pw.rt)
     assert pw.net("net-a").state == NetState.STARTING
@@ -438,7 +438,7 @@ def test_a_hold_restarted_near_its_deadline_is_released_at_prewarm_max_s_plus_gr
     held_ready(pw, within_s=5000)  # capped to MAX_S = 600
     pw.clock.advance(MAX_S - 10)
     with pw.rt.sessions.begin() as session:  # the server went away under the hold
-        services.get_net(session, "net-a").transition(NetState.STOPPED, pw.clock(), "gone")
+        records.get_net(session, "net-a").transition(NetState.STOPPED, pw.clock(), "gone")
     pw.driver("net-a").replicas = 0
     scale_down.scale_down_idle_nets(pw.rt)  # the hold wants it up: started again
     assert pw.net("net-a").state == NetState.STARTING

@@ -18,7 +18,7 @@ from sqlalchemy import event, select
 
 from app.errors import CallerKeyConflict, NetMisconfigured
 from app.schemas import EnqueueJob, PrewarmNet
-from app.usecases import claims, prewarm, services, views
+from app.usecases import claims, prewarm, records, views
 from models import (
     ACTIVE_JOB_STATES,
     Job,
@@ -146,7 +146,7 @@ def test_a_repeat_with_the_same_prewarm_key_is_the_same_job_another_is_a_conflic
 def finish(world: World, job_id: uuid.UUID) -> None:
     """The job leaves its net (aborted before it ran: the net is free at once)."""
     with world.rt.sessions.begin() as session:
-        services.abort_job(session, job_id, "not needed", world.clock())
+        records.abort_job(session, job_id, "not needed", world.clock())
 
 
 @pytest.mark.parametrize("first", ["before-the-hint", "after-the-hint", "more-urgent"])

@@ -6,7 +6,7 @@ always-on net OUTAGE and never scaled. A chain whose job moved on meanwhile touc
 from __future__ import annotations
 
 from app.adapters.drivers.base import Observation
-from app.usecases import dispatch, retries, services
+from app.usecases import dispatch, records, retries
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 from tests.unit.scale_history import scale_decisions
@@ -50,7 +50,7 @@ def test_a_driver_failure_gives_up_at_once_unless_the_job_moved_on(world):
 
     def failed_and_aborted_meanwhile() -> Observation:
         with world.rt.sessions.begin() as session:
-            services.abort_job(session, job_id, "flip-api: stop", world.clock())
+            records.abort_job(session, job_id, "flip-api: stop", world.clock())
         return Observation(0, 0, 0, failure="circuit breaker")
 
     world.driver("net-a").observe = failed_and_aborted_meanwhile  # type: ignore[method-assign]

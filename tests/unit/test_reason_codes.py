@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import abort, intake, monitor, services
+from app.usecases import abort, intake, monitor, records
 from app.usecases.callback_payloads import event_payload, rejection_payload
 from models import (
     REASONS,
@@ -177,7 +177,7 @@ def test_a_report_timeout_ends_the_job_with_its_code(held_for_report):
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.FINISHING
     with world.rt.sessions.begin() as session:
-        services.expire_report_wait(session, job_id, JobState.FAILED, 3600.0, world.clock())
+        records.expire_report_wait(session, job_id, JobState.FAILED, 3600.0, world.clock())
     assert world.job(job_id).reason_code == ReasonCode.REPORT_TIMEOUT
 
 

@@ -3,7 +3,7 @@ some (each net counted on its own), and the prepared job copies of jobs no longe
 
 from __future__ import annotations
 
-from app.usecases import dispatch, reconciler, services
+from app.usecases import dispatch, reconciler, records
 from models import JobState, ReasonCode
 
 
@@ -44,11 +44,11 @@ def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(wo
     world.run_pipeline(job_id)
     folder = world.server("net-a").folders[-1]
     with world.rt.sessions.begin() as session:
-        services.requeue_job(session, job_id, "server restarted", world.clock())
+        records.requeue_job(session, job_id, "server restarted", world.clock())
     reconciler.reconcile(world.rt)  # QUEUED: not active, but not over either
     assert folder.is_dir()
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session, job_id, JobState.ABORTED, "user", world.clock(), code=ReasonCode.ABORTED
         )
     reconciler.reconcile(world.rt)

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.errors import DriverMisconfigured
-from app.usecases import dispatch, net_repairs, reconciler, services
+from app.usecases import dispatch, net_repairs, reconciler, records
 from models import JobState, NetEvent, NetState
 
 
@@ -23,7 +23,7 @@ def _lease_held(world, job_id) -> None:
     """The job's step lease is held for an hour (its chain is alive as far as the lease can
     tell): only the net repair under test can re-drive it."""
     with world.rt.sessions.begin() as session:
-        services.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
+        records.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
 
 
 def test_a_lost_scale_up_is_redriven_once_overdue_and_never_asked(world):
@@ -54,7 +54,7 @@ def _starting_without_a_job(world):
     job_id = world.enqueue("first", net="net-a")
     dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:
-        services.abort_job(session, job_id, "flip-api: stop", world.clock())
+        records.abort_job(session, job_id, "flip-api: stop", world.clock())
     assert world.net("net-a").state == NetState.STARTING
 
 
@@ -107,7 +107,7 @@ def test_a_ready_net_claimed_while_its_server_looked_gone_is_left_to_its_job(wor
     job claimed onto the warm net meanwhile owns it now, so the net stays READY for the
     job's chain (which scales it up again) and the round reports no repair."""
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = NetState.READY  # the driver has 0 replicas
+        records.get_net(session, "net-a").state = NetState.READY  # the driver has 0 replicas
     driver = world.driver("net-a")
     late = _claimed_while_the_driver_is_read(world, driver)
     repaired = reconciler.reconcile(world.rt).repaired

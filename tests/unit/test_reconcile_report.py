@@ -7,7 +7,7 @@ one repair after the other."""
 from __future__ import annotations
 
 from app.errors import DriverTransientError, UnknownAdminError
-from app.usecases import reconciler, services
+from app.usecases import reconciler, records
 from models import NetState
 
 
@@ -26,7 +26,7 @@ def _stray(world, net: str, *, readable: bool = True) -> None:
 
 def _set_state(world, name: str, state: NetState) -> None:
     with world.rt.sessions.begin() as session:
-        services.get_net(session, name).state = state
+        records.get_net(session, name).state = state
 
 
 def _notes(world, net: str) -> list[str]:

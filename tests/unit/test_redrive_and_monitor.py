@@ -20,7 +20,7 @@ from app.adapters.backend import Readiness, ServerState
 from app.parallel import ProbeResult, Sequential
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import dispatch, monitor, reconciler, retries, services, step_leases, views
+from app.usecases import dispatch, monitor, reconciler, records, retries, step_leases, views
 from app.usecases.dispatch import Step
 from models import JobState
 from tests.fixtures.db import net_decl
@@ -250,8 +250,8 @@ def test_a_submit_still_held_holds_back_no_other_stuck_job(
     held.append(world.stuck_in_dispatching("held-2", net="net-c"))
     with world.rt.sessions.begin() as session:
         for job_id in held:  # a worker holds each submit for another hour
-            services.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
-        services.get_job(session, gone).step_due_at = None  # nobody holds this one
+            records.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
+        records.get_job(session, gone).step_due_at = None  # nobody holds this one
     world.clock.advance(1)
     assert _redriven(world) == (f"{gone}: dispatch re-sent",)
 
@@ -273,13 +273,13 @@ def test_a_stuck_submit_is_re_sent_then_abandoned_each_strictly_past_its_margin(
     # Abandoned strictly past every try and wait its retries could take, plus the margin.
     give_up_s = settings.retry_max * (settings.retry_backoff_max_s + try_s) + settings.stuck_after_s
     with world.rt.sessions.begin() as session:
-        job = services.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         job.step_due_at = None  # nobody holds it
         age_s = (world.clock() - job.state_changed_at).total_seconds()
     world.clock.advance(give_up_s - age_s)
     assert _redriven(world) == (f"{job_id}: dispatch re-sent",)
     with world.rt.sessions.begin() as session:
-        services.get_job(session, job_id).step_due_at = None
+        records.get_job(session, job_id).step_due_at = None
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: dispatch abandoned, token settled",)
     job = world.job(job_id)
@@ -297,7 +297,7 @@ def test_a_stuck_abort_is_re_sent_then_expired_each_strictly_past_its_margin(
     world.run_pipeline(job_id)
     world.server("net-a").up = False  # the abort is never heard
     with world.rt.sessions.begin() as session:
-        services.abort_job(session, job_id, "user", world.clock())
+        records.abort_job(session, job_id, "user", world.clock())
     world.clock.advance(world.rt.settings.stuck_after_s)
     assert _redriven(world) == ()
     world.clock.advance(1)

@@ -11,8 +11,8 @@ from sqlalchemy import select
 from app.adapters.drivers.base import Observation
 from app.errors import DriverTransientError
 from app.schemas import ReportedStatus, ReportJobStatus
-from app.usecases import abort, dispatch, intake, monitor, scaling, services, views
-from app.usecases.services import AbortDecision
+from app.usecases import abort, dispatch, intake, monitor, records, scaling, views
+from app.usecases.records import AbortDecision
 from models import JobState, NetState, StrayRun
 
 
@@ -26,7 +26,7 @@ def _strays(world):
 
 def _abort(world, job_id) -> AbortDecision:
     with world.rt.sessions.begin() as session:
-        return services.abort_job(session, job_id, "user", world.clock())
+        return records.abort_job(session, job_id, "user", world.clock())
 
 
 def test_aborting_a_running_job_asks_the_server_and_so_does_asking_again(world):
@@ -81,7 +81,7 @@ def test_a_report_for_a_run_held_for_it_leaves_nothing_to_settle(held_for_report
 def _stopping(world) -> None:
     world.driver("net-a").replicas = 1
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = NetState.STOPPING
+        records.get_net(session, "net-a").state = NetState.STOPPING
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_a_report_on_an_aborting_job_whose_submit_is_in_flight_holds_the_net(wor
 
     Breaks: "`stopped` for a DISPATCHING job (its submit may be in flight) is an abort:
     ABORTING until the server has been told" and "the net is not handed to the next job
-    while this one's run may still land" (services.report_job_status), and the commit's
+    while this one's run may still land" (records.report_job_status), and the commit's
     item 1 "the net takes no job beside it"."""
     first = world.enqueue("first", net="net-a")
     net, attempt = world.run_until_ready(first)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.usecases import services
+from app.usecases import records
 from models import JobEvent, JobState, ReasonCode
 
 
@@ -13,7 +13,7 @@ def test_a_requeued_job_keeps_nothing_of_its_last_run(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        assert services.requeue_job(session, job_id, "server lost", world.clock())
+        assert records.requeue_job(session, job_id, "server lost", world.clock())
     job = world.job(job_id)
     assert (job.state, job.attempts, job.last_error) == (JobState.QUEUED, 1, "server lost")
     assert (job.net_name, job.nvflare_job_id, job.submit_token) == (None, None, None)
@@ -23,7 +23,7 @@ def test_a_job_that_is_over_is_not_requeued(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_to_completion(job_id)
     with world.rt.sessions.begin() as session:
-        assert not services.requeue_job(session, job_id, "late signal", world.clock())
+        assert not records.requeue_job(session, job_id, "late signal", world.clock())
     job = world.job(job_id)
     assert (job.state, job.attempts) == (JobState.COMPLETED, 0)
 
@@ -34,7 +34,7 @@ def test_a_job_out_of_attempts_fails_with_the_count_and_the_reason_in_its_histor
     job_id = world.enqueue("j", net="net-a", max_attempts=1)
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        assert not services.requeue_job(session, job_id, "server lost", world.clock())
+        assert not records.requeue_job(session, job_id, "server lost", world.clock())
     with world.rt.sessions() as session:
         last = session.scalars(
             select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc())

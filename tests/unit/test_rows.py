@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import event
 
 from app.errors import NotFound
-from app.usecases import services
+from app.usecases import records
 from models import JobEvent
 
 
@@ -38,21 +38,21 @@ def test_a_job_locked_twice_in_one_transaction_is_read_once(world):
     """What monitor's verdict does: lock the job, then `finish_job` locks it again."""
     job_id = world.enqueue("k", net="net-a")
     with world.rt.sessions.begin() as session, reads(world.rt.sessions) as sent:
-        first = services.get_job(session, job_id, lock=True)
-        again = services.get_job(session, job_id, lock=True)
-        plain = services.get_job(session, job_id)
+        first = records.get_job(session, job_id, lock=True)
+        again = records.get_job(session, job_id, lock=True)
+        plain = records.get_job(session, job_id)
         assert again is first and plain is first
-        net = services.get_net(session, "net-a", lock=True)
-        assert services.get_net(session, "net-a", lock=True) is net
+        net = records.get_net(session, "net-a", lock=True)
+        assert records.get_net(session, "net-a", lock=True) is net
     assert len(sent) == 2  # the job once, the net once
 
 
 def test_a_pending_change_is_flushed_as_the_read_it_replaces_would_have(world):
     job_id = world.enqueue("k", net="net-a")
     with world.rt.sessions.begin() as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         job.priority = 7
-        services.get_job(session, job_id, lock=True)
+        records.get_job(session, job_id, lock=True)
         assert not session.dirty  # flushed, as the query's autoflush did
     assert world.job(job_id).priority == 7
 
@@ -62,10 +62,10 @@ def test_a_rolled_back_transaction_forgets_what_it_locked(world):
     session = world.rt.sessions()
     try:
         with session.begin():
-            services.get_job(session, job_id, lock=True)
+            records.get_job(session, job_id, lock=True)
             session.rollback()
         with session.begin(), reads(world.rt.sessions) as sent:
-            services.get_job(session, job_id, lock=True)
+            records.get_job(session, job_id, lock=True)
         assert len(sent) == 1  # locked again: the old lock went with the rollback
     finally:
         session.close()
@@ -75,10 +75,10 @@ def test_a_rolled_back_savepoint_forgets_what_it_locked(world):
     job_id = world.enqueue("k", net="net-a")
     with world.rt.sessions.begin() as session:
         savepoint = session.begin_nested()
-        services.get_job(session, job_id, lock=True)
+        records.get_job(session, job_id, lock=True)
         savepoint.rollback()
         with reads(world.rt.sessions) as sent:
-            services.get_job(session, job_id, lock=True)
+            records.get_job(session, job_id, lock=True)
         assert len(sent) == 1
 
 
@@ -87,9 +87,9 @@ def test_a_committed_transaction_forgets_what_it_locked(world):
     session = world.rt.sessions()
     try:
         with session.begin():
-            services.get_job(session, job_id, lock=True)
+            records.get_job(session, job_id, lock=True)
         with session.begin(), reads(world.rt.sessions) as sent:
-            services.get_job(session, job_id, lock=True)
+            records.get_job(session, job_id, lock=True)
         assert len(sent) == 1
     finally:
         session.close()
@@ -98,11 +98,11 @@ def test_a_committed_transaction_forgets_what_it_locked(world):
 def test_another_session_never_sees_a_lock_it_does_not_hold(world):
     job_id = world.enqueue("k", net="net-a")
     with world.rt.sessions.begin() as mine:
-        services.get_job(mine, job_id, lock=True)
+        records.get_job(mine, job_id, lock=True)
     other = world.rt.sessions()
     try:
         with reads(world.rt.sessions) as sent:
-            services.get_job(other, job_id, lock=True)
+            records.get_job(other, job_id, lock=True)
         assert len(sent) == 1
     finally:
         other.close()
@@ -112,10 +112,10 @@ def test_a_row_deleted_in_the_transaction_is_not_answered_from_it(world):
     job_id = world.enqueue("k", net="net-a")
     with world.rt.sessions.begin() as session:
         session.query(JobEvent).filter_by(job_id=job_id).delete()
-        session.delete(services.get_job(session, job_id, lock=True))
+        session.delete(records.get_job(session, job_id, lock=True))
         session.flush()
         with pytest.raises(NotFound):
-            services.get_job(session, job_id, lock=True)
+            records.get_job(session, job_id, lock=True)
 
 
 def test_a_locked_row_the_caller_dropped_is_still_answered(world):
@@ -123,8 +123,8 @@ def test_a_locked_row_the_caller_dropped_is_still_answered(world):
     rows weakly, so the memory of the lock must keep the row itself."""
     job_id = world.enqueue("k", net="net-a")
     with world.rt.sessions.begin() as session:
-        state = services.get_job(session, job_id, lock=True).state
+        state = records.get_job(session, job_id, lock=True).state
         gc.collect()
         with reads(world.rt.sessions) as sent:
-            assert services.get_job(session, job_id, lock=True).state == state
+            assert records.get_job(session, job_id, lock=True).state == state
         assert sent == []

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from app.adapters import s3_bundles, s3_client
 from app.errors import BundleTransientError
 from app.schemas import EnqueueJob
-from app.usecases import dispatch, enqueue, reconciler, services
+from app.usecases import dispatch, enqueue, reconciler, records
 from app.usecases.dispatch import Step
 from models import JobState, NetEvent, NetState, ReasonCode
 
@@ -105,7 +105,7 @@ def test_reconcile_discards_bundles_of_ended_and_unknown_jobs_only(world):
     queued = world.enqueue("still-queued", required_sites=["s"])
     failed = world.enqueue("failed", required_sites=["s"])
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session, failed, JobState.FAILED, "test", world.clock(), code=ReasonCode.REPORTED_ERROR
         )
     unknown = uuid.uuid4()  # e.g. a database reset under an old data folder

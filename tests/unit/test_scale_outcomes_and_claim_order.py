@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import DriverMisconfigured, DriverTransientError
-from app.usecases import dispatch, scaling, services
+from app.usecases import dispatch, records, scaling
 from models import NetState, ScaleEvent
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
@@ -50,7 +50,7 @@ def three(tmp_path, job_root, sqlite_factory, clock):
 def _set(world, **states: NetState) -> None:
     with world.rt.sessions.begin() as session:
         for name, state in states.items():
-            services.get_net(session, name.replace("_", "-")).state = state
+            records.get_net(session, name.replace("_", "-")).state = state
 
 
 def _claimed_net(world) -> str:

@@ -13,14 +13,14 @@ from sqlalchemy import select
 
 from app.adapters.drivers.base import Observation
 from app.errors import AdminMisconfigured, DriverTransientError, UnknownAdminError
-from app.usecases import dispatch, reconciler, services
+from app.usecases import dispatch, reconciler, records
 from models import NetEvent, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
 
 
 def _set_state(world, state: NetState) -> None:
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = state
+        records.get_net(session, "net-a").state = state
 
 
 def _sees(world, observed: Observation) -> None:
@@ -114,7 +114,7 @@ def test_a_net_whose_stop_another_call_finished_since_the_rounds_read_is_left_al
         driver.observe = real_observe  # type: ignore[method-assign]
         driver.replicas = 0
         with world.rt.sessions.begin() as session:
-            services.get_net(session, "net-a").transition(
+            records.get_net(session, "net-a").transition(
                 NetState.STOPPED, world.clock(), "stopped by another call"
             )
         return real_observe()
@@ -160,7 +160,7 @@ def _lease_held(world, job_id) -> None:
     """The job's step lease is held for an hour (its chain is alive as far as the lease can
     tell): only the net repair under test can re-drive it."""
     with world.rt.sessions.begin() as session:
-        services.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
+        records.get_job(session, job_id).step_due_at = world.clock() + timedelta(hours=1)
 
 
 def test_a_warm_net_claimed_by_a_job_is_left_to_its_chain(world):

@@ -19,7 +19,7 @@ from app.sim.faults import CLEAN
 from app.sim.report import Result
 from app.sim.simulation import Simulation
 from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
-from app.usecases import services
+from app.usecases import records
 from tests.sim import drains
 from tests.sim.invariants import Checker
 from tests.sim.profiles import PROFILES_BY_NAME
@@ -118,7 +118,7 @@ def test_a_seed_replays_exactly() -> None:
 
 def test_the_checker_sees_a_net_left_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted bug (finishing a job never frees its net) must be caught."""
-    monkeypatch.setattr(services, "release_net", lambda session, net_name, now: None)
+    monkeypatch.setattr(records, "release_net", lambda session, net_name, now: None)
     world, workload = _small_world()
     result = Simulation(world, workload, CLEAN, seed=1, checker=Checker()).run()
     assert "busy-without-job" in {v.invariant for v in result.violations}
@@ -150,7 +150,7 @@ def test_a_run_never_settled_after_a_broker_outage_is_still_reported(
 ) -> None:
     """A planted bug (a finished run never settles its job): the outage delays the bound,
     it does not excuse the run."""
-    monkeypatch.setattr(services, "finish_job", lambda *args, **kwargs: None)
+    monkeypatch.setattr(records, "finish_job", lambda *args, **kwargs: None)
     sim = _run_through_a_broker_outage()
     result = sim.run()
     settled = [v.t for v in result.violations if v.invariant == "ended-run-settled"]
@@ -231,7 +231,7 @@ def _completion_read_then_lost(monkeypatch: pytest.MonkeyPatch, fail: str) -> Re
     workload = Workload(jobs=(JobSpec("a", arrive_s=5.0, duration_s=30.0),), horizon_s=400.0)
     # A clean profile: the adversary does nothing but watch the database's errors.
     sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker(), adversary=Adversary())
-    real = services.finish_job
+    real = records.finish_job
     missed: list[float] = []
 
     def cure() -> None:
@@ -255,7 +255,7 @@ def _completion_read_then_lost(monkeypatch: pytest.MonkeyPatch, fail: str) -> Re
             raise OperationalError("UPDATE jobs", None, Exception(DB_ERROR))
         return None
 
-    monkeypatch.setattr(services, "finish_job", finish_once)
+    monkeypatch.setattr(records, "finish_job", finish_once)
     result = sim.run()
     assert missed, "the run's end was never read"
     return result

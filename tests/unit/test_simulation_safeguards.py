@@ -34,9 +34,9 @@ from app.usecases import (
     net_repairs,
     prewarm_holds,
     reconciler,
+    records,
     retries,
     scaling,
-    services,
 )
 from models import Job, JobState, Prewarm, PrewarmOutcome, RejectedRequest
 from tests.sim.profiles import PROFILES, PROFILES_BY_NAME
@@ -48,7 +48,7 @@ from tests.sim.sweep import run_seeds
 pytestmark = pytest.mark.timeout(1800)
 
 
-_add_stray_run = services.add_stray_run
+_add_stray_run = records.add_stray_run
 
 
 def _no_stray_for_a_restart(session: Any, **kw: Any) -> None:
@@ -76,10 +76,10 @@ def _requeue_whatever_it_is(
     # Before round 3's fix 8: a failure handler requeued the job unless it was DISPATCHING,
     # whichever attempt it was on and whatever run it held.
     with unit_of_work(rt.sessions) as session:
-        job = services.get_job(session, job_id, lock=True)
+        job = records.get_job(session, job_id, lock=True)
         if job.state == JobState.DISPATCHING:
             return False
-        requeued = services.requeue_job(session, job_id, reason, rt.clock())
+        requeued = records.requeue_job(session, job_id, reason, rt.clock())
     dispatch.kick(rt)
     return requeued
 
@@ -93,7 +93,7 @@ def _start_time_alone_decides(mp: pytest.MonkeyPatch) -> None:
             rt, job, "server restarted under the job"
         ),
     )
-    mp.setattr(services, "add_stray_run", _no_stray_for_a_restart)
+    mp.setattr(records, "add_stray_run", _no_stray_for_a_restart)
 
 
 def _before_start_is_proof(mp: pytest.MonkeyPatch) -> None:
@@ -159,7 +159,7 @@ def _report_waits_not_isolated(rt: Any, finishing: Any, now: datetime) -> dict[s
         if since < now - timedelta(seconds=timeout(net)):
             with unit_of_work(rt.sessions) as session:
                 waited = (now - since).total_seconds()
-                services.expire_report_wait(session, job_id, outcome, waited, now)
+                records.expire_report_wait(session, job_id, outcome, waited, now)
             results[str(job_id)] = f"report timeout: {outcome}"
     if results:
         monitor.kick(rt)
@@ -447,7 +447,7 @@ SAFEGUARDS = [
     ),
     Safeguard(
         "runs no job counts are recorded as strays (holes 4, 5, 6)",
-        _set(services, "add_stray_run", lambda _session, **_kw: None),
+        _set(records, "add_stray_run", lambda _session, **_kw: None),
         "servers",
         # Servers seed 22 of 0-90 until bursts (tests.sim.bursts) changed its world (it now
         # reports only claim-beside-live-run); since, seeds 184 and 238.

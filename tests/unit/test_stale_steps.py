@@ -6,7 +6,7 @@ nothing, and never submits the next attempt's run."""
 from __future__ import annotations
 
 from app.errors import AdminMisconfigured
-from app.usecases import dispatch, reconciler, retries, services
+from app.usecases import dispatch, reconciler, records, retries
 from app.usecases.dispatch import Step
 from models import JobState, NetState
 
@@ -39,10 +39,10 @@ def test_a_stale_submit_never_goes_out_while_the_next_attempt_is_dispatching(wor
     def prepare_while_the_job_moves_on(*args, **kwargs):
         folder = real_prepare(*args, **kwargs)
         with world.rt.sessions.begin() as session:
-            services.requeue_job(session, job_id, "moved on", world.clock())
+            records.requeue_job(session, job_id, "moved on", world.clock())
         world.run_until_ready(job_id)
         with world.rt.sessions.begin() as session:
-            services.get_job(session, job_id).start_dispatch(world.clock())
+            records.get_job(session, job_id).start_dispatch(world.clock())
         return folder
 
     monkeypatch.setattr(dispatch, "prepare", prepare_while_the_job_moves_on)
@@ -88,7 +88,7 @@ def test_exhausted_retries_leave_a_job_on_its_next_attempt_alone(world):
     job_id = world.enqueue("j", net="net-a")
     net, attempt = world.run_until_ready(job_id)
     with world.rt.sessions.begin() as session:
-        services.requeue_job(session, job_id, "readiness gave up", world.clock())
+        records.requeue_job(session, job_id, "readiness gave up", world.clock())
     dispatch.claim_and_start(world.rt)  # attempt 1, ASSIGNED
     assert not retries.requeue_after_transient(
         world.rt, job_id, "scale_up: retries exhausted", net_name=net, attempt=attempt

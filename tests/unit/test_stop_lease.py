@@ -13,7 +13,7 @@ import pytest
 
 from app.adapters.drivers.base import Observation
 from app.errors import AdminMisconfigured, UnknownAdminError
-from app.usecases import dispatch, reconciler, scale_down, scaling, services
+from app.usecases import dispatch, reconciler, records, scale_down, scaling
 from app.usecases.dispatch import Step
 from app.usecases.scaling import stop_net
 from models import JobState, NetState, ReasonCode
@@ -27,7 +27,7 @@ def _stop_finished_and_net_claimed(world: World) -> str:
     """What a frozen worker misses: reconcile finished its stop, and a job (a new one, or
     the oldest waiting) claimed the net and had it scaled up. That job's id."""
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a", lock=True).transition(
+        records.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPED, world.clock(), "stop finished by reconcile"
         )
     world.enqueue("next", net="net-a")
@@ -80,8 +80,8 @@ def test_a_late_stop_undone_never_records_its_net_stopped_under_the_replica_put_
         elif stops and not undos:  # the undo's scale-up: its net is let go meanwhile
             undos.append(replicas)
             with world.rt.sessions.begin() as session:
-                services.abort_job(session, claimed[0], "flip-api: stop", world.clock())
-                services.get_net(session, "net-a", lock=True).transition(
+                records.abort_job(session, claimed[0], "flip-api: stop", world.clock())
+                records.get_net(session, "net-a", lock=True).transition(
                     NetState.STOPPING, world.clock(), "start abandoned"
                 )
 
@@ -102,7 +102,7 @@ def test_a_net_claimed_after_its_stop_landed_is_not_reported_down(world, monkeyp
     and records nothing over the job's STARTING."""
     idle_past_grace(world)
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a", lock=True).transition(
+        records.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPING, world.clock(), "idle"
         )
     real = scaling.scale_down
@@ -125,7 +125,7 @@ def test_a_net_claimed_after_its_stop_landed_is_not_reported_down(world, monkeyp
 def test_a_stop_whose_net_was_claimed_before_its_call_makes_no_call(world):
     idle_past_grace(world)
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a", lock=True).transition(
+        records.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPING, world.clock(), "idle"
         )
     job_id = _stop_finished_and_net_claimed(world)  # the worker paused before its call
@@ -145,7 +145,7 @@ def test_a_stop_finished_by_another_before_its_lease_makes_no_call(world, monkey
     scale-to-0 landed under an ASSIGNED job. A net already STOPPED wants no call."""
     idle_past_grace(world)
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a", lock=True).transition(
+        records.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPING, world.clock(), "idle"
         )
     assert stop_net(world.rt, "net-a", "settling STOPPING")  # reconcile, meanwhile
@@ -169,7 +169,7 @@ def _stopping_with_call_in_flight(world: World) -> None:
     """net-a is STOPPING, its worker's scale-to-0 call leased now and not landed yet."""
     idle_past_grace(world)
     with world.rt.sessions.begin() as session:
-        net = services.get_net(session, "net-a", lock=True)
+        net = records.get_net(session, "net-a", lock=True)
         net.transition(NetState.STOPPING, world.clock(), "idle")
         net.stop_due_at = world.clock() + timedelta(seconds=world.rt.settings.stuck_after_s)
 
@@ -201,14 +201,14 @@ def test_a_stop_whose_net_served_a_job_since_and_is_idle_again_makes_no_call(wor
     job that is over: the net is READY and idle, and its own idle grace decides anew."""
     idle_past_grace(world)
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a", lock=True).transition(
+        records.get_net(session, "net-a", lock=True).transition(
             NetState.STOPPING, world.clock(), "idle"
         )
     job_id = _stop_finished_and_net_claimed(world)  # the worker paused before its call
     assert dispatch.check_ready(world.rt, job_id, "net-a", 0).step == Step.DONE
     assert dispatch.dispatch(world.rt, job_id, "net-a", 0).step == Step.DONE
     with world.rt.sessions.begin() as session:
-        services.finish_job(
+        records.finish_job(
             session,
             job_id,
             JobState.COMPLETED,
@@ -352,7 +352,7 @@ def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on
         world.clock.advance(2)  # 2 s into a call leased for STUCK_AFTER_S
         monkeypatch.setattr(FakeAdmin, "is_ready", real_is_ready)  # the new process's fix
         with world.rt.sessions.begin() as session:
-            services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+            records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
         seen["state"] = world.net(net).state
         again = next((a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id), None)
         if again is not None:

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select, update
 
 from app.errors import AdminMisconfigured
-from app.usecases import abort, dispatch, monitor, reconciler, services
+from app.usecases import abort, dispatch, monitor, reconciler, records
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.conftest import World
 
@@ -49,7 +49,7 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_serve
     assert abort.settle_stray_runs(world.rt, "fixed") == 0
     assert server.statuses["nv-1"] == "FINISHED:ABORTED"
     with world.rt.sessions.begin() as session:
-        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     reconciler.reconcile(world.rt)
     assert world.net("fixed").state == NetState.READY
 
@@ -81,7 +81,7 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_
 
     server.submit_error = None
     with world.rt.sessions.begin() as session:
-        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     reconciler.reconcile(world.rt)
     assert _strays(world) == []  # gone with the server
 
@@ -91,7 +91,7 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_
 
 def test_a_second_dispatch_at_one_attempt_gets_a_new_token_with_history_before_0004(world):
     """app/README.md, Design decisions: "each dispatch's submit token must be new, even when
-    a requeue counted no attempt" (services.dispatches_of), and a requeued job on a server
+    a requeue counted no attempt" (records.dispatches_of), and a requeued job on a server
     that kept its job store must not be answered with the earlier run
     (models.Job.start_dispatch).
 
@@ -104,11 +104,11 @@ def test_a_second_dispatch_at_one_attempt_gets_a_new_token_with_history_before_0
     job adopts instead of starting a run of its own."""
     job_id = world.enqueue("requeued-twice", net="net-a")
     with world.rt.sessions.begin() as session:
-        services.get_job(session, job_id).attempts = 1  # a readiness timeout spent one
+        records.get_job(session, job_id).attempts = 1  # a readiness timeout spent one
     net, attempt = world.run_until_ready(job_id)
     with world.rt.sessions.begin() as session:
-        earlier = services.dispatches_of(session, job_id)
-        first = services.get_job(session, job_id).start_dispatch(world.clock(), earlier=earlier)
+        earlier = records.dispatches_of(session, job_id)
+        first = records.get_job(session, job_id).start_dispatch(world.clock(), earlier=earlier)
     server = world.server(net)
     landed = world.admin(net).submit(world.rt.settings.job_root, first)  # the submit landed
     server.submit_error = AdminMisconfigured("admin certificate expired")
@@ -123,7 +123,7 @@ def test_a_second_dispatch_at_one_attempt_gets_a_new_token_with_history_before_0
     server.submit_error = None
     server.restart()
     with world.rt.sessions.begin() as session:
-        services.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     reconciler.reconcile(world.rt)  # the stray died with the server: forgotten
 
     net, again = world.run_until_ready(job_id)

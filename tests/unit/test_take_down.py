@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.usecases import dispatch, scaling, services
+from app.usecases import dispatch, records, scaling
 from models import JobState, NetEvent, NetState
 
 
@@ -29,7 +29,7 @@ def test_a_net_with_a_job_claimed_meanwhile_is_not_taken_down(world):
 def test_a_net_left_busy_without_a_job_is_taken_down_through_unhealthy(world):
     world.driver("net-a").replicas = 1
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = NetState.BUSY
+        records.get_net(session, "net-a").state = NetState.BUSY
     assert scaling.take_down(world.rt, "net-a", "run lost")
     assert world.driver("net-a").replicas == 0
     assert _moves(world, "net-a")[-2:] == [
@@ -41,7 +41,7 @@ def test_a_net_left_busy_without_a_job_is_taken_down_through_unhealthy(world):
 def test_a_ready_net_is_taken_down_through_stopping(world):
     world.driver("net-a").replicas = 1
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = NetState.READY
+        records.get_net(session, "net-a").state = NetState.READY
     assert scaling.take_down(world.rt, "net-a", "stray run")
     assert _moves(world, "net-a")[-2:] == [
         (NetState.READY, NetState.STOPPING, "stray run"),

@@ -20,7 +20,7 @@ from app.usecases import (
     dispatch,
     monitor,
     reconciler,
-    services,
+    records,
     undeclared,
     unknown_submit,
 )
@@ -31,7 +31,7 @@ from tests.unit.conftest import World, world_of
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
     """NETS without net-a, its last stamp older than `removed_after_s` (grace + a quarter)."""
-    world.clock.advance(services.removed_after_s(world.rt.settings) + 1)
+    world.clock.advance(records.removed_after_s(world.rt.settings) + 1)
     world.rt.settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
@@ -92,7 +92,7 @@ def test_a_job_assigned_to_a_net_no_longer_declared_and_pinned_to_it_fails_at_on
 
 def test_a_row_of_a_net_no_longer_declared_never_holds_up_a_claim(world, tmp_path, job_root):
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").state = NetState.READY  # first in the claim order
+        records.get_net(session, "net-a").state = NetState.READY  # first in the claim order
     _redeploy_without_net_a(world, tmp_path, job_root)
     job_id = world.enqueue("anywhere", required_sites=["site-1"])
     claims = dispatch.claim_and_start(world.rt)
@@ -114,7 +114,7 @@ def _row_of_a_removed_net(world, declared_at: datetime | None) -> None:
 
 def _undeclared(world) -> list[str]:
     with world.rt.sessions() as session:
-        return services.undeclared_nets(session, world.rt.settings, world.clock())
+        return records.undeclared_nets(session, world.rt.settings, world.clock())
 
 
 def test_each_round_records_that_this_process_still_declares_its_nets(world):
@@ -123,7 +123,7 @@ def test_each_round_records_that_this_process_still_declares_its_nets(world):
     _row_of_a_removed_net(world, before)
     world.clock.advance(60)
     with world.rt.sessions.begin() as session:
-        services.note_declared(session, world.rt.settings, world.clock())
+        records.note_declared(session, world.rt.settings, world.clock())
     with world.rt.sessions() as session:
         declared = {n.name: n.declared_at for n in session.scalars(select(Net))}
     assert declared == {"net-a": world.clock(), "fixed": world.clock(), "gone": before}
@@ -144,13 +144,13 @@ def test_the_grace_before_a_net_counts_as_removed_is_the_longer_of_the_two(
         STUCK_AFTER_S=stuck_after_s,
         HOUSEKEEPING_INTERVAL_S=interval_s,
     )
-    assert services.undeclared_after_s(settings) == grace_s
+    assert records.undeclared_after_s(settings) == grace_s
 
 
 def test_a_net_last_declared_a_whole_grace_ago_counts_as_removed_only_after_it(world):
     """Stamps are renewed a quarter grace old (issue 37): removed past grace + a quarter."""
     _row_of_a_removed_net(world, world.clock())
-    world.clock.advance(services.removed_after_s(world.rt.settings))
+    world.clock.advance(records.removed_after_s(world.rt.settings))
     assert _undeclared(world) == []
     world.clock.advance(1)
     assert _undeclared(world) == ["gone"]
@@ -167,8 +167,8 @@ def test_a_net_this_process_declares_never_counts_as_removed(world):
     """However long ago its row was stamped (or never): a net in this process's own NETS is
     not removed, whatever the order of the round's steps."""
     with world.rt.sessions.begin() as session:
-        services.get_net(session, "net-a").declared_at = None
-        services.get_net(session, "fixed").declared_at = world.clock() - timedelta(days=30)
+        records.get_net(session, "net-a").declared_at = None
+        records.get_net(session, "fixed").declared_at = world.clock() - timedelta(days=30)
     assert _undeclared(world) == []
 
 
@@ -182,7 +182,7 @@ def _claimed_unpinned(world) -> str:
     job_id = world.enqueue("claimed", net="net-a")
     dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
-        services.get_job(session, job_id).requested_net = None
+        records.get_job(session, job_id).requested_net = None
     return job_id
 
 
@@ -214,7 +214,7 @@ def test_an_aborting_job_on_a_removed_net_ends_aborted_saying_so(world, tmp_path
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:  # the server was never told
-        services.abort_job(session, job_id, "user", world.clock())
+        records.abort_job(session, job_id, "user", world.clock())
     _redeploy_without_net_a(world, tmp_path, job_root)
     assert undeclared.settle_undeclared(world.rt) == [f"{job_id}: aborted: on undeclared net net-a"]
     assert world.job(job_id).state == JobState.ABORTED
@@ -253,7 +253,7 @@ def test_every_job_waiting_on_a_stray_of_a_removed_net_fails_past_one_that_ended
 ):
     ended = world.enqueue("ended", required_sites=["site-1"])
     with world.rt.sessions.begin() as session:
-        services.abort_job(session, ended, "user", world.clock())
+        records.abort_job(session, ended, "user", world.clock())
     world.add_stray(ended, "net-a", "nv-1")  # read first: its job is over, nothing to end
     waiting = world.enqueue("waiting", required_sites=["site-1"])
     world.add_stray(waiting, "net-a", "nv-2")
@@ -294,7 +294,7 @@ def test_a_job_that_cannot_be_settled_is_recorded_on_the_removed_net(
     def crash(*args, **kwargs):
         raise RuntimeError("bug in a settlement")
 
-    monkeypatch.setattr(services, step, crash)
+    monkeypatch.setattr(records, step, crash)
     assert undeclared.settle_undeclared(world.rt) == []
     assert world.net("net-a").last_error == "reconcile: RuntimeError: bug in a settlement"
     assert world.job(job_id).state in (JobState.ASSIGNED, JobState.QUEUED)  # next round's
@@ -312,7 +312,7 @@ def two_nets(tmp_path, job_root, sqlite_factory, clock) -> World:
 def _without_net_b(world: World, tmp_path) -> Runtime:
     """The same database after a redeploy whose NETS no longer declare net-b, once no
     process has declared it for the whole grace (a rolling deploy is over)."""
-    world.clock.advance(services.removed_after_s(world.rt.settings) + 1)
+    world.clock.advance(records.removed_after_s(world.rt.settings) + 1)
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=world.rt.settings.job_root,
@@ -376,7 +376,7 @@ def test_a_job_only_claimed_onto_a_removed_net_goes_back_to_the_queue(two_nets, 
     job_id = world.enqueue("claimed", net="net-b")
     dispatch.claim_and_start(world.rt)
     with world.rt.sessions.begin() as session:  # unpinned now, as if it had been
-        services.get_job(session, job_id).requested_net = None
+        records.get_job(session, job_id).requested_net = None
     reconciler.reconcile(_without_net_b(world, tmp_path))
     job = world.job(job_id)
     assert (job.state, job.attempts) in ((JobState.QUEUED, 0), (JobState.ASSIGNED, 0))
@@ -470,7 +470,7 @@ def test_an_abort_in_flight_for_a_net_a_redeploy_removed_leaves_the_job_to_recon
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        services.abort_job(session, job_id, "user", world.clock())
+        records.abort_job(session, job_id, "user", world.clock())
     _redeploy_without_net_a_and_restart_the_workers(world, tmp_path, job_root)
 
     assert abort.abort_on_server(world.rt, job_id) in (JobState.ABORTING, JobState.ABORTED)

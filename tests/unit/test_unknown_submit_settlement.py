@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import ServerUnavailable
-from app.usecases import dispatch, retries, services, unknown_submit
+from app.usecases import dispatch, records, retries, unknown_submit
 from app.usecases.dispatch import Step
 from models import JobState, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
@@ -61,7 +61,7 @@ def test_a_submit_held_until_this_very_second_is_abandoned_only_after_it(world, 
     counts it): its job is neither requeued nor its token settled before."""
     job_id = _unknown_submit(world)
     with world.rt.sessions.begin() as session:  # a worker took the submit up again
-        services.get_job(session, job_id).step_due_at = world.clock()
+        records.get_job(session, job_id).step_due_at = world.clock()
     world.server("net-a").up = server == "answering"
     assert not unknown_submit.abandon_dispatch(world.rt, job_id, REASON)
     job = world.job(job_id)
@@ -82,7 +82,7 @@ def test_a_requeue_says_why(world):
 def test_an_adopted_run_records_the_server_start_time_for_restart_detection(world):
     job_id = _unknown_submit(world)
     with world.rt.sessions.begin() as session:  # readiness could not read it
-        services.get_net(session, "net-a").server_start_time = None
+        records.get_net(session, "net-a").server_start_time = None
     server = world.server("net-a")
     server.submitted[f"{job_id}-0"] = "nv-7"
     server.statuses["nv-7"] = "RUNNING"
@@ -109,7 +109,7 @@ def test_a_job_that_moved_on_while_the_server_was_asked_is_not_requeued(world):
 
     def aborted_meanwhile(token: str) -> str | None:
         with world.rt.sessions.begin() as session:
-            services.abort_job(session, job_id, "flip-api: stop", world.clock())
+            records.abort_job(session, job_id, "flip-api: stop", world.clock())
         return real_find_run(token)
 
     admin.find_run = aborted_meanwhile  # type: ignore[method-assign]

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from app.errors import InvalidRequest, NotFound
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
-from app.usecases import claims, services
+from app.usecases import claims, records
 from app.usecases import enqueue as enqueue_uc
 from models import Job, JobEvent, JobState, Net, NetState, ReasonCode
 
@@ -17,7 +17,7 @@ from models import Job, JobEvent, JobState, Net, NetState, ReasonCode
 @pytest.fixture
 def db(sqlite_factory, settings, clock):
     with sqlite_factory.begin() as session:
-        services.sync_nets(session, settings, clock())
+        records.sync_nets(session, settings, clock())
     return sqlite_factory
 
 
@@ -35,7 +35,7 @@ def states(db, job_id):
 
 def test_sync_nets_creates_rows_once(db, settings, clock):
     with db.begin() as session:
-        assert services.sync_nets(session, settings, clock()) == []
+        assert records.sync_nets(session, settings, clock()) == []
         assert {n.name: n.state for n in session.scalars(select(Net))} == {
             "net-a": NetState.STOPPED,
             "net-b": NetState.STOPPED,
@@ -44,7 +44,7 @@ def test_sync_nets_creates_rows_once(db, settings, clock):
 
 def test_sync_nets_returns_the_names_of_the_rows_it_created(sqlite_factory, settings, clock):
     with sqlite_factory.begin() as session:
-        assert services.sync_nets(session, settings, clock()) == ["net-a", "net-b"]
+        assert records.sync_nets(session, settings, clock()) == ["net-a", "net-b"]
 
 
 def test_enqueue_is_idempotent_on_caller_key(db, settings, clock):
@@ -160,12 +160,12 @@ def test_requeue_then_fail_after_max_attempts(db, settings, clock):
     with db.begin() as session:
         claims.claim_next_job(session, settings, clock())
     with db.begin() as session:
-        assert services.requeue_job(session, job_id, "server vanished", clock()) is True
+        assert records.requeue_job(session, job_id, "server vanished", clock()) is True
     assert states(db, job_id) == (JobState.QUEUED, None)
     with db.begin() as session:
         claims.claim_next_job(session, settings, clock())
     with db.begin() as session:
-        assert services.requeue_job(session, job_id, "server vanished again", clock()) is False
+        assert records.requeue_job(session, job_id, "server vanished again", clock()) is False
     with db() as session:
         job = session.get(Job, job_id)
         assert job.state == JobState.FAILED
@@ -180,18 +180,18 @@ def test_dispatch_then_finish_frees_the_net(db, settings, clock):
         session.get(Net, "net-a").transition(NetState.READY, clock(), "ready")
         session.get(Job, job_id).start_dispatch(clock())
     with db.begin() as session:
-        services.mark_dispatched(session, job_id, "nv-1", 1234.5, clock())
-        services.mark_dispatched(session, job_id, "nv-1", 1234.5, clock())  # repeated delivery
+        records.mark_dispatched(session, job_id, "nv-1", 1234.5, clock())
+        records.mark_dispatched(session, job_id, "nv-1", 1234.5, clock())  # repeated delivery
     assert states(db, job_id) == (JobState.RUNNING, NetState.BUSY)
     with db.begin() as session:
         assert (
-            services.finish_job(
+            records.finish_job(
                 session, job_id, JobState.COMPLETED, "done", clock(), code=ReasonCode.RUN_COMPLETED
             )
             is True
         )
         assert (
-            services.finish_job(
+            records.finish_job(
                 session, job_id, JobState.COMPLETED, "again", clock(), code=ReasonCode.RUN_COMPLETED
             )
             is False
@@ -204,14 +204,14 @@ def test_dispatch_then_finish_frees_the_net(db, settings, clock):
 def test_abort_queued_and_assigned_at_once_running_goes_aborting(db, settings, clock):
     queued = enqueue(db, settings, clock, "q", net="net-a").job_id
     with db.begin() as session:
-        decision = services.abort_job(session, queued, "user", clock())
+        decision = records.abort_job(session, queued, "user", clock())
     assert (decision.state, decision.needs_server_abort) == (JobState.ABORTED, False)
 
     assigned = enqueue(db, settings, clock, "a", net="net-a").job_id
     with db.begin() as session:
         claims.claim_next_job(session, settings, clock())
     with db.begin() as session:
-        decision = services.abort_job(session, assigned, "user", clock())
+        decision = records.abort_job(session, assigned, "user", clock())
     assert (decision.state, decision.needs_server_abort) == (JobState.ABORTED, False)
 
     running = enqueue(db, settings, clock, "r", net="net-a").job_id
@@ -219,22 +219,22 @@ def test_abort_queued_and_assigned_at_once_running_goes_aborting(db, settings, c
         claims.claim_next_job(session, settings, clock())
         session.get(Job, running).start_dispatch(clock())
     with db.begin() as session:
-        decision = services.abort_job(session, running, "user", clock())
+        decision = records.abort_job(session, running, "user", clock())
     assert (decision.state, decision.needs_server_abort) == (JobState.ABORTING, True)
 
 
 def test_report_job_status(db, settings, clock):
     job_id = enqueue(db, settings, clock, net="net-a").job_id
     with pytest.raises(InvalidRequest), db.begin() as session:
-        services.report_job_status(
+        records.report_job_status(
             session, ReportJobStatus(job_id=job_id, status=ReportedStatus.ERROR), clock()
         )
     with db.begin() as session:
-        state = services.report_job_status(
+        state = records.report_job_status(
             session, ReportJobStatus(job_id=job_id, status=ReportedStatus.STOPPED), clock()
         )
     assert state == JobState.ABORTED
     with pytest.raises(NotFound), db.begin() as session:
-        services.report_job_status(
+        records.report_job_status(
             session, ReportJobStatus(job_id=uuid.uuid4(), status=ReportedStatus.STOPPED), clock()
         )

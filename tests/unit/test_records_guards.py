@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.usecases import services
+from app.usecases import records
 from models import JobState, NetState, StrayRun
 from models.states import IllegalTransition
 from tests.fixtures.db import net_decl
@@ -21,7 +21,7 @@ def test_a_repeated_submit_of_the_same_run_changes_nothing(world):
     before = world.job(job_id).dispatched_at
     world.clock.advance(5)
     with world.rt.sessions.begin() as session:
-        services.mark_dispatched(session, job_id, "nv-1", None, world.clock())
+        records.mark_dispatched(session, job_id, "nv-1", None, world.clock())
     assert world.job(job_id).dispatched_at == before
     assert world.net("net-a").state == NetState.BUSY
 
@@ -31,7 +31,7 @@ def test_another_run_for_a_running_job_is_refused(world):
     job_id = world.enqueue("other", net="net-a")
     world.run_pipeline(job_id)
     with pytest.raises(IllegalTransition), world.rt.sessions.begin() as session:
-        services.mark_dispatched(session, job_id, "nv-other", None, world.clock())
+        records.mark_dispatched(session, job_id, "nv-other", None, world.clock())
     assert world.job(job_id).nvflare_job_id == "nv-1"
 
 
@@ -40,7 +40,7 @@ def test_a_net_is_not_released_while_a_job_still_holds_it(world):
     job_id = world.enqueue("holder", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        services.release_net(session, "net-a", world.clock())
+        records.release_net(session, "net-a", world.clock())
     assert world.job(job_id).state == JobState.RUNNING
     assert world.net("net-a").state == NetState.BUSY
     assert world.net("net-a").idle_since is None
@@ -55,9 +55,9 @@ def test_rows_all_present_spare_the_locked_sync_even_beside_a_removed_nets_row(
         [net_decl(tmp_path, "net-a", "ecs")], tmp_path, job_root, sqlite_factory, clock
     )
     synced = []
-    monkeypatch.setattr(services, "sync_nets", lambda *a: synced.append(a))
+    monkeypatch.setattr(records, "sync_nets", lambda *a: synced.append(a))
     with world.rt.sessions.begin() as session:
-        services.ensure_net_rows(session, only_a.rt.settings, clock())
+        records.ensure_net_rows(session, only_a.rt.settings, clock())
     assert synced == []
 
 
