@@ -7,7 +7,7 @@ implements it (`fl-dispatcher schema` prints it; tests validate real payloads ag
 - how a job id is computed from a caller_key (app.schemas.job_id_for);
 - the callback signature scheme (app.adapters.callbacks).
 
-The callback payloads are the read models `app.usecases.callback_payloads` builds and
+The callback payloads are the read models `app.usecases.callbacks.payloads` builds and
 `app.usecases.callbacks` sends (`app.read_models.StateChangeEvent`, `RejectedEvent`): the
 schema here is generated from the very models the payloads are.
 """

@@ -322,7 +322,7 @@ def monitor_verdict(quiet: tuple[str, ...]) -> Callable[[F], F]:
 
 
 def callback(job: Any, event: Any, started: int, verdict: object) -> None:
-    """One try of a status callback (job: callback_due.JobRef, event: its JobEvent row) as a
+    """One try of a status callback (job: callbacks.due.JobRef, event: its JobEvent row) as a
     span of the job from `started` (`clock()` before the POST)."""
     if not started:
         return

@@ -53,9 +53,9 @@ from app.sim.report import Result, Violation
 from app.sim.state import WorldState
 from app.sim.view import Checks, Moves
 from app.sim.workload import JobSpec, Workload, WorldSpec
-from app.usecases import callback_receiver as callback_receiver_uc
 from app.usecases import callbacks as callbacks_uc
 from app.usecases import records
+from app.usecases.callbacks import receiver as callback_receiver_uc
 
 T = TypeVar("T")
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end

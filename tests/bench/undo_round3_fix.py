@@ -63,14 +63,14 @@ EDITS: dict[int, list[tuple[str, str, str]]] = {
             "        return self",
         ),
         (
-            "app/usecases/callback_payloads.py",
+            "app/usecases/callbacks/payloads.py",
             "    except (UnicodeError, ValueError, TypeError) as exc:",
             "    except ZeroDivisionError as exc:",
         ),
     ],
     6: [  # the backoff's exponent clamped before computing
         (
-            "app/usecases/callback_verdicts.py",
+            "app/usecases/callbacks/verdicts.py",
             "doublings = min(max(0, tries - 1), MAX_DOUBLINGS)",
             "doublings = max(0, tries - 1)",
         ),

@@ -29,8 +29,8 @@ from app.local.nvflare import build_tiny_job
 from app.local.receiver import LocalReceiver, Received
 from app.local.stack import LocalStack, StackOptions
 from app.schemas import job_id_for
-from app.usecases.callback_receiver import RECEIVER_ID
 from app.usecases.callbacks import delivery_status
+from app.usecases.callbacks.receiver import RECEIVER_ID
 from models import CallbackReceiver, JobEvent, JobState, NetEvent, NetState, ScaleEvent
 from tests.e2e.lifecycle_stack import wait_scaled_to_zero, wait_state
 from tests.fixtures.aws import MOTO_REGION, OwnedMotoServer

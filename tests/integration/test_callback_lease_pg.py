@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from app.settings import Settings
-from app.usecases import callback_due, callbacks
+from app.usecases import callbacks
+from app.usecases.callbacks import due as callback_due
 from tests.fixtures.db import FrozenClock, net_decl
 from tests.unit.conftest import World
 from tests.unit.test_callbacks import SECRET, Receiver

@@ -19,7 +19,8 @@ from app.adapters.callbacks import (
 )
 from app.read_models import CallbackDelivery
 from app.settings import Settings
-from app.usecases import callback_receiver, callbacks, monitor
+from app.usecases import callbacks, monitor
+from app.usecases.callbacks import receiver as callback_receiver
 from models import CallbackReceiver, JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World

@@ -16,7 +16,8 @@ from app.adapters.callbacks import Answer, ReceiverUnreachable
 from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
 from app.schemas import job_id_for
-from app.usecases import callback_receiver, callbacks, enqueue, intake
+from app.usecases import callbacks, enqueue, intake
+from app.usecases.callbacks import receiver as callback_receiver
 from models import CallbackReceiver, JobEvent, JobState, RejectedRequest
 from tests.unit.callback_world import (
     LIFE,

@@ -16,8 +16,10 @@ import pytest
 from sqlalchemy import event, update
 
 from app.adapters.callbacks import Answer, ReceiverUnreachable
-from app.usecases import callback_due, callback_receiver, callbacks
-from app.usecases.callback_due import Look
+from app.usecases import callbacks
+from app.usecases.callbacks import due as callback_due
+from app.usecases.callbacks import receiver as callback_receiver
+from app.usecases.callbacks.due import Look
 from models import CallbackCursor, CallbackReceiver, JobEvent, JobState
 from tests.unit.conftest import World
 from tests.unit.test_callbacks import (

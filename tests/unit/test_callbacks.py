@@ -36,14 +36,8 @@ from app.metrics.exposition import families
 from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob
-from app.usecases import (
-    callback_receiver,
-    callbacks,
-    enqueue,
-    intake,
-    monitor,
-    records,
-)
+from app.usecases import callbacks, enqueue, intake, monitor, records
+from app.usecases.callbacks import receiver as callback_receiver
 from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode
 from tests.unit.callback_world import (
     LIFE,
@@ -381,7 +375,7 @@ def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver
 
 @pytest.mark.parametrize("tries", [1024, 1025, 10**6])
 def test_backoff_after_any_number_of_tries_is_the_cap(tries):
-    from app.usecases.callback_verdicts import backoff_s
+    from app.usecases.callbacks.verdicts import backoff_s
 
     assert backoff_s(tries, 300.0) == 300.0
 

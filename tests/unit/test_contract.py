@@ -26,7 +26,7 @@ from app.schemas import (
     job_id_for,
 )
 from app.usecases import intake, monitor
-from app.usecases.callback_payloads import event_payload, rejection_payload
+from app.usecases.callbacks.payloads import event_payload, rejection_payload
 from models import REASONS, Job, JobEvent, RejectedRequest
 
 README = Path(__file__).resolve().parents[2] / "tasks" / "README.md"  # "Reason codes"

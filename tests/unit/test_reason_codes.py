@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from app.schemas import ReportedStatus, ReportJobStatus
 from app.usecases import abort, intake, monitor, records
-from app.usecases.callback_payloads import event_payload, rejection_payload
+from app.usecases.callbacks.payloads import event_payload, rejection_payload
 from models import (
     REASONS,
     TERMINAL_JOB_STATES,

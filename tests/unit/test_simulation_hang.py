@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Select
 
-from app.usecases import callback_due
+from app.usecases.callbacks import due as callback_due
 from models import JobEvent
 from tests.sim.profiles import PROFILES_BY_NAME
 from tests.sim.sweep import run_seeds

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Integer, bindparam, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
-from app.usecases.callback_receiver import RECEIVER_ID
+from app.usecases.callbacks.receiver import RECEIVER_ID
 from models import CallbackCursor, CallbackReceiver, Job, JobEvent, RejectedRequest
 
 # One read of job events holds at most CALLBACK_EVENTS_PER_READ (the oldest first), one of

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 from app.adapters.callbacks import Answer
 from app.db import unit_of_work
 from app.runtime import Runtime
-from app.usecases.callback_payloads import Undeliverable, rejected_event_id
-from app.usecases.callback_receiver import leased_receiver, renew_answered
+from app.usecases.callbacks.payloads import Undeliverable, rejected_event_id
+from app.usecases.callbacks.receiver import leased_receiver, renew_answered
 from models import CallbackCursor, CallbackReceiver, RejectedRequest
 
 log = logging.getLogger(__name__)

@@ -53,16 +53,16 @@ from app.adapters.callbacks import (
 from app.db import unit_of_work
 from app.read_models import CallbackDelivery, iso
 from app.runtime import Runtime
-from app.usecases.callback_due import Batch, JobRef, Look, due_batch, look, settled
-from app.usecases.callback_payloads import (
+from app.usecases.callbacks.due import Batch, JobRef, Look, due_batch, look, settled
+from app.usecases.callbacks.payloads import (
     Undeliverable,
     encoded,
     event_payload,
     rejected_event_id,
     rejection_payload,
 )
-from app.usecases.callback_receiver import release_lease, schedule_wake, take_lease
-from app.usecases.callback_verdicts import Verdict, record_job_try, record_rejection_try
+from app.usecases.callbacks.receiver import release_lease, schedule_wake, take_lease
+from app.usecases.callbacks.verdicts import Verdict, record_job_try, record_rejection_try
 from models import CallbackCursor, JobEvent, RejectedRequest
 
 log = logging.getLogger(__name__)
