@@ -103,24 +103,35 @@ class FlowerSimAdmin(SimAdmin):
         host.hook("admin.submit.after", self.net)
         self._lose_reply("submit")
         # The adapter's re-check (FlowerControlClient._first_with_token): a run the token
-        # started meanwhile is kept and this one stopped while pending (seed 561).
+        # started meanwhile is kept and this one stopped while pending (seed 561), by
+        # `find_run`, which raises if the stop does not land.
         first = self.find_run(submit_token)
-        if first is not None and first != run.nvflare_id:
-            self.abort(run.nvflare_id)
-            return first
-        return run.nvflare_id
+        return run.nvflare_id if first is None else first
 
     def _started_run(self, submit_token: str) -> str | None:
         """The adapter's lookup before a start-run (FlowerControlClient.submit)."""
         return self.find_run(submit_token)
 
     def find_run(self, submit_token: str) -> str | None:
-        """The first run whose config carries the token, as the adapter keeps it."""
+        """The first run whose config carries the token, as the adapter keeps it: a later
+        one still live is stopped, and ServerUnavailable if that stop does not land."""
         server = self._reach("find_run")
-        for run in server.store.values():
-            if run.token == submit_token:
-                return run.nvflare_id
-        return None
+        runs = [run for run in server.store.values() if run.token == submit_token]
+        if not runs:
+            return None
+        first = runs[0].nvflare_id
+        for run in runs[1:]:
+            if superlink.record(run, self.cluster.host.clock.t)[0] == superlink.FINISHED:
+                continue
+            result = self.abort(run.nvflare_id)
+            if result.outcome is AbortOutcome.NOTHING_TO_ABORT and (
+                superlink.record(run, self.cluster.host.clock.t)[0] != superlink.FINISHED
+            ):
+                raise ServerUnavailable(
+                    f"{self.net}: run {run.nvflare_id} of token {submit_token} not stopped "
+                    f"(simulated): {result.detail}"
+                )
+        return first
 
     def _record(self, nvflare_job_id: str) -> tuple[Run, tuple[str, str, str, str]]:
         server = self._reach("job_status")

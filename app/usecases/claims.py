@@ -209,8 +209,8 @@ def _free() -> tuple[ColumnElement[bool], ...]:
         # A run the server may still hold must be settled before the net takes a new job.
         ~exists().where(StrayRun.net_name == Net.name),
         # Drained (app.usecases.drains): on its own, or with the whole deployment. Read in
-        # the candidates' statement and again in the one that locks the net: no statement
-        # more per claim, and a claim after a drain's commit never takes a drained net.
+        # the candidates' statement and again in the one that locks the net (and, after that
+        # lock, in `_next_jobs`): no statement more per claim.
         ~drained(Net.name),
     )
 
@@ -351,6 +351,11 @@ def _next_jobs(limit: int) -> Any:
         .where(
             _claimable(),
             or_(Job.requested_net.is_(None), Job.requested_net == bindparam("net")),
+            # Read again after the net's lock, in a snapshot of its own: on PostgreSQL the
+            # locking statement's snapshot may predate a drain that committed before that
+            # lock was granted (its EXISTS then missed the row), and the drain, finding no
+            # active job, said drained (tests/integration/test_drain_pg.py).
+            ~drained(bindparam("net")),
         )
         .order_by(
             Job.priority.desc(),

@@ -13,9 +13,11 @@ every process, and the deployment's row covers nets added to NETS later.
 `drain` locks the drained nets' rows, as a claim and a prewarm lock them, and commits
 after any claim or prewarm that holds one, which it then counts (an active job shows in
 `status`; a live hold it ends). A claim reads the drain in the statement that locks its
-net, so one that commits after the drain read the rows before the drain's commit, within
-that one statement (PostgreSQL's snapshot): it shows as the net's active job, and the drain
-is complete only once it ends. A prewarm let through the same way is ended by the next
+net and again in the one that picks the job, after that lock: on PostgreSQL the locking
+statement's snapshot may predate the drain's commit while its lock comes after it, and the
+next statement's own snapshot then sees the drain, so no claim lands on a net after its
+drain said it drained (tests/integration/test_drain_pg.py). A prewarm let through the
+locking statement that way is ended by the next
 scale-down round (`prewarm_warm_up.settle_prewarms`). `undrain` deletes the rows and kicks
 the assigner, which claims for the queued jobs at once.
 """

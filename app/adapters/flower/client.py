@@ -308,27 +308,51 @@ class FlowerControlClient:
         started one before it (the lookup and the start-run are two calls, and a worker
         paused between them while a retry or reconcile started the attempt's run: simulation
         seed 561). Then `started` is stopped, still pending (a stop is final: it never runs),
-        and the first one is kept, so every racer answers the same run."""
-        runs = [run for run in self._all_runs() if run_token(run) == submit_token]
-        if not runs:
-            return started
-        first = str(_first(runs).run_id)
-        if first != started:
-            log.warning(
-                "%s: submit token %s had started run %s meanwhile; run %s stopped",
-                self._context(),
-                submit_token,
-                first,
-                started,
-            )
-            self.abort(started)
-        return first
+        and the first one is kept, so every racer answers the same run (`find_run`)."""
+        first = self._keep_first(submit_token)
+        return started if first is None else first
 
     def find_run(self, submit_token: str) -> str | None:
         """The id of the first run started with this token, or None if the SuperLink has
-        none. The first, as `submit` keeps it: a later one was stopped before it ran."""
+        none. The first, as `submit` keeps it: any later one still live is stopped here,
+        before it runs, and a stop that does not land raises (ServerUnavailable, or what the
+        stop raised) rather than answer while the later run may still start: the caller
+        retries, and the retry's lookup stops it (tests/unit/test_flower_submit_race.py)."""
+        return self._keep_first(submit_token)
+
+    def _keep_first(self, submit_token: str) -> str | None:
+        """`find_run`, also the submit's re-check after its start-run."""
         runs = [run for run in self._all_runs() if run_token(run) == submit_token]
-        return str(_first(runs).run_id) if runs else None
+        if not runs:
+            return None
+        first = str(_first(runs).run_id)
+        for run in runs:
+            later = str(run.run_id)
+            if later != first and run.status.status in LIVE_STATES:
+                self._stop_later(later, first, submit_token)
+        return first
+
+    def _stop_later(self, later: str, first: str, submit_token: str) -> None:
+        """Stop a later run of the token; raise unless it is over (or gone) afterwards."""
+        result = self.abort(later)
+        if result.outcome is AbortOutcome.NOTHING_TO_ABORT:
+            # A down SuperLink answers so as well as an unknown run: the run's record says.
+            try:
+                status = self._run(later).status.status
+            except NvflareJobNotFound:
+                status = None
+            if status in LIVE_STATES:
+                raise ServerUnavailable(
+                    f"{self._context()}: run {later} of submit token {submit_token} (a later "
+                    f"run than {first}) not stopped yet: {result.detail}"
+                )
+        log.warning(
+            "%s: submit token %s had started run %s first; run %s stopped",
+            self._context(),
+            submit_token,
+            first,
+            later,
+        )
 
     def job_status(self, nvflare_job_id: str) -> RunStatus:
         """The run's state (classify.run_status); NvflareJobNotFound if the SuperLink has
