@@ -85,6 +85,7 @@ class SimAdmin:
     escape which call) on top of a SimServer, with injected faults."""
 
     UNCLASSIFIED = "unclassified nvflare error"  # an error no class of app.errors names
+    SITES_WORD = "sites"  # what readiness waits for, in its words
 
     def __init__(self, cluster: Cluster, net: str) -> None:
         self.cluster = cluster
@@ -158,15 +159,18 @@ class SimAdmin:
             return Readiness(False, state, detail=str(exc))
         sites = tuple(sorted(server.sites(self.cluster.host.clock.t)))
         missing = tuple(s for s in required_sites if s not in sites)
-        start = None if self._no_start_time(server) else server.start_time()
         return Readiness(
             ready=not missing,
             server_state=ServerState.STARTED,
             connected_sites=sites,
             missing_sites=missing,
-            detail=f"waiting for sites: {', '.join(missing)}" if missing else "",
-            server_start_time=start,
+            detail=f"waiting for {self.SITES_WORD}: {', '.join(missing)}" if missing else "",
+            server_start_time=self._ready_start_time(server),
         )
+
+    def _ready_start_time(self, server: SimServer) -> float | None:
+        """The start time a readiness answer carries (None: the server gave none)."""
+        return None if self._no_start_time(server) else server.start_time()
 
     def submit(
         self,

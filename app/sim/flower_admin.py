@@ -27,25 +27,21 @@ from app.adapters.backend import (
     AbortOutcome,
     AbortResult,
     AdminClient,
-    Readiness,
     RunStatus,
-    ServerState,
 )
 from app.adapters.flower import classify
 from app.adapters.flower.client import NO_START_TIME
 from app.errors import (
-    AdminMisconfigured,
     NvflareJobNotFound,
     NvflareJobNotRunning,
     ServerUnavailable,
-    TransientError,
     UnknownAdminError,
 )
 from app.net_config import NetConfig
 from app.sim import superlink
 from app.sim.admin import SimAdmin
 from app.sim.cluster import Cluster
-from app.sim.servers import Run
+from app.sim.servers import Run, SimServer
 
 
 def admin_for(cluster: Cluster, net: NetConfig) -> AdminClient:
@@ -59,30 +55,14 @@ class FlowerSimAdmin(SimAdmin):
     """One worker process's Control API client of a Flower net's SuperLink."""
 
     UNCLASSIFIED = "unclassified Control API answer"
+    SITES_WORD = "SuperNodes"
 
     def server_start_time(self) -> float:
         self._reach("server_start_time")  # list-nodes: the SuperLink answers
         return NO_START_TIME
 
-    def is_ready(self, required_sites: Sequence[str]) -> Readiness:
-        try:
-            server = self._reach("is_ready")
-        except AdminMisconfigured:
-            raise
-        except TransientError as exc:
-            t = self.cluster.host.clock.t
-            state = ServerState.STARTING if self.server.booting(t) else ServerState.UNREACHABLE
-            return Readiness(False, state, detail=str(exc))
-        online = tuple(sorted(server.sites(self.cluster.host.clock.t)))
-        missing = tuple(s for s in required_sites if s not in online)
-        return Readiness(
-            ready=not missing,
-            server_state=ServerState.STARTED,
-            connected_sites=online,
-            missing_sites=missing,
-            detail=f"waiting for SuperNodes: {', '.join(missing)}" if missing else "",
-            server_start_time=NO_START_TIME,
-        )
+    def _ready_start_time(self, server: SimServer) -> float | None:
+        return NO_START_TIME  # the Flower adapter's: a SuperLink has none to give
 
     def submit(
         self,
