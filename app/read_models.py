@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models import JobState, NetState, PrewarmOutcome, ReasonCode
+from models import Job, JobState, NetState, PrewarmOutcome, ReasonCode
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
@@ -208,6 +208,17 @@ class ActiveJob(ReadModel):
     state: JobState
     nvflare_job_id: str | None
     state_changed_at: Timestamp
+
+    @classmethod
+    def of(cls, job: Job) -> ActiveJob:
+        """The job row as every view of its net shows it."""
+        return cls(
+            id=job.id,
+            caller_key=job.caller_key,
+            state=job.state,
+            nvflare_job_id=job.nvflare_job_id,
+            state_changed_at=job.state_changed_at.isoformat(),
+        )
 
 
 class ScaleEventView(ReadModel):

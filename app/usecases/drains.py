@@ -196,13 +196,7 @@ def drain_state(session: Session, declared: Sequence[str], queued: int | None = 
         n: s for n, s in session.execute(select(Net.name, Net.state).where(Net.name.in_(names_)))
     }
     active = {
-        j.net_name: ActiveJob(
-            id=j.id,
-            caller_key=j.caller_key,
-            state=j.state,
-            nvflare_job_id=j.nvflare_job_id,
-            state_changed_at=j.state_changed_at.isoformat(),
-        )
+        j.net_name: ActiveJob.of(j)
         for j in session.scalars(
             select(Job).where(Job.net_name.in_(names_), Job.state.in_(ACTIVE_JOB_STATES))
         )

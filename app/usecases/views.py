@@ -286,13 +286,7 @@ def _sql_view(session: Session, names: Sequence[str]) -> _SqlView:
         for n in session.scalars(select(Net).where(Net.name.in_(names)))
     }
     active = {
-        cast(str, j.net_name): ActiveJob(
-            id=j.id,
-            caller_key=j.caller_key,
-            state=j.state,
-            nvflare_job_id=j.nvflare_job_id,
-            state_changed_at=j.state_changed_at.isoformat(),
-        )
+        cast(str, j.net_name): ActiveJob.of(j)
         for j in session.scalars(
             select(Job).where(Job.net_name.in_(names), Job.state.in_(ACTIVE_JOB_STATES))
         )

@@ -142,6 +142,9 @@ def test_the_openapi_document_names_operations_the_key_scheme_and_the_webhooks(c
         ("POST", "/prewarms"): "prewarm_net",
         ("POST", "/prewarms/cancel"): "cancel_prewarm",
         ("GET", "/prewarms/{caller_key}"): "get_prewarm",
+        ("GET", "/drain"): "get_drain",
+        ("POST", "/drain"): "drain",
+        ("POST", "/undrain"): "undrain",
     }
     assert openapi["components"]["securitySchemes"]["ApiKey"] == {
         "type": "apiKey",
@@ -151,8 +154,9 @@ def test_the_openapi_document_names_operations_the_key_scheme_and_the_webhooks(c
     }
     assert openapi["paths"]["/jobs"]["post"]["security"] == [{"ApiKey": []}]
     assert "security" not in openapi["paths"]["/jobs"]["get"]
-    for path in ("/prewarms", "/prewarms/cancel"):
+    for path in ("/prewarms", "/prewarms/cancel", "/drain", "/undrain"):
         assert openapi["paths"][path]["post"]["security"] == [{"ApiKey": []}]
+    assert "security" not in openapi["paths"]["/drain"]["get"]
     assert "security" not in openapi["paths"]["/prewarms/{caller_key}"]["get"]
     assert set(openapi["webhooks"]) == {"state_change", "rejected"}
     hook = openapi["webhooks"]["state_change"]["post"]
