@@ -1,4 +1,8 @@
-"""Boolean flags, parsed the one way every setting and every process reads them."""
+"""Boolean flags, parsed the one way every setting and every process reads them.
+
+A module of one function on purpose: `app.settings` and `app.net_config` both parse flags,
+and settings imports net_config, so the parser lives below both (in either, the other
+would import it back)."""
 
 from __future__ import annotations
 

@@ -42,12 +42,12 @@ from app.usecases import (
     dispatch,
     kicks,
     monitor,
-    prewarm_warm_up,
     reconciler,
     requests,
     scale_down,
 )
 from app.usecases.dispatch import Step
+from app.usecases.prewarm import warm_up as prewarm_warm_up
 
 # Exponential backoff of every retry: factor 2 s, full jitter, capped by RETRY_BACKOFF_MAX_S.
 RETRY_BACKOFF_S = 2

@@ -30,7 +30,7 @@ from app.metrics.figures import (
 )
 from app.metrics.fold import fold, uncounted_retries
 from app.usecases import callbacks as callbacks_uc
-from app.usecases import prewarm_holds
+from app.usecases.prewarm import holds as prewarm_holds
 from models import (
     TERMINAL_JOB_STATES,
     HousekeepingRun,
@@ -136,7 +136,7 @@ def read_current_extras(
     """The nets' states and idle times, their grace, the housekeeping rounds and the nets
     prewarms hold: current rows only, read the same way by the collector and by
     tests/metrics_reference.py."""
-    # A prewarm's hold defers a net's idle grace (app.usecases.prewarm_holds.idle_start): idle time
+    # A prewarm's hold defers a net's idle grace (app.usecases.prewarm.holds.idle_start): idle time
     # counts from when the hold ended, so a held net is not idle past its grace.
     deferred = prewarm_holds.idle_starts(session)
     for name, state, idle_since in session.execute(select(Net.name, Net.state, Net.idle_since)):

@@ -119,7 +119,7 @@ class FastClock:
         return calm
 
     def _holds(self, calm: Calm, t: float) -> dict[str, list[float]]:
-        """Prewarm holds as the fast clock must see them (app.usecases.prewarm_holds): a
+        """Prewarm holds as the fast clock must see them (app.usecases.prewarm.holds): a
         live hold on a net that is down wants it started again by the scale-down round's
         settling (due now); and each READY net's holds that end after it went idle, as
         their ends in seconds, where its idle grace starts instead. Both reads find nothing

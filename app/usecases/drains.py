@@ -39,7 +39,7 @@ from app.read_models import ActiveJob, DrainChanged, DrainedNet, DrainView, iso
 from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import records
-from app.usecases.prewarm_holds import end_hold, settle_row
+from app.usecases.prewarm.holds import end_hold, settle_row
 from models import (
     ACTIVE_JOB_STATES,
     ALL_NETS,

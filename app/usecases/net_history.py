@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from app.metrics.figures import cold_starts
 from app.read_models import DrainView
 from app.settings import Settings
-from app.usecases import prewarm_holds
 from app.usecases.drains import drain_state
+from app.usecases.prewarm import holds as prewarm_holds
 from models import ACTIVE_JOB_STATES, Job, JobEvent, JobState, Net, NetEvent, NetState, StrayRun
 
 WINDOW = timedelta(hours=24)
@@ -260,7 +260,7 @@ def _nets_now(session: Session, declared: list[DeclaredNet], now: datetime) -> l
     strays = dict(
         session.execute(select(StrayRun.net_name, func.count()).group_by(StrayRun.net_name)).all()
     )
-    # A prewarm's hold defers the idle grace (app.usecases.prewarm_holds.idle_start).
+    # A prewarm's hold defers the idle grace (app.usecases.prewarm.holds.idle_start).
     deferred = prewarm_holds.idle_starts(session)
     holds = prewarm_holds.live_holds(session, now)
     out = []

@@ -18,8 +18,8 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
-from app.usecases.prewarm_holds import idle_from_holds, wanted_sites
-from app.usecases.prewarm_warm_up import mark_ready
+from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
+from app.usecases.prewarm.warm_up import mark_ready
 from app.usecases.scaling import net_misconfigured, scale_net, stop_in_flight, stop_net
 from app.usecases.step_leases import LEASED_COLUMNS, Leased
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun

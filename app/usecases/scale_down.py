@@ -13,8 +13,10 @@ from sqlalchemy import exists, select
 from app.db import unit_of_work
 from app.errors import DispatcherError
 from app.runtime import Runtime
-from app.usecases import claims, prewarm_holds, prewarm_warm_up
+from app.usecases import claims
 from app.usecases.housekeeping import isolated, round_deadline_s
+from app.usecases.prewarm import holds as prewarm_holds
+from app.usecases.prewarm import warm_up as prewarm_warm_up
 from app.usecases.scaling import kick, stop_net
 from models import ACTIVE_JOB_STATES, Job, Net, NetState
 

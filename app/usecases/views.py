@@ -42,10 +42,11 @@ from app.read_models import (
 from app.runtime import Runtime
 from app.schemas import job_id_for, require_storable
 from app.settings import Settings
-from app.usecases import enqueue, prewarm_holds, records
+from app.usecases import enqueue, records
 from app.usecases.callbacks import delivery_status
 from app.usecases.claims import drained
 from app.usecases.drains import NET_DRAINED, drain_state
+from app.usecases.prewarm import holds as prewarm_holds
 from models import (
     ACTIVE_JOB_STATES,
     Job,

@@ -27,7 +27,7 @@ COPIED = ("app", "models", "migrations", "tasks", "tests/__init__.py", "tests/si
 EDITS: dict[str, list[tuple[str, str, str]]] = {
     "9": [  # reconcile's READY of a job-less STARTING net idles from its holds' end
         (
-            "app/usecases/prewarm_warm_up.py",
+            "app/usecases/prewarm/warm_up.py",
             "        idle_since = idle_from_holds(session, net_name, net.state_changed_at, now)\n",
             "        idle_since = (\n"
             "            now  # reconcile's READY (its reason), before the fix\n"

@@ -18,9 +18,10 @@ from app.net_config import DockerDriverConfig
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import dispatch, enqueue, prewarm, prewarm_warm_up, reconciler, records
+from app.usecases import dispatch, enqueue, prewarm, reconciler, records
 from app.usecases.dispatch import Step
-from app.usecases.prewarm_warm_up import Warm
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
 from models import NetState
 from tests.fakes import FakeAdmin, FakeServer
 from tests.fixtures.containers import (

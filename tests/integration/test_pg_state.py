@@ -17,8 +17,9 @@ from sqlalchemy.exc import IntegrityError
 from app import names
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import claims, prewarm, prewarm_warm_up, records
+from app.usecases import claims, prewarm, records
 from app.usecases import enqueue as enqueue_uc
+from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import Job, JobState, Net, NetState, Prewarm, PrewarmOutcome
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World

@@ -19,7 +19,8 @@ from app.entrypoints.api import create_app
 from app.errors import CallerKeyConflict
 from app.schemas import PrewarmNet
 from app.settings import Settings
-from app.usecases import dispatch, prewarm, prewarm_warm_up
+from app.usecases import dispatch, prewarm
+from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import JobState, NetEvent, NetState, Prewarm
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World

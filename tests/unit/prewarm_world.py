@@ -10,8 +10,9 @@ from sqlalchemy import select
 from app import names
 from app.read_models import PrewarmView
 from app.schemas import PrewarmNet
-from app.usecases import prewarm, prewarm_warm_up, records
-from app.usecases.prewarm_warm_up import Warm
+from app.usecases import prewarm, records
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
 from models import JobState, NetEvent, NetState, Prewarm, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of

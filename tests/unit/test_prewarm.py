@@ -17,8 +17,9 @@ from app.adapters.drivers.base import Observation
 from app.errors import DriverMisconfigured, InvalidRequest
 from app.metrics.read import read_snapshot
 from app.schemas import PrewarmNet
-from app.usecases import dispatch, prewarm, prewarm_warm_up, reconciler, records, scale_down
-from app.usecases.prewarm_warm_up import Warm
+from app.usecases import dispatch, prewarm, reconciler, records, scale_down
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
 from app.usecases.views import collect_status
 from models import JobState, NetEvent, NetState, PrewarmOutcome
 from tests.unit.prewarm_world import (

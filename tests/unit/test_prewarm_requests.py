@@ -23,8 +23,9 @@ from app.errors import (
 from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import PrewarmNet
 from app.settings import Settings
-from app.usecases import prewarm, prewarm_warm_up, records, scale_down
-from app.usecases.prewarm_warm_up import Warm
+from app.usecases import prewarm, records, scale_down
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
 from models import NetState, PrewarmOutcome
 from tests.fixtures.db import net_decl
 from tests.unit.lost_commit_reply import commit_reply_lost

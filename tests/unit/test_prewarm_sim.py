@@ -18,7 +18,7 @@ from app.sim.faults import CLEAN
 from app.sim.simulation import Simulation
 from app.sim.trace import Trace, TraceJob
 from app.sim.workload import JobSpec, NetSpec, PrewarmSpec, Workload, WorldSpec
-from app.usecases import prewarm_holds
+from app.usecases.prewarm import holds as prewarm_holds
 from models import Net, NetState, Prewarm, PrewarmOutcome
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import PREWARM_SHARE, with_prewarms

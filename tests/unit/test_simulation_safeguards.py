@@ -32,12 +32,12 @@ from app.usecases import (
     housekeeping,
     monitor,
     net_repairs,
-    prewarm_holds,
     reconciler,
     records,
     retries,
     scaling,
 )
+from app.usecases.prewarm import holds as prewarm_holds
 from models import Job, JobState, Prewarm, PrewarmOutcome, RejectedRequest
 from tests.sim.profiles import PROFILES, PROFILES_BY_NAME
 from tests.sim.sweep import run_seeds

@@ -1,8 +1,9 @@
-"""The sweep finds round 4's fixes in its reach (issue 36) when one is undone: each case
-switches a fix off again (monkeypatched back to what the code did before it) and a small
-sweep must report the invariant that catches it (tests/sim/README.md, "Each fix of round
-4"; tests/bench/undo_round4_fix.py hunts the same by editing a copy of the tree).
-Fix 1, the break-it review's refusal and round 5's chain refusal are cases of
+"""The sweep keeps finding the safeguards of reconcile's repairs, step leases, a stale row's retry
+and an identical retry after a redeploy (round 4's fixes in its reach, issue 36) when one is
+undone: each case switches a fix off again (monkeypatched back to what the code did before it)
+and a small sweep must report the invariant that catches it (tests/sim/README.md, "Each fix of
+round 4"; tests/bench/undo_round4_fix.py hunts the same by editing a copy of the tree). Fix 1,
+the break-it review's refusal and round 5's chain refusal are cases of
 test_simulation_safeguards.py, whose rules (seeds tied to the code: widen a range that stops
 finding) hold here too. Run against the harness before its round-4 checks (main's tests/sim),
 each of the four cases failed with its seed reporting nothing (`seen: {115: set()}`)."""
@@ -19,8 +20,9 @@ from app.errors import CallerKeyConflict
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import enqueue, net_repairs, prewarm_warm_up, step_leases
+from app.usecases import enqueue, net_repairs, step_leases
 from app.usecases.enqueue import Enqueued
+from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import Job, JobState, NetState
 from tests.sim.profiles import PROFILES_BY_NAME
 from tests.sim.sweep import run_seeds
@@ -86,7 +88,7 @@ def _stale_rows_fail_loudly(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(delivery, "on_error", loud)
 
 
-ROUND4 = [
+REPAIRS = [
     Safeguard(
         "reconcile's READY of a prewarmed net idles from its holds' end (fix 9)",
         _reconcile_ready_idles_from_now,
@@ -145,11 +147,11 @@ ROUND4 = [
     "safeguard",
     [
         pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=s.gap)) if s.gap else s
-        for s in ROUND4
+        for s in REPAIRS
     ],
     ids=lambda s: s.name,
 )
-def test_the_sweep_finds_a_round4_fix_undone(
+def test_the_sweep_finds_a_repair_safeguard_undone(
     safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     safeguard.switch_off(monkeypatch)  # worker processes are forked: they inherit it

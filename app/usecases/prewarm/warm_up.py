@@ -21,7 +21,7 @@ from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.claims import drained
-from app.usecases.prewarm_holds import (
+from app.usecases.prewarm.holds import (
     end_hold,
     idle_from_holds,
     settle_row,

@@ -9,8 +9,8 @@ seconds, so that the job meets a warm server instead of a cold start.
   desired count: never a second replica), and marks the net READY once its server answers
   and the sites are connected, as a job's readiness check does. A net already up, or coming
   up, is only held.
-This module asks, cancels and reads prewarms; the holds (`idle_start`, `live_holds`,
-settling a row) are in `prewarm_holds`, `warm_up` and `settle_prewarms` in `prewarm_warm_up`.
+This package's front asks, cancels and reads prewarms; the holds (`idle_start`, `live_holds`,
+settling a row) are in `prewarm.holds`, `warm_up` and `settle_prewarms` in `prewarm.warm_up`.
 
 - The hold is honoured in one place, the idle scale-down (`idle_start`): a net's idle grace
   starts when it went idle or when its last hold ended, whichever is later; a live hold
@@ -55,7 +55,7 @@ from app.schemas import PrewarmNet, recorded_caller_key, require_storable, stora
 from app.settings import Settings
 from app.usecases import records, rows
 from app.usecases.claims import drained
-from app.usecases.prewarm_holds import (
+from app.usecases.prewarm.holds import (
     HELD,
     UP,
     WARMING,
