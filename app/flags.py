@@ -1,8 +1,9 @@
 """Boolean flags, parsed the one way every setting and every process reads them.
 
-A module of one function on purpose: `app.settings` and `app.net_config` both parse flags,
-and settings imports net_config, so the parser lives below both (in either, the other
-would import it back)."""
+A module of one function on purpose: `app.settings` (process-wide flags) and
+`app.net_config` (a net's own) both parse flags the same way; the parser belongs to neither's
+job, so it sits below both rather than in net_config, where settings would import a
+deployment's net schema for a string parser."""
 
 from __future__ import annotations
 
