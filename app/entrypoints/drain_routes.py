@@ -39,13 +39,24 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
     """The drain use case over HTTP. `require_api_key` and `read_body` are the job routes'
     key check and body parser."""
 
-    def body(schema: type[BaseModel]) -> dict[str, Any]:
-        return {
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": schema.model_json_schema()}},
-            }
-        }
+    def post(
+        path: str, operation_id: str, schema: type[BaseModel]
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A POST route behind the key whose JSON body is `schema` (parsed by the handler)."""
+        return app.post(
+            path,
+            tags=["drain"],
+            operation_id=operation_id,
+            dependencies=[Depends(require_api_key)],
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": schema.model_json_schema()}},
+                }
+            },
+            response_model=DrainChanged,
+            responses=error_responses(400, 401, 403, 413, 422, 503),
+        )
 
     @app.get(
         "/drain",
@@ -59,15 +70,7 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
         net has an active job, FINISHING included)."""
         return drains.drain_view(runtime)
 
-    @app.post(
-        "/drain",
-        tags=["drain"],
-        operation_id="drain",
-        dependencies=[Depends(require_api_key)],
-        openapi_extra=body(DrainBody),
-        response_model=DrainChanged,
-        responses=error_responses(400, 401, 403, 413, 422, 503),
-    )
+    @post("/drain", "drain", DrainBody)
     async def post_drain(request: Request) -> DrainChanged:
         """Drain `nets` or `all`: no new claim or prewarm on them; what runs finishes, then
         their servers scale to zero after their idle grace; queued jobs wait. Idempotent."""
@@ -78,15 +81,7 @@ def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: Rea
             )
         )
 
-    @app.post(
-        "/undrain",
-        tags=["drain"],
-        operation_id="undrain",
-        dependencies=[Depends(require_api_key)],
-        openapi_extra=body(UndrainBody),
-        response_model=DrainChanged,
-        responses=error_responses(400, 401, 403, 413, 422, 503),
-    )
+    @post("/undrain", "undrain", UndrainBody)
     async def post_undrain(request: Request) -> DrainChanged:
         """Undrain `nets` or `all`, and kick the assigner (`notified`)."""
         payload = await read_body(request, UndrainBody, optional=False)
