@@ -345,7 +345,7 @@ def _flower_options(
     venv = _flower_venv(out)
     entry, sites = flower.local_flower_net(root, venv, name=FLOWER_NET, idle_timeout_s=6)
     resources.callback(sites.close)
-    flower.build_flower_app(root / "jobs" / FLOWER_APP)
+    flower.build_flower_app(root / "jobs" / FLOWER_APP, **{"num-rounds": 2})
     options = StackOptions(
         workdir=root,
         nvflare=False,

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -364,91 +365,24 @@ def local_flower_net(
     return entry, nodes
 
 
-# --- the demo's Flower App ------------------------------------------------------------
+# --- the tiny Flower App ---------------------------------------------------------------
 
-_APP_FILES = {
-    "pyproject.toml": """\
-# fl-dispatcher's demo Flower App: each round the ServerApp asks every SuperNode's ClientApp
-# for a number and sums the answers.
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "demofl"
-version = "1.0.0"
-description = "fl-dispatcher's demo Flower App"
-license = "Apache-2.0"
-dependencies = ["flwr>=1.42,<2"]
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "fl-dispatcher"
-
-[tool.flwr.app.components]
-serverapp = "demofl.server_app:app"
-clientapp = "demofl.client_app:app"
-
-[tool.flwr.app.config]
-num-rounds = 2
-min-nodes = 2
-""",
-    "demofl/__init__.py": '"""fl-dispatcher\'s demo Flower App."""\n',
-    "demofl/server_app.py": '''\
-"""The ServerApp: waits for min-nodes SuperNodes, then runs num-rounds rounds."""
-
-import time
-
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.serverapp import Grid, ServerApp
-
-app = ServerApp()
+# The demo's and the tests' Flower App (one): each round its ServerApp asks every SuperNode's
+# ClientApp for a number and sums the answers; its run config can make a run last or fail,
+# or check what the dispatcher put in the run config (app/local/flower_app/pyproject.toml).
+APP = Path(__file__).resolve().parent / "flower_app"
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    config = context.run_config
-    node_ids = list(grid.get_node_ids())
-    while len(node_ids) < int(config["min-nodes"]):
-        time.sleep(0.2)
-        node_ids = list(grid.get_node_ids())
-    for round_no in range(1, int(config["num-rounds"]) + 1):
-        messages = [
-            Message(
-                RecordDict({"config": ConfigRecord({"round": round_no})}),
-                dst_node_id=node_id,
-                message_type="train",
-            )
-            for node_id in node_ids
-        ]
-        replies = list(grid.send_and_receive(messages, timeout=60))
-        total = sum(float(r.content["metrics"]["value"]) for r in replies if r.has_content())
-        print(f"demofl round {round_no}: {len(replies)} replies, sum {total}")
-''',
-    "demofl/client_app.py": '''\
-"""The ClientApp: answers each round with its partition id times the round."""
-
-from flwr.app import Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-
-app = ClientApp()
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    round_no = int(msg.content["config"]["round"])
-    value = float(context.node_config.get("partition-id", 0)) * round_no
-    return Message(RecordDict({"metrics": MetricRecord({"value": value})}), reply_to=msg)
-''',
-}
-
-
-def build_flower_app(target: Path) -> Path:
-    """Write the demo's Flower App into `target` (a job folder under JOB_ROOT)."""
-    for name, text in _APP_FILES.items():
-        path = target / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+def build_flower_app(target: Path, **config: object) -> Path:
+    """Copy the tiny Flower App into `target` (a job folder under JOB_ROOT), with `config`'s
+    values as its run config's defaults (keys as the app's pyproject.toml spells them)."""
+    shutil.copytree(APP, target, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = target / "pyproject.toml"
+    text = pyproject.read_text()
+    for key, value in config.items():
+        literal = str(value).lower() if isinstance(value, bool) else repr(value)
+        text, count = re.subn(rf"(?m)^{re.escape(key)} = .*$", f"{key} = {literal}", text)
+        if count != 1:
+            raise ValueError(f"the tiny Flower App's run config has no {key!r}")
+    pyproject.write_text(text)
     return target

@@ -2,7 +2,7 @@
 (subprocesses), a private Redis as the broker, PostgreSQL as the job store, the local driver
 starting a real SuperLink (flwr 1.42 from its own virtualenv, tests/fixtures/flower.py) with
 TLS and SuperNode authentication, and two real SuperNodes started by the test. The job's
-bundle is a Flower App folder (tests/integration/flower_app). The same deployment has an
+bundle is a Flower App folder (app/local/flower_app, the demo's too). The same deployment has an
 NVFLARE net (LocalStack's, a real server and two sites): the two serve jobs side by side."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +22,14 @@ from sqlalchemy import select
 from app.adapters.backend import RunState
 from app.adapters.drivers import build_driver
 from app.adapters.flower.client import build_flower_client
+from app.local.flower import build_flower_app
 from app.local.stack import NET as NVFLARE_NET
 from app.local.stack import LocalStack, StackOptions
 from app.process_control import terminate_tree
 from app.settings import Settings
 from models import JobState, NetEvent, NetState
 from tests.e2e.lifecycle_stack import RUN_S, lifecycle_database, private_broker
-from tests.fixtures.flower import APP, NODES_TIMEOUT_S, SITES, START_TIMEOUT_S, FlowerSystem, poll
+from tests.fixtures.flower import NODES_TIMEOUT_S, SITES, START_TIMEOUT_S, FlowerSystem, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.flower]
 
@@ -57,17 +57,6 @@ def flower_net(system: FlowerSystem, workdir: Path) -> dict[str, Any]:
         },
         "flower": {"address": system.address, "root_certificates": str(system.tls.ca)},
     }
-
-
-def copy_app(target: Path, **config: str) -> None:
-    """The test's Flower App under the job root, with other defaults in its run config."""
-    shutil.copytree(APP, target, ignore=shutil.ignore_patterns("__pycache__"))
-    text = (target / "pyproject.toml").read_text()
-    for key, value in config.items():
-        head = f"\n{key} = "
-        start = text.index(head) + len(head)
-        text = text[:start] + value + text[text.index("\n", start) :]
-    (target / "pyproject.toml").write_text(text)
 
 
 def register_sites(system: FlowerSystem, workdir: Path, venv: Path) -> None:
@@ -100,9 +89,9 @@ def stack(flower_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     system = FlowerSystem(flower_venv, workdir / "flower", database=False)
     try:
         register_sites(system, workdir, flower_venv)
-        copy_app(workdir / "jobs" / APP_NAME)
-        copy_app(workdir / "jobs" / LONG_APP, **{"num-rounds": "1000", "round-sleep-s": "0.5"})
-        copy_app(workdir / "jobs" / MID_APP, **{"num-rounds": "4"})
+        build_flower_app(workdir / "jobs" / APP_NAME)
+        build_flower_app(workdir / "jobs" / LONG_APP, **{"num-rounds": 1000, "round-sleep-s": 0.5})
+        build_flower_app(workdir / "jobs" / MID_APP, **{"num-rounds": 4})
         with (
             lifecycle_database("fld_e2e_flower") as database,
             private_broker(workdir / "redis") as broker,

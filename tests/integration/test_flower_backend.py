@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import json
 import re
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from app.adapters.flower import fab
 from app.adapters.flower.client import NO_START_TIME, FlowerControlClient, run_token
 from app.adapters.flower.proto import control_pb2
 from app.errors import AdminMisconfigured, NvflareJobNotFound, ServerUnavailable
+from app.local.flower import build_flower_app
 from tests.fixtures.flower import APP, SITES, FlowerSystem, make_tls, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower]
@@ -32,15 +32,7 @@ RUN_TIMEOUT_S = 120.0  # measured ~9 s for the tiny app's one round on 2 cores
 
 def app_variant(tmp_path: Path, name: str, **config: object) -> Path:
     """A copy of the tiny Flower App with other defaults in its run config."""
-    folder = tmp_path / name
-    shutil.copytree(APP, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    text = (folder / "pyproject.toml").read_text()
-    for key, value in config.items():
-        literal = str(value).lower() if isinstance(value, bool) else repr(value)
-        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {literal}", text)
-        assert count == 1, key
-    (folder / "pyproject.toml").write_text(text)
-    return folder
+    return build_flower_app(tmp_path / name, **config)
 
 
 @pytest.fixture

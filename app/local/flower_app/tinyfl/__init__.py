@@ -1,0 +1,1 @@
+"""fl-dispatcher's tiny Flower App (the demo's and the tests')."""

@@ -1,1 +1,0 @@
-"""fl-dispatcher's test Flower App."""
