@@ -41,6 +41,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         assert isinstance(value, datetime)
+        if value.tzinfo is UTC:  # PostgreSQL's sessions speak UTC (app.db): most values
+            return value
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 

@@ -9,19 +9,21 @@ import logging
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import create_engine, make_url, select, text
 from sqlalchemy.exc import IntegrityError
 
 from app import names
+from app.db import make_engine
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
 from app.usecases import claims, prewarm, records
 from app.usecases import enqueue as enqueue_uc
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import Job, JobState, Net, NetState, Prewarm, PrewarmOutcome
-from tests.fixtures.db import net_decl
+from tests.fixtures.db import PG_ADMIN_URL, fresh_pg_database, net_decl
 from tests.unit.conftest import World
 
 pytestmark = pytest.mark.integration
@@ -548,3 +550,24 @@ def test_a_request_reaching_a_read_only_postgresql_during_a_failover_is_retried(
     finally:
         engine.dispose()
     assert on_error(handler, failed.value, 0, settings) is Verdict.RETRY, repr(failed.value)
+
+
+def test_sessions_speak_utc_whatever_the_servers_zone():
+    """app.db's PostgreSQL sessions read timestamps in UTC, the zone TZDateTime passes through
+    without converting, even on a server (or database) set to another zone."""
+    with fresh_pg_database("fld_tz") as url:
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(
+                text(f"ALTER DATABASE \"{make_url(url).database}\" SET timezone TO 'Asia/Tokyo'")
+            )
+        admin.dispose()
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "UTC"
+                read = conn.exec_driver_sql("SELECT TIMESTAMPTZ '2026-01-01 09:00:00+09'").scalar()
+            assert read == datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
+            assert read.tzinfo is UTC
+        finally:
+            engine.dispose()
