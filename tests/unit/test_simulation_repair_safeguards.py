@@ -24,9 +24,7 @@ from app.usecases import enqueue, net_repairs, step_leases
 from app.usecases.enqueue import Enqueued
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import Job, JobState, NetState
-from tests.sim.profiles import PROFILES_BY_NAME
-from tests.sim.sweep import run_seeds
-from tests.unit.test_simulation_safeguards import Safeguard
+from tests.unit.test_simulation_safeguards import Safeguard, as_params, assert_found
 
 pytestmark = pytest.mark.timeout(1800)  # a guard against a hang (see the other file)
 
@@ -143,26 +141,8 @@ REPAIRS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "safeguard",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=s.gap)) if s.gap else s
-        for s in REPAIRS
-    ],
-    ids=lambda s: s.name,
-)
+@pytest.mark.parametrize("safeguard", as_params(REPAIRS), ids=lambda s: s.name)
 def test_the_sweep_finds_a_repair_safeguard_undone(
     safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    safeguard.switch_off(monkeypatch)  # worker processes are forked: they inherit it
-    seen: dict[int, set[str]] = {}
-    profile = PROFILES_BY_NAME[safeguard.profile] if safeguard.forced else None
-    for result in run_seeds(safeguard.seed_list(), profile, fail_fast=True):
-        found = {v.invariant for v in result.violations}
-        seen[result.seed] = found
-        if found & safeguard.finds:
-            return
-    pytest.fail(
-        f"no seed of {safeguard.profile} in {safeguard.seeds} reports any of "
-        f"{sorted(safeguard.finds)} with the fix undone; seen: {seen}"
-    )
+    assert_found(safeguard, monkeypatch)
