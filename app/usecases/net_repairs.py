@@ -165,9 +165,17 @@ def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
         if held and expected != NetState.OUTAGE:
             return None  # a job claimed it meanwhile: its chain moves it
         target = NetState.BUSY if held else NetState.READY
-        net.transition(target, rt.clock(), "always-on server reachable")
+        now = rt.clock()
+        # A start a prewarm asked for idles from its holds' end, as in scale-to-zero mode
+        # (`_set_net_state`): a redeploy back to it must not find a fresh grace.
+        started = net.state_changed_at
+        net.transition(target, now, "always-on server reachable")
         if target == NetState.READY:
-            net.idle_since = rt.clock()
+            net.idle_since = (
+                idle_from_holds(session, name, started, now)
+                if expected == NetState.STARTING
+                else now
+            )
         return target
 
 

@@ -7,12 +7,14 @@ found at zero replicas clears the stray runs that died with its server."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import select
 
 from app.usecases import dispatch, monitor, reconciler, records
 from app.usecases.net_repairs import net_rows, watch_always_on
-from models import JobState, NetEvent, NetState, ReasonCode, StrayRun
+from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.scale_history import scale_decisions
 
@@ -236,3 +238,31 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     reconciler.reconcile(world.rt)
     assert _strays(world) == []
     assert [a.net_name for a in dispatch.claim_and_start(world.rt)] == ["net-b"]
+
+
+def test_a_prewarmed_start_found_up_idles_from_its_holds_end(always_on):
+    """A net a prewarm started (STARTING, no job) whose hold was cancelled, then a redeploy to
+    always-on: reconcile's READY idles from the hold's end, not from now, so a later redeploy
+    back to scale-to-zero keeps it at most hold end + grace (simulator seed 4946)."""
+    world = always_on
+    started = world.clock()
+    with world.rt.sessions.begin() as session:
+        net = records.get_net(session, "net-a")
+        net.transition(NetState.STARTING, started, "prewarm")
+        session.add(
+            Prewarm(
+                caller_key="pw-1",
+                net_name="net-a",
+                required_sites=[],
+                created_at=started,
+                hold_until=started + timedelta(seconds=60),
+                ended_at=started + timedelta(seconds=12),
+                outcome=PrewarmOutcome.CANCELLED,
+            )
+        )
+    world.driver("net-a").replicas = 1
+    world.clock.advance(35)
+    assert "net-a: STARTING -> READY" in reconciler.reconcile(world.rt).repaired
+    net = world.net("net-a")
+    assert net.state == NetState.READY
+    assert net.idle_since == started + timedelta(seconds=12)
