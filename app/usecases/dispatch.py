@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -361,7 +362,21 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     return _dispatch(rt, job_id, net_name, attempt)
 
 
-def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
+@dataclass(frozen=True)
+class _Submit:
+    """What a submit sends, read under the job's lock as the submit begins."""
+
+    token: str
+    definition: str
+    sites: list[str]
+    metadata: dict[str, Any] | None
+
+
+def _begin_submit(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int
+) -> _Submit | tuple[StepResult, str | None]:
+    """The submit to send for this attempt (its token stored first, its lease renewed), or
+    the step's skip and this attempt's token if the job adopted a run of it meanwhile."""
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
@@ -369,9 +384,21 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         elif _ours(job, JobState.DISPATCHING, net_name, attempt) and job.submit_token:
             token = job.submit_token
         else:
-            return StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
+            result = StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
+            # Another submit of this attempt ran meanwhile, and the job adopted its run.
+            adopted = (job.net_name, job.attempts) == (net_name, attempt) and job.nvflare_job_id
+            return result, job.submit_token if adopted else None
         job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
-        definition, sites, metadata = job.definition, list(job.required_sites), job.metadata_
+        return _Submit(token, job.definition, list(job.required_sites), job.metadata_)
+
+
+def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
+    begun = _begin_submit(rt, job_id, net_name, attempt)
+    if not isinstance(begun, _Submit):
+        # Outside the transaction: the lookup is a call to the server.
+        result, adopted = begun
+        return result if adopted is None else _look_up_adopted(rt, net_name, adopted, result)
+    token, definition, sites, metadata = begun.token, begun.definition, begun.sites, begun.metadata
 
     admin = rt.admin(net_name)
     ours = (JobState.DISPATCHING, attempt)
@@ -428,6 +455,23 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         extra={"job": str(job_id), "net": net_name, "nvflare_job_id": nvflare_job_id},
     )
     return StepResult(Step.DONE, nvflare_job_id)
+
+
+def _look_up_adopted(rt: Runtime, net_name: str, token: str, skipped: StepResult) -> StepResult:
+    """A submit of an attempt whose run the job adopted meanwhile looks its token up once
+    more before it ends, on a net whose server keeps no token of its own (Flower): this
+    step's own try may have started a later run whose outcome it never learnt (a reply
+    lost), and only a lookup stops such a run before it starts
+    (`FlowerControlClient.find_run`). NVFLARE resolves the token itself: nothing to look up.
+    A lookup that cannot be done raises (TransientError): the step retries; a misconfigured
+    net is left to its next check."""
+    if not rt.settings.net(net_name).tokens_by_lookup:
+        return skipped
+    try:
+        rt.admin(net_name).find_run(token)
+    except MisconfigurationError as exc:
+        log.warning("adopted token not looked up", extra={"net": net_name, "reason": str(exc)})
+    return skipped
 
 
 def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, token: str) -> bool:

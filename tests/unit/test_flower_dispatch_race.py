@@ -1,0 +1,117 @@
+"""Two dispatch steps of one attempt on a Flower net (a step re-driven beside itself, as the
+step leases allow), through the use case and the real Flower adapter over a fake Control
+API: the token's later run must never live beside the run the job adopted.
+
+Worker B looks the token up (none yet) and is paused before its start-run; worker A's whole
+dispatch runs meanwhile (its lookup finds nothing, it starts the token's first run, adopts
+it: the job is RUNNING). B's start-run then starts a second run and its reply is lost: B's
+submit raises, and its task retries. The adapter stops a later run only in a lookup
+(`FlowerControlClient.find_run`), so the retry must look, though the job has moved on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.errors import ServerUnavailable
+from app.runtime import RecordingOutbox, Runtime
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from app.usecases import dispatch, records
+from app.usecases import enqueue as enqueue_uc
+from app.usecases.dispatch import Step
+from models import JobState
+from tests.fakes import FakeDriver
+from tests.fixtures.flower import APP
+from tests.unit.test_flower_fakes import NET, World, _ControlApi, _RealOverFake
+
+
+class _PausedStart(_ControlApi):
+    """The first start-run waits while `meanwhile` runs (the other worker), then starts its
+    run and loses its reply."""
+
+    meanwhile: object = None
+
+    def start_run(self, request: httpx.Request) -> httpx.Response:
+        other, self.meanwhile = self.meanwhile, None
+        if other is None:
+            return super().start_run(request)
+        other()  # type: ignore[operator]
+        self.lose_next_start = True
+        return super().start_run(request)
+
+
+def _worker(settings: Settings, sessions, clock, api: _ControlApi) -> Runtime:
+    """One worker process: its own Control API client of the one SuperLink."""
+    return Runtime(
+        settings=settings,
+        engine=sessions.kw["bind"],
+        sessions=sessions,
+        clock=clock,
+        driver_factory=lambda net, s: FakeDriver(replicas=1),
+        admin_factory=lambda net, s: _RealOverFake(api),
+        outbox=RecordingOutbox(),
+    )
+
+
+@pytest.fixture
+def flower_settings(tmp_path: Path) -> Settings:
+    root = tmp_path / "jobs"
+    shutil.copytree(APP, root / "flower-app")
+    net = {
+        "name": NET,
+        "backend": "flower",
+        "driver": {"kind": "static"},
+        "flower": {"address": f"{NET}.superlink:9093", "insecure": True},
+        "required_sites": ["site-1", "site-2"],
+    }
+    return Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=root, NETS=json.dumps([net]))
+
+
+def test_a_retried_submit_stops_the_later_run_of_a_token_the_job_adopted_meanwhile(
+    flower_settings: Settings, sqlite_factory, clock
+) -> None:
+    superlink = World(real=True)
+    superlink.later(100.0)  # the SuperNodes are online
+    api = _PausedStart(superlink)
+    a = _worker(flower_settings, sqlite_factory, clock, api)
+    b = _worker(flower_settings, sqlite_factory, clock, api)
+    with sqlite_factory.begin() as session:
+        records.sync_nets(session, flower_settings, clock())
+        job_id = enqueue_uc.enqueue_job(
+            session,
+            flower_settings,
+            EnqueueJob(caller_key="k", definition="flower-app", net=NET),
+            clock(),
+        ).job_id
+    (assignment,) = dispatch.claim_and_start(a)
+    attempt = assignment.attempt
+    assert dispatch.scale_up(a, job_id, NET, attempt).step == Step.DONE
+    assert dispatch.check_ready(a, job_id, NET, attempt).step == Step.DONE
+    with sqlite_factory.begin() as session:  # the attempt's submit begins: its token stored
+        token = records.get_job(session, job_id).start_dispatch(clock())
+
+    adopted: list[str] = []
+
+    def worker_a() -> None:
+        result = dispatch.dispatch(a, job_id, NET, attempt)
+        assert result.step == Step.DONE
+        adopted.append(result.detail)
+
+    api.meanwhile = worker_a
+    with pytest.raises(ServerUnavailable):  # B's start-run: its reply lost
+        dispatch.dispatch(b, job_id, NET, attempt)
+    with sqlite_factory() as session:
+        job = records.get_job(session, job_id)
+        assert (job.state, job.nvflare_job_id) == (JobState.RUNNING, adopted[0])
+    assert superlink.runs_of(token) == 2  # A's, and B's whose reply was lost
+
+    dispatch.dispatch(b, job_id, NET, attempt)  # B's task retries (the job moved on)
+
+    live = superlink.client.live_runs()
+    mine = {run.nvflare_id for run in superlink.server.store.values() if run.token == token}
+    assert mine & live == {adopted[0]}, "the token's later run lives beside the adopted one"
