@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from pathlib import Path
 
 import httpx
@@ -58,6 +59,24 @@ def _worker(settings: Settings, sessions, clock, api: _ControlApi) -> Runtime:
     )
 
 
+def enqueue(rt: Runtime, sessions, clock) -> tuple[uuid.UUID, int]:
+    """A job of the Flower App enqueued for the net, claimed, the net seen ready: its id and
+    attempt."""
+    with sessions.begin() as session:
+        records.sync_nets(session, rt.settings, clock())
+        job_id = enqueue_uc.enqueue_job(
+            session,
+            rt.settings,
+            EnqueueJob(caller_key="k", definition="flower-app", net=NET),
+            clock(),
+        ).job_id
+    (assignment,) = dispatch.claim_and_start(rt)
+    attempt = assignment.attempt
+    assert dispatch.scale_up(rt, job_id, NET, attempt).step == Step.DONE
+    assert dispatch.check_ready(rt, job_id, NET, attempt).step == Step.DONE
+    return job_id, attempt
+
+
 @pytest.fixture
 def flower_settings(tmp_path: Path) -> Settings:
     root = tmp_path / "jobs"
@@ -80,18 +99,7 @@ def test_a_retried_submit_stops_the_later_run_of_a_token_the_job_adopted_meanwhi
     api = _PausedStart(superlink)
     a = _worker(flower_settings, sqlite_factory, clock, api)
     b = _worker(flower_settings, sqlite_factory, clock, api)
-    with sqlite_factory.begin() as session:
-        records.sync_nets(session, flower_settings, clock())
-        job_id = enqueue_uc.enqueue_job(
-            session,
-            flower_settings,
-            EnqueueJob(caller_key="k", definition="flower-app", net=NET),
-            clock(),
-        ).job_id
-    (assignment,) = dispatch.claim_and_start(a)
-    attempt = assignment.attempt
-    assert dispatch.scale_up(a, job_id, NET, attempt).step == Step.DONE
-    assert dispatch.check_ready(a, job_id, NET, attempt).step == Step.DONE
+    job_id, attempt = enqueue(a, sqlite_factory, clock)
     with sqlite_factory.begin() as session:  # the attempt's submit begins: its token stored
         token = records.get_job(session, job_id).start_dispatch(clock())
 

@@ -50,10 +50,17 @@ _CONFIG_HEADER = re.compile(
 )
 
 
-def _app_config(document: dict[str, Any]) -> dict[str, Any] | None:
-    """The document's [tool.flwr.app.config] table, or None."""
-    table = document.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
-    return table if isinstance(table, dict) else None
+def _app(document: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The document's [tool.flwr.app] table ({} when absent); InvalidRequest when a key on
+    its way, or the app's config, is something else than a table (valid TOML all the same)."""
+    table: dict[str, Any] = document
+    for key in ("tool", "flwr", "app"):
+        table = table.get(key, {})
+        if not isinstance(table, dict):
+            raise InvalidRequest(f"{folder / CONFIG_FILE}: {key} is not a table")
+    if not isinstance(table.get("config", {}), dict):
+        raise InvalidRequest(f"{folder / CONFIG_FILE}: [tool.flwr.app.config] is not a table")
+    return table
 
 
 def _parse(text: str, folder: Path) -> dict[str, Any]:
@@ -71,12 +78,13 @@ def declare_keys(text: str, folder: Path = Path(".")) -> str:
     written as dotted keys or an inline table, where a line cannot be added safely).
     """
     document = _parse(text, folder)
-    components = document.get("tool", {}).get("flwr", {}).get("app", {}).get("components")
+    app = _app(document, folder)
+    components = app.get("components")
     if not isinstance(components, dict) or not components:
         raise InvalidRequest(
             f"{folder / CONFIG_FILE} is not a Flower App: no [tool.flwr.app.components]"
         )
-    config = _app_config(document) or {}
+    config = app.get("config", {})
     missing = [key for key in DISPATCHER_KEYS if key not in config]
     if not missing:
         return text
@@ -147,8 +155,11 @@ def build_fab(folder: Path) -> bytes:
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise InvalidRequest(f"{folder} holds no {CONFIG_FILE}: not a Flower App")
-    text = config_path.read_text(encoding="utf-8")
-    app = _parse(text, folder).get("tool", {}).get("flwr", {}).get("app", {})
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{config_path} is not UTF-8 text: {exc.reason}") from exc
+    app = _app(_parse(text, folder), folder)
     chosen = sorted(key for key in ("fab-include", "fab-exclude") if key in app)
     if chosen:
         raise InvalidRequest(f"{config_path}: {', '.join(chosen)} is not supported yet")
