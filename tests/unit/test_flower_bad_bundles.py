@@ -6,6 +6,8 @@ the job has spent its attempts, holding its net each time."""
 
 from __future__ import annotations
 
+import random
+import tracemalloc
 import uuid
 from pathlib import Path
 
@@ -78,3 +80,25 @@ def test_a_malformed_flower_app_fails_its_job_at_once(
         job = records.get_job(session, job_id)
         assert (job.state, job.reason_code) == (JobState.FAILED, ReasonCode.DEFINITION_INVALID)
     assert superlink.server.store == {}
+
+
+def test_a_huge_app_is_refused_without_holding_it_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SuperLink takes a FAB of 10 MB at most, while a bundle may hold gigabytes
+    (S3_MAX_BUNDLE_BYTES, 2 GiB by default) of files the FAB packs (`.json` data): the
+    build stops once its bundle passes the limit, holding no more than about that in
+    memory, instead of reading every file first (a worker's memory limit kills it, and its
+    message comes back to kill the next)."""
+    monkeypatch.setattr(fab, "FAB_MAX_BYTES", 1024 * 1024)
+    (tmp_path / "pyproject.toml").write_text(COMPONENTS)
+    for i in range(4):
+        (tmp_path / f"data-{i}.json").write_bytes(random.Random(i).randbytes(8 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidRequest, match="over the SuperLink's"):
+            fab.build_fab(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * 1024 * 1024, f"{peak:,} bytes held for a FAB limited to 1 MiB"

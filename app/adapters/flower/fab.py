@@ -23,6 +23,7 @@ import io
 import re
 import tomllib
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ CONFIG_FILE = "pyproject.toml"
 MANIFEST = ".info/CONTENT"
 FAB_DATE = (2024, 10, 1, 0, 0, 0)  # flwr's own (flwr.common.constant.FAB_DATE)
 FAB_MAX_BYTES = 10 * 1024 * 1024  # what the SuperLink accepts (FAB_MAX_SIZE)
+READ_CHUNK = 1024 * 1024  # bytes of an app file read at a time
 INCLUDED_SUFFIXES = frozenset({".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl"})
 # Folders flwr never packs (its FAB_EXCLUDE_PATTERNS), at any depth.
 EXCLUDED_DIRS = frozenset(
@@ -163,28 +165,49 @@ def build_fab(folder: Path) -> bytes:
     chosen = sorted(key for key in ("fab-include", "fab-exclude") if key in app)
     if chosen:
         raise InvalidRequest(f"{config_path}: {', '.join(chosen)} is not supported yet")
-    files = [(CONFIG_FILE, declare_keys(text, folder).encode("utf-8"))]
-    files += [(name, (folder / name).read_bytes()) for name in app_files(folder)]
+    config = declare_keys(text, folder).encode("utf-8")
     buffer = io.BytesIO()
     manifest = []
+    # One chunk of one file in memory at a time, and the bundle built so far: a folder may
+    # hold gigabytes the FAB would pack, far past what the SuperLink takes.
     with zipfile.ZipFile(buffer, "w") as fab:
-        for name, content in files:
-            _write(fab, name, content)
-            digest = hashlib.sha256(content).hexdigest()
-            manifest.append(f"{name},{digest},{len(content) * 8}")
-        _write(fab, MANIFEST, "\n".join(manifest).encode("utf-8"))
+        manifest.append(_write(fab, CONFIG_FILE, [config], len(config), folder))
+        for name in app_files(folder):
+            path = folder / name
+            with path.open("rb") as source:
+                chunks = iter(lambda: source.read(READ_CHUNK), b"")
+                manifest.append(_write(fab, name, chunks, path.stat().st_size, folder))
+        listing = "\n".join(manifest).encode("utf-8")
+        _write(fab, MANIFEST, [listing], len(listing), folder)
     data = buffer.getvalue()
     if len(data) > FAB_MAX_BYTES:
-        raise InvalidRequest(
-            f"{folder}: its FAB is {len(data):,} bytes, over the SuperLink's {FAB_MAX_BYTES:,}"
-        )
+        raise _too_large(folder, len(data))
     return data
 
 
-def _write(fab: zipfile.ZipFile, name: str, content: bytes) -> None:
+def _too_large(folder: Path, size: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"{folder}: its FAB is {size:,} bytes, over the SuperLink's {FAB_MAX_BYTES:,}"
+    )
+
+
+def _write(
+    fab: zipfile.ZipFile, name: str, chunks: Iterable[bytes], size: int, folder: Path
+) -> str:
+    """Add one file, as `writestr` would (same bytes), and return its manifest line (path,
+    sha256, size in bits); InvalidRequest as soon as the bundle passes FAB_MAX_BYTES."""
     info = zipfile.ZipInfo(name, date_time=FAB_DATE)
     info.compress_type = zipfile.ZIP_DEFLATED
-    fab.writestr(info, content)
+    info.file_size = size
+    digest, written = hashlib.sha256(), 0
+    with fab.open(info, mode="w") as entry:
+        for chunk in chunks:
+            entry.write(chunk)
+            digest.update(chunk)
+            written += len(chunk)
+            if fab.fp is not None and fab.fp.tell() > FAB_MAX_BYTES:
+                raise _too_large(folder, fab.fp.tell())
+    return f"{name},{digest.hexdigest()},{written * 8}"
 
 
 def fab_hash(fab: bytes) -> str:
