@@ -34,7 +34,7 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.usecases import claims, records
+from app.usecases import adopted_runs, claims, records
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
@@ -385,9 +385,7 @@ def _begin_submit(
             token = job.submit_token
         else:
             result = StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
-            # Another submit of this attempt ran meanwhile, and the job adopted its run.
-            adopted = (job.net_name, job.attempts) == (net_name, attempt) and job.nvflare_job_id
-            return result, job.submit_token if adopted else None
+            return result, adopted_runs.adopted_token(job, net_name, attempt)
         job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
         return _Submit(token, job.definition, list(job.required_sites), job.metadata_)
 
@@ -397,7 +395,9 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
     if not isinstance(begun, _Submit):
         # Outside the transaction: the lookup is a call to the server.
         result, adopted = begun
-        return result if adopted is None else _look_up_adopted(rt, net_name, adopted, result)
+        if adopted is not None:
+            adopted_runs.look_up(rt, net_name, adopted)  # TransientError: the step retries
+        return result
     token, definition, sites, metadata = begun.token, begun.definition, begun.sites, begun.metadata
 
     admin = rt.admin(net_name)
@@ -417,6 +417,9 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:
         return _misconfigured(rt, net_name, job_id, exc, ours)
+    except TransientError:
+        adopted_runs.after_unknown_submit(rt, job_id, net_name, attempt)
+        raise
     try:
         start_time: float | None = admin.server_start_time()
     except DispatcherError:
@@ -455,23 +458,6 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         extra={"job": str(job_id), "net": net_name, "nvflare_job_id": nvflare_job_id},
     )
     return StepResult(Step.DONE, nvflare_job_id)
-
-
-def _look_up_adopted(rt: Runtime, net_name: str, token: str, skipped: StepResult) -> StepResult:
-    """A submit of an attempt whose run the job adopted meanwhile looks its token up once
-    more before it ends, on a net whose server keeps no token of its own (Flower): this
-    step's own try may have started a later run whose outcome it never learnt (a reply
-    lost), and only a lookup stops such a run before it starts
-    (`FlowerControlClient.find_run`). NVFLARE resolves the token itself: nothing to look up.
-    A lookup that cannot be done raises (TransientError): the step retries; a misconfigured
-    net is left to its next check."""
-    if not rt.settings.net(net_name).tokens_by_lookup:
-        return skipped
-    try:
-        rt.admin(net_name).find_run(token)
-    except MisconfigurationError as exc:
-        log.warning("adopted token not looked up", extra={"net": net_name, "reason": str(exc)})
-    return skipped
 
 
 def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, token: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -33,9 +34,17 @@ from tests.unit.test_flower_fakes import NET, World, _ControlApi, _RealOverFake
 
 class _PausedStart(_ControlApi):
     """The first start-run waits while `meanwhile` runs (the other worker), then starts its
-    run and loses its reply."""
+    run and loses its reply; the SuperLink then refuses the next `refused_after` calls."""
 
     meanwhile: object = None
+    refused_after = 0
+    refusing = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.refusing:
+            self.refusing -= 1
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return super().__call__(request)
 
     def start_run(self, request: httpx.Request) -> httpx.Response:
         other, self.meanwhile = self.meanwhile, None
@@ -43,6 +52,7 @@ class _PausedStart(_ControlApi):
             return super().start_run(request)
         other()  # type: ignore[operator]
         self.lose_next_start = True
+        self.refusing = self.refused_after
         return super().start_run(request)
 
 
@@ -91,12 +101,28 @@ def flower_settings(tmp_path: Path) -> Settings:
     return Settings(FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=root, NETS=json.dumps([net]))
 
 
-def test_a_retried_submit_stops_the_later_run_of_a_token_the_job_adopted_meanwhile(
-    flower_settings: Settings, sqlite_factory, clock
-) -> None:
+@dataclass
+class _Race:
+    superlink: World
+    token: str
+    kept: str  # the run A started and the job adopted
+    b: Runtime
+    job_id: uuid.UUID
+    attempt: int
+
+    def live_of_token(self) -> set[str]:
+        store = self.superlink.server.store.values()
+        mine = {run.nvflare_id for run in store if run.token == self.token}
+        return mine & self.superlink.client.live_runs()
+
+
+def _race(flower_settings: Settings, sqlite_factory, clock, refused_after: int = 0) -> _Race:
+    """B's submit paused before its start-run while A's runs whole; B's start-run starts the
+    token's second run and loses its reply (then `refused_after` calls are refused)."""
     superlink = World(real=True)
     superlink.later(100.0)  # the SuperNodes are online
     api = _PausedStart(superlink)
+    api.refused_after = refused_after
     a = _worker(flower_settings, sqlite_factory, clock, api)
     b = _worker(flower_settings, sqlite_factory, clock, api)
     job_id, attempt = enqueue(a, sqlite_factory, clock)
@@ -117,9 +143,23 @@ def test_a_retried_submit_stops_the_later_run_of_a_token_the_job_adopted_meanwhi
         job = records.get_job(session, job_id)
         assert (job.state, job.nvflare_job_id) == (JobState.RUNNING, adopted[0])
     assert superlink.runs_of(token) == 2  # A's, and B's whose reply was lost
+    return _Race(superlink, token, adopted[0], b, job_id, attempt)
 
-    dispatch.dispatch(b, job_id, NET, attempt)  # B's task retries (the job moved on)
 
-    live = superlink.client.live_runs()
-    mine = {run.nvflare_id for run in superlink.server.store.values() if run.token == token}
-    assert mine & live == {adopted[0]}, "the token's later run lives beside the adopted one"
+def test_a_submit_whose_reply_was_lost_stops_the_later_run_once_the_job_adopted_the_first(
+    flower_settings: Settings, sqlite_factory, clock
+) -> None:
+    """Even at its last try (no retry follows: its retries spent, or its worker paused past
+    the call's timeout there), B looks the token up before it raises."""
+    race = _race(flower_settings, sqlite_factory, clock)
+    assert race.live_of_token() == {race.kept}, "a later run lives beside the adopted one"
+
+
+def test_a_retried_submit_stops_the_later_run_of_a_token_the_job_adopted_meanwhile(
+    flower_settings: Settings, sqlite_factory, clock
+) -> None:
+    """The SuperLink unreachable for B's own look-up right after its lost reply: the retry,
+    which finds the job RUNNING, looks again."""
+    race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
+    dispatch.dispatch(race.b, race.job_id, NET, race.attempt)  # B's task retries
+    assert race.live_of_token() == {race.kept}, "a later run lives beside the adopted one"
