@@ -34,7 +34,7 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.usecases import adopted_runs, claims, records
+from app.usecases import adopted_runs, claims, records, revived_runs
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
@@ -277,8 +277,7 @@ def _check_ready(
                 f"pending={observation.pending}"
             )
         else:
-            readiness = rt.admin(net_name).is_ready(required)
-            detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+            readiness, detail = _server_readiness(rt, job_id, net_name, attempt, required)
     except MisconfigurationError as exc:  # wrong kit or CA, missing service: never "down"
         return _misconfigured(rt, net_name, job_id, exc, (JobState.ASSIGNED, attempt))
     except TransientError as exc:
@@ -306,6 +305,21 @@ def _check_ready(
             return _give_up_on_sites(rt, job_id, net_name, attempt, reason)
         return _give_up_readiness(rt, job_id, net_name, attempt, reason)
     return StepResult(Step.NOT_READY, detail)
+
+
+def _server_readiness(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, required: list[str]
+) -> tuple[Readiness | None, str]:
+    """The server's readiness for the job and why it is not ready; a server that answers
+    with every site connected is not ready either while it holds runs no job counts
+    (`revived_runs`: stopped first)."""
+    readiness = rt.admin(net_name).is_ready(required)
+    detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+    if readiness.ready:
+        held = revived_runs.stop_before_submit(rt, job_id, net_name, attempt)
+        if held is not None:
+            return None, held
+    return readiness, detail
 
 
 def _give_up_on_sites(

@@ -163,3 +163,55 @@ def test_a_retried_submit_stops_the_later_run_of_a_token_the_job_adopted_meanwhi
     race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
     dispatch.dispatch(race.b, race.job_id, NET, race.attempt)  # B's task retries
     assert race.live_of_token() == {race.kept}, "a later run lives beside the adopted one"
+
+
+class _DuplicateDuringReadiness(_ControlApi):
+    """While the first readiness check's list-nodes is on the wire, `meanwhile` runs (a
+    duplicate chain of the same attempt, submitting)."""
+
+    meanwhile: object = None
+
+    def list_nodes(self, request: httpx.Request) -> httpx.Response:
+        other, self.meanwhile = self.meanwhile, None
+        if other is not None:
+            other()  # type: ignore[operator]
+        return super().list_nodes(request)
+
+
+def test_the_readiness_sweep_never_stops_the_run_a_duplicate_chain_just_submitted(
+    flower_settings: Settings, sqlite_factory, clock
+) -> None:
+    """Before a submit, a Flower net's readiness stops the runs no job counts (a run a
+    restarted SuperLink revived from its database: app.usecases.revived_runs). A chain of
+    the same attempt re-driven beside this one may have submitted the job meanwhile: its
+    run is the job's, and must be left alone."""
+    superlink = World(real=True)
+    superlink.later(100.0)
+    api = _DuplicateDuringReadiness(superlink)
+    c = _worker(flower_settings, sqlite_factory, clock, api)
+    d = _worker(flower_settings, sqlite_factory, clock, api)
+    with sqlite_factory.begin() as session:
+        records.sync_nets(session, flower_settings, clock())
+        job_id = enqueue_uc.enqueue_job(
+            session,
+            flower_settings,
+            EnqueueJob(caller_key="k", definition="flower-app", net=NET),
+            clock(),
+        ).job_id
+    (assignment,) = dispatch.claim_and_start(c)
+    attempt = assignment.attempt
+    assert dispatch.scale_up(c, job_id, NET, attempt).step == Step.DONE
+    submitted: list[str] = []
+
+    def duplicate_chain() -> None:
+        assert dispatch.check_ready(d, job_id, NET, attempt).step == Step.DONE
+        result = dispatch.dispatch(d, job_id, NET, attempt)
+        assert result.step == Step.DONE
+        submitted.append(result.detail)
+
+    api.meanwhile = duplicate_chain
+    assert dispatch.check_ready(c, job_id, NET, attempt).step == Step.SKIPPED
+
+    assert superlink.client.live_runs() == {submitted[0]}, "the job's own run was stopped"
+    with sqlite_factory() as session:
+        assert records.get_job(session, job_id).state == JobState.RUNNING
