@@ -239,6 +239,20 @@ class NetConfig(_Strict):
         return (self.release_after or default) == "reported"
 
     @property
+    def tokens_by_lookup(self) -> bool:
+        """True when the net's server keeps no submit token of its own (a Flower SuperLink):
+        the client finds a token's run by listing the runs, and stops a later run of the
+        token only in such a lookup (`app.adapters.flower.client`). NVFLARE resolves it."""
+        return self.backend == "flower"
+
+    @property
+    def pending_runs_revive(self) -> bool:
+        """True when the net's server, started again, runs what was pending when it died (a
+        Flower SuperLink with its state database): such a run is not gone with its server
+        (`app.usecases.revived_runs`). NVFLARE never resumes a run a restart killed."""
+        return self.backend == "flower"
+
+    @property
     def scales_to_zero(self) -> bool:
         """True when the net's server runs only while a job needs it."""
         return not self.always_on

@@ -104,14 +104,13 @@ def prepare(
 def is_flower_app(bundle: Path) -> bool:
     """True for a Flower App folder: its `pyproject.toml` declares `[tool.flwr.app]`."""
     try:
-        text = (bundle / "pyproject.toml").read_text()
-    except OSError:
+        document: Any = tomllib.loads((bundle / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return False
-    return isinstance(document.get("tool", {}).get("flwr", {}).get("app"), dict)
+    for key in ("tool", "flwr", "app"):
+        # A key on the way that is no table (valid TOML): no Flower App either.
+        document = document.get(key) if isinstance(document, dict) else None
+    return isinstance(document, dict)
 
 
 def built_from(

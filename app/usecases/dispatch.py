@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -33,7 +34,7 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.usecases import claims, records
+from app.usecases import adopted_runs, claims, records, revived_runs
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
@@ -276,8 +277,7 @@ def _check_ready(
                 f"pending={observation.pending}"
             )
         else:
-            readiness = rt.admin(net_name).is_ready(required)
-            detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+            readiness, detail = _server_readiness(rt, job_id, net_name, attempt, required)
     except MisconfigurationError as exc:  # wrong kit or CA, missing service: never "down"
         return _misconfigured(rt, net_name, job_id, exc, (JobState.ASSIGNED, attempt))
     except TransientError as exc:
@@ -305,6 +305,21 @@ def _check_ready(
             return _give_up_on_sites(rt, job_id, net_name, attempt, reason)
         return _give_up_readiness(rt, job_id, net_name, attempt, reason)
     return StepResult(Step.NOT_READY, detail)
+
+
+def _server_readiness(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, required: list[str]
+) -> tuple[Readiness | None, str]:
+    """The server's readiness for the job and why it is not ready; a server that answers
+    with every site connected is not ready either while it holds runs no job counts
+    (`revived_runs`: stopped first)."""
+    readiness = rt.admin(net_name).is_ready(required)
+    detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
+    if readiness.ready:
+        held = revived_runs.stop_before_submit(rt, job_id, net_name, attempt)
+        if held is not None:
+            return None, held
+    return readiness, detail
 
 
 def _give_up_on_sites(
@@ -361,7 +376,21 @@ def dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     return _dispatch(rt, job_id, net_name, attempt)
 
 
-def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
+@dataclass(frozen=True)
+class _Submit:
+    """What a submit sends, read under the job's lock as the submit begins."""
+
+    token: str
+    definition: str
+    sites: list[str]
+    metadata: dict[str, Any] | None
+
+
+def _begin_submit(
+    rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int
+) -> _Submit | tuple[StepResult, str | None]:
+    """The submit to send for this attempt (its token stored first, its lease renewed), or
+    the step's skip and this attempt's token if the job adopted a run of it meanwhile."""
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id, lock=True)
         if _ours(job, JobState.ASSIGNED, net_name, attempt):
@@ -369,9 +398,21 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         elif _ours(job, JobState.DISPATCHING, net_name, attempt) and job.submit_token:
             token = job.submit_token
         else:
-            return StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
+            result = StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
+            return result, adopted_runs.adopted_token(job, net_name, attempt)
         job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
-        definition, sites, metadata = job.definition, list(job.required_sites), job.metadata_
+        return _Submit(token, job.definition, list(job.required_sites), job.metadata_)
+
+
+def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
+    begun = _begin_submit(rt, job_id, net_name, attempt)
+    if not isinstance(begun, _Submit):
+        # Outside the transaction: the lookup is a call to the server.
+        result, adopted = begun
+        if adopted is not None:
+            adopted_runs.look_up(rt, net_name, adopted)  # TransientError: the step retries
+        return result
+    token, definition, sites, metadata = begun.token, begun.definition, begun.sites, begun.metadata
 
     admin = rt.admin(net_name)
     ours = (JobState.DISPATCHING, attempt)
@@ -390,6 +431,9 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         return _reject_definition(rt, job_id, net_name, ours, exc)
     except MisconfigurationError as exc:
         return _misconfigured(rt, net_name, job_id, exc, ours)
+    except TransientError:
+        adopted_runs.after_unknown_submit(rt, job_id, net_name, attempt)
+        raise
     try:
         start_time: float | None = admin.server_start_time()
     except DispatcherError:

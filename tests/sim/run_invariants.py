@@ -146,6 +146,11 @@ class RunInvariants(Observer):
                 for r in self.sim.cluster.runs
                 if r.net == job.net
                 and r.live(t)
+                # A run pending in the database of a SuperLink that is down runs no process;
+                # the next SuperLink starts it, and the claimed job's readiness stops it
+                # before its submit (app.usecases.revived_runs): one-live-run and
+                # unaccounted-run watch it from then on.
+                and not r.dormant
                 and (r.job_id != job.id or r.attempt != job.attempt)
             ]
             if beside:

@@ -6,8 +6,11 @@ tests/integration/test_flower_backend.py's."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
+import socketserver
 import ssl
+import threading
 import tomllib
 import zipfile
 from pathlib import Path
@@ -243,3 +246,32 @@ def test_a_run_id_flower_cannot_have_is_an_unknown_run() -> None:
     with pytest.raises(NvflareJobNotFound, match="no Flower run id"):
         client.job_status("not-a-number")
     assert client.abort(str(2**64)).outcome is AbortOutcome.NOTHING_TO_ABORT
+
+
+class _PlainHttp(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None: ...
+
+
+def test_a_superlink_without_tls_for_a_client_with_tls_is_misconfigured() -> None:
+    """A SuperLink started `--insecure` while the net's client speaks TLS answers every
+    handshake in plain HTTP (flwr 1.42: `[SSL: WRONG_VERSION_NUMBER]`, every time): the
+    net's settings, never "SuperLink still starting" until the readiness deadline, the net
+    UNHEALTHY and the job's attempt spent, again for every job."""
+    server = socketserver.TCPServer(("127.0.0.1", 0), _PlainHttp)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        client = FlowerControlClient(net_name="x", address=address)
+        with pytest.raises(AdminMisconfigured, match="WRONG_VERSION_NUMBER"):
+            client.server_state()
+        with pytest.raises(AdminMisconfigured):
+            client.is_ready(["site-1"])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -113,3 +113,36 @@ def test_a_third_of_the_worlds_make_one_net_a_flower_net() -> None:
     flower = [sum(n.backend == "flower" for n in w.nets) for w in worlds]
     assert set(flower) == {0, 1}
     assert 20 <= sum(flower) <= 40
+
+
+def test_a_run_pending_in_the_database_of_a_superlink_taken_down_never_runs_beside_the_next():
+    """The SuperLink (with its state database) dies while the job's run is still pending,
+    and stays down past the grace: the job is requeued, its run kept as a stray and, the
+    net taken down, taken for gone with its server. But a pending run waits in the database
+    and the next SuperLink's SuperExec starts it (flwr 1.42, `SuperLink.start`): the run
+    of the earlier attempt must be stopped before the job's next submit on that SuperLink,
+    never run beside it."""
+    net = NetSpec("net-f", backend="flower", keeps_jobs=True)  # scale-to-zero
+    world = WorldSpec(nets=(net,), housekeeping_interval_s=5.0, server_lost_grace_s=5.0)
+    workload = Workload(jobs=(JobSpec("f", arrive_s=5.0, duration_s=60.0),), horizon_s=400.0)
+    sim = Simulation(world, workload, CLEAN, seed=3, checker=Checker())
+    crashed: list[float] = []
+
+    def crash_while_pending() -> None:
+        t = sim.clock.t
+        runs = [r for r in sim.cluster.runs if r.net == "net-f"]
+        if runs and superlink.record(runs[0], t)[0] == "pending":
+            crashed.append(t)
+            sim.cluster.crash("net-f", t, 120.0)  # down for two minutes
+        elif not runs:
+            sim.at(t + 0.05, "watch for the run", crash_while_pending)
+
+    sim.at(5.0, "watch for the run", crash_while_pending)
+    result = sim.run()
+
+    assert crashed, "the run was never seen pending"
+    assert result.ok, result.summary()
+    assert sim.job_states() == {"f": "COMPLETED"}
+    first, second = sim.cluster.runs
+    assert superlink.record(first, sim.clock.t)[1] == "stopped"
+    assert second.completed(sim.clock.t)

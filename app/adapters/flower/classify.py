@@ -117,10 +117,21 @@ def classified_http_error(response: httpx.Response, context: str) -> DispatcherE
     return UnknownAdminError(what)
 
 
+# What OpenSSL says when the peer answers a TLS handshake with no TLS at all: a SuperLink
+# started `--insecure` behind a net whose client speaks TLS (flwr 1.42 answers
+# WRONG_VERSION_NUMBER, every time; the others are older and newer OpenSSLs' words).
+_NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"}
+)
+
+
 def _is_certificate_failure(exc: BaseException) -> bool:
+    """A certificate the net's CA does not sign, or a peer that speaks no TLS."""
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        if isinstance(cause, ssl.SSLError) and cause.reason in _NOT_TLS_REASONS:
             return True
         cause = cause.__cause__ or cause.__context__
     return False
@@ -128,8 +139,8 @@ def _is_certificate_failure(exc: BaseException) -> bool:
 
 def classified_transport_error(exc: httpx.HTTPError, context: str) -> DispatcherError:
     """The app error for a request that got no answer: down, starting or cut off
-    (ServerUnavailable), or a TLS certificate the net's CA does not sign
-    (AdminMisconfigured: another server, or the wrong CA file)."""
+    (ServerUnavailable), or a TLS certificate the net's CA does not sign or a SuperLink
+    without TLS (AdminMisconfigured: another server, the wrong CA file, or `insecure`)."""
     what = f"{context}: {type(exc).__name__}: {exc}"
     if _is_certificate_failure(exc):
         return AdminMisconfigured(what)

@@ -23,6 +23,7 @@ import io
 import re
 import tomllib
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ CONFIG_FILE = "pyproject.toml"
 MANIFEST = ".info/CONTENT"
 FAB_DATE = (2024, 10, 1, 0, 0, 0)  # flwr's own (flwr.common.constant.FAB_DATE)
 FAB_MAX_BYTES = 10 * 1024 * 1024  # what the SuperLink accepts (FAB_MAX_SIZE)
+READ_CHUNK = 1024 * 1024  # bytes of an app file read at a time
 INCLUDED_SUFFIXES = frozenset({".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl"})
 # Folders flwr never packs (its FAB_EXCLUDE_PATTERNS), at any depth.
 EXCLUDED_DIRS = frozenset(
@@ -50,10 +52,17 @@ _CONFIG_HEADER = re.compile(
 )
 
 
-def _app_config(document: dict[str, Any]) -> dict[str, Any] | None:
-    """The document's [tool.flwr.app.config] table, or None."""
-    table = document.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
-    return table if isinstance(table, dict) else None
+def _app(document: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The document's [tool.flwr.app] table ({} when absent); InvalidRequest when a key on
+    its way, or the app's config, is something else than a table (valid TOML all the same)."""
+    table: dict[str, Any] = document
+    for key in ("tool", "flwr", "app"):
+        table = table.get(key, {})
+        if not isinstance(table, dict):
+            raise InvalidRequest(f"{folder / CONFIG_FILE}: {key} is not a table")
+    if not isinstance(table.get("config", {}), dict):
+        raise InvalidRequest(f"{folder / CONFIG_FILE}: [tool.flwr.app.config] is not a table")
+    return table
 
 
 def _parse(text: str, folder: Path) -> dict[str, Any]:
@@ -71,12 +80,13 @@ def declare_keys(text: str, folder: Path = Path(".")) -> str:
     written as dotted keys or an inline table, where a line cannot be added safely).
     """
     document = _parse(text, folder)
-    components = document.get("tool", {}).get("flwr", {}).get("app", {}).get("components")
+    app = _app(document, folder)
+    components = app.get("components")
     if not isinstance(components, dict) or not components:
         raise InvalidRequest(
             f"{folder / CONFIG_FILE} is not a Flower App: no [tool.flwr.app.components]"
         )
-    config = _app_config(document) or {}
+    config = app.get("config", {})
     missing = [key for key in DISPATCHER_KEYS if key not in config]
     if not missing:
         return text
@@ -147,33 +157,57 @@ def build_fab(folder: Path) -> bytes:
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise InvalidRequest(f"{folder} holds no {CONFIG_FILE}: not a Flower App")
-    text = config_path.read_text(encoding="utf-8")
-    app = _parse(text, folder).get("tool", {}).get("flwr", {}).get("app", {})
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{config_path} is not UTF-8 text: {exc.reason}") from exc
+    app = _app(_parse(text, folder), folder)
     chosen = sorted(key for key in ("fab-include", "fab-exclude") if key in app)
     if chosen:
         raise InvalidRequest(f"{config_path}: {', '.join(chosen)} is not supported yet")
-    files = [(CONFIG_FILE, declare_keys(text, folder).encode("utf-8"))]
-    files += [(name, (folder / name).read_bytes()) for name in app_files(folder)]
+    config = declare_keys(text, folder).encode("utf-8")
     buffer = io.BytesIO()
     manifest = []
+    # One chunk of one file in memory at a time, and the bundle built so far: a folder may
+    # hold gigabytes the FAB would pack, far past what the SuperLink takes.
     with zipfile.ZipFile(buffer, "w") as fab:
-        for name, content in files:
-            _write(fab, name, content)
-            digest = hashlib.sha256(content).hexdigest()
-            manifest.append(f"{name},{digest},{len(content) * 8}")
-        _write(fab, MANIFEST, "\n".join(manifest).encode("utf-8"))
+        manifest.append(_write(fab, CONFIG_FILE, [config], len(config), folder))
+        for name in app_files(folder):
+            path = folder / name
+            with path.open("rb") as source:
+                chunks = iter(lambda: source.read(READ_CHUNK), b"")
+                manifest.append(_write(fab, name, chunks, path.stat().st_size, folder))
+        listing = "\n".join(manifest).encode("utf-8")
+        _write(fab, MANIFEST, [listing], len(listing), folder)
     data = buffer.getvalue()
     if len(data) > FAB_MAX_BYTES:
-        raise InvalidRequest(
-            f"{folder}: its FAB is {len(data):,} bytes, over the SuperLink's {FAB_MAX_BYTES:,}"
-        )
+        raise _too_large(folder, len(data))
     return data
 
 
-def _write(fab: zipfile.ZipFile, name: str, content: bytes) -> None:
+def _too_large(folder: Path, size: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"{folder}: its FAB is {size:,} bytes, over the SuperLink's {FAB_MAX_BYTES:,}"
+    )
+
+
+def _write(
+    fab: zipfile.ZipFile, name: str, chunks: Iterable[bytes], size: int, folder: Path
+) -> str:
+    """Add one file, as `writestr` would (same bytes), and return its manifest line (path,
+    sha256, size in bits); InvalidRequest as soon as the bundle passes FAB_MAX_BYTES."""
     info = zipfile.ZipInfo(name, date_time=FAB_DATE)
     info.compress_type = zipfile.ZIP_DEFLATED
-    fab.writestr(info, content)
+    info.file_size = size
+    digest, written = hashlib.sha256(), 0
+    with fab.open(info, mode="w") as entry:
+        for chunk in chunks:
+            entry.write(chunk)
+            digest.update(chunk)
+            written += len(chunk)
+            if fab.fp is not None and fab.fp.tell() > FAB_MAX_BYTES:
+                raise _too_large(folder, fab.fp.tell())
+    return f"{name},{digest.hexdigest()},{written * 8}"
 
 
 def fab_hash(fab: bytes) -> str:

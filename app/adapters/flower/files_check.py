@@ -11,11 +11,11 @@ a key's content.
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from app.adapters.drivers.local_superlink import PROGRAM
@@ -97,9 +97,12 @@ def check_flower_files(net: NetConfig, settings: Settings, *, now: datetime | No
 def flower_endpoint_problem(
     net: NetConfig, settings: Settings, *, now: datetime | None = None
 ) -> str | None:
-    """Why a local SuperLink's certificate cannot be the server the net dials: not signed
-    by the CA the client trusts, or not for the host of `flower.address`. None when it can,
-    or when its files cannot be read (`check_flower_files` says so)."""
+    """Why a local SuperLink's certificate cannot be the server the net dials: the net's
+    client would refuse it (not signed, through the chain in its file, by the CA the client
+    trusts; or not for the host of `flower.address`). None when the client accepts it, or
+    when its files cannot be read (`check_flower_files` says so). The client is asked
+    itself: a TLS handshake in memory with the net's files, so an intermediate CA or a
+    wildcard name it accepts is no problem here either."""
     flower, driver = net.flower, net.driver
     if flower is None or flower.root_certificates is None:
         return None
@@ -107,21 +110,59 @@ def flower_endpoint_problem(
         return None
     now = now or datetime.now(UTC)
     try:
-        ca = _certificate(net, flower.root_certificates, "CA certificate", now)
+        _certificate(net, flower.root_certificates, "CA certificate", now)
         cert = _certificate(net, driver.ssl_certfile, "SuperLink certificate", now)
     except AdminMisconfigured:
         return None
+    host = flower.address.rpartition(":")[0].strip("[]")
+    refusal = _tls_refusal(flower.root_certificates, driver.ssl_certfile, driver.ssl_keyfile, host)
+    if refusal is None:
+        return None
+    if refusal.verify_code in _NAME_MISMATCH:
+        return (
+            f"SuperLink certificate {driver.ssl_certfile} is not for {_host_key(host)} (it "
+            f"names {', '.join(sorted(_names(cert))) or 'no host'}), the host of flower.address"
+        )
+    return (
+        f"SuperLink certificate {driver.ssl_certfile} is not signed by the CA "
+        f"{flower.root_certificates} the dispatcher trusts ({refusal.verify_message}): files "
+        "of another deployment?"
+    )
+
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+_NAME_MISMATCH = frozenset({62, 64})
+_HANDSHAKE_STEPS = 8  # TLS 1.3 takes three (hello, the server's flight, the client's end)
+
+
+def _tls_refusal(
+    ca: Path, certfile: Path, keyfile: Path, host: str
+) -> ssl.SSLCertVerificationError | None:
+    """The Control API client's verdict on a SuperLink serving these files: what its TLS
+    context (`ssl.create_default_context` with the CA file, `server_hostname` the address's
+    host) raises in a handshake held in memory, or None when it accepts. None as well when
+    the server side cannot load its files (`check_flower_files` says why)."""
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        return (
-            f"SuperLink certificate {driver.ssl_certfile} is not signed by the CA "
-            f"{flower.root_certificates} the dispatcher trusts: files of another deployment?"
-        )
-    host = _host_key(flower.address.rpartition(":")[0])
-    if host not in _names(cert):
-        return (
-            f"SuperLink certificate {driver.ssl_certfile} is not for {host} (it names "
-            f"{', '.join(sorted(_names(cert))) or 'no host'}), the host of flower.address"
-        )
+        server_context.load_cert_chain(certfile, keyfile)
+        client_context = ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError):
+        return None
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context.wrap_bio(to_client, to_server, server_hostname=host)
+    server = server_context.wrap_bio(to_server, to_client, server_side=True)
+    for _ in range(_HANDSHAKE_STEPS):
+        try:
+            client.do_handshake()
+            return None
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLCertVerificationError as exc:
+            return exc
+        try:
+            server.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError:
+            return None  # the server's own failure: not a verdict of the client's
     return None

@@ -1,0 +1,53 @@
+"""Runs a net's server starts again after a restart while no job counts them any more: a
+Flower SuperLink with its state database keeps the runs still pending when it died, and its
+SuperExec starts them once it is up again (flwr 1.42), whereas the dispatcher, which took
+the server down, took them for gone with it (`records.clear_stray_runs`): the job's earlier
+attempt would run beside its next one (`NetConfig.pending_runs_revive`).
+
+So before a job is submitted on such a net (its readiness), every run the server holds live
+is one no job counts (the net has no other active job, and a stray run keeps jobs off it):
+each is stopped (a stop is final in Flower), and the net is not ready until none is left.
+The runs are listed first and the job read after: a duplicate chain of the same attempt
+(a step re-driven beside itself) that has submitted meanwhile moved the job on before its
+run could be listed, and then nothing is stopped."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from app.adapters.backend import AbortOutcome
+from app.runtime import Runtime
+from app.usecases import records
+from models import JobState
+
+log = logging.getLogger(__name__)
+
+STOPPED = (AbortOutcome.ABORTED, AbortOutcome.ALREADY_FINISHED)
+
+
+def stop_before_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> str | None:
+    """Stop the runs the net's server holds live before this ASSIGNED job is submitted
+    there: None when none is left (or the job moved on: the readiness check says so), else
+    why the net is not ready yet. TransientError when the server cannot list or stop them
+    (the readiness poll tries again)."""
+    if not rt.settings.net(net_name).pending_runs_revive:
+        return None
+    admin = rt.admin(net_name)
+    live = sorted(admin.live_runs())
+    if not live:
+        return None
+    with rt.sessions() as session:
+        job = records.get_job(session, job_id)
+        if (job.state, job.net_name, job.attempts) != (JobState.ASSIGNED, net_name, attempt):
+            return None  # another chain of the attempt submitted: one of these may be its run
+    left = []
+    for run_id in live:
+        result = admin.abort(run_id)
+        log.error(
+            "a run no job counts was live on the server before a submit; stopped",
+            extra={"net": net_name, "nvflare_job_id": run_id, "outcome": str(result.outcome)},
+        )
+        if result.outcome not in STOPPED:
+            left.append(run_id)
+    return f"runs no job counts still live: {', '.join(left)}" if left else None
