@@ -262,7 +262,26 @@ def test_a_prewarmed_start_found_up_idles_from_its_holds_end(always_on):
         )
     world.driver("net-a").replicas = 1
     world.clock.advance(35)
-    assert "net-a: STARTING -> READY" in reconciler.reconcile(world.rt).repaired
+    repaired = reconciler.reconcile(world.rt).repaired
+    assert "net-a: STARTING without a job: now READY (idle)" in repaired
     net = world.net("net-a")
     assert net.state == NetState.READY
     assert net.idle_since == started + timedelta(seconds=12)
+
+
+def test_a_prewarmed_start_found_up_is_ready_only_once_its_sites_are(always_on):
+    """A net a prewarm started, found by reconcile after a redeploy to always-on: its server
+    answering is not enough, its sites must be connected, as in scale-to-zero mode (simulator
+    seed 8780: READY with no site connected)."""
+    world = always_on
+    started = world.clock()
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.STARTING, started, "prewarm")
+    world.driver("net-a").replicas = 1
+    world.server("net-a").sites = []
+    world.clock.advance(5)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING
+    world.server("net-a").sites = ["site-1", "site-2"]
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("seed", [231, 1025, 1157, 748, 771, 791, 561, 4946])
+@pytest.mark.parametrize("seed", [231, 1025, 1157, 748, 771, 791, 561, 4946, 8284, 8780])
 def test_the_long_sweeps_findings_stay_fixed(seed):
     """Seeds of the 200-2000 sweep that reported a violation before their fix (app/sim/
     FINDINGS.md): 231 the checker timing a net's grace from its stop rather than from a
@@ -21,7 +21,8 @@ def test_the_long_sweeps_findings_stay_fixed(seed):
     adapter's lookup and its start-run started a second run of the attempt (the adapter now
     keeps the token's first run and stops its own). 4946 (ops, the 10,000-seed sweep on
     ad3f17b): a prewarmed start, its hold cancelled, found up by reconcile after a redeploy to
-    always-on, idled from then rather than from the hold's end."""
+    always-on, idled from then rather than from the hold's end (8284, servers, the same); 8780
+    (ops) the same redeploy made such a start READY with none of its sites connected."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(seed)
