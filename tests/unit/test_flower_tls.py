@@ -1,6 +1,7 @@
 """The Flower test CA and SuperNode keys (`app.local.flower`). The SuperLink's certificate
-names the host its clients dial: on one machine 127.0.0.1; in compose.yml's `flower-net`
-profile the SuperNodes and the dispatcher dial the service's name, `superlink`."""
+names every host its clients dial: on one machine 127.0.0.1; in compose.yml's `flower-net`
+profile the SuperNodes and the dispatcher dial the service's name, `superlink`, and the
+SuperLink's own SuperExec 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -47,11 +48,15 @@ def test_the_default_certificate_names_loopback_only(tmp_path: Path):
         handshake(tls, "superlink")
 
 
-def test_a_certificate_for_compose_names_the_superlink_service(tmp_path: Path):
-    tls = make_tls(tmp_path, hosts=("superlink",))
+def test_a_certificate_for_compose_names_the_service_and_loopback(tmp_path: Path):
+    """The SuperNodes and the dispatcher dial `superlink`; the SuperLink's own SuperExec dials
+    its port on 127.0.0.1 with the same CA (seen in the compose stack: without it no
+    ServerApp ever starts)."""
+    tls = make_tls(tmp_path, hosts=("superlink", "127.0.0.1"))
     handshake(tls, "superlink")
+    handshake(tls, "127.0.0.1")
     with pytest.raises(ssl.SSLCertVerificationError):
-        handshake(tls, "127.0.0.1")
+        handshake(tls, "fl-server")
 
 
 def test_a_supernode_key_pair_is_written_as_ssh_keygen_writes_one(tmp_path: Path):
