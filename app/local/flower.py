@@ -111,8 +111,13 @@ class Tls:
         return ssl.create_default_context(cafile=str(self.ca))
 
 
-def make_tls(folder: Path, common_name: str = "fl-dispatcher local CA") -> Tls:
-    """A new CA and a server certificate it signs, written into `folder`."""
+def make_tls(
+    folder: Path,
+    common_name: str = "fl-dispatcher local CA",
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+) -> Tls:
+    """A new CA and a server certificate it signs for `hosts` (the names or addresses its
+    clients dial: compose.yml's SuperLink is dialled as `superlink`), written into `folder`."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -136,16 +141,14 @@ def make_tls(folder: Path, common_name: str = "fl-dispatcher local CA") -> Tls:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=2))
         .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
+            x509.SubjectAlternativeName([_alt_name(host) for host in hosts]),
             critical=False,
         )
         .sign(ca_key, hashes.SHA256())
@@ -160,9 +163,21 @@ def make_tls(folder: Path, common_name: str = "fl-dispatcher local CA") -> Tls:
     return tls
 
 
+def _alt_name(host: str) -> Any:
+    """A subjectAltName entry: an IP address, else a DNS name."""
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 def make_supernode_key(folder: Path, site: str) -> tuple[Path, bytes]:
-    """An EC key pair for a SuperNode: its private key file (OpenSSH, what
-    flower-supernode reads) and its public key (PEM, what RegisterNode takes)."""
+    """An EC key pair for a SuperNode, as `ssh-keygen -t ecdsa -b 384` writes one: its
+    private key file (what flower-supernode reads) and `<site>.pub` beside it (what `flwr
+    supernode register` reads); returns the private key's path and the public key as PEM
+    (what RegisterNode takes)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -177,6 +192,12 @@ def make_supernode_key(folder: Path, site: str) -> tuple[Path, bytes]:
         )
     )
     path.chmod(0o600)
+    path.with_name(f"{site}.pub").write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        + b"\n"
+    )
     public = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )

@@ -81,8 +81,8 @@ def run_token(run: Any) -> str | None:
 
 
 class FlowerControlClient:
-    """One Flower net's SuperLink, through its Control API; one HTTP connection pool,
-    reopened after any failure (the SuperLink may have restarted behind it)."""
+    """One Flower net's SuperLink, through its Control API; one HTTP client, a connection
+    per call, reopened after any failure (the SuperLink may have restarted behind it)."""
 
     def __init__(
         self,
@@ -127,7 +127,16 @@ class FlowerControlClient:
                     raise AdminMisconfigured(
                         f"{self._context()}: CA file {self.root_certificates}: {exc}"
                     ) from exc
-            self._http = httpx.Client(verify=verify, timeout=self.timeout_s)
+            # No connection outlives its call: the SuperLink's stop waits for every open
+            # connection to close, and the worker, housekeeper and api each hold a client of
+            # the net (an idle keep-alive one held a compose SuperLink's stop up to the
+            # SIGKILL). A call is a TLS handshake more; they are seconds apart.
+            self._http = httpx.Client(
+                verify=verify,
+                timeout=self.timeout_s,
+                headers={"connection": "close"},
+                limits=httpx.Limits(max_keepalive_connections=0),
+            )
         return self._http
 
     def _call(self, method: str, request: Any, response_type: type[M]) -> M:
