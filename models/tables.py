@@ -141,6 +141,14 @@ class Job(Base):
         # all nets, and of one net.
         Index("ix_jobs_state_changed_at", "state_changed_at"),
         Index("ix_jobs_net_name_state_changed_at", "net_name", "state_changed_at"),
+        # The nets each project holds (app.usecases.fair_share): its active jobs, few
+        # (at most one per net), found without reading the project's history.
+        Index(
+            "ix_jobs_active_project",
+            "project_id",
+            postgresql_where=text(ACTIVE_SQL),
+            sqlite_where=text(ACTIVE_SQL),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
@@ -160,6 +168,9 @@ class Job(Base):
     # prewarm holds, and ends that hold wherever the job goes (app.usecases.claims).
     prewarm_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     traceparent: Mapped[str | None] = mapped_column(String(55))  # enqueue span (app/traces.py)
+    # The FLIP project it belongs to (app.schemas.EnqueueJob.project): the claim shares the
+    # nets between projects (app.usecases.fair_share). NULL: the default project.
+    project_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
     net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     state: Mapped[JobState] = mapped_column(state_enum(JobState, "job_state"))
@@ -207,6 +218,7 @@ class Job(Base):
         request_digest: str | None = None,
         sent_digest: str | None = None,
         prewarm_key: str | None = None,
+        project_id: str | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
         job = cls(
@@ -218,6 +230,7 @@ class Job(Base):
             required_sites=required_sites,
             requested_net=requested_net,
             prewarm_key=prewarm_key,
+            project_id=project_id,
             metadata_=metadata,
             priority=priority,
             state=JobState.QUEUED,
