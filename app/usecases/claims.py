@@ -127,6 +127,10 @@ def _hinted_here(net_name_column: Any, now: Any, shares: Shares) -> ColumnElemen
     ahead = _AHEAD
     aged_before: Any = bindparam("aged_before")
     return and_(
+        # First, as a plain filter a scan applies: with no job naming a hold (most claims)
+        # no job is compared with the queue at all (PostgreSQL otherwise joined the queue
+        # with itself before looking at the holds: 100 ms for 500 jobs on 20 nets).
+        Job.prewarm_key.is_not(None),
         Job.prewarm_key.in_(
             # Correlated to the nets of the claim's first query, two levels up (named:
             # auto-correlation reaches one level only).
@@ -373,11 +377,11 @@ def _next_job_for(
 
 def _next_jobs(limit: int, shares: Shares) -> Any:
     # Each project's usage counted once per claim (a join), not once per queued job.
-    held = fair_share.held_by_project()
-    usage = func.coalesce(held.c.active, 0)
+    projects = fair_share.usage_by_project(shares)
+    used = func.coalesce(projects.c.usage, 0)
     return (
         select(Job)
-        .outerjoin(held, held.c.project_id.is_not_distinct_from(Job.project_id))
+        .outerjoin(projects, projects.c.project == fair_share.project_key(Job))
         .where(
             _claimable(),
             or_(Job.requested_net.is_(None), Job.requested_net == bindparam("net")),
@@ -386,9 +390,9 @@ def _next_jobs(limit: int, shares: Shares) -> Any:
             # lock was granted (its EXISTS then missed the row), and the drain, finding no
             # active job, said drained (tests/integration/test_drain_pg.py).
             ~drained(bindparam("net")),
-            *below_cap(Job, usage, shares),
+            *below_cap(Job, func.coalesce(projects.c.held, 0), shares),
         )
-        .order_by(*fair_share.order_key(Job, usage, shares, bindparam("aged_before")))
+        .order_by(*fair_share.order_key(Job, used, bindparam("aged_before")))
         .with_for_update(skip_locked=True, of=Job)
         # (a bound only for one: scalar() reads the first row anyway)
         .limit(limit)  # pragma: no mutate

@@ -49,31 +49,48 @@ def held_by(project: Any) -> ColumnElement[int]:
     )
 
 
-def held_by_project() -> Subquery:
-    """SQL: each project holding nets and how many (`project_id`, `active`), to join to a
-    queue once instead of counting per job (the claim's `_next_jobs`)."""
+# The join key of a job's project: '' (no project id has it) for the default project, so
+# PostgreSQL can hash the join (IS NOT DISTINCT FROM it can only loop over).
+def project_key(job: Any) -> ColumnElement[str]:
+    """SQL: the job's project as a join key ('' for the default project)."""
+    return func.coalesce(job.project_id, "")
+
+
+def usage(project: Any, held: Any, shares: Shares) -> ColumnElement[Any]:
+    """SQL: a project's usage, what the claim orders projects by: the nets it holds
+    (`held`) per its weight."""
+    if not shares.weights:
+        return held  # type: ignore[no-any-return]
+    weight = case(*((project == p, w) for p, w in shares.weights), else_=1.0)
+    return cast(held, Float) / weight
+
+
+def usage_by_project(shares: Shares) -> Subquery:
+    """SQL: each project holding nets (`project`: `project_key`), how many (`held`) and its
+    `usage`, to join to a queue once instead of counting per job (the claim's `_next_jobs`;
+    a project holding no net has no row: it holds 0, its usage is 0)."""
+    held = func.count()
     return (
-        select(_HELD.project_id.label("project_id"), func.count().label("active"))
+        select(
+            project_key(_HELD).label("project"),
+            held.label("held"),
+            usage(_HELD.project_id, held, shares).label("usage"),
+        )
         .where(_HELD.state.in_(ACTIVE_JOB_STATES))
         .group_by(_HELD.project_id)
-        .subquery("held_by_project")
+        .subquery("usage_by_project")
     )
 
 
-def _weight(job: Any, shares: Shares) -> ColumnElement[float]:
-    return case(*((job.project_id == p, w) for p, w in shares.weights), else_=1.0)
-
-
-def order_key(job: Any, held: Any, shares: Shares, aged_before: Any) -> tuple[Any, ...]:
+def order_key(job: Any, used: Any, aged_before: Any) -> tuple[Any, ...]:
     """SQL: the claim's order of `job` (Job or an alias of it), ascending: the first job is
-    the one taken. `held`: the nets its project holds (`held_by`, or a join's column);
-    `aged_before`: the claim's now - AGING_S (a bind parameter)."""
+    the one taken. `used`: its project's `usage`; `aged_before`: the claim's now - AGING_S
+    (a bind parameter)."""
     aged = job.created_at < aged_before
-    usage = cast(held, Float) / _weight(job, shares) if shares.weights else held
     return (
         case((aged, 0), else_=1),
         # Aged jobs by age alone: whatever their project's usage and their priority.
-        case((aged, literal(0)), else_=usage),
+        case((aged, literal(0)), else_=used),
         case((aged, 0), else_=-job.priority),
         job.created_at,
         job.id,  # pragma: no mutate (a tie-break)
@@ -83,9 +100,11 @@ def order_key(job: Any, held: Any, shares: Shares, aged_before: Any) -> tuple[An
 def comes_before(ahead: Any, job: Any, shares: Shares, aged_before: Any) -> ColumnElement[bool]:
     """SQL: `ahead` comes before `job` in the claim's order (both Job or aliases of it, each
     with its project's usage counted by `held_by`)."""
-    return tuple_(*order_key(ahead, held_by(ahead.project_id), shares, aged_before)) < tuple_(
-        *order_key(job, held_by(job.project_id), shares, aged_before)
-    )
+    return tuple_(*_key(ahead, shares, aged_before)) < tuple_(*_key(job, shares, aged_before))
+
+
+def _key(job: Any, shares: Shares, aged_before: Any) -> tuple[Any, ...]:
+    return order_key(job, usage(job.project_id, held_by(job.project_id), shares), aged_before)
 
 
 def below_cap(job: Any, held: Any, shares: Shares) -> tuple[ColumnElement[bool], ...]:
