@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,6 +37,11 @@ class Shares:
     weights: tuple[tuple[str, float], ...] = ()  # the projects whose weight is not 1
     caps: tuple[tuple[str, int], ...] = ()  # the projects with a max_nets
     aging_s: float = DEFAULT_AGING_S
+
+    @property
+    def aging(self) -> timedelta:
+        """AGING_S: a job QUEUED this long since its enqueue is aged."""
+        return timedelta(seconds=self.aging_s)
 
     def weight(self, project: str | None) -> float:
         """The project's weight (1 unless PROJECT_SHARES says otherwise)."""

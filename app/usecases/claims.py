@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -176,7 +176,7 @@ def claim_next_job(session: Session, settings: Settings, now: datetime) -> Assig
     if not settings.nets:
         return None
     shares = settings.shares
-    order = {"now": now, "aged_before": now - timedelta(seconds=shares.aging_s)}
+    order = {"now": now, "aged_before": now - shares.aging}
     candidates = session.scalars(_statement("candidates", partial(_candidates, shares)), order)
     for name in candidates.all():
         if not settings.has_net(name):
