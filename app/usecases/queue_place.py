@@ -28,12 +28,12 @@ job when no other as warm is free), so it is no reason of its own.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import exists, func, literal, or_, select
+from sqlalchemy import Connection, bindparam, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from app.net_config import NetConfig
@@ -77,18 +77,60 @@ def may_run(requested: str | None, sites: Sequence[str], net: NetConfig) -> bool
     return requested in (None, net.name) and not net.lacks(list(sites))
 
 
-def queue_place(session: Session, job: Job, settings: Settings | None, now: datetime) -> QueuePlace:
+class QueuedJob(Protocol):
+    """What the place of a job is read from (a Job row has it)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def requested_net(self) -> str | None: ...
+    @property
+    def required_sites(self) -> list[str]: ...
+    @property
+    def project_id(self) -> str | None: ...
+
+
+def queue_place(
+    session: Session, job: QueuedJob, settings: Settings | None, now: datetime
+) -> QueuePlace:
     """The QUEUED `job`'s place in line and waiting reason, now (see the module). Without
     `settings`, every net the database holds may be one of its nets, sites aside."""
+    conn = session.connection()  # Core statements: no ORM entity is read
     shares = settings.shares if settings is not None else Shares()
     if settings is not None:
         nets = [n.name for n in settings.nets if may_run(job.requested_net, job.required_sites, n)]
     else:
         known = session.scalars(select(Net.name).order_by(Net.name))
         nets = [n for n in known if job.requested_net in (None, n)]
-    # The job's own state (a stray run of it, its project's nets) and each of its nets' (one
-    # row per net; a row of NULLs when it has none).
-    rows = session.execute(
+    rows = conn.execute(_built("state", _state), {"job": job.id, "nets": nets}).all()
+    stray, holding = rows[0][0], rows[0][1]
+    states = [_NetNow(*row[2:]) for row in rows if row[2] is not None]
+    # The nets it waits for: those not drained, or, while every one is, all of them (its
+    # place once they are undrained).
+    open_nets = [n.name for n in states if not n.drained] or [n.name for n in states]
+    cap = shares.cap(job.project_id)
+    reason = _reason(stray, cap is not None and holding >= cap, states)
+    return QueuePlace(1 + _before(conn, settings, job.id, open_nets, now - shares.aging), reason)
+
+
+# Built once per process (and shares) with bind parameters, as the claim's statements are:
+# a view read many times (the simulator reads every queued job's at every step) must not
+# build its SQL each time.
+_BUILT: dict[tuple[object, ...], Any] = {}
+
+
+def _built(name: str, build: Callable[..., Any], *args: Any) -> Any:
+    key = (name, *args)
+    found = _BUILT.get(key)
+    if found is None:
+        found = _BUILT[key] = build(*args)
+    return found
+
+
+def _state() -> Any:
+    """SQL: the job's own state (a stray run of it, its project's nets) and each of its
+    nets' (`nets`: one row per net; a row of NULLs when it has none)."""
+    return (
         select(
             exists().where(StrayRun.job_id == _JOB.id),
             fair_share.held_by(_JOB.project_id),
@@ -99,52 +141,50 @@ def queue_place(session: Session, job: Job, settings: Settings | None, now: date
             exists().where(StrayRun.net_name == Net.name),
         )
         .select_from(_JOB)
-        .outerjoin(Net, Net.name.in_(nets))
-        .where(_JOB.id == job.id)
-    ).all()
-    stray, holding = rows[0][0], rows[0][1]
-    states = [_NetNow(*row[2:]) for row in rows if row[2] is not None]
-    # The nets it waits for: those not drained, or, while every one is, all of them (its
-    # place once they are undrained).
-    open_nets = [n.name for n in states if not n.drained] or [n.name for n in states]
-    cap = shares.cap(job.project_id)
-    reason = _reason(stray, cap is not None and holding >= cap, states)
-    before = _before(session, settings, job.id, open_nets, aged_before=now - shares.aging)
-    return QueuePlace(1 + before, reason)
+        .outerjoin(Net, Net.name.in_(bindparam("nets", expanding=True)))
+        .where(_JOB.id == bindparam("job"))
+    )
 
 
 def _before(
-    session: Session,
+    conn: Connection,
     settings: Settings | None,
     job_id: uuid.UUID,
     nets: Sequence[str],
-    *,
     aged_before: datetime,
 ) -> int:
     """How many jobs the claim would take before the job that may run on one of `nets`."""
     if not nets:
         return 0
     shares = settings.shares if settings is not None else Shares()
-    ahead = (*_ahead(shares, aged_before, nets), _JOB.id == job_id)
+    params = {"job": job_id, "nets": list(nets), "aged_before": aged_before}
     if settings is None or all(settings.net(n).sites is None for n in nets):
-        return session.scalar(select(func.count()).select_from(_AHEAD, _JOB).where(*ahead)) or 0
+        return conn.scalar(_built("ahead", _ahead, True, shares), params) or 0
     # Some declare their sites: each job ahead is checked against them in Python, as the
     # claim checks them.
-    found = session.execute(
-        select(_AHEAD.requested_net, _AHEAD.required_sites).select_from(_AHEAD, _JOB).where(*ahead)
-    )
+    found = conn.execute(_built("ahead rows", _ahead, False, shares), params)
     configs = [settings.net(n) for n in nets]
     return sum(1 for pinned, sites in found if any(may_run(pinned, sites, n) for n in configs))
 
 
-def _ahead(shares: Shares, aged_before: datetime, nets: Sequence[str]) -> tuple[Any, ...]:
-    """SQL: the jobs (`_AHEAD`) the claim would take before `_JOB` that may run on one of
-    `nets` (sites aside)."""
+def _ahead(count: bool, shares: Shares) -> Any:
+    """SQL: the jobs (`_AHEAD`) the claim would take before the job `job` (`_JOB`) that may
+    run on one of `nets` (sites aside): how many, or their nets and sites."""
+    what = (func.count(),) if count else (_AHEAD.requested_net, _AHEAD.required_sites)
+    aged_before: Any = bindparam("aged_before", type_=Job.created_at.type)
     return (
-        _AHEAD.id != _JOB.id,
-        takeable(shares, _AHEAD),
-        or_(_AHEAD.requested_net.is_(None), _AHEAD.requested_net.in_(nets)),
-        fair_share.comes_before(_AHEAD, _JOB, shares, literal(aged_before, Job.created_at.type)),
+        select(*what)
+        .select_from(_AHEAD, _JOB)
+        .where(
+            _JOB.id == bindparam("job"),
+            _AHEAD.id != _JOB.id,
+            takeable(shares, _AHEAD),
+            or_(
+                _AHEAD.requested_net.is_(None),
+                _AHEAD.requested_net.in_(bindparam("nets", expanding=True)),
+            ),
+            fair_share.comes_before(_AHEAD, _JOB, shares, aged_before),
+        )
     )
 
 
