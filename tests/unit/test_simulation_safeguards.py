@@ -114,7 +114,7 @@ def _before_start_is_proof(mp: pytest.MonkeyPatch) -> None:
     _set(abort, "run_end", end)(mp)
 
 
-def _any_hinted_job_puts_its_net_first(net_name_column: Any, now: datetime) -> Any:
+def _any_hinted_job_puts_its_net_first(net_name_column: Any, now: datetime, _shares: Any) -> Any:
     # Before a4b8e22: a held net came first of its warmth when ANY waiting job named its
     # hold, and then went to the queue's head, which might name no hint at all.
     return and_(
