@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import StaticPool
+
 from app.project_shares import Shares
 from app.settings import Settings
 from app.sim.simulation import Simulation
@@ -129,6 +133,13 @@ class FairShareInvariants(Observer):
         self._fair = sim.state.has_projects  # (code before issue 40 has no projects)
         if self._fair:
             install(sim.conn)
+        # The product's reads, on an engine of their own over the simulation's connection:
+        # the workers' engine carries the database faults (tests.sim.dbfaults), whose draws a
+        # read of the checker's (a worker stalled mid-message) would move, or fail.
+        conn = sim.conn
+        self._reader = sessionmaker(
+            create_engine("sqlite://", creator=lambda: conn, poolclass=StaticPool)
+        )
 
     def _fair_share(self, t: float) -> None:
         if not self._fair:
@@ -233,7 +244,7 @@ class FairShareInvariants(Observer):
             return
         self._places_key = seen
         expected = expected_places(conn, settings, queue, before)
-        with sim.sessions() as session:
+        with self._reader() as session:
             for q in queue:
                 job = _AsRead(uuid.UUID(q.id), q.requested, list(q.sites), q.project)
                 found = queue_place(session, job, settings, now)
