@@ -40,11 +40,12 @@ class DispatcherClient:
 
     def enqueue_job(self, request: EnqueueJob) -> uuid.UUID:
         """Queue a job; returns its id (derived from caller_key, so a repeat is harmless).
-        A job that names no prewarm is sent without the field, as before it existed, so a
-        worker older than it still takes the payload."""
+        A job that names no prewarm, or no `project_id`, is sent without the field, as
+        before it existed, so a worker older than it still takes the payload."""
         payload = request.model_dump(mode="json")
-        if payload["prewarm_key"] is None:
-            del payload["prewarm_key"]
+        for optional in ("prewarm_key", "project_id"):
+            if payload[optional] is None:
+                del payload[optional]
         self._send(ENQUEUE_JOB, payload)
         return job_id_for(request.caller_key)
 

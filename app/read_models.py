@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from models import Job, JobState, NetState, PrewarmOutcome, ReasonCode
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+# Why a QUEUED job waits (app.usecases.queue_place, which decides it).
+WaitingReason = Literal[
+    "earlier run settling", "project at its cap", "net drained", "no free net", "claim pending"
+]
 
 
 def iso(value: datetime | None) -> str | None:
@@ -49,6 +53,11 @@ class JobView(ReadModel):
     metadata: dict[str, Any] | None = Field(description="flip-api's own object, as given")
     requested_net: str | None
     prewarm_key: str | None = Field(description="the caller_key of the prewarm sent for it")
+    project_id: str | None = Field(
+        default=None,
+        description="the project it belongs to (its project_id, or its metadata's); null: "
+        "the default project",
+    )
     net: str | None = Field(description="the net it is or was assigned to")
     priority: int
     attempt: int = Field(
@@ -110,6 +119,20 @@ class JobDetail(JobView):
         description="a QUEUED job: what holds it besides a free net (its earlier run not "
         "settled yet, its net out of service, every net it may run on drained: 'net "
         "drained: ...'); null otherwise",
+    )
+    place_in_line: int | None = Field(
+        default=None,
+        ge=1,
+        description="a QUEUED job: 1 + the QUEUED jobs the claim would take before it now "
+        "(those a claim may take, before it in the claim's order, that may run on a net it "
+        'may run on; tasks/README.md "Place in line"); null otherwise',
+    )
+    waiting_reason: WaitingReason | None = Field(
+        default=None,
+        description="a QUEUED job: why it waits, the first that holds: 'earlier run "
+        "settling', 'project at its cap', 'net drained', 'no free net', 'claim pending' (a "
+        "net it may run on is free: the next claim takes it or a job ahead of it); null "
+        "otherwise",
     )
 
 

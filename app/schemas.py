@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import uuid
 from enum import StrEnum
 from typing import Annotated, Any
@@ -48,6 +49,20 @@ def _key_segments(value: object) -> object:
 
 # A net's name, in a payload and in the nets' declaration (app.settings).
 NET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+# A project's id (issue 40: fair share between projects), in a payload, in the job's
+# `metadata.project_id` where FLIP puts it, and in PROJECT_SHARES: one segment of a caller
+# key's characters (no '/'), not starting with '.', at most 100 characters.
+PROJECT_ID_MAX_CHARS = 100
+PROJECT_ID_PATTERN = rf"^[A-Za-z0-9_:@-][A-Za-z0-9._:@-]{{0,{PROJECT_ID_MAX_CHARS - 1}}}$"
+
+
+def project_id_from(value: object) -> str | None:
+    """`value` if it is a valid project id (PROJECT_ID_PATTERN), else None."""
+    if isinstance(value, str) and re.fullmatch(PROJECT_ID_PATTERN, value):
+        return value
+    return None
+
 
 # Job ids are derived from flip-api's key, so a caller knows the id without waiting for a
 # reply (Celery results are not used) and a repeated enqueue names the same job.
@@ -242,7 +257,24 @@ class EnqueueJob(_Payload):
         "it holds",
     )
 
+    project_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=PROJECT_ID_MAX_CHARS,
+        pattern=PROJECT_ID_PATTERN,
+        description="the FLIP project the job belongs to: the claim shares the nets between "
+        "projects (PROJECT_SHARES). Null: metadata.project_id if that is a valid project id, "
+        "else the default project",
+    )
+
     _keys = field_validator("caller_key", "prewarm_key", mode="before")(_key_segments)
+
+    def project(self) -> str | None:
+        """The job's project: `project_id`, else a valid `metadata.project_id`, else None
+        (the default project)."""
+        if self.project_id is not None:
+            return self.project_id
+        return project_id_from((self.metadata or {}).get("project_id"))
 
     @field_validator("priority", "max_attempts", mode="before")
     @classmethod
@@ -268,22 +300,47 @@ class EnqueueJob(_Payload):
         """What makes two enqueues of one caller_key the same request: the payload with its
         defaults filled in (an omitted field equals its default sent), sites in any order.
         prewarm_key counts only when set, so the digests stored before it existed still
-        name their jobs."""
+        name their jobs. The project counts as the job gets it (`project`): sent as
+        `project_id` or in `metadata.project_id`, it is the same request (see
+        `_project_as_metadata`)."""
         fields = self.model_dump(mode="json")
         if fields["prewarm_key"] is None:
             del fields["prewarm_key"]
+        _project_as_metadata(fields)
         return _digest(fields)
 
     def sent_digest(self) -> str:
         """The request as sent (`_as_sent`): a repeat with the same one is the same request
         whatever defaults a redeploy changed since; one that leaves out a value the first
-        sent is not (`digest` still matches it where today's defaults give that value)."""
-        return _digest(_as_sent(self))
+        sent is not (`digest` still matches it where today's defaults give that value). A
+        payload without `project_id` has the digest it had before the field existed."""
+        sent = _as_sent(self)
+        if sent.get("project_id") is None:
+            sent.pop("project_id", None)
+            sent["omitted"] = [name for name in sent["omitted"] if name != "project_id"]
+        return _digest(sent)
 
     @field_validator("required_sites")
     @classmethod
     def _sites(cls, sites: list[str]) -> list[str]:
         return _clean_sites(sites)
+
+
+def _project_as_metadata(fields: dict[str, Any]) -> None:
+    """A payload's `project_id` written as FLIP writes it, in `metadata.project_id`, when
+    that says the same (the key absent, or holding that very id): a repeat that sends the
+    project in the other place is the same request. A payload without it is left as it was
+    before the field existed; one whose metadata names another project keeps both."""
+    project = fields.pop("project_id")
+    if project is None:
+        return
+    metadata = fields["metadata"]
+    if metadata is None:
+        fields["metadata"] = {"project_id": project}
+    elif "project_id" not in metadata:
+        fields["metadata"] = {**metadata, "project_id": project}
+    elif metadata["project_id"] != project:
+        fields["project_id"] = project
 
 
 def _clean_sites(sites: list[str]) -> list[str]:

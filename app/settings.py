@@ -30,6 +30,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from app.errors import SettingsError
 from app.flags import parse_flag
 from app.net_config import NetConfig, format_validation_error, load_nets_file, parse_nets
+from app.project_shares import DEFAULT_AGING_S, Shares, parse_project_shares
 
 
 # Mutation testing covers `_check_webhook_secret` only here (pyproject [tool.mutmut]; flags
@@ -91,6 +92,12 @@ class Settings(BaseSettings):
     # The longest a prewarm holds a net's server up (app.usecases.prewarm): a hint asking
     # for longer is held this long, then the net's idle grace applies as after any job.
     prewarm_max_s: float = Field(default=900.0, gt=0, alias="PREWARM_MAX_S")
+    # Fair share between projects (app/usecases/fair_share.py): each project's weight and
+    # optional cap of nets, as JSON; read into `shares` by the validator below.
+    project_shares_raw: Annotated[str, NoDecode] = Field(default="{}", alias="PROJECT_SHARES")
+    # A job QUEUED this long is taken before every job that is not (no job starves).
+    aging_s: float = Field(default=DEFAULT_AGING_S, gt=0, allow_inf_nan=False, alias="AGING_S")
+    _shares: Shares = PrivateAttr(default_factory=Shares)
 
     # --- S3 job bundles (app/adapters/s3_bundles.py) ---------------------------------
     # Credentials are never settings: boto3's default chain (task role, env, profile).
@@ -241,6 +248,7 @@ class Settings(BaseSettings):
             )
             net._always_on = net.driver.kind == "static" or not per_job
         self._by_name = {net.name: net for net in self._nets}
+        self._shares = parse_project_shares(self.project_shares_raw, self.aging_s)
         if self.callback_url is not None and len(self.callback_secret.get_secret_value()) < 16:
             # Unsigned (or guessably signed) status pushes would let anyone on the path
             # forge a job's end; refuse to start instead.
@@ -287,6 +295,11 @@ class Settings(BaseSettings):
     def nets(self) -> tuple[NetConfig, ...]:
         """Every declared net, validated in full."""
         return self._private["_nets"]  # type: ignore[no-any-return]
+
+    @property
+    def shares(self) -> Shares:
+        """PROJECT_SHARES and AGING_S, as the claim orders by them."""
+        return self._private["_shares"]  # type: ignore[no-any-return]
 
     def net(self, name: str) -> NetConfig:
         """The configuration of one net; KeyError if it is not declared."""

@@ -14,9 +14,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
-    BigInteger,
     Boolean,
-    Enum,
     Float,
     ForeignKey,
     Index,
@@ -31,6 +29,7 @@ from sqlalchemy.orm import Mapped, WriteOnlyMapped, mapped_column, relationship
 
 from models.attempts import attempt_number
 from models.base import Base, UTCDateTime
+from models.columns import ACTIVE_SQL, EVENT_ID, state_enum, uncounted_index
 from models.reasons import ReasonCode, allowed
 from models.states import (
     ACTIVE_JOB_STATES,
@@ -42,42 +41,6 @@ from models.states import (
     NetState,
 )
 
-# SQLite only auto-increments an INTEGER PRIMARY KEY.
-_EventId = BigInteger().with_variant(Integer(), "sqlite")
-
-
-# The two helpers below run while the module is imported, before mutmut can switch a mutant
-# in, so their mutants always survive; what they build is the schema, which the unit tier
-# checks against the migrations (`db check` in test_cli.py).
-def _state_enum(
-    enum: type[JobState] | type[NetState], name: str
-) -> Enum:  # pragma: no mutate block
-    # Stored by value as a short string with a CHECK, not a native PG enum: adding a state
-    # later is then a plain migration on both dialects.
-    return Enum(
-        enum,
-        name=name,
-        native_enum=False,
-        create_constraint=True,
-        length=16,
-        values_callable=lambda e: [m.value for m in e],
-        validate_strings=True,
-    )
-
-
-def _uncounted_index(table: str) -> Index:  # pragma: no mutate block
-    # The history rows app.metrics has not folded into its running totals yet: few at any
-    # time (those written since the last scrape), found without reading the history.
-    return Index(
-        f"ix_{table}_uncounted",
-        "id",
-        postgresql_where=text("NOT counted"),
-        sqlite_where=text("counted = 0"),
-    )
-
-
-_ACTIVE_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE_JOB_STATES)))
-
 
 class Net(Base):
     """A net's fl-server as the dispatcher knows it; its configuration lives in Settings."""
@@ -85,7 +48,7 @@ class Net(Base):
     __tablename__ = "nets"
 
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    state: Mapped[NetState] = mapped_column(_state_enum(NetState, "net_state"))
+    state: Mapped[NetState] = mapped_column(state_enum(NetState, "net_state"))
     state_changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
     # When the net last became free (READY without a job); idle scale-down counts from here.
     idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -158,8 +121,8 @@ class Job(Base):
             "uq_jobs_one_active_per_net",
             "net_name",
             unique=True,
-            postgresql_where=text(_ACTIVE_SQL),
-            sqlite_where=text(_ACTIVE_SQL),
+            postgresql_where=text(ACTIVE_SQL),
+            sqlite_where=text(ACTIVE_SQL),
         ),
         Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
         # Which nets the queue waits for: a claim that cannot place any job knows so from
@@ -178,6 +141,14 @@ class Job(Base):
         # all nets, and of one net.
         Index("ix_jobs_state_changed_at", "state_changed_at"),
         Index("ix_jobs_net_name_state_changed_at", "net_name", "state_changed_at"),
+        # The nets each project holds (app.usecases.fair_share): its active jobs, few
+        # (at most one per net), found without reading the project's history.
+        Index(
+            "ix_jobs_active_project",
+            "project_id",
+            postgresql_where=text(ACTIVE_SQL),
+            sqlite_where=text(ACTIVE_SQL),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
@@ -197,9 +168,12 @@ class Job(Base):
     # prewarm holds, and ends that hold wherever the job goes (app.usecases.claims).
     prewarm_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     traceparent: Mapped[str | None] = mapped_column(String(55))  # enqueue span (app/traces.py)
+    # The FLIP project it belongs to (app.schemas.EnqueueJob.project): the claim shares the
+    # nets between projects (app.usecases.fair_share). NULL: the default project.
+    project_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
     net_name: Mapped[str | None] = mapped_column(ForeignKey("nets.name"), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_state"))
+    state: Mapped[JobState] = mapped_column(state_enum(JobState, "job_state"))
     attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # Transient-error retries of this job's pipeline steps (all attempts), for metrics.
     retries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
@@ -244,6 +218,7 @@ class Job(Base):
         request_digest: str | None = None,
         sent_digest: str | None = None,
         prewarm_key: str | None = None,
+        project_id: str | None = None,
     ) -> Job:
         """A QUEUED job with its creation recorded in the history."""
         job = cls(
@@ -255,6 +230,7 @@ class Job(Base):
             required_sites=required_sites,
             requested_net=requested_net,
             prewarm_key=prewarm_key,
+            project_id=project_id,
             metadata_=metadata,
             priority=priority,
             state=JobState.QUEUED,
@@ -388,7 +364,7 @@ class StrayRun(Base):
 
     __tablename__ = "stray_runs"
 
-    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(EVENT_ID, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     # None: the submit's outcome is unknown, the run is known only by its token.
@@ -407,7 +383,7 @@ class RejectedRequest(Base):
 
     __tablename__ = "rejected_requests"
 
-    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(EVENT_ID, primary_key=True, autoincrement=True)
     # The id the job would have had (derived from caller_key), or None if no key was given.
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True, index=True)
     caller_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
@@ -432,14 +408,14 @@ class JobEvent(Base):
 
     __tablename__ = "job_events"
     # ix_job_events_at: the nets page's window (app.usecases.net_history), a day of a year.
-    __table_args__ = (_uncounted_index("job_events"), Index("ix_job_events_at", "at"))
+    __table_args__ = (uncounted_index("job_events"), Index("ix_job_events_at", "at"))
 
-    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(EVENT_ID, primary_key=True, autoincrement=True)
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     from_state: Mapped[JobState | None] = mapped_column(
-        _state_enum(JobState, "job_event_from"), nullable=True
+        state_enum(JobState, "job_event_from"), nullable=True
     )
-    to_state: Mapped[JobState] = mapped_column(_state_enum(JobState, "job_event_to"))
+    to_state: Mapped[JobState] = mapped_column(state_enum(JobState, "job_event_to"))
     at: Mapped[datetime] = mapped_column(UTCDateTime())
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     # The job's attempt and NVFLARE run when the move happened: a status callback delivered
@@ -463,16 +439,16 @@ class NetEvent(Base):
     __tablename__ = "net_events"
     # The nets page's window of a page's nets (app.usecases.net_history): a day of a year.
     __table_args__ = (
-        _uncounted_index("net_events"),
+        uncounted_index("net_events"),
         Index("ix_net_events_net_name_at", "net_name", "at"),
     )
 
-    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(EVENT_ID, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
     from_state: Mapped[NetState | None] = mapped_column(
-        _state_enum(NetState, "net_event_from"), nullable=True
+        state_enum(NetState, "net_event_from"), nullable=True
     )
-    to_state: Mapped[NetState] = mapped_column(_state_enum(NetState, "net_event_to"))
+    to_state: Mapped[NetState] = mapped_column(state_enum(NetState, "net_event_to"))
     at: Mapped[datetime] = mapped_column(UTCDateTime())
     reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
     # Folded into app.metrics' running totals yet? Written false (the server default), set
@@ -486,9 +462,9 @@ class ScaleEvent(Base):
     """Append-only record of every scale decision and what the driver said."""
 
     __tablename__ = "scale_events"
-    __table_args__ = (_uncounted_index("scale_events"),)
+    __table_args__ = (uncounted_index("scale_events"),)
 
-    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(EVENT_ID, primary_key=True, autoincrement=True)
     net_name: Mapped[str] = mapped_column(ForeignKey("nets.name", ondelete="CASCADE"), index=True)
     action: Mapped[str] = mapped_column(String(32))  # scale_up, scale_down
     replicas: Mapped[int] = mapped_column(Integer)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request, Security
@@ -283,6 +284,8 @@ def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
 def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     settings = ctx.runtime.settings
     callbacks = settings.callbacks_enabled
+    detail = partial(job_detail, callbacks=callbacks, settings=settings)
+    detail_by_key = partial(job_detail_by_key, callbacks=callbacks, settings=settings)
     declared = declared_nets(settings)
     declared_names = {n.name for n in declared}
 
@@ -351,7 +354,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job_by_key(caller_key: str) -> JobDetail:
         """The job a caller_key names, with its history (410: its enqueue was refused)."""
         with ctx.runtime.sessions() as session:
-            return job_detail_by_key(session, caller_key, callbacks=callbacks, settings=settings)
+            return detail_by_key(session, caller_key, now=ctx.runtime.clock())
 
     @app.get(
         "/jobs/{job_id}",
@@ -363,7 +366,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     def get_job(job_id: uuid.UUID) -> JobDetail:
         """One job with its history."""
         with ctx.runtime.sessions() as session:
-            return job_detail(session, job_id, callbacks=callbacks, settings=settings)
+            return detail(session, job_id, now=ctx.runtime.clock())
 
 
 async def _read_body(request: Request, model: type[M], *, optional: bool) -> M:

@@ -175,6 +175,11 @@ def _add_job_commands(
         help="the --key of a prewarm sent for this job: its claim prefers the net it holds",
     )
     p.add_argument(
+        "--project",
+        metavar="P",
+        help="the FLIP project it belongs to (PROJECT_SHARES shares the nets between them)",
+    )
+    p.add_argument(
         "--metadata",
         type=_json_object,
         metavar="JSON",

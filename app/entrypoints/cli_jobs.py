@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 from app.db import missing_sqlite_file
@@ -242,16 +243,14 @@ def cmd_job(args: argparse.Namespace, settings: Settings) -> int:
         sys.stderr.write("fl-dispatcher: job: give a job ID or --key, not both\n")
         return EXIT_FAILED
     runtime = _runtime(settings)
+    detail = partial(job_detail, callbacks=settings.callbacks_enabled, settings=settings)
+    by_key = partial(job_detail_by_key, callbacks=settings.callbacks_enabled, settings=settings)
     try:
         with runtime.sessions() as session:
             if args.key is not None:
-                job = job_detail_by_key(
-                    session, args.key, callbacks=settings.callbacks_enabled, settings=settings
-                )
+                job = by_key(session, args.key, now=runtime.clock())
             else:
-                job = job_detail(
-                    session, args.job_id, callbacks=settings.callbacks_enabled, settings=settings
-                )
+                job = detail(session, args.job_id, now=runtime.clock())
     finally:
         runtime.close()
     fields = job.model_dump(mode="json")
@@ -293,6 +292,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             max_attempts=args.max_attempts,
             metadata=args.metadata,
             prewarm_key=args.prewarm_key,
+            project_id=args.project,
         )
     except ValidationError as exc:
         for err in exc.errors():

@@ -104,6 +104,10 @@ class Caller:
             payload["max_attempts"] = job.max_attempts
         if job.prewarm_key is not None:
             payload["prewarm_key"] = job.prewarm_key
+        if job.project is not None and job.project_in_metadata:
+            payload["metadata"] = {**(job.metadata or {}), "project_id": job.project}
+        elif job.project is not None:
+            payload["project_id"] = job.project
         sent: dict[str, object] = json.loads(json.dumps(payload))
         return sent
 

@@ -70,8 +70,12 @@ def settings_for(
             }
         )
     extra: dict[str, Any] = {}
+    if world.project_shares:
+        extra["PROJECT_SHARES"] = world.project_shares
+    if world.aging_s is not None:
+        extra["AGING_S"] = world.aging_s
     if world.callbacks:
-        extra = {
+        extra |= {
             "CALLBACK_URL": URL,
             "CALLBACK_SECRET": SECRET,
             "CALLBACK_TIMEOUT_S": 5.0,

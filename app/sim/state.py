@@ -29,6 +29,7 @@ class JobRow:
     dispatched_s: float | None
     requested_net: str | None
     attempt: int = 0
+    project: str | None = None  # jobs.project_id (issue 40), where the column exists
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ def _uuid(hex_text: str) -> str:
     return value
 
 
+_JOBS = (
+    "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at, dispatched_at,"
+    " requested_net, attempts, project_id FROM jobs ORDER BY created_at, id"
+)
+_JOBS_BEFORE_PROJECTS = _JOBS.replace("project_id", "NULL")
 _NETS = (
     "SELECT name, state, state_changed_at,"
     " EXISTS (SELECT 1 FROM drains WHERE scope IN (nets.name, '*')) FROM nets ORDER BY name"
@@ -101,6 +107,11 @@ class WorldState:
         self._strays_at_changes = -1
         self.has_strays = self._has_table("stray_runs")
         self.has_drains = self._has_table("drains")
+        self.has_projects = self._has_column("jobs", "project_id")
+
+    def _has_column(self, table: str, column: str) -> bool:
+        found = self.sim.conn.execute(f"PRAGMA table_info({table})").fetchall()
+        return any(row[1] == column for row in found)
 
     def _has_table(self, name: str) -> bool:
         found = self.sim.conn.execute(
@@ -129,11 +140,9 @@ class WorldState:
                 dispatched_s=_secs(row[6]),
                 requested_net=row[7],
                 attempt=row[8],
+                project=row[9],
             )
-            for row in conn.execute(
-                "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at,"
-                " dispatched_at, requested_net, attempts FROM jobs ORDER BY created_at, id"
-            )
+            for row in conn.execute(_JOBS if self.has_projects else _JOBS_BEFORE_PROJECTS)
         ]
         self.nets = [
             NetRow(row[0], NetState(row[1]), _secs(row[2]) or 0.0, bool(row[3]))
@@ -195,13 +204,23 @@ class WorldState:
         if row is None or row.state not in ASSIGNABLE_NET_STATES or row.drained:
             return False  # (a drained net's queue keeps no server up: it waits for undrain)
         # Only a job that could be claimed: one waiting for its own stray run (on this net
-        # or another) cannot run here, so it keeps no server up.
+        # or another) cannot run here, nor one whose project holds its max_nets nets
+        # (PROJECT_SHARES), so it keeps no server up.
         return any(
             j.state == J.QUEUED
             and j.requested_net in (None, net)
             and not self.waits_for_its_stray(j.id)
+            and not self.at_cap(j.project)
             for j in self.jobs
         )
+
+    def at_cap(self, project: str | None) -> bool:
+        """The project holds as many nets (its active jobs) as PROJECT_SHARES lets it."""
+        cap = self.sim.settings.shares.cap(project) if project is not None else None
+        if cap is None:
+            return False
+        held = sum(1 for j in self.jobs if j.project == project and j.state in ACTIVE_JOB_STATES)
+        return held >= cap
 
     # --- at rest ------------------------------------------------------------------------------
 

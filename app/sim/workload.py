@@ -70,6 +70,10 @@ class JobSpec:
     max_attempts: int | None = None
     # The caller_key of the prewarm sent for it (EnqueueJob.prewarm_key; None: not sent).
     prewarm_key: str | None = None
+    # Its FLIP project (issue 40, fair share), sent as `project_id`, or in its metadata as
+    # FLIP does today (`project_in_metadata`); None: the default project.
+    project: str | None = None
+    project_in_metadata: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,10 @@ class WorldSpec:
     receiver_failures_before: int = 0
     # PREWARM_MAX_S (the settings' default unless a prewarm world draws a short one).
     prewarm_max_s: float = 900.0
+    # PROJECT_SHARES (JSON; "": the default, every project weighs 1 without a cap) and
+    # AGING_S (None: the default, 6 h) of a world whose jobs belong to projects.
+    project_shares: str = ""
+    aging_s: float | None = None
 
     def retry_budget_s(self) -> float:
         """The longest a pipeline step keeps retrying a transient error (sum of caps)."""

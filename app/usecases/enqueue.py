@@ -165,6 +165,8 @@ def _new_job(
         sent_digest=request.sent_digest(),
         # Advisory: a key naming no live prewarm is kept all the same and gives no preference.
         prewarm_key=request.prewarm_key,
+        # Its field, or FLIP's metadata.project_id (the claim's fair share, issue 40).
+        project_id=request.project(),
     )
     job.traceparent = traceparent  # its enqueue span's, with TRACES on (app/traces.py)
     return job
@@ -214,6 +216,7 @@ def _differences(job: Job, request: EnqueueJob) -> str:
             ("priority", request.priority, job.priority),
             ("metadata", request.metadata, job.metadata_),
             ("prewarm_key", request.prewarm_key, job.prewarm_key),
+            ("project_id", request.project(), job.project_id),
         )
         if sent != kept
     ]

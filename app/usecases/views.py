@@ -47,6 +47,7 @@ from app.usecases.callbacks import delivery_status
 from app.usecases.claims import drained
 from app.usecases.drains import NET_DRAINED, drain_state
 from app.usecases.prewarm import holds as prewarm_holds
+from app.usecases.queue_place import queue_place
 from models import (
     ACTIVE_JOB_STATES,
     Job,
@@ -57,6 +58,7 @@ from models import (
     ScaleEvent,
     StrayRun,
     attempt_number,
+    utcnow,
 )
 
 NOT_PROBED = "not_probed"  # server_state of a STOPPED scale-to-zero net: not contacted
@@ -73,6 +75,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "metadata": job.metadata_,
         "requested_net": job.requested_net,
         "prewarm_key": job.prewarm_key,
+        "project_id": job.project_id,
         "net": job.net_name,
         "priority": job.priority,
         "attempt": attempt_number(job.attempts, job.max_attempts),
@@ -101,11 +104,14 @@ def job_detail(
     *,
     callbacks: bool = False,
     settings: Settings | None = None,
+    now: datetime | None = None,
 ) -> JobDetail:
     """A job with its full history, oldest move first, and with `callbacks` (CALLBACK_URL
-    set) how far that history was delivered to flip-api. RequestRejected if the enqueue that
-    would have created it was refused, NotFound if there is no such job at all. `settings`:
-    the nets an unpinned job may run on (else every net the database holds)."""
+    set) how far that history was delivered to flip-api; a QUEUED job's place in line and
+    waiting reason as of `now` (app.usecases.queue_place). RequestRejected if the enqueue
+    that would have created it was refused, NotFound if there is no such job at all.
+    `settings`: the nets an unpinned job may run on and the shares (else every net the
+    database holds, every project weighing 1)."""
     try:
         job = records.get_job(session, job_id)
     except NotFound:
@@ -130,11 +136,15 @@ def job_detail(
         )
         for e in events
     ]
+    queued = job.state == JobState.QUEUED
+    place = queue_place(session, job, settings, now or utcnow()) if queued else None
     return JobDetail(
         **_job_fields(job),
         history=history,
         callbacks=delivery_status(session, job_id) if callbacks else None,
-        waiting_for=waiting_for(session, job, settings) if job.state == JobState.QUEUED else None,
+        waiting_for=waiting_for(session, job, settings) if queued else None,
+        place_in_line=place.place if place is not None else None,
+        waiting_reason=place.reason if place is not None else None,
     )
 
 
@@ -246,6 +256,7 @@ def job_detail_by_key(
     *,
     callbacks: bool = False,
     settings: Settings | None = None,
+    now: datetime | None = None,
 ) -> JobDetail:
     """The job a caller_key names, as `job_detail` shows it (RequestRejected when its enqueue
     was refused, NotFound when there is neither)."""
@@ -257,6 +268,7 @@ def job_detail_by_key(
             job if job is not None else job_id_for(caller_key),
             callbacks=callbacks,
             settings=settings,
+            now=now,
         )
     except RequestRejected:
         raise

@@ -1,9 +1,11 @@
 """Benchmark (not a test): enqueue and claim latency, and peak RSS.
 
-    .venv/bin/python -m tests.bench.bench_enqueue_claim [--jobs 500] [--nets 20]
+    .venv/bin/python -m tests.bench.bench_enqueue_claim [--jobs 500] [--nets 20] [--projects 10]
 
 Runs against the machine's PostgreSQL in a throw-away database: enqueue throughput,
-the claim latency of assign_next_job with a deep queue, and this process's peak RSS.
+the claim latency of assign_next_job with a deep queue, and this process's peak RSS. With
+`--projects N` the jobs belong to N projects in turn (every other one weighing 2 in
+PROJECT_SHARES), so each claim orders the queue by fair share; 0: no project.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--nets", type=int, default=20)
+    parser.add_argument("--projects", type=int, default=0)
     args = parser.parse_args()
 
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -56,7 +59,13 @@ def main() -> None:
                         "admin": {"kit_dir": str(kit.parent), "username": "a"},
                     }
                 )
-            settings = Settings(DATABASE_URL=url, JOB_ROOT=root / "jobs", NETS=json.dumps(nets))
+            shares = {f"p{i}": {"weight": 2} for i in range(0, args.projects, 2)}
+            settings = Settings(
+                DATABASE_URL=url,
+                JOB_ROOT=root / "jobs",
+                NETS=json.dumps(nets),
+                PROJECT_SHARES=json.dumps(shares),
+            )
             migrate.upgrade(url)
             engine = make_engine(url)
             factory = session_factory(engine)
@@ -65,7 +74,10 @@ def main() -> None:
 
             enqueue_ms = []
             for i in range(args.jobs):
-                request = EnqueueJob(caller_key=f"k{i}", definition="job", required_sites=["s"])
+                project = f"p{i % args.projects}" if args.projects else None
+                request = EnqueueJob(
+                    caller_key=f"k{i}", definition="job", required_sites=["s"], project_id=project
+                )
                 start = time.perf_counter()
                 with unit_of_work(factory) as session:
                     enqueue.enqueue_job(session, settings, request, utcnow())
@@ -95,7 +107,8 @@ def main() -> None:
         f"p95 {p(enqueue_ms, 0.95):.2f} ms"
     )
     print(
-        f"assign_next_job with {args.jobs} queued, {args.nets} nets: median "
+        f"assign_next_job with {args.jobs} queued, {args.nets} nets, {args.projects} projects: "
+        "median "
         f"{statistics.median(claim_ms):.2f} ms, max {max(claim_ms):.2f} ms; "
         f"no free net: {no_free_ms:.2f} ms"
     )

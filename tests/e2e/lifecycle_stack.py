@@ -33,10 +33,9 @@ def private_broker(folder: Path) -> Iterator[str]:
         server.stop()
 
 
-@contextmanager
-def lifecycle_stack(workdir: Path, database: str, broker_url: str) -> Iterator[LocalStack]:
-    """The running stack: a 4 s idle grace, housekeeping every 1.5 s, short retry bounds."""
-    options = StackOptions(
+def lifecycle_stack_options(workdir: Path, database: str, broker_url: str) -> StackOptions:
+    """A 4 s idle grace, housekeeping every 1.5 s, short retry bounds, a separate beat."""
+    return StackOptions(
         workdir=workdir,
         database_url=database,
         broker_url=broker_url,
@@ -46,7 +45,12 @@ def lifecycle_stack(workdir: Path, database: str, broker_url: str) -> Iterator[L
         embedded_beat=False,  # a separate beat process, as in production
         extra_env={"RETRY_MAX": "2", "RETRY_BACKOFF_MAX_S": "2", "STUCK_AFTER_S": "5"},
     )
-    with LocalStack(options) as running:
+
+
+@contextmanager
+def lifecycle_stack(workdir: Path, database: str, broker_url: str) -> Iterator[LocalStack]:
+    """The running stack (`lifecycle_stack_options`)."""
+    with LocalStack(lifecycle_stack_options(workdir, database, broker_url)) as running:
         yield running
 
 

@@ -233,3 +233,35 @@ def test_a_chunked_body_is_cut_off_once_past_the_limit(served):
             answer = _answer(sock)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert sent < 5 * 1024 * 1024  # refused long before the whole body
+
+
+def test_a_queued_jobs_view_says_its_project_its_place_in_line_and_why_it_waits(client, world):
+    """Issue 40: GET /jobs/{id} of a QUEUED job shows project_id, place_in_line and
+    waiting_reason (one of the documented words), the schema declares them, and a job out of
+    the queue shows null for both."""
+    from app.usecases import claims
+
+    for key, project in (("q-run", "p-1"), ("q-next", "p-1"), ("q-later", "p-1")):
+        body = {**BODY, "caller_key": key, "metadata": {"project_id": project}}
+        world.clock.advance(1)  # in this order (the same instant would order them by id)
+        assert client.post("/jobs", json=body, headers=AUTH).status_code == 201
+    with world.rt.sessions.begin() as session:
+        assert claims.claim_next_job(session, world.rt.settings, world.clock()) is not None
+    views = {
+        key: client.get(f"/jobs/{job_id_for(key)}").json() for key in ("q-run", "q-next", "q-later")
+    }
+    assert [(v["project_id"], v["place_in_line"], v["waiting_reason"]) for v in views.values()] == [
+        ("p-1", None, None),
+        ("p-1", 1, "no free net"),
+        ("p-1", 2, "no free net"),
+    ]
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["JobDetail"]
+    reason = schema["properties"]["waiting_reason"]["anyOf"][0]
+    assert reason["enum"] == [
+        "earlier run settling",
+        "project at its cap",
+        "net drained",
+        "no free net",
+        "claim pending",
+    ]
+    assert "place_in_line" in schema["properties"] and "project_id" in schema["properties"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
@@ -98,5 +100,63 @@ def test_0017_adds_drains_to_a_database_with_work_and_a_drain_survives_to_head(e
             assert conn.execute(text("SELECT scope, reason FROM drains")).all() == [("*", "")]
         migrate.downgrade(empty_db, "0015")
         assert "drains" not in _tables(empty_db) and "nets" in _tables(empty_db)
+    finally:
+        engine.dispose()
+
+
+def test_0018_gives_the_jobs_not_yet_ended_their_flip_project_and_downgrades(empty_db):
+    """A deployment on 0017 with a queue: the QUEUED and RUNNING jobs get the project FLIP put
+    in their metadata (a valid id only), so the first claim after the upgrade counts them;
+    ended jobs keep none. Downgrading to 0017 drops the column and its index."""
+    migrate.upgrade(empty_db, "0017")
+    engine = create_engine(empty_db)
+    at = "2026-12-06 09:00:00+00:00"
+    jobs = [
+        ("11111111111111111111111111111111", "QUEUED", '{"project_id": "p-1"}'),
+        ("22222222222222222222222222222222", "RUNNING", '{"project_id": "p-2", "m": 1}'),
+        ("33333333333333333333333333333333", "QUEUED", '{"project_id": "not an id"}'),
+        ("44444444444444444444444444444444", "COMPLETED", '{"project_id": "p-1"}'),
+        ("55555555555555555555555555555555", "QUEUED", None),
+    ]
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO nets (name, state, state_changed_at, version)"
+                    " VALUES ('net-a', 'BUSY', :at, 1)"
+                ),
+                {"at": at},
+            )
+            for job_id, state, metadata in jobs:
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (id, caller_key, definition, required_sites, metadata,"
+                        " net_name, priority, state, attempts, retries, retries_counted,"
+                        " max_attempts, created_at, state_changed_at, version) VALUES (:id, :key,"
+                        " 'd', '[]', :metadata, :net, 0, :state, 0, 0, 0, 3, :at, :at, 1)"
+                    ),
+                    {
+                        "id": job_id if "sqlite" in empty_db else str(uuid.UUID(job_id)),
+                        "key": job_id,
+                        "metadata": metadata,
+                        "net": "net-a" if state == "RUNNING" else None,
+                        "state": state,
+                        "at": at,
+                    },
+                )
+        migrate.upgrade(empty_db)
+        with engine.begin() as conn:
+            found = dict(conn.execute(text("SELECT caller_key, project_id FROM jobs")).all())
+        assert found == {
+            jobs[0][0]: "p-1",
+            jobs[1][0]: "p-2",
+            jobs[2][0]: None,
+            jobs[3][0]: None,
+            jobs[4][0]: None,
+        }
+        migrate.downgrade(empty_db, "0017")
+        columns = {c["name"] for c in inspect(engine).get_columns("jobs")}
+        indexes = {i["name"] for i in inspect(engine).get_indexes("jobs")}
+        assert "project_id" not in columns and "ix_jobs_active_project" not in indexes
     finally:
         engine.dispose()

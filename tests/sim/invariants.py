@@ -18,6 +18,7 @@ from models import (
 )
 from tests.sim import drains, repeats
 from tests.sim.call_invariants import CallInvariants
+from tests.sim.fair_share import FairShareInvariants
 from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
@@ -30,7 +31,14 @@ BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
 WAITING_FOR_SITES = ("waiting for sites", "waiting for SuperNodes")
 
 
-class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseInvariants):
+class Checker(
+    RunInvariants,
+    Quiescence,
+    CallInvariants,
+    ReadyInvariants,
+    LeaseInvariants,
+    FairShareInvariants,
+):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
     runs (RunInvariants), at rest (Quiescence), at an adapter call (CallInvariants), at a
     job-less net's READY (ReadyInvariants) and on chain jobs no message holds
@@ -64,6 +72,7 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
         self._claims(t)
         self._queued_while_free(t)
         drains.check(self)
+        self._fair_share(t)
         self._scale_to_zero(t)
         self._prewarms(t)
         self._net_moves()
@@ -198,6 +207,11 @@ class Checker(RunInvariants, Quiescence, CallInvariants, ReadyInvariants, LeaseI
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
+                self._starved_since.pop(job.id, None)
+                continue
+            if self.sim.state.at_cap(job.project):
+                # By design: its project holds its max_nets nets (PROJECT_SHARES); the claim
+                # takes none of its jobs until one of them ends (project-over-cap).
                 self._starved_since.pop(job.id, None)
                 continue
             if self._waits_for_its_stray(job.id):

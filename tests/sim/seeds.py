@@ -14,6 +14,7 @@ from tests.sim.adversary import Adversary
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import with_prewarms
 from tests.sim.profiles import profile_for_seed
+from tests.sim.projects import with_projects
 from tests.sim.worlds import random_workload, random_world
 
 FLOWER_WORLDS = 1 / 3  # the share of worlds with a Flower net
@@ -69,6 +70,8 @@ def from_seed(
     # their own (tests.sim.prewarms): the others run exactly as before.
     world, workload = with_prewarms(seed, world, workload)
     world = with_flower(seed, world)
+    # About half the worlds' jobs belong to projects (issue 40), on a stream of their own.
+    world, workload = with_projects(seed, world, workload)
     sim = Simulation(
         world,
         workload,

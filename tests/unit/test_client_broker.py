@@ -89,11 +89,12 @@ def test_the_client_sends_each_public_task_by_name_as_json_on_the_dispatcher_que
     assert [m.delivery_info["routing_key"] for m in messages] == [names.QUEUE] * 3
     assert {m.content_type for m in messages} == {"application/json"}
     assert [task_call(m) for m in messages] == [
-        # (a job naming no prewarm is sent without prewarm_key: older workers take it)
+        # (a job naming no prewarm nor project is sent without prewarm_key and project_id:
+        # older workers take it)
         (
             names.ENQUEUE_JOB,
             [],
-            {"payload": request.model_dump(mode="json", exclude={"prewarm_key"})},
+            {"payload": request.model_dump(mode="json", exclude={"prewarm_key", "project_id"})},
         ),
         (names.ABORT_JOB, [], {"payload": {"job_id": str(job_id), "reason": "changed my mind"}}),
         (
@@ -103,6 +104,14 @@ def test_the_client_sends_each_public_task_by_name_as_json_on_the_dispatcher_que
         ),
     ]
     assert inspector.llen(names.QUEUE) == 0
+
+
+def test_the_client_sends_a_jobs_project_id_when_it_is_set(client, broker_url):
+    request = EnqueueJob(caller_key="flip-7p", definition="tiny-job", project_id="p-7")
+    client.enqueue_job(request)
+    [message] = drain(broker_url)
+    payload = task_call(message)[2]["payload"]
+    assert payload["project_id"] == "p-7" and "prewarm_key" not in payload
 
 
 def test_the_worker_consumes_the_queue_the_client_sends_to(settings):

@@ -114,7 +114,7 @@ def _before_start_is_proof(mp: pytest.MonkeyPatch) -> None:
     _set(abort, "run_end", end)(mp)
 
 
-def _any_hinted_job_puts_its_net_first(net_name_column: Any, now: datetime) -> Any:
+def _any_hinted_job_puts_its_net_first(net_name_column: Any, now: datetime, _shares: Any) -> Any:
     # Before a4b8e22: a held net came first of its warmth when ANY waiting job named its
     # hold, and then went to the queue's head, which might name no hint at all.
     return and_(
@@ -393,8 +393,9 @@ SAFEGUARDS = [
         # the lost job waits for its stray there while another net idles up. Servers seeds
         # 204 and 233 of 0-400, with the profile forced; since the simulator runs
         # app/handlers.py's handlers and the database-error fault, none of 0-400, seeds 521
-        # and 527 of 400-530.
-        range(520, 523),
+        # and 527 of 400-530; since half the worlds' jobs belong to projects (issue 40,
+        # tests.sim.projects: 521's among them), 571 alone of 400-800.
+        range(570, 573),
         frozenset({"idle-net-at-zero"}),
         forced=True,
     ),
@@ -418,8 +419,10 @@ SAFEGUARDS = [
         # housekeeping loop any more); since the sweep's outages, paused last tries and the
         # monitor's dead-run check, seed 40 with the profile forced; since issue 37's cheaper
         # rounds, none of 0-300, seeds 546 and 572 of 300-600 (an idle scale-down's driver
-        # found misconfigured, as seed 40's was).
-        range(545, 548),
+        # found misconfigured, as seed 40's was); since half the worlds' jobs belong to
+        # projects (issue 40, tests.sim.projects: 546 and 572 among them), 623 and 718 of
+        # 300-900.
+        range(622, 625),
         frozenset({"no-escape"}),
         forced=True,
     ),

@@ -1,0 +1,198 @@
+"""A QUEUED job's place in line and the reason it waits (issue 40: `GET /jobs/{id}`, `job`),
+read as the claim would decide now. Reads only, in one or two statements.
+
+**Place in line**: 1 + the number of other QUEUED jobs the claim would take before it now:
+those a claim may take (no earlier run of theirs still settling, their project below its
+cap), that come before it in the claim's order (`fair_share`: aged jobs first, then project
+usage, priority, age), and that may run on a net it may run on (a net NETS declares, the
+job's own if it is pinned, with the sites either job needs where the net declares its
+sites). A job of a project at its cap is given the place it would have once the cap frees,
+as the order stands now.
+
+**Waiting reason**, the first that holds:
+
+- `earlier run settling`: a run of an earlier attempt may still be alive (a stray run): the
+  job is not claimed again until its server says that run is over;
+- `project at its cap`: its project holds its `max_nets` nets (PROJECT_SHARES);
+- `net drained`: every net it may run on is drained (`drain`);
+- `no free net`: no net it may run on is free (each is busy, coming down, out of service,
+  or settling a stray run of another job), or there is none;
+- `claim pending`: a net it may run on is free: the next claim takes it, or a job ahead of
+  it (the assigner runs at once on every enqueue and freed net, else every
+  HOUSEKEEPING_INTERVAL_S).
+
+A prewarm hold never makes a job wait: it only orders the free nets (a held net goes to any
+job when no other as warm is free), so it is no reason of its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, bindparam, exists, func, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from app.net_config import NetConfig
+from app.project_shares import Shares
+from app.read_models import WaitingReason
+from app.settings import Settings
+from app.usecases import fair_share
+from app.usecases.claims import drained, takeable
+from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, Job, Net, NetState, StrayRun
+
+_AHEAD = aliased(Job, name="ahead")  # a job that may come before it
+_JOB = aliased(Job, name="queued")  # the job asked about
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    """Where a QUEUED job stands: its place in line (1: the next claim that can take it
+    does) and why it waits."""
+
+    place: int
+    reason: WaitingReason
+
+
+@dataclass(frozen=True)
+class _NetNow:
+    name: str
+    state: NetState
+    drained: bool
+    active: bool  # a job holds it
+    stray: bool  # a run no job counts: it takes no job until that is settled
+
+    @property
+    def free(self) -> bool:
+        return self.state in ASSIGNABLE_NET_STATES and not (
+            self.drained or self.active or self.stray
+        )
+
+
+def may_run(requested: str | None, sites: Sequence[str], net: NetConfig) -> bool:
+    """A job pinned to `requested` (None: unpinned) needing `sites` may run on `net`."""
+    return requested in (None, net.name) and not net.lacks(list(sites))
+
+
+class QueuedJob(Protocol):
+    """What the place of a job is read from (a Job row has it)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def requested_net(self) -> str | None: ...
+    @property
+    def required_sites(self) -> list[str]: ...
+    @property
+    def project_id(self) -> str | None: ...
+
+
+def queue_place(
+    session: Session, job: QueuedJob, settings: Settings | None, now: datetime
+) -> QueuePlace:
+    """The QUEUED `job`'s place in line and waiting reason, now (see the module). Without
+    `settings`, every net the database holds may be one of its nets, sites aside."""
+    conn = session.connection()  # Core statements: no ORM entity is read
+    shares = settings.shares if settings is not None else Shares()
+    if settings is not None:
+        nets = [n.name for n in settings.nets if may_run(job.requested_net, job.required_sites, n)]
+    else:
+        known = session.scalars(select(Net.name).order_by(Net.name))
+        nets = [n for n in known if job.requested_net in (None, n)]
+    rows = conn.execute(_built("state", _state), {"job": job.id, "nets": nets}).all()
+    stray, holding = rows[0][0], rows[0][1]
+    states = [_NetNow(*row[2:]) for row in rows if row[2] is not None]
+    # The nets it waits for: those not drained, or, while every one is, all of them (its
+    # place once they are undrained).
+    open_nets = [n.name for n in states if not n.drained] or [n.name for n in states]
+    cap = shares.cap(job.project_id)
+    reason = _reason(stray, cap is not None and holding >= cap, states)
+    return QueuePlace(1 + _before(conn, settings, job.id, open_nets, now - shares.aging), reason)
+
+
+# Built once per process (and shares) with bind parameters, as the claim's statements are:
+# a view read many times (the simulator reads every queued job's at every step) must not
+# build its SQL each time.
+_BUILT: dict[tuple[object, ...], Any] = {}
+
+
+def _built(name: str, build: Callable[..., Any], *args: Any) -> Any:
+    key = (name, *args)
+    found = _BUILT.get(key)
+    if found is None:
+        found = _BUILT[key] = build(*args)
+    return found
+
+
+def _state() -> Any:
+    """SQL: the job's own state (a stray run of it, its project's nets) and each of its
+    nets' (`nets`: one row per net; a row of NULLs when it has none)."""
+    return (
+        select(
+            exists().where(StrayRun.job_id == _JOB.id),
+            fair_share.held_by(_JOB.project_id),
+            Net.name,
+            Net.state,
+            drained(Net.name),
+            exists().where(Job.net_name == Net.name, Job.state.in_(ACTIVE_JOB_STATES)),
+            exists().where(StrayRun.net_name == Net.name),
+        )
+        .select_from(_JOB)
+        .outerjoin(Net, Net.name.in_(bindparam("nets", expanding=True)))
+        .where(_JOB.id == bindparam("job"))
+    )
+
+
+def _before(
+    conn: Connection,
+    settings: Settings | None,
+    job_id: uuid.UUID,
+    nets: Sequence[str],
+    aged_before: datetime,
+) -> int:
+    """How many jobs the claim would take before the job that may run on one of `nets`."""
+    if not nets:
+        return 0
+    shares = settings.shares if settings is not None else Shares()
+    params = {"job": job_id, "nets": list(nets), "aged_before": aged_before}
+    if settings is None or all(settings.net(n).sites is None for n in nets):
+        return conn.scalar(_built("ahead", _ahead, True, shares), params) or 0
+    # Some declare their sites: each job ahead is checked against them in Python, as the
+    # claim checks them.
+    found = conn.execute(_built("ahead rows", _ahead, False, shares), params)
+    configs = [settings.net(n) for n in nets]
+    return sum(1 for pinned, sites in found if any(may_run(pinned, sites, n) for n in configs))
+
+
+def _ahead(count: bool, shares: Shares) -> Any:
+    """SQL: the jobs (`_AHEAD`) the claim would take before the job `job` (`_JOB`) that may
+    run on one of `nets` (sites aside): how many, or their nets and sites."""
+    what = (func.count(),) if count else (_AHEAD.requested_net, _AHEAD.required_sites)
+    aged_before: Any = bindparam("aged_before", type_=Job.created_at.type)
+    return (
+        select(*what)
+        .select_from(_AHEAD, _JOB)
+        .where(
+            _JOB.id == bindparam("job"),
+            _AHEAD.id != _JOB.id,
+            takeable(shares, _AHEAD),
+            or_(
+                _AHEAD.requested_net.is_(None),
+                _AHEAD.requested_net.in_(bindparam("nets", expanding=True)),
+            ),
+            fair_share.comes_before(_AHEAD, _JOB, shares, aged_before),
+        )
+    )
+
+
+def _reason(stray: bool, capped: bool, nets: Sequence[_NetNow]) -> WaitingReason:
+    if stray:
+        return "earlier run settling"
+    if capped:
+        return "project at its cap"
+    if nets and all(n.drained for n in nets):
+        return "net drained"
+    return "claim pending" if any(n.free for n in nets) else "no free net"
