@@ -17,6 +17,9 @@ from app.schemas import PROJECT_ID_MAX_CHARS, project_id_from
 
 # AGING_S's default: a job QUEUED for six hours is taken before every job that is not.
 DEFAULT_AGING_S = 6 * 3600.0
+# AGING_S's largest value (about 31 years: aging off in effect): the claim subtracts it from
+# now, which a much larger one takes before year 1 (OverflowError in every claim).
+MAX_AGING_S = 1e9
 
 
 class ProjectShare(BaseModel):
