@@ -17,6 +17,11 @@ from app.schemas import PROJECT_ID_MAX_CHARS, project_id_from
 
 # AGING_S's default: a job QUEUED for six hours is taken before every job that is not.
 DEFAULT_AGING_S = 6 * 3600.0
+# AGING_S's largest value (about 31 years: aging off in effect): the claim subtracts it from
+# now, which a much larger one takes before year 1 (OverflowError in every claim).
+MAX_AGING_S = 1e9
+# The smallest weight: a share a million times below a project of weight 1.
+MIN_WEIGHT = 1e-6
 
 
 class ProjectShare(BaseModel):
@@ -24,7 +29,10 @@ class ProjectShare(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False, strict=True)
+    # At least MIN_WEIGHT: the claim divides the nets a project holds by it, and PostgreSQL's
+    # float8 raises on overflow (a weight of 1e-320 failed every claim once its project held
+    # a net; tests/integration/test_fair_share_pg.py).
+    weight: float = Field(default=1.0, ge=MIN_WEIGHT, allow_inf_nan=False, strict=True)
     max_nets: int | None = Field(default=None, ge=1, strict=True)
 
 
@@ -53,9 +61,9 @@ class Shares:
 
 
 def parse_project_shares(raw: str, aging_s: float = DEFAULT_AGING_S) -> Shares:
-    """PROJECT_SHARES as `Shares`: a JSON object of project id -> {"weight": a number above
-    0 (default 1), "max_nets": a whole number of at least 1 (default: no cap)}. SettingsError
-    naming the project and the field otherwise."""
+    """PROJECT_SHARES as `Shares`: a JSON object of project id -> {"weight": a number of at
+    least MIN_WEIGHT (default 1), "max_nets": a whole number of at least 1 (default: no
+    cap)}. SettingsError naming the project and the field otherwise."""
     text = raw.strip()
     if not text:
         return Shares(aging_s=aging_s)

@@ -30,7 +30,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from app.errors import SettingsError
 from app.flags import parse_flag
 from app.net_config import NetConfig, format_validation_error, load_nets_file, parse_nets
-from app.project_shares import DEFAULT_AGING_S, Shares, parse_project_shares
+from app.project_shares import DEFAULT_AGING_S, MAX_AGING_S, Shares, parse_project_shares
 
 
 # Mutation testing covers `_check_webhook_secret` only here (pyproject [tool.mutmut]; flags
@@ -95,8 +95,11 @@ class Settings(BaseSettings):
     # Fair share between projects (app/usecases/fair_share.py): each project's weight and
     # optional cap of nets, as JSON; read into `shares` by the validator below.
     project_shares_raw: Annotated[str, NoDecode] = Field(default="{}", alias="PROJECT_SHARES")
-    # A job QUEUED this long is taken before every job that is not (no job starves).
-    aging_s: float = Field(default=DEFAULT_AGING_S, gt=0, allow_inf_nan=False, alias="AGING_S")
+    # A job QUEUED this long is taken before every job that is not (no job starves); at most
+    # MAX_AGING_S, which the claim can still subtract from now.
+    aging_s: float = Field(
+        default=DEFAULT_AGING_S, gt=0, le=MAX_AGING_S, allow_inf_nan=False, alias="AGING_S"
+    )
     _shares: Shares = PrivateAttr(default_factory=Shares)
 
     # --- S3 job bundles (app/adapters/s3_bundles.py) ---------------------------------

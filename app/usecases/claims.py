@@ -189,10 +189,14 @@ def claim_next_job(session: Session, settings: Settings, now: datetime) -> Assig
         if net is None:
             continue  # pragma: no mutate
         job = _next_job_for(session, settings.net(name), shares, order["aged_before"])
+        # A project found at its cap once a concurrent claim of it committed: the net, still
+        # locked by this claim, goes to the next job in the order (this statement's fresh
+        # snapshot counts that project at its cap), not back to the pool with a job fitting
+        # it waiting: a claim that takes nothing ends its round (dispatch.claim_and_start).
+        while job is not None and not _cap_holds(session, shares, job):
+            job = _next_job_for(session, settings.net(name), shares, order["aged_before"])
         if job is None:
             continue  # pragma: no mutate (see above)
-        if not _cap_holds(session, shares, job):
-            continue  # pragma: no mutate (only a concurrent claim on PostgreSQL gets here)
         job.assign(net.name, now)
         # The chain's first step must reach a worker and start within this, or it is
         # re-driven (a lost message, a worker killed holding it).

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from app.errors import SettingsError
-from app.project_shares import Shares
+from app.project_shares import MAX_AGING_S, Shares
 from app.settings import Settings
+from tests.unit.test_fair_share import claim, enqueue, fair_world
 
 
 def test_by_default_every_project_weighs_one_has_no_cap_and_ages_after_six_hours():
@@ -35,7 +36,8 @@ def test_weights_and_caps_are_read_per_project():
         ("weights", "PROJECT_SHARES: not valid JSON"),
         ('[{"weight": 1}]', "PROJECT_SHARES must be a JSON object"),
         ('{"two words": {}}', "'two words' is not a project id"),
-        ('{"p-1": {"weight": 0}}', "project 'p-1': field 'weight': Input should be greater than 0"),
+        ('{"p-1": {"weight": 0}}', "project 'p-1': field 'weight': Input should be greater"),
+        ('{"p-1": {"weight": 1e-320}}', "project 'p-1': field 'weight'"),
         ('{"p-1": {"weight": "2"}}', "project 'p-1': field 'weight'"),
         ('{"p-1": {"max_nets": 0}}', "project 'p-1': field 'max_nets'"),
         ('{"p-1": {"max_nets": 1.5}}', "project 'p-1': field 'max_nets'"),
@@ -52,3 +54,19 @@ def test_a_bad_project_share_stops_the_start_naming_the_project_and_the_field(ra
 def test_aging_must_be_a_positive_number_of_seconds(aging):
     with pytest.raises((SettingsError, ValueError), match="AGING_S"):
         Settings(AGING_S=aging)
+
+
+@pytest.mark.parametrize("aging", ["1e11", "1e20"])
+def test_an_aging_no_claim_can_subtract_from_now_stops_the_start(aging):
+    """AGING_S set huge to switch aging off: now - AGING_S is before year 1 (or no
+    timedelta at all), so every claim and every queued job's view raised OverflowError:
+    no job was ever claimed again. Refused at the start instead."""
+    with pytest.raises((SettingsError, ValueError), match="AGING_S"):
+        Settings(AGING_S=aging)
+
+
+def test_the_longest_aging_still_claims(tmp_path, job_root, sqlite_factory, clock):
+    """The largest AGING_S accepted (aging off in effect) orders the queue like any other."""
+    world = fair_world(tmp_path, job_root, sqlite_factory, clock, ["net-1"], AGING_S=MAX_AGING_S)
+    enqueue(world, "a-0", "a")
+    assert claim(world) == ("a-0", "net-1")
