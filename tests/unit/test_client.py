@@ -69,8 +69,12 @@ def test_the_client_sends_the_public_tasks_to_the_workers_queue():
         queue.close()
     client.close()
     assert sent == [
-        # A job naming no prewarm is sent without the field, so older workers take it.
-        (names.ENQUEUE_JOB, {"payload": request.model_dump(mode="json", exclude={"prewarm_key"})}),
+        # A job naming no prewarm nor project is sent without those fields, so older workers
+        # take it.
+        (
+            names.ENQUEUE_JOB,
+            {"payload": request.model_dump(mode="json", exclude={"prewarm_key", "project_id"})},
+        ),
         (names.ABORT_JOB, {"payload": {"job_id": str(job_id), "reason": "not needed"}}),
         (
             names.REPORT_JOB_STATUS,
