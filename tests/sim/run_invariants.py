@@ -121,6 +121,13 @@ class RunInvariants(Observer):
             # settled 9 s after it.
             dead = self._dead_since.setdefault(job.id, t)
             since = self._after_broker_outages(dead, t)
+            if job.net is not None and not self.sim.declared_net(job.net):
+                self._undeclared_at[job.net] = t  # bounded by the removal slack below
+            else:
+                # A net declared again: nothing reached it while it was not (its job waited
+                # for the removal's own bound), so its run's end is settled from then on
+                # (seed 194: removed while its run ran, added again 110 s later).
+                since = max(since, self._undeclared_at.get(str(job.net), since))
             if t - since > b.settle + self._removal_slack(job.net):
                 how = _how_ended(recorded, t)
                 paused = f", the broker down {since - dead:.0f}s of it" if since > dead else ""
