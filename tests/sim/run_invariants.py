@@ -121,6 +121,15 @@ class RunInvariants(Observer):
             # settled 9 s after it.
             dead = self._dead_since.setdefault(job.id, t)
             since = self._after_broker_outages(dead, t)
+            if job.net is not None and not self.sim.declared_net(job.net):
+                self._undeclared_at[job.net] = t
+            # A net NETS stopped declaring meanwhile and declares again (a redeploy undone):
+            # its job is the dispatcher's to settle again from that declaration on, as its
+            # runs are (stray-run-stopped). Ops seed 194 (a flood of projects, tests.sim.
+            # projects): net-a removed 45-155 s while its admin kit was broken, its run ended
+            # at 49 s, settled 10 s after net-a came back, read as 106 s late at once.
+            if job.net is not None:
+                since = max(since, self._undeclared_at.get(job.net, since))
             if t - since > b.settle + self._removal_slack(job.net):
                 how = _how_ended(recorded, t)
                 paused = f", the broker down {since - dead:.0f}s of it" if since > dead else ""
