@@ -6,10 +6,14 @@ product's own bound on an unknown submit outcome). Its waits serve other e2e mod
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -88,3 +92,18 @@ def net_moves(stack: LocalStack) -> list[tuple[str, str]]:
             for e in s.scalars(select(NetEvent).order_by(NetEvent.id))
         ]
     )
+
+
+def cli_json(stack: LocalStack, *argv: str) -> Any:
+    """The operator's `fl-dispatcher ... --json`, with the stack's settings; its document."""
+    done = subprocess.run(
+        [sys.executable, "-m", "app.entrypoints.cli", *argv, "--json"],
+        env=stack.env,
+        cwd=stack.workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

@@ -7,9 +7,6 @@ meanwhile stays QUEUED (no attempt spent) and runs after the undrain."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +16,7 @@ import pytest
 from app.local.stack import NET, LocalStack
 from models import JobState, NetState
 from tests.e2e.lifecycle_stack import (
+    cli_json,
     lifecycle_database,
     lifecycle_stack,
     net_moves,
@@ -48,17 +46,7 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
 
 def cli(stack: LocalStack, *argv: str) -> Any:
     """The operator's `fl-dispatcher ... --json`, with the stack's settings; its document."""
-    done = subprocess.run(
-        [sys.executable, "-m", "app.entrypoints.cli", *argv, "--json"],
-        env=stack.env,
-        cwd=stack.workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return cli_json(stack, *argv)
 
 
 def test_a_drained_net_finishes_its_job_scales_to_zero_and_its_queue_runs_after_undrain(stack):

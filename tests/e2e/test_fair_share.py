@@ -8,9 +8,6 @@ waiting for a free net."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +17,7 @@ from app.local.nvflare import provision, start_site, stop
 from app.local.stack import LocalStack
 from models import Job, JobState
 from tests.e2e.lifecycle_stack import (
+    cli_json,
     lifecycle_database,
     lifecycle_stack_options,
     private_broker,
@@ -71,17 +69,7 @@ def enqueue(stack: LocalStack, key: str, project: str, definition: str) -> Any:
 
 def job_json(stack: LocalStack, key: str) -> dict[str, Any]:
     """`fl-dispatcher job --key K --json`, with the stack's settings."""
-    done = subprocess.run(
-        [sys.executable, "-m", "app.entrypoints.cli", "job", "--key", key, "--json"],
-        env=stack.env,
-        cwd=stack.workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    found: dict[str, Any] = json.loads(done.stdout)
+    found: dict[str, Any] = cli_json(stack, "job", "--key", key)
     return found
 
 
