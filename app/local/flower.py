@@ -72,15 +72,42 @@ def ensure_flower_venv(lock: Path = LOCK) -> Path:
         # Made where it lives (a venv's scripts name their interpreter by path); one left
         # half-made by a killed maker has no `.complete` and is made again.
         shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        install = ["-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes"]
+        subprocess.run([*_venv_maker(), str(venv)], check=True, timeout=INSTALL_TIMEOUT_S)
+        python = str(venv / "bin" / "python")
         subprocess.run(
-            [str(venv / "bin" / "python"), *install, "-r", str(lock)],
+            [*_installer(python), "--no-deps", "--require-hashes", "-r", str(lock)],
             check=True,
             timeout=INSTALL_TIMEOUT_S,
         )
         (venv / ".complete").write_text(lock.read_text())
     return venv
+
+
+def _uv() -> str | None:
+    """The uv beside this interpreter (the test command installs it from its lock), if any."""
+    beside = Path(sys.executable).with_name("uv")
+    return str(beside) if beside.is_file() else None
+
+
+def _venv_maker() -> list[str]:
+    """The command that makes a virtualenv at the path it is given (uv's, else venv's)."""
+    uv = _uv()
+    return (
+        [uv, "venv", "--quiet", "--python", sys.executable]
+        if uv
+        else [sys.executable, "-m", "venv"]
+    )
+
+
+def _installer(python: str) -> list[str]:
+    """The command that installs into the venv of `python`: uv where the project's own venv
+    has it (a fresh machine: about 8 s against pip's 24 s quiet, 60 s beside the other tests,
+    each spent while the Flower tests wait on this venv), else that venv's pip; bytecode
+    compiled at install either way, as pip does."""
+    uv = _uv()
+    if uv:
+        return [uv, "pip", "install", "--quiet", "--python", python, "--compile-bytecode"]
+    return [python, "-m", "pip", "install", "--quiet"]
 
 
 def poll(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
