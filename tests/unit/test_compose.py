@@ -255,7 +255,10 @@ def test_image_is_built_inline_from_existing_paths(compose, services):
 
 def test_the_flower_image_installs_the_hash_locked_flwr_and_nothing_at_run_time(services):
     dockerfile = services["superlink"]["build"]["dockerfile_inline"]
-    assert "pip install --no-deps --require-hashes -r /tmp/flower.lock" in dockerfile
+    # by uv, pinned as the service image's, with every file checked against its hash
+    assert 'uv pip install --no-cache --python "$$(command -v python3)"' in dockerfile
+    assert "--no-deps --require-hashes -r /tmp/flower.lock" in dockerfile
+    assert "pip install -c /tmp/constraints.txt uv" in dockerfile
     assert "COPY .ci/flower.lock /tmp/flower.lock" in dockerfile
     assert (ROOT / ".ci" / "flower.lock").is_file()
     assert "USER fl" in dockerfile  # as the app image's: not root
