@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from pydantic import Field
 
-from app import migrate
+from app import migrate, project_shares
 from app.usecases import claims
 from tests.fixtures.db import fresh_pg_database
 from tests.fixtures.pg_race import Findings, RaceHarness, race_settings
@@ -76,3 +77,30 @@ def test_the_harness_finds_the_deadlock_of_claims_locking_holds_out_of_order(har
         if any(line.startswith("DeadlockDetected") for line in found.lock_races):
             return
     pytest.fail("no deadlock found with the hold lock off:\n" + "\n".join(seen))
+
+
+class _WeightUnbounded(project_shares.ProjectShare):
+    """A project's share before b5d09c0: any weight above 0."""
+
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False, strict=True)
+
+
+def test_the_harness_finds_a_weight_below_its_bound_overflowing_the_claim(
+    race_url, tmp_path, job_root, monkeypatch
+):
+    """With PROJECT_SHARES' lower bound on a weight removed and the capped project weighing
+    1e-320, the claim's usage (its one net / 1e-320) overflows PostgreSQL's float8 once it
+    holds a net: every claim raises, which the harness reports; at MIN_WEIGHT (every other
+    test here) the same seeds are clean."""
+    monkeypatch.setattr(project_shares, "ProjectShare", _WeightUnbounded)
+    h = RaceHarness(race_url, race_settings(tmp_path, job_root, capped_weight=1e-320))
+    seen = []
+    try:
+        for seed in CLEAN_SEEDS:
+            found = h.run(seed)
+            seen.append(found.summary())
+            if any("out of range" in line for line in found.errors):
+                return
+    finally:
+        h.close()
+    pytest.fail("no overflow found with a weight of 1e-320:\n" + "\n".join(seen))
