@@ -72,9 +72,10 @@ def _claimable(job: Any = Job) -> ColumnElement[bool]:
     return and_(job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == job.id))
 
 
-def claimable() -> ColumnElement[bool]:
-    """SQL: a QUEUED job that may be claimed now (see `_claimable`)."""
-    return _claimable()
+def claimable(job: Any = Job) -> ColumnElement[bool]:
+    """SQL: a QUEUED job that may be claimed now (see `_claimable`; `job`: Job, or an alias
+    of it)."""
+    return _claimable(job)
 
 
 def takeable(shares: Shares, job: Any = Job) -> ColumnElement[bool]:
