@@ -72,9 +72,10 @@ def _claimable(job: Any = Job) -> ColumnElement[bool]:
     return and_(job.state == JobState.QUEUED, ~exists().where(StrayRun.job_id == job.id))
 
 
-def claimable() -> ColumnElement[bool]:
-    """SQL: a QUEUED job that may be claimed now (see `_claimable`)."""
-    return _claimable()
+def claimable(job: Any = Job) -> ColumnElement[bool]:
+    """SQL: a QUEUED job that may be claimed now (see `_claimable`; `job`: Job, or an alias
+    of it)."""
+    return _claimable(job)
 
 
 def takeable(shares: Shares, job: Any = Job) -> ColumnElement[bool]:
@@ -109,6 +110,10 @@ def _live_hold_on(net_name_column: Any, now: Any) -> ColumnElement[bool]:
 def _may_run_on(job: Any, net_name_column: Any) -> ColumnElement[bool]:
     return or_(job.requested_net.is_(None), job.requested_net == net_name_column)
 
+
+# The job active on the net a claim locked, read again after the lock (`_next_jobs`): an
+# alias, so the EXISTS is not correlated to the queued job it filters.
+_ON_NET = aliased(Job, name="on_net")
 
 # One alias for every claim: a fresh `aliased(Job)` per claim costs its column proxies again
 # (1.8 ms of SQL building per claim against 0.46 ms; a quarter of a simulated seed's time).
@@ -395,8 +400,17 @@ def _next_jobs(limit: int, shares: Shares) -> Any:
             # Read again after the net's lock, in a snapshot of its own: on PostgreSQL the
             # locking statement's snapshot may predate a drain that committed before that
             # lock was granted (its EXISTS then missed the row), and the drain, finding no
-            # active job, said drained (tests/integration/test_drain_pg.py).
+            # active job, said drained (tests/integration/test_drain_pg.py). So may it
+            # predate another claim of the net, committed before the lock (a claim that
+            # leaves the net row as it was, READY, updates no column the lock re-reads):
+            # the net read free, this claim gave it a second job, which the unique index
+            # refused, raising out of the assign round
+            # (tests/integration/test_claim_snapshot_pg.py); a stray run likewise.
             ~drained(bindparam("net")),
+            ~exists().where(
+                _ON_NET.net_name == bindparam("net"), _ON_NET.state.in_(ACTIVE_JOB_STATES)
+            ),
+            ~exists().where(StrayRun.net_name == bindparam("net")),
             *below_cap(Job, func.coalesce(projects.c.held, 0), shares),
         )
         .order_by(*fair_share.order_key(Job, used, bindparam("aged_before")))

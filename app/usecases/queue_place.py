@@ -33,15 +33,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, bindparam, exists, func, or_, select
+from sqlalchemy import Connection, bindparam, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import outerjoin as sa_outerjoin
 
 from app.net_config import NetConfig
 from app.project_shares import Shares
 from app.read_models import WaitingReason
 from app.settings import Settings
 from app.usecases import fair_share
-from app.usecases.claims import drained, takeable
+from app.usecases.claims import claimable, drained
 from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, Job, Net, NetState, StrayRun
 
 _AHEAD = aliased(Job, name="ahead")  # a job that may come before it
@@ -172,18 +173,29 @@ def _ahead(count: bool, shares: Shares) -> Any:
     run on one of `nets` (sites aside): how many, or their nets and sites."""
     what = (func.count(),) if count else (_AHEAD.requested_net, _AHEAD.required_sites)
     aged_before: Any = bindparam("aged_before", type_=Job.created_at.type)
+    # Each project's usage counted once, as the claim counts it (`fair_share.usage_by_project`,
+    # materialised on PostgreSQL), and joined to both jobs: counted per queued job (correlated
+    # subqueries), a view took 100-135 ms median at 5,000 queued, 9-12 ms so
+    # (tests/bench/bench_enqueue_claim.py --place, tests/bench/README.md).
+    projects = fair_share.usage_by_project(shares)
+    theirs, mine = projects.alias("ahead_usage"), projects.alias("queued_usage")
     return (
         select(*what)
-        .select_from(_AHEAD, _JOB)
+        .select_from(
+            sa_outerjoin(_JOB, mine, mine.c.project == fair_share.project_key(_JOB)),
+            sa_outerjoin(_AHEAD, theirs, theirs.c.project == fair_share.project_key(_AHEAD)),
+        )
         .where(
             _JOB.id == bindparam("job"),
             _AHEAD.id != _JOB.id,
-            takeable(shares, _AHEAD),
+            claimable(_AHEAD),
+            *fair_share.below_cap(_AHEAD, func.coalesce(theirs.c.held, 0), shares),
             or_(
                 _AHEAD.requested_net.is_(None),
                 _AHEAD.requested_net.in_(bindparam("nets", expanding=True)),
             ),
-            fair_share.comes_before(_AHEAD, _JOB, shares, aged_before),
+            tuple_(*fair_share.order_key(_AHEAD, func.coalesce(theirs.c.usage, 0), aged_before))
+            < tuple_(*fair_share.order_key(_JOB, func.coalesce(mine.c.usage, 0), aged_before)),
         )
     )
 

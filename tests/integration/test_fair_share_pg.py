@@ -9,8 +9,11 @@ import json
 import pytest
 
 from app.errors import SettingsError
+from app.schemas import job_id_for
 from app.settings import Settings
 from app.usecases import claims, records
+from app.usecases.queue_place import queue_place
+from models import Job
 from tests.fixtures.db import net_decl
 from tests.integration.test_pg_state import enqueue
 
@@ -49,3 +52,32 @@ def test_a_tiny_weight_is_refused_or_claims(pg_factory, tmp_path, job_root, cloc
             assert found is not None
             taken.append(records.get_job(session, found.job_id).caller_key)
     assert taken == ["p-1", "q-1"]  # p holds 1 net per 1e-6: far above q (0)
+
+
+def test_a_queued_jobs_place_orders_by_weighted_usage_on_postgresql(
+    pg_factory, tmp_path, job_root, clock
+):
+    """The place in line on PostgreSQL (app/usecases/queue_place.py: each project's usage
+    counted once, the claim's usage_by_project, joined to both jobs): p weighs 2, so once p
+    and q hold a net each p's usage is 0.5 against q's 1, and both of p's queued jobs come
+    before q's older one (weighing 1, p-3 would come after q-2)."""
+    settings = shares_of(tmp_path, job_root, 2.0)
+    with pg_factory.begin() as session:
+        records.sync_nets(session, settings, clock())
+    for key in ("p-1", "q-1", "p-2", "q-2", "p-3"):
+        enqueue(pg_factory, settings, clock, key, project_id=key[0])
+        clock.advance(1)
+    for _ in range(2):
+        with pg_factory.begin() as session:
+            assert claims.claim_next_job(session, settings, clock()) is not None
+    places = {}
+    with pg_factory.begin() as session:
+        for key in ("p-2", "q-2", "p-3"):
+            job = session.get(Job, job_id_for(key))
+            found = queue_place(session, job, settings, clock())
+            places[key] = (found.place, found.reason)
+    assert places == {
+        "p-2": (1, "no free net"),
+        "p-3": (2, "no free net"),
+        "q-2": (3, "no free net"),
+    }

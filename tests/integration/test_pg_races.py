@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from pydantic import Field
 
-from app import migrate
+from app import migrate, project_shares
 from app.usecases import claims
 from tests.fixtures.db import fresh_pg_database
 from tests.fixtures.pg_race import Findings, RaceHarness, race_settings
@@ -76,3 +77,66 @@ def test_the_harness_finds_the_deadlock_of_claims_locking_holds_out_of_order(har
         if any(line.startswith("DeadlockDetected") for line in found.lock_races):
             return
     pytest.fail("no deadlock found with the hold lock off:\n" + "\n".join(seen))
+
+
+class _WeightUnbounded(project_shares.ProjectShare):
+    """A project's share before b5d09c0: any weight above 0."""
+
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False, strict=True)
+
+
+def test_the_harness_finds_a_weight_below_its_bound_overflowing_the_claim(
+    race_url, tmp_path, job_root, monkeypatch
+):
+    """With PROJECT_SHARES' lower bound on a weight removed and the capped project weighing
+    1e-320, the claim's usage (its one net / 1e-320) overflows PostgreSQL's float8 once it
+    holds a net: every claim raises, which the harness reports; at MIN_WEIGHT (every other
+    test here) the same seeds are clean."""
+    monkeypatch.setattr(project_shares, "ProjectShare", _WeightUnbounded)
+    h = RaceHarness(race_url, race_settings(tmp_path, job_root, capped_weight=1e-320))
+    seen = []
+    try:
+        for seed in CLEAN_SEEDS:
+            found = h.run(seed)
+            seen.append(found.summary())
+            if any("out of range" in line for line in found.errors):
+                return
+    finally:
+        h.close()
+    pytest.fail("no overflow found with a weight of 1e-320:\n" + "\n".join(seen))
+
+
+def _gives_up_a_net_its_jobs_project_filled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim before 01477a1: a job whose project a concurrent claim capped (found under
+    the project's lock) made it give the net up, not ask the net's next job."""
+    next_job_for, cap_holds = claims._next_job_for, claims._cap_holds
+
+    def cap(session, shares, job):
+        holds = cap_holds(session, shares, job)
+        if not holds:
+            session.info["race_given_up"] = session.info.get("race_asking")
+        return holds
+
+    def next_for(session, net, *args):
+        if session.info.pop("race_given_up", None) == net.name:
+            return None  # the old `continue`: on to the next free net, this one left
+        session.info["race_asking"] = net.name
+        return next_job_for(session, net, *args)
+
+    monkeypatch.setattr(claims, "_cap_holds", cap)
+    monkeypatch.setattr(claims, "_next_job_for", next_for)
+
+
+def test_the_harness_finds_a_claim_leaving_a_net_its_jobs_project_filled(harness, monkeypatch):
+    """With the claim's old way planted (a project capped under its lock gives the locked
+    net up), a claim that takes nothing leaves a net locked while another job fitting it
+    waits: the check after each claim reports it (claim-left-net)."""
+    _gives_up_a_net_its_jobs_project_filled(monkeypatch)
+    seen = []
+    for seed in SEEDS_TO_FIND:
+        found = harness.run(seed)
+        seen.append(found.summary())
+        if any(line.startswith("claim-left-net") for line in found.invariants):
+            print(f"found on seed {seed}")
+            return
+    pytest.fail("no claim-left-net with the old claim planted:\n" + "\n".join(seen))

@@ -115,7 +115,13 @@ def fits(job: Queued, net: str, settings: Settings) -> bool:
 
 
 def aged_before(at: datetime, shares: Shares) -> str:
-    return (at - timedelta(seconds=shares.aging_s)).astimezone(UTC).strftime(_STORED)
+    """The claim's now - AGING_S, as stored; before year 1, the first instant (no job is
+    aged): the checker reads on where the product's own subtraction fails, so what the
+    sweep reports is the product's failure (an AGING_S past its bound), not the checker's."""
+    try:
+        return (at - timedelta(seconds=shares.aging_s)).astimezone(UTC).strftime(_STORED)
+    except OverflowError:
+        return "0001-01-01 00:00:00.000000"
 
 
 def _queued(row: tuple[Any, ...]) -> Queued:
@@ -247,7 +253,15 @@ class FairShareInvariants(Observer):
         with self._reader() as session:
             for q in queue:
                 job = _AsRead(uuid.UUID(q.id), q.requested, list(q.sites), q.project)
-                found = queue_place(session, job, settings, now)
+                try:
+                    found = queue_place(session, job, settings, now)
+                except Exception as exc:  # the view itself failing is what is reported
+                    self.report(
+                        "place-in-line",
+                        f"job {str(uuid.UUID(q.id))[:8]}",
+                        f"its view raised {type(exc).__name__}: {str(exc)[:120]}",
+                    )
+                    return
                 if (found.place, found.reason) != expected[q.id]:
                     self.report(
                         "place-in-line",

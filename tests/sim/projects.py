@@ -4,7 +4,10 @@ three FLIP projects, named by `project_id` or, as FLIP does today, in their meta
 worlds weigh a project 2 or cap one at a single net (PROJECT_SHARES), some age jobs after
 20 to 90 s (AGING_S, so aging happens within the workload), and half of them add a flood: one
 project enqueues 4 to 6 jobs at once, another 1 or 2 a little later, the issue's case in
-small. The checks are tests.sim.fair_share's."""
+small. Rarely (EDGE_P of those worlds each, drawn last so every other draw is unchanged), a
+setting sits at its bound: AGING_S at its largest (MAX_AGING_S, aging off in effect) or a
+project's weight at its smallest (MIN_WEIGHT), where a value past the bound once overflowed
+(tests/unit/test_simulation_safeguards.py). The checks are tests.sim.fair_share's."""
 
 from __future__ import annotations
 
@@ -12,10 +15,16 @@ import dataclasses
 import json
 import random
 
+from app.project_shares import MAX_AGING_S, MIN_WEIGHT
 from app.sim.workload import SITES, JobSpec, Workload, WorldSpec
 
 SHARE = 0.5
 PROJECTS = ("p-a", "p-b", "p-c")
+# The share of the projects' worlds drawing each setting at its bound, and the values drawn
+# there (module constants: the safeguards' test draws past them with the bounds removed).
+EDGE_P = 0.1
+EDGE_AGING_S = MAX_AGING_S
+EDGE_WEIGHT = MIN_WEIGHT
 
 
 def with_projects(seed: int, world: WorldSpec, workload: Workload) -> tuple[WorldSpec, Workload]:
@@ -44,6 +53,11 @@ def with_projects(seed: int, world: WorldSpec, workload: Workload) -> tuple[Worl
     if rng.random() < 0.4:
         shares.setdefault(projects[1], {})["max_nets"] = 1
     aging = rng.choice((20.0, 45.0, 90.0)) if rng.random() < 0.4 else None
+    if rng.random() < EDGE_P:
+        aging = EDGE_AGING_S
+    if rng.random() < EDGE_P:
+        # The last project: the first may weigh 2 or 0.5 already, the second be capped.
+        shares.setdefault(projects[-1], {})["weight"] = EDGE_WEIGHT
     world = dataclasses.replace(
         world, project_shares=json.dumps(shares) if shares else "", aging_s=aging
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from app.project_shares import MAX_AGING_S, MIN_WEIGHT
 from app.schemas import job_id_for
 from app.sim.faults import CLEAN
 from app.sim.report import Result
@@ -25,6 +26,7 @@ from app.sim.state import _secs
 from app.sim.workload import JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import claims, fair_share, queue_place
 from tests.sim.invariants import Checker
+from tests.sim.seeds import from_seed
 
 # A module of long simulations (two of 55 jobs): scheduled with the slow ones.
 EXPECTED_S = 40  # seconds on the 2-core CI machine (tests/tools/schedule.py)
@@ -142,3 +144,24 @@ def test_a_wrong_place_or_reason_is_reported(monkeypatch):
     with planted(monkeypatch, queue_place, "_reason", no_cap_reason):
         found = invariants_hit(*small_flood('{"a": {"max_nets": 1}}'))
     assert "place-in-line" in found
+
+
+# --- the settings at their bounds -------------------------------------------------------------
+
+# Seeds whose projects draw a setting at its bound (tests.sim.projects, EDGE_P): AGING_S at
+# MAX_AGING_S (ops 14, servers 67), a weight at MIN_WEIGHT (ops 59, flaky 28). Past the bound
+# (1e12: test_simulation_safeguards.py) the claim overflowed; at it, they run clean.
+EDGE_SEEDS = {14: "aging", 67: "aging", 59: "weight", 28: "weight"}
+
+
+@pytest.mark.parametrize("seed", sorted(EDGE_SEEDS))
+def test_a_world_with_a_setting_at_its_bound_keeps_every_invariant(seed: int) -> None:
+    sim = from_seed(seed, fail_fast=True)
+    shares = sim.settings.shares
+    drawn = {
+        "aging": shares.aging_s == MAX_AGING_S,
+        "weight": any(w == MIN_WEIGHT for _p, w in shares.weights),
+    }
+    assert drawn[EDGE_SEEDS[seed]], f"seed {seed} no longer draws its edge: pick another"
+    result = sim.run()
+    assert result.ok, result.summary()

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
-from app.schemas import job_id_for
-from app.usecases import drains, queue_place
+from app.schemas import PrewarmNet, job_id_for
+from app.usecases import drains, prewarm, queue_place
 from app.usecases.views import job_detail
 from models import JobState
 from tests.fixtures.db import net_decl
@@ -148,3 +148,27 @@ def test_the_place_and_reason_are_two_statements_where_nets_declare_sites_too(
 
     assert statements("second") == (queue_place.QueuePlace(2, "claim pending"), 2)
     assert statements("third") == (queue_place.QueuePlace(1, "claim pending"), 2)
+
+
+@pytest.mark.parametrize("hinted", ["none yet", "behind", "ahead"])
+def test_a_net_held_by_a_prewarm_is_no_reason_to_wait(two_nets_world, hinted):
+    """A job whose one free net is held by a live prewarm, for a job still to come or for
+    another waiting job that names it, is not kept from it: the next claim gives the held net
+    to it or to the job ahead of it, so its reason is `claim pending`, not a hold (the module
+    says why none is shown). A reason "held by a prewarm" here would tell flip-api the job
+    waits for the hold's deadline while it is claimed at once."""
+    world = two_nets_world
+    enqueue(world, "busy", net="net-1")
+    assert claim(world) == ("busy", "net-1")
+    prewarm.request_prewarm(world.rt, PrewarmNet(caller_key="pw-h", net="net-2", within_s=600))
+    if hinted == "ahead":
+        enqueue(world, "hinted", prewarm_key="pw-h")
+    enqueue(world, "plain")
+    if hinted == "behind":
+        enqueue(world, "hinted", prewarm_key="pw-h")
+    first = "hinted" if hinted == "ahead" else "plain"
+    assert shown(world, "plain") == (2 if hinted == "ahead" else 1, "claim pending")
+    assert claim(world) == (first, "net-2")  # the held net, to the first in line
+    if hinted != "none yet":
+        other = "plain" if first == "hinted" else "hinted"
+        assert shown(world, other) == (1, "no free net")

@@ -20,10 +20,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import Field
 from sqlalchemy import and_, exists, or_, select
 
 from app.adapters.backend import AbortOutcome
 from app.db import unit_of_work
+from app.project_shares import DEFAULT_AGING_S
+from app.settings import Settings
+from app.sim import deployment
 from app.usecases import (
     abort,
     claims,
@@ -39,6 +43,7 @@ from app.usecases import (
 )
 from app.usecases.prewarm import holds as prewarm_holds
 from models import Job, JobState, Prewarm, PrewarmOutcome, RejectedRequest
+from tests.sim import projects
 from tests.sim.profiles import PROFILES, PROFILES_BY_NAME
 from tests.sim.sweep import run_seeds
 
@@ -94,6 +99,20 @@ def _start_time_alone_decides(mp: pytest.MonkeyPatch) -> None:
         ),
     )
     mp.setattr(records, "add_stray_run", _no_stray_for_a_restart)
+
+
+class _AgingUnbounded(Settings):
+    """The settings before 5482caa: AGING_S above 0, with no upper bound."""
+
+    aging_s: float = Field(default=DEFAULT_AGING_S, gt=0, allow_inf_nan=False, alias="AGING_S")
+
+
+def _aging_past_its_bound(mp: pytest.MonkeyPatch) -> None:
+    # Before 5482caa: AGING_S set huge (1e12, "aging off") was accepted, and now - AGING_S
+    # fell before year 1 in every claim and every queued job's view. The projects' edge draw
+    # (tests.sim.projects, at MAX_AGING_S) draws it past the bound.
+    mp.setattr(deployment, "Settings", _AgingUnbounded)
+    mp.setattr(projects, "EDGE_AGING_S", 1e12)
 
 
 def _before_start_is_proof(mp: pytest.MonkeyPatch) -> None:
@@ -296,6 +315,18 @@ SAFEGUARDS = [
         # whose reply was lost (db_error): two rows, two rejected events. Racy seed 21 of 0-60.
         range(20, 23),
         frozenset({"refused-once"}),
+    ),
+    Safeguard(
+        "AGING_S is at most MAX_AGING_S, which the claim can subtract from now (5482caa)",
+        _aging_past_its_bound,
+        "ops",
+        # The projects' rare draw of AGING_S at its bound (EDGE_P), drawn past it: the
+        # assigner's claim raises OverflowError (no-escape), no job is claimed again
+        # (queued-while-free, liveness), a queued job's view raises (place-in-line). Ops
+        # seed 14 (servers 67, racy 93 too) of 0-100; with the bound, the same seeds run
+        # clean (tests/unit/test_fair_share_sim.py).
+        range(12, 16),
+        frozenset({"no-escape", "queued-while-free", "liveness", "place-in-line"}),
     ),
     Safeguard(
         "a held net comes first only for the hinted job it would take next (a4b8e22)",

@@ -1,0 +1,96 @@
+"""Two claims of one net on the real PostgreSQL (app/usecases/claims.py): a claim whose
+locking statement took its snapshot before another claim's commit, and locks the net after
+it, read the net as free in that snapshot (no active job yet) and gave it a second job: the
+unique index on one active job per net refused the write, and the claim raised
+IntegrityError out of the assign round (found by the race harness, tests/fixtures/pg_race.py,
+seed 58 of 31-60, once). A stray run recorded on the net meanwhile was missed the same way,
+and nothing refused that. The net is read free again after its lock, in a fresh snapshot."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import select
+
+from app.usecases import claims, records
+from models import Job, JobState, ReasonCode
+from tests.integration.test_drain_pg import _slow_lock_net, _until_the_claim_pauses
+from tests.integration.test_pg_state import enqueue
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_claim_whose_lock_snapshot_predates_another_claim_of_the_net_takes_nothing_there(
+    pg_factory, settings, clock, monkeypatch
+):
+    with pg_factory.begin() as session:
+        records.sync_nets(session, settings, clock())
+    first = enqueue(pg_factory, settings, clock, "first", net="net-a")
+    second = enqueue(pg_factory, settings, clock, "second", net="net-a")
+    lock_net = claims._lock_net
+    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
+    outcome: list[object] = []
+
+    def slow_claim() -> None:
+        try:
+            with pg_factory.begin() as session:
+                outcome.append(claims.claim_next_job(session, settings, clock()))
+        except Exception as exc:  # the defect: IntegrityError out of the claim
+            outcome.append(exc)
+
+    thread = threading.Thread(target=slow_claim)
+    thread.start()
+    _until_the_claim_pauses(pg_factory)
+    # Another claim, not paused, takes the net and commits inside the slow one's statement.
+    monkeypatch.setattr(claims, "_lock_net", lock_net)
+    with pg_factory.begin() as session:
+        taken = claims.claim_next_job(session, settings, clock())
+    thread.join()
+    assert taken is not None and taken.net_name == "net-a"
+    assert outcome == [None], outcome
+    (other,) = {first, second} - {taken.job_id}
+    with pg_factory() as session:
+        state = session.scalar(select(Job.state).where(Job.id == other))
+    assert state == JobState.QUEUED
+
+
+def test_a_claim_whose_lock_snapshot_predates_a_stray_run_on_the_net_takes_nothing_there(
+    pg_factory, settings, clock, monkeypatch
+):
+    """A run no job counts, recorded on the net while the claim is inside its locking
+    statement (the monitor keeping a lost job's run as a stray), keeps the net from a new job
+    until it is settled: one live run per server."""
+    with pg_factory.begin() as session:
+        records.sync_nets(session, settings, clock())
+    lost = enqueue(pg_factory, settings, clock, "lost", net="net-a")
+    with pg_factory.begin() as session:  # the job whose run is the stray: over
+        records.finish_job(
+            session, lost, JobState.ABORTED, "lost", clock(), code=ReasonCode.ABORTED
+        )
+    waiting = enqueue(pg_factory, settings, clock, "waiting", net="net-a")
+    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
+    outcome: list[object] = []
+
+    def slow_claim() -> None:
+        with pg_factory.begin() as session:
+            outcome.append(claims.claim_next_job(session, settings, clock()))
+
+    thread = threading.Thread(target=slow_claim)
+    thread.start()
+    _until_the_claim_pauses(pg_factory)
+    with pg_factory.begin() as session:
+        records.add_stray_run(
+            session,
+            net_name="net-a",
+            job_id=lost,
+            nvflare_job_id="run-1",
+            submit_token=None,
+            reason="a run no job counts",
+            now=clock(),
+        )
+    thread.join()
+    assert outcome == [None]
+    with pg_factory() as session:
+        state = session.scalar(select(Job.state).where(Job.id == waiting))
+    assert state == JobState.QUEUED
