@@ -98,12 +98,17 @@ python -m tests.fixtures.testrun || true
 # runs a trap only once its foreground command has ended; a background command ignores
 # Ctrl-C, so only this trap reaches it.)
 pytest_pid=""
+unit_pid_file=""  # the unit tier's pytest, run beside the rest (below)
 stop_tests() {
   trap - TERM INT
+  if [ -n "$unit_pid_file" ] && [ -s "$unit_pid_file" ]; then
+    kill -TERM "$(cat "$unit_pid_file")" 2>/dev/null || true
+  fi
   if [ -n "$pytest_pid" ]; then
     kill -TERM "$pytest_pid" 2>/dev/null || true
     wait "$pytest_pid" || true
   fi
+  wait || true  # the unit tier's pytest too, which removes what its run started
   python -m tests.fixtures.testrun || true
   exit "$1"
 }
@@ -130,14 +135,18 @@ if [ "$#" -gt 0 ]; then
   exit "$code"
 fi
 
-# The whole suite, in two phases (pytest-xdist; each test already owns its ports, databases,
-# Redis servers and folders, and a file stays on one worker, so its module fixtures are made
-# once). The unit tier first, in parallel, so a unit failure shows within the first minutes;
-# then everything that runs real servers. Workers: FL_TEST_WORKERS_UNIT (default 2) and
-# FL_TEST_WORKERS (default 4). The second phase mostly waits on real servers (about 1.5 cores
-# of CPU over its run), so four files at a time fit two cores; six once hung NVFLARE logins
-# in nvflare's own session close (bounded since) and timed tests missed their bounds. Which
-# file goes to which worker: tests/tools/schedule.py (the slow modules first).
+# The whole suite (pytest-xdist; each test already owns its ports, databases, Redis servers
+# and folders, and a file stays on one worker, so its module fixtures are made once): the unit
+# tier and everything that runs real servers at the same time, the unit tier niced. The real
+# tiers mostly wait on real servers (about 1.2 cores of CPU over their run on two cores), so
+# the unit tier (CPU-bound, about 230 CPU-s) runs in what they leave idle; at nice 10 it takes
+# about a tenth of a core from them when both cores are wanted (their timed waits stay
+# theirs), and is not starved outright (nice 19's share, about 1.5%, would stretch the unit
+# tests' own few wall-clock bounds, 1-5 s). Run before them, as until round 9, it added its
+# two minutes to every run. Its report is printed as it ends, a few minutes in. Workers: FL_TEST_WORKERS_UNIT (default 2)
+# and FL_TEST_WORKERS (default 4: four files at a time fit two cores; six once hung NVFLARE
+# logins in nvflare's own session close, bounded since, and timed tests missed their bounds).
+# Which file goes to which worker: tests/tools/schedule.py (the slow modules first).
 REPORTS="$(mktemp -d)"
 trap 'rm -rf "$REPORTS"' EXIT
 status=0
@@ -147,31 +156,52 @@ status=0
 children_cpu() {
   times > "$REPORTS/times"
   tail -1 "$REPORTS/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) {
-    split($i, p, /[ms]/); s += p[1] * 60 + p[2] } printf "%.0f", s }'
+    split($i, p, /[ms]/); s += p[1] * 60 + p[2] } printf "%.0f", s }' > "$REPORTS/cpu"
+  cpu=$(cat "$REPORTS/cpu")
 }
-phase() {
-  local name="$1" workers="$2"
-  shift 2
-  echo "== pytest: $name ($workers workers)"
-  local start=$SECONDS cpu_before cpu_after
-  children_cpu > "$REPORTS/cpu"; cpu_before=$(cat "$REPORTS/cpu")
-  local parallel=()
-  if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
-  run_pytest "${parallel[@]}" --junitxml="$REPORTS/$name.xml" -q "$@" || status=$?
-  children_cpu > "$REPORTS/cpu"; cpu_after=$(cat "$REPORTS/cpu")
-  echo "== $name: $((SECONDS - start)) s wall, $((cpu_after - cpu_before)) CPU-s"
+xdist() {  # pytest-xdist's arguments for $1 workers
+  if [ "$1" -gt 1 ]; then echo -n "-n $1 --dist loadfile"; fi
 }
-# Each phase collects only its own folders: importing the other tier's modules in every
+# Each tier collects only its own folders: importing the other tier's modules in every
 # worker costs seconds of CPU each (the markers still select, should a test sit elsewhere).
 # The unit tier's simulation sweep (marker `sweep`, CPU-bound, 2 processes of its own) runs
-# in the second phase, in the core the real servers' waits leave idle, not in the first,
-# whose two workers it kept busy for half of its time.
+# with the real tiers, unniced (tests/unit/test_simulation.py).
 others=()
 for path in tests/*/ tests/test_*.py; do
   case "$path" in tests/unit/ | "tests/test_*.py") ;; *) others+=("${path%/}") ;; esac
 done
-phase unit "${FL_TEST_WORKERS_UNIT:-2}" -m "unit and not sweep" tests/unit
-phase others "${FL_TEST_WORKERS:-4}" -m "not unit or sweep" "${others[@]}" \
-  tests/unit/test_simulation.py
+started=$SECONDS
+children_cpu; cpu_start=$cpu
+unit_workers="${FL_TEST_WORKERS_UNIT:-2}"
+echo "== pytest: unit ($unit_workers workers, nice 10, beside the rest; its report as it ends)"
+unit_pid_file="$REPORTS/unit.pid"
+(
+  begun=$(date +%s)
+  # shellcheck disable=SC2046  # xdist's words
+  nice -n 10 python -m pytest $(xdist "$unit_workers") --junitxml="$REPORTS/unit.xml" -q \
+    -m "unit and not sweep" tests/unit > "$REPORTS/unit.log" 2>&1 < /dev/null &
+  echo $! > "$unit_pid_file"
+  code=0
+  wait $! || code=$?
+  echo "$code" > "$REPORTS/unit.rc"
+  echo
+  echo "== unit: $(($(date +%s) - begun)) s wall, exit $code"
+  # Its report without the progress dots: failures, warnings, the summary line.
+  grep -v -E '^[.FEsxX]+ *(\[ *[0-9]+%\])?$' "$REPORTS/unit.log" || true
+) &
+unit_job=$!
+workers="${FL_TEST_WORKERS:-4}"
+echo "== pytest: others ($workers workers)"
+# shellcheck disable=SC2046
+run_pytest $(xdist "$workers") --junitxml="$REPORTS/others.xml" -q -m "not unit or sweep" \
+  "${others[@]}" tests/unit/test_simulation.py || status=$?
+children_cpu; others_cpu=$((cpu - cpu_start))  # the unit tier's is counted once it is reaped
+echo "== others: $((SECONDS - started)) s wall, $others_cpu CPU-s"
+wait "$unit_job" || true
+unit_code=$(cat "$REPORTS/unit.rc" 2>/dev/null || echo 1)
+if [ "$unit_code" != 0 ]; then status=$unit_code; fi
+children_cpu
+echo "== all tests: $((SECONDS - started)) s wall, $((cpu - cpu_start)) CPU-s" \
+  "(unit $((cpu - cpu_start - others_cpu)))"
 python -m tests.tools.test_report "$REPORTS"/*.xml
 exit "$status"
