@@ -6,9 +6,9 @@ other seed replays as before):
 - `race`: at a Flower start-run (the hook between the submit's token lookup and its
   start-run), another chain's dispatch of the same attempt gets in and the job adopts its
   run; then this start-run starts a second run and its reply is lost (cf206eb, 849753f).
-- `crash`: a SuperLink with a state database dies right after a start-run, its run still
-  pending, and stays down past the server-lost grace; the run waits in the database and the
-  next SuperLink's SuperExec starts it (098c1cf). The caller sees the start-run fail.
+- `crash`: a SuperLink with a state database dies right after a submit returned (the job
+  adopts the run), the run still pending, and stays down past the server-lost grace; the
+  run waits in the database and the next SuperLink's SuperExec starts it (098c1cf).
 - `bad_app`: a job pinned to the Flower net whose definition is a malformed Flower App (a
   bundle the adversary writes before the job arrives, app.sim.bundles); `BadAppWatch`
   checks that it fails at once as `definition_invalid` (b97bb2e).
@@ -21,7 +21,6 @@ import random
 from dataclasses import dataclass
 
 from app import names
-from app.errors import ServerUnavailable
 from app.schemas import job_id_for
 from app.sim import superlink
 from app.sim.bundles import MALFORMED_FLOWER_APPS, write_malformed_flower_app
@@ -35,6 +34,9 @@ BAD_APP_KEY = "bad-flower-app"
 BAD_APP_DEFINITION = "flower-app-malformed"
 INVARIANT = "malformed-app-refused"
 BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
+# Where the actions happen: before a start-run, right after it, and at the start-time read
+# a dispatch makes once its submit returned (app.usecases.dispatch).
+POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     return FlowerFaults(
         net=net.name,
         race_p=0.5 if race else 0.0,
-        crash_p=0.5 if crash else 0.0,
+        crash_p=0.8 if crash else 0.0,
         bad_app=kind if bad else None,
         bad_app_at=at,
     )
@@ -105,6 +107,7 @@ class FlowerAdversary:
         self.faults = faults
         self.rng = random.Random(f"{sim.seed}/flower-faults/moments")
         self._seen: set[tuple[int, int]] = set()  # (message, point) already drawn for
+        self._crash_due: int | None = None  # the message whose submit the crash follows
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -113,7 +116,7 @@ class FlowerAdversary:
     def at_hook(self, point: str, net: str | None) -> None:
         """Before a start-run of the Flower net: the race; right after it: the crash."""
         faults = self.faults
-        if net != faults.net or point not in ("admin.submit", "admin.submit.after"):
+        if net != faults.net or point not in POINTS:
             return
         sim = self.sim
         if len(sim.running) != 1 or sim.stalled is not None or sim.conn.in_transaction:
@@ -133,6 +136,12 @@ class FlowerAdversary:
         ):
             self._seen.add((message.id, 1))
             if self.rng.random() < faults.crash_p:
+                self._crash_due = message.id
+        elif point == "admin.server_start_time" and self._crash_due == message.id:
+            # The start-run answered and the submit returned: the job adopts the run (its
+            # start time asked next), and the SuperLink dies before its SuperExec claims it.
+            self._crash_due = None
+            if self._pending_run():
                 self._crash()
 
     def _race(self, message: Message) -> None:
@@ -175,7 +184,6 @@ class FlowerAdversary:
         down = grace + self.rng.uniform(30.0, 150.0)
         sim.trace(f"== {self.faults.net}'s SuperLink dies with a run pending ({down:.0f}s)")
         sim.cluster.crash(self.faults.net, sim.clock.t, down)
-        raise ServerUnavailable(f"{self.faults.net}: SuperLink died after start-run (simulated)")
 
 
 class BadAppWatch:
