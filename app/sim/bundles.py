@@ -189,3 +189,23 @@ def serving(s3: FakeS3) -> Iterator[None]:
 
 def remove_tree(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
+
+
+# A Flower App's pyproject.toml gone wrong (tests/unit/test_flower_bad_bundles.py): valid TOML
+# whose `tool`, `flwr` or `app` is no table, or bytes that are not UTF-8. Each crashed the
+# dispatch step unclassified before b97bb2e; now the submit refuses it (definition_invalid).
+_COMPONENTS = b'[tool.flwr.app.components]\nserverapp = "a.server:app"\n'
+MALFORMED_FLOWER_APPS: dict[str, bytes] = {
+    "tool is a string": b'tool = "x"\n',
+    "flwr is a string": b'[tool]\nflwr = "x"\n',
+    "app is a number": b"[tool.flwr]\napp = 3\n",
+    "not UTF-8": b"\xff\xfe" + _COMPONENTS,
+}
+
+
+def write_malformed_flower_app(folder: Path, kind: str) -> None:
+    """Write a Flower App whose pyproject.toml is malformed (`MALFORMED_FLOWER_APPS[kind]`)
+    into `folder`, as a caller's broken upload leaves it: no meta.json, no VERSION."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_bytes(MALFORMED_FLOWER_APPS[kind])
+    (folder / "server.py").write_text("app = None\n")

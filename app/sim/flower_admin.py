@@ -8,6 +8,11 @@ Where it differs from the NVFLARE fake (app.sim.admin), as the real adapters dif
   new one only if there is none (start-run): a lost reply's run is adopted by the retry,
   never started twice. Between the two calls nothing fences another submit of the same
   token but the dispatcher's lease on the attempt (a hook point lies between them).
+- `submit` packs the folder into a FAB first, as the client does (`build_fab`: a malformed
+  pyproject.toml is an invalid definition before any call), where the folder holds one: the
+  sweep's Flower jobs otherwise carry the NVFLARE stand-in bundle (app.sim.bundles).
+- A start-run's reply may be lost on purpose (`SuperLink.lose_reply_of`, the adversary's
+  race of two submits of one attempt): the run started, the caller sees ServerUnavailable.
 - `server_start_time` is `NO_START_TIME` whenever the SuperLink answers; readiness carries
   it too.
 - `job_status` maps the run's record with the real `classify.run_status`; `live_runs` lists
@@ -31,6 +36,7 @@ from app.adapters.backend import (
 )
 from app.adapters.flower import classify
 from app.adapters.flower.client import NO_START_TIME
+from app.adapters.flower.fab import CONFIG_FILE, build_fab
 from app.errors import (
     NvflareJobNotFound,
     NvflareJobNotRunning,
@@ -73,6 +79,8 @@ class FlowerSimAdmin(SimAdmin):
         resource_spec: Any = None,
     ) -> str:
         host = self.cluster.host
+        if (job_folder / CONFIG_FILE).is_file():
+            build_fab(job_folder)  # InvalidRequest for a malformed Flower App
         self.cluster.crash_before_submit(self.net, host.clock.t)
         existing = self._started_run(submit_token)
         if existing is not None:
@@ -81,6 +89,10 @@ class FlowerSimAdmin(SimAdmin):
         host.on_submit(self.net, submit_token, job_folder)
         run = self.cluster.submit(server, submit_token, host.clock.t)
         host.hook("admin.submit.after", self.net)
+        if isinstance(server, superlink.SuperLink) and server.lose_reply_of == submit_token:
+            server.lose_reply_of = None
+            self._connected = False
+            raise ServerUnavailable(f"{self.net}: start-run sent, reply lost (simulated)")
         self._lose_reply("submit")
         # The adapter's re-check (FlowerControlClient._first_with_token): a run the token
         # started meanwhile is kept and this one stopped while pending (seed 561), by

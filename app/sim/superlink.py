@@ -80,6 +80,9 @@ class SuperLink(SimServer):
 
     # Its own draws: a stream no NVFLARE server uses (worlds without a Flower net unchanged).
     flower_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    # The token whose next start-run loses its reply after starting the run (the sweep's
+    # adversary, tests.sim.flower_faults: another submit of the attempt got in first).
+    lose_reply_of: str | None = None
 
     def start(self, t: float, rng: random.Random, no_start_time_p: float = 0.0) -> None:
         """Up: a SuperLink tells no start time at all (no NVFLARE "no start time" quirk);

@@ -20,7 +20,7 @@ from app.sim.bundles import S3_DEFINITION
 from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
-from tests.sim import bursts, claim_prewarms, dbfaults, drains, poison, repeats
+from tests.sim import bursts, claim_prewarms, dbfaults, drains, flower_faults, poison, repeats
 from tests.sim.races import Races
 from tests.sim.redeploy import plan as plan_redeploys
 
@@ -45,6 +45,8 @@ class Adversary:
             dbfaults.DatabaseFaults(sim, sim.engine, seed) if sim.profile.db_error else None
         )
         event.listen(sim.engine, "handle_error", self._poison_refused)
+        flower = flower_faults.plan(seed, sim.world, sim.profile)
+        self._flower = None if flower is None else flower_faults.FlowerAdversary(sim, flower)
 
     def stop(self) -> None:
         """Take the database faults' listeners off the engine (the process's, shared)."""
@@ -72,8 +74,11 @@ class Adversary:
         self._schedule_faults()
 
     def at_hook(self, point: str, net: str | None, fired: bool) -> None:
-        """Races and pauses at a hook point (tests.sim.races)."""
+        """Races and pauses at a hook point (tests.sim.races), then the Flower faults'
+        (tests.sim.flower_faults: their own stream, drawn only at a Flower net's start-run)."""
         self._races.at_hook(point, net, fired)
+        if self._flower is not None:
+            self._flower.at_hook(point, net)
 
     def after_step(self) -> None:
         """The flip's moment, and a bundle change between two attempts of a job."""

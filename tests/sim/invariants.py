@@ -8,6 +8,7 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
+from app.sim.simulation import Simulation
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -19,6 +20,7 @@ from models import (
 from tests.sim import drains, repeats
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.fair_share import FairShareInvariants
+from tests.sim.flower_faults import BadAppWatch
 from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
@@ -50,6 +52,11 @@ class Checker(
     `after_message` as each delivery ends, `quiescence` if the world is not at rest by the
     liveness bound, and `at_end`."""
 
+    def start(self, sim: Simulation) -> None:
+        """Watch `sim` from now on; the malformed Flower App's job, if the world has one."""
+        super().start(sim)
+        self._bad_app = BadAppWatch(self)
+
     def after_step(self) -> None:
         """Every invariant, after one step."""
         self.check()
@@ -58,6 +65,7 @@ class Checker(
         """The checks of what the run left stored."""
         self.storable()
         self.refused_once()
+        self._bad_app.at_end()
         repeats.repeat_refused(self.sim)
 
     def check(self) -> None:
@@ -72,6 +80,7 @@ class Checker(
         self._claims(t)
         self._queued_while_free(t)
         drains.check(self)
+        self._bad_app.check()
         self._fair_share(t)
         self._scale_to_zero(t)
         self._prewarms(t)

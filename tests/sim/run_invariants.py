@@ -28,7 +28,8 @@ class RunInvariants(Observer):
         per_net: dict[str, list[Run]] = defaultdict(list)
         for runs in live.values():
             for run in runs:
-                per_net[run.net].append(run)
+                if not self._later_of_its_token(run, runs, t):
+                    per_net[run.net].append(run)
         for net, runs in sorted(per_net.items()):
             if len(runs) > 1:
                 self.report(
@@ -38,7 +39,7 @@ class RunInvariants(Observer):
                     + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in runs),
                 )
         for job_id, runs in live.items():
-            if len(runs) > 1:
+            if sum(not self._later_of_its_token(r, runs, t) for r in runs) > 1:
                 self.report(
                     "one-live-run",
                     f"job {job_id[:8]}",
@@ -137,6 +138,27 @@ class RunInvariants(Observer):
                     f"{job.state} for {t - dead:.0f}s after its run {job.nvflare_id} {how}"
                     f" (bound {b.settle:.0f}s{paused})",
                 )
+
+    def _later_of_its_token(self, run: Run, runs: list[Run], t: float) -> bool:
+        """A later run of a token whose earlier run lives too, on a Flower net, while a step
+        of its attempt is still to run (its retry) and for at most the unaccounted bound
+        since its start-run: only a lookup of the token stops it (a SuperLink keeps no
+        token), and a lookup whose stop does not land, or a start-run whose reply was lost
+        with no run adopted yet, leaves it to the step's retry (app/adapters/README.md; sweep
+        seeds 42 and 163 once tests.sim.flower_faults raced two submits of one attempt).
+        One that outlives its attempt's steps, or the bound, is reported as ever."""
+        if t - run.submitted_at > self.bounds.unaccounted:
+            return False
+        if self.sim.cluster.servers[run.net].spec.backend != "flower":
+            return False
+        # Flower run ids are the SuperLink's run numbers, in the order it started them.
+        if not any(r.token == run.token and int(r.nvflare_id) < int(run.nvflare_id) for r in runs):
+            return False
+        sim = self.sim
+        return any(
+            str(m.kwargs.get("job_id")) == run.job_id and m.kwargs.get("attempt") == run.attempt
+            for m in (*sim.broker.pending, *sim.current)
+        )
 
     def _claims(self, t: float) -> None:
         """A net with a live run never takes another job: when a claim is first seen (the

@@ -1,0 +1,241 @@
+"""The Flower faults a break-it review found the sweep blind to (tests/sim/FINDINGS.md, "Three
+Flower defects"), drawn in the worlds with a Flower net on a stream of their own
+(`f"{seed}/flower-faults"`, drawn only there and at the Flower net's own start-runs, so every
+other seed replays as before):
+
+- `race`: at a Flower start-run (the hook between the submit's token lookup and its
+  start-run), another chain's dispatch of the same attempt gets in and the job adopts its
+  run; then this start-run starts a second run and its reply is lost (cf206eb, 849753f).
+- `crash`: a SuperLink with a state database dies right after a submit returned (the job
+  adopts the run), the run still pending, and stays down past the server-lost grace; the
+  run waits in the database and the next SuperLink's SuperExec starts it (098c1cf).
+- `bad_app`: a job pinned to the Flower net whose definition is a malformed Flower App (a
+  bundle the adversary writes before the job arrives, app.sim.bundles); `BadAppWatch`
+  checks that it fails at once as `definition_invalid` (b97bb2e).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+
+from app import names
+from app.schemas import job_id_for
+from app.sim import superlink
+from app.sim.bundles import MALFORMED_FLOWER_APPS, write_malformed_flower_app
+from app.sim.faults import FaultProfile
+from app.sim.messages import Message
+from app.sim.simulation import Simulation
+from app.sim.workload import JobSpec, Workload, WorldSpec
+from tests.sim.observer import Observer
+
+BAD_APP_KEY = "bad-flower-app"
+BAD_APP_DEFINITION = "flower-app-malformed"
+INVARIANT = "malformed-app-refused"
+BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
+# Where the actions happen: before a start-run, right after it, and at the start-time read
+# a dispatch makes once its submit returned (app.usecases.dispatch).
+POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
+
+
+@dataclass(frozen=True)
+class FlowerFaults:
+    """What a world with a Flower net draws: the chance of the race at each of the net's
+    start-runs, of a crash right after one (a state database only), and the malformed app."""
+
+    net: str
+    race_p: float = 0.0
+    crash_p: float = 0.0
+    bad_app: str | None = None  # a key of MALFORMED_FLOWER_APPS
+    bad_app_at: float = 0.0
+
+
+def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | None:
+    """The seed's Flower faults (None: no Flower net, or none drawn)."""
+    flower = [n for n in world.nets if n.backend == "flower"]
+    if not flower:
+        return None
+    net = flower[0]
+    rng = random.Random(f"{seed}/flower-faults")
+    # A band of the first draw where none of the seeds the safeguards and the sweep-seed
+    # tests name falls (tests/unit/test_simulation_*safeguards.py, test_sweep_seeds.py): their
+    # worlds replay as before. About one Flower world in eight.
+    if not BAND[0] <= rng.random() < BAND[1]:
+        return None
+    # The race and the crash are faults: never in a clean world. Each fires at a start-run
+    # now and then (a start-run is one of many steps; each firing adds a whole dispatch, or
+    # an outage of minutes).
+    race = rng.random() < 0.6 and not profile.clean
+    crash = rng.random() < 0.6 and not profile.clean and net.keeps_jobs
+    bad = rng.random() < 0.5
+    kind = rng.choice(sorted(MALFORMED_FLOWER_APPS))
+    at = round(rng.uniform(5.0, 120.0), 1)
+    if not (race or crash or bad):
+        return None
+    return FlowerFaults(
+        net=net.name,
+        race_p=0.5 if race else 0.0,
+        crash_p=0.8 if crash else 0.0,
+        bad_app=kind if bad else None,
+        bad_app_at=at,
+    )
+
+
+def with_bad_app(
+    seed: int, world: WorldSpec, profile: FaultProfile, workload: Workload
+) -> Workload:
+    """The workload with the malformed app's job, where the seed draws one."""
+    faults = plan(seed, world, profile)
+    if faults is None or faults.bad_app is None:
+        return workload
+    job = JobSpec(
+        key=BAD_APP_KEY,
+        arrive_s=faults.bad_app_at,
+        duration_s=30.0,
+        net=faults.net,
+        definition=BAD_APP_DEFINITION,
+    )
+    return dataclasses.replace(workload, jobs=(*workload.jobs, job))
+
+
+class FlowerAdversary:
+    """The race and the crash at the Flower net's start-runs, and the malformed app's bundle."""
+
+    def __init__(self, sim: Simulation, faults: FlowerFaults) -> None:
+        self.sim = sim
+        self.faults = faults
+        self.rng = random.Random(f"{sim.seed}/flower-faults/moments")
+        self._seen: set[tuple[int, int]] = set()  # (message, point) already drawn for
+        self._crash_due: int | None = None  # the message whose submit the crash follows
+        if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
+            folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
+            write_malformed_flower_app(folder, faults.bad_app)
+            sim.trace(f"== bundle {BAD_APP_DEFINITION}: a Flower App, {faults.bad_app}")
+
+    def at_hook(self, point: str, net: str | None) -> None:
+        """Before a start-run of the Flower net: the race; right after it: the crash."""
+        faults = self.faults
+        if net != faults.net or point not in POINTS:
+            return
+        sim = self.sim
+        if len(sim.running) != 1 or sim.stalled is not None or sim.conn.in_transaction:
+            return
+        message = sim.current[-1]
+        if not {"job_id", "net_name", "attempt"} <= message.kwargs.keys():
+            return  # not a chain's step (a warm net's scale_up submits in the same task)
+        if point == "admin.submit" and faults.race_p:
+            if (message.id, 0) not in self._seen and self.rng.random() < faults.race_p:
+                self._race(message)
+            self._seen.add((message.id, 0))
+        elif (
+            point == "admin.submit.after"
+            and faults.crash_p
+            and (message.id, 1) not in self._seen
+            and self._pending_run()
+        ):
+            self._seen.add((message.id, 1))
+            if self.rng.random() < faults.crash_p:
+                self._crash_due = message.id
+        elif point == "admin.server_start_time" and self._crash_due == message.id:
+            # The start-run answered and the submit returned: the job adopts the run (its
+            # start time asked next), and the SuperLink dies before its SuperExec claims it.
+            self._crash_due = None
+            if self._pending_run():
+                self._crash()
+
+    def _race(self, message: Message) -> None:
+        """Another worker runs a copy of this dispatch (a step re-driven beside itself) to
+        its end; if the job adopted its run, this start-run's reply is lost."""
+        sim = self.sim
+        broker = sim.broker
+        broker._next_id += 1
+        ids = {key: message.kwargs[key] for key in ("job_id", "net_name", "attempt")}
+        copy = Message(broker._next_id, names.DISPATCH, ids, sim.clock.t, origin="adversary")
+        slot = sim.running[-1]
+        sim.trace(f"   || w{1 - slot} runs {copy.label()} beside it (the same attempt)")
+        sim.deliver(copy, 1 - slot)
+        job_id = str(message.kwargs["job_id"])
+        row = sim.conn.execute(
+            "SELECT nvflare_job_id, attempts, net_name, submit_token FROM jobs WHERE id = ?",
+            (job_id.replace("-", ""),),
+        ).fetchone()
+        attempt, net = message.kwargs.get("attempt"), message.kwargs.get("net_name")
+        if row is None or row[0] is None or (row[1], row[2]) != (attempt, net):
+            return
+        server = sim.cluster.servers[self.faults.net]
+        if isinstance(server, superlink.SuperLink):
+            server.lose_reply_of = row[3]
+            sim.trace(f"   ~~ the job adopted run {row[0]}; this start-run's reply will be lost")
+
+    def _pending_run(self) -> bool:
+        """The start-run just made a run that is still pending (its SuperExec has not
+        claimed it yet)."""
+        server = self.sim.cluster.servers[self.faults.net]
+        if not server.store:
+            return False
+        run = next(reversed(server.store.values()))
+        return superlink.record(run, self.sim.clock.t)[0] == "pending"
+
+    def _crash(self) -> None:
+        """The SuperLink dies with the run pending, down past the server-lost grace."""
+        sim = self.sim
+        grace = sim.settings.server_lost_grace_s
+        down = grace + self.rng.uniform(30.0, 150.0)
+        sim.trace(f"== {self.faults.net}'s SuperLink dies with a run pending ({down:.0f}s)")
+        sim.cluster.crash(self.faults.net, sim.clock.t, down)
+
+
+class BadAppWatch:
+    """`malformed-app-refused`: the malformed app's job, once its first dispatch step begins
+    (DISPATCHING), goes straight to FAILED `definition_invalid`: no retry, no requeue, never
+    RUNNING, and no run of it on any server."""
+
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+        sim = observer.sim
+        job_id = str(job_id_for(BAD_APP_KEY))
+        spec = sim.job_spec(job_id)
+        self.job_id = job_id if spec is not None and spec.definition == BAD_APP_DEFINITION else None
+        self._event_id = 0
+        self._dispatched = False
+        self._done = False
+
+    def check(self) -> None:
+        """After every step: the job's new events, and any run of it."""
+        if self.job_id is None or self._done:
+            return
+        sim = self.observer.sim
+        for event_id, src, dst, reason in sim.conn.execute(
+            "SELECT id, from_state, to_state, reason FROM job_events WHERE job_id = ? AND id > ?"
+            " ORDER BY id",
+            (self.job_id.replace("-", ""), self._event_id),
+        ).fetchall():
+            self._event_id = event_id
+            if dst == "DISPATCHING":
+                self._dispatched = True
+            elif self._dispatched:
+                self._settled(src, dst, reason)
+                return
+        run = next((r for r in sim.cluster.runs if r.job_id == self.job_id), None)
+        if run is not None:
+            self._report(f"run {run.nvflare_id} of it started on {run.net}")
+
+    def at_end(self) -> None:
+        """A job whose dispatch began must have ended by the horizon's drain."""
+        if self.job_id is not None and self._dispatched and not self._done:
+            self._report("its dispatch began and it never failed")
+
+    def _settled(self, src: str, dst: str, reason: str) -> None:
+        job_hex = str(self.job_id).replace("-", "")
+        row = self.observer.sim.conn.execute(
+            "SELECT reason_code FROM jobs WHERE id = ?", (job_hex,)
+        ).fetchone()
+        code = row[0] if row else None
+        if dst != "FAILED" or code != "definition_invalid":
+            self._report(f"{src} -> {dst} ({code}): {reason[:160]}")
+        self._done = True
+
+    def _report(self, text: str) -> None:
+        self._done = True
+        self.observer.report(INVARIANT, f"job {str(self.job_id)[:8]}", text)

@@ -1,0 +1,88 @@
+"""The sweep finds the three Flower defects a break-it review found (tests/sim/FINDINGS.md,
+"Three Flower defects the sweep could not reach"), each switched back on (monkeypatched to what
+the code did before its fix), through the actions of tests/sim/flower_faults.py. The rules of
+test_simulation_safeguards.py hold here too: seeds are tied to the code, widen a range that
+stops finding. Before those actions existed, none of these seeds drew a Flower fault and each
+case failed with its seed reporting nothing."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from app.adapters import jobdefs
+from app.usecases import adopted_runs, revived_runs
+from tests.unit.test_simulation_safeguards import Safeguard, as_params, assert_found
+
+pytestmark = pytest.mark.timeout(1800)  # a guard against a hang (see the other file)
+
+
+def _adopted_token_never_looked_up(mp: pytest.MonkeyPatch) -> None:
+    # Before cf206eb and 849753f: a submit of unknown outcome whose job adopted another
+    # submit's run of the attempt neither looked the token up as it failed nor on its retry
+    # (which skipped: the job had moved on), so its own later run lived on.
+    mp.setattr(adopted_runs, "look_up", lambda _rt, _net, _token: None)
+    mp.setattr(adopted_runs, "after_unknown_submit", lambda _rt, _job, _net, _attempt: None)
+
+
+def _revived_runs_left_alone(mp: pytest.MonkeyPatch) -> None:
+    # Before 098c1cf: readiness asked the SuperLink only whether it was ready, never which
+    # runs it held live (a run revived from its database among them).
+    mp.setattr(revived_runs, "stop_before_submit", lambda _rt, _job, _net, _attempt: None)
+
+
+def _old_is_flower_app(bundle: Path) -> bool:
+    # Before b97bb2e: the TOML walked with .get on whatever it found, the file read without
+    # catching UnicodeDecodeError: AttributeError or UnicodeDecodeError escaped prepare().
+    try:
+        text = (bundle / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return False
+    return isinstance(document.get("tool", {}).get("flwr", {}).get("app"), dict)
+
+
+FLOWER = [
+    Safeguard(
+        "a submit of unknown outcome looks up a token its job adopted (cf206eb, 849753f)",
+        _adopted_token_never_looked_up,
+        "drift",
+        # tests.sim.flower_faults' race: another chain's dispatch of the attempt adopts a run
+        # at this start-run's hook, then its reply is lost. Drift seed 60 (also flaky 163,
+        # servers 283, flaky 289 of 0-300).
+        range(60, 61),
+        frozenset({"one-live-run", "one-run-per-server"}),
+    ),
+    Safeguard(
+        "a run pending in a dead SuperLink's database is stopped before the next submit (098c1cf)",
+        _revived_runs_left_alone,
+        "misconfig",
+        # tests.sim.flower_faults' crash: the SuperLink (a state database) dies right after a
+        # submit returned, its run pending, down past the grace; the job is requeued and the
+        # run revives beside its next attempt. Misconfig seed 691 (also chaos 1322 and flaky
+        # 1369 of 0-1400).
+        range(691, 692),
+        frozenset({"one-live-run", "one-run-per-server", "unaccounted-run"}),
+    ),
+    Safeguard(
+        "a malformed Flower App fails its job as definition_invalid (b97bb2e)",
+        lambda mp: mp.setattr(jobdefs, "is_flower_app", _old_is_flower_app),
+        "drift",
+        # tests.sim.flower_faults' malformed app: a job pinned to the Flower net. Drift seed
+        # 474 (also racy 84 and 174, flaky 181, crashy 209 of 0-500).
+        range(474, 475),
+        frozenset({"malformed-app-refused"}),
+    ),
+]
+
+
+@pytest.mark.parametrize("safeguard", as_params(FLOWER), ids=lambda s: s.name)
+def test_the_sweep_finds_a_flower_defect_switched_back_on(
+    safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert_found(safeguard, monkeypatch)
