@@ -3,8 +3,9 @@ order on the real PostgreSQL, against a reading of the documented rules in Pytho
 (tasks/README.md "Place in line and waiting reason", app/usecases/README.md "The claim's
 order"): random worlds of three nets, jobs of the default project, of weighted and capped
 projects and of one PROJECT_SHARES does not name, pinned or not, enqueued at the same instant
-or apart, AGING_S at its bounds. The simulator checks the same on SQLite only
-(tests/sim/fair_share.py); this one caught a capped project's jobs all shown place 1."""
+or apart, AGING_S at its bounds, drains coming and going, stray runs of ended or requeued
+jobs. The simulator checks the same on SQLite only (tests/sim/fair_share.py); this one caught
+a capped project's jobs all shown place 1."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ class Rows:
         return 1 + ahead, reason
 
 
-@pytest.mark.parametrize("seed", [2, 5, 8])
+@pytest.mark.parametrize("seed", [0, 2, 8, 10])
 def test_places_and_claims_follow_the_documented_order(pg_factory, tmp_path, job_root, clock, seed):
     rnd = random.Random(seed)
     settings = Settings(
@@ -140,6 +141,31 @@ def test_places_and_claims_follow_the_documented_order(pg_factory, tmp_path, job
                 assert not any(fitting.values()), step
             else:  # the first in the order of those that fit its net
                 assert min(fitting[got.net_name], key=rows.key).id == got.job_id, step
+        elif act < 0.82:  # a drain of one net comes or goes
+            with pg_factory.begin() as session:
+                scope = rnd.choice(["net-a", "net-c"])
+                found = session.get(Drain, scope)
+                if found is None:
+                    session.add(Drain(scope=scope, drained_at=clock()))
+                else:
+                    session.delete(found)
+        elif act < 0.88:  # a run of an ended or waiting job, a stray on a net, or settled
+            with pg_factory.begin() as session:
+                owners = (JobState.ABORTED, JobState.QUEUED)
+                runs_of = [j for j in session.scalars(select(Job)) if j.state in owners]
+                net = rnd.choice(["net-a", "net-b"])
+                if not runs_of or records.clear_stray_runs(session, net):
+                    pass
+                else:
+                    records.add_stray_run(
+                        session,
+                        net_name=net,
+                        job_id=rnd.choice(runs_of).id,
+                        nvflare_job_id=f"run-{step}",
+                        submit_token=None,
+                        reason="a run no job counts",
+                        now=clock(),
+                    )
         else:
             with pg_factory.begin() as session:
                 active = [j for j in session.scalars(select(Job)) if j.state in ACTIVE_JOB_STATES]
