@@ -7,7 +7,8 @@ cap), that come before it in the claim's order (`fair_share`: aged jobs first, t
 usage, priority, age), and that may run on a net it may run on (a net NETS declares, the
 job's own if it is pinned, with the sites either job needs where the net declares its
 sites). A job of a project at its cap is given the place it would have once the cap frees,
-as the order stands now.
+as the order stands now: its own project's jobs before it count, those of other capped
+projects do not.
 
 **Waiting reason**, the first that holds:
 
@@ -189,7 +190,7 @@ def _ahead(count: bool, shares: Shares) -> Any:
             _JOB.id == bindparam("job"),
             _AHEAD.id != _JOB.id,
             claimable(_AHEAD),
-            *fair_share.below_cap(_AHEAD, func.coalesce(theirs.c.held, 0), shares),
+            *_not_capped_unless_mine(theirs, shares),
             or_(
                 _AHEAD.requested_net.is_(None),
                 _AHEAD.requested_net.in_(bindparam("nets", expanding=True)),
@@ -198,6 +199,17 @@ def _ahead(count: bool, shares: Shares) -> Any:
             < tuple_(*fair_share.order_key(_JOB, func.coalesce(mine.c.usage, 0), aged_before)),
         )
     )
+
+
+def _not_capped_unless_mine(theirs: Any, shares: Shares) -> tuple[Any, ...]:
+    """SQL: the job ahead's project is below its cap, or is the asked job's own: a job of a
+    project at its cap is given its place once that cap frees, and then its project's jobs
+    before it are taken first (left out, two jobs of a capped project both showed 1)."""
+    below = fair_share.below_cap(_AHEAD, func.coalesce(theirs.c.held, 0), shares)
+    if not below:
+        return ()
+    same = fair_share.project_key(_AHEAD) == fair_share.project_key(_JOB)
+    return (or_(same, *below),)
 
 
 def _reason(stray: bool, capped: bool, nets: Sequence[_NetNow]) -> WaitingReason:

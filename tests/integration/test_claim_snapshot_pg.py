@@ -94,3 +94,36 @@ def test_a_claim_whose_lock_snapshot_predates_a_stray_run_on_the_net_takes_nothi
     with pg_factory() as session:
         state = session.scalar(select(Job.state).where(Job.id == waiting))
     assert state == JobState.QUEUED
+
+
+def test_a_claim_that_finds_its_first_net_taken_after_the_lock_takes_the_next_free_net(
+    pg_factory, settings, clock, monkeypatch
+):
+    """The re-read after the lock failing on one net ends only that net's turn: the claim
+    goes on to the next free net a queued job fits (a claim that takes nothing ends its
+    assign round, so a None here would leave net-b idle beside a waiting job)."""
+    with pg_factory.begin() as session:
+        records.sync_nets(session, settings, clock())
+    jobs = {enqueue(pg_factory, settings, clock, key) for key in ("first", "second")}
+    lock_net = claims._lock_net
+    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
+    outcome: list[object] = []
+
+    def slow_claim() -> None:
+        try:
+            with pg_factory.begin() as session:
+                outcome.append(claims.claim_next_job(session, settings, clock()))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=slow_claim)
+    thread.start()
+    _until_the_claim_pauses(pg_factory)
+    monkeypatch.setattr(claims, "_lock_net", lock_net)
+    with pg_factory.begin() as session:
+        taken = claims.claim_next_job(session, settings, clock())
+    thread.join()
+    assert taken is not None and taken.net_name == "net-a"
+    (slow,) = outcome
+    assert isinstance(slow, claims.Assignment), slow
+    assert slow.net_name == "net-b" and {slow.job_id, taken.job_id} == jobs

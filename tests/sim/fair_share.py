@@ -305,7 +305,8 @@ def expected_places(
             for other in queue
             if other.id != job.id
             and not other.stray
-            and not capped(other.project, held, shares)
+            # (its own project's count when it is capped: its place once that cap frees)
+            and (other.project == job.project or not capped(other.project, held, shares))
             and key(other, held, shares, before) < mine
             and any(fits(other, n, settings) for n in undrained)
         )

@@ -89,6 +89,33 @@ def test_a_capped_projects_jobs_say_so_and_are_counted_ahead_of_no_one(
     assert shown(world, "a1") == (1, "project at its cap")  # net-2 free, a holds its one
 
 
+def test_a_capped_projects_own_older_jobs_stay_ahead_of_it(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """The place of a job whose project is at its cap is the one it would have once the cap
+    frees: its project's older jobs are still ahead of it (counted ahead of no one else, they
+    are ahead of their own project's younger jobs); both showed 1 before, and the claim, once
+    the cap freed, took a1 and left a2 second."""
+    world = fair_world(
+        tmp_path,
+        job_root,
+        sqlite_factory,
+        clock,
+        ["net-1", "net-2"],
+        PROJECT_SHARES='{"a": {"max_nets": 1}}',
+    )
+    for key in ("a0", "a1", "a2"):
+        enqueue(world, key, "a")
+    assert claim(world) == ("a0", "net-1")
+    assert [shown(world, k) for k in ("a1", "a2")] == [
+        (1, "project at its cap"),
+        (2, "project at its cap"),
+    ]
+    end(world, "a0")
+    assert [shown(world, k) for k in ("a1", "a2")] == [(1, "claim pending"), (2, "claim pending")]
+    assert claim(world) == ("a1", "net-1")
+
+
 def test_a_job_whose_earlier_run_is_settling_says_so(two_nets_world):
     world = two_nets_world
     job = enqueue(world, "settling")

@@ -1,0 +1,72 @@
+"""A claim of a net that declares its sites, beside a claim of another net, on the real
+PostgreSQL (app/usecases/claims.py `_next_job_for`): the jobs the scan passes stay locked."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from app.schemas import EnqueueJob
+from app.settings import Settings
+from app.usecases import claims, records
+from app.usecases import enqueue as enqueue_uc
+from tests.fixtures.db import net_decl
+
+pytestmark = pytest.mark.integration
+
+
+def _enqueue(db, settings, clock, key, sites, **kw):
+    with db.begin() as session:
+        job = EnqueueJob(caller_key=key, definition="tiny-job", required_sites=sites, **kw)
+        return enqueue_uc.enqueue_job(session, settings, job, clock()).job_id
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the sited scan (LIMIT SITES_SCAN, FOR UPDATE SKIP LOCKED) locks every job it "
+    "reads to its commit, those it passes too; fix: lock the one it takes (scan unlocked, "
+    "then lock it by id with SKIP LOCKED, next on a miss)",
+)
+def test_a_claim_scanning_a_sited_nets_queue_keeps_no_lock_on_the_jobs_it_passes(
+    pg_factory, tmp_path, job_root, clock
+):
+    """A net that declares its sites looks through its next SITES_SCAN jobs for one it has
+    the sites of, FOR UPDATE SKIP LOCKED: every row read is locked to the commit, the jobs
+    it passes too. A concurrent claim of another net skips them, and takes a job after them
+    in the order: `old` (first in line, fitting net-b) was passed for `pinned`, younger."""
+    nets = [net_decl(tmp_path, "net-a", sites=["site-1", "site-2"]), net_decl(tmp_path, "net-b")]
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
+    )
+    with pg_factory.begin() as session:
+        records.sync_nets(session, settings, clock())
+    old = _enqueue(pg_factory, settings, clock, "old", ["site-9"])  # net-a lacks it
+    clock.advance(1)
+    fits_a = _enqueue(pg_factory, settings, clock, "fits-a", ["site-1"])
+    clock.advance(1)
+    pinned = _enqueue(pg_factory, settings, clock, "pinned", ["site-9"], net="net-b")
+    keys = {old: "old", fits_a: "fits-a", pinned: "pinned"}
+    claimed, release = threading.Event(), threading.Event()
+    first: list[object] = []
+
+    def claim_holding_locks() -> None:  # net-a's claim, its locks held until released
+        with pg_factory.begin() as session:
+            first.append(claims.claim_next_job(session, settings, clock()))
+            claimed.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=claim_holding_locks)
+    thread.start()
+    claimed.wait(10)
+    try:
+        with pg_factory.begin() as session:
+            second = claims.claim_next_job(session, settings, clock())
+    finally:
+        release.set()
+        thread.join()
+    (one,) = first
+    assert isinstance(one, claims.Assignment) and (one.net_name, one.job_id) == ("net-a", fits_a)
+    assert second is not None and second.net_name == "net-b"
+    assert keys[second.job_id] == "old"
