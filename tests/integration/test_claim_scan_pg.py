@@ -1,5 +1,6 @@
 """A claim of a net that declares its sites, beside a claim of another net, on the real
-PostgreSQL (app/usecases/claims.py `_next_job_for`): the jobs the scan passes stay locked."""
+PostgreSQL (app/usecases/claims.py `_next_job_for`): the jobs the scan passes are not locked
+(they were, to the claim's commit, until round 9's break-it review)."""
 
 from __future__ import annotations
 
@@ -23,19 +24,14 @@ def _enqueue(db, settings, clock, key, sites, **kw):
         return enqueue_uc.enqueue_job(session, settings, job, clock()).job_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the sited scan (LIMIT SITES_SCAN, FOR UPDATE SKIP LOCKED) locks every job it "
-    "reads to its commit, those it passes too; fix: lock the one it takes (scan unlocked, "
-    "then lock it by id with SKIP LOCKED, next on a miss)",
-)
 def test_a_claim_scanning_a_sited_nets_queue_keeps_no_lock_on_the_jobs_it_passes(
     pg_factory, tmp_path, job_root, clock
 ):
     """A net that declares its sites looks through its next SITES_SCAN jobs for one it has
-    the sites of, FOR UPDATE SKIP LOCKED: every row read is locked to the commit, the jobs
-    it passes too. A concurrent claim of another net skips them, and takes a job after them
-    in the order: `old` (first in line, fitting net-b) was passed for `pinned`, younger."""
+    the sites of and locks only that one: a concurrent claim of another net takes `old`
+    (first in line, fitting net-b), not `pinned`, younger. Read FOR UPDATE SKIP LOCKED, as
+    until round 9, every job the scan passed stayed locked to its commit and `pinned` was
+    taken."""
     nets = [net_decl(tmp_path, "net-a", sites=["site-1", "site-2"]), net_decl(tmp_path, "net-b")]
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
@@ -70,3 +66,28 @@ def test_a_claim_scanning_a_sited_nets_queue_keeps_no_lock_on_the_jobs_it_passes
     assert isinstance(one, claims.Assignment) and (one.net_name, one.job_id) == ("net-a", fits_a)
     assert second is not None and second.net_name == "net-b"
     assert keys[second.job_id] == "old"
+
+
+def test_a_sited_nets_claim_passes_a_job_another_claim_holds_for_the_next_that_fits(
+    pg_factory, tmp_path, job_root, clock
+):
+    """The scan reads without locks, so it lists a job another claim holds locked; locking it
+    by id skips it (SKIP LOCKED), and the claim takes the next job that fits, not none."""
+    from sqlalchemy import select
+
+    from models import Job
+
+    nets = [net_decl(tmp_path, "net-a", sites=["site-1", "site-2"])]
+    settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
+    )
+    with pg_factory.begin() as session:
+        records.sync_nets(session, settings, clock())
+    held = _enqueue(pg_factory, settings, clock, "held", ["site-1"])
+    clock.advance(1)
+    nxt = _enqueue(pg_factory, settings, clock, "next", ["site-2"])
+    with pg_factory.begin() as holder:  # another claim's lock on the first job, uncommitted
+        holder.scalar(select(Job).where(Job.id == held).with_for_update())
+        with pg_factory.begin() as session:
+            taken = claims.claim_next_job(session, settings, clock())
+    assert taken is not None and (taken.net_name, taken.job_id) == ("net-a", nxt)

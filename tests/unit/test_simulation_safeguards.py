@@ -372,8 +372,9 @@ SAFEGUARDS = [
         # app/handlers.py's handlers and the database-error fault, racy seeds 93, 246, 300,
         # 354, 381 and 669 of 0-900; since issue 37's cheaper rounds, racy seeds 354 and 858
         # of 0-900; since the simulated broker no longer folds a kick into a round restored
-        # only later (seed 7095), 372, 858 and 1146 of 300-1200.
-        range(370, 374),
+        # only later (seed 7095), 372, 858 and 1146 of 300-1200; since a sited net's claim
+        # locks only the job it takes (round 9), 300, 714 and 858 of 300-1300.
+        range(300, 304),
         frozenset({"claim-beside-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
     Safeguard(
@@ -400,8 +401,9 @@ SAFEGUARDS = [
         # database-error fault, seeds 101, 177 and 178 of 0-300; after the break-it review's
         # fixes, 101 and 336 of 100-400; with broker outages and clock steps (round 5), 336
         # and 375 of 100-400; with round 5's cheaper callback rounds, 315 and 362 of 0-400;
-        # since issue 37's cheaper rounds, 178, 190 and 321 of 0-330.
-        range(177, 180),
+        # since issue 37's cheaper rounds, 178, 190 and 321 of 0-330; since a sited net's
+        # claim locks only the job it takes (round 9), 157 and 190 of 150-450.
+        range(157, 160),
         frozenset({"late-stop-undone"}),
         forced=True,
     ),
