@@ -8,17 +8,23 @@ and nothing refused that. The net is read free again after its lock, in a fresh 
 
 from __future__ import annotations
 
-import threading
+from functools import partial
 
 import pytest
 from sqlalchemy import select
 
 from app.usecases import claims, records
 from models import Job, JobState, ReasonCode
-from tests.integration.test_drain_pg import _slow_lock_net, _until_the_claim_pauses
+from tests.integration.test_drain_pg import claim_paused_while
 from tests.integration.test_pg_state import enqueue
 
 pytestmark = pytest.mark.integration
+
+
+def _claim(db, settings, clock) -> claims.Assignment | None:
+    """A claim, committed."""
+    with db.begin() as session:
+        return claims.claim_next_job(session, settings, clock())
 
 
 def test_a_claim_whose_lock_snapshot_predates_another_claim_of_the_net_takes_nothing_there(
@@ -28,25 +34,9 @@ def test_a_claim_whose_lock_snapshot_predates_another_claim_of_the_net_takes_not
         records.sync_nets(session, settings, clock())
     first = enqueue(pg_factory, settings, clock, "first", net="net-a")
     second = enqueue(pg_factory, settings, clock, "second", net="net-a")
-    lock_net = claims._lock_net
-    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
-    outcome: list[object] = []
-
-    def slow_claim() -> None:
-        try:
-            with pg_factory.begin() as session:
-                outcome.append(claims.claim_next_job(session, settings, clock()))
-        except Exception as exc:  # the defect: IntegrityError out of the claim
-            outcome.append(exc)
-
-    thread = threading.Thread(target=slow_claim)
-    thread.start()
-    _until_the_claim_pauses(pg_factory)
-    # Another claim, not paused, takes the net and commits inside the slow one's statement.
-    monkeypatch.setattr(claims, "_lock_net", lock_net)
-    with pg_factory.begin() as session:
-        taken = claims.claim_next_job(session, settings, clock())
-    thread.join()
+    # Another claim, not paused, takes the net and commits inside the paused one's statement.
+    another_claim = partial(_claim, pg_factory, settings, clock)
+    outcome, taken = claim_paused_while(pg_factory, settings, clock, monkeypatch, another_claim)
     assert taken is not None and taken.net_name == "net-a"
     assert outcome == [None], outcome
     (other,) = {first, second} - {taken.job_id}
@@ -69,27 +59,20 @@ def test_a_claim_whose_lock_snapshot_predates_a_stray_run_on_the_net_takes_nothi
             session, lost, JobState.ABORTED, "lost", clock(), code=ReasonCode.ABORTED
         )
     waiting = enqueue(pg_factory, settings, clock, "waiting", net="net-a")
-    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
-    outcome: list[object] = []
 
-    def slow_claim() -> None:
+    def a_stray_recorded() -> None:
         with pg_factory.begin() as session:
-            outcome.append(claims.claim_next_job(session, settings, clock()))
+            records.add_stray_run(
+                session,
+                net_name="net-a",
+                job_id=lost,
+                nvflare_job_id="run-1",
+                submit_token=None,
+                reason="a run no job counts",
+                now=clock(),
+            )
 
-    thread = threading.Thread(target=slow_claim)
-    thread.start()
-    _until_the_claim_pauses(pg_factory)
-    with pg_factory.begin() as session:
-        records.add_stray_run(
-            session,
-            net_name="net-a",
-            job_id=lost,
-            nvflare_job_id="run-1",
-            submit_token=None,
-            reason="a run no job counts",
-            now=clock(),
-        )
-    thread.join()
+    outcome, _ = claim_paused_while(pg_factory, settings, clock, monkeypatch, a_stray_recorded)
     assert outcome == [None]
     with pg_factory() as session:
         state = session.scalar(select(Job.state).where(Job.id == waiting))
@@ -105,24 +88,8 @@ def test_a_claim_that_finds_its_first_net_taken_after_the_lock_takes_the_next_fr
     with pg_factory.begin() as session:
         records.sync_nets(session, settings, clock())
     jobs = {enqueue(pg_factory, settings, clock, key) for key in ("first", "second")}
-    lock_net = claims._lock_net
-    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
-    outcome: list[object] = []
-
-    def slow_claim() -> None:
-        try:
-            with pg_factory.begin() as session:
-                outcome.append(claims.claim_next_job(session, settings, clock()))
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=slow_claim)
-    thread.start()
-    _until_the_claim_pauses(pg_factory)
-    monkeypatch.setattr(claims, "_lock_net", lock_net)
-    with pg_factory.begin() as session:
-        taken = claims.claim_next_job(session, settings, clock())
-    thread.join()
+    another_claim = partial(_claim, pg_factory, settings, clock)
+    outcome, taken = claim_paused_while(pg_factory, settings, clock, monkeypatch, another_claim)
     assert taken is not None and taken.net_name == "net-a"
     (slow,) = outcome
     assert isinstance(slow, claims.Assignment), slow

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 from sqlalchemy import exists, func, literal, select, text
@@ -15,6 +17,8 @@ from app.usecases import claims, drains
 from models import JobState
 from tests.integration.test_pg_state import enqueue
 from tests.unit.conftest import World
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.integration
 
@@ -59,22 +63,45 @@ def _until_the_claim_pauses(db, deadline_s: float = 10.0) -> None:
     pytest.fail("the claim never reached its locking statement")
 
 
+def claim_paused_while(
+    db, settings, clock, monkeypatch, meanwhile: Callable[[], T]
+) -> tuple[list[object], T]:
+    """A claim paused inside its locking statement (`_slow_lock_net`) while `meanwhile` runs
+    (a claim made there is not paused); the claim's outcome (its assignment, None, or what
+    it raised) and what `meanwhile` answered."""
+    lock_net = claims._lock_net
+    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
+    outcome: list[object] = []
+
+    def claim() -> None:
+        try:
+            with db.begin() as session:
+                outcome.append(claims.claim_next_job(session, settings, clock()))
+        except Exception as exc:  # what a defect raises out of the claim, for the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    try:
+        _until_the_claim_pauses(db)
+        monkeypatch.setattr(claims, "_lock_net", lock_net)
+        answer = meanwhile()
+    finally:
+        thread.join()
+    return outcome, answer
+
+
 def test_a_claim_racing_a_drain_never_lands_on_the_net_after_it_says_drained(
     db, settings, clock, monkeypatch
 ):
     job_id = enqueue(db, settings, clock, "racer", net="net-a")
-    monkeypatch.setattr(claims, "_lock_net", _slow_lock_net)
-    claimed: list[object] = []
-
-    def claim() -> None:
-        with db.begin() as session:
-            claimed.append(claims.claim_next_job(session, settings, clock()))
-
-    thread = threading.Thread(target=claim)
-    thread.start()
-    _until_the_claim_pauses(db)
-    view = drains.drain(World(settings, db, clock).rt, ["net-a"])
-    thread.join()
+    claimed, view = claim_paused_while(
+        db,
+        settings,
+        clock,
+        monkeypatch,
+        lambda: drains.drain(World(settings, db, clock).rt, ["net-a"]),
+    )
     # The drain committed while the claim was inside its locking statement; the drain saw no
     # active job. The claim must then find the net drained, not take it.
     assert view.complete
