@@ -36,6 +36,7 @@ from app.usecases import (
     housekeeping,
     monitor,
     net_repairs,
+    queue_place,
     reconciler,
     records,
     retries,
@@ -282,6 +283,16 @@ def _chain_refusal_raised(mp: pytest.MonkeyPatch) -> None:
         return True
 
     mp.setattr(messages, "published", raised)
+
+
+def _every_capped_job_left_out(theirs: Any, shares: Any) -> tuple[Any, ...]:
+    # Before round 9's break-it review: the jobs ahead of a job left out every project at its
+    # cap, the job's own too, so two jobs of a capped project both read place 1.
+    from sqlalchemy import func
+
+    from app.usecases import fair_share
+
+    return tuple(fair_share.below_cap(queue_place._AHEAD, func.coalesce(theirs.c.held, 0), shares))
 
 
 SAFEGUARDS = [
@@ -557,6 +568,17 @@ SAFEGUARDS = [
         frozenset(
             {"one-live-run", "one-run-per-server", "unaccounted-run", "claim-beside-live-run"}
         ),
+    ),
+    Safeguard(
+        "a capped project's own older jobs stay ahead of it in line (round 9's break-it review)",
+        _set(queue_place, "_not_capped_unless_mine", _every_capped_job_left_out),
+        "ops",
+        # A project at its cap with two jobs or more waiting: each showed place 1 (its own
+        # project's older jobs left out with every capped job). Unseen until round 9: the
+        # checker's reading (tests.sim.fair_share.expected_places) left them out too; since
+        # it counts them, ops seeds 5 and 14 (misconfig 16) of 0-20.
+        range(4, 7),
+        frozenset({"place-in-line"}),
     ),
 ]
 
