@@ -260,11 +260,18 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     if not strays or not rt.settings.has_net(net_name):
         return len(strays)
     admin = rt.admin(net_name)
+    # A server that keeps no token (Flower) may hold a later run of the stray's token whose
+    # id was never learnt: the lookup stops it (`find_run`), so it is done even when the
+    # stray names its run (and a lookup that cannot stop it raises: the stray is kept).
+    by_lookup = rt.settings.net(net_name).tokens_by_lookup
     left = 0
     for stray_id, nvflare_job_id, token in strays:
         fresh: datetime | None = None
         try:
-            run_id = nvflare_job_id or (admin.find_run(token) if token else None)
+            looked_up = (
+                admin.find_run(token) if token and (by_lookup or not nvflare_job_id) else None
+            )
+            run_id = nvflare_job_id or looked_up
             if run_id is not None:
                 outcome = admin.abort(run_id).outcome
                 # Settled only once the server, answering now, says the run is over: an
