@@ -17,7 +17,7 @@ from app.db import unit_of_work
 from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import records
-from app.usecases.scaling import kick, take_down
+from app.usecases.scaling import kick, runs_revive, take_down
 from models import JobState, ReasonCode, StrayRun
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,9 @@ def expire_stray_runs(rt: Runtime, net_name: str) -> bool:
     if not overdue:
         return False
     reason = f"stray run(s) unsettled for over {rt.settings.abort_timeout_s:.0f}s"
-    if not _scales_to_zero(rt, net_name):
+    # A net whose pending runs revive is not taken down either: its strays outlive their
+    # server (reconcile starts it again to settle them).
+    if not _scales_to_zero(rt, net_name) or runs_revive(rt, net_name):
         log.error("stray runs need an operator", extra={"net": net_name, "reason": reason})
         return False
     return take_down(rt, net_name, reason)

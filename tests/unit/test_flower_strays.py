@@ -9,7 +9,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from app.settings import Settings
-from app.usecases import abort, monitor
+from app.usecases import abort, dispatch, monitor
+from app.usecases.dispatch import Step
 from models import StrayRun
 from tests.unit.test_flower_dispatch_race import _race, flower_settings  # noqa: F401
 from tests.unit.test_flower_fakes import NET
@@ -36,3 +37,16 @@ def test_a_lost_job_s_stray_stops_the_later_run_of_its_token_once_the_superlink_
 
     assert abort.settle_stray_runs(race.b, NET) == 0
     assert race.live_of_token() == set(), "a run of the lost attempt lives on"
+
+
+def test_a_chain_retried_from_its_scale_up_stops_the_later_run_of_a_token_the_job_adopted(
+    flower_settings: Settings,  # noqa: F811
+    sqlite_factory,
+    clock,
+) -> None:
+    """B's submit ran inside a chain whose retry starts again at its scale-up step (seed
+    508), and the SuperLink refused B's own lookup: the retry finds the job no longer
+    ASSIGNED, and must look the token up there too."""
+    race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
+    assert dispatch.scale_up(race.b, race.job_id, NET, race.attempt).step == Step.SKIPPED
+    assert race.live_of_token() == {race.kept}, "a later run lives beside the adopted one"
