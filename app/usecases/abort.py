@@ -264,6 +264,11 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     # id was never learnt: the lookup stops it (`find_run`), so it is done even when the
     # stray names its run (and a lookup that cannot stop it raises: the stray is kept).
     by_lookup = rt.settings.net(net_name).tokens_by_lookup
+    # On a net whose pending runs revive (Flower) no take-down settles a stray, so the
+    # server's word must: a Flower stop is final (the run reads finished:stopped at once and
+    # never starts after), so its answer, stopped or already finished, says the run is over,
+    # where a status read may never answer (sweep seed 67: a run with no status).
+    stop_is_final = runs_revive(rt, net_name)
     left = 0
     for stray_id, nvflare_job_id, token in strays:
         fresh: datetime | None = None
@@ -277,7 +282,13 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
                 # covers a server that could not be reached.
-                end = over_after_abort(rt, net_name, run_id, outcome)
+                if stop_is_final and outcome in (
+                    AbortOutcome.ABORTED,
+                    AbortOutcome.ALREADY_FINISHED,
+                ):
+                    end = RunEnd.OVER
+                else:
+                    end = over_after_abort(rt, net_name, run_id, outcome)
                 if outcome == AbortOutcome.ABORTED_BEFORE_START:
                     fresh = window_end(rt, end)  # this abort's own mark: the window restarts
             else:

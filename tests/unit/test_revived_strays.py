@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from app.errors import UnknownAdminError
 from app.usecases import abort, reconciler, records, scaling
 from models import NetState, StrayRun
 from tests.fixtures.db import net_decl
@@ -98,3 +99,23 @@ def test_an_always_on_flower_net_with_no_server_keeps_its_strays(
     reconciler.reconcile(world.rt)
     assert len(_strays(world, "fl-a")) == 1, "a run pending in its database would revive"
     assert _strays(world, "net-a") == []
+
+
+def test_a_flower_stop_settles_a_stray_whose_status_the_superlink_cannot_give(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """A stop is final in Flower (finished:stopped at once, never started after): its answer
+    settles the stray. Waiting for a status read as on NVFLARE would keep it for ever, since
+    no take-down settles a Flower net's strays (sweep seed 67: a run with no status). An
+    NVFLARE net keeps its rule: only a status read, now, says the run is over."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    for net in ("fl-a", "net-a"):
+        _stray_on(world, net)
+        world.server(net).statuses["7"] = "RUNNING"
+
+        def unreadable(_: str):
+            raise UnknownAdminError("run has no status")
+
+        world.admin(net).job_status = unreadable  # type: ignore[method-assign]
+    assert abort.settle_stray_runs(world.rt, "fl-a") == 0
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
