@@ -35,8 +35,8 @@ def test_the_flower_faults_findings_stay_fixed(seed):
     every earlier fix in place (tests/sim/FINDINGS.md): a stray run of a net whose pending
     runs revive taken for gone with its server, which revived later with no job counting it
     (870 drift, 319 servers, 499 servers, 947 crashy) or beside its job's next attempt (1387
-    flaky); 434 (crashy) a lost job's stray that did not keep its token, so the token's later
-    run, whose id was never learnt, was never stopped."""
+    flaky). 434 (crashy), listed with them, replays clean on the code before the fix too (an
+    earlier placement of the crash found it): kept, the race and the crash on one net."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(seed)
