@@ -1,6 +1,6 @@
 """Stray runs on a Flower net, through the use cases and the real Flower adapter over a fake
 Control API: a stray keeps the submit token of its attempt, so settling it looks the token
-up and stops the token's later run too (simulation seeds 508 and 434)."""
+up and stops the token's later run too (simulation seed 508)."""
 
 from __future__ import annotations
 
