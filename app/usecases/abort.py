@@ -17,7 +17,7 @@ from app.db import unit_of_work
 from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import records
-from app.usecases.scaling import kick, take_down
+from app.usecases.scaling import kick, runs_revive, take_down
 from models import JobState, ReasonCode, StrayRun
 
 log = logging.getLogger(__name__)
@@ -260,17 +260,35 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     if not strays or not rt.settings.has_net(net_name):
         return len(strays)
     admin = rt.admin(net_name)
+    # A server that keeps no token (Flower) may hold a later run of the stray's token whose
+    # id was never learnt: the lookup stops it (`find_run`), so it is done even when the
+    # stray names its run (and a lookup that cannot stop it raises: the stray is kept).
+    by_lookup = rt.settings.net(net_name).tokens_by_lookup
+    # On a net whose pending runs revive (Flower) no take-down settles a stray, so the
+    # server's word must: a Flower stop is final (the run reads finished:stopped at once and
+    # never starts after), so its answer, stopped or already finished, says the run is over,
+    # where a status read may never answer (sweep seed 67: a run with no status).
+    stop_is_final = runs_revive(rt, net_name)
     left = 0
     for stray_id, nvflare_job_id, token in strays:
         fresh: datetime | None = None
         try:
-            run_id = nvflare_job_id or (admin.find_run(token) if token else None)
+            looked_up = (
+                admin.find_run(token) if token and (by_lookup or not nvflare_job_id) else None
+            )
+            run_id = nvflare_job_id or looked_up
             if run_id is not None:
                 outcome = admin.abort(run_id).outcome
                 # Settled only once the server, answering now, says the run is over: an
                 # accepted abort takes a moment to stop it, and "nothing to abort" also
                 # covers a server that could not be reached.
-                end = over_after_abort(rt, net_name, run_id, outcome)
+                if stop_is_final and outcome in (
+                    AbortOutcome.ABORTED,
+                    AbortOutcome.ALREADY_FINISHED,
+                ):
+                    end = RunEnd.OVER
+                else:
+                    end = over_after_abort(rt, net_name, run_id, outcome)
                 if outcome == AbortOutcome.ABORTED_BEFORE_START:
                     fresh = window_end(rt, end)  # this abort's own mark: the window restarts
             else:
@@ -330,7 +348,9 @@ def expire_stray_runs(rt: Runtime, net_name: str) -> bool:
     if not overdue:
         return False
     reason = f"stray run(s) unsettled for over {rt.settings.abort_timeout_s:.0f}s"
-    if not _scales_to_zero(rt, net_name):
+    # A net whose pending runs revive is not taken down either: its strays outlive their
+    # server (reconcile starts it again to settle them).
+    if not _scales_to_zero(rt, net_name) or runs_revive(rt, net_name):
         log.error("stray runs need an operator", extra={"net": net_name, "reason": reason})
         return False
     return take_down(rt, net_name, reason)

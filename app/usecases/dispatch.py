@@ -113,12 +113,23 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     with unit_of_work(rt.sessions) as session:
         job = _assigned(session, job_id, net_name, attempt)
         if job is None:
-            return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
-        # Its worker is heard of again by the end of this try: killed in it, the job is
-        # re-driven soon after (step_leases), not only past the readiness deadline.
-        hold(job, rt.clock(), step_try_s(rt.settings))
-        net_state = records.get_net(session, net_name).state
-        definition = job.definition
+            # A chain retried from its first step after its submit's reply was lost: if the
+            # job adopted a run of this attempt meanwhile, the token is looked up as in
+            # `_dispatch`, outside the transaction (simulation seed 508: else the token's
+            # later run lives on).
+            adopted = adopted_runs.adopted_token(
+                records.get_job(session, job_id), net_name, attempt
+            )
+        else:
+            # Its worker is heard of again by the end of this try: killed in it, the job is
+            # re-driven soon after (step_leases), not only past the readiness deadline.
+            hold(job, rt.clock(), step_try_s(rt.settings))
+            net_state = records.get_net(session, net_name).state
+            definition = job.definition
+    if job is None:
+        if adopted is not None:
+            adopted_runs.look_up(rt, net_name, adopted)  # TransientError: the step retries
+        return StepResult(Step.SKIPPED, "job no longer assigned to this net and attempt")
     try:
         check_available(rt.settings, definition)  # TransientError -> the task retries
     except (InvalidRequest, JobOutcomeError) as exc:

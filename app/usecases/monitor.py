@@ -439,12 +439,18 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
 def _keep_as_stray(
     rt: Runtime, session: Session, job: Watched, reason: str, hold: datetime | None = None
 ) -> None:
+    # On a net whose server keeps no token (Flower), another submit of the attempt may have
+    # started a later run of its token whose id was never learnt: the stray keeps the token,
+    # and settling it looks the token up, which stops that run (simulation seed 508).
+    token = None
+    if rt.settings.net(job.net_name).tokens_by_lookup:
+        token = records.get_job(session, job.job_id).submit_token
     records.add_stray_run(
         session,
         net_name=job.net_name,
         job_id=job.job_id,
         nvflare_job_id=job.nvflare_job_id,
-        submit_token=None,
+        submit_token=token,
         reason=reason,
         now=rt.clock(),
         settle_after=hold,

@@ -20,7 +20,13 @@ from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
-from app.usecases.scaling import net_misconfigured, scale_net, stop_in_flight, stop_net
+from app.usecases.scaling import (
+    net_misconfigured,
+    runs_revive,
+    scale_net,
+    stop_in_flight,
+    stop_net,
+)
 from app.usecases.step_leases import LEASED_COLUMNS, Leased
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
@@ -171,6 +177,26 @@ def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
         return target
 
 
+def _start_to_settle(rt: Runtime, name: str) -> str:
+    """A STOPPED net whose stray runs wait in its server's state database (a run pending
+    when the server went away starts with the next one): no job may be claimed onto it, nor
+    its strays' jobs anywhere, until they are settled, and only a server that answers can
+    stop them. So it is started, job-less (STARTING, READY once up, as a prewarm's start);
+    each reconcile's settling stops them once it answers, and the idle net is scaled down
+    as any other (simulation seeds 870, 947, 1387)."""
+    if not _set_net_state(
+        rt,
+        name,
+        NetState.STOPPED,
+        NetState.STARTING,
+        "start to settle stray runs",
+        require_idle=True,
+    ):
+        return ""
+    scale_net(rt, name, 1, "stray runs kept in the server's state database: start to settle")
+    return "STOPPED with stray runs its state database keeps: started to settle them"
+
+
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
     """Settle a scale-to-zero net left between states or drifted from its driver; the
     note says what was done ("" for nothing)."""
@@ -193,6 +219,8 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             return "MISCONFIGURED net had a server; scaled to 0"
         return ""
     if state == NetState.STOPPED and not up and row.strays:
+        if runs_revive(rt, name):
+            return _start_to_settle(rt, name)
         # The server is confirmed at zero replicas: whatever it ran died with it.
         with unit_of_work(rt.sessions) as session:
             records.clear_stray_runs(session, name)
@@ -337,7 +365,12 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
         _set_net_state(rt, name, state, NetState.OUTAGE, f"always-on server {server}")
         log.error("OUTAGE: always-on server unreachable", extra={"net": name, "server": server})
         note = f"{state} -> OUTAGE"
-    if scalable and row.strays and not rt.driver(name).observe().is_up:
+    if (
+        scalable
+        and row.strays
+        and not runs_revive(rt, name)
+        and not rt.driver(name).observe().is_up
+    ):
         # Scaled to zero by hand (or crashed for good): the runs it held died with it, and a
         # job waiting on its own stray run may go elsewhere instead of waiting for an operator.
         with unit_of_work(rt.sessions) as session:

@@ -319,8 +319,13 @@ def later(a: datetime | None, b: datetime | None) -> datetime | None:
     return max(a, b)
 
 
-def clear_stray_runs(session: Session, net_name: str) -> int:
-    """The net's server is gone (confirmed at 0 replicas): its stray runs died with it."""
+def clear_stray_runs(session: Session, net_name: str, *, runs_revive: bool = False) -> int:
+    """The net's server is gone (confirmed at 0 replicas): its stray runs died with it;
+    none on a net whose pending runs revive (`runs_revive`: a run pending in the server's
+    state database starts again with its next server, so its stray is kept until a server
+    that answers settles it). Returns how many were forgotten."""
+    if runs_revive:
+        return 0
     strays = list(session.scalars(select(StrayRun).where(StrayRun.net_name == net_name)))
     for stray in strays:
         session.delete(stray)

@@ -1,8 +1,10 @@
 """Runs a net's server starts again after a restart while no job counts them any more: a
 Flower SuperLink with its state database keeps the runs still pending when it died, and its
-SuperExec starts them once it is up again (flwr 1.42), whereas the dispatcher, which took
-the server down, took them for gone with it (`records.clear_stray_runs`): the job's earlier
-attempt would run beside its next one (`NetConfig.pending_runs_revive`).
+SuperExec starts them once it is up again (flwr 1.42): the job's earlier attempt would run
+beside its next one (`NetConfig.pending_runs_revive`). Such a net's stray runs are no longer
+taken for gone with its server (`records.clear_stray_runs`: kept until a server that answers
+settles them, a STOPPED net holding one started to do so); this stop is the defence for a
+revived run that no stray names.
 
 So before a job is submitted on such a net (its readiness), every run the server holds live
 is one no job counts (the net has no other active job, and a stray run keeps jobs off it):

@@ -79,6 +79,12 @@ def scale_net(rt: Runtime, net: str, replicas: int, reason: str) -> None:
             )
 
 
+def runs_revive(rt: Runtime, name: str) -> bool:
+    """The net's server keeps its pending runs across a restart (`NetConfig.pending_runs_revive`):
+    its stray runs outlive it (app.usecases.revived_runs)."""
+    return rt.settings.has_net(name) and rt.settings.net(name).pending_runs_revive
+
+
 def kick(rt: Runtime) -> None:
     """Ask a worker to assign QUEUED jobs (after the commit that freed a net or queued one)."""
     rt.outbox.send(names.ASSIGN_NEXT_JOB)
@@ -170,7 +176,7 @@ def stop_net(rt: Runtime, name: str, reason: str) -> bool:
             return False  # claimed once the server was down: its job scales it up
         if net.state in (NetState.STOPPING, NetState.UNHEALTHY):
             net.transition(NetState.STOPPED, rt.clock(), reason)
-        records.clear_stray_runs(session, name)
+        records.clear_stray_runs(session, name, runs_revive=runs_revive(rt, name))
     return True
 
 

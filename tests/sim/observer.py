@@ -10,6 +10,7 @@ from app.sim.bounds import Bounds
 from app.sim.servers import Run
 from app.sim.simulation import Simulation
 from app.sim.state import HoldRow, JobRow, NetRow, _secs, _uuid
+from app.sim.superlink import SuperLink
 from app.usecases import records
 from models import ACTIVE_JOB_STATES, JobState, NetState
 
@@ -98,13 +99,16 @@ class Observer:
         """The dispatcher knows this run is a stray (a stray_runs row, where that table
         exists: it does not on the code before the fix). A row names its run by id, or by
         token where no id is known, as settle_stray_runs finds it (a token's later run,
-        submitted again on a new process, is not the row's)."""
+        submitted again on a new process, is not the row's). On a Flower net a row's token
+        names every run of it, id known or not: settling it looks the token up, which stops
+        the token's later runs (`FlowerControlClient.find_run`)."""
         if not self._has_strays:
             return False
+        by_lookup = isinstance(self.sim.cluster.servers.get(run.net), SuperLink)
         row = self.sim.conn.execute(
             "SELECT 1 FROM stray_runs WHERE net_name = ? AND (nvflare_job_id = ? OR"
-            " (nvflare_job_id IS NULL AND submit_token = ?)) LIMIT 1",
-            (run.net, run.nvflare_id, run.token),
+            " ((nvflare_job_id IS NULL OR ?) AND submit_token = ?)) LIMIT 1",
+            (run.net, run.nvflare_id, by_lookup, run.token),
         ).fetchone()
         return row is not None
 
