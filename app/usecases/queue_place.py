@@ -117,12 +117,13 @@ def queue_place(
 
 # Built once per process (and shares) with bind parameters, as the claim's statements are:
 # a view read many times (the simulator reads every queued job's at every step) must not
-# build its SQL each time.
+# build its SQL each time. Keyed by the helper a test patches too (the simulation's
+# safeguards), so a statement built with its patch is not used once the patch is undone.
 _BUILT: dict[tuple[object, ...], Any] = {}
 
 
 def _built(name: str, build: Callable[..., Any], *args: Any) -> Any:
-    key = (name, *args)
+    key = (name, _not_capped_unless_mine, *args)
     found = _BUILT.get(key)
     if found is None:
         found = _BUILT[key] = build(*args)
