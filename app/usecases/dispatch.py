@@ -24,9 +24,6 @@ from app.adapters.backend import Readiness
 from app.adapters.jobdefs import check_available, materialize, prepare
 from app.db import unit_of_work
 from app.errors import (
-    BundleMissing,
-    BundleTooLarge,
-    BundleUnavailable,
     DispatcherError,
     InvalidRequest,
     JobOutcomeError,
@@ -34,17 +31,16 @@ from app.errors import (
     TransientError,
 )
 from app.runtime import Runtime
-from app.usecases import adopted_runs, claims, records, revived_runs
+from app.usecases import adopted_runs, claims, records, refused_definitions, revived_runs
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
     net_misconfigured,
-    release_unstarted_net,
     scale_down_or_log,
     scale_net,
 )
 from app.usecases.step_leases import hold, poll_lease_s, step_try_s
-from models import Job, JobState, NetState, ReasonCode
+from models import Job, JobState, NetState
 
 log = logging.getLogger(__name__)
 
@@ -203,31 +199,10 @@ def _reject_definition(
     attempt: tuple[JobState, int],
     exc: DispatcherError,
 ) -> StepResult:
-    """The job's definition itself is bad or gone: retrying cannot help, the net is fine.
-    Only the attempt the step was started for is failed (a job that moved on is left)."""
-    with unit_of_work(rt.sessions) as session:
-        job = records.get_job(session, job_id, lock=True)
-        if not _ours(job, attempt[0], net_name, attempt[1]):
-            return StepResult(Step.SKIPPED, f"job moved on ({job.state}); not failed")
-        code = definition_code(exc)
-        # Never worded "rejected": that is a refused enqueue, which created no job.
-        records.finish_job(
-            session, job_id, JobState.FAILED, f"{code}: {exc}", rt.clock(), code=code
-        )
-    release_unstarted_net(rt, net_name, job_id)
-    kick(rt)
+    moved_on = refused_definitions.fail_job(rt, job_id, net_name, attempt, exc)
+    if moved_on is not None:
+        return StepResult(Step.SKIPPED, f"job moved on ({moved_on}); not failed")
     return StepResult(Step.GAVE_UP, str(exc))
-
-
-def definition_code(exc: DispatcherError) -> ReasonCode:
-    """Why a job's definition cannot run, as its reason code."""
-    if isinstance(exc, BundleMissing):
-        return ReasonCode.BUNDLE_MISSING
-    if isinstance(exc, BundleTooLarge):
-        return ReasonCode.BUNDLE_TOO_LARGE
-    if isinstance(exc, BundleUnavailable):
-        return ReasonCode.BUNDLE_UNAVAILABLE
-    return ReasonCode.DEFINITION_INVALID
 
 
 def _misconfigured(

@@ -1,6 +1,7 @@
 """Monitoring of running jobs: poll NVFLARE for every RUNNING/ABORTING job's run and settle
-it (finished, held for flip-api's report, overran, or lost with its server), and expire
-FINISHING jobs whose results report never came. Each net is watched on its own."""
+it (finished, held for flip-api's report, overran, or lost with its server); in the same
+round, FINISHING jobs whose results report never came are expired (`report_waits`). Each net
+is watched on its own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -20,7 +21,7 @@ from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
-from app.usecases import claims, records
+from app.usecases import claims, records, report_waits
 from app.usecases.abort import RUN_OUTCOMES, RunEnd, over_after_abort, run_outcome, window_end
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
@@ -82,7 +83,7 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
         for row in rows
         if row.state == JobState.FINISHING
     ]
-    outcomes = _expire_report_waits(rt, finishing, now)
+    outcomes = report_waits.expire_report_waits(rt, finishing, now)
     return redriven | outcomes | _monitor(rt, watched)
 
 
@@ -159,39 +160,6 @@ def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
         else:
             outcomes |= result.value
     return outcomes
-
-
-def _expire_report_waits(
-    rt: Runtime, finishing: list[tuple[uuid.UUID, datetime, str | None]], now: datetime
-) -> dict[str, str]:
-    """FINISHING jobs (the round's read of every one) whose results report never came
-    within their net's report timeout (`report_timeout_s`, else REPORT_TIMEOUT_S): settled
-    per REPORT_TIMEOUT_OUTCOME, so a lost report cannot hold a server up forever."""
-    settings = rt.settings
-    # Every FINISHING job is read, each then held to its own net's timeout: at most one per
-    # net (a FINISHING job holds its net), so no bound in SQL is worth its duplicate.
-    overdue = [
-        (job_id, since, net_name)
-        for job_id, since, net_name in finishing
-        if since < now - timedelta(seconds=settings.report_timeout_for(net_name))
-    ]
-    outcome = (
-        JobState.COMPLETED if rt.settings.report_timeout_outcome == "completed" else JobState.FAILED
-    )
-    results = {}
-    for job_id, since, net_name in overdue:
-        assert net_name is not None  # a FINISHING job holds its net
-        # Each on its own: one that cannot be settled is recorded on its net and stops
-        # neither the others nor the round's watch of every net's runs.
-        with isolated(rt, "monitor_running_jobs", net_name):
-            with unit_of_work(rt.sessions) as session:
-                records.expire_report_wait(
-                    session, job_id, outcome, (now - since).total_seconds(), now
-                )
-            results[str(job_id)] = f"report timeout: {outcome}"
-    if results:
-        kick(rt)
-    return results
 
 
 def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, str]:

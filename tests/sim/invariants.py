@@ -28,7 +28,7 @@ from tests.sim.ready_invariants import ReadyInvariants
 from tests.sim.run_invariants import RunInvariants
 
 N = NetState
-BUNDLE_REFUSED = "rejected: "  # dispatch._reject_definition's reason
+BUNDLE_REFUSED = "rejected: "  # refused_definitions.fail_job's reason
 # Readiness's words for missing sites: NVFLARE's client names sites, Flower's SuperNodes.
 WAITING_FOR_SITES = ("waiting for sites", "waiting for SuperNodes")
 

@@ -135,8 +135,8 @@ def test_a_report_wait_that_cannot_be_settled_stops_no_other_nets_monitoring(
     """app/usecases/README.md "Guarantees": every housekeeping loop handles each net on its
     own, one net's failure "is logged, counted and written to that net's last_error, and
     never stops the other nets". monitor_running_jobs first settles the overdue FINISHING
-    jobs (_expire_report_waits, every FINISHING row since the rewrite) outside any per-net
-    isolation: one that fails to settle raises out of the round before any net's run is
+    jobs (report_waits.expire_report_waits, every FINISHING row since the rewrite) outside
+    any per-net isolation: one that fails to settle raises out of the round before any net's run is
     watched, every round, so a finished run on another net is never settled."""
     nets = [net_decl(tmp_path, n, "ecs", report_timeout_s=60) for n in ("net-a", "net-b")]
     world = world_of(nets, tmp_path, job_root, sqlite_factory, clock, RELEASE_AFTER="reported")

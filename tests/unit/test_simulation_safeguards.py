@@ -39,6 +39,7 @@ from app.usecases import (
     queue_place,
     reconciler,
     records,
+    report_waits,
     retries,
     scaling,
 )
@@ -361,7 +362,7 @@ SAFEGUARDS = [
     ),
     Safeguard(
         "each overdue report wait is settled on its own net's isolation (review 33)",
-        _set(monitor, "_expire_report_waits", _report_waits_not_isolated),
+        _set(report_waits, "expire_report_waits", _report_waits_not_isolated),
         "racy",
         # A FINISHING job's row refused for a while (FaultProfile.poison_row): its expiry
         # raises out of the whole monitor round. Racy seeds 28 and 55 of 0-60, chaos seed 28,
