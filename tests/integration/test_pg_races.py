@@ -159,16 +159,22 @@ def _scans_locking_what_it_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claims, "_next_job_for", old_scan)
 
 
-def test_the_harness_finds_a_sited_scan_locking_the_jobs_it_passes(harness, monkeypatch):
+def test_the_harness_finds_a_sited_scan_locking_the_jobs_it_passes(
+    race_url, tmp_path, job_root, monkeypatch
+):
     """With the sited net's old scan planted (its next jobs locked as read, kept to its
     commit), a concurrent claim of another net skips the jobs the scan passed and takes one
     behind them in the order: the check after each claim reports it (claim-passed-over)."""
     _scans_locking_what_it_passes(monkeypatch)
+    harness = RaceHarness(race_url, race_settings(tmp_path, job_root, sited=True))
     seen = []
-    for seed in SEEDS_TO_FIND:
-        found = harness.run(seed)
-        seen.append(found.summary())
-        if any(line.startswith("claim-passed-over") for line in found.invariants):
-            print(f"found on seed {seed}")
-            return
+    try:
+        for seed in SEEDS_TO_FIND:
+            found = harness.run(seed)
+            seen.append(found.summary())
+            if any(line.startswith("claim-passed-over") for line in found.invariants):
+                print(f"found on seed {seed}")
+                return
+    finally:
+        harness.close()
     pytest.fail("no claim-passed-over with the old sited scan planted:\n" + "\n".join(seen))
