@@ -7,6 +7,7 @@ lock-order races it cannot reach are looked for here, without knowing them in ad
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 from pydantic import Field
@@ -140,3 +141,40 @@ def test_the_harness_finds_a_claim_leaving_a_net_its_jobs_project_filled(harness
             print(f"found on seed {seed}")
             return
     pytest.fail("no claim-left-net with the old claim planted:\n" + "\n".join(seen))
+
+
+def _scans_locking_what_it_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sited net's scan before 5d23933: its next SITES_SCAN jobs read FOR UPDATE SKIP
+    LOCKED, the first fitting taken, every job it passed left locked to its commit."""
+    next_job_for = claims._next_job_for
+
+    def old_scan(session, net, shares, aged_before):
+        if net.sites is None:
+            return next_job_for(session, net, shares, aged_before)
+        params = {"net": net.name, "aged_before": aged_before}
+        stmt = claims._statement("old scan", partial(claims._next_jobs, claims.SITES_SCAN, shares))
+        jobs = session.scalars(stmt, params)
+        return next((job for job in jobs if not net.lacks(job.required_sites)), None)
+
+    monkeypatch.setattr(claims, "_next_job_for", old_scan)
+
+
+def test_the_harness_finds_a_sited_scan_locking_the_jobs_it_passes(
+    race_url, tmp_path, job_root, monkeypatch
+):
+    """With the sited net's old scan planted (its next jobs locked as read, kept to its
+    commit), a concurrent claim of another net skips the jobs the scan passed and takes one
+    behind them in the order: the check after each claim reports it (claim-passed-over)."""
+    _scans_locking_what_it_passes(monkeypatch)
+    harness = RaceHarness(race_url, race_settings(tmp_path, job_root, sited=True))
+    seen = []
+    try:
+        for seed in SEEDS_TO_FIND:
+            found = harness.run(seed)
+            seen.append(found.summary())
+            if any(line.startswith("claim-passed-over") for line in found.invariants):
+                print(f"found on seed {seed}")
+                return
+    finally:
+        harness.close()
+    pytest.fail("no claim-passed-over with the old sited scan planted:\n" + "\n".join(seen))
