@@ -1,0 +1,154 @@
+"""A break-it review of the Flower strays' change (strays on a net whose pending runs revive
+are settled only by the server's word): what a SuperLink that never settles its stray does
+to the net's server and queue, what held, and NVFLARE's twin of each shape (unchanged)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app.errors import ServerUnavailable, UnknownAdminError
+from app.usecases import abort, dispatch, reconciler, records, scale_down
+from models import JobState, NetState, StrayRun
+from tests.unit.conftest import World
+from tests.unit.test_revived_strays import _world
+
+ROUND_S = 30.0  # one reconcile (and idle scale-down) round every 30 s, as the beat runs them
+HOUR_ROUNDS = 120
+
+
+def _strays(world: World, net: str) -> list[StrayRun]:
+    with world.rt.sessions() as session:
+        return list(session.scalars(select(StrayRun).where(StrayRun.net_name == net)))
+
+
+def _state(world: World, net: str) -> NetState:
+    with world.rt.sessions() as session:
+        return records.get_net(session, net).state
+
+
+def _rounds(world: World, count: int) -> list[tuple[float, int]]:
+    """Run `count` housekeeping rounds; (seconds since the first, replicas) after each."""
+    seen = []
+    for i in range(count):
+        reconciler.reconcile(world.rt)
+        scale_down.scale_down_idle_nets(world.rt)
+        seen.append((i * ROUND_S, world.driver(world.net_name).replicas))
+        world.clock.advance(ROUND_S)
+    return seen
+
+
+def _never_settling(world: World, net: str) -> None:
+    """The stray's run reads RUNNING and every stop of it fails (the server answers
+    readiness, but will not let the run be stopped)."""
+    world.server(net).statuses["7"] = "RUNNING"
+
+    def refused(_: str):
+        raise UnknownAdminError("stop refused")
+
+    world.admin(net).abort = refused  # type: ignore[method-assign]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: a Flower stray's SuperLink that never answers (kit broken, wrong "
+    "address) gets its net started, abandoned at ready_timeout_s and started again for "
+    "ever: no bound once the stray is overdue (ABORT_TIMEOUT_S)",
+)
+def test_a_flower_net_whose_superlink_never_answers_is_not_started_again_and_again(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.net_name = "fl-a"  # type: ignore[attr-defined]
+    world.server("fl-a").up = False  # the replica runs; its SuperLink never answers
+    world.add_stray(world.enqueue("lost", net="fl-a"), "fl-a", "7", token="tok-0")
+    seen = _rounds(world, HOUR_ROUNDS)
+    overdue_s = world.rt.settings.abort_timeout_s + world.rt.settings.net("fl-a").ready_timeout_s
+    late_starts = [
+        at for (at, now), (_, before) in zip(seen[1:], seen, strict=False) if now > before
+    ]
+    late_starts = [at for at in late_starts if at > overdue_s + 2 * ROUND_S]
+    assert late_starts == [], f"started again at {late_starts[:3]}... s, {len(late_starts)} times"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: a QUEUED job that fits a Flower net keeps its server up for ever while "
+    "a stray the SuperLink will not stop keeps that job off it (idle scale-down counts "
+    "the job, the claim refuses the net, and no expiry takes a Flower net down)",
+)
+def test_a_job_that_cannot_be_claimed_onto_it_keeps_no_flower_server_up(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.net_name = "fl-a"  # type: ignore[attr-defined]
+    world.server("fl-a")
+    world.add_stray(world.enqueue("lost", net="fl-a"), "fl-a", "7", token="tok-0")
+    _never_settling(world, "fl-a")
+    waiting = world.enqueue("waiting", net="fl-a")
+    seen = _rounds(world, HOUR_ROUNDS)
+    assert world.job(waiting).state == JobState.QUEUED, "the stray keeps it off the net"
+    assert len(_strays(world, "fl-a")) == 1
+    assert seen[-1][1] == 0, "the server stayed up the whole hour for a job it cannot take"
+
+
+def test_nvflare_s_twin_takes_the_net_down_and_frees_the_job(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Held: the same shape on an NVFLARE net expires the stray past ABORT_TIMEOUT_S (net
+    taken down, stray gone with its server), and the waiting job is claimed."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.net_name = "net-a"  # type: ignore[attr-defined]
+    world.server("net-a")
+    world.driver("net-a").replicas = 1
+    world.add_stray(world.enqueue("lost", net="net-a"), "net-a", "7", token="tok-0")
+    _never_settling(world, "net-a")
+    waiting = world.enqueue("waiting", net="net-a")
+    _rounds(world, 20)  # 10 min: past ABORT_TIMEOUT_S (300 s)
+    assert _strays(world, "net-a") == []
+    # The older job (its stray gone with the server) is claimed first: no job is stuck.
+    claimed = [(a.job_id, a.net_name) for a in dispatch.claim_and_start(world.rt)]
+    assert claimed and claimed[0][1] == "net-a"
+    assert world.job(waiting).state == JobState.QUEUED  # next in line, not held by a stray
+
+
+def test_a_net_started_for_its_strays_settles_them_and_goes_back_to_zero(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Held: a STOPPED Flower net with a stray is started job-less, the SuperLink's stop
+    settles the stray, and the idle net is scaled down after its grace (not left up)."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.net_name = "fl-a"  # type: ignore[attr-defined]
+    world.server("fl-a").statuses["7"] = "RUNNING"
+    # Its job waits for another net (a job that fits fl-a would rightly keep it up).
+    world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
+    seen = _rounds(world, 10)
+    assert _strays(world, "fl-a") == []
+    assert world.server("fl-a").aborted == ["7"]
+    assert max(replicas for _, replicas in seen) == 1
+    assert seen[-1][1] == 0 and _state(world, "fl-a") == NetState.STOPPED
+
+
+def test_one_stray_whose_lookup_fails_leaves_the_other_settled(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Held: two strays on one Flower net; the token lookup of one fails (a later run of its
+    token could not be stopped): the other is settled all the same, the first kept."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    server = world.server("fl-a")
+    world.driver("fl-a").replicas = 1
+    server.statuses |= {"7": "RUNNING", "8": "RUNNING"}
+    world.add_stray(world.enqueue("a", net="fl-a"), "fl-a", "7", token="tok-a")
+    world.add_stray(world.enqueue("b", net="fl-a"), "fl-a", "8", token="tok-b")
+    admin = world.admin("fl-a")
+    real = admin.find_run
+
+    def find_run(token: str) -> str | None:
+        if token == "tok-a":
+            raise ServerUnavailable("later run of tok-a not stopped yet")
+        return real(token)
+
+    admin.find_run = find_run  # type: ignore[method-assign]
+    assert abort.settle_stray_runs(world.rt, "fl-a") == 1
+    (left,) = _strays(world, "fl-a")
+    assert left.nvflare_job_id == "7" and server.aborted == ["8"]
