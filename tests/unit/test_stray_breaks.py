@@ -152,3 +152,21 @@ def test_one_stray_whose_lookup_fails_leaves_the_other_settled(
     assert abort.settle_stray_runs(world.rt, "fl-a") == 1
     (left,) = _strays(world, "fl-a")
     assert left.nvflare_job_id == "7" and server.aborted == ["8"]
+
+
+def test_a_job_waiting_for_a_net_started_for_its_strays_is_claimed_once_they_settle(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Held: the net started job-less for its stray (STARTING) is claimed by the job that
+    waits for it once the stray is settled, and its chain runs there (its scale-up finds
+    the replica already asked for)."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.server("fl-a").statuses["7"] = "RUNNING"
+    world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
+    waiting = world.enqueue("waiting", net="fl-a")
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] != [waiting]
+    reconciler.reconcile(world.rt)  # started, and its SuperLink's stop settles the stray
+    assert _strays(world, "fl-a") == []
+    net, _attempt = world.run_until_ready(waiting)
+    assert net == "fl-a" and world.driver("fl-a").calls == [1, 1]
+    assert world.job(waiting).state == JobState.ASSIGNED
