@@ -8,9 +8,12 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import ServerUnavailable, UnknownAdminError
-from app.usecases import abort, dispatch, reconciler, records, scale_down
+from app.settings import Settings
+from app.usecases import abort, dispatch, intake, reconciler, records, scale_down
 from models import JobState, NetState, StrayRun
 from tests.unit.conftest import World
+from tests.unit.test_flower_dispatch_race import _race, flower_settings  # noqa: F401
+from tests.unit.test_flower_fakes import NET
 from tests.unit.test_revived_strays import _world
 
 ROUND_S = 30.0  # one reconcile (and idle scale-down) round every 30 s, as the beat runs them
@@ -170,3 +173,27 @@ def test_a_job_waiting_for_a_net_started_for_its_strays_is_claimed_once_they_set
     net, _attempt = world.run_until_ready(waiting)
     assert net == "fl-a" and world.driver("fl-a").calls == [1, 1]
     assert world.job(waiting).state == JobState.ASSIGNED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: an abort the SuperLink did not confirm keeps its run as a stray with no "
+    "token (abort._finish passes submit_token=None on every backend), so settling it never "
+    "looks the token up and the token's later run lives on once the stray is gone "
+    "(the seed-508 shape the monitor's _keep_as_stray fixed, through the abort path)",
+)
+def test_an_unconfirmed_abort_s_flower_stray_stops_the_later_run_of_its_token(
+    flower_settings: Settings,  # noqa: F811
+    sqlite_factory,
+    clock,
+) -> None:
+    race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
+    assert len(race.live_of_token()) == 2, "the later run lives until a lookup stops it"
+    assert intake.request_abort(race.b, race.job_id, "user").decision.needs_server_abort
+    race.b.admin(NET).api.refusing = 1  # type: ignore[attr-defined]  # the stop is refused
+    assert abort.abort_on_server(race.b, race.job_id) == JobState.ABORTED
+    with sqlite_factory() as session:
+        (stray,) = session.scalars(select(StrayRun)).all()
+        assert stray.nvflare_job_id == race.kept
+    assert abort.settle_stray_runs(race.b, NET) == 0
+    assert race.live_of_token() == set(), "a run of the aborted attempt lives on"
