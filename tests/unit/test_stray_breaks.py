@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from app.errors import ServerUnavailable, UnknownAdminError
 from app.settings import Settings
-from app.usecases import abort, dispatch, intake, reconciler, records, scale_down
+from app.usecases import abort, dispatch, drains, intake, reconciler, records, scale_down
 from models import JobState, NetState, StrayRun
 from tests.unit.conftest import World
 from tests.unit.test_flower_dispatch_race import _race, flower_settings  # noqa: F401
@@ -197,3 +197,22 @@ def test_an_unconfirmed_abort_s_flower_stray_stops_the_later_run_of_its_token(
         assert stray.nvflare_job_id == race.kept
     assert abort.settle_stray_runs(race.b, NET) == 0
     assert race.live_of_token() == set(), "a run of the aborted attempt lives on"
+
+
+def test_a_drained_flower_net_holding_a_stray_is_started_to_settle_it_then_left_at_zero(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Held: a drain keeps jobs off the net, not its SuperLink from stopping a run pending in
+    its database: the net is started job-less, the stray settled, the server back at zero
+    after its grace, and the job pinned to it still waits (drained)."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.net_name = "fl-a"  # type: ignore[attr-defined]
+    world.server("fl-a").statuses["7"] = "RUNNING"
+    world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
+    waiting = world.enqueue("waiting", net="fl-a")
+    drains.drain(world.rt, ["fl-a"])
+    seen = _rounds(world, 10)
+    assert _strays(world, "fl-a") == [] and world.server("fl-a").aborted == ["7"]
+    assert seen[-1][1] == 0 and _state(world, "fl-a") == NetState.STOPPED
+    assert waiting not in [a.job_id for a in dispatch.claim_and_start(world.rt)]
+    assert world.job(waiting).state == JobState.QUEUED
