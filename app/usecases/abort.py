@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.adapters.backend import AbortOutcome, RunState
 from app.db import unit_of_work
@@ -126,13 +127,24 @@ def _finish(
                 net_name=net_name,
                 job_id=job_id,
                 nvflare_job_id=nvflare_job_id,
-                submit_token=None,
+                submit_token=stray_token(rt, session, job_id, net_name),
                 reason=reason,
                 now=rt.clock(),
                 settle_after=window_end(rt, end),
             )
         records.finish_job(session, job_id, state, reason, rt.clock(), code=code)
     kick(rt)
+
+
+def stray_token(rt: Runtime, session: Session, job_id: uuid.UUID, net_name: str) -> str | None:
+    """The submit token a stray run of this job on this net keeps: on a net whose server keeps
+    no token (Flower), another submit of the attempt may have started a later run of it whose
+    id was never learnt, and settling the stray looks the token up, which stops that run
+    (simulation seed 508; an unconfirmed abort's stray too: the break-it review of round 9);
+    None elsewhere."""
+    if not (rt.settings.has_net(net_name) and rt.settings.net(net_name).tokens_by_lookup):
+        return None
+    return records.get_job(session, job_id).submit_token
 
 
 class RunEnd(StrEnum):

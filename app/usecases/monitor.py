@@ -22,7 +22,14 @@ from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import claims, records, report_waits
-from app.usecases.abort import RUN_OUTCOMES, RunEnd, over_after_abort, run_outcome, window_end
+from app.usecases.abort import (
+    RUN_OUTCOMES,
+    RunEnd,
+    over_after_abort,
+    run_outcome,
+    stray_token,
+    window_end,
+)
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
 from app.usecases.step_leases import (
@@ -407,18 +414,12 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
 def _keep_as_stray(
     rt: Runtime, session: Session, job: Watched, reason: str, hold: datetime | None = None
 ) -> None:
-    # On a net whose server keeps no token (Flower), another submit of the attempt may have
-    # started a later run of its token whose id was never learnt: the stray keeps the token,
-    # and settling it looks the token up, which stops that run (simulation seed 508).
-    token = None
-    if rt.settings.net(job.net_name).tokens_by_lookup:
-        token = records.get_job(session, job.job_id).submit_token
     records.add_stray_run(
         session,
         net_name=job.net_name,
         job_id=job.job_id,
         nvflare_job_id=job.nvflare_job_id,
-        submit_token=token,
+        submit_token=stray_token(rt, session, job.job_id, job.net_name),
         reason=reason,
         now=rt.clock(),
         settle_after=hold,

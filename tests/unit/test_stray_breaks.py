@@ -175,13 +175,6 @@ def test_a_job_waiting_for_a_net_started_for_its_strays_is_claimed_once_they_set
     assert world.job(waiting).state == JobState.ASSIGNED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: an abort the SuperLink did not confirm keeps its run as a stray with no "
-    "token (abort._finish passes submit_token=None on every backend), so settling it never "
-    "looks the token up and the token's later run lives on once the stray is gone "
-    "(the seed-508 shape the monitor's _keep_as_stray fixed, through the abort path)",
-)
 def test_an_unconfirmed_abort_s_flower_stray_stops_the_later_run_of_its_token(
     flower_settings: Settings,  # noqa: F811
     sqlite_factory,
