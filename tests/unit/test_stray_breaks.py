@@ -9,25 +9,16 @@ from sqlalchemy import select
 
 from app.errors import ServerUnavailable, UnknownAdminError
 from app.settings import Settings
-from app.usecases import abort, dispatch, drains, intake, reconciler, records, scale_down
+from app.usecases import abort, dispatch, drains, intake, reconciler, scale_down
 from models import JobState, NetState, StrayRun
 from tests.unit.conftest import World
 from tests.unit.test_flower_dispatch_race import _race, flower_settings  # noqa: F401
 from tests.unit.test_flower_fakes import NET
-from tests.unit.test_revived_strays import _world
+from tests.unit.test_revived_strays import _net_state as _state
+from tests.unit.test_revived_strays import _strays, _world
 
 ROUND_S = 30.0  # one reconcile (and idle scale-down) round every 30 s, as the beat runs them
 HOUR_ROUNDS = 120
-
-
-def _strays(world: World, net: str) -> list[StrayRun]:
-    with world.rt.sessions() as session:
-        return list(session.scalars(select(StrayRun).where(StrayRun.net_name == net)))
-
-
-def _state(world: World, net: str) -> NetState:
-    with world.rt.sessions() as session:
-        return records.get_net(session, net).state
 
 
 def _rounds(world: World, count: int) -> list[tuple[float, int]]:
