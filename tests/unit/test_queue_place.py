@@ -66,10 +66,9 @@ def test_a_pinned_job_counts_only_the_jobs_that_may_take_its_net(two_nets_world)
     assert shown(world, "anywhere") == (2, "no free net")
 
 
-def test_a_capped_projects_jobs_say_so_and_are_counted_ahead_of_no_one(
-    tmp_path, job_root, sqlite_factory, clock
-):
-    world = fair_world(
+def capped_world(tmp_path, job_root, sqlite_factory, clock) -> World:
+    """Two nets; project a may hold one of them (max_nets 1)."""
+    return fair_world(
         tmp_path,
         job_root,
         sqlite_factory,
@@ -77,6 +76,12 @@ def test_a_capped_projects_jobs_say_so_and_are_counted_ahead_of_no_one(
         ["net-1", "net-2"],
         PROJECT_SHARES='{"a": {"max_nets": 1}}',
     )
+
+
+def test_a_capped_projects_jobs_say_so_and_are_counted_ahead_of_no_one(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    world = capped_world(tmp_path, job_root, sqlite_factory, clock)
     enqueue(world, "a0", "a")
     enqueue(world, "a1", "a")
     enqueue(world, "b0", "b")
@@ -96,14 +101,7 @@ def test_a_capped_projects_own_older_jobs_stay_ahead_of_it(
     frees: its project's older jobs are still ahead of it (counted ahead of no one else, they
     are ahead of their own project's younger jobs); both showed 1 before, and the claim, once
     the cap freed, took a1 and left a2 second."""
-    world = fair_world(
-        tmp_path,
-        job_root,
-        sqlite_factory,
-        clock,
-        ["net-1", "net-2"],
-        PROJECT_SHARES='{"a": {"max_nets": 1}}',
-    )
+    world = capped_world(tmp_path, job_root, sqlite_factory, clock)
     for key in ("a0", "a1", "a2"):
         enqueue(world, key, "a")
     assert claim(world) == ("a0", "net-1")
