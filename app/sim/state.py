@@ -92,6 +92,8 @@ _NETS = (
     " EXISTS (SELECT 1 FROM drains WHERE scope IN (nets.name, '*')) FROM nets ORDER BY name"
 )
 _NETS_BEFORE_DRAINS = "SELECT name, state, state_changed_at, 0 FROM nets ORDER BY name"
+_STRAY_OF_JOB = "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1"
+_STRAY_ON_NET = "SELECT 1 FROM stray_runs WHERE net_name = ? LIMIT 1"
 
 
 class WorldState:
@@ -103,7 +105,7 @@ class WorldState:
         self.nets: list[NetRow] = []
         self.holds: list[HoldRow] = []  # read only in a world with prewarms
         self._read_at_changes = -1  # conn.total_changes when jobs and nets were read
-        self._strays_of: dict[str, bool] = {}  # job id -> has a stray run
+        self._strays_of: dict[str, bool] = {}  # query=value -> a stray run matches
         self._strays_at_changes = -1
         self.has_strays = self._has_table("stray_runs")
         self.has_drains = self._has_table("drains")
@@ -178,19 +180,24 @@ class WorldState:
 
     def waits_for_its_stray(self, job_id: str) -> bool:
         """The job has a stray run recorded (it is not claimed again until that settles)."""
+        return self._stray_where(_STRAY_OF_JOB, job_id.replace("-", ""))
+
+    def holds_stray(self, net: str) -> bool:
+        """The net has a stray run recorded (the claim passes it by until that settles)."""
+        return self._stray_where(_STRAY_ON_NET, net)
+
+    def _stray_where(self, query: str, value: str) -> bool:
         if not self.has_strays:
             return False
         changes = self.sim.conn.total_changes
         if changes != self._strays_at_changes:  # answers hold until a row changes
             self._strays_at_changes = changes
             self._strays_of.clear()
-        known = self._strays_of.get(job_id)
+        key = f"{query}={value}"
+        known = self._strays_of.get(key)
         if known is None:
-            row = self.sim.conn.execute(
-                "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1",
-                (job_id.replace("-", ""),),
-            ).fetchone()
-            known = self._strays_of[job_id] = row is not None
+            row = self.sim.conn.execute(query, (value,)).fetchone()
+            known = self._strays_of[key] = row is not None
         return known
 
     def needed(self, net: str) -> bool:
@@ -205,7 +212,9 @@ class WorldState:
             return False  # (a drained net's queue keeps no server up: it waits for undrain)
         # Only a job that could be claimed: one waiting for its own stray run (on this net
         # or another) cannot run here, nor one whose project holds its max_nets nets
-        # (PROJECT_SHARES), so it keeps no server up.
+        # (PROJECT_SHARES), nor any while the net holds a stray, so it keeps no server up.
+        if self.holds_stray(net):
+            return False
         return any(
             j.state == J.QUEUED
             and j.requested_net in (None, net)

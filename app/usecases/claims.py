@@ -467,14 +467,17 @@ def _cap_holds(session: Session, shares: Shares, job: Job) -> bool:
 def queued_job_fits(session: Session, settings: Settings, net_name: str) -> bool:
     """A QUEUED job that could be claimed onto this net waits (one the claim may take now:
     claimable, its project below its cap; pinned to it or unpinned, and with sites the net
-    has where it declares them). None can be onto a drained net: its server is left to its
-    idle grace, as with no job waiting (read in the same statement: no statement more per
-    idle check). A job of a project at its cap keeps no server up: it could not take it."""
+    has where it declares them). None can be onto a drained net, nor onto one holding a
+    stray run (the claim passes it by): its server is left to its idle grace, as with no
+    job waiting (read in the same statement: no statement more per idle check), so a stray
+    its server never lets be stopped keeps no server up for ever. A job of a project at its
+    cap keeps no server up either: it could not take it."""
     net = settings.net(net_name)
     sites = select(Job.required_sites).where(
         takeable(settings.shares),
         or_(Job.requested_net.is_(None), Job.requested_net == net_name),
         ~drained(literal(net_name)),
+        ~exists().where(StrayRun.net_name == net_name),
     )
     if net.sites is None:
         return bool(session.scalar(select(exists(sites))))

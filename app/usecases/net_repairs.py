@@ -32,6 +32,10 @@ from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
 
 log = logging.getLogger(__name__)
 
+# The longest a STOPPED net holding overdue strays rests at zero before it is started again
+# to settle them (`_settle_rest_s`): a mended server settles its strays within the hour.
+SETTLE_REST_MAX_S = 3600.0
+
 
 def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: MisconfigurationError) -> str:
     """Take a net reconcile found misconfigured out of service. A job only claimed onto it
@@ -177,13 +181,21 @@ def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
         return target
 
 
-def _start_to_settle(rt: Runtime, name: str) -> str:
+def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
     """A STOPPED net whose stray runs wait in its server's state database (a run pending
     when the server went away starts with the next one): no job may be claimed onto it, nor
     its strays' jobs anywhere, until they are settled, and only a server that answers can
     stop them. So it is started, job-less (STARTING, READY once up, as a prewarm's start);
     each reconcile's settling stops them once it answers, and the idle net is scaled down
-    as any other (simulation seeds 870, 947, 1387)."""
+    as any other (simulation seeds 870, 947, 1387). Once a stray is overdue (older than
+    ABORT_TIMEOUT_S when the net last stopped) the server failed to settle it at least
+    once: the net rests at zero as long as the stray had waited then, at most
+    SETTLE_REST_MAX_S, so a SuperLink that never answers (or never lets the run be stopped)
+    is started ever less often, not every round, and one that is mended is tried again
+    within the hour."""
+    rest_s = _settle_rest_s(rt, name, stopped_at)
+    if (rt.clock() - stopped_at).total_seconds() < rest_s:
+        return ""
     if not _set_net_state(
         rt,
         name,
@@ -193,8 +205,29 @@ def _start_to_settle(rt: Runtime, name: str) -> str:
         require_idle=True,
     ):
         return ""
+    if rest_s:
+        log.error(
+            "stray runs need an operator: net started again to settle them",
+            extra={"net": name, "reason": f"rested {rest_s:.0f}s at zero"},
+        )
     scale_net(rt, name, 1, "stray runs kept in the server's state database: start to settle")
     return "STOPPED with stray runs its state database keeps: started to settle them"
+
+
+def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
+    """How long a STOPPED net holding strays rests at zero before it is started to settle
+    them: 0 while its oldest stray had waited less than ABORT_TIMEOUT_S when the net
+    stopped, else that wait (doubling from one start to the next), at most SETTLE_REST_MAX_S."""
+    with rt.sessions() as session:
+        oldest = session.scalar(
+            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
+        )
+    if oldest is None:
+        return 0.0
+    waited_s = (stopped_at - oldest).total_seconds()
+    if waited_s < rt.settings.abort_timeout_s:
+        return 0.0
+    return min(waited_s, SETTLE_REST_MAX_S)
 
 
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
@@ -220,7 +253,7 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         return ""
     if state == NetState.STOPPED and not up and row.strays:
         if runs_revive(rt, name):
-            return _start_to_settle(rt, name)
+            return _start_to_settle(rt, name, changed_at)
         # The server is confirmed at zero replicas: whatever it ran died with it.
         with unit_of_work(rt.sessions) as session:
             records.clear_stray_runs(session, name)

@@ -78,7 +78,8 @@ def _scale_down_if_idle(rt: Runtime, name: str, now: datetime) -> bool:
         if idle_s < idle_timeout_s:
             return False
         # Only a job that could be claimed keeps the server: one waiting for its stray run
-        # to be settled (on another net, maybe one an operator must see to) cannot run here.
+        # to be settled (on another net, maybe one an operator must see to) cannot run here,
+        # nor any while the net holds a stray (`queued_job_fits`).
         active = exists().where(Job.net_name == name, Job.state.in_(ACTIVE_JOB_STATES))
         if session.scalar(select(active)) or claims.queued_job_fits(session, rt.settings, name):
             return False
