@@ -21,7 +21,7 @@ from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
 from app.runtime import Runtime
-from app.usecases import claims, records, report_waits
+from app.usecases import claims, records, report_waits, revived_runs
 from app.usecases.abort import (
     RUN_OUTCOMES,
     RunEnd,
@@ -196,6 +196,8 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         or _watch_run(rt, admin, job, now, start_time)
         for job in jobs
     }
+    # A run the net's job does not count (a later run of its token) is stopped meanwhile.
+    revived_runs.stop_uncounted_runs(rt, net_name, [j.nvflare_job_id for j in jobs])
     # The start time stored is not that of the process a run lives on.
     stale = None in after_restart.values()
     if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection
+
+from sqlalchemy import select
 
 from app.adapters.backend import AbortOutcome
+from app.errors import DispatcherError
 from app.runtime import Runtime
 from app.usecases import records
-from models import JobState
+from models import ACTIVE_JOB_STATES, Job, JobState
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +57,51 @@ def stop_before_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: i
         if result.outcome not in STOPPED:
             left.append(run_id)
     return f"runs no job counts still live: {', '.join(left)}" if left else None
+
+
+# A job in these states has its run recorded (or has none to come): any other live run on
+# its net is one no job counts. ASSIGNED and DISPATCHING may have a submit in flight.
+RUN_RECORDED = (JobState.RUNNING, JobState.ABORTING, JobState.FINISHING)
+
+
+def stop_uncounted_runs(rt: Runtime, net_name: str, watched: Collection[str] = ()) -> list[str]:
+    """While a job runs on a net whose server keeps no submit token (Flower), stop every run
+    the server holds live that the net's job does not count: a later run of the job's own
+    token whose start-run lost its reply, its submit's lookup refused and its retries spent
+    with the SuperLink unreachable, has no step left to look the token up (simulation seed
+    508), and would run beside the job's. Listed first and the net's jobs read after, so a
+    run submitted meanwhile is either recorded or its job is still submitting (then nothing
+    is stopped). The monitor calls it each round once the server answers, with the runs it
+    watches there (none other live: no statement); the runs stopped. One it cannot list or
+    stop now is tried again next round."""
+    if not rt.settings.net(net_name).tokens_by_lookup:
+        return []
+    admin = rt.admin(net_name)
+    try:
+        live = admin.live_runs()
+    except DispatcherError as exc:
+        log.warning("live runs not listed", extra={"net": net_name, "reason": str(exc)})
+        return []
+    if live <= set(watched):
+        return []
+    with rt.sessions() as session:
+        jobs = session.execute(
+            select(Job.state, Job.nvflare_job_id).where(
+                Job.net_name == net_name, Job.state.in_(ACTIVE_JOB_STATES)
+            )
+        ).all()
+    if any(state not in RUN_RECORDED for state, _ in jobs):
+        return []  # a submit may be in flight: its run may be among these, not yet recorded
+    stopped = []
+    for run_id in sorted(live - {run for _, run in jobs}):
+        try:
+            result = admin.abort(run_id)
+        except DispatcherError as exc:
+            log.warning("run not stopped", extra={"net": net_name, "reason": str(exc)})
+            continue
+        log.error(
+            "a run no job counts was live beside the net's job; stopped",
+            extra={"net": net_name, "nvflare_job_id": run_id, "outcome": str(result.outcome)},
+        )
+        stopped.append(run_id)
+    return stopped

@@ -37,6 +37,8 @@ BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
 # Where the actions happen: before a start-run, right after it, and at the start-time read
 # a dispatch makes once its submit returned (app.usecases.dispatch).
 POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
+OUTAGE_P = 0.5  # a race's lost start-run is followed by an outage of the SuperLink
+OUTAGE_MIN_S = 60.0  # mostly past the failing step's retries (full jitter: 61 s on average)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,11 @@ class FlowerAdversary:
         self.rng = random.Random(f"{sim.seed}/flower-faults/moments")
         self._seen: set[tuple[int, int]] = set()  # (message, point) already drawn for
         self._crash_due: int | None = None  # the message whose submit the crash follows
+        # The race's outage: the SuperLink unreachable right after the lost start-run, long
+        # enough to spend the failing step's retries, shorter than the server-lost grace
+        # (its own stream: the race's seeds replay as before).
+        self._outage_rng = random.Random(f"{sim.seed}/flower-faults/outage")
+        self._outage_due: tuple[int, float] | None = None  # (message, seconds)
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -124,6 +131,10 @@ class FlowerAdversary:
         message = sim.current[-1]
         if not {"job_id", "net_name", "attempt"} <= message.kwargs.keys():
             return  # not a chain's step (a warm net's scale_up submits in the same task)
+        if point == "admin.submit.after" and self._outage_due is not None:
+            due, self._outage_due = self._outage_due, None
+            if due[0] == message.id:
+                self._outage(due[1])
         if point == "admin.submit" and faults.race_p:
             if (message.id, 0) not in self._seen and self.rng.random() < faults.race_p:
                 self._race(message)
@@ -167,6 +178,19 @@ class FlowerAdversary:
         if isinstance(server, superlink.SuperLink):
             server.lose_reply_of = row[3]
             sim.trace(f"   ~~ the job adopted run {row[0]}; this start-run's reply will be lost")
+            if self._outage_rng.random() < OUTAGE_P:
+                grace = sim.settings.server_lost_grace_s
+                lasts = self._outage_rng.uniform(OUTAGE_MIN_S, max(OUTAGE_MIN_S, grace - 10.0))
+                self._outage_due = (message.id, lasts)
+
+    def _outage(self, lasts: float) -> None:
+        """No one reaches the SuperLink for `lasts` seconds from the lost start-run on: the
+        failing step's lookups fail until its retries are spent, and the job runs on (seed
+        508's shape: only the monitor's stop of the runs its job does not count is left)."""
+        sim = self.sim
+        server = sim.cluster.servers[self.faults.net]
+        sim.trace(f"== {self.faults.net}'s SuperLink unreachable for {lasts:.0f}s")
+        server.partition(sim.clock.t, sim.clock.t + lasts)
 
     def _pending_run(self) -> bool:
         """The start-run just made a run that is still pending (its SuperExec has not

@@ -50,3 +50,22 @@ def test_a_chain_retried_from_its_scale_up_stops_the_later_run_of_a_token_the_jo
     race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
     assert dispatch.scale_up(race.b, race.job_id, NET, race.attempt).step == Step.SKIPPED
     assert race.live_of_token() == {race.kept}, "a later run lives beside the adopted one"
+
+
+def test_the_monitor_stops_a_later_run_of_the_running_job_s_token(
+    flower_settings: Settings,  # noqa: F811
+    sqlite_factory,
+    clock,
+) -> None:
+    """Seed 508's other half: B's lookup refused and its retries spent (the SuperLink
+    unreachable meanwhile), no step of the attempt is left to look the token up, and the
+    job runs on: its monitor stops every live run the net's job does not count, once the
+    SuperLink answers, and keeps the job's own."""
+    race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
+    assert race.kept in race.live_of_token() and len(race.live_of_token()) == 2
+    with sqlite_factory() as session:
+        assert session.get(monitor.Job, race.job_id).state == monitor.JobState.RUNNING
+    monitor.monitor_running_jobs(race.b)
+    assert race.live_of_token() == {race.kept}, "a later run of the token lives beside the job's"
+    with sqlite_factory() as session:
+        assert session.get(monitor.Job, race.job_id).state == monitor.JobState.RUNNING

@@ -9,8 +9,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from app.errors import UnknownAdminError
-from app.usecases import abort, reconciler, records, scaling
-from models import NetState, StrayRun
+from app.usecases import abort, dispatch, reconciler, records, revived_runs, scaling
+from models import JobState, NetState, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
 
@@ -119,3 +119,24 @@ def test_a_flower_stop_settles_a_stray_whose_status_the_superlink_cannot_give(
         world.admin(net).job_status = unreadable  # type: ignore[method-assign]
     assert abort.settle_stray_runs(world.rt, "fl-a") == 0
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
+
+
+def test_the_monitor_stops_a_run_beside_a_running_job_but_none_while_a_submit_is_in_flight(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """`stop_uncounted_runs`: a run the net's RUNNING job does not count is stopped, the
+    job's own kept; while the net's job is still submitting (ASSIGNED, DISPATCHING) a live
+    run may be its own, not yet recorded: nothing is stopped."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    server = world.server("fl-a")
+    job = world.enqueue("a", net="fl-a")
+    world.run_until_ready(job)
+    server.statuses["nv-9"] = "RUNNING"  # its submit's run, on the wire
+    assert revived_runs.stop_uncounted_runs(world.rt, "fl-a") == []
+    del server.statuses["nv-9"]
+    dispatch.dispatch(world.rt, job, "fl-a", world.job(job).attempts)
+    own = world.job(job).nvflare_job_id
+    server.statuses["nv-9"] = "RUNNING"
+    assert revived_runs.stop_uncounted_runs(world.rt, "fl-a", [own]) == ["nv-9"]
+    assert server.aborted == ["nv-9"] and world.job(job).state == JobState.RUNNING
+    assert revived_runs.stop_uncounted_runs(world.rt, "fl-a", [own]) == []
