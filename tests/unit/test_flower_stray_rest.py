@@ -11,6 +11,7 @@ import pytest
 
 from app.usecases import reconciler, records, scaling
 from models import NetState
+from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
 from tests.unit.test_flower_stray_settling import _hours, _rounds, _starts
 from tests.unit.test_revived_strays import _net_state as _state
@@ -100,6 +101,32 @@ def test_a_resting_net_does_not_log_for_an_operator_every_round(
     starts = _starts(_hours(world, 1))
     lines = [r for r in caplog.records if r.getMessage().startswith(OPERATOR_LINE)]
     assert len(lines) <= 3 * (len(starts) + 1), f"{len(lines)} lines for {len(starts)} starts"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: while its net rests at zero, every reconcile round still calls the "
+    "absent SuperLink to settle the stray (each call a connect timeout on a real one)",
+)
+def test_a_resting_net_s_absent_superlink_is_not_called_every_round(
+    tmp_path, job_root, sqlite_factory, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A net at zero replicas has no SuperLink to answer: reconcile (one net after another)
+    still asks it for the stray's token every round of the rest, and a real client waits
+    out its ADMIN_COMMAND_TIMEOUT_S (10 s) for each, so a few resting nets stretch every
+    round (the keep-alive loop's rule: a stopped server is never contacted)."""
+    world = _resting(tmp_path, job_root, sqlite_factory, clock)
+    calls: list[str] = []
+    real = FakeAdmin.find_run
+
+    def counted(admin: FakeAdmin, token: str) -> str | None:
+        calls.append(token)
+        return real(admin, token)
+
+    monkeypatch.setattr(FakeAdmin, "find_run", counted)
+    seen = _rounds(world, 10)  # five minutes of the rest
+    assert max(replicas for _, replicas in seen) == 0, "(still resting)"
+    assert calls == [], f"{len(calls)} calls to a SuperLink at zero replicas"
 
 
 @pytest.mark.xfail(
