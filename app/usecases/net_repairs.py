@@ -10,7 +10,7 @@ import uuid
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
 
 from app.adapters.backend import Readiness, ServerState
@@ -28,13 +28,14 @@ from app.usecases.scaling import (
     stop_net,
 )
 from app.usecases.step_leases import LEASED_COLUMNS, Leased
-from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState, StrayRun
+from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetEvent, NetState, StrayRun
 
 log = logging.getLogger(__name__)
 
 # The longest a STOPPED net holding overdue strays rests at zero before it is started again
 # to settle them (`_settle_rest_s`): a mended server settles its strays within the hour.
 SETTLE_REST_MAX_S = 3600.0
+SETTLE_START = "start to settle stray runs"  # the net event that marks a settling start
 
 
 def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: MisconfigurationError) -> str:
@@ -194,15 +195,11 @@ def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
     is started ever less often, not every round, and one that is mended is tried again
     within the hour."""
     rest_s = _settle_rest_s(rt, name, stopped_at)
-    if (rt.clock() - stopped_at).total_seconds() < rest_s:
+    # (A clock stepped back behind the stop cannot say how long the net rested: no rest.)
+    if 0 <= (rt.clock() - stopped_at).total_seconds() < rest_s:
         return ""
     if not _set_net_state(
-        rt,
-        name,
-        NetState.STOPPED,
-        NetState.STARTING,
-        "start to settle stray runs",
-        require_idle=True,
+        rt, name, NetState.STOPPED, NetState.STARTING, SETTLE_START, require_idle=True
     ):
         return ""
     if rest_s:
@@ -217,17 +214,36 @@ def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
 def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
     """How long a STOPPED net holding strays rests at zero before it is started to settle
     them: 0 while its oldest stray had waited less than ABORT_TIMEOUT_S when the net
-    stopped, else that wait (doubling from one start to the next), at most SETTLE_REST_MAX_S."""
+    stopped, or while no settling start was made since that stray was recorded (nothing
+    failed to settle it: a net misconfigured meanwhile, say); else that wait (doubling from
+    one start to the next), at most SETTLE_REST_MAX_S."""
     with rt.sessions() as session:
         oldest = session.scalar(
             select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
         )
-    if oldest is None:
-        return 0.0
-    waited_s = (stopped_at - oldest).total_seconds()
-    if waited_s < rt.settings.abort_timeout_s:
-        return 0.0
-    return min(waited_s, SETTLE_REST_MAX_S)
+        if oldest is None or (stopped_at - oldest).total_seconds() < rt.settings.abort_timeout_s:
+            return 0.0
+        tried = session.scalar(
+            select(
+                exists().where(
+                    NetEvent.net_name == name,
+                    NetEvent.to_state == NetState.STARTING,
+                    NetEvent.reason == SETTLE_START,
+                    NetEvent.at >= oldest,
+                )
+            )
+        )
+    return min((stopped_at - oldest).total_seconds(), SETTLE_REST_MAX_S) if tried else 0.0
+
+
+def resting(rt: Runtime, name: str) -> bool:
+    """A net whose strays only its server's word settles (`runs_revive`) is STOPPED: no
+    server to ask (reconcile neither calls it nor logs each round of its rest); it is
+    started to settle them (`_start_to_settle`)."""
+    if not runs_revive(rt, name):
+        return False
+    with rt.sessions() as session:
+        return records.get_net(session, name).state == NetState.STOPPED
 
 
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
@@ -286,6 +302,15 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         ):
             stop_net(rt, name, "start abandoned")
             return "STARTING without a job past the deadline: stopped"
+        return ""
+    if state == NetState.STOPPED and up and row.strays and runs_revive(rt, name):
+        # A server started by hand (the stray alert's advice) on a net whose strays wait in
+        # its state database: adopted as a settling start, not taken down as drift before
+        # it could settle them.
+        if _set_net_state(
+            rt, name, NetState.STOPPED, NetState.STARTING, SETTLE_START, require_idle=True
+        ):
+            return "STOPPED with a server and stray runs: adopted to settle them"
         return ""
     if state == NetState.STOPPED and up and age_s > rt.settings.stuck_after_s:
         # Drift: a server runs that nobody uses (e.g. a crash between scale and commit).

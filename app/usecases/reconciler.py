@@ -23,6 +23,7 @@ from app.usecases.net_repairs import (
     Fleet,
     read_fleet,
     repair_scaling_net,
+    resting,
     settle_misconfigured,
     watch_always_on,
 )
@@ -74,7 +75,9 @@ def reconcile(rt: Runtime) -> Reconciled:
                     if net_config.always_on
                     else repair_scaling_net(rt, net_config.name, row)
                 )
-                if row.strays:  # (a net read without strays would read none to settle)
+                # (A net read without strays would read none to settle; a resting one has
+                # no server to ask.)
+                if row.strays and not resting(rt, net_config.name):
                     left = settle_stray_runs(rt, net_config.name)
                     if left:
                         taken_down = expire_stray_runs(rt, net_config.name)

@@ -140,25 +140,34 @@ class RunInvariants(Observer):
                 )
 
     def _later_of_its_token(self, run: Run, runs: list[Run], t: float) -> bool:
-        """A later run of a token whose earlier run lives too, on a Flower net, for at most
-        the unaccounted bound since its start-run or since its SuperLink last could not be
-        reached: only a lookup of the token (its step's retry, a stray's settling) or the
-        monitor's stop of the runs its job does not count stops it (a SuperLink keeps no
-        token), and nothing can while no one reaches the SuperLink (app/adapters/README.md;
-        sweep seeds 42 and 163 once tests.sim.flower_faults raced two submits of one
-        attempt; 508: the race's later run as the SuperLink became unreachable for 126 s,
-        its attempt's retries spent there). One that outlives the bound is reported."""
+        """A later run of a token whose earlier run lives too (and is the one its job
+        counts), on a Flower net, for at most the unaccounted bound: from its start-run
+        while a step of its attempt is still to run (its retry's lookup stops it: a
+        SuperLink keeps no token; sweep seeds 42 and 163 once tests.sim.flower_faults raced
+        two submits of one attempt), or from the SuperLink's last unreachable moment since
+        that start-run (nothing can stop it then; after it, with the step's retries spent,
+        the monitor's stop of the runs its job does not count: seed 508). One that outlives
+        its attempt's steps, or the bound, is reported."""
         server = self.sim.cluster.servers[run.net]
-        if server.spec.backend != "flower":
-            return False
+        if server.spec.backend != "flower" or self.counts(run):
+            return False  # (a job that counts its token's later run left the earlier one)
         # Flower run ids are the SuperLink's run numbers, in the order it started them.
         if not any(r.token == run.token and int(r.nvflare_id) < int(run.nvflare_id) for r in runs):
             return False
+        bound = self.bounds.unaccounted
         if not server.reachable(t):
             self._token_unreached_at[run.net] = t
             return True
-        since = max(run.submitted_at, self._token_unreached_at.get(run.net, run.submitted_at))
-        return t - since <= self.bounds.unaccounted
+        unreached = self._token_unreached_at.get(run.net, -1.0)
+        if unreached >= run.submitted_at and t - unreached <= bound:
+            return True
+        if t - run.submitted_at > bound:
+            return False
+        sim = self.sim
+        return any(
+            str(m.kwargs.get("job_id")) == run.job_id and m.kwargs.get("attempt") == run.attempt
+            for m in (*sim.broker.pending, *sim.current)
+        )
 
     def _claims(self, t: float) -> None:
         """A net with a live run never takes another job: when a claim is first seen (the

@@ -1,7 +1,8 @@
-"""A break-it review of the rest a Flower net takes at zero between the starts that settle
-an overdue stray (c454e0c: `net_repairs._settle_rest_s`): paths that start the rest
-without any settling having failed, an operator's restart the rest defeats, and what the
-rest leaves each round (the operator's log line). Each defect is a strict xfail."""
+"""The rest a Flower net takes at zero between the starts that settle an overdue stray
+(`net_repairs._settle_rest_s`), as a break-it review tried it: no rest unless a settling
+start failed, an operator's restart adopted (not taken down as drift), nothing called or
+logged each round of the rest, a clock stepped back. Each test failed on the rest's first
+version (the review's strict xfails)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,6 @@ def _resting(tmp_path, job_root, sqlite_factory, clock) -> World:
     return world
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a SuperLink an operator restarts by hand while its net rests is taken "
-    "down as drift before reconcile asks it to settle the stray (repair runs before settling)",
-)
 def test_a_superlink_restarted_by_hand_while_its_net_rests_settles_the_stray(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
@@ -56,12 +52,6 @@ def test_a_superlink_restarted_by_hand_while_its_net_rests_settles_the_stray(
     assert server.aborted == ["7"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a restart after a misconfiguration is fixed leaves a Flower net holding "
-    "a stray at zero for up to an hour before its first settling start (the stray's age "
-    "counts as if its SuperLink had failed to settle it)",
-)
 def test_a_restart_after_a_fixed_misconfiguration_settles_the_stray_without_a_rest(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
@@ -84,11 +74,6 @@ def test_a_restart_after_a_fixed_misconfiguration_settles_the_stray_without_a_re
     assert _strays(world, "fl-a") == [] and server.aborted == ["7"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: while its net rests at zero, every reconcile round still tries the stray "
-    "on the absent server and logs 'stray runs need an operator' at error level",
-)
 def test_a_resting_net_does_not_log_for_an_operator_every_round(
     tmp_path, job_root, sqlite_factory, clock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -103,11 +88,6 @@ def test_a_resting_net_does_not_log_for_an_operator_every_round(
     assert len(lines) <= 3 * (len(starts) + 1), f"{len(lines)} lines for {len(starts)} starts"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: while its net rests at zero, every reconcile round still calls the "
-    "absent SuperLink to settle the stray (each call a connect timeout on a real one)",
-)
 def test_a_resting_net_s_absent_superlink_is_not_called_every_round(
     tmp_path, job_root, sqlite_factory, clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,11 +109,6 @@ def test_a_resting_net_s_absent_superlink_is_not_called_every_round(
     assert calls == [], f"{len(calls)} calls to a SuperLink at zero replicas"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (minor): a clock stepped back lengthens the rest by the step, so a mended "
-    "SuperLink is not tried within the hour",
-)
 def test_a_clock_stepped_back_does_not_lengthen_the_rest(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
