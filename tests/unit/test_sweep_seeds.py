@@ -43,15 +43,12 @@ def test_the_flower_faults_findings_stay_fixed(seed):
     assert [v.invariant for v in result.violations] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the token's later run lives beside the adopted one while the SuperLink is "
-    "unreachable after the failing submit's retries are spent (tests/sim/FINDINGS.md, seed 508)",
-)
 def test_seed_508_a_later_run_of_the_token_through_an_outage():
     """508 (servers): the race's later run, its reply lost as the always-on SuperLink became
-    unreachable for 126 s; its stray now keeps the token and stops it once the SuperLink
-    answers, but `one-live-run` still reports it in the outage (no step of its attempt left)."""
+    unreachable for 126 s; nothing can stop it while no one reaches the SuperLink, and once
+    it answers the lost job's stray (which keeps the token) stops it, or, had the job run on,
+    the monitor's stop of the runs its job does not count (round 10; the checker bounds such
+    a run from the SuperLink's last unreachable moment, tests/sim/run_invariants.py)."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(508)
