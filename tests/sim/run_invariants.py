@@ -149,8 +149,11 @@ class RunInvariants(Observer):
         the monitor's stop of the runs its job does not count: seed 508). One that outlives
         its attempt's steps, or the bound, is reported."""
         server = self.sim.cluster.servers[run.net]
-        if server.spec.backend != "flower" or self.counts(run):
-            return False  # (a job that counts its token's later run left the earlier one)
+        if server.spec.backend != "flower":
+            return False
+        job = self.job(run.job_id)
+        if job is not None and job.nvflare_id == run.nvflare_id:
+            return False  # its job adopted this one: the earlier run is the one left
         # Flower run ids are the SuperLink's run numbers, in the order it started them.
         if not any(r.token == run.token and int(r.nvflare_id) < int(run.nvflare_id) for r in runs):
             return False
