@@ -22,15 +22,15 @@ OPERATOR_LINE = "stray runs need an operator"
 
 
 def _resting(tmp_path, job_root, sqlite_factory, clock) -> World:
-    """fl-a holds a stray its SuperLink never answered for three hours: the net rests at
-    zero (its next settling start is most of an hour away). The stray's job waits for net-a."""
+    """fl-a holds a stray its SuperLink never answered for two hours: the net rests at
+    zero (its next settling start is nine minutes away). The stray's job waits for net-a."""
     world = _world(tmp_path, job_root, sqlite_factory, clock)
     world.net_name = "fl-a"  # type: ignore[attr-defined]
     server = world.server("fl-a")
     server.up = False
     server.statuses["7"] = "RUNNING"
     world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
-    _hours(world, 3)
+    _hours(world, 2)
     assert _state(world, "fl-a") == NetState.STOPPED and world.driver("fl-a").replicas == 0
     return world
 
@@ -82,7 +82,7 @@ def test_a_resting_net_does_not_log_for_an_operator_every_round(
     the beat's 30 s) although only the settling starts try anything."""
     world = _resting(tmp_path, job_root, sqlite_factory, clock)
     caplog.set_level(logging.ERROR)
-    caplog.clear()  # the three hours before
+    caplog.clear()  # the two hours before
     starts = _starts(_hours(world, 1))
     lines = [r for r in caplog.records if r.getMessage().startswith(OPERATOR_LINE)]
     assert len(lines) <= 3 * (len(starts) + 1), f"{len(lines)} lines for {len(starts)} starts"
