@@ -6,10 +6,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import select
 
 from app.adapters.backend import AbortOutcome, AbortResult
-from app.usecases import dispatch, monitor, records, revived_runs
-from models import JobState, ReasonCode
+from app.usecases import abort, dispatch, monitor, records, revived_runs
+from models import JobState, ReasonCode, StrayRun
 from tests.unit.test_revived_strays import _world
 
 
@@ -118,3 +119,24 @@ def test_a_job_claimed_and_submitted_during_the_round_keeps_its_run(
     assert world.job(job_b).state == (
         JobState.RUNNING if recorded_before_read else JobState.DISPATCHING
     )
+
+
+def test_a_stray_run_the_monitor_stops_still_settles_on_the_server_s_answer(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Held: a stray recorded beside the net's running job (a submit that landed after its
+    job moved on) has its run stopped by the monitor; the stray row stays until settling,
+    which then finds the run over and forgets it (its start window first, as before)."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    job, run = _running(world)
+    world.server("fl-a").statuses["nv-9"] = "RUNNING"
+    world.add_stray(world.enqueue("old", net="net-a"), "fl-a", "nv-9", token="tok-old")
+    with world.rt.sessions.begin() as session:
+        stray = session.scalars(select(StrayRun)).one()
+        stray.settle_after = clock() + timedelta(seconds=30)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.server("fl-a").aborted == ["nv-9"] and world.job(job).state == JobState.RUNNING
+    assert "nv-9" not in world.admin("fl-a").live_runs() and run in world.admin("fl-a").live_runs()
+    assert abort.settle_stray_runs(world.rt, "fl-a") == 1, "held for its window"
+    clock.advance(31)
+    assert abort.settle_stray_runs(world.rt, "fl-a") == 0
