@@ -91,7 +91,32 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
         if row.state == JobState.FINISHING
     ]
     outcomes = report_waits.expire_report_waits(rt, finishing, now)
-    return redriven | outcomes | _monitor(rt, watched)
+    verdicts = _monitor(rt, watched)
+    _stop_uncounted(rt, watched, [net for _, _, net in finishing])
+    return redriven | outcomes | verdicts
+
+
+def _stop_uncounted(rt: Runtime, watched: list[Watched], finishing: list[str | None]) -> None:
+    """After the verdicts, on every net whose server keeps no submit token (Flower) that a
+    job runs on or holds (FINISHING: waiting for its results report), stop the live runs no
+    job counts (`revived_runs.stop_uncounted_runs`): a defence that never holds up the
+    round's own work. Each full round only, not the awaited poll's (a list of every run a
+    SuperLink keeps, each second), and not on a net the round read unreachable."""
+    runs: dict[str, list[str]] = {}
+    for job in watched:
+        if not job.unreachable:
+            runs.setdefault(job.net_name, []).append(job.nvflare_job_id)
+    for net_name in finishing:
+        if net_name is not None:
+            runs.setdefault(net_name, [])
+    nets = [n for n in runs if rt.settings.has_net(n) and rt.settings.net(n).tokens_by_lookup]
+
+    def stop(net_name: str) -> None:
+        with isolated(rt, "monitor_running_jobs", net_name):
+            revived_runs.stop_uncounted_runs(rt, net_name, runs[net_name])
+
+    if nets:
+        rt.fan_out.run({n: partial(stop, n) for n in nets}, round_deadline_s(rt))
 
 
 def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
@@ -196,8 +221,6 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         or _watch_run(rt, admin, job, now, start_time)
         for job in jobs
     }
-    # A run the net's job does not count (a later run of its token) is stopped meanwhile.
-    revived_runs.stop_uncounted_runs(rt, net_name, [j.nvflare_job_id for j in jobs])
     # The start time stored is not that of the process a run lives on.
     stale = None in after_restart.values()
     if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):

@@ -99,9 +99,12 @@ def stop_uncounted_runs(rt: Runtime, net_name: str, watched: Collection[str] = (
         except DispatcherError as exc:
             log.warning("run not stopped", extra={"net": net_name, "reason": str(exc)})
             continue
+        landed = result.outcome in STOPPED  # (NOTHING_TO_ABORT: a SuperLink not reached)
         log.error(
-            "a run no job counts was live beside the net's job; stopped",
+            "a run no job counts was live beside the net's job; "
+            + ("stopped" if landed else "stop did not land, tried again next round"),
             extra={"net": net_name, "nvflare_job_id": run_id, "outcome": str(result.outcome)},
         )
-        stopped.append(run_id)
+        if landed:
+            stopped.append(run_id)
     return stopped
