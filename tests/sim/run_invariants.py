@@ -61,7 +61,10 @@ class RunInvariants(Observer):
                 job = self.job(job_id)
                 job_state, job_net = (str(job.state), str(job.net)) if job else ("?", "?")
                 where = f"its job {job_id[:8]} is {job_state} on {job_net}"
-                if t - since > b.unaccounted and not self.recorded_stray(run):
+                # A token's later run on a SuperLink no one reached (see _later_of_its_token):
+                # nothing can record or stop it until it answers (seed 2345).
+                reached = max(since, self._token_unreached_at.get(run.net, since))
+                if t - reached > b.unaccounted and not self.recorded_stray(run):
                     self.report(
                         "unaccounted-run",
                         f"run {run.nvflare_id}",
