@@ -39,16 +39,27 @@ BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
 POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
 
 
+# The faults that never end, and how long the world is watched at rest after one began.
+GONE = "gone"  # the SuperLink never answers again (its replica runs)
+DEAF = "deaf"  # the SuperLink answers, and refuses every StopRun
+FOREVER = (GONE, DEAF)
+WATCH_S = 1800.0
+BEHIND_STRAY_KEY = "behind-stray"  # the job pinned to the Flower net of such a world
+
+
 @dataclass(frozen=True)
 class FlowerFaults:
     """What a world with a Flower net draws: the chance of the race at each of the net's
-    start-runs, of a crash right after one (a state database only), and the malformed app."""
+    start-runs, of a crash right after one (a state database only), the malformed app, and
+    a fault that never ends from the first moment after `forever_at` a job runs there."""
 
     net: str
     race_p: float = 0.0
     crash_p: float = 0.0
     bad_app: str | None = None  # a key of MALFORMED_FLOWER_APPS
     bad_app_at: float = 0.0
+    forever: str | None = None  # GONE, DEAF, or None
+    forever_at: float = 0.0
 
 
 def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | None:
@@ -71,7 +82,16 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     bad = rng.random() < 0.5
     kind = rng.choice(sorted(MALFORMED_FLOWER_APPS))
     at = round(rng.uniform(5.0, 120.0), 1)
-    if not (race or crash or bad):
+    # Drawn last, so every draw above is as it was: a fault that never ends, on a
+    # scale-to-zero net only (an always-on one is never started to settle its strays).
+    roll = rng.random()
+    forever_at = round(rng.uniform(5.0, 120.0), 1)
+    forever = None
+    if roll < 0.5 and not profile.clean and net.kind != "static":
+        # A stop refused for good leaves a run no restart ends only where a run pending at
+        # the SuperLink's death waits in its state database: DEAF needs one.
+        forever = GONE if roll < 0.25 or not net.keeps_jobs else DEAF
+    if not (race or crash or bad or forever):
         return None
     return FlowerFaults(
         net=net.name,
@@ -79,24 +99,36 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
         crash_p=0.8 if crash else 0.0,
         bad_app=kind if bad else None,
         bad_app_at=at,
+        forever=forever,
+        forever_at=forever_at,
     )
 
 
-def with_bad_app(
+def with_flower_jobs(
     seed: int, world: WorldSpec, profile: FaultProfile, workload: Workload
 ) -> Workload:
-    """The workload with the malformed app's job, where the seed draws one."""
+    """The workload with the malformed app's job, where the seed draws one, then (last) a
+    job pinned to the Flower net just before the horizon where it draws a fault that never
+    ends: it waits behind the net's strays, which keep it off the net."""
     faults = plan(seed, world, profile)
-    if faults is None or faults.bad_app is None:
+    if faults is None:
         return workload
-    job = JobSpec(
-        key=BAD_APP_KEY,
-        arrive_s=faults.bad_app_at,
-        duration_s=30.0,
-        net=faults.net,
-        definition=BAD_APP_DEFINITION,
-    )
-    return dataclasses.replace(workload, jobs=(*workload.jobs, job))
+    jobs = workload.jobs
+    if faults.bad_app is not None:
+        bad = JobSpec(
+            key=BAD_APP_KEY,
+            arrive_s=faults.bad_app_at,
+            duration_s=30.0,
+            net=faults.net,
+            definition=BAD_APP_DEFINITION,
+        )
+        jobs = (*jobs, bad)
+    if faults.forever is not None:
+        pinned = JobSpec(
+            key=BEHIND_STRAY_KEY, arrive_s=workload.horizon_s - 1.0, duration_s=30.0, net=faults.net
+        )
+        jobs = (*jobs, pinned)
+    return dataclasses.replace(workload, jobs=jobs)
 
 
 class FlowerAdversary:
@@ -108,6 +140,7 @@ class FlowerAdversary:
         self.rng = random.Random(f"{sim.seed}/flower-faults/moments")
         self._seen: set[tuple[int, int]] = set()  # (message, point) already drawn for
         self._crash_due: int | None = None  # the message whose submit the crash follows
+        self._forever_due = faults.forever is not None
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -121,6 +154,12 @@ class FlowerAdversary:
         sim = self.sim
         if len(sim.running) != 1 or sim.stalled is not None or sim.conn.in_transaction:
             return
+        server = sim.cluster.servers[faults.net]
+        t = sim.clock.t
+        if isinstance(server, superlink.SuperLink) and (server.refuses_stops(t) or server.gone(t)):
+            # The race and the crash leave a run only a stop can end (a later run of the
+            # token, a revived one): on a SuperLink gone or refusing every stop none could.
+            return
         message = sim.current[-1]
         if not {"job_id", "net_name", "attempt"} <= message.kwargs.keys():
             return  # not a chain's step (a warm net's scale_up submits in the same task)
@@ -128,6 +167,8 @@ class FlowerAdversary:
             if (message.id, 0) not in self._seen and self.rng.random() < faults.race_p:
                 self._race(message)
             self._seen.add((message.id, 0))
+        elif point == "admin.submit.after" and self._deaf_due(message):
+            self._crash_due = message.id
         elif (
             point == "admin.submit.after"
             and faults.crash_p
@@ -142,7 +183,56 @@ class FlowerAdversary:
             # start time asked next), and the SuperLink dies before its SuperExec claims it.
             self._crash_due = None
             if self._pending_run():
+                if faults.forever == DEAF and self._forever_due:
+                    self._refuse_stops()
                 self._crash()
+
+    def _deaf_due(self, message: Message) -> bool:
+        """DEAF's moment: the first start-run after `forever_at` whose run is still pending."""
+        faults, sim = self.faults, self.sim
+        if faults.forever != DEAF or not self._forever_due or sim.clock.t < faults.forever_at:
+            return False
+        return not sim.draining and self._pending_run()
+
+    def _refuse_stops(self) -> None:
+        """From now on the SuperLink refuses every stop, and the pending run (its job's,
+        waiting in the state database as the SuperLink dies) hangs once started: no restart
+        ends it, since it revives with every SuperLink until a stop lands."""
+        sim, server = self.sim, self.sim.cluster.servers[self.faults.net]
+        assert isinstance(server, superlink.SuperLink)
+        self._forever_due = False
+        server.refuses_stops_from = sim.clock.t
+        run = next(reversed(server.store.values()))
+        run.duration_s = None
+        sim.trace(f"== {self.faults.net}'s SuperLink refuses every stop; run {run.nvflare_id} hangs")
+
+    def after_step(self) -> None:
+        """GONE begins at the first moment after `forever_at` (before the horizon) a job
+        runs on the Flower net, its run live: from then on its SuperLink never answers (the
+        job is lost, its run kept as a stray no one can settle), and the world is watched
+        WATCH_S at rest."""
+        sim, faults = self.sim, self.faults
+        if faults.forever != GONE or not self._forever_due or sim.clock.t < faults.forever_at:
+            return
+        if sim.draining:
+            return
+        server = sim.cluster.servers[faults.net]
+        if not isinstance(server, superlink.SuperLink):
+            return
+        t = sim.clock.t
+        running = sim.conn.execute(
+            "SELECT nvflare_job_id FROM jobs WHERE net_name = ? AND state = 'RUNNING'",
+            (faults.net,),
+        ).fetchone()
+        run = server.store.get(running[0]) if running and running[0] else None
+        if run is None or not run.live(t):
+            return
+        if any(r is not run and r.live(t) for r in server.store.values()):
+            return  # not while a race's later run waits for its stop (no product could)
+        self._forever_due = False
+        server.gone_from = t
+        sim.rest_not_before = t + WATCH_S
+        sim.trace(f"== {faults.net}'s SuperLink never answers again (its replica runs)")
 
     def _race(self, message: Message) -> None:
         """Another worker runs a copy of this dispatch (a step re-driven beside itself) to

@@ -26,6 +26,7 @@ from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
 from tests.sim.ready_invariants import ReadyInvariants
 from tests.sim.run_invariants import RunInvariants
+from tests.sim.settle_storm import SettleInvariants
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # refused_definitions.fail_job's reason
@@ -40,12 +41,13 @@ class Checker(
     ReadyInvariants,
     LeaseInvariants,
     FairShareInvariants,
+    SettleInvariants,
 ):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
     runs (RunInvariants), at rest (Quiescence), at an adapter call (CallInvariants), at a
-    job-less net's READY (ReadyInvariants) and on chain jobs no message holds
-    (LeaseInvariants); what they keep between steps (last history rows seen, since-when
-    clocks) in Observer.
+    job-less net's READY (ReadyInvariants), on chain jobs no message holds
+    (LeaseInvariants) and on starts to settle strays (SettleInvariants); what they keep
+    between steps (last history rows seen, since-when clocks) in Observer.
 
     A `Simulation(..., checker=Checker())` calls `start` once its first worker runs,
     `after_step` after every step and clock move, the fakes' `on_submit` and `on_scale`,
@@ -151,6 +153,7 @@ class Checker(
             self._net_state[net] = NetState(dst)
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
+                self._settle_start(net, at)
             if dst in (N.UNHEALTHY, N.OUTAGE) and any(w in reason for w in WAITING_FOR_SITES):
                 # A server that answers while a site never connects is the job's problem
                 # (requeued, the site named), never the net's health.
@@ -213,6 +216,9 @@ class Checker(
             and n.name not in busy
             and declared(n.name)
             and not n.drained  # an operator's drain: its queue waits by design
+            # A stray on a server that never answers again: only an operator settles it, and
+            # the claim passes the net by until then (tests.sim.flower_faults).
+            and not (self.sim.state.gone_for_good(n.name) and self.sim.state.holds_stray(n.name))
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
