@@ -27,13 +27,15 @@ from app.sim.bundles import MALFORMED_FLOWER_APPS, write_malformed_flower_app
 from app.sim.faults import FaultProfile
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
-from app.sim.workload import JobSpec, Workload, WorldSpec
+from app.sim.workload import JobSpec, NetSpec, Workload, WorldSpec
 from tests.sim.observer import Observer
 
 BAD_APP_KEY = "bad-flower-app"
 BAD_APP_DEFINITION = "flower-app-malformed"
 INVARIANT = "malformed-app-refused"
 BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
+# ... and those that give it a fault that never ends instead (none of the named seeds).
+FOREVER_BAND = (0.185, 0.28)
 # Where the actions happen: before a start-run, right after it, and at the start-time read
 # a dispatch makes once its submit returned (app.usecases.dispatch).
 POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
@@ -71,8 +73,12 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     rng = random.Random(f"{seed}/flower-faults")
     # A band of the first draw where none of the seeds the safeguards and the sweep-seed
     # tests name falls (tests/unit/test_simulation_*safeguards.py, test_sweep_seeds.py): their
-    # worlds replay as before. About one Flower world in eight.
-    if not BAND[0] <= rng.random() < BAND[1]:
+    # worlds replay as before. About one Flower world in eight; another band, as free of
+    # them when it was chosen, about one in ten, draws a fault that never ends instead.
+    first = rng.random()
+    if FOREVER_BAND[0] <= first < FOREVER_BAND[1]:
+        return _forever(rng, net, profile)
+    if not BAND[0] <= first < BAND[1]:
         return None
     # The race and the crash are faults: never in a clean world. Each fires at a start-run
     # now and then (a start-run is one of many steps; each firing adds a whole dispatch, or
@@ -82,16 +88,7 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     bad = rng.random() < 0.5
     kind = rng.choice(sorted(MALFORMED_FLOWER_APPS))
     at = round(rng.uniform(5.0, 120.0), 1)
-    # Drawn last, so every draw above is as it was: a fault that never ends, on a
-    # scale-to-zero net only (an always-on one is never started to settle its strays).
-    roll = rng.random()
-    forever_at = round(rng.uniform(5.0, 120.0), 1)
-    forever = None
-    if roll < 0.5 and not profile.clean and net.kind != "static":
-        # A stop refused for good leaves a run no restart ends only where a run pending at
-        # the SuperLink's death waits in its state database: DEAF needs one.
-        forever = GONE if roll < 0.25 or not net.keeps_jobs else DEAF
-    if not (race or crash or bad or forever):
+    if not (race or crash or bad):
         return None
     return FlowerFaults(
         net=net.name,
@@ -99,9 +96,20 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
         crash_p=0.8 if crash else 0.0,
         bad_app=kind if bad else None,
         bad_app_at=at,
-        forever=forever,
-        forever_at=forever_at,
     )
+
+
+def _forever(rng: random.Random, net: NetSpec, profile: FaultProfile) -> FlowerFaults | None:
+    """A fault that never ends: a fault (never in a clean world), on a scale-to-zero net
+    only (an always-on one is never started to settle its strays). A stop refused for good
+    leaves a run no restart ends only where a run pending at the SuperLink's death waits in
+    its state database: DEAF needs one, GONE is drawn elsewhere."""
+    roll = rng.random()
+    at = round(rng.uniform(5.0, 120.0), 1)
+    if profile.clean or net.kind == "static":
+        return None
+    kind = GONE if roll < 0.5 or not net.keeps_jobs else DEAF
+    return FlowerFaults(net=net.name, forever=kind, forever_at=at)
 
 
 def with_flower_jobs(
@@ -154,12 +162,6 @@ class FlowerAdversary:
         sim = self.sim
         if len(sim.running) != 1 or sim.stalled is not None or sim.conn.in_transaction:
             return
-        server = sim.cluster.servers[faults.net]
-        t = sim.clock.t
-        if isinstance(server, superlink.SuperLink) and (server.refuses_stops(t) or server.gone(t)):
-            # The race and the crash leave a run only a stop can end (a later run of the
-            # token, a revived one): on a SuperLink gone or refusing every stop none could.
-            return
         message = sim.current[-1]
         if not {"job_id", "net_name", "attempt"} <= message.kwargs.keys():
             return  # not a chain's step (a warm net's scale_up submits in the same task)
@@ -204,7 +206,8 @@ class FlowerAdversary:
         server.refuses_stops_from = sim.clock.t
         run = next(reversed(server.store.values()))
         run.duration_s = None
-        sim.trace(f"== {self.faults.net}'s SuperLink refuses every stop; run {run.nvflare_id} hangs")
+        net = self.faults.net
+        sim.trace(f"== {net}'s SuperLink refuses every stop; run {run.nvflare_id} hangs")
 
     def after_step(self) -> None:
         """GONE begins at the first moment after `forever_at` (before the horizon) a job
@@ -227,8 +230,6 @@ class FlowerAdversary:
         run = server.store.get(running[0]) if running and running[0] else None
         if run is None or not run.live(t):
             return
-        if any(r is not run and r.live(t) for r in server.store.values()):
-            return  # not while a race's later run waits for its stop (no product could)
         self._forever_due = False
         server.gone_from = t
         sim.rest_not_before = t + WATCH_S
