@@ -12,6 +12,24 @@ other seed replays as before):
 - `bad_app`: a job pinned to the Flower net whose definition is a malformed Flower App (a
   bundle the adversary writes before the job arrives, app.sim.bundles); `BadAppWatch`
   checks that it fails at once as `definition_invalid` (b97bb2e).
+
+And, in a band of the first draw of its own (the worlds above replay exactly), a fault that
+never ends, where round 9's break-it of the strays' settling found two defects no ending
+fault shows (FINDINGS.md, "Round 9: breaking the Flower strays' settling"; c454e0c), on a
+scale-to-zero net, with a job pinned to it sent just before the horizon:
+
+- `GONE`: from the first moment after `forever_at` a job runs there, the SuperLink never
+  answers again, across restarts (its replica runs; app.sim.superlink `gone_from`). The job
+  is lost, its run a stray no one can settle; the run goes on WATCH_S (30 min) past the
+  fault before it may end at rest, so `settle-storm` (tests.sim.settle_storm) can count the
+  net's starts to settle it. At rest the stray's job and the pinned one wait for an
+  operator (app.sim.state `_left_to_operator`), and the net rests at zero.
+- `DEAF`: a state database only. At the first start-run after `forever_at` whose run is
+  still pending, the SuperLink dies (as `crash`) and comes back refusing every StopRun for
+  good (`refuses_stops_from`); the run hangs once revived. It revives with every SuperLink
+  until a stop lands, so the net started to settle it is READY with its stray; the pinned
+  job must not keep that server up (`idle-net-at-zero`; the stray's run lives on with it:
+  `stray-run-stopped`). Taken down while running, the run expires and is settled.
 """
 
 from __future__ import annotations
