@@ -132,9 +132,7 @@ class Simulation:
         self.resumed: tuple[str, float] | None = None  # see app.sim.view.SimView
         self.starting_worker = False
         self.draining = False
-        # The run ends at rest only from then on: an adversary watching what the dispatcher
-        # does, at rest, with a fault that never ends (tests.sim.flower_faults).
-        self.rest_not_before = 0.0
+        self.rest_not_before = 0.0  # the run ends at rest only from then on (flower_faults)
         self.receiver: SimReceiver = random_receiver(self, seed, profile, world, workload.horizon_s)
         if world.receiver_failures_before:
             self._receiver_down_before(world.receiver_failures_before)
@@ -482,8 +480,7 @@ class Simulation:
             if beat_fired and self.draining:
                 reasons = self.state.unsettled()
                 settled_ticks = 0 if reasons else settled_ticks + 1
-                watched = self.clock.t >= self.rest_not_before
-                if settled_ticks >= SETTLED_TICKS and watched:
+                if settled_ticks >= SETTLED_TICKS and self.clock.t >= self.rest_not_before:
                     break
                 if self.clock.t > max(deadline, self.rest_not_before + bounds.liveness):
                     if checker is not None:
