@@ -19,7 +19,8 @@ Where it differs from the NVFLARE fake (app.sim.admin), as the real adapters dif
   every run whose record is not finished (a dead run's too, until its token expires).
 - `abort` sends the stop first: unknown run or a SuperLink down NOTHING_TO_ABORT, a
   finished run ALREADY_FINISHED, else ABORTED (final: never ABORTED_BEFORE_START or
-  NOT_RUNNING).
+  NOT_RUNNING); a SuperLink that refuses every stop (`SuperLink.refuses_stops`) answers
+  with an error the client cannot classify (UnknownAdminError escapes).
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class FlowerSimAdmin(SimAdmin):
         t = self.cluster.host.clock.t
         if superlink.record(run, t)[0] == superlink.FINISHED:
             raise NvflareJobNotRunning(f"{self.net}: run {nvflare_job_id} already finished")
+        if isinstance(server, superlink.SuperLink) and server.refuses_stops(t):
+            raise UnknownAdminError(f"{self.net}: StopRun refused (simulated, for good)")
         run.aborted_at, run.revives_at = t, None
         self.cluster.host.hook("admin.abort.after", self.net)
         self._lose_reply("abort")

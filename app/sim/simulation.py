@@ -132,6 +132,7 @@ class Simulation:
         self.resumed: tuple[str, float] | None = None  # see app.sim.view.SimView
         self.starting_worker = False
         self.draining = False
+        self.rest_not_before = 0.0  # the run ends at rest only from then on (flower_faults)
         self.receiver: SimReceiver = random_receiver(self, seed, profile, world, workload.horizon_s)
         if world.receiver_failures_before:
             self._receiver_down_before(world.receiver_failures_before)
@@ -479,9 +480,9 @@ class Simulation:
             if beat_fired and self.draining:
                 reasons = self.state.unsettled()
                 settled_ticks = 0 if reasons else settled_ticks + 1
-                if settled_ticks >= SETTLED_TICKS:
+                if settled_ticks >= SETTLED_TICKS and self.clock.t >= self.rest_not_before:
                     break
-                if self.clock.t > deadline:
+                if self.clock.t > max(deadline, self.rest_not_before + bounds.liveness):
                     if checker is not None:
                         checker.quiescence(reasons)
                     break

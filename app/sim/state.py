@@ -242,8 +242,9 @@ class WorldState:
         reasons = []
         for job in self.jobs:
             # Liveness: once faults stop, every job ends (not only: none is stuck where a
-            # net could take it). The one wait the design leaves to an operator: a job whose
-            # own stray run on an always-on net has a status its server never gives.
+            # net could take it). The waits the design leaves to an operator: a job whose
+            # own stray run has a status its always-on server never gives, or is on a server
+            # that never answers again, and a job pinned to that net (`_left_to_operator`).
             if job.state not in TERMINAL_JOB_STATES and not self._left_to_operator(job):
                 reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
         for net in self.nets:
@@ -302,15 +303,29 @@ class WorldState:
                 lines.append(f"rejected-{row_id} neither delivered nor failed visibly")
         return lines
 
+    def gone_for_good(self, net: str | None) -> bool:
+        """The net's server runs but nothing answers it, for good (a fault that never ends,
+        tests.sim.flower_faults): only an operator can settle what it holds."""
+        server = self.sim.cluster.servers.get(net or "")
+        gone = getattr(server, "gone", None)
+        return gone is not None and bool(gone(self.sim.clock.t))
+
     def _left_to_operator(self, job: JobRow) -> bool:
+        """A QUEUED job whose wait only an operator can end: its own stray run on an always-on
+        net whose status its server never gives, or on a net whose server never answers
+        again; or it is pinned to such a net holding a stray (the claim passes it by)."""
         if job.state != J.QUEUED or not self.has_strays:
             return False
+        if self.gone_for_good(job.requested_net) and self.holds_stray(str(job.requested_net)):
+            return True
         rows = self.sim.conn.execute(
             "SELECT net_name, nvflare_job_id, submit_token FROM stray_runs"
             " WHERE replace(job_id, '-', '') = ?",
             (job.id.replace("-", ""),),
         ).fetchall()
         for net, nvflare_id, token in rows:
+            if self.gone_for_good(net):
+                return True
             if self.sim.scales_to_zero(net):
                 continue
             key = nvflare_id or token

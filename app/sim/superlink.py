@@ -17,6 +17,9 @@ its partitions and its driver are the same; the runs' records are Flower's:
   last heartbeat's ttl), then finished:failed "Task failed because the run expired" (LOST);
   a pending run is claimed by the new SuperLink's SuperExec and runs after all.
 - No start time: the client answers `NO_START_TIME` (app.adapters.flower.client).
+- Faults that never end (the sweep's adversary, tests.sim.flower_faults): from `gone_from`
+  on, the replica runs but nothing answers (a wrong address, a broken Control API), across
+  every restart; from `refuses_stops_from` on, it answers but refuses every StopRun.
 """
 
 from __future__ import annotations
@@ -83,6 +86,20 @@ class SuperLink(SimServer):
     # The token whose next start-run loses its reply after starting the run (the sweep's
     # adversary, tests.sim.flower_faults: another submit of the attempt got in first).
     lose_reply_of: str | None = None
+    # Faults that never end (tests.sim.flower_faults): from then on, for good.
+    gone_from: float | None = None  # the replica runs, nothing answers
+    refuses_stops_from: float | None = None  # it answers, every StopRun is refused
+
+    def gone(self, t: float) -> bool:
+        """Nothing answers for good (only an operator can mend it)."""
+        return self.gone_from is not None and t >= self.gone_from
+
+    def refuses_stops(self, t: float) -> bool:
+        """Every StopRun is refused for good (only an operator can mend it)."""
+        return self.refuses_stops_from is not None and t >= self.refuses_stops_from
+
+    def answering(self, t: float) -> bool:
+        return not self.gone(t) and super().answering(t)
 
     def start(self, t: float, rng: random.Random, no_start_time_p: float = 0.0) -> None:
         """Up: a SuperLink tells no start time at all (no NVFLARE "no start time" quirk);

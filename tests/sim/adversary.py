@@ -81,8 +81,11 @@ class Adversary:
             self._flower.at_hook(point, net)
 
     def after_step(self) -> None:
-        """The flip's moment, and a bundle change between two attempts of a job."""
+        """The flip's moment, a bundle change between two attempts of a job, and a Flower
+        fault that never ends (tests.sim.flower_faults)."""
         self._maybe_flip()
+        if self._flower is not None:
+            self._flower.after_step()
         if self._bundle_adversary is not None:
             for event_id, job_hex in self.sim.conn.execute(
                 "SELECT id, job_id FROM job_events WHERE id > ? AND to_state = 'QUEUED'"

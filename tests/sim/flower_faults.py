@@ -12,6 +12,24 @@ other seed replays as before):
 - `bad_app`: a job pinned to the Flower net whose definition is a malformed Flower App (a
   bundle the adversary writes before the job arrives, app.sim.bundles); `BadAppWatch`
   checks that it fails at once as `definition_invalid` (b97bb2e).
+
+And, in a band of the first draw of its own (the worlds above replay exactly), a fault that
+never ends, where round 9's break-it of the strays' settling found two defects no ending
+fault shows (FINDINGS.md, "Round 9: breaking the Flower strays' settling"; c454e0c), on a
+scale-to-zero net, with a job pinned to it sent just before the horizon:
+
+- `GONE`: from the first moment after `forever_at` a job runs there, the SuperLink never
+  answers again, across restarts (its replica runs; app.sim.superlink `gone_from`). The job
+  is lost, its run a stray no one can settle; the run goes on WATCH_S (30 min) past the
+  fault before it may end at rest, so `settle-storm` (tests.sim.settle_storm) can count the
+  net's starts to settle it. At rest the stray's job and the pinned one wait for an
+  operator (app.sim.state `_left_to_operator`), and the net rests at zero.
+- `DEAF`: a state database only. At the first start-run after `forever_at` whose run is
+  still pending, the SuperLink dies (as `crash`) and comes back refusing every StopRun for
+  good (`refuses_stops_from`); the run hangs once revived. It revives with every SuperLink
+  until a stop lands, so the net started to settle it is READY with its stray; the pinned
+  job must not keep that server up (`idle-net-at-zero`; the stray's run lives on with it:
+  `stray-run-stopped`). Taken down while running, the run expires and is settled.
 """
 
 from __future__ import annotations
@@ -27,13 +45,15 @@ from app.sim.bundles import MALFORMED_FLOWER_APPS, write_malformed_flower_app
 from app.sim.faults import FaultProfile
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
-from app.sim.workload import JobSpec, Workload, WorldSpec
+from app.sim.workload import JobSpec, NetSpec, Workload, WorldSpec
 from tests.sim.observer import Observer
 
 BAD_APP_KEY = "bad-flower-app"
 BAD_APP_DEFINITION = "flower-app-malformed"
 INVARIANT = "malformed-app-refused"
 BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
+# ... and those that give it a fault that never ends instead (none of the named seeds).
+FOREVER_BAND = (0.185, 0.28)
 # Where the actions happen: before a start-run, right after it, and at the start-time read
 # a dispatch makes once its submit returned (app.usecases.dispatch).
 POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
@@ -41,16 +61,27 @@ OUTAGE_P = 0.5  # a race's lost start-run is followed by an outage of the SuperL
 OUTAGE_MIN_S = 60.0  # mostly past the failing step's retries (full jitter: 61 s on average)
 
 
+# The faults that never end, and how long the world is watched at rest after one began.
+GONE = "gone"  # the SuperLink never answers again (its replica runs)
+DEAF = "deaf"  # the SuperLink answers, and refuses every StopRun
+FOREVER = (GONE, DEAF)
+WATCH_S = 1800.0
+BEHIND_STRAY_KEY = "behind-stray"  # the job pinned to the Flower net of such a world
+
+
 @dataclass(frozen=True)
 class FlowerFaults:
     """What a world with a Flower net draws: the chance of the race at each of the net's
-    start-runs, of a crash right after one (a state database only), and the malformed app."""
+    start-runs, of a crash right after one (a state database only), the malformed app, and
+    a fault that never ends from the first moment after `forever_at` a job runs there."""
 
     net: str
     race_p: float = 0.0
     crash_p: float = 0.0
     bad_app: str | None = None  # a key of MALFORMED_FLOWER_APPS
     bad_app_at: float = 0.0
+    forever: str | None = None  # GONE, DEAF, or None
+    forever_at: float = 0.0
 
 
 def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | None:
@@ -62,8 +93,12 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     rng = random.Random(f"{seed}/flower-faults")
     # A band of the first draw where none of the seeds the safeguards and the sweep-seed
     # tests name falls (tests/unit/test_simulation_*safeguards.py, test_sweep_seeds.py): their
-    # worlds replay as before. About one Flower world in eight.
-    if not BAND[0] <= rng.random() < BAND[1]:
+    # worlds replay as before. About one Flower world in eight; another band, as free of
+    # them when it was chosen, about one in ten, draws a fault that never ends instead.
+    first = rng.random()
+    if FOREVER_BAND[0] <= first < FOREVER_BAND[1]:
+        return _forever(rng, net, profile)
+    if not BAND[0] <= first < BAND[1]:
         return None
     # The race and the crash are faults: never in a clean world. Each fires at a start-run
     # now and then (a start-run is one of many steps; each firing adds a whole dispatch, or
@@ -84,21 +119,44 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     )
 
 
-def with_bad_app(
+def _forever(rng: random.Random, net: NetSpec, profile: FaultProfile) -> FlowerFaults | None:
+    """A fault that never ends: a fault (never in a clean world), on a scale-to-zero net
+    only (an always-on one is never started to settle its strays). A stop refused for good
+    leaves a run no restart ends only where a run pending at the SuperLink's death waits in
+    its state database: DEAF needs one, GONE is drawn elsewhere."""
+    roll = rng.random()
+    at = round(rng.uniform(5.0, 120.0), 1)
+    if profile.clean or net.kind == "static":
+        return None
+    kind = GONE if roll < 0.5 or not net.keeps_jobs else DEAF
+    return FlowerFaults(net=net.name, forever=kind, forever_at=at)
+
+
+def with_flower_jobs(
     seed: int, world: WorldSpec, profile: FaultProfile, workload: Workload
 ) -> Workload:
-    """The workload with the malformed app's job, where the seed draws one."""
+    """The workload with the malformed app's job, where the seed draws one, then (last) a
+    job pinned to the Flower net just before the horizon where it draws a fault that never
+    ends: it waits behind the net's strays, which keep it off the net."""
     faults = plan(seed, world, profile)
-    if faults is None or faults.bad_app is None:
+    if faults is None:
         return workload
-    job = JobSpec(
-        key=BAD_APP_KEY,
-        arrive_s=faults.bad_app_at,
-        duration_s=30.0,
-        net=faults.net,
-        definition=BAD_APP_DEFINITION,
-    )
-    return dataclasses.replace(workload, jobs=(*workload.jobs, job))
+    jobs = workload.jobs
+    if faults.bad_app is not None:
+        bad = JobSpec(
+            key=BAD_APP_KEY,
+            arrive_s=faults.bad_app_at,
+            duration_s=30.0,
+            net=faults.net,
+            definition=BAD_APP_DEFINITION,
+        )
+        jobs = (*jobs, bad)
+    if faults.forever is not None:
+        pinned = JobSpec(
+            key=BEHIND_STRAY_KEY, arrive_s=workload.horizon_s - 1.0, duration_s=30.0, net=faults.net
+        )
+        jobs = (*jobs, pinned)
+    return dataclasses.replace(workload, jobs=jobs)
 
 
 class FlowerAdversary:
@@ -115,6 +173,7 @@ class FlowerAdversary:
         # (its own stream: the race's seeds replay as before).
         self._outage_rng = random.Random(f"{sim.seed}/flower-faults/outage")
         self._outage_due: tuple[int, float] | None = None  # (message, seconds)
+        self._forever_due = faults.forever is not None
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -139,6 +198,8 @@ class FlowerAdversary:
             if (message.id, 0) not in self._seen and self.rng.random() < faults.race_p:
                 self._race(message)
             self._seen.add((message.id, 0))
+        elif point == "admin.submit.after" and self._deaf_due(message):
+            self._crash_due = message.id
         elif (
             point == "admin.submit.after"
             and faults.crash_p
@@ -153,7 +214,55 @@ class FlowerAdversary:
             # start time asked next), and the SuperLink dies before its SuperExec claims it.
             self._crash_due = None
             if self._pending_run():
+                if faults.forever == DEAF and self._forever_due:
+                    self._refuse_stops()
                 self._crash()
+
+    def _deaf_due(self, message: Message) -> bool:
+        """DEAF's moment: the first start-run after `forever_at` whose run is still pending."""
+        faults, sim = self.faults, self.sim
+        if faults.forever != DEAF or not self._forever_due or sim.clock.t < faults.forever_at:
+            return False
+        return not sim.draining and self._pending_run()
+
+    def _refuse_stops(self) -> None:
+        """From now on the SuperLink refuses every stop, and the pending run (its job's,
+        waiting in the state database as the SuperLink dies) hangs once started: no restart
+        ends it, since it revives with every SuperLink until a stop lands."""
+        sim, server = self.sim, self.sim.cluster.servers[self.faults.net]
+        assert isinstance(server, superlink.SuperLink)
+        self._forever_due = False
+        server.refuses_stops_from = sim.clock.t
+        run = next(reversed(server.store.values()))
+        run.duration_s = None
+        net = self.faults.net
+        sim.trace(f"== {net}'s SuperLink refuses every stop; run {run.nvflare_id} hangs")
+
+    def after_step(self) -> None:
+        """GONE begins at the first moment after `forever_at` (before the horizon) a job
+        runs on the Flower net, its run live: from then on its SuperLink never answers (the
+        job is lost, its run kept as a stray no one can settle), and the world is watched
+        WATCH_S at rest."""
+        sim, faults = self.sim, self.faults
+        if faults.forever != GONE or not self._forever_due or sim.clock.t < faults.forever_at:
+            return
+        if sim.draining:
+            return
+        server = sim.cluster.servers[faults.net]
+        if not isinstance(server, superlink.SuperLink):
+            return
+        t = sim.clock.t
+        running = sim.conn.execute(
+            "SELECT nvflare_job_id FROM jobs WHERE net_name = ? AND state = 'RUNNING'",
+            (faults.net,),
+        ).fetchone()
+        run = server.store.get(running[0]) if running and running[0] else None
+        if run is None or not run.live(t):
+            return
+        self._forever_due = False
+        server.gone_from = t
+        sim.rest_not_before = t + WATCH_S
+        sim.trace(f"== {faults.net}'s SuperLink never answers again (its replica runs)")
 
     def _race(self, message: Message) -> None:
         """Another worker runs a copy of this dispatch (a step re-driven beside itself) to

@@ -9,6 +9,8 @@ no slack beyond two beat ticks.
 from __future__ import annotations
 
 from app.sim.simulation import Simulation
+from app.sim.state import NetRow
+from app.usecases.net_repairs import SETTLE_REST_MAX_S
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -26,6 +28,7 @@ from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
 from tests.sim.ready_invariants import ReadyInvariants
 from tests.sim.run_invariants import RunInvariants
+from tests.sim.settle_storm import SettleInvariants
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # refused_definitions.fail_job's reason
@@ -40,12 +43,13 @@ class Checker(
     ReadyInvariants,
     LeaseInvariants,
     FairShareInvariants,
+    SettleInvariants,
 ):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
     runs (RunInvariants), at rest (Quiescence), at an adapter call (CallInvariants), at a
-    job-less net's READY (ReadyInvariants) and on chain jobs no message holds
-    (LeaseInvariants); what they keep between steps (last history rows seen, since-when
-    clocks) in Observer.
+    job-less net's READY (ReadyInvariants), on chain jobs no message holds
+    (LeaseInvariants) and on starts to settle strays (SettleInvariants); what they keep
+    between steps (last history rows seen, since-when clocks) in Observer.
 
     A `Simulation(..., checker=Checker())` calls `start` once its first worker runs,
     `after_step` after every step and clock move, the fakes' `on_submit` and `on_scale`,
@@ -151,6 +155,7 @@ class Checker(
             self._net_state[net] = NetState(dst)
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
+                self._settle_start(net, at)
             if dst in (N.UNHEALTHY, N.OUTAGE) and any(w in reason for w in WAITING_FOR_SITES):
                 # A server that answers while a site never connects is the job's problem
                 # (requeued, the site named), never the net's health.
@@ -201,6 +206,18 @@ class Checker(
                     f"RUNNING for {t - job.dispatched_s:.0f}s (MAX_RUN_S bound {b.max_run:.0f}s)",
                 )
 
+    def _resting(self, net: NetRow, t: float) -> bool:
+        """A STOPPED Flower net holding a stray rests at zero between the starts that settle
+        it (app.usecases.net_repairs._settle_rest_s): the claim passes it by meanwhile, for
+        at most SETTLE_REST_MAX_S (one resting longer is free again here: a net never
+        started to settle its stray would show)."""
+        return (
+            net.state == NetState.STOPPED
+            and self.sim.cluster.servers[net.name].spec.backend == "flower"
+            and self.sim.state.holds_stray(net.name)
+            and t - net.changed_s <= SETTLE_REST_MAX_S
+        )
+
     def _queued_while_free(self, t: float) -> None:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no
         active job, not drained): assign runs every tick and after every release."""
@@ -213,6 +230,10 @@ class Checker(
             and n.name not in busy
             and declared(n.name)
             and not n.drained  # an operator's drain: its queue waits by design
+            # A stray on a server that never answers again: only an operator settles it, and
+            # the claim passes the net by until then (tests.sim.flower_faults).
+            and not (self.sim.state.gone_for_good(n.name) and self.sim.state.holds_stray(n.name))
+            and not self._resting(n, t)
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):

@@ -11,7 +11,7 @@ from app.sim.report import Result
 from app.sim.simulation import Simulation
 from app.sim.workload import NetSpec, WorldSpec
 from tests.sim.adversary import Adversary
-from tests.sim.flower_faults import with_bad_app
+from tests.sim.flower_faults import with_flower_jobs
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import with_prewarms
 from tests.sim.profiles import profile_for_seed
@@ -73,9 +73,10 @@ def from_seed(
     world = with_flower(seed, world)
     # About half the worlds' jobs belong to projects (issue 40), on a stream of their own.
     world, workload = with_projects(seed, world, workload)
-    # Worlds with a Flower net may get a job of a malformed Flower App (its own stream, the
-    # last job: every other job's draws as before; tests.sim.flower_faults).
-    workload = with_bad_app(seed, world, profile, workload)
+    # Worlds with a Flower net may get a job of a malformed Flower App, and one pinned to
+    # the net behind a fault that never ends (their own stream, the last jobs: every other
+    # job's draws as before; tests.sim.flower_faults).
+    workload = with_flower_jobs(seed, world, profile, workload)
     sim = Simulation(
         world,
         workload,

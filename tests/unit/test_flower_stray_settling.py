@@ -10,7 +10,16 @@ from sqlalchemy import select
 
 from app.errors import ServerUnavailable, UnknownAdminError
 from app.settings import Settings
-from app.usecases import abort, dispatch, drains, intake, net_repairs, reconciler, scale_down
+from app.usecases import (
+    abort,
+    dispatch,
+    drains,
+    intake,
+    net_repairs,
+    reconciler,
+    records,
+    scale_down,
+)
 from models import JobState, NetState, StrayRun
 from tests.unit.conftest import World
 from tests.unit.test_flower_dispatch_race import _race, flower_settings  # noqa: F401
@@ -233,3 +242,26 @@ def test_a_drained_flower_net_holding_a_stray_is_started_to_settle_it_then_left_
     assert seen[-1][1] == 0 and _state(world, "fl-a") == NetState.STOPPED
     assert waiting not in [a.job_id for a in dispatch.claim_and_start(world.rt)]
     assert world.job(waiting).state == JobState.QUEUED
+
+
+def test_a_stray_that_aged_while_its_net_was_misconfigured_is_settled_at_the_next_round(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """Sweep seed 259 (misconfig): a Flower net's job is lost as its admin kit breaks (the net
+    MISCONFIGURED, its run kept as a stray); five minutes later a worker restart makes the net
+    STOPPED. No SuperLink was ever asked to settle the stray, so the net is started to settle
+    it at once (seen: it rested 305 s at zero, the stray's age, as if a start had failed, and
+    a job pinned to the net waited that long)."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    world.net_name = "fl-a"  # type: ignore[attr-defined]
+    world.server("fl-a").statuses["7"] = "RUNNING"
+    world.add_stray(world.enqueue("lost", net="fl-a"), "fl-a", "7", token="tok-0")
+    with world.rt.sessions.begin() as session:
+        net = records.get_net(session, "fl-a")
+        net.state, net.state_changed_at = NetState.MISCONFIGURED, clock()
+    clock.advance(300.0)  # a human restarts the workers: MISCONFIGURED -> STOPPED, now
+    with world.rt.sessions.begin() as session:
+        records.sync_nets(session, world.rt.settings, clock(), at_start=True)
+    assert _state(world, "fl-a") == NetState.STOPPED
+    _rounds(world, 2)
+    assert world.driver("fl-a").replicas == 1, "rested at zero: no start had failed to settle it"
