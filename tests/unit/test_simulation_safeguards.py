@@ -451,9 +451,14 @@ SAFEGUARDS = [
         # A dispatch's last try paused past its lease (FaultProfile.last_try_stall) while
         # reconcile's re-sent submit adopted the run: seed 36 of 0-300, the profile forced;
         # since the simulator runs app/handlers.py's handlers and the database-error fault,
-        # seed 25 alone of 0-150; since issue 37's cheaper rounds, 362 alone of 60-610.
-        range(361, 364),
-        frozenset({"completed-run-rerun", "one-live-run", "unaccounted-run"}),
+        # seed 25 alone of 0-150; since issue 37's cheaper rounds, 362 alone of 60-610; since
+        # round 10's Flower strays' rest (c454e0c moved its trajectory), 409 of 361-480 (also
+        # 499, 534, 654 of 480-700), each the job requeued and claimed again beside its
+        # other attempt's live run.
+        range(409, 410),
+        frozenset(
+            {"completed-run-rerun", "one-live-run", "unaccounted-run", "claim-beside-live-run"}
+        ),
         forced=True,
     ),
     Safeguard(
