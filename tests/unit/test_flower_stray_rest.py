@@ -14,7 +14,7 @@ from app.usecases import reconciler, records, scaling
 from models import NetState
 from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
-from tests.unit.test_flower_stray_settling import _hours, _rounds, _starts
+from tests.unit.test_flower_stray_settling import _hours, _rounds, _starts, unanswered_for
 from tests.unit.test_revived_strays import _net_state as _state
 from tests.unit.test_revived_strays import _strays, _world
 
@@ -24,13 +24,7 @@ OPERATOR_LINE = "stray runs need an operator"
 def _resting(tmp_path, job_root, sqlite_factory, clock) -> World:
     """fl-a holds a stray its SuperLink never answered for two hours: the net rests at
     zero (its next settling start is nine minutes away). The stray's job waits for net-a."""
-    world = _world(tmp_path, job_root, sqlite_factory, clock)
-    world.net_name = "fl-a"  # type: ignore[attr-defined]
-    server = world.server("fl-a")
-    server.up = False
-    server.statuses["7"] = "RUNNING"
-    world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
-    _hours(world, 2)
+    world = unanswered_for(_world(tmp_path, job_root, sqlite_factory, clock), hours=2)
     assert _state(world, "fl-a") == NetState.STOPPED and world.driver("fl-a").replicas == 0
     return world
 

@@ -90,18 +90,25 @@ def test_a_flower_net_whose_superlink_never_answers_is_started_ever_less_often(
     assert len(_strays(world, "fl-a")) == 1 and world.driver("fl-a").replicas in (0, 1)
 
 
-def test_a_mended_superlink_settles_its_stray_within_the_hour(
-    tmp_path, job_root, sqlite_factory, clock
-) -> None:
-    """After three hours of a SuperLink that never answered, it answers again: the next
-    start (within SETTLE_REST_MAX_S, not the four hours the stray had waited) settles it."""
-    world = _world(tmp_path, job_root, sqlite_factory, clock)
+def unanswered_for(world: World, hours: float) -> World:
+    """fl-a holds a stray (run 7, its job waiting for net-a) whose SuperLink has not
+    answered for `hours` of housekeeping rounds."""
     world.net_name = "fl-a"  # type: ignore[attr-defined]
     server = world.server("fl-a")
     server.up = False
     server.statuses["7"] = "RUNNING"
     world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
-    _hours(world, 3)
+    _hours(world, hours)
+    return world
+
+
+def test_a_mended_superlink_settles_its_stray_within_the_hour(
+    tmp_path, job_root, sqlite_factory, clock
+) -> None:
+    """After three hours of a SuperLink that never answered, it answers again: the next
+    start (within SETTLE_REST_MAX_S, not the four hours the stray had waited) settles it."""
+    world = unanswered_for(_world(tmp_path, job_root, sqlite_factory, clock), hours=3)
+    server = world.server("fl-a")
     server.up = True
     ready_s = world.rt.settings.net("fl-a").ready_timeout_s
     _hours(world, 1 + ready_s / 3600)  # the README's promise: within the hour
