@@ -40,8 +40,13 @@ STUCK_AFTER_S = 5.0
 SERVER_LOST_GRACE_S = 5.0
 ROUNDS = 2  # a run of ~10-15 s: long enough to hit it while RUNNING
 # A re-driven chain's own steps on a server that is up by then: scale_up (the local driver),
-# one readiness poll (a fresh admin login), the submit's start.
-REDRIVEN_CHAIN_S = 10.0
+# one readiness poll (a fresh admin login), the submit's start. About 10 s on a quiet 2-core
+# machine, 12-13 s under a loaded CI run; the product's own bound (the re-drive itself) is
+# checked apart, tightly, so this one only says "long before the readiness deadline".
+REDRIVEN_CHAIN_S = 30.0
+# The monitor round's own reads and writes and lease_taken_over's 0.1 s watch: well under a
+# second on a quiet machine, a few seconds at most under a loaded CI run.
+ROUND_S = 5.0
 
 RECOVERIES: list[tuple[str, str, float]] = []  # (case, what, seconds), printed at the end
 
@@ -207,9 +212,9 @@ def test_worker_sigkill_while_the_job_waits_for_readiness(stack):
     after the 2 h visibility timeout). The job's step lease, renewed by every poll, lapses
     one poll lease after the last poll began; the next monitor round starts the chain again
     for the same attempt (no requeue), on the server that kept starting meanwhile. Measured
-    from the kill to the job DISPATCHING again: within app/usecases/README.md's bound (the
-    lease, one HOUSEKEEPING_INTERVAL_S, then the re-driven chain's own steps), long before
-    the readiness deadline."""
+    from the kill to the re-drive's take-over of the row: within app/usecases/README.md's
+    bound (the lease, one HOUSEKEEPING_INTERVAL_S); the re-driven chain's own steps then
+    reach DISPATCHING long before the readiness deadline."""
     wait_scaled_to_zero(stack)
     definition = stack.add_job_definition("faults-kill-assigned", ROUNDS)
     job_id = stack.enqueue("faults-kill-assigned", definition=definition)
@@ -217,16 +222,36 @@ def test_worker_sigkill_while_the_job_waits_for_readiness(stack):
     fault = now()
     stack.kill_process("worker")
     stack.start_process("worker")  # compose's restart policy
+    redriven = lease_taken_over(stack, job_id)
 
     job = completes_with_runs(stack, job_id, definition, runs=1, attempts=0)
     dispatching = first_event_after(stack, job_id, JobState.DISPATCHING, fault)
     running = first_event_after(stack, job_id, JobState.RUNNING, fault)
-    seconds = record("worker kill, ASSIGNED", "fault -> DISPATCHING again", fault, dispatching)
+    seconds = record("worker kill, ASSIGNED", "fault -> re-driven", fault, redriven)
+    chain_s = record("worker kill, ASSIGNED", "re-driven -> DISPATCHING", redriven, dispatching)
     record("worker kill, ASSIGNED", "fault -> RUNNING again", fault, running)
     assert stack.settings is not None
-    bound_s = step_leases.redrive_bound_s(stack.settings) + REDRIVEN_CHAIN_S
-    assert seconds <= bound_s, f"re-dispatched {seconds:.1f}s after the kill; bound {bound_s}s"
+    # The product's promise: re-driven within the lease and one monitor period (plus the
+    # round's own work and this test's watch of the row); then the chain's own steps, which
+    # load stretches.
+    bound_s = step_leases.redrive_bound_s(stack.settings) + ROUND_S
+    assert seconds <= bound_s, f"re-driven {seconds:.1f}s after the kill; bound {bound_s}s"
+    assert chain_s <= REDRIVEN_CHAIN_S, f"re-driven chain took {chain_s:.1f}s to DISPATCHING"
     assert job.state == JobState.COMPLETED
+
+
+def lease_taken_over(stack: LocalStack, job_id: uuid.UUID) -> datetime:
+    """When a re-drive took the job over: its step lease changed with no worker polling (the
+    one that held it was killed), the take-over's new lease written under the row lock."""
+    held = stack.job(job_id).step_due_at
+
+    def taken_over() -> bool:
+        job = stack.job(job_id)
+        assert job.state == JobState.ASSIGNED, f"{job.state} before any re-drive"
+        return job.step_due_at != held
+
+    stack.wait_for("the monitor re-driving the job", taken_over, RUN_S, poll_s=0.1)
+    return now()
 
 
 def test_worker_sigkill_while_dispatching(stack):
