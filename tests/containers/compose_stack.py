@@ -39,6 +39,7 @@ SERVER_PORT = 8002
 ADMIN = "admin@nvidia.com"
 IMAGE_UID = 10001  # the user of both images (compose.yml)
 GRACE_S = 5
+SUPERLINK_UP_S = 300  # its container answering on a loaded 2-core machine (register_supernodes)
 # Every service compose.yml declares (the profiles' above included), read from the file
 # itself so that a service added there is started here too.
 SERVICES = tuple(
@@ -234,13 +235,15 @@ def register_supernodes(stack: Stack) -> float:
     sees both by name."""
     started = time.monotonic()
     logs = ("superlink", "supernode-1")
-    # Its own healthcheck (podman runs none by itself here): the port answers.
+    # Its own healthcheck (podman runs none by itself here): the port answers. A bound for a
+    # loaded CI machine: 120 s once passed without it (the container's Python importing flwr
+    # beside four other test files at 2.5 times the quiet CPU cost).
     stack.wait(
         "the SuperLink's port answers",
         lambda: (
             podman("healthcheck", "run", stack.superlink_container, check=False).returncode == 0
         ),
-        120,
+        SUPERLINK_UP_S,
         *logs,
     )
     # In a one-off container of a SuperNode's service (its files, its network), not an exec

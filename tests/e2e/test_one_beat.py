@@ -143,7 +143,9 @@ def test_two_beats_one_schedules_and_the_other_takes_over_when_it_dies(stack, tm
 # app/entrypoints/README.md states is BEAT_LOCK_TIMEOUT_S + STANDBY_POLL_S after the
 # holder's last check.
 LEASE_S = 3.0
-LOAD_SLACK_S = 2.5  # two beats, PostgreSQL and the test share a loaded 2-core machine
+# Two beats, PostgreSQL and the test share a loaded 2-core machine: 2.5 s was missed once in
+# a CI run at 2.5 times the quiet CPU cost.
+LOAD_SLACK_S = 5.0
 
 
 class BlackholeProxy:

@@ -78,13 +78,15 @@ def test_the_harness_finds_the_deadlock_of_claims_locking_holds_out_of_order(har
     # (True: the lock is skipped, the ends are not: the claim still ends every hold, as it
     # did before it locked them, rather than only those a lock found.)
     monkeypatch.setattr(claims, "_lock_holds", lambda *_args, **_kw: True)
-    # Short races by time, many seeds: the deadlock needs two claims crossing, which a
-    # fresh start with few jobs gives more often than a long race.
-    harness.actions, harness.seconds = None, 2.5
+    # Short races, many seeds: the deadlock needs two claims crossing, which a fresh start
+    # with few jobs gives more often than a long race. Short by count, not by time: a race of
+    # 2.5 s made about 350 handler calls on a quiet machine and 220 on a loaded one, where a
+    # CI run once went through all 120 seeds without the deadlock; 100 actions a thread make
+    # the same 350 calls (about 2.5 s quiet) whatever the load (60 s: a guard against a hang).
+    harness.actions, harness.seconds = 100, 60.0
     seen = []
     # Twice the seeds of the other searches: since a claim builds its statements once per
-    # process, claims cross less often (quiet: found after 8 to 26 seeds); a loaded machine
-    # runs fewer of them in each seed's 2.5 s, and once ran all of 101-160 without one.
+    # process, claims cross less often (quiet: found after 3 to 26 seeds).
     for seed in range(SEEDS_TO_FIND.start, SEEDS_TO_FIND.stop + len(SEEDS_TO_FIND)):
         found = harness.run(seed)
         seen.append(found.summary())
