@@ -183,7 +183,7 @@ def prepare_nets_at_start(settings: Settings) -> None:
     names another server."""
     from app.adapters.net_check import endpoint_problem
     from app.db import make_engine, session_factory, unit_of_work
-    from app.usecases.records import mark_misconfigured, sync_nets
+    from app.usecases.declared_nets import mark_misconfigured, sync_nets
     from models import utcnow
 
     engine = make_engine(settings.database_url)

@@ -40,7 +40,7 @@ from app.net_config import FlowerLocalDriverConfig, LocalDriverConfig
 from app.process_control import terminate_tree
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases.records import sync_nets
+from app.usecases.declared_nets import sync_nets
 from models import Job, JobEvent, Net, NetEvent, utcnow
 
 log = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ from app.sim.state import WorldState
 from app.sim.view import Checks, Moves
 from app.sim.workload import JobSpec, Workload, WorldSpec
 from app.usecases import callbacks as callbacks_uc
-from app.usecases import records
+from app.usecases import declared_nets
 from app.usecases.callbacks import receiver as callback_receiver_uc
 
 T = TypeVar("T")
@@ -226,7 +226,7 @@ class Simulation:
         self.starting_worker = True
         try:
             with unit_of_work(self.sessions) as session:
-                records.sync_nets(session, self.settings, self.clock(), at_start=True)
+                declared_nets.sync_nets(session, self.settings, self.clock(), at_start=True)
         finally:
             self.starting_worker = False
         self.trace(f"   worker w{slot} (re)started: {why}")

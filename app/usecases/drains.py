@@ -38,7 +38,7 @@ from app.errors import InvalidRequest
 from app.read_models import ActiveJob, DrainChanged, DrainedNet, DrainView, iso
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import records
+from app.usecases import declared_nets
 from app.usecases.prewarm.holds import end_hold, settle_row
 from models import (
     ACTIVE_JOB_STATES,
@@ -98,7 +98,7 @@ def drain(
     now = rt.clock()
     scopes = (ALL_NETS,) if target.everything else target.nets
     with unit_of_work(rt.sessions) as session:
-        records.ensure_net_rows(session, rt.settings, now)
+        declared_nets.ensure_net_rows(session, rt.settings, now)
         # The claim's lock (FOR UPDATE, no SKIP): a claim holding one of them commits first,
         # and every claim after this commit reads the drain (claims._lock_net).
         locked = select(Net.name).order_by(Net.name).with_for_update()

@@ -19,7 +19,7 @@ from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
-from app.usecases import records
+from app.usecases import declared_nets
 from models import Job, JobState, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def enqueue_job(
             return _repeat(existing, request, settings)
         # No job has the key: the insert failed on the net it names, whose row no worker
         # has created yet (a deploy that added it). Create the declared nets' rows, again.
-        records.ensure_net_rows(session, settings, now)
+        declared_nets.ensure_net_rows(session, settings, now)
         job = _new_job(settings, request, now, traceparent)
         try:
             _insert(session, job)

@@ -16,7 +16,7 @@ from app.adapters.jobdefs import cached_bundle_jobs, discard, prepared_jobs, swe
 from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
-from app.usecases import heartbeat, records
+from app.usecases import declared_nets, heartbeat
 from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_runs
 from app.usecases.housekeeping import isolated
 from app.usecases.net_repairs import (
@@ -104,10 +104,10 @@ def _fleet(rt: Runtime, now: datetime) -> Fleet:
         fleet = read_fleet(session)
     if any(net.name not in fleet.rows for net in rt.settings.nets):
         with unit_of_work(rt.sessions) as session:
-            records.sync_nets(session, rt.settings, now)
+            declared_nets.sync_nets(session, rt.settings, now)
         with rt.sessions() as session:
             fleet = read_fleet(session)
-    since = now - timedelta(seconds=records.restamp_after_s(rt.settings))
+    since = now - timedelta(seconds=declared_nets.restamp_after_s(rt.settings))
     stale = [
         net.name
         for net in rt.settings.nets
@@ -115,13 +115,13 @@ def _fleet(rt: Runtime, now: datetime) -> Fleet:
     ]
     if stale:
         with unit_of_work(rt.sessions) as session:
-            records.note_declared(session, rt.settings, now, stale)
+            declared_nets.note_declared(session, rt.settings, now, stale)
     return fleet
 
 
 def _removed_nets(declared_at: dict[str, datetime | None], rt: Runtime, now: datetime) -> list[str]:
-    """`records.undeclared_nets` of the round's read of every net's stamp."""
-    since = records.removed_before(rt.settings, now)
+    """`declared_nets.undeclared_nets` of the round's read of every net's stamp."""
+    since = declared_nets.removed_before(rt.settings, now)
     return [
         name
         for name, at in declared_at.items()

@@ -1,7 +1,7 @@
 """The SQL moves on jobs and nets that the use cases share: rows read and locked, a job
-finished, requeued, aborted or reported on, its net released, stray runs recorded, and the
-nets' rows kept in step with what NETS declares. Storing an enqueue is `enqueue`'s; claiming
-a job for a net is `claims`'.
+finished, requeued, aborted or reported on, its net released, and stray runs recorded.
+Storing an enqueue is `enqueue`'s; claiming a job for a net is `claims`'; the nets' rows
+kept in step with what NETS declares are `declared_nets`'.
 
 Each takes an open `Session` (the caller's unit of work commits or rolls back) and an
 explicit `now`, and never talks to NVFLARE or a cloud API: those calls live in
@@ -14,12 +14,10 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import bindparam, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest, NotFound
@@ -39,132 +37,6 @@ from models import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def sync_nets(
-    session: Session, settings: Settings, now: datetime, *, at_start: bool = False
-) -> list[str]:
-    """Make sure every configured net has a row; returns the names it created.
-
-    At process start (`at_start`) a MISCONFIGURED net is reset to STOPPED (STOPPING while a
-    scale-down call may still land): settings are validated at every start, so a restart
-    after a fix is the human saying "try again".
-    """
-    existing = {n.name: n for n in session.scalars(select(Net).with_for_update())}
-    created = []
-    for net_config in settings.nets:
-        net = existing.get(net_config.name)
-        if net is None:
-            if _insert_net(session, net_config.name, now):
-                created.append(net_config.name)
-            continue  # declared now, by this insert or by the one that won the race
-        if (
-            at_start
-            and net.state == NetState.MISCONFIGURED
-            and active_job(session, net.name) is None  # never STOPPED under a job
-        ):
-            # A scale-down call may still be in flight (its lease, scaling.scale_down): STOPPING
-            # until reconcile finishes it, not STOPPED, which a job could claim under it. In
-            # flight up to its due time included, as reconcile reads it (scaling.stop_in_flight).
-            in_flight = net.stop_due_at is not None and now <= net.stop_due_at
-            target = NetState.STOPPING if in_flight else NetState.STOPPED
-            net.transition(target, now, "settings reloaded at start")
-            net.last_error = None
-        net.declared_at = now
-    return created
-
-
-def _insert_net(session: Session, name: str, now: datetime) -> bool:
-    """Insert a net's row, STOPPED; False when another transaction created it meanwhile.
-    Two first requests after a deploy that added the net both find its row missing (the
-    locked read above cannot lock a row that does not exist yet): ON CONFLICT DO NOTHING
-    lets the second wait for the first's commit and move on, where a plain INSERT failed
-    on the key (IntegrityError, a 503 to the caller)."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-    stmt = (
-        insert(Net)
-        .values(name=name, state=NetState.STOPPED, state_changed_at=now, declared_at=now)
-        .on_conflict_do_nothing(index_elements=["name"])
-    )
-    result = session.execute(stmt)
-    return bool(getattr(result, "rowcount", 0) == 1)
-
-
-def note_declared(
-    session: Session, settings: Settings, now: datetime, names: list[str] | None = None
-) -> None:
-    """This process declares these nets now (see `undeclared_nets`); `names`: only these of
-    them (a reconcile stamps those whose stamp is `restamp_after_s` old)."""
-    names = [n.name for n in settings.nets] if names is None else names
-    if names:
-        session.execute(update(Net).where(Net.name.in_(names)).values(declared_at=now))
-
-
-def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list[str]:
-    """Nets with rows that no process has declared for `undeclared_after_s(settings)` plus
-    `restamp_after_s` (how stale a live stamp may get): a redeploy removed them. One this
-    process lacks but another declared lately is in the middle of a rolling deploy (added,
-    or about to go) and is not among them."""
-    declared = [n.name for n in settings.nets]
-    return list(
-        session.scalars(
-            select(Net.name).where(
-                Net.name.not_in(declared),
-                or_(Net.declared_at.is_(None), Net.declared_at < removed_before(settings, now)),
-            )
-        )
-    )
-
-
-def removed_after_s(settings: Settings) -> float:
-    """How old a net's last stamp must be for the net to count as removed: no process has
-    declared it for the grace (`undeclared_after_s`), a live stamp being up to
-    `restamp_after_s` old. So a net is never taken for removed sooner than the grace after
-    the last round that declared it, and is at most a quarter of it later."""
-    return undeclared_after_s(settings) + restamp_after_s(settings)
-
-
-def removed_before(settings: Settings, now: datetime) -> datetime:
-    """A net last declared before this counts as removed (`removed_after_s`)."""
-    return now - timedelta(seconds=removed_after_s(settings))
-
-
-def undeclared_after_s(settings: Settings) -> float:
-    """How long no process may have declared a net before it counts as removed: longer than
-    a rolling deploy leaves old and new processes side by side, and than ten reconcile
-    rounds (each declares its nets)."""
-    return max(settings.stuck_after_s, 20 * settings.housekeeping_interval_s)
-
-
-def restamp_after_s(settings: Settings) -> float:
-    """How old a net's stamp (`declared_at`) gets before a reconcile stamps it again: a
-    quarter of the grace, so a round writes nothing most of the time (issue 37), and a
-    removed net is noticed at most that much later."""
-    return undeclared_after_s(settings) / 4
-
-
-def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
-    """Take a net out of service until a human fixes its settings (jobs wait QUEUED).
-    Returns False when the net has an active job (monitor settles that one first)."""
-    net = get_net(session, name, lock=True)
-    if active_job(session, name) is not None:
-        return False
-    net.transition(NetState.MISCONFIGURED, now, reason)
-    net.last_error = reason
-    return True
-
-
-def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None:
-    """Create the rows of configured nets no worker has created yet, so a job that names a
-    net can be stored (jobs.requested_net references nets.name); cheap when all exist."""
-    configured = {n.name for n in settings.nets}
-    # This read spares sync_nets' locked read when every row exists (a wrong answer would
-    # make sync_nets run, which creates the same rows, but on every enqueue).
-    present = set(session.scalars(select(Net.name).where(Net.name.in_(configured))))
-    if present != configured:
-        sync_nets(session, settings, now)
-        session.flush()
 
 
 def job_folder(settings: Settings, definition: str) -> Path:

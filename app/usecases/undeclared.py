@@ -10,7 +10,7 @@ from sqlalchemy import func, or_, select
 
 from app.db import unit_of_work
 from app.runtime import Runtime
-from app.usecases import records
+from app.usecases import declared_nets, records
 from app.usecases.housekeeping import isolated
 from models import ACTIVE_JOB_STATES, Job, JobState, ReasonCode, StrayRun
 
@@ -35,12 +35,12 @@ def settle_undeclared(rt: Runtime, removed: list[str] | None = None) -> list[str
     (its run is over). A QUEUED job pinned to such a net fails: it can never run.
 
     A net counts as removed only once no process has declared it for a while
-    (`records.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
+    (`declared_nets.undeclared_nets`): a worker still on the previous NETS during a rolling deploy
     never settles the jobs of a net just added. `removed`: those nets as the round read
     them (else read here)."""
     if removed is None:
         with rt.sessions() as session:
-            removed = records.undeclared_nets(session, rt.settings, rt.clock())
+            removed = declared_nets.undeclared_nets(session, rt.settings, rt.clock())
     if not removed:
         return []
     with rt.sessions() as session:

@@ -29,7 +29,7 @@ from app import migrate
 from app.db import make_engine, session_factory, unit_of_work
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import claims, enqueue, records
+from app.usecases import claims, declared_nets, enqueue
 from app.usecases.queue_place import queue_place
 from models import Job, JobState, utcnow
 from tests.fixtures.db import PG_ADMIN_URL  # FL_TEST_PG_URL, as the tests
@@ -75,7 +75,7 @@ def main() -> None:
             engine = make_engine(url)
             factory = session_factory(engine)
             with unit_of_work(factory) as session:
-                records.sync_nets(session, settings, utcnow())
+                declared_nets.sync_nets(session, settings, utcnow())
 
             enqueue_ms = []
             for i in range(args.jobs):

@@ -18,7 +18,7 @@ from app.net_config import DockerDriverConfig
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import dispatch, enqueue, prewarm, reconciler, records
+from app.usecases import declared_nets, dispatch, enqueue, prewarm, reconciler, records
 from app.usecases.dispatch import Step
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from app.usecases.prewarm.warm_up import Warm
@@ -173,7 +173,7 @@ def _docker_runtime(tmp_path, job_root, sqlite_factory, clock, engine_url: str, 
         outbox=RecordingOutbox(),
     )
     with sqlite_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     return rt
 
 

@@ -27,7 +27,7 @@ from app.errors import AdminMisconfigured
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob, job_id_for
 from app.settings import Settings
-from app.usecases import claims, enqueue, records
+from app.usecases import claims, declared_nets, enqueue, records
 from models import Job, JobEvent, JobState, Net, NetState, ScaleEvent
 from tests.fixtures.db import net_decl
 
@@ -133,7 +133,7 @@ class Harness:
 
     def sync(self) -> None:
         with self.sessions.begin() as session:
-            records.sync_nets(session, self.runtime.settings, self.clock())
+            declared_nets.sync_nets(session, self.runtime.settings, self.clock())
 
     def count(self, model) -> int:
         with self.sessions() as session:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.settings import Settings
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets, records
 from models import ACTIVE_JOB_STATES, Job
 from tests.fixtures.db import net_decl
 from tests.integration.test_pg_state import enqueue
@@ -37,7 +37,7 @@ def capped(tmp_path, job_root) -> Settings:
 
 def test_two_claims_at_once_never_take_a_capped_project_past_its_cap(pg_factory, capped, clock):
     with pg_factory.begin() as session:
-        records.sync_nets(session, capped, clock())
+        declared_nets.sync_nets(session, capped, clock())
     enqueue(pg_factory, capped, clock, "p-1", project_id="p")
     enqueue(pg_factory, capped, clock, "p-2", project_id="p")
     claimed_first = threading.Event()
@@ -76,7 +76,7 @@ def test_a_claim_that_finds_a_project_capped_after_its_read_gives_the_net_to_ano
     job. Returning nothing ended its claim round (dispatch stops at the first empty claim)
     with a net free and a job fitting it."""
     with pg_factory.begin() as session:
-        records.sync_nets(session, capped, clock())
+        declared_nets.sync_nets(session, capped, clock())
     enqueue(pg_factory, capped, clock, "p-1", project_id="p", priority=10)
     enqueue(pg_factory, capped, clock, "p-2", project_id="p", priority=10)
     enqueue(pg_factory, capped, clock, "b-1", project_id="b")

@@ -11,7 +11,7 @@ import pytest
 
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets
 from app.usecases import enqueue as enqueue_uc
 from tests.fixtures.db import net_decl
 
@@ -37,7 +37,7 @@ def test_a_claim_scanning_a_sited_nets_queue_keeps_no_lock_on_the_jobs_it_passes
         FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
     )
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     old = _enqueue(pg_factory, settings, clock, "old", ["site-9"])  # net-a lacks it
     clock.advance(1)
     fits_a = _enqueue(pg_factory, settings, clock, "fits-a", ["site-1"])
@@ -82,7 +82,7 @@ def test_a_sited_nets_claim_passes_a_job_another_claim_holds_for_the_next_that_f
         FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)
     )
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     held = _enqueue(pg_factory, settings, clock, "held", ["site-1"])
     clock.advance(1)
     nxt = _enqueue(pg_factory, settings, clock, "next", ["site-2"])

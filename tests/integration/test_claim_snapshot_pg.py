@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 from sqlalchemy import select
 
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets, records
 from models import Job, JobState, ReasonCode
 from tests.integration.test_drain_pg import claim_paused_while
 from tests.integration.test_pg_state import enqueue
@@ -31,7 +31,7 @@ def test_a_claim_whose_lock_snapshot_predates_another_claim_of_the_net_takes_not
     pg_factory, settings, clock, monkeypatch
 ):
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     first = enqueue(pg_factory, settings, clock, "first", net="net-a")
     second = enqueue(pg_factory, settings, clock, "second", net="net-a")
     # Another claim, not paused, takes the net and commits inside the paused one's statement.
@@ -52,7 +52,7 @@ def test_a_claim_whose_lock_snapshot_predates_a_stray_run_on_the_net_takes_nothi
     statement (the monitor keeping a lost job's run as a stray), keeps the net from a new job
     until it is settled: one live run per server."""
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     lost = enqueue(pg_factory, settings, clock, "lost", net="net-a")
     with pg_factory.begin() as session:  # the job whose run is the stray: over
         records.finish_job(
@@ -86,7 +86,7 @@ def test_a_claim_that_finds_its_first_net_taken_after_the_lock_takes_the_next_fr
     goes on to the next free net a queued job fits (a claim that takes nothing ends its
     assign round, so a None here would leave net-b idle beside a waiting job)."""
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     jobs = {enqueue(pg_factory, settings, clock, key) for key in ("first", "second")}
     another_claim = partial(_claim, pg_factory, settings, clock)
     outcome, taken = claim_paused_while(pg_factory, settings, clock, monkeypatch, another_claim)

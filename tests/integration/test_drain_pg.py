@@ -27,10 +27,10 @@ PAUSE_S = 0.6
 
 @pytest.fixture
 def db(pg_factory, settings, clock):
-    from app.usecases import records
+    from app.usecases import declared_nets
 
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     yield pg_factory
     with pg_factory.begin() as session:
         session.execute(text("DELETE FROM drains"))  # not in tests.fixtures.db.TABLES

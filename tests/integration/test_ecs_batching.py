@@ -27,7 +27,7 @@ from app.db import unit_of_work
 from app.parallel import Prober
 from app.runtime import Runtime
 from app.settings import Settings
-from app.usecases import records
+from app.usecases import declared_nets
 from app.usecases.views import collect_status
 from tests.fixtures.aws import MOTO_REGION
 from tests.fixtures.db import fresh_pg_database, make_admin_kit
@@ -120,7 +120,7 @@ def rt(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runt
 
         runtime = Runtime.from_settings(settings, admin_factory=no_admin)
         with unit_of_work(runtime.sessions) as session:
-            records.sync_nets(session, settings, runtime.clock())
+            declared_nets.sync_nets(session, settings, runtime.clock())
         yield runtime
         runtime.close()
 

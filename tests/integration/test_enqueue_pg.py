@@ -17,7 +17,7 @@ from sqlalchemy import event, func, select
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import callbacks, enqueue, records, requests
+from app.usecases import callbacks, declared_nets, enqueue, requests
 from models import Job, JobEvent, Net, RejectedRequest
 from tests.fakes import FakeAdmin, FakeDriver, FakeServer
 from tests.fixtures.db import net_decl
@@ -60,7 +60,7 @@ def rt(pg_factory, tmp_path, job_root, clock) -> Runtime:
         CALLBACK_SECRET=SECRET,
     )
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     return Runtime(
         settings=settings,
         engine=pg_factory.kw["bind"],

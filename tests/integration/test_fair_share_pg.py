@@ -11,7 +11,7 @@ import pytest
 from app.errors import SettingsError
 from app.schemas import job_id_for
 from app.settings import Settings
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets, records
 from app.usecases.queue_place import queue_place
 from models import Job
 from tests.fixtures.db import net_decl
@@ -41,7 +41,7 @@ def test_a_tiny_weight_is_refused_or_claims(pg_factory, tmp_path, job_root, cloc
         assert "weight" in str(exc)
         return
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     enqueue(pg_factory, settings, clock, "p-1", project_id="p")
     enqueue(pg_factory, settings, clock, "p-2", project_id="p")
     enqueue(pg_factory, settings, clock, "q-1", project_id="q")
@@ -63,7 +63,7 @@ def test_a_queued_jobs_place_orders_by_weighted_usage_on_postgresql(
     before q's older one (weighing 1, p-3 would come after q-2)."""
     settings = shares_of(tmp_path, job_root, 2.0)
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     for key in ("p-1", "q-1", "p-2", "q-2", "p-3"):
         enqueue(pg_factory, settings, clock, key, project_id=key[0])
         clock.advance(1)

@@ -11,7 +11,7 @@ import pytest
 
 from app import names
 from app.schemas import EnqueueJob
-from app.usecases import enqueue, kicks, records
+from app.usecases import declared_nets, enqueue, kicks
 from models import PendingKick
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def pg_factory(pg_factory, settings, clock):
     """The database with a QUEUED job that a free net can take: a kick is worth sending
     (without one, a sender only reads: app/usecases/kicks.py)."""
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
         request = EnqueueJob(caller_key="waiting", definition="tiny-job", required_sites=["s"])
         enqueue.enqueue_job(session, settings, request, clock())
     return pg_factory

@@ -19,7 +19,7 @@ from app import names
 from app.db import make_engine
 from app.schemas import EnqueueJob, PrewarmNet
 from app.settings import Settings
-from app.usecases import claims, prewarm, records
+from app.usecases import claims, declared_nets, prewarm, records
 from app.usecases import enqueue as enqueue_uc
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import Job, JobState, Net, NetState, Prewarm, PrewarmOutcome
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def db(pg_factory, settings, clock):
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     return pg_factory
 
 
@@ -194,14 +194,14 @@ def test_two_first_requests_creating_a_new_nets_rows_at_once_both_succeed(
         inserted.wait(10)
         try:
             with pg_factory.begin() as session:
-                records.ensure_net_rows(session, settings, clock())
+                declared_nets.ensure_net_rows(session, settings, clock())
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     thread = threading.Thread(target=second)
     thread.start()
     with pg_factory.begin() as session:
-        records.ensure_net_rows(session, settings, clock())  # inserted, not yet committed
+        declared_nets.ensure_net_rows(session, settings, clock())  # inserted, not yet committed
         inserted.set()
         _until_a_backend_waits_on_a_lock(pg_factory)
     thread.join(10)

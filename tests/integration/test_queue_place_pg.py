@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets, records
 from app.usecases.queue_place import queue_place
 from models import (
     ACTIVE_JOB_STATES,
@@ -116,7 +116,7 @@ def test_places_and_claims_follow_the_documented_order(pg_factory, tmp_path, job
         AGING_S=rnd.choice([1, 50, 300, 1e9]),
     )
     with pg_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     for step in range(40):
         act = rnd.random()
         if act < 0.5:

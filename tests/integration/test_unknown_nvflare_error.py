@@ -20,7 +20,7 @@ from app.migrate import upgrade
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import abort, dispatch, intake, monitor, records, scale_down
+from app.usecases import abort, declared_nets, dispatch, intake, monitor, records, scale_down
 from app.usecases.dispatch import Step
 from models import JobState
 from tests.fixtures.nvflare import NvflareSystem
@@ -52,7 +52,7 @@ def rt(tmp_path: Path, nvflare_sites: NvflareSystem, long_job: Path) -> Iterator
     upgrade(settings.database_url)
     runtime = Runtime.from_settings(settings)
     with unit_of_work(runtime.sessions) as session:
-        records.sync_nets(session, settings, runtime.clock())
+        declared_nets.sync_nets(session, settings, runtime.clock())
     try:
         yield runtime
     finally:

@@ -11,7 +11,7 @@ from app.sim.servers import Run
 from app.sim.simulation import Simulation
 from app.sim.state import HoldRow, JobRow, NetRow, _secs, _uuid
 from app.sim.superlink import SuperLink
-from app.usecases import records
+from app.usecases import declared_nets
 from models import ACTIVE_JOB_STATES, JobState, NetState
 
 J = JobState
@@ -157,9 +157,9 @@ class Observer:
 
     def _removal_slack(self, net: str | None) -> float:
         """A job on a net NETS no longer declares is settled only once no process has
-        declared the net for `records.undeclared_after_s` (a rolling deploy may still be
+        declared the net for `declared_nets.undeclared_after_s` (a rolling deploy may still be
         adding it), then by the next reconcile rounds: its bounds grow by that much."""
         if net is None or self.sim.declared_net(net):
             return 0.0
         reconcile = 2 * self.sim.world.housekeeping_interval_s
-        return records.undeclared_after_s(self.sim.settings) + 2 * reconcile
+        return declared_nets.undeclared_after_s(self.sim.settings) + 2 * reconcile

@@ -14,7 +14,7 @@ from app.errors import ServerUnavailable
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import abort, dispatch, intake, records
+from app.usecases import abort, declared_nets, dispatch, intake, records
 from app.usecases import enqueue as enqueue_uc
 from app.usecases.dispatch import Step
 from models import Job, JobState, Net, ReasonCode
@@ -75,7 +75,7 @@ class World:
             outbox=self.outbox,
         )
         with sessions.begin() as session:
-            records.sync_nets(session, settings, clock())
+            declared_nets.sync_nets(session, settings, clock())
 
     def _admin(self, net, settings):
         admin = FakeAdmin(self.server(net.name))

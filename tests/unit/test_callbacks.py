@@ -36,7 +36,7 @@ from app.metrics.exposition import families
 from app.metrics.read import read_snapshot
 from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob
-from app.usecases import callbacks, enqueue, intake, monitor, records
+from app.usecases import callbacks, declared_nets, enqueue, intake, monitor, records
 from app.usecases.callbacks import receiver as callback_receiver
 from models import CallbackReceiver, Job, JobEvent, JobState, ReasonCode
 from tests.unit.callback_world import (
@@ -534,7 +534,7 @@ def test_the_delivery_task_is_sent_through_the_outbox_after_the_commit(cb):
         raise RuntimeError("the use case failed after its move")
     assert outbox.sent == []  # a rolled-back move sends nothing
     with cb.rt.sessions.begin() as session:
-        records.sync_nets(session, cb.rt.settings, cb.clock())  # no job moved
+        declared_nets.sync_nets(session, cb.rt.settings, cb.clock())  # no job moved
     assert outbox.sent == []
 
     intake.request_abort(cb.rt, job_id, "user")

@@ -19,7 +19,7 @@ from app.db import make_engine, session_factory
 from app.entrypoints.cli import build_parser, main
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets, records
 from app.usecases import enqueue as enqueue_uc
 from models import Job, JobEvent, JobState, Net, ScaleEvent
 from models.states import JOB_TRANSITIONS, NET_TRANSITIONS, mermaid
@@ -77,7 +77,7 @@ def world(db, cli_env):
     settings = Settings()
     clock = FrozenClock()
     with db.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
         ids = {}
         for key in ("first", "second", "third"):
             clock.advance(10)
@@ -342,8 +342,8 @@ def test_prewarm_starts_the_net_and_sends_the_warm_up_then_cancel_ends_it(capsys
 
 def test_prewarm_refusals_exit_1_with_their_reason_code(capsys, db, cli_env):
     with db.begin() as session:
-        records.sync_nets(session, Settings(), FrozenClock()())
-        records.mark_misconfigured(session, "net-a", "wrong kit", FrozenClock()())
+        declared_nets.sync_nets(session, Settings(), FrozenClock()())
+        declared_nets.mark_misconfigured(session, "net-a", "wrong kit", FrozenClock()())
     code, out, err = run(capsys, "prewarm", "--key", "p", "--net", "net-a", "--within", "9")
     assert (code, out) == (1, "")
     assert "MISCONFIGURED: wrong kit" in err and "(reason_code: net_misconfigured)" in err

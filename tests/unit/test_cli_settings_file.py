@@ -23,7 +23,7 @@ from app.db import make_engine, session_factory
 from app.entrypoints.cli import main
 from app.schemas import EnqueueJob
 from app.settings import ENV_FILE_VARIABLE, Settings
-from app.usecases import enqueue, records
+from app.usecases import declared_nets, enqueue
 from models import utcnow
 from tests.fixtures.db import net_decl
 from tests.unit.test_kit_check import make_kit
@@ -70,7 +70,7 @@ def kept(tmp_path, job_root) -> Path:
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     with session_factory(engine).begin() as session:
-        records.sync_nets(session, settings, utcnow(), at_start=True)
+        declared_nets.sync_nets(session, settings, utcnow(), at_start=True)
         request = EnqueueJob(caller_key="demo-1", definition="tiny-job", net="local-net")
         enqueue.enqueue_job(session, settings, request, utcnow())
     engine.dispose()

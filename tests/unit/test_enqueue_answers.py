@@ -15,7 +15,7 @@ from app import names
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import enqueue, records
+from app.usecases import declared_nets, enqueue, records
 from models import JobState
 from tests.fixtures.db import net_decl
 
@@ -23,7 +23,7 @@ from tests.fixtures.db import net_decl
 def _enqueue(sqlite_factory, settings, clock, key="k", **kw):
     request = EnqueueJob(caller_key=key, definition=kw.pop("definition", "tiny-job"), **kw)
     with sqlite_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
         return enqueue.enqueue_job(session, settings, request, clock())
 
 

@@ -23,7 +23,7 @@ from app.errors import ServerUnavailable
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import dispatch, records
+from app.usecases import declared_nets, dispatch, records
 from app.usecases import enqueue as enqueue_uc
 from app.usecases.dispatch import Step
 from models import JobState
@@ -73,7 +73,7 @@ def enqueue(rt: Runtime, sessions, clock) -> tuple[uuid.UUID, int]:
     """A job of the Flower App enqueued for the net, claimed, the net seen ready: its id and
     attempt."""
     with sessions.begin() as session:
-        records.sync_nets(session, rt.settings, clock())
+        declared_nets.sync_nets(session, rt.settings, clock())
         job_id = enqueue_uc.enqueue_job(
             session,
             rt.settings,
@@ -191,7 +191,7 @@ def test_the_readiness_sweep_never_stops_the_run_a_duplicate_chain_just_submitte
     c = _worker(flower_settings, sqlite_factory, clock, api)
     d = _worker(flower_settings, sqlite_factory, clock, api)
     with sqlite_factory.begin() as session:
-        records.sync_nets(session, flower_settings, clock())
+        declared_nets.sync_nets(session, flower_settings, clock())
         job_id = enqueue_uc.enqueue_job(
             session,
             flower_settings,

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from app.usecases import reconciler, records, scaling
+from app.usecases import declared_nets, reconciler, scaling
 from models import NetState
 from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
@@ -62,7 +62,7 @@ def test_a_restart_after_a_fixed_misconfiguration_settles_the_stray_without_a_re
     assert scaling.net_misconfigured(world.rt, "fl-a", None, "admin kit unreadable")
     clock.advance(2 * 3600)  # (no reconcile could reach it meanwhile)
     with world.rt.sessions.begin() as session:  # the restart after the fix
-        records.sync_nets(session, world.rt.settings, clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, clock(), at_start=True)
     assert _state(world, "fl-a") == NetState.STOPPED
     _rounds(world, 10)  # five minutes
     assert _strays(world, "fl-a") == [] and server.aborted == ["7"]
@@ -130,7 +130,7 @@ def test_a_resting_net_s_rest_survives_a_drain_an_undrain_and_a_restart(
     drains.drain(world.rt, ["fl-a"])
     drains.undrain(world.rt, ["fl-a"])
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, clock(), at_start=True)
     reconciler.reconcile(world.rt)
     assert world.net("fl-a").state_changed_at == before
     assert world.driver("fl-a").replicas == 0

@@ -12,6 +12,7 @@ from app.errors import ServerUnavailable, UnknownAdminError
 from app.settings import Settings
 from app.usecases import (
     abort,
+    declared_nets,
     dispatch,
     drains,
     intake,
@@ -268,7 +269,7 @@ def test_a_stray_that_aged_while_its_net_was_misconfigured_is_settled_at_the_nex
         net.state, net.state_changed_at = NetState.MISCONFIGURED, clock()
     clock.advance(300.0)  # a human restarts the workers: MISCONFIGURED -> STOPPED, now
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, clock(), at_start=True)
     assert _state(world, "fl-a") == NetState.STOPPED
     _rounds(world, 2)
     assert world.driver("fl-a").replicas == 1, "rested at zero: no start had failed to settle it"

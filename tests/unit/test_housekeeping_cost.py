@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from app.usecases import monitor, reconciler, records
+from app.usecases import declared_nets, monitor, reconciler
 
 
 @contextmanager
@@ -69,7 +69,7 @@ def test_a_round_stamps_only_the_nets_whose_stamp_is_a_quarter_grace_old(world):
     older than that plus one round, well inside the grace."""
     reconciler.reconcile(world.rt)
     stamped = world.net("net-a").declared_at
-    world.clock.advance(records.restamp_after_s(world.rt.settings))
+    world.clock.advance(declared_nets.restamp_after_s(world.rt.settings))
     reconciler.reconcile(world.rt)
     assert world.net("net-a").declared_at == stamped
     world.clock.advance(1)

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import AdminMisconfigured
-from app.usecases import claims, dispatch, records, scaling
+from app.usecases import claims, declared_nets, dispatch, records, scaling
 from models import JobState, NetEvent, NetState
 from tests.unit.scale_history import scale_decisions
 
@@ -22,7 +22,7 @@ def _net_with_history(session, name):
 
 def test_a_misconfigured_net_says_why_and_takes_no_job(world):
     with world.rt.sessions.begin() as session:
-        assert records.mark_misconfigured(
+        assert declared_nets.mark_misconfigured(
             session, "net-a", "kit names another server", world.clock()
         )
     with world.rt.sessions() as session:
@@ -38,19 +38,23 @@ def test_a_net_with_an_active_job_is_not_taken_out_of_service(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        assert not records.mark_misconfigured(session, "net-a", "kit check failed", world.clock())
+        assert not declared_nets.mark_misconfigured(
+            session, "net-a", "kit check failed", world.clock()
+        )
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.BUSY, None)
 
 
 def test_a_worker_restart_puts_a_misconfigured_net_back_in_service(world):
     with world.rt.sessions.begin() as session:
-        records.mark_misconfigured(session, "net-a", "kit names another server", world.clock())
+        declared_nets.mark_misconfigured(
+            session, "net-a", "kit names another server", world.clock()
+        )
     with world.rt.sessions.begin() as session:  # a mere sync (not a start) keeps it out
-        assert records.sync_nets(session, world.rt.settings, world.clock()) == []
+        assert declared_nets.sync_nets(session, world.rt.settings, world.clock()) == []
     assert world.net("net-a").state == NetState.MISCONFIGURED
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     net = world.net("net-a")
     assert (net.state, net.last_error) == (NetState.STOPPED, None)
 
@@ -67,12 +71,14 @@ def test_a_restart_keeps_a_misconfigured_net_stopping_until_its_stop_lease_has_p
     due time included, as reconcile reads it): a restart puts the net back STOPPING till
     then, never STOPPED, which a job could claim under the landing call."""
     with world.rt.sessions.begin() as session:
-        records.mark_misconfigured(session, "net-a", "kit names another server", world.clock())
+        declared_nets.mark_misconfigured(
+            session, "net-a", "kit names another server", world.clock()
+        )
         due = world.clock() + timedelta(seconds=30)
         records.get_net(session, "net-a").stop_due_at = due
     world.clock.advance(30 - lease_left_s)
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     assert world.net("net-a").state == state
     assert scaling.stop_in_flight(due, world.clock()) == (state == NetState.STOPPING)
 
@@ -104,7 +110,7 @@ def test_another_nets_job_does_not_keep_a_net_in_service(world):
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:
-        assert records.mark_misconfigured(
+        assert declared_nets.mark_misconfigured(
             session, "fixed", "kit names another server", world.clock()
         )
     assert world.net("fixed").state == NetState.MISCONFIGURED
@@ -116,6 +122,6 @@ def test_a_restart_never_resets_a_misconfigured_net_to_stopped_under_a_job(world
     world.run_pipeline(job_id)
     with world.rt.sessions.begin() as session:  # however it came to be marked
         records.get_net(session, "net-a").transition(NetState.MISCONFIGURED, world.clock(), "x")
-        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     assert world.net("net-a").state == NetState.MISCONFIGURED
     assert world.job(job_id).state == JobState.RUNNING

@@ -13,7 +13,7 @@ from app import migrate, names
 from app.client import DispatcherClient
 from app.entrypoints.api import create_app
 from app.schemas import EnqueueJob, PrewarmNet, job_id_for
-from app.usecases import prewarm, records
+from app.usecases import declared_nets, prewarm
 from models import NetState, Prewarm
 from tasks import base
 from tasks.registered import TASKS
@@ -137,7 +137,7 @@ def test_the_http_routes(pw):
         assert missing.status_code == 404
 
         with pw.rt.sessions.begin() as session:
-            records.mark_misconfigured(session, "net-a", "wrong kit", pw.clock())
+            declared_nets.mark_misconfigured(session, "net-a", "wrong kit", pw.clock())
         other = {**body, "caller_key": "p2"}
         refused = client.post("/prewarms", json=other, headers=AUTH)
         assert refused.status_code == 409 and refused.json()["reason_code"] == "net_misconfigured"

@@ -23,7 +23,7 @@ from app.errors import (
 from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import PrewarmNet
 from app.settings import Settings
-from app.usecases import prewarm, records, scale_down
+from app.usecases import declared_nets, prewarm, scale_down
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from app.usecases.prewarm.warm_up import Warm
 from models import NetState, PrewarmOutcome
@@ -191,7 +191,9 @@ def test_a_cancel_while_warming_starts_the_grace_at_the_cancel(pw):
 
 def test_a_prewarm_for_a_misconfigured_net_is_refused_and_starts_nothing(pw):
     with pw.rt.sessions.begin() as session:
-        records.mark_misconfigured(session, "net-a", "admin kit names another server", pw.clock())
+        declared_nets.mark_misconfigured(
+            session, "net-a", "admin kit names another server", pw.clock()
+        )
     with pytest.raises(NetMisconfigured, match="MISCONFIGURED: admin kit names another server"):
         ask(pw, "p1", net="net-a", within_s=300)
     assert pw.driver("net-a").calls == [] and pw.net("net-a").state == NetState.MISCONFIGURED
@@ -201,13 +203,13 @@ def test_a_prewarm_for_a_misconfigured_net_is_refused_and_starts_nothing(pw):
     assert row(pw, "p1").net_name == "net-a"  # in the net's prewarm history
     # Fixed and restarted: the same key is a new request now (a refusal takes no key).
     with pw.rt.sessions.begin() as session:
-        records.sync_nets(session, pw.rt.settings, pw.clock(), at_start=True)
+        declared_nets.sync_nets(session, pw.rt.settings, pw.clock(), at_start=True)
     assert ask(pw, "p1", net="net-a", within_s=300).created
 
 
 def test_sites_whose_every_net_is_misconfigured_are_refused_as_such(pw):
     with pw.rt.sessions.begin() as session:
-        records.mark_misconfigured(session, "net-c", "expired certificate", pw.clock())
+        declared_nets.mark_misconfigured(session, "net-c", "expired certificate", pw.clock())
     with pytest.raises(NetMisconfigured, match="every net with the sites"):
         ask(pw, "p1", required_sites=["site-3"], within_s=60)
     assert row(pw, "p1").outcome == PrewarmOutcome.NET_MISCONFIGURED

@@ -11,13 +11,13 @@ from pydantic import ValidationError
 
 from app.errors import CallerKeyConflict
 from app.schemas import EnqueueJob
-from app.usecases import enqueue, records
+from app.usecases import declared_nets, enqueue
 from tests.unit.conftest import World
 
 
 def _enqueue(world: World, key: str, **kw: object) -> enqueue.Enqueued:
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, world.clock())
+        declared_nets.sync_nets(session, world.rt.settings, world.clock())
         request = EnqueueJob(caller_key=key, definition="tiny-job", net="net-a", **kw)
         return enqueue.enqueue_job(session, world.rt.settings, request, world.clock())
 

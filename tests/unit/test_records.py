@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from app.errors import InvalidRequest, NotFound
 from app.schemas import EnqueueJob, ReportedStatus, ReportJobStatus
-from app.usecases import claims, records
+from app.usecases import claims, declared_nets, records
 from app.usecases import enqueue as enqueue_uc
 from models import Job, JobEvent, JobState, Net, NetState, ReasonCode
 
@@ -17,7 +17,7 @@ from models import Job, JobEvent, JobState, Net, NetState, ReasonCode
 @pytest.fixture
 def db(sqlite_factory, settings, clock):
     with sqlite_factory.begin() as session:
-        records.sync_nets(session, settings, clock())
+        declared_nets.sync_nets(session, settings, clock())
     return sqlite_factory
 
 
@@ -35,7 +35,7 @@ def states(db, job_id):
 
 def test_sync_nets_creates_rows_once(db, settings, clock):
     with db.begin() as session:
-        assert records.sync_nets(session, settings, clock()) == []
+        assert declared_nets.sync_nets(session, settings, clock()) == []
         assert {n.name: n.state for n in session.scalars(select(Net))} == {
             "net-a": NetState.STOPPED,
             "net-b": NetState.STOPPED,
@@ -44,7 +44,7 @@ def test_sync_nets_creates_rows_once(db, settings, clock):
 
 def test_sync_nets_returns_the_names_of_the_rows_it_created(sqlite_factory, settings, clock):
     with sqlite_factory.begin() as session:
-        assert records.sync_nets(session, settings, clock()) == ["net-a", "net-b"]
+        assert declared_nets.sync_nets(session, settings, clock()) == ["net-a", "net-b"]
 
 
 def test_enqueue_is_idempotent_on_caller_key(db, settings, clock):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.usecases import records
+from app.usecases import declared_nets, records
 from models import JobState, NetState, StrayRun
 from models.states import IllegalTransition
 from tests.fixtures.db import net_decl
@@ -55,9 +55,9 @@ def test_rows_all_present_spare_the_locked_sync_even_beside_a_removed_nets_row(
         [net_decl(tmp_path, "net-a", "ecs")], tmp_path, job_root, sqlite_factory, clock
     )
     synced = []
-    monkeypatch.setattr(records, "sync_nets", lambda *a: synced.append(a))
+    monkeypatch.setattr(declared_nets, "sync_nets", lambda *a: synced.append(a))
     with world.rt.sessions.begin() as session:
-        records.ensure_net_rows(session, only_a.rt.settings, clock())
+        declared_nets.ensure_net_rows(session, only_a.rt.settings, clock())
     assert synced == []
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from app.adapters.drivers.base import Observation
 from app.errors import AdminMisconfigured, UnknownAdminError
-from app.usecases import dispatch, reconciler, records, scale_down, scaling
+from app.usecases import declared_nets, dispatch, reconciler, records, scale_down, scaling
 from app.usecases.dispatch import Step
 from app.usecases.scaling import stop_net
 from models import JobState, NetState, ReasonCode
@@ -352,7 +352,7 @@ def test_a_misconfigured_net_reset_at_start_does_not_let_its_leased_stop_land_on
         world.clock.advance(2)  # 2 s into a call leased for STUCK_AFTER_S
         monkeypatch.setattr(FakeAdmin, "is_ready", real_is_ready)  # the new process's fix
         with world.rt.sessions.begin() as session:
-            records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+            declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
         seen["state"] = world.net(net).state
         again = next((a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id), None)
         if again is not None:

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select, update
 
 from app.errors import AdminMisconfigured
-from app.usecases import abort, dispatch, monitor, reconciler, records
+from app.usecases import abort, declared_nets, dispatch, monitor, reconciler, records
 from models import JobEvent, JobState, NetState, StrayRun
 from tests.unit.conftest import World
 
@@ -49,7 +49,7 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_on_the_same_serve
     assert abort.settle_stray_runs(world.rt, "fixed") == 0
     assert server.statuses["nv-1"] == "FINISHED:ABORTED"
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     reconciler.reconcile(world.rt)
     assert world.net("fixed").state == NetState.READY
 
@@ -81,7 +81,7 @@ def test_a_job_requeued_as_misconfigured_gets_a_run_of_its_own_after_a_scale_to_
 
     server.submit_error = None
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     reconciler.reconcile(world.rt)
     assert _strays(world) == []  # gone with the server
 
@@ -123,7 +123,7 @@ def test_a_second_dispatch_at_one_attempt_gets_a_new_token_with_history_before_0
     server.submit_error = None
     server.restart()
     with world.rt.sessions.begin() as session:
-        records.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
+        declared_nets.sync_nets(session, world.rt.settings, world.clock(), at_start=True)
     reconciler.reconcile(world.rt)  # the stray died with the server: forgotten
 
     net, again = world.run_until_ready(job_id)

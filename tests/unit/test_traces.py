@@ -168,7 +168,7 @@ from app.migrate import upgrade
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import load_settings
-from app.usecases import callbacks, dispatch, intake, monitor, records
+from app.usecases import callbacks, declared_nets, dispatch, intake, monitor, records
 import app.entrypoints.api, app.entrypoints.cli, app.client, tasks.registered
 from models import utcnow
 
@@ -178,7 +178,7 @@ _on_worker_process_init()
 upgrade(settings.database_url)
 rt = Runtime.from_settings(settings)
 with rt.sessions.begin() as session:
-    records.sync_nets(session, settings, utcnow())
+    declared_nets.sync_nets(session, settings, utcnow())
 intake.submit_job(rt, EnqueueJob(caller_key="j1", definition="tiny-job", net="net-a"))
 dispatch.claim_and_start(rt)
 monitor.monitor_running_jobs(rt)

@@ -17,6 +17,7 @@ from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import (
     abort,
+    declared_nets,
     dispatch,
     monitor,
     reconciler,
@@ -31,7 +32,7 @@ from tests.unit.conftest import World, world_of
 
 def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
     """NETS without net-a, its last stamp older than `removed_after_s` (grace + a quarter)."""
-    world.clock.advance(records.removed_after_s(world.rt.settings) + 1)
+    world.clock.advance(declared_nets.removed_after_s(world.rt.settings) + 1)
     world.rt.settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=job_root,
@@ -114,7 +115,7 @@ def _row_of_a_removed_net(world, declared_at: datetime | None) -> None:
 
 def _undeclared(world) -> list[str]:
     with world.rt.sessions() as session:
-        return records.undeclared_nets(session, world.rt.settings, world.clock())
+        return declared_nets.undeclared_nets(session, world.rt.settings, world.clock())
 
 
 def test_each_round_records_that_this_process_still_declares_its_nets(world):
@@ -123,7 +124,7 @@ def test_each_round_records_that_this_process_still_declares_its_nets(world):
     _row_of_a_removed_net(world, before)
     world.clock.advance(60)
     with world.rt.sessions.begin() as session:
-        records.note_declared(session, world.rt.settings, world.clock())
+        declared_nets.note_declared(session, world.rt.settings, world.clock())
     with world.rt.sessions() as session:
         declared = {n.name: n.declared_at for n in session.scalars(select(Net))}
     assert declared == {"net-a": world.clock(), "fixed": world.clock(), "gone": before}
@@ -144,13 +145,13 @@ def test_the_grace_before_a_net_counts_as_removed_is_the_longer_of_the_two(
         STUCK_AFTER_S=stuck_after_s,
         HOUSEKEEPING_INTERVAL_S=interval_s,
     )
-    assert records.undeclared_after_s(settings) == grace_s
+    assert declared_nets.undeclared_after_s(settings) == grace_s
 
 
 def test_a_net_last_declared_a_whole_grace_ago_counts_as_removed_only_after_it(world):
     """Stamps are renewed a quarter grace old (issue 37): removed past grace + a quarter."""
     _row_of_a_removed_net(world, world.clock())
-    world.clock.advance(records.removed_after_s(world.rt.settings))
+    world.clock.advance(declared_nets.removed_after_s(world.rt.settings))
     assert _undeclared(world) == []
     world.clock.advance(1)
     assert _undeclared(world) == ["gone"]
@@ -312,7 +313,7 @@ def two_nets(tmp_path, job_root, sqlite_factory, clock) -> World:
 def _without_net_b(world: World, tmp_path) -> Runtime:
     """The same database after a redeploy whose NETS no longer declare net-b, once no
     process has declared it for the whole grace (a rolling deploy is over)."""
-    world.clock.advance(records.removed_after_s(world.rt.settings) + 1)
+    world.clock.advance(declared_nets.removed_after_s(world.rt.settings) + 1)
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data",
         JOB_ROOT=world.rt.settings.job_root,

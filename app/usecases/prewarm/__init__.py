@@ -53,7 +53,7 @@ from app.read_models import Prewarmed, PrewarmView, iso
 from app.runtime import Runtime
 from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
 from app.settings import Settings
-from app.usecases import records, rows
+from app.usecases import declared_nets, rows
 from app.usecases.claims import drained
 from app.usecases.prewarm.holds import (
     HELD,
@@ -105,7 +105,7 @@ def request_prewarm(rt: Runtime, request: PrewarmNet) -> Requested:
     now = rt.clock()
     try:
         with unit_of_work(rt.sessions) as session:
-            records.ensure_net_rows(session, rt.settings, now)
+            declared_nets.ensure_net_rows(session, rt.settings, now)
             row, created, start = _accept(session, rt.settings, request, now)
             view = prewarm_view(row, _net_state(session, row.net_name), now)
     except InvalidRequest as exc:
