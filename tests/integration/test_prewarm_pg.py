@@ -71,8 +71,25 @@ def starts(world: World) -> int:
         )
 
 
-def test_racing_repeats_of_one_key_make_one_prewarm_and_one_start(world):
+def test_racing_repeats_of_one_key_make_one_prewarm_and_one_start(world, monkeypatch):
+    """Every racer has read the key as new before any inserts it: one wins, the others lose
+    on the key and leave the warm-up to the winner. (A repeat that arrives after the winner's
+    commit, on a net still STARTING, sends it again by design: its first send may have been
+    lost. Threads merely started together on a loaded machine did arrive that late, once.)"""
     request = PrewarmNet(caller_key="p1", net="net-a", within_s=120)
+    all_read = threading.Barrier(RACERS, timeout=10)
+    first_read = threading.local()
+    accepted = prewarm._accepted
+
+    def read_then_wait(*args: Any, **kwargs: Any) -> Any:
+        found = accepted(*args, **kwargs)
+        if not getattr(first_read, "done", False):
+            first_read.done = True
+            assert found is None
+            all_read.wait()
+        return found
+
+    monkeypatch.setattr(prewarm, "_accepted", read_then_wait)
     results = race([lambda: prewarm.request_prewarm(world.rt, request)] * RACERS)
     assert [r.created for r in results].count(True) == 1, results
     assert starts(world) == 1
