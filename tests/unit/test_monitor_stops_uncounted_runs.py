@@ -1,8 +1,8 @@
 """The monitor's stop of the live runs a Flower net's job does not count
-(`revived_runs.stop_uncounted_runs`), as a break-it review tried it: it never holds up the
-round's own work, a stop that did not land is not counted, a net held FINISHING is covered,
-and a job claimed and submitted during the round keeps its run. The review's three strict
-xfails failed on the stop's first version."""
+(`revived_runs.stop_uncounted_runs`): it never holds up the round's own work, a stop that
+did not land is not counted, a net held FINISHING is covered, and a job claimed and
+submitted during the round keeps its run (the stop's first version failed three of these:
+tests/sim/FINDINGS.md, round 10)."""
 
 from __future__ import annotations
 
