@@ -18,7 +18,7 @@ import pytest
 
 from app.adapters import net_check
 from app.celery_app import prepare_nets_at_start
-from app.usecases import dispatch, records
+from app.usecases import declared_nets, dispatch, records
 from models import JobState, NetState, ReasonCode
 
 pytestmark = pytest.mark.unit
@@ -68,3 +68,31 @@ def test_a_net_found_misconfigured_at_start_while_idle_takes_no_job(world, sqlit
         NetState.MISCONFIGURED,
         FOREIGN,
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the start resets MISCONFIGURED to STOPPED and commits before it checks the files "
+    "again: a claim in between takes the net, and the check then refuses to mark it",
+)
+def test_a_restart_with_the_files_still_wrong_never_puts_the_net_in_service(
+    world, sqlite_url, monkeypatch
+):
+    """A restart that did not fix the files: the net was MISCONFIGURED with a job waiting
+    QUEUED for it. Another worker's assign round (a rolling restart, beat's period) lands
+    between the start's reset (its own commit) and its check of the files."""
+    with world.rt.sessions.begin() as session:
+        declared_nets.mark_misconfigured(session, "net-a", FOREIGN, world.clock())
+    waiting = world.enqueue("waiting", net="net-a")
+    assert dispatch.claim_and_start(world.rt) == []  # out of service: it waits
+    monkeypatch.setattr(net_check, "endpoint_problem", _net_a_dials_another_server)
+    mark = declared_nets.mark_misconfigured
+
+    def a_claim_lands_first(*args: Any, **kwargs: Any) -> bool:
+        dispatch.claim_and_start(world.rt)
+        return mark(*args, **kwargs)
+
+    monkeypatch.setattr(declared_nets, "mark_misconfigured", a_claim_lands_first)
+    prepare_nets_at_start(world.rt.settings.model_copy(update={"database_url": sqlite_url}))
+    assert world.job(waiting).state == JobState.QUEUED
+    assert world.net("net-a").state == NetState.MISCONFIGURED
