@@ -9,6 +9,7 @@ explicit `now`; the job and net rows themselves are read and locked through `rec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
@@ -22,14 +23,23 @@ from models import Net, NetState
 
 
 def sync_nets(
-    session: Session, settings: Settings, now: datetime, *, at_start: bool = False
+    session: Session,
+    settings: Settings,
+    now: datetime,
+    *,
+    at_start: bool = False,
+    still_wrong: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Make sure every configured net has a row; returns the names it created.
 
     At process start (`at_start`) a MISCONFIGURED net is reset to STOPPED (STOPPING while a
     scale-down call may still land): settings are validated at every start, so a restart
-    after a fix is the human saying "try again".
+    after a fix is the human saying "try again". Not a net the start found its files still
+    wrong for (`still_wrong`: name -> why): it stays MISCONFIGURED with the new reason, in
+    this same transaction, so no claim ever sees it in service between the reset and the
+    check.
     """
+    still_wrong = still_wrong or {}
     existing = {n.name: n for n in session.scalars(select(Net).with_for_update())}
     created = []
     for net_config in settings.nets:
@@ -38,7 +48,9 @@ def sync_nets(
             if _insert_net(session, net_config.name, now):
                 created.append(net_config.name)
             continue  # declared now, by this insert or by the one that won the race
-        if (
+        if at_start and net.state == NetState.MISCONFIGURED and net.name in still_wrong:
+            net.last_error = still_wrong[net.name]
+        elif (
             at_start
             and net.state == NetState.MISCONFIGURED
             and records.active_job(session, net.name) is None  # never STOPPED under a job

@@ -249,7 +249,12 @@ def lease_taken_over(stack: LocalStack, job_id: uuid.UUID) -> datetime:
     def taken_over() -> bool:
         job = stack.job(job_id)
         assert job.state == JobState.ASSIGNED, f"{job.state} before any re-drive"
-        return job.step_due_at != held
+        if job.step_due_at == held:
+            return False
+        # A re-drive takes over only a lapsed lease; a change before is a step that survived
+        # the kill (a poll's countdown still in the broker), and the re-drive went untested.
+        assert now() > held, "the lease was renewed before it lapsed: no re-drive to measure"
+        return True
 
     stack.wait_for("the monitor re-driving the job", taken_over, RUN_S, poll_s=0.1)
     return now()

@@ -51,11 +51,6 @@ def _rows(held: datetime, moved_to: datetime) -> list[_Row]:
     return [_Row(JobState.ASSIGNED, held)] * 3 + [_Row(JobState.ASSIGNED, moved_to)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lease_taken_over takes any change of step_due_at for a re-drive, also one made "
-    "before the held lease lapsed (a surviving poll); the test then passes with no re-drive",
-)
 def test_a_lease_renewed_before_it_lapsed_is_not_taken_for_a_re_drive():
     now = datetime.now(UTC)
     held = now + timedelta(seconds=30)  # the killed poll's lease: 30 s left

@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from app.adapters import net_check
 from app.celery_app import prepare_nets_at_start
 from app.usecases import declared_nets, dispatch, records
-from models import JobState, NetState, ReasonCode
+from models import JobState, NetEvent, NetState, ReasonCode
 
 pytestmark = pytest.mark.unit
 
@@ -70,11 +71,6 @@ def test_a_net_found_misconfigured_at_start_while_idle_takes_no_job(world, sqlit
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the start resets MISCONFIGURED to STOPPED and commits before it checks the files "
-    "again: a claim in between takes the net, and the check then refuses to mark it",
-)
 def test_a_restart_with_the_files_still_wrong_never_puts_the_net_in_service(
     world, sqlite_url, monkeypatch
 ):
@@ -96,3 +92,29 @@ def test_a_restart_with_the_files_still_wrong_never_puts_the_net_in_service(
     prepare_nets_at_start(world.rt.settings.model_copy(update={"database_url": sqlite_url}))
     assert world.job(waiting).state == JobState.QUEUED
     assert world.net("net-a").state == NetState.MISCONFIGURED
+    # Never out of MISCONFIGURED, not even for a moment another worker could claim in: the
+    # start checks the files before it resets anything, in one transaction.
+    with world.rt.sessions() as session:
+        moves = session.execute(
+            select(NetEvent.from_state, NetEvent.to_state).where(NetEvent.net_name == "net-a")
+        ).all()
+    assert [tuple(m) for m in moves if m[0] == NetState.MISCONFIGURED] == []
+
+
+def test_a_restart_with_the_files_still_wrong_keeps_the_new_reason(world, sqlite_url, monkeypatch):
+    with world.rt.sessions.begin() as session:
+        declared_nets.mark_misconfigured(session, "net-a", "an older reason", world.clock())
+    monkeypatch.setattr(net_check, "endpoint_problem", _net_a_dials_another_server)
+    prepare_nets_at_start(world.rt.settings.model_copy(update={"database_url": sqlite_url}))
+    assert (world.net("net-a").state, world.net("net-a").last_error) == (
+        NetState.MISCONFIGURED,
+        FOREIGN,
+    )
+
+
+def test_a_restart_with_the_files_fixed_resets_the_net(world, sqlite_url, monkeypatch):
+    with world.rt.sessions.begin() as session:
+        declared_nets.mark_misconfigured(session, "net-a", FOREIGN, world.clock())
+    monkeypatch.setattr(net_check, "endpoint_problem", lambda *_a, **_kw: None)
+    prepare_nets_at_start(world.rt.settings.model_copy(update={"database_url": sqlite_url}))
+    assert (world.net("net-a").state, world.net("net-a").last_error) == (NetState.STOPPED, None)
