@@ -694,7 +694,8 @@ def test_readiness_waits_for_both_sites_to_re_register_after_a_restart(
     assert all(r.missing_sites for r in waiting)
     assert set(sites) <= set(ready.connected_sites)
     # The server's own view agrees (a fresh raw session's check_status, polled: one probe's
-    # 1 s login can miss under a loaded run, and then reads as no site at all).
-    nvflare_sites.wait_sites(sites, timeout=30)
+    # 1 s login can miss under a loaded run, and then reads as no site at all). A few probes,
+    # not an "eventually": the sites must be registered already, not within a re-registration.
+    nvflare_sites.wait_sites(sites, timeout=8)
     assert ready.server_start_time is not None and first.server_start_time is not None
     assert ready.server_start_time > first.server_start_time

@@ -77,6 +77,7 @@ def test_the_harness_finds_the_deadlock_of_claims_locking_holds_out_of_order(har
     it, finds the DeadlockDetected."""
     # (True: the lock is skipped, the ends are not: the claim still ends every hold, as it
     # did before it locked them, rather than only those a lock found.)
+    lock_holds = claims._lock_holds
     monkeypatch.setattr(claims, "_lock_holds", lambda *_args, **_kw: True)
     # Short races, many seeds: the deadlock needs two claims crossing, which a fresh start
     # with few jobs gives more often than a long race. Short by count, not by time: a race of
@@ -91,6 +92,13 @@ def test_the_harness_finds_the_deadlock_of_claims_locking_holds_out_of_order(har
         found = harness.run(seed)
         seen.append(found.summary())
         if any(line.startswith("DeadlockDetected") for line in found.lock_races):
+            # The control: the same seed's race with the lock back on has no deadlock (so the
+            # one found is the lock's, not another the product already had).
+            monkeypatch.setattr(claims, "_lock_holds", lock_holds)
+            again = harness.run(seed)
+            assert not any(line.startswith("DeadlockDetected") for line in again.lock_races), (
+                again.summary()
+            )
             return
     pytest.fail("no deadlock found with the hold lock off:\n" + "\n".join(seen))
 
