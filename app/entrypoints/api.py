@@ -60,7 +60,7 @@ from app.readiness import check_ready
 from app.runtime import Runtime
 from app.schemas import EnqueueJob, StorableText
 from app.usecases import intake
-from app.usecases.net_history import declared_nets, nets_overview
+from app.usecases.net_history import nets_as_declared, nets_overview
 from app.usecases.views import (
     collect_status,
     job_detail,
@@ -286,7 +286,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
     callbacks = settings.callbacks_enabled
     detail = partial(job_detail, callbacks=callbacks, settings=settings)
     detail_by_key = partial(job_detail_by_key, callbacks=callbacks, settings=settings)
-    declared = declared_nets(settings)
+    declared = nets_as_declared(settings)
     declared_names = {n.name for n in declared}
 
     @app.get(

@@ -79,7 +79,8 @@ class DeclaredNet:
     idle_timeout_s: float
 
 
-def declared_nets(settings: Settings) -> list[DeclaredNet]:
+def nets_as_declared(settings: Settings) -> list[DeclaredNet]:
+    """Each declared net as the nets page shows it: its name, whether always-on, its grace."""
     return [DeclaredNet(n.name, n.always_on, n.idle_timeout_s) for n in settings.nets]
 
 

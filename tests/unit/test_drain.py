@@ -18,7 +18,7 @@ from app.errors import InvalidRequest, NetDrained
 from app.schemas import ReportedStatus, ReportJobStatus
 from app.settings import Settings
 from app.usecases import dispatch, drains, monitor, records, scale_down
-from app.usecases.net_history import declared_nets, nets_overview
+from app.usecases.net_history import nets_as_declared, nets_overview
 from app.usecases.views import job_detail
 from models import Drain, JobState, NetState, PrewarmOutcome
 from tests.fixtures.db import net_decl
@@ -215,7 +215,7 @@ def test_the_nets_page_shows_a_drain_banner(two):
     two.run_pipeline(job_id)
     drains.drain(two.rt, everything=True)
     with two.rt.sessions() as session:
-        overview = nets_overview(session, declared_nets(two.rt.settings), two.clock())
+        overview = nets_overview(session, nets_as_declared(two.rt.settings), two.clock())
     page = nets_page.render(overview)
     assert "The whole deployment is drained" in page
     assert "<b>Draining</b>: still active: net-a: running" in page

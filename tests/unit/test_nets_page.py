@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from app.entrypoints.api import create_app
 from app.entrypoints.nets_page import duration, render
 from app.runtime import RecordingOutbox, Runtime
-from app.usecases.net_history import Segment, declared_nets, nets_overview, timeline
+from app.usecases.net_history import Segment, nets_as_declared, nets_overview, timeline
 from models import NetState
 from tests.fixtures.day import MISCONFIGURED_ERROR, build_day, day_settings
 
@@ -34,7 +34,7 @@ def day(tmp_path, job_root, sqlite_factory, clock):
 
 def overview(runtime, net=None):
     with runtime.sessions() as session:
-        return nets_overview(session, declared_nets(runtime.settings), runtime.clock(), net=net)
+        return nets_overview(session, nets_as_declared(runtime.settings), runtime.clock(), net=net)
 
 
 def test_timeline_starts_in_the_state_before_the_windows_first_move(clock):
@@ -196,9 +196,10 @@ def test_duration_words():
 
 def test_a_page_holds_page_size_nets_and_every_trouble_is_listed(day, clock):
     with day.sessions() as session:
-        first = nets_overview(session, declared_nets(day.settings), clock(), page_size=2)
-        second = nets_overview(session, declared_nets(day.settings), clock(), page=2, page_size=2)
-        beyond = nets_overview(session, declared_nets(day.settings), clock(), page=9, page_size=2)
+        declared = nets_as_declared(day.settings)
+        first = nets_overview(session, declared, clock(), page_size=2)
+        second = nets_overview(session, declared, clock(), page=2, page_size=2)
+        beyond = nets_overview(session, declared, clock(), page=9, page_size=2)
     assert (first.page, first.pages, first.offset) == (1, 2, 0)
     assert [p.now.name for p in first.nets] == ["net-b", "net-c"]
     assert [p.now.name for p in second.nets] == ["net-a"] and second.offset == 2

@@ -536,7 +536,7 @@ def test_a_prewarm_read_as_expired_at_its_deadline_never_reads_used_after(pw):
 def test_status_metrics_and_the_nets_page_show_the_hold(pw):
     from app.entrypoints.nets_page import render
     from app.metrics.read import read_snapshot
-    from app.usecases.net_history import declared_nets, nets_overview
+    from app.usecases.net_history import nets_as_declared, nets_overview
     from app.usecases.views import collect_status
 
     held_ready(pw, within_s=300)
@@ -552,7 +552,7 @@ def test_status_metrics_and_the_nets_page_show_the_hold(pw):
     assert all(n.prewarm is None for n in status.nets if n.name != "net-a")
     with pw.rt.sessions.begin() as session:
         snap = read_snapshot(session, pw.clock(), idle_grace_s={"net-a": GRACE_S})
-        page = nets_overview(session, declared_nets(pw.rt.settings), pw.clock())
+        page = nets_overview(session, nets_as_declared(pw.rt.settings), pw.clock())
     assert snap.prewarm_held_nets == 1 and snap.idle_s["net-a"] == 0
     [panel] = [p for p in page.nets if p.now.name == "net-a"]
     assert panel.now.hold is not None and panel.now.idle_left_s == GRACE_S
