@@ -66,6 +66,9 @@ class Net(Base):
     # STOPPING or UNHEALTHY net only after it, so a net is not stopped, claimed and started
     # again while the first call can still land (app.usecases.scaling.stop_net).
     stop_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Why the net goes MISCONFIGURED once its active job ends: a worker start found its files
+    # wrong while it ran a job, which is left to finish (records.release_net applies it).
+    misconfigured_after_job: Mapped[str | None] = mapped_column(Text, nullable=True)
     version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
 
     events: WriteOnlyMapped[NetEvent] = relationship(

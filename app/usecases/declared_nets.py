@@ -48,6 +48,10 @@ def sync_nets(
             if _insert_net(session, net_config.name, now):
                 created.append(net_config.name)
             continue  # declared now, by this insert or by the one that won the race
+        if at_start and net.misconfigured_after_job is not None:
+            # Every start checks the files afresh: a verdict an earlier start kept for the
+            # end of a job holds only while they are still wrong (the caller marks it again).
+            net.misconfigured_after_job = None
         if at_start and net.state == NetState.MISCONFIGURED and net.name in still_wrong:
             net.last_error = still_wrong[net.name]
         elif (
@@ -138,9 +142,12 @@ def restamp_after_s(settings: Settings) -> float:
 
 def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
     """Take a net out of service until a human fixes its settings (jobs wait QUEUED).
-    Returns False when the net has an active job (monitor settles that one first)."""
+    Returns False when the net has an active job: that job is left to finish (its run is
+    fine; only the next would dial the wrong server), and the verdict is kept on the row
+    for `records.release_net` to apply the moment the job lets the net go."""
     net = records.get_net(session, name, lock=True)
     if records.active_job(session, name) is not None:
+        net.misconfigured_after_job = reason
         return False
     net.transition(NetState.MISCONFIGURED, now, reason)
     net.last_error = reason

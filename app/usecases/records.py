@@ -93,12 +93,21 @@ def release_net(session: Session, net_name: str, now: datetime) -> None:
     """A net's job is over: BUSY -> READY with the idle grace starting now.
 
     A net still STARTING stays so (the next job may take it, or reconcile settles it); a
-    net in any other state keeps it, since the state already says what is wrong.
+    net in any other state keeps it, since the state already says what is wrong. A net a
+    worker start found misconfigured under this job goes MISCONFIGURED instead, in the
+    same transaction, so no claim takes it (reconcile then scales it down).
     """
     net = get_net(session, net_name, lock=True)
     # Every caller has just ended (or requeued) the net's one active job; a net still held
     # is left as it is (test_a_net_is_not_released_while_a_job_still_holds_it).
     if active_job(session, net_name) is not None:
+        return
+    verdict = net.misconfigured_after_job
+    if verdict is not None:
+        net.misconfigured_after_job = None
+        if net.state != NetState.MISCONFIGURED:
+            net.transition(NetState.MISCONFIGURED, now, verdict)
+            net.last_error = verdict
         return
     if net.state in (NetState.BUSY, NetState.READY):
         net.mark_idle(now)

@@ -31,11 +31,6 @@ def _net_a_dials_another_server(net: Any, _settings: Any, **_kw: Any) -> str | N
     return FOREIGN if net.name == "net-a" else None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare_nets_at_start drops the verdict for a net with an active job (logged "
-    "only) and nothing checks again: the net takes the next job once this one ends",
-)
 def test_a_net_found_misconfigured_at_start_under_a_job_takes_no_job_after_it(
     world, sqlite_url, monkeypatch
 ):
@@ -51,7 +46,14 @@ def test_a_net_found_misconfigured_at_start_under_a_job_takes_no_job_after_it(
         records.finish_job(
             session, first, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
         )
-    assert world.net("net-a").state == NetState.READY
+    # Out of service the moment its job lets it go, in that same transaction: never READY
+    # for a claim in between.
+    net = world.net("net-a")
+    assert (net.state, net.last_error, net.misconfigured_after_job) == (
+        NetState.MISCONFIGURED,
+        FOREIGN,
+        None,
+    )
     second = world.enqueue("second", net="net-a")
     dispatch.claim_and_start(world.rt)
     assert world.job(second).state == JobState.QUEUED
@@ -118,3 +120,41 @@ def test_a_restart_with_the_files_fixed_resets_the_net(world, sqlite_url, monkey
     monkeypatch.setattr(net_check, "endpoint_problem", lambda *_a, **_kw: None)
     prepare_nets_at_start(world.rt.settings.model_copy(update={"database_url": sqlite_url}))
     assert (world.net("net-a").state, world.net("net-a").last_error) == (NetState.STOPPED, None)
+
+
+def test_a_restart_with_the_files_fixed_under_the_job_drops_the_kept_verdict(
+    world, sqlite_url, monkeypatch
+):
+    """The human fixed the files and restarted while the job still ran: the net goes back
+    into service after it, as after any fix."""
+    first = world.enqueue("first", net="net-a")
+    world.run_pipeline(first)
+    settings = world.rt.settings.model_copy(update={"database_url": sqlite_url})
+    monkeypatch.setattr(net_check, "endpoint_problem", _net_a_dials_another_server)
+    prepare_nets_at_start(settings)
+    assert world.net("net-a").misconfigured_after_job == FOREIGN
+    monkeypatch.setattr(net_check, "endpoint_problem", lambda *_a, **_kw: None)
+    prepare_nets_at_start(settings)
+    assert world.net("net-a").misconfigured_after_job is None
+    with world.rt.sessions.begin() as session:
+        records.finish_job(
+            session, first, JobState.COMPLETED, "done", world.clock(), code=ReasonCode.RUN_COMPLETED
+        )
+    assert world.net("net-a").state == NetState.READY
+    second = world.enqueue("second", net="net-a")
+    dispatch.claim_and_start(world.rt)
+    assert world.job(second).state != JobState.QUEUED
+
+
+def test_a_requeued_job_leaves_its_net_out_of_service_too(world, sqlite_url, monkeypatch):
+    """Every way a job lets its net go applies the kept verdict (a requeue here), and the
+    requeued job waits for a human rather than being claimed back onto it."""
+    first = world.enqueue("first", net="net-a")
+    world.run_pipeline(first)
+    monkeypatch.setattr(net_check, "endpoint_problem", _net_a_dials_another_server)
+    prepare_nets_at_start(world.rt.settings.model_copy(update={"database_url": sqlite_url}))
+    with world.rt.sessions.begin() as session:
+        records.requeue_job(session, first, "server restarted under the run", world.clock())
+    dispatch.claim_and_start(world.rt)
+    assert world.job(first).state == JobState.QUEUED
+    assert world.net("net-a").state == NetState.MISCONFIGURED
