@@ -1,55 +1,77 @@
 """Break-it review of round 10's Flower strays (the settling rest, the monitor's stop of the
-runs a job does not count) and its two fixes: a clock stepped back behind a stray's
-recording makes the net start to settle it every few rounds again; a token's later run
-left by a blip in the round that ended its job un-held lives on an idle always-on net; a
+runs a job does not count) and its two fixes: a restart after fixing settings a settling
+start found wrong still rests the net up to an hour; a clock stepped back behind a stray's
+recording makes the net start to settle it every few rounds again; a token's later run left
+by a blip in the round that ended its job un-held lives on an idle always-on net; a
 MISCONFIGURED net at zero replicas is asked for its stray every round (strict xfails)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.errors import AdminMisconfigured, ServerUnavailable
+from app.errors import AdminMisconfigured, MisconfigurationError, ServerUnavailable
 from app.usecases import declared_nets, monitor, reconciler, scale_down, scaling
 from models import JobState, NetState
 from tests.fakes import FakeAdmin
+from tests.unit.conftest import World
 from tests.unit.test_flower_stray_settling import _hours, _rounds, _starts, unanswered_for
 from tests.unit.test_revived_strays import _net_state as _state
 from tests.unit.test_revived_strays import _strays, _world
 
 
+def _broken(world: World, cause: str) -> list[bool]:
+    """fl-a's settings are wrong until the flag it returns is cleared: its admin kit (its CA
+    does not match the SuperLink's certificate, read as the client is built) or its
+    service (the platform has none by that name, found as the net is scaled up)."""
+    broken = [True]
+    if cause == "kit":
+        build = world.rt.admin_factory
+
+        def kit(net_config, settings):
+            if broken[0] and net_config.name == "fl-a":
+                raise AdminMisconfigured("fl-a: CA does not match the SuperLink's certificate")
+            return build(net_config, settings)
+
+        world.rt.admin_factory = kit  # type: ignore[misc]
+    else:
+        driver = world.driver("fl-a")
+        scale = driver.scale
+
+        def service(replicas: int) -> None:
+            if broken[0] and replicas:
+                raise MisconfigurationError("ECS service fl-a not found")
+            scale(replicas)
+
+        driver.scale = service  # type: ignore[method-assign]
+    return broken
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="defect: a settling start that found the net's kit broken (MISCONFIGURED) counts"
-    " as a failed start, so the restart after the fix rests the net min(stray's age, 1 h)"
-    " before it tries the fixed kit; the stray's job and jobs pinned to the net wait that long",
+    reason="defect: a settling start that found the net's settings wrong (MISCONFIGURED)"
+    " counts as a failed start, so the restart after the fix rests the net min(stray's age,"
+    " 1 h) before it tries; the stray's job and jobs pinned to the net wait that long",
 )
-def test_a_restart_after_fixing_a_kit_a_settling_start_found_broken_settles_at_once(
-    tmp_path, job_root, sqlite_factory, clock
+@pytest.mark.parametrize("cause", ["kit", "service"])
+def test_a_restart_after_fixing_what_a_settling_start_found_wrong_settles_at_once(
+    tmp_path, job_root, sqlite_factory, clock, cause: str
 ) -> None:
     """fl-a holds a stray (its SuperLink healthy: its stop would settle it). The settling
-    start finds the net's admin kit broken (its CA does not match the SuperLink's
-    certificate): the net is MISCONFIGURED and scaled to zero. Two hours later the operator
-    fixes the kit and restarts the workers, "the human saying try again" (sync_nets); the
-    net rests an hour first, as if its SuperLink had failed to settle the stray (the review
-    of the rest: "a net misconfigured meanwhile starts at once")."""
+    start finds the net's settings wrong: the net is MISCONFIGURED (at zero replicas). Two
+    hours later the operator fixes them and restarts the workers, "the human saying try
+    again" (sync_nets); the net rests an hour first, as if its SuperLink had failed to
+    settle the stray (the review of the rest: "a net misconfigured meanwhile starts at
+    once")."""
     world = _world(tmp_path, job_root, sqlite_factory, clock)
     world.net_name = "fl-a"  # type: ignore[attr-defined]
     server = world.server("fl-a")
     server.statuses["7"] = "RUNNING"
     world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
-    broken = True
-    build = world.rt.admin_factory
-
-    def kit(net_config, settings):  # the kit is read as the client is built
-        if broken and net_config.name == "fl-a":
-            raise AdminMisconfigured("fl-a: CA does not match the SuperLink's certificate")
-        return build(net_config, settings)
-
-    world.rt.admin_factory = kit  # type: ignore[misc]
+    broken = _broken(world, cause)
     _rounds(world, 2)
     assert _state(world, "fl-a") == NetState.MISCONFIGURED
     clock.advance(2 * 3600)
-    broken = False  # fixed, and the workers restarted
+    broken[0] = False  # fixed, and the workers restarted
     with world.rt.sessions.begin() as session:
         declared_nets.sync_nets(session, world.rt.settings, clock(), at_start=True)
     assert _state(world, "fl-a") == NetState.STOPPED
