@@ -98,15 +98,16 @@ def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
 
 def _stop_uncounted(rt: Runtime, watched: list[Watched], finishing: list[str | None]) -> None:
     """After the verdicts, on every net whose server keeps no submit token (Flower) that a
-    job runs on or holds (FINISHING: waiting for its results report), stop the live runs no
-    job counts (`revived_runs.stop_uncounted_runs`): a defence that never holds up the
-    round's own work. Each full round only, not the awaited poll's (a list of every run a
-    SuperLink keeps, each second), and not on a net the round read unreachable."""
+    job runs on or holds (FINISHING: waiting for its results report), or that idles up as
+    always-on (`revived_runs.idle_always_on`), stop the live runs no job counts
+    (`revived_runs.stop_uncounted_runs`): a defence that never holds up the round's own
+    work. Each full round only, not the awaited poll's (a list of every run a SuperLink
+    keeps, each second), and not on a net the round read unreachable."""
     runs: dict[str, list[str]] = {}
     for job in watched:
         if not job.unreachable:
             runs.setdefault(job.net_name, []).append(job.nvflare_job_id)
-    for net_name in finishing:
+    for net_name in [*finishing, *revived_runs.idle_always_on(rt)]:
         if net_name is not None:
             runs.setdefault(net_name, [])
     nets = [n for n in runs if rt.settings.has_net(n) and rt.settings.net(n).tokens_by_lookup]

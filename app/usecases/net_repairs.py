@@ -214,36 +214,52 @@ def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
 def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
     """How long a STOPPED net holding strays rests at zero before it is started to settle
     them: 0 while its oldest stray had waited less than ABORT_TIMEOUT_S when the net
-    stopped, or while no settling start was made since that stray was recorded (nothing
-    failed to settle it: a net misconfigured meanwhile, say); else that wait (doubling from
-    one start to the next), at most SETTLE_REST_MAX_S."""
+    stopped, or while no settling start was made since that stray was recorded and since a
+    human last put the net back in service from MISCONFIGURED (nothing failed to settle it:
+    a start that found the settings wrong tried nothing, and the restart after the fix is
+    the human saying "try again"); else that wait (doubling from one start to the next), at
+    most SETTLE_REST_MAX_S. A stray recorded after the stop by the clock (a clock stepped
+    back behind it) has a wait no one can read: the longest rest once a start was tried, so
+    the step brings back no storm of starts."""
     with rt.sessions() as session:
         oldest = session.scalar(
             select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
         )
-        if oldest is None or (stopped_at - oldest).total_seconds() < rt.settings.abort_timeout_s:
+        if oldest is None:
             return 0.0
+        waited_s = (stopped_at - oldest).total_seconds()
+        if 0 <= waited_s < rt.settings.abort_timeout_s:
+            return 0.0
+        fixed_at = session.scalar(
+            select(func.max(NetEvent.at)).where(
+                NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
+            )
+        )
+        since = [at for at in (oldest if waited_s >= 0 else None, fixed_at) if at is not None]
         tried = session.scalar(
             select(
                 exists().where(
                     NetEvent.net_name == name,
                     NetEvent.to_state == NetState.STARTING,
                     NetEvent.reason == SETTLE_START,
-                    NetEvent.at >= oldest,
+                    *([NetEvent.at >= max(since)] if since else []),
                 )
             )
         )
-    return min((stopped_at - oldest).total_seconds(), SETTLE_REST_MAX_S) if tried else 0.0
+    if not tried:
+        return 0.0
+    return min(waited_s, SETTLE_REST_MAX_S) if waited_s >= 0 else SETTLE_REST_MAX_S
 
 
 def resting(rt: Runtime, name: str) -> bool:
-    """A net whose strays only its server's word settles (`runs_revive`) is STOPPED: no
-    server to ask (reconcile neither calls it nor logs each round of its rest); it is
-    started to settle them (`_start_to_settle`)."""
+    """A net whose strays only its server's word settles (`runs_revive`) is STOPPED, or
+    MISCONFIGURED (scaled down, settled once a human fixes it): no server to ask
+    (reconcile neither calls it nor logs each round of its rest); a STOPPED one is started
+    to settle them (`_start_to_settle`)."""
     if not runs_revive(rt, name):
         return False
     with rt.sessions() as session:
-        return records.get_net(session, name).state == NetState.STOPPED
+        return records.get_net(session, name).state in (NetState.STOPPED, NetState.MISCONFIGURED)
 
 
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912

@@ -19,13 +19,13 @@ import logging
 import uuid
 from collections.abc import Collection
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 
 from app.adapters.backend import AbortOutcome
 from app.errors import DispatcherError
 from app.runtime import Runtime
 from app.usecases import records
-from models import ACTIVE_JOB_STATES, Job, JobState
+from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +108,23 @@ def stop_uncounted_runs(rt: Runtime, net_name: str, watched: Collection[str] = (
         if landed:
             stopped.append(run_id)
     return stopped
+
+
+def idle_always_on(rt: Runtime) -> list[str]:
+    """The always-on nets whose server keeps no submit token that idle READY with no job:
+    their server stays up, so a later run a blip left live as its job ended (the list of
+    live runs refused in the very round that ended the job, no job holding the net after)
+    would run until the next job's readiness. No statement without such nets."""
+    names = [n.name for n in rt.settings.nets if n.always_on and n.tokens_by_lookup]
+    if not names:
+        return []
+    with rt.sessions() as session:
+        return list(
+            session.scalars(
+                select(Net.name).where(
+                    Net.name.in_(names),
+                    Net.state == NetState.READY,
+                    ~exists().where(Job.net_name == Net.name, Job.state.in_(ACTIVE_JOB_STATES)),
+                )
+            )
+        )

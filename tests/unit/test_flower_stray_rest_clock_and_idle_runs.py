@@ -1,9 +1,10 @@
 """Break-it review of round 10's Flower strays (the settling rest, the monitor's stop of the
 runs a job does not count) and its two fixes: a restart after fixing settings a settling
-start found wrong still rests the net up to an hour; a clock stepped back behind a stray's
-recording makes the net start to settle it every few rounds again; a token's later run left
-by a blip in the round that ended its job un-held lives on an idle always-on net; a
-MISCONFIGURED net at zero replicas is asked for its stray every round (strict xfails)."""
+start found wrong rested the net up to an hour; a clock stepped back behind a stray's
+recording made the net start to settle it every few rounds again; a token's later run left
+by a blip in the round that ended its job un-held lived on an idle always-on net; a
+MISCONFIGURED net at zero replicas was asked for its stray every round. Each was a strict
+xfail on 623b430's code, and passes since."""
 
 from __future__ import annotations
 
@@ -46,12 +47,6 @@ def _broken(world: World, cause: str) -> list[bool]:
     return broken
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a settling start that found the net's settings wrong (MISCONFIGURED)"
-    " counts as a failed start, so the restart after the fix rests the net min(stray's age,"
-    " 1 h) before it tries; the stray's job and jobs pinned to the net wait that long",
-)
 @pytest.mark.parametrize("cause", ["kit", "service"])
 def test_a_restart_after_fixing_what_a_settling_start_found_wrong_settles_at_once(
     tmp_path, job_root, sqlite_factory, clock, cause: str
@@ -79,12 +74,6 @@ def test_a_restart_after_fixing_what_a_settling_start_found_wrong_settles_at_onc
     assert _strays(world, "fl-a") == [] and server.aborted == ["7"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a stray dated after the net's stop (the clock stepped back behind its"
-    " recording) reads as neither overdue nor tried at every stop, so the net is started to"
-    " settle it every few rounds until the clock catches up (29 starts in 2 h, 2 unstepped)",
-)
 def test_a_clock_stepped_back_behind_the_stray_does_not_start_the_net_every_few_rounds(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
@@ -100,12 +89,6 @@ def test_a_clock_stepped_back_behind_the_stray_does_not_start_the_net_every_few_
     assert len(starts) <= 4, f"started {len(starts)} times in two hours: {starts}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a token's later run left live by a blip of the live-run list in the"
-    " round that ended its job un-held (RELEASE_AFTER=finished, the default) is stopped by"
-    " no one while the always-on net idles: the monitor stops runs only on nets a job holds",
-)
 def test_a_later_run_left_by_a_blip_in_an_unheld_verdict_round_is_stopped_on_an_idle_net(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
@@ -142,12 +125,6 @@ def test_a_later_run_left_by_a_blip_in_an_unheld_verdict_round_is_stopped_on_an_
     assert "nv-9" not in admin.live_runs(), "a run no job counts lives on the idle net"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (low): a MISCONFIGURED Flower net at zero replicas holding a stray is"
-    " asked for the stray's token every reconcile round (a real client waits its admin"
-    " timeout on an absent SuperLink); the rest's fix skips only a STOPPED net",
-)
 def test_a_misconfigured_flower_net_at_zero_replicas_is_not_called_every_round(
     tmp_path, job_root, sqlite_factory, clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
