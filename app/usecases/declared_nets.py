@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.settings import Settings
 from app.usecases import records
-from models import Net, NetState
+from models import JobState, Net, NetState
 
 
 def sync_nets(
@@ -142,13 +142,24 @@ def restamp_after_s(settings: Settings) -> float:
 
 def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) -> bool:
     """Take a net out of service until a human fixes its settings (jobs wait QUEUED).
-    Returns False when the net has an active job: that job is left to finish (its run is
-    fine; only the next would dial the wrong server), and the verdict is kept on the row
-    for `records.release_net` to apply the moment the job lets the net go."""
+
+    A job only claimed onto it (ASSIGNED, nothing submitted) goes back to the queue, its
+    attempt kept, as reconcile does. A job past that point keeps the net: False, and the
+    verdict stays on the row (shown as its `last_error`) for `records.release_net` to apply
+    the moment the job lets the net go; meanwhile the monitor asks nothing of a server
+    these files do not reach (`monitor._monitor_net`: unwatchable, settled past the grace
+    by LOST_JOB_POLICY)."""
     net = records.get_net(session, name, lock=True)
-    if records.active_job(session, name) is not None:
+    job = records.active_job(session, name)
+    if job is not None:
         net.misconfigured_after_job = reason
-        return False
+        if job.state != JobState.ASSIGNED:
+            net.last_error = f"misconfigured once job {job.id} ends: {reason}"
+            return False
+        records.requeue_job(
+            session, job.id, f"net {name} misconfigured: {reason}", now, count_attempt=False
+        )
+        return True  # (requeue_job released the net: MISCONFIGURED with the reason)
     net.transition(NetState.MISCONFIGURED, now, reason)
     net.last_error = reason
     return True

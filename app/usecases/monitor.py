@@ -19,7 +19,12 @@ from sqlalchemy.orm import Session
 from app import names, traces
 from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
-from app.errors import DispatcherError, MisconfigurationError, NvflareJobNotFound
+from app.errors import (
+    AdminMisconfigured,
+    DispatcherError,
+    MisconfigurationError,
+    NvflareJobNotFound,
+)
 from app.runtime import Runtime
 from app.usecases import claims, records, report_waits, revived_runs
 from app.usecases.abort import (
@@ -32,12 +37,7 @@ from app.usecases.abort import (
 )
 from app.usecases.housekeeping import isolated, round_deadline_s
 from app.usecases.scaling import kick, net_misconfigured, take_down
-from app.usecases.step_leases import (
-    LEASED_COLUMNS,
-    LEASED_STATES,
-    Leased,
-    redrive_lapsed_steps,
-)
+from app.usecases.step_leases import LEASED_COLUMNS, LEASED_STATES, Leased, redrive_lapsed_steps
 from models import Job, JobState, Net, ReasonCode
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class Watched:
     dispatched_at: datetime | None = None
     unreachable: bool = False  # the net had a monitor failure pending (unreachable_since)
     traceparent: str | None = None  # the job's trace (app/traces.py)
+    verdict: str | None = None  # the net's files name another server (misconfigured_after_job)
 
 
 STALE = "job moved on since this round read it; nothing done"
@@ -105,19 +106,12 @@ def _stop_uncounted(rt: Runtime, watched: list[Watched], finishing: list[str | N
     keeps, each second), and not on a net the round read unreachable."""
     runs: dict[str, list[str]] = {}
     for job in watched:
-        if not job.unreachable:
+        if not (job.unreachable or job.verdict):
             runs.setdefault(job.net_name, []).append(job.nvflare_job_id)
     for net_name in [*finishing, *revived_runs.idle_always_on(rt)]:
         if net_name is not None:
             runs.setdefault(net_name, [])
-    nets = [n for n in runs if rt.settings.has_net(n) and rt.settings.net(n).tokens_by_lookup]
-
-    def stop(net_name: str) -> None:
-        with isolated(rt, "monitor_running_jobs", net_name):
-            revived_runs.stop_uncounted_runs(rt, net_name, runs[net_name])
-
-    if nets:
-        rt.fan_out.run({n: partial(stop, n) for n in nets}, round_deadline_s(rt))
+    revived_runs.stop_uncounted_on(rt, runs)
 
 
 def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
@@ -141,6 +135,7 @@ _ROUND = (
         Net.server_start_time,
         Net.unreachable_since,
         Job.traceparent,
+        Net.misconfigured_after_job,
     )
     .outerjoin(Net, Net.name == Job.net_name)
     .where(Job.state.in_((*LEASED_STATES, *WATCHED_STATES, JobState.FINISHING)))
@@ -165,8 +160,8 @@ def _watched(rt: Runtime, *, awaited_only: bool) -> list[Watched]:
 def _watchable(rows: Iterable[Sequence[Any]]) -> list[Watched]:
     """The runs of these rows (`_ROUND`'s columns) that can be watched."""
     return [
-        Watched(job_id, state, net_name, run, start, dispatched_at, since is not None, trace)
-        for job_id, state, net_name, _, _, _, run, dispatched_at, start, since, trace in rows
+        Watched(job_id, state, net_name, run, start, at, since is not None, trace, verdict)
+        for job_id, state, net_name, _, _, _, run, at, start, since, trace, verdict in rows
         # A job ABORTING before its submit landed has no run to watch yet (a job with a net
         # has its row: that test only narrows the type).
         if net_name is not None and run is not None
@@ -198,6 +193,10 @@ def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
 def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, str]:
     admin = rt.admin(net_name)
     now = rt.clock()
+    if verdict := next((j.verdict for j in jobs if j.verdict), None):
+        # A worker start found the net's files naming another server: what they reach is
+        # not its server, so nothing is asked of it (its answers would settle the runs).
+        return _unwatchable(rt, net_name, jobs, AdminMisconfigured(verdict), now)
     try:
         start_time = admin.server_start_time()
     except DispatcherError as exc:

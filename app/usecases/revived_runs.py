@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Collection
+from functools import partial
 
 from sqlalchemy import exists, select
 
@@ -25,6 +26,7 @@ from app.adapters.backend import AbortOutcome
 from app.errors import DispatcherError
 from app.runtime import Runtime
 from app.usecases import records
+from app.usecases.housekeeping import isolated, round_deadline_s
 from models import ACTIVE_JOB_STATES, Job, JobState, Net, NetState
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,20 @@ def stop_uncounted_runs(rt: Runtime, net_name: str, watched: Collection[str] = (
         if landed:
             stopped.append(run_id)
     return stopped
+
+
+def stop_uncounted_on(rt: Runtime, runs: dict[str, list[str]]) -> None:
+    """`stop_uncounted_runs` on each of these nets (name -> the runs its jobs count) whose
+    server keeps no submit token, in parallel, each on its own (one net's failure never
+    stops the others')."""
+    nets = [n for n in runs if rt.settings.has_net(n) and rt.settings.net(n).tokens_by_lookup]
+
+    def stop(net_name: str) -> None:
+        with isolated(rt, "monitor_running_jobs", net_name):
+            stop_uncounted_runs(rt, net_name, runs[net_name])
+
+    if nets:
+        rt.fan_out.run({n: partial(stop, n) for n in nets}, round_deadline_s(rt))
 
 
 def idle_always_on(rt: Runtime) -> list[str]:

@@ -3,7 +3,9 @@
 server is MISCONFIGURED with its jobs QUEUED, and that a net running a job when the worker
 starts finishes that job first and goes MISCONFIGURED the moment the job lets it go.
 
-Each test here is a way the promise breaks on main, kept as a strict xfail until fixed.
+Each test here was a way the promise broke on b65dd99, a strict xfail until fixed: a job
+only claimed is requeued at the start (its attempt kept), the kept verdict shows as the
+net's `last_error`, and the monitor asks nothing of a server the files do not reach.
 """
 
 from __future__ import annotations
@@ -53,13 +55,6 @@ def _admin_reaches_another_server(world: Any, monkeypatch: Any) -> None:
     monkeypatch.setattr(world.rt, "admin_factory", admin)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a job only claimed (ASSIGNED) when the start finds the files wrong keeps its "
-    "chain: mark_misconfigured keeps the verdict for 'the end of the job' as if it ran, so "
-    "the chain scales up, readies and submits with the kit that names another server, "
-    "where reconcile's settle_misconfigured requeues an ASSIGNED job with its attempt kept",
-)
 def test_a_job_only_claimed_when_the_start_finds_the_files_wrong_is_not_submitted(
     world, sqlite_url, monkeypatch
 ):
@@ -83,13 +78,6 @@ def test_a_job_only_claimed_when_the_start_finds_the_files_wrong_is_not_submitte
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a claimed job's readiness deadline under a kept verdict: requeue_job applies the "
-    "verdict (MISCONFIGURED), then _give_up_readiness overwrites last_error with 'not ready "
-    "after 120s' and spends an attempt; the verdict's reason is on no row, the alert's "
-    "'its last_error says which' points at the wrong cause",
-)
 def test_the_verdict_reason_survives_a_readiness_deadline_under_it(world, sqlite_url, monkeypatch):
     job_id, attempt = _claimed(world, "claimed")
     dispatch.scale_up(world.rt, job_id, "net-a", attempt)
@@ -104,12 +92,6 @@ def test_the_verdict_reason_survives_a_readiness_deadline_under_it(world, sqlite
     assert (world.job(job_id).state, world.job(job_id).attempts) == (JobState.QUEUED, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pending verdict is on no read: /fl/status (collect_status), GET /nets and "
-    "/metrics show net-a BUSY with last_error null until the job ends, and the "
-    "FlDispatcherNetMisconfigured alert waits for the state; a run of days hides it that long",
-)
 def test_the_pending_verdict_is_visible_on_the_status_read(world, sqlite_url, monkeypatch):
     job_id = world.enqueue("running", net="net-a")
     world.run_pipeline(job_id)
@@ -122,13 +104,6 @@ def test_the_pending_verdict_is_visible_on_the_status_read(world, sqlite_url, mo
     assert FOREIGN in net_a.model_dump_json()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="'a net running a job when the worker starts finishes that job first' does not "
-    "hold for the starting worker's own monitor: its admin session for the net is built "
-    "from the kit it just found naming another server, which does not know the run; the "
-    "run is taken for lost (requeued, an attempt spent) and its real server taken down",
-)
 def test_a_run_under_a_kept_verdict_is_not_lost_through_the_wrong_kit(
     world, sqlite_url, monkeypatch
 ):
@@ -146,13 +121,6 @@ def test_a_run_under_a_kept_verdict_is_not_lost_through_the_wrong_kit(
         assert records.active_job(session, "net-a") is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on an always-on net the same wrong kit makes a second live run: the run is "
-    "taken for lost, its stray is 'settled' by the other server the kit names (it knows no "
-    "such run), no scale-down kills the real one, and the requeued job is claimed onto "
-    "another net while its first run still runs on net-a's own server",
-)
 def test_no_second_live_run_when_an_always_on_net_is_watched_through_the_wrong_kit(
     always_on, sqlite_url, monkeypatch
 ):
