@@ -41,8 +41,10 @@ def test_a_net_with_an_active_job_is_not_taken_out_of_service(world):
         assert not declared_nets.mark_misconfigured(
             session, "net-a", "kit check failed", world.clock()
         )
+    # Its run goes on; the verdict waits on the row for the job's end, and says so.
     net = world.net("net-a")
-    assert (net.state, net.last_error) == (NetState.BUSY, None)
+    assert (net.state, net.misconfigured_after_job) == (NetState.BUSY, "kit check failed")
+    assert net.last_error == f"misconfigured once job {job_id} ends: kit check failed"
 
 
 def test_a_worker_restart_puts_a_misconfigured_net_back_in_service(world):
