@@ -1,5 +1,5 @@
-"""A redeploy that brings a net a kit naming another server (round 11): in about one world
-in twelve, on its own stream (`f"{seed}/kits"`, drawn in bands of its first draw that none of
+"""A redeploy that brings a net a kit naming another server (round 11): in about 8% of the
+worlds, on its own stream (`f"{seed}/kits"`, drawn in bands of its first draw that none of
 the seeds the safeguards and the sweep-seed tests name falls in, so their worlds and every
 other replay exactly), one net's admin kit (a Flower net's certificate) dials another host
 for a spell: from a redeploy that restarts both workers with it, at a random moment or the

@@ -83,4 +83,4 @@ def test_without_the_kits_action_the_same_seeds_report_nothing(
     safeguard.switch_off(monkeypatch)
     monkeypatch.setattr(kits, "BANDS", ())  # no spell: no kit ever names another server
     seen = {r.seed: [v.line() for v in r.violations] for r in run_seeds(safeguard.seed_list())}
-    assert seen == dict.fromkeys(safeguard.seed_list(), [])
+    assert seen == {seed: [] for seed in safeguard.seed_list()}
