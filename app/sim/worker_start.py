@@ -19,8 +19,13 @@ from app.usecases import declared_nets
 KIT_PORT = 8003  # where a simulated NVFLARE server serves its admin port
 
 
-def kit_problem(net: str, dials: str) -> str:
-    """What the start's check says of a kit that dials another server (kit_check's words)."""
+def kit_problem(net: str, dials: str, backend: str) -> str:
+    """What the start's check says of files for another server (each backend's words)."""
+    if backend == "flower":
+        return (
+            f"SuperLink certificate of net {net} is not for {net}.superlink (it names "
+            f"{dials.rpartition(':')[0]}), the host of flower.address"
+        )
     return (
         f"admin kit dials {dials}, but net {net}'s server serves on {net}:{KIT_PORT}: "
         "a kit provisioned for another project or server?"
@@ -46,7 +51,7 @@ class WorkerStart:
             if dials is None:
                 self.found_wrong.pop(net.name, None)
                 continue
-            problems[net.name] = kit_problem(net.name, dials)
+            problems[net.name] = kit_problem(net.name, dials, net.backend)
             self.found_wrong[net.name] = f"w{slot}'s start at {sim.clock.t:.1f}s: {dials}"
         # A real worker whose start fails on the database starts again: not a case here.
         sim.starting_worker = True
