@@ -183,12 +183,12 @@ def prepare_nets_at_start(settings: Settings) -> None:
     names another server."""
     from app.adapters.net_check import endpoint_problem
     from app.db import make_engine, session_factory, unit_of_work
-    from app.usecases import records
-    from app.usecases.declared_nets import mark_misconfigured, sync_nets
-    from models import NetState, utcnow
+    from app.usecases import declared_nets
+    from models import utcnow
 
-    # The files first, then one transaction: a net whose files are still wrong is never
-    # reset to STOPPED and committed before it is marked again (a claim in between took it).
+    # The files first, then one transaction (`prepare_at_start`): a net whose files are still
+    # wrong is never reset to STOPPED and committed before it is marked again (a claim in
+    # between took it).
     problems = {}
     for net in settings.nets:
         problem = endpoint_problem(net, settings)
@@ -198,11 +198,7 @@ def prepare_nets_at_start(settings: Settings) -> None:
     engine = make_engine(settings.database_url)
     try:
         with unit_of_work(session_factory(engine)) as session:
-            now = utcnow()
-            sync_nets(session, settings, now, at_start=True, still_wrong=problems)
-            for name, problem in problems.items():
-                if records.get_net(session, name).state != NetState.MISCONFIGURED:
-                    mark_misconfigured(session, name, problem, now)
+            declared_nets.prepare_at_start(session, settings, problems, utcnow())
     finally:
         engine.dispose()
 

@@ -107,6 +107,16 @@ class SimAdmin:
         t = host.clock.t
         self.cluster.advance(t)
         server = self.server
+        if server.kit_elsewhere is not None:
+            self._connected = False
+            if server.kit_answer == "refused":  # another project's server, or a TLS refusal
+                raise AdminMisconfigured(
+                    f"{self.net}: {server.kit_elsewhere} is another server: the kit or its "
+                    "certificate refused (simulated)"
+                )
+            raise ServerUnavailable(
+                f"{self.net}: cannot connect to server {server.kit_elsewhere} (simulated)"
+            )
         if server.kit_broken:
             self._connected = False
             raise AdminMisconfigured(f"{self.net}: admin kit rejected (simulated)")

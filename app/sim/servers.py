@@ -127,6 +127,11 @@ class SimServer:
     partition_until: float = -1.0
     partitions: list[tuple[float, float]] = field(default_factory=list)
     kit_broken: bool = False
+    # The server a redeploy's kit (a Flower net's certificate) names instead of this one, and
+    # what the workers' client then meets: nothing answering there (`unreachable`), or a
+    # server that refuses the kit (`refused`). None: the kit is right (tests.sim.kits).
+    kit_elsewhere: str | None = None
+    kit_answer: str = "unreachable"
     no_start_time_until: float = -1.0
     # Windows in which every submit reaches the server but its reply is lost (a proxy that
     # times out answers): a dispatch's every retry, the last included, and reconcile's
@@ -190,7 +195,7 @@ class SimServer:
 
     def reachable(self, t: float) -> bool:
         """The dispatcher's admin client can talk to it (up, not partitioned, kit fine)."""
-        return self.answering(t) and not self.kit_broken
+        return self.answering(t) and not self.kit_broken and self.kit_elsewhere is None
 
     def booting(self, t: float) -> bool:
         return self.up_at is not None and t < self.up_at + self.boot_s

@@ -52,9 +52,9 @@ from app.sim.receiver import Outage, SimReceiver, random_receiver
 from app.sim.report import Result, Violation
 from app.sim.state import WorldState
 from app.sim.view import Checks, Moves
+from app.sim.worker_start import WorkerStart
 from app.sim.workload import JobSpec, Workload, WorldSpec
 from app.usecases import callbacks as callbacks_uc
-from app.usecases import declared_nets
 from app.usecases.callbacks import receiver as callback_receiver_uc
 
 T = TypeVar("T")
@@ -144,6 +144,7 @@ class Simulation:
         self.interleaving = Interleaving(self)
         self.operator = Operator(self)
         self.workers = [self._runtime(slot) for slot in (0, 1)]
+        self.starts = WorkerStart(self)
         if adversary is not None:
             adversary.start(self)
         self.restart_worker(0, "start")
@@ -217,18 +218,13 @@ class Simulation:
 
     def restart_worker(self, slot: int, why: str) -> None:
         """A (new) worker process: fresh runtime and admin sessions, and the worker_init
-        signal's sync_nets(at_start=True), which resets MISCONFIGURED nets. A stalled worker
-        is replaced: its task dies when it would resume."""
+        signal's start (app.sim.worker_start: the nets' files checked, MISCONFIGURED nets
+        reset or marked again). A stalled worker is replaced: its task dies when it would
+        resume."""
         if slot == self.stalled:
             self.dead.add(slot)
         self.workers[slot] = self._runtime(slot)
-        # A real worker whose start fails on the database starts again: not a case here.
-        self.starting_worker = True
-        try:
-            with unit_of_work(self.sessions) as session:
-                declared_nets.sync_nets(session, self.settings, self.clock(), at_start=True)
-        finally:
-            self.starting_worker = False
+        self.starts.run(slot)  # its check of the nets' files, then its transaction
         self.trace(f"   worker w{slot} (re)started: {why}")
 
     def reconfigure(self) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from app.handlers import Kind
 from app.runtime import Runtime
 from app.settings import Settings
@@ -41,6 +43,7 @@ class SimView(Host, Protocol):
     fail_fast: bool
     fast_forward: bool
     conn: sqlite3.Connection
+    sessions: sessionmaker[Session]  # the plain sessions (no hook point), as the harness uses
     cluster: Cluster
     broker: Broker
     receiver: SimReceiver

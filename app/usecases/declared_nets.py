@@ -165,6 +165,20 @@ def mark_misconfigured(session: Session, name: str, reason: str, now: datetime) 
     return True
 
 
+def prepare_at_start(
+    session: Session, settings: Settings, problems: Mapping[str, str], now: datetime
+) -> None:
+    """A worker start's one transaction, once it has checked each net's files (`problems`:
+    name -> why they name another server): every declared net's row, MISCONFIGURED nets
+    reset (`sync_nets(at_start=True)`), and each net whose files are wrong taken out of
+    service, or its verdict kept for the end of its job (`mark_misconfigured`). One
+    transaction, so no claim ever sees such a net in service between a reset and a mark."""
+    sync_nets(session, settings, now, at_start=True, still_wrong=problems)
+    for name, problem in problems.items():
+        if records.get_net(session, name).state != NetState.MISCONFIGURED:
+            mark_misconfigured(session, name, problem, now)
+
+
 def ensure_net_rows(session: Session, settings: Settings, now: datetime) -> None:
     """Create the rows of configured nets no worker has created yet, so a job that names a
     net can be stored (jobs.requested_net references nets.name); cheap when all exist."""

@@ -20,7 +20,16 @@ from app.sim.bundles import S3_DEFINITION
 from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
-from tests.sim import bursts, claim_prewarms, dbfaults, drains, flower_faults, poison, repeats
+from tests.sim import (
+    bursts,
+    claim_prewarms,
+    dbfaults,
+    drains,
+    flower_faults,
+    kits,
+    poison,
+    repeats,
+)
 from tests.sim.races import Races
 from tests.sim.redeploy import plan as plan_redeploys
 
@@ -47,6 +56,7 @@ class Adversary:
         event.listen(sim.engine, "handle_error", self._poison_refused)
         flower = flower_faults.plan(seed, sim.world, sim.profile)
         self._flower = None if flower is None else flower_faults.FlowerAdversary(sim, flower)
+        self._kits = kits.KitAdversary(sim)
 
     def stop(self) -> None:
         """Take the database faults' listeners off the engine (the process's, shared)."""
@@ -71,11 +81,16 @@ class Adversary:
         bursts.schedule(sim, sim.caller.arm, sim.caller.enqueue_payload)
         repeats.schedule(sim, sim.caller.arm)
         drains.schedule(sim)
+        self._kits.schedule()
         self._schedule_faults()
 
     def at_hook(self, point: str, net: str | None, fired: bool) -> None:
         """Races and pauses at a hook point (tests.sim.races), then the Flower faults'
-        (tests.sim.flower_faults: their own stream, drawn only at a Flower net's start-run)."""
+        (tests.sim.flower_faults: their own stream, drawn only at a Flower net's start-run);
+        at a commit inside a worker's start, the other worker's claim (tests.sim.kits)."""
+        if point == "start.commit":
+            self._kits.at_start_commit()
+            return
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)

@@ -23,6 +23,7 @@ from tests.sim import drains, repeats
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.fair_share import FairShareInvariants
 from tests.sim.flower_faults import BadAppWatch
+from tests.sim.kits import KitCheck
 from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
@@ -60,6 +61,7 @@ class Checker(
         """Watch `sim` from now on; the malformed Flower App's job, if the world has one."""
         super().start(sim)
         self._bad_app = BadAppWatch(self)
+        self._kits = KitCheck(sim)
 
     def after_step(self) -> None:
         """Every invariant, after one step."""
@@ -84,6 +86,7 @@ class Checker(
         self._claims(t)
         self._queued_while_free(t)
         drains.check(self)
+        self._kits.check(sim.conn)
         self._bad_app.check()
         self._fair_share(t)
         self._scale_to_zero(t)

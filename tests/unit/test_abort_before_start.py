@@ -506,6 +506,7 @@ class _Host:
 
 class _Server:
     kit_broken = False
+    kit_elsewhere = None
 
     def __init__(self) -> None:
         self.store: dict = {}

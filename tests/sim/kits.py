@@ -1,0 +1,184 @@
+"""A redeploy that brings a net a kit naming another server (round 11): in about 8% of the
+worlds, on its own stream (`f"{seed}/kits"`, drawn in bands of its first draw that none of
+the seeds the safeguards and the sweep-seed tests name falls in, so their worlds and every
+other replay exactly), one net's admin kit (a Flower net's certificate) dials another host
+for a spell: from a redeploy that restarts both workers with it, at a random moment or the
+moment the net runs a job, through one to three restarts of a worker with the kit still
+wrong, to a restart where a human fixed it. Meanwhile the net's client meets what a kit
+dialling another host meets (`SimServer.kit_elsewhere`): nothing answering there
+(ServerUnavailable, "cannot connect to server") or another server refusing the kit or its
+certificate (AdminMisconfigured; always so for Flower, whose client refuses a certificate
+not for its address), and each worker start's check of the files reports it
+(app.sim.worker_start).
+
+At a commit inside a start's transaction (`start.commit`: the old code's reset, committed
+before the files were checked), the other worker runs an assign round at once.
+
+`claim-onto-wrong-kit` (at each claim, by a temp trigger that asks the simulation inside the
+claim's own transaction): no job is claimed onto a net after a worker start found its files
+wrong and before a start found them right (round 11's two defects: e907a8b, b65dd99)."""
+
+from __future__ import annotations
+
+import functools
+import random
+import sqlite3
+from dataclasses import dataclass
+
+from app import names
+from app.sim.simulation import Simulation
+
+# The first draw's values that give a world a spell: two bands none of the named seeds'
+# draws falls in (tests/unit/test_simulation_*safeguards.py, test_sweep_seeds.py).
+BANDS = ((0.19, 0.228), (0.455, 0.493))
+RESTART = "a worker restarted, the kit of {net} still wrong"
+
+
+@dataclass(frozen=True)
+class Spell:
+    """One net's wrong kit: when (or once BUSY after when), how long, the restarts within."""
+
+    net: str
+    at: float
+    busy: bool  # the redeploy lands the moment the net runs a job (after `at`)
+    length_s: float
+    answer: str  # what the client meets: "unreachable" or "refused"
+    restarts: tuple[tuple[float, tuple[int, ...]], ...]  # (share of the spell, slots)
+
+
+def plan(sim: Simulation) -> Spell | None:
+    """The world's spell, or None."""
+    rng = random.Random(f"{sim.seed}/kits")
+    first = rng.random()
+    if not any(lo <= first < hi for lo, hi in BANDS) or not sim.world.nets:
+        return None
+    net = rng.choice(sim.world.nets)
+    horizon = sim.workload.horizon_s
+    answer = rng.choice(("unreachable", "unreachable", "refused"))
+    restarts = tuple(
+        (rng.uniform(0.1, 0.9), rng.choice(((0,), (1,), (0, 1)))) for _ in range(rng.randint(1, 3))
+    )
+    return Spell(
+        net=net.name,
+        at=rng.uniform(5.0, max(6.0, horizon * 0.6)),
+        busy=rng.random() < 0.5,
+        length_s=rng.uniform(60.0, 150.0),
+        answer="refused" if net.backend == "flower" else answer,
+        restarts=restarts,
+    )
+
+
+class KitAdversary:
+    """The spell's moments, and the other worker's claim at a commit inside a start."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.spell = plan(sim)
+
+    def schedule(self) -> None:
+        """Schedule the redeploy that brings the wrong kit (armed for BUSY in half the worlds)."""
+        spell, sim = self.spell, self.sim
+        if spell is None:
+            return
+        label = f"redeploy: {spell.net}'s kit names another server ({spell.answer})"
+        if not spell.busy:
+            sim.at(spell.at, label, self._begin)
+            return
+        # Once the net runs a job: the restart itself an event of that instant, never inside
+        # the hook point of a worker's task.
+        arm = functools.partial(sim.caller.arm, f"net:{spell.net}", "BUSY", label, self._now)
+        sim.at(spell.at, f"{label}, once BUSY", arm)
+
+    def _now(self) -> None:
+        self.sim.at(self.sim.clock.t, "the redeploy lands under a job", self._begin)
+
+    def _begin(self) -> None:
+        spell, sim = self.spell, self.sim
+        assert spell is not None
+        if sim.draining:
+            return  # faults stop at the horizon
+        server = sim.cluster.servers[spell.net]
+        server.kit_elsewhere, server.kit_answer = f"{spell.net}-other.example:8003", spell.answer
+        for slot in (0, 1):
+            sim.restart_worker(slot, f"redeploy: {spell.net}'s kit dials {server.kit_elsewhere}")
+        t = sim.clock.t
+        for share, slots in spell.restarts:
+            sim.at(
+                t + share * spell.length_s,
+                RESTART.format(net=spell.net),
+                functools.partial(self._restart, slots),
+            )
+        sim.at(t + spell.length_s, f"a human fixes {spell.net}'s kit", self._fix)
+
+    def _restart(self, slots: tuple[int, ...]) -> None:
+        assert self.spell is not None
+        for slot in slots:
+            self.sim.restart_worker(slot, RESTART.format(net=self.spell.net))
+
+    def _fix(self) -> None:
+        assert self.spell is not None
+        self.sim.cluster.servers[self.spell.net].kit_elsewhere = None
+        for slot in (0, 1):
+            self.sim.restart_worker(slot, f"a human fixed {self.spell.net}'s kit")
+
+    def at_start_commit(self) -> None:
+        """A commit inside a start's transaction: the other worker runs an assign round now
+        (a beat tick due, or one sent now), unless it is busy or stalled."""
+        sim = self.sim
+        free = {0, 1} - set(sim.running) - {sim.stalled, sim.starts.slot}
+        if not free:
+            return
+        due = [m for m in sim.broker.due(sim.clock.t) if m.task == names.ASSIGN_NEXT_JOB]
+        if not due:
+            sim.broker.push(names.ASSIGN_NEXT_JOB, {}, origin="beat", faulty=False)
+            due = [m for m in sim.broker.due(sim.clock.t) if m.task == names.ASSIGN_NEXT_JOB]
+        if not due:
+            return  # the broker is down
+        slot = min(free)
+        sim.broker.take(due[0])
+        sim.trace(f"   || w{slot} runs {due[0].label()} inside a worker start")
+        sim.deliver(due[0], slot)
+
+
+_SCHEMA = """
+CREATE TEMP TABLE sim_kit_claims (
+    seq INTEGER PRIMARY KEY, job TEXT, attempt INTEGER, net TEXT, at TEXT, found TEXT
+);
+CREATE TEMP TRIGGER sim_kit_claim AFTER UPDATE OF state ON main.jobs
+WHEN NEW.state = 'ASSIGNED' AND OLD.state IS NOT 'ASSIGNED'
+    AND sim_kit_found_wrong(NEW.net_name) IS NOT NULL
+BEGIN
+    INSERT INTO sim_kit_claims (job, attempt, net, at, found)
+    VALUES (NEW.id, NEW.attempts, NEW.net_name, NEW.assigned_at,
+        sim_kit_found_wrong(NEW.net_name));
+END;
+"""
+
+
+class KitCheck:
+    """`claim-onto-wrong-kit`: reads the trigger's rows (a rolled-back claim takes its row
+    back with it) once each."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self._seen = 0
+        self.active = plan(sim) is not None
+        if self.active:
+            sim.conn.create_function("sim_kit_found_wrong", 1, sim.starts.found_wrong.get)
+            sim.conn.executescript(_SCHEMA)
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        if not self.active:
+            return
+        rows = conn.execute(
+            "SELECT seq, job, attempt, net, at, found FROM sim_kit_claims WHERE seq > ?",
+            (self._seen,),
+        ).fetchall()
+        for seq, job, attempt, net, at, found in rows:
+            self._seen = max(self._seen, seq)
+            self.sim.report(
+                "claim-onto-wrong-kit",
+                f"job {job[:8]} on {net}",
+                f"claimed at {at} (attempt {attempt}) onto {net}, whose files a worker start "
+                f"found wrong ({found}) and none has found right since",
+            )
