@@ -20,7 +20,16 @@ from app.sim.bundles import S3_DEFINITION
 from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
-from tests.sim import bursts, claim_prewarms, dbfaults, drains, flower_faults, poison, repeats
+from tests.sim import (
+    bursts,
+    claim_prewarms,
+    dbfaults,
+    drains,
+    flower_faults,
+    misfit,
+    poison,
+    repeats,
+)
 from tests.sim.races import Races
 from tests.sim.redeploy import plan as plan_redeploys
 
@@ -47,6 +56,8 @@ class Adversary:
         event.listen(sim.engine, "handle_error", self._poison_refused)
         flower = flower_faults.plan(seed, sim.world, sim.profile)
         self._flower = None if flower is None else flower_faults.FlowerAdversary(sim, flower)
+        misfits = flower is not None and flower.misfit is not None
+        self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
     def stop(self) -> None:
         """Take the database faults' listeners off the engine (the process's, shared)."""
@@ -79,6 +90,8 @@ class Adversary:
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)
+        if self._misfit is not None:
+            self._misfit.at_hook(point, net)
 
     def after_step(self) -> None:
         """The flip's moment, a bundle change between two attempts of a job, and a Flower

@@ -54,6 +54,9 @@ INVARIANT = "malformed-app-refused"
 BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
 # ... and those that give it a fault that never ends instead (none of the named seeds).
 FOREVER_BAND = (0.185, 0.28)
+# ... and those that give it the crash and a settling start that finds the net's settings
+# wrong (MISFIT; round 12, none of the named seeds either).
+MISFIT_BAND = (0.112, 0.168)
 # Where the actions happen: before a start-run, right after it, and at the start-time read
 # a dispatch makes once its submit returned (app.usecases.dispatch).
 POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
@@ -82,6 +85,8 @@ class FlowerFaults:
     bad_app_at: float = 0.0
     forever: str | None = None  # GONE, DEAF, or None
     forever_at: float = 0.0
+    misfit: str | None = None  # "kit" or "service": broken at the first settling start
+    misfit_fix_s: float = 0.0  # how long until a human fixes it and restarts the workers
 
 
 def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | None:
@@ -98,6 +103,8 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     first = rng.random()
     if FOREVER_BAND[0] <= first < FOREVER_BAND[1]:
         return _forever(rng, net, profile)
+    if MISFIT_BAND[0] <= first < MISFIT_BAND[1]:
+        return misfit_plan(rng, net, profile)
     if not BAND[0] <= first < BAND[1]:
         return None
     # The race and the crash are faults: never in a clean world. Each fires at a start-run
@@ -132,6 +139,17 @@ def _forever(rng: random.Random, net: NetSpec, profile: FaultProfile) -> FlowerF
     return FlowerFaults(net=net.name, forever=kind, forever_at=at)
 
 
+def misfit_plan(rng: random.Random, net: NetSpec, profile: FaultProfile) -> FlowerFaults | None:
+    """The crash at a start-run (a state database, a scale-to-zero net: the stray it leaves
+    is settled by starting the net), then the net's admin kit or service broken at its first
+    settling start and mended by a human's restart of the workers (tests.sim.misfit)."""
+    kind = rng.choice(("kit", "service"))
+    fix_s = round(rng.uniform(60.0, 240.0), 1)
+    if profile.clean or net.kind == "static" or not net.keeps_jobs:
+        return None
+    return FlowerFaults(net=net.name, crash_p=1.0, misfit=kind, misfit_fix_s=fix_s)
+
+
 def with_flower_jobs(
     seed: int, world: WorldSpec, profile: FaultProfile, workload: Workload
 ) -> Workload:
@@ -151,7 +169,7 @@ def with_flower_jobs(
             definition=BAD_APP_DEFINITION,
         )
         jobs = (*jobs, bad)
-    if faults.forever is not None:
+    if faults.forever is not None or faults.misfit is not None:
         pinned = JobSpec(
             key=BEHIND_STRAY_KEY, arrive_s=workload.horizon_s - 1.0, duration_s=30.0, net=faults.net
         )
@@ -190,6 +208,8 @@ class FlowerAdversary:
         message = sim.current[-1]
         if not {"job_id", "net_name", "attempt"} <= message.kwargs.keys():
             return  # not a chain's step (a warm net's scale_up submits in the same task)
+        if faults.misfit and str(message.kwargs["job_id"]) == str(job_id_for(BEHIND_STRAY_KEY)):
+            return  # MISFIT's pinned job waits behind another job's stray (tests.sim.misfit)
         if point == "admin.submit.after" and self._outage_due is not None:
             due, self._outage_due = self._outage_due, None
             if due[0] == message.id:

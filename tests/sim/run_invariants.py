@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from app.sim.servers import Run
+from models import NetState
 from tests.sim.observer import J, Observer
 
 
@@ -84,6 +85,10 @@ class RunInvariants(Observer):
                     # Nothing can stop a run on an always-on server no one reaches (an
                     # outage): its bound counts from when the server answers again. (A
                     # scale-to-zero net is taken down whether it answers or not.)
+                    self._unreachable_at[run.net] = t
+                if any(n.name == run.net and n.state == NetState.MISCONFIGURED for n in self.nets):
+                    # Nor on a net whose settings are wrong: it is a human's until the fix
+                    # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
                     self._unreachable_at[run.net] = t
                 since = max(
                     since,
