@@ -64,6 +64,11 @@ class RunInvariants(Observer):
                 where = f"its job {job_id[:8]} is {job_state} on {job_net}"
                 # A token's later run on a SuperLink no one reached (see _later_of_its_token):
                 # nothing can record or stop it until it answers (seed 2345).
+                if getattr(self.sim.cluster.servers[run.net], "lists_refused", False):
+                    # Its SuperLink lists no run (tests.sim.flower_faults' IDLE): nothing
+                    # can find it to stop it until the lists answer again.
+                    self._token_unreached_at[run.net] = t
+                    self._unreachable_at[run.net] = t
                 reached = max(since, self._token_unreached_at.get(run.net, since))
                 if t - reached > b.unaccounted and not self.recorded_stray(run):
                     self.report(
@@ -201,6 +206,7 @@ class RunInvariants(Observer):
                 # unaccounted-run watch it from then on.
                 and not r.dormant
                 and (r.job_id != job.id or r.attempt != job.attempt)
+                and not self._unlisted_later_run(r, t)
             ]
             if beside:
                 self.report(
@@ -210,6 +216,18 @@ class RunInvariants(Observer):
                     + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in beside)
                     + " lives there",
                 )
+
+    def _unlisted_later_run(self, run: Run, t: float) -> bool:
+        """A token's later run on a Flower net whose SuperLink no list reached since its
+        start-run, within the unaccounted bound (tests.sim.flower_faults' IDLE: the lists
+        answer again in the round that ends its job, whose release claims the net at once):
+        the claim cannot know it; the claimed job's readiness stops it before its submit
+        (revived_runs.stop_before_submit), one-run-per-server from then on."""
+        job = self.job(run.job_id)
+        if job is not None and job.nvflare_id == run.nvflare_id:
+            return False
+        unreached = self._token_unreached_at.get(run.net, -1.0)
+        return unreached >= run.submitted_at and t - unreached <= self.bounds.unaccounted
 
 
 def _unseen_end(run: Run, t: float) -> bool:

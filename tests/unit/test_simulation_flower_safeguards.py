@@ -196,6 +196,19 @@ FLOWER = [
         range(304, 305),
         frozenset({"queued-while-free", "stray-run-stopped"}),
     ),
+    Safeguard(
+        "the monitor stops uncounted runs on always-on Flower nets idling READY (6b4fa3b)",
+        # Before 6b4fa3b: only nets a job runs on or holds (FINISHING) had their runs listed.
+        lambda mp: mp.setattr(revived_runs, "idle_always_on", lambda _rt: []),
+        "flaky",
+        # tests.sim.flower_faults' IDLE: the race on the always-on Flower net, then its list
+        # of runs refused from the lost start-run through the round that completes the job
+        # (225 s); the later run trains on, no job holding the net, and is never listed.
+        # Flaky seed 478 (1 of the 10 IDLE seeds of 0-1500; the others' next job's claim
+        # came first, whose readiness stops the run, or the run ended first).
+        range(478, 479),
+        frozenset({"unaccounted-run", "stray-run-stopped"}),
+    ),
 ]
 
 
