@@ -46,6 +46,7 @@ from app.sim.faults import FaultProfile
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec, NetSpec, Workload, WorldSpec
+from tests.sim.clock_back import ClockBack
 from tests.sim.observer import Observer
 
 BAD_APP_KEY = "bad-flower-app"
@@ -216,6 +217,7 @@ class FlowerAdversary:
         self._outage_due: tuple[int, float] | None = None  # (message, seconds)
         self._forever_due = faults.forever is not None
         self._blip_job: str | None = None  # IDLE: the job whose end gives the lists back
+        self._clock_back = ClockBack(sim, faults.net)  # armed once GONE begins
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -291,6 +293,7 @@ class FlowerAdversary:
         WATCH_S at rest."""
         sim, faults = self.sim, self.faults
         self._lists_back()
+        self._clock_back.after_step()
         if faults.forever != GONE or not self._forever_due or sim.clock.t < faults.forever_at:
             return
         if sim.draining:
@@ -309,6 +312,7 @@ class FlowerAdversary:
         self._forever_due = False
         server.gone_from = t
         sim.rest_not_before = t + WATCH_S
+        self._clock_back.arm(t)
         sim.trace(f"== {faults.net}'s SuperLink never answers again (its replica runs)")
 
     def _race(self, message: Message) -> None:
