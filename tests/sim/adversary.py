@@ -30,6 +30,7 @@ from tests.sim import (
     poison,
     repeats,
 )
+from tests.sim.call_invariants import CallInvariants
 from tests.sim.races import Races
 from tests.sim.redeploy import plan as plan_redeploys
 
@@ -86,7 +87,11 @@ class Adversary:
 
     def at_hook(self, point: str, net: str | None, fired: bool) -> None:
         """Races and pauses at a hook point (tests.sim.races), then the Flower faults'
-        (tests.sim.flower_faults: their own stream, drawn only at a Flower net's start-run)."""
+        (tests.sim.flower_faults: their own stream, drawn only at a Flower net's start-run).
+        An admin call is the checker's first (`misconfigured-net-called`): it draws nothing."""
+        checker = self.sim.checker
+        if point.startswith("admin.") and net is not None and isinstance(checker, CallInvariants):
+            checker.at_admin_call(point, net)
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)

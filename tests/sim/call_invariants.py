@@ -24,6 +24,22 @@ class CallInvariants(Observer):
         # Late scale-downs each message's step made: (net, its index in the driver's calls).
         self._late_stops: dict[int, list[tuple[str, int]]] = {}
 
+    def at_admin_call(self, point: str, net: str) -> None:
+        """`misconfigured-net-called`: no admin call reaches a net the dispatcher holds
+        MISCONFIGURED while the platform runs no replica of it: nothing there answers, and
+        what it holds (a stray) waits for a human's fix (net_repairs.resting; 6b4fa3b). The
+        adversary passes on each admin hook point inside a worker."""
+        sim = self.sim
+        if sim.cluster.replicas(net) != 0:
+            return
+        row = sim.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
+        if row is not None and row[0] == "MISCONFIGURED":
+            self.report(
+                "misconfigured-net-called",
+                f"net {net}",
+                f"{point.removeprefix('admin.')} called while MISCONFIGURED at zero replicas",
+            )
+
     def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this
         net passed the readiness check (wait_ready), as the chain promises, and carry its

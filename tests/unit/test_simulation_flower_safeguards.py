@@ -20,7 +20,16 @@ from sqlalchemy.orm import Session
 
 from app.adapters import jobdefs
 from app.settings import Settings
-from app.usecases import abort, adopted_runs, claims, net_repairs, revived_runs, scaling
+from app.usecases import (
+    abort,
+    adopted_runs,
+    claims,
+    net_repairs,
+    reconciler,
+    records,
+    revived_runs,
+    scaling,
+)
 from app.usecases.net_repairs import SETTLE_REST_MAX_S
 from models import Job, NetEvent, NetState, StrayRun
 from tests.unit.test_simulation_safeguards import Safeguard, as_params, assert_found
@@ -151,6 +160,19 @@ def _rest_behind_a_stepped_clock(rt: Any, name: str, stopped_at: datetime) -> fl
     return min(waited_s, SETTLE_REST_MAX_S) if tried else 0.0
 
 
+def _only_a_stopped_net_rests(mp: pytest.MonkeyPatch) -> None:
+    # Before 6b4fa3b: only a STOPPED net's strays waited without a call; a MISCONFIGURED net
+    # at zero replicas holding a stray was asked for it every round (D3).
+    def resting(rt: Any, name: str) -> bool:
+        if not net_repairs.runs_revive(rt, name):
+            return False
+        with rt.sessions() as session:
+            return records.get_net(session, name).state == NetState.STOPPED
+
+    for module in (net_repairs, reconciler):
+        mp.setattr(module, "resting", resting)
+
+
 FLOWER = [
     Safeguard(
         "a submit of unknown outcome looks up a token its job adopted (cf206eb, 849753f)",
@@ -251,6 +273,18 @@ FLOWER = [
         # misconfig 241, flaky 343, misconfig 574: 4 of the 6 stepping GONE seeds of 0-600).
         range(91, 92),
         frozenset({"settle-storm"}),
+    ),
+    Safeguard(
+        "a MISCONFIGURED Flower net at zero replicas holding a stray is not called (6b4fa3b)",
+        _only_a_stopped_net_rests,
+        "misconfig",
+        # No new fault: the admin kit breaks as the Flower net's job runs (MISCONFIGURED at
+        # 165 s, the run kept as a stray, the net scaled to zero); reconcile asks its absent
+        # SuperLink for the stray at 180 s (`misconfigured-net-called`, the adversary passing
+        # each admin call to the checker). Misconfig seed 259 (also MISFIT's 304, 697, 751,
+        # 845, 848 of 0-1000).
+        range(259, 260),
+        frozenset({"misconfigured-net-called"}),
     ),
 ]
 
