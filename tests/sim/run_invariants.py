@@ -69,6 +69,7 @@ class RunInvariants(Observer):
                     # can find it to stop it until the lists answer again.
                     self._token_unreached_at[run.net] = t
                     self._unreachable_at[run.net] = t
+                    self._lists_refused_at[run.net] = t
                 reached = max(since, self._token_unreached_at.get(run.net, since))
                 if t - reached > b.unaccounted and not self.recorded_stray(run):
                     self.report(
@@ -206,7 +207,7 @@ class RunInvariants(Observer):
                 # unaccounted-run watch it from then on.
                 and not r.dormant
                 and (r.job_id != job.id or r.attempt != job.attempt)
-                and not self._unlisted_later_run(r, t)
+                and not (r.job_id != job.id and self._unlisted_later_run(r, t))
             ]
             if beside:
                 self.report(
@@ -218,16 +219,22 @@ class RunInvariants(Observer):
                 )
 
     def _unlisted_later_run(self, run: Run, t: float) -> bool:
-        """A token's later run on a Flower net whose SuperLink no list reached since its
-        start-run, within the unaccounted bound (tests.sim.flower_faults' IDLE: the lists
-        answer again in the round that ends its job, whose release claims the net at once):
+        """A token's later run of another job, on a Flower net whose SuperLink refused every
+        list of its runs since its start-run, within the unaccounted bound
+        (tests.sim.flower_faults' IDLE: the lists answer again in the round that ends its
+        job, whose release claims the net at once):
         the claim cannot know it; the claimed job's readiness stops it before its submit
         (revived_runs.stop_before_submit), one-run-per-server from then on."""
         job = self.job(run.job_id)
         if job is not None and job.nvflare_id == run.nvflare_id:
             return False
-        unreached = self._token_unreached_at.get(run.net, -1.0)
-        return unreached >= run.submitted_at and t - unreached <= self.bounds.unaccounted
+        if not any(
+            r.token == run.token and r.net == run.net and int(r.nvflare_id) < int(run.nvflare_id)
+            for r in self.sim.cluster.runs
+        ):
+            return False  # not a later run of its token (Flower run ids are in start order)
+        refused = self._lists_refused_at.get(run.net, -1.0)
+        return refused >= run.submitted_at and t - refused <= self.bounds.unaccounted
 
 
 def _unseen_end(run: Run, t: float) -> bool:
