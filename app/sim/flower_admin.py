@@ -108,7 +108,7 @@ class FlowerSimAdmin(SimAdmin):
     def find_run(self, submit_token: str) -> str | None:
         """The first run whose config carries the token, as the adapter keeps it: a later
         one still live is stopped, and ServerUnavailable if that stop does not land."""
-        server = self._reach("find_run")
+        server = self._listed("find_run")
         runs = [run for run in server.store.values() if run.token == submit_token]
         if not runs:
             return None
@@ -125,6 +125,14 @@ class FlowerSimAdmin(SimAdmin):
                     f"(simulated): {result.detail}"
                 )
         return first
+
+    def _listed(self, op: str) -> SimServer:
+        """The SuperLink, for a list of its runs: refused while `lists_refused` is set."""
+        server = self._reach(op)
+        if isinstance(server, superlink.SuperLink) and server.lists_refused:
+            self._connected = False
+            raise ServerUnavailable(f"{self.net}: ListRuns refused (simulated)")
+        return server
 
     def _record(self, nvflare_job_id: str) -> tuple[Run, tuple[str, str, str, str]]:
         server = self._reach("job_status")
@@ -148,7 +156,7 @@ class FlowerSimAdmin(SimAdmin):
 
     def live_runs(self) -> frozenset[str]:
         """The runs whose record is not finished (pending, starting or running)."""
-        server = self._reach("live_runs")
+        server = self._listed("live_runs")
         t = self.cluster.host.clock.t
         return frozenset(
             run.nvflare_id

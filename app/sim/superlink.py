@@ -17,6 +17,8 @@ its partitions and its driver are the same; the runs' records are Flower's:
   last heartbeat's ttl), then finished:failed "Task failed because the run expired" (LOST);
   a pending run is claimed by the new SuperLink's SuperExec and runs after all.
 - No start time: the client answers `NO_START_TIME` (app.adapters.flower.client).
+- A list of every run refused while `lists_refused` is set (the sweep's adversary, its
+  IDLE worlds): the token lookup and the live runs fail, a run's own status answers.
 - Faults that never end (the sweep's adversary, tests.sim.flower_faults): from `gone_from`
   on, the replica runs but nothing answers (a wrong address, a broken Control API), across
   every restart; from `refuses_stops_from` on, it answers but refuses every StopRun.
@@ -89,6 +91,9 @@ class SuperLink(SimServer):
     # Faults that never end (tests.sim.flower_faults): from then on, for good.
     gone_from: float | None = None  # the replica runs, nothing answers
     refuses_stops_from: float | None = None  # it answers, every StopRun is refused
+    # A list of the runs (the token lookup, the live runs) refused while it is set, one run's
+    # status still read (tests.sim.flower_faults' IDLE: a blip over the round ending a job).
+    lists_refused: bool = False
 
     def gone(self, t: float) -> bool:
         """Nothing answers for good (only an operator can mend it)."""

@@ -27,9 +27,11 @@ from tests.sim import (
     drains,
     flower_faults,
     kits,
+    misfit,
     poison,
     repeats,
 )
+from tests.sim.call_invariants import CallInvariants
 from tests.sim.races import Races
 from tests.sim.redeploy import plan as plan_redeploys
 
@@ -57,6 +59,8 @@ class Adversary:
         flower = flower_faults.plan(seed, sim.world, sim.profile)
         self._flower = None if flower is None else flower_faults.FlowerAdversary(sim, flower)
         self._kits = kits.KitAdversary(sim)
+        misfits = flower is not None and flower.misfit is not None
+        self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
     def stop(self) -> None:
         """Take the database faults' listeners off the engine (the process's, shared)."""
@@ -87,13 +91,19 @@ class Adversary:
     def at_hook(self, point: str, net: str | None, fired: bool) -> None:
         """Races and pauses at a hook point (tests.sim.races), then the Flower faults'
         (tests.sim.flower_faults: their own stream, drawn only at a Flower net's start-run);
-        at a commit inside a worker's start, the other worker's claim (tests.sim.kits)."""
+        at a commit inside a worker's start, the other worker's claim (tests.sim.kits). An
+        admin call is the checker's first (`misconfigured-net-called`): it draws nothing."""
         if point == "start.commit":
             self._kits.at_start_commit()
             return
+        checker = self.sim.checker
+        if point.startswith("admin.") and net is not None and isinstance(checker, CallInvariants):
+            checker.at_admin_call(point, net)
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)
+        if self._misfit is not None:
+            self._misfit.at_hook(point, net)
 
     def after_step(self) -> None:
         """The flip's moment, a bundle change between two attempts of a job, and a Flower

@@ -24,6 +24,25 @@ class CallInvariants(Observer):
         # Late scale-downs each message's step made: (net, its index in the driver's calls).
         self._late_stops: dict[int, list[tuple[str, int]]] = {}
 
+    def at_admin_call(self, point: str, net: str) -> None:
+        """`misconfigured-net-called`: no admin call reaches a Flower net (whose pending runs
+        the dispatcher takes to revive: `pending_runs_revive`) that it holds MISCONFIGURED
+        while the platform runs no replica of it: nothing there answers, and its strays
+        wait for a human's fix (net_repairs.resting; 6b4fa3b). The adversary passes on
+        each admin hook point inside a worker. (An NVFLARE net there is still asked each
+        round for its stray: misconfig seeds 16 and 50; tests/sim/FINDINGS.md, "Round
+        12".)"""
+        sim = self.sim
+        if sim.cluster.servers[net].spec.backend != "flower" or sim.cluster.replicas(net) != 0:
+            return
+        row = sim.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
+        if row is not None and row[0] == "MISCONFIGURED":
+            self.report(
+                "misconfigured-net-called",
+                f"net {net}",
+                f"{point.removeprefix('admin.')} called while MISCONFIGURED at zero replicas",
+            )
+
     def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this
         net passed the readiness check (wait_ready), as the chain promises, and carry its

@@ -46,6 +46,7 @@ from app.sim.faults import FaultProfile
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec, NetSpec, Workload, WorldSpec
+from tests.sim.clock_back import ClockBack
 from tests.sim.observer import Observer
 
 BAD_APP_KEY = "bad-flower-app"
@@ -54,6 +55,14 @@ INVARIANT = "malformed-app-refused"
 BAND = (0.37, 0.49)  # the first draw's values that give a world Flower faults
 # ... and those that give it a fault that never ends instead (none of the named seeds).
 FOREVER_BAND = (0.185, 0.28)
+# ... and those that give it the crash and a settling start that finds the net's settings
+# wrong (MISFIT; round 12, none of the named seeds either).
+MISFIT_BAND = (0.112, 0.168)
+# ... and those that give it IDLE: the Flower net always-on, the race at its every start-run,
+# and the list of runs refused from the lost start-run through the round that ends the job
+# (round 12, none of the named seeds either). The later run outlives the job.
+IDLE_BAND = (0.284, 0.314)
+LATER_RUN_EXTRA_S = 240.0  # the later run trains once the first one is over
 # Where the actions happen: before a start-run, right after it, and at the start-time read
 # a dispatch makes once its submit returned (app.usecases.dispatch).
 POINTS = ("admin.submit", "admin.submit.after", "admin.server_start_time")
@@ -82,6 +91,9 @@ class FlowerFaults:
     bad_app_at: float = 0.0
     forever: str | None = None  # GONE, DEAF, or None
     forever_at: float = 0.0
+    misfit: str | None = None  # "kit" or "service": broken at the first settling start
+    misfit_fix_s: float = 0.0  # how long until a human fixes it and restarts the workers
+    idle_blip: bool = False  # IDLE: the lists of runs refused until the raced job ends
 
 
 def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | None:
@@ -98,6 +110,12 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
     first = rng.random()
     if FOREVER_BAND[0] <= first < FOREVER_BAND[1]:
         return _forever(rng, net, profile)
+    if MISFIT_BAND[0] <= first < MISFIT_BAND[1]:
+        return misfit_plan(rng, net, profile)
+    if IDLE_BAND[0] <= first < IDLE_BAND[1]:
+        if profile.clean or net.kind != "static":
+            return None
+        return FlowerFaults(net=net.name, race_p=1.0, idle_blip=True)
     if not BAND[0] <= first < BAND[1]:
         return None
     # The race and the crash are faults: never in a clean world. Each fires at a start-run
@@ -132,6 +150,30 @@ def _forever(rng: random.Random, net: NetSpec, profile: FaultProfile) -> FlowerF
     return FlowerFaults(net=net.name, forever=kind, forever_at=at)
 
 
+def with_idle_net(seed: int, world: WorldSpec, profile: FaultProfile) -> WorldSpec:
+    """An IDLE world (a fault: never a clean one): its Flower net always-on, a finished run
+    releasing its job at once (RELEASE_AFTER=finished), so the net idles READY after it."""
+    flower = [n for n in world.nets if n.backend == "flower"]
+    first = random.Random(f"{seed}/flower-faults").random()
+    if not flower or profile.clean or not IDLE_BAND[0] <= first < IDLE_BAND[1]:
+        return world
+    nets = tuple(
+        dataclasses.replace(n, kind="static") if n.name == flower[0].name else n for n in world.nets
+    )
+    return dataclasses.replace(world, nets=nets, release_after="finished")
+
+
+def misfit_plan(rng: random.Random, net: NetSpec, profile: FaultProfile) -> FlowerFaults | None:
+    """The crash at a start-run (a state database, a scale-to-zero net: the stray it leaves
+    is settled by starting the net), then the net's admin kit or service broken at its first
+    settling start and mended by a human's restart of the workers (tests.sim.misfit)."""
+    kind = rng.choice(("kit", "service"))
+    fix_s = round(rng.uniform(60.0, 240.0), 1)
+    if profile.clean or net.kind == "static" or not net.keeps_jobs:
+        return None
+    return FlowerFaults(net=net.name, crash_p=1.0, misfit=kind, misfit_fix_s=fix_s)
+
+
 def with_flower_jobs(
     seed: int, world: WorldSpec, profile: FaultProfile, workload: Workload
 ) -> Workload:
@@ -151,7 +193,7 @@ def with_flower_jobs(
             definition=BAD_APP_DEFINITION,
         )
         jobs = (*jobs, bad)
-    if faults.forever is not None:
+    if faults.forever is not None or faults.misfit is not None:
         pinned = JobSpec(
             key=BEHIND_STRAY_KEY, arrive_s=workload.horizon_s - 1.0, duration_s=30.0, net=faults.net
         )
@@ -174,6 +216,8 @@ class FlowerAdversary:
         self._outage_rng = random.Random(f"{sim.seed}/flower-faults/outage")
         self._outage_due: tuple[int, float] | None = None  # (message, seconds)
         self._forever_due = faults.forever is not None
+        self._blip_job: str | None = None  # IDLE: the job whose end gives the lists back
+        self._clock_back = ClockBack(sim, faults.net)  # armed once GONE begins
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -190,6 +234,10 @@ class FlowerAdversary:
         message = sim.current[-1]
         if not {"job_id", "net_name", "attempt"} <= message.kwargs.keys():
             return  # not a chain's step (a warm net's scale_up submits in the same task)
+        if faults.misfit and str(message.kwargs["job_id"]) == str(job_id_for(BEHIND_STRAY_KEY)):
+            return  # MISFIT's pinned job waits behind another job's stray (tests.sim.misfit)
+        if point == "admin.submit.after" and faults.idle_blip:
+            self._later_run_slower()
         if point == "admin.submit.after" and self._outage_due is not None:
             due, self._outage_due = self._outage_due, None
             if due[0] == message.id:
@@ -244,6 +292,8 @@ class FlowerAdversary:
         job is lost, its run kept as a stray no one can settle), and the world is watched
         WATCH_S at rest."""
         sim, faults = self.sim, self.faults
+        self._lists_back()
+        self._clock_back.after_step()
         if faults.forever != GONE or not self._forever_due or sim.clock.t < faults.forever_at:
             return
         if sim.draining:
@@ -262,6 +312,7 @@ class FlowerAdversary:
         self._forever_due = False
         server.gone_from = t
         sim.rest_not_before = t + WATCH_S
+        self._clock_back.arm(t)
         sim.trace(f"== {faults.net}'s SuperLink never answers again (its replica runs)")
 
     def _race(self, message: Message) -> None:
@@ -287,10 +338,55 @@ class FlowerAdversary:
         if isinstance(server, superlink.SuperLink):
             server.lose_reply_of = row[3]
             sim.trace(f"   ~~ the job adopted run {row[0]}; this start-run's reply will be lost")
+            if self.faults.idle_blip:
+                self._refuse_lists(job_id)
+                return
             if self._outage_rng.random() < OUTAGE_P:
                 grace = sim.settings.server_lost_grace_s
                 lasts = self._outage_rng.uniform(OUTAGE_MIN_S, max(OUTAGE_MIN_S, grace - 10.0))
                 self._outage_due = (message.id, lasts)
+
+    def _refuse_lists(self, job_id: str) -> None:
+        """IDLE: from this lost start-run on, no list of the SuperLink's runs answers (the
+        failing step's lookups fail until its retries are spent, each monitor round's list
+        too) until the round that ends the job: the later run is left on the idle net."""
+        server = self.sim.cluster.servers[self.faults.net]
+        if self._blip_job is not None or not isinstance(server, superlink.SuperLink):
+            return
+        self._blip_job = job_id
+        server.lists_refused = True
+        self.sim.trace(f"== {self.faults.net}'s ListRuns refused until job {job_id[:8]} ends")
+
+    def _later_run_slower(self) -> None:
+        """IDLE: the raced start-run's run (its reply to be lost) trains once the first run
+        is over (its SuperNodes busy with it), so it outlives the job."""
+        server = self.sim.cluster.servers[self.faults.net]
+        if not isinstance(server, superlink.SuperLink) or not server.store:
+            return
+        run = next(reversed(server.store.values()))
+        if run.token == server.lose_reply_of and run.end_at is not None:
+            run.end_at += LATER_RUN_EXTRA_S
+            if run.duration_s is not None:
+                run.duration_s += LATER_RUN_EXTRA_S
+
+    def _lists_back(self) -> None:
+        """IDLE: the lists answer again once the raced job left its run (after the step in
+        which it ended: that round's list was refused)."""
+        if self._blip_job is None:
+            return
+        server = self.sim.cluster.servers[self.faults.net]
+        if not isinstance(server, superlink.SuperLink) or not server.lists_refused:
+            return
+        row = self.sim.conn.execute(
+            "SELECT state FROM jobs WHERE id = ?", (self._blip_job.replace("-", ""),)
+        ).fetchone()
+        if row is not None and row[0] in ("ASSIGNED", "DISPATCHING", "RUNNING"):
+            return
+        server.lists_refused = False
+        sim = self.sim
+        sim.trace(f"== {self.faults.net}'s ListRuns answers again (job {row and row[0]})")
+        # Watched past the later run's unaccounted bound: the world may be at rest before.
+        sim.rest_not_before = max(sim.rest_not_before, sim.clock.t + 3 * sim.bounds.unaccounted)
 
     def _outage(self, lasts: float) -> None:
         """No one reaches the SuperLink for `lasts` seconds from the lost start-run on: the

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from app.sim.servers import Run
+from models import NetState
 from tests.sim.observer import J, Observer
 
 
@@ -63,6 +64,12 @@ class RunInvariants(Observer):
                 where = f"its job {job_id[:8]} is {job_state} on {job_net}"
                 # A token's later run on a SuperLink no one reached (see _later_of_its_token):
                 # nothing can record or stop it until it answers (seed 2345).
+                if getattr(self.sim.cluster.servers[run.net], "lists_refused", False):
+                    # Its SuperLink lists no run (tests.sim.flower_faults' IDLE): nothing
+                    # can find it to stop it until the lists answer again.
+                    self._token_unreached_at[run.net] = t
+                    self._unreachable_at[run.net] = t
+                    self._lists_refused_at[run.net] = t
                 reached = max(since, self._token_unreached_at.get(run.net, since))
                 if t - reached > b.unaccounted and not self.recorded_stray(run):
                     self.report(
@@ -84,6 +91,10 @@ class RunInvariants(Observer):
                     # Nothing can stop a run on an always-on server no one reaches (an
                     # outage): its bound counts from when the server answers again. (A
                     # scale-to-zero net is taken down whether it answers or not.)
+                    self._unreachable_at[run.net] = t
+                if any(n.name == run.net and n.state == NetState.MISCONFIGURED for n in self.nets):
+                    # Nor on a net whose settings are wrong: it is a human's until the fix
+                    # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
                     self._unreachable_at[run.net] = t
                 since = max(
                     since,
@@ -196,6 +207,7 @@ class RunInvariants(Observer):
                 # unaccounted-run watch it from then on.
                 and not r.dormant
                 and (r.job_id != job.id or r.attempt != job.attempt)
+                and not (r.job_id != job.id and self._unlisted_later_run(r, t))
             ]
             if beside:
                 self.report(
@@ -205,6 +217,24 @@ class RunInvariants(Observer):
                     + ", ".join(f"{r.nvflare_id} (job {r.job_id[:8]}-{r.attempt})" for r in beside)
                     + " lives there",
                 )
+
+    def _unlisted_later_run(self, run: Run, t: float) -> bool:
+        """A token's later run of another job, on a Flower net whose SuperLink refused every
+        list of its runs since its start-run, within the unaccounted bound
+        (tests.sim.flower_faults' IDLE: the lists answer again in the round that ends its
+        job, whose release claims the net at once):
+        the claim cannot know it; the claimed job's readiness stops it before its submit
+        (revived_runs.stop_before_submit), one-run-per-server from then on."""
+        job = self.job(run.job_id)
+        if job is not None and job.nvflare_id == run.nvflare_id:
+            return False
+        if not any(
+            r.token == run.token and r.net == run.net and int(r.nvflare_id) < int(run.nvflare_id)
+            for r in self.sim.cluster.runs
+        ):
+            return False  # not a later run of its token (Flower run ids are in start order)
+        refused = self._lists_refused_at.get(run.net, -1.0)
+        return refused >= run.submitted_at and t - refused <= self.bounds.unaccounted
 
 
 def _unseen_end(run: Run, t: float) -> bool:

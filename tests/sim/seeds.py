@@ -11,7 +11,7 @@ from app.sim.report import Result
 from app.sim.simulation import Simulation
 from app.sim.workload import NetSpec, WorldSpec
 from tests.sim.adversary import Adversary
-from tests.sim.flower_faults import with_flower_jobs
+from tests.sim.flower_faults import with_flower_jobs, with_idle_net
 from tests.sim.invariants import Checker
 from tests.sim.prewarms import with_prewarms
 from tests.sim.profiles import profile_for_seed
@@ -71,6 +71,9 @@ def from_seed(
     # their own (tests.sim.prewarms): the others run exactly as before.
     world, workload = with_prewarms(seed, world, workload)
     world = with_flower(seed, world)
+    # IDLE's worlds (their own band of the Flower faults' first draw): the Flower net
+    # always-on, RELEASE_AFTER=finished (tests.sim.flower_faults).
+    world = with_idle_net(seed, world, profile)
     # About half the worlds' jobs belong to projects (issue 40), on a stream of their own.
     world, workload = with_projects(seed, world, workload)
     # Worlds with a Flower net may get a job of a malformed Flower App, and one pinned to

@@ -41,7 +41,9 @@ class SettleInvariants(Observer):
         holds one and no job or live prewarm hold wants the net."""
         if not self._has_strays:
             return
-        t = _secs(at) or 0.0
+        # Simulated time, not the event's stamp: a clock stepped back (tests.sim.clock_back)
+        # dates a later start before the earlier ones.
+        t = self.sim.clock.t
         row = self.sim.conn.execute(
             "SELECT min(created_at) FROM stray_runs WHERE net_name = ?", (net,)
         ).fetchone()
