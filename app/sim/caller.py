@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from app import names
 from app.schemas import job_id_for
+from app.sim.db import Unchanged
 from app.sim.view import SimView
 from app.sim.workload import JobSpec
 
@@ -26,6 +27,10 @@ class Caller:
     def __init__(self, sim: SimView) -> None:
         self.sim = sim
         self.triggers: list[Trigger] = []
+        # The states read for the triggers, kept while no row changes: they are looked at
+        # after every step and at every hook point (a fifth of a seed's statements).
+        self._unchanged: Unchanged | None = None
+        self._states: dict[str, tuple[str] | None] = {}
 
     def schedule_prewarms(self) -> None:
         """The hints and cancels (first: one sent at its job's submission goes before it)."""
@@ -137,16 +142,27 @@ class Caller:
                 if sim.draining:
                     self.triggers.remove(trigger)
                     continue
-                query = "SELECT state FROM nets WHERE name = ?"
-                row = sim.conn.execute(query, (subject[4:],)).fetchone()
+                row = self._state_of(subject, "SELECT state FROM nets WHERE name = ?", subject[4:])
             else:
-                row = sim.conn.execute("SELECT state FROM jobs WHERE id = ?", (subject,)).fetchone()
+                row = self._state_of(subject, "SELECT state FROM jobs WHERE id = ?", subject)
             if row is not None and row[0] == state:
                 self.triggers.remove(trigger)
                 sim.trace(f"== {label} (now {state})")
                 send()
                 fired = True
         return fired
+
+    def _state_of(self, subject: str, query: str, key: str) -> tuple[str] | None:
+        """The subject's state row as `query` reads it, or as it was read since the last
+        change of any row."""
+        conn = self.sim.conn
+        if self._unchanged is None:
+            self._unchanged = Unchanged(conn)
+        if not self._unchanged.holds():
+            self._states = {}
+        if subject not in self._states:
+            self._states[subject] = conn.execute(query, (key,)).fetchone()
+        return self._states[subject]
 
     def sender(self, task: str, payload: dict[str, object]) -> Callable[[], None]:
         """A send of flip-api's call: what survives json.dumps (as kombu calls it) and

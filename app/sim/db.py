@@ -123,3 +123,25 @@ def _engine() -> Engine:
         _Shared.conn.execute("BEGIN IMMEDIATE")
 
     return engine
+
+
+class Unchanged:
+    """Whether the simulation's one connection wrote a row since a reader's last read
+    (`total_changes`: every INSERT, UPDATE and DELETE, a trigger's too, rolled back or not),
+    so a read repeated after every step can be skipped or its rows kept. A read made inside
+    an open transaction is never kept: a rollback may undo what it saw without moving the
+    counter."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._at: int | None = None
+
+    def holds(self) -> bool:
+        """True: nothing was written since the last call that said False, whose read still
+        holds; False: read again (this call marks the counter for the next one)."""
+        conn = self._conn
+        changes = conn.total_changes
+        if changes == self._at and not conn.in_transaction:
+            return True
+        self._at = None if conn.in_transaction else changes
+        return False

@@ -17,6 +17,7 @@ from sqlalchemy import event
 
 from app.handlers import Kind
 from app.sim.bundles import S3_DEFINITION
+from app.sim.db import Unchanged
 from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
@@ -50,6 +51,7 @@ class Adversary:
             adversary if not sim.profile.clean and adversary.random() < 0.5 else None
         )
         self._requeues_seen = 0  # the last job event read for requeues
+        self._requeues_read = Unchanged(sim.conn)  # (no row written since: none to read)
         self._flip_window: tuple[float, float] | None = None
         self._races = Races(sim)
         self._db_faults = (
@@ -111,7 +113,7 @@ class Adversary:
         self._maybe_flip()
         if self._flower is not None:
             self._flower.after_step()
-        if self._bundle_adversary is not None:
+        if self._bundle_adversary is not None and not self._requeues_read.holds():
             for event_id, job_hex in self.sim.conn.execute(
                 "SELECT id, job_id FROM job_events WHERE id > ? AND to_state = 'QUEUED'"
                 " AND from_state IS NOT NULL ORDER BY id",

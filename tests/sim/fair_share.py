@@ -36,6 +36,7 @@ from sqlalchemy.pool import StaticPool
 
 from app.project_shares import Shares
 from app.settings import Settings
+from app.sim.db import Unchanged
 from app.sim.simulation import Simulation
 from app.usecases.queue_place import queue_place
 from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, NetState
@@ -136,6 +137,9 @@ class FairShareInvariants(Observer):
         super().start(sim)
         self._claim_seen = 0
         self._places_key: tuple[Any, ...] | None = None
+        self._claims_read = Unchanged(sim.conn)
+        self._places_rows = Unchanged(sim.conn)  # the rows below last read, unchanged since
+        self._places_read: tuple[list[Queued], tuple[Any, ...]] = ([], ())
         self._fair = sim.state.has_projects  # (code before issue 40 has no projects)
         if self._fair:
             install(sim.conn)
@@ -155,6 +159,8 @@ class FairShareInvariants(Observer):
         self._places()
 
     def _claim_order(self) -> None:
+        if self._claims_read.holds():
+            return  # no row written since the last read: no claim either
         conn = self.sim.conn
         settings = self.sim.settings
         shares = settings.shares
@@ -233,19 +239,23 @@ class FairShareInvariants(Observer):
         settings = sim.settings
         now = sim.clock()
         before = aged_before(now, settings.shares)
-        queue = [
-            _queued(row)
-            for row in conn.execute(
-                "SELECT id, project_id, priority, created_at, requested_net, required_sites,"
-                " EXISTS (SELECT 1 FROM stray_runs s WHERE s.job_id = jobs.id)"
-                " FROM jobs WHERE state = 'QUEUED'"
-            )
-        ]
+        if not self._places_rows.holds():
+            # Read again only after a row changed (most steps only move the clock).
+            queue = [
+                _queued(row)
+                for row in conn.execute(
+                    "SELECT id, project_id, priority, created_at, requested_net, required_sites,"
+                    " EXISTS (SELECT 1 FROM stray_runs s WHERE s.job_id = jobs.id)"
+                    " FROM jobs WHERE state = 'QUEUED'"
+                )
+            ]
+            strays = conn.execute("SELECT job_id, net_name FROM stray_runs ORDER BY id")
+            jobs = tuple((j.id, j.state, j.net) for j in self.jobs)
+            self._places_read = (queue, (jobs, tuple(self.nets), tuple(strays.fetchall())))
+        queue, rows = self._places_read
         aged = frozenset(q.id for q in queue if q.created < before)
         # What a place and a reason depend on (not every write: callbacks, histories).
-        strays = conn.execute("SELECT job_id, net_name FROM stray_runs ORDER BY id").fetchall()
-        jobs = tuple((j.id, j.state, j.net) for j in self.jobs)
-        seen = (jobs, tuple(self.nets), tuple(strays), aged, id(settings))
+        seen = (*rows, aged, id(settings))
         if seen == self._places_key:
             return
         self._places_key = seen

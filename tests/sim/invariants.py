@@ -8,6 +8,7 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
+from app.sim.db import Unchanged
 from app.sim.simulation import Simulation
 from app.sim.state import NetRow
 from app.usecases.net_repairs import SETTLE_REST_MAX_S, SETTLE_START
@@ -62,6 +63,7 @@ class Checker(
         super().start(sim)
         self._bad_app = BadAppWatch(self)
         self._kits = KitCheck(sim)
+        self._history_read = Unchanged(sim.conn)
 
     def after_step(self) -> None:
         """Every invariant, after one step."""
@@ -116,6 +118,8 @@ class Checker(
             )
 
     def _history(self) -> None:
+        if self._history_read.holds():
+            return  # no row written since the last read: no history row either
         conn = self.sim.conn
         for event_id, job_hex, src, dst, _at, reason in conn.execute(
             "SELECT id, job_id, from_state, to_state, at, reason FROM job_events"

@@ -29,6 +29,7 @@ import sqlite3
 from collections.abc import Callable
 
 from app.settings import Settings
+from app.sim.db import Unchanged
 
 _SCHEMA = """
 CREATE TEMP TABLE sim_placement (
@@ -94,9 +95,15 @@ class PlacementCheck:
 
     def __init__(self) -> None:
         self._seen = 0  # the last row read
+        self._read: Unchanged | None = None  # (no row written since the last read: none new)
         self._reported: set[str] = set()  # job and claim time: one report a claim
 
     def check(self, conn: sqlite3.Connection, settings: Settings, report: Report) -> None:
+        """Report the claims written since the last check that took a held net."""
+        if self._read is None:
+            self._read = Unchanged(conn)
+        if self._read.holds():
+            return
         rows = conn.execute(
             "SELECT seq, job, net, at, job_sites, holder, holder_sites, hold, other"
             " FROM sim_placement WHERE seq > ? ORDER BY seq",

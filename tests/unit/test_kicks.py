@@ -182,6 +182,30 @@ def test_a_freed_net_sends_no_kick_when_no_job_waits(two_free_nets):
     assert state(world, job) == JobState.ASSIGNED
 
 
+def test_a_round_with_no_kick_and_no_job_waiting_is_one_read(two_free_nets):
+    """Beat's round when nothing waits: one read, no write, no claim (issue 37: it deleted a
+    marker that was not there, then ran the claim's read in a transaction of its own). A job
+    enqueued right after it finds no marker, sends its own kick, and is claimed."""
+    world = two_free_nets
+    sent = statements_of(world, lambda: kicks.assign_round(world.rt))
+    assert len(sent) == 1 and sent[0].startswith("SELECT")
+    job = submit(world, "after")
+    assert kicks_sent(world) == 1
+    assert run_every_kick(world) == 1
+    assert state(world, job) == JobState.ASSIGNED
+
+
+def test_a_round_with_no_kick_still_claims_a_waiting_job(two_free_nets):
+    """A job waits with no kick pending (the round that took its marker died before its
+    claim): beat's round claims it."""
+    world = two_free_nets
+    job = submit(world, "orphaned")
+    with world.rt.sessions.begin() as session:
+        kicks.take(session, names.ASSIGN_NEXT_JOB)
+    kicks.assign_round(world.rt)
+    assert state(world, job) == JobState.ASSIGNED
+
+
 # --- helpers ------------------------------------------------------------------------------
 
 
@@ -239,3 +263,16 @@ class enqueue_after_commit:  # noqa: N801 - used as a context manager, like a fu
                 self.inject()
             finally:
                 self.injecting = False
+
+
+def statements_of(world: World, action: Callable[[], object]) -> list[str]:
+    """The statements `action` sent, BEGIN aside."""
+    sent: list[str] = []
+    engine = world.rt.sessions.kw["bind"]
+    note = lambda _c, _cur, sql, *_: sent.append(sql)  # noqa: E731
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        action()
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    return [sql for sql in sent if not sql.startswith("BEGIN")]
