@@ -262,6 +262,15 @@ def resting(rt: Runtime, name: str) -> bool:
         return records.get_net(session, name).state in (NetState.STOPPED, NetState.MISCONFIGURED)
 
 
+def forget_dead_strays(rt: Runtime, name: str) -> str:
+    """A MISCONFIGURED net at zero replicas whose runs do not revive: its strays died with
+    the server, as at a STOPPED net's zero replicas. Forgotten, not asked of a server that
+    does not run every round until a human's fix (misconfig seeds 16 and 50)."""
+    with unit_of_work(rt.sessions) as session:
+        records.clear_stray_runs(session, name)
+    return "MISCONFIGURED at zero replicas: stray runs gone with the server"
+
+
 def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR0912
     """Settle a scale-to-zero net left between states or drifted from its driver; the
     note says what was done ("" for nothing)."""
@@ -282,6 +291,8 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         if up and _still(rt, name, state):
             stop_net(rt, name, "misconfigured net still had a server")
             return "MISCONFIGURED net had a server; scaled to 0"
+        if not up and row.strays and not runs_revive(rt, name):
+            return forget_dead_strays(rt, name)
         return ""
     if state == NetState.STOPPED and not up and row.strays:
         if runs_revive(rt, name):

@@ -25,15 +25,13 @@ class CallInvariants(Observer):
         self._late_stops: dict[int, list[tuple[str, int]]] = {}
 
     def at_admin_call(self, point: str, net: str) -> None:
-        """`misconfigured-net-called`: no admin call reaches a Flower net (whose pending runs
-        the dispatcher takes to revive: `pending_runs_revive`) that it holds MISCONFIGURED
-        while the platform runs no replica of it: nothing there answers, and its strays
-        wait for a human's fix (net_repairs.resting; 6b4fa3b). The adversary passes on
-        each admin hook point inside a worker. (An NVFLARE net there is still asked each
-        round for its stray: misconfig seeds 16 and 50; tests/sim/FINDINGS.md, "Round
-        12".)"""
+        """`misconfigured-net-called`: no admin call reaches a net the dispatcher holds
+        MISCONFIGURED while the platform runs no replica of it: nothing there answers. A
+        Flower net's strays wait for a human's fix (net_repairs.resting; 6b4fa3b), an
+        NVFLARE net's died with its server and are forgotten (misconfig seeds 16 and 50,
+        round 12). The adversary passes on each admin hook point inside a worker."""
         sim = self.sim
-        if sim.cluster.servers[net].spec.backend != "flower" or sim.cluster.replicas(net) != 0:
+        if sim.cluster.replicas(net) != 0:
             return
         row = sim.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
         if row is not None and row[0] == "MISCONFIGURED":

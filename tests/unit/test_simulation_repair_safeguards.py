@@ -126,6 +126,16 @@ REPAIRS = [
         frozenset({"step-redriven"}),
     ),
     Safeguard(
+        "an NVFLARE net MISCONFIGURED at zero replicas forgets its strays, uncalled (round 12)",
+        lambda mp: mp.setattr(net_repairs, "forget_dead_strays", lambda _rt, _name: ""),
+        "misconfig",
+        # The kit breaks under a job: the net is taken down, its run kept as a stray, and
+        # reconcile asked the absent server about it every round (misconfigured-net-called,
+        # checked on every backend since): misconfig seed 16 of 0-200 (also ops 50).
+        range(16, 17),
+        frozenset({"misconfigured-net-called"}),
+    ),
+    Safeguard(
         "a row changed meanwhile (StaleDataError) is retried, not failed (review 2)",
         _stale_rows_fail_loudly,
         "racy",
