@@ -39,6 +39,7 @@ class Delivery:
     def __init__(self, sim: SimView) -> None:
         self.sim = sim
         self._net_events_at_start: dict[int, int] = {}  # a pipeline step's message -> id
+        self.began: dict[int, float] = {}  # each message being processed -> when it began
 
     def deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
@@ -57,6 +58,7 @@ class Delivery:
         rt = sim.workers[slot]
         sim.running.append(slot)
         sim.current.append(message)
+        self.began[message.id] = sim.clock.t
         if spec.kind is Kind.PIPELINE:
             row = sim.conn.execute("SELECT max(id) FROM net_events").fetchone()
             self._net_events_at_start[message.id] = row[0] or 0
@@ -79,6 +81,7 @@ class Delivery:
             sim.after_message(message, finished)
             sim.running.pop()
             sim.current.pop()
+            self.began.pop(message.id, None)
 
     def _run_task(self, rt: Runtime, message: Message, spec: Handler, slot: int) -> None:
         try:

@@ -252,14 +252,15 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
 
 
 def resting(rt: Runtime, name: str) -> bool:
-    """A net whose strays only its server's word settles (`runs_revive`) is STOPPED, or
-    MISCONFIGURED (scaled down, settled once a human fixes it): no server to ask
-    (reconcile neither calls it nor logs each round of its rest); a STOPPED one is started
-    to settle them (`_start_to_settle`)."""
-    if not runs_revive(rt, name):
-        return False
+    """A net whose strays reconcile does not ask about this round: one MISCONFIGURED, on any
+    backend (its settings are wrong: what answers may be another server; its strays wait for
+    the human's fix, or are forgotten at zero replicas, `forget_dead_strays`), or a STOPPED
+    one whose strays only its server's word settles (`runs_revive`): no server to ask, and
+    reconcile neither calls it nor logs each round of its rest; it is started to settle
+    them (`_start_to_settle`)."""
     with rt.sessions() as session:
-        return records.get_net(session, name).state in (NetState.STOPPED, NetState.MISCONFIGURED)
+        state = records.get_net(session, name).state
+    return state == NetState.MISCONFIGURED or (state == NetState.STOPPED and runs_revive(rt, name))
 
 
 def forget_dead_strays(rt: Runtime, name: str) -> str:

@@ -33,13 +33,21 @@ class CallInvariants(Observer):
         sim = self.sim
         if sim.cluster.replicas(net) != 0:
             return
-        row = sim.conn.execute("SELECT state FROM nets WHERE name = ?", (net,)).fetchone()
-        if row is not None and row[0] == "MISCONFIGURED":
-            self.report(
-                "misconfigured-net-called",
-                f"net {net}",
-                f"{point.removeprefix('admin.')} called while MISCONFIGURED at zero replicas",
-            )
+        row = sim.conn.execute(
+            "SELECT state, state_changed_at FROM nets WHERE name = ?", (net,)
+        ).fetchone()
+        if row is None or row[0] != "MISCONFIGURED":
+            return
+        # A round that read the net before it went MISCONFIGURED (a monitor round's snapshot,
+        # its calls made later) calls on what it read: the rule is about rounds after.
+        began = sim.delivery.began.get(sim.current[0].id) if sim.current else None
+        if began is None or seconds_of(datetime.fromisoformat(row[1])) >= began:
+            return
+        self.report(
+            "misconfigured-net-called",
+            f"net {net}",
+            f"{point.removeprefix('admin.')} called while MISCONFIGURED at zero replicas",
+        )
 
     def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None:
         """A submit reaches a server: it must be for a job whose current assignment to this

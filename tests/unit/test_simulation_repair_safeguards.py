@@ -20,10 +20,10 @@ from app.errors import CallerKeyConflict
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import enqueue, net_repairs, step_leases
+from app.usecases import enqueue, net_repairs, reconciler, step_leases
 from app.usecases.enqueue import Enqueued
 from app.usecases.prewarm import warm_up as prewarm_warm_up
-from models import Job, JobState, NetState
+from models import Job, JobState, Net, NetState
 from tests.unit.test_simulation_safeguards import Safeguard, as_params, assert_found
 
 pytestmark = pytest.mark.timeout(1800)  # a guard against a hang (see the other file)
@@ -86,6 +86,21 @@ def _stale_rows_fail_loudly(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(delivery, "on_error", loud)
 
 
+def _misconfigured_nets_asked(mp: pytest.MonkeyPatch) -> None:
+    # Before round 12's b0f654a: only a Flower net's strays rested while MISCONFIGURED, and an
+    # NVFLARE net's at zero replicas were neither forgotten nor left alone.
+    def resting(rt: Runtime, name: str) -> bool:
+        if not net_repairs.runs_revive(rt, name):
+            return False
+        with rt.sessions() as session:
+            state = session.get(Net, name).state  # type: ignore[union-attr]
+        return state in (NetState.STOPPED, NetState.MISCONFIGURED)
+
+    mp.setattr(net_repairs, "resting", resting)
+    mp.setattr(reconciler, "resting", resting)
+    mp.setattr(net_repairs, "forget_dead_strays", lambda _rt, _name: "")
+
+
 REPAIRS = [
     Safeguard(
         "reconcile's READY of a prewarmed net idles from its holds' end (fix 9)",
@@ -126,12 +141,13 @@ REPAIRS = [
         frozenset({"step-redriven"}),
     ),
     Safeguard(
-        "an NVFLARE net MISCONFIGURED at zero replicas forgets its strays, uncalled (round 12)",
-        lambda mp: mp.setattr(net_repairs, "forget_dead_strays", lambda _rt, _name: ""),
+        "a MISCONFIGURED net is asked nothing about its strays (round 12)",
+        _misconfigured_nets_asked,
         "misconfig",
         # The kit breaks under a job: the net is taken down, its run kept as a stray, and
         # reconcile asked the absent server about it every round (misconfigured-net-called,
-        # checked on every backend since): misconfig seed 16 of 0-200 (also ops 50).
+        # checked on every backend since): misconfig seed 16 of 0-200 (also ops 50, and ops
+        # 248 on an always-on net).
         range(16, 17),
         frozenset({"misconfigured-net-called"}),
     ),
