@@ -40,6 +40,11 @@ class AdminMisconfigured(MisconfigurationError):
     """Admin kit missing, unreadable, rejected, or pointing at another server or CA."""
 
 
+class FilesNameAnotherServer(AdminMisconfigured):
+    """Nothing sent: a worker start found the net's files naming another server (a verdict
+    kept while a job holds the net, or this process's own files)."""
+
+
 class DriverMisconfigured(MisconfigurationError):
     """The scale driver's target (service, cluster, kit) is missing or access is denied."""
 

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.adapters import net_check
 from app.adapters.backend import AdminClient
 from app.adapters.callbacks import CallbackSender
 from app.adapters.drivers import Observation, ScaleDriver, build_driver
@@ -162,7 +163,11 @@ class Runtime:
         return batches
 
     def admin(self, net_name: str) -> AdminClient:
-        """The net's admin client, built on first use (it connects lazily itself)."""
+        """The net's admin client, built on first use (it connects lazily itself); one that
+        refuses every call while this process's files for the net name another server."""
+        wrong = net_check.found_wrong(net_name)
+        if wrong is not None:
+            return cast(AdminClient, net_check.RefusingAdmin(wrong))
         with self._lock:
             if net_name not in self._admins:
                 self._admins[net_name] = self.admin_factory(

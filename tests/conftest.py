@@ -20,3 +20,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     from tests.tools.schedule import SlowFirstScheduling
 
     return SlowFirstScheduling(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _start_check_forgotten() -> object:
+    """A test that runs a worker start in this process (`prepare_nets_at_start`) leaves what
+    it found (`net_check.record_start_check`, per process) to no other test."""
+    from app.adapters import net_check
+
+    yield
+    net_check.record_start_check({})

@@ -4,7 +4,10 @@ admin kit (`nvflare.kit_check`) or a Flower net's CA, SuperLink certificate and 
 
 from __future__ import annotations
 
-from app.errors import AdminMisconfigured
+from collections.abc import Callable, Mapping
+from typing import NoReturn
+
+from app.errors import AdminMisconfigured, FilesNameAnotherServer
 from app.net_config import NetConfig
 from app.settings import Settings
 
@@ -37,3 +40,40 @@ def endpoint_problem(
     from app.adapters.nvflare.kit_check import kit_endpoint_problem
 
     return kit_endpoint_problem(net, unread_is_a_problem=unread_is_a_problem)
+
+
+# The nets whose files this process's last worker start found naming another server (name
+# -> why): what those files reach is not the net's server, so nothing is sent there from this
+# process (`RefusingAdmin`) until a start finds them right. Per process, as the files are.
+_FOUND_WRONG: dict[str, str] = {}
+
+
+def record_start_check(problems: Mapping[str, str]) -> None:
+    """What this process's worker start found (`endpoint_problem` of every net), replacing
+    what an earlier start of it found."""
+    _FOUND_WRONG.clear()
+    _FOUND_WRONG.update(problems)
+
+
+def found_wrong(net_name: str) -> str | None:
+    """Why this process's start found the net's files naming another server, or None."""
+    return _FOUND_WRONG.get(net_name)
+
+
+class RefusingAdmin:
+    """The admin client of a net whose files this process's start found naming another
+    server (`found_wrong`): every call refused as misconfigured (`FilesNameAnotherServer`,
+    which each caller already classifies), nothing sent. A run such a call watches, aborts
+    or submits is on the net's own server, which these files do not reach."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def close(self) -> None:
+        """Nothing is open."""
+
+    def __getattr__(self, name: str) -> Callable[..., NoReturn]:
+        def refused(*_args: object, **_kwargs: object) -> NoReturn:
+            raise FilesNameAnotherServer(f"this worker's files: {self.reason}")
+
+        return refused

@@ -20,8 +20,8 @@ from app import names, traces
 from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import (
-    AdminMisconfigured,
     DispatcherError,
+    FilesNameAnotherServer,
     MisconfigurationError,
     NvflareJobNotFound,
 )
@@ -196,7 +196,7 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     if verdict := next((j.verdict for j in jobs if j.verdict), None):
         # A worker start found the net's files naming another server: what they reach is
         # not its server, so nothing is asked of it (its answers would settle the runs).
-        return _unwatchable(rt, net_name, jobs, AdminMisconfigured(verdict), now)
+        return _unwatchable(rt, net_name, jobs, FilesNameAnotherServer(verdict), now)
     try:
         start_time = admin.server_start_time()
     except DispatcherError as exc:
@@ -383,6 +383,9 @@ def _unwatchable(
 ) -> dict[str, str]:
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, net_name, lock=True)
+        if isinstance(exc, FilesNameAnotherServer) and net.misconfigured_after_job is None:
+            # A start found the files right since the round's read: nothing to count.
+            return {str(j.job_id): f"not watched: {exc} (since fixed)" for j in jobs}
         if net.unreachable_since is None:
             net.unreachable_since = now
         net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (Text: any bound fits)

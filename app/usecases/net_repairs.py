@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import KW_ONLY, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
@@ -219,8 +219,8 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
     a start that found the settings wrong tried nothing, and the restart after the fix is
     the human saying "try again"); else that wait (doubling from one start to the next), at
     most SETTLE_REST_MAX_S. A stray recorded after the stop by the clock (a clock stepped
-    back behind it) has a wait no one can read: the longest rest once a start was tried, so
-    the step brings back no storm of starts."""
+    back behind it) has a wait no one can read: the longest rest once a settling start was
+    tried within that long before the stop, so the step brings back no storm of starts."""
     with rt.sessions() as session:
         oldest = session.scalar(
             select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
@@ -235,14 +235,18 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
                 NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
             )
         )
-        since = [at for at in (oldest if waited_s >= 0 else None, fixed_at) if at is not None]
+        # Since the stray, or, its wait unreadable, within the longest rest before the stop
+        # (a start of yesterday's, for another stray, says nothing of this one).
+        since = [oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)]
+        since += [fixed_at] if fixed_at is not None else []
         tried = session.scalar(
             select(
                 exists().where(
                     NetEvent.net_name == name,
                     NetEvent.to_state == NetState.STARTING,
                     NetEvent.reason == SETTLE_START,
-                    *([NetEvent.at >= max(since)] if since else []),
+                    NetEvent.at >= max(since),
+                    *([NetEvent.at <= stopped_at] if waited_s < 0 else []),
                 )
             )
         )

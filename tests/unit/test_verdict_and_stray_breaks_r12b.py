@@ -1,7 +1,10 @@
 """A second break-it review of round 12 (0.3.1): the verdict a worker start keeps on a net
 under a job (`nets.misconfigured_after_job`), the Flower strays' settling rest, and the
-worker start's requeue. Each test is a way the promise (README's FlDispatcherNetMisconfigured
-row, CHANGELOG 0.3.1, app/usecases/README.md) breaks on b0f654a: a strict xfail until fixed.
+worker start's requeue. Each test was a way the promise (README's FlDispatcherNetMisconfigured
+row, CHANGELOG 0.3.1, app/usecases/README.md) broke on b0f654a, a strict xfail until fixed:
+a process whose start found a net's files wrong sends nothing through them
+(`net_check.RefusingAdmin`), the monitor counts no grace across the fix, a stray dated after
+the stop counts only recent settling starts, and the start asks for an assign round.
 
 The files a start finds wrong name another server; what the workers' clients then reach is
 that server, which may answer (another project's, another net's). The monitor asks nothing
@@ -11,20 +14,25 @@ clock have edges of their own."""
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 from app.adapters import net_check
 from app.celery_app import prepare_nets_at_start
-from app.errors import ServerUnavailable
+from app.errors import AdminMisconfigured, ServerUnavailable
 from app.usecases import dispatch, monitor, reconciler, records, scaling
-from models import ACTIVE_JOB_STATES, JobState, ReasonCode
+from models import ACTIVE_JOB_STATES, JobState, NetState, ReasonCode
 from tests.fakes import FakeAdmin, FakeServer
 from tests.unit.conftest import World, world_of
 from tests.unit.test_flower_stray_settling import _rounds
 from tests.unit.test_revived_strays import _flower, _strays
 from tests.unit.test_revived_strays import _world as _flower_world
-from tests.unit.test_start_verdict_breaks import FOREIGN, _start_with_wrong_files
+from tests.unit.test_start_verdict_breaks import (
+    FOREIGN,
+    _net_a_dials_another_server,
+    _start_with_wrong_files,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -47,11 +55,6 @@ def _clients_reach(world: World, monkeypatch: Any, net: str, server: FakeServer)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the monitor's stop of uncounted runs lists and stops runs through a FINISHING "
-    "Flower net's files the start found naming another server: another net's job's run",
-)
 def test_a_finishing_flower_net_under_a_verdict_stops_no_run_of_another_net(
     tmp_path, job_root, sqlite_factory, clock, sqlite_url, monkeypatch
 ) -> None:
@@ -81,11 +84,6 @@ def test_a_finishing_flower_net_under_a_verdict_stops_no_run_of_another_net(
     assert world.server("fl-b").statuses[run] == "RUNNING"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="past the grace the lost run's stray is settled through the wrong kit (the other "
-    "server knows no such run), so the job runs again beside its first run",
-)
 def test_a_run_lost_to_a_verdict_on_an_always_on_net_does_not_run_twice(
     always_on, sqlite_url, monkeypatch
 ) -> None:
@@ -112,11 +110,6 @@ def test_a_run_lost_to_a_verdict_on_an_always_on_net_does_not_run_twice(
     assert not (first_run_live and job.state in ACTIVE_JOB_STATES and job.net_name != first)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a user's abort under a verdict is asked of the server the wrong files reach: "
-    "ABORTED with no stray while the run lives on the always-on server",
-)
 def test_an_abort_under_a_verdict_leaves_no_live_run_beside_the_next_job(
     always_on, sqlite_url, monkeypatch
 ) -> None:
@@ -148,12 +141,6 @@ def test_an_abort_under_a_verdict_leaves_no_live_run_beside_the_next_job(
     assert not (first_run_live and world.job(following).state in ACTIVE_JOB_STATES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a DISPATCHING job under a verdict is submitted through the files the start "
-    "found wrong (an ASSIGNED one is requeued; net_misconfigured keeps such a submit's token "
-    "as a stray and requeues it, attempt kept)",
-)
 def test_a_dispatching_job_under_a_verdict_is_not_submitted_through_the_wrong_files(
     world, sqlite_url, monkeypatch
 ) -> None:
@@ -166,9 +153,16 @@ def test_a_dispatching_job_under_a_verdict_is_not_submitted_through_the_wrong_fi
     other = FakeServer()
     _clients_reach(world, monkeypatch, "net-a", other)
     world.clock.advance(600)  # the step's lease lapsed: re-driven
-    dispatch.dispatch(world.rt, job_id, "net-a", world.job(job_id).attempts)
+    attempts = world.job(job_id).attempts
+    # The step meets a misconfigured net: it marks it, requeues its job and fails loud.
+    with pytest.raises(AdminMisconfigured):
+        dispatch.dispatch(world.rt, job_id, "net-a", attempts)
     # On b0f654a: the submit landed on the other server, the job RUNNING on net-a.
     assert other.submitted == {}
+    job = world.job(job_id)
+    assert (job.state, job.attempts) == (JobState.QUEUED, attempts)
+    assert world.net("net-a").state == NetState.MISCONFIGURED
+    assert [s.submit_token for s in _strays(world, "net-a")] == [job.submit_token or ANY]
 
 
 def _running_under_a_verdict(world: World, sqlite_url: str, monkeypatch: Any) -> str:
@@ -181,11 +175,6 @@ def _running_under_a_verdict(world: World, sqlite_url: str, monkeypatch: Any) ->
     return job_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the monitor settles the run on the verdict its round read, not re-read under the "
-    "lock: a restart that fixed the files meanwhile does not save it",
-)
 def test_a_restart_that_fixes_the_files_during_the_round_saves_the_run(
     world, sqlite_url, monkeypatch
 ) -> None:
@@ -195,25 +184,20 @@ def test_a_restart_that_fixes_the_files_during_the_round_saves_the_run(
     server, is taken for lost all the same (requeued, an attempt spent)."""
     job_id = _running_under_a_verdict(world, sqlite_url, monkeypatch)
     world.clock.advance(31)
-    read = monitor._watched
+    read = monitor._watchable
 
-    def then_fixed(rt: Any, **kw: Any) -> Any:
-        rows = read(rt, **kw)
+    def then_fixed(rows: Any) -> Any:
+        watched = read(rows)
         _start(world, sqlite_url, monkeypatch, {})  # the fix's restart commits now
-        return rows
+        return watched
 
-    monkeypatch.setattr(monitor, "_watched", then_fixed)
+    monkeypatch.setattr(monitor, "_watchable", then_fixed)
     monitor.monitor_running_jobs(world.rt)
     job = world.job(job_id)
     # On b0f654a: QUEUED, attempts 1, a stray kept and net-a taken down.
     assert (job.state, job.attempts) == (JobState.RUNNING, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the grace run while the verdict held (nothing asked) is still counted after the "
-    "fix: the first failed call after the restart loses the run at once",
-)
 def test_a_blip_just_after_the_fix_does_not_lose_the_run_at_once(
     world, sqlite_url, monkeypatch
 ) -> None:
@@ -237,11 +221,6 @@ def test_a_blip_just_after_the_fix_does_not_lose_the_run_at_once(
     assert (job.state, job.attempts) == (JobState.RUNNING, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stray dated after its net's stop gets the longest rest if the net ever made a "
-    "settling start (any, for any earlier stray): a one-second clock step holds it an hour",
-)
 def test_a_one_second_clock_step_does_not_rest_a_healthy_flower_net_an_hour(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
@@ -267,11 +246,6 @@ def test_a_one_second_clock_step_does_not_rest_a_healthy_flower_net_an_hour(
     assert _strays(world, "fl-a") == [] and "7" in server.aborted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the start's requeue of a job only claimed onto a net whose files are wrong sends "
-    "no kick: the job waits for beat's round though another net is free",
-)
 def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     world, sqlite_url, monkeypatch
 ) -> None:
@@ -301,7 +275,11 @@ def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     sent: list[str] = []
     monkeypatch.setattr(celery.Celery, "send_task", lambda _app, name, *_a, **_k: sent.append(name))
     world.outbox.sent.clear()
-    _start_with_wrong_files(world, sqlite_url, monkeypatch)
+    # The worker's start, as the worker_init signal runs it: with the worker's outbox.
+    monkeypatch.setattr(net_check, "endpoint_problem", _net_a_dials_another_server)
+    prepare_nets_at_start(
+        world.rt.settings.model_copy(update={"database_url": sqlite_url}), world.outbox
+    )
     assert world.job(job_id).state == JobState.QUEUED
     # On b0f654a: nothing sent, the job QUEUED with `fixed` READY.
     assert names.ASSIGN_NEXT_JOB in [*sent, *(name for name, _ in world.outbox.sent)]
