@@ -25,7 +25,7 @@ from app.redis_transport import TRANSPORT_PATH
 from app.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from app.runtime import Outbox, Runtime
+    from app.runtime import Runtime
 
 PIPELINE_SOFT_LIMIT_S = 300
 PIPELINE_HARD_LIMIT_S = 360
@@ -176,12 +176,13 @@ def _drop_connection_pool(app: Celery) -> None:
         amqp._producer_pool = None
 
 
-def prepare_nets_at_start(settings: Settings, outbox: Outbox | None = None) -> None:
+def prepare_nets_at_start(settings: Settings) -> None:
     """Every worker start (`fl-dispatcher worker` or `celery -A app.celery_app worker`)
     creates missing net rows and resets MISCONFIGURED nets (settings were just validated),
     then takes out of service a net whose admin kit (a Flower net's SuperLink certificate)
-    names another server; then asks for an assign round through `outbox` (a reset net, a
-    job the start requeued: claimable now, not at beat's next round)."""
+    names another server. It sends nothing: it runs before the pool and an embedded beat
+    fork, which must not inherit a broker connection (a job it requeues is claimed at beat's
+    next assign round)."""
     from app.adapters.net_check import endpoint_problem, record_start_check
     from app.db import make_engine, session_factory, unit_of_work
     from app.usecases import declared_nets
@@ -203,12 +204,10 @@ def prepare_nets_at_start(settings: Settings, outbox: Outbox | None = None) -> N
             declared_nets.prepare_at_start(session, settings, problems, utcnow())
     finally:
         engine.dispose()
-    if outbox is not None:
-        outbox.send(names.ASSIGN_NEXT_JOB)  # after the commit; a broker down is only logged
 
 
 def _on_worker_init(**_: Any) -> None:
-    prepare_nets_at_start(_Configured.settings or load_settings(), CeleryOutbox(celery))
+    prepare_nets_at_start(_Configured.settings or load_settings())
 
 
 signals.worker_init.connect(_on_worker_init, weak=False)

@@ -3,8 +3,9 @@ under a job (`nets.misconfigured_after_job`), the Flower strays' settling rest, 
 worker start's requeue. Each test was a way the promise (README's FlDispatcherNetMisconfigured
 row, CHANGELOG 0.3.1, app/usecases/README.md) broke on b0f654a, a strict xfail until fixed:
 a process whose start found a net's files wrong sends nothing through them
-(`net_check.RefusingAdmin`), the monitor counts no grace across the fix, a stray dated after
-the stop counts only recent settling starts, and the start asks for an assign round.
+(`net_check.RefusingAdmin`), the monitor counts no grace across the fix, and a stray dated
+after the stop counts only recent settling starts. One is open, a strict xfail: the start's
+requeue waits for beat's next assign round.
 
 The files a start finds wrong name another server; what the workers' clients then reach is
 that server, which may answer (another project's, another net's). The monitor asks nothing
@@ -28,11 +29,7 @@ from tests.unit.conftest import World, world_of
 from tests.unit.test_flower_stray_settling import _rounds
 from tests.unit.test_revived_strays import _flower, _strays
 from tests.unit.test_revived_strays import _world as _flower_world
-from tests.unit.test_start_verdict_breaks import (
-    FOREIGN,
-    _net_a_dials_another_server,
-    _start_with_wrong_files,
-)
+from tests.unit.test_start_verdict_breaks import FOREIGN, _start_with_wrong_files
 
 pytestmark = pytest.mark.unit
 
@@ -246,6 +243,13 @@ def test_a_one_second_clock_step_does_not_rest_a_healthy_flower_net_an_hour(
     assert _strays(world, "fl-a") == [] and "7" in server.aborted
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open, bounded: the start's requeue sends no kick; the job waits for beat's next "
+    "assign round (at most HOUSEKEEPING_INTERVAL_S). A send from worker_init (tried in round "
+    "12) broke the demo's embedded beat in CI (`channel disconnected`: the broker pool "
+    "created before the fork was inherited); a kick needs a post-fork hook",
+)
 def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     world, sqlite_url, monkeypatch
 ) -> None:
@@ -275,11 +279,7 @@ def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     sent: list[str] = []
     monkeypatch.setattr(celery.Celery, "send_task", lambda _app, name, *_a, **_k: sent.append(name))
     world.outbox.sent.clear()
-    # The worker's start, as the worker_init signal runs it: with the worker's outbox.
-    monkeypatch.setattr(net_check, "endpoint_problem", _net_a_dials_another_server)
-    prepare_nets_at_start(
-        world.rt.settings.model_copy(update={"database_url": sqlite_url}), world.outbox
-    )
+    _start_with_wrong_files(world, sqlite_url, monkeypatch)
     assert world.job(job_id).state == JobState.QUEUED
     # On b0f654a: nothing sent, the job QUEUED with `fixed` READY.
     assert names.ASSIGN_NEXT_JOB in [*sent, *(name for name, _ in world.outbox.sent)]
