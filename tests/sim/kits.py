@@ -68,7 +68,7 @@ def plan(sim: Simulation) -> Spell | None:
     another = any(lo <= first < hi for lo, hi in ANOTHER_BANDS)
     nets = sim.world.nets
     if another:  # a net with another of its backend, whose server the kit reaches
-        nets = [n for n in nets if sum(m.backend == n.backend for m in nets) > 1]
+        nets = tuple(n for n in nets if sum(m.backend == n.backend for m in nets) > 1)
     elif not any(lo <= first < hi for lo, hi in BANDS):
         return None
     if not nets:
@@ -152,7 +152,7 @@ class KitAdversary:
             return
         job_id = str(uuid.UUID(hex=str(row[0]).replace("-", "")))
         delay = random.Random(f"{sim.seed}/kits/another").uniform(5.0, 30.0)
-        payload = {"job_id": job_id, "reason": "aborted by the user"}
+        payload: dict[str, object] = {"job_id": job_id, "reason": "aborted by the user"}
         sim.at(
             sim.clock.t + delay,
             f"flip-api aborts job {job_id[:8]} on {spell.net}",
