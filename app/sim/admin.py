@@ -107,7 +107,14 @@ class SimAdmin:
         t = host.clock.t
         self.cluster.advance(t)
         server = self.server
-        if server.kit_elsewhere is not None:
+        other = self.cluster.servers.get(server.kit_other or "")
+        if (
+            server.kit_elsewhere is not None
+            and server.kit_answer == "another"
+            and other is not None
+        ):
+            server = other  # another net's server, reached and answering as its own
+        elif server.kit_elsewhere is not None:
             self._connected = False
             if server.kit_answer == "refused":  # another project's server, or a TLS refusal
                 raise AdminMisconfigured(
@@ -244,7 +251,11 @@ class SimAdmin:
         """The run's state in the dispatcher's words (as app.adapters.nvflare.classify maps)."""
         raw = self._raw_status(nvflare_job_id)
         t = self.cluster.host.clock.t
-        run = self.cluster.servers[self.net].store[nvflare_job_id]
+        own = self.server  # or, through a kit that reaches another net's server, its run
+        run = (
+            own.store.get(nvflare_job_id)
+            or self.cluster.servers[own.kit_other or ""].store[nvflare_job_id]
+        )
         # The job store's start time: a simulated run starts as it is submitted; aborted
         # before the job runner started it: no start time.
         return status_of(

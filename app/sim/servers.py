@@ -128,10 +128,13 @@ class SimServer:
     partitions: list[tuple[float, float]] = field(default_factory=list)
     kit_broken: bool = False
     # The server a redeploy's kit (a Flower net's certificate) names instead of this one, and
-    # what the workers' client then meets: nothing answering there (`unreachable`), or a
-    # server that refuses the kit (`refused`). None: the kit is right (tests.sim.kits).
+    # what the workers' client then meets: nothing answering there (`unreachable`), a
+    # server that refuses the kit (`refused`), or another net's server that answers as its
+    # own (`another`: `kit_other`, which knows none of this net's runs). None: the kit is
+    # right (tests.sim.kits).
     kit_elsewhere: str | None = None
     kit_answer: str = "unreachable"
+    kit_other: str | None = None
     no_start_time_until: float = -1.0
     # Windows in which every submit reaches the server but its reply is lost (a proxy that
     # times out answers): a dispatch's every retry, the last included, and reconcile's

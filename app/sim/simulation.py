@@ -33,6 +33,7 @@ from app.handlers import Kind, beat_loops
 from app.runtime import Runtime
 from app.schemas import job_id_for
 from app.settings import Settings
+from app.sim import worker_start
 from app.sim.bounds import Bounds
 from app.sim.bundles import FakeS3, LocalBundle, remove_tree, serving
 from app.sim.caller import Caller
@@ -345,6 +346,7 @@ class Simulation:
             logging.disable(logging.NOTSET)
             if self.adversary is not None:
                 self.adversary.stop()
+            worker_start.reset()  # the product's start record is per process, not per seed
             self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)

@@ -1,10 +1,13 @@
 """A worker process's start in a simulated world, as `app.celery_app.prepare_nets_at_start`
 runs it: each declared net's files checked first (the world's stand-in for
 `net_check.endpoint_problem`: a kit a redeploy made dial another server,
-`SimServer.kit_elsewhere`), then the start's one transaction, the product's own
-(`declared_nets.prepare_at_start`). What each start found is kept (`found_wrong`) for the
-checks. A commit inside that transaction's body (the code once committed its reset before
-checking the files) is a point where another worker may run: the adversary's `start.commit`."""
+`SimServer.kit_elsewhere`), recorded as the product records it (`net_check.
+record_start_check`: both simulated workers share one deployment's files, so the one
+process-global record is a fair model; `reset` clears it when a simulation ends), then the
+start's one transaction, the product's own (`declared_nets.prepare_at_start`). What each
+start found is kept (`found_wrong`) for the checks. A commit inside that transaction's body
+(the code once committed its reset before checking the files) is a point where another
+worker may run: the adversary's `start.commit`."""
 
 from __future__ import annotations
 
@@ -12,11 +15,18 @@ from typing import Any
 
 from sqlalchemy import event
 
+from app.adapters import net_check
 from app.db import unit_of_work
 from app.sim.view import SimView
 from app.usecases import declared_nets
 
 KIT_PORT = 8003  # where a simulated NVFLARE server serves its admin port
+
+
+def reset() -> None:
+    """Forget what the simulation's worker starts found (the record is process-global: a
+    sweep's next seed, or a test after it, must not inherit it)."""
+    net_check.record_start_check({})
 
 
 def kit_problem(net: str, dials: str, backend: str) -> str:
@@ -53,6 +63,9 @@ class WorkerStart:
                 continue
             problems[net.name] = kit_problem(net.name, dials, net.backend)
             self.found_wrong[net.name] = f"w{slot}'s start at {sim.clock.t:.1f}s: {dials}"
+        # Its clients send nothing through files it found wrong (Runtime.admin: RefusingAdmin);
+        # a start that finds every file right clears what an earlier one found.
+        net_check.record_start_check(problems)
         # A real worker whose start fails on the database starts again: not a case here.
         sim.starting_worker = True
         self.slot = slot

@@ -25,12 +25,24 @@ class CallInvariants(Observer):
         self._late_stops: dict[int, list[tuple[str, int]]] = {}
 
     def at_admin_call(self, point: str, net: str) -> None:
-        """`misconfigured-net-called`: no admin call reaches a net the dispatcher holds
-        MISCONFIGURED while the platform runs no replica of it: nothing there answers. A
-        Flower net's strays wait for a human's fix (net_repairs.resting; 6b4fa3b), an
-        NVFLARE net's died with its server and are forgotten (misconfig seeds 16 and 50,
-        round 12). The adversary passes on each admin hook point inside a worker."""
+        """`call-through-wrong-files`: no admin call is sent through files the last start
+        found naming another server. `misconfigured-net-called`: no admin call reaches a
+        net the dispatcher holds MISCONFIGURED while the platform runs no replica of it:
+        nothing there answers. A Flower net's strays wait for a human's fix
+        (net_repairs.resting; 6b4fa3b), an NVFLARE net's died with its server and are
+        forgotten (misconfig seeds 16 and 50, round 12). The adversary passes on each admin
+        hook point inside a worker."""
         sim = self.sim
+        found = sim.starts.found_wrong.get(net)
+        if found is not None:
+            # Round 12: those files reach another server (one that answers, in `another`
+            # spells: a stop, abort or submit there acts on the wrong net), so the process
+            # sends nothing through them (net_check.RefusingAdmin).
+            self.report(
+                "call-through-wrong-files",
+                f"net {net}",
+                f"{point.removeprefix('admin.')} sent through files a start found wrong ({found})",
+            )
         if sim.cluster.replicas(net) != 0:
             return
         row = sim.conn.execute(

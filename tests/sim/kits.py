@@ -9,28 +9,42 @@ dialling another host meets (`SimServer.kit_elsewhere`): nothing answering there
 (ServerUnavailable, "cannot connect to server") or another server refusing the kit or its
 certificate (AdminMisconfigured; always so for Flower, whose client refuses a certificate
 not for its address), and each worker start's check of the files reports it
-(app.sim.worker_start).
+(app.sim.worker_start), which the product records (`net_check.record_start_check`: its
+clients then refuse every call, `RefusingAdmin`). In two more bands of the first draw
+(`ANOTHER_BANDS`, round 12) the kit names another net of the world, of the same backend,
+whose server answers as its own (`another`): a call sent through those files would stop,
+abort or submit on the wrong server. Such a spell lands the moment the net runs a job, and a
+user aborts that job 5-30 s later (stream `f"{seed}/kits/another"`): the abort through the
+wrong files gets "nothing to abort" from the other server while the run lives on.
 
 At a commit inside a start's transaction (`start.commit`: the old code's reset, committed
 before the files were checked), the other worker runs an assign round at once.
 
 `claim-onto-wrong-kit` (at each claim, by a temp trigger that asks the simulation inside the
 claim's own transaction): no job is claimed onto a net after a worker start found its files
-wrong and before a start found them right (round 11's two defects: e907a8b, b65dd99)."""
+wrong and before a start found them right (round 11's two defects: e907a8b, b65dd99).
+`call-through-wrong-files` (tests.sim.call_invariants, at each admin call): no call is sent
+through files a start found wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import sqlite3
+import uuid
 from dataclasses import dataclass
 
 from app import names
 from app.sim.simulation import Simulation
+from app.sim.worker_start import KIT_PORT
 
 # The first draw's values that give a world a spell: two bands none of the named seeds'
 # draws falls in (tests/unit/test_simulation_*safeguards.py, test_sweep_seeds.py).
 BANDS = ((0.19, 0.228), (0.455, 0.493))
+# Round 12's: the kit reaches another net's server that answers (worlds with two nets of one
+# backend; the others draw no spell there).
+ANOTHER_BANDS = ((0.527, 0.547), (0.956, 0.982))
 RESTART = "a worker restarted, the kit of {net} still wrong"
 
 
@@ -42,23 +56,30 @@ class Spell:
     at: float
     busy: bool  # the redeploy lands the moment the net runs a job (after `at`)
     length_s: float
-    answer: str  # what the client meets: "unreachable" or "refused"
+    answer: str  # what the client meets: "unreachable", "refused" or "another"
     restarts: tuple[tuple[float, tuple[int, ...]], ...]  # (share of the spell, slots)
+    other: str | None = None  # `another`: the net whose server the kit reaches
 
 
 def plan(sim: Simulation) -> Spell | None:
     """The world's spell, or None."""
     rng = random.Random(f"{sim.seed}/kits")
     first = rng.random()
-    if not any(lo <= first < hi for lo, hi in BANDS) or not sim.world.nets:
+    another = any(lo <= first < hi for lo, hi in ANOTHER_BANDS)
+    nets = sim.world.nets
+    if another:  # a net with another of its backend, whose server the kit reaches
+        nets = tuple(n for n in nets if sum(m.backend == n.backend for m in nets) > 1)
+    elif not any(lo <= first < hi for lo, hi in BANDS):
         return None
-    net = rng.choice(sim.world.nets)
+    if not nets:
+        return None
+    net = rng.choice(nets)
     horizon = sim.workload.horizon_s
     answer = rng.choice(("unreachable", "unreachable", "refused"))
     restarts = tuple(
         (rng.uniform(0.1, 0.9), rng.choice(((0,), (1,), (0, 1)))) for _ in range(rng.randint(1, 3))
     )
-    return Spell(
+    spell = Spell(
         net=net.name,
         at=rng.uniform(5.0, max(6.0, horizon * 0.6)),
         busy=rng.random() < 0.5,
@@ -66,6 +87,10 @@ def plan(sim: Simulation) -> Spell | None:
         answer="refused" if net.backend == "flower" else answer,
         restarts=restarts,
     )
+    if not another:
+        return spell
+    others = [n.name for n in sim.world.nets if n.backend == net.backend and n is not net]
+    return dataclasses.replace(spell, busy=True, answer="another", other=rng.choice(others))
 
 
 class KitAdversary:
@@ -98,7 +123,9 @@ class KitAdversary:
         if sim.draining:
             return  # faults stop at the horizon
         server = sim.cluster.servers[spell.net]
-        server.kit_elsewhere, server.kit_answer = f"{spell.net}-other.example:8003", spell.answer
+        dials = f"{spell.other or spell.net + '-other.example'}:{KIT_PORT}"
+        server.kit_elsewhere, server.kit_answer = dials, spell.answer
+        server.kit_other = spell.other
         for slot in (0, 1):
             sim.restart_worker(slot, f"redeploy: {spell.net}'s kit dials {server.kit_elsewhere}")
         t = sim.clock.t
@@ -109,6 +136,28 @@ class KitAdversary:
                 functools.partial(self._restart, slots),
             )
         sim.at(t + spell.length_s, f"a human fixes {spell.net}'s kit", self._fix)
+        if spell.other is not None:
+            self._abort_its_job()
+
+    def _abort_its_job(self) -> None:
+        """`another`: a user aborts the job the net runs, a little later."""
+        sim, spell = self.sim, self.spell
+        assert spell is not None
+        row = sim.conn.execute(
+            "SELECT id FROM jobs WHERE net_name = ? AND state IN ('ASSIGNED', 'DISPATCHING',"
+            " 'RUNNING', 'FINISHING')",
+            (spell.net,),
+        ).fetchone()
+        if row is None:
+            return
+        job_id = str(uuid.UUID(hex=str(row[0]).replace("-", "")))
+        delay = random.Random(f"{sim.seed}/kits/another").uniform(5.0, 30.0)
+        payload: dict[str, object] = {"job_id": job_id, "reason": "aborted by the user"}
+        sim.at(
+            sim.clock.t + delay,
+            f"flip-api aborts job {job_id[:8]} on {spell.net}",
+            sim.caller.sender(names.ABORT_JOB, payload),
+        )
 
     def _restart(self, slots: tuple[int, ...]) -> None:
         assert self.spell is not None
@@ -117,7 +166,8 @@ class KitAdversary:
 
     def _fix(self) -> None:
         assert self.spell is not None
-        self.sim.cluster.servers[self.spell.net].kit_elsewhere = None
+        server = self.sim.cluster.servers[self.spell.net]
+        server.kit_elsewhere = server.kit_other = None
         for slot in (0, 1):
             self.sim.restart_worker(slot, f"a human fixed {self.spell.net}'s kit")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import AdminMisconfigured, ServerUnavailable
+from app.adapters import net_check
+from app.errors import AdminMisconfigured, FilesNameAnotherServer, ServerUnavailable
 from app.sim.faults import CLEAN
 from app.sim.flower_admin import admin_for
 from app.sim.simulation import Simulation
@@ -64,3 +65,33 @@ def test_the_nets_client_meets_what_the_other_host_gives(answer: str, error: typ
         admin_for(sim.cluster, sim.settings.net("net-a")).server_start_time()
     server.kit_elsewhere = None
     assert sim.run().ok
+
+
+def test_the_start_records_what_it_found_as_the_product_does_until_fixed_and_per_seed():
+    """Both simulated workers share one record (net_check.record_start_check): a start that
+    finds the kit wrong makes every worker's client refuse; one with it fixed clears it; the
+    end of a simulation clears it too, so a sweep's next seed does not inherit it."""
+    sim = _sim()
+    sim.cluster.servers["net-a"].kit_elsewhere = "net-a-other.example:8003"
+    sim.restart_worker(0, "redeploy with the wrong kit")
+    assert "net-a-other.example:8003" in str(net_check.found_wrong("net-a"))
+    with pytest.raises(FilesNameAnotherServer):
+        sim.workers[1].admin("net-a").server_start_time()
+    sim.cluster.servers["net-a"].kit_elsewhere = None
+    sim.restart_worker(1, "a human fixed the kit")
+    assert net_check.found_wrong("net-a") is None
+    sim.cluster.servers["net-a"].kit_elsewhere = "net-a-other.example:8003"
+    sim.restart_worker(0, "the wrong kit again")
+    sim.cluster.servers["net-a"].kit_elsewhere = None  # the world ends with it recorded
+    sim.run()
+    assert net_check.found_wrong("net-a") is None
+
+
+def test_a_kit_that_reaches_another_nets_server_gets_its_answers() -> None:
+    sim = _sim()
+    server = sim.cluster.servers["net-a"]
+    server.kit_elsewhere, server.kit_answer, server.kit_other = "net-b:8003", "another", "net-b"
+    sim.cluster.servers["net-b"].start(sim.clock.t - 100.0, sim.cluster.host.rng)
+    client = admin_for(sim.cluster, sim.settings.net("net-a"))
+    assert client.live_runs() == frozenset()  # net-b's, which runs none
+    server.kit_elsewhere = server.kit_other = None
