@@ -507,6 +507,8 @@ class _Host:
 class _Server:
     kit_broken = False
     kit_elsewhere = None
+    kit_answer = "unreachable"
+    kit_other = None
 
     def __init__(self) -> None:
         self.store: dict = {}
