@@ -29,7 +29,7 @@ from tests.unit.conftest import World, world_of
 from tests.unit.test_flower_stray_settling import _rounds
 from tests.unit.test_revived_strays import _flower, _strays
 from tests.unit.test_revived_strays import _world as _flower_world
-from tests.unit.test_start_verdict_breaks import FOREIGN, _start_with_wrong_files
+from tests.unit.test_start_verdict_under_a_job import FOREIGN, _start_with_wrong_files
 
 pytestmark = pytest.mark.unit
 
