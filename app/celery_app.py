@@ -181,8 +181,8 @@ def prepare_nets_at_start(settings: Settings) -> None:
     creates missing net rows and resets MISCONFIGURED nets (settings were just validated),
     then takes out of service a net whose admin kit (a Flower net's SuperLink certificate)
     names another server. It sends nothing: it runs before the pool and an embedded beat
-    fork, which must not inherit a broker connection (a job it requeues is claimed at beat's
-    next assign round)."""
+    fork, which must not inherit a broker connection (`kick_when_ready` asks for the assign
+    round a job it requeues needs, once they have forked)."""
     from app.adapters.net_check import endpoint_problem, record_start_check
     from app.db import make_engine, session_factory, unit_of_work
     from app.usecases import declared_nets
@@ -211,6 +211,37 @@ def _on_worker_init(**_: Any) -> None:
 
 
 signals.worker_init.connect(_on_worker_init, weak=False)
+
+
+def kick_when_ready(settings: Settings) -> None:
+    """Once the worker is ready, ask for an assign round if a claimable job waits (one the
+    start requeued, one whose kick was lost while no worker ran), rather than leave it to
+    beat's next round, up to `HOUSEKEEPING_INTERVAL_S` away. Coalesced like every kick: no
+    send while one is pending or when no job waits."""
+    from app.db import make_engine, session_factory
+    from app.usecases.kicks import CoalescingOutbox
+    from models import utcnow
+
+    engine = make_engine(settings.database_url)
+    try:
+        stale_after = timedelta(seconds=settings.housekeeping_interval_s)
+        outbox = CoalescingOutbox(
+            CeleryOutbox(celery), session_factory(engine), utcnow, stale_after
+        )
+        outbox.send(names.ASSIGN_NEXT_JOB)  # a broker or database down is logged, not raised
+    finally:
+        engine.dispose()
+
+
+def _on_worker_ready(**_: Any) -> None:
+    # worker_ready comes in the main process after every bootstep started: the pool and an
+    # embedded beat have forked, so no child inherits the connection this send opens (a
+    # send from worker_init broke the embedded beat: `channel disconnected`). Pool processes
+    # forked later reset it (Celery's after-fork handler).
+    kick_when_ready(_Configured.settings or load_settings())
+
+
+signals.worker_ready.connect(_on_worker_ready, weak=False)
 
 
 def _on_worker_process_init(**_: Any) -> None:

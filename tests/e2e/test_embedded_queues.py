@@ -1,7 +1,8 @@
 """The embedded default keeps working with three queues: one `fl-dispatcher worker --beat`
 (the demo's layout: no -Q, so every queue) on kombu's SQLAlchemy transport over SQLite and
 the SQLite job store, no Redis, no PostgreSQL. flip-api's request, the chain's message and
-beat's housekeeping each land on their own queue and are all consumed."""
+beat's housekeeping each land on their own queue and are all consumed. A job already
+waiting when that worker starts is claimed once it is ready, not at beat's first round."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from app import migrate, names
 from app.celery_app import CeleryOutbox, configure
+from app.db import make_engine, session_factory, unit_of_work
 from app.schemas import EnqueueJob
 from app.settings import Settings
+from app.usecases.enqueue import enqueue_job
+from models import utcnow
 from tests.fixtures.burst import JOB_NAME
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +40,9 @@ ENV_SETTINGS = {
 }
 
 
-def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
+def embedded_env(tmp_path: Path, interval_s: int) -> dict[str, str]:
+    """The environment of one `fl-dispatcher worker --beat` on the embedded defaults, with one
+    static net (its kit says nothing: no job here needs it to answer)."""
     kit = tmp_path / "kit"
     (kit / "startup").mkdir(parents=True)
     (kit / "startup" / "fed_admin.json").write_text("{}")
@@ -44,7 +51,7 @@ def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
     env |= {
         "FL_DISPATCHER_DATA_DIR": str(tmp_path / "data"),
         "JOB_ROOT": str(tmp_path / "jobs"),
-        "HOUSEKEEPING_INTERVAL_S": "1",
+        "HOUSEKEEPING_INTERVAL_S": str(interval_s),
         "PER_JOB_FL_SERVER": "false",
         "NETS": json.dumps(
             [
@@ -59,12 +66,12 @@ def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
     }
     for key in ("BROKER_URL", "CALLBACK_URL"):
         env.pop(key, None)  # the embedded defaults
-    settings = Settings(**{k: v for k, v in env.items() if k in ENV_SETTINGS})
-    assert settings.broker_url.startswith("sqla+sqlite:///")  # the embedded default
-    broker_db = Path(settings.broker_url.removeprefix("sqla+sqlite:///"))
-    migrate.upgrade(settings.database_url)
+    return env
 
-    worker = subprocess.Popen(
+
+def start_worker(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`fl-dispatcher worker --beat`, its output in worker.log."""
+    return subprocess.Popen(
         [sys.executable, "-m", "app.entrypoints.cli", "worker", "--beat"],
         env=env,
         cwd=tmp_path,
@@ -72,6 +79,16 @@ def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
+    env = embedded_env(tmp_path, interval_s=1)
+    settings = Settings(**{k: v for k, v in env.items() if k in ENV_SETTINGS})
+    assert settings.broker_url.startswith("sqla+sqlite:///")  # the embedded default
+    broker_db = Path(settings.broker_url.removeprefix("sqla+sqlite:///"))
+    migrate.upgrade(settings.database_url)
+
+    worker = start_worker(tmp_path, env)
     try:
         outbox = CeleryOutbox(configure(settings))
         job = EnqueueJob(caller_key="embedded-1", definition=JOB_NAME, net="net-1")
@@ -98,6 +115,43 @@ def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+
+def test_a_job_waiting_at_the_start_is_claimed_once_the_worker_is_ready(tmp_path: Path):
+    """The job was stored while no worker ran (its kick lost with the broker, or a worker
+    start requeued it); beat's first assign round is an hour away. The ready worker's kick
+    claims it, sent after the pool and the embedded beat forked: neither inherits the
+    connection (a send from worker_init left the embedded beat `channel disconnected`)."""
+    env = embedded_env(tmp_path, interval_s=3600)
+    settings = Settings(**{k: v for k, v in env.items() if k in ENV_SETTINGS})
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        with unit_of_work(session_factory(engine)) as session:
+            payload = EnqueueJob(caller_key="waiting-1", definition=JOB_NAME, net="net-1")
+            job_id = enqueue_job(session, settings, payload, utcnow()).job_id
+    finally:
+        engine.dispose()
+
+    worker = start_worker(tmp_path, env)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while job_state(settings.database_url, job_id) == "QUEUED":
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            # Without the ready kick, QUEUED until beat's round an hour away.
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    log = (tmp_path / "worker.log").read_text()
+    assert "disconnected" not in log and "Traceback" not in log, log[-3000:]
+
+
+def job_state(database_url: str, job_id: uuid.UUID) -> str:
+    with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
+        row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id.hex,)).fetchone()
+    return str(row[0])
 
 
 def queue_counts(broker_db: Path) -> dict[str, tuple[int, int]]:

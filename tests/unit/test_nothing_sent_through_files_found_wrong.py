@@ -243,23 +243,18 @@ def test_a_one_second_clock_step_does_not_rest_a_healthy_flower_net_an_hour(
     assert _strays(world, "fl-a") == [] and "7" in server.aborted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open, bounded: the start's requeue sends no kick; the job waits for beat's next "
-    "assign round (at most HOUSEKEEPING_INTERVAL_S). A send from worker_init (tried in round "
-    "12) broke the demo's embedded beat in CI (`channel disconnected`: the broker pool "
-    "created before the fork was inherited); a kick needs a post-fork hook",
-)
 def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     world, sqlite_url, monkeypatch
 ) -> None:
     """A job that may run on either net was claimed onto net-a (`fixed` was busy) and
     `fixed` is free since. A worker start finds net-a's kit wrong and requeues the job, its
     attempt kept; every other commit that makes a job claimable sends the assigner's kick
-    (`kicks`), this one nothing: the job waits up to HOUSEKEEPING_INTERVAL_S."""
+    (`kicks`), and so does the worker once ready (`worker_ready`, after the pool and an
+    embedded beat forked), not leaving the job to beat's round, HOUSEKEEPING_INTERVAL_S away."""
     import celery
+    from celery import signals
 
-    from app import names
+    from app import celery_app, names
 
     reconciler.reconcile(world.rt)
     blocker = world.enqueue("blocker", net="fixed")
@@ -281,5 +276,11 @@ def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     world.outbox.sent.clear()
     _start_with_wrong_files(world, sqlite_url, monkeypatch)
     assert world.job(job_id).state == JobState.QUEUED
-    # On b0f654a: nothing sent, the job QUEUED with `fixed` READY.
-    assert names.ASSIGN_NEXT_JOB in [*sent, *(name for name, _ in world.outbox.sent)]
+    assert sent == []  # nothing before the fork
+    settings = world.rt.settings.model_copy(update={"database_url": sqlite_url})
+    monkeypatch.setattr(celery_app._Configured, "settings", settings)
+    signals.worker_ready.send(sender=None)
+    # On 66819a8: nothing sent, the job QUEUED with `fixed` READY.
+    assert sent == [names.ASSIGN_NEXT_JOB]
+    signals.worker_ready.send(sender=None)
+    assert sent == [names.ASSIGN_NEXT_JOB]  # coalesced: that kick is still pending
