@@ -214,23 +214,16 @@ signals.worker_init.connect(_on_worker_init, weak=False)
 
 
 def kick_when_ready(settings: Settings) -> None:
-    """Once the worker is ready, ask for an assign round if a claimable job waits (one the
-    start requeued, one whose kick was lost while no worker ran), rather than leave it to
-    beat's next round, up to `HOUSEKEEPING_INTERVAL_S` away. Coalesced like every kick: no
-    send while one is pending or when no job waits."""
-    from app.db import make_engine, session_factory
-    from app.usecases.kicks import CoalescingOutbox
-    from models import utcnow
+    """Once the worker is ready, ask for an assign round if a claimable job waits
+    (`kicks.kick_when_ready`), through a runtime of its own, closed after the send."""
+    from app.runtime import Runtime
+    from app.usecases import kicks
 
-    engine = make_engine(settings.database_url)
+    rt = Runtime.from_settings(settings, outbox=CeleryOutbox(celery))
     try:
-        stale_after = timedelta(seconds=settings.housekeeping_interval_s)
-        outbox = CoalescingOutbox(
-            CeleryOutbox(celery), session_factory(engine), utcnow, stale_after
-        )
-        outbox.send(names.ASSIGN_NEXT_JOB)  # a broker or database down is logged, not raised
+        kicks.kick_when_ready(rt)  # a broker or database down is logged, not raised
     finally:
-        engine.dispose()
+        rt.engine.dispose()
 
 
 def _on_worker_ready(**_: Any) -> None:

@@ -153,6 +153,16 @@ class CoalescingOutbox:
         return self.inner.start_pipeline(job_id, net_name, attempt)
 
 
+def kick_when_ready(rt: Runtime) -> bool:
+    """A worker just started (its pool forked): ask for an assign round if a claimable job
+    waits (one its start requeued, one stored while no worker ran), so it is not left to
+    beat's round up to `HOUSEKEEPING_INTERVAL_S` away. A pending kick's marker does not hold
+    it back: the kick it stands for may have died with the worker this one replaces (fetched,
+    then lost before its round took the marker), and a start costs one round at most."""
+    outbox = CoalescingOutbox(rt.outbox, rt.sessions, rt.clock, stale_after=timedelta(0))
+    return outbox.send(names.ASSIGN_NEXT_JOB)
+
+
 def coalesce_kicks(rt: Runtime) -> None:
     """Wrap `rt`'s outbox so its kicks are coalesced, stale after one housekeeping interval
     (beat's assign round covers a lost one within that interval anyway)."""
