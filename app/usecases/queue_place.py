@@ -29,6 +29,7 @@ job when no other as warm is free), so it is no reason of its own.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,24 +96,54 @@ class QueuedJob(Protocol):
 def queue_place(
     session: Session, job: QueuedJob, settings: Settings | None, now: datetime
 ) -> QueuePlace:
-    """The QUEUED `job`'s place in line and waiting reason, now (see the module). Without
-    `settings`, every net the database holds may be one of its nets, sites aside."""
+    """The QUEUED `job`'s place in line and waiting reason, now (see the module), in two
+    statements. Without `settings`, every net the database holds may be one of its nets,
+    sites aside."""
+    return queue_places(session, [job], settings, now)[job.id]
+
+
+def queue_places(
+    session: Session, jobs: Sequence[QueuedJob], settings: Settings | None, now: datetime
+) -> dict[uuid.UUID, QueuePlace]:
+    """Each QUEUED job's place in line and waiting reason, now, as `queue_place` gives one's:
+    one statement for the jobs' and their nets' states (a row per job and net), then one per
+    set of nets the jobs wait for (most queues: one or a few), not two per job."""
+    if not jobs:
+        return {}
     conn = session.connection()  # Core statements: no ORM entity is read
     shares = settings.shares if settings is not None else Shares()
     if settings is not None:
-        nets = [n.name for n in settings.nets if may_run(job.requested_net, job.required_sites, n)]
+        nets = {
+            j.id: [n.name for n in settings.nets if may_run(j.requested_net, j.required_sites, n)]
+            for j in jobs
+        }
     else:
-        known = session.scalars(select(Net.name).order_by(Net.name))
-        nets = [n for n in known if job.requested_net in (None, n)]
-    rows = conn.execute(_built("state", _state), {"job": job.id, "nets": nets}).all()
-    stray, holding = rows[0][0], rows[0][1]
-    states = [_NetNow(*row[2:]) for row in rows if row[2] is not None]
-    # The nets it waits for: those not drained, or, while every one is, all of them (its
-    # place once they are undrained).
-    open_nets = [n.name for n in states if not n.drained] or [n.name for n in states]
-    cap = shares.cap(job.project_id)
-    reason = _reason(stray, cap is not None and holding >= cap, states)
-    return QueuePlace(1 + _before(conn, settings, job.id, open_nets, now - shares.aging), reason)
+        known = list(session.scalars(select(Net.name).order_by(Net.name)))
+        nets = {j.id: [n for n in known if j.requested_net in (None, n)] for j in jobs}
+    every_net = sorted({n for names in nets.values() for n in names})
+    params = {"jobs": [j.id for j in jobs], "nets": every_net}
+    stray: dict[uuid.UUID, bool] = {}
+    holding: dict[uuid.UUID, int] = {}
+    states: dict[str, _NetNow] = {}
+    for row in conn.execute(_built("state", _state), params):
+        stray[row[0]], holding[row[0]] = row[1], row[2]
+        if row[3] is not None:
+            states[row[3]] = _NetNow(*row[3:])
+    reasons: dict[uuid.UUID, WaitingReason] = {}
+    # The nets each waits for: those not drained, or, while every one is, all of them (its
+    # place once they are undrained); the jobs waiting for the same nets are counted together.
+    waits_for: dict[tuple[str, ...], list[uuid.UUID]] = {}
+    for job in jobs:
+        mine = [states[n] for n in nets[job.id]]
+        open_nets = [n.name for n in mine if not n.drained] or [n.name for n in mine]
+        waits_for.setdefault(tuple(open_nets), []).append(job.id)
+        cap = shares.cap(job.project_id)
+        reasons[job.id] = _reason(stray[job.id], cap is not None and holding[job.id] >= cap, mine)
+    ahead: dict[uuid.UUID, int] = {}
+    aged_before = now - shares.aging
+    for waited, ids in waits_for.items():
+        ahead |= _before(conn, settings, ids, waited, aged_before)
+    return {j.id: QueuePlace(1 + ahead.get(j.id, 0), reasons[j.id]) for j in jobs}
 
 
 # Built once per process (and shares) with bind parameters, as the claim's statements are:
@@ -131,10 +162,11 @@ def _built(name: str, build: Callable[..., Any], *args: Any) -> Any:
 
 
 def _state() -> Any:
-    """SQL: the job's own state (a stray run of it, its project's nets) and each of its
-    nets' (`nets`: one row per net; a row of NULLs when it has none)."""
+    """SQL: each job's own state (`jobs`: its id, a stray run of it, its project's nets) and
+    each of the nets' (`nets`), a row per job and net (a job's row of NULLs when none)."""
     return (
         select(
+            _JOB.id,
             exists().where(StrayRun.job_id == _JOB.id),
             fair_share.held_by(_JOB.project_id),
             Net.name,
@@ -145,34 +177,39 @@ def _state() -> Any:
         )
         .select_from(_JOB)
         .outerjoin(Net, Net.name.in_(bindparam("nets", expanding=True)))
-        .where(_JOB.id == bindparam("job"))
+        .where(_JOB.id.in_(bindparam("jobs", expanding=True)))
     )
 
 
 def _before(
     conn: Connection,
     settings: Settings | None,
-    job_id: uuid.UUID,
+    job_ids: Sequence[uuid.UUID],
     nets: Sequence[str],
     aged_before: datetime,
-) -> int:
-    """How many jobs the claim would take before the job that may run on one of `nets`."""
+) -> dict[uuid.UUID, int]:
+    """How many jobs the claim would take before each of `job_ids`, which may run on one of
+    `nets` (a job with none ahead may be left out)."""
     if not nets:
-        return 0
+        return {}
     shares = settings.shares if settings is not None else Shares()
-    params = {"job": job_id, "nets": list(nets), "aged_before": aged_before}
+    params = {"jobs": list(job_ids), "nets": list(nets), "aged_before": aged_before}
     if settings is None or all(settings.net(n).sites is None for n in nets):
-        return conn.scalar(_built("ahead", _ahead, True, shares), params) or 0
+        return dict(conn.execute(_built("ahead", _ahead, True, shares), params).all())
     # Some declare their sites: each job ahead is checked against them in Python, as the
     # claim checks them.
     found = conn.execute(_built("ahead rows", _ahead, False, shares), params)
     configs = [settings.net(n) for n in nets]
-    return sum(1 for pinned, sites in found if any(may_run(pinned, sites, n) for n in configs))
+    counted: Counter[uuid.UUID] = Counter()
+    for job_id, pinned, sites in found:
+        if any(may_run(pinned, sites, n) for n in configs):
+            counted[job_id] += 1
+    return dict(counted)
 
 
 def _ahead(count: bool, shares: Shares) -> Any:
-    """SQL: the jobs (`_AHEAD`) the claim would take before the job `job` (`_JOB`) that may
-    run on one of `nets` (sites aside): how many, or their nets and sites."""
+    """SQL: the jobs (`_AHEAD`) the claim would take before each of the jobs `jobs` (`_JOB`)
+    that may run on one of `nets` (sites aside): how many for each, or their nets and sites."""
     what = (func.count(),) if count else (_AHEAD.requested_net, _AHEAD.required_sites)
     aged_before: Any = bindparam("aged_before", type_=Job.created_at.type)
     # Each project's usage counted once, as the claim counts it (`fair_share.usage_by_project`,
@@ -181,14 +218,14 @@ def _ahead(count: bool, shares: Shares) -> Any:
     # (tests/bench/bench_enqueue_claim.py --place, tests/bench/README.md).
     projects = fair_share.usage_by_project(shares)
     theirs, mine = projects.alias("ahead_usage"), projects.alias("queued_usage")
-    return (
-        select(*what)
+    found = (
+        select(_JOB.id, *what)
         .select_from(
             sa_outerjoin(_JOB, mine, mine.c.project == fair_share.project_key(_JOB)),
             sa_outerjoin(_AHEAD, theirs, theirs.c.project == fair_share.project_key(_AHEAD)),
         )
         .where(
-            _JOB.id == bindparam("job"),
+            _JOB.id.in_(bindparam("jobs", expanding=True)),
             _AHEAD.id != _JOB.id,
             claimable(_AHEAD),
             *_not_capped_unless_mine(theirs, shares),
@@ -200,6 +237,7 @@ def _ahead(count: bool, shares: Shares) -> Any:
             < tuple_(*fair_share.order_key(_JOB, func.coalesce(mine.c.usage, 0), aged_before)),
         )
     )
+    return found.group_by(_JOB.id) if count else found
 
 
 def _not_capped_unless_mine(theirs: Any, shares: Shares) -> tuple[Any, ...]:

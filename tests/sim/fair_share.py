@@ -38,7 +38,7 @@ from app.project_shares import Shares
 from app.settings import Settings
 from app.sim.db import Unchanged
 from app.sim.simulation import Simulation
-from app.usecases.queue_place import queue_place
+from app.usecases.queue_place import queue_places
 from models import ACTIVE_JOB_STATES, ASSIGNABLE_NET_STATES, NetState
 from tests.sim.observer import Observer
 
@@ -260,18 +260,20 @@ class FairShareInvariants(Observer):
             return
         self._places_key = seen
         expected = expected_places(conn, settings, queue, before)
+        asked = [_AsRead(uuid.UUID(q.id), q.requested, list(q.sites), q.project) for q in queue]
         with self._reader() as session:
-            for q in queue:
-                job = _AsRead(uuid.UUID(q.id), q.requested, list(q.sites), q.project)
-                try:
-                    found = queue_place(session, job, settings, now)
-                except Exception as exc:  # the view itself failing is what is reported
-                    self.report(
-                        "place-in-line",
-                        f"job {str(uuid.UUID(q.id))[:8]}",
-                        f"its view raised {type(exc).__name__}: {str(exc)[:120]}",
-                    )
-                    return
+            try:
+                # Every queued job's at once, as `GET /jobs/{id}` reads each (queue_place).
+                places = queue_places(session, asked, settings, now)
+            except Exception as exc:  # the view itself failing is what is reported
+                self.report(
+                    "place-in-line",
+                    f"{len(asked)} queued jobs",
+                    f"the view raised {type(exc).__name__}: {str(exc)[:120]}",
+                )
+                return
+            for q, job in zip(queue, asked, strict=True):
+                found = places[job.id]
                 if (found.place, found.reason) != expected[q.id]:
                     self.report(
                         "place-in-line",
