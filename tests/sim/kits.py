@@ -16,6 +16,10 @@ whose server answers as its own (`another`): a call sent through those files wou
 abort or submit on the wrong server. Such a spell lands the moment the net runs a job, and a
 user aborts that job 5-30 s later (stream `f"{seed}/kits/another"`): the abort through the
 wrong files gets "nothing to abort" from the other server while the run lives on.
+In the worlds with two Flower nets (`tests.sim.two_flower`, round 13) the spell is always
+drawn (its own stream): the first net's certificate reaches the other's SuperLink, landing
+once a job of the first waits FINISHING beside a live run there (no abort): the monitor's
+stop of uncounted runs on the FINISHING net lists and stops what it reaches.
 
 At a commit inside a start's transaction (`start.commit`: the old code's reset, committed
 before the files were checked), the other worker runs an assign round at once.
