@@ -16,6 +16,10 @@ whose server answers as its own (`another`): a call sent through those files wou
 abort or submit on the wrong server. Such a spell lands the moment the net runs a job, and a
 user aborts that job 5-30 s later (stream `f"{seed}/kits/another"`): the abort through the
 wrong files gets "nothing to abort" from the other server while the run lives on.
+In the worlds with two Flower nets (`tests.sim.two_flower`, round 13) the spell is always
+drawn (its own stream): the first net's certificate reaches the other's SuperLink, landing
+once a job of the first waits FINISHING beside a live run there (no abort): the monitor's
+stop of uncounted runs on the FINISHING net lists and stops what it reaches.
 
 At a commit inside a start's transaction (`start.commit`: the old code's reset, committed
 before the files were checked), the other worker runs an assign round at once.
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from app import names
 from app.sim.simulation import Simulation
 from app.sim.worker_start import KIT_PORT
+from tests.sim import two_flower
 
 # The first draw's values that give a world a spell: two bands none of the named seeds'
 # draws falls in (tests/unit/test_simulation_*safeguards.py, test_sweep_seeds.py).
@@ -59,12 +64,18 @@ class Spell:
     answer: str  # what the client meets: "unreachable", "refused" or "another"
     restarts: tuple[tuple[float, tuple[int, ...]], ...]  # (share of the spell, slots)
     other: str | None = None  # `another`: the net whose server the kit reaches
+    # Round 13 (tests.sim.two_flower): lands once a job of the net is FINISHING while the
+    # other net's SuperLink holds a live run; no user abort.
+    finishing: bool = False
 
 
 def plan(sim: Simulation) -> Spell | None:
     """The world's spell, or None."""
     rng = random.Random(f"{sim.seed}/kits")
     first = rng.random()
+    pair = two_flower.pair(sim.workload)
+    if pair is not None:  # a world of two Flower nets: its own spell (round 13)
+        return _finishing_spell(sim, *pair)
     another = any(lo <= first < hi for lo, hi in ANOTHER_BANDS)
     nets = sim.world.nets
     if another:  # a net with another of its backend, whose server the kit reaches
@@ -93,6 +104,25 @@ def plan(sim: Simulation) -> Spell | None:
     return dataclasses.replace(spell, busy=True, answer="another", other=rng.choice(others))
 
 
+def _finishing_spell(sim: Simulation, net: str, other: str) -> Spell:
+    """Round 13's spell: `net`'s certificate names `other`'s SuperLink, landing once a job of
+    `net` is FINISHING beside a live run there (stream `f"{seed}/two-flower/kits"`)."""
+    rng = random.Random(f"{sim.seed}/two-flower/kits")
+    restarts = tuple(
+        (rng.uniform(0.1, 0.9), rng.choice(((0,), (1,), (0, 1)))) for _ in range(rng.randint(1, 3))
+    )
+    return Spell(
+        net=net,
+        at=5.0,
+        busy=True,
+        length_s=rng.uniform(60.0, 150.0),
+        answer="another",
+        restarts=restarts,
+        other=other,
+        finishing=True,
+    )
+
+
 class KitAdversary:
     """The spell's moments, and the other worker's claim at a commit inside a start."""
 
@@ -106,6 +136,11 @@ class KitAdversary:
         if spell is None:
             return
         label = f"redeploy: {spell.net}'s kit names another server ({spell.answer})"
+        if spell.finishing and spell.other is not None:
+            when = functools.partial(two_flower.moment, sim, spell.net, spell.other)
+            arm = functools.partial(sim.caller.arm, when, two_flower.MOMENT, label, self._now)
+            sim.at(spell.at, f"{label}, once FINISHING beside a run on {spell.other}", arm)
+            return
         if not spell.busy:
             sim.at(spell.at, label, self._begin)
             return
@@ -136,7 +171,7 @@ class KitAdversary:
                 functools.partial(self._restart, slots),
             )
         sim.at(t + spell.length_s, f"a human fixes {spell.net}'s kit", self._fix)
-        if spell.other is not None:
+        if spell.other is not None and not spell.finishing:
             self._abort_its_job()
 
     def _abort_its_job(self) -> None:

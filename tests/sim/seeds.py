@@ -16,6 +16,7 @@ from tests.sim.invariants import Checker
 from tests.sim.prewarms import with_prewarms
 from tests.sim.profiles import profile_for_seed
 from tests.sim.projects import with_projects
+from tests.sim.two_flower import with_two_flower
 from tests.sim.worlds import random_workload, random_world
 
 FLOWER_WORLDS = 1 / 3  # the share of worlds with a Flower net
@@ -71,6 +72,9 @@ def from_seed(
     # their own (tests.sim.prewarms): the others run exactly as before.
     world, workload = with_prewarms(seed, world, workload)
     world = with_flower(seed, world)
+    # A rare band of its own stream: two Flower nets and two jobs pinned to them (round 13,
+    # tests.sim.two_flower; every other world as before).
+    world, workload = with_two_flower(seed, world, workload)
     # IDLE's worlds (their own band of the Flower faults' first draw): the Flower net
     # always-on, RELEASE_AFTER=finished (tests.sim.flower_faults).
     world = with_idle_net(seed, world, profile)

@@ -4,7 +4,9 @@ switched back on (monkeypatched to what the code did before its fix), through
 tests/sim/kits.py's redeploy that brings a net a kit naming another server, and reports
 `claim-onto-wrong-kit`; and round 12's refusing client (a process whose start found a net's
 files naming another server sends nothing through them), undone, reports
-`call-through-wrong-files` where the kit reaches another net's server. The rules of
+`call-through-wrong-files` where the kit reaches another net's server (also round 13's: a
+FINISHING Flower net's stop of uncounted runs through a certificate naming the other Flower
+net's SuperLink, tests/sim/two_flower.py). The rules of
 test_simulation_safeguards.py hold here too: seeds are tied to the code, widen a range that
 stops finding. The control: the same seeds with the kits' action off report nothing, the fix
 undone or not (the action is what finds it)."""
@@ -21,7 +23,7 @@ from app.runtime import Runtime
 from app.settings import Settings
 from app.usecases import declared_nets, records
 from models import NetState
-from tests.sim import kits
+from tests.sim import kits, two_flower
 from tests.sim.sweep import run_seeds
 from tests.unit.test_simulation_safeguards import Safeguard, as_params, assert_found
 
@@ -92,7 +94,22 @@ START_CHECKS = [
         range(149, 150),
         frozenset({"call-through-wrong-files"}),
     ),
+    Safeguard(
+        "a FINISHING Flower net's stop of uncounted runs sends nothing through files its start "
+        "found wrong (a992d97)",
+        lambda mp: mp.setattr(Runtime, "admin", _admin_ignoring_the_start_check),
+        "clean",
+        # Round 13 (tests/sim/two_flower.py): a world of two Flower nets, net-b's certificate
+        # naming net-a's SuperLink from the moment net-b's job waits FINISHING beside net-a's
+        # job's run; the monitor's stop of uncounted runs on net-b lists net-a's runs through
+        # it (`live_runs` at 90 s) and stops that job's run (the job ends 'aborted' at 105 s).
+        # Clean seed 279 (also crashy 101, racy 120, drift 267 and 285, chaos 278: 6 of the
+        # 11 two-Flower worlds of 0-300; in 101 a keep-alive ping is the first call).
+        range(279, 280),
+        frozenset({"call-through-wrong-files"}),
+    ),
 ]
+FINISHING_STOP = START_CHECKS[-1]
 
 
 @pytest.mark.parametrize("safeguard", as_params(START_CHECKS), ids=lambda s: s.name)
@@ -102,6 +119,16 @@ def test_the_sweep_finds_a_start_check_defect_switched_back_on(
     assert_found(safeguard, monkeypatch)
 
 
+def test_the_finishing_flower_nets_stop_is_the_call_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 13's seed reaches the path it was added for: the first call sent through the
+    wrong files is the FINISHING net's list of live runs (`stop_uncounted_runs`; a readiness
+    lists too, but the net's job waits FINISHING), not some other call on it."""
+    FINISHING_STOP.switch_off(monkeypatch)
+    [result] = run_seeds(FINISHING_STOP.seed_list())
+    found = [v.line() for v in result.violations if v.invariant == "call-through-wrong-files"]
+    assert found and "net net-b: live_runs sent through files" in found[0], found
+
+
 @pytest.mark.parametrize("safeguard", START_CHECKS, ids=lambda s: s.name)
 def test_without_the_kits_action_the_same_seeds_report_nothing(
     safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch
@@ -109,5 +136,6 @@ def test_without_the_kits_action_the_same_seeds_report_nothing(
     safeguard.switch_off(monkeypatch)
     monkeypatch.setattr(kits, "BANDS", ())  # no spell: no kit ever names another server
     monkeypatch.setattr(kits, "ANOTHER_BANDS", ())
+    monkeypatch.setattr(two_flower, "pair", lambda _workload: None)  # nor round 13's spell
     seen = {r.seed: [v.line() for v in r.violations] for r in run_seeds(safeguard.seed_list())}
     assert seen == {seed: [] for seed in safeguard.seed_list()}
