@@ -11,7 +11,7 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, exists, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.adapters.backend import Readiness, ServerState
 from app.db import unit_of_work
@@ -220,7 +220,8 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
     the human saying "try again"); else that wait (doubling from one start to the next), at
     most SETTLE_REST_MAX_S. A stray recorded after the stop by the clock (a clock stepped
     back behind it) has a wait no one can read: the longest rest once a settling start was
-    tried within that long before the stop, so the step brings back no storm of starts."""
+    tried within that long before the stop, so the step brings back no storm of starts. The
+    fix bounds the starts by the order of the net's events, which no clock step changes."""
     with rt.sessions() as session:
         oldest = session.scalar(
             select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
@@ -230,23 +231,25 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
         waited_s = (stopped_at - oldest).total_seconds()
         if 0 <= waited_s < rt.settings.abort_timeout_s:
             return 0.0
-        fixed_at = session.scalar(
-            select(func.max(NetEvent.at)).where(
-                NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
-            )
+        # The human's fix by its place in the net's history, not by its time: a clock
+        # stepped back behind the fix dates every later start before it (misconfig 241: no
+        # start counted, a start every round).
+        fix = aliased(NetEvent)
+        fixed = select(func.coalesce(func.max(fix.id), 0)).where(
+            fix.net_name == name, fix.from_state == NetState.MISCONFIGURED
         )
         # Since the stray, or, its wait unreadable, within the longest rest before the stop
         # (a start of yesterday's, for another stray, says nothing of this one).
-        since = [oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)]
-        since += [fixed_at] if fixed_at is not None else []
+        since = oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)
         tried = session.scalar(
             select(
                 exists().where(
                     NetEvent.net_name == name,
                     NetEvent.to_state == NetState.STARTING,
                     NetEvent.reason == SETTLE_START,
-                    NetEvent.at >= max(since),
+                    NetEvent.at >= since,
                     *([NetEvent.at <= stopped_at] if waited_s < 0 else []),
+                    NetEvent.id > fixed.scalar_subquery(),
                 )
             )
         )

@@ -1,6 +1,7 @@
 """A Flower net's rest between settling starts when the clock is stepped back behind both its
 stray's recording and the human's fix that last took it out of MISCONFIGURED: sweep seed
-misconfig 241 (tests/sim/FINDINGS.md, "Round 13"), open on 66819a8."""
+misconfig 241 (tests/sim/FINDINGS.md, "Round 13"): 29 starts in two hours on 66819a8; the fix
+is now placed by the order of the net's events, not by its time."""
 
 from __future__ import annotations
 
@@ -14,12 +15,6 @@ from tests.unit.test_revived_strays import _net_state as _state
 from tests.unit.test_revived_strays import _world
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: _settle_rest_s bounds the settling starts it counts by the fix's time "
-    "(D0, 6b4fa3b) and, for a stray dated after the stop, by the stop (a992d97); a fix "
-    "dated after the stop too leaves no start that can count: no rest, a start every round",
-)
 def test_a_clock_stepped_back_behind_the_fix_and_the_stray_brings_back_no_storm(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:

@@ -69,14 +69,10 @@ def test_round_10_s_findings_stay_fixed(seed):
     assert [v.invariant for v in result.violations] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open since a992d97: a fix dated after the stop leaves the rest nothing to count "
-    "(test_stray_rest_after_a_fix_behind_a_clock_step.py; tests/sim/FINDINGS.md, Round 13)",
-)
 def test_seed_241_a_clock_stepped_back_behind_a_fix_and_a_stray():
     """241 (misconfig, a GONE world whose net was MISCONFIGURED then fixed, its clocks stepped
-    back three hours): a settling start every 120 s from the step (`settle-storm`)."""
+    back three hours): a settling start every 120 s from the step (`settle-storm`) until the
+    fix was placed by the order of the net's events rather than by its time (round 13)."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(241)
