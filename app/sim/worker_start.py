@@ -11,14 +11,16 @@ worker may run: the adversary's `start.commit`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sqlalchemy import event
 
 from app.adapters import net_check
 from app.db import unit_of_work
+from app.sim.messages import SimOutbox
 from app.sim.view import SimView
-from app.usecases import declared_nets
+from app.usecases import declared_nets, kicks
 
 KIT_PORT = 8003  # where a simulated NVFLARE server serves its admin port
 
@@ -91,3 +93,11 @@ class WorkerStart:
         finally:
             sim.starting_worker = False
             self.slot = None
+        # Once ready (the product's worker_ready): an assign kick if a claimable job waits.
+        # No adversary's moment inside: a worker dying there starts again, kicking again.
+        ready = dataclasses.replace(
+            sim.workers[slot],
+            sessions=sim.sessions,
+            outbox=SimOutbox(sim.broker, slot, hooked=False),
+        )
+        kicks.kick_when_ready(ready)
