@@ -401,8 +401,9 @@ SAFEGUARDS = [
         # 283, 285 and 371 of 200-600; with broker outages, clock steps and the cheaper
         # callback rounds (round 5), 111 and 250 of 0-400; with hung heads read last (round
         # 6), 147, 250 and 345 of 0-400; with issue 37's cheaper rounds, 227, 250 and 278;
-        # since an assign round with nothing to claim is one read, 272, 278 and 290 of 200-500.
-        range(272, 273),
+        # since an assign round with nothing to claim is one read, 272, 278 and 290 of 200-500;
+        # since the worker start's ready kick (round 13), 290 and 371 of 200-400.
+        range(290, 291),
         frozenset({"no-scale-down-under-job", "liveness"}),
         forced=True,
     ),
@@ -417,8 +418,9 @@ SAFEGUARDS = [
         # and 375 of 100-400; with round 5's cheaper callback rounds, 315 and 362 of 0-400;
         # since issue 37's cheaper rounds, 178, 190 and 321 of 0-330; since a sited net's
         # claim locks only the job it takes (round 9), 157 and 190 of 150-450; since an
-        # assign round with nothing to claim is one read, 227, 341 and 402 of 100-450.
-        range(227, 228),
+        # assign round with nothing to claim is one read, 227, 341 and 402 of 100-450;
+        # since the worker start's ready kick (round 13), 341 and 366 of 200-400.
+        range(341, 342),
         frozenset({"late-stop-undone"}),
         forced=True,
     ),
