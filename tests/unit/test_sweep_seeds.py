@@ -69,7 +69,6 @@ def test_round_10_s_findings_stay_fixed(seed):
     assert [v.invariant for v in result.violations] == []
 
 
-@pytest.mark.xfail(strict=True, reason="round 13: the checker counts a settling rest")
 def test_round_13_a_stray_pending_through_its_nets_rest():
     """1275 (drift, a SuperLink dying with a run pending, then refusing every stop): the
     settling start at 150 s fails (the driver's circuit breaker), the net is stopped at its
