@@ -227,8 +227,9 @@ FLOWER = [
         # net scaled to 0 by hand, the stray taken for gone; the run waits in the database
         # with no job counting it. Drift seed 870 (also servers 319 and 499, crashy 947,
         # flaky 1387 of 0-1400); since an assign round with nothing to claim is one read
-        # (issue 37), drift 1275 alone of 0-2500 (which reports stray-run-stopped without
-        # it too), servers 319 and 499 as before (that profile draws nothing per session).
+        # (issue 37), drift 1275 alone of 0-2500 (which reported stray-run-stopped without
+        # it too until round 13's checker fix: its net's settling rest), servers 319 and 499
+        # as before (that profile draws nothing per session).
         range(319, 320),
         frozenset({"unaccounted-run", "stray-run-stopped"}),
     ),
