@@ -230,22 +230,25 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
         waited_s = (stopped_at - oldest).total_seconds()
         if 0 <= waited_s < rt.settings.abort_timeout_s:
             return 0.0
-        fixed_at = session.scalar(
-            select(func.max(NetEvent.at)).where(
+        # The last move out of MISCONFIGURED by the order of the net's events, not by its
+        # stamp: a clock stepped back behind the fix too dates every later start before it
+        # (forced drift seed 1617: started every four minutes again).
+        fixed_id = session.scalar(
+            select(func.max(NetEvent.id)).where(
                 NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
             )
         )
         # Since the stray, or, its wait unreadable, within the longest rest before the stop
         # (a start of yesterday's, for another stray, says nothing of this one).
-        since = [oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)]
-        since += [fixed_at] if fixed_at is not None else []
+        since = oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)
         tried = session.scalar(
             select(
                 exists().where(
                     NetEvent.net_name == name,
                     NetEvent.to_state == NetState.STARTING,
                     NetEvent.reason == SETTLE_START,
-                    NetEvent.at >= max(since),
+                    NetEvent.at >= since,
+                    *([NetEvent.id > fixed_id] if fixed_id is not None else []),
                     *([NetEvent.at <= stopped_at] if waited_s < 0 else []),
                 )
             )

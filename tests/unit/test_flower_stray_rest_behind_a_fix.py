@@ -2,11 +2,9 @@
 SuperLink gone for good, then the dispatcher's clock stepped back hours behind both the
 stray and the fix. The rest's "since the net last left MISCONFIGURED" read the fix's stamp
 against settling starts stamped by the stepped clock, found none after it, and the net was
-started every few rounds again (`settle-storm`). A strict xfail first."""
+started every few rounds again (`settle-storm`). A strict xfail on 3b1e58f's code."""
 
 from __future__ import annotations
-
-import pytest
 
 from app.usecases import declared_nets
 from models import NetState
@@ -16,7 +14,6 @@ from tests.unit.test_revived_strays import _net_state as _state
 from tests.unit.test_revived_strays import _world
 
 
-@pytest.mark.xfail(strict=True, reason="the fix's stamp read against a stepped-back clock")
 def test_a_clock_stepped_back_behind_a_kit_fix_does_not_start_the_net_every_few_rounds(
     tmp_path, job_root, sqlite_factory, clock
 ) -> None:
