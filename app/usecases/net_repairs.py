@@ -232,8 +232,8 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
         if 0 <= waited_s < rt.settings.abort_timeout_s:
             return 0.0
         # The human's fix by its place in the net's history, not by its time: a clock
-        # stepped back behind the fix dates every later start before it (misconfig 241: no
-        # start counted, a start every round).
+        # stepped back behind the fix dates every later start before it (misconfig 241,
+        # forced drift 1617: no start counted, a start every round).
         fix = aliased(NetEvent)
         fixed = select(func.coalesce(func.max(fix.id), 0)).where(
             fix.net_name == name, fix.from_state == NetState.MISCONFIGURED

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from app.sim.db import Unchanged
 from app.sim.simulation import Simulation
-from app.sim.state import NetRow
-from app.usecases.net_repairs import SETTLE_REST_MAX_S, SETTLE_START
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -212,32 +210,6 @@ class Checker(
                     f"job {job.id[:8]}",
                     f"RUNNING for {t - job.dispatched_s:.0f}s (MAX_RUN_S bound {b.max_run:.0f}s)",
                 )
-
-    def _resting(self, net: NetRow, t: float) -> bool:
-        """A STOPPED Flower net holding a stray rests at zero between the starts that settle
-        it (app.usecases.net_repairs._settle_rest_s): the claim passes it by meanwhile, for
-        at most SETTLE_REST_MAX_S (one resting longer is free again here: a net never
-        started to settle its stray would show), and only once a settling start was made
-        since it last left MISCONFIGURED (a start that found its settings wrong tried
-        nothing: tests.sim.misfit)."""
-        return (
-            net.state == NetState.STOPPED
-            and self.sim.cluster.servers[net.name].spec.backend == "flower"
-            and self.sim.state.holds_stray(net.name)
-            and t - net.changed_s <= SETTLE_REST_MAX_S
-            and self._settle_start_since_mended(net.name)
-        )
-
-    def _settle_start_since_mended(self, net: str) -> bool:
-        """A settling start of the net after its last move out of MISCONFIGURED (by the
-        order of writes, not two workers' clocks)."""
-        row = self.sim.conn.execute(
-            "SELECT 1 FROM net_events WHERE net_name = ? AND to_state = 'STARTING'"
-            " AND reason = ? AND id > (SELECT coalesce(max(id), 0) FROM net_events"
-            " WHERE net_name = ? AND from_state = 'MISCONFIGURED') LIMIT 1",
-            (net, SETTLE_START, net),
-        ).fetchone()
-        return row is not None
 
     def _queued_while_free(self, t: float) -> None:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no

@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from app.sim.servers import Run
+from app.usecases.net_repairs import SETTLE_REST_MAX_S
 from models import NetState
-from tests.sim.observer import J, Observer
+from tests.sim.observer import J, Observer, _secs
+from tests.sim.ready_invariants import CLOCK_STEP_S
 
 
 class RunInvariants(Observer):
@@ -96,6 +98,17 @@ class RunInvariants(Observer):
                     # Nor on a net whose settings are wrong: it is a human's until the fix
                     # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
                     self._unreachable_at[run.net] = t
+                if run.pending(t) and self._rest_promised(run.net, t):
+                    # The term the orphan bound lacked (drift seed 1275): a Flower net's
+                    # stray whose settling start failed (the driver's circuit breaker, a
+                    # SuperLink that did not come up) is stopped at its readiness deadline
+                    # and rests at zero before the next start, as long as the stray had
+                    # waited (doubling, at most SETTLE_REST_MAX_S): the README's promise on
+                    # strays ("StrayRunsNeedOperator"). Its run waits in the state database
+                    # meanwhile, no process of it running; the bound counts from the rest's
+                    # end, when the next start must settle it (a run that does run then is
+                    # counted as before).
+                    self._unreachable_at[run.net] = t
                 since = max(
                     since,
                     self._undeclared_at.get(run.net, since),
@@ -152,6 +165,26 @@ class RunInvariants(Observer):
                     f"{job.state} for {t - dead:.0f}s after its run {job.nvflare_id} {how}"
                     f" (bound {b.settle:.0f}s{paused})",
                 )
+
+    def _rest_promised(self, net: str, t: float) -> bool:
+        """The net rests at zero between starts to settle its strays (`_resting`), and no
+        longer than app.usecases.net_repairs._settle_rest_s promises: as long as its oldest
+        stray had waited at the stop, at most SETTLE_REST_MAX_S (the longest for a stray
+        dated after the stop by a stepped clock), read from the product's stamps, so give
+        or take two clock steps (a stamp of each worker, and this step's time against it)."""
+        row = next((n for n in self.nets if n.name == net), None)
+        if row is None or not self._resting(row, t):
+            return False
+        oldest = self.sim.conn.execute(
+            "SELECT min(created_at) FROM stray_runs WHERE net_name = ?", (net,)
+        ).fetchone()[0]
+        recorded = _secs(oldest)
+        if recorded is None:
+            return False
+        waited = row.changed_s - recorded
+        rest = min(waited, SETTLE_REST_MAX_S) if waited >= 0 else SETTLE_REST_MAX_S
+        slack = CLOCK_STEP_S if self.sim.profile.clock_step_p else 1.0
+        return t - row.changed_s <= rest + 2 * slack
 
     def _later_of_its_token(self, run: Run, runs: list[Run], t: float) -> bool:
         """A later run of a token whose earlier run lives too (and is the one its job

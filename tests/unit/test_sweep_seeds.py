@@ -77,3 +77,15 @@ def test_seed_241_a_clock_stepped_back_behind_a_fix_and_a_stray():
 
     result = run_seed(241)
     assert [v.invariant for v in result.violations] == []
+
+
+def test_round_13_a_stray_pending_through_its_nets_rest():
+    """1275 (drift, a SuperLink dying with a run pending, then refusing every stop): the
+    settling start at 150 s fails (the driver's circuit breaker), the net is stopped at its
+    readiness deadline and rests at zero as long as the stray had waited (90 s), as the
+    README promises; the run waits in the state database meanwhile, no process of it
+    running. `stray-run-stopped` counted that rest against the dispatcher (checker)."""
+    from tests.sim.seeds import run_seed
+
+    result = run_seed(1275)
+    assert [v.invariant for v in result.violations] == []
