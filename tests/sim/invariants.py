@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from app.sim.db import Unchanged
 from app.sim.simulation import Simulation
-from app.sim.state import NetRow
-from app.usecases.net_repairs import SETTLE_REST_MAX_S, SETTLE_START
 from models import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -29,6 +27,7 @@ from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
 from tests.sim.ready_invariants import ReadyInvariants
+from tests.sim.rest_window import RestWindow
 from tests.sim.run_invariants import RunInvariants
 from tests.sim.settle_storm import SettleInvariants
 
@@ -64,6 +63,7 @@ class Checker(
         self._bad_app = BadAppWatch(self)
         self._kits = KitCheck(sim)
         self._history_read = Unchanged(sim.conn)
+        self._rest_window = RestWindow(sim)
 
     def after_step(self) -> None:
         """Every invariant, after one step."""
@@ -160,6 +160,7 @@ class Checker(
                     f"{src} -> {dst} (last seen {last}): {reason}",
                 )
             self._net_state[net] = NetState(dst)
+            self._rest_window.saw(net, src, dst, reason, self.sim.clock.t)
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
                 self._settle_start(net, at)
@@ -213,32 +214,6 @@ class Checker(
                     f"RUNNING for {t - job.dispatched_s:.0f}s (MAX_RUN_S bound {b.max_run:.0f}s)",
                 )
 
-    def _resting(self, net: NetRow, t: float) -> bool:
-        """A STOPPED Flower net holding a stray rests at zero between the starts that settle
-        it (app.usecases.net_repairs._settle_rest_s): the claim passes it by meanwhile, for
-        at most SETTLE_REST_MAX_S (one resting longer is free again here: a net never
-        started to settle its stray would show), and only once a settling start was made
-        since it last left MISCONFIGURED (a start that found its settings wrong tried
-        nothing: tests.sim.misfit)."""
-        return (
-            net.state == NetState.STOPPED
-            and self.sim.cluster.servers[net.name].spec.backend == "flower"
-            and self.sim.state.holds_stray(net.name)
-            and t - net.changed_s <= SETTLE_REST_MAX_S
-            and self._settle_start_since_mended(net.name)
-        )
-
-    def _settle_start_since_mended(self, net: str) -> bool:
-        """A settling start of the net after its last move out of MISCONFIGURED (by the
-        order of writes, not two workers' clocks)."""
-        row = self.sim.conn.execute(
-            "SELECT 1 FROM net_events WHERE net_name = ? AND to_state = 'STARTING'"
-            " AND reason = ? AND id > (SELECT coalesce(max(id), 0) FROM net_events"
-            " WHERE net_name = ? AND from_state = 'MISCONFIGURED') LIMIT 1",
-            (net, SETTLE_START, net),
-        ).fetchone()
-        return row is not None
-
     def _queued_while_free(self, t: float) -> None:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no
         active job, not drained): assign runs every tick and after every release."""
@@ -254,7 +229,7 @@ class Checker(
             # A stray on a server that never answers again: only an operator settles it, and
             # the claim passes the net by until then (tests.sim.flower_faults).
             and not (self.sim.state.gone_for_good(n.name) and self.sim.state.holds_stray(n.name))
-            and not self._resting(n, t)
+            and not self._rest_window.resting(n, t)
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):

@@ -10,10 +10,13 @@ from collections import defaultdict
 from app.sim.servers import Run
 from models import NetState
 from tests.sim.observer import J, Observer
+from tests.sim.rest_window import RestWindow
 
 
 class RunInvariants(Observer):
     """The checks on runs (state and helpers: Observer)."""
+
+    _rest_window: RestWindow  # the checker's (tests.sim.invariants)
 
     def _runs(self, t: float) -> None:
         b = self.bounds
@@ -95,6 +98,10 @@ class RunInvariants(Observer):
                 if any(n.name == run.net and n.state == NetState.MISCONFIGURED for n in self.nets):
                     # Nor on a net whose settings are wrong: it is a human's until the fix
                     # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
+                    self._unreachable_at[run.net] = t
+                if any(n.name == run.net and self._rest_window.resting(n, t) for n in self.nets):
+                    # Nor while its net rests at zero as the rule allows (a settling start
+                    # failed lately): the next start stops it (tests.sim.rest_window).
                     self._unreachable_at[run.net] = t
                 since = max(
                     since,
