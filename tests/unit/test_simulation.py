@@ -38,7 +38,10 @@ EXPECTED_S = 150  # seconds on the 2-core CI machine (tests/tools/schedule.py)
 
 # Open bugs the sweep still finds on main, each a strict xfail with what the replay shows, so
 # a fix makes its seed pass (and this entry must then go); see tests/sim/FINDINGS.md.
-KNOWN_OPEN: dict[int, str] = {}
+KNOWN_OPEN: dict[int, str] = {
+    241: "misconfig: settle-storm at 1620 s, net-c started every 120 s after clock_back's step"
+    " of three hours behind its mend at 470 s (a992d97's window; FINDINGS.md, Round 13)",
+}
 SEEDS = [
     pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OPEN[s]))
     if s in KNOWN_OPEN
