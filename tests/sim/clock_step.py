@@ -5,9 +5,10 @@ so every other seed replays exactly), on a scale-to-zero net with a state databa
 draws on the stream `f"{seed}/flower-faults/step"`:
 
 - early: a job pinned to the net (`EARLY_KEY`); the net's first start-run whose run is
-  still pending is followed by the SuperLink's death (as `flower_faults`' crash): the job is
-  lost past the grace, its run a stray the state database keeps, and the net is started to
-  settle it (a SETTLE_START), which it does once the SuperLink is back;
+  still pending (its SuperExec's poll for it `CLAIM_LATE_S` late) is followed by the
+  SuperLink's death once the dispatch reads the start time (as `flower_faults`' crash): the
+  job is lost past the grace, its run a stray the state database keeps, and the net is
+  started to settle it (a SETTLE_START), which it does once the SuperLink is back;
 - the world drains and rests; the hour (SETTLE_REST_MAX_S) and more passes, fast-forwarded
   (`app.sim.fast_forward`: nothing is due, no fault is left);
 - late: a job pinned to the net (`LATE_KEY`), its start-run followed by the crash again, so
@@ -20,8 +21,8 @@ The rule (a992d97's `_settle_rest_s`) counts only settling starts within SETTLE_
 before such a stop: none, so the net is started at once, settles the stray and takes the
 jobs. The rule before it counted the start of an hour ago and rested the net an hour, the
 job behind it waiting: `queued-while-free`, since the checker excuses a rest only with a
-settling start within SETTLE_REST_MAX_S before the stop (tests.sim.invariants `_resting`,
-tests.sim.rest_window)."""
+settling start within SETTLE_REST_MAX_S before the stop (tests.sim.rest_window); the
+stray's run, living on through that rest, is `stray-run-stopped`."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ class ClockStep:
         elif point == "admin.server_start_time" and self._due is not None:
             due, self._due = self._due, None
             if due.message == message.id and self._pending_run():
-                self._crash(str(message.kwargs["job_id"]))
+                self._crash()
 
     def _owes_crash(self, job_id: str) -> bool:
         """The net's first start-run with a run pending before the late job comes, and
@@ -136,7 +137,7 @@ class ClockStep:
             return self._late_at is not None and self.sim.clock.t < self._late_at
         return not self._late_done and job_id == self._late_job
 
-    def _crash(self, job_id: str) -> None:
+    def _crash(self) -> None:
         """The SuperLink dies with the run pending, down past the server-lost grace."""
         sim = self.sim
         if not self._early_done:
