@@ -46,6 +46,7 @@ from app.sim.faults import FaultProfile
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec, NetSpec, Workload, WorldSpec
+from tests.sim import clock_step
 from tests.sim.clock_back import ClockBack
 from tests.sim.observer import Observer
 
@@ -94,6 +95,7 @@ class FlowerFaults:
     misfit: str | None = None  # "kit" or "service": broken at the first settling start
     misfit_fix_s: float = 0.0  # how long until a human fixes it and restarts the workers
     idle_blip: bool = False  # IDLE: the lists of runs refused until the raced job ends
+    clock_step_s: float = 0.0  # STEP: the clocks' step back at the late take-down (clock_step)
 
 
 def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | None:
@@ -112,6 +114,9 @@ def plan(seed: int, world: WorldSpec, profile: FaultProfile) -> FlowerFaults | N
         return _forever(rng, net, profile)
     if MISFIT_BAND[0] <= first < MISFIT_BAND[1]:
         return misfit_plan(rng, net, profile)
+    if clock_step.in_bands(first):
+        step = clock_step.step_s(seed, net, profile)
+        return FlowerFaults(net=net.name, clock_step_s=step) if step else None
     if IDLE_BAND[0] <= first < IDLE_BAND[1]:
         if profile.clean or net.kind != "static":
             return None
@@ -193,6 +198,8 @@ def with_flower_jobs(
             definition=BAD_APP_DEFINITION,
         )
         jobs = (*jobs, bad)
+    if faults.clock_step_s:
+        jobs = (*jobs, *clock_step.jobs(seed, faults.net, workload))
     if faults.forever is not None or faults.misfit is not None:
         pinned = JobSpec(
             key=BEHIND_STRAY_KEY, arrive_s=workload.horizon_s - 1.0, duration_s=30.0, net=faults.net
@@ -218,6 +225,8 @@ class FlowerAdversary:
         self._forever_due = faults.forever is not None
         self._blip_job: str | None = None  # IDLE: the job whose end gives the lists back
         self._clock_back = ClockBack(sim, faults.net)  # armed once GONE begins
+        step = faults.clock_step_s
+        self._step = clock_step.ClockStep(sim, faults.net, step) if step else None
         if faults.bad_app is not None and sim.job_spec(str(job_id_for(BAD_APP_KEY))):
             folder = sim.local_bundle.folder.parent / BAD_APP_DEFINITION
             write_malformed_flower_app(folder, faults.bad_app)
@@ -226,6 +235,8 @@ class FlowerAdversary:
     def at_hook(self, point: str, net: str | None) -> None:
         """Before a start-run of the Flower net: the race; right after it: the crash."""
         faults = self.faults
+        if self._step is not None:
+            self._step.at_hook(point, net)
         if net != faults.net or point not in POINTS:
             return
         sim = self.sim
@@ -294,6 +305,8 @@ class FlowerAdversary:
         sim, faults = self.sim, self.faults
         self._lists_back()
         self._clock_back.after_step()
+        if self._step is not None:
+            self._step.after_step()
         if faults.forever != GONE or not self._forever_due or sim.clock.t < faults.forever_at:
             return
         if sim.draining:

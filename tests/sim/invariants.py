@@ -27,6 +27,7 @@ from tests.sim.lease_invariants import LeaseInvariants
 from tests.sim.observer import J, _uuid
 from tests.sim.quiescence import Quiescence
 from tests.sim.ready_invariants import ReadyInvariants
+from tests.sim.rest_window import RestWindow
 from tests.sim.run_invariants import RunInvariants
 from tests.sim.settle_storm import SettleInvariants
 
@@ -62,6 +63,7 @@ class Checker(
         self._bad_app = BadAppWatch(self)
         self._kits = KitCheck(sim)
         self._history_read = Unchanged(sim.conn)
+        self._rest_window = RestWindow(sim)
 
     def after_step(self) -> None:
         """Every invariant, after one step."""
@@ -158,6 +160,7 @@ class Checker(
                     f"{src} -> {dst} (last seen {last}): {reason}",
                 )
             self._net_state[net] = NetState(dst)
+            self._rest_window.saw(net, src, dst, reason, self.sim.clock.t)
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
                 self._settle_start(net, at)
@@ -226,7 +229,7 @@ class Checker(
             # A stray on a server that never answers again: only an operator settles it, and
             # the claim passes the net by until then (tests.sim.flower_faults).
             and not (self.sim.state.gone_for_good(n.name) and self.sim.state.holds_stray(n.name))
-            and not self._resting(n, t)
+            and not self._rest_window.resting(n, t)
         ]
         for job in self.jobs:
             if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):

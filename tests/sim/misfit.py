@@ -9,7 +9,7 @@ at the scale): the net is MISCONFIGURED. `misfit_fix_s` later, and not before th
 restart (sync_nets at start: STOPPED). That failed start tried nothing: the net must be
 started to settle its stray at once, not rest as if its SuperLink had failed to settle it
 (6b4fa3b's `_settle_rest_s`); the checker's rest excuse needs a settling start since the net
-left MISCONFIGURED (tests.sim.invariants `_resting`), so a rest there is `queued-while-free`
+left MISCONFIGURED (tests.sim.rest_window), so a rest there is `queued-while-free`
 for the pinned job."""
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from app.sim.simulation import Simulation
 from app.sim.state import HoldRow, JobRow, NetRow, _secs, _uuid
 from app.sim.superlink import SuperLink
 from app.usecases import declared_nets
-from app.usecases.net_repairs import SETTLE_REST_MAX_S, SETTLE_START
 from models import ACTIVE_JOB_STATES, JobState, NetState
 
 J = JobState
@@ -165,29 +164,3 @@ class Observer:
             return 0.0
         reconcile = 2 * self.sim.world.housekeeping_interval_s
         return declared_nets.undeclared_after_s(self.sim.settings) + 2 * reconcile
-
-    def _resting(self, net: NetRow, t: float) -> bool:
-        """A STOPPED Flower net holding a stray rests at zero between the starts that settle
-        it (app.usecases.net_repairs._settle_rest_s): the claim passes it by meanwhile, for
-        at most SETTLE_REST_MAX_S (one resting longer is free again here: a net never
-        started to settle its stray would show), and only once a settling start was made
-        since it last left MISCONFIGURED (a start that found its settings wrong tried
-        nothing: tests.sim.misfit)."""
-        return (
-            net.state == NetState.STOPPED
-            and self.sim.cluster.servers[net.name].spec.backend == "flower"
-            and self.sim.state.holds_stray(net.name)
-            and t - net.changed_s <= SETTLE_REST_MAX_S
-            and self._settle_start_since_mended(net.name)
-        )
-
-    def _settle_start_since_mended(self, net: str) -> bool:
-        """A settling start of the net after its last move out of MISCONFIGURED (by the
-        order of writes, not two workers' clocks)."""
-        row = self.sim.conn.execute(
-            "SELECT 1 FROM net_events WHERE net_name = ? AND to_state = 'STARTING'"
-            " AND reason = ? AND id > (SELECT coalesce(max(id), 0) FROM net_events"
-            " WHERE net_name = ? AND from_state = 'MISCONFIGURED') LIMIT 1",
-            (net, SETTLE_START, net),
-        ).fetchone()
-        return row is not None

@@ -12,10 +12,13 @@ from app.usecases.net_repairs import SETTLE_REST_MAX_S
 from models import NetState
 from tests.sim.observer import J, Observer, _secs
 from tests.sim.ready_invariants import CLOCK_STEP_S
+from tests.sim.rest_window import RestWindow
 
 
 class RunInvariants(Observer):
     """The checks on runs (state and helpers: Observer)."""
+
+    _rest_window: RestWindow  # the checker's (tests.sim.invariants)
 
     def _runs(self, t: float) -> None:
         b = self.bounds
@@ -167,13 +170,13 @@ class RunInvariants(Observer):
                 )
 
     def _rest_promised(self, net: str, t: float) -> bool:
-        """The net rests at zero between starts to settle its strays (`_resting`), and no
+        """The net rests at zero between starts to settle its strays (`RestWindow`), and no
         longer than app.usecases.net_repairs._settle_rest_s promises: as long as its oldest
         stray had waited at the stop, at most SETTLE_REST_MAX_S (the longest for a stray
         dated after the stop by a stepped clock), read from the product's stamps, so give
         or take two clock steps (a stamp of each worker, and this step's time against it)."""
         row = next((n for n in self.nets if n.name == net), None)
-        if row is None or not self._resting(row, t):
+        if row is None or not self._rest_window.resting(row, t):
             return False
         oldest = self.sim.conn.execute(
             "SELECT min(created_at) FROM stray_runs WHERE net_name = ?", (net,)

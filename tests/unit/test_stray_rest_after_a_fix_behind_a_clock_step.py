@@ -1,7 +1,8 @@
 """A Flower net's rest between settling starts when the clock is stepped back behind both its
 stray's recording and the human's fix that last took it out of MISCONFIGURED: sweep seed
-misconfig 241 (tests/sim/FINDINGS.md, "Round 13"): 29 starts in two hours on 66819a8; the fix
-is now placed by the order of the net's events, not by its time."""
+misconfig 241 and forced drift 1617 (tests/sim/FINDINGS.md, "Round 13"; found by three
+helpers of round 13 apart): 29 starts in two hours on 66819a8, whether the fix mended the kit
+or the service; the fix is now placed by the order of the net's events, not by its time."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from tests.unit.test_revived_strays import _net_state as _state
 from tests.unit.test_revived_strays import _world
 
 
+@pytest.mark.parametrize("mended", ["service", "kit"])
 def test_a_clock_stepped_back_behind_the_fix_and_the_stray_brings_back_no_storm(
-    tmp_path, job_root, sqlite_factory, clock
+    tmp_path, job_root, sqlite_factory, clock, mended
 ) -> None:
     """fl-a holds a stray; its settling start finds the service missing (MISCONFIGURED);
     ten minutes later a human fixes it and restarts the workers, but the SuperLink never
@@ -29,7 +31,7 @@ def test_a_clock_stepped_back_behind_the_fix_and_the_stray_brings_back_no_storm(
     server = world.server("fl-a")
     server.statuses["7"] = "RUNNING"
     world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
-    broken = _broken(world, "service")
+    broken = _broken(world, mended)
     _rounds(world, 2)
     assert _state(world, "fl-a") == NetState.MISCONFIGURED
     clock.advance(600)
