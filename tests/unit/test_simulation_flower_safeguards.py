@@ -10,6 +10,7 @@ the last two: one that never ends) and each case failed with its seed reporting 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -109,100 +110,90 @@ def _fits_beside_a_stray(session: Session, settings: Settings, net_name: str) ->
     return any(not net.lacks(required) for required in session.scalars(sites))
 
 
-def _rest_after_a_misconfigured_start(rt: Any, name: str, stopped_at: datetime) -> float:
+# `_settle_rest_s` as it was before each of its fixes: the same code but for which settling
+# starts count (`Counted`: the stray's oldest recording, its wait at the stop, the last move
+# out of MISCONFIGURED by its stamp, the stop -> the conditions on the start's event).
+Counted = Callable[[datetime, float, datetime | None, datetime], list[Any]]
+
+
+def _old_rest(counted: Counted, *, young_if_negative: bool = False) -> Any:
+    """A planted `_settle_rest_s` counting the starts `counted` allows (young_if_negative: a
+    stop dated before the stray read as a young stray, no rest, as before 6b4fa3b)."""
+
+    def rest(rt: Any, name: str, stopped_at: datetime) -> float:
+        with rt.sessions() as session:
+            oldest = session.scalar(
+                select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
+            )
+            if oldest is None:
+                return 0.0
+            waited_s = (stopped_at - oldest).total_seconds()
+            if (young_if_negative or waited_s >= 0) and waited_s < rt.settings.abort_timeout_s:
+                return 0.0
+            fixed_at = session.scalar(
+                select(func.max(NetEvent.at)).where(
+                    NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
+                )
+            )
+            tried = session.scalar(
+                select(
+                    exists().where(
+                        NetEvent.net_name == name,
+                        NetEvent.to_state == NetState.STARTING,
+                        NetEvent.reason == net_repairs.SETTLE_START,
+                        *counted(oldest, waited_s, fixed_at, stopped_at),
+                    )
+                )
+            )
+        if not tried:
+            return 0.0
+        return min(waited_s, SETTLE_REST_MAX_S) if waited_s >= 0 else SETTLE_REST_MAX_S
+
+    return rest
+
+
+def _from_the_stray(
+    oldest: datetime, waited_s: float, _fixed: datetime | None, _stop: datetime
+) -> list[Any]:
     # Before 6b4fa3b: a settling start that found the net's settings wrong counted toward the
-    # rest, so the restart after a human's fix rested the net up to an hour (D0). The
-    # clock's part of that fix (a stray dated after the stop) is kept.
-    with rt.sessions() as session:
-        oldest = session.scalar(
-            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
-        )
-        if oldest is None:
-            return 0.0
-        waited_s = (stopped_at - oldest).total_seconds()
-        if 0 <= waited_s < rt.settings.abort_timeout_s:
-            return 0.0
-        since = [NetEvent.at >= oldest] if waited_s >= 0 else []
-        tried = session.scalar(
-            select(
-                exists().where(
-                    NetEvent.net_name == name,
-                    NetEvent.to_state == NetState.STARTING,
-                    NetEvent.reason == net_repairs.SETTLE_START,
-                    *since,
-                )
-            )
-        )
-    if not tried:
-        return 0.0
-    return min(waited_s, SETTLE_REST_MAX_S) if waited_s >= 0 else SETTLE_REST_MAX_S
+    # rest, so the restart after a human's fix rested the net up to an hour (D0). The clock's
+    # part of that fix (a stray dated after the stop) is kept.
+    return [NetEvent.at >= oldest] if waited_s >= 0 else []
 
 
-def _rest_behind_a_stepped_clock(rt: Any, name: str, stopped_at: datetime) -> float:
+def _since_the_stray_and_the_fix(
+    oldest: datetime, _waited: float, fixed_at: datetime | None, _stop: datetime
+) -> list[Any]:
     # Before 6b4fa3b: a stop dated before the oldest stray's recording (a clock stepped back
-    # behind it) read as a young stray, no rest, so the net was started every few rounds
-    # again (D1). The misconfiguration's part of that fix is kept.
-    with rt.sessions() as session:
-        oldest = session.scalar(
-            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
-        )
-        if oldest is None:
-            return 0.0
-        waited_s = (stopped_at - oldest).total_seconds()
-        if waited_s < rt.settings.abort_timeout_s:
-            return 0.0
-        fixed_at = session.scalar(
-            select(func.max(NetEvent.at)).where(
-                NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
-            )
-        )
-        since = max(at for at in (oldest, fixed_at) if at is not None)
-        tried = session.scalar(
-            select(
-                exists().where(
-                    NetEvent.net_name == name,
-                    NetEvent.to_state == NetState.STARTING,
-                    NetEvent.reason == net_repairs.SETTLE_START,
-                    NetEvent.at >= since,
-                )
-            )
-        )
-    return min(waited_s, SETTLE_REST_MAX_S) if tried else 0.0
+    # behind it) read as a young stray (young_if_negative), no rest, so the net was started
+    # every few rounds again (D1). The misconfiguration's part of that fix is kept.
+    return [NetEvent.at >= max(at for at in (oldest, fixed_at) if at is not None)]
 
 
-def _rest_since_the_fix_stamp(rt: Any, name: str, stopped_at: datetime) -> float:
+def _since_the_fix_stamp(
+    oldest: datetime, waited_s: float, fixed_at: datetime | None, stopped_at: datetime
+) -> list[Any]:
     # Before round 13: the net's last move out of MISCONFIGURED read by its stamp, so a clock
     # stepped back behind the fix too dated every later settling start before it: no rest.
-    with rt.sessions() as session:
-        oldest = session.scalar(
-            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
-        )
-        if oldest is None:
-            return 0.0
-        waited_s = (stopped_at - oldest).total_seconds()
-        if 0 <= waited_s < rt.settings.abort_timeout_s:
-            return 0.0
-        fixed_at = session.scalar(
-            select(func.max(NetEvent.at)).where(
-                NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
-            )
-        )
-        since = [oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)]
-        since += [fixed_at] if fixed_at is not None else []
-        tried = session.scalar(
-            select(
-                exists().where(
-                    NetEvent.net_name == name,
-                    NetEvent.to_state == NetState.STARTING,
-                    NetEvent.reason == net_repairs.SETTLE_START,
-                    NetEvent.at >= max(since),
-                    *([NetEvent.at <= stopped_at] if waited_s < 0 else []),
-                )
-            )
-        )
-    if not tried:
-        return 0.0
-    return min(waited_s, SETTLE_REST_MAX_S) if waited_s >= 0 else SETTLE_REST_MAX_S
+    since = [oldest if waited_s >= 0 else stopped_at - timedelta(seconds=SETTLE_REST_MAX_S)]
+    since += [fixed_at] if fixed_at is not None else []
+    return [NetEvent.at >= max(since), *([NetEvent.at <= stopped_at] if waited_s < 0 else [])]
+
+
+def _any_earlier_start(
+    oldest: datetime, waited_s: float, fixed_at: datetime | None, _stop: datetime
+) -> list[Any]:
+    # Before a992d97 (b0f654a's rule): a stray dated after its net's stop (a clock stepped
+    # back, if only by a second) rested the net the longest once a settling start had ever
+    # been tried, an hour ago for another stray included (row 7 of round 12's second break-it).
+    since = [at for at in (oldest if waited_s >= 0 else None, fixed_at) if at is not None]
+    return [NetEvent.at >= max(since)] if since else []
+
+
+_rest_after_a_misconfigured_start = _old_rest(_from_the_stray)
+_rest_behind_a_stepped_clock = _old_rest(_since_the_stray_and_the_fix, young_if_negative=True)
+_rest_since_the_fix_stamp = _old_rest(_since_the_fix_stamp)
+_rest_counting_any_earlier_start = _old_rest(_any_earlier_start)
 
 
 def _rest_the_longest(mp: pytest.MonkeyPatch) -> None:
@@ -217,40 +208,6 @@ def _rest_the_longest(mp: pytest.MonkeyPatch) -> None:
         return SETTLE_REST_MAX_S if rest(rt, name, stopped_at) > 0 else 0.0
 
     mp.setattr(net_repairs, "_settle_rest_s", longest)
-
-
-def _rest_counting_any_earlier_start(rt: Any, name: str, stopped_at: datetime) -> float:
-    # Before a992d97 (b0f654a's rule): a stray dated after its net's stop (a clock stepped
-    # back, if only by a second) rested the net the longest once a settling start had ever
-    # been tried, an hour ago for another stray included (row 7 of round 12's second break-it).
-    with rt.sessions() as session:
-        oldest = session.scalar(
-            select(func.min(StrayRun.created_at)).where(StrayRun.net_name == name)
-        )
-        if oldest is None:
-            return 0.0
-        waited_s = (stopped_at - oldest).total_seconds()
-        if 0 <= waited_s < rt.settings.abort_timeout_s:
-            return 0.0
-        fixed_at = session.scalar(
-            select(func.max(NetEvent.at)).where(
-                NetEvent.net_name == name, NetEvent.from_state == NetState.MISCONFIGURED
-            )
-        )
-        since = [at for at in (oldest if waited_s >= 0 else None, fixed_at) if at is not None]
-        tried = session.scalar(
-            select(
-                exists().where(
-                    NetEvent.net_name == name,
-                    NetEvent.to_state == NetState.STARTING,
-                    NetEvent.reason == net_repairs.SETTLE_START,
-                    *([NetEvent.at >= max(since)] if since else []),
-                )
-            )
-        )
-    if not tried:
-        return 0.0
-    return min(waited_s, SETTLE_REST_MAX_S) if waited_s >= 0 else SETTLE_REST_MAX_S
 
 
 def _only_a_stopped_net_rests(mp: pytest.MonkeyPatch) -> None:
