@@ -143,6 +143,10 @@ class World:
     def run_to_completion(self, job_id) -> None:
         """The chain runs the job, and its run completes (the monitor's verdict)."""
         self.run_pipeline(job_id)
+        self.complete(job_id)
+
+    def complete(self, job_id) -> None:
+        """The job's run completed (the monitor's verdict): COMPLETED, its net released."""
         with self.rt.sessions.begin() as session:
             records.finish_job(
                 session,

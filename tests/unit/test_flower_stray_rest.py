@@ -21,6 +21,19 @@ from tests.unit.test_revived_strays import _strays, _world
 OPERATOR_LINE = "stray runs need an operator"
 
 
+def count_find_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each token a fake admin is asked to find from now on (a server asked about a stray)."""
+    calls: list[str] = []
+    real = FakeAdmin.find_run
+
+    def counted(admin: FakeAdmin, token: str) -> str | None:
+        calls.append(token)
+        return real(admin, token)
+
+    monkeypatch.setattr(FakeAdmin, "find_run", counted)
+    return calls
+
+
 def _resting(tmp_path, job_root, sqlite_factory, clock) -> World:
     """fl-a holds a stray its SuperLink never answered for two hours: the net rests at
     zero (its next settling start is nine minutes away). The stray's job waits for net-a."""
@@ -90,14 +103,7 @@ def test_a_resting_net_s_absent_superlink_is_not_called_every_round(
     out its ADMIN_COMMAND_TIMEOUT_S (10 s) for each, so a few resting nets stretch every
     round (the keep-alive loop's rule: a stopped server is never contacted)."""
     world = _resting(tmp_path, job_root, sqlite_factory, clock)
-    calls: list[str] = []
-    real = FakeAdmin.find_run
-
-    def counted(admin: FakeAdmin, token: str) -> str | None:
-        calls.append(token)
-        return real(admin, token)
-
-    monkeypatch.setattr(FakeAdmin, "find_run", counted)
+    calls = count_find_runs(monkeypatch)
     seen = _rounds(world, 10)  # five minutes of the rest
     assert max(replicas for _, replicas in seen) == 0, "(still resting)"
     assert calls == [], f"{len(calls)} calls to a SuperLink at zero replicas"

@@ -13,8 +13,8 @@ import pytest
 from app.errors import AdminMisconfigured, MisconfigurationError, ServerUnavailable
 from app.usecases import declared_nets, monitor, reconciler, scale_down, scaling
 from models import JobState, NetState
-from tests.fakes import FakeAdmin
 from tests.unit.conftest import World
+from tests.unit.test_flower_stray_rest import count_find_runs
 from tests.unit.test_flower_stray_settling import _hours, _rounds, _starts, unanswered_for
 from tests.unit.test_revived_strays import _net_state as _state
 from tests.unit.test_revived_strays import _strays, _world
@@ -137,14 +137,7 @@ def test_a_misconfigured_flower_net_at_zero_replicas_is_not_called_every_round(
     world.server("fl-a").statuses["7"] = "RUNNING"
     world.add_stray(world.enqueue("lost", net="net-a"), "fl-a", "7", token="tok-0")
     assert scaling.net_misconfigured(world.rt, "fl-a", None, "admin kit unreadable")
-    calls: list[str] = []
-    real = FakeAdmin.find_run
-
-    def counted(admin: FakeAdmin, token: str) -> str | None:
-        calls.append(token)
-        return real(admin, token)
-
-    monkeypatch.setattr(FakeAdmin, "find_run", counted)
+    calls = count_find_runs(monkeypatch)
     seen = _rounds(world, 10)  # five minutes
     assert _state(world, "fl-a") == NetState.MISCONFIGURED
     assert max(replicas for _, replicas in seen) == 0

@@ -22,8 +22,8 @@ import pytest
 from app.adapters import net_check
 from app.celery_app import prepare_nets_at_start
 from app.errors import AdminMisconfigured, ServerUnavailable
-from app.usecases import dispatch, monitor, reconciler, records, scaling
-from models import ACTIVE_JOB_STATES, JobState, NetState, ReasonCode
+from app.usecases import dispatch, monitor, reconciler, scaling
+from models import ACTIVE_JOB_STATES, JobState, NetState
 from tests.fakes import FakeAdmin, FakeServer
 from tests.unit.conftest import World, world_of
 from tests.unit.test_flower_stray_settling import _rounds
@@ -262,15 +262,7 @@ def test_a_job_the_start_requeues_is_assigned_without_waiting_for_beat(
     job_id = world.enqueue("either", required_sites=["site-1"])
     claimed = next(a for a in dispatch.claim_and_start(world.rt) if a.job_id == job_id)
     assert claimed.net_name == "net-a"
-    with world.rt.sessions.begin() as session:
-        records.finish_job(
-            session,
-            blocker,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
+    world.complete(blocker)
     sent: list[str] = []
     monkeypatch.setattr(celery.Celery, "send_task", lambda _app, name, *_a, **_k: sent.append(name))
     world.outbox.sent.clear()

@@ -17,7 +17,7 @@ import pytest
 from app.adapters import net_check
 from app.celery_app import prepare_nets_at_start
 from app.usecases import dispatch, monitor, reconciler, records, views
-from models import ACTIVE_JOB_STATES, JobState, NetState, ReasonCode
+from models import ACTIVE_JOB_STATES, JobState, NetState
 from tests.fakes import FakeAdmin, FakeServer
 
 pytestmark = pytest.mark.unit
@@ -134,15 +134,7 @@ def test_no_second_live_run_when_an_always_on_net_is_watched_through_the_wrong_k
     _start_with_wrong_files(world, sqlite_url, monkeypatch)
     _admin_reaches_another_server(world, monkeypatch)
     monitor.monitor_running_jobs(world.rt)
-    with world.rt.sessions.begin() as session:
-        records.finish_job(
-            session,
-            blocker,
-            JobState.COMPLETED,
-            "done",
-            world.clock(),
-            code=ReasonCode.RUN_COMPLETED,
-        )
+    world.complete(blocker)
     for _ in range(3):
         world.clock.advance(30)
         reconciler.reconcile(world.rt)  # settles the stray through the wrong kit
