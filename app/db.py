@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,9 +23,24 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
         _sqlite_immediate_transactions(engine)
         return engine
+    kwargs["connect_args"] = connect_args(url) | kwargs.get("connect_args", {})
     engine = create_engine(url, pool_pre_ping=True, **kwargs)
     _postgres_utc_sessions(engine)
     return engine
+
+
+# A PostgreSQL that accepts the connection and never answers (a blackholed host behind a load
+# balancer, a server hung at startup) would hold a task, or a worker's start, as long as the
+# operating system's TCP timers allow: minutes. Long enough for a failover's new primary.
+CONNECT_TIMEOUT_S = 10
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """The driver's connection arguments for a PostgreSQL `url`: a connect timeout, unless
+    the URL names its own (`?connect_timeout=`)."""
+    if "connect_timeout" in make_url(url).query:
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT_S}
 
 
 def _postgres_utc_sessions(engine: Engine) -> None:
