@@ -13,6 +13,7 @@ from app.schemas import job_id_for
 from app.settings import Settings
 from app.usecases.views import job_detail
 from tests.fixtures.db import net_decl
+from tests.unit.batch_world import run, settings_of
 from tests.unit.test_fair_share import enqueue, fair_world
 
 
@@ -38,3 +39,13 @@ def test_a_declared_net_without_a_row_yet_is_no_net_of_the_job(
     with world.rt.sessions() as session:
         view = job_detail(session, job_id_for("waiting"), settings=added, now=world.clock())
     assert (view.place_in_line, view.waiting_reason) == (1, "claim pending")
+
+
+@pytest.mark.parametrize("sites", [False, True])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_batch_answers_as_one_by_one_and_as_the_claims_do(
+    sqlite_factory, tmp_path, job_root, clock, seed, sites
+):
+    """Held on round 13's queue_places (SQLite; PostgreSQL: test_queue_places_batch_pg)."""
+    settings = settings_of(tmp_path, job_root, seed, sites=sites)
+    assert run(sqlite_factory, settings, clock, seed) == []
