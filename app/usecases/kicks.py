@@ -159,8 +159,13 @@ def kick_when_ready(rt: Runtime) -> bool:
     beat's round up to `HOUSEKEEPING_INTERVAL_S` away. A pending kick's marker does not hold
     it back: the kick it stands for may have died with the worker this one replaces (fetched,
     then lost before its round took the marker), and a start costs one round at most."""
-    outbox = CoalescingOutbox(rt.outbox, rt.sessions, rt.clock, stale_after=timedelta(0))
+    outbox = CoalescingOutbox(rt.outbox, rt.sessions, rt.clock, stale_after=_EVERY_MARKER)
     return outbox.send(names.ASSIGN_NEXT_JOB)
+
+
+# A staleness that makes every marker stale, one dated ahead of this clock too (its sender's
+# clock ran ahead, or this one stepped back): `now - _EVERY_MARKER` is a century ahead.
+_EVERY_MARKER = -timedelta(days=36500)
 
 
 def coalesce_kicks(rt: Runtime) -> None:

@@ -134,7 +134,9 @@ def queue_places(
     # place once they are undrained); the jobs waiting for the same nets are counted together.
     waits_for: dict[tuple[str, ...], list[uuid.UUID]] = {}
     for job in jobs:
-        mine = [states[n] for n in nets[job.id]]
+        # A net NETS declares that has no row yet (a deploy just added it) is none of its nets
+        # until a worker start or an enqueue creates the row.
+        mine = [states[n] for n in nets[job.id] if n in states]
         open_nets = [n.name for n in mine if not n.drained] or [n.name for n in mine]
         waits_for.setdefault(tuple(open_nets), []).append(job.id)
         cap = shares.cap(job.project_id)

@@ -17,12 +17,6 @@ from tests.unit.batch_world import run, settings_of
 from tests.unit.test_fair_share import enqueue, fair_world
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue_places: a net NETS declares with no row yet (a deploy that added it, before "
-    "any worker, enqueue or reconcile created the row) is a KeyError in `states[n]`: "
-    "GET /jobs/{id} of any QUEUED job fails (500) where the one-job code left the net out",
-)
 def test_a_declared_net_without_a_row_yet_is_no_net_of_the_job(
     tmp_path, job_root, sqlite_factory, clock
 ):

@@ -16,13 +16,6 @@ from tests.unit.test_ready_kick import _ready_worker_sends
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kick_when_ready ignores the marker only through stale_after=0: a marker dated at "
-    "or after the ready worker's now (the lost kick's sender on a host whose clock runs a few "
-    "seconds ahead, or a clock stepped back since) still holds the ready kick back "
-    "(mark_pending: sent_at >= now - 0), and the job waits for beat's round",
-)
 def test_a_lost_kick_dated_after_the_ready_workers_now_does_not_hold_back_its_kick(
     world, sqlite_url, monkeypatch
 ) -> None:
