@@ -6,6 +6,7 @@ harness's invariants (tests/sim) read the same rows."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -310,13 +311,28 @@ class WorldState:
         gone = getattr(server, "gone", None)
         return gone is not None and bool(gone(self.sim.clock.t))
 
+    def _only_nets_left_to_operator(self, job: JobRow) -> bool:
+        """Every declared net the job may run on has a server that never answers again and
+        holds a stray (none: not so)."""
+        if job.requested_net is not None:
+            nets = [job.requested_net]
+        else:
+            sites = self.sim.conn.execute(
+                "SELECT required_sites FROM jobs WHERE replace(id, '-', '') = ?",
+                (job.id.replace("-", ""),),
+            ).fetchone()
+            wanted = json.loads(sites[0]) if sites and sites[0] else []
+            nets = [n.name for n in self.sim.settings.nets if not n.lacks(wanted)]
+        return bool(nets) and all(self.gone_for_good(n) and self.holds_stray(n) for n in nets)
+
     def _left_to_operator(self, job: JobRow) -> bool:
         """A QUEUED job whose wait only an operator can end: its own stray run on an always-on
         net whose status its server never gives, or on a net whose server never answers
-        again; or it is pinned to such a net holding a stray (the claim passes it by)."""
+        again; or every net it may run on (the one it is pinned to) is such a net holding a
+        stray (the claim passes each by; seed 1760: the other net removed from NETS)."""
         if job.state != J.QUEUED or not self.has_strays:
             return False
-        if self.gone_for_good(job.requested_net) and self.holds_stray(str(job.requested_net)):
+        if self._only_nets_left_to_operator(job):
             return True
         rows = self.sim.conn.execute(
             "SELECT net_name, nvflare_job_id, submit_token FROM stray_runs"

@@ -89,3 +89,14 @@ def test_round_13_a_stray_pending_through_its_nets_rest():
 
     result = run_seed(1275)
     assert [v.invariant for v in result.violations] == []
+
+
+def test_round_13_unpinned_jobs_whose_only_net_is_left_to_an_operator():
+    """1760 (ops, two Flower nets): net-b removed from NETS, net-a's SuperLink gone for good
+    holding a stray; the unpinned jobs' only net is one the claim passes by until an operator
+    settles its stray (paged: StrayRunsNeedOperator). `liveness` excused that wait only for
+    a job pinned to such a net (checker, found by round 13's break-it sweep of 1400:1800)."""
+    from tests.sim.seeds import run_seed
+
+    result = run_seed(1760)
+    assert [v.invariant for v in result.violations] == []
