@@ -117,10 +117,10 @@ class Observer:
     def _counted_completion(self, run: Run, t: float) -> bool:
         """A completed run counts if the dispatcher saw it complete (a status read answered
         its end), or could have: after it completed, while its job still held its id, its
-        server answered (and still knew it) for three housekeeping intervals, so monitor
-        rounds asked, not all of them failed by a per-call fault. (A run that finished while
-        its server was unreachable, or just before the server died, cannot be told from a
-        lost run.)"""
+        server answered (and still knew it) for three housekeeping intervals with the broker
+        up, so monitor rounds asked, not all of them failed by a per-call fault. (A run that
+        finished while its server was unreachable, or just before the server died, cannot be
+        told from a lost run.)"""
         counted = self._completions.get(run.nvflare_id)
         if counted is not None:
             return counted
@@ -137,7 +137,13 @@ class Observer:
             return True
         if server.reachable(t) and run.nvflare_id in server.store:
             since = self._seen_answering.setdefault(run.nvflare_id, t)
-            if t - since >= 3 * self.sim.world.housekeeping_interval_s:
+            # Less the broker's outages: no beat tick, so no monitor round asks meanwhile
+            # (chaos 2420: a run completed 16 s into 84 s of outage, its server scaled to 0
+            # by hand just before the broker came back; nothing could have seen the end).
+            if (
+                t - self._after_broker_outages(since, t)
+                >= 3 * self.sim.world.housekeeping_interval_s
+            ):
                 self._completions[run.nvflare_id] = True  # a monitor round saw it answer
                 return True
         else:

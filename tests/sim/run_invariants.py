@@ -101,6 +101,18 @@ class RunInvariants(Observer):
                     # Nor on a net whose settings are wrong: it is a human's until the fix
                     # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
                     self._unreachable_at[run.net] = t
+                if (
+                    run.pending(t)
+                    and not self.sim.cluster.servers[run.net].answering(t)
+                    and any(n.name == run.net and n.state == NetState.STOPPING for n in self.nets)
+                ):
+                    # Nor before its net's take-down is confirmed (misconfig 3040: a stray
+                    # pending in a dead SuperLink's database, the stop's driver calls
+                    # throttled three rounds running): no process of it runs, no server can
+                    # stop it, and only a STOPPED net is started to settle it
+                    # (net_repairs._start_to_settle). The bound counts from the STOPPED; a
+                    # net left STOPPING for good keeps the run live at rest (quiescence).
+                    self._unreachable_at[run.net] = t
                 if run.pending(t) and self._rest_promised(run.net, t):
                     # The term the orphan bound lacked (drift seed 1275): a Flower net's
                     # stray whose settling start failed (the driver's circuit breaker, a

@@ -100,3 +100,18 @@ def test_round_13_unpinned_jobs_whose_only_net_is_left_to_an_operator():
 
     result = run_seed(1760)
     assert [v.invariant for v in result.violations] == []
+
+
+@pytest.mark.parametrize("seed", [2420, 3040])
+def test_round_13_sweep_checker_bounds(seed):
+    """Round 13's 10,000-seed sweep, checker errors: 2420 (chaos) a run completed 16 s into
+    84 s of broker outage and its server was scaled to 0 by hand before the broker came back;
+    `one-counted-run` took the server's answering during the outage for monitor rounds that
+    could have seen the end (none ran), and the job's rerun for a second completion. 3040
+    (misconfig, STEP) a stray pending in a dead SuperLink's database while the driver
+    throttled its net's take-down three rounds running; only a STOPPED net is started to
+    settle it, and `stray-run-stopped` counted that wait against the dispatcher."""
+    from tests.sim.seeds import run_seed
+
+    result = run_seed(seed)
+    assert [v.invariant for v in result.violations] == []
