@@ -13,8 +13,9 @@ A claim of job J onto net N is reported when all of these held at the claim:
 - J named no live hold on N, and no claimable job that may run on N came before J (priority,
   then age, then id): so N was not "hinted" for any job (app.usecases.claims._hinted_here)
   and only its hold put it first;
-- another net M was READY, free as claims.py reads it (no active job, no stray run), held by
-  no live prewarm, declared, and J may run on it (unpinned or pinned to M, with its sites).
+- another net M was READY, free as claims.py reads it (no active job, no stray run, not
+  drained), held by no live prewarm, declared, and J may run on it (unpinned or pinned to M,
+  with its sites).
 
 Then the claim, which orders the free nets by warmth, then a net hinted for the job it would
 take next, then an unheld net before a held one, would have reached M (as warm, unheld) before
@@ -74,6 +75,10 @@ BEGIN
                 AND b.state IN ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'FINISHING', 'ABORTING')
         )
         AND NOT EXISTS (SELECT 1 FROM main.stray_runs t WHERE t.net_name = m.name)
+        -- M not drained, on its own or with the whole deployment ('*', models.drains): a
+        -- drained net takes no claim (claims._free), so it is not free and the held net
+        -- was the only one as warm (sweep seeds 2089 and 4119, round 13)
+        AND NOT EXISTS (SELECT 1 FROM main.drains d WHERE d.scope IN (m.name, '*'))
         AND NOT EXISTS (
             SELECT 1 FROM main.prewarms q WHERE q.net_name = m.name AND q.outcome IS NULL
                 AND q.hold_until > NEW.assigned_at
