@@ -100,3 +100,17 @@ def test_round_13_unpinned_jobs_whose_only_net_is_left_to_an_operator():
 
     result = run_seed(1760)
     assert [v.invariant for v in result.violations] == []
+
+
+@pytest.mark.parametrize("seed", [2145, 2958])
+def test_round_13_a_token_s_later_run_no_list_or_reply_has_shown(seed):
+    """Round 13's 10,000-seed sweep (tests/sim/FINDINGS.md), checker errors: a token's later
+    Flower run the product cannot know yet, beside a claim whose readiness stops it before
+    its submit (revived_runs.stop_before_submit), so the server never runs two at once.
+    2145 (racy): its start-run's worker stalled, the job aborted (freeing the net) with the
+    run it adopted; 2958 (drift, IDLE): its lists refused until its job completed, the net
+    claimed at once by a job waiting for a site that never comes, twice."""
+    from tests.sim.seeds import run_seed
+
+    result = run_seed(seed)
+    assert [v.invariant for v in result.violations] == []
