@@ -40,6 +40,7 @@ class Observer:
         self._unreachable_at: dict[str, float] = {}  # net -> last seen not answering
         self._token_unreached_at: dict[str, float] = {}  # Flower net -> last not reached
         self._lists_refused_at: dict[str, float] = {}  # Flower net -> last lists refused
+        self._held_unlisted_at: dict[str, float] = {}  # Flower net -> last claimed, run unlisted
         self._held_runs: dict[str, str] = {}  # job id -> the run id it held at the last step
         self._claims_seen: set[tuple[str, int]] = set()
         self._active_before: set[str] = set()  # jobs active at the last step (tests.sim.drains)

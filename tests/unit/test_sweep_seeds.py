@@ -120,6 +120,16 @@ def test_round_13_the_10000_seed_sweeps_checker_errors(seed):
     drained, which no claim takes (tests/sim/placement.py); 3250 (flaky, a job retried 99
     times, its folder rebuilt 55 times) `submitted-bundle-current` read the folder's one-digit
     version (v55 writes 5) as the version itself (tests/sim/call_invariants.py)."""
+
+
+@pytest.mark.parametrize("seed", [2145, 2958])
+def test_round_13_a_token_s_later_run_no_list_or_reply_has_shown(seed):
+    """Round 13's 10,000-seed sweep (tests/sim/FINDINGS.md), checker errors: a token's later
+    Flower run the product cannot know yet, beside a claim whose readiness stops it before
+    its submit (revived_runs.stop_before_submit), so the server never runs two at once.
+    2145 (racy): its start-run's worker stalled, the job aborted (freeing the net) with the
+    run it adopted; 2958 (drift, IDLE): its lists refused until its job completed, the net
+    claimed at once by a job waiting for a site that never comes, twice."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(seed)
