@@ -173,11 +173,12 @@ def test_seed_5946_a_start_no_job_needs_is_taken_down_within_its_bound():
             (6634, "flaky: completed-run-rerun at 58.4 s (requeued after its run completed)"),
             (6684, "drift: liveness and quiescence (a job QUEUED with a run still live)"),
             (7349, "ops: stray-run-stopped, queued-while-free at their bounds, then liveness"),
+            (8187, "drift: ended-run-settled, RUNNING 114 s after its server died (bound 100 s)"),
         ]
     ],
 )
 def test_round_13_open_seeds_of_the_sweep(seed: int) -> None:
-    """Seeds of round 13's sweep of 6000:8000 on the corrected checker, left for the next
+    """Seeds of round 13's sweep of 6000:9000 on the corrected checker, left for the next
     session (tests/sim/FINDINGS.md, Round 13: 10,000-seed sweep)."""
     from tests.sim.seeds import run_seed
 
