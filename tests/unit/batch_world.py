@@ -3,7 +3,7 @@ job's place is read one by one (`queue_place`) and all at once (`queue_places`, 
 with a duplicate and a job no longer QUEUED): the answers must be equal, and match the
 claims run then (rolled back): a job at place 1 with a claim pending is claimed, one with
 another reason is not.
-Shared by the SQLite (unit) and PostgreSQL (integration) break-its of round 13."""
+Shared by the SQLite (unit) and PostgreSQL (integration) tests of `queue_places`."""
 
 from __future__ import annotations
 

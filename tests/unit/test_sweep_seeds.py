@@ -79,7 +79,7 @@ def test_seed_241_a_clock_stepped_back_behind_a_fix_and_a_stray():
     assert [v.invariant for v in result.violations] == []
 
 
-def test_round_13_a_stray_pending_through_its_nets_rest():
+def test_a_stray_pending_through_its_nets_rest_is_not_counted_as_lost():
     """1275 (drift, a SuperLink dying with a run pending, then refusing every stop): the
     settling start at 150 s fails (the driver's circuit breaker), the net is stopped at its
     readiness deadline and rests at zero as long as the stray had waited (90 s), as the
@@ -91,7 +91,7 @@ def test_round_13_a_stray_pending_through_its_nets_rest():
     assert [v.invariant for v in result.violations] == []
 
 
-def test_round_13_unpinned_jobs_whose_only_net_is_left_to_an_operator():
+def test_unpinned_jobs_whose_only_net_is_left_to_an_operator_wait_for_it():
     """1760 (ops, two Flower nets): net-b removed from NETS, net-a's SuperLink gone for good
     holding a stray; the unpinned jobs' only net is one the claim passes by until an operator
     settles its stray (paged: StrayRunsNeedOperator). `liveness` excused that wait only for
@@ -103,7 +103,7 @@ def test_round_13_unpinned_jobs_whose_only_net_is_left_to_an_operator():
 
 
 @pytest.mark.parametrize("seed", [2420, 3040])
-def test_round_13_sweep_checker_bounds(seed):
+def test_a_completion_unseen_in_an_outage_and_a_throttled_take_down_are_within_bounds(seed):
     """Round 13's 10,000-seed sweep, checker errors: 2420 (chaos) a run completed 16 s into
     84 s of broker outage and its server was scaled to 0 by hand before the broker came back;
     `one-counted-run` took the server's answering during the outage for monitor rounds that
@@ -114,7 +114,7 @@ def test_round_13_sweep_checker_bounds(seed):
 
 
 @pytest.mark.parametrize("seed", [2089, 4119, 3250])
-def test_round_13_the_10000_seed_sweeps_checker_errors(seed):
+def test_drained_nets_and_bundle_versions_past_ten_are_read_right(seed):
     """Round 13's 10,000-seed sweep (tests/sim/FINDINGS.md), checker errors: 2089 (flaky)
     and 4119 (drift) `held-net-taken` named as the unheld warm net one an operator had
     drained, which no claim takes (tests/sim/placement.py); 3250 (flaky, a job retried 99
@@ -123,7 +123,7 @@ def test_round_13_the_10000_seed_sweeps_checker_errors(seed):
 
 
 @pytest.mark.parametrize("seed", [2145, 2958])
-def test_round_13_a_token_s_later_run_no_list_or_reply_has_shown(seed):
+def test_a_token_s_later_run_no_list_or_reply_has_shown_is_not_yet_counted(seed):
     """Round 13's 10,000-seed sweep (tests/sim/FINDINGS.md), checker errors: a token's later
     Flower run the product cannot know yet, beside a claim whose readiness stops it before
     its submit (revived_runs.stop_before_submit), so the server never runs two at once.
@@ -177,7 +177,7 @@ def test_seed_5946_a_start_no_job_needs_is_taken_down_within_its_bound():
         ]
     ],
 )
-def test_round_13_open_seeds_of_the_sweep(seed: int) -> None:
+def test_open_sweep_seeds_report_until_diagnosed(seed: int) -> None:
     """Seeds of round 13's sweep of 6000:9000 on the corrected checker, left for the next
     session (tests/sim/FINDINGS.md, Round 13: 10,000-seed sweep)."""
     from tests.sim.seeds import run_seed
