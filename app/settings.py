@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     )
     rejected_retention_s: float = Field(default=7 * 86400.0, gt=0, alias="REJECTED_RETENTION_S")
     server_lost_grace_s: float = Field(default=120.0, ge=0, alias="SERVER_LOST_GRACE_S")
+    server_lost_rounds: int = Field(default=3, ge=1, alias="SERVER_LOST_ROUNDS")
     stuck_after_s: float = Field(default=300.0, gt=0, alias="STUCK_AFTER_S")
     ready_poll_s: float = Field(default=1.0, gt=0, alias="READY_POLL_S")
     admin_login_timeout_s: float = Field(default=10.0, gt=0, alias="ADMIN_LOGIN_TIMEOUT_S")

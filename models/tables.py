@@ -54,6 +54,9 @@ class Net(Base):
     idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # When the server last stopped answering while it should be up (grace for lost jobs).
     unreachable_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The monitor rounds in a row that found it so: with the grace, what makes its runs lost
+    # (SERVER_LOST_ROUNDS): two unlucky calls the grace apart are no lost server.
+    unreachable_rounds: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # The NVFLARE server's start time seen when the current job was dispatched: a different
     # value later means the server restarted under the job.
     server_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -105,7 +108,12 @@ class Net(Base):
             self.idle_since = None
         if target in (NetState.STOPPED, NetState.STOPPING):
             self.server_start_time = None
-            self.unreachable_since = None
+            self.answered()
+
+    def answered(self) -> None:
+        """The server answered (or is no longer expected to): the lost-server count restarts."""
+        self.unreachable_since = None
+        self.unreachable_rounds = 0
 
     def mark_idle(self, now: datetime) -> None:
         """The net is READY and has no job: the idle grace starts now."""

@@ -52,7 +52,7 @@ def sync_nets(
             # Every start checks the files afresh: a verdict an earlier start kept for the
             # end of a job holds only while they are still wrong (the caller marks it again).
             net.misconfigured_after_job = None
-            net.unreachable_since = None  # its grace counted calls never made: afresh
+            net.answered()  # its grace counted calls never made: afresh
         if at_start and net.state == NetState.MISCONFIGURED and net.name in still_wrong:
             net.last_error = still_wrong[net.name]
         elif (

@@ -280,7 +280,7 @@ def _check_ready(
                 net.transition(NetState.READY, rt.clock(), f"ready for job {job_id}")
             if readiness.server_start_time is not None:
                 net.server_start_time = readiness.server_start_time
-            net.unreachable_since = None
+            net.answered()
         return StepResult(Step.DONE, "ready")
 
     if (now - assigned_at).total_seconds() > net_config.ready_timeout_s:

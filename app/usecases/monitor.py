@@ -227,7 +227,7 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         return results  # nothing to write: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, net_name, lock=True)
-        net.unreachable_since = None
+        net.answered()
         if net.server_start_time is None or stale:
             # Unknown at dispatch, or readiness's of an earlier process: learn it now, or
             # a later restart under the job would never be seen.
@@ -388,9 +388,14 @@ def _unwatchable(
             return {str(j.job_id): f"not watched: {exc} (since fixed)" for j in jobs}
         if net.unreachable_since is None:
             net.unreachable_since = now
+        net.unreachable_rounds += 1
         net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (Text: any bound fits)
         gone_s = (now - net.unreachable_since).total_seconds()
-    if gone_s < rt.settings.server_lost_grace_s:
+        rounds = net.unreachable_rounds
+    # Lost takes both: the grace, and that many rounds in a row. Two failed calls the grace
+    # apart (a sparse beat, a broker outage between rounds) are no evidence of a lost server,
+    # and a run that completed meanwhile would be run again (simulator seed 6634).
+    if gone_s < rt.settings.server_lost_grace_s or rounds < rt.settings.server_lost_rounds:
         return {str(j.job_id): f"server not answering for {gone_s:.0f}s: {exc}" for j in jobs}
     results = {
         str(j.job_id): _lost(rt, j, f"server not answering for {gone_s:.0f}s: {exc}") for j in jobs

@@ -241,7 +241,7 @@ def mark_dispatched(
         # Never overwrite the start time readiness stored with "unknown": restart detection
         # would switch itself off for the whole run.
         net.server_start_time = server_start_time
-    net.unreachable_since = None
+    net.answered()
 
 
 def finish_job(

@@ -231,6 +231,7 @@ def test_an_always_on_net_found_at_zero_replicas_releases_the_job_waiting_on_its
     world.driver("always").replicas = 0  # by hand: the server and its run are gone
     world.server("always").up = False
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED and len(_strays(world)) == 1

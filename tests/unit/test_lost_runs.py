@@ -83,6 +83,7 @@ def test_a_silent_always_on_server_keeps_its_run_as_a_stray_past_the_grace(world
     first = monitor.monitor_running_jobs(world.rt)
     assert first[str(job_id)].startswith("server not answering for 0s")
     assert world.net("fixed").last_error == "monitor: no route"
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s)  # exactly the grace: lost
     assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
     [stray] = _strays(world)
@@ -99,6 +100,7 @@ def test_a_busy_net_whose_admin_access_is_misconfigured_says_so_past_the_grace(w
     world.run_pipeline(job_id)
     _unreachable(world, "net-a", AdminMisconfigured("admin certificate expired"))
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
     net = world.net("net-a")
@@ -132,6 +134,7 @@ def test_a_run_lost_on_a_silent_scale_to_zero_server_dies_with_it(world):
     world.run_pipeline(job_id)
     _unreachable(world, "net-a", ServerUnavailable("no route"))
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s)
     monitor.monitor_running_jobs(world.rt)
     grace = f"{world.rt.settings.server_lost_grace_s:.0f}s"
@@ -152,6 +155,7 @@ def test_a_busy_net_whose_admin_access_broke_is_settled_after_the_grace(world):
     world.admin("net-a").server_start_time = broken  # type: ignore[method-assign]
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING  # inside the grace
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
@@ -166,6 +170,7 @@ def test_a_lost_server_on_a_scale_to_zero_net_is_taken_down_before_the_requeue_r
     world.run_pipeline(job_id)
     world.server("net-a").up = False
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
@@ -178,6 +183,7 @@ def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
     world.server("net-a").up = False
     world.driver("net-a").fail_with = DriverTransientError("throttled")  # cannot take it down
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED
@@ -187,3 +193,40 @@ def test_a_job_whose_old_run_is_unsettled_waits_for_it(world):
     world.driver("net-a").replicas = 0  # the platform finally stopped it
     reconciler.reconcile(world.rt)
     assert _strays(world) == []
+
+
+def test_two_failed_rounds_the_grace_apart_lose_no_run(world):
+    # Simulator seed 6634: the server failed one round's calls, no round ran for the grace
+    # (a sparse beat), the next round's calls failed too; the run had completed meanwhile
+    # and was queued to run again. Lost takes SERVER_LOST_ROUNDS failed rounds in a row.
+    assert world.rt.settings.server_lost_rounds == 3
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    _unreachable(world, "net-a", ServerUnavailable("no route"))
+    monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    second = monitor.monitor_running_jobs(world.rt)
+    assert second[str(job_id)].startswith("server not answering for ")
+    assert world.job(job_id).state == JobState.RUNNING
+    assert world.net("net-a").unreachable_rounds == 2
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
+
+
+def test_an_answer_between_failed_rounds_restarts_the_count(world):
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    admin = world.admin("net-a")
+    _unreachable(world, "net-a", ServerUnavailable("no route"))
+    monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
+    del admin.server_start_time  # answers again
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}
+    assert (world.net("net-a").unreachable_since, world.net("net-a").unreachable_rounds) == (
+        None,
+        0,
+    )
+    _unreachable(world, "net-a", ServerUnavailable("no route"))
+    monitor.monitor_running_jobs(world.rt)
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING  # two rounds since the answer

@@ -68,6 +68,7 @@ def test_a_run_on_a_process_readiness_did_not_see_is_aborted_before_its_job_runs
     real = _submitted_on_a_restarted_server_that_gives_no_start_time_yet(world, job_id)
     server = world.server("fixed")
     monitor.monitor_running_jobs(world.rt)  # no start time: unwatchable
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(31)  # past SERVER_LOST_GRACE_S
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray
@@ -184,6 +185,7 @@ def test_a_run_killed_before_its_start_time_was_learned_frees_its_always_on_net(
     world.run_pipeline(job_id)  # just booted: no start time yet
     server.up = False  # killed before the monitor could learn it
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(31)  # past SERVER_LOST_GRACE_S
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray
@@ -276,6 +278,7 @@ def test_a_run_killed_by_a_restart_the_monitor_could_not_see_frees_its_always_on
     server = world.server("fixed")
     server.up = False  # the process is gone: the admin side cannot tell it from a blip
     monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)  # SERVER_LOST_ROUNDS: a second failed round
     world.clock.advance(31)  # past SERVER_LOST_GRACE_S
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.QUEUED  # its run kept as a stray

@@ -193,7 +193,7 @@ def mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) ->
         net.idle_since = idle_since
         if readiness.server_start_time is not None:
             net.server_start_time = readiness.server_start_time
-        net.unreachable_since = None
+        net.answered()
         _note_ready(session, net_name, now)
     log.info("prewarmed net ready", extra={"net": net_name, "reason": reason})
     return True
