@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
-from app.usecases import claims, declared_nets, records
+from app.usecases import claims, declared_nets
 from app.usecases.queue_place import queue_place
 from models import (
     ACTIVE_JOB_STATES,
@@ -29,11 +29,11 @@ from models import (
     Job,
     JobState,
     Net,
-    ReasonCode,
     StrayRun,
 )
 from tests.fixtures.db import net_decl
 from tests.integration.test_pg_state import enqueue
+from tests.unit.batch_world import end_one, stray_or_settle, toggle_drain
 
 pytestmark = pytest.mark.integration
 
@@ -142,38 +142,11 @@ def test_places_and_claims_follow_the_documented_order(pg_factory, tmp_path, job
             else:  # the first in the order of those that fit its net
                 assert min(fitting[got.net_name], key=rows.key).id == got.job_id, step
         elif act < 0.82:  # a drain of one net comes or goes
-            with pg_factory.begin() as session:
-                scope = rnd.choice(["net-a", "net-c"])
-                found = session.get(Drain, scope)
-                if found is None:
-                    session.add(Drain(scope=scope, drained_at=clock()))
-                else:
-                    session.delete(found)
+            toggle_drain(pg_factory, clock, rnd.choice(["net-a", "net-c"]))
         elif act < 0.88:  # a run of an ended or waiting job, a stray on a net, or settled
-            with pg_factory.begin() as session:
-                owners = (JobState.ABORTED, JobState.QUEUED)
-                runs_of = [j for j in session.scalars(select(Job)) if j.state in owners]
-                net = rnd.choice(["net-a", "net-b"])
-                if not runs_of or records.clear_stray_runs(session, net):
-                    pass
-                else:
-                    records.add_stray_run(
-                        session,
-                        net_name=net,
-                        job_id=rnd.choice(runs_of).id,
-                        nvflare_job_id=f"run-{step}",
-                        submit_token=None,
-                        reason="a run no job counts",
-                        now=clock(),
-                    )
+            stray_or_settle(pg_factory, clock, rnd, f"run-{step}")
         else:
-            with pg_factory.begin() as session:
-                active = [j for j in session.scalars(select(Job)) if j.state in ACTIVE_JOB_STATES]
-                if active:
-                    ending = rnd.choice(active).id
-                    records.finish_job(
-                        session, ending, JobState.ABORTED, "over", clock(), code=ReasonCode.ABORTED
-                    )
+            end_one(pg_factory, clock, rnd)
         clock.advance(rnd.choice([0, 0, 10, 60]))
         with pg_factory() as session:
             rows = Rows(session, settings, clock())

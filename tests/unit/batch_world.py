@@ -73,40 +73,11 @@ def run(factory: sessionmaker[Session], settings: Settings, clock: Any, seed: in
             with factory.begin() as session:
                 claims.claim_next_job(session, settings, clock())
         elif act < 0.8:
-            with factory.begin() as session:
-                scope = rnd.choice(["net-a", "net-c", "*"])
-                found = session.get(Drain, scope)
-                if found is None:
-                    session.add(Drain(scope=scope, drained_at=clock()))
-                else:
-                    session.delete(found)
+            toggle_drain(factory, clock, rnd.choice(["net-a", "net-c", "*"]))
         elif act < 0.88:
-            with factory.begin() as session:
-                owners = (JobState.ABORTED, JobState.QUEUED)
-                runs_of = [j for j in session.scalars(select(Job)) if j.state in owners]
-                net = rnd.choice(["net-a", "net-b"])
-                if runs_of and not records.clear_stray_runs(session, net):
-                    records.add_stray_run(
-                        session,
-                        net_name=net,
-                        job_id=rnd.choice(runs_of).id,
-                        nvflare_job_id=f"run-{step}",
-                        submit_token=None,
-                        reason="a run no job counts",
-                        now=clock(),
-                    )
+            stray_or_settle(factory, clock, rnd, f"run-{step}")
         else:
-            with factory.begin() as session:
-                active = [j for j in session.scalars(select(Job)) if j.state in ACTIVE_JOB_STATES]
-                if active:
-                    records.finish_job(
-                        session,
-                        rnd.choice(active).id,
-                        JobState.ABORTED,
-                        "over",
-                        clock(),
-                        code=ReasonCode.ABORTED,
-                    )
+            end_one(factory, clock, rnd)
         clock.advance(rnd.choice([0, 0, 10, 60]))
         with factory() as session:
             jobs = list(session.scalars(select(Job)))
@@ -141,3 +112,44 @@ def _claims_disagree(
         if place.reason != "claim pending" and job_id in claimed:
             found.append(f"{job_id} {place}: claimed")
     return found
+
+
+def toggle_drain(factory: sessionmaker[Session], clock: Any, scope: str) -> None:
+    """A drain of `scope` comes, or goes if it is there."""
+    with factory.begin() as session:
+        found = session.get(Drain, scope)
+        if found is None:
+            session.add(Drain(scope=scope, drained_at=clock()))
+        else:
+            session.delete(found)
+
+
+def stray_or_settle(
+    factory: sessionmaker[Session], clock: Any, rnd: random.Random, run: str
+) -> None:
+    """A net's strays are settled; on a net with none, a run of an ended or waiting job."""
+    with factory.begin() as session:
+        owners = (JobState.ABORTED, JobState.QUEUED)
+        runs_of = [j for j in session.scalars(select(Job)) if j.state in owners]
+        net = rnd.choice(["net-a", "net-b"])
+        if runs_of and not records.clear_stray_runs(session, net):
+            records.add_stray_run(
+                session,
+                net_name=net,
+                job_id=rnd.choice(runs_of).id,
+                nvflare_job_id=run,
+                submit_token=None,
+                reason="a run no job counts",
+                now=clock(),
+            )
+
+
+def end_one(factory: sessionmaker[Session], clock: Any, rnd: random.Random) -> None:
+    """One active job, if any, is aborted."""
+    with factory.begin() as session:
+        active = [j for j in session.scalars(select(Job)) if j.state in ACTIVE_JOB_STATES]
+        if active:
+            ending = rnd.choice(active).id
+            records.finish_job(
+                session, ending, JobState.ABORTED, "over", clock(), code=ReasonCode.ABORTED
+            )
