@@ -52,7 +52,11 @@ def sync_nets(
             # Every start checks the files afresh: a verdict an earlier start kept for the
             # end of a job holds only while they are still wrong (the caller marks it again).
             net.misconfigured_after_job = None
-            net.answered()  # its grace counted calls never made: afresh
+            if net.name not in still_wrong:
+                # Fixed: its grace counted calls never made, afresh. Still wrong (the
+                # caller marks it again), it keeps counting: restarts every 15-30 s would
+                # keep a dead or finished run's job for ever (sim ops 4550, drift 8187).
+                net.answered()
         if at_start and net.state == NetState.MISCONFIGURED and net.name in still_wrong:
             net.last_error = still_wrong[net.name]
         elif (

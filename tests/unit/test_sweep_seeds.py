@@ -146,19 +146,17 @@ def test_seed_6634_two_failed_rounds_the_grace_apart_rerun_no_completed_run():
     assert [v.invariant for v in result.violations] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open, not diagnosed (round 13's sweep of 4200:5000): a user's abort of a job on a "
-    "net whose kit names another server (tests.sim.kits) stays ABORTING 111 s after its run "
-    "ended (bound 100 s); the monitor's 'server not answering' grace restarts at 135, 150 and "
-    "180 s (tests/sim/FINDINGS.md, Round 13: 10,000-seed sweep)",
-)
-def test_seed_4550_an_abort_under_a_kit_verdict_settles_within_its_bound():
-    """4550 (ops): net-b's kit names net-c's server from 95 s under job ac633aef, whose run
-    finishes at 99 s; the user aborts it at 122.8 s; ABORTED at 210 s."""
+@pytest.mark.parametrize("seed", [4550, 8187])
+def test_a_restart_with_a_kit_still_wrong_keeps_the_lost_grace(seed):
+    """Round 14 (tests/sim/FINDINGS.md): every worker start that found a net's kit still
+    wrong cleared `unreachable_since` (declared_nets.sync_nets), so under restarts 15-30 s
+    apart the monitor's grace never ran out. 4550 (ops): net-b's kit names net-c's server
+    from 95 s under job ac633aef, whose run finishes at 99 s; the user aborts it at 122.8 s;
+    it was ABORTED at 210 s (now 135 s). 8187 (drift): net-a's kit names another host from
+    47 s under job dc3106c9, its server dies at 94 s; it was requeued at 210 s (now 90 s)."""
     from tests.sim.seeds import run_seed
 
-    result = run_seed(4550)
+    result = run_seed(seed)
     assert [v.invariant for v in result.violations] == []
 
 
@@ -182,7 +180,6 @@ def test_seed_5946_a_start_no_job_needs_is_taken_down_within_its_bound():
         for s, why in [
             (6684, "drift: liveness and quiescence (a job QUEUED with a run still live)"),
             (7349, "ops: stray-run-stopped, queued-while-free at their bounds, then liveness"),
-            (8187, "drift: ended-run-settled, RUNNING 114 s after its server died (bound 100 s)"),
         ]
     ],
 )
