@@ -31,6 +31,7 @@ class Observer:
         self._job_state: dict[str, JobState] = {}
         self._net_state: dict[str, NetState] = {}
         self._unneeded_since: dict[str, float] = {}
+        self._refused_at: tuple[float, frozenset[str]] = (0.0, frozenset())  # (t, driver broken)
         self._orphan_since: dict[str, float] = {}
         self._dead_since: dict[str, float] = {}
         self._completions: dict[str, bool] = {}

@@ -340,3 +340,49 @@ def test_a_long_drain_holds_the_queue_and_lets_the_drained_net_go_to_zero() -> N
     assert result.ok, result.summary()  # (a net kept up for its queue: idle-net-at-zero)
     assert states == [("COMPLETED", "QUEUED", 0)]
     assert sim.job_states() == {"running": "COMPLETED", "waiting": "COMPLETED"}
+
+
+def _server_up_by_hand_while_the_driver_refuses(refused_s: float) -> Simulation:
+    """Drift 5946 of the 10,000-seed sweep, in a clean world (one job, on net-b): at 10 s net-a's
+    settings name a service that is not there (tests.sim.misfit's "service missing": every
+    call of the dispatcher's driver raises DriverMisconfigured), and at 15 s someone scales
+    the real service up by hand; a human mends the settings `refused_s` after the break."""
+    world = WorldSpec(nets=(NetSpec("net-a"), NetSpec("net-b")))
+    job = JobSpec("b", arrive_s=5.0, duration_s=20.0, net="net-b")
+    workload = Workload(jobs=(job,), horizon_s=400.0)
+    sim = Simulation(world, workload, CLEAN, seed=1, checker=Checker())
+    driver = sim.cluster.drivers["net-a"]
+    sim.at(10.0, "net-a's service missing", lambda: setattr(driver, "broken", True))
+    sim.at(15.0, "someone scales net-a by hand", lambda: driver.apply(1, sim.clock.t))
+    sim.at(10.0 + refused_s, "a human mends it", lambda: setattr(driver, "broken", False))
+    return sim
+
+
+def test_a_server_the_driver_cannot_reach_is_idle_only_from_the_fix() -> None:
+    """Drift 5946 (checker error): the dispatcher can take no server down while its driver
+    refuses every call, so `idle-net-at-zero`'s grace waits for the fix (it reported net-a
+    at its bound, 130 s of it spent before the human's fix)."""
+    sim = _server_up_by_hand_while_the_driver_refuses(refused_s=300.0)
+    assert sim.bounds.idle["net-a"] < 300.0
+
+    result = sim.run()
+
+    assert result.ok, result.summary()
+    assert sim.cluster.replicas("net-a") == 0
+
+
+def test_a_server_kept_after_the_driver_is_mended_is_still_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hole 9's defect planted (a misconfigured net keeps its server): the grace resumes at
+    the fix, and the server kept after it is reported."""
+    from app.usecases import net_repairs
+
+    monkeypatch.setattr(net_repairs, "_still", lambda *_args: False)
+    sim = _server_up_by_hand_while_the_driver_refuses(refused_s=100.0)
+
+    result = sim.run()
+
+    idle = [v.t for v in result.violations if v.invariant == "idle-net-at-zero"]
+    assert idle, result.summary()
+    assert min(idle) > 110.0 + sim.bounds.idle["net-a"]  # counted from the fix

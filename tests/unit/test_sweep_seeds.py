@@ -160,13 +160,11 @@ def test_a_restart_with_a_kit_still_wrong_keeps_the_lost_grace(seed):
     assert [v.invariant for v in result.violations] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open, not diagnosed (round 13's sweep of 5000:6000): net-a STARTING with no job "
-    "needing it for 170 s, its server still run (idle-net-at-zero at its bound of 170 s)",
-)
 def test_seed_5946_a_start_no_job_needs_is_taken_down_within_its_bound():
-    """5946 (drift): idle-net-at-zero at 237.2 s (tests/sim/FINDINGS.md, Round 13)."""
+    """5946 (drift): idle-net-at-zero at 237.2 s, a checker error (tests/sim/FINDINGS.md,
+    Round 14): net-a's server, scaled up by hand at 67 s while its settings named a missing
+    service (tests.sim.misfit), was counted idle across the 130 s no driver call could take
+    it down; the dispatcher stopped it 72 s after the human's fix."""
     from tests.sim.seeds import run_seed
 
     result = run_seed(5946)
