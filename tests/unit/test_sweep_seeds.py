@@ -111,6 +111,10 @@ def test_a_completion_unseen_in_an_outage_and_a_throttled_take_down_are_within_b
     (misconfig, STEP) a stray pending in a dead SuperLink's database while the driver
     throttled its net's take-down three rounds running; only a STOPPED net is started to
     settle it, and `stray-run-stopped` counted that wait against the dispatcher."""
+    from tests.sim.seeds import run_seed
+
+    result = run_seed(seed)
+    assert [v.invariant for v in result.violations] == []
 
 
 @pytest.mark.parametrize("seed", [2089, 4119, 3250])
@@ -120,6 +124,10 @@ def test_drained_nets_and_bundle_versions_past_ten_are_read_right(seed):
     drained, which no claim takes (tests/sim/placement.py); 3250 (flaky, a job retried 99
     times, its folder rebuilt 55 times) `submitted-bundle-current` read the folder's one-digit
     version (v55 writes 5) as the version itself (tests/sim/call_invariants.py)."""
+    from tests.sim.seeds import run_seed
+
+    result = run_seed(seed)
+    assert [v.invariant for v in result.violations] == []
 
 
 @pytest.mark.parametrize("seed", [2145, 2958])
