@@ -245,7 +245,8 @@ class WorldState:
             # Liveness: once faults stop, every job ends (not only: none is stuck where a
             # net could take it). The waits the design leaves to an operator: a job whose
             # own stray run has a status its always-on server never gives, or is on a server
-            # that never answers again, and a job pinned to that net (`_left_to_operator`).
+            # that never answers again or an always-on one refusing every stop, and a job
+            # pinned to that net (`_left_to_operator`).
             if job.state not in TERMINAL_JOB_STATES and not self._left_to_operator(job):
                 reasons.append(f"job {job.id[:8]} {job.state} on {job.net}")
         for net in self.nets:
@@ -256,7 +257,9 @@ class WorldState:
             ):
                 reasons.append(f"net {net.name} {net.state} still has a server")
         for run in sim.cluster.live_runs(t):
-            if sim.declared_net(run.net):  # else the operator's (see stray-run-stopped)
+            # An undeclared net's runs are the operator's (see stray-run-stopped), and so are
+            # those of an always-on net whose server refuses every stop (`deaf_for_good`).
+            if sim.declared_net(run.net) and not self.deaf_for_good(run.net):
                 reasons.append(f"run {run.nvflare_id} of job {run.job_id[:8]} still live")
         # Every prewarm's row has its outcome (a live hold keeps the world going).
         reasons += self.open_prewarms()
@@ -311,8 +314,28 @@ class WorldState:
         gone = getattr(server, "gone", None)
         return gone is not None and bool(gone(self.sim.clock.t))
 
+    def deaf_for_good(self, net: str | None) -> bool:
+        """The net is always-on and its server refuses every stop for good (DEAF,
+        tests.sim.flower_faults, on a net a PER_JOB_FL_SERVER flip made always-on: seed
+        7349): nothing of the dispatcher restarts an always-on server, so only an operator
+        settles what it holds (README, `FlDispatcherStrayRunsNeedOperator`)."""
+        name = net or ""
+        server = self.sim.cluster.servers.get(name)
+        refuses = getattr(server, "refuses_stops", None)
+        return (
+            refuses is not None
+            and bool(refuses(self.sim.clock.t))
+            and self.sim.declared_net(name)
+            and not self.sim.scales_to_zero(name)
+        )
+
+    def operators_net(self, net: str | None) -> bool:
+        """Only an operator can settle the net's strays: its server never answers again, or
+        it is always-on and refuses every stop."""
+        return self.gone_for_good(net) or self.deaf_for_good(net)
+
     def _only_nets_left_to_operator(self, job: JobRow) -> bool:
-        """Every declared net the job may run on has a server that never answers again and
+        """Every declared net the job may run on is the operator's (`operators_net`) and
         holds a stray (none: not so)."""
         if job.requested_net is not None:
             nets = [job.requested_net]
@@ -323,13 +346,14 @@ class WorldState:
             ).fetchone()
             wanted = json.loads(sites[0]) if sites and sites[0] else []
             nets = [n.name for n in self.sim.settings.nets if not n.lacks(wanted)]
-        return bool(nets) and all(self.gone_for_good(n) and self.holds_stray(n) for n in nets)
+        return bool(nets) and all(self.operators_net(n) and self.holds_stray(n) for n in nets)
 
     def _left_to_operator(self, job: JobRow) -> bool:
         """A QUEUED job whose wait only an operator can end: its own stray run on an always-on
-        net whose status its server never gives, or on a net whose server never answers
-        again; or every net it may run on (the one it is pinned to) is such a net holding a
-        stray (the claim passes each by; seed 1760: the other net removed from NETS)."""
+        net whose status its server never gives, or on a net only an operator can settle
+        (`operators_net`); or every net it may run on (the one it is pinned to) is such a net
+        holding a stray (the claim passes each by; seed 1760: the other net removed from
+        NETS)."""
         if job.state != J.QUEUED or not self.has_strays:
             return False
         if self._only_nets_left_to_operator(job):
@@ -340,7 +364,7 @@ class WorldState:
             (job.id.replace("-", ""),),
         ).fetchall()
         for net, nvflare_id, token in rows:
-            if self.gone_for_good(net):
+            if self.operators_net(net):
                 return True
             if self.sim.scales_to_zero(net):
                 continue

@@ -226,9 +226,10 @@ class Checker(
             and n.name not in busy
             and declared(n.name)
             and not n.drained  # an operator's drain: its queue waits by design
-            # A stray on a server that never answers again: only an operator settles it, and
-            # the claim passes the net by until then (tests.sim.flower_faults).
-            and not (self.sim.state.gone_for_good(n.name) and self.sim.state.holds_stray(n.name))
+            # A stray on a server that never answers again, or on an always-on one refusing
+            # every stop (seed 7349): only an operator settles it, and the claim passes the
+            # net by until then (tests.sim.flower_faults).
+            and not (self.sim.state.operators_net(n.name) and self.sim.state.holds_stray(n.name))
             and not self._rest_window.resting(n, t)
         ]
         for job in self.jobs:

@@ -108,6 +108,13 @@ class RunInvariants(Observer):
                     # outage): its bound counts from when the server answers again. (A
                     # scale-to-zero net is taken down whether it answers or not.)
                     self._unreachable_at[run.net] = t
+                if self.sim.state.deaf_for_good(run.net):
+                    # Nor on an always-on server that refuses every stop (ops 7349: DEAF, its
+                    # net made always-on by a PER_JOB_FL_SERVER flip): the dispatcher asks at
+                    # every round and logs "stray runs need an operator"
+                    # (abort.expire_stray_runs), but restarts no always-on server: the README's
+                    # FlDispatcherStrayRunsNeedOperator. Counted from a fix or a flip back.
+                    self._unreachable_at[run.net] = t
                 if any(n.name == run.net and n.state == NetState.MISCONFIGURED for n in self.nets):
                     # Nor on a net whose settings are wrong: it is a human's until the fix
                     # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
