@@ -262,6 +262,13 @@ class FlowerAdversary:
         elif (
             point == "admin.submit.after"
             and faults.crash_p
+            # MISFIT's crash at every start-run (crash_p 1.0) only until faults stop (seed
+            # 6684): after, every job on the net would crash at every attempt, none could
+            # complete there, and its queue would drain only as each job spent all its
+            # attempts (a grace and a settling start apiece), past any liveness bound. The
+            # crash band's (0.8) go on after the drain: the safeguards' seeds 691 and 319
+            # (and 499's) find their defects through those.
+            and not (faults.misfit and sim.draining)
             and (message.id, 1) not in self._seen
             and self._pending_run()
         ):

@@ -1,7 +1,8 @@
 """MISFIT (round 12): a Flower net's settling start finds the net's settings wrong, then a
 human mends them and restarts the workers. Drawn in a band of `tests.sim.flower_faults`'
 first draw (`MISFIT_BAND`: every earlier seed replays exactly) on a scale-to-zero net with a
-state database: the crash at a start-run leaves a stray its SuperLink keeps, the net is
+state database: the crash at a start-run (every one, until faults stop: round 14's seed 6684,
+tests.sim.flower_faults) leaves a stray its SuperLink keeps, the net is
 started to settle it, and at that start's scale call its admin kit breaks (AdminMisconfigured
 at readiness: the CA no longer matches) or its service goes missing (MisconfigurationError
 at the scale): the net is MISCONFIGURED. `misfit_fix_s` later, and not before the horizon
