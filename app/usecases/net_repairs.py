@@ -18,6 +18,7 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
+from app.usecases.outages import overdue_start
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
 from app.usecases.scaling import (
@@ -421,6 +422,7 @@ def _redrive_lost_scale_up(
 
 def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
     """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY.
+    A start whose server is still not up past the readiness deadline is one too.
     A net left STOPPING, UNHEALTHY or STOPPED by scale-to-zero mode (PER_JOB_FL_SERVER
     turned off across a redeploy) is brought back up: always-on means one replica."""
     state, job = row.state, row.job_id
@@ -454,7 +456,9 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
             return f"{state} -> {target}"
         return ""
     note: str = ""
-    if state not in (NetState.OUTAGE, NetState.STARTING):
+    if state == NetState.STARTING:
+        note = overdue_start(rt, name, server) if job is None else ""
+    elif state != NetState.OUTAGE:
         _set_net_state(rt, name, state, NetState.OUTAGE, f"always-on server {server}")
         log.error("OUTAGE: always-on server unreachable", extra={"net": name, "server": server})
         note = f"{state} -> OUTAGE"

@@ -19,6 +19,7 @@ from models import (
     NetState,
 )
 from tests.sim import drains, repeats
+from tests.sim.always_on_starts import AlwaysOnStarts
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.fair_share import FairShareInvariants
 from tests.sim.flower_faults import BadAppWatch
@@ -45,6 +46,7 @@ class Checker(
     LeaseInvariants,
     FairShareInvariants,
     SettleInvariants,
+    AlwaysOnStarts,
 ):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
     runs (RunInvariants), at rest (Quiescence), at an adapter call (CallInvariants), at a
@@ -95,6 +97,7 @@ class Checker(
         self._prewarms(t)
         self._net_moves()
         self._step_redriven(t)
+        self._always_on_starts(t)
         self._held_runs = {j.id: j.nvflare_id for j in self.jobs if j.nvflare_id is not None}
 
     def _rerun_after_completion(self, job_id: str, reason: str) -> None:

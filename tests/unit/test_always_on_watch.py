@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from app.usecases import dispatch, monitor, reconciler, records
+from app.usecases.dispatch import Step
 from app.usecases.net_repairs import net_rows, watch_always_on
 from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
@@ -286,3 +287,76 @@ def test_a_prewarmed_start_found_up_is_ready_only_once_its_sites_are(always_on):
     world.server("net-a").sites = ["site-1", "site-2"]
     reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.READY
+
+
+def _start(world, name: str) -> None:
+    """The net moves to STARTING now, with no job (a start scale-to-zero mode left behind)."""
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, name).transition(NetState.STARTING, world.clock(), "prewarm")
+
+
+@pytest.mark.parametrize("name", ["fixed", "net-a"])
+def test_a_start_whose_server_never_comes_up_is_an_outage_past_the_readiness_deadline(
+    always_on, name, caplog
+):
+    """A job-less STARTING always-on net whose server still does not answer past the net's
+    ready_timeout_s (counted from its STARTING) is an OUTAGE, logged at error as the other
+    one: an operator pages on OUTAGE, and a server that never comes up must page too. Before
+    the deadline it is booting, not an outage; once it answers, the OUTAGE ends READY."""
+    world = always_on
+    world.driver("net-a").replicas = 1  # asked for already: the platform never brings it up
+    world.server(name).up = False
+    _start(world, name)
+    deadline = world.rt.settings.net(name).ready_timeout_s
+    world.clock.advance(deadline)
+    assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith(name)]
+    assert world.net(name).state == NetState.STARTING
+    world.clock.advance(1)
+    with caplog.at_level("ERROR"):
+        repaired = reconciler.reconcile(world.rt).repaired
+    assert world.net(name).state == NetState.OUTAGE
+    src, dst, reason = _last_move(world, name)
+    assert (src, dst) == (NetState.STARTING, NetState.OUTAGE)
+    assert f"not started {deadline + 1:.0f}s after STARTING" in reason
+    assert f"ready_timeout_s {deadline:.0f}s" in reason
+    assert f"{name}: STARTING -> OUTAGE" in " ".join(repaired)
+    assert [r.net for r in caplog.records if r.levelname == "ERROR"] == [name]
+    job_id = world.enqueue("j", net=name)
+    assert dispatch.claim_and_start(world.rt) == []  # its job waits QUEUED meanwhile
+    world.server(name).up = True
+    assert f"{name}: OUTAGE -> READY" in reconciler.reconcile(world.rt).repaired
+    assert world.net(name).state == NetState.READY
+    assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [job_id]
+
+
+def test_a_start_past_its_deadline_claimed_since_the_rounds_read_is_left_to_its_job(always_on):
+    """The round read the STARTING net job-less; a job claimed onto it since owns its start
+    (its wait_ready's deadline counts from the claim): decided under the row lock."""
+    world = always_on
+    world.server("fixed").up = False
+    _start(world, "fixed")
+    world.clock.advance(world.rt.settings.net("fixed").ready_timeout_s + 1)
+    row = net_rows(world.rt)["fixed"]
+    job_id = world.enqueue("j", net="fixed")
+    with world.rt.sessions.begin() as session:
+        records.get_job(session, job_id).assign("fixed", world.clock())
+    assert watch_always_on(world.rt, "fixed", row) == ""
+    assert world.net("fixed").state == NetState.STARTING
+
+
+def test_a_start_with_a_job_whose_server_never_comes_up_is_an_outage_by_its_chain(always_on):
+    """A STARTING always-on net that holds a job is left to the job's chain: its wait_ready
+    gives the job up at the readiness deadline (from the claim), requeues it and marks the
+    net OUTAGE itself; reconcile does not race it to that."""
+    world = always_on
+    world.server("fixed").up = False
+    _start(world, "fixed")
+    job_id = world.enqueue("j", net="fixed")
+    with world.rt.sessions.begin() as session:
+        records.get_job(session, job_id).assign("fixed", world.clock())
+    world.clock.advance(world.rt.settings.net("fixed").ready_timeout_s + 1)
+    assert not [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("fixed")]
+    assert world.net("fixed").state == NetState.STARTING
+    assert dispatch.check_ready(world.rt, job_id, "fixed", 0).step == Step.GAVE_UP
+    assert world.job(job_id).state == JobState.QUEUED
+    assert world.net("fixed").state == NetState.OUTAGE
