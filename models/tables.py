@@ -56,7 +56,7 @@ class Net(Base):
     unreachable_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # The monitor rounds in a row that found it so: with the grace, what makes its runs lost
     # (SERVER_LOST_ROUNDS): two unlucky calls the grace apart are no lost server.
-    unreachable_rounds: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    unreachable_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     # The NVFLARE server's start time seen when the current job was dispatched: a different
     # value later means the server restarted under the job.
     server_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -109,6 +109,13 @@ class Net(Base):
         if target in (NetState.STOPPED, NetState.STOPPING):
             self.server_start_time = None
             self.answered()
+
+    def missed(self, now: datetime) -> tuple[float, int]:
+        """A monitor round found the server unreachable: for how long, and how many rounds."""
+        if self.unreachable_since is None:
+            self.unreachable_since = now
+        self.unreachable_rounds += 1
+        return (now - self.unreachable_since).total_seconds(), self.unreachable_rounds
 
     def answered(self) -> None:
         """The server answered (or is no longer expected to): the lost-server count restarts."""

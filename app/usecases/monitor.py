@@ -386,15 +386,10 @@ def _unwatchable(
         if isinstance(exc, FilesNameAnotherServer) and net.misconfigured_after_job is None:
             # A start found the files right since the round's read: nothing to count.
             return {str(j.job_id): f"not watched: {exc} (since fixed)" for j in jobs}
-        if net.unreachable_since is None:
-            net.unreachable_since = now
-        net.unreachable_rounds += 1
+        gone_s, rounds = net.missed(now)
         net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (Text: any bound fits)
-        gone_s = (now - net.unreachable_since).total_seconds()
-        rounds = net.unreachable_rounds
-    # Lost takes both: the grace, and that many rounds in a row. Two failed calls the grace
-    # apart (a sparse beat, a broker outage between rounds) are no evidence of a lost server,
-    # and a run that completed meanwhile would be run again (simulator seed 6634).
+    # Lost takes the grace and that many rounds in a row: two failed calls the grace apart (a
+    # sparse beat) are no lost server, and a run completed meanwhile would rerun (seed 6634).
     if gone_s < rt.settings.server_lost_grace_s or rounds < rt.settings.server_lost_rounds:
         return {str(j.job_id): f"server not answering for {gone_s:.0f}s: {exc}" for j in jobs}
     results = {
