@@ -30,6 +30,7 @@ from app.errors import (
     MisconfigurationError,
     TransientError,
 )
+from app.net_config import NetConfig
 from app.runtime import Runtime
 from app.usecases import adopted_runs, claims, records, refused_definitions, revived_runs
 from app.usecases.retries import submit_try_s
@@ -132,8 +133,15 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
         return _reject_definition(rt, job_id, net_name, (JobState.ASSIGNED, attempt), exc)
     try:
         warm = True
-        if rt.settings.net(net_name).always_on:
+        net_config = rt.settings.net(net_name)
+        if net_config.always_on and not _left_at_zero(rt, net_config, net_state):
             detail = "always-on net: never scaled"
+        elif net_config.always_on:
+            # Claimed from a state scale-to-zero mode left (STOPPED at zero replicas) before
+            # reconcile's watch asked for its replica: nothing else would ever ask for it.
+            scale_net(rt, net_name, 1, "always-on net: one replica")
+            detail = "driver asked for 1 replica"
+            warm = False
         elif net_state in (NetState.READY, NetState.BUSY) and rt.driver(net_name).observe().is_up:
             # A warm net is reused as is; but one whose server died unnoticed is scaled again.
             detail = "server already up"
@@ -148,6 +156,15 @@ def scale_up(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> Ste
     except (InvalidRequest, JobOutcomeError) as exc:
         return _reject_definition(rt, job_id, net_name, (JobState.ASSIGNED, attempt), exc)
     return StepResult(Step.DONE, detail, warm=warm)
+
+
+def _left_at_zero(rt: Runtime, net_config: NetConfig, net_state: NetState) -> bool:
+    """A scalable always-on net claimed from a down state with no replica asked for."""
+    return (
+        net_config.driver.kind != "static"
+        and net_state == NetState.STARTING
+        and rt.driver(net_config.name).observe().desired < 1
+    )
 
 
 def start(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:

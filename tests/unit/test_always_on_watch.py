@@ -360,3 +360,19 @@ def test_a_start_with_a_job_whose_server_never_comes_up_is_an_outage_by_its_chai
     assert dispatch.check_ready(world.rt, job_id, "fixed", 0).step == Step.GAVE_UP
     assert world.job(job_id).state == JobState.QUEUED
     assert world.net("fixed").state == NetState.OUTAGE
+
+
+def test_a_job_claimed_onto_a_net_left_down_asks_for_its_one_replica(always_on):
+    # Round 14 (helper's finding): a redeploy turned scale-to-zero off with net-a STOPPED at
+    # zero replicas, and a job was claimed onto it before reconcile's watch asked for the
+    # replica. Its scale_up said "always-on net: never scaled" and the watch leaves STARTING
+    # alone: no replica ever, the job requeued at its readiness deadline, the net OUTAGE.
+    world = always_on
+    job_id = world.enqueue("j", net="net-a")
+    [assignment] = dispatch.claim_and_start(world.rt)
+    result = dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)
+    assert result.step == Step.DONE
+    assert scale_decisions(world, "net-a") == [(1, "always-on net: one replica")]
+    assert world.driver("net-a").replicas == 1
+    dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)  # a retried step
+    assert len(scale_decisions(world, "net-a")) == 1  # asked for already: not again

@@ -201,6 +201,7 @@ def test_server_gone_waits_the_grace_then_applies_the_policy(world, monkeypatch)
     world.server("net-a").up = False
     assert "not answering" in monitor.monitor_running_jobs(world.rt)[str(job_id)]
     world.clock.advance(31)
+    assert "not answering" in monitor.monitor_running_jobs(world.rt)[str(job_id)]  # 2 rounds
     assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "requeued"}
 
 
