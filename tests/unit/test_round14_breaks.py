@@ -1,0 +1,53 @@
+"""Round 14's promises tried against the code (a break-it pass; each test failed on the
+commit it was written against, f9f1393): the lost-server count (`Net.answered`,
+`nets.unreachable_rounds`), the always-on start that never comes up (`outages.py`) and the
+replica a job asks for on an always-on net left at zero (`dispatch._left_at_zero`)."""
+
+from __future__ import annotations
+
+from app.errors import ServerUnavailable
+from app.usecases import dispatch, intake, monitor, reconciler
+from models import JobState, NetState
+from tests.unit.scale_history import scale_decisions
+
+
+def _unreachable(world, net: str) -> None:
+    def broken() -> float:
+        raise ServerUnavailable("no route")
+
+    world.admin(net).server_start_time = broken  # type: ignore[method-assign]
+
+
+def _answers(world, net: str) -> None:
+    world.admin(net).__dict__.pop("server_start_time", None)
+
+
+def test_an_always_on_start_left_at_zero_replicas_is_not_an_outage_for_good(always_on):
+    """An always-on ECS net STOPPED at zero replicas (the always_on world's start, or what
+    scale-to-zero mode leaves across a redeploy) is claimed by a job before reconcile's
+    watch asks for its replica; the job is aborted before its scale_up ran. The net is
+    STARTING with no job and no replica asked for, which the watch never scales (STARTING is
+    not "left down"). Past ready_timeout_s `overdue_start` makes it an OUTAGE, which the
+    watch never scales either and no claim takes: the net pages for ever at zero replicas,
+    and a job pinned to it that comes later waits for ever. (While it was STARTING a claim
+    could take it and `_left_at_zero` ask for the replica; OUTAGE closed that door.)"""
+    world = always_on
+    world.server("net-a").up = False  # no replica: nothing answers
+    job_id = world.enqueue("j", net="net-a")
+    [assignment] = dispatch.claim_and_start(world.rt)
+    assert (assignment.net_name, world.net("net-a").state) == ("net-a", NetState.STARTING)
+    intake.request_abort(world.rt, job_id, "user")  # before the chain's scale_up ran
+    assert world.job(job_id).state == JobState.ABORTED
+    assert world.driver("net-a").replicas == 0
+    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE  # pages: fine so far
+    waiting = world.enqueue("next", net="net-a")
+    for _ in range(5):
+        world.clock.advance(world.rt.settings.stuck_after_s)
+        reconciler.reconcile(world.rt)
+        if world.driver("net-a").replicas:
+            world.server("net-a").up = True  # the replica asked for boots
+        dispatch.claim_and_start(world.rt)
+    assert scale_decisions(world, "net-a") == [(1, "always-on net: one replica")]
+    assert world.job(waiting).state == JobState.ASSIGNED
