@@ -51,3 +51,50 @@ def test_an_always_on_start_left_at_zero_replicas_is_not_an_outage_for_good(alwa
         dispatch.claim_and_start(world.rt)
     assert scale_decisions(world, "net-a") == [(1, "always-on net: one replica")]
     assert world.job(waiting).state == JobState.ASSIGNED
+
+
+def test_an_answer_read_on_a_round_that_began_before_a_failure_restarts_the_count(world):
+    """Two rounds overlap (the awaited-run poll every second beside the full round, or a full
+    round whose calls wait their timeouts): round A reads the net answering (no failure
+    pending), round B's call fails and counts a round, then A's call is answered. A writes
+    nothing (`_monitor_net`: "a healthy busy net costs no transaction", judged on its own
+    read), so the answer that came after the failure does not restart the count. Two more
+    failed rounds the grace later lose the run: three failures with an answer among them,
+    where `test_an_answer_between_failed_rounds_restarts_the_count` promises two rounds
+    after an answer keep it."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    began = monitor._watched(world.rt, awaited_only=False)  # round A's read: all well
+    _unreachable(world, "net-a")
+    monitor.monitor_running_jobs(world.rt)  # round B: the call fails, one round counted
+    _answers(world, "net-a")
+    assert monitor._monitor(world.rt, began) == {str(job_id): "running"}  # A: answered
+    _unreachable(world, "net-a")
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING  # two rounds since the answer
+
+
+def test_an_always_on_server_reconcile_finds_back_restarts_the_count(always_on):
+    """"Any answer restarts the count": reconcile's always-on watch finds the busy net's
+    server unreachable (BUSY -> OUTAGE), then answering (OUTAGE -> BUSY, "always-on server
+    reachable"), between the monitor's failed rounds. `_back_up` moves the net back BUSY
+    without `Net.answered`, so the failed round before the outage and two after it, the
+    grace apart, lose a run whose server was seen answering in between."""
+    world = always_on
+    reconciler.reconcile(world.rt)  # READY
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    world.server("fixed").up = False
+    monitor.monitor_running_jobs(world.rt)  # one failed round
+    reconciler.reconcile(world.rt)
+    assert world.net("fixed").state == NetState.OUTAGE
+    world.server("fixed").up = True
+    reconciler.reconcile(world.rt)
+    assert world.net("fixed").state == NetState.BUSY  # the server answered
+    world.server("fixed").up = False
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
+    monitor.monitor_running_jobs(world.rt)
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING  # two rounds since the answer
