@@ -98,3 +98,24 @@ def test_an_always_on_server_reconcile_finds_back_restarts_the_count(always_on):
     monitor.monitor_running_jobs(world.rt)
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING  # two rounds since the answer
+
+
+def test_the_awaited_poll_beside_a_full_round_is_no_second_round(world):
+    """Seed 6634's shape with a job waiting for the busy net: the beat tick that sends the
+    full monitor round also sends the awaited-run poll (every second while a QUEUED job could
+    take the net). Both find the server unreachable in the same second and each counts a
+    round; no round runs for the grace (a sparse beat); the next full round fails too. Two
+    failed full rounds the grace apart, and the run is lost on the one call made past the
+    grace, the very "two failed calls the grace apart" SERVER_LOST_ROUNDS was to keep from
+    requeuing a run (which may have completed meanwhile)."""
+    job_id = world.enqueue("j", net="net-a")
+    world.run_pipeline(job_id)
+    world.enqueue("waits", net="net-a")  # a QUEUED job the net's run holds back
+    world.server("net-a").up = False
+    monitor.monitor_awaited_runs(world.rt)  # the poll's call fails: a round counted
+    assert world.net("net-a").unreachable_rounds == 1
+    monitor.monitor_running_jobs(world.rt)  # the full round, the same tick: another
+    assert world.net("net-a").unreachable_rounds == 2
+    world.clock.advance(world.rt.settings.server_lost_grace_s + 1)  # no round meanwhile
+    monitor.monitor_running_jobs(world.rt)
+    assert world.job(job_id).state == JobState.RUNNING
