@@ -5,10 +5,12 @@ replica a job asks for on an always-on net left at zero (`dispatch._left_at_zero
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from app.adapters.backend import RunState
 from app.errors import ServerUnavailable
-from app.usecases import dispatch, intake, monitor, reconciler
-from models import JobState, NetState
+from app.usecases import dispatch, intake, monitor, reconciler, records
+from models import JobState, NetState, Prewarm, PrewarmOutcome
 from tests.unit.scale_history import scale_decisions
 
 
@@ -138,3 +140,38 @@ def test_a_server_that_answers_the_runs_status_is_no_lost_server(world):
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING
     assert world.driver("net-a").replicas == 1
+
+
+def test_a_prewarmed_start_that_came_up_late_still_idles_from_its_holds_end(always_on):
+    """Seed 4946's fix through the new OUTAGE: a net a prewarm started (STARTING, no job),
+    its hold cancelled at 12 s, then a redeploy to always-on. Its server comes up only past
+    ready_timeout_s: `overdue_start` made it an OUTAGE meanwhile, and the OUTAGE ends READY
+    through `_back_up`, idle from now, where a STARTING found up (`_ready_once_ready`,
+    `mark_ready`) idles from the hold's end: a redeploy back to scale-to-zero then keeps the
+    server past hold end + grace (`idle-from-hold-end`)."""
+    world = always_on
+    started = world.clock()
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.STARTING, started, "prewarm")
+        session.add(
+            Prewarm(
+                caller_key="pw-1",
+                net_name="net-a",
+                required_sites=[],
+                created_at=started,
+                hold_until=started + timedelta(seconds=60),
+                ended_at=started + timedelta(seconds=12),
+                outcome=PrewarmOutcome.CANCELLED,
+            )
+        )
+    world.driver("net-a").replicas = 1
+    world.server("net-a").up = False  # booting slowly
+    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE
+    world.server("net-a").up = True
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    net = world.net("net-a")
+    assert net.state == NetState.READY
+    assert net.idle_since == started + timedelta(seconds=12)
