@@ -174,3 +174,26 @@ def test_a_prewarmed_start_that_came_up_late_still_idles_from_its_holds_end(alwa
     net = world.net("net-a")
     assert net.state == NetState.READY
     assert net.idle_since == started + timedelta(seconds=12)
+
+
+def test_a_prewarm_start_a_redeploy_made_always_on_before_its_replica_gets_one(always_on):
+    """The same OUTAGE at zero replicas with no abort: a prewarm moved the scale-to-zero net
+    STARTING and a redeploy made it always-on before its warm_up asked for the replica
+    (warm_up skips an always-on net). Nothing asks for it: the watch leaves STARTING alone,
+    then OUTAGE (`overdue_start`) for good; a job pinned to the net waits for ever."""
+    world = always_on
+    world.server("net-a").up = False  # no replica: nothing answers
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.STARTING, world.clock(), "prewarm")
+    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
+    reconciler.reconcile(world.rt)  # (now an OUTAGE, paging: `overdue_start`)
+    waiting = world.enqueue("next", net="net-a")
+    for _ in range(5):
+        world.clock.advance(world.rt.settings.stuck_after_s)
+        reconciler.reconcile(world.rt)
+        if world.driver("net-a").replicas:
+            world.server("net-a").up = True  # the replica asked for boots
+        for claimed in dispatch.claim_and_start(world.rt):  # the chain's first step
+            dispatch.scale_up(world.rt, claimed.job_id, claimed.net_name, claimed.attempt)
+    assert scale_decisions(world, "net-a") == [(1, "always-on net: one replica")]
+    assert world.job(waiting).state == JobState.ASSIGNED
