@@ -80,7 +80,7 @@ def test_an_answer_read_on_a_round_that_began_before_a_failure_restarts_the_coun
 
 
 def test_an_always_on_server_reconcile_finds_back_restarts_the_count(always_on):
-    """"Any answer restarts the count": reconcile's always-on watch finds the busy net's
+    """Any answer restarts the count: reconcile's always-on watch finds the busy net's
     server unreachable (BUSY -> OUTAGE), then answering (OUTAGE -> BUSY, "always-on server
     reachable"), between the monitor's failed rounds. `_back_up` moves the net back BUSY
     without `Net.answered`, so the failed round before the outage and two after it, the
@@ -125,7 +125,7 @@ def test_the_awaited_poll_beside_a_full_round_is_no_second_round(world):
 
 
 def test_a_server_that_answers_the_runs_status_is_no_lost_server(world):
-    """"Any answer restarts the count": a round whose start-time read fails asks the server
+    """Any answer restarts the count: a round whose start-time read fails asks the server
     for each run's status (`_finished`), and the server answers it, RUNNING. That answer is
     not counted as one: three such rounds past the grace lose the run, and on this
     scale-to-zero net take its server down, killing a run the server was reporting alive
