@@ -110,11 +110,13 @@ class Net(Base):
             self.server_start_time = None
             self.answered()
 
-    def missed(self, now: datetime) -> tuple[float, int]:
-        """A monitor round found the server unreachable: for how long, and how many rounds."""
+    def missed(self, now: datetime, *, counts: bool = True) -> tuple[float, int]:
+        """A monitor round found the server unreachable: for how long, and how many rounds
+        (`counts` off: the grace starts, no round is counted)."""
         if self.unreachable_since is None:
             self.unreachable_since = now
-        self.unreachable_rounds += 1
+        if counts:
+            self.unreachable_rounds += 1
         return (now - self.unreachable_since).total_seconds(), self.unreachable_rounds
 
     def answered(self) -> None:

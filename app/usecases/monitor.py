@@ -6,17 +6,14 @@ is watched on its own."""
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app import names, traces
+from app import traces
 from app.adapters.backend import AbortOutcome, AdminClient, RunState, RunStatus
 from app.db import unit_of_work
 from app.errors import (
@@ -32,45 +29,23 @@ from app.usecases.abort import (
     RunEnd,
     over_after_abort,
     run_outcome,
-    stray_token,
     window_end,
 )
 from app.usecases.housekeeping import isolated, round_deadline_s
-from app.usecases.scaling import kick, net_misconfigured, take_down
+from app.usecases.lost_runs import (
+    STALE,
+    Watched,
+    answered,
+    keep_as_stray,
+    lost,
+    unwatchable,
+    watched_state,
+)
+from app.usecases.scaling import kick, take_down
 from app.usecases.step_leases import LEASED_COLUMNS, LEASED_STATES, Leased, redrive_lapsed_steps
 from models import Job, JobState, Net, ReasonCode
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Watched:
-    """A running job as monitor sees it."""
-
-    job_id: uuid.UUID
-    state: JobState
-    net_name: str
-    nvflare_job_id: str
-    server_start_time: float | None
-    dispatched_at: datetime | None = None
-    unreachable: bool = False  # the net had a monitor failure pending (unreachable_since)
-    traceparent: str | None = None  # the job's trace (app/traces.py)
-    verdict: str | None = None  # the net's files name another server (misconfigured_after_job)
-
-
-STALE = "job moved on since this round read it; nothing done"
-
-
-def _watched_state(session: Session, job: Watched) -> JobState | None:
-    """The job's state now (row locked) if it still has the run this round watched, else
-    None. A round's snapshot can be seconds old when it acts (a call to a dead server waits
-    its timeout, and rounds overlap); by then the job may have been settled and even be on
-    its next attempt, which a verdict about the old run must never touch."""
-    row = records.get_job(session, job.job_id, lock=True)
-    watching = (JobState.RUNNING, JobState.ABORTING)
-    if row.state in watching and row.nvflare_job_id == job.nvflare_job_id:
-        return row.state
-    return None
 
 
 def monitor_running_jobs(rt: Runtime) -> dict[str, str]:
@@ -119,7 +94,7 @@ def monitor_awaited_runs(rt: Runtime) -> dict[str, str]:
     starts within seconds of the run before it ending, not up to a whole
     HOUSEKEEPING_INTERVAL_S later. A net whose server is not answering is left to the full
     round: a dead server is not called every second."""
-    return _monitor(rt, _watched(rt, awaited_only=True))
+    return _monitor(rt, _watched(rt, awaited_only=True), counts=False)
 
 
 WATCHED_STATES = (JobState.RUNNING, JobState.ABORTING)
@@ -168,13 +143,15 @@ def _watchable(rows: Iterable[Sequence[Any]]) -> list[Watched]:
     ]
 
 
-def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
-    """Watch these runs, each net on its own and in parallel (see round_deadline_s)."""
+def _monitor(rt: Runtime, watched: list[Watched], *, counts: bool = True) -> dict[str, str]:
+    """Watch these runs, each net on its own and in parallel (see round_deadline_s); a
+    failure counts a round unless `counts` is off (the awaited poll's)."""
+    healthy: list[str] = []  # nets read healthy that answered: no failure stays counted
 
     def watch(net_name: str) -> dict[str, str]:
         jobs = [w for w in watched if w.net_name == net_name]
         with isolated(rt, "monitor_running_jobs", net_name):
-            return _monitor_net(rt, net_name, jobs)
+            return _monitor_net(rt, net_name, jobs, healthy, counts)
         return {str(j.job_id): "monitor failed (see the net's last_error)" for j in jobs}
 
     outcomes: dict[str, str] = {}
@@ -187,16 +164,19 @@ def _monitor(rt: Runtime, watched: list[Watched]) -> dict[str, str]:
                 outcomes[str(job.job_id)] = f"not watched this round: {result.error}"
         else:
             outcomes |= result.value
+    answered(rt, healthy)
     return outcomes
 
 
-def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, str]:
+def _monitor_net(
+    rt: Runtime, net_name: str, jobs: list[Watched], healthy: list[str], counts: bool
+) -> dict[str, str]:
     admin = rt.admin(net_name)
     now = rt.clock()
     if verdict := next((j.verdict for j in jobs if j.verdict), None):
         # A worker start found the net's files naming another server: what they reach is
         # not its server, so nothing is asked of it (its answers would settle the runs).
-        return _unwatchable(rt, net_name, jobs, FilesNameAnotherServer(verdict), now)
+        return unwatchable(rt, net_name, jobs, FilesNameAnotherServer(verdict), now, counts=counts)
     try:
         start_time = admin.server_start_time()
     except DispatcherError as exc:
@@ -207,7 +187,8 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
         # settled as such, never taken for lost and run again.
         finished = {} if isinstance(exc, MisconfigurationError) else _finished(rt, admin, jobs, now)
         rest = [j for j in jobs if str(j.job_id) not in finished]
-        return finished | (_unwatchable(rt, net_name, rest, exc, now) if rest else {})
+        lost_or_not = unwatchable(rt, net_name, rest, exc, now, counts=counts) if rest else {}
+        return finished | lost_or_not
 
     # The runs stored under another start time than the one answered now: their verdicts,
     # None for a run that lives on the process answering now.
@@ -224,7 +205,9 @@ def _monitor_net(rt: Runtime, net_name: str, jobs: list[Watched]) -> dict[str, s
     # The start time stored is not that of the process a run lives on.
     stale = None in after_restart.values()
     if not (stale or any(j.unreachable or j.server_start_time is None for j in jobs)):
-        return results  # nothing to write: a healthy busy net costs no transaction
+        if str(RunState.RUNNING) in results.values():
+            healthy.append(net_name)  # (another round may have counted a failure since)
+        return results  # nothing to write here: a healthy busy net costs no transaction
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, net_name, lock=True)
         net.answered()
@@ -266,7 +249,7 @@ def _after_restart(
         if _overran(rt, job, now):
             return _stop_overrun(rt, job, f"status unknown after a restart: {exc}")
         return f"status unknown after a restart: {exc}"
-    return _lost(rt, job, "server restarted under the job")
+    return lost(rt, job, "server restarted under the job")
 
 
 def _finished(
@@ -301,7 +284,7 @@ def _watch_run(
     try:
         status = admin.job_status(job.nvflare_job_id)
     except NvflareJobNotFound:
-        return _lost(rt, job, "the server does not know the run")
+        return lost(rt, job, "the server does not know the run")
     except DispatcherError as exc:
         # Unknown status: the run-time limit still applies, or a job whose status can
         # never be read would keep its server up forever.
@@ -327,14 +310,14 @@ def _verdict(
         with unit_of_work(rt.sessions) as session:
             # The verdict follows the job's state now, under its lock, not the round's read:
             # the job may have been aborted since.
-            state = _watched_state(session, job)
+            state = watched_state(session, job)
             if state is None:
                 return STALE
             outcome, detail, code = run_outcome(status.state, status.detail, state, holds)
             if status.unstarted:
                 # Aborted before it started (by an abort whose answer was lost, or by hand):
                 # the server's job runner may still start it.
-                _keep_as_stray(rt, session, job, detail, window_end(rt, RunEnd.UNSTARTED))
+                keep_as_stray(rt, session, job, detail, window_end(rt, RunEnd.UNSTARTED))
             if code is None:
                 records.hold_for_report(session, job.job_id, detail, rt.clock())
             else:
@@ -345,12 +328,12 @@ def _verdict(
         kick(rt)
         return str(status.state)
     if status.state == RunState.LOST:
-        return _lost(rt, job, status.detail)
+        return lost(rt, job, status.detail)
     if _started_before(status, process_started) and _not_listed(admin, job):
         # A re-sent submit's token adopted the record of a run killed with an earlier
         # process (it reads RUNNING for ever), with this process's start time: no restart
         # is seen, and the job would hold its server until MAX_RUN_S.
-        return _lost(rt, job, "server restarted under the job: its run began before this process")
+        return lost(rt, job, "server restarted under the job: its run began before this process")
     if _overran(rt, job, now):
         return _stop_overrun(rt, job, status.detail)
     return str(status.state)
@@ -378,28 +361,6 @@ def _not_listed(admin: AdminClient, job: Watched) -> bool:
         return False
 
 
-def _unwatchable(
-    rt: Runtime, net_name: str, jobs: list[Watched], exc: DispatcherError, now: datetime
-) -> dict[str, str]:
-    with unit_of_work(rt.sessions) as session:
-        net = records.get_net(session, net_name, lock=True)
-        if isinstance(exc, FilesNameAnotherServer) and net.misconfigured_after_job is None:
-            # A start found the files right since the round's read: nothing to count.
-            return {str(j.job_id): f"not watched: {exc} (since fixed)" for j in jobs}
-        gone_s, rounds = net.missed(now)
-        net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (Text: any bound fits)
-    # Lost takes the grace and that many rounds in a row: two failed calls the grace apart (a
-    # sparse beat) are no lost server, and a run completed meanwhile would rerun (seed 6634).
-    if gone_s < rt.settings.server_lost_grace_s or rounds < rt.settings.server_lost_rounds:
-        return {str(j.job_id): f"server not answering for {gone_s:.0f}s: {exc}" for j in jobs}
-    results = {
-        str(j.job_id): _lost(rt, j, f"server not answering for {gone_s:.0f}s: {exc}") for j in jobs
-    }
-    if isinstance(exc, MisconfigurationError):
-        net_misconfigured(rt, net_name, None, f"admin access failed on a busy net: {exc}")
-    return results
-
-
 def _overran(rt: Runtime, job: Watched, now: datetime) -> bool:
     """A RUNNING job past its net's maximum run time."""
     if job.state != JobState.RUNNING or job.dispatched_at is None:
@@ -425,10 +386,10 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
     confirmed = end == RunEnd.OVER
     reason = f"exceeded the maximum run time ({status}); abort: {outcome}"
     with unit_of_work(rt.sessions) as session:
-        if _watched_state(session, job) is None:
+        if watched_state(session, job) is None:
             return STALE
         if not confirmed:
-            _keep_as_stray(rt, session, job, reason, window_end(rt, end))
+            keep_as_stray(rt, session, job, reason, window_end(rt, end))
         records.finish_job(
             session, job.job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.OVERRAN
         )
@@ -437,64 +398,3 @@ def _stop_overrun(rt: Runtime, job: Watched, status: str) -> str:
         take_down(rt, job.net_name, f"overrun of job {job.job_id} could not be aborted")
     kick(rt)
     return "failed: overran"
-
-
-def _keep_as_stray(
-    rt: Runtime, session: Session, job: Watched, reason: str, hold: datetime | None = None
-) -> None:
-    records.add_stray_run(
-        session,
-        net_name=job.net_name,
-        job_id=job.job_id,
-        nvflare_job_id=job.nvflare_job_id,
-        submit_token=stray_token(rt, session, job.job_id, job.net_name),
-        reason=reason,
-        now=rt.clock(),
-        settle_after=hold,
-    )
-
-
-def _lost(rt: Runtime, job: Watched, reason: str) -> str:
-    """A run whose server was lost: requeue or fail per LOST_JOB_POLICY; an ABORTING job
-    is simply ABORTED (the user wanted it stopped and it is). The run, which may still be
-    alive (a server only the admin side could not reach, a restart seen through a stale
-    start time), is recorded as a stray run: a server that answers settles it at once (its
-    abort), and on a scale-to-zero net one that does not dies with its server before the
-    job can run anywhere again."""
-    restarted = reason.startswith("server restarted")
-    with unit_of_work(rt.sessions) as session:
-        state = _watched_state(session, job)
-        if state is None:
-            return STALE
-        _keep_as_stray(rt, session, job, reason)
-        if state == JobState.ABORTING:
-            records.finish_job(
-                session, job.job_id, JobState.ABORTED, reason, rt.clock(), code=ReasonCode.ABORTED
-            )
-            outcome = "aborted"
-        elif rt.settings.lost_job_policy == "requeue":
-            outcome = (
-                "requeued"
-                if records.requeue_job(session, job.job_id, reason, rt.clock())
-                else "failed"
-            )
-        else:
-            records.finish_job(
-                session,
-                job.job_id,
-                JobState.FAILED,
-                reason,
-                rt.clock(),
-                code=ReasonCode.SERVER_LOST,
-            )
-            outcome = "failed"
-    log.warning(
-        "run lost",
-        extra={"job": str(job.job_id), "net": job.net_name, "reason": reason, "outcome": outcome},
-    )
-    if restarted:
-        rt.outbox.send(names.SETTLE_STRAY_RUNS, net_name=job.net_name)
-    elif rt.settings.net(job.net_name).scales_to_zero:
-        take_down(rt, job.net_name, f"run of job {job.job_id} lost: {reason}")
-    kick(rt)
-    return outcome

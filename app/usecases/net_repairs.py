@@ -177,10 +177,28 @@ def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
         if held and expected != NetState.OUTAGE:
             return None  # a job claimed it meanwhile: its chain moves it
         target = NetState.BUSY if held else NetState.READY
-        net.transition(target, rt.clock(), "always-on server reachable")
+        net.answered()  # a failure the monitor counted is over: its runs are not lost
+        now = rt.clock()
+        began = _start_of(session, name) if expected == NetState.OUTAGE else None
+        net.transition(target, now, "always-on server reachable")
         if target == NetState.READY:
-            net.idle_since = rt.clock()
+            # A start past its deadline (`overdue_start`) that came up late idles from its
+            # holds' end, as one found up while STARTING (seed 4946): no fresh grace.
+            net.idle_since = now if began is None else idle_from_holds(session, name, began, now)
         return target
+
+
+def _start_of(session: Session, name: str) -> datetime | None:
+    """When the net's start began, if its last move was that start's STARTING -> OUTAGE."""
+    moves = session.execute(
+        select(NetEvent.from_state, NetEvent.to_state, NetEvent.at)
+        .where(NetEvent.net_name == name)
+        .order_by(NetEvent.id.desc())
+        .limit(2)
+    ).all()
+    if not moves or moves[0].from_state != NetState.STARTING:
+        return None
+    return moves[1].at if len(moves) > 1 and moves[1].to_state == NetState.STARTING else None
 
 
 def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
@@ -430,7 +448,11 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
         return ""
     net_config = rt.settings.net(name)
     scalable = net_config.driver.kind != "static"
-    left_down = state in (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED)
+    left_down = state in (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED) or (
+        # A start no job holds: a prewarm's across a redeploy, or a claim's whose job
+        # ended before its scale_up; nothing else would ask for its replica.
+        state == NetState.STARTING and job is None
+    )
     if scalable and left_down and rt.driver(name).observe().desired < 1:
         scale_net(rt, name, 1, "always-on net: one replica")
     server = rt.admin(name).server_state()

@@ -55,7 +55,9 @@ def test_a_static_server_is_never_scaled(always_on):
     assert world.net("fixed").state == NetState.READY
 
 
-@pytest.mark.parametrize("state", [NetState.READY, NetState.BUSY, NetState.STARTING])
+# (A job-less STARTING net at zero replicas is the dispatcher's own start left behind: it gets
+# its replica, test_round14_breaks.py.)
+@pytest.mark.parametrize("state", [NetState.READY, NetState.BUSY])
 def test_a_net_that_is_up_is_not_scaled(always_on, state):
     world = always_on
     world.driver("net-a").replicas = 0

@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from app.settings import Settings
-from app.usecases import abort, dispatch, monitor
+from app.usecases import abort, dispatch, lost_runs, monitor
 from app.usecases.dispatch import Step
 from models import StrayRun
 from tests.unit.test_flower_dispatch_race import _race, flower_settings  # noqa: F401
@@ -30,7 +30,7 @@ def test_a_lost_job_s_stray_stops_the_later_run_of_its_token_once_the_superlink_
     race = _race(flower_settings, sqlite_factory, clock, refused_after=1)
     assert len(race.live_of_token()) == 2, "the later run lives until a lookup stops it"
     watched = monitor.Watched(race.job_id, monitor.JobState.RUNNING, NET, race.kept, None)
-    monitor._lost(race.b, watched, "server unreachable past the grace")
+    lost_runs.lost(race.b, watched, "server unreachable past the grace")
     with sqlite_factory() as session:
         (stray,) = session.scalars(select(StrayRun)).all()
         assert (stray.nvflare_job_id, stray.submit_token) == (race.kept, race.token)

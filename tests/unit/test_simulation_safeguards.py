@@ -34,6 +34,7 @@ from app.usecases import (
     dispatch,
     enqueue,
     housekeeping,
+    lost_runs,
     monitor,
     net_repairs,
     queue_place,
@@ -96,7 +97,7 @@ def _start_time_alone_decides(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(
         monitor,
         "_after_restart",
-        lambda rt, _admin, job, _now, _started: monitor._lost(
+        lambda rt, _admin, job, _now, _started: lost_runs.lost(
             rt, job, "server restarted under the job"
         ),
     )
