@@ -23,6 +23,7 @@ from app.payload_json import loads_payload
 from app.publishing import published
 from app.redis_transport import TRANSPORT_PATH
 from app.settings import Settings, load_settings
+from app.worker_pool import POOL_PATH
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
@@ -110,6 +111,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # queues in turn (kombu's Redis transport rotates its BRPOP keys after each message,
         # the SQL transport polls them round robin), so no queue waits behind another's.
         "worker_prefetch_multiplier": 1,
+        # Celery's prefork pool, except that without an event loop (kombu's SQL transport) a
+        # pool process SIGKILLed while idle no longer leaves the others waiting for a lock it
+        # held: the worker goes on consuming (see app/worker_pool.py).
+        "worker_pool": POOL_PATH,
         "task_default_queue": names.QUEUE,
         # A worker started without -Q consumes every queue (the demo's single worker).
         "task_queues": tuple(_queue(name) for name in names.QUEUES),

@@ -2,12 +2,14 @@
 (the demo's layout: no -Q, so every queue) on kombu's SQLAlchemy transport over SQLite and
 the SQLite job store, no Redis, no PostgreSQL. flip-api's request, the chain's message and
 beat's housekeeping each land on their own queue and are all consumed. A job already
-waiting when that worker starts is claimed once it is ready, not at beat's first round."""
+waiting when that worker starts is claimed once it is ready, not at beat's first round. A
+worker whose idle pool processes are SIGKILLed goes on consuming (app/worker_pool.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from app import migrate, names
@@ -69,10 +72,12 @@ def embedded_env(tmp_path: Path, interval_s: int) -> dict[str, str]:
     return env
 
 
-def start_worker(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`fl-dispatcher worker --beat`, its output in worker.log."""
+def start_worker(
+    tmp_path: Path, env: dict[str, str], args: tuple[str, ...] = ("--beat",)
+) -> subprocess.Popen[bytes]:
+    """`fl-dispatcher worker --beat` (or with `args`), its output in worker.log."""
     return subprocess.Popen(
-        [sys.executable, "-m", "app.entrypoints.cli", "worker", "--beat"],
+        [sys.executable, "-m", "app.entrypoints.cli", "worker", *args],
         env=env,
         cwd=tmp_path,
         stdout=(tmp_path / "worker.log").open("wb"),
@@ -146,6 +151,72 @@ def test_a_job_waiting_at_the_start_is_claimed_once_the_worker_is_ready(tmp_path
         worker.wait(timeout=30)
     log = (tmp_path / "worker.log").read_text()
     assert "disconnected" not in log and "Traceback" not in log, log[-3000:]
+
+
+# Worker start (imports, migrations checked, pool forked) and one enqueue on a loaded 2-core
+# machine: seconds. The stalled pool of the bug never ran the message at all.
+KILLED_WAIT_S = 30
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_worker_whose_idle_pool_processes_are_killed_goes_on_consuming(
+    tmp_path: Path, concurrency: int
+):
+    """kombu's SQL transport has no event loop, so Celery runs billiard's plain pool: one task
+    pipe shared by every pool process, read under one lock that an idle process holds while it
+    waits. Every pool process SIGKILLed while idle (the OOM killer, a kill -9; killing them all
+    makes sure the one holding the lock is among them): with billiard's own lock their
+    replacements waited for it for ever, the worker lived on, and the message sent next was
+    taken from the broker table and never run. The pool's own lock is released by the kernel
+    with its holder (app/worker_pool.py), so the next enqueue is stored."""
+    env = embedded_env(tmp_path, interval_s=3600)
+    settings = Settings(**{k: v for k, v in env.items() if k in ENV_SETTINGS})
+    assert settings.broker_url.startswith("sqla+sqlite:///")  # the embedded default
+    migrate.upgrade(settings.database_url)
+    log = tmp_path / "worker.log"
+
+    worker = start_worker(tmp_path, env, ("--concurrency", str(concurrency)))
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while b" ready." not in log.read_bytes():
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # every pool process idle, waiting for a task (one holds the lock)
+        killed = pool_processes(worker.pid)
+        assert len(killed) == concurrency, killed
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + WAIT_S
+        while len(set(pool_processes(worker.pid)) - set(killed)) < concurrency:
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+
+        job = EnqueueJob(caller_key="after-kill", definition=JOB_NAME, net="net-1")
+        configure(settings).send_task(
+            names.ENQUEUE_JOB, kwargs={"payload": job.model_dump()}, queue=names.QUEUE
+        )
+        deadline = time.monotonic() + KILLED_WAIT_S
+        while job_count(settings.database_url) == 0:
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, (
+                "the message was never run after the pool processes were killed",
+                log.read_text()[-3000:],
+            )
+            time.sleep(0.3)
+        worker.terminate()
+        worker.wait(timeout=30)  # a warm shutdown (the stalled pool's waited for the lock too)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def pool_processes(worker_pid: int) -> list[int]:
+    """The worker's pool processes: its only children (no embedded beat here)."""
+    return [child.pid for child in psutil.Process(worker_pid).children()]
 
 
 def job_state(database_url: str, job_id: uuid.UUID) -> str:

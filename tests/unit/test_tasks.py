@@ -76,6 +76,8 @@ def test_celery_config_is_derived_from_settings(world):
     config = celery_config(world.rt.settings)
     assert config["task_serializer"] == "json" and config["accept_content"] == ["json"]
     assert config["worker_prefetch_multiplier"] == 1
+    # the prefork pool whose shared locks die with their holder (tests/unit/test_worker_pool)
+    assert config["worker_pool"] == "app.worker_pool:TaskPool"
     assert config["result_backend"] is None
     # the embedded SQLAlchemy broker hands these to create_engine: nothing may go there
     assert config["broker_transport_options"] == {}
