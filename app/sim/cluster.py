@@ -191,6 +191,10 @@ class SimDriver:
         self.failure: str | None = None
         self.broken = False
         self.pinned = False  # a static (always-on) server: scale changes nothing
+        # The last desired count was set by hand to 0 (tests.sim.adversary's drift), not by
+        # the dispatcher nor an operator's deploy: what a human fix undoes (app.sim.operator).
+        self.by_hand = False
+        self.refused_at: float | None = None  # the last call the platform throttled
         self._gen = 0
         self.calls: list[int] = []
         # (t, replicas) at every change of what the platform runs for the net (server-hours),
@@ -240,12 +244,14 @@ class SimDriver:
         if self.broken:
             raise DriverMisconfigured(f"{self.name}: service not found (simulated)")
         if host.rng.random() < host.faults.driver_transient:
+            self.refused_at = host.clock.t
             raise DriverTransientError(f"{self.name}: throttled (simulated)")
 
     # --- the platform ------------------------------------------------------------------------
 
     def apply(self, replicas: int, t: float) -> None:
         """What the platform does with a desired count (also used by an operator's deploy)."""
+        self.by_hand = False
         if replicas >= 1:
             self.desired = 1
             if self.stop_at is not None:  # still running: keep it

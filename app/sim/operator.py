@@ -2,7 +2,9 @@
 restarted with them, each net that became always-on deployed at 1 replica), and, a while
 after the workload's end, the human fix (the workers restarted if a net is still
 MISCONFIGURED, an always-on net's server redeployed if its platform failed to start it or
-someone scaled it to 0)."""
+someone scaled it to 0 by hand). A net NETS declares always-on that the dispatcher itself
+left at 0 replicas is the dispatcher's to bring up (`watch_always_on`): no human fixes that,
+or the sweep would never see the dispatcher fail to (round 14's left start)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ class Operator:
 
     def __init__(self, sim: SimView) -> None:
         self.sim = sim
+        # The deploy leaves the service's desired count as it is (Terraform's ignore_changes
+        # on desired_count, the usual setup for a count an application manages): a net made
+        # always-on is the dispatcher's to bring up (tests.sim.left_starts sets it).
+        self.keeps_count = False
 
     def redeploy(self, what: str) -> None:
         """A redeploy: new settings, every worker restarted with them; an operator deploys
@@ -36,6 +42,8 @@ class Operator:
             ):
                 # Always-on now: the operator's deploy runs the service at 1 replica.
                 delay = sim.rng.uniform(0.0, 60.0)
+                if self.keeps_count:
+                    continue
                 sim.at(
                     t + delay,
                     f"operator deploys {net.name} at 1 replica",
@@ -56,10 +64,13 @@ class Operator:
         # Paged for an always-on net in OUTAGE whose platform failed to start its server,
         # or whose service someone scaled to 0 by hand (the dispatcher never scales such
         # a net): the operator redeploys it (seeds 1157 and 2499: jobs waited for ever).
+        # A declared net the dispatcher left at 0 itself is not undone: that is its omission
+        # (tests.sim.always_on_starts, `always-on-replica`).
         for name, driver in sim.cluster.drivers.items():
             if sim.scales_to_zero(name):
                 continue
-            if driver.failure is not None or driver.desired == 0:
+            dispatchers = sim.declared_net(name) and not driver.by_hand
+            if driver.failure is not None or (driver.desired == 0 and not dispatchers):
                 why = "failed to start" if driver.failure is not None else "was scaled to 0"
                 driver.failure = None
                 sim.trace(f"   a human redeploys {name}: its server {why}")

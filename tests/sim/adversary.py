@@ -28,6 +28,7 @@ from tests.sim import (
     drains,
     flower_faults,
     kits,
+    left_starts,
     misfit,
     poison,
     repeats,
@@ -61,6 +62,7 @@ class Adversary:
         flower = flower_faults.plan(seed, sim.world, sim.profile)
         self._flower = None if flower is None else flower_faults.FlowerAdversary(sim, flower)
         self._kits = kits.KitAdversary(sim)
+        self._left_start = left_starts.LeftStart(sim)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -111,6 +113,7 @@ class Adversary:
         """The flip's moment, a bundle change between two attempts of a job, and a Flower
         fault that never ends (tests.sim.flower_faults)."""
         self._maybe_flip()
+        self._left_start.after_step()
         if self._flower is not None:
             self._flower.after_step()
         if self._bundle_adversary is not None and not self._requeues_read.holds():
@@ -265,6 +268,7 @@ class Adversary:
         target = 0 if driver.desired or driver.running else 1
         sim.trace(f"   {net}: desired {driver.desired} -> {target} by hand")
         driver.apply(target, sim.clock.t)
+        driver.by_hand = target == 0
 
     def _partition(self, net: str, length: float) -> None:
         sim = self.sim

@@ -5,8 +5,19 @@ STARTING for ever: an operator pages on OUTAGE, and a server that never comes up
 Before the fix the always-on watch skipped STARTING, so such a net stayed STARTING until a
 job was claimed onto it and that job's own readiness deadline marked it. A net holding a job
 is that job's chain's (its ASSIGNED is bounded by `job-state-bounded`); the wait counts from
-the latest of the net's STARTING + its deadline, its job letting go, and a redeploy that
-made it always-on or changed its deadline."""
+the latest of the net's STARTING + its deadline, its job letting go, a redeploy that made it
+always-on or changed its deadline, and the last call of its driver the platform throttled
+(the round could not act: misconfig seed 700 in tests.sim.left_starts' worlds).
+
+`always-on-replica` (round 14's break-it): a scalable net NETS declares always-on, with no
+job and not MISCONFIGURED, is not left at a desired count of 0 for longer than a reconcile
+round and the unaccounted bound (from the last driver call the platform throttled), unless
+someone scaled it to 0 by hand (the adversary's drift: an OUTAGE that pages, undone by the
+operator's human fix). Whatever left it there (a scale-to-zero start across a redeploy to
+always-on, a claim whose job ended before its scale_up, a stop that landed after the flip),
+`watch_always_on` asks for its replica: no operator does that for the dispatcher
+(app.sim.operator). Before 2ea0f47 a job-less STARTING net at zero went OUTAGE past its
+deadline and stayed at zero for good (tests.sim.left_starts reaches it)."""
 
 from __future__ import annotations
 
@@ -27,10 +38,12 @@ class AlwaysOnStarts(Observer):
         # net -> ((its STARTING's stamp, its deadline), when it was first seen so)
         self._jobless_start: dict[str, tuple[tuple[float, float], float]] = {}
         self._start_slack = 2 * CLOCK_STEP_S if sim.profile.clock_step_p else 1.0
+        self._at_zero: dict[str, float] = {}  # net -> since when it is always-on at desired 0
 
     def _always_on_starts(self, t: float) -> None:
         sim = self.sim
         held = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
+        self._always_on_replica(t, held)
         reconcile = 2 * sim.world.housekeeping_interval_s
         for net in self.nets:
             name = net.name
@@ -48,6 +61,9 @@ class AlwaysOnStarts(Observer):
             if seen is None or seen[0] != key:
                 seen = self._jobless_start[name] = (key, t)
             due = max(seen[1], net.changed_s + timeout_s)
+            # A round whose driver call was throttled could not ask or look (left_starts'
+            # worlds, misconfig 700): the wait counts from the last such refusal.
+            due = max(due, self._last_refusal(name))
             # The broker down meanwhile delivers no beat tick, so no round can end the wait.
             due = self._after_broker_outages(due, t)
             bound = reconcile + self.bounds.unaccounted + self._start_slack
@@ -58,3 +74,40 @@ class AlwaysOnStarts(Observer):
                     f"always-on, STARTING with no job for {t - net.changed_s:.0f}s (deadline "
                     f"{timeout_s:.0f}s + {bound:.0f}s): neither READY nor OUTAGE",
                 )
+
+    def _always_on_replica(self, t: float, held: set[str | None]) -> None:
+        """`always-on-replica`: no always-on net the dispatcher owns waits at 0 replicas."""
+        sim = self.sim
+        bound = 2 * sim.world.housekeeping_interval_s + self.bounds.unaccounted
+        bound += self._start_slack
+        for net in self.nets:
+            name = net.name
+            driver = sim.cluster.drivers.get(name)
+            if (
+                driver is None
+                or driver.pinned
+                or driver.desired > 0
+                or driver.by_hand
+                or driver.broken  # (every call refused: counted from its fix)
+                or net.state == NetState.MISCONFIGURED
+                or name in held
+                or not sim.declared_net(name)
+                or sim.scales_to_zero(name)
+            ):
+                self._at_zero.pop(name, None)
+                continue
+            since = max(self._at_zero.setdefault(name, t), self._last_refusal(name))
+            waited = t - self._after_broker_outages(since, t)
+            if waited > bound:
+                self.report(
+                    "always-on-replica",
+                    f"net {name}",
+                    f"always-on, {net.state}, no job, desired 0 for {waited:.0f}s (bound "
+                    f"{bound:.0f}s), not scaled down by hand: nothing asked for its replica",
+                )
+
+    def _last_refusal(self, name: str) -> float:
+        """When the platform last throttled a call of the net's driver (-inf: never)."""
+        driver = self.sim.cluster.drivers.get(name)
+        refused = None if driver is None else driver.refused_at
+        return float("-inf") if refused is None else refused

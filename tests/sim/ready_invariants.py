@@ -9,7 +9,10 @@
   replica, seconds before the server could take a job;
 - `idle-from-hold-end`: a net a prewarm started idles from the end of its holds once they
   have all ended, never from a later READY (README: a prewarmed server stays up at most hold
-  end + grace + one round). Reconcile once gave such a net a fresh grace from now.
+  end + grace + one round). Reconcile once gave such a net a fresh grace from now; and (round
+  14's break-it) so did an always-on start past its readiness deadline (STARTING -> OUTAGE,
+  `outages.overdue_start`) that came up later (OUTAGE -> READY, `net_repairs._back_up`), so
+  that move is checked too when the OUTAGE came straight from the start.
 
 A temporary trigger on the simulation's one connection writes each move down inside its own
 transaction (a rolled-back move takes its row with it), with the simulated time and the
@@ -52,6 +55,22 @@ BEGIN
     INSERT INTO sim_net_moves (kind, net, t, idle_since, server)
     VALUES ('ready', NEW.name, sim_now(), NEW.idle_since, sim_server(NEW.name));
 END;
+CREATE TEMP TRIGGER sim_net_outage AFTER UPDATE OF state ON main.nets
+WHEN NEW.state = 'OUTAGE' AND OLD.state IS NOT 'OUTAGE'
+BEGIN
+    INSERT INTO sim_net_moves (kind, net, t, server)
+    VALUES ('outage', NEW.name, sim_now(), OLD.state);
+END;
+CREATE TEMP TRIGGER sim_net_back AFTER UPDATE OF state ON main.nets
+WHEN NEW.state = 'READY' AND OLD.state = 'OUTAGE'
+    AND NOT EXISTS (
+        SELECT 1 FROM main.jobs j WHERE j.net_name = NEW.name
+            AND j.state IN ('ASSIGNED', 'DISPATCHING', 'RUNNING', 'FINISHING', 'ABORTING')
+    )
+BEGIN
+    INSERT INTO sim_net_moves (kind, net, t, idle_since)
+    VALUES ('back', NEW.name, sim_now(), NEW.idle_since);
+END;
 """
 
 # How far a product's clock may be from the simulation's where clocks are stepped: a
@@ -78,6 +97,7 @@ class ReadyInvariants(Observer):
         self._moves_at_changes = -1
         self._starting_at: dict[str, float] = {}  # net -> when it last moved to STARTING
         self._claimed_at: dict[str, float] = {}  # net -> when a job was last claimed onto it
+        self._start_overdue: set[str] = set()  # nets whose OUTAGE came from their STARTING
         # How far the product's clocks may be from the simulation's in this world.
         self._slack = CLOCK_STEP_S if sim.profile.clock_step_p else 1.0
         conn = sim.conn
@@ -109,6 +129,17 @@ class ReadyInvariants(Observer):
             self._moves_seen = seq
             if kind in ("starting", "claim"):
                 (self._starting_at if kind == "starting" else self._claimed_at)[net] = t
+                continue
+            if kind == "outage":  # (`server`: the state it left)
+                if server == "STARTING":
+                    self._start_overdue.add(net)
+                else:
+                    self._start_overdue.discard(net)
+                continue
+            if kind == "back":
+                # A start past its deadline that came up late: idle from its holds' end too.
+                if net in self._start_overdue:
+                    self._idle_from_hold_end(net, t, _secs(idle_since))
                 continue
             then = json.loads(server)
             self._ready_once_ready(net, t, ServerThen(then["answering"], frozenset(then["sites"])))
