@@ -56,21 +56,33 @@ def test_an_always_on_start_left_at_zero_replicas_is_not_an_outage_for_good(alwa
 
 
 def test_an_answer_read_on_a_round_that_began_before_a_failure_restarts_the_count(world):
-    """Two rounds overlap (the awaited-run poll every second beside the full round, or a full
-    round whose calls wait their timeouts): round A reads the net answering (no failure
-    pending), round B's call fails and counts a round, then A's call is answered. A writes
-    nothing (`_monitor_net`: "a healthy busy net costs no transaction", judged on its own
-    read), so the answer that came after the failure does not restart the count. Two more
-    failed rounds the grace later lose the run: three failures with an answer among them,
-    where `test_an_answer_between_failed_rounds_restarts_the_count` promises two rounds
-    after an answer keep it."""
+    """Two full rounds overlap (round A's calls wait as long as a beat interval): A reads
+    the net answering (no failure pending); while its call waits, round B runs, its call
+    fails and counts a round; then A's call is answered. A wrote nothing (`_monitor_net`:
+    "a healthy busy net costs no transaction", judged on its own read), so the answer that
+    came after the failure did not restart the count, and two more failed rounds the grace
+    later lost the run: three failures with an answer among them, where
+    `test_an_answer_between_failed_rounds_restarts_the_count` promises two rounds after an
+    answer keep it. (A quiet round stays one read: only a round as long as half a beat
+    interval clears, test_housekeeping_cost.py.)"""
     job_id = world.enqueue("j", net="net-a")
     world.run_pipeline(job_id)
-    began = monitor._watched(world.rt, awaited_only=False)  # round A's read: all well
-    _unreachable(world, "net-a")
-    monitor.monitor_running_jobs(world.rt)  # round B: the call fails, one round counted
-    _answers(world, "net-a")
-    assert monitor._monitor(world.rt, began) == {str(job_id): "running"}  # A: answered
+    admin = world.admin("net-a")
+    real = admin.server_start_time
+    rounds: list[str] = []
+
+    def slow_then_answered() -> float:
+        if not rounds:  # round A's call: round B runs meanwhile, and fails
+            rounds.append("A")
+            world.clock.advance(world.rt.settings.housekeeping_interval_s)
+            _unreachable(world, "net-a")
+            monitor.monitor_running_jobs(world.rt)  # round B: one round counted
+            assert world.net("net-a").unreachable_rounds == 1
+            admin.server_start_time = slow_then_answered  # type: ignore[method-assign]
+        return real()
+
+    admin.server_start_time = slow_then_answered  # type: ignore[method-assign]
+    assert monitor.monitor_running_jobs(world.rt) == {str(job_id): "running"}  # A: answered
     _unreachable(world, "net-a")
     world.clock.advance(world.rt.settings.server_lost_grace_s + 1)
     monitor.monitor_running_jobs(world.rt)
