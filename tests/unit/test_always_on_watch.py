@@ -7,7 +7,7 @@ found at zero replicas clears the stray runs that died with its server."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -28,6 +28,25 @@ def _set_state(world, name: str, state: NetState) -> None:
 def _strays(world):
     with world.rt.sessions() as session:
         return list(session.scalars(select(StrayRun)))
+
+
+def prewarmed_start(world) -> datetime:
+    """net-a STARTING for a prewarm whose hold (60 s) was cancelled at 12 s: its start."""
+    started = world.clock()
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.STARTING, started, "prewarm")
+        session.add(
+            Prewarm(
+                caller_key="pw-1",
+                net_name="net-a",
+                required_sites=[],
+                created_at=started,
+                hold_until=started + timedelta(seconds=60),
+                ended_at=started + timedelta(seconds=12),
+                outcome=PrewarmOutcome.CANCELLED,
+            )
+        )
+    return started
 
 
 def test_a_scalable_net_left_down_gets_one_replica_once(always_on):
@@ -249,21 +268,7 @@ def test_a_prewarmed_start_found_up_idles_from_its_holds_end(always_on):
     always-on: reconcile's READY idles from the hold's end, not from now, so a later redeploy
     back to scale-to-zero keeps it at most hold end + grace (simulator seed 4946)."""
     world = always_on
-    started = world.clock()
-    with world.rt.sessions.begin() as session:
-        net = records.get_net(session, "net-a")
-        net.transition(NetState.STARTING, started, "prewarm")
-        session.add(
-            Prewarm(
-                caller_key="pw-1",
-                net_name="net-a",
-                required_sites=[],
-                created_at=started,
-                hold_until=started + timedelta(seconds=60),
-                ended_at=started + timedelta(seconds=12),
-                outcome=PrewarmOutcome.CANCELLED,
-            )
-        )
+    started = prewarmed_start(world)
     world.driver("net-a").replicas = 1
     world.clock.advance(35)
     repaired = reconciler.reconcile(world.rt).repaired

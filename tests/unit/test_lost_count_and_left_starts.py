@@ -9,8 +9,9 @@ from datetime import timedelta
 
 from app.errors import ServerUnavailable
 from app.usecases import dispatch, intake, monitor, reconciler, records
-from models import JobState, NetState, Prewarm, PrewarmOutcome
+from models import JobState, NetState
 from tests.unit.scale_history import scale_decisions
+from tests.unit.test_always_on_watch import prewarmed_start
 
 
 def _unreachable(world, net: str) -> None:
@@ -22,6 +23,23 @@ def _unreachable(world, net: str) -> None:
 
 def _answers(world, net: str) -> None:
     world.admin(net).__dict__.pop("server_start_time", None)
+
+
+def _a_later_job_gets_net_a_up(world) -> None:
+    """Past its start's deadline, a job pinned to net-a comes: net-a's one replica is asked
+    for (once) and the job's chain gets going."""
+    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
+    reconciler.reconcile(world.rt)  # (now an OUTAGE, paging: `overdue_start`)
+    waiting = world.enqueue("next", net="net-a")
+    for _ in range(5):
+        world.clock.advance(world.rt.settings.stuck_after_s)
+        reconciler.reconcile(world.rt)
+        if world.driver("net-a").replicas:
+            world.server("net-a").up = True  # the replica asked for boots
+        for claimed in dispatch.claim_and_start(world.rt):  # the chain's first step
+            dispatch.scale_up(world.rt, claimed.job_id, claimed.net_name, claimed.attempt)
+    assert [replicas for replicas, _ in scale_decisions(world, "net-a")] == [1]  # once
+    assert world.job(waiting).state == JobState.ASSIGNED
 
 
 def test_an_always_on_start_left_at_zero_replicas_is_not_an_outage_for_good(always_on):
@@ -41,18 +59,7 @@ def test_an_always_on_start_left_at_zero_replicas_is_not_an_outage_for_good(alwa
     intake.request_abort(world.rt, job_id, "user")  # before the chain's scale_up ran
     assert world.job(job_id).state == JobState.ABORTED
     assert world.driver("net-a").replicas == 0
-    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
-    reconciler.reconcile(world.rt)  # (now an OUTAGE, paging: `overdue_start`)
-    waiting = world.enqueue("next", net="net-a")
-    for _ in range(5):
-        world.clock.advance(world.rt.settings.stuck_after_s)
-        reconciler.reconcile(world.rt)
-        if world.driver("net-a").replicas:
-            world.server("net-a").up = True  # the replica asked for boots
-        for claimed in dispatch.claim_and_start(world.rt):  # the chain's first step
-            dispatch.scale_up(world.rt, claimed.job_id, claimed.net_name, claimed.attempt)
-    assert [replicas for replicas, _ in scale_decisions(world, "net-a")] == [1]  # once
-    assert world.job(waiting).state == JobState.ASSIGNED
+    _a_later_job_gets_net_a_up(world)
 
 
 def test_an_answer_read_on_a_round_that_began_before_a_failure_restarts_the_count(world):
@@ -141,20 +148,7 @@ def test_a_prewarmed_start_that_came_up_late_still_idles_from_its_holds_end(alwa
     `mark_ready`) idles from the hold's end: a redeploy back to scale-to-zero then keeps the
     server past hold end + grace (`idle-from-hold-end`)."""
     world = always_on
-    started = world.clock()
-    with world.rt.sessions.begin() as session:
-        records.get_net(session, "net-a").transition(NetState.STARTING, started, "prewarm")
-        session.add(
-            Prewarm(
-                caller_key="pw-1",
-                net_name="net-a",
-                required_sites=[],
-                created_at=started,
-                hold_until=started + timedelta(seconds=60),
-                ended_at=started + timedelta(seconds=12),
-                outcome=PrewarmOutcome.CANCELLED,
-            )
-        )
+    started = prewarmed_start(world)
     world.driver("net-a").replicas = 1
     world.server("net-a").up = False  # booting slowly
     world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
@@ -176,15 +170,4 @@ def test_a_prewarm_start_a_redeploy_made_always_on_before_its_replica_gets_one(a
     world.server("net-a").up = False  # no replica: nothing answers
     with world.rt.sessions.begin() as session:
         records.get_net(session, "net-a").transition(NetState.STARTING, world.clock(), "prewarm")
-    world.clock.advance(world.rt.settings.net("net-a").ready_timeout_s + 1)
-    reconciler.reconcile(world.rt)  # (now an OUTAGE, paging: `overdue_start`)
-    waiting = world.enqueue("next", net="net-a")
-    for _ in range(5):
-        world.clock.advance(world.rt.settings.stuck_after_s)
-        reconciler.reconcile(world.rt)
-        if world.driver("net-a").replicas:
-            world.server("net-a").up = True  # the replica asked for boots
-        for claimed in dispatch.claim_and_start(world.rt):  # the chain's first step
-            dispatch.scale_up(world.rt, claimed.job_id, claimed.net_name, claimed.attempt)
-    assert [replicas for replicas, _ in scale_decisions(world, "net-a")] == [1]  # once
-    assert world.job(waiting).state == JobState.ASSIGNED
+    _a_later_job_gets_net_a_up(world)
