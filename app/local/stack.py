@@ -126,9 +126,7 @@ class LocalStack:
         self.env = self._env(job_root)
         self.settings = Settings(**self._settings_kwargs(job_root))
         migrate.upgrade(self.settings.database_url)
-        # Create the net rows now (the worker does it too, but only once it has booted).
-        with unit_of_work(session_factory(_engine(self.settings.database_url))) as session:
-            sync_nets(session, self.settings, utcnow(), at_start=True)
+        declare_net_rows(self.settings)
         for name, kit in self.deployment.site_kits.items() if self.deployment else ():
             self.sites[name] = start_site(kit, log_dir=self.workdir / "logs")
         self.start_worker()
@@ -351,6 +349,14 @@ class LocalStack:
 
 
 _ENGINES: dict[str, Any] = {}
+
+
+def declare_net_rows(settings: Settings) -> None:
+    """Create the stack's net rows now (its worker does it too, but only once it has
+    booted), so a job can be enqueued at once; no more: a worker's start alone may reset a
+    MISCONFIGURED net, once it has checked the net's files."""
+    with unit_of_work(session_factory(_engine(settings.database_url))) as session:
+        sync_nets(session, settings, utcnow())
 
 
 def _engine(url: str) -> Any:
