@@ -24,8 +24,11 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
+
+from sqlalchemy import insert
 
 from app import names
 from app.db import session_factory, unit_of_work
@@ -57,6 +60,7 @@ from app.sim.worker_start import WorkerStart
 from app.sim.workload import JobSpec, Workload, WorldSpec
 from app.usecases import callbacks as callbacks_uc
 from app.usecases.callbacks import receiver as callback_receiver_uc
+from models import CallbackReceiver
 
 T = TypeVar("T")
 SETTLED_TICKS = 3  # the world must stay at rest this many beat ticks at the end
@@ -144,6 +148,7 @@ class Simulation:
         self.fast = FastClock(self)
         self.interleaving = Interleaving(self)
         self.operator = Operator(self)
+        self._unhook = ExitStack()  # the runtimes' listeners, removed when the run ends
         self.workers = [self._runtime(slot) for slot in (0, 1)]
         self.starts = WorkerStart(self)
         if adversary is not None:
@@ -178,7 +183,7 @@ class Simulation:
         )
         if self.world.callbacks:
             kicker = dataclasses.replace(rt, outbox=SimOutbox(self.broker, slot, hooked=False))
-            callbacks_uc.send_after_commit(kicker)
+            self._unhook.callback(callbacks_uc.send_after_commit(kicker))
         rt.sessions = HookedSessions(factory, self)  # type: ignore[assignment]
         return rt
 
@@ -191,10 +196,6 @@ class Simulation:
     def _receiver_down_before(self, failures: int) -> None:
         """The world starts in the middle of a long receiver outage: `failures` tries in a
         row have failed, and it stays down a while longer."""
-        from sqlalchemy import insert
-
-        from models import CallbackReceiver
-
         with unit_of_work(self.sessions) as session:
             session.execute(
                 insert(CallbackReceiver).values(
@@ -347,6 +348,7 @@ class Simulation:
             if self.adversary is not None:
                 self.adversary.stop()
             worker_start.reset()  # the product's start record is per process, not per seed
+            self._unhook.close()
             self.engine.dispose(close=False)
             self.conn.close()
             remove_tree(self.root)

@@ -35,6 +35,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -376,12 +377,14 @@ def _deliver_rejection(
 # --- the kick after commit ----------------------------------------------------------------
 
 
-def send_after_commit(rt: Runtime) -> None:
+def send_after_commit(rt: Runtime) -> Callable[[], None]:
     """After every commit of `rt`'s sessions that wrote job history or a rejected enqueue,
     send the delivery task through the outbox. One listener for every use case, present and
     future, so no move can forget its callback; rolled-back moves send nothing. Install once
     per runtime (`app.celery_app.celery_runtime` does); a lost kick is covered by beat's
-    sweep."""
+    sweep. Returns what removes the listeners: they hold `rt`, which holds the sessionmaker
+    they listen on, so a caller that makes runtimes by the thousand (the simulator, one per
+    worker per seed) must remove them, or every runtime stays alive."""
 
     @event.listens_for(rt.sessions, "after_flush")
     def _note(session: Session, _context: Any) -> None:
@@ -405,3 +408,10 @@ def send_after_commit(rt: Runtime) -> None:
     @event.listens_for(rt.sessions, "after_rollback")
     def _forget(session: Session) -> None:
         session.info.pop(_KICK_WANTED, None)
+
+    def remove() -> None:
+        event.remove(rt.sessions, "after_flush", _note)
+        event.remove(rt.sessions, "after_commit", _kick)
+        event.remove(rt.sessions, "after_rollback", _forget)
+
+    return remove
