@@ -19,6 +19,7 @@ from kombu.entity import Exchange, Queue
 from kombu.utils import json as kombu_json
 
 from app import names
+from app.broker_pruning import PruneConsumedMessages
 from app.payload_json import loads_payload
 from app.publishing import published
 from app.redis_transport import TRANSPORT_PATH
@@ -59,6 +60,9 @@ celery = Celery(
     "fl_dispatcher",
     include=["tasks.registered"],
 )
+# On kombu's SQL transport (the embedded default) every worker deletes the message rows its
+# consumers took long ago, which kombu keeps for ever (app/broker_pruning.py).
+celery.steps["consumer"].add(PruneConsumedMessages)
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:

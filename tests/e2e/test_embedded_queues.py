@@ -1,9 +1,10 @@
 """The embedded default keeps working with three queues: one `fl-dispatcher worker --beat`
 (the demo's layout: no -Q, so every queue) on kombu's SQLAlchemy transport over SQLite and
 the SQLite job store, no Redis, no PostgreSQL. flip-api's request, the chain's message and
-beat's housekeeping each land on their own queue and are all consumed. A job already
-waiting when that worker starts is claimed once it is ready, not at beat's first round. A
-worker whose idle pool processes are SIGKILLed goes on consuming (app/worker_pool.py)."""
+beat's housekeeping each land on their own queue and are all consumed, and the row of a
+message taken a day ago is pruned (app/broker_pruning.py). A job already waiting when that
+worker starts is claimed once it is ready, not at beat's first round. A worker whose idle
+pool processes are SIGKILLed goes on consuming (app/worker_pool.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 
 from app import migrate, names
 from app.celery_app import CeleryOutbox, configure
@@ -92,6 +95,7 @@ def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
     assert settings.broker_url.startswith("sqla+sqlite:///")  # the embedded default
     broker_db = Path(settings.broker_url.removeprefix("sqla+sqlite:///"))
     migrate.upgrade(settings.database_url)
+    stale = consumed_long_ago(settings.broker_url, broker_db)
 
     worker = start_worker(tmp_path, env)
     try:
@@ -109,7 +113,9 @@ def test_one_embedded_worker_consumes_every_queue(tmp_path: Path):
             consumed = all(
                 counts.get(q, (0, 0))[0] >= 1 and counts[q][1] == 0 for q in names.QUEUES
             )
-            if consumed and job_count(settings.database_url) == 1:
+            # The worker prunes at its start the rows taken long ago (app/broker_pruning.py).
+            pruned = stale not in queue_counts(broker_db)
+            if consumed and pruned and job_count(settings.database_url) == 1:
                 break
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (
@@ -219,6 +225,23 @@ def pool_processes(worker_pid: int) -> list[int]:
     return [child.pid for child in psutil.Process(worker_pid).children()]
 
 
+def consumed_long_ago(broker_url: str, broker_db: Path) -> str:
+    """A message put on a queue of its own and taken, its row dated a day back: the queue's
+    name (kombu keeps the row; a worker's prune deletes it, the queue row stays)."""
+    queue = Queue("stale", Exchange("stale"), routing_key="stale")  # type: ignore[no-untyped-call]
+    with Connection(broker_url) as conn:  # type: ignore[no-untyped-call]
+        conn.Producer().publish(
+            "old", exchange=queue.exchange, routing_key="stale", declare=[queue]
+        )
+        message = queue.bind(conn.default_channel).get(no_ack=False)
+        assert message is not None
+        message.ack()
+    with sqlite3.connect(broker_db) as db:
+        db.execute("UPDATE kombu_message SET timestamp = datetime(timestamp, '-1 day')")
+    assert queue_counts(broker_db)["stale"] == (1, 0)
+    return queue.name
+
+
 def job_state(database_url: str, job_id: uuid.UUID) -> str:
     with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
         row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id.hex,)).fetchone()
@@ -226,13 +249,14 @@ def job_state(database_url: str, job_id: uuid.UUID) -> str:
 
 
 def queue_counts(broker_db: Path) -> dict[str, tuple[int, int]]:
-    """Per queue: (messages ever put there, messages not yet taken by a worker)."""
+    """Per queue with messages: (messages put there and not pruned yet, messages not yet
+    taken by a worker)."""
     if not broker_db.exists():
         return {}
     with sqlite3.connect(broker_db) as conn:
         rows = conn.execute(
             "SELECT q.name, COUNT(m.id), SUM(CASE WHEN m.visible THEN 1 ELSE 0 END)"
-            " FROM kombu_queue q LEFT JOIN kombu_message m ON m.queue_id = q.id GROUP BY q.name"
+            " FROM kombu_queue q JOIN kombu_message m ON m.queue_id = q.id GROUP BY q.name"
         ).fetchall()
     return {name: (int(total), int(visible or 0)) for name, total, visible in rows}
 
