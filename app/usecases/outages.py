@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from app.adapters.backend import ServerState
@@ -70,15 +70,21 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
 
 
 def _asked_at(session: Session, name: str, since: datetime) -> datetime | None:
-    """When the driver first took an ask for the net's replica at or after `since` (a
-    scale-up whose call succeeded), if it did. The first, not the last: a replica the
-    platform keeps losing is asked for again every round, and each ask must not put the
-    page off again."""
-    return session.scalar(
-        select(func.min(ScaleEvent.at)).where(
+    """When the net's replica was asked for at or after `since`: the first scale-up the
+    driver took (outcome ok), else the last one it answered with an error (a reply lost may
+    still have applied it: the next round sees it desired and asks no more), if any.
+    The first taken, not the last: a replica the platform keeps losing (a container that
+    exits at start reads as desired 0) is asked for again every round, and each ask must
+    not put the page off again; a refused call (throttled) before it starts no deadline."""
+    taken, tried = session.execute(
+        select(
+            func.min(case((ScaleEvent.outcome == "ok", ScaleEvent.at))),
+            func.max(case((ScaleEvent.outcome != "ok", ScaleEvent.at))),
+        ).where(
             ScaleEvent.net_name == name,
             ScaleEvent.action == "scale_up",
-            ScaleEvent.outcome == "ok",
             ScaleEvent.at >= since,
         )
-    )
+    ).one()
+    asked: datetime | None = taken if taken is not None else tried
+    return asked

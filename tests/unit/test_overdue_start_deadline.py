@@ -95,3 +95,50 @@ def test_a_replica_asked_before_the_start_does_not_extend_its_deadline(always_on
     reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.OUTAGE
     assert f"not started {deadline + 1:.0f}s after STARTING" in _last_reason(world, "net-a")
+
+
+def test_a_scale_call_whose_reply_was_lost_counts_as_the_ask(always_on):
+    """The call applied but its reply was lost (an error recorded): the next round sees the
+    replica desired and asks no more, so that call is the ask the deadline counts from."""
+    world = always_on
+    world.server("net-a").up = False
+    _start(world, "net-a")
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    world.clock.advance(deadline + 60)  # no round ran meanwhile (the beat was down)
+    driver = world.driver("net-a")
+    real = driver.scale
+
+    def applied_then_lost(replicas: int) -> None:
+        real(replicas)
+        raise DriverTransientError("UpdateService timed out (it was applied)")
+
+    driver.scale = applied_then_lost  # type: ignore[method-assign]
+    [note] = [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
+    assert "not checked" in note
+    driver.scale = real  # type: ignore[method-assign]
+    assert driver.replicas == 1
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING
+    world.clock.advance(deadline - 30 + 1)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE
+    assert "after its replica was asked for" in _last_reason(world, "net-a")
+
+
+def test_a_replica_the_platform_keeps_losing_does_not_put_the_page_off(always_on):
+    """Asked for again every round (a container that exits at start reads as desired 0):
+    the deadline counts from the first ask of the start, not from each new one."""
+    world = always_on
+    world.server("net-a").up = False
+    _start(world, "net-a")
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    rounds = int(deadline // 30) + 1
+    for _ in range(rounds):
+        reconciler.reconcile(world.rt)
+        assert world.net("net-a").state == NetState.STARTING
+        world.driver("net-a").replicas = 0  # lost again before the next round
+        world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    assert len(scale_decisions(world, "net-a")) == rounds + 1
+    assert world.net("net-a").state == NetState.OUTAGE
