@@ -195,6 +195,8 @@ class SimDriver:
         # the dispatcher nor an operator's deploy: what a human fix undoes (app.sim.operator).
         self.by_hand = False
         self.refused_at: float | None = None  # the last call the platform throttled
+        # When each call the platform took asked for a replica of none (a start asked for).
+        self.asks: list[float] = []
         self._gen = 0
         self.calls: list[int] = []
         # (t, replicas) at every change of what the platform runs for the net (server-hours),
@@ -223,6 +225,8 @@ class SimDriver:
         if self.pinned:
             return
         host.on_scale(self.name, replicas)
+        if replicas >= 1 and not self.desired:
+            self.asks.append(host.clock.t)
         self.apply(replicas, host.clock.t)
         host.hook("driver.scale.after", self.name)
         if host.rng.random() < host.faults.driver_lost_reply:

@@ -18,6 +18,7 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
+from app.usecases.failed_starts import SETTLE_START, give_up_failed_start
 from app.usecases.outages import overdue_start
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 # The longest a STOPPED net holding overdue strays rests at zero before it is started again
 # to settle them (`_settle_rest_s`): a mended server settles its strays within the hour.
 SETTLE_REST_MAX_S = 3600.0
-SETTLE_START = "start to settle stray runs"  # the net event that marks a settling start
 
 
 def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: MisconfigurationError) -> str:
@@ -346,7 +346,9 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         return f"OUTAGE -> {target} (net scales to zero now)"
     if state == NetState.STARTING:
         # Its job went away (aborted, requeued) while the server came up, or a prewarm
-        # started it (its warm_up may still be polling it).
+        # started it (its warm_up may still be polling it). A settling start failing: no wait.
+        if failed := give_up_failed_start(rt, name, observation):
+            return failed
         if observation.is_up:
             note = _ready_once_ready(rt, name, age_s)
             if note is not None:

@@ -3,27 +3,35 @@
 reconcile's always-on watch (`net_repairs.watch_always_on`) moves a net whose server stops
 answering to OUTAGE; a job-less STARTING net was left out of it, so a server that never came
 up stayed STARTING for ever and never paged. Here it is an OUTAGE once its start is older
-than the net's ready_timeout_s, the deadline a job's own wait_ready keeps."""
+than the net's ready_timeout_s, the deadline a job's own wait_ready keeps, counted from when
+the driver took the ask for its replica (a start left at zero replicas, its scale call
+throttled, is no OUTAGE the moment its replica is asked for)."""
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
 
 from app.adapters.backend import ServerState
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.usecases import records
-from models import NetState
+from models import NetState, ScaleEvent
 
 log = logging.getLogger(__name__)
 
 
 def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
     """A job-less STARTING always-on net whose server is still not STARTED past the net's
-    ready_timeout_s, counted from its STARTING, is an OUTAGE, logged at error as the other
-    one: a server that never comes up pages as one that went down. Before the deadline it is
-    booting. Decided under the row lock on the row as it is then: a job claimed onto the net
-    meanwhile owns the start, and a net started again since has a fresh deadline.
+    ready_timeout_s is an OUTAGE, logged at error as the other one: a server that never
+    comes up pages as one that went down. Before the deadline it is booting. The deadline
+    counts from the first replica the driver took for this start (`_asked_at`), else from
+    its STARTING (the replica was desired already). Decided under the row lock on the row
+    as it is then: a job claimed onto the net meanwhile owns the start, and a net started
+    again since has a fresh deadline.
 
     The caller leaves a net holding a job to the job's chain: wait_ready gives the job up at
     the same deadline counted from its claim, requeues it and marks the net OUTAGE itself
@@ -34,7 +42,14 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, name, lock=True)
-        age_s = (now - net.state_changed_at).total_seconds()
+        since, what = net.state_changed_at, "STARTING"
+        # The ask is read only once the start itself is past the deadline (a round of a
+        # booting net pays no statement for it); an ask is never before its start.
+        if net.state == NetState.STARTING and (now - since).total_seconds() > timeout_s:
+            asked = _asked_at(session, name, since)
+            if asked is not None:
+                since, what = asked, "its replica was asked for"
+        age_s = (now - since).total_seconds()
         if (
             net.state != NetState.STARTING
             or age_s <= timeout_s
@@ -42,7 +57,7 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
         ):
             return ""
         reason = (
-            f"always-on server {server}: not started {age_s:.0f}s after STARTING "
+            f"always-on server {server}: not started {age_s:.0f}s after {what} "
             f"(ready_timeout_s {timeout_s:.0f}s)"
         )
         net.transition(NetState.OUTAGE, now, reason)
@@ -52,3 +67,24 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
         extra={"net": name, "server": server, "reason": reason},
     )
     return "STARTING -> OUTAGE (server not up past its readiness deadline)"
+
+
+def _asked_at(session: Session, name: str, since: datetime) -> datetime | None:
+    """When the net's replica was asked for at or after `since`: the first scale-up the
+    driver took (outcome ok), else the last one it answered with an error (a reply lost may
+    still have applied it: the next round sees it desired and asks no more), if any.
+    The first taken, not the last: a replica the platform keeps losing (a container that
+    exits at start reads as desired 0) is asked for again every round, and each ask must
+    not put the page off again; a refused call (throttled) before it starts no deadline."""
+    taken, tried = session.execute(
+        select(
+            func.min(case((ScaleEvent.outcome == "ok", ScaleEvent.at))),
+            func.max(case((ScaleEvent.outcome != "ok", ScaleEvent.at))),
+        ).where(
+            ScaleEvent.net_name == name,
+            ScaleEvent.action == "scale_up",
+            ScaleEvent.at >= since,
+        )
+    ).one()
+    asked: datetime | None = taken if taken is not None else tried
+    return asked

@@ -1,7 +1,8 @@
 """`start-never-outage`: an always-on net STARTING with no job, past its readiness deadline
-(the net's ready_timeout_s from its STARTING, app.usecases.outages) and a reconcile round, is
-READY (its server answered: `net_repairs._ready_once_ready`) or OUTAGE (it did not), never
-STARTING for ever: an operator pages on OUTAGE, and a server that never comes up must page.
+(the net's ready_timeout_s from its STARTING, or from the platform's first taking a call
+for its replica since if later, app.usecases.outages) and a reconcile round, is READY (its
+server answered: `net_repairs._ready_once_ready`) or OUTAGE (it did not), never STARTING
+for ever: an operator pages on OUTAGE, and a server that never comes up must page.
 Before the fix the always-on watch skipped STARTING, so such a net stayed STARTING until a
 job was claimed onto it and that job's own readiness deadline marked it. A net holding a job
 is that job's chain's (its ASSIGNED is bounded by `job-state-bounded`); the wait counts from
@@ -61,6 +62,9 @@ class AlwaysOnStarts(Observer):
             if seen is None or seen[0] != key:
                 seen = self._jobless_start[name] = (key, t)
             due = max(seen[1], net.changed_s + timeout_s)
+            # A start left at zero replicas gets its deadline from the ask for its replica
+            # (round 15: the round that asked was no OUTAGE, app.usecases.outages).
+            due = max(due, self._asked_s(name, net.changed_s) + timeout_s)
             # A round whose driver call was throttled could not ask or look (left_starts'
             # worlds, misconfig 700): the wait counts from the last such refusal.
             due = max(due, self._last_refusal(name))
@@ -105,6 +109,13 @@ class AlwaysOnStarts(Observer):
                     f"always-on, {net.state}, no job, desired 0 for {waited:.0f}s (bound "
                     f"{bound:.0f}s), not scaled down by hand: nothing asked for its replica",
                 )
+
+    def _asked_s(self, name: str, since: float) -> float:
+        """When the platform first took the dispatcher's call for a replica of the net from
+        none, at or after `since` (within the clock-step slack; -inf: none since)."""
+        driver = self.sim.cluster.drivers.get(name)
+        asks = [] if driver is None else driver.asks
+        return next((t for t in asks if t >= since - self._start_slack), float("-inf"))
 
     def _last_refusal(self, name: str) -> float:
         """When the platform last throttled a call of the net's driver (-inf: never)."""
