@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from app.sim.simulation import Simulation
-from app.usecases.net_repairs import SETTLE_START
+from app.usecases.failed_starts import SETTLE_START
 
 STEP_S = -3 * 3600.0  # behind every stamp the world wrote before
 STEP_P = 0.5

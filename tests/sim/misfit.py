@@ -16,7 +16,7 @@ for the pinned job."""
 from __future__ import annotations
 
 from app.sim.simulation import Simulation
-from app.usecases.net_repairs import SETTLE_START
+from app.usecases.failed_starts import SETTLE_START
 from tests.sim.flower_faults import FlowerFaults
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from app.sim.simulation import Simulation
 from app.sim.state import NetRow
-from app.usecases.net_repairs import SETTLE_REST_MAX_S, SETTLE_START
+from app.usecases.failed_starts import SETTLE_START
+from app.usecases.net_repairs import SETTLE_REST_MAX_S
 from models import NetState
 
 SLACK_S = 60.0

@@ -25,6 +25,7 @@ from app.usecases import (
     abort,
     adopted_runs,
     claims,
+    failed_starts,
     net_repairs,
     reconciler,
     records,
@@ -140,7 +141,7 @@ def _old_rest(counted: Counted, *, young_if_negative: bool = False) -> Any:
                     exists().where(
                         NetEvent.net_name == name,
                         NetEvent.to_state == NetState.STARTING,
-                        NetEvent.reason == net_repairs.SETTLE_START,
+                        NetEvent.reason == failed_starts.SETTLE_START,
                         *counted(oldest, waited_s, fixed_at, stopped_at),
                     )
                 )
