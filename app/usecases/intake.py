@@ -24,7 +24,7 @@ from app.schemas import (
     storable,
     unstorable,
 )
-from app.usecases import enqueue, records
+from app.usecases import enqueue, kicks, records
 from models import Job, JobState, ReasonCode
 
 M = TypeVar("M", bound=BaseModel)
@@ -79,9 +79,11 @@ def submit_job(rt: Runtime, request: EnqueueJob, traceparent: str | None = None)
             result = enqueue.enqueue_job(
                 session, rt.settings, request, rt.clock(), traceparent=trace.traceparent
             )
+            queued = result.state == JobState.QUEUED
+            # The kick's marker is decided in the job's own transaction (one commit).
+            kick = kicks.kick_after_commit(rt, session, names.ASSIGN_NEXT_JOB) if queued else None
         trace.done(result.job_id, result.created, result.state)
-        queued = result.state == JobState.QUEUED
-        notified = rt.outbox.send(names.ASSIGN_NEXT_JOB) if queued else None
+        notified = kick() if kick is not None else None
     return Submitted(result, notified)
 
 

@@ -54,12 +54,27 @@ _MARKER_AND_WORK = select(
 )
 
 
-def mark_pending(session: Session, task: str, now: datetime, stale_before: datetime) -> bool:
+# The same read inside the transaction of the work the kick is for (`kick_after_commit`):
+# the marker's row share-locked until that commit, so an assign round's delete of it waits
+# for the work to be committed and the claim that follows the delete sees it.
+_MARKER_HELD_AND_WORK = select(
+    select(PendingKick.sent_at)
+    .where(PendingKick.task == bindparam("task"))
+    .with_for_update(read=True)
+    .scalar_subquery(),
+    exists().where(claims.claimable()),
+)
+
+
+def mark_pending(
+    session: Session, task: str, now: datetime, stale_before: datetime, *, held: bool = False
+) -> bool:
     """Whether the caller must send `task`: True if no kick of it was pending (or the
     pending one was sent before `stale_before`, its message presumed lost) and a job waits
     to be claimed; the marker then says one is pending from `now`. Call it after the commit
-    of the work the kick is for."""
-    sent_at, waiting = session.execute(_MARKER_AND_WORK, {"task": task}).one()
+    of the work the kick is for, or (`held`) in that work's own transaction."""
+    read = _MARKER_HELD_AND_WORK if held else _MARKER_AND_WORK
+    sent_at, waiting = session.execute(read, {"task": task}).one()
     if sent_at is not None and sent_at >= stale_before:
         return False  # the common case in a burst: a read, no write, no row lock
     if not waiting:
@@ -137,6 +152,11 @@ class CoalescingOutbox:
             return self.inner.send(task, **kwargs)
         if not must_send:
             return True
+        return self.send_marked(task)
+
+    def send_marked(self, task: str) -> bool:
+        """Send `task`, whose marker a committed transaction set; if the broker refuses it,
+        take the marker back so that the next sender tries at once."""
         if self.inner.send(task):
             return True
         # Nothing is on its way: let the next sender try at once rather than after the
@@ -151,6 +171,20 @@ class CoalescingOutbox:
     def start_pipeline(self, job_id: str, net_name: str, attempt: int) -> bool:
         """Start a claimed job's chain (never coalesced: each is bound to its attempt)."""
         return self.inner.start_pipeline(job_id, net_name, attempt)
+
+
+def kick_after_commit(rt: Runtime, session: Session, task: str) -> Callable[[], bool]:
+    """Decide in `session`'s transaction, the one of the work `task` is asked for, whether
+    its kick must be sent (a coalesced kick: its marker read share-locked, and set if due,
+    in that transaction: one commit where there were two); returns what sends it, to call
+    once that transaction has committed (True: a worker will act, or no job waits)."""
+    outbox = rt.outbox
+    if not isinstance(outbox, CoalescingOutbox) or task not in COALESCED:
+        return lambda: outbox.send(task)
+    now = outbox.clock()
+    if not mark_pending(session, task, now, now - outbox.stale_after, held=True):
+        return lambda: True
+    return lambda: outbox.send_marked(task)
 
 
 def kick_when_ready(rt: Runtime) -> bool:

@@ -5,14 +5,16 @@ reaches the upsert's conflict path)."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import text
 
 from app import names
 from app.schemas import EnqueueJob
 from app.usecases import declared_nets, enqueue, kicks
-from models import PendingKick
+from models import Job, PendingKick
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +78,45 @@ def test_a_taken_marker_lets_the_next_sender_send(pg_factory, clock):
         kicks.take(session, names.ASSIGN_NEXT_JOB)
     with pg_factory.begin() as session:
         assert kicks.mark_pending(session, names.ASSIGN_NEXT_JOB, now, now - STALE_AFTER) is True
+
+
+def test_a_round_taking_the_marker_while_an_enqueue_decides_in_its_transaction_sees_the_job(
+    pg_factory, settings, clock
+):
+    """An enqueue that decides its kick in the job's own transaction (a fresh marker: none
+    to send) and an assign round that takes that marker before the enqueue commits: the
+    round's delete waits for the commit (the marker's row share-locked), so the claim read
+    that follows it sees the job. Without the lock the round read the queue first and the
+    job waited for beat's round, up to a housekeeping interval later."""
+    task, now = names.ASSIGN_NEXT_JOB, clock()
+    with pg_factory.begin() as session:
+        session.add(PendingKick(task=task, sent_at=now))  # a kick on its way
+    enqueuing = pg_factory()
+    request = EnqueueJob(caller_key="late", definition="tiny-job", required_sites=["s"])
+    job_id = enqueue.enqueue_job(enqueuing, settings, request, now).job_id
+    assert not kicks.mark_pending(enqueuing, task, now, now - STALE_AFTER, held=True)
+    seen: list[bool] = []
+
+    def assign_round() -> None:
+        with pg_factory.begin() as session:
+            kicks.take(session, task)
+        with pg_factory() as session:
+            seen.append(session.get(Job, job_id) is not None)
+
+    round_ = threading.Thread(target=assign_round)
+    round_.start()
+    _wait_for_a_lock_wait_or(round_, pg_factory)
+    enqueuing.commit()
+    enqueuing.close()
+    round_.join(timeout=10)
+    assert seen == [True]
+
+
+def _wait_for_a_lock_wait_or(thread: threading.Thread, pg_factory) -> None:
+    """Until another connection waits for a lock, or `thread` has ended (5 s at most)."""
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        with pg_factory() as session:
+            if session.scalar(text("SELECT count(*) FROM pg_locks WHERE NOT granted")):
+                return
+        time.sleep(0.02)

@@ -110,6 +110,17 @@ def test_every_enqueue_that_an_assign_round_could_miss_sends_a_kick(two_free_net
     assert state(world, late[0]) == JobState.ASSIGNED, f"kick lost at point {point}"
 
 
+def test_an_enqueue_and_its_kick_s_marker_are_one_commit(two_free_nets):
+    """The job and the marker of the kick sent for it are committed together (issue 37's
+    intake: the marker had a transaction, a pool checkout and a pre-ping of its own); the
+    kick goes out after that commit, and the next enqueue finds its marker."""
+    world = two_free_nets
+    assert count_transactions(world, lambda: submit(world, "first")) == 1
+    assert kicks_sent(world) == 1 and not no_marker(world)
+    assert count_transactions(world, lambda: submit(world, "second")) == 1
+    assert kicks_sent(world) == 1
+
+
 def test_a_lost_kick_holds_later_kicks_back_for_one_interval_at_most(two_free_nets):
     world = two_free_nets
     lost = submit(world, "lost")  # its kick is sent and never delivered (a broker restart)
@@ -233,6 +244,19 @@ def count_commits(world: World, action: Callable[[], object]) -> int:
         action()
     finally:
         event.remove(world.rt.sessions, "after_commit", listener)
+    return len(commits)
+
+
+def count_transactions(world: World, action: Callable[[], object]) -> int:
+    """The database transactions `action` commits (a savepoint's release is none)."""
+    commits = []
+    engine = world.rt.sessions.kw["bind"]
+    listener = lambda _connection: commits.append(1)  # noqa: E731
+    event.listen(engine, "commit", listener)
+    try:
+        action()
+    finally:
+        event.remove(engine, "commit", listener)
     return len(commits)
 
 
