@@ -3,16 +3,17 @@
 reconcile's always-on watch (`net_repairs.watch_always_on`) moves a net whose server stops
 answering to OUTAGE; a job-less STARTING net was left out of it, so a server that never came
 up stayed STARTING for ever and never paged. Here it is an OUTAGE once its start is older
-than the net's ready_timeout_s, the deadline a job's own wait_ready keeps, counted from when
-the driver took the ask for its replica (a start left at zero replicas, its scale call
-throttled, is no OUTAGE the moment its replica is asked for)."""
+than the net's ready_timeout_s, the deadline a job's own wait_ready keeps, counted from the
+first ask for its replica (a start left at zero replicas, no replica asked for while no
+round ran, is no OUTAGE the moment its replica is asked for; a platform that refuses every
+ask does not put the page off)."""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
 
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.adapters.backend import ServerState
@@ -28,8 +29,8 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
     """A job-less STARTING always-on net whose server is still not STARTED past the net's
     ready_timeout_s is an OUTAGE, logged at error as the other one: a server that never
     comes up pages as one that went down. Before the deadline it is booting. The deadline
-    counts from the first replica the driver took for this start (`_asked_at`), else from
-    its STARTING (the replica was desired already). Decided under the row lock on the row
+    counts from the first ask for this start's replica (`_asked_at`), else from its
+    STARTING (the replica was desired already). Decided under the row lock on the row
     as it is then: a job claimed onto the net meanwhile owns the start, and a net started
     again since has a fresh deadline.
 
@@ -70,21 +71,15 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
 
 
 def _asked_at(session: Session, name: str, since: datetime) -> datetime | None:
-    """When the net's replica was asked for at or after `since`: the first scale-up the
-    driver took (outcome ok), else the last one it answered with an error (a reply lost may
-    still have applied it: the next round sees it desired and asks no more), if any.
-    The first taken, not the last: a replica the platform keeps losing (a container that
-    exits at start reads as desired 0) is asked for again every round, and each ask must
-    not put the page off again; a refused call (throttled) before it starts no deadline."""
-    taken, tried = session.execute(
-        select(
-            func.min(case((ScaleEvent.outcome == "ok", ScaleEvent.at))),
-            func.max(case((ScaleEvent.outcome != "ok", ScaleEvent.at))),
-        ).where(
+    """When the net's replica was first asked for at or after `since` (its STARTING): the
+    first scale-up call for it, whatever its outcome. Not the last: a replica the platform
+    keeps losing (a container that exits at start reads as desired 0) is asked for every
+    round, and a platform that refuses every call (throttled, its API down) is asked every
+    round too; neither may put the page off. A call whose reply was lost may have applied."""
+    return session.scalar(
+        select(func.min(ScaleEvent.at)).where(
             ScaleEvent.net_name == name,
             ScaleEvent.action == "scale_up",
             ScaleEvent.at >= since,
         )
-    ).one()
-    asked: datetime | None = taken if taken is not None else tried
-    return asked
+    )

@@ -18,10 +18,9 @@ from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import declared_nets, heartbeat
 from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_runs
+from app.usecases.fleet import Fleet, read_fleet
 from app.usecases.housekeeping import isolated
 from app.usecases.net_repairs import (
-    Fleet,
-    read_fleet,
     repair_scaling_net,
     resting,
     settle_misconfigured,

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 from app.usecases import dispatch, monitor, reconciler, records
 from app.usecases.dispatch import Step
-from app.usecases.net_repairs import net_rows, watch_always_on
+from app.usecases.fleet import net_rows
+from app.usecases.net_repairs import watch_always_on
 from models import JobState, NetEvent, NetState, Prewarm, PrewarmOutcome, ReasonCode, StrayRun
 from tests.fixtures.db import net_decl
 from tests.unit.scale_history import scale_decisions

@@ -26,39 +26,27 @@ def _last_reason(world, name: str) -> str:
         ).all()[-1]
 
 
-def _throttled_for(world, name: str, seconds: float) -> None:
-    """The driver refuses the net's scale call (throttled) on every reconcile round, 30 s
-    apart, for `seconds`; then it takes calls again. Observing works throughout."""
-    driver = world.driver(name)
-    real = driver.scale
+def _throttled(world, name: str) -> None:
+    """The driver refuses the net's scale calls (throttled); observing works."""
 
     def throttled(replicas: int) -> None:
         raise DriverTransientError("ThrottlingException: rate exceeded")
 
-    driver.scale = throttled  # type: ignore[method-assign]
-    waited = 0.0
-    while waited < seconds:
-        world.clock.advance(30)
-        waited += 30
-        [note] = [r for r in reconciler.reconcile(world.rt).repaired if r.startswith(name)]
-        assert "not checked" in note
-        assert world.net(name).state == NetState.STARTING
-    driver.scale = real  # type: ignore[method-assign]
+    world.driver(name).scale = throttled  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("comes_up", [False, True], ids=["never-up", "up-in-time"])
 def test_a_start_left_at_zero_gets_its_deadline_from_the_ask(always_on, comes_up, caplog):
     """Reviewer's edge (round 15): net-a STARTING at zero replicas for longer than its
-    ready_timeout_s while its driver throttled the scale call. The round whose call lands
-    asked for the replica a moment ago: no OUTAGE (no page) then, nor until ready_timeout_s
-    after that ask; a server that comes up meanwhile is READY, one that does not is an
-    OUTAGE past that deadline, its reason counting from the ask."""
+    ready_timeout_s with no replica asked for (no reconcile round ran: beat was down). The
+    round that asks for it does so a moment ago: no OUTAGE (no page) then, nor until
+    ready_timeout_s after that ask; a server that comes up meanwhile is READY, one that does
+    not is an OUTAGE past that deadline, its reason counting from the ask."""
     world = always_on
     world.server("net-a").up = False
     _start(world, "net-a")
     deadline = world.rt.settings.net("net-a").ready_timeout_s
-    _throttled_for(world, "net-a", deadline + 60)
-    world.clock.advance(30)
+    world.clock.advance(deadline + 60)
     with caplog.at_level("ERROR"):
         reconciler.reconcile(world.rt)
     assert scale_decisions(world, "net-a")[-1] == (1, "always-on net: one replica")
@@ -77,6 +65,32 @@ def test_a_start_left_at_zero_gets_its_deadline_from_the_ask(always_on, comes_up
     assert world.net("net-a").state == NetState.OUTAGE
     reason = _last_reason(world, "net-a")
     assert f"not started {deadline + 1:.0f}s after its replica was asked for" in reason
+
+
+def test_a_platform_refusing_every_ask_pages_past_the_deadline_from_the_first(always_on, caplog):
+    """Every scale call throttled (or the platform's API down): each round asks again and
+    fails. The start is an OUTAGE (a page) ready_timeout_s after the first ask, not never
+    (the failing call ended the round before its deadline was looked at) nor from each new
+    ask; the round still says it could not check the net."""
+    world = always_on
+    world.server("net-a").up = False
+    _start(world, "net-a")
+    _throttled(world, "net-a")
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    [note] = [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
+    assert "not checked" in note  # the first ask, refused
+    world.clock.advance(deadline)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING
+    world.clock.advance(1)
+    with caplog.at_level("ERROR"):
+        [note] = [r for r in reconciler.reconcile(world.rt).repaired if r.startswith("net-a")]
+    assert "not checked" in note
+    assert world.net("net-a").state == NetState.OUTAGE
+    assert f"not started {deadline + 1:.0f}s after its replica was asked for" in _last_reason(
+        world, "net-a"
+    )
+    assert [r for r in caplog.records if r.levelname == "ERROR" and "OUTAGE" in r.msg]
 
 
 def test_a_replica_asked_before_the_start_does_not_extend_its_deadline(always_on):

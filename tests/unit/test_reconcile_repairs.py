@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.errors import DriverMisconfigured
-from app.usecases import dispatch, net_repairs, reconciler, records
+from app.usecases import dispatch, fleet, net_repairs, reconciler, records
 from models import JobState, NetEvent, NetState
 
 
@@ -170,7 +170,7 @@ def test_a_scale_down_decided_on_an_old_read_spares_a_net_claimed_meanwhile(worl
     dispatch.claim_and_start(world.rt)
     dispatch.scale_up(world.rt, job_id, "net-a", 0)
     assert world.net("net-a").state == NetState.STARTING
-    stale = net_repairs.NetRow(read_as, world.clock())
+    stale = fleet.NetRow(read_as, world.clock())
     net_repairs.repair_scaling_net(world.rt, "net-a", stale)
     assert world.driver("net-a").replicas == 1
     assert world.net("net-a").state == NetState.STARTING
