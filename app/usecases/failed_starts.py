@@ -9,15 +9,17 @@ and a prewarm's (`warm_up._poll`) are given up as soon as the driver reports a f
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.adapters.drivers import Observation
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.scaling import stop_net
-from models import NetEvent, NetState
+from models import NetEvent, NetState, ScaleEvent
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,11 @@ def give_up_failed_start(rt: Runtime, name: str, observation: Observation) -> st
     strays wait for the next settling start (at rest once overdue: this one counts as
     tried). Decided under the row lock: a job claimed onto the net meanwhile owns the start.
     A start of another kind (a prewarm's: its warm_up gives it up) is left as it is, and so
-    is one with a replica running (the server decides). "" when nothing was done."""
+    is one with a replica running (the server decides). A failure with no replica desired
+    fails the start only once the driver took its ask (as `warm_up._poll` rules): before
+    that it is how an earlier server ended (a container that crashed long ago, which the
+    engine reports until it is started again), and the ask may be on the wire or refused.
+    "" when nothing was done."""
     if not observation.failure or observation.is_up:
         return ""  # (the usual round: nothing read)
     reason = f"driver: {observation.failure}"
@@ -47,8 +53,21 @@ def give_up_failed_start(rt: Runtime, name: str, observation: Observation) -> st
         )
         if began != SETTLE_START:
             return ""
+        if observation.desired < 1 and not _asked_since(session, name, net.state_changed_at):
+            return ""  # a failure from before this start's ask: history, not this start's
         net.transition(NetState.UNHEALTHY, rt.clock(), reason)
         net.last_error = reason
     log.error("settling start failed", extra={"net": name, "reason": reason})
     stop_net(rt, name, "settling start failed")
     return f"settling start failed ({reason}): UNHEALTHY, scaled to 0"
+
+
+def _asked_since(session: Session, name: str, since: datetime) -> bool:
+    """The driver took a request for a replica of the net at or after `since`."""
+    taken = select(ScaleEvent.id).where(
+        ScaleEvent.net_name == name,
+        ScaleEvent.replicas == 1,
+        ScaleEvent.outcome == "ok",
+        ScaleEvent.at >= since,
+    )
+    return session.scalar(taken.limit(1)) is not None

@@ -1,0 +1,210 @@
+"""Round 15's promises tried against the code (a break-it pass; each test failed on the
+commit it was written against, f43febe): an always-on start that never comes up is an
+OUTAGE past its net's ready_timeout_s (README, "What to page on": "a start (no job holding
+it) whose server is still not started past the net's ready_timeout_s is an OUTAGE too"),
+and an always-on net is not left at zero replicas by the dispatcher (`watch_always_on`:
+"always-on means one replica"; tests.sim's `always-on-replica`)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app.adapters.drivers.docker import observed as docker_observed
+from app.errors import DriverTransientError
+from app.usecases import reconciler, records, scaling
+from models import NetEvent, NetState
+from tests.unit.scale_history import scale_decisions
+from tests.unit.test_revived_strays import _net_state, _stray_on, _strays, _world
+
+ROUND_S = 30.0  # two HOUSEKEEPING_INTERVAL_S of 15 s: a reconcile round
+
+
+def _start(world, name: str) -> None:
+    """The net moves to STARTING now, with no job and no replica asked for (a prewarm's
+    start across a redeploy to always-on, a claim whose job ended before its scale_up)."""
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, name).transition(NetState.STARTING, world.clock(), "prewarm")
+
+
+# Left open for the owners (a design decision: paging while the replica was never asked for
+# needs the OUTAGE at zero replicas asked for again, the next test): strict, so the fix
+# flips it.
+@pytest.mark.xfail(strict=True, reason="open: never paged while the platform refuses calls")
+@pytest.mark.parametrize("broken", ["every-call", "scale-only"])
+def test_an_always_on_start_whose_platform_never_takes_a_call_pages(always_on, broken):
+    """net-a (always-on ECS) is left STARTING with no job and no replica; its platform's API
+    then refuses every call for good (a network path to the ECS endpoint lost, a throttle
+    that never lets up: DriverTransientError), so its server is never started. Hours past
+    its ready_timeout_s it is still STARTING: each round's `watch_always_on` raises on the
+    driver before it reads the server (reconcile notes "not checked"), and even a round that
+    got past it would count the deadline from the last refused call (`outages._asked_at`),
+    i.e. from now. No OUTAGE, so FlDispatcherNetOutage never fires for a server that is
+    down; the only trace is `last_error`/"not checked" on the nets page."""
+    world = always_on
+    world.server("net-a").up = False  # never started: nothing answers
+    _start(world, "net-a")
+    driver = world.driver("net-a")
+    if broken == "every-call":
+        driver.fail_with = DriverTransientError("EndpointConnectionError: ecs.eu-west-2")
+    else:  # observing works (desired 0); the scale call is refused every time
+
+        def refused(replicas: int) -> None:
+            raise DriverTransientError("ThrottlingException: rate exceeded")
+
+        driver.scale = refused
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    waited = 0.0
+    while waited < 4 * deadline:
+        world.clock.advance(ROUND_S)
+        waited += ROUND_S
+        reconciler.reconcile(world.rt)
+    assert world.driver("net-a").replicas == 0
+    assert world.net("net-a").state == NetState.OUTAGE, (
+        f"always-on server never started, STARTING {waited:.0f}s (deadline {deadline:.0f}s):"
+        " never paged"
+    )
+
+
+@pytest.mark.xfail(strict=True, reason="open: an always-on OUTAGE at zero replicas for good")
+def test_an_always_on_start_whose_replica_the_platform_lost_is_asked_for_again(always_on):
+    """net-a's platform loses the replica at start for a while (a docker container that
+    exits at start reads as desired 0: app/adapters/drivers/docker.py), so each round of the
+    job-less STARTING asks for it again; past ready_timeout_s from the first ask it is an
+    OUTAGE (`outages.overdue_start`, round 15's
+    test_a_replica_the_platform_keeps_losing_does_not_put_the_page_off). Then the platform
+    would run it (the cause is gone), but nothing asks any more: `watch_always_on` asks for
+    a replica only for a net "left down" (STOPPING, UNHEALTHY, STOPPED, a job-less STARTING),
+    never for an OUTAGE. The net stays an OUTAGE at zero replicas for good: the round-14
+    finding 2ea0f47 fixed ("a job-less STARTING net at zero went OUTAGE past its deadline
+    and stayed at zero for good") comes back through the loss of the replica after its ask,
+    and the README's "Once the server answers, the net is READY again" never happens."""
+    world = always_on
+    world.server("net-a").up = False
+    _start(world, "net-a")
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    for _ in range(int(deadline // ROUND_S) + 2):
+        reconciler.reconcile(world.rt)
+        if world.net("net-a").state == NetState.OUTAGE:
+            break
+        world.driver("net-a").replicas = 0  # lost again before the next round
+        world.clock.advance(ROUND_S)
+    assert world.net("net-a").state == NetState.OUTAGE
+    world.driver("net-a").replicas = 0  # the replica of the last ask is lost too
+    asks = len(scale_decisions(world, "net-a"))
+    # From now on the platform keeps a replica it is asked for, and its server answers.
+    for _ in range(10):
+        world.clock.advance(ROUND_S)
+        world.server("net-a").up = world.driver("net-a").replicas > 0
+        reconciler.reconcile(world.rt)
+    assert len(scale_decisions(world, "net-a")) > asks, (
+        "always-on net in OUTAGE at zero replicas: its replica never asked for again"
+    )
+    assert world.net("net-a").state == NetState.READY
+
+
+# A Flower SuperLink container that crashed an hour ago: the engine keeps how it ended
+# until it is started again (app/adapters/drivers/docker.py: "an exit from before it, a
+# crash long ago, is history"). A `docker stop` of an exited container is a no-op (304).
+CRASHED: dict[str, object] = {
+    "Status": "exited",
+    "ExitCode": 1,
+    "FinishedAt": "2026-12-05T12:00:00Z",
+}
+RUNNING: dict[str, object] = {"Status": "running"}
+
+
+def _a_container_that_crashed_long_ago(world, net: str) -> dict[str, dict[str, object]]:
+    """The net's driver reads as the Docker driver reads its container (`docker.observed`,
+    the product's own reading): exited with code 1 long ago while not started, running once
+    started; a stop leaves the old exit in place when there was nothing to stop. What the
+    engine says now, for the test to change."""
+    driver = world.driver(net)
+    state: dict[str, dict[str, object]] = {"now": CRASHED}
+    real_scale = driver.scale
+
+    def scale(replicas: int) -> None:
+        real_scale(replicas)
+        if replicas:
+            state["now"] = RUNNING
+        elif state["now"] is RUNNING:
+            state["now"] = {"Status": "exited", "ExitCode": 143}
+
+    driver.scale = scale
+    driver.observe = lambda: docker_observed(state["now"])
+    return state
+
+
+@pytest.mark.parametrize("ask", ["refused-once", "on-the-wire-during-a-round"])
+def test_a_settling_start_is_not_failed_by_a_crash_from_before_its_ask(
+    tmp_path, job_root, sqlite_factory, clock, ask
+):
+    """fl-a (scale-to-zero Flower, its strays kept in the SuperLink's database) is STOPPED;
+    its container crashed an hour ago, which the engine still reports (exited, code 1).
+    Reconcile starts it to settle the strays (STOPPED -> STARTING, then the ask). Either the
+    ask is refused once (the engine busy: DriverTransientError, "not checked"), or another
+    reconcile round runs while the ask is on the wire (rounds overlap: a round waits its
+    calls' timeouts). The round that then looks at the STARTING net sees the old crash with
+    nothing running, and `failed_starts.give_up_failed_start` fails the start at once
+    ("settling start failed", logged at error, UNHEALTHY, scaled to 0), though its replica was
+    never asked of the platform, or is being started that very moment. The start counts as
+    tried, so the net rests at zero up to SETTLE_REST_MAX_S once its strays are overdue. A
+    prewarm's start guards against exactly this (`warm_up._poll`: a failure fails the start
+    only once the driver took a start for it, `_start_asked`); the settling start does not."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    _stray_on(world, "fl-a")
+    world.server("fl-a").up = False
+    assert scaling.take_down(world.rt, "fl-a", "test")
+    _a_container_that_crashed_long_ago(world, "fl-a")
+    driver = world.driver("fl-a")
+    started = driver.scale
+    if ask == "refused-once":
+
+        def refused(replicas: int) -> None:
+            driver.scale = started  # type: ignore[method-assign]
+            raise DriverTransientError("docker engine: 500 Server Error (busy)")
+
+        driver.scale = refused  # type: ignore[method-assign]
+        reconciler.reconcile(world.rt)  # STARTING; the ask refused: "not checked"
+        clock.advance(ROUND_S)
+    else:
+
+        def on_the_wire(replicas: int) -> None:
+            driver.scale = started  # type: ignore[method-assign]
+            if replicas:
+                reconciler.reconcile(world.rt)  # an overlapping round looks meanwhile
+            started(replicas)
+
+        driver.scale = on_the_wire  # type: ignore[method-assign]
+    reconciler.reconcile(world.rt)
+    assert _net_state(world, "fl-a") == NetState.STARTING or driver.replicas == 1
+    with world.rt.sessions() as session:
+        given_up = session.scalars(
+            select(NetEvent.reason).where(
+                NetEvent.net_name == "fl-a", NetEvent.to_state == NetState.UNHEALTHY
+            )
+        ).all()
+    assert given_up == [], f"settling start failed on a crash from before its ask: {given_up}"
+    assert len(_strays(world, "fl-a")) == 1
+
+
+def test_a_settling_start_whose_container_exits_after_its_ask_is_still_failing_at_once(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """The other side of the rule above: the ask was taken (the container started), and
+    the container then exits on its own: that exit is this start's failure, given up at
+    once as round 15 made it (UNHEALTHY, its error the exit), not waited out."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    _stray_on(world, "fl-a")
+    world.server("fl-a").up = False
+    assert scaling.take_down(world.rt, "fl-a", "test")
+    engine = _a_container_that_crashed_long_ago(world, "fl-a")
+    reconciler.reconcile(world.rt)  # started to settle: the container runs
+    assert (_net_state(world, "fl-a"), engine["now"]) == (NetState.STARTING, RUNNING)
+    engine["now"] = {"Status": "exited", "ExitCode": 2, "FinishedAt": "2026-12-05T13:00:05Z"}
+    clock.advance(ROUND_S)
+    reconciler.reconcile(world.rt)
+    net = world.net("fl-a")
+    assert net.state == NetState.STOPPED  # UNHEALTHY, then its stop confirmed
+    assert net.last_error is not None and "exited on its own with code 2" in net.last_error
+    assert len(_strays(world, "fl-a")) == 1
