@@ -377,7 +377,16 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
         return ""
     net_config = rt.settings.net(name)
     scalable = net_config.driver.kind != "static"
-    left_down = state in (NetState.STOPPING, NetState.UNHEALTHY, NetState.STOPPED) or (
+    # An OUTAGE too: its replica lost (a docker container that exited reads as none wanted)
+    # or scaled to zero by hand; nothing else would ask for it, and the net stayed an OUTAGE
+    # at zero for good (round 15's break-it). Asked each round, as the platform's own
+    # restart policy would: READY once the server answers.
+    left_down = state in (
+        NetState.STOPPING,
+        NetState.UNHEALTHY,
+        NetState.STOPPED,
+        NetState.OUTAGE,
+    ) or (
         # A start no job holds: a prewarm's across a redeploy, or a claim's whose job
         # ended before its scale_up; nothing else would ask for its replica.
         state == NetState.STARTING and job is None

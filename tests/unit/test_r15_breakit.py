@@ -27,20 +27,15 @@ def _start(world, name: str) -> None:
         records.get_net(session, name).transition(NetState.STARTING, world.clock(), "prewarm")
 
 
-# Left open for the owners (a design decision: paging while the replica was never asked for
-# needs the OUTAGE at zero replicas asked for again, the next test): strict, so the fix
-# flips it.
-@pytest.mark.xfail(strict=True, reason="open: never paged while the platform refuses calls")
 @pytest.mark.parametrize("broken", ["every-call", "scale-only"])
 def test_an_always_on_start_whose_platform_never_takes_a_call_pages(always_on, broken):
     """net-a (always-on ECS) is left STARTING with no job and no replica; its platform's API
     then refuses every call for good (a network path to the ECS endpoint lost, a throttle
-    that never lets up: DriverTransientError), so its server is never started. Hours past
-    its ready_timeout_s it is still STARTING: each round's `watch_always_on` raises on the
-    driver before it reads the server (reconcile notes "not checked"), and even a round that
-    got past it would count the deadline from the last refused call (`outages._asked_at`),
-    i.e. from now. No OUTAGE, so FlDispatcherNetOutage never fires for a server that is
-    down; the only trace is `last_error`/"not checked" on the nets page."""
+    that never lets up: DriverTransientError), so its server is never started. Past its
+    ready_timeout_s from the first ask it is an OUTAGE (FlDispatcherNetOutage pages). Before
+    round 15's fix it stayed STARTING for hours: each round's `watch_always_on` raised on
+    the driver before it read the server (reconcile noted "not checked"), and the deadline
+    counted from the last refused call (`outages._asked_at`), i.e. from now."""
     world = always_on
     world.server("net-a").up = False  # never started: nothing answers
     _start(world, "net-a")
@@ -66,19 +61,15 @@ def test_an_always_on_start_whose_platform_never_takes_a_call_pages(always_on, b
     )
 
 
-@pytest.mark.xfail(strict=True, reason="open: an always-on OUTAGE at zero replicas for good")
 def test_an_always_on_start_whose_replica_the_platform_lost_is_asked_for_again(always_on):
     """net-a's platform loses the replica at start for a while (a docker container that
     exits at start reads as desired 0: app/adapters/drivers/docker.py), so each round of the
     job-less STARTING asks for it again; past ready_timeout_s from the first ask it is an
-    OUTAGE (`outages.overdue_start`, round 15's
-    test_a_replica_the_platform_keeps_losing_does_not_put_the_page_off). Then the platform
-    would run it (the cause is gone), but nothing asks any more: `watch_always_on` asks for
-    a replica only for a net "left down" (STOPPING, UNHEALTHY, STOPPED, a job-less STARTING),
-    never for an OUTAGE. The net stays an OUTAGE at zero replicas for good: the round-14
-    finding 2ea0f47 fixed ("a job-less STARTING net at zero went OUTAGE past its deadline
-    and stayed at zero for good") comes back through the loss of the replica after its ask,
-    and the README's "Once the server answers, the net is READY again" never happens."""
+    OUTAGE (`outages.overdue_start`). Then the platform would run it (the cause is gone):
+    the OUTAGE's replica is asked for again and the net is READY once its server answers.
+    Before round 15's fix `watch_always_on` asked only for a net "left down" (STOPPING,
+    UNHEALTHY, STOPPED, a job-less STARTING), never for an OUTAGE: an OUTAGE at zero
+    replicas for good, and the README's "once the server answers, READY again" never came."""
     world = always_on
     world.server("net-a").up = False
     _start(world, "net-a")
