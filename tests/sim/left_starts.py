@@ -121,7 +121,7 @@ class LeftStart:
             )
             sim.at(
                 t + self._cut_off + self._undrain_after,
-                f"operator undrains {name}",
+                f"operator undrains {name} once its cut-off is over",
                 functools.partial(self._undrain, name),
             )
 
@@ -153,7 +153,8 @@ class LeftStart:
         sim = self.sim
         at = sim.cluster.servers[name].partition_until + self._undrain_after
         if at > sim.clock.t:
-            sim.at(at, f"operator undrains {name}", functools.partial(self._undrain, name))
+            again = functools.partial(self._undrain, name)
+            sim.at(at, f"operator undrains {name} once its cut-off is over", again)
             return
         drains.operator_undrain(sim, (name,), False)
 
