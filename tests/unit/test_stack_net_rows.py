@@ -6,9 +6,7 @@ in service until the stack's own worker had booted."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 from sqlalchemy import select
 
@@ -17,20 +15,15 @@ from app.local.stack import declare_net_rows
 from app.settings import Settings
 from app.usecases.declared_nets import sync_nets
 from models import Net, NetState
-from tests.fixtures.db import net_decl
 
 
-def _settings(tmp_path: Path, url: str) -> Settings:
-    nets = [net_decl(tmp_path, "net-a"), net_decl(tmp_path, "net-b")]
-    return Settings(
-        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
-        DATABASE_URL=url,
-        NETS=json.dumps(nets),
-    )
+def _on(settings: Settings, url: str) -> Settings:
+    """The fixture's two nets, on the test's own database."""
+    return settings.model_copy(update={"database_url": url})
 
 
-def test_the_stacks_rows_leave_a_misconfigured_net_out_of_service(tmp_path, sqlite_url):
-    settings = _settings(tmp_path, sqlite_url)
+def test_the_stacks_rows_leave_a_misconfigured_net_out_of_service(settings, sqlite_url):
+    settings = _on(settings, sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
     now = datetime(2026, 12, 5, tzinfo=UTC)
     with unit_of_work(sessions) as session:
@@ -49,7 +42,7 @@ def test_the_stacks_rows_leave_a_misconfigured_net_out_of_service(tmp_path, sqli
     assert error == "kit names another server"
 
 
-def test_the_stacks_rows_are_made_before_any_worker(tmp_path, sqlite_url):
-    declare_net_rows(_settings(tmp_path, sqlite_url))
+def test_the_stacks_rows_are_made_before_any_worker(settings, sqlite_url):
+    declare_net_rows(_on(settings, sqlite_url))
     with session_factory(make_engine(sqlite_url))() as session:
         assert set(session.scalars(select(Net.name))) == {"net-a", "net-b"}
