@@ -394,12 +394,16 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
     try:
         if scalable and left_down and rt.driver(name).observe().desired < 1:
             scale_net(rt, name, 1, "always-on net: one replica")
-    except TransientError:
+    except TransientError as exc:
         # A platform refusing every call (throttled, its API down) must not keep a start
         # that never comes up from paging: its deadline runs from the first ask all the same.
         if state == NetState.STARTING and job is None:
             overdue_start(rt, name, rt.admin(name).server_state())
-        raise
+        if state != NetState.OUTAGE:
+            raise
+        # Nor keep an OUTAGE whose server answers again paging: the server decides (below),
+        # as before its replica was asked for; the ask is tried again next round.
+        log.warning("always-on replica not checked", extra={"net": name, "reason": str(exc)})
     server = rt.admin(name).server_state()
     if server == ServerState.STARTED:
         if state == NetState.STARTING and job is None:
