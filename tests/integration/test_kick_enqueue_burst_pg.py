@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, text
 
 from app import names
 from app.runtime import RecordingOutbox, Runtime
@@ -90,3 +90,24 @@ def test_a_burst_of_enqueues_on_a_stale_marker_neither_deadlocks_nor_fails(rt, p
     with pg_factory() as session:
         assert sorted(session.scalars(select(Job.caller_key))) == ["one", "two"]
     assert rt.outbox.inner.sent.count((task, {})) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("repeat", ["the key's job", "a net with no row yet"])
+def test_an_enqueue_whose_insert_failed_decides_its_kick_in_a_usable_transaction(
+    rt, pg_factory, repeat
+):
+    """`enqueue_job` catches the IntegrityError of its insert (a repeat of the key, a net
+    no worker has made a row for) inside the enqueue's transaction, in a savepoint: the
+    marker's share-locked read and its upsert run after it in that same transaction."""
+    if repeat == "a net with no row yet":
+        with pg_factory.begin() as session:
+            session.execute(text("DELETE FROM nets"))
+    request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-a")
+    first = intake.submit_job(rt, request)
+    assert first.notified is True
+    with pg_factory.begin() as session:
+        session.execute(text("DELETE FROM pending_kicks"))  # its round took the marker
+    again = intake.submit_job(rt, request)
+    assert (again.enqueued.job_id, again.enqueued.created) == (first.enqueued.job_id, False)
+    assert again.notified is True
+    assert rt.outbox.inner.sent.count((names.ASSIGN_NEXT_JOB, {})) == 2  # type: ignore[attr-defined]
