@@ -12,7 +12,11 @@ SQL database, which every process has whatever the broker:
   is committed after this read, so its own sender looks at the marker then;
 - the assign round deletes the marker and commits BEFORE it reads the queue, so a job
   committed after that read finds no marker and sends a kick of its own; a round that finds
-  no marker and no job waiting to be claimed (most of beat's) ends after that one read.
+  no marker and no job waiting to be claimed (most of beat's) ends after that one read;
+- an enqueue looks at the marker inside its own transaction instead (`kick_after_commit`),
+  share-locked until its commit, so a round's delete waits for the job; a stale marker it
+  leaves to its send after the commit (two enqueues writing it under each other's share
+  lock deadlocked).
 
 A kick whose message is lost (a broker restart, a worker killed before the round started)
 leaves a marker nobody deletes. It holds back other kicks for at most `stale_after`
