@@ -12,7 +12,11 @@ SQL database, which every process has whatever the broker:
   is committed after this read, so its own sender looks at the marker then;
 - the assign round deletes the marker and commits BEFORE it reads the queue, so a job
   committed after that read finds no marker and sends a kick of its own; a round that finds
-  no marker and no job waiting to be claimed (most of beat's) ends after that one read.
+  no marker and no job waiting to be claimed (most of beat's) ends after that one read;
+- an enqueue looks at the marker inside its own transaction instead (`kick_after_commit`),
+  share-locked until its commit, so a round's delete waits for the job; a stale marker it
+  leaves to its send after the commit (two enqueues writing it under each other's share
+  lock deadlocked).
 
 A kick whose message is lost (a broker restart, a worker killed before the round started)
 leaves a marker nobody deletes. It holds back other kicks for at most `stale_after`
@@ -66,15 +70,25 @@ _MARKER_HELD_AND_WORK = select(
 )
 
 
-def mark_pending(
-    session: Session, task: str, now: datetime, stale_before: datetime, *, held: bool = False
-) -> bool:
+def mark_pending(session: Session, task: str, now: datetime, stale_before: datetime) -> bool:
     """Whether the caller must send `task`: True if no kick of it was pending (or the
     pending one was sent before `stale_before`, its message presumed lost) and a job waits
     to be claimed; the marker then says one is pending from `now`. Call it after the commit
-    of the work the kick is for, or (`held`) in that work's own transaction."""
-    read = _MARKER_HELD_AND_WORK if held else _MARKER_AND_WORK
-    sent_at, waiting = session.execute(read, {"task": task}).one()
+    of the work the kick is for (in that work's own transaction: `kick_after_commit`)."""
+    sent_at, waiting = session.execute(_MARKER_AND_WORK, {"task": task}).one()
+    return _set_if_due(session, task, sent_at, waiting, now=now, stale_before=stale_before)
+
+
+def _set_if_due(
+    session: Session,
+    task: str,
+    sent_at: datetime | None,
+    waiting: bool,
+    *,
+    now: datetime,
+    stale_before: datetime,
+) -> bool:
+    """`mark_pending`'s decision on its read of the marker (`sent_at`) and the queue."""
     if sent_at is not None and sent_at >= stale_before:
         return False  # the common case in a burst: a read, no write, no row lock
     if not waiting:
@@ -182,7 +196,16 @@ def kick_after_commit(rt: Runtime, session: Session, task: str) -> Callable[[], 
     if not isinstance(outbox, CoalescingOutbox) or task not in COALESCED:
         return lambda: outbox.send(task)
     now = outbox.clock()
-    if not mark_pending(session, task, now, now - outbox.stale_after, held=True):
+    stale_before = now - outbox.stale_after
+    sent_at, waiting = session.execute(_MARKER_HELD_AND_WORK, {"task": task}).one()
+    if sent_at is not None and sent_at < stale_before:
+        # A stale marker (its kick presumed lost) is replaced after the commit, in a
+        # transaction of its own (`CoalescingOutbox.send`), not here: every enqueue of a
+        # burst holds it share-locked to its commit, and two that both wrote it here each
+        # waited for the other's share lock (a deadlock: one enqueue failed). Rare: a
+        # marker is stale only once its round is `stale_after` late.
+        return lambda: outbox.send(task)
+    if not _set_if_due(session, task, sent_at, waiting, now=now, stale_before=stale_before):
         return lambda: True
     return lambda: outbox.send_marked(task)
 

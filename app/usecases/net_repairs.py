@@ -367,6 +367,23 @@ def _redrive_lost_scale_up(
     return f"STARTING with no scale-up for {age_s:.0f}s: pipeline of job {job_id} re-driven"
 
 
+def _ask_for_its_replica(rt: Runtime, name: str, state: NetState, job: uuid.UUID | None) -> None:
+    """An always-on net left down gets its replica asked for if none is wanted."""
+    try:
+        if rt.driver(name).observe().desired < 1:
+            scale_net(rt, name, 1, "always-on net: one replica")
+    except TransientError as exc:
+        # A platform refusing every call (throttled, its API down) must not keep a start
+        # that never comes up from paging: its deadline runs from the first ask all the same.
+        if state == NetState.STARTING and job is None:
+            overdue_start(rt, name, rt.admin(name).server_state())
+        if state != NetState.OUTAGE:
+            raise
+        # Nor keep an OUTAGE whose server answers again paging: the server decides (the
+        # watch reads it next), as before its replica was asked for; asked again next round.
+        log.warning("always-on replica not checked", extra={"net": name, "reason": str(exc)})
+
+
 def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
     """An always-on server that cannot be reached is an OUTAGE, loudly; back again, READY.
     A start whose server is still not up past the readiness deadline is one too.
@@ -391,15 +408,8 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
         # ended before its scale_up; nothing else would ask for its replica.
         state == NetState.STARTING and job is None
     )
-    try:
-        if scalable and left_down and rt.driver(name).observe().desired < 1:
-            scale_net(rt, name, 1, "always-on net: one replica")
-    except TransientError:
-        # A platform refusing every call (throttled, its API down) must not keep a start
-        # that never comes up from paging: its deadline runs from the first ask all the same.
-        if state == NetState.STARTING and job is None:
-            overdue_start(rt, name, rt.admin(name).server_state())
-        raise
+    if scalable and left_down:
+        _ask_for_its_replica(rt, name, state, job)
     server = rt.admin(name).server_state()
     if server == ServerState.STARTED:
         if state == NetState.STARTING and job is None:

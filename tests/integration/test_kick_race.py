@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from app import names
+from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
 from app.usecases import declared_nets, enqueue, kicks
 from models import Job, PendingKick
@@ -94,7 +95,9 @@ def test_a_round_taking_the_marker_while_an_enqueue_decides_in_its_transaction_s
     enqueuing = pg_factory()
     request = EnqueueJob(caller_key="late", definition="tiny-job", required_sites=["s"])
     job_id = enqueue.enqueue_job(enqueuing, settings, request, now).job_id
-    assert not kicks.mark_pending(enqueuing, task, now, now - STALE_AFTER, held=True)
+    outbox = kicks.CoalescingOutbox(RecordingOutbox(), pg_factory, clock, STALE_AFTER)
+    rt = Runtime(settings, pg_factory.kw["bind"], pg_factory, clock, outbox=outbox)
+    send = kicks.kick_after_commit(rt, enqueuing, task)  # the marker's row share-locked
     seen: list[bool] = []
 
     def assign_round() -> None:
@@ -110,6 +113,7 @@ def test_a_round_taking_the_marker_while_an_enqueue_decides_in_its_transaction_s
     enqueuing.close()
     round_.join(timeout=10)
     assert seen == [True]
+    assert send() is True and outbox.inner.sent == []  # the pending kick was counted on
 
 
 def _wait_for_a_lock_wait_or(thread: threading.Thread, pg_factory) -> None:
