@@ -24,6 +24,11 @@ from models import NetEvent, NetState, ScaleEvent
 log = logging.getLogger(__name__)
 
 SETTLE_START = "start to settle stray runs"  # the net event that marks a settling start
+# A server an operator started by hand on a net whose strays wait in its state database,
+# adopted as a settling start (`net_repairs.repair_scaling_net`): its own reason, since no
+# ask of the dispatcher's precedes it (a failure after it is this start's, asked or not).
+ADOPTED_START = "server started by hand: adopted to settle stray runs"
+SETTLING_STARTS = (SETTLE_START, ADOPTED_START)  # both count as tried (the settle rest)
 
 
 def give_up_failed_start(rt: Runtime, name: str, observation: Observation) -> str:
@@ -51,9 +56,13 @@ def give_up_failed_start(rt: Runtime, name: str, observation: Observation) -> st
             .order_by(NetEvent.id.desc())
             .limit(1)
         )
-        if began != SETTLE_START:
+        if began not in SETTLING_STARTS:
             return ""
-        if observation.desired < 1 and not _asked_since(session, name, net.state_changed_at):
+        if (
+            began == SETTLE_START
+            and observation.desired < 1
+            and not _asked_since(session, name, net.state_changed_at)
+        ):
             return ""  # a failure from before this start's ask: history, not this start's
         net.transition(NetState.UNHEALTHY, rt.clock(), reason)
         net.last_error = reason

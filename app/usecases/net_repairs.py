@@ -17,7 +17,12 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
-from app.usecases.failed_starts import SETTLE_START, give_up_failed_start
+from app.usecases.failed_starts import (
+    ADOPTED_START,
+    SETTLE_START,
+    SETTLING_STARTS,
+    give_up_failed_start,
+)
 from app.usecases.fleet import NetRow
 from app.usecases.outages import overdue_start
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
@@ -192,7 +197,7 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
                 exists().where(
                     NetEvent.net_name == name,
                     NetEvent.to_state == NetState.STARTING,
-                    NetEvent.reason == SETTLE_START,
+                    NetEvent.reason.in_(SETTLING_STARTS),
                     NetEvent.at >= since,
                     *([NetEvent.at <= stopped_at] if waited_s < 0 else []),
                     NetEvent.id > fixed.scalar_subquery(),
@@ -291,7 +296,7 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         # its state database: adopted as a settling start, not taken down as drift before
         # it could settle them.
         if _set_net_state(
-            rt, name, NetState.STOPPED, NetState.STARTING, SETTLE_START, require_idle=True
+            rt, name, NetState.STOPPED, NetState.STARTING, ADOPTED_START, require_idle=True
         ):
             return "STOPPED with a server and stray runs: adopted to settle them"
         return ""

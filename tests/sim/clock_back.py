@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from app.sim.simulation import Simulation
-from app.usecases.failed_starts import SETTLE_START
+from app.usecases.failed_starts import ADOPTED_START, SETTLE_START
 
 STEP_S = -3 * 3600.0  # behind every stamp the world wrote before
 STEP_P = 0.5
@@ -40,8 +40,8 @@ class ClockBack:
         if self._at is None or sim.clock.t < self._at:
             return
         tried = sim.conn.execute(
-            "SELECT 1 FROM net_events WHERE net_name = ? AND reason = ? LIMIT 1",
-            (self.net, SETTLE_START),
+            "SELECT 1 FROM net_events WHERE net_name = ? AND reason IN (?, ?) LIMIT 1",
+            (self.net, SETTLE_START, ADOPTED_START),
         ).fetchone()
         if tried is None:
             return

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from app.sim.simulation import Simulation
 from app.sim.state import NetRow
-from app.usecases.failed_starts import SETTLE_START
+from app.usecases.failed_starts import SETTLING_STARTS
 from app.usecases.net_repairs import SETTLE_REST_MAX_S
 from models import NetState
 
@@ -33,7 +33,7 @@ class RestWindow:
         """A move of the net the history read found after the step that ended at `t`."""
         if src == NetState.MISCONFIGURED:
             self._starts[net] = []
-        if dst == NetState.STARTING and reason == SETTLE_START:
+        if dst == NetState.STARTING and reason in SETTLING_STARTS:
             self._starts.setdefault(net, []).append(t)
         if dst == NetState.STOPPED:
             self._stopped[net] = t

@@ -4,8 +4,6 @@ on that commit."""
 
 from __future__ import annotations
 
-import pytest
-
 from app.errors import DriverTransientError
 from app.usecases import reconciler, scaling
 from models import NetState
@@ -37,10 +35,6 @@ def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_api_re
     assert world.net("net-a").state == NetState.READY, "an OUTAGE whose server answers"
 
 
-# Not fixed in this pass: telling an adopted start from one whose ask is on the wire needs
-# the adoption's own net event reason, counted wherever SETTLE_START is (the settle rest,
-# tests/sim's rest_window, clock_back, misfit).
-@pytest.mark.xfail(strict=True, reason="b24e237: an adopted start has no ask to count from")
 def test_an_adopted_settling_start_whose_container_exits_is_failing_at_once(
     tmp_path, job_root, sqlite_factory, clock
 ):
@@ -49,10 +43,11 @@ def test_an_adopted_settling_start_whose_container_exits_is_failing_at_once(
     with nothing running is UNHEALTHY at once". fl-a (Flower, its strays kept in the
     SuperLink's database) is STOPPED; an operator starts its docker container by hand (the
     stray alert's advice) and reconcile adopts it as a settling start; the container then
-    exits on its own. A docker container that exited reads as no replica desired, and since
-    b24e237 such a failure counts only after a scale-up the driver took since the start:
-    an adopted start has none, so it is waited out to ready_timeout_s (then abandoned, its
-    error not the container's exit), as before round 15."""
+    exits on its own: UNHEALTHY at once, the exit its error. A docker container that exited
+    reads as no replica desired, and since b24e237 such a failure of a settling start counts
+    only after a scale-up the driver took since the start; an adopted start has none (it
+    was waited out to ready_timeout_s, then abandoned, its error not the container's exit),
+    so an adoption now has its own reason (`failed_starts.ADOPTED_START`)."""
     world = _world(tmp_path, job_root, sqlite_factory, clock)
     _stray_on(world, "fl-a")
     world.server("fl-a").up = False

@@ -141,7 +141,7 @@ def _old_rest(counted: Counted, *, young_if_negative: bool = False) -> Any:
                     exists().where(
                         NetEvent.net_name == name,
                         NetEvent.to_state == NetState.STARTING,
-                        NetEvent.reason == failed_starts.SETTLE_START,
+                        NetEvent.reason.in_(failed_starts.SETTLING_STARTS),
                         *counted(oldest, waited_s, fixed_at, stopped_at),
                     )
                 )
