@@ -7,8 +7,11 @@ Before the fix the always-on watch skipped STARTING, so such a net stayed STARTI
 job was claimed onto it and that job's own readiness deadline marked it. A net holding a job
 is that job's chain's (its ASSIGNED is bounded by `job-state-bounded`); the wait counts from
 the latest of the net's STARTING + its deadline, its job letting go, a redeploy that made it
-always-on or changed its deadline, and the last call of its driver the platform throttled
-(the round could not act: misconfig seed 700 in tests.sim.left_starts' worlds).
+always-on or changed its deadline, the first call asking for its replica (whatever its
+answer: round 15) + its deadline, and the last call of its driver the platform throttled at
+random (the round could not act: misconfig seed 700 in tests.sim.left_starts' worlds). A
+platform refusing every call for a long while (tests.sim.platform_faults) gives no such
+slack: the start must page all the same (round 15's D1).
 
 `always-on-replica` (round 14's break-it): a scalable net NETS declares always-on, with no
 job and not MISCONFIGURED, is not left at a desired count of 0 for longer than a reconcile
@@ -18,7 +21,13 @@ operator's human fix). Whatever left it there (a scale-to-zero start across a re
 always-on, a claim whose job ended before its scale_up, a stop that landed after the flip),
 `watch_always_on` asks for its replica: no operator does that for the dispatcher
 (app.sim.operator). Before 2ea0f47 a job-less STARTING net at zero went OUTAGE past its
-deadline and stayed at zero for good (tests.sim.left_starts reaches it)."""
+deadline and stayed at zero for good (tests.sim.left_starts reaches it). Not while the
+platform refuses the net's calls (counted from the end of that), nor before a round after the
+last replica the platform lost (an exited container reads as desired 0).
+
+`outage-back-up` (round 15): an always-on OUTAGE with no job whose lost replica
+(tests.sim.platform_faults' EXIT) runs again and answers is READY within a round and the
+bound (before 6483ba4 nothing asked for that replica: `always-on-replica` finds that)."""
 
 from __future__ import annotations
 

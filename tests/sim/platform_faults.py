@@ -1,7 +1,7 @@
 """A platform that fails a left start (round 15): in bands of the first draw of
-`f"{seed}/platform-fault"` (about 13% of the worlds with an adversary but the clean
-profile's, none of the safeguards' and sweep-seed tests' seeds in them, and none of
-`left_starts`' worlds, so every other world replays exactly), the moment `left_starts` waits
+`f"{seed}/platform-fault"` (14% of its draw: about 8% of the worlds once the clean
+profile's and `left_starts`' worlds are left out; none of the safeguards' and sweep-seed
+tests' seeds in them, so every other world replays exactly), the moment `left_starts` waits
 for (a scale-to-zero ECS net STARTING at desired 0 made always-on by a redeploy that keeps
 the count, a claim's job aborted at once) is met by the platform instead of a cut-off:
 

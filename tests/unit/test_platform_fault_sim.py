@@ -7,6 +7,7 @@ undone a seed of a small range reports; the same seeds are clean with the fixes.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.unit
 def _no_page_while_refused(mp: pytest.MonkeyPatch) -> None:
     # D1, the watch before 03f0059: a refused driver call ended the round before the start's
     # deadline was looked at (no `overdue_start` in the except branch of watch_always_on).
-    real = net_repairs.overdue_start
+    real: Callable[[Any, str, Any], str] = vars(net_repairs)["overdue_start"]  # the watch's
 
     def old(rt: Any, name: str, server: Any) -> str:
         if isinstance(sys.exc_info()[1], TransientError):
@@ -59,7 +60,7 @@ def _deadline_from_last_refusal(mp: pytest.MonkeyPatch) -> None:
 def _outage_never_asked(mp: pytest.MonkeyPatch) -> None:
     # D2, the watch before 6483ba4: `left_down` left OUTAGE out, so an OUTAGE's replica was
     # never asked for. Its one scale call is dropped for an OUTAGE row.
-    watch, scale = net_repairs.watch_always_on, net_repairs.scale_net
+    watch, scale = net_repairs.watch_always_on, vars(net_repairs)["scale_net"]
     rows: list[Any] = []
 
     def old_watch(rt: Any, name: str, row: Any) -> str:
