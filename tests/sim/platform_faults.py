@@ -116,8 +116,11 @@ class PlatformFault(LeftStart):
         row = sim.conn.execute("SELECT state FROM nets WHERE name = ?", (name,)).fetchone()
         at_zero = driver.desired == 0 and driver.start_at is None
         outage = row is not None and row[0] == "OUTAGE" and at_zero
-        timeout_s = sim.settings.net(name).ready_timeout_s
-        if not (outage or sim.draining or sim.clock.t > since + timeout_s + CURE_CAP_S):
+        # A redeploy that removed the net ends the fault too (NETS no longer names it).
+        declared = sim.declared_net(name)
+        timeout_s = sim.settings.net(name).ready_timeout_s if declared else 0.0
+        late = sim.clock.t > since + timeout_s + CURE_CAP_S
+        if declared and not (outage or sim.draining or late):
             return
         self._exiting = None
         driver.exits_at_start = False
