@@ -197,6 +197,16 @@ class SimDriver:
         self.refused_at: float | None = None  # the last call the platform throttled
         # When each call the platform took asked for a replica of none (a start asked for).
         self.asks: list[float] = []
+        # When each call for a replica of none reached the platform, whatever its answer.
+        self.tries: list[float] = []
+        # A platform outage (tests.sim.platform_faults): from start to end every call (or,
+        # `scale_only`, every scale call) is refused, not the random throttle of `refused_at`.
+        self.refusing: tuple[float, float] | None = None
+        self.scale_only = False
+        # A replica that exits at start (a docker container crashing at boot reads as desired
+        # 0: app/adapters/drivers/docker.py); `lost_at`: the last one the platform lost so.
+        self.exits_at_start = False
+        self.lost_at: float | None = None
         self._gen = 0
         self.calls: list[int] = []
         # (t, replicas) at every change of what the platform runs for the net (server-hours),
@@ -221,7 +231,9 @@ class SimDriver:
         host = self.cluster.host
         host.hook("driver.scale", self.name)
         self.calls.append(replicas)  # every call tried, whether the platform answers or not
-        self._faults()
+        if replicas >= 1 and not self.desired:
+            self.tries.append(host.clock.t)
+        self._faults(scale=True)
         if self.pinned:
             return
         host.on_scale(self.name, replicas)
@@ -242,11 +254,18 @@ class SimDriver:
             failure=self.failure,
         )
 
-    def _faults(self) -> None:
+    def refuses(self, t: float, *, scale: bool = True) -> bool:
+        """The platform's outage refuses this call at `t` (every call, or scale calls)."""
+        window = self.refusing
+        return window is not None and window[0] <= t < window[1] and (scale or not self.scale_only)
+
+    def _faults(self, *, scale: bool = False) -> None:
         host = self.cluster.host
         self.cluster.advance(host.clock.t)
         if self.broken:
             raise DriverMisconfigured(f"{self.name}: service not found (simulated)")
+        if self.refuses(host.clock.t, scale=scale):
+            raise DriverTransientError(f"{self.name}: endpoint unreachable (simulated outage)")
         if host.rng.random() < host.faults.driver_transient:
             self.refused_at = host.clock.t
             raise DriverTransientError(f"{self.name}: throttled (simulated)")
@@ -305,6 +324,12 @@ class SimDriver:
         if gen != self._gen:
             return
         self.start_at = None
+        if self.exits_at_start:
+            # The container exits at boot and reads as none wanted: nothing restarts it.
+            self.desired = 0
+            self.lost_at = t
+            self._note(t)
+            return
         self.running = True
         self.server.start(t, self.cluster.rng, self.cluster.host.faults.no_start_time_at_boot)
         self._note(t)

@@ -30,6 +30,7 @@ from tests.sim import (
     kits,
     left_starts,
     misfit,
+    platform_faults,
     poison,
     repeats,
 )
@@ -63,6 +64,7 @@ class Adversary:
         self._flower = None if flower is None else flower_faults.FlowerAdversary(sim, flower)
         self._kits = kits.KitAdversary(sim)
         self._left_start = left_starts.LeftStart(sim)
+        self._platform_fault = platform_faults.PlatformFault(sim)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -114,6 +116,7 @@ class Adversary:
         fault that never ends (tests.sim.flower_faults)."""
         self._maybe_flip()
         self._left_start.after_step()
+        self._platform_fault.after_step()
         if self._flower is not None:
             self._flower.after_step()
         if self._bundle_adversary is not None and not self._requeues_read.holds():

@@ -7,8 +7,11 @@ Before the fix the always-on watch skipped STARTING, so such a net stayed STARTI
 job was claimed onto it and that job's own readiness deadline marked it. A net holding a job
 is that job's chain's (its ASSIGNED is bounded by `job-state-bounded`); the wait counts from
 the latest of the net's STARTING + its deadline, its job letting go, a redeploy that made it
-always-on or changed its deadline, and the last call of its driver the platform throttled
-(the round could not act: misconfig seed 700 in tests.sim.left_starts' worlds).
+always-on or changed its deadline, the first call asking for its replica (whatever its
+answer: round 15) + its deadline, and the last call of its driver the platform throttled at
+random (the round could not act: misconfig seed 700 in tests.sim.left_starts' worlds). A
+platform refusing every call for a long while (tests.sim.platform_faults) gives no such
+slack: the start must page all the same (round 15's D1).
 
 `always-on-replica` (round 14's break-it): a scalable net NETS declares always-on, with no
 job and not MISCONFIGURED, is not left at a desired count of 0 for longer than a reconcile
@@ -18,7 +21,13 @@ operator's human fix). Whatever left it there (a scale-to-zero start across a re
 always-on, a claim whose job ended before its scale_up, a stop that landed after the flip),
 `watch_always_on` asks for its replica: no operator does that for the dispatcher
 (app.sim.operator). Before 2ea0f47 a job-less STARTING net at zero went OUTAGE past its
-deadline and stayed at zero for good (tests.sim.left_starts reaches it)."""
+deadline and stayed at zero for good (tests.sim.left_starts reaches it). Not while the
+platform refuses the net's calls (counted from the end of that), nor before a round after the
+last replica the platform lost (an exited container reads as desired 0).
+
+`outage-back-up` (round 15): an always-on OUTAGE with no job whose lost replica
+(tests.sim.platform_faults' EXIT) runs again and answers is READY within a round and the
+bound (before 6483ba4 nothing asked for that replica: `always-on-replica` finds that)."""
 
 from __future__ import annotations
 
@@ -40,11 +49,13 @@ class AlwaysOnStarts(Observer):
         self._jobless_start: dict[str, tuple[tuple[float, float], float]] = {}
         self._start_slack = 2 * CLOCK_STEP_S if sim.profile.clock_step_p else 1.0
         self._at_zero: dict[str, float] = {}  # net -> since when it is always-on at desired 0
+        self._answering: dict[str, float] = {}  # net -> since when its lost replica answers
 
     def _always_on_starts(self, t: float) -> None:
         sim = self.sim
         held = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
         self._always_on_replica(t, held)
+        self._outage_back_up(t, held)
         reconcile = 2 * sim.world.housekeeping_interval_s
         for net in self.nets:
             name = net.name
@@ -66,7 +77,9 @@ class AlwaysOnStarts(Observer):
             # (round 15: the round that asked was no OUTAGE, app.usecases.outages).
             due = max(due, self._asked_s(name, net.changed_s) + timeout_s)
             # A round whose driver call was throttled could not ask or look (left_starts'
-            # worlds, misconfig 700): the wait counts from the last such refusal.
+            # worlds, misconfig 700): the wait counts from the last such refusal. Not a
+            # platform refusing every call for good (tests.sim.platform_faults): the deadline
+            # runs from the first ask all the same (round 15), so its refusals give no slack.
             due = max(due, self._last_refusal(name))
             # The broker down meanwhile delivers no beat tick, so no round can end the wait.
             due = self._after_broker_outages(due, t)
@@ -93,6 +106,7 @@ class AlwaysOnStarts(Observer):
                 or driver.desired > 0
                 or driver.by_hand
                 or driver.broken  # (every call refused: counted from its fix)
+                or driver.refuses(t)  # (its platform's outage: counted from its end)
                 or net.state == NetState.MISCONFIGURED
                 or name in held
                 or not sim.declared_net(name)
@@ -101,6 +115,9 @@ class AlwaysOnStarts(Observer):
                 self._at_zero.pop(name, None)
                 continue
             since = max(self._at_zero.setdefault(name, t), self._last_refusal(name))
+            # A replica the platform lost (an exited container: desired 0) is asked for again
+            # by the next round (tests.sim.platform_faults).
+            since = max(since, driver.lost_at if driver.lost_at is not None else since)
             waited = t - self._after_broker_outages(since, t)
             if waited > bound:
                 self.report(
@@ -110,11 +127,44 @@ class AlwaysOnStarts(Observer):
                     f"{bound:.0f}s), not scaled down by hand: nothing asked for its replica",
                 )
 
+    def _outage_back_up(self, t: float, held: set[str | None]) -> None:
+        """`outage-back-up`: an always-on OUTAGE whose lost replica (tests.sim.platform_faults'
+        exited container) runs again and answers is READY within a round and the bound."""
+        sim = self.sim
+        bound = 2 * sim.world.housekeeping_interval_s + self.bounds.unaccounted
+        bound += self._start_slack
+        for net in self.nets:
+            name = net.name
+            driver = sim.cluster.drivers.get(name)
+            server = sim.cluster.servers.get(name)
+            if (
+                driver is None
+                or server is None
+                or driver.lost_at is None
+                or net.state != NetState.OUTAGE
+                or not server.reachable(t)
+                or name in held
+                or not sim.declared_net(name)
+                or sim.scales_to_zero(name)
+            ):
+                self._answering.pop(name, None)
+                continue
+            since = self._after_broker_outages(self._answering.setdefault(name, t), t)
+            if t - since > bound:
+                self.report(
+                    "outage-back-up",
+                    f"net {name}",
+                    f"always-on OUTAGE, no job, its replica answering for {t - since:.0f}s "
+                    f"(bound {bound:.0f}s): not READY again",
+                )
+
     def _asked_s(self, name: str, since: float) -> float:
-        """When the platform first took the dispatcher's call for a replica of the net from
-        none, at or after `since` (within the clock-step slack; -inf: none since)."""
+        """When the dispatcher's call for a replica of the net from none first reached the
+        platform, whatever its answer (the product's deadline counts from the first ask of
+        any outcome, round 15), at or after `since` (within the clock-step slack; -inf: none
+        since)."""
         driver = self.sim.cluster.drivers.get(name)
-        asks = [] if driver is None else driver.asks
+        asks = [] if driver is None else driver.tries
         return next((t for t in asks if t >= since - self._start_slack), float("-inf"))
 
     def _last_refusal(self, name: str) -> float:

@@ -48,11 +48,13 @@ WATCH_S = 120.0  # past the undrain: rounds enough to see the net back up and id
 class LeftStart:
     """The moment, once per world, looked for after every step until the horizon."""
 
+    STREAM = "left-start"  # the world's stream: its first draw picks the worlds (`BANDS`)
+
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        rng = random.Random(f"{sim.seed}/left-start")
+        rng = random.Random(f"{sim.seed}/{self.STREAM}")
         first = rng.random()
-        self.armed = not sim.profile.clean and any(lo <= first < hi for lo, hi in BANDS)
+        self.armed = not sim.profile.clean and self._in_bands(first)
         # The cut-off counts from the first ask for the replica (the readiness deadline's
         # start, `outages.overdue_start`): 90-240 s is ready_timeout_s (50 s) + 40-190 s.
         cut_off = rng.uniform(90.0, 240.0)
@@ -68,6 +70,10 @@ class LeftStart:
         # Where flip-api sends hints, the moment waits for a hint's start (no job holds it).
         self._hinted = bool(sim.workload.prewarms)
         self._left: tuple[str, float] | None = None  # the net and when it was left, till its ask
+
+    def _in_bands(self, first: float) -> bool:
+        """The world has the moment (its stream's first draw in a band)."""
+        return any(lo <= first < hi for lo, hi in BANDS)
 
     def after_step(self) -> None:
         if self._left is not None:
@@ -104,6 +110,11 @@ class LeftStart:
         sim.apply_settings(f"redeploy: {name}: per_job_fl_server=False (at its start)")
         for job_id in jobs:
             self._abort(job_id)
+        self._left_behind(name, jobs)
+
+    def _left_behind(self, name: str, jobs: list[str]) -> None:
+        """What befalls the left start: its replica cut off (two worlds in three)."""
+        sim = self.sim
         if self._cut_off is None:
             return
         t = sim.clock.t
