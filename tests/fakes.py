@@ -196,3 +196,19 @@ class FakeAdmin:
     def close(self) -> None:
         self.closed += 1
         self.connected = False
+
+
+def fake_runtime(settings: Any, sessions: Any, clock: Callable[[], Any], outbox: Any) -> Any:
+    """A runtime on `sessions` whose every net has a fresh FakeDriver and an answering
+    FakeAdmin (integration tests of the SQL: nothing outside the database is under test)."""
+    from app.runtime import Runtime
+
+    return Runtime(
+        settings=settings,
+        engine=sessions.kw["bind"],
+        sessions=sessions,
+        clock=clock,
+        driver_factory=lambda net, s: FakeDriver(),
+        admin_factory=lambda net, s: FakeAdmin(FakeServer()),
+        outbox=outbox,
+    )

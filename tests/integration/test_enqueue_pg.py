@@ -19,7 +19,7 @@ from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import callbacks, declared_nets, enqueue, requests
 from models import Job, JobEvent, Net, RejectedRequest
-from tests.fakes import FakeAdmin, FakeDriver, FakeServer
+from tests.fakes import fake_runtime
 from tests.fixtures.db import net_decl
 from tests.unit.callback_world import SECRET
 
@@ -61,15 +61,7 @@ def rt(pg_factory, tmp_path, job_root, clock) -> Runtime:
     )
     with pg_factory.begin() as session:
         declared_nets.sync_nets(session, settings, clock())
-    return Runtime(
-        settings=settings,
-        engine=pg_factory.kw["bind"],
-        sessions=pg_factory,
-        clock=clock,
-        driver_factory=lambda net, s: FakeDriver(),
-        admin_factory=lambda net, s: FakeAdmin(FakeServer()),
-        outbox=RecordingOutbox(),
-    )
+    return fake_runtime(settings, pg_factory, clock, RecordingOutbox())
 
 
 def payload(key: str, **kw: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import declared_nets, intake, kicks
 from models import Job, PendingKick
-from tests.fakes import FakeAdmin, FakeDriver, FakeServer
+from tests.fakes import fake_runtime
 from tests.fixtures.db import net_decl
 
 pytestmark = pytest.mark.integration
@@ -39,16 +39,8 @@ def rt(pg_factory, tmp_path, job_root, clock) -> Runtime:
     )
     with pg_factory.begin() as session:
         declared_nets.sync_nets(session, settings, clock())
-    inner = RecordingOutbox()
-    return Runtime(
-        settings=settings,
-        engine=pg_factory.kw["bind"],
-        sessions=pg_factory,
-        clock=clock,
-        driver_factory=lambda net, s: FakeDriver(),
-        admin_factory=lambda net, s: FakeAdmin(FakeServer()),
-        outbox=kicks.CoalescingOutbox(inner, pg_factory, clock, STALE_AFTER),
-    )
+    outbox = kicks.CoalescingOutbox(RecordingOutbox(), pg_factory, clock, STALE_AFTER)
+    return fake_runtime(settings, pg_factory, clock, outbox)
 
 
 def _meet_at_the_marker_write(engine: Any, parties: int) -> None:

@@ -92,11 +92,15 @@ class AlwaysOnStarts(Observer):
                     f"{timeout_s:.0f}s + {bound:.0f}s): neither READY nor OUTAGE",
                 )
 
+    def _round_bound(self) -> float:
+        """Two housekeeping rounds, the unaccounted time and a start's clock slack."""
+        interval_s = self.sim.world.housekeeping_interval_s
+        return 2 * interval_s + self.bounds.unaccounted + self._start_slack
+
     def _always_on_replica(self, t: float, held: set[str | None]) -> None:
         """`always-on-replica`: no always-on net the dispatcher owns waits at 0 replicas."""
         sim = self.sim
-        bound = 2 * sim.world.housekeeping_interval_s + self.bounds.unaccounted
-        bound += self._start_slack
+        bound = self._round_bound()
         for net in self.nets:
             name = net.name
             driver = sim.cluster.drivers.get(name)
@@ -131,8 +135,7 @@ class AlwaysOnStarts(Observer):
         """`outage-back-up`: an always-on OUTAGE whose lost replica (tests.sim.platform_faults'
         exited container) runs again and answers is READY within a round and the bound."""
         sim = self.sim
-        bound = 2 * sim.world.housekeeping_interval_s + self.bounds.unaccounted
-        bound += self._start_slack
+        bound = self._round_bound()
         for net in self.nets:
             name = net.name
             driver = sim.cluster.drivers.get(name)

@@ -621,6 +621,12 @@ def assert_found(safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def assert_clean(safeguard: Safeguard) -> None:
+    """With the safeguard on, every seed of its range is clean."""
+    found = {r.seed: [str(v) for v in r.violations] for r in run_seeds(safeguard.seed_list())}
+    assert found == {seed: [] for seed in safeguard.seed_list()}
+
+
 @pytest.mark.parametrize("safeguard", as_params(SAFEGUARDS), ids=lambda s: s.name)
 def test_the_sweep_notices_a_safeguard_switched_off(
     safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch
