@@ -74,7 +74,7 @@ def mark_pending(session: Session, task: str, now: datetime, stale_before: datet
     """Whether the caller must send `task`: True if no kick of it was pending (or the
     pending one was sent before `stale_before`, its message presumed lost) and a job waits
     to be claimed; the marker then says one is pending from `now`. Call it after the commit
-    of the work the kick is for (in that work's own transaction: `kick_after_commit`)."""
+    of the work the kick is for (`kick_after_commit` decides inside that transaction)."""
     sent_at, waiting = session.execute(_MARKER_AND_WORK, {"task": task}).one()
     return _set_if_due(session, task, sent_at, waiting, now=now, stale_before=stale_before)
 
