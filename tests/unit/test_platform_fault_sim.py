@@ -1,8 +1,8 @@
-"""The sweep reaches round 15's two always-on defects the break-it found
-(tests/unit/test_r15_breakit.py) through tests.sim.platform_faults' worlds: a left start whose
-platform refuses every call (D1: no page while refused) and one whose replica exits at start
-until it is an OUTAGE at zero (D2: the OUTAGE's replica never asked for again). With each fix
-undone a seed of a small range reports; the same seeds are clean with the fixes."""
+"""The sweep reaches two always-on defects (tests/unit/test_starts_the_platform_fails.py)
+through tests.sim.platform_faults' worlds: a left start whose platform refuses every call
+(D1: no page while refused) and one whose replica exits at start until it is an OUTAGE at
+zero (D2: the OUTAGE's replica never asked for again). With each fix undone a seed of a
+small range reports; the same seeds are clean with the fixes."""
 
 from __future__ import annotations
 

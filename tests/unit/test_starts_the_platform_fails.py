@@ -1,9 +1,11 @@
-"""Round 15's promises tried against the code (a break-it pass; each test failed on the
-commit it was written against, f43febe): an always-on start that never comes up is an
-OUTAGE past its net's ready_timeout_s (README, "What to page on": "a start (no job holding
-it) whose server is still not started past the net's ready_timeout_s is an OUTAGE too"),
-and an always-on net is not left at zero replicas by the dispatcher (`watch_always_on`:
-"always-on means one replica"; tests.sim's `always-on-replica`)."""
+"""Starts the platform fails: an always-on start that never comes up is an OUTAGE past its
+net's ready_timeout_s from the first ask, even while the platform refuses every call
+(README, "What to page on"); an always-on net is not left at zero replicas by the
+dispatcher, an OUTAGE's lost replica asked for again (`watch_always_on`: "always-on means
+one replica"; tests.sim's `always-on-replica`, `outage-back-up`), and an OUTAGE whose server
+answers is READY while the platform's API refuses; a settling start fails on its own
+failure, not on a crash from before its ask, and an adopted one on its container's exit.
+Each test failed on the code it was written against."""
 
 from __future__ import annotations
 
@@ -199,3 +201,56 @@ def test_a_settling_start_whose_container_exits_after_its_ask_is_still_failing_a
     assert net.state == NetState.STOPPED  # UNHEALTHY, then its stop confirmed
     assert net.last_error is not None and "exited on its own with code 2" in net.last_error
     assert len(_strays(world, "fl-a")) == 1
+
+
+def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_api_refuses(always_on):
+    """README, FlDispatcherNetOutage: "Once the server answers, the net is READY again."
+    net-a (always-on ECS, its replica running) loses its server, an OUTAGE; the server
+    answers again while the platform's API refuses every call (throttled, its endpoint
+    unreachable: the replica itself is fine). Before 6483ba4 an OUTAGE's driver was never
+    read and the server's answer ended it; since, the refused read ends the net's round
+    before the server is asked, so the page keeps firing on a net that works for as long
+    as the platform's API is out."""
+    world = always_on
+    world.driver("net-a").replicas = 1
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY
+    world.server("net-a").up = False
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE
+    world.server("net-a").up = True  # the server is back ...
+    world.driver("net-a").fail_with = DriverTransientError("ThrottlingException")  # ... the API not
+    for _ in range(3):
+        world.clock.advance(30)
+        reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY, "an OUTAGE whose server answers"
+
+
+def test_an_adopted_settling_start_whose_container_exits_is_failing_at_once(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """app/deploy/CHANGELOG.md (b24e237): "A job-less start that settles stray runs (or a
+    replica started by hand and adopted as one) whose driver reports a failure of this start
+    with nothing running is UNHEALTHY at once". fl-a (Flower, its strays kept in the
+    SuperLink's database) is STOPPED; an operator starts its docker container by hand (the
+    stray alert's advice) and reconcile adopts it as a settling start; the container then
+    exits on its own: UNHEALTHY at once, the exit its error. A docker container that exited
+    reads as no replica desired, and since b24e237 such a failure of a settling start counts
+    only after a scale-up the driver took since the start; an adopted start has none (it
+    was waited out to ready_timeout_s, then abandoned, its error not the container's exit),
+    so an adoption now has its own reason (`failed_starts.ADOPTED_START`)."""
+    world = _world(tmp_path, job_root, sqlite_factory, clock)
+    _stray_on(world, "fl-a")
+    world.server("fl-a").up = False
+    assert scaling.take_down(world.rt, "fl-a", "test")
+    engine = _a_container_that_crashed_long_ago(world, "fl-a")
+    engine["now"] = RUNNING  # `docker start` by hand
+    reconciler.reconcile(world.rt)
+    assert _net_state(world, "fl-a") == NetState.STARTING  # adopted to settle
+    assert scale_decisions(world, "fl-a")[-1][0] == 0  # nothing asked since the take-down
+    engine["now"] = {"Status": "exited", "ExitCode": 2, "FinishedAt": "2026-12-05T13:00:05Z"}
+    clock.advance(30)
+    reconciler.reconcile(world.rt)
+    net = world.net("fl-a")
+    assert net.state != NetState.STARTING, "an adopted start whose container exited waited out"
+    assert net.last_error is not None and "exited on its own with code 2" in net.last_error
