@@ -105,6 +105,7 @@ class Tally:
     messages: Counter[str] = field(default_factory=Counter)
     shapes: dict[str, Counter[str]] = field(default_factory=dict)
     cpu_s: float = 0.0
+    cpu_by_case: dict[str, float] = field(default_factory=dict)
     current: str = IDLE  # the benchmark's own reads between messages are not counted
     on: bool = False
 
@@ -182,7 +183,10 @@ class World:
         try:
             return handler.call(self.rt, **kwargs)
         finally:
-            self.tally.cpu_s += time.process_time() - start
+            spent = time.process_time() - start
+            self.tally.cpu_s += spent
+            case = self.tally.current
+            self.tally.cpu_by_case[case] = self.tally.cpu_by_case.get(case, 0.0) + spent
             self.tally.current = IDLE
 
     def drain(self) -> None:
@@ -249,6 +253,7 @@ def run(engine: Engine, database_url: str, jobs: int, reported: bool) -> dict[st
             "messages": dict(tally.messages),
             "shapes": {k: v.most_common() for k, v in tally.shapes.items()},
             "cpu_ms_per_job": tally.cpu_s * 1000 / jobs,
+            "cpu_ms_by_case": {k: v * 1000 / jobs for k, v in tally.cpu_by_case.items()},
         }
 
 
@@ -306,6 +311,7 @@ def main() -> None:
             each(pg["commits"], case),
             each(lite["statements"], case),
             each(lite["commits"], case),
+            pg["cpu_ms_by_case"].get(case, 0.0),
         ]
         for case in cases
     ]
@@ -317,6 +323,7 @@ def main() -> None:
             sum(pg["commits"].values()) / n,
             per_job["sqlite"],
             sum(lite["commits"].values()) / n,
+            pg["cpu_ms_per_job"],
         ]
     )
     print_table(
@@ -329,6 +336,7 @@ def main() -> None:
             "PG commits",
             "SQLite statements",
             "SQLite commits",
+            "PG CPU ms",
         ],
         rows,
     )
