@@ -377,6 +377,14 @@ def _ask_for_its_replica(rt: Runtime, name: str, state: NetState, job: uuid.UUID
     try:
         if rt.driver(name).observe().desired < 1:
             scale_net(rt, name, 1, "always-on net: one replica")
+    except MisconfigurationError as exc:
+        # A platform refusing for good (a service or container gone, access denied) makes
+        # the net MISCONFIGURED (README), unless it is an OUTAGE whose server answers again:
+        # READY then (README: "Once the server answers"), as a net that never went down
+        # reads no driver and stays READY through the same refusal.
+        if state != NetState.OUTAGE or rt.admin(name).server_state() != ServerState.STARTED:
+            raise
+        log.warning("always-on replica not checked", extra={"net": name, "reason": str(exc)})
     except TransientError as exc:
         # A platform refusing every call (throttled, its API down) must not keep a start
         # that never comes up from paging: its deadline runs from the first ask all the same.

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from app.adapters.drivers.docker import observed as docker_observed
-from app.errors import DriverTransientError
+from app.errors import DriverMisconfigured, DriverTransientError
 from app.usecases import reconciler, records, scaling
 from models import NetEvent, NetState
 from tests.unit.scale_history import scale_decisions
@@ -224,6 +224,56 @@ def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_api_re
         world.clock.advance(30)
         reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.READY, "an OUTAGE whose server answers"
+
+
+def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_refuses_access(
+    always_on,
+):
+    """README, FlDispatcherNetOutage: "Once the server answers, the net is READY again."
+    As above, with the platform refusing the driver's read as misconfigured (an IAM policy
+    change still propagating: AccessDenied on DescribeServices) while the replica runs and
+    its server answers. An always-on net that never went down never reads its driver, and
+    stays READY through such a denial; since 6483ba4 an OUTAGE's re-ask reads it first, so
+    the denial made the net MISCONFIGURED (out of service until a worker restart) although
+    its server answered: the server decides, as for a refusal that is transient."""
+    world = always_on
+    world.driver("net-a").replicas = 1
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY
+    world.server("net-a").up = False
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE
+    world.server("net-a").up = True  # the server is back ...
+    world.driver("net-a").fail_with = DriverMisconfigured(  # ... the API denies the driver
+        "ecs service net-a: DescribeServices failed: AccessDeniedException: not authorized"
+    )
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY, "an OUTAGE whose server answers"
+
+
+def test_an_outage_whose_server_stays_away_and_platform_refuses_as_misconfigured_is_so(
+    always_on,
+):
+    """The other side of the test above, kept as the README says (FlDispatcherNetMisconfigured:
+    "a missing ECS service or cluster, access denied: its last_error says which"): an
+    OUTAGE whose server does not answer and whose replica the platform will not give
+    (the service deleted, a docker container removed by hand: the driver never creates
+    one) is MISCONFIGURED with the refusal as its error, not an OUTAGE re-asked forever
+    whose page names only an unreachable server."""
+    world = always_on
+    world.driver("net-a").replicas = 1
+    reconciler.reconcile(world.rt)
+    world.server("net-a").up = False
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE
+    refusal = "ecs service net-a: DescribeServices failed: ServiceNotFoundException"
+    world.driver("net-a").fail_with = DriverMisconfigured(refusal)
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    net = world.net("net-a")
+    assert net.state == NetState.MISCONFIGURED
+    assert net.last_error is not None and refusal in net.last_error
 
 
 def test_an_adopted_settling_start_whose_container_exits_is_failing_at_once(

@@ -10,7 +10,8 @@ beat, CLI) that come and go, so the driver keeps no state in memory:
   the kit and the port. A process is "our server" only if it is alive, not a zombie, started
   at the recorded time and runs `server_train` on this kit. Anything else is never signalled.
 - `scale` holds an exclusive `fcntl` lock on `<state_dir>/<net>.lock`, so two workers asking
-  at the same moment start one server, not two.
+  at the same moment start one server, not two; `observe` reads a net wanted up with no
+  server while that lock is held as a start under way (pending), not as a failure.
 """
 
 from __future__ import annotations
@@ -100,10 +101,12 @@ class LocalDriver:
 
     def observe(self) -> Observation:
         """desired from the recorded intent; running = our process alive and its port open;
-        pending = alive but the port not open yet (booting)."""
-        state = self._read_state()
-        alive = self._is_our_server(state)
-        host, port = self._endpoint()
+        pending = alive but the port not open yet (booting), or a start under way in
+        another worker (the intent recorded, the process not yet)."""
+        state, alive, starting = self._observed_state()
+        host, port = self._endpoint()  # an unreadable kit is misconfigured, starting or not
+        if starting:
+            return Observation(desired=1, running=0, pending=1)
         port_open = alive and process_control.port_open(host, port)
         failure = None
         if state.desired == 1 and not alive:
@@ -127,6 +130,33 @@ class LocalDriver:
         return state.pid, state.start_ticks
 
     # --- state -------------------------------------------------------------------------------
+
+    def _observed_state(self) -> tuple[_State, bool, bool]:
+        """The recorded state, whether its server is ours and alive, and whether a start is
+        under way in another worker. `scale` records desired=1 before the process exists
+        (and, replacing a previous kit's server, stops that one first), under the net's
+        lock: desired with no live server is a start in flight while that lock is held,
+        and only a failure once it is free (the scaler done, or dead: the lock goes with
+        it). Read without waiting for a scale, so a status view never hangs on a start."""
+        state = self._read_state()
+        alive = self._is_our_server(state)
+        if state.desired != 1 or alive:
+            return state, alive, False
+        try:
+            # Not created here: desired=1 is only ever written under the lock, by then made.
+            fd = os.open(self._lock_path, os.O_RDONLY)
+        except OSError:
+            return state, alive, False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return state, alive, True
+            # No scale holds it now; one may have ended since the first read: read again.
+            state = self._read_state()
+            return state, self._is_our_server(state), False
+        finally:
+            os.close(fd)  # closing releases the shared lock
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
