@@ -24,7 +24,7 @@ from app.usecases.failed_starts import (
     give_up_failed_start,
 )
 from app.usecases.fleet import NetRow
-from app.usecases.outages import overdue_start
+from app.usecases.outages import overdue_start, start_age_s
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
 from app.usecases.scaling import (
@@ -421,8 +421,8 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
             # A start scale-to-zero mode left (a prewarm's, across a redeploy): READY as it
             # would be there, once its sites are connected, idle from its holds' end
             # (simulator seeds 8780, 4946: a READY with no site connected, a fresh grace).
-            age_s = (rt.clock() - row.changed_at).total_seconds()
-            return _ready_once_ready(rt, name, age_s) or ""
+            # Its deadline counts from the first ask, as `overdue_start`'s does.
+            return _ready_once_ready(rt, name, start_age_s(rt, name, row.changed_at)) or ""
         left_behind = state in (
             NetState.OUTAGE,
             NetState.STOPPED,
