@@ -281,11 +281,14 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         # started it (its warm_up may still be polling it). A settling start failing: no wait.
         if failed := give_up_failed_start(rt, name, observation):
             return failed
+        # Its deadline counts from the first ask for its replica (a warm-up that ran late
+        # asked for it then), as an always-on start's does; from STARTING if none was asked.
+        start_s = start_age_s(rt, name, changed_at)
         if observation.is_up:
-            note = _ready_once_ready(rt, name, age_s)
+            note = _ready_once_ready(rt, name, start_s)
             if note is not None:
                 return note
-        if age_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
+        if start_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
             rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
         ):
             stop_net(rt, name, "start abandoned")
