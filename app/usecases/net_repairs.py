@@ -24,7 +24,7 @@ from app.usecases.failed_starts import (
     give_up_failed_start,
 )
 from app.usecases.fleet import NetRow
-from app.usecases.outages import overdue_start
+from app.usecases.outages import overdue_start, start_age_s
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
 from app.usecases.scaling import (
@@ -281,11 +281,14 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         # started it (its warm_up may still be polling it). A settling start failing: no wait.
         if failed := give_up_failed_start(rt, name, observation):
             return failed
+        # Its deadline counts from the first ask for its replica (a warm-up that ran late
+        # asked for it then), as an always-on start's does; from STARTING if none was asked.
+        start_s = start_age_s(rt, name, changed_at)
         if observation.is_up:
-            note = _ready_once_ready(rt, name, age_s)
+            note = _ready_once_ready(rt, name, start_s)
             if note is not None:
                 return note
-        if age_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
+        if start_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
             rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
         ):
             stop_net(rt, name, "start abandoned")
@@ -429,8 +432,8 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
             # A start scale-to-zero mode left (a prewarm's, across a redeploy): READY as it
             # would be there, once its sites are connected, idle from its holds' end
             # (simulator seeds 8780, 4946: a READY with no site connected, a fresh grace).
-            age_s = (rt.clock() - row.changed_at).total_seconds()
-            return _ready_once_ready(rt, name, age_s) or ""
+            # Its deadline counts from the first ask, as `overdue_start`'s does.
+            return _ready_once_ready(rt, name, start_age_s(rt, name, row.changed_at)) or ""
         left_behind = state in (
             NetState.OUTAGE,
             NetState.STOPPED,

@@ -70,6 +70,20 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
     return "STARTING -> OUTAGE (server not up past its readiness deadline)"
 
 
+def start_age_s(rt: Runtime, name: str, started: datetime) -> float:
+    """Seconds a job-less start has had to come up, as `overdue_start` counts them: from the
+    first ask for its replica once its STARTING is past ready_timeout_s (a start left at
+    zero until its replica was asked for late waits for its sites from that ask, not READY
+    at once), else from its STARTING. Only a start past that deadline pays the read."""
+    now = rt.clock()
+    age_s = (now - started).total_seconds()
+    if age_s <= rt.settings.net(name).ready_timeout_s:
+        return age_s
+    with rt.sessions() as session:
+        asked = _asked_at(session, name, started)
+    return age_s if asked is None else (now - asked).total_seconds()
+
+
 def _asked_at(session: Session, name: str, since: datetime) -> datetime | None:
     """When the net's replica was first asked for at or after `since` (its STARTING): the
     first scale-up call for it, whatever its outcome. Not the last: a replica the platform

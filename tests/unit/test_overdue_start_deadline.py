@@ -156,3 +156,29 @@ def test_a_replica_the_platform_keeps_losing_does_not_put_the_page_off(always_on
     reconciler.reconcile(world.rt)
     assert len(scale_decisions(world, "net-a")) == rounds + 1
     assert world.net("net-a").state == NetState.OUTAGE
+
+
+def test_a_start_left_at_zero_waits_for_its_sites_from_the_ask(always_on):
+    """Reviewer's edge (round 16): the same start left at zero past ready_timeout_s, its
+    replica asked for late. Its server answers before any site connected: it waits for its
+    sites (STARTING) until ready_timeout_s after the ask, as a start asked for in time does,
+    not READY at once because its STARTING is old; READY once the sites connect, or at that
+    deadline all the same."""
+    world = always_on
+    world.server("net-a").up = False
+    _start(world, "net-a")
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    world.clock.advance(deadline + 60)
+    reconciler.reconcile(world.rt)  # the ask
+    assert world.driver("net-a").replicas == 1
+    world.server("net-a").up = True
+    world.server("net-a").sites = []
+    world.clock.advance(30)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING  # was READY with no site connected
+    world.clock.advance(deadline - 30)  # exactly the deadline since the ask
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING
+    world.clock.advance(1)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY  # up, its sites not: READY all the same

@@ -21,6 +21,7 @@ from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.claims import drained
+from app.usecases.outages import start_age_s
 from app.usecases.prewarm.holds import (
     end_hold,
     idle_from_holds,
@@ -59,8 +60,9 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     """Bring a prewarmed net's server up: one replica asked of the driver (only while it
     desires none), then READY once the server answers and the holds' sites are connected.
     A net a job has been claimed onto is left to that job's chain. Past the net's
-    ready_timeout_s a server that answers is READY all the same (a site may come later);
-    one that does not is UNHEALTHY and scaled down, and its holds fail. A net found READY
+    ready_timeout_s (from the first ask for the replica, `outages.start_age_s`) a server
+    that answers is READY all the same (a site may come later); one that does not is
+    UNHEALTHY and scaled down, and its holds fail. A net found READY
     already (another readiness check, whose sites may differ, moved it first) is polled on
     until its holds' sites are connected, so `ready_at` says when they were."""
     if not rt.settings.has_net(net_name):
@@ -87,7 +89,9 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     if readiness is not None and readiness.ready:
         mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
-    if (now - since).total_seconds() > config.ready_timeout_s:
+    # From the first ask for the replica (this call's, if it ran late), not from STARTING: a
+    # warm-up whose message waited past the deadline does not give up the boot it just asked.
+    if start_age_s(rt, net_name, since) > config.ready_timeout_s:
         if readiness is not None and readiness.server_state == ServerState.STARTED:
             # The server answers; only sites are missing: up all the same, as a job's
             # missing sites leave its net READY.

@@ -1,0 +1,76 @@
+"""A scale-to-zero start with no job (a prewarm's) counts its readiness deadline from the first
+ask for its replica, as an always-on start's does (`outages.start_age_s`): a warm-up that
+ran late (workers down or backlogged past ready_timeout_s, its message re-sent) asks for
+the replica then, and neither reconcile ("start abandoned") nor the warm-up itself (holds
+failed) gives the start up before the server had ready_timeout_s to boot."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.usecases import reconciler
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
+from models import NetState
+from tests.unit.prewarm_world import READY_TIMEOUT_S, ask, pw, view  # noqa: F401 (fixture)
+from tests.unit.scale_history import scale_decisions
+
+
+@pytest.mark.parametrize("comes_up", [False, True], ids=["never-up", "up-in-time"])
+def test_a_late_ask_is_not_abandoned_by_reconcile_before_its_deadline(pw, comes_up):  # noqa: F811
+    """The warm-up asks for the replica 30 s before the start's deadline counted from
+    STARTING. The next reconcile round, past that deadline, leaves the booting start alone
+    (it was "start abandoned": STOPPING, scaled to 0, 31 s into the boot); the start is
+    abandoned ready_timeout_s after the ask if its server never answers, READY if it does."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    pw.clock.advance(READY_TIMEOUT_S - 30)  # the warm-up did not run until now
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    assert scale_decisions(pw, "net-a")[-1][0] == 1
+    pw.clock.advance(31)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.STARTING  # was STOPPED: "start abandoned"
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # was GAVE_UP
+    pw.clock.advance(READY_TIMEOUT_S - 31)  # exactly the deadline since the ask
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.STARTING
+    pw.clock.advance(1)
+    pw.server("net-a").up = comes_up
+    reconciler.reconcile(pw.rt)
+    if comes_up:
+        assert pw.net("net-a").state == NetState.READY
+        return
+    assert pw.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
+    assert pw.driver("net-a").replicas == 0
+
+
+def test_a_warm_up_run_past_the_deadline_asks_and_waits_for_the_boot(pw):  # noqa: F811
+    """The warm-up's first run comes after ready_timeout_s (its message waited): it asks for
+    the replica and polls on (it gave up in the same call, the holds failed, the server not
+    yet asked to boot); it gives up ready_timeout_s after that ask."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    pw.clock.advance(READY_TIMEOUT_S + 60)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # was GAVE_UP
+    assert view(pw, "p1").status != "failed"
+    pw.clock.advance(READY_TIMEOUT_S)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    pw.clock.advance(1)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert view(pw, "p1").status == "failed"
+
+
+def test_a_start_never_asked_for_is_abandoned_from_its_starting(world):
+    """A start nobody asks a replica for (its job went away before its scale-up, no hold):
+    nothing to wait for, abandoned past ready_timeout_s from STARTING, as before."""
+    from app.usecases import records
+
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.STARTING, world.clock(), "claim")
+    deadline = world.rt.settings.net("net-a").ready_timeout_s
+    world.clock.advance(deadline)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.STARTING
+    world.clock.advance(1)
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
