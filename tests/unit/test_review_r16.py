@@ -3,14 +3,19 @@ on the code they were written against, each a strict xfail until its fix."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy.exc import OperationalError
 
 from app import names
 from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import job_id_for
-from app.usecases import dispatch, requests
+from app.settings import Settings
+from app.usecases import claims, declared_nets, dispatch, monitor, reconciler, requests
 from models import JobState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import world_of
 
 
 def _enqueue_payload(key: str) -> dict[str, object]:
@@ -40,3 +45,71 @@ def test_an_abort_sent_after_an_enqueue_the_database_delayed_is_not_lost(world):
     requests.enqueue_job(world.rt, _enqueue_payload(key))
     started = [a.job_id for a in dispatch.claim_and_start(world.rt)]
     assert world.job(job_id).state == JobState.ABORTED, (answer, started)
+
+
+def _sited_pair(tmp_path, job_root, sqlite_factory, clock):
+    """net-a has site-1..3; `fixed` (always-on, static) has site-1 and site-2 only."""
+    nets = [
+        net_decl(tmp_path, "net-a", "ecs", sites=["site-1", "site-2", "site-3"]),
+        net_decl(tmp_path, "fixed", "static", sites=["site-1", "site-2"]),
+    ]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+
+
+def _redeploy_without_net_a(world, tmp_path, job_root) -> None:
+    """NETS without net-a (the only net with site-3), past the grace that makes it removed."""
+    world.clock.advance(declared_nets.removed_after_s(world.rt.settings) + 1)
+    world.rt.settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=job_root,
+        NETS=json.dumps([net_decl(tmp_path, "fixed", "static", sites=["site-1", "site-2"])]),
+        PER_JOB_FL_SERVER="true",
+    )
+
+
+def _housekeeping_for(world, hours: int) -> None:
+    """Every loop that could move a QUEUED job, each beat interval for `hours`."""
+    for _ in range(hours * 60):
+        world.clock.advance(60)
+        reconciler.reconcile(world.rt)
+        monitor.monitor_running_jobs(world.rt)
+        dispatch.claim_and_start(world.rt)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: an unpinned job whose sites no declared net has any more stays QUEUED",
+)
+def test_a_queued_job_no_declared_net_can_run_does_not_wait_for_ever(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """An unpinned job needing site-3, accepted while net-a had it. A redeploy removes net-a:
+    no declared net has site-3 now (an enqueue of the same payload would be refused: "no net
+    has every site"), so the job can never run. A QUEUED job pinned to a removed net is
+    failed (`undeclared.settle_undeclared`: "it can never run"); this one, unpinned, waits
+    QUEUED for ever: no loop ends it, and flip-api is never told."""
+    world = _sited_pair(tmp_path, job_root, sqlite_factory, clock)
+    job_id = world.enqueue("needs-site-3", required_sites=["site-3"])
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    _housekeeping_for(world, hours=7)  # past AGING_S (6 h)
+    assert world.job(job_id).state != JobState.QUEUED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: SITES_SCAN jobs no net can run block every later job on a sited net",
+)
+def test_jobs_no_declared_net_can_run_do_not_block_a_free_net_for_ever(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """As above, with SITES_SCAN such jobs (a project's burst, all needing site-3): they are
+    first in the claim's order (the oldest, soon aged) and never leave the queue, so the
+    claim's scan of `fixed`'s next SITES_SCAN jobs finds none that fits, for ever: a job that
+    fits `fixed` (free, idle) is never claimed, though its place in line says it is next."""
+    world = _sited_pair(tmp_path, job_root, sqlite_factory, clock)
+    for i in range(claims.SITES_SCAN):
+        world.enqueue(f"needs-site-3-{i}", required_sites=["site-3"])
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    fits = world.enqueue("fits-fixed", required_sites=["site-1"])
+    _housekeeping_for(world, hours=1)
+    assert world.job(fits).state != JobState.QUEUED
