@@ -4,16 +4,19 @@ on the code they were written against, each a strict xfail until its fix."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
 from app import names
+from app.errors import ServerUnavailable
 from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import job_id_for
 from app.settings import Settings
 from app.usecases import claims, declared_nets, dispatch, monitor, reconciler, requests
+from app.usecases.dispatch import Step
 from models import Job, JobState
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
@@ -137,3 +140,42 @@ def test_one_finishing_job_with_no_net_does_not_stop_the_monitor_for_every_net(w
     monitor.monitor_running_jobs(world.rt)
     assert world.job(good).state == JobState.COMPLETED
     assert world.job(bad).state == JobState.FAILED  # REPORT_TIMEOUT_OUTCOME's default
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: a re-sent submit that finds the bundle gone fails the job, its run live",
+)
+def test_a_resent_submit_that_finds_its_bundle_gone_leaves_no_run_uncounted(world, job_root):
+    """The submit lands (NVFLARE runs nv-1) and its reply is lost: the step retries with the
+    same token, which would adopt nv-1 (app/usecases/README.md, Guarantees: "a submit whose
+    reply was lost keeps its attempt and token"). Before the retry the job's folder is
+    removed from the job root (FLIP deleted the model). The retry's `materialize` raises
+    BundleMissing and `refused_definitions.fail_job` FAILS the DISPATCHING job and frees its
+    net with no stray run: nv-1 runs on, counted by nobody, and the next job is submitted
+    beside it on the same server."""
+    first = world.enqueue("first", net="net-a")
+    net, attempt = world.run_until_ready(first)
+    admin = world.admin("net-a")
+    submit = admin.submit
+
+    def reply_lost(*args, **kwargs):
+        submit(*args, **kwargs)  # the run starts on the server
+        raise ServerUnavailable("connection reset before the reply")
+
+    admin.submit = reply_lost  # type: ignore[method-assign]
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, first, net, attempt)
+    del admin.submit
+    shutil.rmtree(job_root / "tiny-job")
+    dispatch.dispatch(world.rt, first, net, attempt)  # the step's retry
+    (job_root / "tiny-job" / "app").mkdir(parents=True)  # the next job's bundle
+    (job_root / "tiny-job" / "meta.json").write_text('{"deploy_map": {"app": ["@ALL"]}}')
+    second = world.enqueue("second", net="net-a")
+    for assignment in dispatch.claim_and_start(world.rt):
+        got = dispatch.start(world.rt, assignment.job_id, assignment.net_name, assignment.attempt)
+        if got.step == Step.DONE:
+            dispatch.dispatch(world.rt, assignment.job_id, assignment.net_name, assignment.attempt)
+    server = world.server("net-a")
+    live = sorted(run for run, status in server.statuses.items() if status == "RUNNING")
+    assert len(live) <= 1, (live, world.job(first).state, world.job(second).state)
