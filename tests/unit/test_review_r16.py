@@ -15,7 +15,7 @@ from app.errors import ServerUnavailable
 from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import job_id_for
 from app.settings import Settings
-from app.usecases import claims, declared_nets, dispatch, monitor, reconciler, requests
+from app.usecases import abort, claims, declared_nets, dispatch, monitor, reconciler, requests
 from app.usecases.dispatch import Step
 from models import Job, JobState
 from tests.fixtures.db import net_decl
@@ -142,10 +142,6 @@ def test_one_finishing_job_with_no_net_does_not_stop_the_monitor_for_every_net(w
     assert world.job(bad).state == JobState.FAILED  # REPORT_TIMEOUT_OUTCOME's default
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: a re-sent submit that finds the bundle gone fails the job, its run live",
-)
 def test_a_resent_submit_that_finds_its_bundle_gone_leaves_no_run_uncounted(world, job_root):
     """The submit lands (NVFLARE runs nv-1) and its reply is lost: the step retries with the
     same token, which would adopt nv-1 (app/usecases/README.md, Guarantees: "a submit whose
@@ -169,6 +165,9 @@ def test_a_resent_submit_that_finds_its_bundle_gone_leaves_no_run_uncounted(worl
     del admin.submit
     shutil.rmtree(job_root / "tiny-job")
     dispatch.dispatch(world.rt, first, net, attempt)  # the step's retry
+    assert world.job(first).state == JobState.FAILED  # its bundle is gone for good
+    [(_, kwargs)] = [m for m in world.outbox.sent if m[0] == names.SETTLE_STRAY_RUNS]
+    assert abort.settle_stray_runs(world.rt, **kwargs) == 0  # nv-1 looked up and aborted
     (job_root / "tiny-job" / "app").mkdir(parents=True)  # the next job's bundle
     (job_root / "tiny-job" / "meta.json").write_text('{"deploy_map": {"app": ["@ALL"]}}')
     second = world.enqueue("second", net="net-a")
