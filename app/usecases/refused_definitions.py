@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+from app import names
 from app.db import unit_of_work
 from app.errors import BundleMissing, BundleTooLarge, BundleUnavailable, DispatcherError
 from app.runtime import Runtime
@@ -28,10 +29,24 @@ def fail_job(
         if (job.state, job.net_name, job.attempts) != (attempt[0], net_name, attempt[1]):
             return job.state
         code = definition_code(exc)
-        # Never worded "rejected": that is a refused enqueue, which created no job.
-        records.finish_job(
-            session, job_id, JobState.FAILED, f"{code}: {exc}", rt.clock(), code=code
-        )
+        reason = f"{code}: {exc}"  # never worded "rejected": that is a refused enqueue
+        # A DISPATCHING job's earlier try may have submitted (its reply lost): that run,
+        # known by the stored token, is kept as a stray, so the net takes no job beside it
+        # until its server says it is over (settled at once below: looked up and aborted).
+        submitted = job.state == JobState.DISPATCHING and job.submit_token is not None
+        if submitted:
+            records.add_stray_run(
+                session,
+                net_name=net_name,
+                job_id=job_id,
+                nvflare_job_id=None,
+                submit_token=job.submit_token,
+                reason=reason,
+                now=rt.clock(),
+            )
+        records.finish_job(session, job_id, JobState.FAILED, reason, rt.clock(), code=code)
+    if submitted:
+        rt.outbox.send(names.SETTLE_STRAY_RUNS, net_name=net_name)
     release_unstarted_net(rt, net_name, job_id)
     kick(rt)
     return None

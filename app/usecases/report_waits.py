@@ -35,10 +35,11 @@ def expire_report_waits(
     )
     results = {}
     for job_id, since, net_name in overdue:
-        assert net_name is not None  # a FINISHING job holds its net
         # Each on its own: one that cannot be settled is recorded on its net and stops
-        # neither the others nor the round's watch of every net's runs.
-        with isolated(rt, "monitor_running_jobs", net_name):
+        # neither the others nor the round's watch of every net's runs. A FINISHING job
+        # holds its net; a row that names none (a hand edit) is settled all the same, not
+        # asserted on outside the isolation, which stopped the round for every net.
+        with isolated(rt, "monitor_running_jobs", net_name or "-"):
             with unit_of_work(rt.sessions) as session:
                 records.expire_report_wait(
                     session, job_id, outcome, (now - since).total_seconds(), now
