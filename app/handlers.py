@@ -7,8 +7,9 @@ the task layer. Imports no Celery.
 The delivery rules by kind (`on_error`; tasks/base.py carries them out on Celery):
 
 - `request`, flip-api's (the message is the only copy of its intent): a database that
-  cannot store it now, or a row another worker changed meanwhile, is retried with backoff
-  and no limit, never acknowledged away;
+  cannot store it now (a statement hung to the task's soft time limit included), or a row
+  another worker changed meanwhile, is retried with backoff and no limit, never
+  acknowledged away; killed at the hard time limit, it goes back to its queue;
 - `pipeline`, a chain step bound to one job, net and attempt: a `TransientError` or a row
   changed meanwhile is retried with backoff up to `RETRY_MAX`, each retry counted on the
   job, then the job is requeued, never dropped; a misconfigured net ends the chain (the use
@@ -18,6 +19,9 @@ The delivery rules by kind (`on_error`; tasks/base.py carries them out on Celery
 
 A handler may also ask to run again after a countdown (`again_in`: a readiness poll, the
 next callback due), and a chain step may end its chain (`ends_chain`).
+
+(`billiard` is Celery's process pool, not Celery: its time-limit exception is what a
+statement that hangs past the soft limit raises in the use case.)
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm.exc import StaleDataError
 
 from app import names
@@ -101,6 +106,12 @@ class Acks:
     # A worker process lost mid-task (killed, out of memory) puts its message back at once.
     reject_on_worker_lost: bool = True
 
+    def on_timeout(self, kind: Kind) -> bool:
+        """Whether a task killed at its hard time limit is acknowledged: a caller's request,
+        its only copy, goes back to its queue instead; a step's or a loop's work is found
+        again by its lease or beat's next tick, so it is let go (no redelivery loop)."""
+        return self.on_failure_or_timeout and kind is not Kind.REQUEST
+
 
 ACKS = Acks()
 
@@ -119,8 +130,11 @@ def on_error(handler: Handler, exc: BaseException, retries: int, settings: Setti
     # Another transaction changed the row between this one's read and its write (the rows'
     # version check): trying again reads it as it is now, and acts only if still its own.
     changed = isinstance(exc, StaleDataError)
+    # A statement that hung to the soft time limit (a socket to a primary that vanished in
+    # a failover, a row lock a frozen transaction holds): the database could not store it now.
+    hung = isinstance(exc, SoftTimeLimitExceeded)
     if handler.kind is Kind.REQUEST and (
-        changed or database_unavailable(exc) or isinstance(exc, TransientError)
+        changed or hung or database_unavailable(exc) or isinstance(exc, TransientError)
     ):
         return Verdict.RETRY  # the message is the caller's only copy: never let it go
     if handler.kind is Kind.PIPELINE:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task
-from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+from celery.exceptions import Reject, Retry
 
 from app.celery_app import (
     HOUSEKEEPING_HARD_LIMIT_S,
@@ -132,11 +132,6 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
         except Exception as exc:
             settings = runtime().settings
             verdict = on_error(handler, exc, self.request.retries, settings)
-            if handler.kind is Kind.REQUEST and isinstance(exc, SoftTimeLimitExceeded):
-                # A statement that hung to the soft limit (a socket to a primary that vanished
-                # in a failover, a row lock a frozen transaction holds): the database could
-                # not store the request now, so it is kept, as for any "not now" error.
-                verdict = Verdict.RETRY
             if verdict is Verdict.ENDED:
                 # Already handled by the use case (net MISCONFIGURED, job back in the queue,
                 # one ERROR line): the chain ends here, without Celery's "raised unexpected"
@@ -213,9 +208,8 @@ def register(handler: Handler) -> Task:
         time_limit=hard,
         send_events=handler.task_events,
         # Celery acknowledges a task killed at its hard limit when acks_on_timeout is true
-        # (ACKS.on_failure_or_timeout makes it so): a caller's request, its only copy, goes
-        # back to its queue instead. A step's or a loop's is found again by its lease or tick.
-        acks_on_timeout=handler.kind is not Kind.REQUEST,
+        # (ACKS.on_failure_or_timeout would make it so for every task).
+        acks_on_timeout=ACKS.on_timeout(handler.kind),
         # No limit of Celery's own (its default is 3, and a retry's max_retries=None means
         # that default): on_error alone decides how often a message is tried again.
         max_retries=None,

@@ -7,6 +7,7 @@ import random
 import sqlite3
 
 import pytest
+from billiard.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -77,6 +78,10 @@ def test_the_simulator_delivers_a_message_to_every_handler(monkeypatch):
         (Kind.HOUSEKEEPING, DB_DOWN, 0, Verdict.FAILED),  # the next tick
         (Kind.HOUSEKEEPING, ServerUnavailable("x"), 0, Verdict.FAILED),
         (Kind.CALLBACKS, DB_DOWN, 0, Verdict.FAILED),  # beat's sweep
+        # A statement hung to the soft time limit: the request is kept (review r16); a loop's
+        # next tick does its work.
+        (Kind.REQUEST, SoftTimeLimitExceeded("300"), 0, Verdict.RETRY),
+        (Kind.HOUSEKEEPING, SoftTimeLimitExceeded("300"), 0, Verdict.FAILED),
     ],
 )
 def test_on_error_is_the_delivery_rule_of_each_kind(world, kind, exc, retries, verdict):
