@@ -1,0 +1,150 @@
+"""Review round 16 (break-it): promises fl-dispatcher makes flip-api about its status
+callbacks that the code did not keep (tasks/README.md "Status callbacks", "Rejected events",
+"What flip-api may rely on"; app/entrypoints/README.md "Metrics"). Each test names the
+promise; one still marked xfail is a defect left open, with the fix its reason suggests."""
+
+from __future__ import annotations
+
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+
+from app import names
+from app.local.receiver import PATH
+from app.metrics.read import read_snapshot
+from app.usecases import callbacks, intake
+from tests.unit.callback_world import cb, deliver, receiver
+from tests.unit.conftest import World
+from tests.unit.lost_commit_reply import commit_reply_lost
+from tests.unit.test_callback_sender import servers, world_with_receiver_at
+
+__all__ = ["cb", "receiver", "servers"]  # the fixtures, used by name
+
+
+def _failed_total(world: World) -> int:
+    """fl_dispatcher_callback_failed_events_total as a scrape reads it."""
+    with world.rt.sessions.begin() as session:
+        return read_snapshot(session, world.clock(), callbacks=True).callback_failed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: pruning a given-up rejected event lowers the failed events counter",
+)
+def test_pruning_a_given_up_rejected_event_never_lowers_the_failed_events_counter(cb, receiver):
+    """`fl_dispatcher_callback_failed_events_total` is a counter ("Pruning history no longer
+    lowers a counter"), and FlDispatcherCallbackGivenUp pages on its `increase(...[1h])`: a
+    fall reads to Prometheus as a reset, whose increase is the whole remaining count, so
+    the page fires for events given up long ago. A given-up rejected event is pruned with
+    its row once past REJECTED_RETENTION_S (by the next refusal), and the counter, read
+    live from the rows, fell with it."""
+    intake.record_refusal(cb.rt, "bad", "unknown net 'x'")
+    receiver.rule = lambda payload: 400
+    for _ in range(5):  # CALLBACK_MAX_4XX_TRIES (3) rejections, the backoff between
+        deliver(cb, receiver)
+        cb.clock.advance(10)
+    assert _failed_total(cb) == 1
+    cb.clock.advance(cb.rt.settings.rejected_retention_s + 1)
+    intake.record_refusal(cb.rt, "later", "unknown net 'y'")  # prunes what is past retention
+    assert _failed_total(cb) == 1
+
+
+def _enqueue_task(world: World):
+    from app.handlers import HANDLERS
+
+    return HANDLERS[names.ENQUEUE_JOB]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: a keyless refusal retried after a lost commit reply is recorded twice",
+)
+def test_a_keyless_refusal_retried_after_its_commit_reply_was_lost_is_one_rejected_event(
+    cb, receiver
+):
+    """tasks/README.md "What flip-api may rely on": a retry after a commit that was applied
+    but whose reply was lost changes nothing ("a refusal recorded once, one `rejected`
+    event"). A payload without a caller_key is deduplicated by nothing (record_rejection
+    looks for the same refusal by its key only), so the retry records it again: two
+    `rejected` events, two event ids, for one request. Suggested fix: record the Celery
+    request's id (stable across its retries) on the row and find the same refusal by it
+    first, whatever its key."""
+    from app.handlers import Verdict, on_error
+
+    handler = _enqueue_task(cb)
+    payload = {"definition": "tiny-job", "net": "net-a"}  # no caller_key
+    with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
+        handler.call(cb.rt, payload=payload)
+    assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
+    handler.call(cb.rt, payload=payload)  # the retry
+    deliver(cb, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: a refusal's retry after a lost reply becomes a caller_key_conflict once "
+    "the corrected request created the job",
+)
+def test_a_refusal_retried_after_a_lost_reply_stays_one_event_once_its_key_names_a_job(
+    cb, receiver
+):
+    """The same promise, one request later: an enqueue refused (`rejected`: unknown net) whose
+    commit reply is lost is retried after a backoff (2 s and up, RETRY_BACKOFF_MAX_S); the
+    refusal was stored and its event delivered meanwhile, so flip-api may have sent the
+    corrected request under the same key, which created the job. The retry then reads as a
+    conflict with that job and is recorded as a second refusal, `caller_key_conflict`:
+    flip-api gets two `rejected` events, with two codes, for the one request it sent.
+    Suggested fix: as above, find the refusal already recorded for this Celery request (its
+    id) before judging the request again."""
+    from app.handlers import Verdict, on_error
+
+    handler = _enqueue_task(cb)
+    bad = {"caller_key": "flip-run-5", "definition": "tiny-job", "net": "nope"}
+    with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
+        handler.call(cb.rt, payload=bad)
+    assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
+    deliver(cb, receiver)  # the refusal was stored: its event goes out
+    corrected = {**bad, "net": "net-a"}
+    assert handler.call(cb.rt, payload=corrected)["created"] is True
+    handler.call(cb.rt, payload=bad)  # the lost-reply retry of the first request
+    deliver(cb, receiver)
+    rejected = [p["reason_code"] for p, _, _ in receiver.requests if p["kind"] == "rejected"]
+    assert rejected == ["rejected"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: an answer body httpx cannot decode ends every round before any other job",
+)
+def test_a_receiver_answer_whose_body_cannot_be_decoded_holds_back_no_other_job(
+    servers, tmp_path, job_root, sqlite_factory, clock
+):
+    """ "Any other answer ... only that job waits; other jobs go on", and "Never in the
+    pipeline's way". A receiver (or a proxy before it) that answers one job's event with a
+    body labelled `Content-Encoding: gzip` that is not gzip made httpx raise DecodingError,
+    which is not a TransportError: the sender let it out, the round ended with it before
+    recording anything, and the next round tried the same event first again, so no other
+    job's event was ever sent. The status line had come: it is the answer."""
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        body = b"stored"
+        handler.send_response(200)
+        if handler.headers["webhook-id"] == "1":  # j1's first event, each time it is tried
+            handler.send_header("Content-Encoding", "gzip")  # but it is not
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    recorder = servers(answer)
+    port = int(recorder.base.rsplit(":", 1)[1])
+    world = world_with_receiver_at(port, tmp_path, job_root, sqlite_factory, clock)
+    assert world.rt.settings.callback_url.endswith(PATH)
+    world.enqueue("j1", net="net-a")
+    world.enqueue("j2", net="net-a")
+    for _ in range(2):
+        callbacks.deliver_callbacks(world.rt)
+        clock.advance(60)
+    assert len(recorder.requests) >= 2  # j2's QUEUED went out too
+    with world.rt.sessions() as session:
+        assert callbacks.backlog(session).undelivered == 0
