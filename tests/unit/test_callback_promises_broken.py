@@ -113,10 +113,6 @@ def test_a_refusal_retried_after_a_lost_reply_stays_one_event_once_its_key_names
     assert rejected == ["rejected"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: an answer body httpx cannot decode ends every round before any other job",
-)
 def test_a_receiver_answer_whose_body_cannot_be_decoded_holds_back_no_other_job(
     servers, tmp_path, job_root, sqlite_factory, clock
 ):
