@@ -10,17 +10,20 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
+from typing import Any
 
 from sqlalchemy import and_, delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
+from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
 from app.usecases import declared_nets
-from models import Job, JobState, ReasonCode, RejectedRequest
+from models import Job, JobState, MetricTotal, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +258,7 @@ def record_rejection(
     expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
     if callbacks:
         expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
+    _count_pruned_failures(session, expired)
     session.execute(delete(RejectedRequest).where(expired))
     shown = storable(reason)[:4000]
     # The same refusal again (a retry after a commit whose reply was lost, the caller's own
@@ -284,6 +288,27 @@ def record_rejection(
     )
     session.add(rejection)
     return rejection
+
+
+def _count_pruned_failures(session: Session, expired: Any) -> None:
+    """Add the given-up rejected events about to be pruned to their running total: the
+    failed-events counter (`callbacks.backlog`) is a counter, and a fall would read to
+    Prometheus as a reset (a false "given up within the hour" page)."""
+    pruned = session.scalar(
+        select(func.count())
+        .select_from(RejectedRequest)
+        .where(expired, RejectedRequest.callback_failed)
+    )
+    if not pruned:
+        return
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(MetricTotal).values(metric=CALLBACK_FAILED_PRUNED, labels="", value=pruned)
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[MetricTotal.metric, MetricTotal.labels],
+            set_={"value": MetricTotal.value + stmt.excluded.value},
+        )
+    )
 
 
 def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None:

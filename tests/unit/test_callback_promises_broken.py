@@ -27,10 +27,6 @@ def _failed_total(world: World) -> int:
         return read_snapshot(session, world.clock(), callbacks=True).callback_failed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: pruning a given-up rejected event lowers the failed events counter",
-)
 def test_pruning_a_given_up_rejected_event_never_lowers_the_failed_events_counter(cb, receiver):
     """`fl_dispatcher_callback_failed_events_total` is a counter ("Pruning history no longer
     lowers a counter"), and FlDispatcherCallbackGivenUp pages on its `increase(...[1h])`: a

@@ -52,6 +52,7 @@ from app.adapters.callbacks import (
     signed_headers,
 )
 from app.db import unit_of_work
+from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.read_models import CallbackDelivery, iso
 from app.runtime import Runtime
 from app.usecases.callbacks.due import Batch, JobRef, Look, due_batch, look, settled
@@ -64,7 +65,7 @@ from app.usecases.callbacks.payloads import (
 )
 from app.usecases.callbacks.receiver import release_lease, schedule_wake, take_lease
 from app.usecases.callbacks.verdicts import Verdict, record_job_try, record_rejection_try
-from models import CallbackCursor, JobEvent, RejectedRequest
+from models import CallbackCursor, JobEvent, MetricTotal, RejectedRequest
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,17 @@ def backlog(session: Session) -> Backlog:
     failed_rejected = session.scalar(
         select(func.count()).select_from(RejectedRequest).where(RejectedRequest.callback_failed)
     )
+    # Those given up and pruned since (a counter never falls: enqueue.record_rejection).
+    failed_pruned = session.scalar(
+        select(MetricTotal.value).where(
+            MetricTotal.metric == CALLBACK_FAILED_PRUNED, MetricTotal.labels == ""
+        )
+    )
     oldest_of = [at for at in (oldest, oldest_rejected) if at is not None]
     return Backlog(
         int(count) + int(rejected),
         min(oldest_of) if oldest_of else None,
-        int(failed or 0) + int(failed_rejected or 0),
+        int(failed or 0) + int(failed_rejected or 0) + int(failed_pruned or 0),
     )
 
 
