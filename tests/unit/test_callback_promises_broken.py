@@ -181,3 +181,46 @@ def test_a_reason_code_written_by_a_newer_release_fails_no_status_api_read(cb, r
         assert listed.status_code == 200, listed.text
         assert {j["caller_key"] for j in listed.json()["jobs"]} == {"ended", "waiting"}
         assert client.get(f"/jobs/{ended}").status_code == 200
+
+
+# A definition the schema takes (at most 1024 characters) whose folder the file system will
+# not look up: a name longer than a directory entry may be (255 bytes), a symlink loop.
+UNREADABLE_DEFINITIONS = ["a" * 300, "tiny-job/" + "b" * 256, "loop"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: a definition the file system cannot look up is a 500 and a dropped "
+    "task, not a recorded refusal",
+)
+@pytest.mark.parametrize("definition", UNREADABLE_DEFINITIONS, ids=["long", "long-inner", "loop"])
+def test_a_definition_the_file_system_cannot_look_up_is_refused_and_recorded(
+    tmp_path, job_root, sqlite_factory, clock, receiver, definition
+):
+    """tasks/README.md: "A refused payload (... a folder outside the root ...) creates no
+    job: it is logged as one line and recorded ..., and with CALLBACK_URL set it is pushed
+    as a `rejected` event"; app/entrypoints/README.md: "rejected requests 400". A folder
+    name past the file system's 255 bytes made `Path.is_dir()` raise OSError (ENAMETOOLONG
+    is not among the errors pathlib reads as "not there"), a symlink loop made `resolve()`
+    raise RuntimeError: POST /jobs answered 500, and the enqueue_job task raised, which
+    app.handlers.on_error fails for good (not a database error): the request was dropped
+    unrecorded, flip-api heard nothing, and its job stayed "not found" for ever. Suggested
+    fix: `enqueue.resolve_definition` reads a lookup the file system refuses for the path
+    itself (ENAMETOOLONG, ELOOP, the loop's RuntimeError) as InvalidRequest naming it."""
+    from fastapi.testclient import TestClient
+
+    from app.entrypoints.api import create_app
+    from app.handlers import HANDLERS
+    from tests.unit.callback_world import callback_settings
+
+    (job_root / "loop").symlink_to("loop")
+    key = "probe-api-key-0123456789"
+    world = World(callback_settings(tmp_path, job_root, API_SECRET=key), sqlite_factory, clock)
+    payload = {"caller_key": "flip-run-1", "definition": definition, "net": "net-a"}
+    with TestClient(create_app(world.rt), raise_server_exceptions=False) as client:
+        answer = client.post("/jobs", json=payload, headers={"X-API-Key": key})
+    assert answer.status_code == 400, answer.text
+    refused = HANDLERS[names.ENQUEUE_JOB].call(world.rt, payload=payload)
+    assert refused["reason_code"] == "rejected"
+    deliver(world, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
