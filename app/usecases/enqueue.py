@@ -4,7 +4,9 @@ for a while so the job's id can say "rejected". SQL only, like `records`."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 # already takes the write lock. Two int4 keys: a key space apart from the bigint locks of
 # app.beat and app.metrics.fold.
 _REJECTION_LOCK = 0x666C726A  # "flrj"
+# A definition's path the file system refuses to look up for what it is, whatever the disk
+# holds: a name longer than a directory entry may be, a symlink loop.
+_UNNAMEABLE = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
 
 
 @dataclass(frozen=True)
@@ -56,12 +61,21 @@ def resolve_definition(settings: Settings, definition: str) -> str:
             f"definition {definition!r} must be a relative folder under the job root, without '..'"
         )
     root = settings.job_root.resolve()
-    folder = (root / relative).resolve()
-    # resolve() follows symlinks, so a link pointing outside the root is caught here too.
-    if not folder.is_relative_to(root):
-        raise InvalidRequest(f"definition {definition!r} escapes the job root")
-    if not folder.is_dir():
-        raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+    try:
+        folder = (root / relative).resolve()
+        # resolve() follows symlinks, so a link pointing outside the root is caught here too.
+        if not folder.is_relative_to(root):
+            raise InvalidRequest(f"definition {definition!r} escapes the job root")
+        if not folder.is_dir():
+            raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+    except RuntimeError:  # pathlib's word for a symlink loop
+        raise InvalidRequest(f"definition {definition!r} is a symlink loop") from None
+    except OSError as exc:
+        if exc.errno not in _UNNAMEABLE:
+            raise  # the file system failing (EIO...): not the request's fault
+        # Raised, it failed the task for good, unrecorded, and was a 500 over HTTP.
+        reason = os.strerror(exc.errno or 0)
+        raise InvalidRequest(f"definition {definition!r} cannot be looked up: {reason}") from None
     if not re.fullmatch(r"[A-Za-z0-9._-]+", folder.name):
         # NVFLARE refuses other characters in the job folder's name (2.9.0 submit_job).
         raise InvalidRequest(

@@ -188,11 +188,6 @@ def test_a_reason_code_written_by_a_newer_release_fails_no_status_api_read(cb, r
 UNREADABLE_DEFINITIONS = ["a" * 300, "tiny-job/" + "b" * 256, "loop"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: a definition the file system cannot look up is a 500 and a dropped "
-    "task, not a recorded refusal",
-)
 @pytest.mark.parametrize("definition", UNREADABLE_DEFINITIONS, ids=["long", "long-inner", "loop"])
 def test_a_definition_the_file_system_cannot_look_up_is_refused_and_recorded(
     tmp_path, job_root, sqlite_factory, clock, receiver, definition
