@@ -109,21 +109,45 @@ def test_a_refusal_retried_after_a_lost_reply_stays_one_event_once_its_key_names
     assert rejected == ["rejected"]
 
 
+# Headers that make httpx's reading of an answer's body raise: a Content-Encoding the body
+# is not in (DecodingError), a charset naming a codec that is not a text encoding
+# (LookupError from bytes.decode). Neither is a TransportError.
+UNDECODABLE_ANSWERS = {
+    "gzip-label": ("Content-Encoding", "gzip"),
+    "hex-charset": ("Content-Type", "text/plain; charset=hex"),
+}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pytest.param(UNDECODABLE_ANSWERS["gzip-label"], id="gzip-label"),
+        pytest.param(
+            UNDECODABLE_ANSWERS["hex-charset"],
+            id="hex-charset",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="review r16: an answer whose charset is no text encoding ends every round",
+            ),
+        ),
+    ],
+)
 def test_a_receiver_answer_whose_body_cannot_be_decoded_holds_back_no_other_job(
-    servers, tmp_path, job_root, sqlite_factory, clock
+    servers, tmp_path, job_root, sqlite_factory, clock, header
 ):
     """ "Any other answer ... only that job waits; other jobs go on", and "Never in the
     pipeline's way". A receiver (or a proxy before it) that answers one job's event with a
-    body labelled `Content-Encoding: gzip` that is not gzip made httpx raise DecodingError,
-    which is not a TransportError: the sender let it out, the round ended with it before
-    recording anything, and the next round tried the same event first again, so no other
-    job's event was ever sent. The status line had come: it is the answer."""
+    body its headers misdescribe (labelled `Content-Encoding: gzip` but not gzip; a charset
+    such as `hex`, a codec but no text encoding) made the sender raise something other than
+    ReceiverUnreachable: the round ended with it before recording anything, and the next
+    round tried the same event first again, so no other job's event was ever sent. The
+    status line had come: it is the answer."""
 
     def answer(handler: BaseHTTPRequestHandler) -> None:
         body = b"stored"
         handler.send_response(200)
         if handler.headers["webhook-id"] == "1":  # j1's first event, each time it is tried
-            handler.send_header("Content-Encoding", "gzip")  # but it is not
+            handler.send_header(*header)
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         handler.wfile.write(body)
