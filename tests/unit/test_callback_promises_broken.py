@@ -5,15 +5,18 @@ promise; one still marked xfail is a defect left open, with the fix its reason s
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from app import names
+from app.adapters.callbacks import Answer
 from app.local.receiver import PATH
 from app.metrics.read import read_snapshot
 from app.usecases import callbacks, intake
-from tests.unit.callback_world import cb, deliver, receiver
+from tests.unit.callback_world import Receiver, cb, deliver, receiver
 from tests.unit.conftest import World
 from tests.unit.lost_commit_reply import commit_reply_lost
 from tests.unit.test_callback_sender import servers, world_with_receiver_at
@@ -230,3 +233,60 @@ def test_a_definition_the_file_system_cannot_look_up_is_refused_and_recorded(
     assert refused["reason_code"] == "rejected"
     deliver(world, receiver)
     assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
+
+
+@contextlib.contextmanager
+def _text_refuses_nul_as_postgresql_does(engine) -> Iterator[None]:
+    """PostgreSQL's text columns refuse a NUL (psycopg raises DataError before sending);
+    SQLite stores it. Every statement on `engine` with a NUL in a string parameter fails
+    here as it would there."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import DataError
+
+    def refuse(_conn, _cursor, statement, parameters, _context, _many) -> None:
+        rows = parameters if isinstance(parameters, list) else [parameters]
+        for row in rows:
+            values = row.values() if isinstance(row, dict) else row
+            if any(isinstance(v, str) and "\x00" in v for v in values):
+                cause = ValueError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+                raise DataError(statement, row, cause)
+
+    event.listen(engine, "before_cursor_execute", refuse)
+    try:
+        yield
+    finally:
+        event.remove(engine, "before_cursor_execute", refuse)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r16: a receiver answer with a NUL in its body cannot be recorded on "
+    "PostgreSQL, and every round ends on that event",
+)
+def test_a_receiver_answer_with_a_nul_in_its_body_holds_back_no_other_job(cb):
+    """ "5xx, 408, 429: only that job waits; other jobs go on." The answer's excerpt is kept
+    in the cursor's last_error as the receiver sent it: a body with a NUL in it (UTF-16 text
+    sent without its charset, a binary error page) cannot be stored in PostgreSQL's text,
+    so the record of that try raised DataError (not a database outage), the round ended
+    with it, and the next round tried the same event first again: no other job's event
+    went out, on any round. (The project escapes NUL everywhere it stores outside words,
+    `app.schemas.storable`; not here.) Suggested fix: the sender's excerpt goes through
+    `storable` (or drops control characters) before it is an Answer."""
+    first = cb.enqueue("j1", net="net-a")
+    cb.enqueue("j2", net="net-a")
+
+    class Utf16Receiver(Receiver):
+        """Answers j1's events 500 with a UTF-16LE body read as UTF-8, the rest 200."""
+
+        def post(self, body: bytes, headers) -> Answer:
+            answer = super().post(body, headers)
+            return Answer(answer.status, "e\x00r\x00r\x00") if answer.status >= 500 else answer
+
+    utf16 = Utf16Receiver()
+    utf16.rule = lambda payload: 500 if payload["job_id"] == str(first) else 200
+    with _text_refuses_nul_as_postgresql_does(cb.rt.engine):
+        for _ in range(2):
+            with contextlib.suppress(Exception):
+                deliver(cb, utf16)
+            cb.clock.advance(60)
+    assert "QUEUED" in utf16.accepted()  # j2's, whatever j1's answer was
