@@ -258,11 +258,6 @@ def _text_refuses_nul_as_postgresql_does(engine) -> Iterator[None]:
         event.remove(engine, "before_cursor_execute", refuse)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: a receiver answer with a NUL in its body cannot be recorded on "
-    "PostgreSQL, and every round ends on that event",
-)
 def test_a_receiver_answer_with_a_nul_in_its_body_holds_back_no_other_job(cb):
     """ "5xx, 408, 429: only that job waits; other jobs go on." The answer's excerpt is kept
     in the cursor's last_error as the receiver sent it: a body with a NUL in it (UTF-16 text
@@ -290,3 +285,6 @@ def test_a_receiver_answer_with_a_nul_in_its_body_holds_back_no_other_job(cb):
                 deliver(cb, utf16)
             cb.clock.advance(60)
     assert "QUEUED" in utf16.accepted()  # j2's, whatever j1's answer was
+    with cb.rt.sessions() as session:
+        kept = callbacks.delivery_status(session, first).last_error
+    assert kept is not None and kept.endswith(r"HTTP 500: e\x00r\x00r\x00")  # escaped
