@@ -12,7 +12,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
-from typing import Any
 
 from sqlalchemy import and_, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -272,8 +271,10 @@ def record_rejection(
     expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
     if callbacks:
         expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
-    _count_pruned_failures(session, expired)
-    session.execute(delete(RejectedRequest).where(expired))
+    pruned = session.scalars(
+        delete(RejectedRequest).where(expired).returning(RejectedRequest.callback_failed)
+    ).all()
+    _count_pruned_failures(session, sum(pruned))
     shown = storable(reason)[:4000]
     # The same refusal again (a retry after a commit whose reply was lost, the caller's own
     # repeat, a copy handled at the same time) is the one already kept: one row, one
@@ -304,15 +305,11 @@ def record_rejection(
     return rejection
 
 
-def _count_pruned_failures(session: Session, expired: Any) -> None:
-    """Add the given-up rejected events about to be pruned to their running total: the
-    failed-events counter (`callbacks.backlog`) is a counter, and a fall would read to
+def _count_pruned_failures(session: Session, pruned: int) -> None:
+    """Add the given-up rejected events just pruned (counted from the rows the DELETE
+    removed, so two refusals pruning at once count each row once) to their running total:
+    the failed-events counter (`callbacks.backlog`) is a counter, and a fall would read to
     Prometheus as a reset (a false "given up within the hour" page)."""
-    pruned = session.scalar(
-        select(func.count())
-        .select_from(RejectedRequest)
-        .where(expired, RejectedRequest.callback_failed)
-    )
     if not pruned:
         return
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert

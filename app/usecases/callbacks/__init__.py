@@ -102,20 +102,26 @@ def backlog(session: Session) -> Backlog:
         )
     ).one()
     failed = session.scalar(select(func.coalesce(func.sum(CallbackCursor.failed), 0)))
-    failed_rejected = session.scalar(
-        select(func.count()).select_from(RejectedRequest).where(RejectedRequest.callback_failed)
+    # Given-up rejected events kept, and those pruned since (enqueue.record_rejection), in
+    # one statement: a prune committed between two reads would count a row twice, and the
+    # next scrape's right figure would then read as a counter's fall.
+    kept_failed = (
+        select(func.count())
+        .select_from(RejectedRequest)
+        .where(RejectedRequest.callback_failed)
+        .scalar_subquery()
     )
-    # Those given up and pruned since (a counter never falls: enqueue.record_rejection).
-    failed_pruned = session.scalar(
-        select(MetricTotal.value).where(
-            MetricTotal.metric == CALLBACK_FAILED_PRUNED, MetricTotal.labels == ""
-        )
+    pruned_failed = (
+        select(MetricTotal.value)
+        .where(MetricTotal.metric == CALLBACK_FAILED_PRUNED, MetricTotal.labels == "")
+        .scalar_subquery()
     )
+    failed_rejected = session.scalar(select(kept_failed + func.coalesce(pruned_failed, 0)))
     oldest_of = [at for at in (oldest, oldest_rejected) if at is not None]
     return Backlog(
         int(count) + int(rejected),
         min(oldest_of) if oldest_of else None,
-        int(failed or 0) + int(failed_rejected or 0) + int(failed_pruned or 0),
+        int(failed or 0) + int(failed_rejected or 0),
     )
 
 
