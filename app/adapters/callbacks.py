@@ -284,6 +284,16 @@ def _deadline_transport(deadline: _Deadline) -> httpx.HTTPTransport:
     return transport
 
 
+def _as_text(body: bytes, encoding: str | None) -> str:
+    """The answer's body as text for its excerpt, whatever charset it claims: a codec that is
+    no text encoding (`hex`, `rot13`) raised LookupError out of the sender, which ended every
+    delivery round on the same event."""
+    try:
+        return body.decode(encoding or "utf-8", "replace")
+    except LookupError:
+        return body.decode("utf-8", "replace")
+
+
 class HttpCallbackSender:
     """httpx, one client per delivery round: no redirects (a redirect is an answer, and
     following one would resend the signed body elsewhere), no proxy or certificate settings
@@ -316,15 +326,21 @@ class HttpCallbackSender:
                 "POST", self._url, content=body, headers=dict(headers)
             ) as response:
                 head = bytearray()
-                for chunk in response.iter_bytes():
-                    head += chunk
-                    if len(head) >= ANSWER_READ_BYTES:
-                        break  # the rest is never read; the connection is closed
+                try:
+                    for chunk in response.iter_bytes():
+                        head += chunk
+                        if len(head) >= ANSWER_READ_BYTES:
+                            break  # the rest is never read; the connection is closed
+                except httpx.DecodingError:
+                    # A body its Content-Encoding does not describe: the status line came,
+                    # so that is the answer. Let out, it ended the round before any record,
+                    # and the same event came first again in every round after.
+                    head = bytearray(b"(an answer body that cannot be decoded)")
         except httpx.TransportError as exc:
             raise ReceiverUnreachable(describe_unreachable(exc, self._url)) from None
         finally:
             self._deadline.at = math.inf
-        text = bytes(head[:ANSWER_READ_BYTES]).decode(response.encoding or "utf-8", "replace")
+        text = _as_text(bytes(head[:ANSWER_READ_BYTES]), response.encoding)
         excerpt = " ".join(text[:ANSWER_EXCERPT_CHARS].split())
         return Answer(response.status_code, excerpt)
 

@@ -34,6 +34,9 @@ JOB_RETRIES = "job_retries"
 JOB_REQUEUES = "job_requeues"
 REPORT_TIMEOUTS = "report_timeouts"
 PREWARMS = "prewarms"  # labels: the outcome (models.prewarms.PrewarmOutcome)
+# Rejected events given up whose rows were pruned: the failed-events counter reads the rows
+# still kept plus this, so pruning one never lowers it (app.usecases.enqueue.record_rejection).
+CALLBACK_FAILED_PRUNED = "callback_failed_pruned"
 
 # The outcome label of a scale decision is its class, a closed set: the driver's own words
 # (any length, any script) stay in scale_events.outcome, the log and the net's last_error.

@@ -4,7 +4,9 @@ for a while so the job's id can say "rejected". SQL only, like `records`."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -12,15 +14,17 @@ from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
 from sqlalchemy import and_, delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.adapters.s3_definition import parse_s3_definition
 from app.errors import CallerKeyConflict, InvalidRequest
+from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
 from app.usecases import declared_nets
-from models import Job, JobState, ReasonCode, RejectedRequest
+from models import Job, JobState, MetricTotal, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,9 @@ log = logging.getLogger(__name__)
 # already takes the write lock. Two int4 keys: a key space apart from the bigint locks of
 # app.beat and app.metrics.fold.
 _REJECTION_LOCK = 0x666C726A  # "flrj"
+# A definition's path the file system refuses to look up for what it is, whatever the disk
+# holds: a name longer than a directory entry may be, a symlink loop.
+_UNNAMEABLE = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
 
 
 @dataclass(frozen=True)
@@ -53,12 +60,21 @@ def resolve_definition(settings: Settings, definition: str) -> str:
             f"definition {definition!r} must be a relative folder under the job root, without '..'"
         )
     root = settings.job_root.resolve()
-    folder = (root / relative).resolve()
-    # resolve() follows symlinks, so a link pointing outside the root is caught here too.
-    if not folder.is_relative_to(root):
-        raise InvalidRequest(f"definition {definition!r} escapes the job root")
-    if not folder.is_dir():
-        raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+    try:
+        folder = (root / relative).resolve()
+        # resolve() follows symlinks, so a link pointing outside the root is caught here too.
+        if not folder.is_relative_to(root):
+            raise InvalidRequest(f"definition {definition!r} escapes the job root")
+        if not folder.is_dir():
+            raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+    except RuntimeError:  # pathlib's word for a symlink loop
+        raise InvalidRequest(f"definition {definition!r} is a symlink loop") from None
+    except OSError as exc:
+        if exc.errno not in _UNNAMEABLE:
+            raise  # the file system failing (EIO...): not the request's fault
+        # Raised, it failed the task for good, unrecorded, and was a 500 over HTTP.
+        reason = os.strerror(exc.errno or 0)
+        raise InvalidRequest(f"definition {definition!r} cannot be looked up: {reason}") from None
     if not re.fullmatch(r"[A-Za-z0-9._-]+", folder.name):
         # NVFLARE refuses other characters in the job folder's name (2.9.0 submit_job).
         raise InvalidRequest(
@@ -255,7 +271,10 @@ def record_rejection(
     expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
     if callbacks:
         expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
-    session.execute(delete(RejectedRequest).where(expired))
+    pruned = session.scalars(
+        delete(RejectedRequest).where(expired).returning(RejectedRequest.callback_failed)
+    ).all()
+    _count_pruned_failures(session, sum(pruned))
     shown = storable(reason)[:4000]
     # The same refusal again (a retry after a commit whose reply was lost, the caller's own
     # repeat, a copy handled at the same time) is the one already kept: one row, one
@@ -284,6 +303,23 @@ def record_rejection(
     )
     session.add(rejection)
     return rejection
+
+
+def _count_pruned_failures(session: Session, pruned: int) -> None:
+    """Add the given-up rejected events just pruned (counted from the rows the DELETE
+    removed, so two refusals pruning at once count each row once) to their running total:
+    the failed-events counter (`callbacks.backlog`) is a counter, and a fall would read to
+    Prometheus as a reset (a false "given up within the hour" page)."""
+    if not pruned:
+        return
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(MetricTotal).values(metric=CALLBACK_FAILED_PRUNED, labels="", value=pruned)
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[MetricTotal.metric, MetricTotal.labels],
+            set_={"value": MetricTotal.value + stmt.excluded.value},
+        )
+    )
 
 
 def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from app.adapters.callbacks import Answer
 from app.db import unit_of_work
 from app.runtime import Runtime
+from app.schemas import storable
 from app.usecases.callbacks.payloads import Undeliverable, rejected_event_id
 from app.usecases.callbacks.receiver import leased_receiver, renew_answered
 from models import CallbackCursor, CallbackReceiver, RejectedRequest
@@ -127,8 +128,9 @@ def _judge(
     cap = settings.callback_max_backoff_s
     if isinstance(answer, Undeliverable):
         log.error("callback undeliverable", extra={**extra, "reason": answer.problem})
-        return _Judged(Verdict.FAILED, f"{label}: undeliverable: {answer.problem}")
+        return _Judged(Verdict.FAILED, storable(f"{label}: undeliverable: {answer.problem}"))
     if isinstance(answer, str):
+        answer = storable(answer)  # the receiver's or the network's words: kept on a row
         receiver.failures += 1
         wait = backoff_s(receiver.failures, cap)
         receiver.next_attempt_at = now + timedelta(seconds=wait)
@@ -144,7 +146,11 @@ def _judge(
     if 200 <= answer.status < 300:
         log.debug("callback delivered", extra=extra)
         return _Judged(Verdict.DELIVERED)
-    error = f"{label}: HTTP {answer.status}" + (f": {answer.excerpt}" if answer.excerpt else "")
+    # The receiver's own words, escaped: a NUL (UTF-16 sent without its charset, a binary
+    # body) cannot be stored in PostgreSQL's text, and the failed record ended every round
+    # on this event, so no other job's went out.
+    excerpt = storable(answer.excerpt)
+    error = f"{label}: HTTP {answer.status}" + (f": {excerpt}" if excerpt else "")
     if not retryable(answer.status) and rejections >= settings.callback_max_4xx_tries:
         log.error("callback rejected for good", extra={**extra, "reason": error})
         tries_s = settings.callback_max_4xx_tries
