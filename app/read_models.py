@@ -17,11 +17,24 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from models import Job, JobState, NetState, PrewarmOutcome, ReasonCode
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+def _known_code(value: object) -> object:
+    """A reason code this release knows, else None: a newer release's code (written before
+    a rollback; codes are added, never renamed) made every read holding it a 500, one row
+    hiding the whole job list. The move's `reason` keeps its words."""
+    if isinstance(value, str) and value not in ReasonCode._value2member_map_:
+        return None
+    return value
+
+
+# A stored reason code as the status API shows it (an unknown one as null).
+StoredReasonCode = Annotated[ReasonCode | None, BeforeValidator(_known_code)]
 # Why a QUEUED job waits (app.usecases.queue_place, which decides it).
 WaitingReason = Literal[
     "earlier run settling", "project at its cap", "net drained", "no free net", "claim pending"
@@ -73,8 +86,9 @@ class JobView(ReadModel):
     retries: int
     nvflare_job_id: str | None
     last_error: str | None
-    reason_code: ReasonCode | None = Field(
-        description='why it ended (a terminal job only; tasks/README.md "Reason codes")'
+    reason_code: StoredReasonCode = Field(
+        description='why it ended (a terminal job only; tasks/README.md "Reason codes"); '
+        "null for a code of a newer release this one does not know"
     )
     created_at: Timestamp
     state_changed_at: Timestamp
@@ -90,8 +104,9 @@ class JobEventView(ReadModel):
     to_state: JobState
     at: Timestamp
     reason: str = Field(description="why, for a person")
-    reason_code: ReasonCode | None = Field(
-        description="why, for a program: set on a move to a terminal state"
+    reason_code: StoredReasonCode = Field(
+        description="why, for a program: set on a move to a terminal state (null for a code "
+        "of a newer release this one does not know)"
     )
     attempt: int | None = Field(
         description="the job's attempt when the move happened, as `attempt` counts (null on "
