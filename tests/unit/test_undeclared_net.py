@@ -579,9 +579,7 @@ def test_an_unpinned_job_waits_while_a_declared_net_declares_no_sites(sited, tmp
     assert world.job(job_id).state == JobState.QUEUED
 
 
-def test_an_unpinned_job_waits_while_a_net_this_process_lacks_was_declared_lately(
-    sited, tmp_path
-):
+def test_an_unpinned_job_waits_while_a_net_this_process_lacks_was_declared_lately(sited, tmp_path):
     """net-a is removed, but net-b, which this process does not declare, was declared by
     another process within the grace (a rolling deploy adds it, or this worker is the one
     left behind): net-b's sites are unknown here, it may have site-3, so nothing is failed
@@ -602,9 +600,7 @@ def test_an_unpinned_job_waits_while_a_net_this_process_lacks_was_declared_latel
     assert world.job(job_id).state == JobState.QUEUED
 
 
-def test_a_round_with_a_removed_net_reads_no_more_for_the_jobs_it_could_not_run(
-    sited, tmp_path
-):
+def test_a_round_with_a_removed_net_reads_no_more_for_the_jobs_it_could_not_run(sited, tmp_path):
     """The unpinned jobs are read with the pinned ones, in the settlement's one read of the
     removed nets' jobs: a quiet round with a removed net costs what it did (the fleet, that
     read, the strays, the heartbeat), however many jobs wait."""
@@ -621,3 +617,20 @@ def test_a_round_with_a_removed_net_reads_no_more_for_the_jobs_it_could_not_run(
     with statements(world.rt.sessions) as sent:
         assert reconciler.reconcile(world.rt).redriven == ()
     assert len(sent) == 4, sent
+
+
+def test_the_jobs_looked_at_for_their_sites_are_those_queued_before_the_removal_settled(
+    sited, tmp_path
+):
+    """Jobs accepted twice the grace after the last removed net's stamp were accepted by
+    processes without it (their enqueue checked the sites): a quiet round reads none."""
+    world = sited
+    stamp = world.net("net-a").declared_at
+    _fixed_only(world, tmp_path)
+    grace = timedelta(seconds=2 * declared_nets.removed_after_s(world.rt.settings))
+    with world.rt.sessions() as session:
+        stamps = dict(session.execute(select(Net.name, Net.declared_at)).all())
+    removal = declared_nets.removal(stamps, world.rt.settings, world.clock())
+    assert removal == declared_nets.Removal(["net-a"], stamp + grace)
+    never = declared_nets.removal({**stamps, "net-a": None}, world.rt.settings, world.clock())
+    assert never.sites_horizon == world.clock()  # removed before migration 0007: every job
