@@ -634,3 +634,27 @@ def test_the_jobs_looked_at_for_their_sites_are_those_queued_before_the_removal_
     assert removal == declared_nets.Removal(["net-a"], stamp + grace)
     never = declared_nets.removal({**stamps, "net-a": None}, world.rt.settings, world.clock())
     assert never.sites_horizon == world.clock()  # removed before migration 0007: every job
+
+
+def test_a_round_past_the_horizon_reads_no_queued_job_for_its_sites(sited, tmp_path, monkeypatch):
+    """The jobs read for their sites are those queued before the horizon only: one queued
+    later (its enqueue checked its sites against these NETS) is never read again."""
+    world = sited
+    early = world.enqueue("early", required_sites=["site-1"])
+    _fixed_only(world, tmp_path)
+    checked: list[list[str]] = []
+    real = undeclared.runnable
+    monkeypatch.setattr(
+        undeclared, "runnable", lambda s, sites: checked.append(sites) or real(s, sites)
+    )
+    with world.rt.sessions.begin() as session:  # `fixed` out of service: the jobs stay QUEUED
+        records.get_net(session, "fixed").state = NetState.MISCONFIGURED
+    reconciler.reconcile(world.rt)
+    assert checked == [["site-1"]] and world.job(early).state == JobState.QUEUED
+    world.clock.advance(2 * declared_nets.removed_after_s(world.rt.settings))
+    world.enqueue("late", required_sites=["site-2"])
+    with world.rt.sessions.begin() as session:
+        records.abort_job(session, early, "user", world.clock())  # gone from the queue
+    checked.clear()
+    reconciler.reconcile(world.rt)
+    assert checked == []
