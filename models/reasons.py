@@ -110,7 +110,9 @@ REASONS: Mapping[ReasonCode, Reason] = {
         "requeued until max_attempts was used up; `reason` has the last cause", {F: _ERROR}
     ),
     ReasonCode.NET_REMOVED: Reason(
-        "the job's net is no longer declared in the settings", {F: _ERROR, A: _STOPPED}
+        "the job's net is no longer declared in the settings (for an unpinned QUEUED job: "
+        "no declared net has every site it needs, the nets that had them were removed)",
+        {F: _ERROR, A: _STOPPED},
     ),
     ReasonCode.RESULTS_UPLOAD_FAILED: Reason(
         "flip-api reported results_upload_failed",

@@ -10,6 +10,7 @@ explicit `now`; the job and net rows themselves are read and locked through `rec
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
@@ -116,6 +117,43 @@ def undeclared_nets(session: Session, settings: Settings, now: datetime) -> list
             )
         )
     )
+
+
+@dataclass(frozen=True)
+class Removal:
+    """The nets a redeploy removed, as one read of every net's stamp found them, and how far
+    back to look for unpinned QUEUED jobs that only those nets could have run."""
+
+    removed: list[str]
+    # Unpinned jobs accepted before this may need sites no declared net has; None: look at
+    # none (nothing removed, a declared net leaves its sites open, or a net this process
+    # lacks was declared lately and may have them).
+    sites_horizon: datetime | None = None
+
+
+def removal(
+    declared_at: Mapping[str, datetime | None], settings: Settings, now: datetime
+) -> Removal:
+    """`undeclared_nets` of a read of every net's stamp (name -> `declared_at`), with the
+    horizon of the jobs that may have lost every net with their sites (`Removal`)."""
+    since = removed_before(settings, now)
+    lacked = {name: at for name, at in declared_at.items() if not settings.has_net(name)}
+    removed = [name for name, at in lacked.items() if at is None or at < since]
+    if (
+        not removed
+        or len(removed) < len(lacked)  # one is in its grace: its sites are unknown here
+        or any(net.sites is None for net in settings.nets)  # that net may run any job
+    ):
+        return Removal(removed)
+    stamps = [lacked[name] for name in removed]
+    if any(at is None for at in stamps):
+        return Removal(removed, now)  # removed before migration 0007: every job so far
+    # A job accepted after the last removed net was gone for the grace was accepted by a
+    # process whose NETS lacked it (the grace outlasts a rolling deploy): its enqueue
+    # refused it if no net had its sites. Twice the grace, for clocks and slow restarts;
+    # so a quiet round reads no job once the jobs queued before then have left the queue.
+    latest = max(at for at in stamps if at is not None)
+    return Removal(removed, latest + timedelta(seconds=2 * removed_after_s(settings)))
 
 
 def removed_after_s(settings: Settings) -> float:

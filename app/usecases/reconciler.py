@@ -52,13 +52,15 @@ def reconcile(rt: Runtime) -> Reconciled:
     # One read for the fleet (issue 37: it was seven); each decision re-checks under lock.
     fleet = _fleet(rt, now)
     rows = fleet.rows
-    removed = _removed_nets(fleet.declared_at, rt, now)
+    # The removed nets and how far back their sites may have left jobs no net can run.
+    removal = declared_nets.removal(fleet.declared_at, rt.settings, now)
+    removed = removal.removed
     # Lapsed leases first (also every monitor round): a job whose step's worker is gone.
     redrive = redrive_lapsed_steps(rt, fleet.chain_jobs, now)
     lease_lapsed = [f"{job}: {what}" for job, what in redrive.items()]
     # A job on a removed net is settled there, never also re-driven on the round's read.
     stuck = [job for job in fleet.chain_jobs if job.net_name not in removed]
-    redriven = settle_undeclared(rt, removed) + lease_lapsed + _redrive_stuck_jobs(rt, now, stuck)
+    redriven = settle_undeclared(rt, removal) + lease_lapsed + _redrive_stuck_jobs(rt, now, stuck)
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
     repaired = []
@@ -116,16 +118,6 @@ def _fleet(rt: Runtime, now: datetime) -> Fleet:
         with unit_of_work(rt.sessions) as session:
             declared_nets.note_declared(session, rt.settings, now, stale)
     return fleet
-
-
-def _removed_nets(declared_at: dict[str, datetime | None], rt: Runtime, now: datetime) -> list[str]:
-    """`declared_nets.undeclared_nets` of the round's read of every net's stamp."""
-    since = declared_nets.removed_before(rt.settings, now)
-    return [
-        name
-        for name, at in declared_at.items()
-        if not rt.settings.has_net(name) and (at is None or at < since)
-    ]
 
 
 def _sweep_prepared(rt: Runtime) -> None:

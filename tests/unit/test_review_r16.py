@@ -80,10 +80,6 @@ def _housekeeping_for(world, hours: int) -> None:
         dispatch.claim_and_start(world.rt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: an unpinned job whose sites no declared net has any more stays QUEUED",
-)
 def test_a_queued_job_no_declared_net_can_run_does_not_wait_for_ever(
     tmp_path, job_root, sqlite_factory, clock
 ):
@@ -99,10 +95,6 @@ def test_a_queued_job_no_declared_net_can_run_does_not_wait_for_ever(
     assert world.job(job_id).state != JobState.QUEUED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: SITES_SCAN jobs no net can run block every later job on a sited net",
-)
 def test_jobs_no_declared_net_can_run_do_not_block_a_free_net_for_ever(
     tmp_path, job_root, sqlite_factory, clock
 ):

@@ -499,3 +499,162 @@ def test_a_net_declared_again_by_restarted_workers_takes_no_job_beside_its_old_r
     assert [c.job_id for c in claims if c.net_name == "net-a"] == [], (
         f"job {new} claimed onto net-a beside run {world.job(old).nvflare_job_id}"
     )
+
+
+# --- an unpinned QUEUED job whose sites only a removed net had --------------------------------
+
+
+def _sited(tmp_path, name: str, kind: str, sites: list[str] | None) -> dict[str, object]:
+    return net_decl(tmp_path, name, kind, **({} if sites is None else {"sites": sites}))
+
+
+@pytest.fixture
+def sited(tmp_path, job_root, sqlite_factory, clock) -> World:
+    """net-a has site-1..3; `fixed` (static) has site-1 and site-2 only."""
+    nets = [
+        _sited(tmp_path, "net-a", "ecs", ["site-1", "site-2", "site-3"]),
+        _sited(tmp_path, "fixed", "static", ["site-1", "site-2"]),
+    ]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+
+
+def _declare(world: World, tmp_path, *nets: dict[str, object]) -> None:
+    """This process's NETS after a redeploy (the clock is left as it is)."""
+    world.rt.settings = Settings(
+        FL_DISPATCHER_DATA_DIR=tmp_path / "data",
+        JOB_ROOT=world.rt.settings.job_root,
+        NETS=json.dumps(list(nets)),
+        PER_JOB_FL_SERVER="true",
+    )
+
+
+def _fixed_only(world: World, tmp_path, *, after_s: float | None = None) -> None:
+    """NETS without net-a (the only net with site-3), `after_s` after its last stamp
+    (default: past the grace that makes it removed)."""
+    grace_s = declared_nets.removed_after_s(world.rt.settings)
+    world.clock.advance(grace_s + 1 if after_s is None else after_s)
+    _declare(world, tmp_path, _sited(tmp_path, "fixed", "static", ["site-1", "site-2"]))
+
+
+def test_an_unpinned_queued_job_only_a_removed_net_could_run_fails_saying_why(sited, tmp_path):
+    """As a QUEUED job pinned to a removed net: it can never run (an enqueue of it today is
+    refused: "no net has every site"), so it FAILS, net_removed, saying which sites; a job a
+    declared net can run is left to the queue."""
+    world = sited
+    doomed = world.enqueue("needs-site-3", required_sites=["site-3"])
+    split = world.enqueue("needs-1-and-3", required_sites=["site-1", "site-3"])
+    runnable = world.enqueue("needs-site-1", required_sites=["site-1"])
+    _fixed_only(world, tmp_path)
+    redriven = reconciler.reconcile(world.rt).redriven
+    for job_id in (doomed, split):
+        job = world.job(job_id)
+        assert (job.state, job.reason_code) == (JobState.FAILED, "net_removed"), job_id
+        assert "site-3" in (job.last_error or "") and "no declared net" in (job.last_error or "")
+        assert f"{job_id}: failed: no declared net has its sites" in redriven
+    assert world.job(runnable).state in (JobState.QUEUED, JobState.ASSIGNED)
+
+
+def test_an_unpinned_job_whose_sites_went_with_a_net_waits_out_the_grace(sited, tmp_path):
+    """Within the grace the net may come back (a rolling deploy, a rollback): the job waits."""
+    world = sited
+    job_id = world.enqueue("needs-site-3", required_sites=["site-3"])
+    _fixed_only(world, tmp_path, after_s=declared_nets.undeclared_after_s(world.rt.settings))
+    reconciler.reconcile(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_an_unpinned_job_waits_while_a_declared_net_declares_no_sites(sited, tmp_path):
+    """A net that does not declare its sites may have any (`NetConfig.lacks`): it can run the
+    job, so the job waits for it."""
+    world = sited
+    job_id = world.enqueue("needs-site-3", required_sites=["site-3"])
+    world.clock.advance(declared_nets.removed_after_s(world.rt.settings) + 1)
+    _declare(
+        world,
+        tmp_path,
+        _sited(tmp_path, "fixed", "static", ["site-1", "site-2"]),
+        _sited(tmp_path, "any", "ecs", None),
+    )
+    reconciler.reconcile(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_an_unpinned_job_waits_while_a_net_this_process_lacks_was_declared_lately(sited, tmp_path):
+    """net-a is removed, but net-b, which this process does not declare, was declared by
+    another process within the grace (a rolling deploy adds it, or this worker is the one
+    left behind): net-b's sites are unknown here, it may have site-3, so nothing is failed
+    for want of a site until every net this process lacks is past the grace."""
+    world = sited
+    job_id = world.enqueue("needs-site-3", required_sites=["site-3"])
+    _fixed_only(world, tmp_path)
+    with world.rt.sessions.begin() as session:
+        session.add(
+            Net(
+                name="net-b",
+                state=NetState.STOPPED,
+                state_changed_at=world.clock(),
+                declared_at=world.clock(),
+            )
+        )
+    reconciler.reconcile(world.rt)
+    assert world.job(job_id).state == JobState.QUEUED
+
+
+def test_a_round_with_a_removed_net_reads_no_more_for_the_jobs_it_could_not_run(sited, tmp_path):
+    """The unpinned jobs are read with the pinned ones, in the settlement's one read of the
+    removed nets' jobs: a quiet round with a removed net costs what it did (the fleet, that
+    read, the strays, the heartbeat), however many jobs wait."""
+    from tests.unit.test_housekeeping_cost import statements
+
+    world = sited
+    for i in range(3):
+        world.enqueue(f"needs-site-1-{i}", required_sites=["site-1"], net="fixed")
+    world.enqueue("needs-site-2", required_sites=["site-2"])
+    _fixed_only(world, tmp_path)
+    with world.rt.sessions.begin() as session:  # `fixed` busy: the jobs stay QUEUED
+        records.get_net(session, "fixed").state = NetState.MISCONFIGURED
+    reconciler.reconcile(world.rt)  # stamps what this process declares
+    with statements(world.rt.sessions) as sent:
+        assert reconciler.reconcile(world.rt).redriven == ()
+    assert len(sent) == 4, sent
+
+
+def test_the_jobs_looked_at_for_their_sites_are_those_queued_before_the_removal_settled(
+    sited, tmp_path
+):
+    """Jobs accepted twice the grace after the last removed net's stamp were accepted by
+    processes without it (their enqueue checked the sites): a quiet round reads none."""
+    world = sited
+    stamp = world.net("net-a").declared_at
+    _fixed_only(world, tmp_path)
+    grace = timedelta(seconds=2 * declared_nets.removed_after_s(world.rt.settings))
+    with world.rt.sessions() as session:
+        stamps = dict(session.execute(select(Net.name, Net.declared_at)).all())
+    removal = declared_nets.removal(stamps, world.rt.settings, world.clock())
+    assert removal == declared_nets.Removal(["net-a"], stamp + grace)
+    never = declared_nets.removal({**stamps, "net-a": None}, world.rt.settings, world.clock())
+    assert never.sites_horizon == world.clock()  # removed before migration 0007: every job
+
+
+def test_a_round_past_the_horizon_reads_no_queued_job_for_its_sites(sited, tmp_path, monkeypatch):
+    """The jobs read for their sites are those queued before the horizon only: one queued
+    later (its enqueue checked its sites against these NETS) is never read again."""
+    world = sited
+    early = world.enqueue("early", required_sites=["site-1"])
+    _fixed_only(world, tmp_path)
+    checked: list[list[str]] = []
+    real = undeclared.runnable
+    monkeypatch.setattr(
+        undeclared, "runnable", lambda s, sites: checked.append(sites) or real(s, sites)
+    )
+    with world.rt.sessions.begin() as session:  # `fixed` out of service: the jobs stay QUEUED
+        records.get_net(session, "fixed").state = NetState.MISCONFIGURED
+    reconciler.reconcile(world.rt)
+    assert checked == [["site-1"]] and world.job(early).state == JobState.QUEUED
+    world.clock.advance(2 * declared_nets.removed_after_s(world.rt.settings))
+    world.enqueue("late", required_sites=["site-2"])
+    with world.rt.sessions.begin() as session:
+        records.abort_job(session, early, "user", world.clock())  # gone from the queue
+    checked.clear()
+    reconciler.reconcile(world.rt)
+    assert checked == []
