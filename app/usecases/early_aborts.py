@@ -60,7 +60,12 @@ def carry_out(session: Session, job: Job, now: datetime) -> bool:
     if kept is None:
         return False  # pruned between the read and here: the job stays QUEUED
     reason, code = kept
-    records.abort_job(session, job.id, reason, now, code=ReasonCode(code))
+    # A code this release does not know (kept by a newer one, then rolled back) must not
+    # fail the enqueue, whose request would be lost: the abort's own code then.
+    known = code in {c.value for c in ReasonCode}
+    records.abort_job(
+        session, job.id, reason, now, code=ReasonCode(code) if known else ReasonCode.ABORTED
+    )
     log.info("job aborted as it was enqueued", extra={"job": str(job.id), "code": code})
     return True
 

@@ -147,3 +147,19 @@ def test_an_enqueue_with_no_abort_kept_queues_and_is_claimed_as_before(world):
     assert _enqueue(world, "k")["state"] == "QUEUED"
     assert [a.job_id for a in dispatch.claim_and_start(world.rt)] == [job_id_for("k")]
     assert len(_kept(world)) == 1
+
+
+def test_a_kept_code_this_release_does_not_know_still_aborts_the_job(world):
+    """A row a newer release kept, then rolled back: the enqueue is not failed by it."""
+    with world.rt.sessions.begin() as session:
+        session.add(
+            EarlyAbort(
+                job_id=job_id_for("k"),
+                reason="from a newer release",
+                reason_code="some_later_code",
+                asked_at=world.clock(),
+                kept_until=world.clock() + timedelta(days=1),
+            )
+        )
+    assert _enqueue(world, "k")["state"] == "ABORTED"
+    assert world.job(job_id_for("k")).reason_code == ReasonCode.ABORTED
