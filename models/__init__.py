@@ -4,6 +4,7 @@ from models.attempts import attempt_number
 from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
 from models.drains import ALL_NETS, Drain
+from models.early_aborts import EarlyAbort
 from models.housekeeping import HousekeepingRun
 from models.kicks import PendingKick
 from models.metrics import MetricNetClock, MetricTotal
@@ -42,6 +43,7 @@ __all__ = [
     "CallbackCursor",
     "CallbackReceiver",
     "Drain",
+    "EarlyAbort",
     "FlipStatus",
     "HousekeepingRun",
     "IllegalTransition",

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
@@ -23,7 +24,7 @@ from app.errors import CallerKeyConflict, InvalidRequest
 from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
-from app.usecases import declared_nets
+from app.usecases import declared_nets, early_aborts
 from models import Job, JobState, MetricTotal, ReasonCode, RejectedRequest
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ _REJECTION_LOCK = 0x666C726A  # "flrj"
 # A definition's path the file system refuses to look up for what it is, whatever the disk
 # holds: a name longer than a directory entry may be, a symlink loop.
 _UNNAMEABLE = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
+
+
+# Whether an abort waits for the job id an enqueue just created (`early_aborts`), read after
+# the job's insert in the enqueue's transaction: on its own by default, or with the kick's
+# marker in one statement (`kicks.EnqueueKick.abort_waits`).
+AbortWaits = Callable[[Session, uuid.UUID, datetime], bool]
 
 
 @dataclass(frozen=True)
@@ -89,9 +96,12 @@ def enqueue_job(
     request: EnqueueJob,
     now: datetime,
     traceparent: str | None = None,
+    *,
+    abort_waits: AbortWaits = early_aborts.waits,
 ) -> Enqueued:
     """Queue a job; the same caller key twice with the same payload returns the first job,
-    with another payload is a CallerKeyConflict.
+    with another payload is a CallerKeyConflict. A new job whose id an abort came for first
+    (`early_aborts`) is created ABORTED, as that abort would have left it.
 
     The job is inserted without a read first: its key is unique, so an insert that fails on
     it says a job has the key (an earlier enqueue, or a concurrent one that won), and only
@@ -123,6 +133,10 @@ def enqueue_job(
                 raise
             return _repeat(winner, request, settings)  # pragma: no mutate
     log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
+    # After the insert, never before: on PostgreSQL an abort committing meanwhile either
+    # made this insert wait for its commit, or finds this job itself (early_aborts).
+    if abort_waits(session, job.id, now):
+        early_aborts.carry_out(session, job, now)
     return Enqueued(job.id, created=True, state=job.state)
 
 

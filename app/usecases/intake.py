@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -24,7 +25,7 @@ from app.schemas import (
     storable,
     unstorable,
 )
-from app.usecases import enqueue, kicks, records
+from app.usecases import early_aborts, enqueue, kicks, records
 from models import Job, JobState, ReasonCode
 
 M = TypeVar("M", bound=BaseModel)
@@ -76,12 +77,19 @@ def submit_job(rt: Runtime, request: EnqueueJob, traceparent: str | None = None)
     """
     with traces.enqueue(traceparent) as trace:
         with unit_of_work(rt.sessions) as session:
+            # A new job's look for an abort that came first is read with the kick's marker.
+            enqueue_kick = kicks.EnqueueKick(rt, names.ASSIGN_NEXT_JOB)
             result = enqueue.enqueue_job(
-                session, rt.settings, request, rt.clock(), traceparent=trace.traceparent
+                session,
+                rt.settings,
+                request,
+                rt.clock(),
+                traceparent=trace.traceparent,
+                abort_waits=enqueue_kick.abort_waits,
             )
             queued = result.state == JobState.QUEUED
             # The kick's marker is decided in the job's own transaction (one commit).
-            kick = kicks.kick_after_commit(rt, session, names.ASSIGN_NEXT_JOB) if queued else None
+            kick = enqueue_kick.after_commit(session) if queued else None
         trace.done(result.job_id, result.created, result.state)
         notified = kick() if kick is not None else None
     return Submitted(result, notified)
@@ -163,6 +171,24 @@ def request_abort(rt: Runtime, job_id: uuid.UUID, reason: str) -> AbortRequested
     else:
         notified = rt.outbox.send(names.ASSIGN_NEXT_JOB)
     return AbortRequested(decision, notified)
+
+
+def keep_early_abort(
+    rt: Runtime, job_id: uuid.UUID, reason: str, code: ReasonCode = ReasonCode.ABORTED
+) -> datetime | None:
+    """An abort (or flip-api's `stopped`) for a job id that names no job, which flip-api
+    knows before its enqueue is stored: kept for REJECTED_RETENTION_S, and carried out by
+    the enqueue that creates the job (`early_aborts`). Returns until when it is kept, or
+    None if the job exists after all (its enqueue committed since): abort it as any."""
+    with unit_of_work(rt.sessions) as session:
+        return early_aborts.keep(
+            session,
+            job_id,
+            reason,
+            code,
+            now=rt.clock(),
+            retention_s=rt.settings.rejected_retention_s,
+        )
 
 
 def report_status(rt: Runtime, request: ReportJobStatus) -> JobState:

@@ -29,6 +29,7 @@ round's own delay) for a lost kick, as it did before kicks were coalesced.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,7 +42,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import names
 from app.db import unit_of_work
 from app.runtime import Outbox, Runtime
-from app.usecases import claims, dispatch
+from app.usecases import claims, dispatch, early_aborts
 from models import PendingKick
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ _MARKER_HELD_AND_WORK = select(
     .scalar_subquery(),
     exists().where(claims.claimable()),
 )
+# An enqueue's: the same, and whether an abort waits for the job it created (`EnqueueKick`).
+_MARKER_HELD_WORK_AND_ABORT = _MARKER_HELD_AND_WORK.add_columns(early_aborts.WAITING)
 
 
 def mark_pending(session: Session, task: str, now: datetime, stale_before: datetime) -> bool:
@@ -187,17 +190,24 @@ class CoalescingOutbox:
         return self.inner.start_pipeline(job_id, net_name, attempt)
 
 
-def kick_after_commit(rt: Runtime, session: Session, task: str) -> Callable[[], bool]:
+def kick_after_commit(
+    rt: Runtime, session: Session, task: str, read: tuple[datetime | None, bool] | None = None
+) -> Callable[[], bool]:
     """Decide in `session`'s transaction, the one of the work `task` is asked for, whether
     its kick must be sent (a coalesced kick: its marker read share-locked, and set if due,
     in that transaction: one commit where there were two); returns what sends it, to call
-    once that transaction has committed (True: a worker will act, or no job waits)."""
+    once that transaction has committed (True: a worker will act, or no job waits). `read`:
+    the marker and the queue as this transaction already read them (`EnqueueKick`)."""
     outbox = rt.outbox
     if not isinstance(outbox, CoalescingOutbox) or task not in COALESCED:
         return lambda: outbox.send(task)
     now = outbox.clock()
     stale_before = now - outbox.stale_after
-    sent_at, waiting = session.execute(_MARKER_HELD_AND_WORK, {"task": task}).one()
+    sent_at: datetime | None
+    if read is None:
+        sent_at, waiting = session.execute(_MARKER_HELD_AND_WORK, {"task": task}).one()
+    else:
+        sent_at, waiting = read
     if sent_at is not None and sent_at < stale_before:
         # A stale marker (its kick presumed lost) is replaced after the commit, in a
         # transaction of its own (`CoalescingOutbox.send`), not here: every enqueue of a
@@ -208,6 +218,30 @@ def kick_after_commit(rt: Runtime, session: Session, task: str) -> Callable[[], 
     if not _set_if_due(session, task, sent_at, waiting, now=now, stale_before=stale_before):
         return lambda: True
     return lambda: outbox.send_marked(task)
+
+
+class EnqueueKick:
+    """An enqueue's kick (`kick_after_commit`), whose read of the marker also answers the
+    enqueue's question after it created a job, whether an abort waits for it
+    (`enqueue.AbortWaits`): one statement, as before there were early aborts."""
+
+    def __init__(self, rt: Runtime, task: str) -> None:
+        self.rt = rt
+        self.task = task
+        self.read: tuple[datetime | None, bool] | None = None
+
+    def abort_waits(self, session: Session, job_id: uuid.UUID, now: datetime) -> bool:
+        """Whether an abort waits for the job just created; the marker is read with it."""
+        if not isinstance(self.rt.outbox, CoalescingOutbox) or self.task not in COALESCED:
+            return early_aborts.waits(session, job_id, now)  # no marker to read
+        params = {"task": self.task} | early_aborts.waiting_params(job_id, now)
+        sent_at, waiting, abort = session.execute(_MARKER_HELD_WORK_AND_ABORT, params).one()
+        self.read = (sent_at, waiting)
+        return bool(abort)
+
+    def after_commit(self, session: Session) -> Callable[[], bool]:
+        """`kick_after_commit` on the marker read already, if it was."""
+        return kick_after_commit(self.rt, session, self.task, self.read)
 
 
 def kick_when_ready(rt: Runtime) -> bool:

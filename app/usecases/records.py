@@ -339,6 +339,12 @@ def expire_report_wait(
     return finish_job(session, job_id, outcome, reason, now, code=ReasonCode.REPORT_TIMEOUT)
 
 
+def reported_reason(report: ReportJobStatus) -> str:
+    """The history's words for flip-api's report (an early abort's too: `early_aborts`)."""
+    reason = f"flip-api reported {report.status.value}"
+    return f"{reason}: {report.detail}" if report.detail else reason
+
+
 def report_job_status(session: Session, report: ReportJobStatus, now: datetime) -> JobState:
     """flip-api's terminal-status signal; a job already terminal keeps its state, a
     DISPATCHING one goes ABORTING (its caller sends the server abort), and a RUNNING one's run
@@ -352,9 +358,7 @@ def report_job_status(session: Session, report: ReportJobStatus, now: datetime) 
         not_run_yet = job.state in (JobState.QUEUED, JobState.ASSIGNED) or in_flight
         if not_run_yet and report.status != ReportedStatus.STOPPED:
             raise InvalidRequest(f"job {job.id} has not run yet; only 'stopped' applies to it")
-        reason = f"flip-api reported {report.status.value}"
-        if report.detail:
-            reason += f": {report.detail}"
+        reason = reported_reason(report)
         if in_flight:
             # Its submit may land yet: stopped like an abort (ABORTING until the server was
             # told, which dispatch does once the run lands, within ABORT_TIMEOUT_S at most),

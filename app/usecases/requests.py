@@ -7,12 +7,21 @@ the task's result (JSON), shown in Flower."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from app.errors import InvalidRequest, NotFound
 from app.runtime import Runtime
-from app.schemas import AbortJob, CancelPrewarm, EnqueueJob, PrewarmNet, ReportJobStatus
-from app.usecases import intake, prewarm
+from app.schemas import (
+    AbortJob,
+    CancelPrewarm,
+    EnqueueJob,
+    PrewarmNet,
+    ReportedStatus,
+    ReportJobStatus,
+)
+from app.usecases import intake, prewarm, records
+from models import ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +40,51 @@ def enqueue_job(rt: Runtime, payload: Any) -> dict[str, Any]:
 
 
 def abort_job(rt: Runtime, payload: Any) -> str:
-    """Abort a job wherever it is; a server that is down means nothing to abort."""
+    """Abort a job wherever it is; a server that is down means nothing to abort. An abort
+    for a job id not stored yet is kept for the enqueue that may still come (its answer says
+    "rejected: ... not found", and until when it is kept)."""
     try:
         request = intake.parse_payload(AbortJob, payload)
-        return str(intake.request_abort(rt, request.job_id, request.reason).decision.state)
-    except (InvalidRequest, NotFound) as exc:
+        while True:
+            try:
+                return str(intake.request_abort(rt, request.job_id, request.reason).decision.state)
+            except NotFound as exc:
+                kept = intake.keep_early_abort(rt, request.job_id, request.reason)
+                if kept is not None:
+                    return _kept("abort rejected", exc, kept)
+                # Its enqueue committed since the look: abort the job as any.
+    except InvalidRequest as exc:
         log.warning("abort rejected: %s", exc)
         return f"rejected: {exc}"
 
 
 def report_job_status(rt: Runtime, payload: Any) -> str:
-    """flip-api's terminal-status signal for a job."""
+    """flip-api's terminal-status signal for a job; `stopped` for a job id not stored yet is
+    kept like an abort (`abort_job`), any other report for it is refused."""
     try:
         request = intake.parse_payload(ReportJobStatus, payload)
-        return str(intake.report_status(rt, request))
+        while True:
+            try:
+                return str(intake.report_status(rt, request))
+            except NotFound as exc:
+                if request.status != ReportedStatus.STOPPED:
+                    raise
+                reason = records.reported_reason(request)
+                code = ReasonCode.REPORTED_STOPPED
+                kept = intake.keep_early_abort(rt, request.job_id, reason, code)
+                if kept is not None:
+                    return _kept("status report rejected", exc, kept)
     except (InvalidRequest, NotFound) as exc:
         log.warning("status report rejected: %s", exc)
         return f"rejected: {exc}"
+
+
+def _kept(what: str, exc: NotFound, until: datetime) -> str:
+    """The answer to an abort kept for its job (tasks/README.md): "not found", as before,
+    and until when an enqueue of that job is aborted as it is stored."""
+    kept = f"the abort is kept until {until.isoformat()} for an enqueue of this job"
+    log.warning("%s: %s; %s", what, exc, kept)
+    return f"rejected: {exc}; {kept}"
 
 
 def prewarm_net(rt: Runtime, payload: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ TABLES = {
     "pending_kicks",
     "prewarms",
     "drains",
+    "early_aborts",
     "alembic_version",
 }
 
@@ -100,6 +101,29 @@ def test_0017_adds_drains_to_a_database_with_work_and_a_drain_survives_to_head(e
             assert conn.execute(text("SELECT scope, reason FROM drains")).all() == [("*", "")]
         migrate.downgrade(empty_db, "0015")
         assert "drains" not in _tables(empty_db) and "nets" in _tables(empty_db)
+    finally:
+        engine.dispose()
+
+
+def test_0021_adds_early_aborts_and_its_downgrade_drops_it(empty_db):
+    """A new table only: an abort kept at 0021 is a row; back at 0020 the table is gone and
+    the rest of the schema is untouched."""
+    migrate.upgrade(empty_db, "0020")
+    assert "early_aborts" not in _tables(empty_db)
+    migrate.upgrade(empty_db, "0021")
+    engine = create_engine(empty_db)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO early_aborts (job_id, reason, reason_code, asked_at, kept_until)"
+                    " VALUES (:id, 'user', 'aborted', :at, :at)"
+                ),
+                {"id": uuid.uuid4().hex, "at": "2026-12-05 17:00:00+00:00"},
+            )
+            assert conn.execute(text("SELECT reason FROM early_aborts")).scalars().all() == ["user"]
+        migrate.downgrade(empty_db, "0020")
+        assert _tables(empty_db) == TABLES - {"early_aborts"}
     finally:
         engine.dispose()
 

@@ -16,7 +16,7 @@ from sqlalchemy import event, func, select
 from app.errors import InvalidRequest
 from app.runtime import RecordingOutbox, Runtime
 from app.schemas import EnqueueJob
-from app.usecases import enqueue, intake
+from app.usecases import enqueue, intake, kicks
 from models import Job, JobEvent, Net
 
 
@@ -54,12 +54,26 @@ def submit(rt: Runtime, key: str = "k", **kw: Any) -> enqueue.Enqueued:
     return intake.submit_job(rt, request).enqueued
 
 
-def test_a_new_job_is_its_insert_and_its_first_event_and_nothing_read(rt):
+def test_a_new_job_is_its_insert_and_its_first_event_then_one_look_for_an_early_abort(rt):
+    """Nothing is read before the insert; after it, whether an abort came for the job's id
+    first (app.usecases.early_aborts), read on its own where kicks are not coalesced (the
+    status API, the CLI)."""
     submit(rt, "first", net="net-a")  # the nets' rows are created on the way
     with statements(rt.sessions) as sent:
         created = submit(rt, "second", net="net-a")
     assert created.created
-    assert sent == ["SAVEPOINT", "INSERT", "INSERT", "RELEASE"]
+    assert sent == ["SAVEPOINT", "INSERT", "INSERT", "RELEASE", "SELECT"]
+
+
+def test_a_worker_s_enqueue_reads_the_early_abort_with_its_kick_s_marker(rt):
+    """A worker's enqueue (coalesced kicks) reads the marker after the insert anyway: the
+    look for an early abort is a column of that read, no statement of its own."""
+    kicks.coalesce_kicks(rt)
+    submit(rt, "first", net="net-a")
+    with statements(rt.sessions) as sent:
+        created = submit(rt, "second", net="net-a")
+    assert created.created
+    assert sent == ["SAVEPOINT", "INSERT", "INSERT", "RELEASE", "SELECT"]  # marker fresh
 
 
 def test_an_enqueue_naming_a_net_without_a_row_yet_creates_the_row_and_the_job(rt):

@@ -26,10 +26,6 @@ def _enqueue_payload(key: str) -> dict[str, object]:
     return {"caller_key": key, "definition": "tiny-job", "net": "net-a"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r16: an abort handled while its enqueue waits a database retry is lost",
-)
 def test_an_abort_sent_after_an_enqueue_the_database_delayed_is_not_lost(world):
     """flip-api sends enqueue_job, then (the user changed their mind) abort_job for the job
     id it already knows (uuid5 of its caller_key). The enqueue meets the database down

@@ -1,0 +1,153 @@
+"""An abort for a job not stored yet and that job's enqueue, committing at the same time on
+PostgreSQL (READ COMMITTED): neither may miss the other (app.usecases.early_aborts). An abort
+that stored its row and then looked for the job, and an enqueue that inserted the job and
+then looked for the row, each missed the other's uncommitted row: the job ran."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import select, text
+
+from app.runtime import RecordingOutbox
+from app.schemas import EnqueueJob, job_id_for
+from app.usecases import declared_nets, early_aborts, enqueue, kicks, requests
+from models import EarlyAbort, Job, JobState, ReasonCode
+from tests.fakes import fake_runtime
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def rt(pg_factory, settings, clock):
+    """A worker's runtime (coalesced kicks) on PostgreSQL with the nets' rows."""
+    with pg_factory.begin() as session:
+        declared_nets.sync_nets(session, settings, clock())
+    runtime = fake_runtime(settings, pg_factory, clock, RecordingOutbox())
+    kicks.coalesce_kicks(runtime)
+    return runtime
+
+
+def _payload(key: str) -> dict[str, object]:
+    return {"caller_key": key, "definition": "tiny-job", "net": "net-a"}
+
+
+def _state(pg_factory, key: str) -> JobState:
+    with pg_factory() as session:
+        job = session.get(Job, job_id_for(key))
+        assert job is not None
+        return job.state
+
+
+def _kept(pg_factory) -> list[str]:
+    with pg_factory() as session:
+        return [str(j) for j in session.scalars(select(EarlyAbort.job_id))]
+
+
+def test_an_abort_while_the_enqueue_is_uncommitted_waits_for_it_and_aborts_the_job(
+    rt, pg_factory, settings, clock
+):
+    """The enqueue inserted its job and looked (no abort kept), not committed yet; the
+    abort finds no job: its placeholder waits at the job's key for the enqueue's commit,
+    then meets the job, and aborts it as any QUEUED job."""
+    enqueuing = pg_factory()
+    request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-a")
+    stored = enqueue.enqueue_job(enqueuing, settings, request, clock())
+    assert stored.state == JobState.QUEUED
+    answers: list[str] = []
+    payload = {"job_id": str(job_id_for("k")), "reason": "user cancelled"}
+    abort = threading.Thread(target=lambda: answers.append(requests.abort_job(rt, payload)))
+    abort.start()
+    _wait_for_a_lock_wait_or(abort, pg_factory)
+    enqueuing.commit()
+    enqueuing.close()
+    abort.join(timeout=10)
+    assert answers == ["ABORTED"]
+    assert _state(pg_factory, "k") == JobState.ABORTED
+    assert _kept(pg_factory) == []
+
+
+def test_an_enqueue_while_the_abort_is_uncommitted_waits_for_it_and_stores_the_job_aborted(
+    rt, pg_factory, clock
+):
+    """The abort found no job and kept itself, not committed yet; the enqueue's insert waits
+    at the job's key (the abort's placeholder) for that commit, then reads the kept abort
+    in its next statement: the job is stored ABORTED."""
+    aborting = pg_factory()
+    kept = early_aborts.keep(
+        aborting,
+        job_id_for("k"),
+        "user cancelled",
+        ReasonCode.ABORTED,
+        now=clock(),
+        retention_s=rt.settings.rejected_retention_s,
+    )
+    assert kept is not None
+    answers: list[dict[str, object]] = []
+    enqueue_ = threading.Thread(
+        target=lambda: answers.append(requests.enqueue_job(rt, _payload("k")))
+    )
+    enqueue_.start()
+    _wait_for_a_lock_wait_or(enqueue_, pg_factory)
+    aborting.commit()
+    aborting.close()
+    enqueue_.join(timeout=10)
+    assert [a["state"] for a in answers] == ["ABORTED"]
+    assert _state(pg_factory, "k") == JobState.ABORTED
+    assert _kept(pg_factory) == []
+
+
+def test_racing_aborts_and_enqueues_never_leave_a_job_queued_with_an_abort_kept(rt, pg_factory):
+    """Many pairs started together, each in either order: every job ends ABORTED, and no
+    kept abort is left for a job that exists."""
+    pairs = 12
+    barrier = threading.Barrier(2 * pairs, timeout=10)
+    errors: list[BaseException] = []
+
+    def run(call) -> None:
+        try:
+            barrier.wait()
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = []
+    for i in range(pairs):
+        key = f"pair-{i}"
+        payload = {"job_id": str(job_id_for(key)), "reason": "user cancelled"}
+        threads += [
+            threading.Thread(target=run, args=(lambda p=payload: requests.abort_job(rt, p),)),
+            threading.Thread(
+                target=run, args=(lambda k=key: requests.enqueue_job(rt, _payload(k)),)
+            ),
+        ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert {_state(pg_factory, f"pair-{i}") for i in range(pairs)} == {JobState.ABORTED}
+    assert _kept(pg_factory) == []
+    with pg_factory() as session:  # no placeholder outlived its transaction
+        assert session.scalar(text("SELECT count(*) FROM jobs WHERE caller_key LIKE '#%'")) == 0
+
+
+# A key's wait is on the inserting transaction's id, a lock that names no database: the
+# sessions of this test's database that wait for any lock (the shared server runs others).
+_WAITING = text(
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+
+
+def _wait_for_a_lock_wait_or(thread: threading.Thread, pg_factory) -> None:
+    """Until another connection to this database waits for a lock, or `thread` has ended
+    (5 s at most)."""
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        with pg_factory() as session:
+            if session.scalar(_WAITING):
+                return
+        time.sleep(0.02)
