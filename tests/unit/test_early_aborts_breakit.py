@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-
 from app.schemas import job_id_for
 from app.usecases import requests
 from models import EarlyAbort, ReasonCode
@@ -18,11 +16,6 @@ def _enqueue(world, key: str) -> dict[str, object]:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="break-it r16: a kept code this release knows but that cannot end an ABORTED job "
-    "fails the enqueue (IllegalTransition: acknowledged away), as an unknown one did",
-)
 def test_a_kept_code_this_release_knows_but_not_for_aborted_still_aborts_the_job(world):
     """A newer release that also keeps an early `error` report (say) is rolled back: its
     row's code is one this release knows, but for FAILED only. The enqueue must not fail on
