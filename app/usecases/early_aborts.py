@@ -26,6 +26,7 @@ from sqlalchemy.sql.dml import ReturningInsert
 from app.schemas import require_storable
 from app.usecases import records
 from models import EarlyAbort, Job, JobState, ReasonCode
+from models.reasons import allowed
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,12 @@ def carry_out(session: Session, job: Job, now: datetime) -> bool:
     if kept is None:
         return False  # pruned between the read and here: the job stays QUEUED
     reason, code = kept
-    # A code this release does not know (kept by a newer one, then rolled back) must not
-    # fail the enqueue, whose request would be lost: the abort's own code then.
-    known = code in {c.value for c in ReasonCode}
+    # A code this release does not know, or knows only for another end (kept by a newer
+    # release, then rolled back), must not fail the enqueue, whose request would be lost
+    # (IllegalTransition is acknowledged away): the abort's own code then.
+    usable = code in {c.value for c in ReasonCode} and allowed(ReasonCode(code), JobState.ABORTED)
     records.abort_job(
-        session, job.id, reason, now, code=ReasonCode(code) if known else ReasonCode.ABORTED
+        session, job.id, reason, now, code=ReasonCode(code) if usable else ReasonCode.ABORTED
     )
     log.info("job aborted as it was enqueued", extra={"job": str(job.id), "code": code})
     return True
