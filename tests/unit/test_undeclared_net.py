@@ -658,3 +658,25 @@ def test_a_round_past_the_horizon_reads_no_queued_job_for_its_sites(sited, tmp_p
     checked.clear()
     reconciler.reconcile(world.rt)
     assert checked == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="break-it r16: a QUEUED job whose required_sites is JSON null (a hand edit) is "
+    "checked outside the per-job isolation and stops the reconcile round",
+)
+def test_one_queued_row_without_sites_stops_neither_the_round_nor_the_others(sited, tmp_path):
+    """A row the checks cannot read (required_sites JSON null, a hand edit) is one row: the
+    settlement of the others and the rest of the round go on, as a pinned job's do."""
+    from sqlalchemy import update
+
+    from models import Job
+
+    world = sited
+    bad = world.enqueue("bad-row", required_sites=["site-1"])
+    doomed = world.enqueue("needs-site-3", required_sites=["site-3"])
+    with world.rt.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == bad).values(required_sites=None))
+    _fixed_only(world, tmp_path)
+    reconciler.reconcile(world.rt)
+    assert world.job(doomed).state == JobState.FAILED
