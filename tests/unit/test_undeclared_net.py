@@ -660,11 +660,6 @@ def test_a_round_past_the_horizon_reads_no_queued_job_for_its_sites(sited, tmp_p
     assert checked == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="break-it r16: a QUEUED job whose required_sites is JSON null (a hand edit) is "
-    "checked outside the per-job isolation and stops the reconcile round",
-)
 def test_one_queued_row_without_sites_stops_neither_the_round_nor_the_others(sited, tmp_path):
     """A row the checks cannot read (required_sites JSON null, a hand edit) is one row: the
     settlement of the others and the rest of the round go on, as a pinned job's do."""
