@@ -164,11 +164,6 @@ UNDECODABLE_CHARSETS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="break-it r16: _as_text catches only LookupError; charset=idna or undefined "
-    "raises UnicodeError out of the sender and ends every delivery round",
-)
 @pytest.mark.parametrize("header", UNDECODABLE_CHARSETS.values(), ids=UNDECODABLE_CHARSETS.keys())
 def test_an_answer_in_a_charset_that_refuses_to_decode_holds_back_no_other_job(
     servers, tmp_path, job_root, sqlite_factory, clock, header
