@@ -307,11 +307,6 @@ def test_a_receiver_answer_with_a_nul_in_its_body_holds_back_no_other_job(cb):
     assert kept is not None and kept.endswith(r"HTTP 500: e\x00r\x00r\x00")  # escaped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="break-it r16: a definition lookup the file system fails (EIO) is re-raised as "
-    "OSError, which on_error fails for good: the enqueue request is acknowledged away",
-)
 def test_an_enqueue_whose_definition_lookup_fails_for_the_file_system_is_kept(
     tmp_path, job_root, sqlite_factory, clock, monkeypatch
 ):
