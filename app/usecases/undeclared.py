@@ -124,6 +124,10 @@ def settle_undeclared(rt: Runtime, removal: declared_nets.Removal | None = None)
                 extra={"net": net_name, "job": str(job_id), "reason": undeclared_reason(net_name)},
             )
             settled.append(f"{job_id}: failed: its earlier run is on undeclared net {net_name}")
+    if removal.unstamped:
+        # Once: the jobs queued so far were read; later rounds read none queued after this.
+        with isolated(rt, "reconcile", removal.unstamped[0]), unit_of_work(rt.sessions) as s:
+            declared_nets.stamp_unstamped(s, removal, rt.settings)
     return settled
 
 

@@ -677,11 +677,6 @@ def test_one_queued_row_without_sites_stops_neither_the_round_nor_the_others(sit
     assert world.job(doomed).state == JobState.FAILED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="break-it r16: a net removed before migration 0007 (declared_at NULL for good) "
-    "makes the horizon `now` in every round: each reads every unpinned QUEUED job for ever",
-)
 def test_a_net_removed_before_its_stamp_existed_leaves_no_read_growing_with_the_queue(
     sited, tmp_path, monkeypatch
 ):
