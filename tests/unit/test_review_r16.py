@@ -172,11 +172,6 @@ def test_a_resent_submit_that_finds_its_bundle_gone_leaves_no_run_uncounted(worl
     assert len(live) <= 1, (live, world.job(first).state, world.job(second).state)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="break-it r16: a DISPATCHING job whose first submit try finds its bundle gone "
-    "(nothing was ever sent) is given a stray run too: its token is stored before the copy",
-)
 def test_a_first_submit_try_that_finds_its_bundle_gone_records_no_stray(world, job_root):
     """refused_definitions.fail_job keeps the attempt's token as a stray because "an
     earlier try's submit may have landed". On the first try there is no earlier one: the
