@@ -287,10 +287,11 @@ def _deadline_transport(deadline: _Deadline) -> httpx.HTTPTransport:
 def _as_text(body: bytes, encoding: str | None) -> str:
     """The answer's body as text for its excerpt, whatever charset it claims: a codec that is
     no text encoding (`hex`, `rot13`) raised LookupError out of the sender, which ended every
-    delivery round on the same event."""
+    delivery round on the same event; a text codec that refuses the `replace` handler
+    (`idna`) or every decode (`undefined`) raises UnicodeError, read as UTF-8 just the same."""
     try:
         return body.decode(encoding or "utf-8", "replace")
-    except LookupError:
+    except (LookupError, UnicodeError):
         return body.decode("utf-8", "replace")
 
 

@@ -129,6 +129,9 @@ class Removal:
     # none (nothing removed, a declared net leaves its sites open, or a net this process
     # lacks was declared lately and may have them).
     sites_horizon: datetime | None = None
+    # Removed nets with no stamp (removed before migration 0007): the horizon is the round's
+    # own time until `stamp_unstamped` gives them one.
+    unstamped: tuple[str, ...] = ()
 
 
 def removal(
@@ -147,13 +150,29 @@ def removal(
         return Removal(removed)
     stamps = [lacked[name] for name in removed]
     if any(at is None for at in stamps):
-        return Removal(removed, now)  # removed before migration 0007: every job so far
+        # Removed before migration 0007: every job so far, once (`stamp_unstamped`).
+        unstamped = tuple(name for name in removed if lacked[name] is None)
+        return Removal(removed, now, unstamped)
     # A job accepted after the last removed net was gone for the grace was accepted by a
     # process whose NETS lacked it (the grace outlasts a rolling deploy): its enqueue
     # refused it if no net had its sites. Twice the grace, for clocks and slow restarts;
     # so a quiet round reads no job once the jobs queued before then have left the queue.
     latest = max(at for at in stamps if at is not None)
     return Removal(removed, latest + timedelta(seconds=2 * removed_after_s(settings)))
+
+
+def stamp_unstamped(session: Session, removal: Removal, settings: Settings) -> None:
+    """Give the removed nets with no stamp one that keeps them removed and makes the next
+    round's horizon this round's: a NULL stamp made every round read every unpinned QUEUED
+    job for good, though a job queued since was checked by an enqueue that lacked the net."""
+    if not removal.unstamped or removal.sites_horizon is None:
+        return
+    at = removal.sites_horizon - timedelta(seconds=2 * removed_after_s(settings))
+    session.execute(
+        update(Net)
+        .where(Net.name.in_(removal.unstamped), Net.declared_at.is_(None))
+        .values(declared_at=at)
+    )
 
 
 def removed_after_s(settings: Settings) -> float:

@@ -215,8 +215,12 @@ def _reject_definition(
     net_name: str,
     attempt: tuple[JobState, int],
     exc: DispatcherError,
+    *,
+    may_have_sent: bool = True,
 ) -> StepResult:
-    moved_on = refused_definitions.fail_job(rt, job_id, net_name, attempt, exc)
+    moved_on = refused_definitions.fail_job(
+        rt, job_id, net_name, attempt, exc, may_have_sent=may_have_sent
+    )
     if moved_on is not None:
         return StepResult(Step.SKIPPED, f"job moved on ({moved_on}); not failed")
     return StepResult(Step.GAVE_UP, str(exc))
@@ -387,6 +391,8 @@ class _Submit:
     definition: str
     sites: list[str]
     metadata: dict[str, Any] | None
+    # This try stored the token (ASSIGNED -> DISPATCHING): no earlier try sent a submit with it.
+    fresh: bool = False
 
 
 def _begin_submit(
@@ -396,7 +402,8 @@ def _begin_submit(
     the step's skip and this attempt's token if the job adopted a run of it meanwhile."""
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id, lock=True)
-        if _ours(job, JobState.ASSIGNED, net_name, attempt):
+        fresh = _ours(job, JobState.ASSIGNED, net_name, attempt)
+        if fresh:
             token = job.start_dispatch(rt.clock(), earlier=records.dispatches_of(session, job_id))
         elif _ours(job, JobState.DISPATCHING, net_name, attempt) and job.submit_token:
             token = job.submit_token
@@ -404,7 +411,7 @@ def _begin_submit(
             result = StepResult(Step.SKIPPED, f"job is {job.state} (attempt {job.attempts})")
             return result, adopted_runs.adopted_token(job, net_name, attempt)
         job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
-        return _Submit(token, job.definition, list(job.required_sites), job.metadata_)
+        return _Submit(token, job.definition, list(job.required_sites), job.metadata_, fresh)
 
 
 def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> StepResult:
@@ -419,11 +426,13 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
 
     admin = rt.admin(net_name)
     ours = (JobState.DISPATCHING, attempt)
+    sending = False
     try:
         bundle = materialize(rt.settings, definition, job_id)
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
         if not _hold_submit(rt, job_id, net_name, attempt, token):
             return StepResult(Step.SKIPPED, "job moved on while its copy was prepared")
+        sending = True
         nvflare_job_id = admin.submit(  # TransientError -> the task retries
             folder,
             token,
@@ -431,7 +440,9 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
             resource_spec=(metadata or {}).get("resource_spec"),
         )
     except (InvalidRequest, JobOutcomeError) as exc:
-        return _reject_definition(rt, job_id, net_name, ours, exc)
+        # A refusal of the submit itself is after it was sent: a stray is kept then too.
+        sent = sending or not begun.fresh
+        return _reject_definition(rt, job_id, net_name, ours, exc, may_have_sent=sent)
     except MisconfigurationError as exc:
         return _misconfigured(rt, net_name, job_id, exc, ours)
     except TransientError:

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.adapters.s3_definition import parse_s3_definition
-from app.errors import CallerKeyConflict, InvalidRequest
+from app.errors import CallerKeyConflict, InvalidRequest, TransientError
 from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
@@ -78,7 +78,13 @@ def resolve_definition(settings: Settings, definition: str) -> str:
         raise InvalidRequest(f"definition {definition!r} is a symlink loop") from None
     except OSError as exc:
         if exc.errno not in _UNNAMEABLE:
-            raise  # the file system failing (EIO...): not the request's fault
+            # The file system failing (EIO, a network mount that cannot answer now): not the
+            # request's fault, and no reason to drop it either (an OSError fails a request
+            # task for good, acknowledged away unrecorded): kept and tried again, as a
+            # database that cannot answer now.
+            raise TransientError(
+                f"definition {definition!r} cannot be looked up now: {exc.strerror or exc}"
+            ) from exc
         # Raised, it failed the task for good, unrecorded, and was a 500 over HTTP.
         reason = os.strerror(exc.errno or 0)
         raise InvalidRequest(f"definition {definition!r} cannot be looked up: {reason}") from None

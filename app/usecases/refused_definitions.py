@@ -21,9 +21,13 @@ def fail_job(
     net_name: str,
     attempt: tuple[JobState, int],
     exc: DispatcherError,
+    *,
+    may_have_sent: bool = True,
 ) -> JobState | None:
     """Fail the job: its definition itself is bad or gone. Only the attempt the step was
-    started for is failed; a job that moved on is left, and its state returned (None: failed)."""
+    started for is failed; a job that moved on is left, and its state returned (None: failed).
+    `may_have_sent`: False when the failing try stored the token itself (nothing was sent
+    with it yet), so no stray is kept for it."""
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id, lock=True)
         if (job.state, job.net_name, job.attempts) != (attempt[0], net_name, attempt[1]):
@@ -33,7 +37,9 @@ def fail_job(
         # A DISPATCHING job's earlier try may have submitted (its reply lost): that run,
         # known by the stored token, is kept as a stray, so the net takes no job beside it
         # until its server says it is over (settled at once below: looked up and aborted).
-        submitted = job.state == JobState.DISPATCHING and job.submit_token is not None
+        submitted = (
+            may_have_sent and job.state == JobState.DISPATCHING and job.submit_token is not None
+        )
         if submitted:
             records.add_stray_run(
                 session,

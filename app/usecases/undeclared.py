@@ -91,12 +91,13 @@ def settle_undeclared(rt: Runtime, removal: declared_nets.Removal | None = None)
     settled = []
     for job_id, net_name, sites in jobs:
         if net_name is None:
-            if runnable(rt.settings, sites):
-                continue  # (most of them: a declared net has its sites)
+            # The check too is inside the isolation: a row it cannot read (sites JSON null, a
+            # hand edit) is that job's failure, not the round's for every net.
             with isolated(rt, "reconcile", "-"):  # pragma: no mutate (no net to record on)
-                note = _settle_unrunnable_job(rt, job_id)
-                if note:
-                    settled.append(f"{job_id}: {note}")
+                if not runnable(rt.settings, sites):  # (most are: a declared net has them)
+                    note = _settle_unrunnable_job(rt, job_id)
+                    if note:
+                        settled.append(f"{job_id}: {note}")
             continue
         with isolated(rt, "reconcile", net_name):
             note = _settle_undeclared_job(rt, job_id, removed)
@@ -123,6 +124,10 @@ def settle_undeclared(rt: Runtime, removal: declared_nets.Removal | None = None)
                 extra={"net": net_name, "job": str(job_id), "reason": undeclared_reason(net_name)},
             )
             settled.append(f"{job_id}: failed: its earlier run is on undeclared net {net_name}")
+    if removal.unstamped:
+        # Once: the jobs queued so far were read; later rounds read none queued after this.
+        with isolated(rt, "reconcile", removal.unstamped[0]), unit_of_work(rt.sessions) as s:
+            declared_nets.stamp_unstamped(s, removal, rt.settings)
     return settled
 
 

@@ -156,6 +156,25 @@ def test_a_receiver_answer_whose_body_cannot_be_decoded_holds_back_no_other_job(
         assert callbacks.backlog(session).undelivered == 0
 
 
+# Charsets that name a text codec whose decode raises UnicodeError with errors="replace"
+# (idna refuses any handler but strict; `undefined` refuses every decode), not LookupError.
+UNDECODABLE_CHARSETS = {
+    "idna-charset": ("Content-Type", "text/plain; charset=idna"),
+    "undefined-charset": ("Content-Type", "text/plain; charset=undefined"),
+}
+
+
+@pytest.mark.parametrize("header", UNDECODABLE_CHARSETS.values(), ids=UNDECODABLE_CHARSETS.keys())
+def test_an_answer_in_a_charset_that_refuses_to_decode_holds_back_no_other_job(
+    servers, tmp_path, job_root, sqlite_factory, clock, header
+):
+    """As the `hex` charset above, for codecs that are text encodings by name but whose
+    decode raises UnicodeError (not LookupError) with errors="replace"."""
+    test_a_receiver_answer_whose_body_cannot_be_decoded_holds_back_no_other_job(
+        servers, tmp_path, job_root, sqlite_factory, clock, header
+    )
+
+
 def test_a_reason_code_written_by_a_newer_release_fails_no_status_api_read(cb, receiver):
     """tasks/README.md plans for a `reason_code` "this release does not know, written by a
     newer one before a rollback" (app/deploy/README.md "Rolling back": a release with no new
@@ -286,3 +305,34 @@ def test_a_receiver_answer_with_a_nul_in_its_body_holds_back_no_other_job(cb):
     with cb.rt.sessions() as session:
         kept = callbacks.delivery_status(session, first).last_error
     assert kept is not None and kept.endswith(r"HTTP 500: e\x00r\x00r\x00")  # escaped
+
+
+def test_an_enqueue_whose_definition_lookup_fails_for_the_file_system_is_kept(
+    tmp_path, job_root, sqlite_factory, clock, monkeypatch
+):
+    """ "What flip-api may rely on": the request is carried out, or refused and recorded,
+    never acknowledged away. resolve_definition re-raises a lookup error that is not the
+    path's own fault (EIO: a JOB_ROOT on a network file system that cannot answer now) as
+    "not the request's fault", and the enqueue_job task then fails for good (OSError is no
+    database error): no job, no refusal, no event, the caller's only copy gone. Kept like
+    a database that cannot answer now, it is tried again once the file system answers."""
+    import errno
+    from pathlib import Path
+
+    from app.handlers import HANDLERS, Verdict, on_error
+    from tests.unit.callback_world import callback_settings
+
+    world = World(callback_settings(tmp_path, job_root), sqlite_factory, clock)
+    real_is_dir = Path.is_dir
+
+    def failing_is_dir(self: Path) -> bool:
+        if self.name == "tiny-job":
+            raise OSError(errno.EIO, "Input/output error")
+        return real_is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", failing_is_dir)
+    handler = HANDLERS[names.ENQUEUE_JOB]
+    payload = {"caller_key": "flip-run-1", "definition": "tiny-job", "net": "net-a"}
+    with pytest.raises(Exception) as raised:
+        handler.call(world.rt, payload=payload)
+    assert on_error(handler, raised.value, 0, world.rt.settings) is Verdict.RETRY

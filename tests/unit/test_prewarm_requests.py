@@ -247,3 +247,27 @@ def test_sites_resolve_to_the_net_a_job_would_be_claimed_on(pw):
 def test_an_always_on_net_is_only_held(pw):
     answer = ask(pw, "p1", net="fixed", within_s=60)
     assert answer.created and answer.notified is None and "always-on" in answer.prewarm.detail
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="break-it r16: a prewarm outcome of a newer release fails PrewarmView (its status "
+    "Literal, its PrewarmOutcome reason_code): GET /prewarms/{key} is a 500, as jobs were",
+)
+def test_a_prewarm_outcome_of_a_newer_release_fails_no_read_of_it(pw):
+    """As a job's reason code (read_models.StoredReasonCode, review r16): outcomes are added,
+    never renamed, so a release rolled back to reads one it does not know. The job views
+    read it as null; a prewarm's view took the row's outcome as its status and refusal code
+    and failed validation, a 500 for the caller and a failed repeat of the request."""
+    from sqlalchemy import update
+
+    from models import Prewarm
+
+    ask(pw, "p1", net="net-a", within_s=300)
+    with pw.rt.sessions.begin() as session:
+        session.execute(
+            update(Prewarm).where(Prewarm.caller_key == "p1").values(outcome="superseded")
+        )
+    with pw.rt.sessions() as session:
+        seen = prewarm.get_prewarm(session, "p1", pw.clock())
+    assert seen.caller_key == "p1"

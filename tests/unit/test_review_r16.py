@@ -166,3 +166,24 @@ def test_a_resent_submit_that_finds_its_bundle_gone_leaves_no_run_uncounted(worl
     server = world.server("net-a")
     live = sorted(run for run, status in server.statuses.items() if status == "RUNNING")
     assert len(live) <= 1, (live, world.job(first).state, world.job(second).state)
+
+
+def test_a_first_submit_try_that_finds_its_bundle_gone_records_no_stray(world, job_root):
+    """refused_definitions.fail_job keeps the attempt's token as a stray because "an
+    earlier try's submit may have landed". On the first try there is no earlier one: the
+    token is stored (start_dispatch) before the bundle is copied, so a bundle removed
+    before any submit was sent still leaves a stray, and the net takes no job until a
+    lookup on its server settles a run that never existed (kept while the server does not
+    answer; on a net whose runs revive, a stopped net is started again to settle it)."""
+    from sqlalchemy import func, select
+
+    from models import StrayRun
+
+    first = world.enqueue("first", net="net-a")
+    net, attempt = world.run_until_ready(first)
+    shutil.rmtree(job_root / "tiny-job")
+    dispatch.dispatch(world.rt, first, net, attempt)  # the first try: nothing is sent
+    assert world.job(first).state == JobState.FAILED
+    assert world.server("net-a").statuses == {}
+    with world.rt.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(StrayRun)) == 0

@@ -658,3 +658,47 @@ def test_a_round_past_the_horizon_reads_no_queued_job_for_its_sites(sited, tmp_p
     checked.clear()
     reconciler.reconcile(world.rt)
     assert checked == []
+
+
+def test_one_queued_row_without_sites_stops_neither_the_round_nor_the_others(sited, tmp_path):
+    """A row the checks cannot read (required_sites JSON null, a hand edit) is one row: the
+    settlement of the others and the rest of the round go on, as a pinned job's do."""
+    from sqlalchemy import update
+
+    from models import Job
+
+    world = sited
+    bad = world.enqueue("bad-row", required_sites=["site-1"])
+    doomed = world.enqueue("needs-site-3", required_sites=["site-3"])
+    with world.rt.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == bad).values(required_sites=None))
+    _fixed_only(world, tmp_path)
+    reconciler.reconcile(world.rt)
+    assert world.job(doomed).state == JobState.FAILED
+
+
+def test_a_net_removed_before_its_stamp_existed_leaves_no_read_growing_with_the_queue(
+    sited, tmp_path, monkeypatch
+):
+    """As the test above, for a net whose row has no stamp (removed before migration 0007,
+    which added `declared_at`: no process ever stamps it). Its horizon was the round's own
+    `now`, so every round read every unpinned QUEUED job and checked its sites, however
+    long after the removal they were queued: a round's cost grew with the queue for good."""
+    from sqlalchemy import update
+
+    world = sited
+    _fixed_only(world, tmp_path)
+    with world.rt.sessions.begin() as session:
+        session.execute(update(Net).where(Net.name == "net-a").values(declared_at=None))
+        records.get_net(session, "fixed").state = NetState.MISCONFIGURED  # jobs stay QUEUED
+    reconciler.reconcile(world.rt)  # the first round after the upgrade may read them all
+    world.clock.advance(2 * declared_nets.removed_after_s(world.rt.settings))
+    world.enqueue("late", required_sites=["site-2"])  # checked by its enqueue against NETS
+    world.clock.advance(60)
+    checked: list[list[str]] = []
+    real = undeclared.runnable
+    monkeypatch.setattr(
+        undeclared, "runnable", lambda s, sites: checked.append(sites) or real(s, sites)
+    )
+    reconciler.reconcile(world.rt)
+    assert checked == []
