@@ -43,6 +43,7 @@ from app.errors import (
     NetMisconfigured,
     NotFound,
     RequestRejected,
+    TransientError,
 )
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
@@ -226,6 +227,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StaleDataError)
     async def _stale(_: Request, exc: StaleDataError) -> JSONResponse:
         return _error(409, "the row was changed by another process meanwhile; retry")
+
+    @app.exception_handler(TransientError)
+    async def _not_now(_: Request, exc: TransientError) -> JSONResponse:
+        # Something the request needs cannot answer now (a job root on a file system that
+        # fails): the caller may send it again, as for a database that cannot answer.
+        log.warning("request not carried out now", extra={"reason": str(exc)})
+        return _error(503, "a dependency of this request cannot answer now (see the API log)")
 
     @app.exception_handler(DBAPIError)
     async def _db_down(_: Request, exc: DBAPIError) -> JSONResponse:

@@ -243,7 +243,7 @@ def test_a_definition_the_file_system_cannot_look_up_is_refused_and_recorded(
     key = "probe-api-key-0123456789"
     world = World(callback_settings(tmp_path, job_root, API_SECRET=key), sqlite_factory, clock)
     payload = {"caller_key": "flip-run-1", "definition": definition, "net": "net-a"}
-    with TestClient(create_app(world.rt), raise_server_exceptions=False) as client:
+    with TestClient(create_app(world.rt), raise_server_exceptions=True) as client:
         answer = client.post("/jobs", json=payload, headers={"X-API-Key": key})
     assert answer.status_code == 400, answer.text
     refused = HANDLERS[names.ENQUEUE_JOB].call(world.rt, payload=payload)
@@ -336,3 +336,15 @@ def test_an_enqueue_whose_definition_lookup_fails_for_the_file_system_is_kept(
     with pytest.raises(Exception) as raised:
         handler.call(world.rt, payload=payload)
     assert on_error(handler, raised.value, 0, world.rt.settings) is Verdict.RETRY
+    # Over HTTP: 503, the caller's cue to send it again (it was a 500).
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from app.entrypoints.api import create_app
+
+    key = "test-api-secret-0123456789abcdef"
+    world.rt.settings = world.rt.settings.model_copy(update={"api_secret": SecretStr(key)})
+    with TestClient(create_app(world.rt), raise_server_exceptions=False) as client:
+        answer = client.post("/jobs", json=payload, headers={"X-API-Key": key})
+    assert answer.status_code == 503, answer.text
+    assert "Input/output" not in answer.text  # the detail is in the log only
