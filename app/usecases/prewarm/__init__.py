@@ -413,13 +413,20 @@ def _net_state(session: Session, net_name: str | None) -> NetState | None:
 # --- reading ------------------------------------------------------------------------------
 
 
+def _known(outcome: str | None) -> bool:
+    return outcome in PrewarmOutcome._value2member_map_
+
+
 def status_of(row: Prewarm, net_state: NetState | None, now: datetime) -> str:
     """warming / held while the hold is live; else how it ended (an unsettled row past its
     deadline has expired), or refused."""
     if row.refused:
         return REFUSED
     if row.outcome is not None:
-        return str(row.outcome)
+        # An outcome of a newer release (written before a rollback; outcomes are added,
+        # never renamed) reads as expired: the hold is over, and `detail` keeps its words.
+        # As its own value it failed the view: a 500, and the caller's repeat failed too.
+        return str(row.outcome) if _known(row.outcome) else PrewarmOutcome.EXPIRED.value
     if row.hold_until <= now:
         return PrewarmOutcome.EXPIRED.value
     return HELD if net_state in UP else WARMING
@@ -437,7 +444,7 @@ def prewarm_view(row: Prewarm, net_state: NetState | None, now: datetime) -> Pre
         required_sites=list(row.required_sites),
         within_s=row.within_s,
         status=status,
-        reason_code=row.outcome if row.refused else None,
+        reason_code=row.outcome if row.refused and _known(row.outcome) else None,
         created_at=row.created_at.isoformat(),
         hold_until=row.hold_until.isoformat(),
         ready_at=iso(row.ready_at),
