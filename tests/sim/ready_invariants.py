@@ -88,6 +88,20 @@ class ServerThen:
     sites: frozenset[str]
 
 
+def first_ask_s(
+    sim: Simulation, net: str, since: float, slack: float) -> float | None:
+    """When the net's replica was first asked for (a scale_up row, any outcome) at or after
+    `since` (a stored time, within `slack`); None: none since."""
+    for (at,) in sim.conn.execute(
+        "SELECT at FROM scale_events WHERE net_name = ? AND action = 'scale_up' ORDER BY id",
+        (net,),
+    ):
+        at_s = _secs(at)
+        if at_s is not None and at_s >= since - slack:
+            return at_s
+    return None
+
+
 class ReadyInvariants(Observer):
     """`ready-once-ready` and `idle-from-hold-end`, from the trigger's rows."""
 
@@ -178,7 +192,16 @@ class ReadyInvariants(Observer):
                 return
             since = min([self._starting_at.get(net, t), *(h[0] for h in live)])
             if t - since > config.ready_timeout_s - self._slack:
-                return  # past the deadline (as a stepped clock may count it): an answer will do
+                # Past the deadline (as a stepped clock may count it): an answer will do, the
+                # deadline counted from the first ask for the replica if there was one (round
+                # 16: a start asked for late waits for its sites from the ask, 86c9c12).
+                # Not a start a job was claimed onto: its chain's deadline counts from the
+                # claim, and a job giving up on its sites leaves the net READY (dispatch).
+                started = self._starting_at.get(net, since)
+                asked = first_ask_s(sim, net, started, self._slack)
+                claimed = self._claimed_at.get(net, float("-inf")) >= started - self._slack
+                if asked is None or claimed or t - asked > config.ready_timeout_s - self._slack:
+                    return
             want = sorted(wanted or set(config.required_sites))
             detail = f"its sites {sorted(server.sites)} connected (wanted {want})"
         else:
