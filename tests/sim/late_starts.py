@@ -4,17 +4,19 @@ sweep-seed tests' seeds in them, nor `left_starts`' or `platform_faults`' worlds
 other world replays exactly), at `left_starts`' moment (a scale-to-zero ECS net STARTING at
 desired 0 with no job holding it), one of (stream `f"{seed}/late-start/kind"`):
 
-- HINT (in worlds with prewarms, two in three): the start is a hint's, with a hold live
-  well past the fault; the broker goes down at once (a Redis restart) for the net's
-  ready_timeout_s and 10-60 s more, so its warm_up message runs only then and asks for the
-  replica past the deadline counted from STARTING. `start-given-up-early`
-  (tests.sim.start_deadlines): neither that warm-up (UNHEALTHY, holds failed) nor
-  reconcile ("start abandoned") gives it up before ready_timeout_s after the ask (f4cc459).
-  The net stays scale-to-zero.
+- HINT (in worlds with prewarms and PREWARM_MAX_S >= 90 s, two in three): flip-api sends a
+  hint of its own (within 90 s, a net at random, at 5 s to half the horizon); at a hint's
+  start (that one's or an earlier one's) with a hold live past the fault, the broker goes
+  down at once (a Redis restart) for the net's ready_timeout_s and 10-60 s more, so its
+  warm_up message runs only then and asks for the replica past the deadline counted from
+  STARTING. `start-given-up-early` (tests.sim.start_deadlines): neither that warm-up
+  (UNHEALTHY, holds failed) nor reconcile ("start abandoned") gives it up before
+  ready_timeout_s after the ask (f4cc459). The net stays scale-to-zero.
 - LATE (the other worlds, half): the redeploy to always-on of `left_starts`, then the same
-  broker outage, so the watch asks for the replica late; the net's sites connect 20-40 s
-  after its server answers. `ready-once-ready` (tests.sim.ready_invariants) counts the
-  deadline from the ask: READY without its sites only ready_timeout_s after it (86c9c12).
+  broker outage, so the watch asks for the replica late; the net's sites connect 35-60 s
+  after its server answers, so a round sees it answer without them. `ready-once-ready`
+  (tests.sim.ready_invariants) counts the deadline from the ask: READY without its sites
+  only ready_timeout_s after it (86c9c12).
 - DENY (the rest): the redeploy, the replica cut off past its deadline (the start goes
   OUTAGE), and from the moment its server answers again the platform denies every driver
   call as misconfigured (an IAM change propagating: `SimDriver.denying`) for 60-150 s.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import functools
 import random
 
+from app import names
 from app.sim.simulation import Simulation
 from tests.sim import drains, left_starts, platform_faults
 from tests.sim.left_starts import WATCH_S, LeftStart
@@ -45,6 +48,8 @@ BANDS = (
 )
 HINT, LATE, DENY = "hint", "late", "deny"
 HINT_P = 2 / 3  # of the worlds with prewarms
+HELD_PAST_S = 5.0  # HINT: a hold live this long past the outage, so its warm-up asks
+HOLD_S = 90.0  # HINT's own hint's within_s (ready_timeout_s, the outage's 10-60 s, and more)
 LATE_P = 1 / 2  # of the others
 
 
@@ -57,17 +62,22 @@ class LateStart(LeftStart):
         super().__init__(sim)  # its draws on this stream, as LeftStart makes them
         rng = random.Random(f"{sim.seed}/{self.STREAM}/kind")
         pick = rng.random()
-        if self._hinted:
+        # HINT needs a hold that outlasts the outage: worlds whose PREWARM_MAX_S allows one.
+        if self._hinted and sim.world.prewarm_max_s >= HOLD_S:
             self.kind = HINT if pick < HINT_P else DENY
         else:
             self.kind = LATE if pick < LATE_P else DENY
         self._late_s = rng.uniform(10.0, 60.0)  # the outage's length past ready_timeout_s
-        self._sites_late_s = rng.uniform(20.0, 40.0)
+        self._sites_late_s = rng.uniform(35.0, 60.0)
         self._deny_s = rng.uniform(60.0, 150.0)
         if self.kind == DENY and self._cut_off is None:
             self._cut_off = rng.uniform(90.0, 240.0)  # (past the deadline from the ask)
         self.fired: str | None = None  # the net the fault befell (the band scripts read it)
         self._fault_end = 0.0  # when the fault is over (the undrain waits 30-90 s more)
+        self._hint_sent = False  # HINT: flip-api's own hint for a net, sent once
+        hint = random.Random(f"{sim.seed}/{self.STREAM}/hint")
+        self._hint_at = hint.uniform(5.0, sim.workload.horizon_s / 2)
+        self._hint_net = hint.choice([n.name for n in sim.world.nets])
 
     def _in_bands(self, first: float) -> bool:
         sim = self.sim
@@ -78,6 +88,21 @@ class LateStart(LeftStart):
         )
         return any(lo <= first < hi for lo, hi in BANDS) and not others
 
+    def after_step(self) -> None:
+        if self.armed and self.kind == HINT and not self._hint_sent:
+            self._hint_sent = True
+            # A hint of flip-api's own with a hold long enough to outlast the outage (the
+            # world's hints are often shorter): the moment is its start, or an earlier one's.
+            payload: dict[str, object] = {
+                "caller_key": "pw-late",
+                "within_s": HOLD_S,
+                "required_sites": [],
+                "net": self._hint_net,
+            }
+            send = self.sim.caller.sender(names.PREWARM, payload)
+            self.sim.at(self._hint_at, f"flip-api prewarms {self._hint_net} (a late start)", send)
+        super().after_step()
+
     def _fire(self, name: str, jobs: list[str]) -> None:
         if self.kind != HINT:
             super()._fire(name, jobs)
@@ -85,8 +110,9 @@ class LateStart(LeftStart):
         sim = self.sim
         timeout_s = sim.settings.net(name).ready_timeout_s
         end = sim.clock.t + timeout_s + self._late_s
-        if not self._held_past(name, end + timeout_s):
-            self.armed = True  # a hold that ends sooner releases the start: the next one
+        if not self._held_past(name, end + HELD_PAST_S):
+            # A hold that ends before the warm-up runs releases the start: the next one.
+            self.armed = True
             return
         self.fired = name
         sim.trace(f"== {name} STARTING for a hint: the broker goes down until {end:.0f}s")

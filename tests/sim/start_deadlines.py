@@ -25,9 +25,10 @@ class StartDeadlines(Observer):
     """`start-given-up-early`, from the net history rows as `Checker._history` reads them."""
 
     # ReadyInvariants' (the Checker's other base): when each net last moved to STARTING and
-    # had a job claimed onto it, in simulated time.
+    # had a job claimed onto it, in simulated time, and its last READY's reason (kept here).
     _starting_at: dict[str, float]
     _claimed_at: dict[str, float]
+    _ready_reason: dict[str, str]
 
     def start(self, sim: Simulation) -> None:
         super().start(sim)
@@ -37,6 +38,8 @@ class StartDeadlines(Observer):
     def _net_moved(self, net: str, src: str, dst: str, at: str, reason: str) -> None:
         """One net history row: a STARTING's stamp kept, a give-up for the deadline checked."""
         at_s = _secs(at)
+        if src == NetState.STARTING and dst == NetState.READY:
+            self._ready_reason[net] = reason
         if dst == NetState.STARTING and at_s is not None:
             self._started_stamp[net] = at_s
             return
@@ -53,8 +56,13 @@ class StartDeadlines(Observer):
             return
         slack = self._deadline_slack
         claimed = self._claimed_at.get(net, float("-inf"))
-        if claimed >= self._starting_at.get(net, float("inf")) - slack:
-            return  # a job's start: its chain's deadline counts from its claim (dispatch)
+        if (
+            dst == NetState.UNHEALTHY
+            and claimed >= self._starting_at.get(net, float("inf")) - slack
+        ):
+            # Perhaps a job's wait_ready (its words are warm_up's): its chain's deadline
+            # counts from its claim (dispatch). Reconcile abandons only a job-less start.
+            return
         asked = first_ask_s(self.sim, net, started, slack)
         if asked is None:
             return  # nothing asked for: its deadline counts from the STARTING

@@ -19,8 +19,9 @@ from app.runtime import Runtime
 from app.usecases import net_repairs
 from app.usecases.outages import overdue_start
 from app.usecases.prewarm import warm_up
+from app.usecases.scaling import scale_net
 from models import NetState
-from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import assert_clean, assert_found
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ def _old_ask(rt: Runtime, name: str, state: NetState, job: uuid.UUID | None) -> 
     # D3, `_ask_for_its_replica` before cf265d1: a misconfigured refusal always raised.
     try:
         if rt.driver(name).observe().desired < 1:
-            net_repairs.scale_net(rt, name, 1, "always-on net: one replica")
+            scale_net(rt, name, 1, "always-on net: one replica")
     except TransientError:
         if state == NetState.STARTING and job is None:
             overdue_start(rt, name, rt.admin(name).server_state())
