@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,7 @@ from app.usecases.outages import overdue_start
 from app.usecases.prewarm import warm_up
 from app.usecases.scaling import scale_net
 from models import NetState
-from tests.unit.test_simulation_safeguards import assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +56,45 @@ def _denied_outage_misconfigured(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(net_repairs, "_ask_for_its_replica", _old_ask)
 
 
-LATE_STARTS: list[Any] = []  # filled below from the band hunts
+LATE_STARTS = [
+    Safeguard(
+        "a warm-up that runs late waits for the boot it asked for (f4cc459, warm_up)",
+        _warm_up_from_starting,
+        "racy",
+        # tests.sim.late_starts' HINT: a hint's start, the broker down past ready_timeout_s;
+        # its warm-up asked for the replica and gave up in the same call. Racy 120 (and 255;
+        # 9 of 0-1200's band worlds with f4cc459 undone).
+        range(120, 125),
+        frozenset({"start-given-up-early"}),
+    ),
+    Safeguard(
+        "reconcile does not abandon a job-less start asked for late (f4cc459, reconcile)",
+        _repairs_from_starting,
+        "crashy",
+        # HINT, reconcile's side: the late warm-up asked and polls on; the next round
+        # abandoned the start 2 s after that ask, 74 s after its STARTING. Crashy 524.
+        range(520, 530),
+        frozenset({"start-given-up-early"}),
+    ),
+    Safeguard(
+        "an always-on start asked for late waits for its sites from the ask (86c9c12)",
+        _repairs_from_starting,
+        "servers",
+        # LATE: the redeploy to always-on, the broker down past the deadline, the sites 35-60 s
+        # after the server: READY at the first round that saw it answer. Servers 445 (and 346).
+        range(440, 450),
+        frozenset({"ready-once-ready"}),
+    ),
+    Safeguard(
+        "an always-on OUTAGE whose server answers under a denial is READY (cf265d1)",
+        _denied_outage_misconfigured,
+        "crashy",
+        # DENY: the start cut off past its deadline (OUTAGE), its driver denied from the moment
+        # its server answers again: MISCONFIGURED. Crashy 353 and 362.
+        range(350, 365),
+        frozenset({"outage-back-up"}),
+    ),
+]
 
 
 @pytest.mark.timeout(1800)
