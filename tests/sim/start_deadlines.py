@@ -64,8 +64,11 @@ class StartDeadlines(Observer):
             # counts from its claim (dispatch). Reconcile abandons only a job-less start.
             return
         asked = first_ask_s(self.sim, net, started, slack)
-        if asked is None:
-            return  # nothing asked for: its deadline counts from the STARTING
+        if asked is None or asked > at_s + slack:
+            # Nothing asked for: its deadline counts from the STARTING. (An ask stamped after
+            # the give-up: the workers' clocks stepped back between them, tests.sim.clock_back's
+            # three hours, so the stamps' order says nothing; seed 241.)
+            return
         timeout_s = self.sim.settings.net(net).ready_timeout_s
         if at_s - asked < timeout_s - slack:
             self.report(
