@@ -28,6 +28,7 @@ from tests.sim import (
     drains,
     flower_faults,
     kits,
+    late_starts,
     left_starts,
     misfit,
     platform_faults,
@@ -65,6 +66,7 @@ class Adversary:
         self._kits = kits.KitAdversary(sim)
         self._left_start = left_starts.LeftStart(sim)
         self._platform_fault = platform_faults.PlatformFault(sim)
+        self._late_start = late_starts.LateStart(sim)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -117,6 +119,7 @@ class Adversary:
         self._maybe_flip()
         self._left_start.after_step()
         self._platform_fault.after_step()
+        self._late_start.after_step()
         if self._flower is not None:
             self._flower.after_step()
         if self._bundle_adversary is not None and not self._requeues_read.holds():
