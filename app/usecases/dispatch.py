@@ -40,6 +40,7 @@ from app.usecases import (
     revived_runs,
     unknown_submit,
 )
+from app.usecases.outages import start_age_s
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
@@ -311,7 +312,9 @@ def _check_ready(
             net.answered()
         return StepResult(Step.DONE, "ready")
 
-    if (now - assigned_at).total_seconds() > net_config.ready_timeout_s:
+    # From the claim, or from the first ask for the replica when the chain's scale_up ran
+    # late (its message waited out a broker outage): a boot is never given up at its ask.
+    if start_age_s(rt, net_name, assigned_at, now) > net_config.ready_timeout_s:
         reason = f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}"
         if readiness is not None and readiness.missing_sites:
             # The server answers; only the job's sites never came: the job's problem (a
