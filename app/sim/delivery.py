@@ -6,7 +6,8 @@ polls, the callback round's next due event), the chain's next link. An exception
 use case is a finding (no-escape) unless the design wants it loud; a message that Celery
 would acknowledge while a caller's request in it was not carried out is `request-lost`; a
 worker killed mid-task has its message redelivered (`ACKS.late`), and so has one whose
-handler ended while the broker was down (its ack never left the worker). An error the
+handler ended while the broker was down (its ack never left the worker); one killed at its
+hard time limit is acknowledged where `ACKS.on_timeout` says so (else requeued). An error the
 adversary injected where the design lets a task fail is its to excuse (`excuse`, `refused`)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from app.handlers import ACKS, HANDLERS, Handler, Kind, Verdict, backoff_s, on_e
 from app.handlers import ends_chain as chain_ends
 from app.runtime import Runtime
 from app.sim import messages
-from app.sim.interleaving import WorkerKilled
+from app.sim.interleaving import TimeLimitKilled, WorkerKilled
 from app.sim.messages import Message
 from app.sim.view import SimView
 from app.usecases import dispatch as dispatch_uc
@@ -69,9 +70,13 @@ class Delivery:
             back = sim.broker.down_until(sim.clock.t) if sim.broker.outages else None
             if back is not None and ACKS.late:
                 sim.broker.restore_unacked(message, back)
-        except WorkerKilled:
+        except WorkerKilled as killed:
             delay = sim.rng.uniform(1.0, max(1.0, sim.faults.worker_restart_s))
-            if ACKS.late:
+            if isinstance(killed, TimeLimitKilled) and ACKS.on_timeout(spec.kind):
+                # Killed at the hard time limit and acknowledged (acks_on_timeout): gone.
+                if spec.kind is Kind.REQUEST:
+                    self._forgotten(message, spec, "it was killed at its hard time limit")
+            elif ACKS.late:
                 sim.broker.redeliver(message, delay)
             elif spec.kind is Kind.REQUEST:  # acknowledged when taken: it died with the worker
                 self._forgotten(message, spec, "its worker was killed")
