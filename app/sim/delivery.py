@@ -41,6 +41,7 @@ class Delivery:
         self.sim = sim
         self._net_events_at_start: dict[int, int] = {}  # a pipeline step's message -> id
         self.began: dict[int, float] = {}  # each message being processed -> when it began
+        self.calls: list[int] = []  # the messages whose handler is running, outermost first
 
     def deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
@@ -90,8 +91,7 @@ class Delivery:
 
     def _run_task(self, rt: Runtime, message: Message, spec: Handler, slot: int) -> None:
         try:
-            with self._noting_inline_readiness(message):
-                result = spec.call(rt, **message.kwargs)
+            result = self._call(rt, message, spec)
         except Exception as exc:
             self._raised(rt, message, spec, slot, exc)
             return
@@ -108,6 +108,25 @@ class Delivery:
         if message.chain and not chain_ends(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.sim.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _call(self, rt: Runtime, message: Message, spec: Handler) -> object:
+        """The handler itself, the part of a task its time limits bound (`in_handler`)."""
+        self.calls.append(message.id)
+        try:
+            with self._noting_inline_readiness(message):
+                return spec.call(rt, **message.kwargs)
+        finally:
+            self.calls.pop()
+
+    def in_handler(self) -> bool:
+        """A statement now is the running message's handler's: not a worker's start (its
+        ready kick, after a kill), nor the world's events while the worker stalls."""
+        sim = self.sim
+        return (
+            bool(self.calls and sim.current)
+            and self.calls[-1] == sim.current[-1].id
+            and sim.running[-1] != sim.stalled
+        )
 
     def _raised(
         self, rt: Runtime, message: Message, spec: Handler, slot: int, exc: Exception

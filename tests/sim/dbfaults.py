@@ -87,7 +87,9 @@ class DatabaseFaults:
     def _on_statement(self, *_args: Any, **_kwargs: Any) -> None:
         if not self._fails():
             return
-        if self._hang is not None and self._hang.random() < HANG_P:
+        # Only a task's own statement has a time limit (a worker's ready kick has none).
+        hangs = self._hang is not None and self._sim.delivery.in_handler()
+        if hangs and self._hang is not None and self._hang.random() < HANG_P:
             self._failed()
             self._count_hang()
             if self._hang.random() < KILLED_P:
