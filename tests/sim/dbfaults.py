@@ -5,14 +5,15 @@ of its own (`f"{seed}/db"`: the other worlds run as before).
 
 Round 16, time limits: in bands of the first draw of `f"{seed}/db/hang"` (none of the
 safeguards' and sweep-seed tests' db-fault seeds in them, so those worlds replay exactly),
-half the failed statements hang instead, drawn on that stream: to the task's soft time limit
-(billiard's SoftTimeLimitExceeded out of the statement), or, in half of those, past it to the
-hard limit, where Celery's pool kills the task's process (`TimeLimitKilled`; the statement
-stuck in C, where the soft limit's signal cannot reach it). Every kind may hang: a request
-must be retried at the soft limit and requeued at the hard one (`request-lost` else); the
-others fail or are acknowledged, excused as a database error is. The hang's time is not
-spent: the statement holds a transaction, and nothing may run meanwhile on the one
-connection.
+half the failed statements a handler makes (`Delivery.in_handler`: not a worker's start or
+its ready kick, which no time limit bounds) hang instead, drawn on that stream: to the
+task's soft time limit (billiard's SoftTimeLimitExceeded out of the statement), or, in half
+of those, past it to the hard limit, where Celery's pool kills the task's process
+(`TimeLimitKilled`; the statement stuck in C, where the soft limit's signal cannot reach
+it). Every kind may hang: a request must be retried at the soft limit and requeued at the
+hard one (`request-lost` else); the others fail or are acknowledged, excused as a database
+error is. The hang's time is not spent: the statement holds a transaction, and nothing may
+run meanwhile on the one connection.
 
 What it must not do: lose a caller's request (a `request` handler's message is retried, not
 acknowledged away: `request-lost`), stop a loop for good, or leave half a change behind. A
@@ -88,11 +89,11 @@ class DatabaseFaults:
         if not self._fails():
             return
         # Only a task's own statement has a time limit (a worker's ready kick has none).
-        hangs = self._hang is not None and self._sim.delivery.in_handler()
-        if hangs and self._hang is not None and self._hang.random() < HANG_P:
+        hang = self._hang if self._sim.delivery.in_handler() else None
+        if hang is not None and hang.random() < HANG_P:
             self._failed()
             self._count_hang()
-            if self._hang.random() < KILLED_P:
+            if hang.random() < KILLED_P:
                 self._sim.trace("   !! a statement hung to the hard time limit (simulated)")
                 raise TimeLimitKilled("a statement hung past the hard time limit")
             self._sim.trace("   !! a statement hung to the soft time limit (simulated)")
