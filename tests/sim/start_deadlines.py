@@ -1,11 +1,13 @@
-"""`start-given-up-early` (round 16): a job-less start is given up for its readiness deadline
+"""`start-given-up-early` (round 16): a start is given up for its readiness deadline
 (reconcile's "start abandoned": STARTING -> STOPPING; warm_up's "not ready after": STARTING
 -> UNHEALTHY, its holds failed) no sooner than the net's ready_timeout_s after the first ask
 for its replica since its STARTING (a scale_up row of `scale_events`, whatever its outcome,
 as `app.usecases.outages.start_age_s` counts it), or after its STARTING when none was asked.
 Before f4cc459 both counted from the STARTING only: a warm-up whose message waited past the
 deadline (tests.sim.late_starts' broker outage) asked for the replica and gave up in the
-same call, and reconcile abandoned a boot it had just asked for.
+same call, and reconcile abandoned a boot it had just asked for. A job's chain (wait_ready,
+in warm_up's words) counts from its claim, or from the first ask since when its scale_up ran
+late: it gave the job up 0.4 s after the ask (ops 455, before 1967120).
 
 Read in the product's own stored times (the STARTING's and the give-up's stamps, the
 ask's), with the clock-step slack where a worker's clock may be stepped."""
@@ -61,8 +63,10 @@ class StartDeadlines(Observer):
             and claimed >= self._starting_at.get(net, float("inf")) - slack
         ):
             # Perhaps a job's wait_ready (its words are warm_up's): its chain's deadline
-            # counts from its claim (dispatch). Reconcile abandons only a job-less start.
-            return
+            # counts from its claim, or from the first ask since when its scale_up ran late
+            # (round 16: dispatch gave the job up at its ask, ops 455). Reconcile abandons
+            # only a job-less start.
+            started = max(started, claimed)
         asked = first_ask_s(self.sim, net, started, slack)
         if asked is None or asked > at_s + slack:
             # Nothing asked for: its deadline counts from the STARTING. (An ask stamped after
