@@ -11,7 +11,6 @@ from app.usecases.dispatch import Step
 from models import JobState
 
 
-@pytest.mark.xfail(strict=True, reason="break-it r16: a refused first try anchors the deadline")
 def test_a_scale_up_refused_once_then_held_by_an_outage_waits_from_the_ask_that_took(world):
     """The chain's scale_up tried at once, the platform refused it (a throttle: recorded as
     an ask, outcome error), and its retry waited out a broker outage past ready_timeout_s:
@@ -32,7 +31,6 @@ def test_a_scale_up_refused_once_then_held_by_an_outage_waits_from_the_ask_that_
     assert world.job(job_id).state == JobState.ASSIGNED
 
 
-@pytest.mark.xfail(strict=True, reason="break-it r16: reconcile counts from a refused ask")
 def test_reconcile_leaves_a_chain_whose_first_try_was_refused_to_its_deadline(world):
     """As above, reconcile's stuck-ASSIGNED requeue: the chain still waits rightly for a
     server asked for late, yet a refused first try makes it requeue the job."""

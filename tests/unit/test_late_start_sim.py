@@ -45,7 +45,7 @@ def _chain_from_claim(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(
         dispatch,
         "start_age_s",
-        lambda rt, name, started, now=None: ((now or rt.clock()) - started).total_seconds(),
+        lambda rt, name, started, now=None, **_: ((now or rt.clock()) - started).total_seconds(),
     )
 
 
