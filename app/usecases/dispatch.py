@@ -314,7 +314,8 @@ def _check_ready(
 
     # From the claim, or from the first ask for the replica when the chain's scale_up ran
     # late (its message waited out a broker outage): a boot is never given up at its ask.
-    if start_age_s(rt, net_name, assigned_at, now) > net_config.ready_timeout_s:
+    # Only an ask the driver took: a try it refused was retried, maybe late (the outage).
+    if start_age_s(rt, net_name, assigned_at, now, taken=True) > net_config.ready_timeout_s:
         reason = f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}"
         if readiness is not None and readiness.missing_sites:
             # The server answers; only the job's sites never came: the job's problem (a

@@ -70,31 +70,44 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
     return "STARTING -> OUTAGE (server not up past its readiness deadline)"
 
 
-def start_age_s(rt: Runtime, name: str, started: datetime, now: datetime | None = None) -> float:
+def start_age_s(
+    rt: Runtime,
+    name: str,
+    started: datetime,
+    now: datetime | None = None,
+    *,
+    taken: bool = False,
+) -> float:
     """Seconds a job-less start has had to come up, as `overdue_start` counts them: from the
     first ask for its replica once its STARTING is past ready_timeout_s (a start left at
     zero until its replica was asked for late waits for its sites from that ask, not READY
     at once), else from its STARTING (a job's chain: `started` its claim). Only a start
-    past that deadline pays the read. `now`: the caller's reading of the clock."""
+    past that deadline pays the read. `now`: the caller's reading of the clock. `taken`:
+    only asks the driver took count (a job's chain: its scale_up retries a refused ask, and
+    a retry held past the deadline by a broker outage is the ask its server boots from)."""
     now = now or rt.clock()
     age_s = (now - started).total_seconds()
     if age_s <= rt.settings.net(name).ready_timeout_s:
         return age_s
     with rt.sessions() as session:
-        asked = _asked_at(session, name, started)
+        asked = _asked_at(session, name, started, taken=taken)
     return age_s if asked is None else (now - asked).total_seconds()
 
 
-def _asked_at(session: Session, name: str, since: datetime) -> datetime | None:
+def _asked_at(
+    session: Session, name: str, since: datetime, *, taken: bool = False
+) -> datetime | None:
     """When the net's replica was first asked for at or after `since` (its STARTING): the
     first scale-up call for it, whatever its outcome. Not the last: a replica the platform
     keeps losing (a container that exits at start reads as desired 0) is asked for every
     round, and a platform that refuses every call (throttled, its API down) is asked every
-    round too; neither may put the page off. A call whose reply was lost may have applied."""
+    round too; neither may put the page off. A call whose reply was lost may have applied.
+    `taken`: only calls the driver took (a job's chain, whose scale_up is DONE only then)."""
     return session.scalar(
         select(func.min(ScaleEvent.at)).where(
             ScaleEvent.net_name == name,
             ScaleEvent.action == "scale_up",
             ScaleEvent.at >= since,
+            *([ScaleEvent.outcome == "ok"] if taken else []),
         )
     )

@@ -201,7 +201,8 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime, jobs: list[Leased]) -> list[
                 # The chain's deadline counts from a late scale_up's ask (`start_age_s`).
                 if age_s > ready_timeout_s + stuck_s and (
                     not known
-                    or start_age_s(rt, net_name or "", changed_at, now) > ready_timeout_s + stuck_s
+                    or start_age_s(rt, net_name or "", changed_at, now, taken=True)
+                    > ready_timeout_s + stuck_s
                 ):
                     requeue_after_transient(
                         rt,

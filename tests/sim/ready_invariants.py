@@ -91,11 +91,17 @@ class ServerThen:
     sites: frozenset[str]
 
 
-def first_ask_s(sim: Simulation, net: str, since: float, slack: float) -> float | None:
-    """When the net's replica was first asked for (a scale_up row, any outcome) at or after
-    `since` (a stored time, within `slack`); None: none since."""
+def first_ask_s(
+    sim: Simulation, net: str, since: float, slack: float, *, taken: bool = False
+) -> float | None:
+    """When the net's replica was first asked for (a scale_up row, any outcome; `taken`:
+    only one the driver took) at or after `since` (a stored time, within `slack`); None:
+    none since."""
+    taken_only = " AND outcome = 'ok'" if taken else ""
     for (at,) in sim.conn.execute(
-        "SELECT at FROM scale_events WHERE net_name = ? AND action = 'scale_up' ORDER BY id",
+        "SELECT at FROM scale_events WHERE net_name = ? AND action = 'scale_up'"
+        + taken_only
+        + " ORDER BY id",
         (net,),
     ):
         at_s = _secs(at)

@@ -7,7 +7,8 @@ Before f4cc459 both counted from the STARTING only: a warm-up whose message wait
 deadline (tests.sim.late_starts' broker outage) asked for the replica and gave up in the
 same call, and reconcile abandoned a boot it had just asked for. A job's chain (wait_ready,
 in warm_up's words) counts from its claim, or from the first ask since when its scale_up ran
-late: it gave the job up 0.4 s after the ask (ops 455, before 1967120).
+late: it gave the job up 0.4 s after the ask (ops 455, before 1967120), from the first ask
+the driver took (a refused try is retried, maybe held past the deadline; break-it r16).
 
 Read in the product's own stored times (the STARTING's and the give-up's stamps, the
 ask's), with the clock-step slack where a worker's clock may be stepped."""
@@ -58,16 +59,19 @@ class StartDeadlines(Observer):
             return
         slack = self._deadline_slack
         claimed = self._claimed_at.get(net, float("-inf"))
-        if (
+        chain = (
             dst == NetState.UNHEALTHY
             and claimed >= self._starting_at.get(net, float("inf")) - slack
-        ):
+        )
+        if chain:
             # Perhaps a job's wait_ready (its words are warm_up's): its chain's deadline
             # counts from its claim, or from the first ask since when its scale_up ran late
             # (round 16: dispatch gave the job up at its ask, ops 455). Reconcile abandons
             # only a job-less start.
             started = max(started, claimed)
-        asked = first_ask_s(self.sim, net, started, slack)
+        # A chain counts only an ask the driver took (its scale_up retries a refused one,
+        # maybe late: break-it r16); a job-less start any ask, refused ones too.
+        asked = first_ask_s(self.sim, net, started, slack, taken=chain)
         if asked is None or asked > at_s + slack:
             # Nothing asked for: its deadline counts from the STARTING. (An ask stamped after
             # the give-up: the workers' clocks stepped back between them, tests.sim.clock_back's

@@ -15,8 +15,8 @@ import pytest
 
 from app.errors import TransientError
 from app.runtime import Runtime
-from app.usecases import dispatch, net_repairs
-from app.usecases.outages import overdue_start
+from app.usecases import dispatch, net_repairs, reconciler
+from app.usecases.outages import overdue_start, start_age_s
 from app.usecases.prewarm import warm_up
 from app.usecases.scaling import scale_net
 from models import NetState
@@ -45,8 +45,20 @@ def _chain_from_claim(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(
         dispatch,
         "start_age_s",
-        lambda rt, name, started, now=None: ((now or rt.clock()) - started).total_seconds(),
+        lambda rt, name, started, now=None, **_: ((now or rt.clock()) - started).total_seconds(),
     )
+
+
+def _chain_from_any_ask(mp: pytest.MonkeyPatch) -> None:
+    # Before break-it r16's fix: a chain's deadline counted from its first ask, refused ones
+    # too (a scale_up refused, its retry held late, gave the job up at the ask that took).
+    def any_ask(
+        rt: Runtime, name: str, started: datetime, now: datetime | None = None, **_: bool
+    ) -> float:
+        return start_age_s(rt, name, started, now)
+
+    mp.setattr(dispatch, "start_age_s", any_ask)
+    mp.setattr(reconciler, "start_age_s", any_ask)
 
 
 def _old_ask(rt: Runtime, name: str, state: NetState, job: uuid.UUID | None) -> None:
@@ -112,6 +124,15 @@ LATE_STARTS = [
         # reach, left out of the invariant until the fix). Ops 455 (and chaos 161, flaky 271
         # and 559, drift 276 and 798: each reports with the fix undone, none with it).
         range(455, 456),
+        frozenset({"start-given-up-early"}),
+    ),
+    Safeguard(
+        "a chain whose scale_up was refused waits from the ask the driver took (break-it r16)",
+        _chain_from_any_ask,
+        "chaos",
+        # A job's scale_up refused, its retry late: wait_ready gave the job up 2.9 s after
+        # the ask the driver took (a hunt of seeds 0-600 with the fix undone: chaos 143).
+        range(143, 144),
         frozenset({"start-given-up-early"}),
     ),
 ]
