@@ -1,5 +1,6 @@
-"""Break-it r16 on 1967120 (a job's readiness deadline counts from the first ask for its
-replica since the claim, `outages.start_age_s`): what the change still gets wrong."""
+"""A job's readiness deadline counts from the first ask the driver TOOK since its claim
+(round 16's break-it on 1967120): a first try refused, then a retry held past the deadline
+by a broker outage, gave the job up at the ask that worked."""
 
 from __future__ import annotations
 

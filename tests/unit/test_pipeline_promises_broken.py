@@ -1,5 +1,6 @@
-"""Break-it review of round 16 (reviewer a): promises of the job pipeline that did not hold
-on the code they were written against, each a strict xfail until its fix."""
+"""Promises of the job pipeline that did not hold (found by round 16's reviewers; each test
+failed on the code before its fix): an abort handled before its enqueue, jobs no declared net
+can run any more, one bad FINISHING row, a gone bundle's landed run, a first try's stray."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Break-it r16 (early aborts): cases the change's own tests left out."""
+"""A kept early abort's reason code (found by round 16's break-it): a code this release
+cannot end an ABORTED job with still aborts the job, never loses the enqueue."""
 
 from __future__ import annotations
 
