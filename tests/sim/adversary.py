@@ -26,6 +26,7 @@ from tests.sim import (
     claim_prewarms,
     dbfaults,
     drains,
+    early_abort,
     flower_faults,
     kits,
     left_starts,
@@ -65,6 +66,7 @@ class Adversary:
         self._kits = kits.KitAdversary(sim)
         self._left_start = left_starts.LeftStart(sim)
         self._platform_fault = platform_faults.PlatformFault(sim)
+        self._early_abort = early_abort.EarlyAbort(sim)  # (round 16: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -72,6 +74,7 @@ class Adversary:
         """Take the database faults' listeners off the engine (the process's, shared)."""
         if self._db_faults is not None:
             self._db_faults.remove()
+        self._early_abort.stop()
         event.remove(self.sim.engine, "handle_error", self._poison_refused)
 
     def _poison_refused(self, context: Any) -> None:
