@@ -34,6 +34,7 @@ from tests.sim import (
     platform_faults,
     poison,
     repeats,
+    unnameable,
 )
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.races import Races
@@ -94,6 +95,7 @@ class Adversary:
         bursts.schedule(sim, sim.caller.arm, sim.caller.enqueue_payload)
         repeats.schedule(sim, sim.caller.arm)
         drains.schedule(sim)
+        unnameable.schedule(sim)  # (round 16: its own band)
         self._kits.schedule()
         self._schedule_faults()
 
