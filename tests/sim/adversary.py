@@ -28,6 +28,7 @@ from tests.sim import (
     drains,
     early_abort,
     flower_faults,
+    gone_bundle,
     kits,
     left_starts,
     misfit,
@@ -68,6 +69,7 @@ class Adversary:
         self._left_start = left_starts.LeftStart(sim)
         self._platform_fault = platform_faults.PlatformFault(sim)
         self._early_abort = early_abort.EarlyAbort(sim)  # (round 16: its own band)
+        self._gone_bundle = gone_bundle.GoneBundle(sim)  # (round 16: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -110,6 +112,7 @@ class Adversary:
         checker = self.sim.checker
         if point.startswith("admin.") and net is not None and isinstance(checker, CallInvariants):
             checker.at_admin_call(point, net)
+        self._gone_bundle.at_hook(point, net)
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)
@@ -122,6 +125,7 @@ class Adversary:
         self._maybe_flip()
         self._left_start.after_step()
         self._platform_fault.after_step()
+        self._gone_bundle.after_step()
         if self._flower is not None:
             self._flower.after_step()
         if self._bundle_adversary is not None and not self._requeues_read.holds():
