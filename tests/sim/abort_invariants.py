@@ -53,7 +53,7 @@ class AbortWatch:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self._retries = 0  # the delivery's retry count at the last call here
+        self._retries: float = 0  # the delivery's retry count at the last call here
         self._aborted: dict[str, tuple[int, float]] = {}  # job hex -> (history mark, when)
         self._event_id = 0
         self._read = Unchanged(sim.conn)
