@@ -1,5 +1,5 @@
 """A job's bundle gone between a lost submit reply and the retry (round 16, defect B): in
-bands of the first draw of `f"{seed}/gone-bundle"` (about 6.4% of the worlds; none of the
+bands of the first draw of `f"{seed}/gone-bundle"` (about 7.5% of the worlds; none of the
 safeguards' and sweep-seed tests' seeds in them, so every other world replays exactly), the
 first submit of a job from the folder under JOB_ROOT to an NVFLARE server lands and loses its
 reply, and at that moment the folder is removed (an operator's clean-up, a redeploy of the
