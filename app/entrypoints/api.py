@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -26,25 +26,16 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from fastapi.security import APIKeyHeader
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm.exc import StaleDataError
 
 from app.entrypoints import drain_routes, nets_page, prewarm_routes
+from app.entrypoints.api_errors import Refused, install_error_handlers
 from app.entrypoints.limits import BodySizeLimit
 from app.entrypoints.responses import Health, Readiness, error_responses, json_errors
-from app.errors import (
-    CallerKeyConflict,
-    InvalidRequest,
-    NetDrained,
-    NetMisconfigured,
-    NotFound,
-    RequestRejected,
-    TransientError,
-)
+from app.errors import InvalidRequest
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.payload_json import loads_payload
@@ -69,7 +60,6 @@ from app.usecases.views import (
     page_jobs,
     parse_job_state,
 )
-from models import IllegalTransition
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +130,7 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=runtime.settings.api_max_body_bytes)
     app.state.runtime = runtime
     app.state.prober = prober
-    _install_error_handlers(app)
+    install_error_handlers(app)
     _install_health_routes(app, ctx)
     _install_status_routes(app, ctx)
     _install_job_routes(app, ctx)
@@ -162,84 +152,6 @@ def _install_webhooks(app: FastAPI) -> None:
     @app.webhooks.post("rejected", operation_id="callback_rejected", status_code=200)
     def rejected(event: RejectedEvent) -> None:
         """An enqueue was refused and created no job; any 2xx acknowledges it."""
-
-
-def _error(status: int, detail: str, **more: Any) -> JSONResponse:
-    return JSONResponse({"detail": detail, **more}, status_code=status)
-
-
-def _validation_response(errors: Sequence[Any]) -> JSONResponse:
-    # The message names each field and what is wrong; the input is not echoed back.
-    items = [
-        {
-            "loc": [str(p) for p in e.get("loc", ())],
-            "msg": str(e.get("msg", "")),
-            "type": str(e.get("type", "")),
-        }
-        for e in errors
-    ]
-    detail = "; ".join(f"{'.'.join(i['loc']) or 'body'}: {i['msg']}" for i in items)
-    return _error(422, detail or "invalid request", errors=items)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(InvalidRequest)
-    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(CallerKeyConflict)
-    async def _key_conflict(_: Request, exc: CallerKeyConflict) -> JSONResponse:
-        # A reused caller_key with another payload: nothing was created or changed.
-        return _error(409, str(exc), reason_code="caller_key_conflict")
-
-    @app.exception_handler(NetMisconfigured)
-    async def _net_misconfigured(_: Request, exc: NetMisconfigured) -> JSONResponse:
-        # A prewarm for a net an operator must fix first: nothing was started.
-        return _error(409, str(exc), reason_code="net_misconfigured")
-
-    @app.exception_handler(NetDrained)
-    async def _net_drained(_: Request, exc: NetDrained) -> JSONResponse:
-        # A prewarm for a drained net: nothing was started or held (app.usecases.drains).
-        return _error(409, str(exc), reason_code="net_drained")
-
-    @app.exception_handler(RequestRejected)
-    async def _rejected(_: Request, exc: RequestRejected) -> JSONResponse:
-        # 410: the id names a job whose enqueue was refused, not one still on its way.
-        return _error(410, str(exc), reason_code=exc.reason_code)
-
-    @app.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return _error(404, str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_response(exc.errors())
-
-    @app.exception_handler(_Refused)
-    async def _refused(_: Request, exc: _Refused) -> JSONResponse:
-        headers = {"WWW-Authenticate": "X-API-Key"} if exc.status == 401 else None
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=headers)
-
-    @app.exception_handler(IllegalTransition)
-    async def _conflict(_: Request, exc: IllegalTransition) -> JSONResponse:
-        return _error(409, f"{exc}; the job changed meanwhile, read it again")
-
-    @app.exception_handler(StaleDataError)
-    async def _stale(_: Request, exc: StaleDataError) -> JSONResponse:
-        return _error(409, "the row was changed by another process meanwhile; retry")
-
-    @app.exception_handler(TransientError)
-    async def _not_now(_: Request, exc: TransientError) -> JSONResponse:
-        # Something the request needs cannot answer now (a job root on a file system that
-        # fails): the caller may send it again, as for a database that cannot answer.
-        log.warning("request not carried out now", extra={"reason": str(exc)})
-        return _error(503, "a dependency of this request cannot answer now (see the API log)")
-
-    @app.exception_handler(DBAPIError)
-    async def _db_down(_: Request, exc: DBAPIError) -> JSONResponse:
-        # The driver's message can quote SQL and parameters: log it, answer generically.
-        log.error("database error", exc_info=exc)
-        return _error(503, "database unavailable or failing; see the API log")
 
 
 def _install_health_routes(app: FastAPI, ctx: _Context) -> None:
@@ -406,11 +318,11 @@ def _api_key_check(ctx: _Context) -> Any:
     def require_api_key(x_api_key: Annotated[str | None, Security(API_KEY)] = None) -> None:
         secret = settings.api_secret.get_secret_value()
         if not secret:
-            raise _Refused(403, "mutating routes are disabled: API_SECRET is unset")
+            raise Refused(403, "mutating routes are disabled: API_SECRET is unset")
         if x_api_key is None or not hmac.compare_digest(
             x_api_key.encode("utf-8"), secret.encode("utf-8")
         ):
-            raise _Refused(401, "missing or wrong X-API-Key header")
+            raise Refused(401, "missing or wrong X-API-Key header")
 
     return require_api_key
 
@@ -471,15 +383,6 @@ def _install_job_routes(app: FastAPI, ctx: _Context) -> None:
         body = await _read_body(request, AbortBody, optional=True)
         requested = await run_in_threadpool(intake.request_abort, runtime, job_id, body.reason)
         return requested.answer()
-
-
-class _Refused(Exception):
-    """An authentication refusal (401 or 403) with its message."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
 
 
 def app_from_env() -> FastAPI:

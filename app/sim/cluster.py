@@ -203,6 +203,9 @@ class SimDriver:
         # `scale_only`, every scale call) is refused, not the random throttle of `refused_at`.
         self.refusing: tuple[float, float] | None = None
         self.scale_only = False
+        # An access denial (tests.sim.late_starts' DENY: an IAM change still propagating):
+        # from start to end every call is refused as misconfigured (DriverMisconfigured).
+        self.denying: tuple[float, float] | None = None
         # A replica that exits at start (a docker container crashing at boot reads as desired
         # 0: app/adapters/drivers/docker.py); `lost_at`: the last one the platform lost so.
         self.exits_at_start = False
@@ -264,6 +267,8 @@ class SimDriver:
         self.cluster.advance(host.clock.t)
         if self.broken:
             raise DriverMisconfigured(f"{self.name}: service not found (simulated)")
+        if self.denying is not None and self.denying[0] <= host.clock.t < self.denying[1]:
+            raise DriverMisconfigured(f"{self.name}: AccessDeniedException (simulated IAM)")
         if self.refuses(host.clock.t, scale=scale):
             raise DriverTransientError(f"{self.name}: endpoint unreachable (simulated outage)")
         if host.rng.random() < host.faults.driver_transient:

@@ -6,7 +6,8 @@ polls, the callback round's next due event), the chain's next link. An exception
 use case is a finding (no-escape) unless the design wants it loud; a message that Celery
 would acknowledge while a caller's request in it was not carried out is `request-lost`; a
 worker killed mid-task has its message redelivered (`ACKS.late`), and so has one whose
-handler ended while the broker was down (its ack never left the worker). An error the
+handler ended while the broker was down (its ack never left the worker); one killed at its
+hard time limit is acknowledged where `ACKS.on_timeout` says so (else requeued). An error the
 adversary injected where the design lets a task fail is its to excuse (`excuse`, `refused`)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from app.handlers import ACKS, HANDLERS, Handler, Kind, Verdict, backoff_s, on_e
 from app.handlers import ends_chain as chain_ends
 from app.runtime import Runtime
 from app.sim import messages
-from app.sim.interleaving import WorkerKilled
+from app.sim.interleaving import TimeLimitKilled, WorkerKilled
 from app.sim.messages import Message
 from app.sim.view import SimView
 from app.usecases import dispatch as dispatch_uc
@@ -40,6 +41,7 @@ class Delivery:
         self.sim = sim
         self._net_events_at_start: dict[int, int] = {}  # a pipeline step's message -> id
         self.began: dict[int, float] = {}  # each message being processed -> when it began
+        self.calls: list[int] = []  # the messages whose handler is running, outermost first
 
     def deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
@@ -69,9 +71,13 @@ class Delivery:
             back = sim.broker.down_until(sim.clock.t) if sim.broker.outages else None
             if back is not None and ACKS.late:
                 sim.broker.restore_unacked(message, back)
-        except WorkerKilled:
+        except WorkerKilled as killed:
             delay = sim.rng.uniform(1.0, max(1.0, sim.faults.worker_restart_s))
-            if ACKS.late:
+            if isinstance(killed, TimeLimitKilled) and ACKS.on_timeout(spec.kind):
+                # Killed at the hard time limit and acknowledged (acks_on_timeout): gone.
+                if spec.kind is Kind.REQUEST:
+                    self._forgotten(message, spec, "it was killed at its hard time limit")
+            elif ACKS.late:
                 sim.broker.redeliver(message, delay)
             elif spec.kind is Kind.REQUEST:  # acknowledged when taken: it died with the worker
                 self._forgotten(message, spec, "its worker was killed")
@@ -85,8 +91,7 @@ class Delivery:
 
     def _run_task(self, rt: Runtime, message: Message, spec: Handler, slot: int) -> None:
         try:
-            with self._noting_inline_readiness(message):
-                result = spec.call(rt, **message.kwargs)
+            result = self._call(rt, message, spec)
         except Exception as exc:
             self._raised(rt, message, spec, slot, exc)
             return
@@ -103,6 +108,25 @@ class Delivery:
         if message.chain and not chain_ends(result):
             (task, kwargs), rest = message.chain[0], message.chain[1:]
             self.sim.broker.push(task, kwargs, chain=rest, origin=message.origin)
+
+    def _call(self, rt: Runtime, message: Message, spec: Handler) -> object:
+        """The handler itself, the part of a task its time limits bound (`in_handler`)."""
+        self.calls.append(message.id)
+        try:
+            with self._noting_inline_readiness(message):
+                return spec.call(rt, **message.kwargs)
+        finally:
+            self.calls.pop()
+
+    def in_handler(self) -> bool:
+        """A statement now is the running message's handler's: not a worker's start (its
+        ready kick, after a kill), nor the world's events while the worker stalls."""
+        sim = self.sim
+        return (
+            bool(self.calls and sim.current)
+            and self.calls[-1] == sim.current[-1].id
+            and sim.running[-1] != sim.stalled
+        )
 
     def _raised(
         self, rt: Runtime, message: Message, spec: Handler, slot: int, exc: Exception

@@ -21,6 +21,13 @@ class WorkerKilled(BaseException):
     """
 
 
+class TimeLimitKilled(WorkerKilled):
+    """Celery's pool killed the task's process at its hard time limit (a statement hung where
+    the soft limit's signal could not reach it): unlike a worker lost, its message is
+    acknowledged when the task's acks_on_timeout (`ACKS.on_timeout`) says so, else requeued.
+    """
+
+
 class HookedSessions:
     """`Runtime.sessions`: the real sessionmaker, with a hook before every new session (a
     point where another worker may run, or this one may die, between two transactions)."""

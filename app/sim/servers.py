@@ -136,6 +136,9 @@ class SimServer:
     kit_answer: str = "unreachable"
     kit_other: str | None = None
     no_start_time_until: float = -1.0
+    # Added to every site's delay at each start (tests.sim.late_starts: sites that connect
+    # well after the server answers); drawn nothing, so every other world is as it was.
+    sites_late_s: float = 0.0
     # Windows in which every submit reaches the server but its reply is lost (a proxy that
     # times out answers): a dispatch's every retry, the last included, and reconcile's
     # re-sent submits with the same token all lose theirs.
@@ -161,6 +164,8 @@ class SimServer:
         else:
             self.boot_s = rng.uniform(0.5, 4.0)
             self.site_delays = tuple(rng.uniform(0.5, 8.0) for _ in self.spec.sites)
+        if self.sites_late_s:
+            self.site_delays = tuple(d + self.sites_late_s for d in self.site_delays)
         if no_start_time_p and rng.random() < no_start_time_p:
             self.no_start_time_until = t + self.boot_s + rng.uniform(5.0, 40.0)
         if not self.spec.keeps_jobs:

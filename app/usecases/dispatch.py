@@ -32,7 +32,15 @@ from app.errors import (
 )
 from app.net_config import NetConfig
 from app.runtime import Runtime
-from app.usecases import adopted_runs, claims, records, refused_definitions, revived_runs
+from app.usecases import (
+    adopted_runs,
+    claims,
+    records,
+    refused_definitions,
+    revived_runs,
+    unknown_submit,
+)
+from app.usecases.outages import start_age_s
 from app.usecases.retries import submit_try_s
 from app.usecases.scaling import (
     kick,
@@ -304,7 +312,9 @@ def _check_ready(
             net.answered()
         return StepResult(Step.DONE, "ready")
 
-    if (now - assigned_at).total_seconds() > net_config.ready_timeout_s:
+    # From the claim, or from the first ask for the replica when the chain's scale_up ran
+    # late (its message waited out a broker outage): a boot is never given up at its ask.
+    if start_age_s(rt, net_name, assigned_at, now) > net_config.ready_timeout_s:
         reason = f"not ready after {net_config.ready_timeout_s:.0f}s: {detail}"
         if readiness is not None and readiness.missing_sites:
             # The server answers; only the job's sites never came: the job's problem (a
@@ -430,7 +440,7 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
     try:
         bundle = materialize(rt.settings, definition, job_id)
         folder = prepare(rt.settings, bundle, job_id, sites, metadata)
-        if not _hold_submit(rt, job_id, net_name, attempt, token):
+        if not unknown_submit.hold_submit(rt, job_id, net_name, attempt, token):
             return StepResult(Step.SKIPPED, "job moved on while its copy was prepared")
         sending = True
         nvflare_job_id = admin.submit(  # TransientError -> the task retries
@@ -486,22 +496,3 @@ def _dispatch(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int) -> St
         extra={"job": str(job_id), "net": net_name, "nvflare_job_id": nvflare_job_id},
     )
     return StepResult(Step.DONE, nvflare_job_id)
-
-
-def _hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, token: str) -> bool:
-    """Right before the submit goes out: the job is still this attempt's, DISPATCHING or
-    ABORTING with this token (an ABORTING job's run is stopped once it lands), and its lease
-    is renewed for the submit itself, so the time spent fetching and copying the bundle is
-    never mistaken for a dead worker. Under the row lock `abandon_dispatch` takes: either
-    the attempt is abandoned first and nothing is sent, or this holds it and it is not."""
-    with unit_of_work(rt.sessions) as session:
-        job = records.get_job(session, job_id, lock=True)
-        holding = job.state in (JobState.DISPATCHING, JobState.ABORTING)
-        if not holding or (job.net_name, job.attempts, job.submit_token) != (
-            net_name,
-            attempt,
-            token,
-        ):
-            return False
-        job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
-        return True

@@ -70,12 +70,13 @@ def overdue_start(rt: Runtime, name: str, server: ServerState) -> str:
     return "STARTING -> OUTAGE (server not up past its readiness deadline)"
 
 
-def start_age_s(rt: Runtime, name: str, started: datetime) -> float:
+def start_age_s(rt: Runtime, name: str, started: datetime, now: datetime | None = None) -> float:
     """Seconds a job-less start has had to come up, as `overdue_start` counts them: from the
     first ask for its replica once its STARTING is past ready_timeout_s (a start left at
     zero until its replica was asked for late waits for its sites from that ask, not READY
-    at once), else from its STARTING. Only a start past that deadline pays the read."""
-    now = rt.clock()
+    at once), else from its STARTING (a job's chain: `started` its claim). Only a start
+    past that deadline pays the read. `now`: the caller's reading of the clock."""
+    now = now or rt.clock()
     age_s = (now - started).total_seconds()
     if age_s <= rt.settings.net(name).ready_timeout_s:
         return age_s

@@ -26,6 +26,7 @@ from app.usecases.net_repairs import (
     settle_misconfigured,
     watch_always_on,
 )
+from app.usecases.outages import start_age_s
 from app.usecases.retries import requeue_after_transient
 from app.usecases.scaling import kick
 from app.usecases.step_leases import Leased, lapsed, redrive_lapsed_steps, retry_budget_s
@@ -197,7 +198,11 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime, jobs: list[Leased]) -> list[
                     if known
                     else 0.0
                 )
-                if age_s > ready_timeout_s + stuck_s:
+                # The chain's deadline counts from a late scale_up's ask (`start_age_s`).
+                if age_s > ready_timeout_s + stuck_s and (
+                    not known
+                    or start_age_s(rt, net_name or "", changed_at, now) > ready_timeout_s + stuck_s
+                ):
                     requeue_after_transient(
                         rt,
                         job_id,

@@ -6,14 +6,34 @@ left live beside the job's next attempt."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from app.db import unit_of_work
 from app.errors import DispatcherError
 from app.runtime import Runtime
 from app.usecases import records
+from app.usecases.retries import submit_try_s
 from app.usecases.scaling import kick, take_down
 from models import Job, JobState
+
+
+def hold_submit(rt: Runtime, job_id: uuid.UUID, net_name: str, attempt: int, token: str) -> bool:
+    """Right before the submit goes out: the job is still this attempt's, DISPATCHING or
+    ABORTING with this token (an ABORTING job's run is stopped once it lands), and its lease
+    is renewed for the submit itself, so the time spent fetching and copying the bundle is
+    never mistaken for a dead worker. Under the row lock `abandon_dispatch` takes: either
+    the attempt is abandoned first and nothing is sent, or this holds it and it is not."""
+    with unit_of_work(rt.sessions) as session:
+        job = records.get_job(session, job_id, lock=True)
+        holding = job.state in (JobState.DISPATCHING, JobState.ABORTING)
+        if not holding or (job.net_name, job.attempts, job.submit_token) != (
+            net_name,
+            attempt,
+            token,
+        ):
+            return False
+        job.step_due_at = rt.clock() + timedelta(seconds=submit_try_s(rt.settings))
+        return True
 
 
 def abandon_dispatch(rt: Runtime, job_id: uuid.UUID, reason: str) -> bool:

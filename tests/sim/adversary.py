@@ -30,6 +30,7 @@ from tests.sim import (
     flower_faults,
     gone_bundle,
     kits,
+    late_starts,
     left_starts,
     misfit,
     platform_faults,
@@ -70,6 +71,7 @@ class Adversary:
         self._platform_fault = platform_faults.PlatformFault(sim)
         self._early_abort = early_abort.EarlyAbort(sim)  # (round 16: its own band)
         self._gone_bundle = gone_bundle.GoneBundle(sim)  # (round 16: its own band)
+        self._late_start = late_starts.LateStart(sim)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -126,6 +128,7 @@ class Adversary:
         self._left_start.after_step()
         self._platform_fault.after_step()
         self._gone_bundle.after_step()
+        self._late_start.after_step()
         if self._flower is not None:
             self._flower.after_step()
         if self._bundle_adversary is not None and not self._requeues_read.holds():

@@ -27,7 +27,9 @@ last replica the platform lost (an exited container reads as desired 0).
 
 `outage-back-up` (round 15): an always-on OUTAGE with no job whose lost replica
 (tests.sim.platform_faults' EXIT) runs again and answers is READY within a round and the
-bound (before 6483ba4 nothing asked for that replica: `always-on-replica` finds that)."""
+bound (before 6483ba4 nothing asked for that replica: `always-on-replica` finds that); round
+16: so is one whose server answers while the platform denies its driver as misconfigured
+(tests.sim.late_starts' DENY), and it never goes MISCONFIGURED (before cf265d1 it did)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class AlwaysOnStarts(Observer):
         self._start_slack = 2 * CLOCK_STEP_S if sim.profile.clock_step_p else 1.0
         self._at_zero: dict[str, float] = {}  # net -> since when it is always-on at desired 0
         self._answering: dict[str, float] = {}  # net -> since when its lost replica answers
+        self._was_outage: set[str] = set()  # the nets OUTAGE at the last look
 
     def _always_on_starts(self, t: float) -> None:
         sim = self.sim
@@ -136,15 +139,24 @@ class AlwaysOnStarts(Observer):
         exited container) runs again and answers is READY within a round and the bound."""
         sim = self.sim
         bound = self._round_bound()
+        was_outage, self._was_outage = self._was_outage, set()  # (at the last look)
         for net in self.nets:
             name = net.name
+            if net.state == NetState.OUTAGE:
+                self._was_outage.add(name)
             driver = sim.cluster.drivers.get(name)
             server = sim.cluster.servers.get(name)
+            # An OUTAGE whose re-ask the platform denies (tests.sim.late_starts' DENY) is
+            # READY as well once its server answers, never MISCONFIGURED (round 16, cf265d1).
+            denied = driver is not None and driver.denying is not None
+            outage = net.state == NetState.OUTAGE or (
+                denied and net.state == NetState.MISCONFIGURED and name in was_outage
+            )
             if (
                 driver is None
                 or server is None
-                or driver.lost_at is None
-                or net.state != NetState.OUTAGE
+                or (driver.lost_at is None and not denied)
+                or not outage
                 or not server.reachable(t)
                 or name in held
                 or not sim.declared_net(name)
@@ -153,6 +165,20 @@ class AlwaysOnStarts(Observer):
                 self._answering.pop(name, None)
                 continue
             since = self._after_broker_outages(self._answering.setdefault(name, t), t)
+            if net.state == NetState.MISCONFIGURED:  # (out of service until a restart)
+                # Not where admin calls fail at random (chaos): a round whose server_state
+                # failed saw a server away, and an OUTAGE whose server stays away is
+                # MISCONFIGURED under a denial (README).
+                self._answering.pop(name, None)
+                if sim.profile.admin_unavailable or sim.profile.admin_unknown:
+                    continue
+                self.report(
+                    "outage-back-up",
+                    f"net {name}",
+                    "always-on OUTAGE, no job, its server answering: MISCONFIGURED (its "
+                    "platform denying the driver), not READY again",
+                )
+                continue
             if t - since > bound:
                 self.report(
                     "outage-back-up",

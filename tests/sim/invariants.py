@@ -33,6 +33,7 @@ from tests.sim.ready_invariants import ReadyInvariants
 from tests.sim.rest_window import RestWindow
 from tests.sim.run_invariants import RunInvariants
 from tests.sim.settle_storm import SettleInvariants
+from tests.sim.start_deadlines import StartDeadlines
 
 N = NetState
 BUNDLE_REFUSED = "rejected: "  # refused_definitions.fail_job's reason
@@ -49,6 +50,7 @@ class Checker(
     FairShareInvariants,
     SettleInvariants,
     AlwaysOnStarts,
+    StartDeadlines,
 ):
     """Every invariant: the checks on histories, jobs, nets and idle servers here, those on
     runs (RunInvariants), at rest (Quiescence), at an adapter call (CallInvariants), at a
@@ -173,6 +175,7 @@ class Checker(
                 )
             self._net_state[net] = NetState(dst)
             self._rest_window.saw(net, src, dst, reason, self.sim.clock.t)
+            self._net_moved(net, src, dst, at, reason)
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
                 self._settle_start(net, at)

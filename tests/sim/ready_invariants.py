@@ -78,6 +78,9 @@ END;
 # second elsewhere (a step's own time). Half a millisecond: the stored times' resolution.
 CLOCK_STEP_S = 30.0
 RESOLUTION_S = 5e-4
+# The reason of a job's readiness give-up on its sites, which leaves its net READY with no job
+# (app.usecases.dispatch): its deadline counted from its claim, not from the ask.
+JOBS_GIVE_UP = "up; the job's sites"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,19 @@ class ServerThen:
 
     answering: bool
     sites: frozenset[str]
+
+
+def first_ask_s(sim: Simulation, net: str, since: float, slack: float) -> float | None:
+    """When the net's replica was first asked for (a scale_up row, any outcome) at or after
+    `since` (a stored time, within `slack`); None: none since."""
+    for (at,) in sim.conn.execute(
+        "SELECT at FROM scale_events WHERE net_name = ? AND action = 'scale_up' ORDER BY id",
+        (net,),
+    ):
+        at_s = _secs(at)
+        if at_s is not None and at_s >= since - slack:
+            return at_s
+    return None
 
 
 class ReadyInvariants(Observer):
@@ -98,6 +114,9 @@ class ReadyInvariants(Observer):
         self._starting_at: dict[str, float] = {}  # net -> when it last moved to STARTING
         self._claimed_at: dict[str, float] = {}  # net -> when a job was last claimed onto it
         self._start_overdue: set[str] = set()  # nets whose OUTAGE came from their STARTING
+        # net -> the reason of its last STARTING -> READY history row (Checker._history reads
+        # them before the moves, tests.sim.start_deadlines keeps them)
+        self._ready_reason: dict[str, str] = {}
         # How far the product's clocks may be from the simulation's in this world.
         self._slack = CLOCK_STEP_S if sim.profile.clock_step_p else 1.0
         conn = sim.conn
@@ -169,6 +188,7 @@ class ReadyInvariants(Observer):
         sim = self.sim
         if not sim.declared_net(net):
             return
+        asked: float | None = None  # the first ask for its replica, if past the deadline
         if server.answering:
             config = sim.settings.net(net)
             holds = self._open_holds(net)
@@ -178,9 +198,20 @@ class ReadyInvariants(Observer):
                 return
             since = min([self._starting_at.get(net, t), *(h[0] for h in live)])
             if t - since > config.ready_timeout_s - self._slack:
-                return  # past the deadline (as a stepped clock may count it): an answer will do
+                # Past the deadline (as a stepped clock may count it): an answer will do, the
+                # deadline counted from the first ask for the replica if there was one (round
+                # 16: a start asked for late waits for its sites from the ask, 86c9c12).
+                # Not a job's give-up on its sites, which leaves the net READY (dispatch): its
+                # chain's deadline counts from its claim.
+                start_s = self._starting_at.get(net, since)
+                asked = first_ask_s(sim, net, start_s, self._slack)
+                jobs = self._ready_reason.get(net, "").startswith(JOBS_GIVE_UP)
+                if asked is None or jobs or t - asked > config.ready_timeout_s - self._slack:
+                    return
             want = sorted(wanted or set(config.required_sites))
             detail = f"its sites {sorted(server.sites)} connected (wanted {want})"
+            if asked is not None:
+                detail += f", {t - asked:.1f}s after its replica was asked for"
         else:
             detail = "its server not answering yet (booting, down or cut off)"
         started = self._starting_at.get(net)

@@ -387,8 +387,9 @@ SAFEGUARDS = [
         # of 0-900; since the simulated broker no longer folds a kick into a round restored
         # only later (seed 7095), 372, 858 and 1146 of 300-1200; since a sited net's claim
         # locks only the job it takes (round 9), 300, 714 and 858 of 300-1300; since an
-        # assign round with nothing to claim is one read (issue 37), 687 and 714.
-        range(687, 688),
+        # assign round with nothing to claim is one read (issue 37), 687 and 714; since
+        # round 16 (early aborts, time limits, the gone bundle's stray), 300, 714 and 858.
+        range(714, 715),
         frozenset({"claim-beside-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
     Safeguard(
@@ -488,7 +489,7 @@ SAFEGUARDS = [
         _set(dispatch, "_ours", lambda job, state, _net, _attempt: job.state == state),
         "racy",
         # A stale step must outlive its job's claim: since the submit lease, a stale dispatch
-        # to another net is refused at the submit itself (_hold_submit), and no step of the
+        # to another net is refused at the submit itself (unknown_submit.hold_submit), and no step of the
         # racy seeds 0-900 came late enough (message delays of seconds; only transient
         # retries run late). Since workers stall mid-task (FaultProfile.stall), seed 75:
         # wait_ready of attempt 0 stalls, a redeploy restarts its worker, the step is
