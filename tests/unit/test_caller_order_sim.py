@@ -75,7 +75,7 @@ CALLER_ORDERS = [
         "a submit retried onto a gone bundle keeps its landed run as a stray (ef0a537)",
         _no_stray_for_a_gone_bundle,
         "ops",
-        # tests.sim.gone_bundle: ops 86 and 104 (7 of the 14 band worlds of 0-200).
+        # tests.sim.gone_bundle: ops 86 and 104 (23 of the 41 band worlds of 0-600).
         range(85, 105),
         frozenset({"claim-beside-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
