@@ -489,9 +489,9 @@ SAFEGUARDS = [
         _set(dispatch, "_ours", lambda job, state, _net, _attempt: job.state == state),
         "racy",
         # A stale step must outlive its job's claim: since the submit lease, a stale dispatch
-        # to another net is refused at the submit itself (unknown_submit.hold_submit), and no step of the
-        # racy seeds 0-900 came late enough (message delays of seconds; only transient
-        # retries run late). Since workers stall mid-task (FaultProfile.stall), seed 75:
+        # to another net is refused at the submit itself (unknown_submit.hold_submit), and
+        # no step of the racy seeds 0-900 came late enough (message delays of seconds; only
+        # transient retries run late). Since workers stall mid-task (FaultProfile.stall), seed 75:
         # wait_ready of attempt 0 stalls, a redeploy restarts its worker, the step is
         # redelivered after reconcile requeued the job, and its dispatch, run once attempt 1
         # is claimed on the same net, starts that attempt's submit without its readiness
