@@ -82,6 +82,8 @@ class LocalBundle:
         self._write(0)
 
     def _write(self, version: int) -> None:
+        # (The folder may be gone: tests.sim.gone_bundle removes it; a build writes it anew.)
+        (self.folder / "app" / "config").mkdir(parents=True, exist_ok=True)
         files = {
             self.folder / "meta.json": META,
             self.folder / "app" / "config" / "config_fed_server.json": CONFIG,
@@ -93,6 +95,10 @@ class LocalBundle:
             os.replace(partial, path)  # as an unpack replaces a file: a new inode
             stamp = FIXED_MTIME_NS if self.reproducible else int(EPOCH_NS + self.host.clock.t * 1e9)
             os.utime(path, ns=(stamp, stamp))
+
+    def rewrite(self) -> None:
+        """The folder written again as it is now (put back after an operator removed it)."""
+        self._write(self.bundle.version)
 
     def replace(self) -> None:
         version = self.bundle.version + 1

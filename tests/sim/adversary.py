@@ -26,7 +26,9 @@ from tests.sim import (
     claim_prewarms,
     dbfaults,
     drains,
+    early_abort,
     flower_faults,
+    gone_bundle,
     kits,
     late_starts,
     left_starts,
@@ -34,6 +36,7 @@ from tests.sim import (
     platform_faults,
     poison,
     repeats,
+    unnameable,
 )
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.races import Races
@@ -66,6 +69,8 @@ class Adversary:
         self._kits = kits.KitAdversary(sim)
         self._left_start = left_starts.LeftStart(sim)
         self._platform_fault = platform_faults.PlatformFault(sim)
+        self._early_abort = early_abort.EarlyAbort(sim)  # (round 16: its own band)
+        self._gone_bundle = gone_bundle.GoneBundle(sim)  # (round 16: its own band)
         self._late_start = late_starts.LateStart(sim)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
@@ -74,6 +79,7 @@ class Adversary:
         """Take the database faults' listeners off the engine (the process's, shared)."""
         if self._db_faults is not None:
             self._db_faults.remove()
+        self._early_abort.stop()
         event.remove(self.sim.engine, "handle_error", self._poison_refused)
 
     def _poison_refused(self, context: Any) -> None:
@@ -93,6 +99,7 @@ class Adversary:
         bursts.schedule(sim, sim.caller.arm, sim.caller.enqueue_payload)
         repeats.schedule(sim, sim.caller.arm)
         drains.schedule(sim)
+        unnameable.schedule(sim)  # (round 16: its own band)
         self._kits.schedule()
         self._schedule_faults()
 
@@ -107,6 +114,7 @@ class Adversary:
         checker = self.sim.checker
         if point.startswith("admin.") and net is not None and isinstance(checker, CallInvariants):
             checker.at_admin_call(point, net)
+        self._gone_bundle.at_hook(point, net)
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)
@@ -119,6 +127,7 @@ class Adversary:
         self._maybe_flip()
         self._left_start.after_step()
         self._platform_fault.after_step()
+        self._gone_bundle.after_step()
         self._late_start.after_step()
         if self._flower is not None:
             self._flower.after_step()

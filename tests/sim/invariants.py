@@ -9,6 +9,7 @@ no slack beyond two beat ticks.
 from __future__ import annotations
 
 from app.sim.db import Unchanged
+from app.sim.messages import Message
 from app.sim.simulation import Simulation
 from models import (
     ACTIVE_JOB_STATES,
@@ -19,6 +20,7 @@ from models import (
     NetState,
 )
 from tests.sim import drains, repeats
+from tests.sim.abort_invariants import AbortWatch
 from tests.sim.always_on_starts import AlwaysOnStarts
 from tests.sim.call_invariants import CallInvariants
 from tests.sim.fair_share import FairShareInvariants
@@ -68,6 +70,12 @@ class Checker(
         self._kits = KitCheck(sim)
         self._history_read = Unchanged(sim.conn)
         self._rest_window = RestWindow(sim)
+        self._aborts = AbortWatch(sim)
+
+    def after_message(self, message: Message, finished: bool) -> None:
+        """A delivery ended: the call checks', then an answered abort binds its job."""
+        super().after_message(message, finished)
+        self._aborts.after_message(message, finished)
 
     def after_step(self) -> None:
         """Every invariant, after one step."""
@@ -100,6 +108,7 @@ class Checker(
         self._net_moves()
         self._step_redriven(t)
         self._always_on_starts(t)
+        self._aborts.check()
         self._held_runs = {j.id: j.nvflare_id for j in self.jobs if j.nvflare_id is not None}
 
     def _rerun_after_completion(self, job_id: str, reason: str) -> None:

@@ -292,6 +292,8 @@ class RunInvariants(Observer):
         job, whose release claims the net at once):
         the claim cannot know it; the claimed job's readiness stops it before its submit
         (revived_runs.stop_before_submit), one-run-per-server from then on."""
+        if self.sim.cluster.servers[run.net].spec.backend != "flower":
+            return False  # (an NVFLARE run's id is no number: round 16's gone_bundle worlds)
         job = self.job(run.job_id)
         if job is not None and job.nvflare_id == run.nvflare_id:
             return False
