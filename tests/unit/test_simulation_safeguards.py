@@ -388,8 +388,9 @@ SAFEGUARDS = [
         # only later (seed 7095), 372, 858 and 1146 of 300-1200; since a sited net's claim
         # locks only the job it takes (round 9), 300, 714 and 858 of 300-1300; since an
         # assign round with nothing to claim is one read (issue 37), 687 and 714; since
-        # round 16 (early aborts, time limits, the gone bundle's stray), 300, 714 and 858.
-        range(714, 715),
+        # round 16 (early aborts, time limits, the gone bundle's stray, a late ask's
+        # deadline), 300, 543 and 849 of 300-1400.
+        range(300, 301),
         frozenset({"claim-beside-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
     Safeguard(
@@ -404,8 +405,9 @@ SAFEGUARDS = [
         # callback rounds (round 5), 111 and 250 of 0-400; with hung heads read last (round
         # 6), 147, 250 and 345 of 0-400; with issue 37's cheaper rounds, 227, 250 and 278;
         # since an assign round with nothing to claim is one read, 272, 278 and 290 of 200-500;
-        # since the worker start's ready kick (round 13), 290 and 371 of 200-400.
-        range(290, 291),
+        # since the worker start's ready kick (round 13), 290 and 371 of 200-400; since
+        # round 16's late-ask deadline, 280 and 548 of 200-600.
+        range(280, 281),
         frozenset({"no-scale-down-under-job", "liveness"}),
         forced=True,
     ),
