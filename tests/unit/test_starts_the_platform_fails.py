@@ -203,6 +203,18 @@ def test_a_settling_start_whose_container_exits_after_its_ask_is_still_failing_a
     assert len(_strays(world, "fl-a")) == 1
 
 
+def _outage_whose_server_is_back(world):
+    """net-a (always-on, its replica running) READY, then an OUTAGE, then its server back."""
+    world.driver("net-a").replicas = 1
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.READY
+    world.server("net-a").up = False
+    reconciler.reconcile(world.rt)
+    assert world.net("net-a").state == NetState.OUTAGE
+    world.server("net-a").up = True
+    return world
+
+
 def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_api_refuses(always_on):
     """README, FlDispatcherNetOutage: "Once the server answers, the net is READY again."
     net-a (always-on ECS, its replica running) loses its server, an OUTAGE; the server
@@ -211,15 +223,8 @@ def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_api_re
     read and the server's answer ended it; since, the refused read ends the net's round
     before the server is asked, so the page keeps firing on a net that works for as long
     as the platform's API is out."""
-    world = always_on
-    world.driver("net-a").replicas = 1
-    reconciler.reconcile(world.rt)
-    assert world.net("net-a").state == NetState.READY
-    world.server("net-a").up = False
-    reconciler.reconcile(world.rt)
-    assert world.net("net-a").state == NetState.OUTAGE
-    world.server("net-a").up = True  # the server is back ...
-    world.driver("net-a").fail_with = DriverTransientError("ThrottlingException")  # ... the API not
+    world = _outage_whose_server_is_back(always_on)
+    world.driver("net-a").fail_with = DriverTransientError("ThrottlingException")  # the API not
     for _ in range(3):
         world.clock.advance(30)
         reconciler.reconcile(world.rt)
@@ -236,15 +241,8 @@ def test_an_outage_whose_server_answers_again_is_ready_while_its_platform_refuse
     stays READY through such a denial; since 6483ba4 an OUTAGE's re-ask reads it first, so
     the denial made the net MISCONFIGURED (out of service until a worker restart) although
     its server answered: the server decides, as for a refusal that is transient."""
-    world = always_on
-    world.driver("net-a").replicas = 1
-    reconciler.reconcile(world.rt)
-    assert world.net("net-a").state == NetState.READY
-    world.server("net-a").up = False
-    reconciler.reconcile(world.rt)
-    assert world.net("net-a").state == NetState.OUTAGE
-    world.server("net-a").up = True  # the server is back ...
-    world.driver("net-a").fail_with = DriverMisconfigured(  # ... the API denies the driver
+    world = _outage_whose_server_is_back(always_on)
+    world.driver("net-a").fail_with = DriverMisconfigured(  # the API denies the driver
         "ecs service net-a: DescribeServices failed: AccessDeniedException: not authorized"
     )
     world.clock.advance(30)
