@@ -22,7 +22,10 @@ from app.sim.workload import CallerEvent, JobSpec, NetSpec, Workload, WorldSpec
 from app.usecases import net_repairs, reconciler
 from models import NetState
 from tests.sim.invariants import Checker
-from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import (
+    Safeguard,
+    safeguard_tests,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -122,13 +125,7 @@ LEFT_STARTS = [
 ]
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", LEFT_STARTS, ids=lambda s: s.name)
-def test_the_sweep_finds_a_left_start_fix_undone(safeguard, monkeypatch):
-    assert_found(safeguard, monkeypatch)
-
-
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", LEFT_STARTS, ids=lambda s: s.name)
-def test_the_same_seeds_are_clean_with_the_fix(safeguard):
-    assert_clean(safeguard)
+# The sweep finds each fix undone; the same seeds are clean with it.
+test_the_sweep_finds_a_left_start_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(LEFT_STARTS)
+)

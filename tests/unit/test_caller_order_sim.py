@@ -22,7 +22,10 @@ import pytest
 from app.errors import InvalidRequest
 from app.settings import Settings
 from app.usecases import early_aborts, enqueue, refused_definitions
-from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import (
+    Safeguard,
+    safeguard_tests,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -90,13 +93,7 @@ CALLER_ORDERS = [
 ]
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("safeguard", CALLER_ORDERS, ids=lambda s: s.name)
-def test_the_sweep_finds_a_round_16_fix_undone(safeguard, monkeypatch):
-    assert_found(safeguard, monkeypatch)
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("safeguard", CALLER_ORDERS, ids=lambda s: s.name)
-def test_the_same_seeds_are_clean_with_the_fix(safeguard):
-    assert_clean(safeguard)
+# The sweep finds each fix undone; the same seeds are clean with it.
+test_the_sweep_finds_a_round_16_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(CALLER_ORDERS, timeout_s=900)
+)

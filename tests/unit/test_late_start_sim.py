@@ -20,7 +20,10 @@ from app.usecases.outages import overdue_start, start_age_s
 from app.usecases.prewarm import warm_up
 from app.usecases.scaling import scale_net
 from models import NetState
-from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import (
+    Safeguard,
+    safeguard_tests,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -138,13 +141,7 @@ LATE_STARTS = [
 ]
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", LATE_STARTS, ids=lambda s: s.name)
-def test_the_sweep_finds_a_late_start_fix_undone(safeguard, monkeypatch):
-    assert_found(safeguard, monkeypatch)
-
-
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", LATE_STARTS, ids=lambda s: s.name)
-def test_the_same_seeds_are_clean_with_the_fix(safeguard):
-    assert_clean(safeguard)
+# The sweep finds each fix undone; the same seeds are clean with it.
+test_the_sweep_finds_a_late_start_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(LATE_STARTS)
+)

@@ -18,7 +18,10 @@ from sqlalchemy.orm import Session
 from app.errors import TransientError
 from app.usecases import net_repairs, outages, reconciler
 from models import NetState, ScaleEvent
-from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import (
+    Safeguard,
+    safeguard_tests,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -129,13 +132,7 @@ PLATFORM_FAULTS = [
 ]
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", PLATFORM_FAULTS, ids=lambda s: s.name)
-def test_the_sweep_finds_a_platform_fault_fix_undone(safeguard, monkeypatch):
-    assert_found(safeguard, monkeypatch)
-
-
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", PLATFORM_FAULTS, ids=lambda s: s.name)
-def test_the_same_seeds_are_clean_with_the_fix(safeguard):
-    assert_clean(safeguard)
+# The sweep finds each fix undone; the same seeds are clean with it.
+test_the_sweep_finds_a_platform_fault_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(PLATFORM_FAULTS)
+)

@@ -630,6 +630,23 @@ def assert_clean(safeguard: Safeguard) -> None:
     assert found == {seed: [] for seed in safeguard.seed_list()}
 
 
+def safeguard_tests(cases: list[Safeguard], timeout_s: int = 1800) -> tuple[Any, Any]:
+    """The two tests of a list of safeguards, for a module to name: the sweep finds each
+    fix undone (`assert_found`), and the same seeds are clean with it (`assert_clean`)."""
+
+    @pytest.mark.timeout(timeout_s)
+    @pytest.mark.parametrize("safeguard", cases, ids=lambda s: s.name)
+    def finds(safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert_found(safeguard, monkeypatch)
+
+    @pytest.mark.timeout(timeout_s)
+    @pytest.mark.parametrize("safeguard", cases, ids=lambda s: s.name)
+    def clean(safeguard: Safeguard) -> None:
+        assert_clean(safeguard)
+
+    return finds, clean
+
+
 @pytest.mark.parametrize("safeguard", as_params(SAFEGUARDS), ids=lambda s: s.name)
 def test_the_sweep_notices_a_safeguard_switched_off(
     safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch

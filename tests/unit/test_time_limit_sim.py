@@ -15,7 +15,10 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from app import handlers
 from app.handlers import Acks, Handler, Kind, Verdict
 from app.sim import delivery
-from tests.unit.test_simulation_safeguards import Safeguard, assert_clean, assert_found
+from tests.unit.test_simulation_safeguards import (
+    Safeguard,
+    safeguard_tests,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -60,13 +63,7 @@ TIME_LIMITS = [
 ]
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", TIME_LIMITS, ids=lambda s: s.name)
-def test_the_sweep_finds_a_time_limit_fix_undone(safeguard, monkeypatch):
-    assert_found(safeguard, monkeypatch)
-
-
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("safeguard", TIME_LIMITS, ids=lambda s: s.name)
-def test_the_same_seeds_are_clean_with_the_fix(safeguard):
-    assert_clean(safeguard)
+# The sweep finds each fix undone; the same seeds are clean with it.
+test_the_sweep_finds_a_time_limit_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(TIME_LIMITS)
+)
