@@ -27,6 +27,9 @@ from app.sim.simulation import Simulation
 from app.usecases import intake, records
 
 WATCHED = (names.ABORT_JOB, names.REPORT_JOB_STATUS)
+# A stored job's states once an abort (or `stopped`) took: ABORTING, or ended (a finished
+# job keeps its end).
+TAKEN = ("ABORTING", "ABORTED", "COMPLETED", "FAILED")
 
 
 def _abort_of(message: Message) -> tuple[uuid.UUID, str] | None:
@@ -73,8 +76,14 @@ class AbortWatch:
         conn = self.sim.conn
         if job_hex in self._aborted:
             return  # the first answer binds; a duplicate or a second abort changes nothing
-        if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_hex,)).fetchone() is None:
+        stored = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_hex,)).fetchone()
+        if stored is None:
             self.early.add(job_hex)
+        elif stored[0] not in TAKEN:
+            # A stored job the abort left as it was: its try failed where the design lets a
+            # request fail loudly (the poison row's IntegrityError, chaos seed 3050), with no
+            # retry to count. An abort that took leaves it ABORTING or ended.
+            return
         mark = conn.execute("SELECT coalesce(max(id), 0) FROM job_events").fetchone()[0]
         self._aborted[job_hex] = (mark, self.sim.clock.t)
 

@@ -215,3 +215,13 @@ def test_seed_69_an_end_stamped_by_a_clock_behind_within_a_microsecond():
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(69).violations] == []
+
+
+def test_seed_3050_an_abort_a_poison_row_refused_binds_nothing():
+    """(chaos, round 16's 3,000-10,000 sweep) flip-api's abort of a stored job failed on the
+    poison row (IntegrityError: the design lets it fail loudly, unretried), and the job ran
+    later: `abort-honoured` took the failed try for an answer. An abort binds its stored
+    job only once it took (the job ABORTING or ended: tests/sim/abort_invariants.py)."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(3050).violations] == []
