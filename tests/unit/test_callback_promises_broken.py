@@ -56,7 +56,7 @@ def _enqueue_task(world: World):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="review r16: a keyless refusal retried after a lost commit reply is recorded twice",
+    reason="open: a keyless refusal retried after a lost commit reply is recorded twice",
 )
 def test_a_keyless_refusal_retried_after_its_commit_reply_was_lost_is_one_rejected_event(
     cb, receiver
@@ -82,7 +82,7 @@ def test_a_keyless_refusal_retried_after_its_commit_reply_was_lost_is_one_reject
 
 @pytest.mark.xfail(
     strict=True,
-    reason="review r16: a refusal's retry after a lost reply becomes a caller_key_conflict once "
+    reason="open: a refusal's retry after a lost reply becomes a caller_key_conflict once "
     "the corrected request created the job",
 )
 def test_a_refusal_retried_after_a_lost_reply_stays_one_event_once_its_key_names_a_job(

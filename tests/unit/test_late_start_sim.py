@@ -130,7 +130,7 @@ LATE_STARTS = [
         frozenset({"start-given-up-early"}),
     ),
     Safeguard(
-        "a chain whose scale_up was refused waits from the ask the driver took (break-it r16)",
+        "a chain whose scale_up was refused waits from the ask the driver took (8fa28cb)",
         _chain_from_any_ask,
         "chaos",
         # A job's scale_up refused, its retry late: wait_ready gave the job up 2.9 s after
