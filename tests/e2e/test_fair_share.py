@@ -63,9 +63,14 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
 
 
 def enqueue(stack: LocalStack, key: str, project: str, definition: str) -> Any:
-    return stack.enqueue(
+    """Enqueue a job and wait until its row is stored: two enqueues in flight at once may be
+    stored in either order by the worker's two processes, and a project's line is in the
+    order its jobs were stored (the CI once saw b's second job stored first)."""
+    job_id = stack.enqueue(
         key, definition=definition, net=None, required_sites=SITES, project_id=project
     )
+    stack.wait_for(f"job {key} stored", lambda: stack.job(job_id) is not None, 30.0, poll_s=0.05)
+    return job_id
 
 
 def job_json(stack: LocalStack, key: str) -> dict[str, Any]:
