@@ -24,7 +24,7 @@ from app.usecases.failed_starts import (
     give_up_failed_start,
 )
 from app.usecases.fleet import NetRow
-from app.usecases.outages import overdue_start, start_age_s
+from app.usecases.outages import ask_unrecorded, overdue_start, start_age_s, start_clock
 from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
 from app.usecases.scaling import (
@@ -283,12 +283,17 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             return failed
         # Its deadline counts from the first ask for its replica (a warm-up that ran late
         # asked for it then), as an always-on start's does; from STARTING if none was asked.
-        start_s = start_age_s(rt, name, changed_at)
+        clock = start_clock(rt, name, changed_at)
         if observation.is_up:
-            note = _ready_once_ready(rt, name, start_s)
+            note = _ready_once_ready(rt, name, clock.age_s)
             if note is not None:
                 return note
-        if start_s > rt.settings.net(name).ready_timeout_s and _set_net_state(
+        overdue = clock.age_s > rt.settings.net(name).ready_timeout_s
+        if overdue and clock.unasked and observation.desired > 0:
+            # A warm-up's ask between its driver call and its scale event (seed 5435).
+            ask_unrecorded(rt, name, "reconcile")
+            return "STARTING past its deadline, desired with no ask recorded: asked again"
+        if overdue and _set_net_state(
             rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
         ):
             stop_net(rt, name, "start abandoned")

@@ -11,6 +11,7 @@ ask does not put the page off)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -20,6 +21,7 @@ from app.adapters.backend import ServerState
 from app.db import unit_of_work
 from app.runtime import Runtime
 from app.usecases import records
+from app.usecases.scaling import scale_net
 from models import NetState, ScaleEvent
 
 log = logging.getLogger(__name__)
@@ -85,13 +87,49 @@ def start_age_s(
     past that deadline pays the read. `now`: the caller's reading of the clock. `taken`:
     only asks the driver took count (a job's chain: its scale_up retries a refused ask, and
     a retry held past the deadline by a broker outage is the ask its server boots from)."""
+    return start_clock(rt, name, started, now, taken=taken).age_s
+
+
+@dataclass(frozen=True)
+class StartClock:
+    """How long a start has had to come up (`start_age_s`), and whether that counts from
+    its STARTING past the deadline for want of a recorded ask (`unasked`)."""
+
+    age_s: float
+    unasked: bool = False
+
+
+def start_clock(
+    rt: Runtime,
+    name: str,
+    started: datetime,
+    now: datetime | None = None,
+    *,
+    taken: bool = False,
+) -> StartClock:
+    """`start_age_s`, and whether no ask is recorded since `started`. A caller about to give a
+    start up whose driver desires the replica while no ask is recorded asks again instead
+    (`ask_unrecorded`): another worker's ask may be between its driver call and the scale
+    event it writes after the call (chaos seed 5435: a warm-up gave up the boot another
+    warm-up had just asked for, 0 s into it)."""
     now = now or rt.clock()
     age_s = (now - started).total_seconds()
     if age_s <= rt.settings.net(name).ready_timeout_s:
-        return age_s
+        return StartClock(age_s)
     with rt.sessions() as session:
         asked = _asked_at(session, name, started, taken=taken)
-    return age_s if asked is None else (now - asked).total_seconds()
+    if asked is None:
+        return StartClock(age_s, unasked=True)
+    return StartClock((now - asked).total_seconds())
+
+
+def ask_unrecorded(rt: Runtime, name: str, by: str) -> None:
+    """Ask the driver again for a replica it desires with no ask recorded since the start
+    (idempotent): the start's deadline counts from this ask. Either an ask is in flight in
+    another worker, or the replica was desired before the start; either way the start has
+    ready_timeout_s more from here, and no more (the next round reads this ask)."""
+    reason = f"{by}: the driver desires a replica no ask since STARTING is recorded for"
+    scale_net(rt, name, 1, reason)
 
 
 def _asked_at(

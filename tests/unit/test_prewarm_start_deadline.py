@@ -74,3 +74,50 @@ def test_a_start_never_asked_for_is_abandoned_from_its_starting(world):
     world.clock.advance(1)
     reconciler.reconcile(world.rt)
     assert world.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
+
+
+def _asked_by_another_worker(world) -> None:
+    """Another worker's ask for the replica, between its driver call and the scale event it
+    writes after the call: the driver desires the replica, no ask is recorded yet."""
+    world.driver("net-a").scale(1)
+
+
+def test_a_warm_up_does_not_give_up_a_boot_another_worker_is_asking_for(pw):  # noqa: F811
+    """Two warm-ups of one net held past ready_timeout_s (a broker outage) run at once: one
+    asked the driver and has not written its scale event yet; the other read the driver
+    (desired 1) and no ask since STARTING, counted from STARTING and gave the start up 0 s
+    into its boot (UNHEALTHY, scaled down, holds failed). It asks again (idempotent) and
+    counts from its own ask; it gives up ready_timeout_s after that ask."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    pw.clock.advance(READY_TIMEOUT_S + 60)
+    _asked_by_another_worker(pw)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # was GAVE_UP
+    assert view(pw, "p1").status != "failed"
+    assert pw.driver("net-a").replicas == 1
+    assert scale_decisions(pw, "net-a")[-1][0] == 1  # its own ask, recorded
+    pw.clock.advance(READY_TIMEOUT_S)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    pw.clock.advance(1)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert view(pw, "p1").status == "failed"
+
+
+def test_reconcile_does_not_abandon_a_boot_a_warm_up_is_asking_for(pw):  # noqa: F811
+    """A warm-up held past ready_timeout_s asks the driver; a reconcile round between its
+    driver call and its scale event read no ask since STARTING and abandoned the start it
+    had just asked for. It asks again instead and abandons it ready_timeout_s after."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    pw.clock.advance(READY_TIMEOUT_S + 60)
+    _asked_by_another_worker(pw)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: "start abandoned"
+    assert pw.driver("net-a").replicas == 1
+    pw.clock.advance(READY_TIMEOUT_S)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.STARTING
+    pw.clock.advance(1)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
+    assert pw.driver("net-a").replicas == 0

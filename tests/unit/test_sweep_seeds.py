@@ -227,21 +227,15 @@ def test_seed_3050_an_abort_a_poison_row_refused_binds_nothing():
     assert [v.invariant for v in run_seed(3050).violations] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (round 16): two warm_ups of one net at once; the one that reads no recorded "
-    "ask gives up the boot the other has just asked for",
-)
 def test_seed_5435_a_warm_up_gives_up_a_boot_another_has_just_asked_for():
-    """(chaos, round 16's 3,000-10,000 sweep; a product race, not fixed yet) A broker outage
-    held net-c's warm_up messages past ready_timeout_s; two ran at once at 101.3 s. w0's
-    asked the driver for the replica and, before its scale event was written (the row comes
-    after the call), w1's read the driver (desired 1, set by w0) and no ask since STARTING,
-    so it counted from STARTING and gave the start up: UNHEALTHY, scaled down, its holds
-    failed, 0.0 s after the ask. `start-given-up-early` reports it. A fix to weigh: warm_up
-    does not give up a start whose driver already desires its replica while no ask is
-    recorded since STARTING (an ask in flight; a dead asker's start ends with its holds,
-    then reconcile's repair), or the ask is recorded before the driver call."""
+    """(chaos) A broker outage held net-c's warm_up messages past ready_timeout_s; two ran at
+    once at 101.3 s. w0's asked the driver for the replica and, before its scale event was
+    written (the row comes after the call), w1's read the driver (desired 1, set by w0) and
+    no ask since STARTING, so it counted from STARTING and gave the start up: UNHEALTHY,
+    scaled down, its holds failed, 0.0 s after the ask. `start-given-up-early` reports it.
+    Fixed: a start past its deadline counted from STARTING whose driver desires the replica
+    while no ask is recorded is asked again, and counts from that ask
+    (`outages.ask_unrecorded`; warm_up and reconcile's abandon)."""
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(5435).violations] == []

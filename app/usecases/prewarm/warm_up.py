@@ -21,7 +21,7 @@ from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.claims import drained
-from app.usecases.outages import start_age_s
+from app.usecases.outages import ask_unrecorded, start_clock
 from app.usecases.prewarm.holds import (
     end_hold,
     idle_from_holds,
@@ -85,32 +85,37 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     polled = _poll(rt, net_name, sites, live, since)
     if isinstance(polled, WarmResult):
         return polled
-    readiness, detail = polled
+    readiness, detail, desired = polled
     if readiness is not None and readiness.ready:
         mark_ready(rt, net_name, readiness, "ready for its prewarm")
         return WarmResult(Warm.READY, "ready")
     # From the first ask for the replica (this call's, if it ran late), not from STARTING: a
     # warm-up whose message waited past the deadline does not give up the boot it just asked.
-    if start_age_s(rt, net_name, since) > config.ready_timeout_s:
+    clock = start_clock(rt, net_name, since)
+    if clock.age_s > config.ready_timeout_s:
         if readiness is not None and readiness.server_state == ServerState.STARTED:
             # The server answers; only sites are missing: up all the same, as a job's
             # missing sites leave its net READY.
             reason = f"up; sites {list(readiness.missing_sites)} not connected yet"
             mark_ready(rt, net_name, readiness, reason)
             return WarmResult(Warm.READY, reason)
+        if clock.unasked and desired:
+            return _ask_unrecorded(rt, net_name)
         return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
     return WarmResult(Warm.NOT_READY, detail)
 
 
 def _poll(
     rt: Runtime, net_name: str, sites: list[str], live: bool, starting_since: datetime
-) -> WarmResult | tuple[Readiness | None, str]:
+) -> WarmResult | tuple[Readiness | None, str, bool]:
     """One look at a STARTING net: a replica asked of the driver while a hold is live and it
     desires none (a warm-up whose holds all ended stops pushing: the net is released), else
-    the server's readiness; a round's outcome, or the readiness and why it is not ready. A
-    failure the driver reports fails this start only once the driver took a start for it:
-    before that it is how an earlier server ended (a container that crashed long ago)."""
+    the server's readiness; a round's outcome, or the readiness, why it is not ready and
+    whether the driver desired the replica before this call (another ask's). A failure the
+    driver reports fails this start only once the driver took a start for it: before that
+    it is how an earlier server ended (a container that crashed long ago)."""
     readiness: Readiness | None = None
+    desired = False
     try:
         observation = rt.driver(net_name).observe()
         if observation.failure and _start_asked(rt, net_name, starting_since):
@@ -121,15 +126,30 @@ def _poll(
             scale_net(rt, net_name, 1, "prewarm: a job is likely soon")
             detail = "driver asked for 1 replica"
         elif not observation.is_up:
+            desired = True
             detail = f"driver: desired={observation.desired} running={observation.running}"
         else:
+            desired = True
             readiness = rt.admin(net_name).is_ready(sites)
             detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     except MisconfigurationError as exc:
         return _misconfigured_while_warming(rt, net_name, str(exc))
     except TransientError as exc:
         detail = f"transient: {exc}"
-    return readiness, detail
+    return readiness, detail, desired
+
+
+def _ask_unrecorded(rt: Runtime, net_name: str) -> WarmResult:
+    """Past the deadline counted from STARTING, the driver desires the replica and no ask is
+    recorded (`outages.ask_unrecorded`): asked again, polled on from that ask."""
+    try:
+        ask_unrecorded(rt, net_name, "prewarm")
+    except MisconfigurationError as exc:
+        return _misconfigured_while_warming(rt, net_name, str(exc))
+    except TransientError as exc:
+        # Recorded all the same (scale_net): the next round counts from this try.
+        return WarmResult(Warm.NOT_READY, f"transient: {exc}")
+    return WarmResult(Warm.NOT_READY, "driver asked again for 1 replica (no ask was recorded)")
 
 
 def _start_asked(rt: Runtime, net_name: str, since: datetime) -> bool:
