@@ -85,11 +85,16 @@ def _set_net_state(
             now = rt.clock()
             # A start a prewarm asked for idles from the end of its last hold once every
             # hold ended: a late READY never buys a fresh grace past hold end + grace.
-            idle_since = (
-                idle_from_holds(session, name, net.state_changed_at, now)
+            # So does one that went to OUTAGE as always-on and is back to scale-to-zero mode
+            # (misconfig seed 9241), as `_back_up` has it.
+            began = (
+                net.state_changed_at
                 if expected == NetState.STARTING
-                else now
+                else _start_of(session, name)
+                if expected == NetState.OUTAGE
+                else None
             )
+            idle_since = now if began is None else idle_from_holds(session, name, began, now)
             net.transition(NetState.READY, now, reason)
             net.idle_since = idle_since
         else:

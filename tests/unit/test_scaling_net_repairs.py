@@ -14,7 +14,7 @@ from sqlalchemy import select
 from app.adapters.drivers.base import Observation
 from app.errors import AdminMisconfigured, DriverTransientError, UnknownAdminError
 from app.usecases import dispatch, reconciler, records
-from models import NetEvent, NetState, StrayRun
+from models import NetEvent, NetState, Prewarm, PrewarmOutcome, StrayRun
 from tests.unit.scale_history import scale_decisions
 
 
@@ -131,6 +131,47 @@ def test_a_former_always_on_net_in_outage_now_scales_to_zero(world, replicas, ta
     _set_state(world, NetState.OUTAGE)
     assert _notes(world) == [f"net-a: OUTAGE -> {target} (net scales to zero now)"]
     assert _last_move(world) == (NetState.OUTAGE, target, "now scales to zero")
+
+
+def test_a_prewarmed_start_that_went_to_outage_as_always_on_idles_from_its_holds_end(world):
+    """A prewarm started net-a (its hold cancelled at 12 s); a redeploy made it always-on and
+    its start, past the deadline, an OUTAGE; a redeploy back to scale-to-zero finds its
+    server up: READY idling from the hold's end, as the same start found up while STARTING
+    or back up as always-on does, not a fresh grace from now (misconfig seed 9241)."""
+    started = world.clock()
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.STARTING, started, "prewarm")
+        session.add(
+            Prewarm(
+                caller_key="pw-1",
+                net_name="net-a",
+                required_sites=[],
+                created_at=started,
+                hold_until=started + timedelta(seconds=60),
+                ended_at=started + timedelta(seconds=12),
+                outcome=PrewarmOutcome.CANCELLED,
+            )
+        )
+    world.clock.advance(90)
+    with world.rt.sessions.begin() as session:
+        records.get_net(session, "net-a").transition(NetState.OUTAGE, world.clock(), "overdue")
+    world.driver("net-a").replicas = 1
+    world.clock.advance(90)
+    assert _notes(world) == ["net-a: OUTAGE -> READY (net scales to zero now)"]
+    assert world.net("net-a").idle_since == started + timedelta(seconds=12)
+
+
+def test_an_outage_not_straight_from_a_start_idles_from_now_once_it_scales_to_zero(world):
+    """A former always-on net whose OUTAGE came from READY (its server went away) has no
+    start's holds to idle from: READY idles from now."""
+    with world.rt.sessions.begin() as session:
+        net = records.get_net(session, "net-a")
+        net.transition(NetState.READY, world.clock(), "up")
+        net.transition(NetState.OUTAGE, world.clock(), "server gone")
+    world.driver("net-a").replicas = 1
+    world.clock.advance(30)
+    assert _notes(world) == ["net-a: OUTAGE -> READY (net scales to zero now)"]
+    assert world.net("net-a").idle_since == world.clock()
 
 
 def test_a_jobless_starting_net_that_is_up_is_ready(world):
