@@ -262,6 +262,12 @@ class SimDriver:
         window = self.refusing
         return window is not None and window[0] <= t < window[1] and (scale or not self.scale_only)
 
+    def takes_no_scale(self, t: float) -> bool:
+        """Every scale call is refused at `t`: a broken driver, an access denial or the
+        platform's outage (the dispatcher can take no server down meanwhile)."""
+        denied = self.denying is not None and self.denying[0] <= t < self.denying[1]
+        return self.broken or denied or self.refuses(t)
+
     def _faults(self, *, scale: bool = False) -> None:
         host = self.cluster.host
         self.cluster.advance(host.clock.t)

@@ -275,9 +275,12 @@ class Checker(
         sim = self.sim
         # The nets whose driver refused every call since the last step (a setting naming a
         # service that is not there, until a human mends it: tests.sim.misfit, the
-        # adversary's broken drivers): the dispatcher could take no server down meanwhile.
+        # adversary's broken drivers; an access denial, tests.sim.late_starts; the
+        # platform's outage, tests.sim.platform_faults, drift 9798): the dispatcher could
+        # take no server down meanwhile.
         last_t, refused = self._refused_at
-        self._refused_at = (t, frozenset(n for n, d in sim.cluster.drivers.items() if d.broken))
+        drivers = sim.cluster.drivers.items()
+        self._refused_at = (t, frozenset(n for n, d in drivers if d.takes_no_scale(t)))
         for net in self.nets:
             if not sim.scales_to_zero(net.name):
                 self._unneeded_since.pop(net.name, None)

@@ -241,15 +241,23 @@ def test_seed_5435_a_warm_up_gives_up_a_boot_another_has_just_asked_for():
     assert [v.invariant for v in run_seed(5435).violations] == []
 
 
-@pytest.mark.xfail(strict=True, reason="open, not diagnosed (round 16's final sweep)")
-@pytest.mark.parametrize("seed", [9241, 9798])
-def test_the_final_sweep_s_undiagnosed_seeds(seed):
-    """Round 16's 3,000-10,000 sweep on the final code: misconfig 9241 (`idle-from-hold-end`:
-    net-b moved READY with no job at 180.3 s, idle from then, its prewarm holds ended at
-    2.9 s) and drift 9798 (`idle-net-at-zero`: net-a STOPPING with no job for the whole
-    150 s bound while the platform still runs its server). Both report on d13a48d (round 15's
-    last commit) too, so they came with round 15's later changes or worlds, after its clean
-    10,000-seed sweep on d4bf06c; not diagnosed: product or checker, open."""
+def test_seed_9241_a_prewarmed_start_back_from_an_always_on_outage_idles_from_its_holds_end():
+    """(misconfig) A prewarm started net-b; a redeploy made it always-on at its start, and
+    the start, its replica cut off, an OUTAGE past the deadline; its hold ended at 2.9 s (a
+    drain). A redeploy back to scale-to-zero: reconcile moved it OUTAGE -> READY idling from
+    180.3 s, a fresh grace past hold end + grace (`idle-from-hold-end`). Fixed: that move
+    idles from its holds' end as `_back_up`'s does (`net_repairs._set_net_state`)."""
     from tests.sim.seeds import run_seed
 
-    assert [v.invariant for v in run_seed(seed).violations] == []
+    assert [v.invariant for v in run_seed(9241).violations] == []
+
+
+def test_seed_9798_a_net_whose_platform_refuses_every_scale_call_is_not_idle_at_zero():
+    """(drift; a checker error) The platform refused every scale call for net-a from 1.4 s
+    to 255 s (tests.sim.platform_faults' REFUSE); net-a, STOPPING with no job from 51 s, was
+    reported at 201 s (`idle-net-at-zero`) though no product could take its server down
+    meanwhile. The checker counted a broken driver's time out, not a refusing platform's or
+    an access denial's: now it does (`SimDriver.takes_no_scale`)."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(9798).violations] == []
