@@ -85,6 +85,13 @@ class Handler:
     # A countdown after which the same message runs again (no retry limit), or None.
     again_in: Callable[[Settings, object], float | None] = field(default=_never)
     task_events: bool = True  # Flower's task list; off for a poll a second
+    # The call also takes `message_id`: the broker message's id (Celery's task id), the same
+    # across its retries and redeliveries, so a retry finds what its first try recorded.
+    message_id: bool = False
+
+    def kwargs(self, sent: dict[str, Any], message_id: str) -> dict[str, Any]:
+        """The call's keyword arguments: the message's own, and its id if the call takes it."""
+        return {**sent, "message_id": message_id} if self.message_id else sent
 
     @property
     def queue(self) -> str:
@@ -276,7 +283,7 @@ def _handlers() -> tuple[Handler, ...]:
             beat_queue=names.PIPELINE_QUEUE,
             again_in=_next_callback_due,
         ),
-        Handler(names.ENQUEUE_JOB, requests.enqueue_job, Kind.REQUEST),
+        Handler(names.ENQUEUE_JOB, requests.enqueue_job, Kind.REQUEST, message_id=True),
         Handler(names.ABORT_JOB, requests.abort_job, Kind.REQUEST),
         Handler(names.REPORT_JOB_STATUS, requests.report_job_status, Kind.REQUEST),
         Handler(names.PREWARM, requests.prewarm_net, Kind.REQUEST),

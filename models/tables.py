@@ -412,6 +412,11 @@ class RejectedRequest(Base):
     # enqueued with another payload).
     reason_code: Mapped[str] = mapped_column(String(40), server_default=text("'rejected'"))
     at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    # The broker message (Celery's task id, the same across its retries and redeliveries)
+    # it was recorded for: a retry after a commit whose reply was lost finds this row, with
+    # or without a caller_key, before the request is judged again. None: no id, or one
+    # longer than MESSAGE_ID_MAX_CHARS.
+    message_id: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
     # Delivery of its `rejected` status callback (app.usecases.callbacks), as a job's cursor
     # keeps it for the job's events: settled once delivered or given up (`callback_failed`);
     # with CALLBACK_URL set an unsettled row outlives REJECTED_RETENTION_S (at least once).

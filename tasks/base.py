@@ -189,7 +189,7 @@ def register(handler: Handler) -> Task:
 
     def run(self: Any, **kwargs: Any) -> Any:
         rt = runtime()
-        result = handler.call(rt, **kwargs)
+        result = handler.call(rt, **handler.kwargs(kwargs, self.request.id))
         countdown = handler.again_in(rt.settings, result)
         if countdown is not None:
             raise self.retry(countdown=countdown, max_retries=None)

@@ -114,7 +114,7 @@ class Delivery:
         self.calls.append(message.id)
         try:
             with self._noting_inline_readiness(message):
-                return spec.call(rt, **message.kwargs)
+                return spec.call(rt, **spec.kwargs(message.kwargs, f"sim-{message.task_id}"))
         finally:
             self.calls.pop()
 
@@ -183,6 +183,7 @@ class Delivery:
             chain=message.chain,
             retries=message.retries + 1,
             origin=message.origin,
+            task_id=message.task_id,  # Celery's retry keeps the task id
         )
 
     def _call_hook(self, message: Message, spec: Handler, call: Callable[..., None]) -> None:

@@ -70,6 +70,9 @@ class Message:
     chain: tuple[tuple[str, dict[str, Any]], ...] = ()
     expires_at: float | None = None
     origin: str = ""
+    # Celery's task id: the same for the copies of one send (a duplicate delivery) and across
+    # its retries (`Task.retry` sends the same id again), unlike `id`, one per copy.
+    task_id: int = 0
 
     def label(self) -> str:
         args = ",".join(f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items()))
@@ -111,6 +114,7 @@ class Broker:
         expires_in: float | None = None,
         origin: str = "",
         faulty: bool = True,
+        task_id: int | None = None,
     ) -> bool:
         """Put a message on the broker (subject to the profile's message faults)."""
         sim = self.sim
@@ -158,11 +162,13 @@ class Broker:
                 delay += rng.uniform(0.0, faults.msg_delay_max_s)
         now = sim.clock.t
         copies = 2 if faulty and rng.random() < faults.msg_dup else 1
+        sent_as = task_id if task_id is not None else self._next_id + 1
         for i in range(copies):
             self._next_id += 1
             self.pending.append(
                 Message(
                     id=self._next_id,
+                    task_id=sent_as,
                     task=task,
                     kwargs=dict(kwargs),
                     deliver_at=now + delay + (rng.uniform(0.0, 3.0) if i else 0.0),

@@ -272,22 +272,24 @@ def record_rejection(
     *,
     callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
     code: ReasonCode = ReasonCode.REJECTED,
+    message_id: str | None = None,
 ) -> RejectedRequest:
     """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
     the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
-    retention until it is."""
+    retention until it is. `message_id`: the broker message's id, the same across its
+    retries; a refusal already recorded for it is the one returned, whatever its key."""
     # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
     # itself is never lost; no job could ever have had such a key, hence no job id.
     valid_key = caller_key is not None and unstorable(caller_key) is None
     recorded = recorded_caller_key(caller_key) if caller_key is not None else None
-    if recorded is not None and session.get_bind().dialect.name == "postgresql":
+    message = recordable_message_id(message_id)
+    lock_on = recorded if recorded is not None else message
+    if lock_on is not None and session.get_bind().dialect.name == "postgresql":
         # Held until the commit, so a copy of this refusal handled at the same time (two
         # workers, flip-api's retry of a send it was unsure of) waits, then finds this row:
         # its look, a statement of its own, reads what was committed meanwhile.
-        session.execute(
-            select(func.pg_advisory_xact_lock(_REJECTION_LOCK, func.hashtext(recorded)))
-        )
+        session.execute(select(func.pg_advisory_xact_lock(_REJECTION_LOCK, func.hashtext(lock_on))))
     expired = RejectedRequest.at < now - timedelta(seconds=retention_s)
     if callbacks:
         expired = and_(expired, RejectedRequest.callback_settled_at.is_not(None))
@@ -298,20 +300,10 @@ def record_rejection(
     shown = storable(reason)[:4000]
     # The same refusal again (a retry after a commit whose reply was lost, the caller's own
     # repeat, a copy handled at the same time) is the one already kept: one row, one
-    # `rejected` event.
-    same = (
-        session.scalar(
-            select(RejectedRequest)
-            .where(
-                RejectedRequest.caller_key == recorded,
-                RejectedRequest.reason_code == str(code),
-                RejectedRequest.reason == shown,
-            )
-            .limit(1)
-        )
-        if recorded is not None
-        else None
-    )
+    # `rejected` event. A retry of the same message is found by its id first: judged
+    # again it may read otherwise (no key to match; or the corrected request created the
+    # job meanwhile, and the same payload now reads as a conflict with it).
+    same = _same_rejection(session, message, recorded, str(code), shown)
     if same is not None:
         return same
     rejection = RejectedRequest(
@@ -320,9 +312,44 @@ def record_rejection(
         reason=shown,
         reason_code=code,
         at=now,
+        message_id=message,
     )
     session.add(rejection)
     return rejection
+
+
+MESSAGE_ID_MAX_CHARS = 255  # rejected_requests.message_id; Celery's own ids are 36
+
+
+def recordable_message_id(message_id: str | None) -> str | None:
+    """A message id as stored: None for one too long or that cannot be stored (NUL, a lone
+    surrogate; a sender may name its own ids), which is then matched by key only."""
+    if not message_id or len(message_id) > MESSAGE_ID_MAX_CHARS or unstorable(message_id):
+        return None
+    return message_id
+
+
+def _same_rejection(
+    session: Session, message: str | None, recorded: str | None, code: str, shown: str
+) -> RejectedRequest | None:
+    """The refusal already kept for this message, else for this key, code and reason."""
+    if message is not None:
+        found = session.scalar(
+            select(RejectedRequest).where(RejectedRequest.message_id == message).limit(1)
+        )
+        if found is not None:
+            return found
+    if recorded is None:
+        return None
+    return session.scalar(
+        select(RejectedRequest)
+        .where(
+            RejectedRequest.caller_key == recorded,
+            RejectedRequest.reason_code == code,
+            RejectedRequest.reason == shown,
+        )
+        .limit(1)
+    )
 
 
 def _count_pruned_failures(session: Session, pruned: int) -> None:

@@ -100,18 +100,21 @@ def record_refusal(
     caller_key: str | None,
     reason: str,
     code: ReasonCode = ReasonCode.REJECTED,
-) -> None:
+    *,
+    message_id: str | None = None,
+) -> ReasonCode:
     """Record a refused enqueue for REJECTED_RETENTION_S and say so in one log line. With
     CALLBACK_URL set the record is also a `rejected` event: the commit kicks its delivery
     like any job move's (`callbacks.send_after_commit`), and beat's sweep finds it if that
-    kick is lost; nothing here waits for the receiver."""
+    kick is lost; nothing here waits for the receiver. `message_id`: the broker message's
+    (`enqueue.record_rejection`). Returns the code recorded, the first one for a retry."""
     shown = recorded_caller_key(caller_key) if caller_key is not None else None
     log.warning(
         "enqueue rejected",
         extra={"caller_key": shown, "reason": storable(reason), "code": str(code)},
     )
     with unit_of_work(rt.sessions) as session:
-        enqueue.record_rejection(
+        kept = enqueue.record_rejection(
             session,
             caller_key,
             reason,
@@ -119,12 +122,20 @@ def record_refusal(
             rt.settings.rejected_retention_s,
             callbacks=rt.settings.callbacks_enabled,
             code=code,
+            message_id=message_id,
         )
+        # A code this release does not know (written by a newer one, before a rollback)
+        # reads as the one judged now.
+        known = kept.reason_code in {c.value for c in ReasonCode}
+        return ReasonCode(kept.reason_code) if known else code
 
 
-def refuse_enqueue(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> ReasonCode:
+def refuse_enqueue(
+    rt: Runtime, caller_key: str | None, exc: InvalidRequest, message_id: str | None = None
+) -> ReasonCode:
     """Record a refused enqueue with its code: `caller_key_conflict` when the key names a
-    job enqueued with another payload, `rejected` for anything else. Returns the code."""
+    job enqueued with another payload, `rejected` for anything else. Returns the code (the
+    one first recorded, for a retry of the message `message_id`)."""
     conflict = isinstance(exc, CallerKeyConflict) or _names_a_job(rt, caller_key)
     code = ReasonCode.CALLER_KEY_CONFLICT if conflict else ReasonCode.REJECTED
     reason = str(exc)
@@ -132,8 +143,7 @@ def refuse_enqueue(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
         # A payload that fails validation under a key that already names a job is not a
         # repeat of it either: the job is unchanged, and must not read as rejected.
         reason = f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
-    record_refusal(rt, caller_key, reason, code)
-    return code
+    return record_refusal(rt, caller_key, reason, code, message_id=message_id)
 
 
 def _names_a_job(rt: Runtime, caller_key: str | None) -> bool:

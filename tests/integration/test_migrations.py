@@ -184,3 +184,34 @@ def test_0018_gives_the_jobs_not_yet_ended_their_flip_project_and_downgrades(emp
         assert "project_id" not in columns and "ix_jobs_active_project" not in indexes
     finally:
         engine.dispose()
+
+
+def test_0022_adds_the_rejections_message_id_and_its_downgrade_drops_it(empty_db):
+    """A nullable column on rejected_requests: a refusal kept at 0021 reads with no message
+    id at 0022; one stored with it at 0022 keeps its other columns back at 0021."""
+    migrate.upgrade(empty_db, "0021")
+    engine = create_engine(empty_db)
+    insert = (
+        "INSERT INTO rejected_requests (caller_key, reason, reason_code, at{extra})"
+        " VALUES (:key, 'unknown net', 'rejected', :at{value})"
+    )
+    at = "2026-12-05 20:00:00+00:00"
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(insert.format(extra="", value="")), {"key": "old", "at": at})
+        migrate.upgrade(empty_db, "0022")
+        with engine.begin() as conn:
+            conn.execute(
+                text(insert.format(extra=", message_id", value=", :mid")),
+                {"key": "new", "at": at, "mid": "task-1"},
+            )
+            kept = conn.execute(
+                text("SELECT caller_key, message_id FROM rejected_requests ORDER BY caller_key")
+            ).all()
+            assert [tuple(r) for r in kept] == [("new", "task-1"), ("old", None)]
+        migrate.downgrade(empty_db, "0021")
+        with engine.begin() as conn:
+            keys = conn.execute(text("SELECT caller_key FROM rejected_requests")).scalars()
+            assert sorted(keys) == ["new", "old"]
+    finally:
+        engine.dispose()

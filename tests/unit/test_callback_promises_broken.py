@@ -48,43 +48,37 @@ def test_pruning_a_given_up_rejected_event_never_lowers_the_failed_events_counte
     assert _failed_total(cb) == 1
 
 
+MESSAGE_ID = "5b0e4d1c-1f0a-4d7e-9a43-2f6c8d1e7a90"  # one Celery task id, across its retries
+
+
 def _enqueue_task(world: World):
     from app.handlers import HANDLERS
 
     return HANDLERS[names.ENQUEUE_JOB]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a keyless refusal retried after a lost commit reply is recorded twice",
-)
 def test_a_keyless_refusal_retried_after_its_commit_reply_was_lost_is_one_rejected_event(
     cb, receiver
 ):
     """tasks/README.md "What flip-api may rely on": a retry after a commit that was applied
     but whose reply was lost changes nothing ("a refusal recorded once, one `rejected`
     event"). A payload without a caller_key is deduplicated by nothing (record_rejection
-    looks for the same refusal by its key only), so the retry records it again: two
-    `rejected` events, two event ids, for one request. Suggested fix: record the Celery
-    request's id (stable across its retries) on the row and find the same refusal by it
-    first, whatever its key."""
+    looked for the same refusal by its key only), so the retry recorded it again: two
+    `rejected` events, two event ids, for one request. The row keeps the broker message's
+    id (Celery's task id, the same across its retries) and a retry finds it by that first,
+    whatever its key."""
     from app.handlers import Verdict, on_error
 
     handler = _enqueue_task(cb)
     payload = {"definition": "tiny-job", "net": "net-a"}  # no caller_key
     with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
-        handler.call(cb.rt, payload=payload)
+        handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))
     assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
-    handler.call(cb.rt, payload=payload)  # the retry
+    handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))  # the retry
     deliver(cb, receiver)
     assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a refusal's retry after a lost reply becomes a caller_key_conflict once "
-    "the corrected request created the job",
-)
 def test_a_refusal_retried_after_a_lost_reply_stays_one_event_once_its_key_names_a_job(
     cb, receiver
 ):
@@ -93,20 +87,22 @@ def test_a_refusal_retried_after_a_lost_reply_stays_one_event_once_its_key_names
     refusal was stored and its event delivered meanwhile, so flip-api may have sent the
     corrected request under the same key, which created the job. The retry then reads as a
     conflict with that job and is recorded as a second refusal, `caller_key_conflict`:
-    flip-api gets two `rejected` events, with two codes, for the one request it sent.
-    Suggested fix: as above, find the refusal already recorded for this Celery request (its
-    id) before judging the request again."""
+    flip-api got two `rejected` events, with two codes, for the one request it sent. The
+    refusal already recorded for this message (its id) is found before the request is
+    judged again, and the retry answers with the code first recorded."""
     from app.handlers import Verdict, on_error
 
     handler = _enqueue_task(cb)
     bad = {"caller_key": "flip-run-5", "definition": "tiny-job", "net": "nope"}
     with commit_reply_lost(cb.rt.engine), pytest.raises(Exception) as lost:
-        handler.call(cb.rt, payload=bad)
+        handler.call(cb.rt, **handler.kwargs({"payload": bad}, MESSAGE_ID))
     assert on_error(handler, lost.value, 0, cb.rt.settings) is Verdict.RETRY
     deliver(cb, receiver)  # the refusal was stored: its event goes out
     corrected = {**bad, "net": "net-a"}
-    assert handler.call(cb.rt, payload=corrected)["created"] is True
-    handler.call(cb.rt, payload=bad)  # the lost-reply retry of the first request
+    assert handler.call(cb.rt, payload=corrected, message_id="m-2")["created"] is True
+    # The lost-reply retry of the first request, answered as it was first.
+    retried = handler.call(cb.rt, **handler.kwargs({"payload": bad}, MESSAGE_ID))
+    assert retried["reason_code"] == "rejected"
     deliver(cb, receiver)
     rejected = [p["reason_code"] for p, _, _ in receiver.requests if p["kind"] == "rejected"]
     assert rejected == ["rejected"]
@@ -348,3 +344,27 @@ def test_an_enqueue_whose_definition_lookup_fails_for_the_file_system_is_kept(
         answer = client.post("/jobs", json=payload, headers={"X-API-Key": key})
     assert answer.status_code == 503, answer.text
     assert "Input/output" not in answer.text  # the detail is in the log only
+
+
+def test_the_celery_task_s_retry_after_a_lost_commit_reply_finds_its_refusal_by_task_id(cb):
+    """Through the real registered task and Celery's own retry (run eagerly: `Task.retry`
+    applies the copy it would send, with the options it would send it with): the refusal's
+    commit is applied and its reply lost, the task retries under the same task id, and that
+    retry finds the row its first try stored. One row, keyed by the task id."""
+    from sqlalchemy import select
+
+    from models import RejectedRequest
+    from tasks import base
+    from tasks.registered import TASKS
+
+    payload = {"definition": "tiny-job", "net": "net-a"}  # no caller_key
+    base.set_runtime(cb.rt)
+    try:
+        with commit_reply_lost(cb.rt.engine) as commits:
+            TASKS[names.ENQUEUE_JOB].apply(kwargs={"payload": payload}, task_id=MESSAGE_ID)
+    finally:
+        base.set_runtime(None)
+    assert commits[0] == 2  # the first try's (its reply lost) and its retry's
+    with cb.rt.sessions() as session:
+        rows = session.execute(select(RejectedRequest.message_id)).scalars().all()
+    assert rows == [MESSAGE_ID]

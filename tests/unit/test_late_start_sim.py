@@ -16,7 +16,7 @@ import pytest
 from app.errors import TransientError
 from app.runtime import Runtime
 from app.usecases import dispatch, net_repairs, reconciler
-from app.usecases.outages import overdue_start, start_age_s
+from app.usecases.outages import StartClock, overdue_start, start_age_s
 from app.usecases.prewarm import warm_up
 from app.usecases.scaling import scale_net
 from models import NetState
@@ -33,14 +33,22 @@ def _from_starting(rt: Runtime, name: str, started: datetime) -> float:
     return (rt.clock() - started).total_seconds()
 
 
+def _clock_from_starting(
+    rt: Runtime, name: str, started: datetime, now: datetime | None = None, **_: object
+) -> StartClock:
+    # The same, as `outages.start_clock` reads it (no ask recorded or not: none was read).
+    return StartClock(((now or rt.clock()) - started).total_seconds())
+
+
 def _warm_up_from_starting(mp: pytest.MonkeyPatch) -> None:
     # D1: warm_up gave up from the STARTING (the replica it had just asked for).
-    mp.setattr(warm_up, "start_age_s", _from_starting)
+    mp.setattr(warm_up, "start_clock", _clock_from_starting)
 
 
 def _repairs_from_starting(mp: pytest.MonkeyPatch) -> None:
     # D1's reconcile side and D2's watch: both counted from the STARTING.
     mp.setattr(net_repairs, "start_age_s", _from_starting)
+    mp.setattr(net_repairs, "start_clock", _clock_from_starting)
 
 
 def _chain_from_claim(mp: pytest.MonkeyPatch) -> None:
@@ -78,6 +86,19 @@ def _old_ask(rt: Runtime, name: str, state: NetState, job: uuid.UUID | None) -> 
 
 def _denied_outage_misconfigured(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(net_repairs, "_ask_for_its_replica", _old_ask)
+
+
+def _no_ask_again(mp: pytest.MonkeyPatch) -> None:
+    # Before 340c540: a start past its deadline counted from STARTING for want of a recorded
+    # ask was given up, though its driver desired the replica (an ask in flight elsewhere).
+    for module in (warm_up, net_repairs):
+        real = module.start_clock  # type: ignore[attr-defined]
+        mp.setattr(module, "start_clock", lambda *a, _r=real, **k: StartClock(_r(*a, **k).age_s))
+
+
+def _outage_back_idles_from_now(mp: pytest.MonkeyPatch) -> None:
+    # Before bebdda5: OUTAGE -> READY as a net back in scale-to-zero mode idled from now.
+    mp.setattr(net_repairs, "_start_of", lambda session, name: None)
 
 
 LATE_STARTS = [
@@ -137,6 +158,26 @@ LATE_STARTS = [
         # the ask the driver took (a hunt of seeds 0-600 with the fix undone: chaos 143).
         range(143, 144),
         frozenset({"start-given-up-early"}),
+    ),
+    Safeguard(
+        "a start whose driver desires the replica with no ask recorded is asked again (340c540)",
+        _no_ask_again,
+        "chaos",
+        # HINT: two warm-ups held by the broker outage ran at once; one read desired 1 between
+        # the other's driver call and its scale event and gave the boot up 0 s into it.
+        # Chaos 5435, found by round 16's 10,000-seed sweep.
+        range(5435, 5436),
+        frozenset({"start-given-up-early"}),
+    ),
+    Safeguard(
+        "a prewarmed start back from an always-on OUTAGE idles from its holds' end (bebdda5)",
+        _outage_back_idles_from_now,
+        "misconfig",
+        # tests.sim.left_starts: a hint's start made always-on, cut off past its deadline
+        # (OUTAGE), its hold ended by a drain; the redeploy back gave it a fresh grace.
+        # Misconfig 9241, found by round 16's 10,000-seed sweep.
+        range(9241, 9242),
+        frozenset({"idle-from-hold-end"}),
     ),
 ]
 
