@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import uuid
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from app.entrypoints.cli_output import (
 from app.errors import NotFound
 from app.runtime import Runtime
 from app.settings import Settings
+from models import JobState
 
 if TYPE_CHECKING:
     from app.read_models import NetHold
@@ -308,10 +310,17 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json(submitted.answer().model_dump(mode="json"), sys.stdout)
     else:
-        verb = "queued" if result.created else "already known"
-        sys.stdout.write(f"{verb}: job {result.job_id} ({result.state.value})\n")
+        sys.stdout.write(_enqueued_line(result.job_id, result.created, result.state))
     _warn_unsent(submitted.notified)
     return EXIT_OK
+
+
+def _enqueued_line(job_id: uuid.UUID, created: bool, state: JobState) -> str:
+    """The enqueue's answer in one line: a job created ABORTED met an abort kept for it."""
+    if created and state == JobState.ABORTED:
+        return f"stored, aborted at once (an abort came first): job {job_id}\n"
+    verb = "queued" if created else "already known"
+    return f"{verb}: job {job_id} ({state.value})\n"
 
 
 def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:

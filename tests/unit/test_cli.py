@@ -778,3 +778,27 @@ def test_config_check_says_loudly_where_an_unset_data_folder_is(
     monkeypatch.setenv("FL_DISPATCHER_DATA_DIR", str(tmp_path / "set"))
     _, _, err = run(capsys, "config", "check", "--json")
     assert "unset" not in err
+
+
+def test_an_enqueue_an_early_abort_ends_at_once_says_so_not_queued(capsys, db, cli_env):
+    """An abort kept for a job id before its enqueue (`early_aborts`): the enqueue stores
+    the job QUEUED then ABORTED, and the CLI's line said "queued: job ... (ABORTED)"."""
+    from app.schemas import job_id_for
+    from models import EarlyAbort
+    from models.base import utcnow
+
+    now = utcnow()
+    with db() as session, session.begin():
+        session.add(
+            EarlyAbort(
+                job_id=job_id_for("cli-early"),
+                reason="user",
+                reason_code="aborted",
+                asked_at=now,
+                kept_until=now + timedelta(hours=1),
+            )
+        )
+    argv = ["enqueue", "--key", "cli-early", "--definition", "tiny-job", "--net", "net-b"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert out == f"stored, aborted at once (an abort came first): job {job_id_for('cli-early')}\n"
