@@ -291,7 +291,10 @@ class EnqueueJob(_Payload):
         # Bounded first, without recursion: serialising it below must not be what fails.
         if nesting_depth(value, METADATA_MAX_DEPTH) > METADATA_MAX_DEPTH:
             raise ValueError(f"metadata nests deeper than {METADATA_MAX_DEPTH} levels")
-        size = len(json.dumps(value, separators=(",", ":")).encode())
+        # Measured as stored, in UTF-8: the default's `\uXXXX` escapes counted a character
+        # of another script as 6 bytes, not 3. A lone surrogate (stored escaped) counts as 3.
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        size = len(text.encode("utf-8", "surrogatepass"))
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes serialised; at most {METADATA_MAX_BYTES}")
         return value

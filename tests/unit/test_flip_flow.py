@@ -38,6 +38,17 @@ def test_metadata_is_a_json_object_of_at_most_16_kib():
         EnqueueJob(caller_key="k", definition="d", metadata={"blob": "x" * 16_400})
 
 
+def test_metadata_is_measured_in_utf_8_bytes_not_ascii_escapes():
+    """16 KiB of metadata as stored (UTF-8): a site's name in another script is 3 bytes a
+    character, and was counted as its 6-byte `\\uXXXX` escape (12 for an emoji), so 3,000
+    characters of Japanese (9,000 bytes) were refused as 18,000."""
+    text = "\u75c5\u9662" * 1500  # "hospital", 3,000 characters, 9,000 bytes in UTF-8
+    ok = EnqueueJob(caller_key="k", definition="d", metadata={"site": text})
+    assert ok.metadata == {"site": text}
+    with pytest.raises(ValidationError, match="at most 16384"):
+        EnqueueJob(caller_key="k", definition="d", metadata={"site": "\u75c5" * 5500})
+
+
 def _nested(levels: int) -> dict:
     metadata: dict = {}
     for _ in range(levels - 1):
