@@ -85,13 +85,16 @@ class Handler:
     # A countdown after which the same message runs again (no retry limit), or None.
     again_in: Callable[[Settings, object], float | None] = field(default=_never)
     task_events: bool = True  # Flower's task list; off for a poll a second
-    # The call also takes `message_id`: the broker message's id (Celery's task id), the same
-    # across its retries and redeliveries, so a retry finds what its first try recorded.
+    # The call also takes `message_id`, the broker message's id (Celery's task id), the same
+    # across its retries and redeliveries, and `retried` (this is a retry or a redelivery),
+    # so a retry finds what its first try recorded.
     message_id: bool = False
 
-    def kwargs(self, sent: dict[str, Any], message_id: str) -> dict[str, Any]:
+    def kwargs(self, sent: dict[str, Any], message_id: str, retried: bool) -> dict[str, Any]:
         """The call's keyword arguments: the message's own, and its id if the call takes it."""
-        return {**sent, "message_id": message_id} if self.message_id else sent
+        if not self.message_id:
+            return sent
+        return {**sent, "message_id": message_id, "retried": retried}
 
     @property
     def queue(self) -> str:

@@ -417,6 +417,10 @@ class RejectedRequest(Base):
     # or without a caller_key, before the request is judged again. None: no id, or one
     # longer than MESSAGE_ID_MAX_CHARS.
     message_id: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
+    # sha256 of the payload as sent (`enqueue.payload_digest`): flip-api's own repeat of it
+    # (another message) is this refusal; another payload under the key is another request.
+    # None: recorded without it (before migration 0022), matched by code and reason.
+    payload_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # Delivery of its `rejected` status callback (app.usecases.callbacks), as a job's cursor
     # keeps it for the job's events: settled once delivered or given up (`callback_failed`);
     # with CALLBACK_URL set an unsettled row outlives REJECTED_RETENTION_S (at least once).

@@ -73,6 +73,7 @@ class Message:
     # Celery's task id: the same for the copies of one send (a duplicate delivery) and across
     # its retries (`Task.retry` sends the same id again), unlike `id`, one per copy.
     task_id: int = 0
+    redelivered: bool = False  # put back unacknowledged (a worker lost, a broker outage)
 
     def label(self) -> str:
         args = ",".join(f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items()))
@@ -182,7 +183,7 @@ class Broker:
 
     def redeliver(self, message: Message, delay: float) -> None:
         """A message whose worker died before acking it comes back (acks_late)."""
-        self.pending.append(replace(message, deliver_at=self.sim.clock.t + delay))
+        self.pending.append(replace(message, deliver_at=self.sim.clock.t + delay, redelivered=True))
 
     def restore_unacked(self, message: Message, back: float) -> None:
         """A message whose handler ended while the broker was down (its ack, and whatever
@@ -191,7 +192,7 @@ class Broker:
         rng = self.sim.rng_msg
         late = rng.uniform(120.0, 600.0) if rng.random() < 0.5 else rng.uniform(1.0, 5.0)
         self.sim.trace(f"   unacked (broker down): {message.label()} back in {late:.0f}s")
-        self.pending.append(replace(message, deliver_at=back + late))
+        self.pending.append(replace(message, deliver_at=back + late, redelivered=True))
 
     def due(self, now: float) -> list[Message]:
         if self.outages and self.down_until(now) is not None:

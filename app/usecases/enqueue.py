@@ -5,6 +5,8 @@ for a while so the job's id can say "rejected". SQL only, like `records`."""
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import logging
 import os
 import re
@@ -13,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
+from typing import Any
 
-from sqlalchemy import and_, delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -273,6 +276,7 @@ def record_rejection(
     callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
     code: ReasonCode = ReasonCode.REJECTED,
     message_id: str | None = None,
+    digest: str | None = None,
 ) -> RejectedRequest:
     """Keep a refused enqueue for a while (so `GET /jobs/{id}` can say "rejected") and drop
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
@@ -303,7 +307,7 @@ def record_rejection(
     # `rejected` event. A retry of the same message is found by its id first: judged
     # again it may read otherwise (no key to match; or the corrected request created the
     # job meanwhile, and the same payload now reads as a conflict with it).
-    same = _same_rejection(session, message, recorded, str(code), shown)
+    same = _same_rejection(session, message, recorded, digest, (str(code), shown))
     if same is not None:
         return same
     rejection = RejectedRequest(
@@ -313,6 +317,7 @@ def record_rejection(
         reason_code=code,
         at=now,
         message_id=message,
+        payload_digest=digest,
     )
     session.add(rejection)
     return rejection
@@ -329,26 +334,45 @@ def recordable_message_id(message_id: str | None) -> str | None:
     return message_id
 
 
-def _same_rejection(
-    session: Session, message: str | None, recorded: str | None, code: str, shown: str
-) -> RejectedRequest | None:
-    """The refusal already kept for this message, else for this key, code and reason."""
-    if message is not None:
-        found = session.scalar(
-            select(RejectedRequest).where(RejectedRequest.message_id == message).limit(1)
-        )
-        if found is not None:
-            return found
-    if recorded is None:
+def refusal_of_message(session: Session, message_id: str | None) -> RejectedRequest | None:
+    """The refusal recorded for the broker message `message_id`, if any."""
+    message = recordable_message_id(message_id)
+    if message is None:
         return None
     return session.scalar(
-        select(RejectedRequest)
-        .where(
-            RejectedRequest.caller_key == recorded,
-            RejectedRequest.reason_code == code,
-            RejectedRequest.reason == shown,
-        )
-        .limit(1)
+        select(RejectedRequest).where(RejectedRequest.message_id == message).limit(1)
+    )
+
+
+def payload_digest(payload: Any) -> str | None:
+    """sha256 of a refused payload as sent (keys sorted), None if it is no JSON value."""
+    try:
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _same_rejection(
+    session: Session,
+    message: str | None,
+    recorded: str | None,
+    digest: str | None,
+    code_and_reason: tuple[str, str],
+) -> RejectedRequest | None:
+    """The refusal already kept for this message; else for this key and payload (flip-api's
+    own repeat, another message); else, for a row or a call without a digest, for this key,
+    code and reason. Not another payload under the key: that is another request."""
+    found = refusal_of_message(session, message)
+    if found is not None or recorded is None:
+        return found
+    code, reason = code_and_reason
+    as_before = and_(RejectedRequest.reason_code == code, RejectedRequest.reason == reason)
+    if digest is not None:
+        unkept = and_(RejectedRequest.payload_digest.is_(None), as_before)
+        as_before = or_(RejectedRequest.payload_digest == digest, unkept)
+    return session.scalar(
+        select(RejectedRequest).where(RejectedRequest.caller_key == recorded, as_before).limit(1)
     )
 
 

@@ -102,12 +102,14 @@ def record_refusal(
     code: ReasonCode = ReasonCode.REJECTED,
     *,
     message_id: str | None = None,
+    digest: str | None = None,
 ) -> ReasonCode:
     """Record a refused enqueue for REJECTED_RETENTION_S and say so in one log line. With
     CALLBACK_URL set the record is also a `rejected` event: the commit kicks its delivery
     like any job move's (`callbacks.send_after_commit`), and beat's sweep finds it if that
-    kick is lost; nothing here waits for the receiver. `message_id`: the broker message's
-    (`enqueue.record_rejection`). Returns the code recorded, the first one for a retry."""
+    kick is lost; nothing here waits for the receiver. `message_id`, `digest`: the broker
+    message's id and the payload's (`enqueue.record_rejection`). Returns the code recorded,
+    the first one for a retry or a repeat."""
     shown = recorded_caller_key(caller_key) if caller_key is not None else None
     log.warning(
         "enqueue rejected",
@@ -123,19 +125,21 @@ def record_refusal(
             callbacks=rt.settings.callbacks_enabled,
             code=code,
             message_id=message_id,
+            digest=digest,
         )
-        # A code this release does not know (written by a newer one, before a rollback)
-        # reads as the one judged now.
-        known = kept.reason_code in {c.value for c in ReasonCode}
-        return ReasonCode(kept.reason_code) if known else code
+        return _known_code(kept.reason_code, code)  # an unknown one: as judged now
 
 
 def refuse_enqueue(
-    rt: Runtime, caller_key: str | None, exc: InvalidRequest, message_id: str | None = None
+    rt: Runtime,
+    payload: Any,
+    exc: InvalidRequest,
+    message_id: str | None = None,
 ) -> ReasonCode:
     """Record a refused enqueue with its code: `caller_key_conflict` when the key names a
     job enqueued with another payload, `rejected` for anything else. Returns the code (the
-    one first recorded, for a retry of the message `message_id`)."""
+    one first recorded, for a retry of the message `message_id` or a repeat of `payload`)."""
+    caller_key = caller_key_of(payload)
     conflict = isinstance(exc, CallerKeyConflict) or _names_a_job(rt, caller_key)
     code = ReasonCode.CALLER_KEY_CONFLICT if conflict else ReasonCode.REJECTED
     reason = str(exc)
@@ -143,7 +147,26 @@ def refuse_enqueue(
         # A payload that fails validation under a key that already names a job is not a
         # repeat of it either: the job is unchanged, and must not read as rejected.
         reason = f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
-    return record_refusal(rt, caller_key, reason, code, message_id=message_id)
+    digest = enqueue.payload_digest(payload)
+    return record_refusal(rt, caller_key, reason, code, message_id=message_id, digest=digest)
+
+
+def refusal_of_message(rt: Runtime, message_id: str | None) -> tuple[str, ReasonCode] | None:
+    """The reason and code of the refusal recorded for broker message `message_id`, if any:
+    a retry or redelivery of a refused request answers with it, judged again it might read
+    otherwise (the definition's upload visible since: the job would be created)."""
+    if not message_id:
+        return None
+    with rt.sessions() as session:
+        kept = enqueue.refusal_of_message(session, message_id)
+        if kept is None:
+            return None
+        return kept.reason, _known_code(kept.reason_code, ReasonCode.REJECTED)
+
+
+def _known_code(stored: str, otherwise: ReasonCode) -> ReasonCode:
+    # A code this release does not know (written by a newer one, before a rollback).
+    return ReasonCode(stored) if stored in {c.value for c in ReasonCode} else otherwise
 
 
 def _names_a_job(rt: Runtime, caller_key: str | None) -> bool:

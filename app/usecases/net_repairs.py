@@ -25,7 +25,7 @@ from app.usecases.failed_starts import (
 )
 from app.usecases.fleet import NetRow
 from app.usecases.outages import ask_unrecorded, overdue_start, start_age_s, start_clock
-from app.usecases.prewarm.holds import idle_from_holds, wanted_sites
+from app.usecases.prewarm.holds import idle_from_holds, wanted_hold, wanted_sites
 from app.usecases.prewarm.warm_up import mark_ready
 from app.usecases.scaling import (
     net_misconfigured,
@@ -100,6 +100,12 @@ def _set_net_state(
         else:
             net.transition(target, rt.clock(), reason)
         return True
+
+
+def _hold_wants(rt: Runtime, name: str) -> bool:
+    """A live prewarm hold wants the net up."""
+    with rt.sessions() as session:
+        return wanted_hold(session, name, rt.clock()) is not None
 
 
 def _back_up(rt: Runtime, name: str, expected: NetState) -> NetState | None:
@@ -294,8 +300,9 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             if note is not None:
                 return note
         overdue = clock.age_s > rt.settings.net(name).ready_timeout_s
-        if overdue and clock.unasked and observation.desired > 0:
-            # A warm-up's ask between its driver call and its scale event (seed 5435).
+        if overdue and clock.unasked and observation.desired > 0 and _hold_wants(rt, name):
+            # A warm-up's ask between its driver call and its scale event (seed 5435); a
+            # start no live hold wants is abandoned all the same.
             ask_unrecorded(rt, name, "reconcile")
             return "STARTING past its deadline, desired with no ask recorded: asked again"
         if overdue and _set_net_state(

@@ -26,16 +26,23 @@ from models import ReasonCode
 log = logging.getLogger(__name__)
 
 
-def enqueue_job(rt: Runtime, payload: Any, message_id: str | None = None) -> dict[str, Any]:
+def enqueue_job(
+    rt: Runtime, payload: Any, message_id: str | None = None, retried: bool = False
+) -> dict[str, Any]:
     """Queue a job (idempotent on caller_key), then kick the assigner; a refused payload is
-    recorded with its reason code (`caller_key_conflict` or `rejected`), once per message
-    (`message_id`, the broker's id for it, the same across its retries)."""
+    recorded with its reason code (`caller_key_conflict` or `rejected`), once per request:
+    `message_id` is the broker's id for the message, the same across its retries; a
+    `retried` message (a retry, a redelivery) already refused is answered as it was."""
+    key = intake.caller_key_of(payload)
+    kept = intake.refusal_of_message(rt, message_id) if retried else None
+    if kept is not None:
+        reason, code = kept
+        return {"rejected": reason, "reason_code": str(code), "caller_key": key}
     try:
         request = intake.parse_payload(EnqueueJob, payload)
         result = intake.submit_job(rt, request).enqueued
     except InvalidRequest as exc:
-        key = intake.caller_key_of(payload)
-        code = intake.refuse_enqueue(rt, key, exc, message_id)
+        code = intake.refuse_enqueue(rt, payload, exc, message_id)
         return {"rejected": str(exc), "reason_code": str(code), "caller_key": key}
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 

@@ -1,4 +1,5 @@
-"""rejected_requests.message_id: the broker message a refusal was recorded for
+"""rejected_requests.message_id and payload_digest: which message and which payload a refusal
+was recorded for
 
 Revision ID: 0022
 Revises: 0021
@@ -20,10 +21,13 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     """Upgrade schema."""
     # A nullable column, no default: a plain ALTER TABLE that rewrites nothing (as 0014,
-    # 0019, 0020). Rows kept from before have none: a retry of their message after the
-    # upgrade is matched by its caller_key, as before.
+    # 0019, 0020). Rows kept from before have neither: a retry or a repeat of their request
+    # after the upgrade is matched by its caller_key, code and reason, as before.
     op.add_column(
         "rejected_requests", sa.Column("message_id", sa.String(length=255), nullable=True)
+    )
+    op.add_column(
+        "rejected_requests", sa.Column("payload_digest", sa.String(length=64), nullable=True)
     )
     op.create_index(op.f("ix_rejected_requests_message_id"), "rejected_requests", ["message_id"])
 
@@ -31,4 +35,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Downgrade schema."""
     op.drop_index(op.f("ix_rejected_requests_message_id"), table_name="rejected_requests")
+    op.drop_column("rejected_requests", "payload_digest")
     op.drop_column("rejected_requests", "message_id")

@@ -187,8 +187,9 @@ def test_0018_gives_the_jobs_not_yet_ended_their_flip_project_and_downgrades(emp
 
 
 def test_0022_adds_the_rejections_message_id_and_its_downgrade_drops_it(empty_db):
-    """A nullable column on rejected_requests: a refusal kept at 0021 reads with no message
-    id at 0022; one stored with it at 0022 keeps its other columns back at 0021."""
+    """Two nullable columns on rejected_requests: a refusal kept at 0021 reads with no message
+    id and no digest at 0022; one stored with them at 0022 keeps its other columns back at
+    0021."""
     migrate.upgrade(empty_db, "0021")
     engine = create_engine(empty_db)
     insert = (
@@ -202,13 +203,16 @@ def test_0022_adds_the_rejections_message_id_and_its_downgrade_drops_it(empty_db
         migrate.upgrade(empty_db, "0022")
         with engine.begin() as conn:
             conn.execute(
-                text(insert.format(extra=", message_id", value=", :mid")),
-                {"key": "new", "at": at, "mid": "task-1"},
+                text(insert.format(extra=", message_id, payload_digest", value=", :mid, :d")),
+                {"key": "new", "at": at, "mid": "task-1", "d": "ab" * 32},
             )
             kept = conn.execute(
-                text("SELECT caller_key, message_id FROM rejected_requests ORDER BY caller_key")
+                text(
+                    "SELECT caller_key, message_id, payload_digest FROM rejected_requests"
+                    " ORDER BY caller_key"
+                )
             ).all()
-            assert [tuple(r) for r in kept] == [("new", "task-1"), ("old", None)]
+            assert [tuple(r) for r in kept] == [("new", "task-1", "ab" * 32), ("old", None, None)]
         migrate.downgrade(empty_db, "0021")
         with engine.begin() as conn:
             keys = conn.execute(text("SELECT caller_key FROM rejected_requests")).scalars()

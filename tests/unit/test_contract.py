@@ -89,7 +89,8 @@ def test_every_callback_a_life_and_the_refusals_produce_validates(contract, worl
         intake.submit_job(
             world.rt, EnqueueJob(caller_key="aborted", definition="tiny-job", priority=3)
         )
-    intake.refuse_enqueue(world.rt, "aborted", conflict.value)
+    sent = {"caller_key": "aborted", "definition": "tiny-job", "priority": 3}
+    intake.refuse_enqueue(world.rt, sent, conflict.value)
     with world.rt.sessions() as session:
         payloads = [
             event_payload(session.get(Job, e.job_id), e).model_dump(mode="json")

@@ -121,3 +121,54 @@ def test_reconcile_does_not_abandon_a_boot_a_warm_up_is_asking_for(pw):  # noqa:
     reconciler.reconcile(pw.rt)
     assert pw.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
     assert pw.driver("net-a").replicas == 0
+
+
+def _desired_before_the_start(world) -> None:
+    """net-a's driver desires a replica from before the start, one that never comes up (a
+    replica scaled up by hand, crash-looping), and a prewarm starts the net."""
+    world.driver("net-a").replicas = 1
+    world.server("net-a").up = False
+    ask(world, "p1", net="net-a", within_s=500)
+    assert prewarm_warm_up.warm_up(world.rt, "net-a").step == Warm.NOT_READY  # asks nothing
+
+
+def test_a_start_desired_before_it_is_given_up_within_twice_ready_timeout_s(pw):  # noqa: F811
+    """No ask of its own is ever recorded: past the deadline from STARTING it cannot be told
+    from an ask in flight (above), so it is asked once and given ready_timeout_s from that
+    ask: given up, its holds failed, at most 2 x ready_timeout_s (and two polls) after
+    STARTING, never asked again."""
+    _desired_before_the_start(pw)
+    pw.clock.advance(READY_TIMEOUT_S + 1)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked once
+    pw.clock.advance(READY_TIMEOUT_S + 1)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert view(pw, "p1").status == "failed"
+    assert pw.net("net-a").state in (NetState.UNHEALTHY, NetState.STOPPING, NetState.STOPPED)
+
+
+def test_a_start_past_its_deadline_no_live_hold_wants_is_not_asked_again(pw):  # noqa: F811
+    """The holds ended (cancelled): nobody wants the start. Past its deadline it is given up
+    (warm_up) or abandoned (reconcile), not asked again for another ready_timeout_s though
+    the driver desires the replica with no ask recorded."""
+    from app.usecases import prewarm
+
+    _desired_before_the_start(pw)
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    pw.clock.advance(READY_TIMEOUT_S + 1)
+    calls = len(pw.driver("net-a").calls)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)  # abandoned
+    assert 1 not in pw.driver("net-a").calls[calls:]
+    assert pw.driver("net-a").replicas == 0
+
+
+def test_a_warm_up_past_the_deadline_no_live_hold_wants_gives_up(pw):  # noqa: F811
+    """warm_up's side of the same: the holds ended, no ask asked again; the start given up."""
+    from app.usecases import prewarm
+
+    _desired_before_the_start(pw)
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    pw.clock.advance(READY_TIMEOUT_S + 1)
+    calls = len(pw.driver("net-a").calls)
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
+    assert 1 not in pw.driver("net-a").calls[calls:]

@@ -99,7 +99,7 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
             reason = f"up; sites {list(readiness.missing_sites)} not connected yet"
             mark_ready(rt, net_name, readiness, reason)
             return WarmResult(Warm.READY, reason)
-        if clock.unasked and desired:
+        if clock.unasked and desired and live:
             return _ask_unrecorded(rt, net_name)
         return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
     return WarmResult(Warm.NOT_READY, detail)
