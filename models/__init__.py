@@ -10,6 +10,7 @@ from models.kicks import PendingKick
 from models.metrics import MetricNetClock, MetricTotal
 from models.prewarms import REFUSALS, Prewarm, PrewarmOutcome
 from models.reasons import REASONS, FlipStatus, ReasonCode
+from models.rejected import RejectedRequest
 from models.states import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -25,7 +26,6 @@ from models.tables import (
     JobEvent,
     Net,
     NetEvent,
-    RejectedRequest,
     ScaleEvent,
     StrayRun,
 )
