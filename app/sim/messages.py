@@ -170,6 +170,9 @@ class Broker:
                 Message(
                     id=self._next_id,
                     task_id=sent_as,
+                    # A broker delivers a copy twice by restoring it (a visibility timeout
+                    # passed), flagged redelivered as kombu's Redis transport flags it.
+                    redelivered=i > 0,
                     task=task,
                     kwargs=dict(kwargs),
                     deliver_at=now + delay + (rng.uniform(0.0, 3.0) if i else 0.0),

@@ -282,7 +282,9 @@ def record_rejection(
     rejections older than the retention. `callbacks` (CALLBACK_URL is set): the row is also
     the `rejected` event to deliver, so one not yet delivered (or given up) is kept past the
     retention until it is. `message_id`: the broker message's id, the same across its
-    retries; a refusal already recorded for it is the one returned, whatever its key."""
+    retries; a refusal already recorded for it is the one returned, whatever its key.
+    `digest`: the payload's (`payload_digest`), which tells flip-api's own repeat of the
+    request (the same refusal) from another payload under the key (another refusal)."""
     # A key that cannot be stored (NUL, a lone surrogate) is kept escaped, so the refusal
     # itself is never lost; no job could ever have had such a key, hence no job id.
     valid_key = caller_key is not None and unstorable(caller_key) is None
