@@ -119,6 +119,27 @@ def proc_cmdline(pid: int) -> list[str] | None:
         return None
 
 
+def proc_created_at(pid: int) -> float | None:
+    """When the process started (epoch seconds), or None if it is gone or unreadable."""
+    process = _process(pid)
+    if process is None:
+        return None
+    try:
+        return float(process.create_time())
+    except psutil.Error:
+        return None
+
+
+def pids_running(*args: str) -> list[int]:
+    """Live processes whose command line holds every one of `args` (exact arguments)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if all(arg in cmdline for arg in args) and proc_start_ticks(process.pid) is not None:
+            found.append(process.pid)
+    return sorted(found)
+
+
 def listener_pids(port: int) -> list[int]:
     """Pids of the processes listening on TCP `port` (for error messages)."""
     return sorted(

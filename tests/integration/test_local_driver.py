@@ -267,3 +267,52 @@ def test_a_reconfigured_net_replaces_the_server_of_its_previous_kit(
     finally:
         reconfigured.scale(0)
     assert not server_pids(new_kit)
+
+
+def test_a_server_orphaned_by_a_scaler_killed_before_recording_it_is_adopted(
+    driver: LocalDriver, driver_deployment: Deployment, state_dir: Path
+) -> None:
+    """A worker asked for the replica, launched the server and was killed (SIGKILL, OOM)
+    before it recorded the server's pid: the server runs on, unrecorded. The next scale-up
+    (the step's redelivery) found its port held by "a process this driver did not start"
+    and marked the net MISCONFIGURED. The server is this net's own, launched after the
+    recorded intent: adopted (one server, recorded), and stopped by a scale-down."""
+    orphans = _orphan_a_server(driver_deployment, state_dir)
+    driver.scale(1)  # was a second server beside it (or, once it listened, MISCONFIGURED)
+    wait_up(driver)
+    assert server_pids(driver_deployment) == orphans == [recorded_pid(state_dir)]
+
+
+def test_a_server_orphaned_by_a_killed_scaler_reads_up_and_a_scale_down_stops_it(
+    driver: LocalDriver, driver_deployment: Deployment, state_dir: Path
+) -> None:
+    """The same orphan, met by a look (observe: was "no local server process recorded", a
+    failure that gives the start up) and a scale-down (was: nothing recorded to stop, the
+    server left running)."""
+    _orphan_a_server(driver_deployment, state_dir)
+    wait_up(driver)
+    assert driver.observe().failure is None
+    driver.scale(0)
+    assert not server_pids(driver_deployment)
+
+
+def _orphan_a_server(deployment: Deployment, state_dir: Path) -> list[int]:
+    """A worker's scale-up killed between the server's launch and the record of its pid."""
+    killed = run_driver_in_subprocess(
+        deployment,
+        state_dir,
+        """
+        import os
+        launch = driver._launch
+        def launch_then_die():
+            handle = launch()
+            os._exit(9)  # killed between the launch and the record of its pid
+        driver._launch = launch_then_die
+        driver.scale(1)
+        """,
+        wait=False,
+    )
+    assert killed.wait(timeout=60) == 9
+    orphans: list[int] = poll("the orphaned server", lambda: server_pids(deployment), 30, 0.05)
+    assert recorded_pid(state_dir) is None
+    return orphans

@@ -60,6 +60,10 @@ class _State:
     port: int | None = None
     started_at: float | None = None
     log: str = ""
+    # When a start launched its server (epoch seconds), written before the launch: a server
+    # of this kit started since, with no pid recorded, is that start's (its scaler killed
+    # before it recorded the pid) and is adopted, never started a second time.
+    launching_at: float | None = None
 
 
 class LocalDriver:
@@ -85,6 +89,18 @@ class LocalDriver:
             raise ValueError(f"net {self.net_name}: a local server has 0 or 1 replicas")
         with self._locked():
             state = self._read_state()
+            orphan = self._orphan(state)
+            if orphan is not None:
+                # Ours, never recorded: adopted, so it is kept (scale 1) or stopped (scale 0),
+                # never joined by a second server or left running.
+                self._write_state(orphan)
+                log.warning(
+                    "net %s: adopted local server pid=%s, launched by a start whose worker "
+                    "was killed before it recorded it",
+                    self.net_name,
+                    orphan.pid,
+                )
+                state = orphan
             alive = self._is_our_server(state)
             if replicas == 1 and alive and state.kit == self._identity():
                 self._write_state(replace(state, desired=1))
@@ -154,7 +170,11 @@ class LocalDriver:
                 return state, alive, True
             # No scale holds it now; one may have ended since the first read: read again.
             state = self._read_state()
-            return state, self._is_our_server(state), False
+            alive = self._is_our_server(state)
+            orphan = None if alive else self._orphan(state)
+            if orphan is not None:
+                return orphan, True, False  # a start's server it never recorded: up
+            return state, alive, False
         finally:
             os.close(fd)  # closing releases the shared lock
 
@@ -250,6 +270,9 @@ class LocalDriver:
                 self.net_name,
                 previous.pid,
             )
+        self._write_state(
+            _State(desired=1, kit=self._identity(), port=port, launching_at=time.time())
+        )
         handle = self._launch()
         _children[handle.pid] = handle
         ticks = process_control.proc_start_ticks(handle.pid)
@@ -274,6 +297,28 @@ class LocalDriver:
         log.info(
             "net %s: started local server pid=%s on %s:%s", self.net_name, handle.pid, host, port
         )
+
+    def _orphan(self, state: _State) -> _State | None:
+        """The state with the server a start launched and never recorded (its scaler killed
+        between the launch and the record: the state says launching, no pid): this kit's
+        server, started at or after that launch; None if there is none."""
+        if state.desired != 1 or state.pid is not None or state.launching_at is None:
+            return None
+        # The process's start time is read to the clock tick; the launch's to the microsecond.
+        since = state.launching_at - 1.0
+        for pid in process_control.pids_running(self.program, self._identity()):
+            created = process_control.proc_created_at(pid)
+            ticks = process_control.proc_start_ticks(pid)
+            if created is not None and ticks is not None and created >= since:
+                return _State(
+                    desired=1,
+                    pid=pid,
+                    start_ticks=ticks,
+                    kit=self._identity(),
+                    port=state.port,
+                    started_at=created,
+                )
+        return None
 
     def _stop(self, pid: int, ticks: int) -> None:
         # The server's pid is its process group (own session); its job processes are found
