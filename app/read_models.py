@@ -37,7 +37,12 @@ def _known_code(value: object) -> object:
 StoredReasonCode = Annotated[ReasonCode | None, BeforeValidator(_known_code)]
 # Why a QUEUED job waits (app.usecases.queue_place, which decides it).
 WaitingReason = Literal[
-    "earlier run settling", "project at its cap", "net drained", "no free net", "claim pending"
+    "earlier run settling",
+    "project at its cap",
+    "net drained",
+    "no free net",
+    "claim pending",
+    "no declared net fits it",
 ]
 
 
@@ -146,8 +151,9 @@ class JobDetail(JobView):
         default=None,
         description="a QUEUED job: why it waits, the first that holds: 'earlier run "
         "settling', 'project at its cap', 'net drained', 'no free net', 'claim pending' (a "
-        "net it may run on is free: the next claim takes it or a job ahead of it); null "
-        "otherwise",
+        "net it may run on is free: the next claim takes it or a job ahead of it); 'no "
+        "declared net fits it' before all (NETS has no net with its sites, or not the net it "
+        "is pinned to, since a redeploy); null otherwise",
     )
 
 

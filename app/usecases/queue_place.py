@@ -140,7 +140,12 @@ def queue_places(
         open_nets = [n.name for n in mine if not n.drained] or [n.name for n in mine]
         waits_for.setdefault(tuple(open_nets), []).append(job.id)
         cap = shares.cap(job.project_id)
-        reasons[job.id] = _reason(stray[job.id], cap is not None and holding[job.id] >= cap, mine)
+        capped = cap is not None and holding[job.id] >= cap
+        # No declared net may run it (a redeploy edited the sites of the nets that had its
+        # sites, or removed the one it is pinned to): no net will free for it.
+        unfit = settings is not None and not nets[job.id]
+        reason = _reason(stray[job.id], capped, mine)
+        reasons[job.id] = "no declared net fits it" if unfit else reason
     ahead: dict[uuid.UUID, int] = {}
     aged_before = now - shares.aging
     for waited, ids in waits_for.items():

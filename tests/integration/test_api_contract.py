@@ -263,5 +263,6 @@ def test_a_queued_jobs_view_says_its_project_its_place_in_line_and_why_it_waits(
         "net drained",
         "no free net",
         "claim pending",
+        "no declared net fits it",
     ]
     assert "place_in_line" in schema["properties"] and "project_id" in schema["properties"]

@@ -197,3 +197,14 @@ def test_a_net_held_by_a_prewarm_is_no_reason_to_wait(two_nets_world, hinted):
     if hinted != "none yet":
         other = "plain" if first == "hinted" else "hinted"
         assert shown(world, other) == (1, "no free net")
+
+
+def test_a_job_no_declared_net_fits_says_so(tmp_path, job_root, sqlite_factory, clock):
+    """A redeploy edited the only net with the job's sites (no net removed): no declared net
+    may run it, and it read "no free net", as if a net would free. It says so."""
+    before = [net_decl(tmp_path, "net-1", sites=["site-1", "site-2", "site-9"])]
+    world = world_of(before, tmp_path, job_root, sqlite_factory, clock)
+    world.enqueue("needs-9", net=None, required_sites=["site-9"])
+    after = [net_decl(tmp_path, "net-1", sites=["site-1", "site-2"])]
+    edited = world_of(after, tmp_path, job_root, sqlite_factory, clock)
+    assert shown(edited, "needs-9") == (1, "no declared net fits it")
