@@ -322,7 +322,9 @@ def expected_places(
             and key(other, held, shares, before) < mine
             and any(fits(other, n, settings) for n in undrained)
         )
-        if job.stray:
+        if not any(fits(job, n.name, settings) for n in settings.nets):
+            reason = "no declared net fits it"  # a redeploy took its sites' nets away
+        elif job.stray:
             reason = "earlier run settling"
         elif capped(job.project, held, shares):
             reason = "project at its cap"
