@@ -65,6 +65,7 @@ class SimReceiver:
     refused_jobs: dict[str, int] = field(default_factory=dict)  # job id -> 4xx it answers
     accepted: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     accepted_rejections: set[str] = field(default_factory=set)
+    rejected_keys: dict[str, str | None] = field(default_factory=dict)  # event id -> its key
     posts: int = 0
     quiet: bool = False  # faults have stopped: outages end, only refusals of a job remain
     # Hangs per job (see the module doc): off unless `hang()` is called.
@@ -162,6 +163,7 @@ class SimReceiver:
         self._check_held_back(payload)
         if payload.get("kind") == "rejected":
             self.accepted_rejections.add(str(payload.get("event_id")))
+            self.rejected_keys[str(payload.get("event_id"))] = payload.get("caller_key")
             return
         job_id = str(payload.get("job_id"))
         seen = self.accepted[job_id]

@@ -35,6 +35,7 @@ from tests.sim import (
     misfit,
     platform_faults,
     poison,
+    refusal_repeat,
     repeats,
     unnameable,
 )
@@ -72,6 +73,7 @@ class Adversary:
         self._early_abort = early_abort.EarlyAbort(sim)  # (round 16: its own band)
         self._gone_bundle = gone_bundle.GoneBundle(sim)  # (round 16: its own band)
         self._late_start = late_starts.LateStart(sim)
+        self.refusal_repeat = refusal_repeat.RefusalRepeat(sim)  # (round 17: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -80,6 +82,7 @@ class Adversary:
         if self._db_faults is not None:
             self._db_faults.remove()
         self._early_abort.stop()
+        self.refusal_repeat.stop()
         event.remove(self.sim.engine, "handle_error", self._poison_refused)
 
     def _poison_refused(self, context: Any) -> None:
@@ -100,6 +103,7 @@ class Adversary:
         repeats.schedule(sim, sim.caller.arm)
         drains.schedule(sim)
         unnameable.schedule(sim)  # (round 16: its own band)
+        self.refusal_repeat.schedule()
         self._kits.schedule()
         self._schedule_faults()
 

@@ -19,7 +19,7 @@ from models import (
     JobState,
     NetState,
 )
-from tests.sim import drains, repeats
+from tests.sim import drains, refusal_repeat, repeats
 from tests.sim.abort_invariants import AbortWatch
 from tests.sim.always_on_starts import AlwaysOnStarts
 from tests.sim.call_invariants import CallInvariants
@@ -86,7 +86,10 @@ class Checker(
         self.storable()
         self.refused_once()
         self._bad_app.at_end()
-        repeats.repeat_refused(self.sim)
+        refusals = getattr(self.sim.adversary, "refusal_repeat", None)
+        plan = refusals.plan if refusals is not None else None
+        repeats.repeat_refused(self.sim, refusal_repeat.sent_digests(plan))
+        refusal_repeat.one_refusal_per_request(self.sim, plan)
 
     def check(self) -> None:
         """Every invariant, after one step."""

@@ -45,10 +45,13 @@ class Quiescence(PrewarmInvariants):
 
     def refused_once(self) -> None:
         """A refusal sent again (a duplicate message, a retry after a commit whose reply was
-        lost) is the one already recorded: one row, one `rejected` event, never two."""
+        lost) is the one already recorded: one row, one `rejected` event, never two. Another
+        payload under the key refused for the same reason is another request (round 17: its
+        own row, told by its digest; tests.sim.refusal_repeat)."""
         row = self.sim.conn.execute(
             "SELECT caller_key, count(*) FROM rejected_requests WHERE caller_key IS NOT NULL"
-            " GROUP BY caller_key, reason, reason_code HAVING count(*) > 1 LIMIT 1"
+            " GROUP BY caller_key, reason, reason_code, payload_digest HAVING count(*) > 1"
+            " LIMIT 1"
         ).fetchone()
         if row is not None:
             self.report("refused-once", str(row[0]), f"the same refusal recorded {row[1]} times")

@@ -66,12 +66,13 @@ def _repeat(sim: Simulation, job: JobSpec, lowered: int) -> None:
     sim.broker.push(names.ENQUEUE_JOB, {"payload": payload}, origin="flip-api")
 
 
-def repeat_refused(sim: Simulation) -> None:
-    """No workload job's key was refused as another payload (flip-api never sends one)."""
+def repeat_refused(sim: Simulation, sent: frozenset[str] = frozenset()) -> None:
+    """No workload job's key was refused as another payload (flip-api never sends one, but
+    for the refused payloads whose digests are `sent`: tests.sim.refusal_repeat's)."""
     keys = {j.key for j in sim.workload.jobs}
-    for key, reason in sim.conn.execute(
-        "SELECT caller_key, reason FROM rejected_requests WHERE reason_code = ?",
+    for key, reason, digest in sim.conn.execute(
+        "SELECT caller_key, reason, payload_digest FROM rejected_requests WHERE reason_code = ?",
         ("caller_key_conflict",),
     ):
-        if key in keys and CONFLICT_TEXT in (reason or ""):
+        if key in keys and CONFLICT_TEXT in (reason or "") and digest not in sent:
             sim.report("repeat-refused", f"caller_key {key[:40]}", (reason or "")[:300])

@@ -1,0 +1,84 @@
+"""The sweep reaches round 17's one-refusal-per-request fixes (d406103, and migration 0022's
+message id) through `tests.sim.refusal_repeat`'s band worlds (`one-refusal-per-request`):
+
+- D1: a retried message with a refusal recorded for its id is answered from it
+  (`intake.refusal_of_message`). Undone: refused first (the definition's folder missing),
+  the commit applied and its reply lost, the folder shows up, the retry creates the job: a
+  `rejected` event, then QUEUED, for one request (servers 427; 4 of 0-700's 21 band worlds).
+- D2/D3: the refusal's payload digest in the match (`enqueue.payload_digest`). Undone: the
+  second payload under the key refused for the same reason is swallowed (clean 432), or the
+  late repeat of a refused payload, after the corrected request created the job, is a
+  second refusal, `caller_key_conflict` (servers 652); 28 of 300-1000's 37 band worlds.
+- 0022: the enqueue handler takes the message id. Undone: a keyless refusal retried after
+  a lost commit reply is recorded twice (clean 432).
+
+With each fix undone its seed reports; the same seeds are clean with it (and 0 of the 37
+band worlds of 300-1000 report with every fix in)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app import names
+from app.handlers import HANDLERS
+from app.usecases import enqueue, intake
+from tests.unit.test_simulation_safeguards import Safeguard, safeguard_tests
+
+pytestmark = pytest.mark.unit
+
+FINDS = frozenset({"one-refusal-per-request"})
+
+
+def _retry_judged_again(mp: pytest.MonkeyPatch) -> None:
+    # D1 undone: no refusal is ever found for a retried message's id.
+    mp.setattr(intake, "refusal_of_message", lambda _rt, _message_id: None)
+
+
+def _no_digest(mp: pytest.MonkeyPatch) -> None:
+    # D2/D3 undone: refusals matched by key, code and reason only.
+    mp.setattr(enqueue, "payload_digest", lambda _payload: None)
+
+
+def _no_message_id(mp: pytest.MonkeyPatch) -> None:
+    # 0022 undone: the enqueue handler is not given its message's id.
+    handler = dataclasses.replace(HANDLERS[names.ENQUEUE_JOB], message_id=False)
+    mp.setitem(HANDLERS, names.ENQUEUE_JOB, handler)
+
+
+REFUSALS = [
+    Safeguard(
+        "a retried refused message is answered from its refusal (D1)",
+        _retry_judged_again,
+        "servers",
+        range(427, 428),
+        FINDS,
+    ),
+    Safeguard(
+        "another payload under the key refused for the same reason is recorded (D2)",
+        _no_digest,
+        "clean",
+        range(432, 433),
+        FINDS,
+    ),
+    Safeguard(
+        "flip-api's late repeat of a refused payload is the same refusal (D3)",
+        _no_digest,
+        "servers",
+        range(652, 653),
+        FINDS,
+    ),
+    Safeguard(
+        "a keyless refusal retried after a lost commit reply is recorded once (0022)",
+        _no_message_id,
+        "clean",
+        range(432, 433),
+        FINDS,
+    ),
+]
+
+
+test_the_sweep_finds_a_refusal_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(REFUSALS, timeout_s=600)
+)
