@@ -86,15 +86,13 @@ class Handler:
     again_in: Callable[[Settings, object], float | None] = field(default=_never)
     task_events: bool = True  # Flower's task list; off for a poll a second
     # The call also takes `message_id`, the broker message's id (Celery's task id), the same
-    # across its retries and redeliveries, and `retried` (this is a retry or a redelivery),
-    # so a retry finds what its first try recorded.
+    # for every copy of the message (its retries, redeliveries, publish duplicates), so a
+    # copy finds what another recorded.
     message_id: bool = False
 
-    def kwargs(self, sent: dict[str, Any], message_id: str, retried: bool) -> dict[str, Any]:
+    def kwargs(self, sent: dict[str, Any], message_id: str) -> dict[str, Any]:
         """The call's keyword arguments: the message's own, and its id if the call takes it."""
-        if not self.message_id:
-            return sent
-        return {**sent, "message_id": message_id, "retried": retried}
+        return {**sent, "message_id": message_id} if self.message_id else sent
 
     @property
     def queue(self) -> str:

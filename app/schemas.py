@@ -293,7 +293,15 @@ class EnqueueJob(_Payload):
             raise ValueError(f"metadata nests deeper than {METADATA_MAX_DEPTH} levels")
         # Measured as stored, in UTF-8: the default's `\uXXXX` escapes counted a character
         # of another script as 6 bytes, not 3. A lone surrogate (stored escaped) counts as 3.
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            # A value JSON has no form for: Celery's serializer (kombu's json) decodes a
+            # UUID, datetime or Decimal a Python caller put in as that object, and a
+            # TypeError is no validation error: the request would fail, acknowledged away.
+            raise ValueError(
+                f"metadata holds a value that is not JSON ({exc}): send it as a string"
+            ) from None
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes serialised; at most {METADATA_MAX_BYTES}")

@@ -189,10 +189,7 @@ def register(handler: Handler) -> Task:
 
     def run(self: Any, **kwargs: Any) -> Any:
         rt = runtime()
-        # A retry (Task.retry: the same id) or a redelivery (a worker lost with it unacked).
-        delivery = self.request.delivery_info or {}
-        retried = bool(self.request.retries) or bool(delivery.get("redelivered"))
-        result = handler.call(rt, **handler.kwargs(kwargs, self.request.id, retried))
+        result = handler.call(rt, **handler.kwargs(kwargs, self.request.id))
         countdown = handler.again_in(rt.settings, result)
         if countdown is not None:
             raise self.retry(countdown=countdown, max_retries=None)

@@ -114,9 +114,7 @@ class Delivery:
         self.calls.append(message.id)
         try:
             with self._noting_inline_readiness(message):
-                retried = message.retries > 0 or message.redelivered
-                kwargs = spec.kwargs(message.kwargs, f"sim-{message.task_id}", retried)
-                return spec.call(rt, **kwargs)
+                return spec.call(rt, **spec.kwargs(message.kwargs, f"sim-{message.task_id}"))
         finally:
             self.calls.pop()
 

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, delete, exists, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -336,6 +336,21 @@ def recordable_message_id(message_id: str | None) -> str | None:
     return message_id
 
 
+# Whether a refusal was recorded for the broker message `refused_message`: a column an
+# enqueue that created a job reads with its kick's marker (app.usecases.kicks.EnqueueKick),
+# in the statement it reads anyway. A NULL id (no message) matches nothing. Built once.
+REFUSED: ColumnElement[bool] = exists().where(
+    RejectedRequest.message_id == bindparam("refused_message")
+)
+_REFUSED = select(REFUSED)
+
+
+def refused_before(session: Session, message_id: str | None) -> bool:
+    """`REFUSED` read on its own (a door whose kicks are not coalesced)."""
+    message = recordable_message_id(message_id)
+    return message is not None and bool(session.scalar(_REFUSED, {"refused_message": message}))
+
+
 def refusal_of_message(session: Session, message_id: str | None) -> RejectedRequest | None:
     """The refusal recorded for the broker message `message_id`, if any."""
     message = recordable_message_id(message_id)
@@ -347,12 +362,18 @@ def refusal_of_message(session: Session, message_id: str | None) -> RejectedRequ
 
 
 def payload_digest(payload: Any) -> str | None:
-    """sha256 of a refused payload as sent (keys sorted), None if it is no JSON value."""
+    """sha256 of a refused payload as sent (keys sorted); a value JSON has no form for (a
+    UUID or datetime kombu's json decoded) by its type and repr. None only for a payload
+    that cannot be told apart at all (keys that cannot be sorted, a cycle)."""
     try:
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError):
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_named)
+    except (TypeError, ValueError, RecursionError):
         return None
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _named(value: object) -> str:
+    return f"{type(value).__qualname__}:{value!r}"
 
 
 def _same_rejection(

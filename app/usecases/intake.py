@@ -68,17 +68,31 @@ class Submitted:
         )
 
 
-def submit_job(rt: Runtime, request: EnqueueJob, traceparent: str | None = None) -> Submitted:
+class RefusedBefore(Exception):
+    """The broker message of an enqueue that would create a job was refused before (another
+    copy of it): nothing is stored, the refusal stands (`requests.enqueue_job`)."""
+
+
+def submit_job(
+    rt: Runtime,
+    request: EnqueueJob,
+    traceparent: str | None = None,
+    message_id: str | None = None,
+) -> Submitted:
     """Queue a job (idempotent on caller_key), then kick the assigner.
 
     An existing QUEUED job kicks too: the caller's retry may follow a lost message. With
     traces on, a new job stores its enqueue span's context, a child of `traceparent` (the
-    HTTP caller's) or of the current one (app/traces.py).
+    HTTP caller's) or of the current one (app/traces.py). `message_id`: the broker message's
+    (Celery's task id); RefusedBefore, nothing stored, if a copy of it was refused before
+    (its retry after a lost commit reply, a redelivery, a publish duplicate, judged again
+    once the definition's upload was visible: one request is never refused and accepted).
     """
     with traces.enqueue(traceparent) as trace:
         with unit_of_work(rt.sessions) as session:
-            # A new job's look for an abort that came first is read with the kick's marker.
-            enqueue_kick = kicks.EnqueueKick(rt, names.ASSIGN_NEXT_JOB)
+            # A new job's look for an abort that came first, and for its message's refusal,
+            # is read with the kick's marker.
+            enqueue_kick = kicks.EnqueueKick(rt, names.ASSIGN_NEXT_JOB, message_id)
             result = enqueue.enqueue_job(
                 session,
                 rt.settings,
@@ -87,6 +101,8 @@ def submit_job(rt: Runtime, request: EnqueueJob, traceparent: str | None = None)
                 traceparent=trace.traceparent,
                 abort_waits=enqueue_kick.abort_waits,
             )
+            if result.created and enqueue_kick.refused:
+                raise RefusedBefore(f"message {message_id}: refused before")  # rolled back
             queued = result.state == JobState.QUEUED
             # The kick's marker is decided in the job's own transaction (one commit).
             kick = enqueue_kick.after_commit(session) if queued else None
@@ -152,9 +168,8 @@ def refuse_enqueue(
 
 
 def refusal_of_message(rt: Runtime, message_id: str | None) -> tuple[str, ReasonCode] | None:
-    """The reason and code of the refusal recorded for broker message `message_id`, if any:
-    a retry or redelivery of a refused request answers with it, judged again it might read
-    otherwise (the definition's upload visible since: the job would be created)."""
+    """The reason and code of the refusal recorded for broker message `message_id`, if any
+    (`RefusedBefore`'s answer)."""
     if not message_id:
         return None
     with rt.sessions() as session:

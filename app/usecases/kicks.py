@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import names
 from app.db import unit_of_work
 from app.runtime import Outbox, Runtime
-from app.usecases import claims, dispatch, early_aborts
+from app.usecases import claims, dispatch, early_aborts, enqueue
 from models import PendingKick
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,11 @@ _MARKER_HELD_AND_WORK = select(
     .scalar_subquery(),
     exists().where(claims.claimable()),
 )
-# An enqueue's: the same, and whether an abort waits for the job it created (`EnqueueKick`).
-_MARKER_HELD_WORK_AND_ABORT = _MARKER_HELD_AND_WORK.add_columns(early_aborts.WAITING)
+# An enqueue's: the same, whether an abort waits for the job it created, and whether its
+# message was refused before (`EnqueueKick`).
+_MARKER_HELD_WORK_AND_ABORT = _MARKER_HELD_AND_WORK.add_columns(
+    early_aborts.WAITING, enqueue.REFUSED
+)
 
 
 def mark_pending(session: Session, task: str, now: datetime, stale_before: datetime) -> bool:
@@ -222,21 +225,31 @@ def kick_after_commit(
 
 class EnqueueKick:
     """An enqueue's kick (`kick_after_commit`), whose read of the marker also answers the
-    enqueue's question after it created a job, whether an abort waits for it
-    (`enqueue.AbortWaits`): one statement, as before there were early aborts."""
+    enqueue's questions after it created a job: whether an abort waits for it
+    (`enqueue.AbortWaits`), and whether its broker message `message_id` was refused before
+    (`refused`: another copy of the message, judged before the definition's upload was
+    visible): one statement, as before there were early aborts."""
 
-    def __init__(self, rt: Runtime, task: str) -> None:
+    def __init__(self, rt: Runtime, task: str, message_id: str | None = None) -> None:
         self.rt = rt
         self.task = task
+        self.message_id = enqueue.recordable_message_id(message_id)
         self.read: tuple[datetime | None, bool] | None = None
+        self.refused = False
 
     def abort_waits(self, session: Session, job_id: uuid.UUID, now: datetime) -> bool:
         """Whether an abort waits for the job just created; the marker is read with it."""
         if not isinstance(self.rt.outbox, CoalescingOutbox) or self.task not in COALESCED:
-            return early_aborts.waits(session, job_id, now)  # no marker to read
-        params = {"task": self.task} | early_aborts.waiting_params(job_id, now)
-        sent_at, waiting, abort = session.execute(_MARKER_HELD_WORK_AND_ABORT, params).one()
+            # No marker to read.
+            self.refused = enqueue.refused_before(session, self.message_id)
+            return early_aborts.waits(session, job_id, now)
+        params: dict[str, object] = {"task": self.task, "refused_message": self.message_id}
+        params |= early_aborts.waiting_params(job_id, now)
+        sent_at, waiting, abort, refused = session.execute(
+            _MARKER_HELD_WORK_AND_ABORT, params
+        ).one()
         self.read = (sent_at, waiting)
+        self.refused = bool(refused)
         return bool(abort)
 
     def after_commit(self, session: Session) -> Callable[[], bool]:

@@ -128,8 +128,9 @@ def ask_unrecorded(rt: Runtime, name: str, by: str) -> None:
     (idempotent): the start's deadline counts from this ask. Either an ask is in flight in
     another worker, or the replica was desired before the start (a replica scaled up by
     hand): the two cannot be told apart, so either has ready_timeout_s more from here and
-    no more (the next round reads this ask): such a start is given up at most
-    2 x ready_timeout_s after its STARTING. Callers ask only while a live hold wants it."""
+    no more (the next round reads this ask): such a start is given up ready_timeout_s after
+    the first look past its deadline (2 x ready_timeout_s after its STARTING when the looks
+    come on time). Callers ask only while a live hold wants it."""
     reason = f"{by}: the driver desires a replica no ask since STARTING is recorded for"
     scale_net(rt, name, 1, reason)
 

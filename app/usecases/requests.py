@@ -26,21 +26,21 @@ from models import ReasonCode
 log = logging.getLogger(__name__)
 
 
-def enqueue_job(
-    rt: Runtime, payload: Any, message_id: str | None = None, retried: bool = False
-) -> dict[str, Any]:
+def enqueue_job(rt: Runtime, payload: Any, message_id: str | None = None) -> dict[str, Any]:
     """Queue a job (idempotent on caller_key), then kick the assigner; a refused payload is
     recorded with its reason code (`caller_key_conflict` or `rejected`), once per request:
-    `message_id` is the broker's id for the message, the same across its retries; a
-    `retried` message (a retry, a redelivery) already refused is answered as it was."""
+    `message_id` is the broker's id for the message, the same for every copy of it (its
+    retries, redeliveries, publish duplicates), and a copy of a refused message is answered
+    with that refusal, whatever it reads as now."""
     key = intake.caller_key_of(payload)
-    kept = intake.refusal_of_message(rt, message_id) if retried else None
-    if kept is not None:
-        reason, code = kept
-        return {"rejected": reason, "reason_code": str(code), "caller_key": key}
     try:
         request = intake.parse_payload(EnqueueJob, payload)
-        result = intake.submit_job(rt, request).enqueued
+        result = intake.submit_job(rt, request, message_id=message_id).enqueued
+    except intake.RefusedBefore:
+        kept = intake.refusal_of_message(rt, message_id)
+        assert kept is not None  # RefusedBefore read it in the transaction it rolled back
+        reason, code = kept
+        return {"rejected": reason, "reason_code": str(code), "caller_key": key}
     except InvalidRequest as exc:
         code = intake.refuse_enqueue(rt, payload, exc, message_id)
         return {"rejected": str(exc), "reason_code": str(code), "caller_key": key}

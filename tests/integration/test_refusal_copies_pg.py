@@ -48,7 +48,7 @@ def test_two_copies_of_one_keyless_refused_message_at_once_are_one_refusal(
     answers: list[object] = []
     second = threading.Thread(
         target=lambda: answers.append(
-            handler.call(rt, **handler.kwargs({"payload": payload}, TASK_ID, True))
+            handler.call(rt, **handler.kwargs({"payload": payload}, TASK_ID))
         )
     )
     second.start()

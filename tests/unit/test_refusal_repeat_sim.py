@@ -1,9 +1,10 @@
 """The sweep reaches round 17's one-refusal-per-request fixes (d406103, and migration 0022's
 message id) through `tests.sim.refusal_repeat`'s band worlds (`one-refusal-per-request`):
 
-- D1: a retried message with a refusal recorded for its id is answered from it
-  (`intake.refusal_of_message`). Undone: refused first (the definition's folder missing),
-  the commit applied and its reply lost, the folder shows up, the retry creates the job: a
+- D1: a copy of a message refused before (its id) never creates a job: it is answered with
+  that refusal (`kicks.EnqueueKick.refused`, read with the kick's marker; first built as a
+  look-up on retries only). Undone: refused first (the definition's folder missing), the
+  commit applied and its reply lost, the folder shows up, the retry creates the job: a
   `rejected` event, then QUEUED, for one request (servers 427; 4 of 0-700's 21 band worlds).
 - D2/D3: the refusal's payload digest in the match (`enqueue.payload_digest`). Undone: the
   second payload under the key refused for the same reason is swallowed (clean 432), or the
@@ -18,12 +19,13 @@ band worlds of 300-1000 report with every fix in)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
 from app import names
 from app.handlers import HANDLERS
-from app.usecases import enqueue, intake
+from app.usecases import enqueue, kicks
 from tests.unit.test_simulation_safeguards import Safeguard, safeguard_tests
 
 pytestmark = pytest.mark.unit
@@ -32,8 +34,15 @@ FINDS = frozenset({"one-refusal-per-request"})
 
 
 def _retry_judged_again(mp: pytest.MonkeyPatch) -> None:
-    # D1 undone: no refusal is ever found for a retried message's id.
-    mp.setattr(intake, "refusal_of_message", lambda _rt, _message_id: None)
+    # D1 undone: an enqueue that created a job never reads its message as refused before.
+    real = kicks.EnqueueKick.abort_waits
+
+    def forgetting(self: kicks.EnqueueKick, session: Any, job_id: Any, now: Any) -> bool:
+        waits = real(self, session, job_id, now)
+        self.refused = False
+        return waits
+
+    mp.setattr(kicks.EnqueueKick, "abort_waits", forgetting)
 
 
 def _no_digest(mp: pytest.MonkeyPatch) -> None:
@@ -49,7 +58,7 @@ def _no_message_id(mp: pytest.MonkeyPatch) -> None:
 
 REFUSALS = [
     Safeguard(
-        "a retried refused message is answered from its refusal (D1)",
+        "a copy of a refused message is answered from its refusal, never a job (D1)",
         _retry_judged_again,
         "servers",
         range(427, 428),

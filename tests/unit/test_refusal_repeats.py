@@ -26,9 +26,9 @@ def _enqueue():
     return HANDLERS[names.ENQUEUE_JOB]
 
 
-def _call(world, payload, message_id, retried=False):
+def _call(world, payload, message_id):
     handler = _enqueue()
-    return handler.call(world.rt, **handler.kwargs({"payload": payload}, message_id, retried))
+    return handler.call(world.rt, **handler.kwargs({"payload": payload}, message_id))
 
 
 def _rejections(world) -> list[tuple[str | None, str, str | None]]:
@@ -65,7 +65,7 @@ def test_a_refusal_retried_after_a_lost_reply_creates_no_job_once_the_request_re
     assert [code for _, code, _ in _rejections(cb)] == ["rejected"]  # the first try's, stored
     deliver(cb, receiver)  # its `rejected` event goes out
     (cb.rt.settings.job_root / "late-job").mkdir()  # the upload is visible now
-    retried = _call(cb, payload, M1, retried=True)  # Celery's retry: the same task id
+    retried = _call(cb, payload, M1)  # Celery's retry: the same task id
     deliver(cb, receiver)
     kinds = [p.get("to_state") or p["kind"] for p, _, _ in receiver.requests]
     assert "created" not in retried and _jobs(cb) == [], (retried, kinds)

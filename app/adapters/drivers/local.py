@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
 _POLL_S = 0.05
 _SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
+# A start's server is created within this of its launch marker (Popen, right after it).
+_ADOPT_WITHIN_S = 2.0
 
 # Servers started by this process, kept so they are reaped through their Popen (no zombie,
 # no "still running" warning when a driver instance goes away while its server runs on).
@@ -270,10 +272,14 @@ class LocalDriver:
                 self.net_name,
                 previous.pid,
             )
-        self._write_state(
-            _State(desired=1, kit=self._identity(), port=port, launching_at=time.time())
-        )
-        handle = self._launch()
+        launching = _State(desired=1, kit=self._identity(), port=port, launching_at=time.time())
+        self._write_state(launching)
+        try:
+            handle = self._launch()
+        except BaseException:
+            # Nothing was launched: no server of this kit may be taken for this start's.
+            self._write_state(replace(launching, launching_at=None))
+            raise
         _children[handle.pid] = handle
         ticks = process_control.proc_start_ticks(handle.pid)
         # Hold the lock until the child has exec'd the server: before that its cmdline is ours,
@@ -304,12 +310,14 @@ class LocalDriver:
         server, started at or after that launch; None if there is none."""
         if state.desired != 1 or state.pid is not None or state.launching_at is None:
             return None
-        # The process's start time is read to the clock tick; the launch's to the microsecond.
-        since = state.launching_at - 1.0
+        # Created by the launch, right after the marker: never a server started by hand
+        # later. (A process's start time reads up to a second early: boot time is whole
+        # seconds.)
+        earliest, latest = state.launching_at - 1.0, state.launching_at + _ADOPT_WITHIN_S
         for pid in process_control.pids_running(self.program, self._identity()):
             created = process_control.proc_created_at(pid)
             ticks = process_control.proc_start_ticks(pid)
-            if created is not None and ticks is not None and created >= since:
+            if created is not None and ticks is not None and earliest <= created <= latest:
                 return _State(
                     desired=1,
                     pid=pid,

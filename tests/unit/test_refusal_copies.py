@@ -1,0 +1,163 @@
+"""Refused enqueues, one refusal per request (tasks/README.md "What flip-api may rely on",
+"Rejected events"): a request answered `rejected` never becomes a job, whichever copy of its
+message comes later (a retry, a redelivery, a publish duplicate: one Celery task id), and a
+payload Celery's serializer decodes to values JSON has no form for is refused and recorded,
+never lost. Each test failed on the code before its fix (break-it on the first version of
+0022's one-refusal-per-request, which looked a refusal up on retries only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import names
+from app.schemas import job_id_for
+from app.usecases import intake
+from models import Job
+from tests.unit.callback_world import Receiver, cb, deliver, receiver
+from tests.unit.conftest import World
+
+__all__ = ["cb", "receiver"]  # the fixtures, used by name
+
+MESSAGE_ID = "0f6d3a1e-7c2b-4e5f-9a10-3b4c5d6e7f80"  # one Celery task id
+
+
+def _enqueue_task():
+    from app.handlers import HANDLERS
+
+    return HANDLERS[names.ENQUEUE_JOB]
+
+
+def _upload(world: World, name: str) -> None:
+    """flip-api's upload of the job definition becomes visible under JOB_ROOT."""
+    folder = world.rt.settings.job_root / name / "app" / "config"
+    folder.mkdir(parents=True)
+    (world.rt.settings.job_root / name / "meta.json").write_text(
+        f'{{"name": "{name}", "deploy_map": {{"app": ["@ALL"]}}, "min_clients": 2}}'
+    )
+
+
+def _job_exists(world: World, caller_key: str) -> bool:
+    with world.rt.sessions() as session:
+        return session.get(Job, job_id_for(caller_key)) is not None
+
+
+def test_a_publish_duplicate_of_a_refused_message_never_becomes_a_job(
+    cb: World, receiver: Receiver
+):
+    """Promise: a request answered `rejected` never becomes a job; the copies of one message
+    (one Celery task id) are one request. Sequence: flip-api's publish of the enqueue is
+    retried by kombu's producer (the broker's reply to the first LPUSH lost), so the queue
+    holds two copies with the same task id, neither a Celery retry nor a broker redelivery
+    (retries=0, delivery_info.redelivered unset). Copy 1 is refused (the definition's upload
+    is not visible yet) and its `rejected` event is delivered; the upload becomes visible;
+    copy 2 was not `retried`, so the refusal kept for its message id was not consulted: it
+    was judged again and accepted, a job created for the request flip-api was told was
+    rejected. Now an enqueue that creates a job reads whether its message was refused
+    before, in the statement it reads anyway (`kicks.EnqueueKick`), and rolls back."""
+    handler = _enqueue_task()
+    payload = {"caller_key": "flip-run-17", "definition": "late-upload", "net": "net-a"}
+    first = handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))
+    assert "rejected" in first
+    deliver(cb, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
+    _upload(cb, "late-upload")
+    second = handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))
+    assert "rejected" in second, f"copy 2 of the refused message was accepted: {second}"
+    assert not _job_exists(cb, "flip-run-17")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: two copies of one message handled at the same moment, the definition's "
+    "upload visible between their judgements, may be one refused and one accepted (nothing "
+    "serialises a copy's acceptance with another's refusal; closing it costs a lock on every "
+    "enqueue)",
+)
+def test_a_redelivered_copy_handled_while_the_first_commits_its_refusal_never_becomes_a_job(
+    cb: World, receiver: Receiver, monkeypatch
+):
+    """Promise: "a retry or redelivery of a refused message is answered from it, never
+    judged again"; a request answered `rejected` never becomes a job. Sequence: two copies
+    of one message (a visibility timeout restored it: copy 2 flagged redelivered) run at
+    once in two workers. Copy 1 judges the payload (definition not visible) and is about to
+    record its refusal; the upload becomes visible; copy 2 (retried) looks for the refusal
+    by its message id, finds none yet (not committed), judges again and creates the job;
+    copy 1 then commits the refusal and its `rejected` event. Nothing serializes the look
+    (`refusal_of_message`) with the refusal's record (the advisory lock is only taken in
+    `record_rejection`, and on PostgreSQL only)."""
+    handler = _enqueue_task()
+    payload = {"caller_key": "flip-run-18", "definition": "racy-upload", "net": "net-a"}
+    real = intake.refuse_enqueue
+    seen: list[dict] = []
+
+    def refuse_while_copy_2_runs(rt, sent, exc, message_id=None):
+        if not seen:
+            _upload(cb, "racy-upload")  # visible between copy 1's judgement and its record
+            seen.append(handler.call(rt, **handler.kwargs({"payload": sent}, message_id)))
+        return real(rt, sent, exc, message_id)
+
+    monkeypatch.setattr(intake, "refuse_enqueue", refuse_while_copy_2_runs)
+    first = handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))
+    deliver(cb, receiver)
+    kinds = [p["kind"] for p, _, _ in receiver.requests]
+    assert "rejected" in first and "rejected" in kinds
+    assert not _job_exists(cb, "flip-run-18"), (
+        f"answered rejected (event sent) and also a job: copy 2 answered {seen[0]}"
+    )
+
+
+def _as_received(payload: dict) -> dict:
+    """The task's kwargs as a worker decodes them: Celery's json serializer is kombu's, which
+    encodes a UUID, datetime, Decimal... as {"__type__": ...} and decodes it back."""
+    from kombu.utils.json import dumps, loads
+
+    return loads(dumps({"payload": payload}))
+
+
+def test_metadata_kombu_decodes_to_a_uuid_is_refused_not_dropped(cb: World, receiver: Receiver):
+    """Promise: nothing flip-api sends is lost; a refused payload (bad metadata) creates no
+    job, is recorded, and is one `rejected` event. Sequence: flip-api (Python) puts FLIP's
+    model_id in the metadata as a `uuid.UUID`; kombu's json carries it to the worker as a
+    UUID. `EnqueueJob._metadata` (the line this diff changed to count UTF-8) calls
+    json.dumps on it, which raises TypeError, not ValueError: pydantic passes it through,
+    `parse_payload` does not catch it, `on_error` calls it FAILED, and Celery acks the
+    failed message (acks_on_failure_or_timeout): no job, no refusal row, no event; the job's
+    id reads "not found" for ever. (`payload_digest` guards the same TypeError; the
+    validator does not.)"""
+    import uuid
+
+    handler = _enqueue_task()
+    payload = {
+        "caller_key": "flip-run-19",
+        "definition": "tiny-job",
+        "net": "net-a",
+        "metadata": {"model_id": uuid.UUID(int=1)},
+    }
+    answer = handler.call(cb.rt, **handler.kwargs(_as_received(payload), "m-uuid-1"))
+    assert "rejected" in answer
+    deliver(cb, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
+
+
+def test_two_payloads_without_a_digest_under_one_key_are_two_refusals(
+    cb: World, receiver: Receiver
+):
+    """Promise: "another payload under the same `caller_key` is another request and another
+    event" (tasks/README.md, Rejected events). Sequence: flip-api sends a payload whose
+    `definition` it built as a datetime by mistake (kombu carries it as a datetime): refused
+    (`definition: Input should be a valid string`), and `payload_digest` cannot serialise
+    it: no digest. flip-api then sends another payload under the key (another definition,
+    the same mistake): refused with the same reason, and with no digest it is matched by
+    key, code and reason alone (`_same_rejection`'s fallback for "calls without digest"
+    also takes rows that have one): taken for the first, one row and one `rejected` event
+    for two requests."""
+    from datetime import datetime
+
+    handler = _enqueue_task()
+    for n, message in ((1, "m-dt-1"), (2, "m-dt-2")):
+        payload = {"caller_key": "flip-run-20", "definition": datetime(2026, 1, n), "net": "net-a"}
+        answer = handler.call(cb.rt, **handler.kwargs(_as_received(payload), message))
+        assert "rejected" in answer
+    deliver(cb, receiver)
+    kinds = [p["kind"] for p, _, _ in receiver.requests]
+    assert kinds == ["rejected", "rejected"], f"two refused payloads, events: {kinds}"
