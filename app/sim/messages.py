@@ -14,15 +14,21 @@ the broker is back. A message whose handler ends while the broker is down cannot
 acknowledged, and nothing it sent (a retry, the chain's next link) left the worker: kombu
 restores it, at the worker's reconnection or, if that restore fails too, only once Redis's
 visibility timeout passes (2 h in production, 2-10 minutes here), and it runs again.
+
+flip-api's calls (origin "flip-api") reach the worker through kombu's json round trip
+(`carried`), as Celery's default serializer carries them: a Python caller's UUID or datetime
+arrives as that object, not as JSON.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from kombu.exceptions import OperationalError as BrokerUnavailable
+from kombu.utils import json as kombu_json
 
 from app import names
 from app.publishing import published
@@ -88,6 +94,19 @@ def _short(value: object) -> str:
     return text[:8] if len(text) == 36 else text
 
 
+def carried(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """flip-api's call as its worker gets it: through Celery's json serializer (kombu's
+    `dumps` and `loads`), which makes a tuple a list and carries a UUID, datetime, date,
+    time, Decimal or bytes as `{"__type__": ...}`, decoded back to that Python object. Plain
+    JSON values come back as they were."""
+    return cast(dict[str, Any], _kombu_loads(_kombu_dumps(kwargs)))
+
+
+# kombu.utils.json's own signatures are untyped.
+_kombu_dumps = cast(Callable[[object], str], kombu_json.dumps)
+_kombu_loads = cast(Callable[[str], object], kombu_json.loads)
+
+
 @dataclass
 class Broker:
     """Holds pending messages; faults decide what a send really does."""
@@ -122,6 +141,8 @@ class Broker:
         faults = sim.faults
         rng = sim.rng_msg
         self.sent += 1
+        if origin == "flip-api":
+            kwargs = carried(kwargs)
         back = self.down_until(sim.clock.t + delay) if self.outages else None
         if back is not None:
             if origin == "flip-api":

@@ -30,6 +30,7 @@ from tests.sim import (
     flower_faults,
     gone_bundle,
     kits,
+    kombu_values,
     late_starts,
     left_starts,
     misfit,
@@ -74,6 +75,7 @@ class Adversary:
         self._gone_bundle = gone_bundle.GoneBundle(sim)  # (round 16: its own band)
         self._late_start = late_starts.LateStart(sim)
         self.refusal_repeat = refusal_repeat.RefusalRepeat(sim)  # (round 17: its own band)
+        self.kombu_values = kombu_values.KombuValues(sim)  # (round 17: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -104,6 +106,7 @@ class Adversary:
         drains.schedule(sim)
         unnameable.schedule(sim)  # (round 16: its own band)
         self.refusal_repeat.schedule()
+        self.kombu_values.schedule()
         self._kits.schedule()
         self._schedule_faults()
 

@@ -90,6 +90,9 @@ class Checker(
         plan = refusals.plan if refusals is not None else None
         repeats.repeat_refused(self.sim, refusal_repeat.sent_digests(plan))
         refusal_repeat.one_refusal_per_request(self.sim, plan)
+        values = getattr(self.sim.adversary, "kombu_values", None)
+        if values is not None:
+            values.check()  # `request-kept` (tests.sim.kombu_values)
 
     def check(self) -> None:
         """Every invariant, after one step."""

@@ -1,0 +1,162 @@
+"""Python values through Celery's serializer (round 17, 8025614): in bands of the first draw
+of `f"{seed}/kombu-values"` (about 5.8% of the worlds; none of the safeguards' and
+sweep-seed tests' seeds in them, so every other world replays exactly), a Python flip-api
+sends what kombu's json carries as a typed value and decodes back to that Python object on
+the worker (`app.sim.messages.carried`):
+
+- MODEL: an enqueue whose metadata holds FLIP's `model_id` as a `uuid.UUID` (refused: the
+  metadata is not JSON). Before 8025614 `json.dumps` in `EnqueueJob._metadata` raised a
+  TypeError, which pydantic passes through: the request failed, acknowledged away, with no
+  job, no refusal and no `rejected` event (F1).
+- WHEN: two different payloads under one key, each with a `datetime` where a string is
+  expected (the definition, the net or the project id), refused for the same reason; in
+  half the worlds flip-api sends the first again (a new message: the same request). Before
+  8025614 such a payload had no digest (`enqueue.payload_digest`), so the second payload
+  was taken for the first and merged into its refusal (F2).
+
+Its sends are never refused, dropped or duplicated by the broker. `request-kept` (at the
+end, `check`): every enqueue flip-api sent ends as a job or a recorded refusal, and each
+distinct refused payload under a key is recorded once (one row; at most that many
+`rejected` events where CALLBACK_URL is on)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app import names
+from app.sim.bundles import LOCAL_DEFINITION, S3_DEFINITION
+from app.sim.simulation import Simulation
+
+# Gaps between the named seeds' draws of this stream (tests/unit/test_sweep_seeds.py,
+# test_simulation*.py, test_*safeguards.py, test_*_sim.py: every seed they run, every
+# integer listed in them, and 0-199; a margin of 0.0005 each side).
+BANDS = (
+    (0.1652, 0.1725),
+    (0.2127, 0.2190),
+    (0.2573, 0.2640),
+    (0.5090, 0.5159),
+    (0.7121, 0.7189),
+    (0.8315, 0.8378),
+    (0.9518, 0.9632),
+    (0.9898, 0.9962),
+)
+STREAM = "kombu-values"
+MODEL_KEY = "kombu-model-0"
+WHEN_KEY = "kombu-when-0"
+WHEN_FIELDS = ("definition", "net", "project_id")
+
+
+def in_bands(seed: int) -> bool:
+    """Whether the seed's world sends the Python values."""
+    first = random.Random(f"{seed}/{STREAM}").random()
+    return any(lo <= first < hi for lo, hi in BANDS)
+
+
+@dataclasses.dataclass
+class Send:
+    """One of flip-api's enqueues: when, under which key, what (Python objects)."""
+
+    at_s: float
+    label: str
+    payload: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Plan:
+    """What flip-api sends in a band world, and the distinct payloads under each key."""
+
+    sends: list[Send]
+    distinct: dict[str, int]  # caller_key -> distinct payloads sent under it
+
+
+class KombuValues:
+    """Sends a band world's enqueues holding Python values; checks what became of them."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.plan: Plan | None = None
+        if not in_bands(sim.seed):
+            return
+        rng = random.Random(f"{sim.seed}/{STREAM}")
+        rng.random()  # the band's draw
+        every = set.intersection(*(set(n.sites) for n in sim.world.nets))
+        sites = sorted(every)[:1] or ["site-1"]
+        definition = rng.choice((LOCAL_DEFINITION, S3_DEFINITION))
+        base: dict[str, Any] = {"definition": definition, "required_sites": sites}
+        model = uuid.UUID(int=rng.getrandbits(128), version=4)
+        model_s = round(rng.uniform(0.0, 120.0), 1)
+        sends = [
+            Send(
+                model_s,
+                f"flip-api enqueues {MODEL_KEY} (metadata.model_id a UUID)",
+                {**base, "caller_key": MODEL_KEY, "metadata": {"model_id": model, "round": 1}},
+            )
+        ]
+        field = rng.choice(WHEN_FIELDS)
+        when = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.randrange(10**7))
+        first = {**base, "caller_key": WHEN_KEY, field: when}
+        second = {**first, field: when + timedelta(minutes=rng.randint(1, 600))}
+        when_s = round(rng.uniform(0.0, 120.0), 1)
+        label = f"flip-api enqueues {WHEN_KEY} ({field} a datetime"
+        sends.append(Send(when_s, f"{label})", first))
+        sends.append(Send(round(when_s + rng.uniform(0.5, 30.0), 1), f"{label}, another)", second))
+        if rng.random() < 0.5:
+            again = round(when_s + rng.uniform(30.0, 90.0), 1)
+            sends.append(Send(again, f"{label}, the first again)", dict(first)))
+        self.plan = Plan(sends, {MODEL_KEY: 1, WHEN_KEY: 2})
+
+    def schedule(self) -> None:
+        """flip-api's sends, at their times."""
+        if self.plan is None:
+            return
+        for send in self.plan.sends:
+            self.sim.at(send.at_s, send.label, self._send(send.payload))
+
+    def _send(self, payload: dict[str, Any]) -> Callable[[], None]:
+        """flip-api's send as a Python caller makes it: the broker carries it through kombu's
+        json (never refused nor dropped: a message lost on the way would leave nothing to
+        count)."""
+        broker = self.sim.broker
+
+        def send() -> None:
+            broker.push(names.ENQUEUE_JOB, {"payload": payload}, origin="flip-api", faulty=False)
+
+        return send
+
+    def check(self) -> None:
+        """`request-kept`: every enqueue sent a job or a recorded refusal, each distinct
+        refused payload recorded once."""
+        plan, sim = self.plan, self.sim
+        if plan is None:
+            return
+        conn = sim.conn
+        for key, distinct in plan.distinct.items():
+            rows = conn.execute(
+                "SELECT reason_code FROM rejected_requests WHERE caller_key = ? ORDER BY id",
+                (key,),
+            ).fetchall()
+            (jobs,) = conn.execute(
+                "SELECT count(*) FROM jobs WHERE caller_key = ?", (key,)
+            ).fetchone()
+            if not rows and not jobs:
+                sim.report(
+                    "request-kept",
+                    f"caller_key {key}",
+                    "flip-api's enqueue left neither a job nor a refusal (lost)",
+                )
+            elif len(rows) != distinct and not jobs:
+                sim.report(
+                    "request-kept",
+                    f"caller_key {key} refusals",
+                    f"{distinct} distinct refused payloads sent, {len(rows)} refusals "
+                    f"recorded {[str(r[0]) for r in rows]}",
+                )
+            if sim.world.callbacks:
+                got = sum(1 for k in sim.receiver.rejected_keys.values() if k == key)
+                if got > distinct:
+                    sim.report("request-kept", f"caller_key {key} events", f"{got} rejected events")

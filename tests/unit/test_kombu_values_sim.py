@@ -1,0 +1,94 @@
+"""The sweep reaches 8025614's two fixes for what Celery's serializer (kombu's json) hands a
+worker from a Python flip-api, through `tests.sim.kombu_values`' band worlds (the simulated
+broker carries flip-api's calls through kombu's json round trip, `app.sim.messages.carried`):
+
+- F1: `EnqueueJob._metadata` turns the TypeError of `json.dumps` on metadata holding a UUID
+  into a validation error (the enqueue refused and recorded). Undone (the unguarded
+  `json.dumps` of before, its TypeError passed through by pydantic): the request fails and
+  is acknowledged away, no job, no refusal, no `rejected` event (`no-escape`,
+  `request-lost`; at the end `request-kept`).
+- F2: `enqueue.payload_digest` digests a payload holding a non-JSON value (a datetime where
+  a string is expected). Undone (None for such a payload): the second different payload
+  under the key, refused for the same reason, is merged into the first's refusal
+  (`request-kept`: two distinct refused payloads, one refusal).
+
+With each fix undone its seeds report; the same seeds are clean with it. Seeds 300-1000's 19
+band worlds: 19 report with F1 undone (`no-escape`, `request-lost`, `request-kept`), 19 with
+F2 undone (`request-kept`); 0 of 300-1500's 41 with both fixes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import field_validator
+
+from app.schemas import METADATA_MAX_DEPTH, EnqueueJob, nesting_depth
+from app.usecases import enqueue
+from tests.unit.test_simulation_safeguards import Safeguard, safeguard_tests
+
+pytestmark = pytest.mark.unit
+
+FINDS = frozenset({"request-kept", "request-lost", "no-escape"})
+
+_METADATA = EnqueueJob.__pydantic_decorators__.field_validators["_metadata"].func
+
+
+class _MetadataBefore(EnqueueJob):
+    """EnqueueJob with its metadata validator as before 8025614: `json.dumps` unguarded, so
+    a value JSON has no form for raises TypeError out of the validator."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if (
+            value is not None
+            and all(isinstance(key, str) for key in value)
+            and nesting_depth(value, METADATA_MAX_DEPTH) <= METADATA_MAX_DEPTH
+        ):
+            # Past the key and depth checks, the size measured unguarded.
+            json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        return _METADATA(value)
+
+
+def _metadata_type_error(mp: pytest.MonkeyPatch) -> None:
+    # F1 undone: every EnqueueJob.model_validate runs the old validator.
+    mp.setattr(EnqueueJob, "__pydantic_validator__", _MetadataBefore.__pydantic_validator__)
+
+
+def _no_digest_for_python_values(mp: pytest.MonkeyPatch) -> None:
+    # F2 undone: no digest for a payload `json.dumps` (no `default`) cannot serialise.
+    real = enqueue.payload_digest
+
+    def before(payload: Any) -> str | None:
+        try:
+            json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return None
+        return real(payload)
+
+    mp.setattr(enqueue, "payload_digest", before)
+
+
+CASES = [
+    Safeguard(
+        "metadata holding a UUID kombu decoded is refused and recorded, not lost (F1)",
+        _metadata_type_error,
+        "clean",
+        range(486, 487),
+        FINDS,
+    ),
+    Safeguard(
+        "two payloads holding datetimes under one key are two refusals (F2)",
+        _no_digest_for_python_values,
+        "clean",
+        range(504, 505),
+        FINDS,
+    ),
+]
+
+
+test_the_sweep_finds_a_kombu_fix_undone, test_the_same_seeds_are_clean_with_the_fix = (
+    safeguard_tests(CASES, timeout_s=600)
+)
