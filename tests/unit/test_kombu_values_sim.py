@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from pydantic import field_validator
 
-from app.schemas import METADATA_MAX_DEPTH, EnqueueJob, nesting_depth
+from app.payload_json import nesting_depth
+from app.schemas import METADATA_MAX_DEPTH, EnqueueJob
 from app.usecases import enqueue
 from tests.unit.test_simulation_safeguards import Safeguard, safeguard_tests
 
@@ -49,7 +50,8 @@ class _MetadataBefore(EnqueueJob):
         ):
             # Past the key and depth checks, the size measured unguarded.
             json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-        return _METADATA(value)
+        kept: dict[str, Any] | None = _METADATA(value)
+        return kept
 
 
 def _metadata_type_error(mp: pytest.MonkeyPatch) -> None:
