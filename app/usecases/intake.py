@@ -47,6 +47,13 @@ def caller_key_of(payload: Any) -> str | None:
     """The caller_key a refused payload carries, if any, whole: cut, it could name another
     request (`recorded_caller_key` stores a long one without losing which one it was)."""
     key = payload.get("caller_key") if isinstance(payload, dict) else None
+    if isinstance(key, bytes):
+        # kombu's json carries bytes back as bytes, and the payload's model reads them as
+        # their UTF-8 text: the refusal is that key's too.
+        try:
+            key = key.decode()
+        except UnicodeDecodeError:
+            return None
     return key if isinstance(key, str) and key else None
 
 

@@ -161,3 +161,21 @@ def test_two_payloads_without_a_digest_under_one_key_are_two_refusals(
     deliver(cb, receiver)
     kinds = [p["kind"] for p, _, _ in receiver.requests]
     assert kinds == ["rejected", "rejected"], f"two refused payloads, events: {kinds}"
+
+
+def test_a_refused_payload_whose_key_kombu_decodes_to_bytes_is_recorded_under_its_key(
+    cb: World, receiver: Receiver
+):
+    """kombu's json carries bytes back as bytes; pydantic reads a bytes `caller_key` as its
+    text, so such a request is the key's, but its refusal was recorded under no key (the
+    raw payload's key kept only as a str): flip-api could not find it by its key."""
+    from sqlalchemy import select
+
+    from models import RejectedRequest
+
+    handler = _enqueue_task()
+    payload = {"caller_key": b"flip-run-21", "definition": "tiny-job", "net": "nope"}
+    answer = handler.call(cb.rt, **handler.kwargs(_as_received(payload), "m-bytes-1"))
+    assert answer["caller_key"] == "flip-run-21"
+    with cb.rt.sessions() as session:
+        assert session.scalars(select(RejectedRequest.caller_key)).all() == ["flip-run-21"]

@@ -389,8 +389,9 @@ SAFEGUARDS = [
         # locks only the job it takes (round 9), 300, 714 and 858 of 300-1300; since an
         # assign round with nothing to claim is one read (issue 37), 687 and 714; since
         # round 16 (early aborts, time limits, the gone bundle's stray, a late ask's
-        # deadline), 300, 543 and 849 of 300-1400.
-        range(300, 301),
+        # deadline), 300, 543 and 849 of 300-1400; since round 17 (a refusal's lookup by
+        # message id and payload), 192 again (the first of 150-299).
+        range(192, 193),
         frozenset({"claim-beside-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
     Safeguard(
@@ -406,8 +407,9 @@ SAFEGUARDS = [
         # 6), 147, 250 and 345 of 0-400; with issue 37's cheaper rounds, 227, 250 and 278;
         # since an assign round with nothing to claim is one read, 272, 278 and 290 of 200-500;
         # since the worker start's ready kick (round 13), 290 and 371 of 200-400; since
-        # round 16's late-ask deadline, 280 and 548 of 200-600.
-        range(280, 281),
+        # round 16's late-ask deadline, 280 and 548 of 200-600; since round 17's refusal
+        # lookups, 111 (the first of 0-199; none of 200-349).
+        range(111, 112),
         frozenset({"no-scale-down-under-job", "liveness"}),
         forced=True,
     ),
@@ -464,8 +466,9 @@ SAFEGUARDS = [
         # round 10's Flower strays' rest (c454e0c moved its trajectory), 409 of 361-480 (also
         # 499, 534, 654 of 480-700), each the job requeued and claimed again beside its
         # other attempt's live run; since an assign round with nothing to claim is one read,
-        # 312 and 499 of 300-800.
-        range(312, 313),
+        # 312 and 499 of 300-800; since round 17 (a refusal's lookup by message id and
+        # payload), 319 of 300-449.
+        range(319, 320),
         frozenset(
             {"completed-run-rerun", "one-live-run", "unaccounted-run", "claim-beside-live-run"}
         ),
