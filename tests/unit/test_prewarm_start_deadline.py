@@ -67,8 +67,12 @@ def test_a_start_never_asked_for_is_abandoned_from_its_starting(world):
 
     with world.rt.sessions.begin() as session:
         records.get_net(session, "net-a").transition(NetState.STARTING, world.clock(), "claim")
-    deadline = world.rt.settings.net("net-a").ready_timeout_s
-    world.clock.advance(deadline)
+    _abandoned_only_after(world, world.rt.settings.net("net-a").ready_timeout_s)
+
+
+def _abandoned_only_after(world, seconds: float) -> None:
+    """Reconcile leaves net-a's start alone `seconds` from now, and abandons it 1 s later."""
+    world.clock.advance(seconds)
     reconciler.reconcile(world.rt)
     assert world.net("net-a").state == NetState.STARTING
     world.clock.advance(1)
@@ -114,12 +118,7 @@ def test_reconcile_does_not_abandon_a_boot_a_warm_up_is_asking_for(pw):  # noqa:
     reconciler.reconcile(pw.rt)
     assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: "start abandoned"
     assert pw.driver("net-a").replicas == 1
-    pw.clock.advance(READY_TIMEOUT_S)
-    reconciler.reconcile(pw.rt)
-    assert pw.net("net-a").state == NetState.STARTING
-    pw.clock.advance(1)
-    reconciler.reconcile(pw.rt)
-    assert pw.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
+    _abandoned_only_after(pw, READY_TIMEOUT_S)
     assert pw.driver("net-a").replicas == 0
 
 

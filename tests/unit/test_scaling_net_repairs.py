@@ -14,8 +14,9 @@ from sqlalchemy import select
 from app.adapters.drivers.base import Observation
 from app.errors import AdminMisconfigured, DriverTransientError, UnknownAdminError
 from app.usecases import dispatch, reconciler, records
-from models import NetEvent, NetState, Prewarm, PrewarmOutcome, StrayRun
+from models import NetEvent, NetState, StrayRun
 from tests.unit.scale_history import scale_decisions
+from tests.unit.test_always_on_watch import prewarmed_start
 
 
 def _set_state(world, state: NetState) -> None:
@@ -138,20 +139,7 @@ def test_a_prewarmed_start_that_went_to_outage_as_always_on_idles_from_its_holds
     its start, past the deadline, an OUTAGE; a redeploy back to scale-to-zero finds its
     server up: READY idling from the hold's end, as the same start found up while STARTING
     or back up as always-on does, not a fresh grace from now (misconfig seed 9241)."""
-    started = world.clock()
-    with world.rt.sessions.begin() as session:
-        records.get_net(session, "net-a").transition(NetState.STARTING, started, "prewarm")
-        session.add(
-            Prewarm(
-                caller_key="pw-1",
-                net_name="net-a",
-                required_sites=[],
-                created_at=started,
-                hold_until=started + timedelta(seconds=60),
-                ended_at=started + timedelta(seconds=12),
-                outcome=PrewarmOutcome.CANCELLED,
-            )
-        )
+    started = prewarmed_start(world)
     world.clock.advance(90)
     with world.rt.sessions.begin() as session:
         records.get_net(session, "net-a").transition(NetState.OUTAGE, world.clock(), "overdue")
