@@ -79,7 +79,6 @@ class Message:
     # Celery's task id: the same for the copies of one send (a duplicate delivery) and across
     # its retries (`Task.retry` sends the same id again), unlike `id`, one per copy.
     task_id: int = 0
-    redelivered: bool = False  # put back unacknowledged (a worker lost, a broker outage)
 
     def label(self) -> str:
         args = ",".join(f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items()))
@@ -191,9 +190,6 @@ class Broker:
                 Message(
                     id=self._next_id,
                     task_id=sent_as,
-                    # A broker delivers a copy twice by restoring it (a visibility timeout
-                    # passed), flagged redelivered as kombu's Redis transport flags it.
-                    redelivered=i > 0,
                     task=task,
                     kwargs=dict(kwargs),
                     deliver_at=now + delay + (rng.uniform(0.0, 3.0) if i else 0.0),
@@ -207,7 +203,7 @@ class Broker:
 
     def redeliver(self, message: Message, delay: float) -> None:
         """A message whose worker died before acking it comes back (acks_late)."""
-        self.pending.append(replace(message, deliver_at=self.sim.clock.t + delay, redelivered=True))
+        self.pending.append(replace(message, deliver_at=self.sim.clock.t + delay))
 
     def restore_unacked(self, message: Message, back: float) -> None:
         """A message whose handler ended while the broker was down (its ack, and whatever
@@ -216,7 +212,7 @@ class Broker:
         rng = self.sim.rng_msg
         late = rng.uniform(120.0, 600.0) if rng.random() < 0.5 else rng.uniform(1.0, 5.0)
         self.sim.trace(f"   unacked (broker down): {message.label()} back in {late:.0f}s")
-        self.pending.append(replace(message, deliver_at=back + late, redelivered=True))
+        self.pending.append(replace(message, deliver_at=back + late))
 
     def due(self, now: float) -> list[Message]:
         if self.outages and self.down_until(now) is not None:
