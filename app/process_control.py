@@ -130,6 +130,17 @@ def proc_created_at(pid: int) -> float | None:
         return None
 
 
+def proc_environ(pid: int) -> dict[str, str] | None:
+    """The process's environment, or None if it is gone or unreadable (another user's)."""
+    process = _process(pid)
+    if process is None:
+        return None
+    try:
+        return dict(process.environ())
+    except psutil.Error:
+        return None
+
+
 def pids_running(*args: str) -> list[int]:
     """Live processes whose command line holds every one of `args` (exact arguments)."""
     found = []

@@ -47,6 +47,8 @@ def caller_key_of(payload: Any) -> str | None:
     """The caller_key a refused payload carries, if any, whole: cut, it could name another
     request (`recorded_caller_key` stores a long one without losing which one it was)."""
     key = payload.get("caller_key") if isinstance(payload, dict) else None
+    if isinstance(key, uuid.UUID):
+        key = str(key)  # kombu's json decodes a UUID a Python caller sent as its key
     if isinstance(key, bytes):
         # kombu's json carries bytes back as bytes, and the payload's model reads them as
         # their UTF-8 text: the refusal is that key's too.
@@ -109,7 +111,7 @@ def submit_job(
                 abort_waits=enqueue_kick.abort_waits,
             )
             if result.created and enqueue_kick.refused:
-                raise RefusedBefore(f"message {message_id}: refused before")  # rolled back
+                raise RefusedBefore(f"message {message_id} was refused before")  # rolled back
             queued = result.state == JobState.QUEUED
             # The kick's marker is decided in the job's own transaction (one commit).
             kick = enqueue_kick.after_commit(session) if queued else None

@@ -36,10 +36,12 @@ def enqueue_job(rt: Runtime, payload: Any, message_id: str | None = None) -> dic
     try:
         request = intake.parse_payload(EnqueueJob, payload)
         result = intake.submit_job(rt, request, message_id=message_id).enqueued
-    except intake.RefusedBefore:
-        kept = intake.refusal_of_message(rt, message_id)
-        assert kept is not None  # RefusedBefore read it in the transaction it rolled back
-        reason, code = kept
+    except intake.RefusedBefore as refused:
+        # Its row may have been pruned since (past REJECTED_RETENTION_S): refused all the same.
+        reason, code = intake.refusal_of_message(rt, message_id) or (
+            str(refused),
+            ReasonCode.REJECTED,
+        )
         return {"rejected": reason, "reason_code": str(code), "caller_key": key}
     except InvalidRequest as exc:
         code = intake.refuse_enqueue(rt, payload, exc, message_id)

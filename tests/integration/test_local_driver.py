@@ -304,8 +304,8 @@ def _orphan_a_server(deployment: Deployment, state_dir: Path) -> list[int]:
         """
         import os
         launch = driver._launch
-        def launch_then_die():
-            handle = launch()
+        def launch_then_die(env):
+            handle = launch(env)
             os._exit(9)  # killed between the launch and the record of its pid
         driver._launch = launch_then_die
         driver.scale(1)

@@ -11,6 +11,7 @@ runs in its own session, as the real one does, so a stop by the driver would rea
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -55,8 +56,11 @@ def hand_started(kit: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait(timeout=10)
 
 
-def _hand_start(kit: Path, started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """An operator's server of this kit, started by hand (not by the driver)."""
+def _hand_start(
+    kit: Path, started: list[subprocess.Popen[bytes]], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A server of this kit: an operator's, started by hand (no `env`), or a start's own
+    launch (`env`: the launch id the driver gives it)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -70,6 +74,7 @@ def _hand_start(kit: Path, started: list[subprocess.Popen[bytes]]) -> subprocess
             "fed_server.json",
         ],
         start_new_session=True,
+        env={**os.environ, **env} if env else None,
     )
     started.append(proc)
     deadline = time.monotonic() + 10
@@ -85,7 +90,7 @@ def _a_launch_that_failed(driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) 
     start's failure, nothing was launched, and the marker stays until the next scale call
     (reconcile's scale(0) for the failed start, or a later start)."""
 
-    def refuse() -> None:
+    def refuse(_env: dict[str, str]) -> None:
         raise OSError(24, "Too many open files")
 
     monkeypatch.setattr(driver, "_launch", refuse)
@@ -134,19 +139,79 @@ def test_a_failed_launch_marker_reads_a_later_hand_started_server_as_the_nets(
     )
 
 
-def test_a_marker_whose_launch_never_happened_adopts_no_server_started_later(
-    kit: Path, tmp_path: Path, hand_started
+def _marker(state_dir: Path, kit: Path, launch_id: str = "launch-1") -> None:
+    """The state `_start` writes before `_launch` (desired=1, its launch id, no pid), left
+    as it is by a scaler killed (OOM, SIGKILL) before it recorded a pid."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    marker = {"desired": 1, "kit": str(kit), "launch_id": launch_id}
+    (state_dir / f"{NET}.json").write_text(json.dumps(marker))
+    (state_dir / f"{NET}.lock").touch()  # made by the scale that wrote the marker
+
+
+@pytest.mark.parametrize("hand_started_s", [-0.4, 3.0], ids=["just-before", "seconds-after"])
+def test_a_marker_whose_launch_never_happened_adopts_no_server_started_by_hand(
+    kit: Path, tmp_path: Path, hand_started, hand_started_s: float
 ):
     """A scaler killed after its launch marker and before the launch: the marker stays, no
-    process was created. A server of the kit started by hand seconds later is not the
-    start's (created past the launch window): not read as the net's, not stopped."""
+    process was created. A server of the kit started by hand just before the start (not
+    listening yet when the start checked the port) or seconds after is not the start's: it
+    does not carry its launch id. Not read as the net's, not stopped (break-it: a window of
+    start times around the marker took both)."""
     state_dir = tmp_path / "state"
-    state_dir.mkdir()
-    marker = {"desired": 1, "kit": str(kit), "launching_at": time.time() - 5.0}
-    (state_dir / f"{NET}.json").write_text(json.dumps(marker))
+    if hand_started_s < 0:
+        operator = _hand_start(kit, hand_started)
+        time.sleep(-hand_started_s)
+        _marker(state_dir, kit)
+    else:
+        _marker(state_dir, kit)
+        time.sleep(hand_started_s)
+        operator = _hand_start(kit, hand_started)
     driver = LocalDriver(NET, kit, state_dir)
-    operator = _hand_start(kit, hand_started)
     assert driver.observe().failure == "no local server process recorded"
     driver.scale(0)
     time.sleep(0.3)
     assert operator.poll() is None
+
+
+def test_a_start_s_own_server_forked_late_is_adopted_and_stopped(
+    kit: Path, tmp_path: Path, hand_started
+):
+    """The launch's work before its fork took seconds (a slow disk, a loaded host), then its
+    worker was killed before it recorded the pid: the server carries the launch id, so a
+    scale-down adopts and stops it, whenever it was created (break-it: a 2 s window left it
+    running, and a scale-up would have started a second)."""
+    state_dir = tmp_path / "state"
+    _marker(state_dir, kit)
+    time.sleep(2.5)
+    ours = _hand_start(kit, hand_started, {local_driver.LAUNCH_ENV: "launch-1"})
+    driver = LocalDriver(NET, kit, state_dir)
+    assert driver.observe().failure is None
+    driver.scale(0)
+    ours.wait(timeout=10)
+    assert ours.returncode is not None
+
+
+def test_a_time_limit_right_after_the_fork_leaves_the_server_adoptable(
+    kit: Path, tmp_path: Path, hand_started, monkeypatch: pytest.MonkeyPatch
+):
+    """The launch forked the server, then the task's soft time limit fired inside
+    `participants._start` (SoftTimeLimitExceeded from billiard's signal handler) before
+    the pid was recorded. The marker stays (it was cleared on any launch error: the live
+    server was no start's any more, left running by the abandon's scale-down): adopted and
+    stopped."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    launched: list[subprocess.Popen[bytes]] = []
+
+    def fork_then_time_limit(*_args: object, env: dict[str, str], **_kwargs: object) -> None:
+        launched.append(_hand_start(kit, hand_started, env))
+        raise SoftTimeLimitExceeded()
+
+    driver = LocalDriver(NET, kit, tmp_path / "state")
+    monkeypatch.setattr(local_driver.participants, "start_server", fork_then_time_limit)
+    with pytest.raises(SoftTimeLimitExceeded):
+        driver.scale(1)
+    monkeypatch.undo()
+    driver.scale(0)
+    launched[0].wait(timeout=10)
+    assert launched[0].returncode is not None

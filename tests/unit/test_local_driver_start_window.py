@@ -55,12 +55,13 @@ class StandInDriver(LocalDriver):
         super().__init__(NET, kit, state_dir)
         self.gate = gate
 
-    def _launch(self) -> ProcessHandle:
+    def _launch(self, env: dict[str, str]) -> ProcessHandle:
         if self.gate is not None:
             self.gate.launching.set()
             self.gate.observed.wait(self.gate.hold_s)
         popen = subprocess.Popen(
             [sys.executable, "-c", SERVER, self.program, self._identity()],
+            env={**os.environ, **env},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -175,7 +176,7 @@ def test_a_start_whose_worker_died_before_its_launch_still_reads_as_failed(
         from app.adapters.drivers.local import LocalDriver
 
         class Dies(LocalDriver):
-            def _launch(self):
+            def _launch(self, env):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         Dies({NET!r}, Path({str(kit)!r}), Path({str(state_dir)!r})).scale(1)

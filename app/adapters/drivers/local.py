@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,8 +38,8 @@ log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
 _POLL_S = 0.05
 _SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
-# A start's server is created within this of its launch marker (Popen, right after it).
-_ADOPT_WITHIN_S = 2.0
+# The environment variable that names the start that launched a server (`_State.launch_id`).
+LAUNCH_ENV = "FL_DISPATCHER_LAUNCH_ID"
 
 # Servers started by this process, kept so they are reaped through their Popen (no zombie,
 # no "still running" warning when a driver instance goes away while its server runs on).
@@ -62,10 +63,11 @@ class _State:
     port: int | None = None
     started_at: float | None = None
     log: str = ""
-    # When a start launched its server (epoch seconds), written before the launch: a server
-    # of this kit started since, with no pid recorded, is that start's (its scaler killed
-    # before it recorded the pid) and is adopted, never started a second time.
-    launching_at: float | None = None
+    # A start's launch id, written before the launch and given to the server in its
+    # environment (`LAUNCH_ENV`): a server of this kit carrying it, with no pid recorded, is
+    # that start's (its scaler killed before it recorded the pid) and is adopted, never
+    # started a second time; no other process ever carries it.
+    launch_id: str | None = None
 
 
 class LocalDriver:
@@ -221,13 +223,14 @@ class LocalDriver:
         nets' servers run the same program): its kit."""
         return str(self.server_kit_dir)
 
-    def _launch(self) -> participants.ProcessHandle:
-        """Start the server process; returns at once."""
+    def _launch(self, env: dict[str, str]) -> participants.ProcessHandle:
+        """Start the server process with `env` set for it; returns at once."""
         return participants.start_server(
             self.server_kit_dir,
             log_dir=self.state_dir / "logs",
             track=False,  # the server must outlive the worker that started it
             name=self.net_name,
+            env=env,
         )
 
     def _endpoint(self) -> tuple[str, int]:
@@ -272,14 +275,11 @@ class LocalDriver:
                 self.net_name,
                 previous.pid,
             )
-        launching = _State(desired=1, kit=self._identity(), port=port, launching_at=time.time())
-        self._write_state(launching)
-        try:
-            handle = self._launch()
-        except BaseException:
-            # Nothing was launched: no server of this kit may be taken for this start's.
-            self._write_state(replace(launching, launching_at=None))
-            raise
+        # Written first: a scaler killed at any point after it (before the record below, a
+        # time limit inside the launch) leaves a server the next scale call adopts by it.
+        launch_id = uuid.uuid4().hex
+        self._write_state(_State(desired=1, kit=self._identity(), port=port, launch_id=launch_id))
+        handle = self._launch({LAUNCH_ENV: launch_id})
         _children[handle.pid] = handle
         ticks = process_control.proc_start_ticks(handle.pid)
         # Hold the lock until the child has exec'd the server: before that its cmdline is ours,
@@ -306,25 +306,21 @@ class LocalDriver:
 
     def _orphan(self, state: _State) -> _State | None:
         """The state with the server a start launched and never recorded (its scaler killed
-        between the launch and the record: the state says launching, no pid): this kit's
-        server, started at or after that launch; None if there is none."""
-        if state.desired != 1 or state.pid is not None or state.launching_at is None:
+        between the launch and the record: the state holds its launch id, no pid): the
+        server of this kit whose environment carries that id; None if there is none."""
+        if state.desired != 1 or state.pid is not None or state.launch_id is None:
             return None
-        # Created by the launch, right after the marker: never a server started by hand
-        # later. (A process's start time reads up to a second early: boot time is whole
-        # seconds.)
-        earliest, latest = state.launching_at - 1.0, state.launching_at + _ADOPT_WITHIN_S
         for pid in process_control.pids_running(self.program, self._identity()):
-            created = process_control.proc_created_at(pid)
+            environ = process_control.proc_environ(pid) or {}
             ticks = process_control.proc_start_ticks(pid)
-            if created is not None and ticks is not None and earliest <= created <= latest:
+            if environ.get(LAUNCH_ENV) == state.launch_id and ticks is not None:
                 return _State(
                     desired=1,
                     pid=pid,
                     start_ticks=ticks,
                     kit=self._identity(),
                     port=state.port,
-                    started_at=created,
+                    started_at=process_control.proc_created_at(pid),
                 )
         return None
 

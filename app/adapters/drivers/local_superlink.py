@@ -93,7 +93,7 @@ class SuperLinkDriver(LocalDriver):
             str(port),
         ]
 
-    def _launch(self) -> ProcessHandle:
+    def _launch(self, env: dict[str, str]) -> ProcessHandle:
         if not self._bin(PROGRAM).is_file():
             raise DriverMisconfigured(
                 f"net {self.net_name}: {self.program} is missing: FLWR_VENV={self.venv} "
@@ -108,7 +108,7 @@ class SuperLinkDriver(LocalDriver):
             raise DriverMisconfigured(
                 f"net {self.net_name}: cannot make {folder}: {exc.strerror}"
             ) from exc
-        env = dict(os.environ)
+        env = dict(os.environ) | env
         # It starts its SuperExec (and that the ServerApps) by name, from its own venv.
         env["PATH"] = f"{self._bin('')}{os.pathsep}{env.get('PATH', '')}"
         env["FLWR_HOME"] = str(folder / "home")

@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import json
 import logging
+import os
 import re
 import shlex
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +90,9 @@ def kit_command(kit: Path) -> list[str]:
     return [sys.executable, *args]
 
 
-def _start(kit: Path, name: str, log_dir: Path | None, track: bool) -> ProcessHandle:
+def _start(
+    kit: Path, name: str, log_dir: Path | None, track: bool, env: Mapping[str, str] | None = None
+) -> ProcessHandle:
     kit = kit.resolve()
     log_dir = log_dir or kit.parent.parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -101,6 +105,7 @@ def _start(kit: Path, name: str, log_dir: Path | None, track: bool) -> ProcessHa
         popen = subprocess.Popen(
             command,
             cwd=kit,
+            env={**os.environ, **env} if env else None,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -122,12 +127,14 @@ def start_server(
     log_dir: Path | None = None,
     track: bool = True,
     name: str = "server",
+    env: Mapping[str, str] | None = None,
 ) -> ProcessHandle:
     """Start the server from its kit folder; returns at once.
 
-    The log goes to `log_dir/<name>.log` (default: the deployment's `logs/` folder).
+    The log goes to `log_dir/<name>.log` (default: the deployment's `logs/` folder). `env`:
+    variables set for it on top of this process's.
     """
-    return _start(kit, name, log_dir, track)
+    return _start(kit, name, log_dir, track, env)
 
 
 def start_site(site_kit: Path, *, log_dir: Path | None = None, track: bool = True) -> ProcessHandle:
