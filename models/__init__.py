@@ -10,7 +10,7 @@ from models.kicks import PendingKick
 from models.metrics import MetricNetClock, MetricTotal
 from models.prewarms import REFUSALS, Prewarm, PrewarmOutcome
 from models.reasons import REASONS, FlipStatus, ReasonCode
-from models.rejected import RejectedRequest
+from models.rejected import RefusedMessage, RejectedRequest
 from models.states import (
     ACTIVE_JOB_STATES,
     ASSIGNABLE_NET_STATES,
@@ -59,6 +59,7 @@ __all__ = [
     "Prewarm",
     "PrewarmOutcome",
     "ReasonCode",
+    "RefusedMessage",
     "RejectedRequest",
     "ScaleEvent",
     "StrayRun",

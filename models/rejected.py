@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Boolean, Integer, String, Text, Uuid, false, text
+from sqlalchemy import Boolean, ForeignKey, Integer, String, Text, Uuid, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, UTCDateTime
@@ -29,11 +29,6 @@ class RejectedRequest(Base):
     # enqueued with another payload).
     reason_code: Mapped[str] = mapped_column(String(40), server_default=text("'rejected'"))
     at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-    # The broker message (Celery's task id, the same across its retries and redeliveries)
-    # it was recorded for: a retry after a commit whose reply was lost finds this row, with
-    # or without a caller_key, before the request is judged again. None: no id, or one
-    # longer than MESSAGE_ID_MAX_CHARS.
-    message_id: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
     # sha256 of the payload as sent (`enqueue.payload_digest`): flip-api's own repeat of it
     # (another message) is this refusal; another payload under the key is another request.
     # None: recorded without it (before migration 0022), matched by code and reason.
@@ -47,3 +42,18 @@ class RejectedRequest(Base):
     callback_rejections: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     callback_next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     callback_last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class RefusedMessage(Base):
+    """A broker message (Celery's task id, the same for every copy of it: retries,
+    redeliveries, a duplicate of its publish) answered with a refusal: no copy of it ever
+    creates a job or a second refusal (app.usecases.enqueue.REFUSED). Every message a
+    refusal answered has its row, flip-api's repeat matched to an earlier refusal too; they
+    go with the refusal when it is pruned."""
+
+    __tablename__ = "refused_messages"
+
+    message_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    rejection_id: Mapped[int] = mapped_column(
+        EVENT_ID, ForeignKey("rejected_requests.id", ondelete="CASCADE"), index=True
+    )

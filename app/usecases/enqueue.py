@@ -28,7 +28,7 @@ from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
 from app.usecases import declared_nets, early_aborts
-from models import Job, JobState, MetricTotal, ReasonCode, RejectedRequest
+from models import Job, JobState, MetricTotal, ReasonCode, RefusedMessage, RejectedRequest
 
 log = logging.getLogger(__name__)
 
@@ -309,23 +309,28 @@ def record_rejection(
     # `rejected` event. A retry of the same message is found by its id first: judged
     # again it may read otherwise (no key to match; or the corrected request created the
     # job meanwhile, and the same payload now reads as a conflict with it).
-    same = _same_rejection(session, message, recorded, digest, (str(code), shown))
-    if same is not None:
-        return same
-    rejection = RejectedRequest(
-        job_id=job_id_for(caller_key) if caller_key and valid_key else None,
-        caller_key=recorded,
-        reason=shown,
-        reason_code=code,
-        at=now,
-        message_id=message,
-        payload_digest=digest,
-    )
-    session.add(rejection)
-    return rejection
+    same = refusal_of_message(session, message)
+    answered = same is not None  # this message's own refusal: nothing to add
+    same = same or _same_rejection(session, recorded, digest, (str(code), shown))
+    if same is None:
+        same = RejectedRequest(
+            job_id=job_id_for(caller_key) if caller_key and valid_key else None,
+            caller_key=recorded,
+            reason=shown,
+            reason_code=code,
+            at=now,
+            payload_digest=digest,
+        )
+        session.add(same)
+        session.flush()  # its id, for the message's row
+    if message is not None and not answered:
+        # Every message this refusal answered (flip-api's repeat matched to it too): no copy
+        # of any of them creates a job or a second refusal.
+        session.add(RefusedMessage(message_id=message, rejection_id=same.id))
+    return same
 
 
-MESSAGE_ID_MAX_CHARS = 255  # rejected_requests.message_id; Celery's own ids are 36
+MESSAGE_ID_MAX_CHARS = 255  # refused_messages.message_id; Celery's own ids are 36
 
 
 def recordable_message_id(message_id: str | None) -> str | None:
@@ -340,7 +345,7 @@ def recordable_message_id(message_id: str | None) -> str | None:
 # enqueue that created a job reads with its kick's marker (app.usecases.kicks.EnqueueKick),
 # in the statement it reads anyway. A NULL id (no message) matches nothing. Built once.
 REFUSED: ColumnElement[bool] = exists().where(
-    RejectedRequest.message_id == bindparam("refused_message")
+    RefusedMessage.message_id == bindparam("refused_message")
 )
 _REFUSED = select(REFUSED)
 
@@ -357,7 +362,9 @@ def refusal_of_message(session: Session, message_id: str | None) -> RejectedRequ
     if message is None:
         return None
     return session.scalar(
-        select(RejectedRequest).where(RejectedRequest.message_id == message).limit(1)
+        select(RejectedRequest)
+        .join(RefusedMessage, RefusedMessage.rejection_id == RejectedRequest.id)
+        .where(RefusedMessage.message_id == message)
     )
 
 
@@ -378,17 +385,15 @@ def _named(value: object) -> str:
 
 def _same_rejection(
     session: Session,
-    message: str | None,
     recorded: str | None,
     digest: str | None,
     code_and_reason: tuple[str, str],
 ) -> RejectedRequest | None:
-    """The refusal already kept for this message; else for this key and payload (flip-api's
-    own repeat, another message); else, for a row or a call without a digest, for this key,
-    code and reason. Not another payload under the key: that is another request."""
-    found = refusal_of_message(session, message)
-    if found is not None or recorded is None:
-        return found
+    """The refusal already kept for this key and payload (flip-api's own repeat, another
+    message); else, for a row or a call without a digest, for this key, code and reason.
+    Not another payload under the key: that is another request."""
+    if recorded is None:
+        return None
     code, reason = code_and_reason
     as_before = and_(RejectedRequest.reason_code == code, RejectedRequest.reason == reason)
     if digest is not None:

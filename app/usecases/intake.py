@@ -110,7 +110,15 @@ def submit_job(
                 traceparent=trace.traceparent,
                 abort_waits=enqueue_kick.abort_waits,
             )
-            if result.created and enqueue_kick.refused:
+            # A copy of a refused message whose key names a job since (flip-api's repeat,
+            # accepted once the upload showed up) is not that job's repeat either: a read
+            # more, on a repeat only.
+            refused = (
+                enqueue_kick.refused
+                if result.created
+                else (message_id is not None and enqueue.refused_before(session, message_id))
+            )
+            if refused:
                 raise RefusedBefore(f"message {message_id} was refused before")  # rolled back
             queued = result.state == JobState.QUEUED
             # The kick's marker is decided in the job's own transaction (one commit).

@@ -33,6 +33,7 @@ TABLES = {
     "prewarms",
     "drains",
     "early_aborts",
+    "refused_messages",
     "alembic_version",
 }
 
@@ -123,7 +124,7 @@ def test_0021_adds_early_aborts_and_its_downgrade_drops_it(empty_db):
             )
             assert conn.execute(text("SELECT reason FROM early_aborts")).scalars().all() == ["user"]
         migrate.downgrade(empty_db, "0020")
-        assert _tables(empty_db) == TABLES - {"early_aborts"}
+        assert _tables(empty_db) == TABLES - {"early_aborts", "refused_messages"}
     finally:
         engine.dispose()
 
@@ -186,10 +187,10 @@ def test_0018_gives_the_jobs_not_yet_ended_their_flip_project_and_downgrades(emp
         engine.dispose()
 
 
-def test_0022_adds_the_rejections_message_id_and_its_downgrade_drops_it(empty_db):
-    """Two nullable columns on rejected_requests: a refusal kept at 0021 reads with no message
-    id and no digest at 0022; one stored with them at 0022 keeps its other columns back at
-    0021."""
+def test_0022_adds_refused_messages_and_the_digest_and_its_downgrade_drops_them(empty_db):
+    """A nullable column on rejected_requests and a new table: a refusal kept at 0021 reads
+    with no digest at 0022; one stored at 0022 with its message goes with it when pruned
+    (the cascade), and back at 0021 the refusals keep their other columns, the table gone."""
     migrate.upgrade(empty_db, "0021")
     engine = create_engine(empty_db)
     insert = (
@@ -201,21 +202,31 @@ def test_0022_adds_the_rejections_message_id_and_its_downgrade_drops_it(empty_db
         with engine.begin() as conn:
             conn.execute(text(insert.format(extra="", value="")), {"key": "old", "at": at})
         migrate.upgrade(empty_db, "0022")
+        assert "refused_messages" in _tables(empty_db)
         with engine.begin() as conn:
+            if "sqlite" in empty_db:
+                conn.execute(text("PRAGMA foreign_keys=ON"))
             conn.execute(
-                text(insert.format(extra=", message_id, payload_digest", value=", :mid, :d")),
-                {"key": "new", "at": at, "mid": "task-1", "d": "ab" * 32},
+                text(insert.format(extra=", payload_digest", value=", :d")),
+                {"key": "new", "at": at, "d": "ab" * 32},
+            )
+            new_id = conn.execute(
+                text("SELECT id FROM rejected_requests WHERE caller_key = 'new'")
+            ).scalar_one()
+            conn.execute(
+                text("INSERT INTO refused_messages (message_id, rejection_id) VALUES ('m', :i)"),
+                {"i": new_id},
             )
             kept = conn.execute(
-                text(
-                    "SELECT caller_key, message_id, payload_digest FROM rejected_requests"
-                    " ORDER BY caller_key"
-                )
+                text("SELECT caller_key, payload_digest FROM rejected_requests ORDER BY caller_key")
             ).all()
-            assert [tuple(r) for r in kept] == [("new", "task-1", "ab" * 32), ("old", None, None)]
+            assert [tuple(r) for r in kept] == [("new", "ab" * 32), ("old", None)]
+            conn.execute(text("DELETE FROM rejected_requests WHERE caller_key = 'new'"))
+            assert conn.execute(text("SELECT count(*) FROM refused_messages")).scalar() == 0
         migrate.downgrade(empty_db, "0021")
+        assert _tables(empty_db) == TABLES - {"refused_messages"}
         with engine.begin() as conn:
             keys = conn.execute(text("SELECT caller_key FROM rejected_requests")).scalars()
-            assert sorted(keys) == ["new", "old"]
+            assert sorted(keys) == ["old"]
     finally:
         engine.dispose()

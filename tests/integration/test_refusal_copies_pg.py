@@ -16,7 +16,7 @@ from app import names
 from app.handlers import HANDLERS
 from app.runtime import RecordingOutbox
 from app.usecases import declared_nets, enqueue
-from models import RejectedRequest
+from models import RefusedMessage
 from tests.fakes import fake_runtime
 
 pytestmark = pytest.mark.integration
@@ -65,5 +65,5 @@ def test_two_copies_of_one_keyless_refused_message_at_once_are_one_refusal(
     second.join(10)
     assert waited and answers
     with pg_factory() as session:
-        rows = session.scalars(select(RejectedRequest.message_id)).all()
+        rows = session.scalars(select(RefusedMessage.message_id)).all()
     assert rows == [TASK_ID]

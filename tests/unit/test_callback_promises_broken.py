@@ -353,7 +353,7 @@ def test_the_celery_task_s_retry_after_a_lost_commit_reply_finds_its_refusal_by_
     retry finds the row its first try stored. One row, keyed by the task id."""
     from sqlalchemy import select
 
-    from models import RejectedRequest
+    from models import RefusedMessage
     from tasks import base
     from tasks.registered import TASKS
 
@@ -368,5 +368,5 @@ def test_the_celery_task_s_retry_after_a_lost_commit_reply_finds_its_refusal_by_
     assert result.state == "SUCCESS" and result.result["reason_code"] == "rejected"
     assert commits[0] == 2
     with cb.rt.sessions() as session:
-        rows = session.execute(select(RejectedRequest.message_id)).scalars().all()
+        rows = session.execute(select(RefusedMessage.message_id)).scalars().all()
     assert rows == [MESSAGE_ID]

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from app import names
 from app.handlers import HANDLERS, Verdict, on_error
-from models import Job, RejectedRequest
+from models import Job, RefusedMessage, RejectedRequest
 from tests.unit.callback_world import cb, deliver, receiver
 from tests.unit.lost_commit_reply import commit_reply_lost
 
@@ -31,10 +31,19 @@ def _call(world, payload, message_id):
     return handler.call(world.rt, **handler.kwargs({"payload": payload}, message_id))
 
 
-def _rejections(world) -> list[tuple[str | None, str, str | None]]:
+def _rejections(world) -> list[tuple[str | None, str, list[str]]]:
+    """Each refusal kept: its key, its code, and the messages it answered."""
     with world.rt.sessions() as session:
         return [
-            (r.caller_key, r.reason_code, r.message_id)
+            (
+                r.caller_key,
+                r.reason_code,
+                list(
+                    session.scalars(
+                        select(RefusedMessage.message_id).where(RefusedMessage.rejection_id == r.id)
+                    )
+                ),
+            )
             for r in session.scalars(select(RejectedRequest).order_by(RejectedRequest.id))
         ]
 
@@ -86,7 +95,7 @@ def test_a_distinct_refused_request_under_the_same_key_is_recorded(cb, receiver)
     deliver(cb, receiver)
     _call(cb, second, M2)
     deliver(cb, receiver)
-    assert [m for _, _, m in _rejections(cb)] == [M1, M2]
+    assert [m for _, _, m in _rejections(cb)] == [[M1], [M2]]
 
 
 def test_a_repeat_delivered_after_the_corrected_request_is_no_second_refusal(cb, receiver):

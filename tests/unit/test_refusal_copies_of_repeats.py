@@ -1,9 +1,10 @@
-"""Break-it (round 17c) on "no copy of a refused message creates a job" (tasks/README.md
-"What flip-api may rely on"; `requests.enqueue_job`: "a copy of a refused message is
-answered with that refusal, whatever it reads as now"). The refusal a copy's enqueue
-reads (`enqueue.REFUSED`) is found by the row's message id only, and a row keeps the id
-of the first message refused; a refusal matched by key + payload digest records nothing
-for its own message, and a copy whose request now names an existing job is never asked."""
+"""No copy of a refused message creates a job or is answered as one (tasks/README.md "What
+flip-api may rely on"), flip-api's repeats and their copies included, and a refusal pruned
+meanwhile loses no request. Each failed on the code before its fix (break-it on the first
+version of the refused-before check: a refusal row kept only the first message's id, so a
+repeat matched to it by key and payload recorded nothing for its own message; a copy whose
+key named a job since was answered as that job's repeat; a UUID key was recorded keyless).
+Every message a refusal answered has its row now (`refused_messages`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from sqlalchemy import select
 from app import names
 from app.handlers import HANDLERS
 from app.usecases import intake
-from models import Job, RejectedRequest
+from models import Job, RefusedMessage
 from tests.unit.callback_world import cb, deliver, receiver
 
 __all__ = ["cb", "receiver"]  # the fixtures, used by name
@@ -42,7 +43,7 @@ def _jobs(world) -> list[str]:
 
 def _message_ids(world) -> list[str | None]:
     with world.rt.sessions() as session:
-        return list(session.scalars(select(RejectedRequest.message_id)))
+        return list(session.scalars(select(RefusedMessage.message_id)))
 
 
 def test_a_copy_of_a_repeat_refused_as_the_first_refusal_creates_the_job(cb, receiver):
@@ -68,9 +69,7 @@ def test_a_copy_of_a_repeat_refused_as_the_first_refusal_creates_the_job(cb, rec
     )
 
 
-def test_a_copy_of_a_refused_message_is_answered_with_a_job_once_a_repeat_created_it(
-    cb, receiver
-):
+def test_a_copy_of_a_refused_message_is_answered_with_a_job_once_a_repeat_created_it(cb, receiver):
     """Promise (`requests.enqueue_job`): "a copy of a refused message is answered with that
     refusal, whatever it reads as now"; GET-side, one message, one answer. Sequence: P sent
     as M1 is refused (upload not visible); the upload shows up; flip-api's own repeat of
@@ -112,7 +111,7 @@ def test_a_copy_refused_before_whose_row_is_pruned_meanwhile_fails_the_request(w
     monkeypatch.setattr(intake, "refusal_of_message", another_refusal_prunes_first)
     try:
         copy = _call(world, payload, M1)
-    except Exception as exc:  # noqa: BLE001 (the verdict is the point)
+    except Exception as exc:
         handler = HANDLERS[names.ENQUEUE_JOB]
         verdict = on_error(handler, exc, 0, world.rt.settings)
         raise AssertionError(
