@@ -399,8 +399,15 @@ def _same_rejection(
     if digest is not None:
         unkept = and_(RejectedRequest.payload_digest.is_(None), as_before)
         as_before = or_(RejectedRequest.payload_digest == digest, unkept)
+    # Key-share locked (PostgreSQL): this message's row will point at it, and another
+    # worker's prune (its clock a little ahead) must not delete it under that insert (a
+    # foreign-key violation would fail the request): a delete already made waits for its
+    # commit and the row is not found; one not made yet waits for this commit.
     return session.scalar(
-        select(RejectedRequest).where(RejectedRequest.caller_key == recorded, as_before).limit(1)
+        select(RejectedRequest)
+        .where(RejectedRequest.caller_key == recorded, as_before)
+        .limit(1)
+        .with_for_update(read=True, key_share=True)
     )
 
 
