@@ -61,7 +61,11 @@ def test_a_repeat_matched_to_a_refusal_another_worker_prunes_is_not_lost(
 
     a = pg_factory()  # worker A, a moment later: R has expired by its clock
     enqueue.record_rejection(
-        a, "another-key", "unknown net 'x'", clock() + timedelta(seconds=10), retention,
+        a,
+        "another-key",
+        "unknown net 'x'",
+        clock() + timedelta(seconds=10),
+        retention,
         callbacks=settings.callbacks_enabled,
     )
     outcome: list[object] = []
@@ -69,7 +73,7 @@ def test_a_repeat_matched_to_a_refusal_another_worker_prunes_is_not_lost(
     def worker_b():
         try:
             outcome.append(handler.call(rt, **handler.kwargs({"payload": payload}, M2)))
-        except Exception as exc:  # noqa: BLE001 - the verdict is the point
+        except Exception as exc:
             outcome.append(exc)
 
     b = threading.Thread(target=worker_b)
