@@ -9,30 +9,20 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from app import names
 from app.handlers import HANDLERS, on_error
-from app.runtime import RecordingOutbox
-from app.usecases import declared_nets, enqueue
+from app.usecases import enqueue
 from models import RefusedMessage, RejectedRequest
-from tests.fakes import fake_runtime
+from tests.integration.test_refusal_copies_pg import _WAITING, rt
 
 pytestmark = pytest.mark.integration
 
+__all__ = ["rt"]  # the fixture, used by name
+
 M1 = "1a2b3c4d-0000-4e5f-9a10-3b4c5d6e7f81"  # flip-api's first send
 M2 = "1a2b3c4d-0000-4e5f-9a10-3b4c5d6e7f82"  # flip-api's own repeat: a new task id
-_WAITING = text(
-    "SELECT count(*) FROM pg_stat_activity"
-    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-)
-
-
-@pytest.fixture
-def rt(pg_factory, settings, clock):
-    with pg_factory.begin() as session:
-        declared_nets.sync_nets(session, settings, clock())
-    return fake_runtime(settings, pg_factory, clock, RecordingOutbox())
 
 
 def test_a_repeat_matched_to_a_refusal_another_worker_prunes_is_not_lost(
