@@ -235,15 +235,19 @@ def one_refusal_per_request(sim: Simulation, plan: Plan | None) -> None:
         (key,),
     ).fetchall()
     subject = f"caller_key {key}"
-    if len(rows) != len(plan.refused):
+    digests = [digest(p) for p in plan.refused]
+    # Only this module's payloads: the workload's own request under the key may be refused
+    # too, for its world's reasons (a redeploy removed its net: ops 3524, 8249, servers 8446),
+    # a refusal of its own.
+    rows = [r for r in rows if r[2] in digests]
+    if sorted(r[2] for r in rows) != sorted(digests):
         codes = [str(r[1]) for r in rows]
         sim.report(
             "one-refusal-per-request",
             subject,
             f"{len(plan.refused)} distinct refused payloads sent ({plan.kind}), "
-            f"{len(rows)} refusals recorded {codes}",
+            f"{len(rows)} refusals of them recorded {codes}",
         )
-    digests = [digest(p) for p in plan.refused]
     first_code = {d: str(c) for _, c, d in reversed(rows) if d is not None}
     for _, code, kept in rows:
         if str(code) == "caller_key_conflict" and kept in digests and first_code[kept] != code:
@@ -263,7 +267,7 @@ def one_refusal_per_request(sim: Simulation, plan: Plan | None) -> None:
         )
     if sim.world.callbacks:
         ids = {f"rejected-{r[0]}" for r in rows}
-        got = sum(1 for e, k in sim.receiver.rejected_keys.items() if k == key or e in ids)
+        got = sum(1 for e in sim.receiver.rejected_keys if e in ids)
         if got > len(plan.refused):
             sim.report("one-refusal-per-request", f"{subject} events", f"{got} rejected events")
     if plan.keyless is not None:
