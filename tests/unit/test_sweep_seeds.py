@@ -261,3 +261,15 @@ def test_seed_9798_a_net_whose_platform_refuses_every_scale_call_is_not_idle_at_
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(9798).violations] == []
+
+
+@pytest.mark.parametrize("seed", [3524, 8249, 8446])
+def test_a_refusal_band_world_whose_own_request_is_refused_too_is_clean(seed):
+    """(ops 3524, 8249, servers 8446; a checker error) `refusal_repeat`'s worlds: a redeploy
+    had removed the net of the workload's own request under the key, so the corrected
+    request was refused too, a refusal of its own; `one-refusal-per-request` counted every
+    refusal under the key against the module's payloads only (2 for 1, 3 for 2). It counts
+    the refusals of its own payloads now."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(seed).violations] == []
