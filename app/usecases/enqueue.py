@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
 import re
 import uuid
@@ -29,8 +28,6 @@ from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, u
 from app.settings import Settings
 from app.usecases import declared_nets, early_aborts
 from models import Job, JobState, MetricTotal, ReasonCode, RefusedMessage, RejectedRequest
-
-log = logging.getLogger(__name__)
 
 # Refusals under one caller key are recorded one at a time: on PostgreSQL with a
 # transaction-scoped advisory lock keyed (this, hashtext(key)); SQLite's BEGIN IMMEDIATE
@@ -141,7 +138,6 @@ def enqueue_job(
             if winner is None:  # pragma: no mutate
                 raise
             return _repeat(winner, request, settings)  # pragma: no mutate
-    log.info("job enqueued", extra={"job": str(job.id), "caller_key": request.caller_key})
     # After the insert, never before: on PostgreSQL an abort committing meanwhile either
     # made this insert wait for its commit, or finds this job itself (early_aborts).
     if abort_waits(session, job.id, now):

@@ -123,6 +123,10 @@ def submit_job(
             queued = result.state == JobState.QUEUED
             # The kick's marker is decided in the job's own transaction (one commit).
             kick = enqueue_kick.after_commit(session) if queued else None
+        if result.created:  # once committed: a copy of a refused message rolls back above
+            log.info(
+                "job enqueued", extra={"job": str(result.job_id), "caller_key": request.caller_key}
+            )
         trace.done(result.job_id, result.created, result.state)
         notified = kick() if kick is not None else None
     return Submitted(result, notified)

@@ -179,3 +179,24 @@ def test_a_refused_payload_whose_key_kombu_decodes_to_bytes_is_recorded_under_it
     assert answer["caller_key"] == "flip-run-21"
     with cb.rt.sessions() as session:
         assert session.scalars(select(RejectedRequest.caller_key)).all() == ["flip-run-21"]
+
+
+def test_a_copy_of_a_refused_message_rolled_back_logs_no_job_enqueued(
+    cb: World, receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    """The log says what was stored: copy 2 of a refused message (the upload visible by then)
+    inserts the job, reads that its message was refused before and rolls back. "job enqueued"
+    was written at the insert, for a job that never existed."""
+    handler = _enqueue_task()
+    payload = {"caller_key": "flip-run-18", "definition": "late-upload-2", "net": "net-a"}
+    handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))
+    _upload(cb, "late-upload-2")
+    with caplog.at_level("INFO"):
+        second = handler.call(cb.rt, **handler.kwargs({"payload": payload}, MESSAGE_ID))
+    assert "rejected" in second and not _job_exists(cb, "flip-run-18")
+    assert [r for r in caplog.records if r.getMessage() == "job enqueued"] == []
+    with caplog.at_level("INFO"):
+        payload = {**payload, "caller_key": "flip-run-19"}
+        handler.call(cb.rt, **handler.kwargs({"payload": payload}, "another-message"))
+    logged = [r for r in caplog.records if r.getMessage() == "job enqueued"]
+    assert [r.__dict__["caller_key"] for r in logged] == ["flip-run-19"]
