@@ -111,13 +111,14 @@ class Acks:
     # A task that raised is acknowledged (Celery's default); False would reject it without
     # requeue, which forgets it just the same: only a retry keeps a failed message's work.
     on_failure_or_timeout: bool = True
-    # A worker process lost mid-task (killed, out of memory) puts its message back at once.
+    # A worker process lost mid-task (killed, out of memory) does not lose its message: it is
+    # sent again (`sent_again_in_s`).
     reject_on_worker_lost: bool = True
 
     def on_timeout(self, kind: Kind) -> bool:
         """Whether a task killed at its hard time limit is acknowledged: a caller's request,
-        its only copy, goes back to its queue instead; a step's or a loop's work is found
-        again by its lease or beat's next tick, so it is let go (no redelivery loop)."""
+        its only copy, is sent again instead (`sent_again_in_s`); a step's or a loop's work
+        is found again by its lease or beat's next tick, so it is let go."""
         return self.on_failure_or_timeout and kind is not Kind.REQUEST
 
 
@@ -182,6 +183,14 @@ def backoff_s(retries: int, maximum: float, rng: random.Random | None = None) ->
     exponent = min(max(retries, 0), 32)
     countdown = int(min(maximum, RETRY_BACKOFF_S * 2**exponent))
     return float((rng or random).randrange(countdown + 1))
+
+
+def sent_again_in_s(retries: int, maximum: float, rng: random.Random | None = None) -> float:
+    """When a message whose worker was lost holding it (killed at the hard time limit, out of
+    memory, a crash) is delivered again, `retries` its tries so far: at once the first time (a
+    deploy or another task's memory is no fault of its own), then after the retries' backoff,
+    so a message that kills every worker that takes it does not loop at full speed for ever."""
+    return 0.0 if retries <= 0 else backoff_s(retries, maximum, rng)
 
 
 def _polls_while_not_ready(settings: Settings, result: object) -> float | None:

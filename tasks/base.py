@@ -12,8 +12,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery import Task
 from celery.exceptions import Reject, Retry
+from celery.worker.request import Request
 
 from app.celery_app import (
     HOUSEKEEPING_HARD_LIMIT_S,
@@ -33,6 +35,7 @@ from app.handlers import (
     backoff_s,
     ends_chain,
     on_error,
+    sent_again_in_s,
     shown,
 )
 from app.names import PREFIX
@@ -69,10 +72,72 @@ def set_runtime(rt: Runtime | None) -> None:
         _process.current = rt
 
 
-class DispatcherTask(Task):  # type: ignore[misc]
-    """Late ack + requeue on a lost worker (`app.handlers.ACKS`), no stored result; see
-    `register`."""
+class SentAgainRequest(Request):  # type: ignore[misc]
+    """One delivery, in the worker's main process. A message whose worker process is lost
+    holding it (killed at its hard time limit, out of memory, a crash) is sent again with its
+    retries counted, at once the first time and after the retries' backoff from the second
+    (`app.handlers.sent_again_in_s`), where Celery would put it back at once every time: a
+    message that kills every worker that takes it looped at full speed for ever, each turn
+    costing a process and a hard time limit. Should the broker refuse the copy, the message
+    goes back to its queue as before: never acknowledged away."""
 
+    _lost = False
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """Celery's handling of a time limit; a hard one marks the delivery lost."""
+        self._lost = self._lost or not soft
+        super().on_timeout(soft, timeout)
+
+    def on_failure(
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        """Celery's handling of a failure; any but the task's own Reject is a lost worker
+        where Celery then puts the message back."""
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        # A task's own Reject(requeue=True) is a retry whose copy the broker refused: put back.
+        self._lost = not isinstance(exc, Reject)
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def reject(self, requeue: bool = False) -> None:
+        """Put back (requeue) as a copy sent again, when the delivery was lost."""
+        if requeue and self._lost and not self.acknowledged and self._sent_again():
+            self.acknowledge()
+            return
+        super().reject(requeue=requeue)
+
+    def _sent_again(self) -> bool:
+        context = self._context
+        retries = int(context.retries or 0)
+        try:
+            countdown = sent_again_in_s(retries, load_settings().retry_backoff_max_s)
+            self.task.signature_from_request(
+                context, countdown=countdown, retries=retries + 1
+            ).apply_async()
+        except Exception as exc:  # noqa: BLE001 (the broker refused it: back to its queue)
+            log.error(
+                "worker lost holding a message: its copy was refused; put back",
+                extra={"task_name": self.name, "task_id": self.id, "reason": type(exc).__name__},
+            )
+            return False
+        log.warning(
+            "worker lost holding a message: sent again",
+            extra={
+                "task_name": self.name,
+                "task_id": self.id,
+                "retries": retries + 1,
+                "retry_in_s": countdown,
+            },
+        )
+        return True
+
+
+class DispatcherTask(Task):  # type: ignore[misc]
+    """Late ack + a lost worker's message sent again (`app.handlers.ACKS`,
+    `SentAgainRequest`), no stored result; see `register`."""
+
+    Request = SentAgainRequest
     acks_late = ACKS.late
     acks_on_failure_or_timeout = ACKS.on_failure_or_timeout
     reject_on_worker_lost = ACKS.reject_on_worker_lost

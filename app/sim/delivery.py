@@ -5,22 +5,34 @@ on_failure's requeue; a chain ended), a handler's `again_in` (wait_ready's and w
 polls, the callback round's next due event), the chain's next link. An exception escaping a
 use case is a finding (no-escape) unless the design wants it loud; a message that Celery
 would acknowledge while a caller's request in it was not carried out is `request-lost`; a
-worker killed mid-task has its message redelivered (`ACKS.late`), and so has one whose
-handler ended while the broker was down (its ack never left the worker); one killed at its
-hard time limit is acknowledged where `ACKS.on_timeout` says so (else requeued). An error the
-adversary injected where the design lets a task fail is its to excuse (`excuse`, `refused`)."""
+worker killed mid-task has its message sent again (`ACKS.late`, `sent_again_in_s`, its
+retries counted), and one whose handler ended while the broker was down comes back (its ack
+never left the worker); one killed at its hard time limit is acknowledged where
+`ACKS.on_timeout` says so (else sent again). An error the adversary injected where the
+design lets a task fail is its to excuse (`excuse`, `refused`)."""
 
 from __future__ import annotations
 
 import contextlib
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app import names
 from app.errors import InvalidRequest, MisconfigurationError, NotFound
-from app.handlers import ACKS, HANDLERS, Handler, Kind, Verdict, backoff_s, on_error, step_of
+from app.handlers import (
+    ACKS,
+    HANDLERS,
+    Handler,
+    Kind,
+    Verdict,
+    backoff_s,
+    on_error,
+    sent_again_in_s,
+    step_of,
+)
 from app.handlers import ends_chain as chain_ends
 from app.runtime import Runtime
 from app.sim import messages
@@ -78,7 +90,12 @@ class Delivery:
                 if spec.kind is Kind.REQUEST:
                     self._forgotten(message, spec, "it was killed at its hard time limit")
             elif ACKS.late:
-                sim.broker.redeliver(message, delay)
+                # Sent again by the worker's main process, its retries counted: at once the
+                # first time (taken once a worker is back), then after the retries' backoff.
+                wait = sent_again_in_s(message.retries, sim.settings.retry_backoff_max_s, sim.rng)
+                sim.broker.redeliver(
+                    replace(message, retries=message.retries + 1), max(delay, wait)
+                )
             elif spec.kind is Kind.REQUEST:  # acknowledged when taken: it died with the worker
                 self._forgotten(message, spec, "its worker was killed")
             sim.dead.discard(slot)
