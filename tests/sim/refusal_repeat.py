@@ -13,7 +13,11 @@ Copies (round 18, draws after those): in LATE worlds whose first refusal's reply
 lost (where the folder never showed up) flip-api repeats the first payload early (a new
 message, refused: no folder yet), the folder shows up once that repeat was answered, and a
 duplicate delivery of the repeat (its task id) comes 1-4 s later, before the corrected
-request; in half the worlds with the late repeat, a duplicate of it comes after it.
+request; in half the worlds with the late repeat, a duplicate of it comes after it. There
+flip-api also sends the first payload under a key of the module's own (`OWN_KEY`, refused
+too), sends it again once the folder shows up (a new message, judged again: its job), and a
+duplicate of the refused message comes 1-4 s after (answered with its refusal, not as the
+job's repeat). The folder is a link to the local definition's (its bundle versions).
 
 `one-refusal-per-request` (at the end of a run, `check`): each distinct refused payload
 under the key is recorded once (one row, one `rejected` event at most where CALLBACK_URL is
@@ -33,7 +37,6 @@ import functools
 import hashlib
 import json
 import random
-import shutil
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +67,7 @@ BANDS = (
 STREAM = "refusal-repeat"
 LEAD_S = (10.0, 20.0)  # the refused payload goes this long before the corrected request
 UNKNOWN_NET = "net-unknown"
+OWN_KEY = "refusal-copy-0"  # the module's own key: its job comes from a payload once refused
 MARKER = "refusal_repeat_marker"  # the keyless payload's extra field, named in its reason
 STORED = "STORED"
 
@@ -96,6 +100,7 @@ class Plan:
     early_s: float = 0.0  # the early repeat, this long after the first payload
     copy_after_s: float = 0.0  # its copy, this long after its answer
     late_copy_s: float | None = None  # the late repeat's copy, this long after it
+    own_copy_s: float = 0.0  # the duplicate of OWN_KEY's refused message, after its job
     sent_ids: list[int] = dataclasses.field(default_factory=list)  # task ids of its sends
 
 
@@ -141,6 +146,8 @@ class RefusalRepeat:
         self.plan.copies = kind == "LATE" and not lost  # the lost commit's upload is D1's
         self.plan.early_s, self.plan.copy_after_s = early_s, copy_after_s
         self.plan.late_copy_s = late_copy_s if repeat and late_copy else None
+        self.plan.own_copy_s = round(rng.uniform(1.0, 4.0), 1)
+        self._own_first: int | None = None  # OWN_KEY's refused message
         self._lose = [p for p in (first if lost else None, keyless) if p is not None]
         if self._lose:
             event.listen(sim.engine, "commit", self._on_commit)
@@ -182,6 +189,7 @@ class RefusalRepeat:
         if plan.keyless is not None:
             sim.at(t + 0.5, "flip-api enqueues a keyless refused payload", self._send(plan.keyless))
         if plan.copies:
+            sim.at(t + 0.2, f"flip-api enqueues {OWN_KEY} ({plan.kind})", self._send_own)
             early = functools.partial(self._send_early, plan.refused[0])
             sim.at(t + plan.early_s, f"flip-api repeats {key}'s refused payload early", early)
         if plan.repeat:
@@ -220,6 +228,17 @@ class RefusalRepeat:
             self.plan.sent_ids.append(sent_as)
         return sent_as
 
+    def _own(self) -> dict[str, Any]:
+        """The first payload under OWN_KEY, no prewarm hint (a job of its own)."""
+        assert self.plan is not None
+        own = {**self.plan.refused[0], "caller_key": OWN_KEY}
+        own.pop("prewarm_key", None)
+        return own
+
+    def _send_own(self) -> None:
+        """The first payload under OWN_KEY (refused: no folder yet)."""
+        self._own_first = self._push(self._own())
+
     def _send_early(self, payload: dict[str, Any]) -> None:
         """flip-api's early repeat (refused: no folder yet); once it is answered, the
         folder shows up and a duplicate delivery of it follows (break-it 3's copy of a
@@ -240,6 +259,11 @@ class RefusalRepeat:
             self._upload(str(payload["definition"]))
             sim.trace(f"== a duplicate of message {task_id} comes in {plan.copy_after_s}s")
             self._push(sent, plan.copy_after_s, task_id)
+            if self._own_first is not None:
+                # Judged again: its job. Then a copy of the refused message under the key.
+                self._push(self._own())
+                sim.trace(f"== a duplicate of message {self._own_first} in {plan.own_copy_s}s")
+                self._push(self._own(), plan.own_copy_s, self._own_first)
 
         label = f"the folder shows up once messages {sent_before} were refused"
         sim.caller.arm(answered, "ANSWERED", label, upload_and_copy)
@@ -261,12 +285,12 @@ class RefusalRepeat:
         raise OperationalError("COMMIT", None, sqlite3.OperationalError(DB_ERROR))
 
     def _upload(self, definition: str) -> None:
-        """The definition's folder shows up (the bundle's copy, else an empty folder)."""
+        """The definition's folder shows up: a link to the local definition's (a job from it
+        carries that bundle's versions, as the checker reads them)."""
         sim = self.sim
         folder = sim.settings.job_root / definition
-        if sim.local_bundle.folder.is_dir():
-            shutil.copytree(sim.local_bundle.folder, folder, dirs_exist_ok=True)
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.exists():
+            folder.symlink_to(sim.local_bundle.folder.resolve(), target_is_directory=True)
         sim.trace(f"== the folder {definition} shows up under JOB_ROOT")
 
     def stop(self) -> None:
@@ -331,7 +355,7 @@ def one_refusal_per_request(sim: Simulation, plan: Plan | None) -> None:
         if "rejected" in answers and "job" in answers:
             sim.report(
                 "one-refusal-per-request",
-                f"{subject} message {task_id}",
+                f"flip-api's message {task_id}",
                 f"copies of one message answered {answers} (rejected, then a job)",
             )
     if sim.world.callbacks:

@@ -18,6 +18,12 @@ message id) through `tests.sim.refusal_repeat`'s band worlds (`one-refusal-per-r
   is copied (a duplicate delivery, its task id) after the definition's upload shows up, and
   the copy creates the job (clean 945; 6 of 300-1500's 64 band worlds, every one whose
   LATE refusal's reply was kept and whose copy came before the corrected request).
+- 3201f00 (break-it 3): a copy of a refused message whose key names a job since (flip-api's
+  repeat, judged again once the upload showed up, created it) reads its message's refusal
+  too. Undone (read only where the enqueue creates the job): under the module's own key the
+  copy of the refused message is answered as the job's repeat, one message answered
+  `rejected` and then a job (clean 945; 10 of 300-1500's 64 band worlds, every LATE world
+  whose refusal's reply was kept).
 
 With each fix undone its seed reports; the same seeds are clean with it (and 0 of the 37
 band worlds of 300-1000 report with every fix in; 0 of 300-1500's 64 with round 18's
@@ -33,7 +39,7 @@ from sqlalchemy import delete, func, select
 
 from app import names
 from app.handlers import HANDLERS
-from app.usecases import enqueue, kicks
+from app.usecases import enqueue, intake, kicks
 from models import RefusedMessage, RejectedRequest
 from tests.unit.test_simulation_safeguards import Safeguard, safeguard_tests
 
@@ -83,6 +89,23 @@ def _matched_repeat_not_kept(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(enqueue, "record_rejection", before)
 
 
+class _EnqueueBefore:
+    """`app.usecases.enqueue` as intake read it before 3201f00: no refused-before read for
+    an enqueue that did not create its job (the kick's own read is left as it is)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(enqueue, name)
+
+    @staticmethod
+    def refused_before(_session: Any, _message_id: str | None) -> bool:
+        return False
+
+
+def _repeat_of_job_not_read(mp: pytest.MonkeyPatch) -> None:
+    # 3201f00 undone: a copy that finds its key's job (the same payload) is that job's repeat.
+    mp.setattr(intake, "enqueue", _EnqueueBefore())
+
+
 REFUSALS = [
     Safeguard(
         "a copy of a refused message is answered from its refusal, never a job (D1)",
@@ -115,6 +138,13 @@ REFUSALS = [
     Safeguard(
         "a copy of a repeat matched to an earlier refusal never creates the job (3201f00)",
         _matched_repeat_not_kept,
+        "clean",
+        range(945, 946),
+        FINDS,
+    ),
+    Safeguard(
+        "a copy of a refused message whose key names a job since is answered refused (3201f00)",
+        _repeat_of_job_not_read,
         "clean",
         range(945, 946),
         FINDS,
