@@ -9,21 +9,22 @@ message id) through `tests.sim.refusal_repeat`'s band worlds (`one-refusal-per-r
 - D2/D3: the refusal's payload digest in the match (`enqueue.payload_digest`). Undone: the
   second payload under the key refused for the same reason is swallowed (clean 432), or the
   late repeat of a refused payload, after the corrected request created the job, is a
-  second refusal, `caller_key_conflict` (servers 652); 28 of 300-1000's 37 band worlds.
+  second refusal, `caller_key_conflict` (servers 652); 28 of 300-1000's 37 band worlds
+  (35 since round 18's copy worlds).
 - 0022: the enqueue handler takes the message id. Undone: a keyless refusal retried after
   a lost commit reply is recorded twice (clean 432).
 - 3201f00 (break-it 3): every message a refusal answered keeps its row (`refused_messages`),
   flip-api's repeat matched to an earlier refusal too. Undone (a matched repeat records
   nothing for its own message): flip-api's early repeat, refused like the first payload,
   is copied (a duplicate delivery, its task id) after the definition's upload shows up, and
-  the copy creates the job (clean 945; 6 of 300-1500's 64 band worlds, every one whose
-  LATE refusal's reply was kept and whose copy came before the corrected request).
+  the copy creates the job (clean 945; 6 of 300-1500's 64 band worlds, of the 10 copy
+  worlds: LATE, the refusal's reply kept).
 - 3201f00 (break-it 3): a copy of a refused message whose key names a job since (flip-api's
   repeat, judged again once the upload showed up, created it) reads its message's refusal
   too. Undone (read only where the enqueue creates the job): under the module's own key the
   copy of the refused message is answered as the job's repeat, one message answered
-  `rejected` and then a job (clean 945; 10 of 300-1500's 64 band worlds, every LATE world
-  whose refusal's reply was kept).
+  `rejected` and then a job (clean 945; 10 of 300-1500's 64 band worlds: every copy
+  world).
 
 With each fix undone its seed reports; the same seeds are clean with it (and 0 of the 37
 band worlds of 300-1000 report with every fix in; 0 of 300-1500's 64 with round 18's
