@@ -54,6 +54,9 @@ class Delivery:
         self._net_events_at_start: dict[int, int] = {}  # a pipeline step's message -> id
         self.began: dict[int, float] = {}  # each message being processed -> when it began
         self.calls: list[int] = []  # the messages whose handler is running, outermost first
+        # The enqueues answered, by Celery task id (every copy of one message): "rejected" or
+        # "job" per answer, for the harness's one message, one answer (tests.sim).
+        self.answers: dict[int, list[str]] = {}
 
     def deliver(self, message: Message, slot: int) -> None:
         """One delivery of a message to the worker in `slot`, with tasks/base.py's rules."""
@@ -114,6 +117,9 @@ class Delivery:
             return
         if self.sim.tracing:
             self.sim.trace(f"w{slot} {message.label()} -> {_short_result(result)}")
+        if message.task == names.ENQUEUE_JOB and isinstance(result, dict):
+            answer = "rejected" if "rejected" in result else "job"
+            self.answers.setdefault(message.task_id, []).append(answer)
         countdown = spec.again_in(self.sim.settings, result)
         if countdown is not None:
             if spec.kind is not Kind.CALLBACKS:

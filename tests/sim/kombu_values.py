@@ -13,11 +13,15 @@ the worker (`app.sim.messages.carried`):
   half the worlds flip-api sends the first again (a new message: the same request). Before
   8025614 such a payload had no digest (`enqueue.payload_digest`), so the second payload
   was taken for the first and merged into its refusal (F2).
+- KEY (round 18, draws after those): a payload whose caller_key is a `uuid.UUID` (flip-api
+  sending its run's id as a key), refused (not a string), and sent again (a new message:
+  the same request). Before 4811fde the refusal was recorded keyless (`caller_key_of` read
+  only str and bytes): the request's key names no refusal, and its repeat is another.
 
 Its sends are never refused, dropped or duplicated by the broker. `request-kept` (at the
 end, `check`): every enqueue flip-api sent ends as a job or a recorded refusal, and each
 distinct refused payload under a key is recorded once (one row; at most that many
-`rejected` events where CALLBACK_URL is on)."""
+`rejected` events where CALLBACK_URL is on), a UUID key under its text."""
 
 from __future__ import annotations
 
@@ -109,6 +113,14 @@ class KombuValues:
             again = round(when_s + rng.uniform(30.0, 90.0), 1)
             sends.append(Send(again, f"{label}, the first again)", dict(first)))
         self.plan = Plan(sends, {MODEL_KEY: 1, WHEN_KEY: 2})
+        # Round 18's draws, after the others (the band's worlds keep their earlier draws).
+        key = uuid.UUID(int=rng.getrandbits(128), version=4)
+        key_s = round(rng.uniform(0.0, 120.0), 1)
+        again_s = round(key_s + rng.uniform(0.5, 60.0), 1)
+        keyed = {**base, "caller_key": key}
+        sends.append(Send(key_s, f"flip-api enqueues {key} (caller_key a UUID)", keyed))
+        sends.append(Send(again_s, f"flip-api enqueues {key} (caller_key a UUID), again", keyed))
+        self.plan.distinct[str(key)] = 1
 
     def schedule(self) -> None:
         """flip-api's sends, at their times."""
@@ -147,7 +159,7 @@ class KombuValues:
                 sim.report(
                     "request-kept",
                     f"caller_key {key}",
-                    "flip-api's enqueue left neither a job nor a refusal (lost)",
+                    "flip-api's enqueue left neither a job nor a refusal under its key (lost)",
                 )
             elif len(rows) != distinct and not jobs:
                 sim.report(

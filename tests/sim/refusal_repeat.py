@@ -9,6 +9,15 @@ system shows late). In NET worlds flip-api may send a second, different refused 
 under the key (another priority: the same reason). Once the corrected request stored its
 job, flip-api may repeat the first payload as it was (a new message), in some worlds. In
 some worlds flip-api also sends a keyless refused payload whose refusal's reply is lost.
+Copies (round 18, draws after those): in LATE worlds whose first refusal's reply is not
+lost (where the folder never showed up) flip-api repeats the first payload early (a new
+message, refused: no folder yet), the folder shows up once that repeat was answered, and a
+duplicate delivery of the repeat (its task id) comes 1-4 s later, before the corrected
+request; in half the worlds with the late repeat, a duplicate of it comes after it. There
+flip-api also sends the first payload under a key of the module's own (`OWN_KEY`, refused
+too), sends it again once the folder shows up (a new message, judged again: its job), and a
+duplicate of the refused message comes 1-4 s after (answered with its refusal, not as the
+job's repeat). The folder is a link to the local definition's (its bundle versions).
 
 `one-refusal-per-request` (at the end of a run, `check`): each distinct refused payload
 under the key is recorded once (one row, one `rejected` event at most where CALLBACK_URL is
@@ -17,7 +26,9 @@ on), the keyless one once; no job stored under the key is a refused request (its
 Undone: the retry answered from its message's refusal (D1: the retry creates the job),
 the payload's digest in the match (D2: the second payload swallowed; D3: the late repeat a
 second refusal, `caller_key_conflict`), the handler's message id (0022: the keyless
-refusal recorded twice)."""
+refusal recorded twice), every message a refusal answered kept (3201f00: the early
+repeat's copy creates the job). Every copy of one of its messages (one task id) is answered
+alike: never `rejected` and then a job."""
 
 from __future__ import annotations
 
@@ -26,7 +37,6 @@ import functools
 import hashlib
 import json
 import random
-import shutil
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +67,7 @@ BANDS = (
 STREAM = "refusal-repeat"
 LEAD_S = (10.0, 20.0)  # the refused payload goes this long before the corrected request
 UNKNOWN_NET = "net-unknown"
+OWN_KEY = "refusal-copy-0"  # the module's own key: its job comes from a payload once refused
 MARKER = "refusal_repeat_marker"  # the keyless payload's extra field, named in its reason
 STORED = "STORED"
 
@@ -85,6 +96,12 @@ class Plan:
     repeat: bool  # the first payload sent again once the corrected request stored its job
     keyless: dict[str, Any] | None
     first_s: float
+    copies: bool = False  # LATE, not lost: an early repeat, the upload on its answer, a copy
+    early_s: float = 0.0  # the early repeat, this long after the first payload
+    copy_after_s: float = 0.0  # its copy, this long after its answer
+    late_copy_s: float | None = None  # the late repeat's copy, this long after it
+    own_copy_s: float = 0.0  # the duplicate of OWN_KEY's refused message, after its job
+    sent_ids: list[int] = dataclasses.field(default_factory=list)  # task ids of its sends
 
 
 class RefusalRepeat:
@@ -122,6 +139,15 @@ class RefusalRepeat:
             }
         first_s = round(max(0.0, job.arrive_s - rng.uniform(*LEAD_S)), 1)
         self.plan = Plan(job, kind, refused, lost, repeat, keyless, first_s)
+        # Round 18's draws, after the others (the band's worlds keep their earlier draws).
+        early_s, copy_after_s = round(rng.uniform(0.5, 2.0), 1), round(rng.uniform(1.0, 4.0), 1)
+        late_copy = rng.random() < 0.5
+        late_copy_s = round(rng.uniform(1.0, 30.0), 1)
+        self.plan.copies = kind == "LATE" and not lost  # the lost commit's upload is D1's
+        self.plan.early_s, self.plan.copy_after_s = early_s, copy_after_s
+        self.plan.late_copy_s = late_copy_s if repeat and late_copy else None
+        self.plan.own_copy_s = round(rng.uniform(1.0, 4.0), 1)
+        self._own_first: int | None = None  # OWN_KEY's refused message
         self._lose = [p for p in (first if lost else None, keyless) if p is not None]
         if self._lose:
             event.listen(sim.engine, "commit", self._on_commit)
@@ -162,26 +188,85 @@ class RefusalRepeat:
             sim.at(t + i, f"flip-api enqueues {key}, {what} ({plan.kind})", self._send(payload))
         if plan.keyless is not None:
             sim.at(t + 0.5, "flip-api enqueues a keyless refused payload", self._send(plan.keyless))
+        if plan.copies:
+            sim.at(t + 0.2, f"flip-api enqueues {OWN_KEY} ({plan.kind})", self._send_own)
+            early = functools.partial(self._send_early, plan.refused[0])
+            sim.at(t + plan.early_s, f"flip-api repeats {key}'s refused payload early", early)
         if plan.repeat:
             label = f"flip-api repeats {key}'s refused payload as it was"
             stored = functools.partial(_stored, sim, str(job_id_for(key)).replace("-", ""))
-            send = self._send(plan.refused[0])
+            send = self._send(plan.refused[0], copy_s=plan.late_copy_s)
             sim.at(
                 t,
                 f"{label}, once stored",
                 functools.partial(sim.caller.arm, stored, STORED, label, send),
             )
 
-    def _send(self, payload: dict[str, Any]) -> Callable[[], None]:
+    def _send(self, payload: dict[str, Any], copy_s: float | None = None) -> Callable[[], None]:
         """flip-api's send, never refused nor dropped by the broker (a refused send_task is
-        sent again; a message lost on the way would leave nothing to count)."""
+        sent again; a message lost on the way would leave nothing to count); `copy_s`: a
+        duplicate delivery of it (the same task id) that long after."""
         sent = json.loads(json.dumps(payload))
-        broker = self.sim.broker
 
         def send() -> None:
-            broker.push(names.ENQUEUE_JOB, {"payload": sent}, origin="flip-api", faulty=False)
+            task_id = self._push(sent)
+            if copy_s is not None:
+                self.sim.trace(f"== a duplicate of message {task_id} comes in {copy_s}s")
+                self._push(sent, copy_s, task_id)
 
         return send
+
+    def _push(self, payload: dict[str, Any], delay: float = 0.0, task_id: int | None = None) -> int:
+        """One message on the broker; its Celery task id."""
+        broker = self.sim.broker
+        kwargs = {"payload": payload}
+        broker.push(
+            names.ENQUEUE_JOB, kwargs, origin="flip-api", faulty=False, delay=delay, task_id=task_id
+        )
+        sent_as = broker.pending[-1].task_id  # never refused, dropped nor coalesced
+        if self.plan is not None and sent_as not in self.plan.sent_ids:
+            self.plan.sent_ids.append(sent_as)
+        return sent_as
+
+    def _own(self) -> dict[str, Any]:
+        """The first payload under OWN_KEY, no prewarm hint (a job of its own)."""
+        assert self.plan is not None
+        own = {**self.plan.refused[0], "caller_key": OWN_KEY}
+        own.pop("prewarm_key", None)
+        return own
+
+    def _send_own(self) -> None:
+        """The first payload under OWN_KEY (refused: no folder yet)."""
+        self._own_first = self._push(self._own())
+
+    def _send_early(self, payload: dict[str, Any]) -> None:
+        """flip-api's early repeat (refused: no folder yet); once it is answered, the
+        folder shows up and a duplicate delivery of it follows (break-it 3's copy of a
+        repeat matched to an earlier refusal)."""
+        sim, plan = self.sim, self.plan
+        assert plan is not None
+        sent = json.loads(json.dumps(payload))
+        task_id = self._push(sent)
+        sent_before = list(plan.sent_ids)  # the first payload, the keyless one, this repeat
+
+        def answered() -> str:
+            # Every send so far refused (a broker outage may deliver them in any order).
+            answers = sim.delivery.answers
+            done = all("rejected" in answers.get(i, []) for i in sent_before)
+            return "ANSWERED" if done else ""
+
+        def upload_and_copy() -> None:
+            self._upload(str(payload["definition"]))
+            sim.trace(f"== a duplicate of message {task_id} comes in {plan.copy_after_s}s")
+            self._push(sent, plan.copy_after_s, task_id)
+            if self._own_first is not None:
+                # Judged again: its job. Then a copy of the refused message under the key.
+                self._push(self._own())
+                sim.trace(f"== a duplicate of message {self._own_first} in {plan.own_copy_s}s")
+                self._push(self._own(), plan.own_copy_s, self._own_first)
+
+        label = f"the folder shows up once messages {sent_before} were refused"
+        sim.caller.arm(answered, "ANSWERED", label, upload_and_copy)
 
     def _on_commit(self, conn: Any) -> None:
         sim = self.sim
@@ -200,12 +285,12 @@ class RefusalRepeat:
         raise OperationalError("COMMIT", None, sqlite3.OperationalError(DB_ERROR))
 
     def _upload(self, definition: str) -> None:
-        """The definition's folder shows up (the bundle's copy, else an empty folder)."""
+        """The definition's folder shows up: a link to the local definition's (a job from it
+        carries that bundle's versions, as the checker reads them)."""
         sim = self.sim
         folder = sim.settings.job_root / definition
-        if sim.local_bundle.folder.is_dir():
-            shutil.copytree(sim.local_bundle.folder, folder, dirs_exist_ok=True)
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.exists():
+            folder.symlink_to(sim.local_bundle.folder.resolve(), target_is_directory=True)
         sim.trace(f"== the folder {definition} shows up under JOB_ROOT")
 
     def stop(self) -> None:
@@ -265,6 +350,14 @@ def one_refusal_per_request(sim: Simulation, plan: Plan | None) -> None:
             f"{subject} as a job",
             f"a request answered rejected became a job ({job[1]})",
         )
+    for task_id in plan.sent_ids:
+        answers = sim.delivery.answers.get(task_id, [])
+        if "rejected" in answers and "job" in answers:
+            sim.report(
+                "one-refusal-per-request",
+                f"flip-api's message {task_id}",
+                f"copies of one message answered {answers} (rejected, then a job)",
+            )
     if sim.world.callbacks:
         ids = {f"rejected-{r[0]}" for r in rows}
         got = sum(1 for e in sim.receiver.rejected_keys if e in ids)

@@ -11,6 +11,10 @@ broker carries flip-api's calls through kombu's json round trip, `app.sim.messag
   a string is expected). Undone (None for such a payload): the second different payload
   under the key, refused for the same reason, is merged into the first's refusal
   (`request-kept`: two distinct refused payloads, one refusal).
+- K (4811fde, break-it 3): `intake.caller_key_of` reads a caller_key kombu decoded to a
+  `uuid.UUID` as its text. Undone (only str and bytes read): the refusal of a payload whose
+  key is a UUID is recorded keyless, so the key names no refusal and flip-api's repeat is
+  a second one (`request-kept`: the key's request lost).
 
 With each fix undone its seeds report; the same seeds are clean with it. Seeds 300-1000's 19
 band worlds: 19 report with F1 undone (`no-escape`, `request-lost`, `request-kept`), 19 with
@@ -19,6 +23,7 @@ F2 undone (`request-kept`); 0 of 300-1500's 41 with both fixes."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -26,7 +31,7 @@ from pydantic import field_validator
 
 from app.payload_json import nesting_depth
 from app.schemas import METADATA_MAX_DEPTH, EnqueueJob
-from app.usecases import enqueue
+from app.usecases import enqueue, intake
 from tests.unit.test_simulation_safeguards import Safeguard, safeguard_tests
 
 pytestmark = pytest.mark.unit
@@ -73,6 +78,17 @@ def _no_digest_for_python_values(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(enqueue, "payload_digest", before)
 
 
+def _uuid_key_keyless(mp: pytest.MonkeyPatch) -> None:
+    # K undone: a caller_key that is neither str nor bytes is no key.
+    real = intake.caller_key_of
+
+    def before(payload: Any) -> str | None:
+        key = payload.get("caller_key") if isinstance(payload, dict) else None
+        return None if isinstance(key, uuid.UUID) else real(payload)
+
+    mp.setattr(intake, "caller_key_of", before)
+
+
 CASES = [
     Safeguard(
         "metadata holding a UUID kombu decoded is refused and recorded, not lost (F1)",
@@ -86,6 +102,13 @@ CASES = [
         _no_digest_for_python_values,
         "clean",
         range(504, 505),
+        FINDS,
+    ),
+    Safeguard(
+        "a UUID caller_key kombu decoded is recorded under its text (K)",
+        _uuid_key_keyless,
+        "clean",
+        range(486, 487),
         FINDS,
     ),
 ]
