@@ -185,12 +185,18 @@ def backoff_s(retries: int, maximum: float, rng: random.Random | None = None) ->
     return float((rng or random).randrange(countdown + 1))
 
 
-def sent_again_in_s(retries: int, maximum: float, rng: random.Random | None = None) -> float:
+# The message header counting how often a message's worker was lost holding it (a count of
+# its own: Celery's `retries` also counts database retries and readiness polls).
+LOSSES_HEADER = "fl_dispatcher_losses"
+
+
+def sent_again_in_s(losses: int, maximum: float, rng: random.Random | None = None) -> float:
     """When a message whose worker was lost holding it (killed at the hard time limit, out of
-    memory, a crash) is delivered again, `retries` its tries so far: at once the first time (a
-    deploy or another task's memory is no fault of its own), then after the retries' backoff,
-    so a message that kills every worker that takes it does not loop at full speed for ever."""
-    return 0.0 if retries <= 0 else backoff_s(retries, maximum, rng)
+    memory, a crash) is delivered again, `losses` its losses before this one: at once the
+    first time (a deploy or another task's memory is no fault of its own), then after the
+    retries' backoff, so a message that kills every worker that takes it does not loop at
+    full speed for ever."""
+    return 0.0 if losses <= 0 else backoff_s(losses, maximum, rng)
 
 
 def _polls_while_not_ready(settings: Settings, result: object) -> float | None:

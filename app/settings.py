@@ -75,7 +75,9 @@ class Settings(BaseSettings):
     admin_login_max_tries: int = Field(default=1, ge=1, alias="ADMIN_LOGIN_MAX_TRIES")
 
     retry_max: int = Field(default=6, ge=0, alias="RETRY_MAX")
-    retry_backoff_max_s: int = Field(default=60, ge=1, alias="RETRY_BACKOFF_MAX_S")
+    # At most an hour, as CALLBACK_MAX_BACKOFF_S: a retry, or the copy of a message whose
+    # worker was lost, waits as a Celery countdown inside the visibility timeout.
+    retry_backoff_max_s: int = Field(default=60, ge=1, le=3600, alias="RETRY_BACKOFF_MAX_S")
     housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
     keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
     # The beat lock's lease on PostgreSQL (app.beat): a holder that stops renewing it for this

@@ -29,6 +29,7 @@ from app.db import database_error_name
 from app.handlers import (
     ACKS,
     HANDLERS,
+    LOSSES_HEADER,
     Handler,
     Kind,
     Verdict,
@@ -75,11 +76,12 @@ def set_runtime(rt: Runtime | None) -> None:
 class SentAgainRequest(Request):  # type: ignore[misc]
     """One delivery, in the worker's main process. A message whose worker process is lost
     holding it (killed at its hard time limit, out of memory, a crash) is sent again with its
-    retries counted, at once the first time and after the retries' backoff from the second
-    (`app.handlers.sent_again_in_s`), where Celery would put it back at once every time: a
-    message that kills every worker that takes it looped at full speed for ever, each turn
-    costing a process and a hard time limit. Should the broker refuse the copy, the message
-    goes back to its queue as before: never acknowledged away."""
+    losses counted (`LOSSES_HEADER`; its retries left alone), at once the first time and after
+    the retries' backoff from the second (`app.handlers.sent_again_in_s`), where Celery would
+    put it back at once every time: a message that kills every worker that takes it looped at
+    full speed for ever, each turn costing a process and a hard time limit. Should the broker
+    refuse the copy, the message goes back to its queue as before: never acknowledged away;
+    one whose channel closed meanwhile is back on the broker already, and is not copied."""
 
     _lost = False
 
@@ -108,12 +110,17 @@ class SentAgainRequest(Request):  # type: ignore[misc]
         super().reject(requeue=requeue)
 
     def _sent_again(self) -> bool:
+        if _channel_closed(self._message):
+            # The broker took the message back already (its consumer's connection dropped
+            # meanwhile): a copy would be a second delivery of it.
+            return False
         context = self._context
-        retries = int(context.retries or 0)
+        headers = dict(context.headers or {})
+        losses = int(headers.get(LOSSES_HEADER) or 0)
         try:
-            countdown = sent_again_in_s(retries, load_settings().retry_backoff_max_s)
+            countdown = sent_again_in_s(losses, load_settings().retry_backoff_max_s)
             self.task.signature_from_request(
-                context, countdown=countdown, retries=retries + 1
+                context, countdown=countdown, headers={**headers, LOSSES_HEADER: losses + 1}
             ).apply_async()
         except Exception as exc:  # noqa: BLE001 (the broker refused it: back to its queue)
             log.error(
@@ -126,11 +133,22 @@ class SentAgainRequest(Request):  # type: ignore[misc]
             extra={
                 "task_name": self.name,
                 "task_id": self.id,
-                "retries": retries + 1,
+                "losses": losses + 1,
                 "retry_in_s": countdown,
             },
         )
         return True
+
+
+def _channel_closed(message: Any) -> bool:
+    """Whether the channel a message came on is closed (kombu's virtual transports: Redis,
+    SQL; py-amqp's RabbitMQ): its unacknowledged messages went back to the broker."""
+    channel = getattr(message, "channel", None)
+    return (
+        channel is None
+        or bool(getattr(channel, "closed", False))
+        or (getattr(channel, "is_open", True) is False)
+    )
 
 
 class DispatcherTask(Task):  # type: ignore[misc]

@@ -6,7 +6,7 @@ polls, the callback round's next due event), the chain's next link. An exception
 use case is a finding (no-escape) unless the design wants it loud; a message that Celery
 would acknowledge while a caller's request in it was not carried out is `request-lost`; a
 worker killed mid-task has its message sent again (`ACKS.late`, `sent_again_in_s`, its
-retries counted), and one whose handler ended while the broker was down comes back (its ack
+losses counted), and one whose handler ended while the broker was down comes back (its ack
 never left the worker); one killed at its hard time limit is acknowledged where
 `ACKS.on_timeout` says so (else sent again). An error the adversary injected where the
 design lets a task fail is its to excuse (`excuse`, `refused`)."""
@@ -92,13 +92,17 @@ class Delivery:
                 # Killed at the hard time limit and acknowledged (acks_on_timeout): gone.
                 if spec.kind is Kind.REQUEST:
                     self._forgotten(message, spec, "it was killed at its hard time limit")
+            elif (
+                ACKS.late and sim.broker.outages and sim.broker.down_until(sim.clock.t) is not None
+            ):
+                # The copy cannot be sent, nor the message rejected: the broker keeps it
+                # unacknowledged and gives it back as it was (no loss counted).
+                sim.broker.redeliver(message, delay)
             elif ACKS.late:
-                # Sent again by the worker's main process, its retries counted: at once the
+                # Sent again by the worker's main process, its losses counted: at once the
                 # first time (taken once a worker is back), then after the retries' backoff.
-                wait = sent_again_in_s(message.retries, sim.settings.retry_backoff_max_s, sim.rng)
-                sim.broker.redeliver(
-                    replace(message, retries=message.retries + 1), max(delay, wait)
-                )
+                wait = sent_again_in_s(message.losses, sim.settings.retry_backoff_max_s, sim.rng)
+                sim.broker.redeliver(replace(message, losses=message.losses + 1), max(delay, wait))
             elif spec.kind is Kind.REQUEST:  # acknowledged when taken: it died with the worker
                 self._forgotten(message, spec, "its worker was killed")
             sim.dead.discard(slot)
@@ -206,7 +210,8 @@ class Delivery:
             chain=message.chain,
             retries=message.retries + 1,
             origin=message.origin,
-            task_id=message.task_id,  # Celery's retry keeps the task id
+            task_id=message.task_id,  # Celery's retry keeps the task id, and its headers
+            losses=message.losses,
         )
 
     def _call_hook(self, message: Message, spec: Handler, call: Callable[..., None]) -> None:

@@ -79,6 +79,9 @@ class Message:
     # Celery's task id: the same for the copies of one send (a duplicate delivery) and across
     # its retries (`Task.retry` sends the same id again), unlike `id`, one per copy.
     task_id: int = 0
+    # How often its worker was lost holding it (`app.handlers.LOSSES_HEADER`), carried by its
+    # retries and copies as Celery carries the header.
+    losses: int = 0
 
     def label(self) -> str:
         args = ",".join(f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items()))
@@ -134,6 +137,7 @@ class Broker:
         origin: str = "",
         faulty: bool = True,
         task_id: int | None = None,
+        losses: int = 0,
     ) -> bool:
         """Put a message on the broker (subject to the profile's message faults)."""
         sim = self.sim
@@ -197,6 +201,7 @@ class Broker:
                     chain=chain,
                     expires_at=None if expires_in is None else now + delay + expires_in,
                     origin=origin,
+                    losses=losses,
                 )
             )
         return True

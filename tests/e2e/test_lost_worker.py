@@ -3,7 +3,7 @@ full speed for ever: a real worker (`fl-dispatcher worker`, one pool process on 
 queue) on a private Redis and a fresh PostgreSQL database. The enqueue is held on a table
 lock the test owns, and its pool process is SIGKILLed there (as the kernel's OOM killer
 would), three times: each time Celery's main process sends the message again with its
-retries counted, at once the first time and after the retries' backoff from the second
+losses counted, at once the first time and after the retries' backoff from the second
 (tasks/base.py `SentAgainRequest`). Once the lock goes, the request is carried out once."""
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def test_a_message_whose_worker_is_lost_is_sent_again_with_backoff(stack: BurstS
     finally:
         flip_api.close()
         engine.dispose()
-    # Each copy counts the losses so far, and waits: at once, then within 2 s * 2^retries.
-    assert [line["retries"] for line in sent_again] == [1, 2, 3]
+    # Each copy counts the losses so far, and waits: at once, then within 2 s * 2^losses.
+    assert [line["losses"] for line in sent_again] == [1, 2, 3]
     assert sent_again[0]["retry_in_s"] == 0
     assert all(0 <= line["retry_in_s"] <= min(RETRY_BACKOFF_MAX_S, 2 * 2**n)
                for n, line in enumerate(sent_again))  # fmt: skip
