@@ -190,6 +190,16 @@ def backoff_s(retries: int, maximum: float, rng: random.Random | None = None) ->
 LOSSES_HEADER = "fl_dispatcher_losses"
 
 
+def losses_of(value: object) -> int:
+    """A message's `LOSSES_HEADER` as a count: 0 when absent or no count (any producer may
+    set a header: a hand-sent message's text, a negative number)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, str) and value.strip().isdecimal():
+        value = int(value.strip())
+    return max(0, value) if isinstance(value, int) else 0
+
+
 def sent_again_in_s(losses: int, maximum: float, rng: random.Random | None = None) -> float:
     """When a message whose worker was lost holding it (killed at the hard time limit, out of
     memory, a crash) is delivered again, `losses` its losses before this one: at once the

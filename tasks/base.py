@@ -35,6 +35,7 @@ from app.handlers import (
     Verdict,
     backoff_s,
     ends_chain,
+    losses_of,
     on_error,
     sent_again_in_s,
     shown,
@@ -114,17 +115,17 @@ class SentAgainRequest(Request):  # type: ignore[misc]
             # The broker took the message back already (its consumer's connection dropped
             # meanwhile): a copy would be a second delivery of it.
             return False
-        context = self._context
-        headers = dict(context.headers or {})
-        losses = int(headers.get(LOSSES_HEADER) or 0)
         try:
+            context = self._context
+            headers = dict(context.headers or {})
+            losses = losses_of(headers.get(LOSSES_HEADER))
             countdown = sent_again_in_s(losses, load_settings().retry_backoff_max_s)
             self.task.signature_from_request(
                 context, countdown=countdown, headers={**headers, LOSSES_HEADER: losses + 1}
             ).apply_async()
         except Exception as exc:  # noqa: BLE001 (the broker refused it: back to its queue)
             log.error(
-                "worker lost holding a message: its copy was refused; put back",
+                "worker lost holding a message: no copy sent; put back",
                 extra={"task_name": self.name, "task_id": self.id, "reason": type(exc).__name__},
             )
             return False

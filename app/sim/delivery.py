@@ -92,11 +92,10 @@ class Delivery:
                 # Killed at the hard time limit and acknowledged (acks_on_timeout): gone.
                 if spec.kind is Kind.REQUEST:
                     self._forgotten(message, spec, "it was killed at its hard time limit")
-            elif (
-                ACKS.late and sim.broker.outages and sim.broker.down_until(sim.clock.t) is not None
-            ):
-                # The copy cannot be sent, nor the message rejected: the broker keeps it
-                # unacknowledged and gives it back as it was (no loss counted).
+            elif ACKS.late and self._channel_closed(message):
+                # The worker's broker connection dropped while it ran (an outage then, or
+                # now): its channel closed and the broker took the message back, so no copy
+                # is sent (`SentAgainRequest`): it comes back as it was, no loss counted.
                 sim.broker.redeliver(message, delay)
             elif ACKS.late:
                 # Sent again by the worker's main process, its losses counted: at once the
@@ -112,6 +111,12 @@ class Delivery:
             sim.running.pop()
             sim.current.pop()
             self.began.pop(message.id, None)
+
+    def _channel_closed(self, message: Message) -> bool:
+        """Whether a broker outage overlapped the message's run (its worker's channel closed)."""
+        began = self.began.get(message.id, self.sim.clock.t)
+        now = self.sim.clock.t
+        return any(start <= now and end > began for start, end in self.sim.broker.outages)
 
     def _run_task(self, rt: Runtime, message: Message, spec: Handler, slot: int) -> None:
         try:
