@@ -217,6 +217,7 @@ class Delivery:
             origin=message.origin,
             task_id=message.task_id,  # Celery's retry keeps the task id, and its headers
             losses=message.losses,
+            faulty=message.faulty,
         )
 
     def _call_hook(self, message: Message, spec: Handler, call: Callable[..., None]) -> None:

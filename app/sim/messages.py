@@ -82,6 +82,9 @@ class Message:
     # How often its worker was lost holding it (`app.handlers.LOSSES_HEADER`), carried by its
     # retries and copies as Celery carries the header.
     losses: int = 0
+    # Subject to the profile's message faults; a world's own sends that must reach the worker
+    # (tests/sim's band worlds) are not, nor are their retries.
+    faulty: bool = True
 
     def label(self) -> str:
         args = ",".join(f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items()))
@@ -202,6 +205,7 @@ class Broker:
                     expires_at=None if expires_in is None else now + delay + expires_in,
                     origin=origin,
                     losses=losses,
+                    faulty=faulty,
                 )
             )
         return True

@@ -18,9 +18,10 @@ the worker (`app.sim.messages.carried`):
   the same request). Before 4811fde the refusal was recorded keyless (`caller_key_of` read
   only str and bytes): the request's key names no refusal, and its repeat is another.
 
-Its sends are never refused, dropped or duplicated by the broker. `request-kept` (at the
-end, `check`): every enqueue flip-api sent ends as a job or a recorded refusal, and each
-distinct refused payload under a key is recorded once (one row; at most that many
+Its sends, and their retries, are never refused, dropped or duplicated by the broker
+(`Message.faulty`; seed 7487 lost a retry). `request-kept` (at the end, `check`): every
+enqueue flip-api sent ends as a job or a recorded refusal, and each distinct refused
+payload under a key is recorded once (one row; at most that many
 `rejected` events where CALLBACK_URL is on), a UUID key under its text."""
 
 from __future__ import annotations

@@ -273,3 +273,14 @@ def test_a_refusal_band_world_whose_own_request_is_refused_too_is_clean(seed):
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(seed).violations] == []
+
+
+def test_seed_7487_a_band_worlds_request_retried_is_never_dropped_by_the_broker():
+    """(chaos 7487; a checker error, round 18's sweep) `kombu_values`' second payload hung to
+    the soft time limit and was retried; the simulated broker dropped the retry's copy (a
+    message lost on the way: nothing a product keeps), and `request-kept` found its refusal
+    missing. The band worlds' sends are never dropped, and now neither are their retries
+    (`Message.faulty`)."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(7487).violations] == []
