@@ -144,3 +144,16 @@ def test_of_nets_as_warm_as_each_other_the_claim_takes_the_first_by_name(
         claimed = claims.claim_next_job(session, world.rt.settings, world.clock())
     assert claimed is not None
     assert (claimed.net_name, str(claimed.job_id)) == ("net-a", str(job_id))
+
+
+def test_a_claim_round_takes_at_most_50_jobs_and_the_next_round_the_rest(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """One claim_and_start is bounded (a transaction per claim): of 51 jobs that 51 free nets
+    could take, it claims 50; the next round claims the 51st."""
+    nets = [net_decl(tmp_path, f"net-{i:02}", "ecs") for i in range(51)]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    for i in range(51):
+        world.enqueue(f"j-{i}", required_sites=["site-1"])
+    assert len(dispatch.claim_and_start(world.rt)) == 50
+    assert len(dispatch.claim_and_start(world.rt)) == 1
