@@ -191,7 +191,7 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime, jobs: list[Leased]) -> list[
                 # `or ""` never applies (a known net has a name; it is there for mypy): its
                 # "XXXX" is never read; its `and` is killed (test_redrive_and_monitor).
                 ready_timeout_s = (
-                    rt.settings.net(net_name or "").ready_timeout_s  # pragma: no mutate
+                    rt.settings.net(net_name or "").ready_timeout_s  # pragma: no mutate (see above)
                     if known
                     else 0.0
                 )
