@@ -34,8 +34,10 @@ from app.project_shares import DEFAULT_AGING_S, MAX_AGING_S, Shares, parse_proje
 
 
 # Mutation testing covers `_check_webhook_secret` only here (pyproject [tool.mutmut]; flags
-# are parsed in app/flags.py): what follows is the pydantic declaration and its validators,
-# checked by test_settings.py case by case.
+# are parsed in app/flags.py): what follows is the pydantic declaration and its validators
+# (decorated: mutmut skips them even unfenced), checked by test_settings.py case by case.
+# The fence is a choice of scope, not an equivalence: it also holds plain decisions whose
+# mutants no run tries (`report_timeout_for`, `has_net`, the URL helpers, `load_settings`).
 # pragma: no mutate start
 class Settings(BaseSettings):
     """Every setting of every process; built once at start and passed in."""

@@ -18,6 +18,7 @@ EVENT_ID = BigInteger().with_variant(Integer(), "sqlite")
 ACTIVE_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE_JOB_STATES)))
 
 
+# Runs at import, before mutmut could switch a mutant in (nor is this file in only_mutate).
 def state_enum(enum: type[JobState] | type[NetState], name: str) -> Enum:  # pragma: no mutate block
     """A state column's type: stored by value as a short string with a CHECK, not a native
     PG enum, so adding a state later is a plain migration on both dialects."""
@@ -32,6 +33,7 @@ def state_enum(enum: type[JobState] | type[NetState], name: str) -> Enum:  # pra
     )
 
 
+# Runs at import, before mutmut could switch a mutant in (nor is this file in only_mutate).
 def uncounted_index(table: str) -> Index:  # pragma: no mutate block
     """The history rows app.metrics has not folded into its running totals yet: few at any
     time (those written since the last scrape), found without reading the history."""

@@ -85,7 +85,7 @@ class Net(Base):
         self,
         target: NetState,
         now: datetime,
-        reason: str = "",  # pragma: no mutate (history words, as in the move patterns)
+        reason: str,
     ) -> None:
         """Move to `target` if the table allows it, and record the move."""
         if target == self.state:
@@ -94,7 +94,7 @@ class Net(Base):
             raise IllegalTransition("net", self.name, self.state, target)
         self.events.add(
             NetEvent(
-                net_name=self.name,  # pragma: no mutate (events.add sets it as well)
+                net_name=self.name,  # pragma: no mutate (write-only `events` sets it at flush)
                 from_state=self.state,
                 to_state=target,
                 at=now,
@@ -254,15 +254,15 @@ class Job(Base):
             priority=priority,
             state=JobState.QUEUED,
             attempts=0,
-            retries=0,  # pragma: no mutate (the column's server default is 0 as well)
+            retries=0,  # pragma: no mutate (dropped or None: the server default 0 is stored)
             max_attempts=max_attempts,
             created_at=now,
             state_changed_at=now,
         )
         job.events.add(
             JobEvent(
-                job_id=job.id,  # pragma: no mutate (events.add sets it as well)
-                from_state=None,  # pragma: no mutate (None is the default)
+                job_id=job.id,  # pragma: no mutate (write-only `events` sets it at flush)
+                from_state=None,  # pragma: no mutate (dropped, it is None by default: the same row)
                 to_state=JobState.QUEUED,
                 at=now,
                 reason="enqueued",
@@ -280,7 +280,7 @@ class Job(Base):
         self,
         target: JobState,
         now: datetime,
-        reason: str = "",  # pragma: no mutate (history words, as in the move patterns)
+        reason: str,
         *,
         nvflare_job_id: str | None = None,
         code: ReasonCode | None = None,
@@ -297,7 +297,7 @@ class Job(Base):
             raise IllegalTransition("job", f"{self.id} (reason code {code})", self.state, target)
         self.events.add(
             JobEvent(
-                job_id=self.id,  # pragma: no mutate (events.add sets it as well)
+                job_id=self.id,  # pragma: no mutate (write-only `events` sets it at flush)
                 from_state=self.state,
                 to_state=target,
                 at=now,
@@ -341,7 +341,7 @@ class Job(Base):
         self.transition(
             JobState.RUNNING,
             now,
-            f"submitted as {nvflare_job_id}",  # pragma: no mutate (history words, as in moves)
+            f"submitted as {nvflare_job_id}",
             nvflare_job_id=nvflare_job_id,
         )
         self.nvflare_job_id = nvflare_job_id

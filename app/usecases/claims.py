@@ -189,10 +189,9 @@ def claim_next_job(session: Session, settings: Settings, now: datetime) -> Assig
         # Lock one net at a time: locking every free net in one statement would let the
         # first claimer hide all nets from the others until it commits.
         net = session.scalar(_statement("lock net", _lock_net), {"name": name})
-        # Not mutated, nor the `continue` for a job below: only a concurrent claimer makes
-        # either None, which SQLite's write lock from BEGIN rules out (PostgreSQL race tests).
+        # None: a concurrent claimer took the net (or holds its lock) since the read above.
         if net is None:
-            continue  # pragma: no mutate
+            continue
         job = _next_job_for(session, settings.net(name), shares, order["aged_before"])
         # A project found at its cap once a concurrent claim of it committed: the net, still
         # locked by this claim, goes to the next job in the order (this statement's fresh
@@ -201,7 +200,7 @@ def claim_next_job(session: Session, settings: Settings, now: datetime) -> Assig
         while job is not None and not _cap_holds(session, shares, job):
             job = _next_job_for(session, settings.net(name), shares, order["aged_before"])
         if job is None:
-            continue  # pragma: no mutate (see above)
+            continue  # none it may run among its next SITES_SCAN jobs: the next net may
         job.assign(net.name, now)
         # The chain's first step must reach a worker and start within this, or it is
         # re-driven (a lost message, a worker killed holding it).
@@ -264,7 +263,7 @@ def _candidates(shares: Shares) -> Any:
     warm_first = case(
         (Net.state == NetState.READY, 0),
         (Net.state == NetState.STARTING, 1),
-        else_=2,  # pragma: no mutate (any rank after 1 orders the same)
+        else_=2,  # pragma: no mutate (3, its mutant, is after 0 and 1 too: the same order)
     )
     queued = _claimable()
     hinted = exists().where(queued, _hinted_here(Net.name, now, shares))
@@ -276,7 +275,7 @@ def _candidates(shares: Shares) -> Any:
             warm_first,
             ~hinted,  # held for a waiting job that named its hold: first of its warmth
             held,  # held for a job still to come: after the unheld nets as warm
-            Net.name,  # pragma: no mutate (a tie-break)
+            Net.name,  # a tie-break: the same net whatever order the rows were written in
         )
     )
 
@@ -434,8 +433,7 @@ def _next_jobs(limit: int, shares: Shares, *, scan: bool = False, by_id: bool = 
             *below_cap(Job, func.coalesce(projects.c.held, 0), shares),
         )
         .order_by(*fair_share.order_key(Job, used, bindparam("aged_before")))
-        # (a bound only for one: scalar() reads the first row anyway)
-        .limit(limit)  # pragma: no mutate
+        .limit(limit)  # the scan's SITES_SCAN, or the one job taken (and locked)
     )
     return statement if scan else statement.with_for_update(skip_locked=True, of=Job)
 

@@ -81,7 +81,7 @@ class StepResult:
 
 def claim_and_start(
     rt: Runtime,
-    limit: int = 50,  # pragma: no mutate (a bound per round: the next round claims the rest)
+    limit: int = 50,  # a bound per round: the next round claims the rest
 ) -> list[claims.Assignment]:
     """Claim QUEUED jobs onto free nets, one transaction per claim, and start a pipeline
     for each after its claim has committed."""
@@ -278,7 +278,7 @@ def _check_ready(
         assigned_at = job.assigned_at or now
 
     readiness: Readiness | None = None
-    detail = ""  # pragma: no mutate (every path that reads it sets it first)
+    detail: str  # set on every path below that goes on to read it
     try:
         skip_driver = net_config.always_on or server_seen_up
         observation = None if skip_driver else rt.driver(net_name).observe()
@@ -365,10 +365,7 @@ def _give_up_readiness(
     always_on = rt.settings.net(net_name).always_on
     with unit_of_work(rt.sessions) as session:
         if _assigned(session, job_id, net_name, attempt) is None:
-            return StepResult(
-                Step.SKIPPED,
-                "job moved on before the readiness deadline",  # pragma: no mutate (unread)
-            )
+            return StepResult(Step.SKIPPED, "job moved on before the readiness deadline")
         records.requeue_job(session, job_id, reason, rt.clock())
         net = records.get_net(session, net_name, lock=True)
         target = NetState.OUTAGE if always_on else NetState.UNHEALTHY

@@ -133,11 +133,11 @@ def enqueue_job(
         try:
             _insert(session, job)
         except IntegrityError:
-            # Not mutated: only a concurrent enqueue of the same key gets here.
-            winner = _by_key(session, request.caller_key)  # pragma: no mutate
-            if winner is None:  # pragma: no mutate
+            # A job under the key now: a concurrent enqueue of it committed meanwhile (a repeat).
+            winner = _by_key(session, request.caller_key)
+            if winner is None:
                 raise
-            return _repeat(winner, request, settings)  # pragma: no mutate
+            return _repeat(winner, request, settings)
     # After the insert, never before: on PostgreSQL an abort committing meanwhile either
     # made this insert wait for its commit, or finds this job itself (early_aborts).
     if abort_waits(session, job.id, now):
@@ -269,7 +269,7 @@ def record_rejection(
     now: datetime,
     retention_s: float,
     *,
-    callbacks: bool = False,  # pragma: no mutate (its one caller always passes it)
+    callbacks: bool = False,
     code: ReasonCode = ReasonCode.REJECTED,
     message_id: str | None = None,
     digest: str | None = None,
@@ -430,5 +430,5 @@ def get_rejection(session: Session, job_id: uuid.UUID) -> RejectedRequest | None
         select(RejectedRequest)
         .where(RejectedRequest.job_id == job_id)
         .order_by(RejectedRequest.at.desc(), RejectedRequest.id.desc())
-        .limit(1)  # pragma: no mutate (a bound only: scalar() reads the first row anyway)
+        .limit(1)
     )

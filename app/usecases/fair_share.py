@@ -94,7 +94,7 @@ def order_key(job: Any, used: Any, aged_before: Any) -> tuple[Any, ...]:
         case((aged, literal(0)), else_=used),
         case((aged, 0), else_=-job.priority),
         job.created_at,
-        job.id,  # pragma: no mutate (a tie-break)
+        job.id,  # a tie-break: one order on every read, not the rows' written order
     )
 
 

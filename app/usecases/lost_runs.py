@@ -142,7 +142,7 @@ def unwatchable(
             # A start found the files right since the round's read: nothing to count.
             return {str(j.job_id): f"not watched: {exc} (since fixed)" for j in jobs}
         gone_s, rounds = net.missed(now, counts=counts)
-        net.last_error = f"monitor: {exc}"[:2000]  # pragma: no mutate (Text: any bound fits)
+        net.last_error = f"monitor: {exc}"[:2000]  # bounded as `isolated` bounds its own
     # Lost takes the grace and that many rounds in a row: two failed calls the grace apart (a
     # sparse beat) are no lost server, and a run completed meanwhile would rerun (seed 6634).
     if gone_s < rt.settings.server_lost_grace_s or rounds < rt.settings.server_lost_rounds:

@@ -55,7 +55,7 @@ def get_job(
     session: Session,
     job_id: uuid.UUID,
     *,
-    lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
+    lock: bool = False,
 ) -> Job:
     """The job with this id, optionally locked for update; NotFound otherwise. A job this
     transaction already locked is not read again (`rows`)."""
@@ -74,7 +74,7 @@ def get_net(
     session: Session,
     name: str,
     *,
-    lock: bool = False,  # pragma: no mutate (True only adds a lock; PostgreSQL only, untested)
+    lock: bool = False,
 ) -> Net:
     """The net with this name, optionally locked for update; NotFound otherwise. A net this
     transaction already locked is not read again (`rows`)."""
@@ -83,7 +83,7 @@ def get_net(
         return net
     net = session.scalar(_NET_LOCKED if lock else _NET, {"key": name})
     if net is None:
-        raise NotFound(f"net {name} not found")  # pragma: no mutate (callers name declared nets)
+        raise NotFound(f"net {name} not found")
     if lock:
         rows.note_locked(session, net, name)
     return net
@@ -257,7 +257,7 @@ def finish_job(
     its net. Returns False if the job was already terminal (a repeated signal is not an
     error)."""
     if outcome not in TERMINAL_JOB_STATES:
-        raise ValueError(f"{outcome} is not a terminal state")  # pragma: no mutate (a bug's text)
+        raise ValueError(f"{outcome} is not a terminal state")
     job = get_job(session, job_id, lock=True)
     if job.state in TERMINAL_JOB_STATES:
         return False

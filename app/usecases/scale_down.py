@@ -24,9 +24,7 @@ log = logging.getLogger(__name__)
 
 
 # Every round's read, built once at import (issue 37).
-_READY = select(Net.name, Net.idle_since, Net.state_changed_at).where(  # pragma: no mutate
-    Net.state == NetState.READY
-)
+_READY = select(Net.name, Net.idle_since, Net.state_changed_at).where(Net.state == NetState.READY)
 
 
 def scale_down_idle_nets(rt: Runtime) -> list[str]:
@@ -38,8 +36,7 @@ def scale_down_idle_nets(rt: Runtime) -> list[str]:
     now = rt.clock()
     # One read finds the candidates (READY nets idle past their grace): the cost follows the
     # nets that are up, not the declared fleet; each candidate is then re-checked under its
-    # row lock, which recomputes the idle time from the row (so a wrong column read here
-    # cannot be seen: the columns are not mutated).
+    # row lock, which recomputes the idle time from the row.
     with rt.sessions() as session:
         ready = session.execute(_READY).all()
     candidates = [

@@ -93,7 +93,8 @@ def settle_undeclared(rt: Runtime, removal: declared_nets.Removal | None = None)
         if net_name is None:
             # The check too is inside the isolation: a row it cannot read (sites JSON null, a
             # hand edit) is that job's failure, not the round's for every net.
-            with isolated(rt, "reconcile", "-"):  # pragma: no mutate (no net to record on)
+            # Its mutants ("XX-XX", the loop's name) change only the log: no net row is named so.
+            with isolated(rt, "reconcile", "-"):  # pragma: no mutate (log text: no net named "-")
                 if not runnable(rt.settings, sites):  # (most are: a declared net has them)
                     note = _settle_unrunnable_job(rt, job_id)
                     if note:
@@ -139,7 +140,7 @@ def _settle_unrunnable_job(rt: Runtime, job_id: uuid.UUID) -> str:
             or job.requested_net is not None
             or runnable(rt.settings, job.required_sites)
         ):
-            return ""  # pragma: no mutate (the job moved on since the read)
+            return ""  # the job moved on since the read
         reason = unrunnable_reason(job.required_sites)
         records.finish_job(
             session, job_id, JobState.FAILED, reason, rt.clock(), code=ReasonCode.NET_REMOVED
@@ -153,7 +154,7 @@ def _settle_undeclared_job(rt: Runtime, job_id: uuid.UUID, removed: list[str]) -
         job = records.get_job(session, job_id, lock=True)
         net_name = job.net_name if job.state in ACTIVE_JOB_STATES else job.requested_net
         if net_name is None or net_name not in removed:
-            return ""  # pragma: no mutate (the job moved on since the read)
+            return ""  # the job moved on since the read
         reason = undeclared_reason(net_name)
         if job.state == JobState.ASSIGNED:
             records.requeue_job(session, job_id, reason, rt.clock(), count_attempt=False)

@@ -48,6 +48,28 @@ def test_a_repeat_is_answered_by_its_job_and_writes_nothing(pg_factory, settings
         assert session.scalar(select(func.count()).select_from(JobEvent)) == 1
 
 
+def test_two_enqueues_of_one_key_before_the_nets_have_rows_answer_with_one_job(
+    pg_factory, settings, clock, monkeypatch
+):
+    """Both inserts fail on the missing net row; both make the rows and insert again: one
+    wins, and the other's second insert fails on the key and answers with the winner's job
+    (a repeat), not the IntegrityError."""
+    both_failed_once = threading.Barrier(2, timeout=10)
+    make_rows = declared_nets.ensure_net_rows
+
+    def rows_once_both_failed(*args: Any) -> None:
+        both_failed_once.wait()
+        make_rows(*args)
+
+    monkeypatch.setattr(declared_nets, "ensure_net_rows", rows_once_both_failed)
+    enqueue_k = lambda: _enqueue(pg_factory, settings, clock, "k", net="net-a")  # noqa: E731
+    answers = side_by_side(enqueue_k, enqueue_k)
+    assert sorted(a.created for a in answers) == [False, True]
+    assert answers[0].job_id == answers[1].job_id
+    with pg_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 1
+
+
 @pytest.fixture
 def rt(pg_factory, tmp_path, job_root, clock) -> Runtime:
     """The enqueue task's runtime on PostgreSQL, callbacks on (no driver, server or

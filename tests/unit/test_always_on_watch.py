@@ -384,3 +384,15 @@ def test_a_job_claimed_onto_a_net_left_down_asks_for_its_one_replica(always_on):
     assert world.driver("net-a").replicas == 1
     dispatch.scale_up(world.rt, job_id, "net-a", assignment.attempt)  # a retried step
     assert len(scale_decisions(world, "net-a")) == 1  # asked for already: not again
+
+
+def test_the_end_of_an_outage_is_logged_and_a_net_left_down_brought_back_is_not(always_on, caplog):
+    """The WARNING "outage over" for the net that was in OUTAGE only: net-a, left STOPPED by
+    scale-to-zero mode, comes back up too, without it."""
+    world = always_on
+    _set_state(world, "fixed", NetState.OUTAGE)
+    _set_state(world, "net-a", NetState.STOPPED)
+    with caplog.at_level("WARNING"):
+        repaired = reconciler.reconcile(world.rt).repaired
+    assert {"fixed: OUTAGE -> READY", "net-a: STOPPED -> READY"} <= set(repaired)
+    assert [r.net for r in caplog.records if r.getMessage() == "outage over"] == ["fixed"]

@@ -5,11 +5,15 @@ QUEUED job says why it waits (its net out of service, an earlier run of it not s
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from app.usecases import claims, dispatch, records
 from models import JobState, Net, NetState
+from tests.fixtures.db import net_decl
+from tests.unit.conftest import world_of
 
 
 def _wanted(world) -> set[str]:
@@ -89,3 +93,67 @@ def test_a_queued_job_says_why_it_waits(world):
             "an earlier run of it on net fixed is not settled yet"
         )
         assert job_detail(session, free).waiting_for is None
+
+
+def test_a_net_whose_scan_finds_no_job_it_can_run_passes_the_claim_to_the_next_net(sited):
+    """net-a is wanted by a job behind SITES_SCAN it cannot run: its scan finds none, and the
+    claim goes on to net-b, which can run the first of them."""
+    ahead = [
+        sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(claims.SITES_SCAN)
+    ]
+    sited.enqueue("fits", required_sites=["site-1"])
+    with sited.rt.sessions.begin() as session:
+        claimed = claims.claim_next_job(session, sited.rt.settings, sited.clock())
+    assert claimed is not None
+    assert (claimed.net_name, str(claimed.job_id)) == ("net-b", str(ahead[0]))
+
+
+def test_a_net_taken_by_a_concurrent_claim_before_its_lock_passes_the_claim_to_the_next(sited):
+    """Between the claim's read of the free nets and its lock of the first (net-a), a
+    concurrent claim takes net-a (on PostgreSQL its lock makes SKIP LOCKED pass the row;
+    staged here by that claim's move, written at that moment): the job goes to net-b."""
+    job_id = sited.enqueue("j", required_sites=["site-1"])
+    engine = sited.rt.sessions.kw["bind"]
+    taken: list[str] = []
+
+    def take_net_a(_conn: Any, cursor: Any, sql: str, params: Any, *_: Any) -> None:
+        if not taken and sql.startswith("SELECT nets.") and "net-a" in tuple(params):
+            cursor.connection.execute("UPDATE nets SET state = 'BUSY' WHERE name = 'net-a'")
+            taken.append(sql)
+
+    event.listen(engine, "before_cursor_execute", take_net_a)
+    try:
+        with sited.rt.sessions.begin() as session:
+            claimed = claims.claim_next_job(session, sited.rt.settings, sited.clock())
+    finally:
+        event.remove(engine, "before_cursor_execute", take_net_a)
+    assert taken
+    assert claimed is not None
+    assert (claimed.net_name, str(claimed.job_id)) == ("net-b", str(job_id))
+
+
+def test_of_nets_as_warm_as_each_other_the_claim_takes_the_first_by_name(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """The free nets' order ends with the name: which of two cold nets a job goes to does not
+    depend on the order the rows were written in (net-z's first here)."""
+    nets = [net_decl(tmp_path, name, "ecs") for name in ("net-z", "net-y", "net-a", "net-m")]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    job_id = world.enqueue("j", required_sites=["site-1"])
+    with world.rt.sessions.begin() as session:
+        claimed = claims.claim_next_job(session, world.rt.settings, world.clock())
+    assert claimed is not None
+    assert (claimed.net_name, str(claimed.job_id)) == ("net-a", str(job_id))
+
+
+def test_a_claim_round_takes_at_most_50_jobs_and_the_next_round_the_rest(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """One claim_and_start is bounded (a transaction per claim): of 51 jobs that 51 free nets
+    could take, it claims 50; the next round claims the 51st."""
+    nets = [net_decl(tmp_path, f"net-{i:02}", "ecs") for i in range(51)]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    for i in range(51):
+        world.enqueue(f"j-{i}", required_sites=["site-1"])
+    assert len(dispatch.claim_and_start(world.rt)) == 50
+    assert len(dispatch.claim_and_start(world.rt)) == 1

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
 
 from app import names
 from app.errors import CallerKeyConflict, InvalidRequest
 from app.schemas import EnqueueJob
 from app.settings import Settings
 from app.usecases import declared_nets, enqueue, records
-from models import JobState
+from models import JobState, Net
 from tests.fixtures.db import net_decl
 
 
@@ -284,3 +286,41 @@ def test_an_invalid_repeat_of_a_live_jobs_caller_key_is_a_conflict_not_a_rejecti
         f"a refused repeat of live job {live} goes out as {code}: flip-api sets "
         f"{REASONS[code].flip[None]}"
     )
+
+
+def test_a_concurrent_enqueue_of_the_key_winning_while_the_net_rows_are_made_is_answered(
+    sqlite_factory, settings, clock, monkeypatch
+):
+    """No net row yet (a deploy that added the net): the enqueue makes the rows and inserts
+    again. A concurrent enqueue of the same key that committed meanwhile (on PostgreSQL; staged
+    here by running it at that moment) wins: its job is the answer, as a repeat."""
+    request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-a")
+    make_rows = declared_nets.ensure_net_rows
+    rival: list[enqueue.Enqueued] = []
+
+    def rows_then_rival(session, settings_, now):
+        make_rows(session, settings_, now)
+        rival.append(enqueue.enqueue_job(session, settings_, request, now))
+
+    monkeypatch.setattr(declared_nets, "ensure_net_rows", rows_then_rival)
+    with sqlite_factory.begin() as session:
+        answer = enqueue.enqueue_job(session, settings, request, clock())
+    assert rival[0].created
+    assert (answer.job_id, answer.created) == (rival[0].job_id, False)
+
+
+def test_an_insert_failing_again_with_no_job_under_the_key_is_raised(
+    sqlite_factory, settings, clock, monkeypatch
+):
+    """The second insert fails and no job has the key (staged: the net's row gone again before
+    it): that is no repeat to answer, so the insert's error is raised."""
+    request = EnqueueJob(caller_key="k", definition="tiny-job", net="net-a")
+    make_rows = declared_nets.ensure_net_rows
+
+    def rows_then_gone(session, settings_, now):
+        make_rows(session, settings_, now)
+        session.execute(delete(Net).where(Net.name == "net-a"))
+
+    monkeypatch.setattr(declared_nets, "ensure_net_rows", rows_then_gone)
+    with pytest.raises(IntegrityError), sqlite_factory.begin() as session:
+        enqueue.enqueue_job(session, settings, request, clock())

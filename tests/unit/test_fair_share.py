@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import pytest
 from sqlalchemy import select
 
-from app.schemas import PrewarmNet, job_id_for
+from app.schemas import EnqueueJob, PrewarmNet, job_id_for
 from app.usecases import claims, prewarm, records, scale_down
+from app.usecases import enqueue as enqueue_uc
 from models import Job, JobState, Net, NetState, ReasonCode
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import World, world_of
@@ -232,3 +233,17 @@ def test_the_claims_order_is_built_once_per_shares(capped):
         claim(capped)
         end(capped, f"b{i}")
     assert len(claims._BUILT) == built
+
+
+def test_of_jobs_queued_at_the_same_instant_the_claim_takes_the_lower_id_first(world):
+    """The order ends with the job's id: two jobs of one instant go in the same order on every
+    read, not in the order their rows were written ("first" has the higher id here)."""
+    now = world.clock()
+    with world.rt.sessions.begin() as session:
+        for key in ("first", "second"):
+            request = EnqueueJob(caller_key=key, definition="tiny-job", net="net-a")
+            enqueue_uc.enqueue_job(session, world.rt.settings, request, now)
+    assert job_id_for("second") < job_id_for("first")
+    with world.rt.sessions.begin() as session:
+        claimed = claims.claim_next_job(session, world.rt.settings, world.clock())
+    assert claimed is not None and claimed.job_id == job_id_for("second")

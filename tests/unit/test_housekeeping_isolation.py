@@ -164,3 +164,16 @@ def test_a_report_wait_that_cannot_be_settled_stops_no_other_nets_monitoring(
         "monitor_running_jobs: RuntimeError: bug settling one report wait"
     )
     assert world.net("net-b").last_error is None
+
+
+def test_a_net_repair_that_crashes_is_recorded_on_its_net_and_reports_no_repair(world):
+    """reconcile's repair of net-a raises an error nobody classified: it is net-a's
+    `last_error`, and the round's report lists no repair for it."""
+
+    def boom() -> Any:
+        raise RuntimeError("driver bug")
+
+    world.driver("net-a").observe = boom  # type: ignore[method-assign]
+    repaired = reconciler.reconcile(world.rt).repaired
+    assert [note for note in repaired if note.startswith("net-a")] == []
+    assert world.net("net-a").last_error == "reconcile: RuntimeError: driver bug"

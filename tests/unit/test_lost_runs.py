@@ -76,6 +76,15 @@ def test_a_run_lost_with_the_fail_policy_fails_with_the_reason(world):
     assert world.job(job_id).last_error == "server restarted under the job"
 
 
+def test_a_long_monitor_error_is_kept_on_the_net_cut_to_2000_characters(world):
+    """As housekeeping's own failures (`isolated`): a bounded text for /fl/status and the CLI."""
+    job_id = world.enqueue("j", net="fixed")
+    world.run_pipeline(job_id)
+    _unreachable(world, "fixed", ServerUnavailable("x" * 3000))
+    monitor.monitor_running_jobs(world.rt)
+    assert world.net("fixed").last_error == ("monitor: " + "x" * 3000)[:2000]
+
+
 def test_a_silent_always_on_server_keeps_its_run_as_a_stray_past_the_grace(world):
     job_id = world.enqueue("j", net="fixed")
     world.run_pipeline(job_id)

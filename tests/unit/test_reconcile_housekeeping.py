@@ -53,3 +53,11 @@ def test_reconcile_keeps_the_prepared_copy_of_a_job_that_may_be_claimed_again(wo
         )
     reconciler.reconcile(world.rt)
     assert not folder.exists()
+
+
+def test_the_live_jobs_answered_are_only_those_asked_about(world):
+    """`_live_jobs` (the prepared copies' and cached bundles' sweep): of the jobs it is given,
+    those not ended; another live job is not read."""
+    asked = world.enqueue("asked", net="net-a")
+    world.enqueue("other", net="net-a")
+    assert reconciler._live_jobs(world.rt, {asked}) == {asked}

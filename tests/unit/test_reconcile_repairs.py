@@ -8,11 +8,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from app.errors import DriverMisconfigured
 from app.usecases import dispatch, fleet, net_repairs, reconciler, records
-from models import JobState, NetEvent, NetState
+from models import Job, JobState, NetEvent, NetState
 
 
 def _pipelines(world):
@@ -174,3 +174,29 @@ def test_a_scale_down_decided_on_an_old_read_spares_a_net_claimed_meanwhile(worl
     net_repairs.repair_scaling_net(world.rt, "net-a", stale)
     assert world.driver("net-a").replicas == 1
     assert world.net("net-a").state == NetState.STARTING
+
+
+def test_a_drift_stop_never_takes_a_server_a_job_is_on_however_it_got_there(world):
+    """The drift stop re-checks under the net's lock that no job is on the net, not only its
+    state: a job put on the STOPPED net after the round's read other than by a claim (a hand
+    edit of the rows, a path a later change adds) keeps its server."""
+    driver = world.driver("net-a")
+    driver.replicas = 1  # up while STOPPED: drift
+    world.clock.advance(world.rt.settings.stuck_after_s + 1)
+    edited = world.enqueue("edited", net="net-a")
+    real_observe = driver.observe
+
+    def placed_meanwhile():
+        with world.rt.sessions.begin() as session:
+            session.execute(
+                update(Job)
+                .where(Job.caller_key == "edited")
+                .values(state=JobState.ASSIGNED, net_name="net-a", assigned_at=world.clock())
+            )
+        return real_observe()
+
+    driver.observe = placed_meanwhile  # type: ignore[method-assign]
+    reconciler.reconcile(world.rt)
+    assert world.job(edited).state == JobState.ASSIGNED
+    assert driver.replicas == 1
+    assert world.net("net-a").state == NetState.STOPPED

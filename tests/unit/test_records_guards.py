@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from app.usecases import declared_nets, records
-from models import JobState, NetState, StrayRun
+from models import JobState, NetState, ReasonCode, StrayRun
 from models.states import IllegalTransition
 from tests.fixtures.db import net_decl
 from tests.unit.conftest import world_of
@@ -120,3 +120,14 @@ def test_a_run_recorded_twice_is_one_stray(world):
     with world.rt.sessions() as session:
         strays = session.query(StrayRun).all()
     assert [(s.nvflare_job_id, s.submit_token) for s in strays] == [("nv-1", "tok-1")]
+
+
+def test_finishing_a_job_in_a_state_that_is_not_an_end_is_refused(world):
+    """finish_job takes only terminal outcomes: a caller's bug is refused before any change."""
+    job_id = world.enqueue("not-an-end", net="net-a")
+    with world.rt.sessions.begin() as session, pytest.raises(ValueError) as refused:
+        records.finish_job(
+            session, job_id, JobState.RUNNING, "x", world.clock(), code=ReasonCode.RUN_FAILED
+        )
+    assert str(refused.value) == "RUNNING is not a terminal state"
+    assert world.job(job_id).state == JobState.QUEUED

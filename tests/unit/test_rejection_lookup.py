@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from sqlalchemy import event
+
 from app.schemas import job_id_for
 from app.usecases import enqueue
+from models import RejectedRequest
 
 RETENTION_S = 3600.0
 
@@ -32,3 +35,22 @@ def test_of_refusals_at_the_same_instant_the_last_written_wins(sqlite_factory, c
     with sqlite_factory() as session:
         latest = enqueue.get_rejection(session, job_id_for("key-1"))
     assert latest is not None and latest.reason == "third"
+
+
+def test_the_lookup_loads_only_the_latest_refusal_of_many(sqlite_factory, clock):
+    """One row is read, however many refusals the key has kept (`limit(1)`)."""
+    with sqlite_factory.begin() as session:
+        for reason in ("first", "second", "third"):
+            enqueue.record_rejection(session, "key-1", reason, clock(), RETENTION_S)
+    loaded: list[str] = []
+
+    def note(target: RejectedRequest, _context: object) -> None:
+        loaded.append(target.reason)
+
+    event.listen(RejectedRequest, "load", note)
+    try:
+        with sqlite_factory() as session:
+            enqueue.get_rejection(session, job_id_for("key-1"))
+    finally:
+        event.remove(RejectedRequest, "load", note)
+    assert loaded == ["third"]

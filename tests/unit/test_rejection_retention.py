@@ -55,3 +55,16 @@ def test_a_huge_reason_is_stored_cut_to_4000_characters(sqlite_factory, clock):
     with sqlite_factory.begin() as session:
         enqueue.record_rejection(session, "k", "x" * 5000, clock(), RETENTION_S)
     assert _reasons(sqlite_factory) == ["x" * 4000]
+
+
+def test_without_callbacks_named_an_undelivered_rejection_goes_at_the_retention(
+    sqlite_factory, clock
+):
+    """`callbacks` defaults to off: no `rejected` event to wait for, the retention alone."""
+    start = clock()
+    with sqlite_factory.begin() as session:
+        enqueue.record_rejection(session, "old", "refused old", start, RETENTION_S)
+    later = start + timedelta(seconds=RETENTION_S + 1)
+    with sqlite_factory.begin() as session:
+        enqueue.record_rejection(session, "later", "refused later", later, RETENTION_S)
+    assert _reasons(sqlite_factory) == ["refused later"]

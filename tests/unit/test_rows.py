@@ -128,3 +128,21 @@ def test_a_locked_row_the_caller_dropped_is_still_answered(world):
         with reads(world.rt.sessions) as sent:
             assert records.get_job(session, job_id, lock=True).state == state
         assert sent == []
+
+
+def test_an_unlocked_read_leaves_the_lock_to_the_next_locked_read(world):
+    """A plain read locks nothing (`lock` defaults to False): a later locked read of the row
+    in the transaction runs its own SELECT (FOR UPDATE on PostgreSQL), not the memory's."""
+    job_id = world.enqueue("k", net="net-a")
+    with world.rt.sessions.begin() as session, reads(world.rt.sessions) as sent:
+        records.get_job(session, job_id)
+        records.get_job(session, job_id, lock=True)
+        records.get_net(session, "net-a")
+        records.get_net(session, "net-a", lock=True)
+    assert len(sent) == 4  # each row read plain, then again to lock it
+
+
+def test_a_net_with_no_row_is_not_found(world):
+    with world.rt.sessions.begin() as session, pytest.raises(NotFound) as refused:
+        records.get_net(session, "net-z")
+    assert str(refused.value) == "net net-z not found"

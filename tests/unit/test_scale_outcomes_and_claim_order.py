@@ -41,6 +41,15 @@ def test_each_scale_decision_records_how_the_driver_call_went(world, failure, ou
     assert _outcomes(world, "net-a") == [outcome]
 
 
+def test_a_long_driver_error_is_recorded_cut_to_the_outcome_columns_200_characters(world):
+    """scale_events.outcome is VARCHAR(200): a longer text would fail the insert on PostgreSQL
+    (SQLite stores it whole), so it is cut to fit."""
+    world.driver("net-a").fail_with = DriverTransientError("x" * 300)
+    with pytest.raises(DriverTransientError):
+        scaling.scale_net(world.rt, "net-a", 1, "test")
+    assert _outcomes(world, "net-a") == [("error: " + "x" * 300)[:200]]
+
+
 @pytest.fixture
 def three(tmp_path, job_root, sqlite_factory, clock):
     nets = [net_decl(tmp_path, n, "ecs") for n in ("net-a", "net-b", "net-c")]

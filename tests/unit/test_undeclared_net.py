@@ -7,6 +7,8 @@ found its nets."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import pytest
@@ -702,3 +704,50 @@ def test_a_net_removed_before_its_stamp_existed_leaves_no_read_growing_with_the_
     )
     reconciler.reconcile(world.rt)
     assert checked == []
+
+
+# --- a job that moved on between the round's read and its lock ---------------------------------
+
+
+def test_an_unrunnable_job_aborted_since_the_rounds_read_is_left_and_not_reported(
+    sited, tmp_path, monkeypatch
+):
+    """The round read the job QUEUED with sites no declared net has; a user's abort committed
+    before its lock (staged at the round's check of its sites): the job stays ABORTED and the
+    round reports nothing for it."""
+    world = sited
+    doomed = world.enqueue("needs-site-3", required_sites=["site-3"])
+    _fixed_only(world, tmp_path)
+    check = undeclared.runnable
+
+    def check_then_aborted(settings: Settings, sites: list[str] | None) -> bool:
+        if world.job(doomed).state == JobState.QUEUED:
+            world.abort(doomed)
+        return check(settings, sites)
+
+    monkeypatch.setattr(undeclared, "runnable", check_then_aborted)
+    assert undeclared.settle_undeclared(world.rt) == []
+    assert world.job(doomed).state == JobState.ABORTED
+
+
+def test_a_job_on_a_removed_net_aborted_since_the_rounds_read_is_left_and_not_reported(
+    world, tmp_path, job_root, monkeypatch
+):
+    """The round read the job ASSIGNED to removed net-a; an abort committed before its lock
+    (staged as the round enters the job's isolation): nothing is settled or reported."""
+    job_id = _claimed_unpinned(world)
+    _redeploy_without_net_a(world, tmp_path, job_root)
+    guard = undeclared.isolated
+
+    @contextmanager
+    def aborted_then_guarded(rt: Runtime, loop: str, net_name: str) -> Iterator[None]:
+        if world.job(job_id).state == JobState.ASSIGNED:
+            with world.rt.sessions.begin() as session:
+                records.abort_job(session, job_id, "user", world.clock())
+        with guard(rt, loop, net_name):
+            yield
+
+    monkeypatch.setattr(undeclared, "isolated", aborted_then_guarded)
+    assert undeclared.settle_undeclared(world.rt) == []
+    assert world.job(job_id).state == JobState.ABORTED
+    assert _strays(world) == []
