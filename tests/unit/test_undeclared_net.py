@@ -719,9 +719,11 @@ def test_an_unrunnable_job_aborted_since_the_rounds_read_is_left_and_not_reporte
     doomed = world.enqueue("needs-site-3", required_sites=["site-3"])
     _fixed_only(world, tmp_path)
     check = undeclared.runnable
+    aborted: list[str] = []
 
     def check_then_aborted(settings: Settings, sites: list[str] | None) -> bool:
-        if world.job(doomed).state == JobState.QUEUED:
+        if not aborted:  # the round's check, before the lock (no read once it is held)
+            aborted.append(str(doomed))
             world.abort(doomed)
         return check(settings, sites)
 
