@@ -135,11 +135,9 @@ def settle_undeclared(rt: Runtime, removal: declared_nets.Removal | None = None)
 def _settle_unrunnable_job(rt: Runtime, job_id: uuid.UUID) -> str:
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id, lock=True)
-        if (
-            job.state != JobState.QUEUED
-            or job.requested_net is not None
-            or runnable(rt.settings, job.required_sites)
-        ):
+        # Its sites and pin are as the round read them (set at enqueue, never changed), and so
+        # are this process's NETS: only its state can have moved on since the read.
+        if job.state != JobState.QUEUED:
             return ""  # the job moved on since the read
         reason = unrunnable_reason(job.required_sites)
         records.finish_job(
