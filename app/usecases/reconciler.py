@@ -65,10 +65,13 @@ def reconcile(rt: Runtime) -> Reconciled:
     _sweep_prepared(rt)
     _discard_finished_bundles(rt)
     repaired = []
-    for net_config in rt.settings.nets:
+    # `_fleet` made every declared net's row; one deleted by hand since is left alone this
+    # round (no failure recorded on a row another process may have made again meanwhile).
+    read = [(net_config, rows[net_config.name]) for net_config in rt.settings.nets
+            if net_config.name in rows]  # fmt: skip
+    for net_config, row in read:
         note: str = ""  # a net whose repair raised (`isolated` records it) reports nothing
         with isolated(rt, "reconcile", net_config.name):
-            row = rows[net_config.name]  # `_fleet` made every declared net's row
             try:
                 note = (
                     watch_always_on(rt, net_config.name, row)

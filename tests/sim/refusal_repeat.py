@@ -270,7 +270,9 @@ class RefusalRepeat:
 
     def _on_commit(self, conn: Any) -> None:
         sim = self.sim
-        if not self._lose or not sim.current:
+        # The refusal's own commit, in its handler: not the worker start's after a kill
+        # during it (seed 5996: the start's commit was taken for the refusal's).
+        if not self._lose or not sim.current or not sim.delivery.in_handler():
             return
         message = sim.current[-1]
         payload = message.kwargs.get("payload")

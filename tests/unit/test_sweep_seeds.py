@@ -284,3 +284,13 @@ def test_seed_7487_a_band_worlds_request_retried_is_never_dropped_by_the_broker(
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(7487).violations] == []
+
+
+def test_seed_5996_a_worker_start_after_a_kill_in_a_refusal_is_not_that_refusals_commit():
+    """(5996; the harness crashed, round 18's sweep) A worker killed while a `refusal_repeat`
+    band world's refusal opened its transaction restarts, and its start's commit was taken
+    for the refusal's by the band's lost-reply listener: an OperationalError out of the
+    simulation itself. The listener now fires only inside the handler."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(5996).violations] == []
