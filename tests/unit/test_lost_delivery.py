@@ -10,14 +10,12 @@ tests/unit/test_lost_delivery_promises.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.unit.celery_process import run_script
 
 pytestmark = pytest.mark.unit
 
@@ -89,20 +87,7 @@ print(json.dumps(seen))
 def lose(case: str, losses: int, tmp_path: Path) -> dict[str, Any]:
     """One delivery of an enqueue (retried twice before) whose worker was lost `losses`
     times before, lost as `case` says."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("NETS", "DATABASE_URL"))},
-        "PYTHONPATH": str(ROOT),
-        "BROKER_URL": "memory://",
-        "FL_DISPATCHER_DATA_DIR": str(tmp_path / "data"),
-        "RETRY_BACKOFF_MAX_S": "60",
-        "NETS": "[]",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", LOSE, case, str(losses)],
-        check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    seen: dict[str, Any] = run_script(LOSE, [case, str(losses)], tmp_path)
     return seen
 
 

@@ -11,13 +11,12 @@ as tests/unit/test_lost_delivery.py does. Written by a reviewer of 667b8e5."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.unit.celery_process import run_script
 
 pytestmark = pytest.mark.unit
 
@@ -71,20 +70,7 @@ print(json.dumps({"raised": raised, "settled": request.acknowledged, "copies": c
 
 def lose(case: str, value: Any, tmp_path: Path) -> dict[str, Any]:
     """One enqueue carrying `value` in its losses header, lost as `case` says."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("NETS", "DATABASE_URL"))},
-        "PYTHONPATH": str(ROOT),
-        "BROKER_URL": "memory://",
-        "FL_DISPATCHER_DATA_DIR": str(tmp_path / "data"),
-        "RETRY_BACKOFF_MAX_S": "60",
-        "NETS": "[]",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", LOSE, case, json.dumps(value)],
-        check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    seen: dict[str, Any] = run_script(LOSE, [case, json.dumps(value)], tmp_path)
     return seen
 
 

@@ -7,15 +7,13 @@ full jitter (the README now says what the jitter does)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.unit.celery_process import run_script
 
 pytestmark = pytest.mark.unit
 
@@ -67,20 +65,7 @@ def test_the_field_the_readme_says_grows_on_a_poison_messages_warning_lines_grow
     found = re.search(r"WARNING lines with a growing `(\w+)` for one task id", text)
     assert found is not None
     field = found.group(1)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("NETS", "DATABASE_URL"))},
-        "PYTHONPATH": str(ROOT),
-        "BROKER_URL": "memory://",
-        "FL_DISPATCHER_DATA_DIR": str(tmp_path / "data"),
-        "RETRY_BACKOFF_MAX_S": "1",
-        "NETS": "[]",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", LOSE_TWICE],
-        check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines: list[dict[str, Any]] = json.loads(done.stdout.splitlines()[-1])
+    lines: list[dict[str, Any]] = run_script(LOSE_TWICE, [], tmp_path, backoff_max_s=1)
     assert len(lines) == 3
     assert all(field in line for line in lines), (field, lines)
     values = [int(line[field]) for line in lines]

@@ -9,14 +9,12 @@ RETRY_BACKOFF_MAX_S unbounded: each failed there."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.unit.celery_process import run_script
 
 pytestmark = pytest.mark.unit
 
@@ -78,23 +76,12 @@ print(json.dumps(copies))
 
 def lose(case: str, retries: int, tmp_path: Path, **env_extra: str) -> list[dict[str, Any]]:
     """One delivery tried `retries` times before, lost as `case` says: the copies queued."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("NETS", "DATABASE_URL"))},
-        "PYTHONPATH": str(ROOT),
-        # kombu's SQL transport (the embedded broker): it takes back what a closed channel
-        # held unacknowledged, where kombu's memory transport would drop it.
-        "BROKER_URL": f"sqla+sqlite:///{tmp_path / 'broker.db'}",
-        "FL_DISPATCHER_DATA_DIR": str(tmp_path / "data"),
-        "RETRY_BACKOFF_MAX_S": "60",
-        "NETS": "[]",
-        **env_extra,
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", LOSE, case, str(retries)],
-        check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    copies: list[dict[str, Any]] = json.loads(done.stdout.splitlines()[-1])
+    # kombu's SQL transport (the embedded broker): it takes back what a closed channel held
+    # unacknowledged, where kombu's memory transport would drop it.
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
+    copies: list[dict[str, Any]] = run_script(
+        LOSE, [case, str(retries)], tmp_path, broker_url=broker, env_extra=env_extra
+    )
     return copies
 
 
