@@ -171,3 +171,37 @@ def test_a_warm_up_past_the_deadline_no_live_hold_wants_gives_up(pw):  # noqa: F
     calls = len(pw.driver("net-a").calls)
     assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.GAVE_UP
     assert 1 not in pw.driver("net-a").calls[calls:]
+
+
+def test_a_warm_up_stalled_across_a_new_start_does_not_give_that_start_up(pw):  # noqa: F811
+    """(seed 5853) A warm-up read net-a STARTING, then stalled at the driver past the net's
+    ready_timeout_s; meanwhile the start came up, went down, and a job's claim started the
+    net again and asked for its replica (the job then aborted). Resumed, the warm-up counted
+    the deadline from the start it had read (from that start's ask, long past) and gave up
+    the new one 1 s into its boot: UNHEALTHY, scaled down. A start read before the stall is
+    not the start it gives up: it leaves the new one alone."""
+    from app.usecases import records
+    from app.usecases.scaling import scale_net
+
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked
+    driver = pw.driver("net-a")
+    observe = driver.observe
+
+    def stalled_observe():
+        # While this worker stalls: the start ends and a new one is asked for.
+        pw.clock.advance(READY_TIMEOUT_S + 10)
+        for state in (NetState.STOPPING, NetState.STOPPED, NetState.STARTING):
+            with pw.rt.sessions.begin() as session:
+                records.get_net(session, "net-a").transition(state, pw.clock(), "meanwhile")
+        scale_net(pw.rt, "net-a", 0, "stopped")
+        pw.clock.advance(1)
+        scale_net(pw.rt, "net-a", 1, "job assigned")
+        return observe()
+
+    driver.observe = stalled_observe  # type: ignore[method-assign]
+    result = prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert result.step != Warm.GAVE_UP, result
+    assert pw.net("net-a").state == NetState.STARTING  # was UNHEALTHY
+    assert driver.replicas == 1

@@ -241,6 +241,18 @@ def test_seed_5435_a_warm_up_gives_up_a_boot_another_has_just_asked_for():
     assert [v.invariant for v in run_seed(5435).violations] == []
 
 
+def test_seed_5853_a_warm_up_stalled_across_a_new_start_leaves_that_start_alone():
+    """(racy) w0's warm_up read net-a STARTING (12.4 s) and stalled 53 s at driver.observe;
+    meanwhile the net came up, went down, and job 06c78d98's claim started it again (72.3 s)
+    and asked for its replica (72.5 s); the job was aborted. Resumed at 73.6 s, the warm-up
+    counted the deadline from the start it had read (its ask at 12.4 s) and gave the new start
+    up 1.1 s after its ask (UNHEALTHY, scaled down; `start-given-up-early`). Fixed: warm_up
+    gives up only the start it read (its STARTING stamp re-checked under the row lock)."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(5853).violations] == []
+
+
 def test_seed_9241_a_prewarmed_start_back_from_an_always_on_outage_idles_from_its_holds_end():
     """(misconfig) A prewarm started net-b; a redeploy made it always-on at its start, and
     the start, its replica cut off, an OUTAGE past the deadline; its hold ended at 2.9 s (a

@@ -101,7 +101,8 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
             return WarmResult(Warm.READY, reason)
         if clock.unasked and desired and live:
             return _ask_unrecorded(rt, net_name)
-        return _give_up(rt, net_name, f"not ready after {config.ready_timeout_s:.0f}s: {detail}")
+        reason = f"not ready after {config.ready_timeout_s:.0f}s: {detail}"
+        return _give_up(rt, net_name, reason, since)
     return WarmResult(Warm.NOT_READY, detail)
 
 
@@ -119,7 +120,7 @@ def _poll(
     try:
         observation = rt.driver(net_name).observe()
         if observation.failure and _start_asked(rt, net_name, starting_since):
-            return _give_up(rt, net_name, f"driver: {observation.failure}")
+            return _give_up(rt, net_name, f"driver: {observation.failure}", starting_since)
         if observation.desired < 1:
             if not live:
                 return _release(rt, net_name, "prewarm: its holds ended before a replica was asked")
@@ -229,13 +230,17 @@ def _note_ready(session: Session, net_name: str, now: datetime) -> None:
             row.ready_at = now
 
 
-def _give_up(rt: Runtime, net_name: str, reason: str) -> WarmResult:
-    """The server never came: UNHEALTHY and scaled down (as after a job's readiness
-    deadline), its holds failed."""
+def _give_up(rt: Runtime, net_name: str, reason: str, since: datetime) -> WarmResult:
+    """The server of the start from `since` never came: UNHEALTHY and scaled down (as after
+    a job's readiness deadline), its holds failed."""
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, net_name, lock=True)
         if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
+        if net.state_changed_at != since:
+            # The net was started again since this round read it (it stalled, seed 5853):
+            # the deadline it counted is the old start's, not this one's.
+            return WarmResult(Warm.SKIPPED, "the net was started again meanwhile")
         now = rt.clock()
         net.transition(NetState.UNHEALTHY, now, reason)
         net.last_error = reason
