@@ -1,0 +1,88 @@
+"""A warm-up that read its net STARTING and then stalled (a slow driver or admin call) acts,
+when it resumes, on the start it read, never on a new start of the net begun meanwhile
+(sweep seed 5853 fixed `_give_up`; the same stale read reaches `mark_ready` and
+`_release`)."""
+
+from __future__ import annotations
+
+from app.usecases import prewarm, records
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
+from models import NetState
+from tests.unit.prewarm_world import ask, pw, view  # noqa: F401 (fixture)
+
+
+def _restart(world, key: str) -> None:
+    """The start read ends (up, idle, taken down) and a new prewarm's start begins."""
+    for state in (NetState.READY, NetState.STOPPING, NetState.STOPPED):
+        with world.rt.sessions.begin() as session:
+            records.get_net(session, "net-a").transition(state, world.clock(), "meanwhile")
+    world.driver("net-a").replicas = 0
+    world.server("net-a").up = False
+    world.clock.advance(1)
+    assert ask(world, key, net="net-a", within_s=600).notified  # STOPPED -> STARTING again
+
+
+def test_a_stalled_readiness_check_does_not_mark_a_new_start_ready(pw):  # noqa: F811
+    """The warm-up saw the first start's server answer, then stalled in is_ready; meanwhile
+    that start went READY, idle, down, and a second prewarm started the net again (no
+    replica yet). Resumed, it marked the new start READY from the old server's answer
+    (and noted p2's hold ready, with the old server's start time): a READY net with no
+    server. It leaves the new start STARTING."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked
+    pw.server("net-a").up = True
+    admin = pw.rt.admin("net-a")
+    is_ready = admin.is_ready
+
+    def stalled_is_ready(sites):
+        answer = is_ready(sites)  # the first start's server answers ...
+        admin.is_ready = is_ready  # (one stall)
+        prewarm.cancel_prewarm(pw.rt, "p1")
+        _restart(pw, "p2")  # ... and is gone before the answer is acted on
+        return answer
+
+    admin.is_ready = stalled_is_ready  # type: ignore[method-assign]
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert pw.net("net-a").state == NetState.STARTING  # was READY: no server behind it
+    assert view(pw, "p2").status != "held"
+
+
+def test_a_stalled_release_does_not_stop_a_new_prewarms_start(pw):  # noqa: F811
+    """p1 was cancelled before the warm-up read the net (no live hold: release it), and the
+    warm-up stalled at the driver; meanwhile the start went down and p2's hint started the
+    net again, its replica not asked yet. Resumed (desired 0, no live hold as read), the
+    warm-up released p2's start: STOPPING, scaled to 0, while p2's live hold wants it up."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    driver = pw.driver("net-a")
+    observe = driver.observe
+
+    def stalled_observe():
+        driver.observe = observe  # (one stall)
+        _restart(pw, "p2")
+        return observe()
+
+    driver.observe = stalled_observe  # type: ignore[method-assign]
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: p2's start released
+
+
+def test_a_stalled_release_does_not_stop_a_start_a_new_hold_wants(pw):  # noqa: F811
+    """The same stale read without a new start: the warm-up read no live hold (p1
+    cancelled) and stalled at the driver; meanwhile p2 was granted on the STARTING net
+    (same start, its warm-up re-sent). Resumed, the warm-up released the start p2 holds."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    prewarm.cancel_prewarm(pw.rt, "p1")
+    driver = pw.driver("net-a")
+    observe = driver.observe
+
+    def stalled_observe():
+        driver.observe = observe  # (one stall)
+        ask(pw, "p2", net="net-a", within_s=600)
+        return observe()
+
+    driver.observe = stalled_observe  # type: ignore[method-assign]
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: p2's start released
