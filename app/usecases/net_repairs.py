@@ -296,7 +296,7 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
         # asked for it then), as an always-on start's does; from STARTING if none was asked.
         clock = start_clock(rt, name, changed_at)
         if observation.is_up:
-            note = _ready_once_ready(rt, name, clock.age_s)
+            note = _ready_once_ready(rt, name, clock.age_s, changed_at)
             if note is not None:
                 return note
         overdue = clock.age_s > rt.settings.net(name).ready_timeout_s
@@ -343,7 +343,7 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
     return ""
 
 
-def _ready_once_ready(rt: Runtime, name: str, age_s: float) -> str | None:
+def _ready_once_ready(rt: Runtime, name: str, age_s: float, since: datetime) -> str | None:
     """A job-less STARTING net whose driver runs a replica is READY only once its server is,
     judged as warm_up judges it: the server answers and the sites its live holds wait for
     (else the net's required sites) are connected; past ready_timeout_s, a server that
@@ -361,7 +361,7 @@ def _ready_once_ready(rt: Runtime, name: str, age_s: float) -> str | None:
     if readiness.ready or (past_deadline and readiness.server_state == ServerState.STARTED):
         # Under the row lock: READY only while still STARTING with no job (a job claimed
         # meanwhile owns it), idle from its holds' end; the holds note when it was ready.
-        if mark_ready(rt, name, readiness, "up, no job: idle"):
+        if mark_ready(rt, name, readiness, "up, no job: idle", since):
             return "STARTING without a job: now READY (idle)"
         return ""
     return None if past_deadline else ""
@@ -446,7 +446,8 @@ def watch_always_on(rt: Runtime, name: str, row: NetRow) -> str:
             # would be there, once its sites are connected, idle from its holds' end
             # (simulator seeds 8780, 4946: a READY with no site connected, a fresh grace).
             # Its deadline counts from the first ask, as `overdue_start`'s does.
-            return _ready_once_ready(rt, name, start_age_s(rt, name, row.changed_at)) or ""
+            age_s = start_age_s(rt, name, row.changed_at)
+            return _ready_once_ready(rt, name, age_s, row.changed_at) or ""
         left_behind = state in (
             NetState.OUTAGE,
             NetState.STOPPED,

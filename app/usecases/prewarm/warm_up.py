@@ -79,7 +79,7 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
     if job is not None:
         return WarmResult(Warm.SKIPPED, f"job {job.id} took the net: its chain brings it up")
     if state == NetState.READY and awaited is not None:
-        return _await_sites(rt, net_name, sites, awaited)
+        return _await_sites(rt, net_name, sites, awaited, since)
     if config.always_on or state != NetState.STARTING:
         return WarmResult(Warm.SKIPPED, f"net is {state}: nothing to warm up")
     polled = _poll(rt, net_name, sites, live, since)
@@ -87,7 +87,8 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
         return polled
     readiness, detail, desired = polled
     if readiness is not None and readiness.ready:
-        mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        if mark_ready(rt, net_name, readiness, "ready for its prewarm", since) is None:
+            return STARTED_AGAIN
         return WarmResult(Warm.READY, "ready")
     # From the first ask for the replica (this call's, if it ran late), not from STARTING: a
     # warm-up whose message waited past the deadline does not give up the boot it just asked.
@@ -97,13 +98,18 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
             # The server answers; only sites are missing: up all the same, as a job's
             # missing sites leave its net READY.
             reason = f"up; sites {list(readiness.missing_sites)} not connected yet"
-            mark_ready(rt, net_name, readiness, reason)
+            if mark_ready(rt, net_name, readiness, reason, since) is None:
+                return STARTED_AGAIN
             return WarmResult(Warm.READY, reason)
         if clock.unasked and desired and live:
             return _ask_unrecorded(rt, net_name)
         reason = f"not ready after {config.ready_timeout_s:.0f}s: {detail}"
         return _give_up(rt, net_name, reason, since)
     return WarmResult(Warm.NOT_READY, detail)
+
+
+# A check that stalled across a stop and a new start of its net leaves that start alone.
+STARTED_AGAIN = WarmResult(Warm.SKIPPED, "the net was started again since it was read")
 
 
 def _poll(
@@ -123,7 +129,8 @@ def _poll(
             return _give_up(rt, net_name, f"driver: {observation.failure}", starting_since)
         if observation.desired < 1:
             if not live:
-                return _release(rt, net_name, "prewarm: its holds ended before a replica was asked")
+                reason = "prewarm: its holds ended before a replica was asked"
+                return _release(rt, net_name, reason, starting_since)
             scale_net(rt, net_name, 1, "prewarm: a job is likely soon")
             detail = "driver asked for 1 replica"
         elif not observation.is_up:
@@ -171,9 +178,12 @@ def _start_asked(rt: Runtime, net_name: str, since: datetime) -> bool:
         )
 
 
-def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) -> WarmResult:
-    """A READY net whose live holds wait for their sites: note when they are connected (past
-    the net's ready_timeout_s from the first such hold, stop asking: the net is up)."""
+def _await_sites(
+    rt: Runtime, net_name: str, sites: list[str], since: datetime, ready_since: datetime
+) -> WarmResult:
+    """A READY net (READY from `ready_since`) whose live holds wait for their sites: note when
+    they are connected (past the net's ready_timeout_s from the first such hold, `since`,
+    stop asking: the net is up)."""
     try:
         readiness = rt.admin(net_name).is_ready(sites)
     except MisconfigurationError as exc:
@@ -181,7 +191,8 @@ def _await_sites(rt: Runtime, net_name: str, sites: list[str], since: datetime) 
     except TransientError as exc:
         readiness = Readiness(False, ServerState.UNREACHABLE, detail=f"transient: {exc}")
     if readiness.ready:
-        mark_ready(rt, net_name, readiness, "ready for its prewarm")
+        if mark_ready(rt, net_name, readiness, "ready for its prewarm", ready_since) is None:
+            return STARTED_AGAIN
         return WarmResult(Warm.READY, "ready")
     detail = readiness.detail or f"missing sites {list(readiness.missing_sites)}"
     if (rt.clock() - since).total_seconds() > rt.settings.net(net_name).ready_timeout_s:
@@ -202,12 +213,19 @@ def _awaited_since(session: Session, net_name: str, now: datetime) -> datetime |
     )
 
 
-def mark_ready(rt: Runtime, net_name: str, readiness: Readiness, reason: str) -> bool:
+def mark_ready(
+    rt: Runtime, net_name: str, readiness: Readiness, reason: str, since: datetime
+) -> bool | None:
     """The holds' server is ready: noted on them (also when another check moved the net
-    READY first), and the net STARTING -> READY unless a job took it meanwhile (True: moved)."""
+    READY first), and the net STARTING -> READY unless a job took it meanwhile (True:
+    moved). `since`: the net's state change the readiness was read under; a net STARTING
+    from another (the check stalled across a stop and a new start) is not this server's:
+    left to its own start, nothing noted (None)."""
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, net_name, lock=True)
         now = rt.clock()
+        if net.state == NetState.STARTING and net.state_changed_at != since:
+            return None
         if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             _note_ready(session, net_name, now)
             return False
@@ -240,7 +258,7 @@ def _give_up(rt: Runtime, net_name: str, reason: str, since: datetime) -> WarmRe
         if net.state_changed_at != since:
             # The net was started again since this round read it (it stalled, seed 5853):
             # the deadline it counted is the old start's, not this one's.
-            return WarmResult(Warm.SKIPPED, "the net was started again meanwhile")
+            return STARTED_AGAIN
         now = rt.clock()
         net.transition(NetState.UNHEALTHY, now, reason)
         net.last_error = reason
@@ -268,13 +286,16 @@ def _live_rows(session: Session, net_name: str, now: datetime) -> list[Prewarm]:
     return live
 
 
-def _release(rt: Runtime, net_name: str, reason: str) -> WarmResult:
-    """Its holds ended: the STARTING net goes down (STOPPING -> driver 0 -> STOPPED, as an
-    idle net does) unless a job took it meanwhile."""
+def _release(rt: Runtime, net_name: str, reason: str, since: datetime) -> WarmResult:
+    """Its holds ended: the STARTING net (STARTING from `since`) goes down (STOPPING ->
+    driver 0 -> STOPPED, as an idle net does) unless a job took it meanwhile, it was started
+    again since, or a hold granted since wants it: re-read under the row lock."""
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, net_name, lock=True)
         if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
+        if net.state_changed_at != since or wanted_hold(session, net_name, rt.clock()):
+            return WarmResult(Warm.SKIPPED, "a start a hold wants now: kept")
         net.transition(NetState.STOPPING, rt.clock(), reason)
     log.info("prewarmed net released", extra={"net": net_name, "reason": reason})
     stop_net(rt, net_name, reason)
