@@ -10,6 +10,7 @@ each of the four cases failed with its seed reporting nothing (`seen: {115: set(
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -34,10 +35,12 @@ def _reconcile_ready_idles_from_now(mp: pytest.MonkeyPatch) -> None:
     # whatever holds wanted the start (warm_up's own READY idled from their end already).
     original = prewarm_warm_up.mark_ready  # as net_repairs imported it
 
-    def mark_ready(rt: Runtime, name: str, readiness: Readiness, reason: str) -> bool:
+    def mark_ready(
+        rt: Runtime, name: str, readiness: Readiness, reason: str, since: datetime
+    ) -> bool | None:
         with pytest.MonkeyPatch.context() as inner:
             inner.setattr(prewarm_warm_up, "idle_from_holds", lambda _s, _n, _started, now: now)
-            return original(rt, name, readiness, reason)
+            return original(rt, name, readiness, reason, since)
 
     mp.setattr(net_repairs, "mark_ready", mark_ready)
 
@@ -53,7 +56,9 @@ def _repeat_against_todays_defaults(existing: Job, request: EnqueueJob, settings
     return Enqueued(existing.id, created=False, state=existing.state)
 
 
-def _ready_once_the_driver_runs_it(rt: Runtime, name: str, _age_s: float) -> str | None:
+def _ready_once_the_driver_runs_it(
+    rt: Runtime, name: str, _age_s: float, _since: datetime
+) -> str | None:
     # Before fix 19: a job-less STARTING net whose driver ran a replica was READY at once,
     # before its server answered or its sites connected.
     net_repairs._set_net_state(rt, name, NetState.STARTING, NetState.READY, "up, no job: idle")
