@@ -54,18 +54,7 @@ def test_a_stalled_release_does_not_stop_a_new_prewarms_start(pw):  # noqa: F811
     warm-up stalled at the driver; meanwhile the start went down and p2's hint started the
     net again, its replica not asked yet. Resumed (desired 0, no live hold as read), the
     warm-up released p2's start: STOPPING, scaled to 0, while p2's live hold wants it up."""
-    ask(pw, "p1", net="net-a", within_s=600)
-    prewarm.cancel_prewarm(pw.rt, "p1")
-    driver = pw.driver("net-a")
-    observe = driver.observe
-
-    def stalled_observe():
-        driver.observe = observe  # (one stall)
-        _restart(pw, "p2")
-        return observe()
-
-    driver.observe = stalled_observe  # type: ignore[method-assign]
-    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    _release_stalled_by(pw, lambda: _restart(pw, "p2"))
     assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: p2's start released
 
 
@@ -73,16 +62,21 @@ def test_a_stalled_release_does_not_stop_a_start_a_new_hold_wants(pw):  # noqa: 
     """The same stale read without a new start: the warm-up read no live hold (p1
     cancelled) and stalled at the driver; meanwhile p2 was granted on the STARTING net
     (same start, its warm-up re-sent). Resumed, the warm-up released the start p2 holds."""
-    ask(pw, "p1", net="net-a", within_s=600)
-    prewarm.cancel_prewarm(pw.rt, "p1")
-    driver = pw.driver("net-a")
+    _release_stalled_by(pw, lambda: ask(pw, "p2", net="net-a", within_s=600))
+    assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: p2's start released
+
+
+def _release_stalled_by(world, meanwhile) -> None:
+    """p1 asked and cancelled; its warm-up stalls once at the driver while `meanwhile` runs."""
+    ask(world, "p1", net="net-a", within_s=600)
+    prewarm.cancel_prewarm(world.rt, "p1")
+    driver = world.driver("net-a")
     observe = driver.observe
 
     def stalled_observe():
         driver.observe = observe  # (one stall)
-        ask(pw, "p2", net="net-a", within_s=600)
+        meanwhile()
         return observe()
 
     driver.observe = stalled_observe  # type: ignore[method-assign]
-    prewarm_warm_up.warm_up(pw.rt, "net-a")
-    assert pw.net("net-a").state == NetState.STARTING  # was STOPPING: p2's start released
+    prewarm_warm_up.warm_up(world.rt, "net-a")
