@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+import redis
 from celery import Celery
 from sqlalchemy import create_engine, func, select, text
 
@@ -88,7 +89,9 @@ def test_a_message_whose_worker_is_lost_is_sent_again_with_backoff(stack: BurstS
             sent_again = _wait_until(lambda: _lines(stack, "sent again", KILLS))
             holder.rollback()
         _wait_until(lambda: _jobs(engine) == 1)
-        time.sleep(1.0)  # a second copy, were there one, would be taken by now
+        # Settled: no copy left on the queue nor delivered and unacknowledged (a copy waiting
+        # out its countdown in the worker is unacknowledged too), and still one job.
+        _wait_until(lambda: _broker_empty(stack.broker_url))
         assert _jobs(engine) == 1
         assert stack.processes["worker-0"].poll() is None
     finally:
@@ -147,6 +150,14 @@ def _lines(stack: BurstStack, message: str, count: int) -> list[dict[str, Any]] 
         if isinstance(line, dict) and message in str(line.get("message", "")):
             found.append(line)
     return found if len(found) >= count else None
+
+
+def _broker_empty(broker_url: str) -> bool:
+    client = redis.Redis.from_url(broker_url)
+    try:
+        return client.llen(names.QUEUE) == 0 and client.hlen("unacked") == 0
+    finally:
+        client.close()
 
 
 def _gone(process: psutil.Process) -> bool:
