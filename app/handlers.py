@@ -188,11 +188,16 @@ def backoff_s(retries: int, maximum: float, rng: random.Random | None = None) ->
 # The message header counting how often a message's worker was lost holding it (a count of
 # its own: Celery's `retries` also counts database retries and readiness polls).
 LOSSES_HEADER = "fl_dispatcher_losses"
+# The message header counting its retries after an error, which `on_error` judges and the
+# backoff grows with: Celery's `retries` also counts readiness polls (wait_ready's and
+# warm_up's own retries), and a boot polled RETRY_MAX times would have its first error
+# judged its last, and waited the capped backoff.
+ERROR_RETRIES_HEADER = "fl_dispatcher_error_retries"
 
 
-def losses_of(value: object) -> int:
-    """A message's `LOSSES_HEADER` as a count: 0 when absent or no count (any producer may
-    set a header: a hand-sent message's text, a negative number)."""
+def header_count(value: object) -> int:
+    """A count header's value (`LOSSES_HEADER`, `ERROR_RETRIES_HEADER`): 0 when absent or no
+    count (any producer may set a header: a hand-sent message's text, a negative number)."""
     if isinstance(value, bool):
         return 0
     if isinstance(value, str) and value.strip().isdecimal():

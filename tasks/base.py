@@ -28,6 +28,7 @@ from app.celery_app import (
 from app.db import database_error_name
 from app.handlers import (
     ACKS,
+    ERROR_RETRIES_HEADER,
     HANDLERS,
     LOSSES_HEADER,
     Handler,
@@ -35,7 +36,7 @@ from app.handlers import (
     Verdict,
     backoff_s,
     ends_chain,
-    losses_of,
+    header_count,
     on_error,
     sent_again_in_s,
     shown,
@@ -118,7 +119,7 @@ class SentAgainRequest(Request):  # type: ignore[misc]
         try:
             context = self._context
             headers = dict(context.headers or {})
-            losses = losses_of(headers.get(LOSSES_HEADER))
+            losses = header_count(headers.get(LOSSES_HEADER))
             countdown = sent_again_in_s(losses, load_settings().retry_backoff_max_s)
             self.task.signature_from_request(
                 context, countdown=countdown, headers={**headers, LOSSES_HEADER: losses + 1}
@@ -215,7 +216,10 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
             raise
         except Exception as exc:
             settings = runtime().settings
-            verdict = on_error(handler, exc, self.request.retries, settings)
+            # Its retries after an error, not Celery's `retries`: a readiness poll is none.
+            headers = dict(self.request.headers or {})
+            retries = header_count(headers.get(ERROR_RETRIES_HEADER))
+            verdict = on_error(handler, exc, retries, settings)
             if verdict is Verdict.ENDED:
                 # Already handled by the use case (net MISCONFIGURED, job back in the queue,
                 # one ERROR line): the chain ends here, without Celery's "raised unexpected"
@@ -228,7 +232,7 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
                 return MISCONFIGURED
             if verdict is not Verdict.RETRY:
                 raise  # FAILED: loud; EXHAUSTED: on_failure requeues the job
-            countdown = backoff_s(self.request.retries, settings.retry_backoff_max_s)
+            countdown = backoff_s(retries, settings.retry_backoff_max_s)
             job_id = kwargs.get("job_id")
             if handler.kind is Kind.PIPELINE and job_id:
                 from app.usecases.retries import count_retry
@@ -242,12 +246,17 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
                     extra={
                         "task": self.name,
                         "reason": database_error_name(exc),
-                        "retries": self.request.retries,
+                        "retries": retries,
                         "retry_in_s": countdown,
                     },
                 )
             try:
-                raise self.retry(exc=exc, countdown=countdown, max_retries=None) from exc
+                raise self.retry(
+                    exc=exc,
+                    countdown=countdown,
+                    max_retries=None,
+                    headers={**headers, ERROR_RETRIES_HEADER: retries + 1},
+                ) from exc
             except Reject as refused:
                 if handler.kind is not Kind.REQUEST:
                     raise  # a lost step is found again by reconcile

@@ -164,7 +164,7 @@ class Delivery:
         self, rt: Runtime, message: Message, spec: Handler, slot: int, exc: Exception
     ) -> None:
         """`on_error`'s verdict on what the handler raised, carried out as Celery would."""
-        verdict = on_error(spec, exc, message.retries, self.sim.settings)
+        verdict = on_error(spec, exc, message.error_retries, self.sim.settings)
         if verdict is Verdict.ENDED:
             self._escaped(message, spec, exc)  # excused once the net reads MISCONFIGURED
             return
@@ -191,13 +191,13 @@ class Delivery:
             late = self.sim.rng_msg.uniform(30.0, 90.0)
             self.sim.trace(f"w{slot} {message.label()} -> its retry {late:.0f}s late (backlog)")
         countdown = backoff_s(
-            message.retries, self.sim.settings.retry_backoff_max_s, self.sim.rng_msg
+            message.error_retries, self.sim.settings.retry_backoff_max_s, self.sim.rng_msg
         )
         if spec.kind is Kind.PIPELINE:
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
         if self.sim.tracing:
             self.sim.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
-        self._push_again(message, countdown + late)
+        self._push_again(message, countdown + late, error_retries=message.error_retries + 1)
 
     def _forgotten(self, message: Message, spec: Handler, why: str) -> None:
         """A caller's request the broker no longer holds although it was not carried out."""
@@ -207,7 +207,11 @@ class Delivery:
             f"flip-api's {spec.name.removeprefix(names.PREFIX)} was acknowledged: {why}",
         )
 
-    def _push_again(self, message: Message, countdown: float) -> None:
+    def _push_again(
+        self, message: Message, countdown: float, *, error_retries: int | None = None
+    ) -> None:
+        """Celery's retry: the same task id and headers (its losses; its error retries, one
+        more after an error, as they were after a poll), `retries` one more either way."""
         self.sim.broker.push(
             message.task,
             message.kwargs,
@@ -217,6 +221,7 @@ class Delivery:
             origin=message.origin,
             task_id=message.task_id,  # Celery's retry keeps the task id, and its headers
             losses=message.losses,
+            error_retries=message.error_retries if error_retries is None else error_retries,
             faulty=message.faulty,
         )
 

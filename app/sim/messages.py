@@ -82,6 +82,9 @@ class Message:
     # How often its worker was lost holding it (`app.handlers.LOSSES_HEADER`), carried by its
     # retries and copies as Celery carries the header.
     losses: int = 0
+    # Its retries after an error (`app.handlers.ERROR_RETRIES_HEADER`), which `on_error`
+    # judges and the backoff grows with; `retries` counts readiness polls too, as Celery's.
+    error_retries: int = 0
     # Subject to the profile's message faults; a world's own sends that must reach the worker
     # (tests/sim's band worlds) are not, nor are their retries.
     faulty: bool = True
@@ -141,6 +144,7 @@ class Broker:
         faulty: bool = True,
         task_id: int | None = None,
         losses: int = 0,
+        error_retries: int = 0,
     ) -> bool:
         """Put a message on the broker (subject to the profile's message faults)."""
         sim = self.sim
@@ -205,6 +209,7 @@ class Broker:
                     expires_at=None if expires_in is None else now + delay + expires_in,
                     origin=origin,
                     losses=losses,
+                    error_retries=error_retries,
                     faulty=faulty,
                 )
             )

@@ -95,9 +95,8 @@ class Races:
             return False
         message = sim.current[-1]
         spec = HANDLERS[message.task]
-        # A poll's retries count its polls (wait_ready, warm_up): it has no last try.
-        polls = message.task in (names.WAIT_READY, names.WARM_UP)
-        if spec.kind is not Kind.PIPELINE or polls or message.retries < sim.settings.retry_max:
+        # Its retries after an error, not its polls (wait_ready's, warm_up's).
+        if spec.kind is not Kind.PIPELINE or message.error_retries < sim.settings.retry_max:
             return False
         if message.id in self._last_try_seen:
             return False
