@@ -195,14 +195,23 @@ LOSSES_HEADER = "fl_dispatcher_losses"
 ERROR_RETRIES_HEADER = "fl_dispatcher_error_retries"
 
 
+# A count header's bound: past any real count, and its next count (`+ 1`) still a number
+# every transport sends (one of 4,301 digits is none: json's int() and str() refuse it).
+HEADER_COUNT_MAX = 2**31 - 1
+
+
 def header_count(value: object) -> int:
     """A count header's value (`LOSSES_HEADER`, `ERROR_RETRIES_HEADER`): 0 when absent or no
-    count (any producer may set a header: a hand-sent message's text, a negative number)."""
+    count (any producer may set a header: a hand-sent message's text, a negative number), at
+    most `HEADER_COUNT_MAX` (a huge one: never an error out of the error path itself)."""
     if isinstance(value, bool):
         return 0
     if isinstance(value, str) and value.strip().isdecimal():
-        value = int(value.strip())
-    return max(0, value) if isinstance(value, int) else 0
+        try:
+            value = int(value.strip())
+        except ValueError:  # more digits than int() reads (4,300): a count past the bound
+            return HEADER_COUNT_MAX
+    return min(max(0, value), HEADER_COUNT_MAX) if isinstance(value, int) else 0
 
 
 def sent_again_in_s(losses: int, maximum: float, rng: random.Random | None = None) -> float:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery import Task
+from celery.app.task import X_DEATH_HEADERS
 from celery.exceptions import Reject, Retry
 from celery.worker.request import Request
 
@@ -217,7 +218,14 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
         except Exception as exc:
             settings = runtime().settings
             # Its retries after an error, not Celery's `retries`: a readiness poll is none.
-            headers = dict(self.request.headers or {})
+            # Its other headers go with the copy, as Celery's own retry (a poll's) sends
+            # them: without RabbitMQ's dead-letter ones, whose cycle check drops a message
+            # dead-lettered again while it carries them.
+            headers = {
+                name: value
+                for name, value in (self.request.headers or {}).items()
+                if name not in X_DEATH_HEADERS
+            }
             retries = header_count(headers.get(ERROR_RETRIES_HEADER))
             verdict = on_error(handler, exc, retries, settings)
             if verdict is Verdict.ENDED:
