@@ -105,12 +105,13 @@ def delivered(headers: dict[str, Any], case: str, tmp_path: Path) -> list[dict[s
     return held
 
 
-@pytest.mark.parametrize("digits", ["1" * 4301, "9" * 4300])
-def test_a_huge_error_count_keeps_the_request_and_its_backoff(tmp_path: Path, digits: str) -> None:
+def test_a_huge_error_count_keeps_the_request_and_its_backoff(tmp_path: Path) -> None:
     """README: a request is 'never acknowledged away while the database cannot store it',
     retried with backoff. b1cf934: 4,301 digits raised ValueError in the error path (no copy,
-    the message acknowledged: gone); 4,300 nines left the message put back as it was, at once
-    (its retry's copy could not be serialized), for ever while the database was down."""
+    the message acknowledged: gone); 4,300 nines (whose next count no transport can carry:
+    `test_a_count_header_is_a_count_whose_next_one_can_be_sent`) left the message put back as
+    it was, at once, for ever while the database was down."""
+    digits = "1" * 4301
     held = delivered({ERROR_RETRIES_HEADER: digits, "traceparent": TRACE}, "error", tmp_path)
     assert len(held) == 1, held  # the request is still on the broker, once
     (copy,) = held
@@ -131,7 +132,9 @@ def test_an_error_retry_sends_the_headers_celerys_own_retry_sends(tmp_path: Path
     assert (error["count"], error["traceparent"], poll["traceparent"]) == (1, TRACE, TRACE)
 
 
-@pytest.mark.parametrize("value", ["1" * 4301, "9" * 4300, 10**4300 - 1])
+@pytest.mark.parametrize(
+    "value", ["1" * 4301, "9" * 4300, 10**4300 - 1], ids=["ones-4301", "nines-4300", "int-4300"]
+)
 def test_a_count_header_is_a_count_whose_next_one_can_be_sent(value: object) -> None:
     """Any producer may set a header: a count of any length reads as a count, never an
     error, and its next count (the copy's) is a number JSON can carry."""
