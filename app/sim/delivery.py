@@ -197,7 +197,17 @@ class Delivery:
             self._call_hook(message, spec, lambda: messages.on_retry(rt, message.kwargs, countdown))
         if self.sim.tracing:
             self.sim.trace(f"w{slot} {message.label()} -> retry in {countdown:.0f}s: {exc}")
-        self._push_again(message, countdown + late, error_retries=message.error_retries + 1)
+        sent = self._push_again(message, countdown + late, error_retries=message.error_retries + 1)
+        if (
+            not sent
+            and spec.kind is Kind.REQUEST
+            and self.sim.broker.down_until(self.sim.clock.t) is None
+        ):
+            # Celery's retry answers a copy the broker refuses with Reject(requeue=False),
+            # which tasks/base.py makes Reject(requeue=True) for a caller's request: back as
+            # it was. (With the broker down now, its channel closed: `deliver` restores it.)
+            self.sim.trace(f"w{slot} {message.label()} -> its retry refused: put back")
+            self.sim.broker.redeliver(message, 0.0)
 
     def _forgotten(self, message: Message, spec: Handler, why: str) -> None:
         """A caller's request the broker no longer holds although it was not carried out."""
@@ -209,10 +219,11 @@ class Delivery:
 
     def _push_again(
         self, message: Message, countdown: float, *, error_retries: int | None = None
-    ) -> None:
+    ) -> bool:
         """Celery's retry: the same task id and headers (its losses; its error retries, one
-        more after an error, as they were after a poll), `retries` one more either way."""
-        self.sim.broker.push(
+        more after an error, as they were after a poll), `retries` one more either way;
+        False if the broker refused the copy."""
+        return self.sim.broker.push(
             message.task,
             message.kwargs,
             delay=countdown,

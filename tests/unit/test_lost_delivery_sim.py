@@ -53,3 +53,35 @@ def test_a_delivery_lost_after_its_channel_closed_in_an_outage_comes_back_as_it_
     back = [m for m in sim.broker.pending if m.task_id == 1]
     assert len(back) == 1
     assert back[0].losses == losses, back[0]  # Celery: no copy, its header as it was
+
+
+def test_a_requests_retry_the_broker_refuses_is_put_back_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tasks/base.py `_apply_rules`: Celery's retry answers a copy the broker refuses with
+    Reject(requeue=False), which a caller's request turns into Reject(requeue=True): the
+    message goes back as it was (`test_tasks.py`'s refused retry). The simulator dropped it,
+    a request the product keeps (found by the review of b1cf934)."""
+    from sqlalchemy.exc import OperationalError
+
+    world = WorldSpec(nets=(NetSpec("net-a"),))
+    sim = Simulation(world, Workload(jobs=(), horizon_s=60.0), CLEAN, seed=1, checker=Checker())
+    sim.clock.advance_to(5.0)
+
+    def database_down(*args: Any, **kwargs: Any) -> object:
+        raise OperationalError("INSERT", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(sim.delivery, "_call", database_down)
+    monkeypatch.setattr(sim.broker, "push", lambda *args, **kwargs: False)  # refused
+    message = Message(
+        id=1,
+        task=names.ENQUEUE_JOB,
+        kwargs={"payload": {"caller_key": "k"}},
+        deliver_at=5.0,
+        task_id=1,
+        retries=2,
+        error_retries=2,
+    )
+    sim.delivery.deliver(message, 0)
+    (back,) = [m for m in sim.broker.pending if m.task_id == 1]
+    assert (back.retries, back.error_retries, back.deliver_at) == (2, 2, 5.0)
