@@ -25,31 +25,37 @@ from tests.sim.invariants import Checker
 pytestmark = pytest.mark.unit
 
 
+def _world_at_5s() -> Simulation:
+    """One net, no workload, the clock at 5 s (when the enqueue below is taken)."""
+    world = WorldSpec(nets=(NetSpec("net-a"),))
+    sim = Simulation(world, Workload(jobs=(), horizon_s=60.0), CLEAN, seed=1, checker=Checker())
+    sim.clock.advance_to(5.0)
+    return sim
+
+
+def _enqueue(**fields: Any) -> Message:
+    """flip-api's enqueue, due at 5 s, as one message of task id 1."""
+    payload = {"payload": {"caller_key": "k"}}
+    return Message(
+        id=1, task=names.ENQUEUE_JOB, kwargs=payload, deliver_at=5.0, task_id=1, **fields
+    )
+
+
 @pytest.mark.parametrize("losses", [0, 3])
 def test_a_delivery_lost_after_its_channel_closed_in_an_outage_comes_back_as_it_was(
     losses: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Taken at 5 s, the broker down from 10 s to 20 s (the worker's consumer connection
     drops, its channel closes), the worker process OOM-killed at 25 s, the broker back."""
-    world = WorldSpec(nets=(NetSpec("net-a"),))
-    sim = Simulation(world, Workload(jobs=(), horizon_s=60.0), CLEAN, seed=1, checker=Checker())
+    sim = _world_at_5s()
     sim.broker.outages = [(10.0, 20.0)]
-    sim.clock.advance_to(5.0)
 
     def killed_after_the_outage(*args: Any, **kwargs: Any) -> object:
         sim.clock.advance_to(25.0)
         raise WorkerKilled("out of memory")
 
     monkeypatch.setattr(sim.delivery, "_call", killed_after_the_outage)
-    message = Message(
-        id=1,
-        task=names.ENQUEUE_JOB,
-        kwargs={"payload": {"caller_key": "k"}},
-        deliver_at=5.0,
-        task_id=1,
-        losses=losses,
-    )
-    sim.delivery.deliver(message, 0)
+    sim.delivery.deliver(_enqueue(losses=losses), 0)
     back = [m for m in sim.broker.pending if m.task_id == 1]
     assert len(back) == 1
     assert back[0].losses == losses, back[0]  # Celery: no copy, its header as it was
@@ -64,24 +70,13 @@ def test_a_requests_retry_the_broker_refuses_is_put_back_as_it_was(
     a request the product keeps (found by the review of b1cf934)."""
     from sqlalchemy.exc import OperationalError
 
-    world = WorldSpec(nets=(NetSpec("net-a"),))
-    sim = Simulation(world, Workload(jobs=(), horizon_s=60.0), CLEAN, seed=1, checker=Checker())
-    sim.clock.advance_to(5.0)
+    sim = _world_at_5s()
 
     def database_down(*args: Any, **kwargs: Any) -> object:
         raise OperationalError("INSERT", {}, Exception("connection refused"))
 
     monkeypatch.setattr(sim.delivery, "_call", database_down)
     monkeypatch.setattr(sim.broker, "push", lambda *args, **kwargs: False)  # refused
-    message = Message(
-        id=1,
-        task=names.ENQUEUE_JOB,
-        kwargs={"payload": {"caller_key": "k"}},
-        deliver_at=5.0,
-        task_id=1,
-        retries=2,
-        error_retries=2,
-    )
-    sim.delivery.deliver(message, 0)
+    sim.delivery.deliver(_enqueue(retries=2, error_retries=2), 0)
     (back,) = [m for m in sim.broker.pending if m.task_id == 1]
     assert (back.retries, back.error_retries, back.deliver_at) == (2, 2, 5.0)
