@@ -14,8 +14,8 @@ it) across a whole cycle of its net, then acting on the new start with the old s
 
 With each fix undone its seed reports; the same seeds are clean with it, and report nothing
 with the fix undone where the band's stall never comes (`BANDS` empty). Seeds 400-2000's 93
-band worlds (README.md's table): 58e42bb undone, 6 report; mark_ready's, 6; `_release`'s, 14;
-acd7a59's, 1; 0 with the fixes."""
+band worlds (tests/sim/README.md's table): 58e42bb undone, 5 report; mark_ready's, 5;
+`_release`'s, 13; acd7a59's, 1; 0 with the fixes."""
 
 from __future__ import annotations
 
