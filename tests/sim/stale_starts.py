@@ -123,14 +123,14 @@ class StaleStart:
         self._cancelled = False  # RELEASE_*: the holds cancelled at the start
         self._stalled = False  # the stall happened (once per world)
         self._stalling = False  # the stall is on
-        self._asked_s = 0.0  # GIVE_UP: the old start's first ask (stored time, seconds)
+        self._asked_s = 0.0  # the old start's first ask (its stored time, in seconds)
         self._hinted_at: float | None = None  # when flip-api last hinted again
         self._again = 0  # the hints again so far
         self.stalls = 0  # the stalls made (the band's safeguard reads them)
 
     def schedule(self) -> None:
         """The first hint, from a moment in the first third of the workload on: sent the
-        moment a net that scales to zero is STOPPED, free and wanted by no queued job."""
+        moment a net that scales to zero is STOPPED with no stray run (`_candidates`)."""
         sim = self.sim
         if not self.armed:
             return
