@@ -6,6 +6,7 @@ meanwhile or pause this one (`pause`: the world moves on while it is stalled).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -80,19 +81,27 @@ class Interleaving:
         fired = sim.armed() and not sim.conn.in_transaction and sim.fire_triggers()
         sim.at_hook(point, net, fired)
 
-    def pause(self, slot: int, point: str, length_s: float) -> None:
-        """The worker in `slot` stops at `point` for `length_s`: meanwhile the other worker
-        takes every message that comes due, beat ticks and the world's events happen, and
-        every invariant is checked as ever. A lease its task holds may pass, and the job may
-        move on, before the task resumes. A worker restarted meanwhile (a redeploy) dies
-        at the next hook point, its message redelivered."""
+    def pause(
+        self, slot: int, point: str, length_s: float, done: Callable[[], bool] | None = None
+    ) -> None:
+        """The worker in `slot` stops at `point` for `length_s` (or, given `done`, until the
+        world is as the adversary waits for, looked at after every step, `length_s` at
+        most): meanwhile the other worker takes every message that comes due, beat ticks and
+        the world's events happen, and every invariant is checked as ever. A lease its task
+        holds may pass, and the job may move on, before the task resumes. A worker restarted
+        meanwhile (a redeploy) dies at the next hook point, its message redelivered."""
         sim = self.sim
         until = sim.clock.t + length_s
         sim.stalled = slot
         sim.stats["stalls"] = sim.stats.get("stalls", 0) + 1
-        sim.trace(f"   zz worker w{slot} stalls {length_s:.0f}s at {point}")
+        upto = "up to " if done is not None else ""
+        sim.trace(f"   zz worker w{slot} stalls {upto}{length_s:.0f}s at {point}")
         try:
-            while sim.clock.t < until and not (sim.fail_fast and sim.violations):
+            while (
+                sim.clock.t < until
+                and not (sim.fail_fast and sim.violations)
+                and not (done is not None and done())
+            ):
                 if sim.step(1 - slot):
                     continue
                 if sim.next_change() > until:

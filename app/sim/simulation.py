@@ -283,8 +283,10 @@ class Simulation:
     def hook(self, point: str, net: str | None) -> None:
         self.interleaving.hook(point, net)
 
-    def pause(self, slot: int, point: str, length_s: float) -> None:
-        self.interleaving.pause(slot, point, length_s)
+    def pause(
+        self, slot: int, point: str, length_s: float, done: Callable[[], bool] | None = None
+    ) -> None:
+        self.interleaving.pause(slot, point, length_s, done)
 
     def deliver(self, message: Message, slot: int) -> None:
         self.delivery.deliver(message, slot)

@@ -72,12 +72,14 @@ def _set_net_state(
     reason: str,
     *,
     require_idle: bool = False,
+    since: datetime | None = None,
 ) -> bool:
     """Move a net only if it is still in `expected` (and, with `require_idle`, still has no
-    active job), checked under the row lock assignment takes."""
+    active job; with `since`, still in the state it entered then: not in it again since),
+    checked under the row lock assignment takes."""
     with unit_of_work(rt.sessions) as session:
         net = records.get_net(session, name, lock=True)
-        if net.state != expected:
+        if net.state != expected or (since is not None and net.state_changed_at != since):
             return False
         if require_idle and records.active_job(session, name) is not None:
             return False
@@ -305,9 +307,18 @@ def repair_scaling_net(rt: Runtime, name: str, row: NetRow) -> str:  # noqa: PLR
             # start no live hold wants is abandoned all the same.
             ask_unrecorded(rt, name, "reconcile")
             return "STARTING past its deadline, desired with no ask recorded: asked again"
-        if overdue and _set_net_state(
-            rt, name, NetState.STARTING, NetState.STOPPING, "start abandoned", require_idle=True
-        ):
+        # Only the start this round read (its deadline is that start's): a round that stalled
+        # across a stop and a new start leaves the new one to its own deadline.
+        abandoned = overdue and _set_net_state(
+            rt,
+            name,
+            NetState.STARTING,
+            NetState.STOPPING,
+            "start abandoned",
+            require_idle=True,
+            since=changed_at,
+        )
+        if abandoned:
             stop_net(rt, name, "start abandoned")
             return "STARTING without a job past the deadline: stopped"
         return ""

@@ -38,6 +38,7 @@ from tests.sim import (
     poison,
     refusal_repeat,
     repeats,
+    stale_starts,
     unnameable,
 )
 from tests.sim.call_invariants import CallInvariants
@@ -76,6 +77,7 @@ class Adversary:
         self._late_start = late_starts.LateStart(sim)
         self.refusal_repeat = refusal_repeat.RefusalRepeat(sim)  # (round 17: its own band)
         self.kombu_values = kombu_values.KombuValues(sim)  # (round 17: its own band)
+        self.stale_start = stale_starts.StaleStart(sim)  # (round 19: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -107,6 +109,7 @@ class Adversary:
         unnameable.schedule(sim)  # (round 16: its own band)
         self.refusal_repeat.schedule()
         self.kombu_values.schedule()
+        self.stale_start.schedule()
         self._kits.schedule()
         self._schedule_faults()
 
@@ -122,6 +125,7 @@ class Adversary:
         if point.startswith("admin.") and net is not None and isinstance(checker, CallInvariants):
             checker.at_admin_call(point, net)
         self._gone_bundle.at_hook(point, net)
+        self.stale_start.at_hook(point, net)
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)
@@ -136,6 +140,7 @@ class Adversary:
         self._platform_fault.after_step()
         self._gone_bundle.after_step()
         self._late_start.after_step()
+        self.stale_start.after_step()
         if self._flower is not None:
             self._flower.after_step()
         if self._bundle_adversary is not None and not self._requeues_read.holds():

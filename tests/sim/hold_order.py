@@ -4,8 +4,9 @@ timestamp, and two workers' clocks may disagree (a step, app/sim/clock.py), so o
 in which the rows were written tells which came first. Temporary triggers on the simulation's
 one connection number each accepted prewarm row and each claim (a job moved to ASSIGNED) as it
 is written (`prewarm-used-by-later-claim`), and note which holds were open (no outcome yet)
-when a net was moved to STARTING (`prewarm-start-needs-hold`); a rolled-back write takes its
-rows back with it. Installed only in a world with prewarms."""
+when a net was moved to STARTING (`prewarm-start-needs-hold`) and, with their `hold_until`,
+when a STARTING net was stopped (`released-while-held`); a rolled-back write takes its rows
+back with it. Installed only in a world with prewarms."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ WHEN NEW.to_state = 'STARTING'
 BEGIN
     INSERT INTO sim_start_holds (event, hold)
     SELECT NEW.id, id FROM main.prewarms
+    WHERE net_name = NEW.net_name AND outcome IS NULL AND NOT refused;
+END;
+CREATE TEMP TABLE sim_release_holds (event INTEGER NOT NULL, hold_until TEXT);
+CREATE TEMP TRIGGER sim_order_release AFTER INSERT ON main.net_events
+WHEN NEW.from_state = 'STARTING' AND NEW.to_state = 'STOPPING'
+BEGIN
+    INSERT INTO sim_release_holds (event, hold_until)
+    SELECT NEW.id, hold_until FROM main.prewarms
     WHERE net_name = NEW.net_name AND outcome IS NULL AND NOT refused;
 END;
 CREATE TEMP TRIGGER sim_order_claim AFTER UPDATE OF state ON main.jobs
@@ -73,5 +82,16 @@ def open_at_start(conn: sqlite3.Connection, event_id: int) -> list[tuple[str, fl
             "SELECT p.created_at, p.within_s FROM sim_start_holds s"
             " JOIN prewarms p ON p.id = s.hold WHERE s.event = ? ORDER BY p.id",
             (event_id,),
+        )
+    ]
+
+
+def open_at_release(conn: sqlite3.Connection, event_id: int) -> list[str]:
+    """The `hold_until` of each hold on the net that was open (accepted, no outcome yet)
+    when net event `event_id` moved it from STARTING to STOPPING, as stored."""
+    return [
+        str(until)
+        for (until,) in conn.execute(
+            "SELECT hold_until FROM sim_release_holds WHERE event = ?", (event_id,)
         )
     ]

@@ -185,6 +185,8 @@ class Checker(
             if dst == N.STARTING:
                 self._prewarm_start(event_id, net, at, reason)
                 self._settle_start(net, at)
+            elif src == N.STARTING and dst == N.STOPPING:
+                self._prewarm_release(event_id, net, at, reason)
             if dst in (N.UNHEALTHY, N.OUTAGE) and any(w in reason for w in WAITING_FOR_SITES):
                 # A server that answers while a site never connects is the job's problem
                 # (requeued, the site named), never the net's health.

@@ -18,6 +18,11 @@ first), never the row's `hold_until`:
   in the simulation's own order of writes (tests.sim.hold_order: a hint made at a claim's
   very instant, after it, has the claim's timestamp), and before its hint's end (a hold is
   live on [created, end));
+- `released-while-held` (round 19): a STARTING net is released for its holds' end
+  (`warm_up._release`: STOPPING, scaled to 0) only while no hold on it is live, as the
+  release's own transaction saw the holds (open, `hold_until` after the move's stamp): a
+  warm-up that read no live hold and stalled must not stop a start a hold granted since
+  wants (tests.sim.stale_starts; 24d15ca);
 - `held-net-taken` (tests.sim.placement, at each claim): a job that names no hint takes a
   READY net held for another waiting job while an unheld READY net it may run on is free.
 
@@ -33,6 +38,7 @@ from tests.sim import hold_order, placement
 from tests.sim.observer import HoldRow, Observer, _secs, _uuid
 
 PREWARM_REASON = "prewarm"  # how a prewarm's own net moves begin (app.usecases.prewarm*)
+RELEASE_REASON = "prewarm: its holds ended"  # warm_up._release's STARTING -> STOPPING
 
 
 class PrewarmInvariants(Observer):
@@ -67,6 +73,24 @@ class PrewarmInvariants(Observer):
                 "prewarm-start-needs-hold",
                 f"net {net} at {t:.1f}",
                 f"STARTING for a prewarm with no live hold on it: {reason[:200]}",
+            )
+
+    def _prewarm_release(self, event_id: int, net: str, at: str, reason: str) -> None:
+        """A net event STARTING -> STOPPING: a release for its holds' end needs none live."""
+        if not reason.startswith(RELEASE_REASON) or not self.sim.workload.prewarms:
+            return
+        t = _secs(at)
+        if t is None:
+            return
+        # Live as the product judges it in the same transaction (`hold_until > now`), at the
+        # stored times' resolution.
+        live = [u for u in hold_order.open_at_release(self.sim.conn, event_id) if _live(u, t)]
+        if live:
+            self.report(
+                "released-while-held",
+                f"net {net} at {t:.1f}",
+                f"STARTING -> STOPPING ({reason[:120]}) while {len(live)} hold(s) on it were "
+                f"live (until {min(_secs(u) or 0.0 for u in live):.1f}s)",
             )
 
     def _prewarms(self, t: float) -> None:
@@ -145,3 +169,9 @@ class PrewarmInvariants(Observer):
                 f"{hold.outcome}, ended at {ended} outside its hold "
                 f"({hold.created_s:.1f}s to {hold.end_s:.1f}s)",
             )
+
+
+def _live(until: str, t: float) -> bool:
+    """A hold whose stored `hold_until` is after `t` (half a microsecond: the resolution)."""
+    until_s = _secs(until)
+    return until_s is not None and until_s > t + 5e-7

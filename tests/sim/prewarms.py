@@ -29,10 +29,13 @@ BURST_SHARE = 0.5
 NET_STATES = ("STOPPED", "STARTING", "READY", "BUSY", "STOPPING", "UNHEALTHY", "MISCONFIGURED")
 
 
-def with_prewarms(seed: int, world: WorldSpec, workload: Workload) -> tuple[WorldSpec, Workload]:
-    """The seed's world and workload, with prewarms if its own stream draws them."""
+def with_prewarms(
+    seed: int, world: WorldSpec, workload: Workload, *, always: bool = False
+) -> tuple[WorldSpec, Workload]:
+    """The seed's world and workload, with prewarms if its own stream draws them (`always`:
+    whatever it draws, tests.sim.stale_starts' worlds, whose hints the checks then read)."""
     rng = random.Random(f"{seed}/prewarm")
-    if rng.random() >= PREWARM_SHARE:
+    if rng.random() >= PREWARM_SHARE and not always:
         return world, workload
     max_s = rng.choice((20.0, 45.0, 90.0, 900.0))
     world = dataclasses.replace(world, prewarm_max_s=max_s)

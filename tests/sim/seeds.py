@@ -10,6 +10,7 @@ from app.sim.faults import FaultProfile
 from app.sim.report import Result
 from app.sim.simulation import Simulation
 from app.sim.workload import NetSpec, WorldSpec
+from tests.sim import stale_starts
 from tests.sim.adversary import Adversary
 from tests.sim.flower_faults import with_flower_jobs, with_idle_net
 from tests.sim.invariants import Checker
@@ -70,7 +71,9 @@ def from_seed(
         )
     # A third of the worlds get prewarm hints and cancels at any moment, on a stream of
     # their own (tests.sim.prewarms): the others run exactly as before.
-    world, workload = with_prewarms(seed, world, workload)
+    # (A stale-start band world always has them: its own hints are read as theirs.)
+    always = stale_starts.in_bands(seed) and not profile.clean
+    world, workload = with_prewarms(seed, world, workload, always=always)
     world = with_flower(seed, world)
     # A rare band of its own stream: two Flower nets and two jobs pinned to them (round 13,
     # tests.sim.two_flower; every other world as before).

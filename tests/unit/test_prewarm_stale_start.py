@@ -1,15 +1,15 @@
 """A warm-up that read its net STARTING and then stalled (a slow driver or admin call) acts,
 when it resumes, on the start it read, never on a new start of the net begun meanwhile
 (sweep seed 5853 fixed `_give_up`; the same stale read reaches `mark_ready` and
-`_release`)."""
+`_release`, and reconcile's round read abandoning a start: the sweep's stale-start band)."""
 
 from __future__ import annotations
 
-from app.usecases import prewarm, records
+from app.usecases import prewarm, reconciler, records
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from app.usecases.prewarm.warm_up import Warm
 from models import NetState
-from tests.unit.prewarm_world import ask, pw, view  # noqa: F401 (fixture)
+from tests.unit.prewarm_world import READY_TIMEOUT_S, ask, pw, view  # noqa: F401 (fixture)
 
 
 def _restart(world, key: str) -> None:
@@ -80,3 +80,31 @@ def _release_stalled_by(world, meanwhile) -> None:
 
     driver.observe = stalled_observe  # type: ignore[method-assign]
     prewarm_warm_up.warm_up(world.rt, "net-a")
+
+
+def test_a_stalled_reconcile_does_not_abandon_a_new_start(pw):  # noqa: F811
+    """(tests.sim.stale_starts' ABANDON) A reconcile round read net-a STARTING (p1's start,
+    its replica asked for) and stalled at the driver past the net's ready_timeout_s;
+    meanwhile that start went READY, idle, down, and p2's hint started the net again and
+    asked for its replica. Resumed, the round counted the deadline from the start it had
+    read (from p1's ask, long past) and abandoned p2's start 0 s after its ask ("start
+    abandoned": STOPPING, scaled to 0). A start read before the stall is not the start it
+    abandons: the new one is left to its own deadline."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked
+    driver = pw.driver("net-a")
+    observe = driver.observe
+
+    def stalled_observe():
+        driver.observe = observe  # (one stall)
+        pw.clock.advance(READY_TIMEOUT_S + 10)
+        prewarm.cancel_prewarm(pw.rt, "p1")
+        _restart(pw, "p2")
+        assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # p2's ask
+        return observe()
+
+    driver.observe = stalled_observe  # type: ignore[method-assign]
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.STARTING  # was STOPPED: "start abandoned"
+    assert driver.replicas == 1
