@@ -91,6 +91,10 @@ class Interleaving:
         holds may pass, and the job may move on, before the task resumes. A worker restarted
         meanwhile (a redeploy) dies at the next hook point, its message redelivered."""
         sim = self.sim
+        # A pause right after another at the same call (two adversaries' in one hook) is one
+        # stall as long as both: the worker has not moved on in between.
+        before = sim.resumed[1] if sim.resumed is not None and sim.resumed[0] == point else 0.0
+        began = sim.clock.t
         until = sim.clock.t + length_s
         sim.stalled = slot
         sim.stats["stalls"] = sim.stats.get("stalls", 0) + 1
@@ -113,4 +117,6 @@ class Interleaving:
         sim.trace(f"   zz worker w{slot} resumes at {point}")
         if slot in sim.dead:
             raise WorkerKilled(point)
-        sim.resumed = (point, length_s)
+        # How long it stood here: the whole length, or until `done` ended it sooner.
+        stood = length_s if done is None else sim.clock.t - began
+        sim.resumed = (point, before + stood)

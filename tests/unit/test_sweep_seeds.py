@@ -306,3 +306,16 @@ def test_seed_5996_a_worker_start_after_a_kill_in_a_refusal_is_not_that_refusals
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(5996).violations] == []
+
+
+def test_seed_5687_two_stalls_at_one_scale_call_are_one_late_stop():
+    """(5687; a checker error, round 19's sweep of the stale-start band) w0's reconcile took
+    net-b's drifted server down (STOPPING, its stop leased) and stalled at the scale call
+    115 s (the band), then 18 s more at the same call (the racy profile's slow platform);
+    meanwhile job ad614975 was claimed onto net-b and ran. The scale to 0 landed under it,
+    133 s after the lease began, and the step asked for the replica back (a late stop,
+    `_late_stop`); the checker read only the last pause's 18 s, short of STUCK_AFTER_S, and
+    reported `no-scale-down-under-job`. Two pauses at one call now count as one stall."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(5687).violations] == []
