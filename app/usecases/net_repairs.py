@@ -162,8 +162,15 @@ def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
     # (A clock stepped back behind the stop cannot say how long the net rested: no rest.)
     if 0 <= (rt.clock() - stopped_at).total_seconds() < rest_s:
         return ""
+    # Only the stop this round read: a round stalled across a new stop leaves it its own rest.
     if not _set_net_state(
-        rt, name, NetState.STOPPED, NetState.STARTING, SETTLE_START, require_idle=True
+        rt,
+        name,
+        NetState.STOPPED,
+        NetState.STARTING,
+        SETTLE_START,
+        require_idle=True,
+        since=stopped_at,
     ):
         return ""
     if rest_s:
