@@ -108,3 +108,26 @@ def test_a_stalled_reconcile_does_not_abandon_a_new_start(pw):  # noqa: F811
     reconciler.reconcile(pw.rt)
     assert pw.net("net-a").state == NetState.STARTING  # was STOPPED: "start abandoned"
     assert driver.replicas == 1
+
+
+def test_a_stalled_warm_up_does_not_ask_a_replica_for_a_released_start(pw):  # noqa: F811
+    """(break-it of acd7a59) The warm-up read p1's hold live and stalled at the driver;
+    meanwhile p1 was cancelled and another warm-up released the start (STOPPED, scaled to 0).
+    Resumed (desired 0, its hold live as read), it asked the driver for a replica of the
+    STOPPED net: a server up with nothing wanting it until the drift repair, STUCK_AFTER_S
+    later. The ask is made only for the start read, while a live hold wants it."""
+    ask(pw, "p1", net="net-a", within_s=600)
+    driver = pw.driver("net-a")
+    observe = driver.observe
+
+    def stalled_observe():
+        driver.observe = observe  # (one stall)
+        prewarm.cancel_prewarm(pw.rt, "p1")
+        prewarm_warm_up.warm_up(pw.rt, "net-a")  # released
+        assert pw.net("net-a").state == NetState.STOPPED and driver.replicas == 0
+        return observe()
+
+    driver.observe = stalled_observe  # type: ignore[method-assign]
+    prewarm_warm_up.warm_up(pw.rt, "net-a")
+    assert pw.net("net-a").state == NetState.STOPPED
+    assert driver.replicas == 0  # was 1: asked for the released start

@@ -128,7 +128,9 @@ def _poll(
         if observation.failure and _start_asked(rt, net_name, starting_since):
             return _give_up(rt, net_name, f"driver: {observation.failure}", starting_since)
         if observation.desired < 1:
-            if not live:
+            # `live` as read before the driver call, which may have stalled across the end
+            # of the holds and of this start: no replica asked for a start nothing wants.
+            if not live or not _still_wanted(rt, net_name, starting_since):
                 reason = "prewarm: its holds ended before a replica was asked"
                 return _release(rt, net_name, reason, starting_since)
             scale_net(rt, net_name, 1, "prewarm: a job is likely soon")
@@ -145,6 +147,17 @@ def _poll(
     except TransientError as exc:
         detail = f"transient: {exc}"
     return readiness, detail, desired
+
+
+def _still_wanted(rt: Runtime, net_name: str, since: datetime) -> bool:
+    """The net is still in the start read (STARTING from `since`) and a live hold wants it."""
+    with rt.sessions() as session:
+        net = records.get_net(session, net_name)
+        return (
+            net.state == NetState.STARTING
+            and net.state_changed_at == since
+            and wanted_hold(session, net_name, rt.clock()) is not None
+        )
 
 
 def _ask_unrecorded(rt: Runtime, net_name: str) -> WarmResult:
