@@ -163,15 +163,8 @@ def _start_to_settle(rt: Runtime, name: str, stopped_at: datetime) -> str:
     if 0 <= (rt.clock() - stopped_at).total_seconds() < rest_s:
         return ""
     # Only the stop this round read: a round stalled across a new stop leaves it its own rest.
-    if not _set_net_state(
-        rt,
-        name,
-        NetState.STOPPED,
-        NetState.STARTING,
-        SETTLE_START,
-        require_idle=True,
-        since=stopped_at,
-    ):
+    started = NetState.STOPPED, NetState.STARTING, SETTLE_START
+    if not _set_net_state(rt, name, *started, require_idle=True, since=stopped_at):
         return ""
     if rest_s:
         log.error(
