@@ -47,8 +47,13 @@ def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: Misconfigurat
     """Take a net reconcile found misconfigured out of service. A job only claimed onto it
     (ASSIGNED) goes back to the queue with it, never left on a net a restart resets to
     STOPPED; a job past that point is its chain's or the monitor's to settle first."""
-    if _net_state(rt, name) == NetState.MISCONFIGURED:
+    state, changed_at = _net_state(rt, name)
+    if state == NetState.MISCONFIGURED:
         return f"misconfigured: {exc}"
+    if changed_at != row.changed_at:
+        # Read before a move of the net (a driver call stalled across it): the next round judges
+        # it as it is (an always-on OUTAGE whose server answers under a denial is READY again).
+        return f"not judged: {exc} (the net moved on since this round read it)"
     if row.job_id is not None and row.job_state != JobState.ASSIGNED:
         return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
     bound = (JobState.ASSIGNED, row.attempt)
@@ -59,9 +64,10 @@ def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: Misconfigurat
     return f"misconfigured: {exc}"
 
 
-def _net_state(rt: Runtime, name: str) -> NetState:
+def _net_state(rt: Runtime, name: str) -> tuple[NetState, datetime]:
     with rt.sessions() as session:
-        return records.get_net(session, name).state
+        net = records.get_net(session, name)
+        return net.state, net.state_changed_at
 
 
 def _set_net_state(

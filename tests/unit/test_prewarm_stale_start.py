@@ -131,3 +131,31 @@ def test_a_stalled_warm_up_does_not_ask_a_replica_for_a_released_start(pw):  # n
     prewarm_warm_up.warm_up(pw.rt, "net-a")
     assert pw.net("net-a").state == NetState.STOPPED
     assert driver.replicas == 0  # was 1: asked for the released start
+
+
+def test_a_stalled_reconcile_leaves_a_net_moved_on_since_to_the_next_round(pw):  # noqa: F811
+    """(sweep seed 912, a late-start DENY world) A reconcile round read net-a STARTING (p1's
+    start) and stalled at the driver; meanwhile the start went READY, and the platform began
+    denying the driver (an IAM change propagating). Resumed, the denial raised out of the
+    stale round's branch for a STARTING net and took the READY net out of service
+    (MISCONFIGURED) on what it had read; for an always-on OUTAGE whose server answers, a
+    denial is READY again (round 16's D3). The round leaves a net that moved on since its
+    read to the next round, which judges it as it is."""
+    from app.errors import MisconfigurationError
+
+    ask(pw, "p1", net="net-a", within_s=600)
+    pw.server("net-a").up = False
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked
+    driver = pw.driver("net-a")
+    observe = driver.observe
+
+    def stalled_then_denied():
+        driver.observe = observe  # (one stall)
+        pw.clock.advance(20)
+        pw.server("net-a").up = True
+        assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
+        raise MisconfigurationError("AccessDeniedException (an IAM change propagating)")
+
+    driver.observe = stalled_then_denied  # type: ignore[method-assign]
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.READY  # was MISCONFIGURED
