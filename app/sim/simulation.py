@@ -168,8 +168,7 @@ class Simulation:
     # --- wiring ------------------------------------------------------------------------------
 
     def _runtime(self, slot: int) -> Runtime:
-        # A sessionmaker per worker process, as each has its own: the callback kick after
-        # commit (app.celery_app.celery_runtime installs it) listens on it.
+        # A sessionmaker per worker process, as each has its own (the callback kick listens).
         factory = session_factory(self.engine) if self.world.callbacks else self.sessions
         rt = Runtime(
             settings=self.settings,
@@ -443,8 +442,7 @@ class Simulation:
 
     def _drain(self) -> None:
         """The end of the workload: no new faults (ongoing ones, a broken kit or a partition,
-        run their course); a human restarts the workers a while later if a net is still
-        MISCONFIGURED."""
+        run their course); later, a human restarts the workers if a net is MISCONFIGURED."""
         self.draining = True
         self.faults = self.profile.quiet()
         self.receiver.quiet = True
