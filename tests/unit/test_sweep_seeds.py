@@ -319,3 +319,27 @@ def test_seed_5687_two_stalls_at_one_scale_call_are_one_late_stop():
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(5687).violations] == []
+
+
+def test_seed_7116_a_release_kept_for_a_hold_granted_meanwhile_warms_on():
+    """(7116; round 19's sweep of the stale-start band) w0's warm_up of net-b's start read no
+    live hold, stalled, and, stale-start-1 granted on that very start meanwhile (its grant
+    sent no warm-up: this one was under way), kept the start but ended its polls: STARTING
+    with no ask for 40 s, abandoned by reconcile at the deadline as warm_up's re-sent poll
+    asked (`start-given-up-early`). Fixed: the kept start is warmed on."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(7116).violations] == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (round 19, not diagnosed): a Flower world whose SuperLink refuses every stop "
+    "and dies with a run pending, in the stale-start band: jobs QUEUED 167-177 s while net-a "
+    "is free and its stray's run live 177 s, past the checker's 164 s bound, at 270 s",
+)
+def test_seed_7336_the_deaf_superlink_in_the_stale_start_band():
+    """(7336) Found by round 19's sweep of the stale-start band on the final code."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(7336).violations] == []

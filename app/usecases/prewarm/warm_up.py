@@ -307,8 +307,12 @@ def _release(rt: Runtime, net_name: str, reason: str, since: datetime) -> WarmRe
         net = records.get_net(session, net_name, lock=True)
         if net.state != NetState.STARTING or records.active_job(session, net_name) is not None:
             return WarmResult(Warm.SKIPPED, "a job took the net meanwhile")
-        if net.state_changed_at != since or wanted_hold(session, net_name, rt.clock()):
-            return WarmResult(Warm.SKIPPED, "a start a hold wants now: kept")
+        if net.state_changed_at != since:
+            return WarmResult(Warm.SKIPPED, "started again since: kept for its own warm-up")
+        if wanted_hold(session, net_name, rt.clock()):
+            # A hold granted since on this very start (its grant sent no warm-up of its own:
+            # this one was under way): warmed on, never left STARTING with no ask.
+            return WarmResult(Warm.NOT_READY, "a hold granted since wants the start: warming on")
         net.transition(NetState.STOPPING, rt.clock(), reason)
     log.info("prewarmed net released", extra={"net": net_name, "reason": reason})
     stop_net(rt, net_name, reason)
