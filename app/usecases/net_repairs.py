@@ -50,9 +50,9 @@ def settle_misconfigured(rt: Runtime, name: str, row: NetRow, exc: Misconfigurat
     state, changed_at = _net_state(rt, name)
     if state == NetState.MISCONFIGURED:
         return f"misconfigured: {exc}"
-    if changed_at != row.changed_at:
-        # Read before a move of the net (a driver call stalled across it): the next round judges
-        # it as it is (an always-on OUTAGE whose server answers under a denial is READY again).
+    if changed_at != row.changed_at and state in (NetState.READY, NetState.OUTAGE):
+        # A server's answer moved it since the read (a driver call stalled across it): the next
+        # round judges it (an always-on OUTAGE answering under a denial is READY, round 16).
         return f"not judged: {exc} (the net moved on since this round read it)"
     if row.job_id is not None and row.job_state != JobState.ASSIGNED:
         return f"misconfigured: {exc} (left to job {row.job_id}, {row.job_state})"
