@@ -640,7 +640,7 @@ def safeguard_tests(cases: list[Safeguard], timeout_s: int = 1800) -> tuple[Any,
     fix undone (`assert_found`), and the same seeds are clean with it (`assert_clean`)."""
 
     @pytest.mark.timeout(timeout_s)
-    @pytest.mark.parametrize("safeguard", cases, ids=lambda s: s.name)
+    @pytest.mark.parametrize("safeguard", as_params(cases), ids=lambda s: s.name)
     def finds(safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch) -> None:
         assert_found(safeguard, monkeypatch)
 
