@@ -75,7 +75,20 @@ def _release_stalled_by(world, meanwhile):
     """p1 asked and cancelled; its warm-up stalls once at the driver while `meanwhile` runs."""
     ask(world, "p1", net="net-a", within_s=600)
     prewarm.cancel_prewarm(world.rt, "p1")
-    driver = world.driver("net-a")
+    _stall_once(world.driver("net-a"), meanwhile)
+    return prewarm_warm_up.warm_up(world.rt, "net-a")
+
+
+def _asked_p1(world):
+    """p1's start, its replica asked for, its server not up yet: net-a's driver."""
+    ask(world, "p1", net="net-a", within_s=600)
+    world.server("net-a").up = False
+    assert prewarm_warm_up.warm_up(world.rt, "net-a").step == Warm.NOT_READY  # asked
+    return world.driver("net-a")
+
+
+def _stall_once(driver, meanwhile) -> None:
+    """The driver's next observe stalls while `meanwhile` runs (which may raise), then answers."""
     observe = driver.observe
 
     def stalled_observe():
@@ -83,8 +96,7 @@ def _release_stalled_by(world, meanwhile):
         meanwhile()
         return observe()
 
-    driver.observe = stalled_observe  # type: ignore[method-assign]
-    return prewarm_warm_up.warm_up(world.rt, "net-a")
+    driver.observe = stalled_observe
 
 
 def test_a_stalled_reconcile_does_not_abandon_a_new_start(pw):  # noqa: F811
@@ -95,21 +107,15 @@ def test_a_stalled_reconcile_does_not_abandon_a_new_start(pw):  # noqa: F811
     read (from p1's ask, long past) and abandoned p2's start 0 s after its ask ("start
     abandoned": STOPPING, scaled to 0). A start read before the stall is not the start it
     abandons: the new one is left to its own deadline."""
-    ask(pw, "p1", net="net-a", within_s=600)
-    pw.server("net-a").up = False
-    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked
-    driver = pw.driver("net-a")
-    observe = driver.observe
+    driver = _asked_p1(pw)
 
-    def stalled_observe():
-        driver.observe = observe  # (one stall)
+    def meanwhile():
         pw.clock.advance(READY_TIMEOUT_S + 10)
         prewarm.cancel_prewarm(pw.rt, "p1")
         _restart(pw, "p2")
         assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # p2's ask
-        return observe()
 
-    driver.observe = stalled_observe  # type: ignore[method-assign]
+    _stall_once(driver, meanwhile)
     reconciler.reconcile(pw.rt)
     assert pw.net("net-a").state == NetState.STARTING  # was STOPPED: "start abandoned"
     assert driver.replicas == 1
@@ -148,19 +154,14 @@ def test_a_stalled_reconcile_leaves_a_net_moved_on_since_to_the_next_round(pw): 
     read to the next round, which judges it as it is."""
     from app.errors import MisconfigurationError
 
-    ask(pw, "p1", net="net-a", within_s=600)
-    pw.server("net-a").up = False
-    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY  # asked
-    driver = pw.driver("net-a")
-    observe = driver.observe
+    driver = _asked_p1(pw)
 
-    def stalled_then_denied():
-        driver.observe = observe  # (one stall)
+    def ready_then_denied():
         pw.clock.advance(20)
         pw.server("net-a").up = True
         assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
         raise MisconfigurationError("AccessDeniedException (an IAM change propagating)")
 
-    driver.observe = stalled_then_denied  # type: ignore[method-assign]
+    _stall_once(driver, ready_then_denied)
     reconciler.reconcile(pw.rt)
     assert pw.net("net-a").state == NetState.READY  # was MISCONFIGURED
