@@ -79,11 +79,8 @@ with celery.connection_for_read() as conn:
 held = []
 with celery.connection_for_read() as conn:  # what the broker holds now (a put back too)
     queue = conn.SimpleQueue(names.QUEUE)
-    while True:
-        try:
-            back = queue.get(timeout=2)
-        except Exception:
-            break
+    while queue.qsize():  # the copy and a put back are sent before the delivery returns
+        back = queue.get(timeout=5)
         count = back.headers.get(ERROR_RETRIES_HEADER)
         held.append({
             "count": count if not isinstance(count, str) else "text of %d" % len(count),
