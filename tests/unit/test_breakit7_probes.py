@@ -1,0 +1,59 @@
+"""Break-it probes of bf9451a (warm-up warms on a start a hold granted since wants) and
+9570b94 (settle_misconfigured leaves a net a server's answer moved to the next round)."""
+
+from __future__ import annotations
+
+from app.errors import DriverMisconfigured
+from app.usecases import prewarm, reconciler
+from app.usecases.prewarm import warm_up as prewarm_warm_up
+from app.usecases.prewarm.warm_up import Warm
+from models import NetState
+from tests.unit.prewarm_world import ask, pw  # noqa: F401 (fixture)
+from tests.unit.test_prewarm_stale_start import _asked_p1, _release_stalled_by, _stall_once
+
+
+def test_a_start_warmed_on_for_a_late_hold_is_released_once_that_hold_ends(pw):  # noqa: F811
+    """Warmed on for p2 (granted during the stall); p2 cancelled before the next poll: that
+    poll releases the start, no replica asked, no poll after."""
+    assert _release_stalled_by(pw, lambda: ask(pw, "p2", net="net-a", within_s=600)).step == (
+        Warm.NOT_READY
+    )
+    prewarm.cancel_prewarm(pw.rt, "p2")
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.SKIPPED
+    assert pw.net("net-a").state in (NetState.STOPPING, NetState.STOPPED)
+    assert pw.driver("net-a").replicas == 0
+
+
+def test_two_warm_ups_of_one_start_ask_one_replica_and_both_end(pw):  # noqa: F811
+    """p2's repeat re-sends a warm-up while the first, stalled, warms on: both poll, one
+    replica, both end once READY."""
+    _release_stalled_by(pw, lambda: ask(pw, "p2", net="net-a", within_s=600))
+    ask(pw, "p2", net="net-a", within_s=600)  # a repeat: a second warm-up
+    pw.server("net-a").up = False
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.NOT_READY
+    assert pw.driver("net-a").replicas == 1
+    pw.server("net-a").up = True
+    steps = [prewarm_warm_up.warm_up(pw.rt, "net-a").step for _ in range(2)]
+    assert steps[0] == Warm.READY and steps[1] == Warm.SKIPPED
+    assert pw.driver("net-a").replicas == 1
+
+
+def test_a_denial_left_to_the_next_round_is_judged_there(pw):  # noqa: F811
+    """The stale round left the READY net (a warm-up moved it) to the next round; the
+    platform denies for good: the next round takes it out of service."""
+    driver = _asked_p1(pw)
+
+    def ready_then_denied():
+        pw.clock.advance(20)
+        pw.server("net-a").up = True
+        assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
+        raise DriverMisconfigured("AccessDeniedException")
+
+    _stall_once(driver, ready_then_denied)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.READY
+    driver.fail_with = DriverMisconfigured("AccessDeniedException")
+    pw.clock.advance(30)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.MISCONFIGURED
