@@ -1,5 +1,6 @@
-"""Break-it probes of bf9451a (warm-up warms on a start a hold granted since wants) and
-9570b94 (settle_misconfigured leaves a net a server's answer moved to the next round)."""
+"""What follows a stale check's restraint: a start warmed on for a hold granted meanwhile is
+released once that hold ends, two warm-ups of one start ask one replica, and a
+misconfiguration a stalled round left to the next round is judged there (the net marked)."""
 
 from __future__ import annotations
 
