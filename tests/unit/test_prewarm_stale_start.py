@@ -165,3 +165,8 @@ def test_a_stalled_reconcile_leaves_a_net_moved_on_since_to_the_next_round(pw): 
     _stall_once(driver, ready_then_denied)
     reconciler.reconcile(pw.rt)
     assert pw.net("net-a").state == NetState.READY  # was MISCONFIGURED
+    # The platform denies for good: the next round, reading the net as it is, marks it.
+    driver.fail_with = MisconfigurationError("AccessDeniedException")
+    pw.clock.advance(30)
+    reconciler.reconcile(pw.rt)
+    assert pw.net("net-a").state == NetState.MISCONFIGURED

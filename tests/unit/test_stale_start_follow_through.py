@@ -1,16 +1,16 @@
 """What follows a stale check's restraint: a start warmed on for a hold granted meanwhile is
 released once that hold ends, two warm-ups of one start ask one replica, and a
-misconfiguration a stalled round left to the next round is judged there (the net marked)."""
+misconfiguration a stalled round left to the next round is judged there
+(`test_prewarm_stale_start.py`)."""
 
 from __future__ import annotations
 
-from app.errors import DriverMisconfigured
-from app.usecases import prewarm, reconciler
+from app.usecases import prewarm
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from app.usecases.prewarm.warm_up import Warm
 from models import NetState
 from tests.unit.prewarm_world import ask, pw  # noqa: F401 (fixture)
-from tests.unit.test_prewarm_stale_start import _asked_p1, _release_stalled_by, _stall_once
+from tests.unit.test_prewarm_stale_start import _release_stalled_by
 
 
 def test_a_start_warmed_on_for_a_late_hold_is_released_once_that_hold_ends(pw):  # noqa: F811
@@ -38,23 +38,3 @@ def test_two_warm_ups_of_one_start_ask_one_replica_and_both_end(pw):  # noqa: F8
     steps = [prewarm_warm_up.warm_up(pw.rt, "net-a").step for _ in range(2)]
     assert steps[0] == Warm.READY and steps[1] == Warm.SKIPPED
     assert pw.driver("net-a").replicas == 1
-
-
-def test_a_denial_left_to_the_next_round_is_judged_there(pw):  # noqa: F811
-    """The stale round left the READY net (a warm-up moved it) to the next round; the
-    platform denies for good: the next round takes it out of service."""
-    driver = _asked_p1(pw)
-
-    def ready_then_denied():
-        pw.clock.advance(20)
-        pw.server("net-a").up = True
-        assert prewarm_warm_up.warm_up(pw.rt, "net-a").step == Warm.READY
-        raise DriverMisconfigured("AccessDeniedException")
-
-    _stall_once(driver, ready_then_denied)
-    reconciler.reconcile(pw.rt)
-    assert pw.net("net-a").state == NetState.READY
-    driver.fail_with = DriverMisconfigured("AccessDeniedException")
-    pw.clock.advance(30)
-    reconciler.reconcile(pw.rt)
-    assert pw.net("net-a").state == NetState.MISCONFIGURED
