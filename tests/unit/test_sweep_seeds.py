@@ -343,3 +343,15 @@ def test_seed_7336_the_deaf_superlink_in_the_stale_start_band():
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(7336).violations] == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (round 19, not diagnosed): in the stale-start band, net-b moved READY with no "
+    "job 9.6 s after STARTING with one of its two sites connected (`ready-once-ready`)",
+)
+def test_seed_9280_a_job_less_start_is_ready_only_with_every_site():
+    """(9280) Found by round 19's sweep of the stale-start band (on ebdad57 and the final code)."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(9280).violations] == []
