@@ -329,6 +329,21 @@ class WorldState:
             and not self.sim.scales_to_zero(name)
         )
 
+    def deaf_and_up(self, net: str) -> bool:
+        """The net scales to zero, its SuperLink refuses every stop for good (DEAF) and answers:
+        a stray run on it ends only with the server's take-down at the idle grace (README: a
+        Flower net is never taken down for its strays), which `idle-net-at-zero` bounds."""
+        server = self.sim.cluster.servers.get(net)
+        refuses = getattr(server, "refuses_stops", None)
+        t = self.sim.clock.t
+        return (
+            server is not None
+            and refuses is not None
+            and bool(refuses(t))
+            and self.sim.scales_to_zero(net)
+            and server.answering(t)
+        )
+
     def operators_net(self, net: str | None) -> bool:
         """Only an operator can settle the net's strays: its server never answers again, or
         it is always-on and refuses every stop."""

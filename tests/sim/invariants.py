@@ -253,6 +253,9 @@ class Checker(
             # every stop (seed 7349): only an operator settles it, and the claim passes the
             # net by until then (tests.sim.flower_faults).
             and not (self.sim.state.operators_net(n.name) and self.sim.state.holds_stray(n.name))
+            # Nor a scale-to-zero one that answers and refuses every stop (DEAF): its stray
+            # lives until the idle grace takes the server down (seed 7336).
+            and not (self.sim.state.deaf_and_up(n.name) and self.sim.state.holds_stray(n.name))
             and not self._rest_window.resting(n, t)
         ]
         for job in self.jobs:

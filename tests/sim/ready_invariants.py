@@ -91,6 +91,23 @@ class ServerThen:
     sites: frozenset[str]
 
 
+def _wanted_sets(
+    live: list[tuple[float, float, list[str]]], t: float, slack: float
+) -> list[set[str]]:
+    """Every non-empty set of sites the product may have waited for at `t`: the union of the
+    holds live by its clock, which may be up to `slack` from the simulation's. A hold's end is
+    a stored time (its hint's end or its cancel), so a clock a little ahead sees a hold ended
+    that a clock a little behind sees live (seed 9280: a hold cancelled 17 s before the move,
+    in a world whose clocks step 30 s, read as live)."""
+    ends = sorted({t - slack, *(end for _, end, _ in live if end < t + slack)})
+    sets = []
+    for now in ends:
+        sites = {s for _, end, hold_sites in live if end > now for s in hold_sites}
+        if sites:
+            sets.append(sites)
+    return sets
+
+
 def first_ask_s(
     sim: Simulation, net: str, since: float, slack: float, *, taken: bool = False
 ) -> float | None:
@@ -200,7 +217,9 @@ class ReadyInvariants(Observer):
             holds = self._open_holds(net)
             live = [h for h in holds if h[1] > t - self._slack]
             wanted = {s for h in live for s in h[2]}
-            if set(config.required_sites) <= server.sites or (wanted and wanted <= server.sites):
+            if set(config.required_sites) <= server.sites or any(
+                sites <= server.sites for sites in _wanted_sets(live, t, self._slack)
+            ):
                 return
             since = min([self._starting_at.get(net, t), *(h[0] for h in live)])
             if t - since > config.ready_timeout_s - self._slack:

@@ -115,6 +115,14 @@ class RunInvariants(Observer):
                     # (abort.expire_stray_runs), but restarts no always-on server: the README's
                     # FlDispatcherStrayRunsNeedOperator. Counted from a fix or a flip back.
                     self._unreachable_at[run.net] = t
+                if self.sim.state.deaf_and_up(run.net):
+                    # Nor while a scale-to-zero SuperLink refusing every stop runs it (DEAF):
+                    # the dispatcher never takes a Flower net down for its strays (README,
+                    # FlDispatcherStrayRunsNeedOperator), so the run ends with the net's
+                    # take-down at its idle grace, which `idle-net-at-zero` bounds (seed 7336:
+                    # a settling start READY 180 s, taken down at 270 s, the bound counted
+                    # from the job's requeue at 93 s). Counted from the take-down.
+                    self._unreachable_at[run.net] = t
                 if any(n.name == run.net and n.state == NetState.MISCONFIGURED for n in self.nets):
                     # Nor on a net whose settings are wrong: it is a human's until the fix
                     # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
