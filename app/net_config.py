@@ -20,6 +20,7 @@ from pydantic import (
     PrivateAttr,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -59,6 +60,23 @@ class EcsDriverConfig(_Strict):
     cluster: str = Field(min_length=1)
     service: str = Field(min_length=1)
     endpoint_url: str | None = None  # only for tests against moto's server
+
+    @field_validator("cluster", "service")
+    @classmethod
+    def _name(cls, value: str, info: ValidationInfo) -> str:
+        """The cluster and the service by name, each given by name or by ARN (Terraform's
+        `aws_ecs_service.id` is the ARN): ECS answers DescribeServices by `serviceName`, and
+        the IAM policy builds its ARN from the names. An ARN must be the net's own: of ECS,
+        in the net's region, a service's in the net's cluster."""
+        kind = str(info.field_name)
+        region = info.data.get("region", "")
+        name = _ecs_arn_name(value, kind, region)
+        if "/" in name:  # a long service ARN's service/<cluster>/<name>
+            in_cluster, name = name.split("/", 1)
+            cluster = info.data.get("cluster")
+            if in_cluster != cluster:
+                raise ValueError(f"service {value!r} is in cluster {in_cluster!r}, not {cluster!r}")
+        return name
 
 
 class LocalDriverConfig(_Strict):
@@ -346,10 +364,25 @@ def parse_nets(raw: Any, source: str) -> tuple[NetConfig, ...]:
     return tuple(nets)
 
 
-def _arn_name(value: str) -> str:
-    """An ECS cluster or service as its name, whether given by name or by ARN (a service ARN
-    of either format: `service/<cluster>/<name>` or the older `service/<name>`)."""
-    return value.rsplit("/", 1)[-1] if value.startswith("arn:") else value
+def _ecs_arn_name(value: str, kind: str, region: str) -> str:
+    """An ECS `kind` (cluster or service) given by name or ARN, as its name (a long service
+    ARN's `<cluster>/<name>`); ValueError for an ARN of another service, kind or region."""
+    if not value.startswith("arn:"):
+        if "/" in value:
+            raise ValueError(f"{kind} {value!r}: a name has no '/' (or give the whole ARN)")
+        return value
+    parts = value.split(":", 5)
+    resource = parts[5] if len(parts) == 6 else ""
+    if parts[2:3] != ["ecs"] or not resource.startswith(f"{kind}/"):
+        raise ValueError(f"{kind} {value!r} is not an ECS {kind} ARN")
+    if parts[3] != region:
+        raise ValueError(f"{kind} {value!r} is in region {parts[3]!r}, not the net's {region!r}")
+    name = resource.removeprefix(f"{kind}/")
+    if not name or name.startswith("/") or name.endswith("/") or name.count("/") > 1:
+        raise ValueError(f"{kind} {value!r} is not an ECS {kind} ARN")
+    if kind == "cluster" and "/" in name:
+        raise ValueError(f"{kind} {value!r} is not an ECS {kind} ARN")
+    return name
 
 
 def _engine(url: str) -> str:
@@ -376,8 +409,9 @@ def server_identities(net: NetConfig) -> list[tuple[str, tuple[object, ...]]]:
     if isinstance(driver, DockerDriverConfig):
         found.append(("driver.container", (_engine(driver.engine_url), driver.container)))
     elif isinstance(driver, EcsDriverConfig):
-        key = (driver.endpoint_url, driver.region, _arn_name(driver.cluster))
-        found.append(("driver.cluster+service", (*key, _arn_name(driver.service))))
+        # (By name: an ARN given is read as its name, `EcsDriverConfig._name`.)
+        key = (driver.endpoint_url, driver.region, driver.cluster)
+        found.append(("driver.cluster+service", (*key, driver.service)))
     elif isinstance(driver, LocalDriverConfig):
         found.append(("driver.server_kit_dir", (str(driver.server_kit_dir.resolve()),)))
     elif isinstance(driver, FlowerLocalDriverConfig):

@@ -144,6 +144,22 @@ def test_pending_phase_from_moto(
     assert counter.count("UpdateService") == 0
 
 
+def test_a_service_given_by_its_arn_is_observed_and_scaled(
+    moto_endpoint: str, stopped_service: None, ecs: Any
+) -> None:
+    """app/README.md: the cluster and service "by name or ARN". ECS answers DescribeServices
+    by serviceName: a driver that looked its answer up by the ARN it asked with found none
+    (DriverMisconfigured) and the net went MISCONFIGURED."""
+    arn = ecs.describe_services(cluster=CLUSTER, services=[SERVICE])["services"][0]["serviceArn"]
+    cluster_arn = ecs.describe_clusters(clusters=[CLUSTER])["clusters"][0]["clusterArn"]
+    driver = EcsDriver(_config(moto_endpoint, cluster=cluster_arn, service=arn))
+
+    assert driver.observe() == Observation(desired=0, running=0, pending=0)
+    driver.scale(1)
+    [service] = ecs.describe_services(cluster=CLUSTER, services=[SERVICE])["services"]
+    assert service["desiredCount"] == 1
+
+
 def test_missing_service_is_misconfigured(moto_endpoint: str, ecs: Any) -> None:
     driver = EcsDriver(_config(moto_endpoint, service="no-such-service"))
 
