@@ -1,5 +1,5 @@
 """A claim of a net that declares its sites, beside a claim of another net, on the real
-PostgreSQL (app/usecases/claims.py `_next_job_for`): the jobs the scan passes are not locked
+PostgreSQL (app/usecases/claims.py `_next_job_for`): the jobs it passes over are not locked
 (they were, to the claim's commit, until round 9's break-it review)."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def _enqueue(db, settings, clock, key, sites, **kw):
 def test_a_claim_scanning_a_sited_nets_queue_keeps_no_lock_on_the_jobs_it_passes(
     pg_factory, tmp_path, job_root, clock
 ):
-    """A net that declares its sites looks through its next SITES_SCAN jobs for one it has
-    the sites of and locks only that one: a concurrent claim of another net takes `old`
-    (first in line, fitting net-b), not `pinned`, younger. Read FOR UPDATE SKIP LOCKED, as
-    until round 9, every job the scan passed stayed locked to its commit and `pinned` was
-    taken."""
+    """A net that declares its sites takes the first job it has the sites of (asked in the
+    claim's statement, `site_fit`) and locks only that one: a concurrent claim of another net
+    takes `old` (first in line, fitting net-b), not `pinned`, younger. Read FOR UPDATE SKIP
+    LOCKED, as until round 9, every job the scan passed stayed locked to its commit and
+    `pinned` was taken."""
     nets = [net_decl(tmp_path, "net-a", sites=["site-1", "site-2"]), net_decl(tmp_path, "net-b")]
     settings = Settings(
         FL_DISPATCHER_DATA_DIR=tmp_path / "data", JOB_ROOT=job_root, NETS=json.dumps(nets)

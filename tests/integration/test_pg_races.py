@@ -7,7 +7,6 @@ lock-order races it cannot reach are looked for here, without knowing them in ad
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 
 import pytest
 from pydantic import Field
@@ -167,16 +166,15 @@ def test_the_harness_finds_a_claim_leaving_a_net_its_jobs_project_filled(harness
 
 
 def _scans_locking_what_it_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sited net's scan before 5d23933: its next SITES_SCAN jobs read FOR UPDATE SKIP
-    LOCKED, the first fitting taken, every job it passed left locked to its commit."""
+    """The sited net's scan before 5d23933: its next 50 jobs read FOR UPDATE SKIP LOCKED,
+    the first fitting taken, every job it passed left locked to its commit."""
     next_job_for = claims._next_job_for
 
     def old_scan(session, net, shares, aged_before):
         if net.sites is None:
             return next_job_for(session, net, shares, aged_before)
         params = {"net": net.name, "aged_before": aged_before}
-        stmt = claims._statement("old scan", partial(claims._next_jobs, claims.SITES_SCAN, shares))
-        jobs = session.scalars(stmt, params)
+        jobs = session.scalars(claims._next_jobs(shares).limit(50), params)
         return next((job for job in jobs if not net.lacks(job.required_sites)), None)
 
     monkeypatch.setattr(claims, "_next_job_for", old_scan)

@@ -1,6 +1,6 @@
 """Which nets a QUEUED job wants: only claimable jobs pin a net; an idle net is kept only
 for a queued job it could take (pinned to it or unpinned, with sites it has where it declares
-them); a claim looks through a net's next SITES_SCAN queued jobs for one that fits; and a
+them); a claim finds the first queued job that fits a net however many wait before it; and a
 QUEUED job says why it waits (its net out of service, an earlier run of it not settled)."""
 
 from __future__ import annotations
@@ -60,18 +60,20 @@ def test_an_idle_net_is_kept_only_for_a_queued_job_it_could_take(sited, job, net
         assert claims.queued_job_fits(session, sited.rt.settings, net) is fits
 
 
-def test_a_claim_looks_through_a_nets_next_sites_scan_queued_jobs_only(sited):
-    """app/entrypoints/README.md: "a claim looks through the net's next 50 QUEUED jobs for
-    one that fits". A job net-a could run behind SITES_SCAN it cannot waits, until the queue
-    ahead of it shrinks."""
+# More jobs before the one that fits than the claim once looked through (50).
+AHEAD = 60
+
+
+def test_a_claim_gives_a_net_the_first_job_that_fits_it_however_many_wait_before_it(sited):
+    """app/usecases/README.md: a claim gives a free net "the first job of this order among the
+    QUEUED jobs that may run on it". A job net-a can run behind AHEAD it cannot (they need a
+    site it lacks) is claimed at once (a claim once looked through 50 only: it waited until
+    the queue ahead shrank, while the idle check kept net-a's server up for it)."""
     with sited.rt.sessions.begin() as session:  # only net-a can claim
         records.get_net(session, "net-b").state = NetState.MISCONFIGURED
-    ahead = [
-        sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(claims.SITES_SCAN)
-    ]
+    for i in range(AHEAD):
+        sited.enqueue(f"lacking-{i}", required_sites=["site-9"])
     behind = sited.enqueue("fits", required_sites=["site-1"])
-    assert dispatch.claim_and_start(sited.rt) == []
-    sited.abort(ahead[0])
     assert [a.job_id for a in dispatch.claim_and_start(sited.rt)] == [behind]
     assert sited.job(behind).state == JobState.ASSIGNED
 
@@ -95,17 +97,28 @@ def test_a_queued_job_says_why_it_waits(world):
         assert job_detail(session, free).waiting_for is None
 
 
-def test_a_net_whose_scan_finds_no_job_it_can_run_passes_the_claim_to_the_next_net(sited):
-    """net-a is wanted by a job behind SITES_SCAN it cannot run: its scan finds none, and the
-    claim goes on to net-b, which can run the first of them."""
-    ahead = [
-        sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(claims.SITES_SCAN)
-    ]
-    sited.enqueue("fits", required_sites=["site-1"])
+def test_a_net_no_queued_job_fits_passes_the_claim_to_the_next_net(sited):
+    """net-a (site-1..3) is wanted by no job it can run (they all need site-9): the claim
+    goes on to net-b, which declares no sites and takes the first of them."""
+    ahead = [sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(AHEAD)]
     with sited.rt.sessions.begin() as session:
         claimed = claims.claim_next_job(session, sited.rt.settings, sited.clock())
     assert claimed is not None
     assert (claimed.net_name, str(claimed.job_id)) == ("net-b", str(ahead[0]))
+
+
+def test_a_net_takes_the_job_that_fits_it_behind_jobs_the_next_net_takes(sited):
+    """net-a first: it takes the first job that fits it (behind AHEAD it cannot run), and
+    the next claim gives net-b the first of the queue."""
+    ahead = [sited.enqueue(f"lacking-{i}", required_sites=["site-9"]) for i in range(AHEAD)]
+    fits = sited.enqueue("fits", required_sites=["site-1"])
+    claimed = []
+    for _ in range(2):
+        with sited.rt.sessions.begin() as session:
+            one = claims.claim_next_job(session, sited.rt.settings, sited.clock())
+            assert one is not None
+            claimed.append((one.net_name, str(one.job_id)))
+    assert sorted(claimed) == [("net-a", str(fits)), ("net-b", str(ahead[0]))]
 
 
 def test_a_net_taken_by_a_concurrent_claim_before_its_lock_passes_the_claim_to_the_next(sited):

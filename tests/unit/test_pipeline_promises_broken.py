@@ -16,7 +16,7 @@ from app.errors import ServerUnavailable
 from app.handlers import HANDLERS, Verdict, on_error
 from app.schemas import job_id_for
 from app.settings import Settings
-from app.usecases import abort, claims, declared_nets, dispatch, monitor, reconciler, requests
+from app.usecases import abort, declared_nets, dispatch, monitor, reconciler, requests
 from app.usecases.dispatch import Step
 from models import Job, JobState
 from tests.fixtures.db import net_decl
@@ -95,12 +95,12 @@ def test_a_queued_job_no_declared_net_can_run_does_not_wait_for_ever(
 def test_jobs_no_declared_net_can_run_do_not_block_a_free_net_for_ever(
     tmp_path, job_root, sqlite_factory, clock
 ):
-    """As above, with SITES_SCAN such jobs (a project's burst, all needing site-3): they are
-    first in the claim's order (the oldest, soon aged) and never leave the queue, so the
-    claim's scan of `fixed`'s next SITES_SCAN jobs finds none that fits, for ever: a job that
-    fits `fixed` (free, idle) is never claimed, though its place in line says it is next."""
+    """As above, with 50 such jobs (a project's burst, all needing site-3): they are first in
+    the claim's order (the oldest, soon aged) and never leave the queue; a claim that looked
+    through `fixed`'s next 50 jobs found none that fits, for ever: a job that fits `fixed`
+    (free, idle) was never claimed, though its place in line said it was next."""
     world = _sited_pair(tmp_path, job_root, sqlite_factory, clock)
-    for i in range(claims.SITES_SCAN):
+    for i in range(50):
         world.enqueue(f"needs-site-3-{i}", required_sites=["site-3"])
     _redeploy_without_net_a(world, tmp_path, job_root)
     fits = world.enqueue("fits-fixed", required_sites=["site-1"])
