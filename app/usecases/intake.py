@@ -49,6 +49,13 @@ def caller_key_of(payload: Any) -> str | None:
     key = payload.get("caller_key") if isinstance(payload, dict) else None
     if isinstance(key, uuid.UUID):
         key = str(key)  # kombu's json decodes a UUID a Python caller sent as its key
+    if isinstance(key, int) and not isinstance(key, bool):
+        # A JSON number (a caller whose run ids are numbers): refused by the model, but
+        # under its decimal text, so the caller can tie the refusal to its request.
+        try:
+            key = str(key)
+        except ValueError:  # more digits than str() writes (4,300)
+            return None
     if isinstance(key, bytes):
         # kombu's json carries bytes back as bytes, and the payload's model reads them as
         # their UTF-8 text: the refusal is that key's too.
