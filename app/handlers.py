@@ -45,6 +45,7 @@ from app.usecases import (
     abort,
     callbacks,
     dispatch,
+    intake,
     kicks,
     monitor,
     reconciler,
@@ -90,8 +91,18 @@ class Handler:
     # copy finds what another recorded.
     message_id: bool = False
 
-    def kwargs(self, sent: dict[str, Any], message_id: str) -> dict[str, Any]:
-        """The call's keyword arguments: the message's own, and its id if the call takes it."""
+    def kwargs(
+        self, sent: dict[str, Any], message_id: str, args: tuple[Any, ...] = ()
+    ) -> dict[str, Any]:
+        """The call's keyword arguments: the message's own, and its id if the call takes it.
+        A request (flip-api's, sent by name) is its one `payload`, whatever shape the message
+        came in: one sent otherwise is refused as the request's refusals are
+        (`intake.request_payload`), never failed with a TypeError and acknowledged away.
+        Any other message is sent by this package with keyword arguments only."""
+        if self.kind is Kind.REQUEST:
+            sent = {"payload": intake.request_payload(args, sent)}
+        elif args:
+            raise TypeError(f"{self.name} takes keyword arguments only ({len(args)} positional)")
         return {**sent, "message_id": message_id} if self.message_id else sent
 
     @property

@@ -210,9 +210,9 @@ def _apply_rules(handler: Handler, fun: Callable[..., Any]) -> Callable[..., Any
     copy too, the message goes back to its queue instead of being dropped."""
 
     @functools.wraps(fun)
-    def run(self: Any, **kwargs: Any) -> Any:
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return fun(self, **kwargs)
+            return fun(self, *args, **kwargs)
         except (Retry, Reject):
             raise
         except Exception as exc:
@@ -288,9 +288,11 @@ def register(handler: Handler) -> Task:
         else (PIPELINE_SOFT_LIMIT_S, PIPELINE_HARD_LIMIT_S)
     )
 
-    def run(self: Any, **kwargs: Any) -> Any:
+    # Any arguments, so Celery's own check of them (`typing`, at apply_async) lets a
+    # misshapen request through to its refusal (`Handler.kwargs`).
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         rt = runtime()
-        result = handler.call(rt, **handler.kwargs(kwargs, self.request.id))
+        result = handler.call(rt, **handler.kwargs(kwargs, self.request.id, args))
         countdown = handler.again_in(rt.settings, result)
         if countdown is not None:
             raise self.retry(countdown=countdown, max_retries=None)

@@ -31,9 +31,52 @@ from models import Job, JobState, ReasonCode
 M = TypeVar("M", bound=BaseModel)
 
 
+@dataclass(frozen=True)
+class Misshapen:
+    """A request not sent as its one `payload` kwarg (`request_payload`): what it carried,
+    taken as its payload only to be refused (`parse_payload`) under the key it names."""
+
+    sent: Any
+    reason: str
+
+
+def request_payload(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A flip-api request's payload as its task was sent: its one `payload` kwarg, or a
+    `Misshapen` naming the shape it came in (its fields as the kwargs, the payload as a
+    positional argument, or more than the payload): never taken as a request, refused with
+    its reason and recorded where that request's refusals are. What it carried (the
+    `payload` kwarg, else the other kwargs, else the first positional argument) gives the
+    refusal its caller_key."""
+    if not args and set(kwargs) == {"payload"}:
+        return kwargs["payload"]
+    if "payload" in kwargs:
+        sent = kwargs["payload"]
+    elif kwargs:
+        sent = kwargs
+    else:
+        sent = args[0] if args else None
+    return Misshapen(
+        sent, f"send one `payload` kwarg: the message came with {_shape(args, kwargs)}"
+    )
+
+
+def _shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    parts = []
+    if args:
+        parts.append(f"{len(args)} positional argument{'s' if len(args) != 1 else ''}")
+    if kwargs:
+        names = sorted(kwargs)
+        shown = ", ".join(repr(name[:40]) for name in names[:8])
+        parts.append(f"kwargs {shown}{', ...' if len(names) > 8 else ''}")
+    return " and ".join(parts) or "no arguments"
+
+
 def parse_payload(model: type[M], payload: Any) -> M:
     """A public task's payload as its model; one pydantic refuses is an InvalidRequest
-    naming each field's problem (the task and the simulator's mirror of it share this)."""
+    naming each field's problem (the task and the simulator's mirror of it share this), and
+    a misshapen message's (`Misshapen`) names its shape, whatever it carried."""
+    if isinstance(payload, Misshapen):
+        raise InvalidRequest(payload.reason)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
@@ -46,6 +89,8 @@ def parse_payload(model: type[M], payload: Any) -> M:
 def caller_key_of(payload: Any) -> str | None:
     """The caller_key a refused payload carries, if any, whole: cut, it could name another
     request (`recorded_caller_key` stores a long one without losing which one it was)."""
+    if isinstance(payload, Misshapen):
+        payload = payload.sent  # refused for its shape, under the key it carried
     key = payload.get("caller_key") if isinstance(payload, dict) else None
     if isinstance(key, uuid.UUID):
         key = str(key)  # kombu's json decodes a UUID a Python caller sent as its key
@@ -191,7 +236,14 @@ def refuse_enqueue(
         # A payload that fails validation under a key that already names a job is not a
         # repeat of it either: the job is unchanged, and must not read as rejected.
         reason = f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
-    digest = enqueue.payload_digest(payload)
+    # A misshapen message's digest names its shape: not the same request as its fields
+    # sent rightly (and refused for another reason).
+    sent = (
+        {"misshapen": payload.sent, "shape": payload.reason}
+        if isinstance(payload, Misshapen)
+        else payload
+    )
+    digest = enqueue.payload_digest(sent)
     return record_refusal(rt, caller_key, reason, code, message_id=message_id, digest=digest)
 
 
