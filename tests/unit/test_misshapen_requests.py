@@ -1,7 +1,7 @@
 """A request sent by name in another shape than one `payload` kwarg (its fields as the
 kwargs, the payload as a positional argument, more than the payload) is refused as that
 request's refusals are, never failed with a TypeError and acknowledged away (tasks/README.md
-"A refused payload ... creates no job: it is logged as one line and recorded"): through
+"Task API for flip-api": a message in another shape): through
 Celery's own code here (flip-api's `send_task` onto kombu's Redis transport over fakeredis,
 then the worker's `Request.execute`, Celery's tracer, the task), and through the task for
 each request. The reviewer's reproductions: test_review20_a_misshapen_requests.py."""
