@@ -5,6 +5,7 @@ from models.base import Base, utcnow
 from models.callbacks import CallbackCursor, CallbackReceiver
 from models.drains import ALL_NETS, Drain
 from models.early_aborts import EarlyAbort
+from models.early_cancels import EarlyCancel
 from models.housekeeping import HousekeepingRun
 from models.kicks import PendingKick
 from models.metrics import MetricNetClock, MetricTotal
@@ -44,6 +45,7 @@ __all__ = [
     "CallbackReceiver",
     "Drain",
     "EarlyAbort",
+    "EarlyCancel",
     "FlipStatus",
     "HousekeepingRun",
     "IllegalTransition",

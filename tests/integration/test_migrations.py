@@ -34,6 +34,7 @@ TABLES = {
     "drains",
     "early_aborts",
     "refused_messages",
+    "early_cancels",
     "alembic_version",
 }
 
@@ -124,7 +125,31 @@ def test_0021_adds_early_aborts_and_its_downgrade_drops_it(empty_db):
             )
             assert conn.execute(text("SELECT reason FROM early_aborts")).scalars().all() == ["user"]
         migrate.downgrade(empty_db, "0020")
-        assert _tables(empty_db) == TABLES - {"early_aborts", "refused_messages"}
+        assert _tables(empty_db) == TABLES - {"early_aborts", "refused_messages", "early_cancels"}
+    finally:
+        engine.dispose()
+
+
+def test_0023_adds_early_cancels_and_its_downgrade_drops_it(empty_db):
+    """A new table only: a cancel kept at 0023 is a row keyed by the prewarm's caller_key;
+    back at 0022 the table is gone and the rest of the schema is untouched."""
+    migrate.upgrade(empty_db, "0022")
+    assert "early_cancels" not in _tables(empty_db)
+    migrate.upgrade(empty_db, "0023")
+    engine = create_engine(empty_db)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO early_cancels (caller_key, asked_at, kept_until)"
+                    " VALUES ('hint-1', :at, :at)"
+                ),
+                {"at": "2026-12-06 12:00:00+00:00"},
+            )
+            keys = conn.execute(text("SELECT caller_key FROM early_cancels")).scalars().all()
+            assert keys == ["hint-1"]
+        migrate.downgrade(empty_db, "0022")
+        assert _tables(empty_db) == TABLES - {"early_cancels"}
     finally:
         engine.dispose()
 
