@@ -115,10 +115,13 @@ def prewarm_net(rt: Runtime, payload: Any) -> dict[str, Any]:
 
 
 def cancel_prewarm(rt: Runtime, payload: Any) -> dict[str, Any]:
-    """End a prewarm's hold now; the net's idle grace starts."""
+    """End a prewarm's hold now; the net's idle grace starts. A cancel for a key no prewarm
+    has yet (accepted or refused) is kept for the prewarm that may still come
+    (`prewarm.early_cancels`): its answer is `rejected`, as before, and says until when."""
     try:
         request = intake.parse_payload(CancelPrewarm, payload)
-        return prewarm.cancel_prewarm(rt, request.caller_key).model_dump(mode="json")
+        view = prewarm.cancel_prewarm(rt, request.caller_key, keep=True)
+        return view.model_dump(mode="json")
     except (InvalidRequest, NotFound) as exc:
         log.warning("prewarm cancel rejected: %s", exc)
         return {"rejected": str(exc)}

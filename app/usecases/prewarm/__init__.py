@@ -21,11 +21,14 @@ settling a row) are in `prewarm.holds`, `warm_up` and `settle_prewarms` in `prew
   claimed onto the net while it held: the hold ends at that claim), `expired`, `failed`
   (its net went MISCONFIGURED); it starts again a net a live hold wants up that went down
   meanwhile, and re-sends a `warm_up` that was lost before it asked the driver.
-- `cancel_prewarm` ends a hold now; the net's idle grace starts then.
+- `cancel_prewarm` ends a hold now; the net's idle grace starts then. The task's cancel for
+  a key no prewarm has yet is kept, and the prewarm that comes under it is ended at once,
+  starting nothing (`prewarm.early_cancels`).
 
 A refused prewarm (bad input, another payload under the same key, a MISCONFIGURED net, a
-drained one: `drained_error` says why a drained net's hint is refused, not held) starts
-nothing and takes no key; it is recorded, so a caller of the task can look it up.
+drained one: `holds.drained_error` says why a drained net's hint is refused, not held) starts
+nothing and takes no key; it is recorded (`prewarm.refusals`), so a caller of the task can
+look it up.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -43,7 +46,6 @@ from app.db import unit_of_work
 from app.errors import (
     CallerKeyConflict,
     InvalidRequest,
-    NetDrained,
     NetMisconfigured,
     NotFound,
     RequestRejected,
@@ -51,20 +53,24 @@ from app.errors import (
 from app.net_config import NetConfig
 from app.read_models import Prewarmed, PrewarmView, iso
 from app.runtime import Runtime
-from app.schemas import PrewarmNet, recorded_caller_key, require_storable, storable
+from app.schemas import PrewarmNet, recorded_caller_key, require_storable
 from app.settings import Settings
 from app.usecases import declared_nets, rows
 from app.usecases.claims import drained
+from app.usecases.prewarm import early_cancels
 from app.usecases.prewarm.holds import (
     HELD,
     UP,
     WARMING,
+    drained_error,
     end_hold,
     live_holds,
     misconfigured_error,
     settle_row,
     startable,
 )
+from app.usecases.prewarm.refusals import refusal_code as refusal_code  # re-exported
+from app.usecases.prewarm.refusals import refuse_prewarm
 from models import (
     ACTIVE_JOB_STATES,
     Job,
@@ -125,60 +131,12 @@ def request_prewarm(rt: Runtime, request: PrewarmNet) -> Requested:
     return Requested(view, created, notified)
 
 
-def refusal_code(exc: InvalidRequest) -> PrewarmOutcome:
-    """The reason code of a refused prewarm."""
-    if isinstance(exc, CallerKeyConflict):
-        return PrewarmOutcome.CALLER_KEY_CONFLICT
-    if isinstance(exc, NetMisconfigured):
-        return PrewarmOutcome.NET_MISCONFIGURED
-    if isinstance(exc, NetDrained):
-        return PrewarmOutcome.NET_DRAINED
-    return PrewarmOutcome.REJECTED
-
-
-def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> PrewarmOutcome:
-    """Record a refused prewarm (one log line, and a row a lookup of its key finds for
-    REJECTED_RETENTION_S); it starts nothing and takes no key. Returns its reason code."""
-    code = refusal_code(exc)
-    key = recorded_caller_key(caller_key) if caller_key is not None else ""
-    reason = storable(str(exc))[:4000]
-    log.warning("prewarm refused", extra={"caller_key": key, "reason": reason, "code": str(code)})
-    now = rt.clock()
-    with unit_of_work(rt.sessions) as session:
-        # Refusals are kept for REJECTED_RETENTION_S (once counted), as refused enqueues are.
-        session.execute(
-            delete(Prewarm).where(
-                Prewarm.refused,
-                Prewarm.counted,
-                Prewarm.created_at < now - timedelta(seconds=rt.settings.rejected_retention_s),
-            )
-        )
-        net = getattr(exc, "net_name", None)
-        kept = select(Prewarm.id).where(
-            Prewarm.refused, Prewarm.caller_key == key, Prewarm.outcome == code
-        )
-        if key and session.scalar(kept.where(Prewarm.detail == reason).limit(1)) is not None:
-            return code  # the same refusal again (a retry after a lost commit reply): kept
-        session.add(
-            Prewarm(
-                caller_key=key,
-                net_name=net if rt.settings.has_net(net) else None,
-                required_sites=[],
-                created_at=now,
-                hold_until=now,
-                ended_at=now,
-                outcome=code,
-                refused=True,
-                detail=reason,
-            )
-        )
-    return code
-
-
 def _accept(
     session: Session, settings: Settings, request: PrewarmNet, now: datetime
 ) -> tuple[Prewarm, bool, bool]:
-    """The prewarm the key names (a repeat), or a new one; and whether to start its net."""
+    """The prewarm the key names (a repeat), or a new one; and whether to start its net. A
+    new one a cancel came before (`early_cancels`) is ended at once and starts nothing."""
+    early_cancels.lock(session, request.caller_key)  # before the looks: a cancel in flight
     existing = _accepted(session, request.caller_key)
     if existing is not None:
         row = _repeat(existing, request, settings)
@@ -210,6 +168,11 @@ def _accept(
         if winner is None:
             raise
         return _repeat(winner, request, settings), False, False  # the winner sends it
+    asked = early_cancels.take(session, request.caller_key, now)
+    if asked is not None:
+        note = f"cancelled before it came: a cancel for its key was handled at {iso(asked)}"
+        end_hold(row, PrewarmOutcome.CANCELLED, now, note + "; its net was not started")
+        return row, True, False
     start, note = _start_or_hold(session, settings.net(net_name), net, row, now)
     if granted_s < request.within_s:
         note += f"; held {granted_s:.0f}s (PREWARM_MAX_S), not the {request.within_s:.0f}s asked"
@@ -267,23 +230,6 @@ def _start_or_hold(
         )
         return True, "server starting"
     return False, f"net is {net.state}: started again once it is down"
-
-
-def drained_error(net_name: str, fitting: list[str] | None = None) -> NetDrained:
-    """A prewarm is refused, not held, on a drained net: a drained net takes no new job, so
-    warming or holding its server could only keep it up for nothing and hold back the
-    drain's end (its scale to zero); the caller learns at once, and may hint again after
-    the undrain."""
-    which = (
-        f"every net with its sites is drained ({', '.join(fitting)})"
-        if fitting
-        else (f"net {net_name} is drained")
-    )
-    return NetDrained(
-        f"{which}: it takes no new job until an operator undrains it (a redeploy, most "
-        "likely); nothing was started or held, hint again after the undrain",
-        net_name=net_name,
-    )
 
 
 def _resolve(
@@ -478,18 +424,32 @@ def get_prewarm(session: Session, caller_key: str, now: datetime) -> PrewarmView
 # --- cancelling -----------------------------------------------------------------------------
 
 
-def cancel_prewarm(rt: Runtime, caller_key: str) -> PrewarmView:
+def cancel_prewarm(rt: Runtime, caller_key: str, *, keep: bool = False) -> PrewarmView:
     """End a live hold now (the net's idle grace starts now); a prewarm that has ended
-    keeps its outcome. NotFound for an unknown key, RequestRejected for a refused one."""
+    keeps its outcome. NotFound for an unknown key (with `keep`, the task's door: CancelKept,
+    the cancel kept for a prewarm still to come, `early_cancels`), RequestRejected for a
+    refused one."""
+    require_storable(caller_key, "caller_key")
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
+        early_cancels.lock(session, caller_key)  # before the look: a prewarm in flight
         row = _accepted(session, caller_key, lock=True)
-        if row is None:
+        if row is not None:
+            if row.outcome is None:
+                # Settled first: a hold a job has used, or one past its deadline, says so.
+                settle_row(session, row, now)
+            if row.outcome is None:
+                end_hold(row, PrewarmOutcome.CANCELLED, now, "cancelled")
+                log.info("prewarm cancelled", extra={"caller_key": caller_key, "net": row.net_name})
+            return prewarm_view(row, _net_state(session, row.net_name), now)
+        try:
             return get_prewarm(session, caller_key, now)  # raises: refused, or unknown
-        if row.outcome is None:
-            # Settled first: a hold a job has used, or one past its deadline, says so.
-            settle_row(session, row, now)
-        if row.outcome is None:
-            end_hold(row, PrewarmOutcome.CANCELLED, now, "cancelled")
-            log.info("prewarm cancelled", extra={"caller_key": caller_key, "net": row.net_name})
-        return prewarm_view(row, _net_state(session, row.net_name), now)
+        except RequestRejected:
+            raise
+        except NotFound as exc:
+            if not keep:
+                raise
+            missing = exc
+            retention_s = rt.settings.rejected_retention_s
+            until = early_cancels.keep(session, caller_key, now=now, retention_s=retention_s)
+    raise early_cancels.CancelKept(missing, until)  # once committed

@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
-from app.errors import NetMisconfigured
+from app.errors import NetDrained, NetMisconfigured
 from app.read_models import NetHold
 from models import (
     ACTIVE_JOB_STATES,
@@ -42,6 +42,23 @@ def misconfigured_error(net: Net) -> NetMisconfigured:
         f"net {net.name} is MISCONFIGURED{why}; nothing was started (an operator must fix "
         "its settings and restart the dispatcher first)",
         net_name=net.name,
+    )
+
+
+def drained_error(net_name: str, fitting: list[str] | None = None) -> NetDrained:
+    """A prewarm is refused, not held, on a drained net: a drained net takes no new job, so
+    warming or holding its server could only keep it up for nothing and hold back the
+    drain's end (its scale to zero); the caller learns at once, and may hint again after
+    the undrain."""
+    which = (
+        f"every net with its sites is drained ({', '.join(fitting)})"
+        if fitting
+        else (f"net {net_name} is drained")
+    )
+    return NetDrained(
+        f"{which}: it takes no new job until an operator undrains it (a redeploy, most "
+        "likely); nothing was started or held, hint again after the undrain",
+        net_name=net_name,
     )
 
 
