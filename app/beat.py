@@ -47,8 +47,9 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# "fl_beat"; other advisory locks of this schema: app.metrics.fold._FOLD_LOCK_KEY and the
-# per-caller-key lock of app.usecases.enqueue.record_rejection (a two-number key).
+# "fl_beat"; other advisory locks of this schema: app.metrics.fold._FOLD_LOCK_KEY, and the
+# two-number keys of app.usecases.enqueue.record_rejection (per caller key), claims'
+# project cap and app.usecases.prewarm.early_cancels (per prewarm key).
 BEAT_LOCK_KEY = 0x666C5F62656174
 STANDBY_POLL_S = 1.0
 HEARTBEAT_FILE = "beat-heartbeat.json"
