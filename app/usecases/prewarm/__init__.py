@@ -136,11 +136,11 @@ def _accept(
 ) -> tuple[Prewarm, bool, bool]:
     """The prewarm the key names (a repeat), or a new one; and whether to start its net. A
     new one a cancel came before (`early_cancels`) is ended at once and starts nothing."""
-    early_cancels.lock(session, request.caller_key)  # before the looks: a cancel in flight
     existing = _accepted(session, request.caller_key)
     if existing is not None:
         row = _repeat(existing, request, settings)
         return row, False, _still_warming(session, row, now)
+    early_cancels.lock(session, request.caller_key)  # before `take`: a cancel in flight
     net_name, sites = _resolve(session, settings, request, now)
     net, shut = _lock_net(session, net_name)
     if net.state == NetState.MISCONFIGURED:

@@ -13,9 +13,10 @@ Neither side may miss the other when the two commit at the same time. On SQLite 
 transaction holds the one write lock (BEGIN IMMEDIATE), so each side's look and write are
 one step. On PostgreSQL (READ COMMITTED) a cancel that looked for the prewarm, then kept
 itself, and a prewarm that looked for a kept cancel, then inserted its row, could each miss
-the other's uncommitted row; so both first take a transaction-scoped advisory lock on the
-key (`lock`), held to their commit: the second waits, then its look, a later statement,
-reads what the first committed.
+the other's uncommitted row; so both take a transaction-scoped advisory lock on the key
+(`lock`), held to their commit, before that look (a prewarm after its look for a repeat of
+itself, which needs none): the second waits, then its look, a later statement, reads what
+the first committed.
 """
 
 from __future__ import annotations

@@ -39,6 +39,9 @@ def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
     log.warning("prewarm refused", extra={"caller_key": key, "reason": reason, "code": str(code)})
     now = rt.clock()
     with unit_of_work(rt.sessions) as session:
+        if key and key == caller_key:  # a key a prewarm may have: the cancel kept for it is spent
+            early_cancels.lock(session, key)
+            early_cancels.take(session, key, now)
         # Refusals are kept for REJECTED_RETENTION_S (once counted), as refused enqueues are.
         session.execute(
             delete(Prewarm).where(
@@ -47,9 +50,6 @@ def refuse_prewarm(rt: Runtime, caller_key: str | None, exc: InvalidRequest) -> 
                 Prewarm.created_at < now - timedelta(seconds=rt.settings.rejected_retention_s),
             )
         )
-        if key and key == caller_key:  # a key a prewarm may have: the cancel kept for it is spent
-            early_cancels.lock(session, key)
-            early_cancels.take(session, key, now)
         net = getattr(exc, "net_name", None)
         kept = select(Prewarm.id).where(
             Prewarm.refused, Prewarm.caller_key == key, Prewarm.outcome == code
