@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text
@@ -30,7 +31,7 @@ def rt(pg_factory, settings, clock):
     return fake_runtime(settings, pg_factory, clock, RecordingOutbox())
 
 
-def _hint(key: str) -> dict[str, object]:
+def _hint(key: str) -> dict[str, Any]:
     return {"caller_key": key, "net": "net-a", "within_s": 600}
 
 
@@ -38,7 +39,8 @@ def _outcome(pg_factory, key: str) -> str | None:
     with pg_factory() as session:
         row = session.scalar(select(Prewarm).where(Prewarm.caller_key == key, ~Prewarm.refused))
         assert row is not None
-        return row.outcome
+        outcome: str | None = row.outcome
+        return outcome
 
 
 def _kept(pg_factory) -> list[str]:

@@ -7,7 +7,9 @@ test_review20_a_cancel_before_prewarm.py."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -30,7 +32,7 @@ KEPT = re.compile(
 
 
 @pytest.fixture
-def pw(tmp_path, job_root, sqlite_factory, clock) -> World:
+def pw(tmp_path, job_root, sqlite_factory, clock) -> Iterator[World]:
     nets = [net_decl(tmp_path, "net-a", "ecs", idle_timeout_s=60, ready_timeout_s=120)]
     world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
     base.set_runtime(world.rt)
@@ -38,12 +40,14 @@ def pw(tmp_path, job_root, sqlite_factory, clock) -> World:
     base.set_runtime(None)
 
 
-def _cancel(key: str = "hint-1") -> dict[str, object]:
-    return TASKS[names.CANCEL_PREWARM].run(payload={"caller_key": key})
+def _cancel(key: str = "hint-1") -> dict[str, Any]:
+    answer: dict[str, Any] = TASKS[names.CANCEL_PREWARM].run(payload={"caller_key": key})
+    return answer
 
 
-def _prewarm(payload: dict[str, object] = HINT) -> dict[str, object]:
-    return TASKS[names.PREWARM].run(payload=payload)
+def _prewarm(payload: dict[str, Any] = HINT) -> dict[str, Any]:
+    answer: dict[str, Any] = TASKS[names.PREWARM].run(payload=payload)
+    return answer
 
 
 def _kept(pw: World) -> list[tuple[str, str, str]]:
@@ -54,7 +58,7 @@ def _kept(pw: World) -> list[tuple[str, str, str]]:
         ]
 
 
-def _kept_until(answer: dict[str, object]) -> str:
+def _kept_until(answer: dict[str, Any]) -> str:
     """The answer keeps its one key, `rejected`, and says until when the cancel is kept."""
     assert set(answer) == {"rejected"}, answer
     found = KEPT.fullmatch(str(answer["rejected"]))

@@ -70,7 +70,7 @@ from app.usecases.prewarm.holds import (
     startable,
 )
 from app.usecases.prewarm.refusals import refusal_code as refusal_code  # re-exported
-from app.usecases.prewarm.refusals import refuse_prewarm
+from app.usecases.prewarm.refusals import refuse_prewarm as refuse_prewarm  # re-exported
 from models import (
     ACTIVE_JOB_STATES,
     Job,

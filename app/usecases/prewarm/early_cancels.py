@@ -80,11 +80,13 @@ def take(session: Session, caller_key: str, now: datetime) -> datetime | None:
     """The prewarm under `caller_key` comes (the caller holds `lock`): the cancel kept for
     it is deleted, and when it was asked returned; None if none was kept, or its time had
     run out (then it is gone all the same)."""
-    asked = session.execute(
+    found = session.execute(
         delete(EarlyCancel)
         .where(EarlyCancel.caller_key == caller_key)
         .returning(EarlyCancel.asked_at, EarlyCancel.kept_until)
     ).first()
-    if asked is None or asked.kept_until < now:
+    if found is None:
         return None
-    return asked.asked_at
+    asked: datetime = found.asked_at
+    until: datetime = found.kept_until
+    return asked if until >= now else None
