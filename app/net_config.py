@@ -27,7 +27,7 @@ from pydantic import (
 
 from app.errors import AdminMisconfigured, SettingsError
 from app.flags import parse_flag
-from app.schemas import NET_NAME_PATTERN
+from app.schemas import NET_NAME_PATTERN, unstorable
 
 
 def _is(path: Path, kind: Callable[[Path], bool]) -> bool:
@@ -319,6 +319,17 @@ class NetConfig(_Strict):
     def lacks(self, sites: Sequence[str]) -> list[str]:
         """The sites of `sites` this net does not have (none when its sites are undeclared)."""
         return [] if self.sites is None else [s for s in sites if s not in self.sites]
+
+    @field_validator("sites", "required_sites")
+    @classmethod
+    def _storable_sites(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """A site name PostgreSQL can hold: the claim asks it whether a job's sites are among
+        the net's (app.usecases.site_fit, jsonb), and no job can need a name it refuses."""
+        for site in value or ():
+            problem = unstorable(site)
+            if problem is not None:
+                raise ValueError(f"site {site!r} {problem}: no job can name it")
+        return value
 
     @field_validator("server_endpoint")
     @classmethod

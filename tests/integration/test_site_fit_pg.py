@@ -20,6 +20,7 @@ CASES = [
     (["site-1", "site-1"], True),
     (['hôpital "B"'], True),
     (["site,3"], True),
+    (["site-🏥", "site-2"], True),
     (["site-9"], False),
     (["site-1", "site-9"], False),
     (["site"], False),  # a prefix of a site is not the site
