@@ -12,7 +12,7 @@ from models import Job, JobState
 
 pytestmark = pytest.mark.integration
 
-NET = ["site-1", "site-2", 'hôpital "B"', "site,3"]
+NET = ["site-1", "site-2", 'hôpital "B"', "site,3", "site-🏥"]
 CASES = [
     ([], True),
     (["site-1"], True),
