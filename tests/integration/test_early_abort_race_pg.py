@@ -6,7 +6,6 @@ then looked for the row, each missed the other's uncommitted row: the job ran.""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from sqlalchemy import select, text
@@ -16,6 +15,7 @@ from app.schemas import EnqueueJob, job_id_for
 from app.usecases import declared_nets, early_aborts, enqueue, kicks, requests
 from models import EarlyAbort, Job, JobState, ReasonCode
 from tests.fakes import fake_runtime
+from tests.fixtures.pg_waits import wait_for_a_lock_wait_or
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_an_abort_while_the_enqueue_is_uncommitted_waits_for_it_and_aborts_the_j
     payload = {"job_id": str(job_id_for("k")), "reason": "user cancelled"}
     abort = threading.Thread(target=lambda: answers.append(requests.abort_job(rt, payload)))
     abort.start()
-    _wait_for_a_lock_wait_or(abort, pg_factory)
+    wait_for_a_lock_wait_or(abort, pg_factory)
     enqueuing.commit()
     enqueuing.close()
     abort.join(timeout=10)
@@ -90,7 +90,7 @@ def test_an_enqueue_while_the_abort_is_uncommitted_waits_for_it_and_stores_the_j
         target=lambda: answers.append(requests.enqueue_job(rt, _payload("k")))
     )
     enqueue_.start()
-    _wait_for_a_lock_wait_or(enqueue_, pg_factory)
+    wait_for_a_lock_wait_or(enqueue_, pg_factory)
     aborting.commit()
     aborting.close()
     enqueue_.join(timeout=10)
@@ -132,22 +132,3 @@ def test_racing_aborts_and_enqueues_never_leave_a_job_queued_with_an_abort_kept(
     assert _kept(pg_factory) == []
     with pg_factory() as session:  # no placeholder outlived its transaction
         assert session.scalar(text("SELECT count(*) FROM jobs WHERE caller_key LIKE '#%'")) == 0
-
-
-# A key's wait is on the inserting transaction's id, a lock that names no database: the
-# sessions of this test's database that wait for any lock (the shared server runs others).
-_WAITING = text(
-    "SELECT count(*) FROM pg_stat_activity"
-    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-)
-
-
-def _wait_for_a_lock_wait_or(thread: threading.Thread, pg_factory) -> None:
-    """Until another connection to this database waits for a lock, or `thread` has ended
-    (5 s at most)."""
-    deadline = time.monotonic() + 5
-    while thread.is_alive() and time.monotonic() < deadline:
-        with pg_factory() as session:
-            if session.scalar(_WAITING):
-                return
-        time.sleep(0.02)

@@ -7,11 +7,10 @@ for nothing and the prewarm held its net to its deadline."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from app.runtime import RecordingOutbox
 from app.schemas import PrewarmNet
@@ -19,6 +18,7 @@ from app.usecases import declared_nets, prewarm, requests
 from app.usecases.prewarm import early_cancels
 from models import EarlyCancel, Prewarm, PrewarmOutcome
 from tests.fakes import fake_runtime
+from tests.fixtures.pg_waits import wait_for_a_lock_wait_or
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def test_a_cancel_while_the_prewarm_is_uncommitted_waits_for_it_and_cancels_the_
     payload = {"caller_key": "k"}
     cancel = threading.Thread(target=lambda: answers.append(requests.cancel_prewarm(rt, payload)))
     cancel.start()
-    _wait_for_a_lock_wait_or(cancel, pg_factory)
+    wait_for_a_lock_wait_or(cancel, pg_factory)
     prewarming.commit()
     prewarming.close()
     cancel.join(timeout=10)
@@ -83,7 +83,7 @@ def test_a_prewarm_while_the_cancel_is_uncommitted_waits_for_it_and_ends_at_once
     answers: list[dict[str, object]] = []
     warm = threading.Thread(target=lambda: answers.append(requests.prewarm_net(rt, _hint("k"))))
     warm.start()
-    _wait_for_a_lock_wait_or(warm, pg_factory)
+    wait_for_a_lock_wait_or(warm, pg_factory)
     cancelling.commit()
     cancelling.close()
     warm.join(timeout=10)
@@ -125,22 +125,3 @@ def test_racing_cancels_and_prewarms_never_leave_a_hold_open_with_a_cancel_kept(
     outcomes = {_outcome(pg_factory, f"pair-{i}") for i in range(pairs)}
     assert outcomes == {PrewarmOutcome.CANCELLED}
     assert _kept(pg_factory) == []
-
-
-# A wait for the advisory lock is a wait for a lock that names no database: the sessions of
-# this test's database that wait for any lock (the shared server runs others).
-_WAITING = text(
-    "SELECT count(*) FROM pg_stat_activity"
-    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-)
-
-
-def _wait_for_a_lock_wait_or(thread: threading.Thread, pg_factory) -> None:
-    """Until another connection to this database waits for a lock, or `thread` has ended
-    (5 s at most)."""
-    deadline = time.monotonic() + 5
-    while thread.is_alive() and time.monotonic() < deadline:
-        with pg_factory() as session:
-            if session.scalar(_WAITING):
-                return
-        time.sleep(0.02)

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,29 @@ def sited(tmp_path, job_root, sqlite_factory, clock) -> World:
         net_decl(tmp_path, "net-b", "ecs", ready_timeout_s=120),
     ]
     return world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+
+
+@pytest.fixture
+def tasks_world(world: World) -> Iterator[World]:
+    """`world`, as the runtime the Celery tasks (tasks/) run with."""
+    from tasks import base
+
+    base.set_runtime(world.rt)
+    yield world
+    base.set_runtime(None)
+
+
+@contextmanager
+def database_unreachable(world: World) -> Iterator[None]:
+    """The world's database refuses every connection (a real driver error, as when
+    PostgreSQL restarts or fails over), until the block ends."""
+    from sqlalchemy import create_engine
+
+    from app.db import session_factory
+
+    working = world.rt.sessions
+    world.rt.sessions = session_factory(create_engine("sqlite:////no/such/folder/fl.db"))
+    try:
+        yield
+    finally:
+        world.rt.sessions = working

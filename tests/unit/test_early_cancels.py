@@ -1,8 +1,7 @@
 """A `cancel_prewarm` handled before its prewarm (tasks/README.md "Prewarm", **Cancellable**;
 app.usecases.prewarm.early_cancels): kept for REJECTED_RETENTION_S, and the prewarm that
-comes under its key is recorded ended `cancelled` at once, its net never started. The
-reproduction itself (the prewarm retried through a database blip) is
-test_review20_a_cancel_before_prewarm.py."""
+comes under its key is recorded ended `cancelled` at once, its net never started; the
+review's reproduction (the prewarm retried through a database blip) is the last test."""
 
 from __future__ import annotations
 
@@ -10,8 +9,10 @@ import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
+from celery.exceptions import Retry
 from sqlalchemy import select
 
 from app import names
@@ -22,7 +23,7 @@ from models import EarlyCancel, NetState, Prewarm
 from tasks import base
 from tasks.registered import TASKS
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import World, world_of
+from tests.unit.conftest import World, database_unreachable, world_of
 
 HINT = {"caller_key": "hint-1", "net": "net-a", "within_s": 600}
 KEPT = re.compile(
@@ -159,3 +160,23 @@ def test_only_the_task_keeps_a_cancel_the_http_route_and_the_cli_say_not_found_a
     assert _prewarm()["status"] == "warming"
     with pw.rt.sessions() as session:
         assert session.scalar(select(Prewarm.outcome).where(Prewarm.caller_key == "hint-1")) is None
+
+
+def test_a_cancel_handled_while_its_prewarm_waits_out_a_database_blip_still_ends_the_hold(pw):
+    """(Review 20) tasks/README.md, for every request: "carried out, or refused and recorded,
+    exactly as if it had been handled at once, whatever the dispatcher's database does
+    meanwhile". flip-api's prewarm meets the database down and is retried later; its cancel,
+    sent after it, is handled first: the retried prewarm ends cancelled, its net not
+    started (it held the net for within_s plus the idle grace)."""
+    with (
+        database_unreachable(pw),
+        mock.patch.object(TASKS[names.PREWARM], "retry", side_effect=Retry()),
+        pytest.raises(Retry),
+    ):
+        _prewarm()
+    _cancel()
+    _prewarm()
+    with pw.rt.sessions() as session:
+        view = prewarm.get_prewarm(session, "hint-1", pw.rt.clock())
+    assert view.status == "cancelled", (view.status, view.detail, pw.net("net-a").state)
+    assert pw.net("net-a").state == NetState.STOPPED

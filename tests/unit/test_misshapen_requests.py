@@ -25,7 +25,6 @@ from app.handlers import HANDLERS, Kind
 from app.schemas import job_id_for
 from app.usecases import enqueue, intake
 from models import Prewarm, PrewarmOutcome
-from tasks import base
 from tasks.base import SentAgainRequest
 from tasks.registered import TASKS
 
@@ -36,10 +35,8 @@ REQUESTS = [name for name, handler in HANDLERS.items() if handler.kind is Kind.R
 
 
 @pytest.fixture
-def rt(world):
-    base.set_runtime(world.rt)
-    yield world
-    base.set_runtime(None)
+def rt(tasks_world):
+    return tasks_world
 
 
 @pytest.fixture
@@ -160,3 +157,34 @@ def test_a_shape_names_at_most_eight_kwargs_each_cut():
     sent = {f"{'k' * 60}{n}": n for n in range(12)}
     reason = intake.request_payload((), sent).reason
     assert reason.count("'k") == 8 and reason.endswith(", ...") and len(reason) < 500
+
+
+# The review's reproductions (review 20): each failed with a TypeError, or recorded no key.
+def _refusal_of_flat_1(world: Any) -> Any:
+    with world.rt.sessions() as session:
+        return enqueue.get_rejection(session, job_id_for(FIELDS["caller_key"]))
+
+
+def test_an_enqueue_sent_with_its_fields_as_the_kwargs_is_a_recorded_refusal_of_flat_1(rt):
+    answer = TASKS[names.ENQUEUE_JOB].run(**FIELDS)
+    assert "rejected" in answer and _refusal_of_flat_1(rt) is not None
+
+
+def test_an_enqueue_sent_with_its_payload_as_a_positional_argument_is_a_recorded_refusal_of_flat_1(
+    rt,
+):
+    answer = TASKS[names.ENQUEUE_JOB].run(FIELDS)
+    assert "rejected" in answer and _refusal_of_flat_1(rt) is not None
+
+
+def test_an_enqueue_whose_caller_key_is_a_json_number_is_refused_under_that_key(rt):
+    """A by-name caller whose run ids are numbers sends `"caller_key": 42`. The model refuses
+    it (a string is required), but `caller_key_of` drops a key that is no string, so the
+    refusal is recorded with no key and no job id, and the `rejected` event carries
+    `caller_key: null, job_id: null`: flip-api cannot tie it to its request, and
+    GET /jobs/{uuid5(ns, "42")} answers "not found" for good."""
+    answer = TASKS[names.ENQUEUE_JOB].run(payload={**FIELDS, "caller_key": 42})
+    assert "rejected" in answer
+    assert answer["caller_key"] == "42", answer
+    with rt.rt.sessions() as session:
+        assert enqueue.get_rejection(session, job_id_for("42")) is not None

@@ -6,18 +6,15 @@ The retry is a mock that raises Celery's Retry, as a worker would; nothing runs 
 from __future__ import annotations
 
 import uuid
-from contextlib import contextmanager
 from unittest import mock
 
 import pytest
 from celery.exceptions import Reject, Retry
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine
 from sqlalchemy.orm.exc import StaleDataError
 
 from app import names
 from app.celery_app import celery, celery_config
-from app.db import session_factory
 from app.entrypoints.api import create_app
 from app.errors import DriverTransientError, ServerUnavailable
 from app.handlers import HANDLERS, Kind
@@ -27,7 +24,7 @@ from models import Job, JobState
 from tasks import base
 from tasks.registered import TASKS
 from tests.fixtures.db import net_decl
-from tests.unit.conftest import world_of
+from tests.unit.conftest import database_unreachable, world_of
 
 
 @pytest.fixture
@@ -340,18 +337,6 @@ CALLER_REQUESTS = {
     names.PREWARM: {"caller_key": "hint-1", "net": "net-a", "within_s": 60},
     names.CANCEL_PREWARM: {"caller_key": "hint-1"},
 }
-
-
-@contextmanager
-def database_unreachable(world):
-    """The world's database refuses every connection (a real driver error, as when
-    PostgreSQL restarts or fails over), until the block ends."""
-    working = world.rt.sessions
-    world.rt.sessions = session_factory(create_engine("sqlite:////no/such/folder/fl.db"))
-    try:
-        yield
-    finally:
-        world.rt.sessions = working
 
 
 def test_flip_api_requests_are_the_tasks_kept_while_the_database_is_down():
