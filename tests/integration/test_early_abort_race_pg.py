@@ -6,6 +6,7 @@ then looked for the row, each missed the other's uncommitted row: the job ran.""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text
@@ -15,7 +16,7 @@ from app.schemas import EnqueueJob, job_id_for
 from app.usecases import declared_nets, early_aborts, enqueue, kicks, requests
 from models import EarlyAbort, Job, JobState, ReasonCode
 from tests.fakes import fake_runtime
-from tests.fixtures.pg_waits import wait_for_a_lock_wait_or
+from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or
 
 pytestmark = pytest.mark.integration
 
@@ -103,30 +104,15 @@ def test_racing_aborts_and_enqueues_never_leave_a_job_queued_with_an_abort_kept(
     """Many pairs started together, each in either order: every job ends ABORTED, and no
     kept abort is left for a job that exists."""
     pairs = 12
-    barrier = threading.Barrier(2 * pairs, timeout=10)
-    errors: list[BaseException] = []
-
-    def run(call) -> None:
-        try:
-            barrier.wait()
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = []
+    calls: list[Any] = []
     for i in range(pairs):
         key = f"pair-{i}"
         payload = {"job_id": str(job_id_for(key)), "reason": "user cancelled"}
-        threads += [
-            threading.Thread(target=run, args=(lambda p=payload: requests.abort_job(rt, p),)),
-            threading.Thread(
-                target=run, args=(lambda k=key: requests.enqueue_job(rt, _payload(k)),)
-            ),
+        calls += [
+            lambda p=payload: requests.abort_job(rt, p),
+            lambda k=key: requests.enqueue_job(rt, _payload(k)),
         ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    errors = run_together(calls)
     assert errors == []
     assert {_state(pg_factory, f"pair-{i}") for i in range(pairs)} == {JobState.ABORTED}
     assert _kept(pg_factory) == []

@@ -18,7 +18,7 @@ from app.usecases import declared_nets, prewarm, requests
 from app.usecases.prewarm import early_cancels
 from models import EarlyCancel, Prewarm, PrewarmOutcome
 from tests.fakes import fake_runtime
-from tests.fixtures.pg_waits import wait_for_a_lock_wait_or
+from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or
 
 pytestmark = pytest.mark.integration
 
@@ -97,30 +97,14 @@ def test_racing_cancels_and_prewarms_never_leave_a_hold_open_with_a_cancel_kept(
     """Many pairs started together, each in either order: every prewarm ends cancelled, and
     no kept cancel is left for a key that has a prewarm."""
     pairs = 12
-    barrier = threading.Barrier(2 * pairs, timeout=10)
-    errors: list[BaseException] = []
-
-    def run(call) -> None:
-        try:
-            barrier.wait()
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = []
+    calls: list[Any] = []
     for i in range(pairs):
         key = f"pair-{i}"
-        threads += [
-            threading.Thread(
-                target=run,
-                args=(lambda k=key: requests.cancel_prewarm(rt, {"caller_key": k}),),
-            ),
-            threading.Thread(target=run, args=(lambda k=key: requests.prewarm_net(rt, _hint(k)),)),
+        calls += [
+            lambda k=key: requests.cancel_prewarm(rt, {"caller_key": k}),
+            lambda k=key: requests.prewarm_net(rt, _hint(k)),
         ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    errors = run_together(calls)
     assert errors == []
     outcomes = {_outcome(pg_factory, f"pair-{i}") for i in range(pairs)}
     assert outcomes == {PrewarmOutcome.CANCELLED}
