@@ -31,6 +31,7 @@ class JobRow:
     requested_net: str | None
     attempt: int = 0
     project: str | None = None  # jobs.project_id (issue 40), where the column exists
+    sites: tuple[str, ...] = ()  # jobs.required_sites
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def _uuid(hex_text: str) -> str:
 
 _JOBS = (
     "SELECT id, state, net_name, nvflare_job_id, submit_token, state_changed_at, dispatched_at,"
-    " requested_net, attempts, project_id FROM jobs ORDER BY created_at, id"
+    " requested_net, attempts, project_id, required_sites FROM jobs ORDER BY created_at, id"
 )
 _JOBS_BEFORE_PROJECTS = _JOBS.replace("project_id", "NULL")
 _NETS = (
@@ -95,6 +96,19 @@ _NETS = (
 _NETS_BEFORE_DRAINS = "SELECT name, state, state_changed_at, 0 FROM nets ORDER BY name"
 _STRAY_OF_JOB = "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1"
 _STRAY_ON_NET = "SELECT 1 FROM stray_runs WHERE net_name = ? LIMIT 1"
+_SITES: dict[str, tuple[str, ...]] = {}
+
+
+def _sites(text: str | None) -> tuple[str, ...]:
+    """A job's stored required_sites (JSON text) as a tuple (memoised: the same lists recur)."""
+    if text is None:
+        return ()
+    value = _SITES.get(text)
+    if value is None:
+        if len(_SITES) > 10_000:
+            _SITES.clear()
+        value = _SITES[text] = tuple(json.loads(text))
+    return value
 
 
 class WorldState:
@@ -144,6 +158,7 @@ class WorldState:
                 requested_net=row[7],
                 attempt=row[8],
                 project=row[9],
+                sites=_sites(row[10]),
             )
             for row in conn.execute(_JOBS if self.has_projects else _JOBS_BEFORE_PROJECTS)
         ]
@@ -218,11 +233,20 @@ class WorldState:
             return False
         return any(
             j.state == J.QUEUED
-            and j.requested_net in (None, net)
+            and self.fits(j, net)
             and not self.waits_for_its_stray(j.id)
             and not self.at_cap(j.project)
             for j in self.jobs
         )
+
+    def fits(self, job: JobRow, net: str) -> bool:
+        """The job may run on the net: pinned to it or to none, and needing no site the net
+        lacks where NETS declares its sites (a claim never gives it such a job: enqueue took
+        it for another net that has them, tests.sim.long_queue)."""
+        if job.requested_net not in (None, net):
+            return False
+        settings = self.sim.settings
+        return not settings.has_net(net) or not settings.net(net).lacks(job.sites)
 
     def at_cap(self, project: str | None) -> bool:
         """The project holds as many nets (its active jobs) as PROJECT_SHARES lets it."""

@@ -239,7 +239,8 @@ class Checker(
 
     def _queued_while_free(self, t: float) -> None:
         """A QUEUED job does not wait while a net it may run on is free (assignable, no
-        active job, not drained): assign runs every tick and after every release."""
+        active job, not drained): assign runs every tick and after every release. A net that
+        declares its sites is not free for a job needing one it lacks (round 20)."""
         busy = {j.net for j in self.jobs if j.state in ACTIVE_JOB_STATES}
         declared = self.sim.declared_net
         free = [
@@ -258,8 +259,9 @@ class Checker(
             and not (self.sim.state.deaf_and_up(n.name) and self.sim.state.holds_stray(n.name))
             and not self._rest_window.resting(n, t)
         ]
+        fits = self.sim.state.fits  # pinned to it or to none, its sites among a sited net's
         for job in self.jobs:
-            if job.state != J.QUEUED or not any(job.requested_net in (None, n) for n in free):
+            if job.state != J.QUEUED or not any(fits(job, n) for n in free):
                 self._starved_since.pop(job.id, None)
                 continue
             if self.sim.state.at_cap(job.project):
@@ -279,7 +281,7 @@ class Checker(
                     "queued-while-free",
                     f"job {job.id[:8]}",
                     f"QUEUED for {t - since:.0f}s (bound {self.bounds.starved:.0f}s) while"
-                    f" {', '.join(n for n in free if job.requested_net in (None, n))} is free",
+                    f" {', '.join(n for n in free if fits(job, n))} is free",
                 )
 
     def _scale_to_zero(self, t: float) -> None:
