@@ -33,6 +33,7 @@ from tests.sim import (
     kombu_values,
     late_starts,
     left_starts,
+    long_queue,
     misfit,
     platform_faults,
     poison,
@@ -107,6 +108,7 @@ class Adversary:
         repeats.schedule(sim, sim.caller.arm)
         drains.schedule(sim)
         unnameable.schedule(sim)  # (round 16: its own band)
+        long_queue.schedule(sim)  # (round 20: its own band)
         self.refusal_repeat.schedule()
         self.kombu_values.schedule()
         self.stale_start.schedule()

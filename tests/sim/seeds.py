@@ -14,6 +14,7 @@ from tests.sim import stale_starts
 from tests.sim.adversary import Adversary
 from tests.sim.flower_faults import with_flower_jobs, with_idle_net
 from tests.sim.invariants import Checker
+from tests.sim.long_queue import with_long_queue
 from tests.sim.prewarms import with_prewarms
 from tests.sim.profiles import profile_for_seed
 from tests.sim.projects import with_projects
@@ -87,6 +88,9 @@ def from_seed(
     # the net behind a fault that never ends (their own stream, the last jobs: every other
     # job's draws as before; tests.sim.flower_faults).
     workload = with_flower_jobs(seed, world, profile, workload)
+    # A rare band of its own stream: a burst of 55-60 jobs for one net's own site, then one
+    # any net may run (round 20, tests.sim.long_queue; every other world as before).
+    world, workload = with_long_queue(seed, world, workload)
     sim = Simulation(
         world,
         workload,
