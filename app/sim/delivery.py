@@ -146,7 +146,8 @@ class Delivery:
         self.calls.append(message.id)
         try:
             with self._noting_inline_readiness(message):
-                return spec.call(rt, **spec.kwargs(message.kwargs, f"sim-{message.task_id}"))
+                kwargs = spec.kwargs(message.kwargs, f"sim-{message.task_id}", message.args)
+                return spec.call(rt, **kwargs)
         finally:
             self.calls.pop()
 
@@ -234,6 +235,7 @@ class Delivery:
             losses=message.losses,
             error_retries=message.error_retries if error_retries is None else error_retries,
             faulty=message.faulty,
+            args=message.args,
         )
 
     def _call_hook(self, message: Message, spec: Handler, call: Callable[..., None]) -> None:

@@ -88,9 +88,15 @@ class Message:
     # Subject to the profile's message faults; a world's own sends that must reach the worker
     # (tests/sim's band worlds) are not, nor are their retries.
     faulty: bool = True
+    # Celery's positional arguments: none from this package; a caller may send a request
+    # by name with its payload positional (tests.sim.kombu_values' misshapen requests).
+    args: tuple[Any, ...] = ()
 
     def label(self) -> str:
-        args = ",".join(f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items()))
+        args = ",".join(
+            [f"[{_short(v)}]" for v in self.args]
+            + [f"{k}={_short(v)}" for k, v in sorted(self.kwargs.items())]
+        )
         tail = f" r{self.retries}" if self.retries else ""
         return f"#{self.id} {self.task.removeprefix(names.PREFIX)}({args}){tail}"
 
@@ -145,6 +151,7 @@ class Broker:
         task_id: int | None = None,
         losses: int = 0,
         error_retries: int = 0,
+        args: tuple[Any, ...] = (),
     ) -> bool:
         """Put a message on the broker (subject to the profile's message faults)."""
         sim = self.sim
@@ -153,6 +160,8 @@ class Broker:
         self.sent += 1
         if origin == "flip-api":
             kwargs = carried(kwargs)
+            if args:
+                args = tuple(carried({"args": list(args)})["args"])
         back = self.down_until(sim.clock.t + delay) if self.outages else None
         if back is not None:
             if origin == "flip-api":
@@ -211,6 +220,7 @@ class Broker:
                     losses=losses,
                     error_retries=error_retries,
                     faulty=faulty,
+                    args=args,
                 )
             )
         return True

@@ -17,12 +17,21 @@ the worker (`app.sim.messages.carried`):
   sending its run's id as a key), refused (not a string), and sent again (a new message:
   the same request). Before 4811fde the refusal was recorded keyless (`caller_key_of` read
   only str and bytes): the request's key names no refusal, and its repeat is another.
+- NUMBER (round 20, draws after those): a payload whose caller_key is a JSON number, sent
+  twice. Before e7ea82e the refusal was recorded keyless, as the UUID key's was.
+- SHAPE (round 20): an otherwise valid enqueue under `kombu-shape-0` sent by name in
+  another shape than its one `payload` kwarg (one of `SHAPES`: its fields as the kwargs,
+  the payload positional, or an extra positional argument; `Message.args`), in half the
+  worlds twice, and in half of them the corrected request (the payload kwarg) after it: a
+  job. Before 487ce8d the handler's call raised a TypeError: failed, acknowledged away,
+  neither a job nor a refusal (`no-escape`, `request-lost`, `request-kept`).
 
 Its sends, and their retries, are never refused, dropped or duplicated by the broker
 (`Message.faulty`; seed 7487 lost a retry). `request-kept` (at the end, `check`): every
 enqueue flip-api sent ends as a job or a recorded refusal, and each distinct refused
 payload under a key is recorded once (one row; at most that many
-`rejected` events where CALLBACK_URL is on), a UUID key under its text."""
+`rejected` events where CALLBACK_URL is on), a UUID or number key under its text, and
+a corrected request is a job."""
 
 from __future__ import annotations
 
@@ -54,6 +63,11 @@ STREAM = "kombu-values"
 MODEL_KEY = "kombu-model-0"
 WHEN_KEY = "kombu-when-0"
 WHEN_FIELDS = ("definition", "net", "project_id")
+SHAPE_KEY = "kombu-shape-0"
+# How a caller sending the task by name may misshape it: its fields as the kwargs, the
+# payload as the one positional argument, or the payload kwarg and an extra positional one.
+FIELDS, POSITIONAL, EXTRA = "fields as kwargs", "payload positional", "an extra positional"
+SHAPES = (FIELDS, POSITIONAL, EXTRA)
 
 
 def in_bands(seed: int) -> bool:
@@ -69,6 +83,7 @@ class Send:
     at_s: float
     label: str
     payload: dict[str, Any]
+    shape: str = ""  # "": sent as its one `payload` kwarg; else one of SHAPES
 
 
 @dataclasses.dataclass
@@ -77,6 +92,7 @@ class Plan:
 
     sends: list[Send]
     distinct: dict[str, int]  # caller_key -> distinct payloads sent under it
+    jobs: set[str] = dataclasses.field(default_factory=set)  # keys that must end as a job
 
 
 class KombuValues:
@@ -122,22 +138,53 @@ class KombuValues:
         sends.append(Send(key_s, f"flip-api enqueues {key} (caller_key a UUID)", keyed))
         sends.append(Send(again_s, f"flip-api enqueues {key} (caller_key a UUID), again", keyed))
         self.plan.distinct[str(key)] = 1
+        # Round 20's draws, after the others (the band's worlds keep their earlier draws).
+        number = rng.randrange(10**6, 10**15)
+        number_s = round(rng.uniform(0.0, 120.0), 1)
+        numbered = {**base, "caller_key": number}
+        label = f"flip-api enqueues {number} (caller_key a JSON number)"
+        sends.append(Send(number_s, label, numbered))
+        sends.append(Send(round(number_s + rng.uniform(0.5, 60.0), 1), f"{label}, again", numbered))
+        self.plan.distinct[str(number)] = 1
+        shape = rng.choice(SHAPES)
+        shaped = {**base, "caller_key": SHAPE_KEY}
+        shape_s = round(rng.uniform(0.0, 120.0), 1)
+        label = f"flip-api enqueues {SHAPE_KEY} ({shape})"
+        sends.append(Send(shape_s, label, shaped, shape))
+        if rng.random() < 0.5:
+            again = round(shape_s + rng.uniform(0.5, 60.0), 1)
+            sends.append(Send(again, f"{label}, again", shaped, shape))
+        self.plan.distinct[SHAPE_KEY] = 1
+        if rng.random() < 0.5:
+            # The corrected request: the same fields as its one `payload` kwarg, a job.
+            fixed = round(shape_s + rng.uniform(60.0, 120.0), 1)
+            sends.append(Send(fixed, f"flip-api enqueues {SHAPE_KEY} (as its payload)", shaped))
+            self.plan.jobs.add(SHAPE_KEY)
 
     def schedule(self) -> None:
         """flip-api's sends, at their times."""
         if self.plan is None:
             return
         for send in self.plan.sends:
-            self.sim.at(send.at_s, send.label, self._send(send.payload))
+            self.sim.at(send.at_s, send.label, self._send(send.payload, send.shape))
 
-    def _send(self, payload: dict[str, Any]) -> Callable[[], None]:
+    def _send(self, payload: dict[str, Any], shape: str = "") -> Callable[[], None]:
         """flip-api's send as a Python caller makes it: the broker carries it through kombu's
         json (never refused nor dropped: a message lost on the way would leave nothing to
-        count)."""
+        count); in the `shape` a caller's `send_task` by name may give it."""
         broker = self.sim.broker
+        kwargs: dict[str, Any] = {"payload": payload}
+        args: tuple[Any, ...] = ()
+        if shape == FIELDS:
+            kwargs = dict(payload)
+        elif shape == POSITIONAL:
+            kwargs, args = {}, (payload,)
+        elif shape == EXTRA:
+            args = (payload["caller_key"],)
 
         def send() -> None:
-            broker.push(names.ENQUEUE_JOB, {"payload": payload}, origin="flip-api", faulty=False)
+            push = broker.push
+            push(names.ENQUEUE_JOB, kwargs, origin="flip-api", faulty=False, args=args)
 
         return send
 
@@ -161,6 +208,12 @@ class KombuValues:
                     "request-kept",
                     f"caller_key {key}",
                     "flip-api's enqueue left neither a job nor a refusal under its key (lost)",
+                )
+            elif key in plan.jobs and not jobs:
+                sim.report(
+                    "request-kept",
+                    f"caller_key {key} job",
+                    "flip-api's corrected request (its one payload kwarg) left no job",
                 )
             elif len(rows) != distinct and not jobs:
                 sim.report(
