@@ -16,9 +16,17 @@ broker carries flip-api's calls through kombu's json round trip, `app.sim.messag
   key is a UUID is recorded keyless, so the key names no refusal and flip-api's repeat is
   a second one (`request-kept`: the key's request lost).
 
+- S (487ce8d, review 20 A): `Handler.kwargs` takes a request sent in another shape than
+  its one `payload` kwarg as a misshapen payload, refused and recorded under the key it
+  carried. Undone (its kwargs passed as they came, positional arguments a TypeError): the
+  request fails and is acknowledged away (`no-escape`, `request-lost`).
+- N (e7ea82e, review 20 A): `intake.caller_key_of` reads a JSON number key as its decimal
+  text. Undone (no key): the refusal is recorded keyless (`request-kept`).
+
 With each fix undone its seeds report; the same seeds are clean with it. Seeds 300-1000's 19
 band worlds: 19 report with F1 undone (`no-escape`, `request-lost`, `request-kept`), 19 with
-F2 undone (`request-kept`); 0 of 300-1500's 41 with both fixes."""
+F2 undone (`request-kept`); 0 of 300-1500's 41 with both fixes. Round 20, seeds 0-2000's 68
+band worlds: 68 report with S undone, 68 with N undone, 0 with both fixes."""
 
 from __future__ import annotations
 
@@ -134,6 +142,20 @@ CASES = [
     Safeguard(
         "a UUID caller_key kombu decoded is recorded under its text (K)",
         _uuid_key_keyless,
+        "clean",
+        range(486, 487),
+        FINDS,
+    ),
+    Safeguard(
+        "a misshapen enqueue is refused and recorded, not failed away (487ce8d)",
+        _misshapen_failed,
+        "clean",
+        range(486, 487),  # the payload positional (misconfig 493: its fields as kwargs)
+        FINDS,
+    ),
+    Safeguard(
+        "a JSON number caller_key is recorded under its text (e7ea82e)",
+        _number_key_keyless,
         "clean",
         range(486, 487),
         FINDS,
