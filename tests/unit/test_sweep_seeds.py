@@ -356,3 +356,18 @@ def test_seed_9280_a_hold_cancelled_before_a_ready_move_is_not_waited_for():
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(9280).violations] == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (round 20, the long-queue band): one worker spent 90 s on a burst's enqueues "
+    "and callbacks, beat's monitor messages expired unrun, and a run that completed at 92 s "
+    "was read only after net-b's admin kit broke: requeued by the lost-job policy and run "
+    "again (`ended-run-settled`, `one-counted-run`); a one-worker layout's limit or a bound "
+    "that assumes a monitor round every tick, not decided",
+)
+def test_seed_1339_a_burst_on_one_worker_leaves_no_completed_run_unseen_until_a_kit_breaks():
+    """(misconfig 1339) Found by round 20's long-queue band; the same with 0e920a5 undone."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(1339).violations] == []
