@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from app.sim.clock import seconds_of
 from app.sim.view import SimView
@@ -60,28 +62,50 @@ class NetRow:
 
 _SECS: dict[str, float] = {}
 _UUIDS: dict[str, str] = {}
+_SITES: dict[str, tuple[str, ...]] = {}
+T = TypeVar("T")
+
+
+def _memoised(cache: dict[str, T], text: str, parse: Callable[[str], T]) -> T:
+    """`parse(text)`, kept in `cache` (the same stored values recur at every read; the cache
+    starts again past 100,000 of them)."""
+    value = cache.get(text)
+    if value is None:
+        if len(cache) > 100_000:
+            cache.clear()
+        value = cache[text] = parse(text)
+    return value
+
+
+def _parse_secs(text: str) -> float:
+    return seconds_of(datetime.fromisoformat(text))
+
+
+def _parse_uuid(hex_text: str) -> str:
+    return str(uuid.UUID(hex_text))
+
+
+def _parse_sites(text: str) -> tuple[str, ...]:
+    return tuple(json.loads(text))
 
 
 def _secs(text: str | None) -> float | None:
-    """A stored timestamp as simulation seconds (memoised: the same values recur)."""
+    """A stored timestamp as simulation seconds."""
     if text is None:
         return None
-    value = _SECS.get(text)
-    if value is None:
-        if len(_SECS) > 100_000:
-            _SECS.clear()
-        value = _SECS[text] = seconds_of(datetime.fromisoformat(text))
-    return value
+    return _memoised(_SECS, text, _parse_secs)
 
 
 def _uuid(hex_text: str) -> str:
     """A stored UUID (32 hex digits on SQLite) in its canonical text form."""
-    value = _UUIDS.get(hex_text)
-    if value is None:
-        if len(_UUIDS) > 100_000:
-            _UUIDS.clear()
-        value = _UUIDS[hex_text] = str(uuid.UUID(hex_text))
-    return value
+    return _memoised(_UUIDS, hex_text, _parse_uuid)
+
+
+def _sites(text: str | None) -> tuple[str, ...]:
+    """A job's stored required_sites (JSON text) as a tuple."""
+    if text is None:
+        return ()
+    return _memoised(_SITES, text, _parse_sites)
 
 
 _JOBS = (
@@ -96,19 +120,6 @@ _NETS = (
 _NETS_BEFORE_DRAINS = "SELECT name, state, state_changed_at, 0 FROM nets ORDER BY name"
 _STRAY_OF_JOB = "SELECT 1 FROM stray_runs WHERE replace(job_id, '-', '') = ? LIMIT 1"
 _STRAY_ON_NET = "SELECT 1 FROM stray_runs WHERE net_name = ? LIMIT 1"
-_SITES: dict[str, tuple[str, ...]] = {}
-
-
-def _sites(text: str | None) -> tuple[str, ...]:
-    """A job's stored required_sites (JSON text) as a tuple (memoised: the same lists recur)."""
-    if text is None:
-        return ()
-    value = _SITES.get(text)
-    if value is None:
-        if len(_SITES) > 10_000:
-            _SITES.clear()
-        value = _SITES[text] = tuple(json.loads(text))
-    return value
 
 
 class WorldState:
