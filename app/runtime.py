@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -97,6 +98,9 @@ class Runtime:
     engine: Engine
     sessions: sessionmaker[Session]
     clock: Callable[[], datetime] = utcnow
+    # Seconds for a budget within one call (a callback round's): never stepped, unlike
+    # `clock`; the simulator drives it from its own time.
+    monotonic: Callable[[], float] = time.monotonic
     driver_factory: DriverFactory = build_driver
     admin_factory: AdminFactory = _build_admin
     outbox: Outbox = field(default_factory=RecordingOutbox)

@@ -175,6 +175,7 @@ class Simulation:
             engine=self.engine,
             sessions=factory,
             clock=self.process_clocks[slot],
+            monotonic=lambda: self.clock.t,
             driver_factory=lambda net, _s: self.cluster.drivers[net.name],
             admin_factory=lambda net, _s: admin_for(self.cluster, net),
             outbox=SimOutbox(self.broker, slot),

@@ -272,7 +272,8 @@ def _text_refuses_nul_as_postgresql_does(engine) -> Iterator[None]:
 
 
 def test_a_receiver_answer_with_a_nul_in_its_body_holds_back_no_other_job(cb):
-    """ "5xx, 408, 429: only that job waits; other jobs go on." The answer's excerpt is kept
+    """ "A handler that hangs or fails on one event holds back no other job" (a 5xx, 408 or
+    429 is tried like no answer). The answer's excerpt is kept
     in the cursor's last_error as the receiver sent it: a body with a NUL in it (UTF-16 text
     sent without its charset, a binary error page) cannot be stored in PostgreSQL's text,
     so the record of that try raised DataError (not a database outage), the round ended

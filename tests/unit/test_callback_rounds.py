@@ -280,3 +280,53 @@ def test_two_jobs_whose_handler_hangs_hold_back_no_other_job(cb):
     report = deliver(cb, receiver)
     assert receiver.accepted(other) == ["QUEUED"]
     assert report.delivered == 1
+
+
+def test_a_round_stops_when_its_time_budget_on_the_runtimes_monotonic_clock_is_spent(
+    cb, receiver, monkeypatch
+):
+    """A round delivers until ROUND_BUDGET_S of the runtime's monotonic clock are spent (the
+    worker's housekeeping waits behind it), then lets go and asks for a wake-up now: the
+    rest goes in the next round. The budget reads `rt.monotonic`, which the simulator
+    drives (seeds 1339, 4109: it read time.monotonic, and a simulated round ran past it)."""
+    delivered_once(cb, receiver)
+    jobs = [cb.enqueue(f"j{i}", net="net-a") for i in range(5)]
+    elapsed = [0.0]
+
+    def slow_answer() -> None:
+        elapsed[0] += callbacks.ROUND_BUDGET_S / 2.5  # the third answer ends past the budget
+
+    receiver.during_post = slow_answer
+    monkeypatch.setattr(cb.rt, "monotonic", lambda: elapsed[0])
+    report = deliver(cb, receiver)
+    assert report.delivered == 3 and report.retry_in_s == 0.0
+    assert receiver_row(cb).lease_owner is None
+    receiver.during_post = None
+    assert deliver(cb, receiver).delivered == 2
+    assert [p["job_id"] for p, _, _ in receiver.requests[1:]] == [str(j) for j in jobs]
+
+
+@pytest.mark.parametrize("answer", [429, 503, 500, 408])
+def test_a_receiver_failing_every_event_rests_after_two_as_a_silent_one_does(cb, receiver, answer):
+    """tasks/README.md "Status callbacks": a 5xx, 408 or 429 is tried like no answer. One job's
+    failure holds back no other (the one other event tried is answered: the rest is
+    lifted); two in a row and the receiver rests. Before, each came back at once and only
+    that job waited, so a receiver answering 429 to every event was sent every due event
+    of every job, round after round, each round its worker's whole budget (seeds 1339 and
+    4109 of the sweep's long-queue band: 500 requests in 90 s, housekeeping starved)."""
+    jobs = [cb.enqueue(f"j{i}", net="net-a") for i in range(6)]
+    receiver.rule = lambda p: answer
+    report = deliver(cb, receiver)
+    assert len(receiver.requests) == 2 and report.delivered == 0
+    assert receiver_row(cb).next_attempt_at == cb.clock() + timedelta(seconds=4)
+    assert report.retry_in_s == 4.0  # two failures in a row: 4 s
+    cb.clock.advance(3)
+    deliver(cb, receiver)
+    assert len(receiver.requests) == 2  # resting: nothing is sent
+    receiver.rule = lambda p: 200
+    cb.clock.advance(1)
+    assert deliver(cb, receiver).delivered == 6
+    tried_first = [p["job_id"] for p, _, _ in receiver.requests[:2]]
+    accepted = [p["job_id"] for p, _, status in receiver.requests if status == 200]
+    assert accepted[4:] == tried_first  # the jobs that failed go after every other
+    assert sorted(accepted) == sorted(str(j) for j in jobs)

@@ -358,21 +358,14 @@ def test_seed_9280_a_hold_cancelled_before_a_ready_move_is_not_waited_for():
     assert [v.invariant for v in run_seed(9280).violations] == []
 
 
-# The long-queue band's two open worlds: a callback round delivering a burst's events ran
-# 90 s of simulated time, past its 60 s budget, since the product reads that budget on
-# time.monotonic (app/usecases/callbacks), which the simulated clock does not drive: the
-# housekeeping it shared the worker with waited (beat's messages expired). The simulator's,
-# most likely (a Runtime monotonic clock the simulation drives would settle it), not fixed
-# this round.
-CALLBACK_BUDGET = (
-    "open (round 20, the long-queue band): a callback round ran 90 s of simulated time past "
-    "its 60 s budget (read on time.monotonic, which the simulated clock does not drive), and "
-    "the housekeeping behind it on the worker waited"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=CALLBACK_BUDGET)
-def test_seed_1339_a_burst_on_one_worker_leaves_no_completed_run_unseen_until_a_kit_breaks():
+# The long-queue band's two worlds of round 20: a receiver answering 429 to every event
+# while some 60 jobs had events due. Each 429 held back only its job, so every round sent
+# every due event again (500 requests in 90 s), each round its worker's whole budget, back
+# to back: the housekeeping behind them waited and beat's messages expired. A 5xx, 408 or
+# 429 is now tried like no answer (two in a row and the receiver rests). The round's budget
+# read time.monotonic, which the simulated clock did not drive: it reads the runtime's
+# monotonic clock now, which the simulation drives.
+def test_seed_1339_a_receiver_answering_429_to_all_leaves_no_completed_run_unseen():
     """(misconfig 1339) A run that completed at 92 s was read only after net-b's admin kit
     broke (174 s): requeued by the lost-job policy and run again (`ended-run-settled`,
     `one-counted-run`). Found by round 20's long-queue band; the same with 0e920a5 undone."""
@@ -381,10 +374,9 @@ def test_seed_1339_a_burst_on_one_worker_leaves_no_completed_run_unseen_until_a_
     assert [v.invariant for v in run_seed(1339).violations] == []
 
 
-@pytest.mark.xfail(strict=True, reason=CALLBACK_BUDGET)
 def test_seed_4109_a_finishing_jobs_report_timeout_is_settled_within_its_bound():
     """(ops 4109) Job 12e62ff1 FINISHING 101 s (bound 80 s): no monitor round ran from 90 s
-    to 194 s while one deliver_callbacks round delivered 48 events (100 s -> 191 s). Found
+    to 194 s while deliver_callbacks rounds sent 429-answered events (100 s -> 191 s). Found
     by the long-queue band's worlds of 3,500-5,000 on round 20's final code."""
     from tests.sim.seeds import run_seed
 

@@ -10,17 +10,17 @@ signed, to CALLBACK_URL, at least once and in order per job.
   was settled: a later event never overtakes an earlier one. A redelivery (a lease taken
   over after a worker died mid-request) repeats the same `event_id`.
 - Delivery never blocks the pipeline: it runs in its own task, after the commit, and a
-  receiver that does not answer only delays it. An event with no answer backs off alone
-  and one other due event is tried (a job's, after a rejected event's silence), read
-  again if the round's read held no other; two in a row unanswered, and the receiver rests
-  (backoff on the receiver row, capped by CALLBACK_MAX_BACKOFF_S; nothing else is tried
-  until then).
-- An answer that is not a success holds only that job back (its own backoff): 5xx, 408 and
-  429 are retried for ever; any other (4xx, 3xx) is a rejection, and after
-  CALLBACK_MAX_4XX_TRIES rejections the event is failed for good and the job's next event
-  goes out. Progress over completeness: a receiver that refuses one payload must not
-  withhold every later status of the job (above all its end) for ever; the failure stays
-  visible (job detail, metrics, log) and the order of what is delivered is unchanged.
+  receiver that does not answer only delays it. An event with no answer, or a "not now"
+  (5xx, 408, 429), backs off alone and one other due event is tried (a job's, after a
+  rejected event's silence), read again if the round's read held no other; two in a row
+  failing, and the receiver rests (backoff on the receiver row, capped by
+  CALLBACK_MAX_BACKOFF_S; nothing else is tried until then). Retried for ever.
+- Any other answer that is not a success (4xx, 3xx) is a rejection of that payload: only
+  that job waits (its own backoff), and after CALLBACK_MAX_4XX_TRIES rejections the event is
+  failed for good and the job's next event goes out. Progress over completeness: a
+  receiver that refuses one payload must not withhold every later status of the job (above
+  all its end) for ever; the failure stays visible (job detail, metrics, log) and the
+  order of what is delivered is unchanged.
 - A refused enqueue (`rejected_requests`, written by `intake.record_refusal`) is an event of
   its own, `kind: "rejected"`, with an `event_id` of its own sequence ("rejected-<row id>",
   a string: it can never equal a job event's integer id). It belongs to no job's history:
@@ -32,7 +32,6 @@ signed, to CALLBACK_URL, at least once and in order per job.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -187,7 +186,7 @@ def deliver_callbacks(rt: Runtime, sender: CallbackSender | None = None) -> Deli
 
 def _deliver(rt: Runtime, sender: CallbackSender) -> DeliveryReport:
     owner = uuid.uuid4().hex
-    deadline = time.monotonic() + ROUND_BUDGET_S
+    deadline = rt.monotonic() + ROUND_BUDGET_S
     total = _Round()
     # A look first, without the lease: a kick or a sweep that finds nothing due (most of
     # them, once a round has sent what several commits kicked for) writes nothing at all.
@@ -258,7 +257,7 @@ def _deliver_due(
         rejections = deque(batch.rejections)
         jobs = deque(batch.jobs)
         while rejections or jobs:
-            if time.monotonic() >= deadline:
+            if rt.monotonic() >= deadline:
                 done.out_of_time = True
                 return done
             # Rejected events first: each is one request, and an enqueue refused before a
@@ -286,7 +285,7 @@ def _deliver_due(
                 return done
             if done.out_of_time:
                 return done
-            if time.monotonic() >= deadline:
+            if rt.monotonic() >= deadline:
                 done.out_of_time = True
                 return done
         if not (unanswered or batch.full):
@@ -324,7 +323,7 @@ def _deliver_job(
     secret, *previous = rt.settings.callback_signing_secrets
     verdict: Verdict | None = None
     for row in rows:
-        if time.monotonic() >= deadline:
+        if rt.monotonic() >= deadline:
             done.out_of_time = True
             return verdict
         now = rt.clock()

@@ -36,7 +36,9 @@ class Verdict(StrEnum):
     DELIVERED = "delivered"
     FAILED = "failed"  # rejected CALLBACK_MAX_4XX_TRIES times: given up, the job moves on
     RETRY_LATER = "retry_later"  # this job waits for its backoff
-    UNREACHABLE = "unreachable"  # no answer: nothing is tried until the receiver's backoff
+    # No answer, or a 5xx, 408 or 429: the receiver rests unless the one other event tried
+    # is answered.
+    UNREACHABLE = "unreachable"
     LEASE_LOST = "lease_lost"  # another deliverer took over; it redelivers from the cursor
 
 
@@ -129,29 +131,39 @@ def _judge(
     if isinstance(answer, Undeliverable):
         log.error("callback undeliverable", extra={**extra, "reason": answer.problem})
         return _Judged(Verdict.FAILED, storable(f"{label}: undeliverable: {answer.problem}"))
+    if isinstance(answer, Answer) and 200 <= answer.status < 300:
+        receiver.failures = 0
+        receiver.next_attempt_at = None
+        log.debug("callback delivered", extra=extra)
+        return _Judged(Verdict.DELIVERED)
     if isinstance(answer, str):
-        answer = storable(answer)  # the receiver's or the network's words: kept on a row
+        error = storable(answer)  # the receiver's or the network's words: kept on a row
+    else:
+        # The receiver's own words, escaped: a NUL (UTF-16 sent without its charset, a
+        # binary body) cannot be stored in PostgreSQL's text, and the failed record ended
+        # every round on this event, so no other job's went out.
+        excerpt = storable(answer.excerpt)
+        error = f"HTTP {answer.status}" + (f": {excerpt}" if excerpt else "")
+    if isinstance(answer, str) or retryable(answer.status):
+        # No answer, or one that says "not now" (5xx, 408, 429): this try rests the
+        # receiver, and the round tries one other event; answered, the rest is lifted. A
+        # receiver failing every event (overloaded, its database down) is not sent every
+        # due event of every job each round: each try came back at once, so a round of
+        # them held its worker for the whole budget and rounds followed back to back.
         receiver.failures += 1
         wait = backoff_s(receiver.failures, cap)
         receiver.next_attempt_at = now + timedelta(seconds=wait)
-        receiver.last_error = answer
+        receiver.last_error = error
         log.warning(
-            "callback receiver unreachable; retrying in %.0f s",
+            "callback receiver unavailable; retrying in %.0f s",
             wait,
-            extra={**extra, "reason": answer},
+            extra={**extra, "reason": error},
         )
-        return _Judged(Verdict.UNREACHABLE, f"{label}: {answer}")
+        return _Judged(Verdict.UNREACHABLE, f"{label}: {error}")
     receiver.failures = 0
     receiver.next_attempt_at = None
-    if 200 <= answer.status < 300:
-        log.debug("callback delivered", extra=extra)
-        return _Judged(Verdict.DELIVERED)
-    # The receiver's own words, escaped: a NUL (UTF-16 sent without its charset, a binary
-    # body) cannot be stored in PostgreSQL's text, and the failed record ended every round
-    # on this event, so no other job's went out.
-    excerpt = storable(answer.excerpt)
-    error = f"{label}: HTTP {answer.status}" + (f": {excerpt}" if excerpt else "")
-    if not retryable(answer.status) and rejections >= settings.callback_max_4xx_tries:
+    error = f"{label}: {error}"
+    if rejections >= settings.callback_max_4xx_tries:
         log.error("callback rejected for good", extra={**extra, "reason": error})
         tries_s = settings.callback_max_4xx_tries
         return _Judged(Verdict.FAILED, f"{error} (rejected {tries_s} times: {given_up})")
