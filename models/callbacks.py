@@ -46,8 +46,9 @@ class CallbackReceiver(Base):
 
     `lease_owner` / `lease_until`: the one deliverer that may send now. Deliveries are
     strictly one at a time, which is what keeps each job's events in order at the receiver
-    whatever the number of workers. `failures` / `next_attempt_at`: the receiver did not
-    answer (refused, timed out), so nobody tries before then. `wake_at`: the one scheduled
+    whatever the number of workers. `failures` / `next_attempt_at`: two tries in a row were
+    not delivered (no answer, or a 5xx, 408 or 429), so nobody tries before then; `failures`
+    counts such rests in a row (each twice the last, capped). `wake_at`: the one scheduled
     retry of the delivery task, so retries never multiply while the receiver is down.
     """
 

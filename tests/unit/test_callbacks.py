@@ -359,9 +359,10 @@ def test_a_silent_receiver_rests_all_delivery_with_a_capped_backoff(cb, receiver
         assert receiver_row(cb).failures == row.failures  # and nothing was tried
         cb.clock.advance(waits[-1])
     # two tries per rest (the oldest event, then one other: a receiver that answers the
-    # other is not down, only the first job waits); 4 s, then CALLBACK_MAX_BACKOFF_S
-    assert tries == [2] * 6
-    assert waits == [4.0, 10.0, 10.0, 10.0, 10.0, 10.0]
+    # other is not down, only the first job waits), each rest counted once: 2, 4, 8 s,
+    # then CALLBACK_MAX_BACKOFF_S
+    assert tries == [1] * 6
+    assert waits == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
     assert receiver.requests == []
 
     receiver.down = False
@@ -477,12 +478,12 @@ def test_events_committed_while_the_lease_is_held_go_out_in_the_same_call(cb, re
 def test_only_one_retry_of_the_task_is_ever_scheduled(cb, receiver):
     cb.enqueue("j1", net="net-a")
     receiver.down = True
-    assert deliver(cb, receiver).retry_in_s == 2.0
-    cb.enqueue("j2", net="fixed")  # its kick finds work waiting, but a wake-up is due
+    assert deliver(cb, receiver).retry_in_s == 2.0  # j1's backoff (one failure rests nothing)
+    cb.enqueue("j2", net="fixed")  # its kick tries j2 (fails too): the wake-up is due then
     assert deliver(cb, receiver).retry_in_s is None
-    cb.clock.advance(2)  # the scheduled retry runs, fails again (both jobs' events: the
-    # second is tried before the receiver is taken for down), schedules the next one
-    assert deliver(cb, receiver).retry_in_s == 8.0
+    cb.clock.advance(2)  # the scheduled retry runs, both fail (the second rests the receiver
+    # 2 s; j1's second backoff, 4 s, is the later), schedules the next one
+    assert deliver(cb, receiver).retry_in_s == 4.0
     assert deliver(cb, receiver).retry_in_s is None
 
 

@@ -163,6 +163,8 @@ class _Round:
     out_of_time: bool = False
     lease_lost: bool = False
     released: bool = False  # the last record let the lease go
+    # Tries in a row not delivered (no answer, or 5xx/408/429): the second rests the receiver.
+    unanswered: int = 0
 
 
 def deliver_callbacks(rt: Runtime, sender: CallbackSender | None = None) -> DeliveryReport:
@@ -248,11 +250,11 @@ def _deliver_due(
     """Send `batch`, and the next ones while each read comes back full; returns when
     nothing more is due, the receiver does not answer, or the time is spent."""
     done = _Round()
-    # No answer to one event may be that event's (a handler that hangs on it): one other due
-    # event is tried before the receiver is taken for down. If it is answered, the
-    # receiver's rest is lifted and only the first one waits (its own backoff); two in a
-    # row unanswered, and everything rests.
-    unanswered = 0
+    # No answer to one event may be that event's (a handler that hangs or fails on it): one
+    # other due event is tried before the receiver is taken for down. If it is answered,
+    # only the first one waits (its own backoff); two in a row unanswered, and everything
+    # rests. One failure alone rests nothing: a job whose handler fails with nothing else
+    # due, or a round out of time after it, must not hold back a job enqueued next.
     while True:
         rejections = deque(batch.rejections)
         jobs = deque(batch.jobs)
@@ -264,7 +266,7 @@ def _deliver_due(
             # later one with the same caller_key was accepted then usually arrives first.
             # After a silence, though, the other event tried is a job's: rejected events
             # that hang never hold back the jobs' events.
-            if jobs and (unanswered or not rejections):
+            if jobs and (done.unanswered or not rejections):
                 job, rows = jobs.popleft()
                 # Nothing is read after the last job of a batch that was not full: its last
                 # event's record may let the lease go itself (one statement and commit fewer).
@@ -275,11 +277,11 @@ def _deliver_due(
             else:
                 verdict = _deliver_rejection(rt, sender, owner, rejections.popleft(), done=done)
             if verdict == Verdict.UNREACHABLE:
-                unanswered += 1
-                if unanswered > 1:
+                done.unanswered += 1
+                if done.unanswered > 1:
                     return done
                 continue
-            unanswered = 0
+            done.unanswered = 0
             if verdict == Verdict.LEASE_LOST:
                 done.lease_lost = True
                 return done
@@ -288,7 +290,7 @@ def _deliver_due(
             if rt.monotonic() >= deadline:
                 done.out_of_time = True
                 return done
-        if not (unanswered or batch.full):
+        if not (done.unanswered or batch.full):
             # Everything read was sent; what was committed meanwhile is found by the look
             # after letting go.
             return done
@@ -344,7 +346,14 @@ def _deliver_job(
             answer = str(exc)
         let_go = last and row is rows[-1]
         verdict = record_job_try(
-            rt, owner, job.id, row.id, answer=answer, now=rt.clock(), last=let_go
+            rt,
+            owner,
+            job.id,
+            row.id,
+            answer=answer,
+            now=rt.clock(),
+            last=let_go,
+            rest=done.unanswered > 0,
         )
         traces.callback(job, row, started, verdict)
         if verdict == Verdict.DELIVERED:
@@ -378,7 +387,9 @@ def _deliver_rejection(
             answer = sender.post(body, headers)
         except ReceiverUnreachable as exc:
             answer = str(exc)
-    verdict = record_rejection_try(rt, owner, rejection.id, answer=answer, now=rt.clock())
+    verdict = record_rejection_try(
+        rt, owner, rejection.id, answer=answer, now=rt.clock(), rest=done.unanswered > 0
+    )
     if verdict == Verdict.DELIVERED:
         done.delivered += 1
     elif verdict == Verdict.FAILED:

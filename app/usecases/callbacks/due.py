@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, case, func, literal, or_, select, union_all
+from sqlalchemy import Integer, bindparam, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from app.usecases.callbacks.receiver import RECEIVER_ID
@@ -111,9 +111,11 @@ def look(session: Session, now: datetime) -> Look:
 
 # Job events whose job has no backoff running, with what their payload needs of the job
 # (`callback_payloads.event_payload`): the jobs whose head was tried and not delivered
-# (a handler that hangs on it, a 5xx) after every other, then the oldest first. A job's
-# events share its cursor, so each job's stay in id order; and hung handlers, tried last,
-# can never be each other's "one other due event" while a job the receiver answers waits.
+# (a handler that hangs on it, a 5xx) after every other, the fewest tries first, then the
+# oldest first. A job's events share its cursor, so each job's stay in id order; and hung
+# handlers, tried last, can never be each other's "one other due event" while a job the
+# receiver answers waits; nor two that fail for ever the two tries of every rest while one
+# that failed once waits (the fewest tries first).
 _DUE_EVENTS = (
     select(
         JobEvent.id,
@@ -139,10 +141,11 @@ _DUE_EVENTS = (
             CallbackCursor.next_attempt_at <= bindparam("now"),
         ),
     )
-    .order_by(case((CallbackCursor.tries > 0, 1), else_=0), JobEvent.id)
+    .order_by(func.coalesce(CallbackCursor.tries, 0), JobEvent.id)
     .limit(bindparam("limit"))
 )
-# Rejected events not settled whose backoff is over, oldest first.
+# Rejected events not settled whose backoff is over, the fewest tries first (as the jobs'),
+# then the oldest first.
 _DUE_REJECTIONS = (
     select(RejectedRequest)
     .where(
@@ -152,7 +155,7 @@ _DUE_REJECTIONS = (
             RejectedRequest.callback_next_attempt_at <= bindparam("now"),
         ),
     )
-    .order_by(RejectedRequest.id)
+    .order_by(RejectedRequest.callback_tries, RejectedRequest.id)
     .limit(bindparam("limit"))
 )
 

@@ -123,9 +123,11 @@ def _judge(
     rejections: int,
     now: datetime,
     extra: dict[str, Any],
+    rest: bool,
 ) -> _Judged:
     """What an answer means (the same rules for every kind of event): `tries` and
-    `rejections` count this try; a silent receiver rests on the receiver row."""
+    `rejections` count this try; `rest`: the round's try before this one was not delivered
+    either, so a failure now rests the receiver (on its row)."""
     settings = rt.settings
     cap = settings.callback_max_backoff_s
     if isinstance(answer, Undeliverable):
@@ -145,17 +147,22 @@ def _judge(
         excerpt = storable(answer.excerpt)
         error = f"HTTP {answer.status}" + (f": {excerpt}" if excerpt else "")
     if isinstance(answer, str) or retryable(answer.status):
-        # No answer, or one that says "not now" (5xx, 408, 429): this try rests the
-        # receiver, and the round tries one other event; answered, the rest is lifted. A
-        # receiver failing every event (overloaded, its database down) is not sent every
-        # due event of every job each round: each try came back at once, so a round of
-        # them held its worker for the whole budget and rounds followed back to back.
-        receiver.failures += 1
+        # No answer, or one that says "not now" (5xx, 408, 429): the event backs off, and
+        # the round tries one other; failing too, the receiver rests. A receiver failing
+        # every event (overloaded, its database down) is then not sent every due event of
+        # every job each round: each try came back at once, so a round of them held its
+        # worker for the whole budget, and rounds followed back to back.
+        receiver.last_error = error
+        if not rest:
+            log.warning(
+                "callback not delivered; trying one other", extra={**extra, "reason": error}
+            )
+            return _Judged(Verdict.UNREACHABLE, f"{label}: {error}")
+        receiver.failures += 1  # rests in a row: 2, 4, 8 ... s
         wait = backoff_s(receiver.failures, cap)
         receiver.next_attempt_at = now + timedelta(seconds=wait)
-        receiver.last_error = error
         log.warning(
-            "callback receiver unavailable; retrying in %.0f s",
+            "callback receiver unavailable; resting %.0f s",
             wait,
             extra={**extra, "reason": error},
         )
@@ -184,10 +191,12 @@ def record_job_try(
     answer: Answer | str | Undeliverable,
     now: datetime,
     last: bool = False,
+    rest: bool = False,
 ) -> Verdict:
     """Record one try of a job event and renew the lease, only while still holding it (a
     deliverer that lost its lease records nothing: the new holder redelivers). `last`: the
-    round has nothing more to send, so a delivered event's record lets the lease go too."""
+    round has nothing more to send, so a delivered event's record lets the lease go too.
+    `rest`: the round's try before was not delivered either (see `_judge`)."""
     if isinstance(answer, Answer) and 200 <= answer.status < 300:
         return _record_delivered(rt, owner, job_id, event_id, now, let_go=last)
     with unit_of_work(rt.sessions) as session:
@@ -214,6 +223,7 @@ def record_job_try(
             rejections=cursor.rejections,
             now=now,
             extra={"job": str(job_id), "event_id": event_id},
+            rest=rest,
         )
         if judged.verdict in (Verdict.DELIVERED, Verdict.FAILED):
             _settle(cursor, event_id)
@@ -258,6 +268,7 @@ def record_rejection_try(
     *,
     answer: Answer | str | Undeliverable,
     now: datetime,
+    rest: bool = False,
 ) -> Verdict | None:
     """Record one try of a rejected event on its row, as `record_job_try` does for a job's (None:
     the row is gone)."""
@@ -282,6 +293,7 @@ def record_rejection_try(
             rejections=row.callback_rejections,
             now=now,
             extra={"caller_key": row.caller_key, "event_id": event_id},
+            rest=rest,
         )
         if judged.verdict in (Verdict.DELIVERED, Verdict.FAILED):
             row.callback_settled_at = now
