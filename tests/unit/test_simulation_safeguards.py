@@ -390,8 +390,9 @@ SAFEGUARDS = [
         # assign round with nothing to claim is one read (issue 37), 687 and 714; since
         # round 16 (early aborts, time limits, the gone bundle's stray, a late ask's
         # deadline), 300, 543 and 849 of 300-1400; since round 17 (a refusal's lookup by
-        # message id and payload), 192 again (the first of 150-299).
-        range(192, 193),
+        # message id and payload), 192 again (the first of 150-299); since round 21 (the
+        # callback receiver's rests), 849 (the first of 150-1500).
+        range(849, 850),
         frozenset({"claim-beside-live-run", "one-run-per-server", "unaccounted-run"}),
     ),
     Safeguard(
@@ -468,8 +469,9 @@ SAFEGUARDS = [
         # other attempt's live run; since an assign round with nothing to claim is one read,
         # 312 and 499 of 300-800; since round 17 (a refusal's lookup by message id and
         # payload), 319 of 300-449; since warm_up's re-read after its driver call (69a8446),
-        # 342 of 300-900.
-        range(342, 343),
+        # 342 of 300-900; since round 21 (the callback receiver's rests), 312 (the first of
+        # 300-1200).
+        range(312, 313),
         frozenset(
             {"completed-run-rerun", "one-live-run", "unaccounted-run", "claim-beside-live-run"}
         ),
