@@ -119,6 +119,11 @@ class StaticDriverConfig(_Strict):
 
 
 # Docker's own rule for container names.
+# Every duration setting's largest value (about 31 years: "for ever" in effect). The use
+# cases add them to now and subtract them from it, which a larger one (or inf) takes past
+# year 9999 or before year 1: an OverflowError in every round that reads it (a monitor
+# round of every net, a refused enqueue dropped unrecorded).
+MAX_SECONDS = 1e9
 DOCKER_CONTAINER_NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$"
 
 
@@ -217,15 +222,19 @@ class NetConfig(_Strict):
     driver: DriverConfig
     admin: AdminConfig | None = None  # nvflare: required
     flower: FlowerConfig | None = None  # flower: required
-    idle_timeout_s: float = Field(default=600.0, ge=0)
-    ready_timeout_s: float = Field(default=900.0, gt=0)
+    idle_timeout_s: float = Field(default=600.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+    ready_timeout_s: float = Field(default=900.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     required_sites: tuple[str, ...] = ()
     # The sites provisioned for this net (None: not declared). Declared, a job that needs a
     # site the net does not have is refused at enqueue instead of waiting out the readiness
     # deadline for a site that can never connect.
     sites: tuple[str, ...] | None = None
-    max_run_s: float | None = Field(default=None, gt=0)  # None: MAX_RUN_S
-    report_timeout_s: float | None = Field(default=None, gt=0)  # None: REPORT_TIMEOUT_S
+    max_run_s: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, allow_inf_nan=False
+    )  # None: MAX_RUN_S
+    report_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, allow_inf_nan=False
+    )  # None: REPORT_TIMEOUT_S
     # None: follow the global PER_JOB_FL_SERVER; a static driver is always-on regardless.
     per_job_fl_server: bool | None = None
     # "host:port" the net's server serves on, as its admin kit must name it. The local driver

@@ -29,7 +29,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.errors import SettingsError
 from app.flags import parse_flag
-from app.net_config import NetConfig, format_validation_error, load_nets_file, parse_nets
+from app.net_config import (
+    MAX_SECONDS,
+    NetConfig,
+    format_validation_error,
+    load_nets_file,
+    parse_nets,
+)
 from app.project_shares import DEFAULT_AGING_S, MAX_AGING_S, Shares, parse_project_shares
 
 
@@ -58,45 +64,73 @@ class Settings(BaseSettings):
     job_root: Path = Field(default=Path("jobs"), alias="JOB_ROOT")
     max_attempts: int = Field(default=3, ge=1, alias="MAX_ATTEMPTS")
     lost_job_policy: Literal["requeue", "fail"] = Field(default="requeue", alias="LOST_JOB_POLICY")
-    max_run_s: float = Field(default=86400.0, gt=0, alias="MAX_RUN_S")
-    abort_timeout_s: float = Field(default=300.0, gt=0, alias="ABORT_TIMEOUT_S")
+    max_run_s: float = Field(
+        default=86400.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="MAX_RUN_S"
+    )
+    abort_timeout_s: float = Field(
+        default=300.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="ABORT_TIMEOUT_S"
+    )
     release_after: Literal["finished", "reported"] = Field(
         default="finished", alias="RELEASE_AFTER"
     )
-    report_timeout_s: float = Field(default=3600.0, gt=0, alias="REPORT_TIMEOUT_S")
+    report_timeout_s: float = Field(
+        default=3600.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="REPORT_TIMEOUT_S"
+    )
     report_timeout_outcome: Literal["completed", "failed"] = Field(
         default="failed", alias="REPORT_TIMEOUT_OUTCOME"
     )
-    rejected_retention_s: float = Field(default=7 * 86400.0, gt=0, alias="REJECTED_RETENTION_S")
-    server_lost_grace_s: float = Field(default=120.0, ge=0, alias="SERVER_LOST_GRACE_S")
+    rejected_retention_s: float = Field(
+        default=7 * 86400.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="REJECTED_RETENTION_S"
+    )
+    server_lost_grace_s: float = Field(
+        default=120.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False, alias="SERVER_LOST_GRACE_S"
+    )
     server_lost_rounds: int = Field(default=3, ge=1, alias="SERVER_LOST_ROUNDS")
-    stuck_after_s: float = Field(default=300.0, gt=0, alias="STUCK_AFTER_S")
-    ready_poll_s: float = Field(default=1.0, gt=0, alias="READY_POLL_S")
-    admin_login_timeout_s: float = Field(default=10.0, gt=0, alias="ADMIN_LOGIN_TIMEOUT_S")
-    admin_command_timeout_s: float = Field(default=10.0, gt=0, alias="ADMIN_COMMAND_TIMEOUT_S")
+    stuck_after_s: float = Field(
+        default=300.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="STUCK_AFTER_S"
+    )
+    ready_poll_s: float = Field(
+        default=1.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="READY_POLL_S"
+    )
+    admin_login_timeout_s: float = Field(
+        default=10.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="ADMIN_LOGIN_TIMEOUT_S"
+    )
+    admin_command_timeout_s: float = Field(
+        default=10.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="ADMIN_COMMAND_TIMEOUT_S"
+    )
     admin_login_max_tries: int = Field(default=1, ge=1, alias="ADMIN_LOGIN_MAX_TRIES")
 
     retry_max: int = Field(default=6, ge=0, alias="RETRY_MAX")
     # At most an hour, as CALLBACK_MAX_BACKOFF_S: a retry, or the copy of a message whose
     # worker was lost, waits as a Celery countdown inside the visibility timeout.
     retry_backoff_max_s: int = Field(default=60, ge=1, le=3600, alias="RETRY_BACKOFF_MAX_S")
-    housekeeping_interval_s: float = Field(default=15.0, gt=0, alias="HOUSEKEEPING_INTERVAL_S")
-    keep_alive_interval_s: float = Field(default=300.0, gt=0, alias="KEEP_ALIVE_INTERVAL_S")
+    housekeeping_interval_s: float = Field(
+        default=15.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="HOUSEKEEPING_INTERVAL_S"
+    )
+    keep_alive_interval_s: float = Field(
+        default=300.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="KEEP_ALIVE_INTERVAL_S"
+    )
     # The beat lock's lease on PostgreSQL (app.beat): a holder that stops renewing it for this
     # long (host gone silent, process stopped) loses its session and the lock; renewed every
     # second, so at least 2.
-    beat_lock_timeout_s: float = Field(default=10.0, ge=2, alias="BEAT_LOCK_TIMEOUT_S")
+    beat_lock_timeout_s: float = Field(
+        default=10.0, ge=2, le=MAX_SECONDS, allow_inf_nan=False, alias="BEAT_LOCK_TIMEOUT_S"
+    )
     # While a QUEUED job waits for a busy net, that net's runs are polled this often (beat's
     # monitor-awaited-runs), so the job starts soon after the run before it ends; 0: only
     # every HOUSEKEEPING_INTERVAL_S.
-    awaited_poll_s: float = Field(default=1.0, ge=0, alias="AWAITED_POLL_S")
+    awaited_poll_s: float = Field(
+        default=1.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False, alias="AWAITED_POLL_S"
+    )
     # AWAITED_POLL_S's name until 0.3.0, read (with a warning) where AWAITED_POLL_S is not
     # set, until 0.4.0 (app/deploy/CHANGELOG.md): it polls the runs a QUEUED job awaits.
     queued_poll_s_old: float | None = Field(default=None, ge=0, alias="QUEUED_POLL_S")
     housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
     # The longest a prewarm holds a net's server up (app.usecases.prewarm): a hint asking
     # for longer is held this long, then the net's idle grace applies as after any job.
-    prewarm_max_s: float = Field(default=900.0, gt=0, alias="PREWARM_MAX_S")
+    prewarm_max_s: float = Field(
+        default=900.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, alias="PREWARM_MAX_S"
+    )
     # Fair share between projects (app/usecases/fair_share.py): each project's weight and
     # optional cap of nets, as JSON; read into `shares` by the validator below.
     project_shares_raw: Annotated[str, NoDecode] = Field(default="{}", alias="PROJECT_SHARES")
@@ -375,8 +409,9 @@ def _client_can_send_to(url: str) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """Mask the password in a URL such as postgresql://user:secret@host/db."""
-    return re.sub(r"(://[^:/@]*:)[^@]+@", r"\1***@", url)
+    """Mask the password in a URL such as postgresql://user:secret@host/db: all of it up to
+    the authority's last `@`, as urllib and kombu read a password holding an `@`."""
+    return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)
 
 
 # Names a settings file every process reads (load_settings); `--env-file` sets it, so that a

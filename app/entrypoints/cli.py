@@ -71,6 +71,16 @@ def _job_id(raw: str) -> uuid.UUID:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a job id (a UUID)") from None
 
 
+def _at_least_one(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yml's commands)."""
     parser = argparse.ArgumentParser(
@@ -154,7 +164,9 @@ def _add_job_commands(
 ) -> None:
     p = add("jobs", cmd_jobs, "list jobs, newest first")
     p.add_argument("--state", help="only jobs in this state (any case)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument(
+        "--limit", type=_at_least_one, default=100, help="at most this many (default 100)"
+    )
     json_flag(p)
 
     p = add("job", cmd_job, "one job with its history, by ID or by --key")

@@ -17,6 +17,7 @@ from app.entrypoints.cli_output import (
     EXIT_OK,
     EXIT_SETTINGS,
     describe_drain,
+    invalid_request,
     print_json,
     print_table,
     short_time,
@@ -297,10 +298,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             project_id=args.project,
         )
     except ValidationError as exc:
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"])
-            sys.stderr.write(f"fl-dispatcher: enqueue: {field}: {err['msg']}\n")
-        return EXIT_FAILED
+        return invalid_request("enqueue", exc, sys.stderr)
     runtime = sending_runtime(settings)
     try:
         submitted = intake.submit_job(runtime, request)
@@ -325,10 +323,15 @@ def _enqueued_line(job_id: uuid.UUID, created: bool, state: JobState) -> str:
 
 def cmd_abort(args: argparse.Namespace, settings: Settings) -> int:
     """Abort a job; an active one is aborted on its server by the worker."""
+    from pydantic import ValidationError
+
     from app.schemas import AbortJob
     from app.usecases import intake
 
-    request = AbortJob(job_id=args.job_id, reason=args.reason)
+    try:
+        request = AbortJob(job_id=args.job_id, reason=args.reason)
+    except ValidationError as exc:
+        return invalid_request("abort", exc, sys.stderr)
     runtime = sending_runtime(settings)
     try:
         requested = intake.request_abort(runtime, request.job_id, request.reason)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from app.read_models import DrainView
 
 EXIT_OK = 0
@@ -18,6 +20,15 @@ EXIT_SETTINGS = 2
 # is printed there to stderr (NVFLARE 2.9's admin client prints "Connecting to FLARE ..."
 # to stdout while a net is probed) and keeps the real stdout here for the document.
 JSON_STDOUT: dict[str, TextIO] = {}
+
+
+def invalid_request(command: str, exc: ValidationError, err: TextIO) -> int:
+    """A request the command's arguments made that its schema refuses: one line per field
+    on `err`, EXIT_FAILED (never a traceback)."""
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error["loc"])
+        err.write(f"fl-dispatcher: {command}: {field}: {error['msg']}\n")
+    return EXIT_FAILED
 
 
 def print_json(data: Any, out: TextIO) -> None:

@@ -9,7 +9,13 @@ from collections.abc import Callable
 
 from app.entrypoints import cli_jobs
 from app.entrypoints.cli_jobs import sending_runtime
-from app.entrypoints.cli_output import EXIT_FAILED, EXIT_OK, print_json, short_time
+from app.entrypoints.cli_output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    invalid_request,
+    print_json,
+    short_time,
+)
 from app.errors import InvalidRequest
 from app.settings import Settings
 
@@ -28,10 +34,7 @@ def cmd_prewarm(args: argparse.Namespace, settings: Settings) -> int:
             caller_key=args.key, net=args.net, required_sites=args.site or [], within_s=args.within
         )
     except ValidationError as exc:
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"])
-            sys.stderr.write(f"fl-dispatcher: prewarm: {field}: {err['msg']}\n")
-        return EXIT_FAILED
+        return invalid_request("prewarm", exc, sys.stderr)
     runtime = sending_runtime(settings)
     try:
         requested = prewarm.request_prewarm(runtime, request)

@@ -1,5 +1,5 @@
-"""Review 21, the operator's doors (settings redaction, the CLI): bad input gets a clear
-error, never a traceback, and no secret is printed.
+"""The operator's doors (settings redaction, the CLI; review 21, each test failing on the code
+before its fix): bad input gets a clear error, never a traceback, and no secret is printed.
 
 - `config check` promises "the effective configuration, secrets redacted" (README
   "Configuration essentials"). A Redis BROKER_URL whose password holds an '@' is one kombu

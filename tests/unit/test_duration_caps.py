@@ -1,8 +1,9 @@
-"""Review 21, settings validation: a duration `config check` accepts must not break a loop or
-a request later. AGING_S is bounded (MAX_AGING_S) and refuses inf because the claim
-subtracts it from now; REPORT_TIMEOUT_S and REJECTED_RETENTION_S are used the same way
-(`now - timedelta(seconds=...)`) with no bound: "inf", or any value past about 2,000 years
-(the natural ways to write "wait for ever" / "keep for ever"), raise OverflowError at use.
+"""Settings validation (review 21, each test failing on the code before its fix): a duration
+`config check` accepts must not break a loop or a request later. AGING_S is bounded
+(MAX_AGING_S) and refuses inf because the claim subtracts it from now; REPORT_TIMEOUT_S and
+REJECTED_RETENTION_S were used the same way (`now - timedelta(seconds=...)`) with no bound:
+"inf", or any value past about 2,000 years (the natural ways to write "wait for ever" / "keep
+for ever"), raised OverflowError at use.
 
 - REPORT_TIMEOUT_S: `report_waits.expire_report_waits` computes its cutoff outside the
   per-net isolation, so once one job is FINISHING the whole monitor round raises, every
@@ -98,3 +99,39 @@ def test_a_refused_enqueue_is_recorded_whatever_the_retention(
     assert answer.get("rejected")
     with world.rt.sessions() as session:
         assert enqueue_uc.get_rejection(session, job_id_for("k-refused")) is not None
+
+
+def _duration_settings() -> list[str]:
+    """Every duration setting (an alias ending in _S with a float value)."""
+    from app.settings import Settings
+
+    return sorted(
+        str(f.alias)
+        for f in Settings.model_fields.values()
+        if f.alias and f.alias.endswith("_S") and f.annotation in (float, "float")
+    )
+
+
+@pytest.mark.parametrize("name", _duration_settings())
+@pytest.mark.parametrize("value", [*FOR_EVER, "nan"])
+def test_every_duration_setting_refuses_for_ever_at_start(tmp_path, job_root, name, value):
+    """Not only the two above: every `*_S` duration is added to or subtracted from now
+    somewhere (STUCK_AFTER_S, PREWARM_MAX_S, HOUSEKEEPING_INTERVAL_S ...); each is finite
+    and at most MAX_SECONDS (about 31 years), refused with its name at start."""
+    from app.settings import load_settings
+
+    with pytest.raises(SettingsError, match=name):
+        load_settings(
+            FL_DISPATCHER_DATA_DIR=str(tmp_path / "data"), JOB_ROOT=job_root, **{name: value}
+        )
+
+
+@pytest.mark.parametrize("value", [float("inf"), 1e11])
+@pytest.mark.parametrize(
+    "field", ["idle_timeout_s", "ready_timeout_s", "max_run_s", "report_timeout_s"]
+)
+def test_every_duration_of_a_net_refuses_for_ever(tmp_path, field, value):
+    from app.net_config import NetConfig
+
+    with pytest.raises(ValidationError, match=field):
+        NetConfig.model_validate(net_decl(tmp_path, "net-a", "static", **{field: value}))
