@@ -19,6 +19,7 @@ from app.errors import DispatcherError, NvflareJobNotFound
 from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.scaling import kick, runs_revive, take_down
+from app.usecases.step_leases import lapsed
 from models import JobState, ReasonCode, StrayRun
 
 log = logging.getLogger(__name__)
@@ -70,18 +71,38 @@ def _run_code(outcome: JobState, job_state: JobState) -> ReasonCode:
 def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     """Abort an ABORTING job's run. A server that is down, or that does not know the job or
     runs it in no process, means "nothing to abort": ABORTED, net released, no error. An abort
-    the server could not confirm (an error it raised) is retried by the reconciler until
-    ABORT_TIMEOUT_S, then settled by `expire_abort`."""
+    the server could not confirm (an error it raised) is re-sent by each reconcile round until
+    ABORT_TIMEOUT_S, then settled by `expire_abort`. A submit still held by its worker sends
+    the abort when it lands; one whose outcome was never learnt and that no worker holds any
+    more has its run looked up by the attempt's token."""
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id)
         if job.state != JobState.ABORTING:
             return job.state
         nvflare_job_id, net_name = job.nvflare_job_id, job.net_name
-    if nvflare_job_id is None or net_name is None:
+        token, held = job.submit_token, not lapsed(job.step_due_at, rt.clock())
+    if net_name is None or (nvflare_job_id is None and (held or token is None)):
         return JobState.ABORTING  # submit in flight: dispatch() sends the abort when it lands
     if not rt.settings.has_net(net_name):
         return JobState.ABORTING  # a net a redeploy removed: reconcile settles the job
     try:
+        if nvflare_job_id is None:
+            # A submit whose outcome was never learnt (its reply lost), which no worker holds
+            # any more: its step's retry found the job ABORTING and sent nothing. The run it
+            # may have started is found by its token (before, it ran on until ABORT_TIMEOUT_S).
+            nvflare_job_id = rt.admin(net_name).find_run(token or "")
+            if nvflare_job_id is None:
+                # Nothing landed: a submit landing later is kept as a stray and aborted.
+                reason = "nothing to abort: its submit started no run"
+                _finish(
+                    rt,
+                    job_id,
+                    (net_name, "", RunEnd.OVER),
+                    JobState.ABORTED,
+                    reason=reason,
+                    code=ReasonCode.ABORTED,
+                )
+                return JobState.ABORTED
         result = rt.admin(net_name).abort(nvflare_job_id)
     except DispatcherError as exc:
         log.warning(
@@ -327,9 +348,14 @@ def _settle_one(rt: Runtime, stray_id: int, end: RunEnd, fresh: datetime | None)
         if stray is None:
             return True  # settled by another round
         hold = records.later(stray.settle_after, fresh)
+        now = rt.clock()
         if end == RunEnd.UNSTARTED and hold is None:
             hold = window_end(rt, end)  # first seen aborted before it started: from now
-        if end in (RunEnd.OVER, RunEnd.UNSTARTED) and (hold is None or rt.clock() >= hold):
+        elif hold is not None:
+            # A window ends at most its length from now: a clock stepped back (an NTP
+            # correction, a VM restored) restarts it, not holds the net that much longer.
+            hold = min(hold, now + timedelta(seconds=RUN_START_WINDOW_S))
+        if end in (RunEnd.OVER, RunEnd.UNSTARTED) and (hold is None or now >= hold):
             session.delete(stray)
             return True
         stray.settle_after = hold

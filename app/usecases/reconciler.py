@@ -223,7 +223,10 @@ def _redrive_stuck_jobs(rt: Runtime, now: datetime, jobs: list[Leased]) -> list[
                 if age_s > rt.settings.abort_timeout_s:
                     expire_abort(rt, job_id)
                     redriven.append(f"{job_id}: abort expired")
-                elif age_s > stuck_s:
+                elif age_s > rt.settings.housekeeping_interval_s:
+                    # Each round until it expires: an abort the server could not confirm
+                    # is sent again while the run may still go on (gated by STUCK_AFTER_S,
+                    # 300 s as ABORT_TIMEOUT_S by default, it was never sent again).
                     rt.outbox.send(names.ABORT_ON_SERVER, job_id=str(job_id))
                     redriven.append(f"{job_id}: abort re-sent")
     return redriven

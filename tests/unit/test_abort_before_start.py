@@ -181,19 +181,31 @@ def test_a_window_pushed_meanwhile_by_another_round_is_kept(world):
     _aborted_while_starting(world)
     admin = world.admin("net-a")
     real = admin.abort
-    far = world.clock() + 3 * WINDOW
+    pushed = []
 
     def abort_while_another_round_pushes(run_id: str):
+        # The other round's window: from its own now, so at most a window from this one's.
+        pushed.append(world.clock() + WINDOW / 2)
         with unit_of_work(world.rt.sessions) as session:
             [stray] = session.scalars(select(StrayRun)).all()
-            stray.settle_after = far
+            stray.settle_after = pushed[0]
         return real(run_id)
 
     admin.abort = abort_while_another_round_pushes  # type: ignore[method-assign]
     world.clock.advance(abort.RUN_START_WINDOW_S)
     assert abort.settle_stray_runs(world.rt, "net-a") == 1
     [stray] = _strays(world)
-    assert stray.settle_after == far
+    assert stray.settle_after == pushed[0]
+
+
+def test_a_window_ends_at_most_its_length_from_now_after_a_clock_stepped_back(world):
+    """Review 21b: a clock stepped back an hour held the window (and the net) an hour and a
+    minute; a window is never further than its length from the round's now."""
+    _aborted_while_starting(world)
+    world.clock.advance(-3600)
+    assert abort.settle_stray_runs(world.rt, "net-a") == 1
+    [stray] = _strays(world)
+    assert stray.settle_after == world.clock() + WINDOW
 
 
 # --- a before-start abort learnt of other than by its own answer ------------------------

@@ -298,13 +298,16 @@ def test_a_stuck_abort_is_re_sent_then_expired_each_strictly_past_its_margin(
     world.server("net-a").up = False  # the abort is never heard
     with world.rt.sessions.begin() as session:
         records.abort_job(session, job_id, "user", world.clock())
-    world.clock.advance(world.rt.settings.stuck_after_s)
+    # Re-sent each round once it is one housekeeping interval old (not STUCK_AFTER_S: with
+    # both it and ABORT_TIMEOUT_S at 300 s it was never re-sent; review 21b).
+    interval = world.rt.settings.housekeeping_interval_s
+    world.clock.advance(interval)
     assert _redriven(world) == ()
     world.clock.advance(1)
     world.outbox.sent.clear()
     assert _redriven(world) == (f"{job_id}: abort re-sent",)
     assert (names.ABORT_ON_SERVER, {"job_id": str(job_id)}) in world.outbox.sent
-    world.clock.advance(3600 - world.rt.settings.stuck_after_s - 1)  # exactly the timeout
+    world.clock.advance(3600 - interval - 1)  # exactly the timeout
     assert _redriven(world) == (f"{job_id}: abort re-sent",)
     world.clock.advance(1)
     assert _redriven(world) == (f"{job_id}: abort expired",)

@@ -11,6 +11,8 @@ the next round's abort would have stopped it cleanly.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from app import names
@@ -51,7 +53,7 @@ def _housekeeping_until(world: World, seconds: float) -> None:
             reconciler.reconcile(world.rt)
         for task, kwargs in list(world.outbox.sent):
             if task == names.ABORT_ON_SERVER:
-                abort.abort_on_server(world.rt, kwargs["job_id"])
+                abort.abort_on_server(world.rt, uuid.UUID(kwargs["job_id"]))
 
 
 def test_an_abort_met_by_one_blip_is_sent_again_before_it_expires(always_on: World):
@@ -115,3 +117,33 @@ def test_an_abort_during_a_submit_whose_reply_was_lost_stops_the_run_before_it_e
         f"run {run} of an aborted job still running {world.rt.settings.abort_timeout_s - 30:.0f}"
         f"s after the abort; job {world.job(job_id).state}"
     )
+
+
+def test_an_abort_during_a_submit_that_never_landed_ends_the_job_at_once_its_lease_over(
+    always_on: World,
+):
+    """The same, but the submit never reached the server: once no worker holds the submit
+    (its lease over), the abort looks the token up, finds no run, and ends the job ABORTED
+    (nothing to abort) well before ABORT_TIMEOUT_S; while the lease is held it waits."""
+    from app.errors import ServerUnavailable
+    from app.usecases import dispatch
+
+    world = always_on
+    job_id = world.enqueue("j", net="fixed")
+    net, attempt = world.run_until_ready(job_id)
+    admin = world.admin(net)
+    real = admin.submit
+
+    def lost(*args, **kwargs):
+        raise ServerUnavailable("submit: connection reset before it was sent")
+
+    admin.submit = lost  # type: ignore[method-assign]
+    with pytest.raises(ServerUnavailable):
+        dispatch.dispatch(world.rt, job_id, net, attempt)
+    admin.submit = real  # type: ignore[method-assign]
+    intake.request_abort(world.rt, job_id, "user")
+    assert abort.abort_on_server(world.rt, job_id) == JobState.ABORTING  # the lease is held
+    _housekeeping_until(world, world.rt.settings.abort_timeout_s - 60)
+    job = world.job(job_id)
+    assert (job.state, job.reason_code) == (JobState.ABORTED, "aborted")
+    assert world.server(net).submitted == {}
