@@ -112,9 +112,11 @@ class Settings(BaseSettings):
     )
     # The beat lock's lease on PostgreSQL (app.beat): a holder that stops renewing it for this
     # long (host gone silent, process stopped) loses its session and the lock; renewed every
-    # second, so at least 2.
+    # second, so at least 2; at most an hour (its TCP keepalive, a quarter of it, must stay
+    # within what Linux takes, 32767 s, or libpq refuses every connection and the beat never
+    # takes its lock).
     beat_lock_timeout_s: float = Field(
-        default=10.0, ge=2, le=MAX_SECONDS, allow_inf_nan=False, alias="BEAT_LOCK_TIMEOUT_S"
+        default=10.0, ge=2, le=3600, allow_inf_nan=False, alias="BEAT_LOCK_TIMEOUT_S"
     )
     # While a QUEUED job waits for a busy net, that net's runs are polled this often (beat's
     # monitor-awaited-runs), so the job starts soon after the run before it ends; 0: only
@@ -124,7 +126,9 @@ class Settings(BaseSettings):
     )
     # AWAITED_POLL_S's name until 0.3.0, read (with a warning) where AWAITED_POLL_S is not
     # set, until 0.4.0 (app/deploy/CHANGELOG.md): it polls the runs a QUEUED job awaits.
-    queued_poll_s_old: float | None = Field(default=None, ge=0, alias="QUEUED_POLL_S")
+    queued_poll_s_old: float | None = Field(
+        default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, alias="QUEUED_POLL_S"
+    )
     housekeeping_parallel: int = Field(default=16, ge=1, alias="HOUSEKEEPING_PARALLEL")
     # The longest a prewarm holds a net's server up (app.usecases.prewarm): a hint asking
     # for longer is held this long, then the net's idle grace applies as after any job.
@@ -410,8 +414,9 @@ def _client_can_send_to(url: str) -> bool:
 
 def redact_url(url: str) -> str:
     """Mask the password in a URL such as postgresql://user:secret@host/db: all of it up to
-    the authority's last `@`, as urllib and kombu read a password holding an `@`."""
-    return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)
+    the URL's last `@` (kombu reads a password holding an `@` up to the last one, SQLAlchemy
+    one holding a `/`); an `@` further on (a query's) masks more, never less."""
+    return re.sub(r"(://[^:/@]*:).*@", r"\1***@", url)
 
 
 # Names a settings file every process reads (load_settings); `--env-file` sets it, so that a

@@ -71,13 +71,16 @@ def _job_id(raw: str) -> uuid.UUID:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a job id (a UUID)") from None
 
 
-def _at_least_one(raw: str) -> int:
+JOBS_LIMIT_MAX = 1_000_000  # what a query's LIMIT takes on both databases, and then some
+
+
+def _jobs_limit(raw: str) -> int:
     try:
         value = int(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    if not 1 <= value <= JOBS_LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is not within 1..{JOBS_LIMIT_MAX:,}")
     return value
 
 
@@ -164,9 +167,7 @@ def _add_job_commands(
 ) -> None:
     p = add("jobs", cmd_jobs, "list jobs, newest first")
     p.add_argument("--state", help="only jobs in this state (any case)")
-    p.add_argument(
-        "--limit", type=_at_least_one, default=100, help="at most this many (default 100)"
-    )
+    p.add_argument("--limit", type=_jobs_limit, default=100, help="at most this many (default 100)")
     json_flag(p)
 
     p = add("job", cmd_job, "one job with its history, by ID or by --key")

@@ -159,9 +159,8 @@ class Simulation:
         if checker is not None:
             checker.start(self)
         self.ready_seen: dict[tuple[str, str], str] = {}  # (job, net) -> assigned_at seen ready
-        self.stats: dict[str, int | float] = dict.fromkeys(
-            ("steps", "messages", "retries", "kills", "interleaved", "escapes"), 0
-        )
+        counted = ("steps", "messages", "retries", "kills", "interleaved", "escapes")
+        self.stats: dict[str, int | float] = dict.fromkeys(counted, 0)
         self._beats = [(h.name, period) for h, period in beat_loops(self.settings)]
         self._next_beat = [period for _, period in self._beats]  # each loop's next tick
 

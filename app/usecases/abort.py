@@ -74,7 +74,9 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
     the server could not confirm (an error it raised) is re-sent by each reconcile round until
     ABORT_TIMEOUT_S, then settled by `expire_abort`. A submit still held by its worker sends
     the abort when it lands; one whose outcome was never learnt and that no worker holds any
-    more has its run looked up by the attempt's token."""
+    more has its run looked up by the attempt's token: found, it is aborted; not found (or
+    the server not answering), the job waits for ABORT_TIMEOUT_S, since such a submit may
+    still land."""
     with unit_of_work(rt.sessions) as session:
         job = records.get_job(session, job_id)
         if job.state != JobState.ABORTING:
@@ -92,17 +94,11 @@ def abort_on_server(rt: Runtime, job_id: uuid.UUID) -> JobState:
             # may have started is found by its token (before, it ran on until ABORT_TIMEOUT_S).
             nvflare_job_id = rt.admin(net_name).find_run(token or "")
             if nvflare_job_id is None:
-                # Nothing landed: a submit landing later is kept as a stray and aborted.
-                reason = "nothing to abort: its submit started no run"
-                _finish(
-                    rt,
-                    job_id,
-                    (net_name, "", RunEnd.OVER),
-                    JobState.ABORTED,
-                    reason=reason,
-                    code=ReasonCode.ABORTED,
-                )
-                return JobState.ABORTED
+                # Nothing yet: not proof that nothing will land (a stalled worker's submit,
+                # a server still taking the upload in). The job waits for ABORT_TIMEOUT_S as
+                # before, whose expiry keeps the token to look up (review 21's break-it: ended
+                # "nothing to abort" here, a run landing next ran on unrecorded).
+                return JobState.ABORTING
         result = rt.admin(net_name).abort(nvflare_job_id)
     except DispatcherError as exc:
         log.warning(
