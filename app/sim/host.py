@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from app.sim.clock import SimClock
 from app.sim.faults import FaultProfile
 from app.sim.workload import JobSpec
+
+if TYPE_CHECKING:
+    from app.sim.messages import Broker
 
 
 class Host(Protocol):
@@ -21,6 +24,7 @@ class Host(Protocol):
     clock: SimClock
     rng: random.Random  # the fault stream
     rng_msg: random.Random  # the message stream
+    broker: Broker  # its outages: while one lasts no message is delivered
 
     @property
     def faults(self) -> FaultProfile: ...

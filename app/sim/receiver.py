@@ -8,16 +8,23 @@ Every post first calls `host.hook("callback.post", None)`: time passes there (a 
 costs CALLBACK_TIMEOUT_S), the worker may die, another worker may run a message.
 
 A receiver may also hang on some jobs' events (and some refused enqueues') only, as
-flip-api's handler does on a locked row: every post of such a job times out from its first
-one until the faults stop, while every other event is answered. The promise under test
-(tasks/README.md "Status callbacks": a handler that hangs on one event holds back no other job) is
-then checked at each acceptance: an event of a job that never hung is accepted within
-`held_back_bound_s` of its move (`callback-held-back`).
+flip-api's handler does on a locked row, or fail on them (500 or 503 on a row it cannot
+read, 429 or 408 from a proxy in front of it): every post of such a key times out, or is
+answered that status at once, from its first one until the faults stop (half the keys), or
+for a few seconds only (the others: a short outage of that handler), while every other event
+is answered. The promise under test (tasks/README.md "Status callbacks": a handler that hangs
+or fails on one event holds back no other job) is then checked at each acceptance: an event of
+a job that never hung is accepted within a bound of its move, and one of a job whose hang
+ended within that bound and a backoff of the later of its move and the end
+(`callback-held-back`, `_held_back_bound`: a sweep's interval, a receiver's rest, the first
+try of each key that hung meanwhile, and a round's timeouts if a key timed out meanwhile),
+the time the broker was down not counted.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import defaultdict
 from collections.abc import Mapping
@@ -38,8 +45,18 @@ from app.sim.host import Host
 from app.sim.workload import WorldSpec
 
 # What `callback-held-back` allows beyond a sweep's interval, a receiver's rest and four
-# timeouts: the order of the simulation's messages behind the worker slots.
+# timeouts (if a hung key timed out meanwhile): the order of the simulation's messages
+# behind the worker slots.
 HELD_BACK_MARGIN_S = 20.0
+HELD_BACK_TIMEOUTS = 4
+# How a hung key fails, drawn once per key on its own stream: half time out, half are
+# answered a "not now" at once (after FAIL_FAST_S).
+HANG_ANSWERS: tuple[str | int, ...] = ("timeout",) * 4 + (500, 503, 429, 408)
+FAIL_FAST_S = 0.05
+# How long, drawn next on the same stream: until the faults stop, or (the other half) for a
+# few seconds from the key's first post: it fails once or a few times, then is answered.
+HANG_FOR_EVER_P = 0.5
+SHORT_HANG_S = (0.5, 10.0)
 SECRET = "sim-callback-secret-0123456789"  # noqa: S105 (a simulated receiver's, not a credential)
 URL = "http://flip-api.sim/fl/callbacks"
 
@@ -72,30 +89,41 @@ class SimReceiver:
     hang_p: float = 0.0
     hang_stream: str = ""
     hung: dict[str, float] = field(default_factory=dict)  # job id / event id -> first post
+    hung_answer: dict[str, str | int] = field(default_factory=dict)  # ... -> "timeout", status
+    hung_until: dict[str, float] = field(default_factory=dict)  # ... -> its end (inf: none)
+    # `callback-held-back` (see `_held_back_bound`), on once `hang()` is called: a sweep's
+    # interval, a rest and the margin; and the longest rest.
     held_back_bound_s: float | None = None
+    rest_s: float = 0.0
 
     def hang(self, stream: str, p: float, world: WorldSpec) -> None:
         """Hang on a share `p` of the jobs and refused enqueues (each drawn on `stream` by
-        its own id, so no other draw moves), and check that no other event waits for them
-        longer than a receiver's rest, a sweep's interval and a few timeouts allow."""
+        its own id, so no other draw moves, with how: a timeout, or a 500, 503, 429 or 408
+        at once; and how long: until the faults stop, or a few seconds), and check that no
+        other event waits for them longer than a receiver's rest, a sweep's interval and
+        their tries allow (`_held_back_bound`)."""
         self.hang_p = p
         self.hang_stream = stream
         self.held_back_bound_s = (
-            world.housekeeping_interval_s
-            + world.callback_max_backoff_s
-            + 4 * self.timeout_s
-            + HELD_BACK_MARGIN_S
+            world.housekeeping_interval_s + world.callback_max_backoff_s + HELD_BACK_MARGIN_S
         )
+        self.rest_s = world.callback_max_backoff_s
 
-    def _hangs_on(self, key: str | None) -> bool:
+    def _hang_answer(self, key: str | None) -> str | int | None:
+        """How the receiver fails on `key` now ("timeout" or a status), None: it does not."""
         if key is None or not self.hang_p or self.quiet:
-            return False
+            return None
+        t = self.host.clock.t
         if key in self.hung:
-            return True
-        if random.Random(f"{self.hang_stream}/{key}").random() >= self.hang_p:
-            return False
-        self.hung[key] = self.host.clock.t
-        return True
+            return self.hung_answer[key] if t < self.hung_until[key] else None
+        draws = random.Random(f"{self.hang_stream}/{key}")
+        if draws.random() >= self.hang_p:
+            return None
+        self.hung[key] = t
+        self.hung_answer[key] = draws.choice(HANG_ANSWERS)
+        for_ever = draws.random() < HANG_FOR_EVER_P
+        self.hung_until[key] = math.inf if for_ever else t + draws.uniform(*SHORT_HANG_S)
+        return self.hung_answer[key]
 
     def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         host = self.host
@@ -103,9 +131,12 @@ class SimReceiver:
         self.posts += 1
         t = host.clock.t
         answer = self._answer(t, body)
-        if answer == "hang":
-            host.clock.advance(self.timeout_s)
-            raise ReceiverUnreachable("ReadTimeout: timed out (simulated hang on this event)")
+        if isinstance(answer, _Hung):
+            if answer.status is None:
+                host.clock.advance(self.timeout_s)
+                raise ReceiverUnreachable("ReadTimeout: timed out (simulated hang on this event)")
+            host.clock.advance(FAIL_FAST_S)  # no draw of `rng`: every other post's as before
+            return Answer(answer.status, f"simulated {answer.status} on this event")
         if answer == "down":
             if self.rng.random() < 0.5:
                 host.clock.advance(self.timeout_s)  # a read timeout: the whole budget spent
@@ -120,12 +151,13 @@ class SimReceiver:
     def close(self) -> None:
         """Nothing to release."""
 
-    def _answer(self, t: float, body: bytes) -> str | int:
+    def _answer(self, t: float, body: bytes) -> str | int | _Hung:
         job_id = _job_of(body)
         if job_id is not None and job_id in self.refused_jobs:
             return self.refused_jobs[job_id]
-        if self._hangs_on(_hang_key(body)):
-            return "hang"
+        hung = self._hang_answer(_hang_key(body))
+        if hung is not None:
+            return _Hung(None if hung == "timeout" else int(hung))
         if not self.quiet:
             for outage in self.outages:
                 if outage.start <= t < outage.end:
@@ -178,26 +210,82 @@ class SimReceiver:
     def _check_held_back(self, payload: dict[str, object]) -> None:
         """`callback-held-back`: while the receiver hangs on other events only, an event it
         answers was not kept waiting past the bound."""
-        if self.held_back_bound_s is None or not self.hung:
+        now = self.host.clock.t
+        if not any(start < now for start in self.hung.values()):
             return
         key = _key_of(payload)
-        if key is None or key in self.hung:
+        if key is None or self.hung_until.get(key, 0.0) == math.inf:
             return
         try:
             at = datetime.fromisoformat(str(payload["at"])).timestamp() - EPOCH_S
         except (KeyError, ValueError):
             return  # callback-well-formed's to report
-        waited = self.host.clock.t - at
-        if waited > self.held_back_bound_s and any(
-            start < self.host.clock.t for start in self.hung.values()
-        ):
-            hung = ", ".join(sorted(k[:8] for k in self.hung))
+        # A job whose hang ended: from then on (its own backoff first, in the bound).
+        since = max(at, self.hung_until.get(key, at))
+        waited = now - since - _overlap(self.host.broker.outages, since, now)
+        bound, new = self._held_back_bound(since, now)
+        if key in self.hung:
+            bound += self.rest_s
+        if waited > bound:
+            hung = sorted(self._hung_label(k) for k in self.hung)
+            more = f" and {len(hung) - 6} more" if len(hung) > 6 else ""
+            end = " (or its own hang's end)" if key in self.hung else ""
             self.host.report(
                 "callback-held-back",
                 f"event {payload.get('event_id')}",
-                f"accepted {waited:.0f}s after its move (bound {self.held_back_bound_s:.0f}s) "
-                f"while the receiver hung on {hung} only",
+                f"accepted {waited:.0f}s after its move{end}, the broker's outages not counted "
+                f"(bound {bound:.0f}s, {new} hung first tried meanwhile) while the receiver "
+                f"hung on {', '.join(hung[:6])}{more}",
             )
+
+    def _hung_label(self, key: str) -> str:
+        """A hung key, how it fails, and for how long if not for ever."""
+        until = self.hung_until[key]
+        span = "" if until == math.inf else f" for {until - self.hung[key]:.0f}s"
+        return f"{_short(key)} ({self.hung_answer[key]}{span})"
+
+    def _held_back_bound(self, at: float, now: float) -> tuple[float, int]:
+        """How long an event that moved at `at` may wait for acceptance at `now`: a sweep's
+        interval, a rest and the margin; four timeouts (a round under way may try several
+        keys that time out) if a key timed out meanwhile; and for each key first tried
+        meanwhile (never tried, it goes in id order among the events not tried: nobody can
+        know it fails before trying) its try, and a rest for every second one (two failures
+        in a row). Returns the bound and how many keys were first tried meanwhile."""
+        assert self.held_back_bound_s is not None
+        bound = self.held_back_bound_s
+        if any(
+            answer == "timeout" and self.hung[k] <= now and self.hung_until[k] >= at
+            for k, answer in self.hung_answer.items()
+        ):
+            bound += HELD_BACK_TIMEOUTS * self.timeout_s
+        new = [k for k, start in self.hung.items() if at <= start <= now]
+        tries_s = sum(
+            self.timeout_s if self.hung_answer[k] == "timeout" else FAIL_FAST_S for k in new
+        )
+        return bound + tries_s + (len(new) + 1) // 2 * self.rest_s, len(new)
+
+
+@dataclass(frozen=True)
+class _Hung:
+    """The answer to a hung key's post: a timeout (`status` None), or that status at once."""
+
+    status: int | None
+
+
+def _overlap(windows: list[tuple[float, float]], since: float, until: float) -> float:
+    """How much of `since`-`until` the windows cover (overlapping ones counted once)."""
+    covered, reach = 0.0, since
+    for began, ended in sorted(windows):
+        start, end = max(began, reach), min(ended, until)
+        if end > start:
+            covered += end - start
+            reach = end
+    return covered
+
+
+def _short(key: str) -> str:
+    """A hung key as a violation names it: a job id's first 8, a refusal's event id."""
+    return key if key.startswith("rejected") else key[:8]
 
 
 def _key_of(payload: dict[str, object]) -> str | None:

@@ -160,11 +160,13 @@ PROFILES: tuple[FaultProfile, ...] = (
 # Profiles outside the cycle (a new one in it would move every seed's profile, and with it
 # the safeguards' seeds): each is swept by a test of its own and by `--profile NAME`.
 EXTRA_PROFILES: tuple[FaultProfile, ...] = (
-    # flip-api's handler hangs on some jobs' events (and some refused enqueues') only, the
-    # receiver answering every other one; nothing else goes wrong, so any other event's
-    # wait past a rest and a sweep is the hang's doing (`callback-held-back`). Its worlds
-    # push callbacks with short reads (CALLBACK_EVENTS_PER_READ=3), so a hung job's history
-    # can fill a read as 200 events do in production (tests.sim.seeds).
+    # flip-api's handler hangs on some jobs' events (and some refused enqueues') only, or
+    # answers them 500, 503, 429 or 408 at once, until the faults stop or (half the keys) a
+    # few seconds only; the receiver answers every other one; nothing else goes wrong, so
+    # any other event's wait past a rest and a sweep is the hang's doing
+    # (`callback-held-back`, app/sim/receiver.py). Its worlds push callbacks with short
+    # reads (CALLBACK_EVENTS_PER_READ=3), so a hung job's history can fill a read as 200
+    # events do in production (tests.sim.seeds).
     CLEAN.with_(name="hang", receiver_hang_p=0.3, receiver_outages=False, abort_p=0.2),
 )
 PROFILES_BY_NAME = {p.name: p for p in PROFILES + EXTRA_PROFILES}

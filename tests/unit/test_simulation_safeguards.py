@@ -633,8 +633,10 @@ def assert_found(safeguard: Safeguard, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def assert_clean(safeguard: Safeguard) -> None:
-    """With the safeguard on, every seed of its range is clean."""
-    found = {r.seed: [str(v) for v in r.violations] for r in run_seeds(safeguard.seed_list())}
+    """With the safeguard on, every seed of its range is clean (with its profile if forced)."""
+    profile = PROFILES_BY_NAME[safeguard.profile] if safeguard.forced else None
+    results = run_seeds(safeguard.seed_list(), profile)
+    found = {r.seed: [str(v) for v in r.violations] for r in results}
     assert found == {seed: [] for seed in safeguard.seed_list()}
 
 
