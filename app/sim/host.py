@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from app.sim.clock import SimClock
 from app.sim.faults import FaultProfile
 from app.sim.workload import JobSpec
 
-if TYPE_CHECKING:
-    from app.sim.messages import Broker
+
+class Outages(Protocol):
+    """The simulated broker as a fake sees it: its outages, (from, until) in simulated time."""
+
+    outages: list[tuple[float, float]]
 
 
 class Host(Protocol):
@@ -24,7 +27,11 @@ class Host(Protocol):
     clock: SimClock
     rng: random.Random  # the fault stream
     rng_msg: random.Random  # the message stream
-    broker: Broker  # its outages: while one lasts no message is delivered
+
+    @property
+    def broker(self) -> Outages:
+        """The broker's outages: while one lasts no message is delivered."""
+        ...
 
     @property
     def faults(self) -> FaultProfile: ...
