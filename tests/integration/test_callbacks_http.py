@@ -348,9 +348,9 @@ def test_a_refused_enqueue_reaches_the_receiver_as_a_rejected_event(make_world, 
 
     report = callbacks.deliver_callbacks(world.rt)
     # Two tries unanswered (the rejected event, then one other before the receiver is taken
-    # for down): a rest of 4 s.
-    assert report.delivered == 0 and report.retry_in_s == 4.0
-    clock.advance(4)
+    # for down): the first rest, 2 s.
+    assert report.delivered == 0 and report.retry_in_s == 2.0
+    clock.advance(2)
     receiver.start()
     report = callbacks.deliver_callbacks(world.rt)
     assert (report.delivered, report.failed, report.retry_in_s) == (6, 0, None)
