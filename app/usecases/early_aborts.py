@@ -6,7 +6,7 @@ transaction holds the one write lock (BEGIN IMMEDIATE), so the abort's look for 
 its insert are one step. On PostgreSQL (READ COMMITTED) an abort that stored its row, then
 looked for the job, and an enqueue that inserted the job, then looked for the row, could
 each miss the other's uncommitted row. So the abort first inserts, then deletes, a
-placeholder job under the id (`_PROBE`): an enqueue inserting the same id waits at the
+placeholder job under the id (`id_probe`): an enqueue inserting the same id waits at the
 primary key for the abort's commit, then reads the kept abort in a later statement; an
 abort whose placeholder meets an enqueue in flight waits for it, and finds its job. The
 enqueue pays nothing for this: it already inserts the job before its read.
@@ -21,10 +21,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, bindparam, delete, exists, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.dml import ReturningInsert
 
 from app.schemas import require_storable
-from app.usecases import records
+from app.usecases import id_probe, records
 from models import EarlyAbort, Job, JobState, ReasonCode
 from models.reasons import allowed
 
@@ -72,27 +71,6 @@ def carry_out(session: Session, job: Job, now: datetime) -> bool:
     return True
 
 
-# A job row that can never be a caller's: '#' is in no caller_key, no net is named, and it
-# is ABORTED, so nothing would claim it even if a reader could see it (none can: it is
-# deleted before its transaction commits).
-def _probe(job_id: uuid.UUID, now: datetime) -> ReturningInsert[uuid.UUID]:
-    return (
-        postgresql.insert(Job)
-        .values(
-            id=job_id,
-            caller_key=f"#early-abort:{job_id}",
-            definition="",
-            required_sites=[],
-            state=JobState.ABORTED,
-            max_attempts=1,
-            created_at=now,
-            state_changed_at=now,
-        )
-        .on_conflict_do_nothing(index_elements=[Job.id])
-        .returning(Job.id)
-    )
-
-
 def keep(
     session: Session,
     job_id: uuid.UUID,
@@ -108,23 +86,19 @@ def keep(
     the caller looked): abort it as any job then."""
     require_storable(reason, "reason")
     postgres = session.get_bind().dialect.name == "postgresql"
-    if postgres:
-        # Waits for an enqueue of this id in flight (module docstring); a conflict is a job.
-        if session.execute(_probe(job_id, now)).first() is None:
+    # Waits for an enqueue of this id in flight (module docstring); a job found is aborted.
+    with id_probe.job_or_hold(session, job_id, now, "early-abort") as job:
+        if job is not None:
             return None
-    elif session.scalar(select(Job.id).where(Job.id == job_id)) is not None:
-        return None
-    session.execute(delete(EarlyAbort).where(EarlyAbort.kept_until < now))
-    insert = postgresql.insert if postgres else sqlite.insert
-    until = now + timedelta(seconds=retention_s)
-    session.execute(
-        insert(EarlyAbort)
-        .values(job_id=job_id, reason=reason, reason_code=str(code), asked_at=now, kept_until=until)
-        .on_conflict_do_nothing(index_elements=[EarlyAbort.job_id])
-    )
-    if postgres:
+        session.execute(delete(EarlyAbort).where(EarlyAbort.kept_until < now))
+        insert = postgresql.insert if postgres else sqlite.insert
+        until = now + timedelta(seconds=retention_s)
         session.execute(
-            delete(Job).where(Job.id == job_id).execution_options(synchronize_session=False)
+            insert(EarlyAbort)
+            .values(
+                job_id=job_id, reason=reason, reason_code=str(code), asked_at=now, kept_until=until
+            )
+            .on_conflict_do_nothing(index_elements=[EarlyAbort.job_id])
         )
     kept = session.scalar(select(EarlyAbort.kept_until).where(EarlyAbort.job_id == job_id))
     log.info("abort kept for a job not stored yet", extra={"job": str(job_id), "code": str(code)})

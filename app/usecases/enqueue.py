@@ -119,13 +119,13 @@ def enqueue_job(
         existing = _by_key(session, request.caller_key)
         if existing is None:
             raise
-        return _repeat(existing, request, settings)
+        return repeat_of(existing, request, settings)
     try:
         _insert(session, job)
     except IntegrityError:
         existing = _by_key(session, request.caller_key)
         if existing is not None:
-            return _repeat(existing, request, settings)
+            return repeat_of(existing, request, settings)
         # No job has the key: the insert failed on the net it names, whose row no worker
         # has created yet (a deploy that added it). Create the declared nets' rows, again.
         declared_nets.ensure_net_rows(session, settings, now)
@@ -137,7 +137,7 @@ def enqueue_job(
             winner = _by_key(session, request.caller_key)
             if winner is None:
                 raise
-            return _repeat(winner, request, settings)
+            return repeat_of(winner, request, settings)
     # After the insert, never before: on PostgreSQL an abort committing meanwhile either
     # made this insert wait for its commit, or finds this job itself (early_aborts).
     if abort_waits(session, job.id, now):
@@ -221,7 +221,7 @@ def _as_stored(request: EnqueueJob, settings: Settings) -> EnqueueJob:
     )
 
 
-def _repeat(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
+def repeat_of(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueued:
     """A repeat of an enqueue: the same request (a retry) names the existing job; another
     payload under the same key is refused, since answering with the first job would let the
     caller believe its new request was queued. The same request is the one sent again as it

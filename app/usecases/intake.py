@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app import names, read_models, traces
 from app.db import unit_of_work
@@ -21,11 +23,12 @@ from app.schemas import (
     CALLER_KEY_MAX_CHARS,
     EnqueueJob,
     ReportJobStatus,
+    job_id_for,
     recorded_caller_key,
     storable,
     unstorable,
 )
-from app.usecases import early_aborts, enqueue, kicks, records
+from app.usecases import early_aborts, enqueue, id_probe, kicks, records
 from models import Job, JobState, ReasonCode
 
 M = TypeVar("M", bound=BaseModel)
@@ -199,24 +202,37 @@ def record_refusal(
     kick is lost; nothing here waits for the receiver. `message_id`, `digest`: the broker
     message's id and the payload's (`enqueue.record_rejection`). Returns the code recorded,
     the first one for a retry or a repeat."""
+    with unit_of_work(rt.sessions) as session:
+        return _record(rt, session, caller_key, reason, code, message_id=message_id, digest=digest)
+
+
+def _record(
+    rt: Runtime,
+    session: Session,
+    caller_key: str | None,
+    reason: str,
+    code: ReasonCode,
+    *,
+    message_id: str | None,
+    digest: str | None,
+) -> ReasonCode:
     shown = recorded_caller_key(caller_key) if caller_key is not None else None
     log.warning(
         "enqueue rejected",
         extra={"caller_key": shown, "reason": storable(reason), "code": str(code)},
     )
-    with unit_of_work(rt.sessions) as session:
-        kept = enqueue.record_rejection(
-            session,
-            caller_key,
-            reason,
-            rt.clock(),
-            rt.settings.rejected_retention_s,
-            callbacks=rt.settings.callbacks_enabled,
-            code=code,
-            message_id=message_id,
-            digest=digest,
-        )
-        return _known_code(kept.reason_code, code)  # an unknown one: as judged now
+    kept = enqueue.record_rejection(
+        session,
+        caller_key,
+        reason,
+        rt.clock(),
+        rt.settings.rejected_retention_s,
+        callbacks=rt.settings.callbacks_enabled,
+        code=code,
+        message_id=message_id,
+        digest=digest,
+    )
+    return _known_code(kept.reason_code, code)  # an unknown one: as judged now
 
 
 def refuse_enqueue(
@@ -224,18 +240,16 @@ def refuse_enqueue(
     payload: Any,
     exc: InvalidRequest,
     message_id: str | None = None,
-) -> ReasonCode:
+) -> ReasonCode | enqueue.Enqueued:
     """Record a refused enqueue with its code: `caller_key_conflict` when the key names a
     job enqueued with another payload, `rejected` for anything else. Returns the code (the
-    one first recorded, for a retry of the message `message_id` or a repeat of `payload`)."""
+    one first recorded, for a retry of the message `message_id` or a repeat of `payload`),
+    or the job the same request became since it was judged: another copy of its message,
+    or flip-api's repeat of it, accepted once the definition's upload showed up. A request
+    is never both refused and a job; the look for that job waits for an enqueue of its id
+    in flight (`id_probe`), and that enqueue's look for this message's refusal (`submit_job`)
+    comes after its insert, so one of the two always sees the other."""
     caller_key = caller_key_of(payload)
-    conflict = isinstance(exc, CallerKeyConflict) or _names_a_job(rt, caller_key)
-    code = ReasonCode.CALLER_KEY_CONFLICT if conflict else ReasonCode.REJECTED
-    reason = str(exc)
-    if conflict and not isinstance(exc, CallerKeyConflict):
-        # A payload that fails validation under a key that already names a job is not a
-        # repeat of it either: the job is unchanged, and must not read as rejected.
-        reason = f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
     # A misshapen message's digest names its shape: not the same request as its fields
     # sent rightly (and refused for another reason).
     sent = (
@@ -244,7 +258,47 @@ def refuse_enqueue(
         else payload
     )
     digest = enqueue.payload_digest(sent)
-    return record_refusal(rt, caller_key, reason, code, message_id=message_id, digest=digest)
+    with unit_of_work(rt.sessions) as session, _job_named(rt, session, caller_key) as job:
+        accepted = _accepted_as(rt, session, job, payload, message_id)
+        if accepted is not None:
+            return accepted
+        conflict = isinstance(exc, CallerKeyConflict) or job is not None
+        code = ReasonCode.CALLER_KEY_CONFLICT if conflict else ReasonCode.REJECTED
+        reason = str(exc)
+        if conflict and not isinstance(exc, CallerKeyConflict):
+            # A payload that fails validation under a key that already names a job is
+            # not a repeat of it either: the job is unchanged, and must not read as
+            # rejected.
+            reason = (
+                f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
+            )
+        return _record(rt, session, caller_key, reason, code, message_id=message_id, digest=digest)
+
+
+@contextmanager
+def _job_named(rt: Runtime, session: Session, caller_key: str | None) -> Iterator[Job | None]:
+    """The job `caller_key` names, read as `id_probe` reads it (None for a key no job can
+    have: none, too long, or one the database cannot store)."""
+    if not caller_key or len(caller_key) > CALLER_KEY_MAX_CHARS or unstorable(caller_key):
+        yield None
+        return
+    with id_probe.job_or_hold(session, job_id_for(caller_key), rt.clock(), "refusal") as job:
+        yield job
+
+
+def _accepted_as(
+    rt: Runtime, session: Session, job: Job | None, payload: Any, message_id: str | None
+) -> enqueue.Enqueued | None:
+    """The job, if `payload` is the request it was enqueued with (a repeat: `enqueue_job`'s
+    rule) and this message was not refused before (a copy's refusal stands)."""
+    if job is None or isinstance(payload, Misshapen):
+        return None
+    try:
+        request = EnqueueJob.model_validate(payload)
+        same = enqueue.repeat_of(job, request, rt.settings)
+    except (ValidationError, CallerKeyConflict):
+        return None
+    return None if enqueue.refused_before(session, message_id) else same
 
 
 def refusal_of_message(rt: Runtime, message_id: str | None) -> tuple[str, ReasonCode] | None:
@@ -262,13 +316,6 @@ def refusal_of_message(rt: Runtime, message_id: str | None) -> tuple[str, Reason
 def _known_code(stored: str, otherwise: ReasonCode) -> ReasonCode:
     # A code this release does not know (written by a newer one, before a rollback).
     return ReasonCode(stored) if stored in {c.value for c in ReasonCode} else otherwise
-
-
-def _names_a_job(rt: Runtime, caller_key: str | None) -> bool:
-    if not caller_key or len(caller_key) > CALLER_KEY_MAX_CHARS or unstorable(caller_key):
-        return False  # no job can have such a key
-    with rt.sessions() as session:
-        return session.scalar(select(Job.id).where(Job.caller_key == caller_key)) is not None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ def enqueue_job(rt: Runtime, payload: Any, message_id: str | None = None) -> dic
     recorded with its reason code (`caller_key_conflict` or `rejected`), once per request:
     `message_id` is the broker's id for the message, the same for every copy of it (its
     retries, redeliveries, publish duplicates), and a copy of a refused message is answered
-    with that refusal, whatever it reads as now."""
+    with that refusal, whatever it reads as now; a request accepted between its judgement
+    here and the refusal's record (another copy, judged once the upload showed up) is
+    answered with its job, and nothing is refused."""
     key = intake.caller_key_of(payload)
     try:
         request = intake.parse_payload(EnqueueJob, payload)
@@ -44,8 +46,11 @@ def enqueue_job(rt: Runtime, payload: Any, message_id: str | None = None) -> dic
         )
         return {"rejected": reason, "reason_code": str(code), "caller_key": key}
     except InvalidRequest as exc:
-        code = intake.refuse_enqueue(rt, payload, exc, message_id)
-        return {"rejected": str(exc), "reason_code": str(code), "caller_key": key}
+        refusal = intake.refuse_enqueue(rt, payload, exc, message_id)
+        if not isinstance(refusal, ReasonCode):
+            result = refusal  # the same request became a job since it was judged: that job
+        else:
+            return {"rejected": str(exc), "reason_code": str(refusal), "caller_key": key}
     return {"job_id": str(result.job_id), "created": result.created, "state": result.state}
 
 
