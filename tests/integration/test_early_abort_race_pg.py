@@ -11,12 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob, job_id_for
-from app.usecases import declared_nets, early_aborts, enqueue, kicks, requests
+from app.usecases import early_aborts, enqueue, requests
 from models import EarlyAbort, Job, JobState, ReasonCode
-from tests.fakes import fake_runtime
-from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or
+from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or, worker_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +22,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def rt(pg_factory, settings, clock):
     """A worker's runtime (coalesced kicks) on PostgreSQL with the nets' rows."""
-    with pg_factory.begin() as session:
-        declared_nets.sync_nets(session, settings, clock())
-    runtime = fake_runtime(settings, pg_factory, clock, RecordingOutbox())
-    kicks.coalesce_kicks(runtime)
-    return runtime
+    return worker_runtime(pg_factory, settings, clock, coalesced=True)
 
 
 def _payload(key: str) -> dict[str, object]:

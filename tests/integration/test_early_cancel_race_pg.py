@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.runtime import RecordingOutbox
 from app.schemas import PrewarmNet
-from app.usecases import declared_nets, prewarm, requests
+from app.usecases import prewarm, requests
 from app.usecases.prewarm import early_cancels
 from models import EarlyCancel, Prewarm, PrewarmOutcome
-from tests.fakes import fake_runtime
-from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or
+from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or, worker_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def rt(pg_factory, settings, clock):
     """A worker's runtime on PostgreSQL with the nets' rows."""
-    with pg_factory.begin() as session:
-        declared_nets.sync_nets(session, settings, clock())
-    return fake_runtime(settings, pg_factory, clock, RecordingOutbox())
+    return worker_runtime(pg_factory, settings, clock, coalesced=False)
 
 
 def _hint(key: str) -> dict[str, Any]:

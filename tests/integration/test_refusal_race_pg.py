@@ -14,12 +14,10 @@ import pytest
 from sqlalchemy import func, select, text
 
 from app.errors import InvalidRequest
-from app.runtime import RecordingOutbox
 from app.schemas import EnqueueJob, job_id_for
-from app.usecases import declared_nets, enqueue, intake, kicks, requests
+from app.usecases import enqueue, intake, requests
 from models import Job, RejectedRequest
-from tests.fakes import fake_runtime
-from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or
+from tests.fixtures.pg_waits import run_together, wait_for_a_lock_wait_or, worker_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +27,7 @@ STALE = InvalidRequest("definition 'tiny-job' not found under JOB_ROOT")
 @pytest.fixture
 def rt(pg_factory, settings, clock):
     """A worker's runtime (coalesced kicks) on PostgreSQL with the nets' rows."""
-    with pg_factory.begin() as session:
-        declared_nets.sync_nets(session, settings, clock())
-    runtime = fake_runtime(settings, pg_factory, clock, RecordingOutbox())
-    kicks.coalesce_kicks(runtime)
-    return runtime
+    return worker_runtime(pg_factory, settings, clock, coalesced=True)
 
 
 def _payload(key: str) -> dict[str, object]:
