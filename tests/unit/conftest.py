@@ -167,6 +167,25 @@ class World:
         assert dispatch.check_ready(self.rt, job_id, net, attempt).step == Step.DONE
         return net, attempt
 
+    def submit_reply_lost(self, job_id, net: str, attempt: int, *, landed: bool = True) -> None:
+        """The chain's submit step meets a connection lost: after the server created the run
+        (`landed`: its reply lost) or before the request was sent. The step raises for its
+        retry, as the task's countdown would run it again; the admin answers again after."""
+        admin = self.admin(net)
+        real = admin.submit
+
+        def lost(*args, **kwargs):
+            if landed:
+                real(*args, **kwargs)  # the run is created on the server
+            raise ServerUnavailable("submit: reply lost" if landed else "submit: reset")
+
+        admin.submit = lost  # type: ignore[method-assign]
+        try:
+            with pytest.raises(ServerUnavailable):
+                dispatch.dispatch(self.rt, job_id, net, attempt)
+        finally:
+            admin.submit = real  # type: ignore[method-assign]
+
     def stuck_in_dispatching(self, key: str, net: str = "net-a") -> str:
         """A job whose submit began (DISPATCHING) and was never heard of again: its id."""
         job_id = self.enqueue(key, net=net)

@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 
 from app import names
 from app.celery_app import beat_schedule
-from app.errors import ServerUnavailable, SettingsError
+from app.errors import SettingsError
 from app.settings import Settings
 from app.usecases import abort, dispatch, intake, monitor, reconciler
 from app.usecases.dispatch import Step
@@ -100,17 +100,7 @@ def test_a_stalled_submit_landing_after_nothing_to_abort_with_its_reply_lost_is_
         ended.append(abort.abort_on_server(world.rt, uuid.UUID(str(job_id))))
 
     server.on_submit = stalled_past_its_lease
-    admin = world.admin(net)
-    real = admin.submit
-
-    def reply_lost(*args, **kwargs):
-        real(*args, **kwargs)  # the run is created on the server
-        raise ServerUnavailable("submit: reply lost")
-
-    admin.submit = reply_lost  # type: ignore[method-assign]
-    with pytest.raises(ServerUnavailable):
-        dispatch.dispatch(world.rt, job_id, net, attempt)
-    admin.submit = real  # type: ignore[method-assign]
+    world.submit_reply_lost(job_id, net, attempt)
     assert ended == [JobState.ABORTING]  # no run found yet: not ended on that word
     (run,) = server.submitted.values()
     # The step's retry after its countdown: the job moved on, nothing is sent.

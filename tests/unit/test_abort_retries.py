@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from app import names
 from app.errors import UnknownAdminError
 from app.usecases import abort, intake, monitor, reconciler
@@ -86,23 +84,12 @@ def test_an_abort_during_a_submit_whose_reply_was_lost_stops_the_run_before_it_e
     flip-api asked to stop trains on until ABORT_TIMEOUT_S expires the abort (then a stray,
     found by its token). Expected: the run, findable by the attempt's token all along, is
     stopped well before ABORT_TIMEOUT_S."""
-    from app.errors import ServerUnavailable
     from app.usecases import dispatch
 
     world = always_on
     job_id = world.enqueue("j", net="fixed")
     net, attempt = world.run_until_ready(job_id)
-    admin = world.admin(net)
-    real = admin.submit
-
-    def reply_lost(*args, **kwargs):
-        real(*args, **kwargs)  # the run is created on the server
-        raise ServerUnavailable("submit: reply lost")
-
-    admin.submit = reply_lost  # type: ignore[method-assign]
-    with pytest.raises(ServerUnavailable):  # the task retries the step after its countdown
-        dispatch.dispatch(world.rt, job_id, net, attempt)
-    admin.submit = real  # type: ignore[method-assign]
+    world.submit_reply_lost(job_id, net, attempt)  # the task retries the step later
     (run,) = world.server(net).submitted.values()
     assert world.server(net).statuses[run] == "RUNNING"
 
@@ -124,22 +111,11 @@ def test_an_abort_during_a_submit_that_never_landed_waits_for_its_timeout(always
     which proves nothing (a stalled worker's submit may land yet: tests/unit/
     test_abort_change_broken.py), so the job waits for ABORT_TIMEOUT_S as before; it is not
     ended "nothing to abort" on the lookup's word."""
-    from app.errors import ServerUnavailable
-    from app.usecases import dispatch
 
     world = always_on
     job_id = world.enqueue("j", net="fixed")
     net, attempt = world.run_until_ready(job_id)
-    admin = world.admin(net)
-    real = admin.submit
-
-    def lost(*args, **kwargs):
-        raise ServerUnavailable("submit: connection reset before it was sent")
-
-    admin.submit = lost  # type: ignore[method-assign]
-    with pytest.raises(ServerUnavailable):
-        dispatch.dispatch(world.rt, job_id, net, attempt)
-    admin.submit = real  # type: ignore[method-assign]
+    world.submit_reply_lost(job_id, net, attempt, landed=False)
     intake.request_abort(world.rt, job_id, "user")
     _housekeeping_until(world, world.rt.settings.abort_timeout_s - 60)
     assert world.job(job_id).state == JobState.ABORTING
