@@ -330,11 +330,17 @@ MESSAGE_ID_MAX_CHARS = 255  # refused_messages.message_id; Celery's own ids are 
 
 
 def recordable_message_id(message_id: str | None) -> str | None:
-    """A message id as stored: None for one too long or that cannot be stored (NUL, a lone
-    surrogate; a sender may name its own ids), which is then matched by key only."""
-    if not message_id or len(message_id) > MESSAGE_ID_MAX_CHARS or unstorable(message_id):
+    """A message id as stored and looked up (None: no id): as sent when it fits the column
+    and can be stored, else (a sender may name its own ids: longer, a NUL, a lone surrogate)
+    its escaped head, an ellipsis and the whole id's SHA-256, so every copy of the message
+    still finds its refusal (dropped, a copy judged again once the upload showed up became
+    a job for a request answered `rejected`)."""
+    if not message_id:
         return None
-    return message_id
+    if len(message_id) <= MESSAGE_ID_MAX_CHARS and unstorable(message_id) is None:
+        return message_id
+    digest = hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return storable(message_id)[: MESSAGE_ID_MAX_CHARS - 65] + "\u2026" + digest
 
 
 # Whether a refusal was recorded for the broker message `refused_message`: a column an

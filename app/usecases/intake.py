@@ -258,8 +258,12 @@ def refuse_enqueue(
         else payload
     )
     digest = enqueue.payload_digest(sent)
-    with unit_of_work(rt.sessions) as session, _job_named(rt, session, caller_key) as job:
-        accepted = _accepted_as(rt, session, job, payload, message_id)
+    request = _as_request(payload)
+    with (
+        unit_of_work(rt.sessions) as session,
+        _job_named(rt, session, caller_key, probe=request is not None) as job,
+    ):
+        accepted = _accepted_as(rt, session, job, request, message_id)
         if accepted is not None:
             return accepted
         conflict = isinstance(exc, CallerKeyConflict) or job is not None
@@ -275,28 +279,49 @@ def refuse_enqueue(
         return _record(rt, session, caller_key, reason, code, message_id=message_id, digest=digest)
 
 
+def _as_request(payload: Any) -> EnqueueJob | None:
+    """`payload` as an enqueue, if it is one (refused for what it names, not its shape)."""
+    if isinstance(payload, Misshapen):
+        return None
+    try:
+        return EnqueueJob.model_validate(payload)
+    except ValidationError:
+        return None
+
+
 @contextmanager
-def _job_named(rt: Runtime, session: Session, caller_key: str | None) -> Iterator[Job | None]:
-    """The job `caller_key` names, read as `id_probe` reads it (None for a key no job can
-    have: none, too long, or one the database cannot store)."""
+def _job_named(
+    rt: Runtime, session: Session, caller_key: str | None, *, probe: bool
+) -> Iterator[Job | None]:
+    """The job `caller_key` names (None for a key no job can have: none, too long, or one
+    the database cannot store). `probe`: read as `id_probe` reads it, for a request a copy
+    may have had accepted meanwhile; a payload no enqueue could accept (its shape or fields
+    refused) is only read, so a flood of bad requests writes no placeholder rows."""
     if not caller_key or len(caller_key) > CALLER_KEY_MAX_CHARS or unstorable(caller_key):
         yield None
         return
-    with id_probe.job_or_hold(session, job_id_for(caller_key), rt.clock(), "refusal") as job:
+    job_id = job_id_for(caller_key)
+    if not probe:
+        yield session.get(Job, job_id)
+        return
+    with id_probe.job_or_hold(session, job_id, rt.clock(), "refusal") as job:
         yield job
 
 
 def _accepted_as(
-    rt: Runtime, session: Session, job: Job | None, payload: Any, message_id: str | None
+    rt: Runtime,
+    session: Session,
+    job: Job | None,
+    request: EnqueueJob | None,
+    message_id: str | None,
 ) -> enqueue.Enqueued | None:
-    """The job, if `payload` is the request it was enqueued with (a repeat: `enqueue_job`'s
+    """The job, if `request` is the one it was enqueued with (a repeat: `enqueue_job`'s
     rule) and this message was not refused before (a copy's refusal stands)."""
-    if job is None or isinstance(payload, Misshapen):
+    if job is None or request is None:
         return None
     try:
-        request = EnqueueJob.model_validate(payload)
         same = enqueue.repeat_of(job, request, rt.settings)
-    except (ValidationError, CallerKeyConflict):
+    except CallerKeyConflict:
         return None
     return None if enqueue.refused_before(session, message_id) else same
 

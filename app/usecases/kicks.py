@@ -243,7 +243,8 @@ class EnqueueKick:
             # No marker to read.
             self.refused = enqueue.refused_before(session, self.message_id)
             return early_aborts.waits(session, job_id, now)
-        params: dict[str, object] = {"task": self.task, "refused_message": self.message_id}
+        message = enqueue.recordable_message_id(self.message_id)
+        params: dict[str, object] = {"task": self.task, "refused_message": message}
         params |= early_aborts.waiting_params(job_id, now)
         sent_at, waiting, abort, refused = session.execute(
             _MARKER_HELD_WORK_AND_ABORT, params

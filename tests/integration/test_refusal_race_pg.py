@@ -118,3 +118,28 @@ def test_racing_copies_are_each_one_job_or_one_refusal(rt, pg_factory):
     assert outcomes <= {(1, 0), (0, 1)}, outcomes
     with pg_factory() as session:
         assert session.scalar(text("SELECT count(*) FROM jobs WHERE caller_key LIKE '#%'")) == 0
+
+
+def test_a_malformed_requests_refusal_writes_no_placeholder_and_waits_for_nothing(
+    rt, pg_factory, settings, clock
+):
+    """A payload no enqueue could accept (a field the model refuses) cannot have become a
+    job meanwhile: its refusal only reads the key's job (a flood of bad requests writes no
+    placeholder rows in `jobs`), so it does not wait for an enqueue of that key in flight,
+    and reads as `rejected` (the job it would conflict with is not committed)."""
+    enqueuing = pg_factory()
+    request = EnqueueJob.model_validate(_payload("k"))
+    assert enqueue.enqueue_job(enqueuing, settings, request, clock()).created
+    answers: list[Any] = []
+    bad = {"caller_key": "k", "definition": "", "net": "net-a"}
+    refusal = threading.Thread(
+        target=lambda: answers.append(intake.refuse_enqueue(rt, bad, STALE, "m-3"))
+    )
+    refusal.start()
+    refusal.join(timeout=3)
+    ended_first = not refusal.is_alive()
+    enqueuing.commit()
+    enqueuing.close()
+    refusal.join(timeout=10)
+    assert ended_first, "the refusal of a malformed payload waited for the enqueue's commit"
+    assert [str(a) for a in answers] == ["rejected"]

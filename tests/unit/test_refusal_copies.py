@@ -122,6 +122,34 @@ def test_a_repeat_accepted_while_a_copy_records_its_refusal_keeps_the_copys_refu
     assert refused == ReasonCode.REJECTED  # the message's first refusal, not the job
 
 
+@pytest.mark.parametrize(
+    "message_id",
+    ["flip-run-31/" + "t" * 300, "flip-run-31/\x00nul", "flip-run-31/\ud800"],
+    ids=["longer-than-the-column", "nul", "lone-surrogate"],
+)
+def test_a_copy_of_a_refused_message_with_an_odd_task_id_never_becomes_a_job(
+    cb: World, receiver: Receiver, message_id: str
+):
+    """Promise: no copy of a refused message creates a job, whatever it reads as now.
+    Sequence (break-it 22): flip-api names its own task ids (`send_task(task_id=...)`), one
+    longer than refused_messages.message_id's 255 characters, or holding a NUL or a lone
+    surrogate. Copy 1 is refused (the upload not visible yet), its `rejected` event
+    delivered; the upload shows up; copy 2 was judged again and created the job: the id was
+    never recorded ("matched by key only"), so no look could find copy 1's refusal. Now such
+    an id is stored as its head and its SHA-256 (`recordable_message_id`)."""
+    payload = {"caller_key": "flip-run-31", "definition": "late-31", "net": "net-a"}
+    handler = _enqueue_task()
+    first = handler.call(cb.rt, **handler.kwargs({"payload": payload}, message_id))
+    assert first["reason_code"] == "rejected"
+    deliver(cb, receiver)
+    assert [p["kind"] for p, _, _ in receiver.requests] == ["rejected"]
+    _upload(cb, "late-31")
+    copy = handler.call(cb.rt, **handler.kwargs({"payload": payload}, message_id))
+    assert "rejected" in copy and not _job_exists(cb, "flip-run-31"), (
+        f"copy 1 answered {first} (its `rejected` event delivered); copy 2 answered {copy}"
+    )
+
+
 def _as_received(payload: dict) -> dict:
     """The task's kwargs as a worker decodes them: Celery's json serializer is kombu's, which
     encodes a UUID, datetime, Decimal... as {"__type__": ...} and decodes it back."""
