@@ -23,6 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from app.adapters.child_env import child_environment
 from app.adapters.drivers.local import LocalDriver
 from app.adapters.nvflare.participants import ProcessHandle
 from app.errors import DriverMisconfigured
@@ -108,7 +109,7 @@ class SuperLinkDriver(LocalDriver):
             raise DriverMisconfigured(
                 f"net {self.net_name}: cannot make {folder}: {exc.strerror}"
             ) from exc
-        env = dict(os.environ) | env
+        env = child_environment(env)  # none of the dispatcher's settings or secrets
         # It starts its SuperExec (and that the ServerApps) by name, from its own venv.
         env["PATH"] = f"{self._bin('')}{os.pathsep}{env.get('PATH', '')}"
         env["FLWR_HOME"] = str(folder / "home")

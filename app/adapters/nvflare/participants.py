@@ -8,7 +8,6 @@ import atexit
 import contextlib
 import json
 import logging
-import os
 import re
 import shlex
 import signal
@@ -20,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.adapters.child_env import child_environment
 from app.process_control import STOP_TIMEOUT_S, terminate_tree
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def _start(
         popen = subprocess.Popen(
             command,
             cwd=kit,
-            env={**os.environ, **env} if env else None,
+            env=child_environment(env),  # none of the dispatcher's settings or secrets
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
