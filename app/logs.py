@@ -18,7 +18,7 @@ from typing import Any
 
 from app import names
 from app.errors import SettingsError
-from app.settings import Settings, redact_url
+from app.settings import SECRET_QUERY, Settings, redact_url
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_FIELDS = frozenset(
@@ -179,17 +179,22 @@ def secret_values(settings: Settings) -> list[str]:
 def _url_password(url: str) -> list[str]:
     """The URL's password, decoded and as written (a `%40` in the URL is an `@` to the
     client): a line may quote either form."""
-    from urllib.parse import urlsplit
+    from urllib.parse import unquote_plus, urlsplit
 
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
         password = make_url(url).password
-        written = urlsplit(url).password
+        parts = urlsplit(url)
+        written = parts.password
     except (ArgumentError, ValueError):
         return []
-    return [str(form) for form in {password, written} if form]
+    forms = {password, written}
+    for name, _, value in (item.partition("=") for item in parts.query.split("&")):
+        if SECRET_QUERY.fullmatch(f"?{name}={value}"):  # ?password=..., as written and decoded
+            forms |= {value, unquote_plus(value)}
+    return [str(form) for form in forms if form]
 
 
 def configure_logging(settings: Settings, stream: Any = None) -> logging.Handler:
