@@ -28,6 +28,7 @@ job when no other as warm is free), so it is no reason of its own.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, bindparam, exists, func, or_, select, tuple_
+from sqlalchemy import Connection, Text, bindparam, cast, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.orm import outerjoin as sa_outerjoin
 
@@ -203,21 +204,30 @@ def _before(
     params = {"jobs": list(job_ids), "nets": list(nets), "aged_before": aged_before}
     if settings is None or all(settings.net(n).sites is None for n in nets):
         return dict(conn.execute(_built("ahead", _ahead, True, shares), params).all())
-    # Some declare their sites: each job ahead is checked against them in Python, as the
-    # claim checks them.
-    found = conn.execute(_built("ahead rows", _ahead, False, shares), params)
+    # Some declare their sites: the jobs ahead are counted by their pin and sites (a row per
+    # queued job and shape: a queue has few shapes; a row per pair was quadratic, 3,600 rows
+    # and as many JSON reads at 60 queued), each shape checked against the nets in Python,
+    # as the claim checks them.
+    found = conn.execute(_built("ahead shapes", _ahead, False, shares), params)
     configs = [settings.net(n) for n in nets]
+    fits: dict[tuple[str | None, str], bool] = {}
     counted: Counter[uuid.UUID] = Counter()
-    for job_id, pinned, sites in found:
-        if any(may_run(pinned, sites, n) for n in configs):
-            counted[job_id] += 1
+    for job_id, pinned, sites, ahead in found:
+        shape = (pinned, sites)
+        if shape not in fits:
+            fits[shape] = any(may_run(pinned, json.loads(sites), n) for n in configs)
+        if fits[shape]:
+            counted[job_id] += ahead
     return dict(counted)
 
 
 def _ahead(count: bool, shares: Shares) -> Any:
     """SQL: the jobs (`_AHEAD`) the claim would take before each of the jobs `jobs` (`_JOB`)
-    that may run on one of `nets` (sites aside): how many for each, or their nets and sites."""
-    what = (func.count(),) if count else (_AHEAD.requested_net, _AHEAD.required_sites)
+    that may run on one of `nets` (sites aside): how many for each, or how many for each
+    and each pin and sites (the sites as the JSON text stored: PostgreSQL's json type has
+    no equality to group by)."""
+    shape = (_AHEAD.requested_net, cast(_AHEAD.required_sites, Text))
+    what = (func.count(),) if count else (*shape, func.count())
     aged_before: Any = bindparam("aged_before", type_=Job.created_at.type)
     # Each project's usage counted once, as the claim counts it (`fair_share.usage_by_project`,
     # materialised on PostgreSQL), and joined to both jobs: counted per queued job (correlated
@@ -244,7 +254,7 @@ def _ahead(count: bool, shares: Shares) -> Any:
             < tuple_(*fair_share.order_key(_JOB, func.coalesce(mine.c.usage, 0), aged_before)),
         )
     )
-    return found.group_by(_JOB.id) if count else found
+    return found.group_by(_JOB.id) if count else found.group_by(_JOB.id, *shape)
 
 
 def _not_capped_unless_mine(theirs: Any, shares: Shares) -> tuple[Any, ...]:

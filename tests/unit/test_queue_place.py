@@ -175,6 +175,25 @@ def test_the_place_and_reason_are_two_statements_where_nets_declare_sites_too(
     assert statements("third") == (queue_place.QueuePlace(1, "claim pending"), 2)
 
 
+def test_jobs_of_one_shape_ahead_on_a_sited_net_are_each_counted(
+    tmp_path, job_root, sqlite_factory, clock
+):
+    """Where a net declares its sites the jobs ahead are counted by their pin and sites (a
+    row per shape, not per job): three of one shape and one of another, all fitting, are
+    four ahead; a shape that fits none of the job's nets counts none."""
+    nets = [
+        net_decl(tmp_path, "sited", "ecs", sites=["site-1", "site-2", "site-3"]),
+        net_decl(tmp_path, "other", "ecs", sites=["site-1", "site-2", "site-9"]),
+    ]
+    world = world_of(nets, tmp_path, job_root, sqlite_factory, clock)
+    for n in range(3):
+        enqueue(world, f"same-{n}", net=None, required_sites=["site-3"])
+    enqueue(world, "pinned", net="sited")
+    enqueue(world, "elsewhere", net=None, required_sites=["site-9"])  # fits only "other"
+    enqueue(world, "mine", net=None, required_sites=["site-3"])
+    assert shown(world, "mine") == (5, "claim pending")
+
+
 @pytest.mark.parametrize("hinted", ["none yet", "behind", "ahead"])
 def test_a_net_held_by_a_prewarm_is_no_reason_to_wait(two_nets_world, hinted):
     """A job whose one free net is held by a live prewarm, for a job still to come or for
