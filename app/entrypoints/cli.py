@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from app.entrypoints import cli_args
 from app.entrypoints.cli_drain import add_drain_commands
 from app.entrypoints.cli_jobs import (
     cmd_abort,
@@ -62,26 +62,6 @@ def _version() -> str:
         return version("fl-dispatcher")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
-
-
-def _job_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a job id (a UUID)") from None
-
-
-JOBS_LIMIT_MAX = 1_000_000  # what a query's LIMIT takes on both databases, and then some
-
-
-def _jobs_limit(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if not 1 <= value <= JOBS_LIMIT_MAX:
-        raise argparse.ArgumentTypeError(f"{value} is not within 1..{JOBS_LIMIT_MAX:,}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-probe", action="store_true", help="SQL state only; do not contact drivers/servers"
     )
     p.add_argument(
-        "--probe-timeout", type=float, default=3.0, metavar="S", help="per-net probe deadline"
+        "--probe-timeout",
+        type=cli_args.seconds,
+        default=3.0,
+        metavar="S",
+        help="per-net probe deadline (default 3)",
     )
 
     _add_job_commands(add, json_flag)
@@ -167,11 +151,15 @@ def _add_job_commands(
 ) -> None:
     p = add("jobs", cmd_jobs, "list jobs, newest first")
     p.add_argument("--state", help="only jobs in this state (any case)")
-    p.add_argument("--limit", type=_jobs_limit, default=100, help="at most this many (default 100)")
+    p.add_argument(
+        "--limit", type=cli_args.jobs_limit, default=100, help="at most this many (default 100)"
+    )
     json_flag(p)
 
     p = add("job", cmd_job, "one job with its history, by ID or by --key")
-    p.add_argument("job_id", type=_job_id, metavar="ID", nargs="?", help="the job's id (a UUID)")
+    p.add_argument(
+        "job_id", type=cli_args.job_id, metavar="ID", nargs="?", help="the job's id (a UUID)"
+    )
     p.add_argument("--key", help="the caller_key flip-api enqueued it with, instead of ID")
     json_flag(p)
 
@@ -202,7 +190,7 @@ def _add_job_commands(
     json_flag(p)
 
     p = add("abort", cmd_abort, "abort a job")
-    p.add_argument("job_id", type=_job_id, metavar="ID", help="the job's id (a UUID)")
+    p.add_argument("job_id", type=cli_args.job_id, metavar="ID", help="the job's id (a UUID)")
     p.add_argument(
         "--reason", default="aborted via the CLI", help="why, kept in its history (default: CLI)"
     )
@@ -267,13 +255,15 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument(
         "--wait-budget",
-        type=float,
+        type=cli_args.seconds_or_zero,
         default=None,
         metavar="S",
         help="p95 added wait a recommended grace may cost (default: one cold start as the"
         " dispatcher sees it, the profile's time + READY_POLL_S + AWAITED_POLL_S)",
     )
-    p.add_argument("--workers", type=int, default=2, help="replays in parallel (default 2)")
+    p.add_argument(
+        "--workers", type=cli_args.count, default=2, help="replays in parallel (default 2)"
+    )
     p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="write the plot here")
     p.add_argument(
         "--write-trace", type=Path, default=None, metavar="PATH", help="save the trace replayed"
@@ -284,7 +274,10 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
         "--seed", type=int, default=0, help="random seed of the synthetic trace (default 0)"
     )
     synthetic.add_argument(
-        "--days", type=float, default=30.0, help="length of the synthetic trace (default 30)"
+        "--days",
+        type=cli_args.days,
+        default=30.0,
+        help="length of the synthetic trace (default 30)",
     )
     synthetic.add_argument(
         "--utilization",
@@ -313,15 +306,19 @@ def _add_api_and_ready(
 ) -> None:
     p = add("api", cmd_api, "serve the status HTTP API")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
+    p.add_argument("--port", type=cli_args.port, default=8080, help="port to bind (default 8080)")
     _wait_flag(p)
     p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")
     p.add_argument(
-        "--timeout", type=float, default=5.0, metavar="S", help="per-check deadline (default 5)"
+        "--timeout",
+        type=cli_args.seconds,
+        default=5.0,
+        metavar="S",
+        help="per-check deadline (default 5)",
     )
     p.add_argument(
         "--beat-ticked-within",
-        type=float,
+        type=cli_args.seconds,
         default=None,
         metavar="S",
         help="also fail unless this data folder's beat ticked within S seconds",
@@ -333,7 +330,7 @@ def _wait_flag(
 ) -> None:
     p.add_argument(
         "--wait",
-        type=float,
+        type=cli_args.seconds_or_zero,
         default=0.0,
         metavar="S",
         help=f"first wait up to S seconds for {what} (default 0: do not wait)",
@@ -345,7 +342,11 @@ def _add_process_commands(
 ) -> None:
     p = add("worker", cmd_worker, "run a Celery worker (its tasks show live in Celery Flower)")
     p.add_argument(
-        "--concurrency", type=int, default=2, metavar="N", help="worker processes (default 2)"
+        "--concurrency",
+        type=cli_args.count,
+        default=2,
+        metavar="N",
+        help="worker processes (default 2)",
     )
     p.add_argument("--beat", action="store_true", help="embed beat (only with ONE worker)")
     p.add_argument(
@@ -364,7 +365,11 @@ def _add_process_commands(
     p = add("demo", cmd_demo, "run the main job end to end on the embedded default")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     p.add_argument(
-        "--idle-gap", type=float, default=5.0, metavar="S", help="pause between the two jobs"
+        "--idle-gap",
+        type=cli_args.seconds_or_zero,
+        default=5.0,
+        metavar="S",
+        help="pause between the two jobs",
     )
     p.add_argument(
         "--keep",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.entrypoints import cli_jobs
+from app.entrypoints import cli_args, cli_jobs
 from app.entrypoints.cli_output import EXIT_FAILED, EXIT_OK, describe_drain, print_json
 from app.read_models import DrainChanged
 from app.settings import Settings
@@ -92,7 +92,7 @@ def add_drain_commands(
     p.add_argument("--reason", default="", help="kept with the drain (e.g. the release)")
     p.add_argument(
         "--wait",
-        type=float,
+        type=cli_args.seconds_or_zero,
         metavar="S",
         help="then wait up to S seconds until no drained net has an active job (exit 1 if not)",
     )

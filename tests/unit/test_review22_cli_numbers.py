@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from app.entrypoints.cli import main
+from app.entrypoints.cli import build_parser, main
 from tests.unit.test_cli import _isolated_logging, cli_env, db, world  # noqa: F401
 
 
@@ -71,8 +71,8 @@ def test_worker_with_a_negative_concurrency_is_an_error_line(capsys, db) -> None
 def test_demo_refuses_an_idle_gap_it_cannot_sleep_before_it_starts_anything(
     capsys,
     monkeypatch,
-    cli_env,
-    gap: str,  # noqa: F811
+    cli_env,  # noqa: F811
+    gap: str,
 ) -> None:
     """`fl-dispatcher demo --idle-gap nan`: the demo's stack (NVFLARE provisioned, worker,
     beat, sites, the first job) is started before `time.sleep(nan)` raises. Here the stack
@@ -87,3 +87,41 @@ def test_demo_refuses_an_idle_gap_it_cannot_sleep_before_it_starts_anything(
     # run_demo's `out` defaults to the sys.stdout of its import: this test's capture.
     monkeypatch.setitem(demo.run_demo.__kwdefaults__, "out", sys.stdout)
     _refused(capsys, "demo", "--idle-gap", gap)
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0"])
+def test_status_with_a_probe_deadline_no_probe_can_meet_is_an_error_line(
+    capsys,
+    world,  # noqa: F811
+    timeout: str,
+) -> None:
+    """`fl-dispatcher status --probe-timeout nan` (or -1, 0): every net's probe reported
+    "timed out", exit 0, as if every server were unreachable."""
+    err = _refused(capsys, "status", "--probe-timeout", timeout)
+    assert "--probe-timeout" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ready", "--beat-ticked-within", "nan"],  # every age passed `age > nan`: "ticking"
+        ["ready", "--timeout", "-1"],
+        ["drain", "--all", "--wait", "nan"],  # drained, then "not complete after nans"
+        ["drain", "--all", "--wait", "inf"],
+        ["worker", "--wait", "inf"],
+        ["api", "--port", "0"],
+        ["db", "upgrade", "--wait", "-5"],
+        ["demo", "--idle-gap", "inf"],
+        ["simulate", "--synthetic", "--days", "inf"],  # generated a trace for ever
+        ["simulate", "--synthetic", "--workers", "0"],
+        ["simulate", "--synthetic", "--wait-budget", "nan"],  # "within the budget (nans)"
+    ],
+    ids=" ".join,
+)
+def test_every_number_option_refuses_what_its_command_cannot_use(capsys, argv: list[str]) -> None:
+    """The same shared types on every door: argparse's exit 2 and a line naming the option,
+    before the command starts anything (the parser alone, as `main` runs it first)."""
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(argv)
+    assert refused.value.code == 2
+    assert argv[-2] in capsys.readouterr().err
