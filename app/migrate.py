@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from alembic import command
@@ -47,24 +48,54 @@ def at_head(engine: Engine) -> bool:
     return schema_problem(engine) is None
 
 
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config(""))
+
+
+def current(engine: Engine) -> frozenset[str]:
+    """The revisions the database is at (empty: base, never migrated or all the way down)."""
+    with engine.connect() as conn:
+        return frozenset(MigrationContext.configure(conn).get_current_heads())
+
+
+def resolve(revision: str) -> frozenset[str] | None:
+    """The revisions `revision` names for `db upgrade`/`downgrade` (empty: base); None for a
+    relative one (`-1`, `+2`, `head-1`), a step from wherever the database is. alembic's
+    CommandError for one no migration has (a typo)."""
+    if "+" in revision or "-" in revision:
+        return None
+    return frozenset(script.revision for script in _scripts().get_revisions(revision) if script)
+
+
+def newer_schema(engine: Engine) -> str | None:
+    """`schema_problem` when a newer release migrated the database (a revision this code
+    does not have, which it can neither upgrade from nor downgrade), else None."""
+    scripts = _scripts()
+    newer = current(engine) - {rev.revision for rev in scripts.walk_revisions()}
+    return _newer(newer, scripts.get_heads()) if newer else None
+
+
+def _newer(newer: Iterable[str], heads: Iterable[str]) -> str:
+    head = ", ".join(sorted(heads))
+    return (
+        f"at revision {', '.join(sorted(newer))}, newer than this code's head {head}: run "
+        f"the newer release, or take the database back with the newer release's "
+        f"`fl-dispatcher db downgrade {head}`"
+    )
+
+
 def schema_problem(engine: Engine) -> str | None:
     """Why the database's schema is not the one this code runs on (None when it is): not
     migrated yet, or migrated by a newer release (app/deploy/README.md "Upgrading")."""
-    scripts = ScriptDirectory.from_config(alembic_config(""))
+    scripts = _scripts()
     heads = set(scripts.get_heads())
-    with engine.connect() as conn:
-        current = set(MigrationContext.configure(conn).get_current_heads())
-    if current == heads:
+    at = current(engine)
+    if at == heads:
         return None
-    known = {rev.revision for rev in scripts.walk_revisions()}
-    newer = sorted(current - known)
+    newer = at - {rev.revision for rev in scripts.walk_revisions()}
     if newer:
-        return (
-            f"at revision {', '.join(newer)}, newer than this code's head "
-            f"{', '.join(sorted(heads))}: run the newer release, or take the database back "
-            f"with the newer release's `fl-dispatcher db downgrade {', '.join(sorted(heads))}`"
-        )
+        return _newer(newer, heads)
     return (
-        f"at {', '.join(sorted(current)) or 'no revision'}, not at the migrations' head "
+        f"at {', '.join(sorted(at)) or 'no revision'}, not at the migrations' head "
         f"{', '.join(sorted(heads))} (migrate has not run)"
     )

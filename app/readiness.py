@@ -62,16 +62,25 @@ class DependencyTimeout(DispatcherError):
 
 
 def missing_dependencies(
-    engine: Engine, broker_url: str | None, *, schema: bool, timeout_s: float = 3.0
+    engine: Engine,
+    broker_url: str | None,
+    *,
+    schema: bool,
+    timeout_s: float = 3.0,
+    known_schema: bool = False,
 ) -> list[str]:
-    """What is not there yet: the database, its schema at the migrations' head (`schema`),
-    the broker (unless `broker_url` is None). Empty when everything is."""
-    from app.migrate import schema_problem
+    """What is not there yet: the database, its schema at the migrations' head (`schema`)
+    or at least at none newer than this code's (`known_schema`: `db upgrade`, which brings
+    an older one to head but can take no newer one down), the broker (unless `broker_url`
+    is None). Empty when everything is."""
+    from app.migrate import newer_schema, schema_problem
 
     missing = []
     try:
         check_database(engine)
-        problem = schema_problem(engine) if schema else None
+        problem = (
+            schema_problem(engine) if schema else newer_schema(engine) if known_schema else None
+        )
         if problem is not None:
             missing.append(f"database schema: {problem}")
     except SQLAlchemyError as exc:
@@ -90,11 +99,13 @@ def wait_for_dependencies(
     *,
     schema: bool,
     broker: bool,
+    known_schema: bool = False,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Retry until the database (at the migrations' head if `schema`) and the broker (if
-    `broker`) answer; DependencyTimeout naming what is missing after `timeout_s`.
+    """Retry until the database (at the migrations' head if `schema`, at no newer revision
+    if `known_schema`) and the broker (if `broker`) answer; DependencyTimeout naming what is
+    missing after `timeout_s`.
 
     Why a process waits itself: an engine may start every container at once (podman ignores
     compose's `depends_on` conditions), and a process that exits on a missing dependency
@@ -106,7 +117,10 @@ def wait_for_dependencies(
     try:
         while True:
             missing = missing_dependencies(
-                engine, settings.broker_url if broker else None, schema=schema
+                engine,
+                settings.broker_url if broker else None,
+                schema=schema,
+                known_schema=known_schema,
             )
             if not missing:
                 return

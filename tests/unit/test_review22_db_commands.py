@@ -97,3 +97,20 @@ def test_upgrade_to_an_older_revision_does_not_claim_the_database_is_there(
     assert not (claimed and at != "0001"), (
         f"printed {out.strip()!r} (exit {code}) while the database is at {at}"
     )
+
+
+@pytest.mark.parametrize("argv", [["upgrade"], ["downgrade", "0022"], ["check"]], ids=" ".join)
+def test_every_db_command_on_a_newer_schema_says_so_at_once_without_wait(
+    capsys,
+    cli_env,  # noqa: F811
+    sqlite_url,
+    argv: list[str],
+) -> None:
+    """Without `--wait` (an operator's own command): the same line at once, the database
+    untouched; before, alembic's "Can't locate revision identified by '0099'" traceback."""
+    _set_version(sqlite_url, "0099")
+
+    code, _, err = _no_traceback(capsys, "db", *argv)
+
+    assert code == 1 and "at revision 0099, newer than this code's head" in err, err
+    assert _version(sqlite_url) == "0099"
