@@ -89,7 +89,11 @@ def add_drain_commands(
     p.add_argument(
         "--all", action="store_true", help="the whole deployment, nets added to NETS later too"
     )
-    p.add_argument("--reason", default="", help="kept with the drain (e.g. the release)")
+    p.add_argument(
+        "--reason",
+        default="",
+        help="kept with the drain (e.g. the release; at most 500 characters)",
+    )
     p.add_argument(
         "--wait",
         type=cli_args.seconds_or_zero,

@@ -32,7 +32,9 @@ class UndrainBody(BaseModel):
 class DrainBody(UndrainBody):
     """The nets to drain, or the whole deployment (nets added to NETS later too)."""
 
-    reason: StorableText = Field(default="", max_length=500, description="kept with the drain")
+    reason: StorableText = Field(
+        default="", max_length=drains.DRAIN_REASON_MAX_CHARS, description="kept with the drain"
+    )
 
 
 def install(app: FastAPI, runtime: Runtime, require_api_key: Any, read_body: ReadBody) -> None:

@@ -37,6 +37,7 @@ from app.db import unit_of_work
 from app.errors import InvalidRequest
 from app.read_models import ActiveJob, DrainChanged, DrainedNet, DrainView, iso
 from app.runtime import Runtime
+from app.schemas import unstorable
 from app.settings import Settings
 from app.usecases import declared_nets
 from app.usecases.prewarm.holds import end_hold, settle_row
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 
 # The words a QUEUED job's `waiting_for` starts with when only drained nets could take it.
 NET_DRAINED = "net drained"
+
+# The longest reason a drain keeps: POST /drain's limit (app/entrypoints/README.md), the
+# contract every door keeps (the CLI's `drain --reason` too).
+DRAIN_REASON_MAX_CHARS = 500
 
 
 _DRAINED_SCOPES = select(Drain.scope, Drain.drained_at)
@@ -91,6 +96,7 @@ def drain(
     place keeps its time). Live prewarm holds on them end `cancelled`, so nothing keeps
     their servers up past the idle grace. InvalidRequest for a net NETS does not declare."""
     target = _target(nets, everything)
+    _check_reason(reason)
     unknown = [n for n in target.nets if not rt.settings.has_net(n)]
     if unknown:
         known = ", ".join(n.name for n in rt.settings.nets) or "none"
@@ -108,7 +114,7 @@ def drain(
         present = set(session.scalars(select(Drain.scope).where(Drain.scope.in_(scopes))))
         for scope in scopes:
             if scope not in present:
-                session.add(Drain(scope=scope, drained_at=now, reason=reason[:2000]))
+                session.add(Drain(scope=scope, drained_at=now, reason=reason))
         _end_holds(session, held, now)
         view = drain_state(session, _declared(rt.settings))
     log.info(
@@ -116,6 +122,20 @@ def drain(
         extra={"net": "*" if target.everything else ",".join(target.nets), "reason": reason},
     )
     return DrainChanged(**view.model_dump(), notified=None)
+
+
+def _check_reason(reason: str) -> None:
+    """InvalidRequest for a reason no drain keeps: longer than POST /drain takes, or text
+    the database cannot hold (a NUL; a lone surrogate, as Python reads an argument typed in
+    a Latin-1 terminal): refused, as `abort --reason` is, before any drain is written."""
+    problem = unstorable(reason)
+    if problem is not None:
+        raise InvalidRequest(f"drain reason {problem}: it cannot be stored; no drain was made")
+    if len(reason) > DRAIN_REASON_MAX_CHARS:
+        raise InvalidRequest(
+            f"drain reason of {len(reason)} characters: at most {DRAIN_REASON_MAX_CHARS}; "
+            "no drain was made"
+        )
 
 
 def _end_holds(session: Session, net_names: list[str], now: datetime) -> None:
