@@ -18,7 +18,8 @@ from typing import Any
 
 from app import names
 from app.errors import SettingsError
-from app.settings import SECRET_QUERY, Settings, redact_url
+from app.redact import redact_text, secret_parameter
+from app.settings import Settings
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_FIELDS = frozenset(
@@ -49,7 +50,7 @@ class RedactingFilter(logging.Filter):
     def _clean(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, MASK)
-        return redact_url(text)
+        return redact_text(text)
 
     def filter(self, record: logging.LogRecord) -> bool:
         # Render the message once, with its arguments, so a secret passed as an argument
@@ -177,8 +178,8 @@ def secret_values(settings: Settings) -> list[str]:
 
 
 def _url_password(url: str) -> list[str]:
-    """The URL's password, decoded and as written (a `%40` in the URL is an `@` to the
-    client): a line may quote either form."""
+    """The URL's passwords (its authority's, its query's password-like parameters'), decoded
+    and as written (a `%40` in the URL is an `@` to the client): a line may quote either."""
     from urllib.parse import unquote_plus, urlsplit
 
     from sqlalchemy.engine import make_url
@@ -186,13 +187,14 @@ def _url_password(url: str) -> list[str]:
 
     try:
         password = make_url(url).password
-        parts = urlsplit(url)
-        written = parts.password
+        written = urlsplit(url).password
     except (ArgumentError, ValueError):
         return []
     forms = {password, written}
-    for name, _, value in (item.partition("=") for item in parts.query.split("&")):
-        if SECRET_QUERY.fullmatch(f"?{name}={value}"):  # ?password=..., as written and decoded
+    # The query as SQLAlchemy reads it: all after the `?`, a `#` in a value included.
+    query = url.partition("?")[2]
+    for name, _, value in (item.partition("=") for item in query.split("&")):
+        if secret_parameter(name):
             forms |= {value, unquote_plus(value)}
     return [str(form) for form in forms if form]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import MisconfigurationError
-from app.settings import redact_url
+from app.redact import redact_text
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,10 @@ class ProbeResult:
 
 def describe_error(exc: BaseException) -> str:
     """A one-line error for an operator; a misconfiguration says so first."""
-    # redact_url: an endpoint in an adapter's message may carry credentials.
+    # redact_text: an endpoint in an adapter's message may carry credentials.
     if isinstance(exc, MisconfigurationError):
-        return redact_url(f"misconfigured: {exc}")
-    return redact_url(f"{type(exc).__name__}: {exc}")
+        return redact_text(f"misconfigured: {exc}")
+    return redact_text(f"{type(exc).__name__}: {exc}")
 
 
 class Sequential:

@@ -37,6 +37,7 @@ from app.net_config import (
     parse_nets,
 )
 from app.project_shares import DEFAULT_AGING_S, MAX_AGING_S, Shares, parse_project_shares
+from app.redact import redact_url
 
 
 # Mutation testing covers `_check_webhook_secret` only here (pyproject [tool.mutmut]; flags
@@ -410,19 +411,6 @@ def _client_can_send_to(url: str) -> bool:
     except (httpx.InvalidURL, UnicodeError):
         return False
     return True
-
-
-def redact_url(url: str) -> str:
-    """Mask the password in a URL such as postgresql://user:secret@host/db: all of it up to
-    the URL's last `@` (kombu reads a password holding an `@` up to the last one, SQLAlchemy
-    one holding a `/`); an `@` further on (a query's) masks more, never less. A query's
-    password-like parameters too (`?password=`: libpq's and redis-py's own keyword)."""
-    return SECRET_QUERY.sub(r"\1***", re.sub(r"(://[^:/@]*:).*@", r"\1***@", url))
-
-
-# A URL query parameter that carries a secret: password, sslpassword, passwd, a token, a
-# secret or a key, whatever the case (its value, up to the next parameter).
-SECRET_QUERY = re.compile(r"([?&][^=&#]*(?:pass|secret|token|key)[^=&#]*=)[^&#]*", re.IGNORECASE)
 
 
 # Names a settings file every process reads (load_settings); `--env-file` sets it, so that a

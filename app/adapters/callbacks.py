@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.settings import redact_url
+from app.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
     import httpx
@@ -208,7 +208,7 @@ def describe_unreachable(exc: BaseException, url: str) -> str:
     """One line for last_error and the log: the error class and message, with the URL's
     credentials masked wherever the message quotes it."""
     text = f"{type(exc).__name__}: {exc}".replace(url, redact_url(url))
-    return redact_url(text)
+    return redact_text(text)
 
 
 # Of a receiver's answer only this much is read (the excerpt kept is shorter still): a

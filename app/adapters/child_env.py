@@ -14,21 +14,15 @@ from functools import cache
 from app.settings import Settings
 
 # Not settings of this process, but secrets an operator's environment hands the stack: the
-# Celery Flower login, the database user's password (compose's), and boto3's credentials
-# (the worker's, for ECS and S3: a server started here has no use for them).
-_THE_STACKS = frozenset(
-    {
-        "FLOWER_BASIC_AUTH",
-        "POSTGRES_PASSWORD",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_SECURITY_TOKEN",
-    }
-)
+# Celery Flower login and the database user's password (compose's).
+_THE_STACKS = frozenset({"FLOWER_BASIC_AUTH", "POSTGRES_PASSWORD"})
 # Whatever else names the dispatcher or Celery's own configuration (the env file's name,
-# CELERY_BROKER_URL and its kind).
-_PREFIXES = ("FL_DISPATCHER_", "CELERY_")
+# CELERY_BROKER_URL and its kind); the worker's cloud identity, whatever form boto3 finds it
+# in (keys, a profile, an ECS task role's or EKS IRSA's credential pointers and tokens: a
+# server started here has no use for the worker's role); libpq's own connection settings
+# (PGPASSWORD for a DATABASE_URL without a password); OpenTelemetry's exporter settings
+# (OTEL_EXPORTER_OTLP_HEADERS carries the traces' credentials).
+_PREFIXES = ("FL_DISPATCHER_", "CELERY_", "AWS_", "PG", "OTEL_")
 
 
 @cache

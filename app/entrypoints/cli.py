@@ -50,7 +50,8 @@ from app.entrypoints.cli_services import (
 )
 from app.errors import DispatcherError, RequestRejected, SettingsError
 from app.payload_json import loads_payload
-from app.settings import Settings, redact_url
+from app.redact import redact_url
+from app.settings import Settings
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -396,10 +397,12 @@ def _add_local_net(add: Callable[[str, Handler | None, str], argparse.ArgumentPa
     p.set_defaults(handler=None, plain=cmd_local_net)
     p.add_argument("folder", type=Path, metavar="DIR", help="a new (or empty) folder")
     p.add_argument("--name", default="local-net", help="the net's name (default local-net)")
-    p.add_argument("--sites", type=int, default=2, metavar="N", help="how many sites (default 2)")
+    p.add_argument(
+        "--sites", type=cli_args.sites, default=2, metavar="N", help="how many sites (default 2)"
+    )
     p.add_argument(
         "--port",
-        type=int,
+        type=cli_args.port,
         default=None,
         help="the server's port on 127.0.0.1 (default: one free now), written into the kits",
     )

@@ -67,6 +67,14 @@ def count(raw: str) -> int:
     return _whole(raw, 1, COUNT_MAX)
 
 
+SITES_MAX = 64  # a local net's sites, each a process of its own on this host
+
+
+def sites(raw: str) -> int:
+    """`local-net --sites`: 1..SITES_MAX."""
+    return _whole(raw, 1, SITES_MAX)
+
+
 def seconds(raw: str) -> float:
     """A deadline or an age: finite, > 0, at most MAX_SECONDS (what a thread's wait and a
     time in the database can hold)."""

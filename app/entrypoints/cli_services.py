@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from app.entrypoints.cli_jobs import sending_runtime
 from app.entrypoints.cli_output import EXIT_FAILED, EXIT_OK
-from app.settings import Settings, redact_url
+from app.redact import redact_url
+from app.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from app import process_control
+from app.adapters.child_env import child_environment
 
 LOCK = Path(__file__).resolve().parents[2] / ".ci" / "flower.lock"
 SITES = ("site-1", "site-2")
@@ -253,8 +254,8 @@ def register_supernode(address: str, ca: Path, name: str, public_key: bytes) -> 
 
 def flower_env(venv: Path, home: Path) -> dict[str, str]:
     """A Flower process's environment: flwr's venv first, its own FLWR_HOME, none of the
-    service's code."""
-    env = dict(os.environ)
+    service's code, settings or secrets (`child_environment`)."""
+    env = child_environment()
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["FLWR_HOME"] = str(home)
     env.pop("PYTHONPATH", None)

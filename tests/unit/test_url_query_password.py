@@ -23,7 +23,8 @@ import logging
 from sqlalchemy import create_engine
 
 from app.logs import configure_logging
-from app.settings import Settings, redact_url
+from app.redact import redact_url
+from app.settings import Settings
 
 SECRET = "pg-query-secret-4b7e"
 URL = f"postgresql+psycopg://fl@postgres:5432/fl?password={SECRET}&sslmode=prefer"
