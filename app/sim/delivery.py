@@ -146,7 +146,7 @@ class Delivery:
         self.calls.append(message.id)
         try:
             with self._noting_inline_readiness(message):
-                kwargs = spec.kwargs(message.kwargs, f"sim-{message.task_id}", message.args)
+                kwargs = spec.kwargs(message.kwargs, message.message_id(), message.args)
                 return spec.call(rt, **kwargs)
         finally:
             self.calls.pop()
@@ -236,6 +236,7 @@ class Delivery:
             error_retries=message.error_retries if error_retries is None else error_retries,
             faulty=message.faulty,
             args=message.args,
+            named_id=message.named_id,
         )
 
     def _call_hook(self, message: Message, spec: Handler, call: Callable[..., None]) -> None:

@@ -91,6 +91,14 @@ class Message:
     # Celery's positional arguments: none from this package; a caller may send a request
     # by name with its payload positional (tests.sim.kombu_values' misshapen requests).
     args: tuple[Any, ...] = ()
+    # Celery's task id as the sender named it (`send_task(task_id=...)`: flip-api may name its
+    # own, of any length and content), carried by its copies and retries; "" for one Celery
+    # made up, which the handler is given as `sim-{task_id}`.
+    named_id: str = ""
+
+    def message_id(self) -> str:
+        """The task id its handler is given (`Handler.kwargs`' message id)."""
+        return self.named_id or f"sim-{self.task_id}"
 
     def label(self) -> str:
         args = ",".join(
@@ -152,6 +160,7 @@ class Broker:
         losses: int = 0,
         error_retries: int = 0,
         args: tuple[Any, ...] = (),
+        named_id: str = "",
     ) -> bool:
         """Put a message on the broker (subject to the profile's message faults)."""
         sim = self.sim
@@ -221,6 +230,7 @@ class Broker:
                     error_retries=error_retries,
                     faulty=faulty,
                     args=args,
+                    named_id=named_id,
                 )
             )
         return True
