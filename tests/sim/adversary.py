@@ -128,6 +128,7 @@ class Adversary:
             checker.at_admin_call(point, net)
         self._gone_bundle.at_hook(point, net)
         self.stale_start.at_hook(point, net)
+        self.refusal_repeat.at_hook(point)  # (round 22: a copy at a refusal's record)
         self._races.at_hook(point, net, fired)
         if self._flower is not None:
             self._flower.at_hook(point, net)

@@ -90,6 +90,8 @@ class Checker(
         plan = refusals.plan if refusals is not None else None
         repeats.repeat_refused(self.sim, refusal_repeat.sent_digests(plan))
         refusal_repeat.one_refusal_per_request(self.sim, plan)
+        if refusals is not None and refusals.race is not None:
+            refusals.race.check()  # round 22's copies (tests.sim.refusal_race)
         values = getattr(self.sim.adversary, "kombu_values", None)
         if values is not None:
             values.check()  # `request-kept` (tests.sim.kombu_values)

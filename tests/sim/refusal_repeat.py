@@ -52,6 +52,7 @@ from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec
 from app.usecases import intake
 from tests.sim.dbfaults import DB_ERROR
+from tests.sim.refusal_race import RefusalRace, upload
 
 # Gaps between the named seeds' draws of this stream (tests/unit/test_sweep_seeds.py,
 # test_simulation*.py, test_*safeguards.py, test_*_sim.py: every seed they run, and every
@@ -110,6 +111,7 @@ class RefusalRepeat:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.plan: Plan | None = None
+        self.race: RefusalRace | None = None  # round 22's copies (tests.sim.refusal_race)
         self._lose: list[dict[str, Any]] = []  # the payloads whose next refusal loses its reply
         if not in_bands(sim.seed):
             return
@@ -147,6 +149,7 @@ class RefusalRepeat:
         self.plan.early_s, self.plan.copy_after_s = early_s, copy_after_s
         self.plan.late_copy_s = late_copy_s if repeat and late_copy else None
         self.plan.own_copy_s = round(rng.uniform(1.0, 4.0), 1)
+        self.race = RefusalRace(sim, self.plan, rng)  # round 22's draws, after those
         self._own_first: int | None = None  # OWN_KEY's refused message
         self._lose = [p for p in (first if lost else None, keyless) if p is not None]
         if self._lose:
@@ -201,6 +204,13 @@ class RefusalRepeat:
                 f"{label}, once stored",
                 functools.partial(sim.caller.arm, stored, STORED, label, send),
             )
+        if self.race is not None:
+            self.race.schedule()
+
+    def at_hook(self, point: str) -> None:
+        """Round 22's race at a refused message's record (tests.sim.refusal_race)."""
+        if self.race is not None:
+            self.race.at_hook(point)
 
     def _send(self, payload: dict[str, Any], copy_s: float | None = None) -> Callable[[], None]:
         """flip-api's send, never refused nor dropped by the broker (a refused send_task is
@@ -287,13 +297,7 @@ class RefusalRepeat:
         raise OperationalError("COMMIT", None, sqlite3.OperationalError(DB_ERROR))
 
     def _upload(self, definition: str) -> None:
-        """The definition's folder shows up: a link to the local definition's (a job from it
-        carries that bundle's versions, as the checker reads them)."""
-        sim = self.sim
-        folder = sim.settings.job_root / definition
-        if not folder.exists():
-            folder.symlink_to(sim.local_bundle.folder.resolve(), target_is_directory=True)
-        sim.trace(f"== the folder {definition} shows up under JOB_ROOT")
+        upload(self.sim, definition)
 
     def stop(self) -> None:
         """Take the listener off the process's shared engine."""
