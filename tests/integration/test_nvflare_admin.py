@@ -270,9 +270,10 @@ def test_a_process_that_never_closes_its_client_still_exits_promptly(
     nvflare_server: NvflareSystem,
 ) -> None:
     """An open nvflare session keeps its executor threads alive: without the exit hook this
-    process was still running after 120 s."""
+    process was still running after 120 s. It must exit by itself (measured ~3.5 s, most of
+    it imports and login; the timeout, far above that and below 120 s, tells the two apart
+    on a loaded machine too: a 30 s bound failed at 38 s under a load of 13)."""
     deployment = nvflare_server.deployment
-    started = time.monotonic()
     process = subprocess.run(
         [
             sys.executable,
@@ -283,11 +284,10 @@ def test_a_process_that_never_closes_its_client_still_exits_promptly(
         ],
         cwd=Path(__file__).parents[2],
         capture_output=True,
-        timeout=60,
+        timeout=90,  # subprocess.TimeoutExpired: still running, the hook gone
         check=False,
     )
     assert process.returncode == 0, process.stderr.decode()[-2000:]
-    assert time.monotonic() - started < 30  # measured ~3.5 s, most of it imports and login
 
 
 # --- 4: a wrong kit is misconfiguration, never "server down" ---------------------------------
