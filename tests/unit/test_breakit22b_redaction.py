@@ -20,16 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from app.logs import configure_logging
 from app.redact import redact_url
 from app.settings import Settings
-
-
-def _password_psycopg_gets(url: str) -> object:
-    """The password SQLAlchemy hands psycopg for `url` (no connection made)."""
-    engine = create_engine(url)
-    try:
-        _, kwargs = engine.dialect.create_connect_args(engine.url)
-    finally:
-        engine.dispose()
-    return kwargs.get("password")
+from tests.unit.test_url_query_password import connection_password
 
 
 @pytest.fixture
@@ -61,7 +52,7 @@ def test_a_query_password_holding_a_hash_is_masked_whole(tmp_path, logged) -> No
     value at the `#` and prints `?password=***#tail-of-secret-9f3`; the log filter knows
     only `pg-query` (urlsplit's query, which ends at the `#`), so a line quoting the URL
     shows the tail too: half the password in clear."""
-    assert _password_psycopg_gets(HASH_URL) == f"{HEAD}#{TAIL}"  # a real password
+    assert connection_password(HASH_URL) == f"{HEAD}#{TAIL}"  # a real password
     settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL=HASH_URL)
     stream, _ = logged
 
@@ -83,7 +74,7 @@ def test_a_percent_encoded_password_parameter_is_masked(tmp_path, logged) -> Non
     commands' line and the log filter show the password."""
     secret = "pct-encoded-secret-51"
     url = f"postgresql+psycopg://fl@postgres:5432/fl?%70assword={secret}"
-    assert _password_psycopg_gets(url) == secret
+    assert connection_password(url) == secret
     settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL=url)
     stream, _ = logged
 

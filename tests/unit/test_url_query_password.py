@@ -30,7 +30,7 @@ SECRET = "pg-query-secret-4b7e"
 URL = f"postgresql+psycopg://fl@postgres:5432/fl?password={SECRET}&sslmode=prefer"
 
 
-def _connection_password(url: str) -> object:
+def connection_password(url: str) -> object:
     """The password SQLAlchemy hands the driver for `url` (no connection made)."""
     engine = create_engine(url)
     try:
@@ -41,7 +41,7 @@ def _connection_password(url: str) -> object:
 
 
 def test_config_check_and_the_db_commands_mask_a_query_password(tmp_path) -> None:
-    assert _connection_password(URL) == SECRET  # the form is a real password
+    assert connection_password(URL) == SECRET  # the form is a real password
     settings = Settings(FL_DISPATCHER_DATA_DIR=tmp_path, DATABASE_URL=URL)
 
     shown = settings.redacted()["DATABASE_URL"]
