@@ -118,7 +118,7 @@ REPAIRS = [
     ),
     Safeguard(
         "an identical retry after a redeploy gets its job back (fix 11)",
-        lambda mp: mp.setattr(enqueue, "_repeat", _repeat_against_todays_defaults),
+        lambda mp: mp.setattr(enqueue, "repeat_of", _repeat_against_todays_defaults),
         "misconfig",
         # flip-api sends a job again after a redeploy lowered MAX_ATTEMPTS (tests.sim.repeats):
         # misconfig seeds 7, 16, 43 of 0-60 (and seeds 8, 26, 40, 55 of other profiles).
