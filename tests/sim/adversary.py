@@ -22,6 +22,7 @@ from app.sim.simulation import Simulation
 from app.sim.state import _uuid
 from models import NetState
 from tests.sim import (
+    abort_blip,
     bursts,
     claim_prewarms,
     dbfaults,
@@ -79,6 +80,7 @@ class Adversary:
         self.refusal_repeat = refusal_repeat.RefusalRepeat(sim)  # (round 17: its own band)
         self.kombu_values = kombu_values.KombuValues(sim)  # (round 17: its own band)
         self.stale_start = stale_starts.StaleStart(sim)  # (round 19: its own band)
+        self.abort_blip = abort_blip.AbortBlip(sim)  # (round 22: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -112,6 +114,7 @@ class Adversary:
         self.refusal_repeat.schedule()
         self.kombu_values.schedule()
         self.stale_start.schedule()
+        self.abort_blip.schedule()
         self._kits.schedule()
         self._schedule_faults()
 
@@ -134,6 +137,7 @@ class Adversary:
             self._flower.at_hook(point, net)
         if self._misfit is not None:
             self._misfit.at_hook(point, net)
+        self.abort_blip.at_hook(point, net)  # last: its error ends the call
 
     def after_step(self) -> None:
         """The flip's moment, a bundle change between two attempts of a job, and a Flower

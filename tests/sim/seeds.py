@@ -11,6 +11,7 @@ from app.sim.report import Result
 from app.sim.simulation import Simulation
 from app.sim.workload import NetSpec, WorldSpec
 from tests.sim import stale_starts
+from tests.sim.abort_blip import with_abort_blip
 from tests.sim.adversary import Adversary
 from tests.sim.flower_faults import with_flower_jobs, with_idle_net
 from tests.sim.invariants import Checker
@@ -91,6 +92,9 @@ def from_seed(
     # A rare band of its own stream: a burst of 55-60 jobs for one net's own site, then one
     # any net may run (round 20, tests.sim.long_queue; every other world as before).
     world, workload = with_long_queue(seed, world, workload)
+    # A rare band of its own stream: one more job, sent once faults stopped, whose abort
+    # meets one error or a lost submit reply (round 22, tests.sim.abort_blip).
+    world, workload = with_abort_blip(seed, world, workload)
     sim = Simulation(
         world,
         workload,
