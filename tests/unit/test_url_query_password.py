@@ -56,7 +56,7 @@ def test_a_log_line_quoting_the_url_masks_a_query_password(tmp_path) -> None:
     stream = io.StringIO()
     handler = configure_logging(settings, stream=stream)
     try:
-        logging.getLogger("review22").error("cannot reach %s", settings.database_url)
+        logging.getLogger("a-worker").error("cannot reach %s", settings.database_url)
     finally:
         logging.getLogger().removeHandler(handler)
 

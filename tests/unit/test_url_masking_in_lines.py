@@ -58,7 +58,7 @@ def test_a_query_password_holding_a_hash_is_masked_whole(tmp_path, logged) -> No
 
     shown = settings.redacted()["DATABASE_URL"]
     printed = redact_url(settings.database_url)
-    line = _log_with(settings, stream, "breakit22b", "cannot reach %s", settings.database_url)
+    line = _log_with(settings, stream, "a-worker", "cannot reach %s", settings.database_url)
 
     assert TAIL not in shown, shown
     assert TAIL not in printed, printed
@@ -79,7 +79,7 @@ def test_a_percent_encoded_password_parameter_is_masked(tmp_path, logged) -> Non
     stream, _ = logged
 
     shown = settings.redacted()["DATABASE_URL"]
-    line = _log_with(settings, stream, "breakit22b", "cannot reach %s", settings.database_url)
+    line = _log_with(settings, stream, "a-worker", "cannot reach %s", settings.database_url)
 
     assert secret not in shown, shown
     assert secret not in line, line
@@ -131,7 +131,7 @@ def test_a_database_error_keeps_its_parameters(tmp_path, logged) -> None:
                 {"n": 0, "k": "flip-run-42"},
             )
     except IntegrityError:
-        logging.getLogger("breakit22b").exception("cancel failed")
+        logging.getLogger("a-worker").exception("cancel failed")
     finally:
         engine.dispose()
 
