@@ -21,6 +21,7 @@ from kombu.utils import json as kombu_json
 from app import names
 from app.broker_pruning import PruneConsumedMessages
 from app.payload_json import loads_payload
+from app.process_guard import refuse_same_user_inspection
 from app.publishing import published
 from app.redis_transport import TRANSPORT_PATH
 from app.settings import Settings, load_settings
@@ -38,6 +39,14 @@ HOUSEKEEPING_HARD_LIMIT_S = 660
 VISIBILITY_TIMEOUT_S = 2 * 3600
 
 log = logging.getLogger(__name__)
+
+# At import: Celery imports the app named by `celery -A app.celery_app` before it runs any
+# command (worker, beat, flower, inspect, ...), and before a worker forks its pool, which
+# inherits the flag. None of those commands has one start signal, and every process that
+# imports this module holds the settings; flip-api's client (app/client.py) does not import
+# it. Servers the local drivers start must not read this process's environment
+# (app/process_guard.py).
+refuse_same_user_inspection()
 
 
 def _loads_message(body: Any) -> Any:

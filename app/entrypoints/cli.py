@@ -50,6 +50,7 @@ from app.entrypoints.cli_services import (
 )
 from app.errors import DispatcherError, RequestRejected, SettingsError
 from app.payload_json import loads_payload
+from app.process_guard import refuse_same_user_inspection
 from app.redact import redact_url
 from app.settings import Settings
 
@@ -428,6 +429,9 @@ def _queue_list(text: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fl-dispatcher` console script."""
+    # First, for every command: the servers the local drivers start run job code as this
+    # user, and must not read this process's environment (app/process_guard.py).
+    refuse_same_user_inspection()
     args = build_parser().parse_args(argv)
     plain = getattr(args, "plain", None)
     if plain is not None:
