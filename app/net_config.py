@@ -470,3 +470,5 @@ def load_nets_file(path: Path) -> Any:
         raise SettingsError(
             f"NETS_FILE={path}: not valid {path.suffix[1:] or 'JSON'}: {exc}"
         ) from None
+    except RecursionError:  # valid, but nested past the interpreter's recursion limit
+        raise SettingsError(f"NETS_FILE={path}: nested too deeply to read") from None

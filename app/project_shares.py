@@ -71,6 +71,8 @@ def parse_project_shares(raw: str, aging_s: float = DEFAULT_AGING_S) -> Shares:
         data: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SettingsError(f"PROJECT_SHARES: not valid JSON: {exc}") from None
+    except RecursionError:  # valid JSON nested past the interpreter's recursion limit
+        raise SettingsError("PROJECT_SHARES: JSON nested too deeply to read") from None
     if not isinstance(data, dict):
         raise SettingsError(
             'PROJECT_SHARES must be a JSON object: {"<project id>": {"weight": 2, "max_nets": 1}}'

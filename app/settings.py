@@ -288,6 +288,8 @@ class Settings(BaseSettings):
                 raw = json.loads(self.nets_inline)
             except json.JSONDecodeError as exc:
                 raise SettingsError(f"NETS: not valid JSON: {exc}") from None
+            except RecursionError:  # valid JSON past the interpreter's recursion limit
+                raise SettingsError("NETS: JSON nested too deeply to read") from None
             self._nets = parse_nets(raw, "NETS")
         for net in self._nets:
             per_job = (

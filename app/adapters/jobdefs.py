@@ -83,6 +83,8 @@ def prepare(
         original = json.loads(meta_path.read_text()) if meta_path.is_file() else None
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"{bundle.name}/meta.json is not readable JSON: {exc}") from None
+    except RecursionError:  # valid JSON nested past the interpreter's recursion limit
+        raise InvalidRequest(f"{bundle.name}/meta.json is nested too deeply to read") from None
     if original is not None and not isinstance(original, dict):
         raise InvalidRequest(f"{bundle.name}/meta.json is not a JSON object")
     meta = prepared_meta(original, bundle, required_sites, metadata)
@@ -105,7 +107,7 @@ def is_flower_app(bundle: Path) -> bool:
     """True for a Flower App folder: its `pyproject.toml` declares `[tool.flwr.app]`."""
     try:
         document: Any = tomllib.loads((bundle / "pyproject.toml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return False
     for key in ("tool", "flwr", "app"):
         # A key on the way that is no table (valid TOML): no Flower App either.

@@ -37,6 +37,9 @@ class Refused(Exception):
 
 
 def error(status: int, detail: str, **more: Any) -> JSONResponse:
+    # A message quoting what the caller sent (an unknown net's name) may hold text UTF-8
+    # cannot encode (a lone surrogate): escaped, so the refusal is not a 500 of its own.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"detail": detail, **more}, status_code=status)
 
 

@@ -25,7 +25,9 @@ class UndrainBody(BaseModel):
     """The nets to undrain, or all of them."""
 
     model_config = ConfigDict(extra="forbid")
-    nets: list[str] = Field(default_factory=list, max_length=1000, description="declared nets")
+    nets: list[StorableText] = Field(
+        default_factory=list, max_length=1000, description="declared nets"
+    )
     all: bool = Field(default=False, description="every drain (the whole deployment's too)")
 
 

@@ -1,8 +1,6 @@
-"""PROJECT_SHARES (fair share) and NETS are parsed with json.loads, whose failures the
-settings turn into a SettingsError naming the variable ("PROJECT_SHARES: not valid JSON: ...",
-app/project_shares.py; "NETS ... not valid JSON", app/net_config.py), so `config check` and
-every process's start say what is wrong. Arrays nested a few thousand deep make json.loads
-raise RecursionError, which neither catches: a bare traceback naming no setting."""
+"""PROJECT_SHARES (fair share) and NETS nested a few thousand deep (valid JSON that
+json.loads gives up on with RecursionError) are a SettingsError naming the variable, as
+invalid JSON is, so `config check` and every process's start say what is wrong."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def error_code(response: httpx.Response) -> int | None:
     """The Control API's error code in an error answer, or None (no Flower JSON body)."""
     try:
         body = json.loads(response.content)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested too deep
         return None
     code = body.get("code") if isinstance(body, dict) else None
     return code if isinstance(code, int) and not isinstance(code, bool) else None
@@ -90,7 +90,7 @@ def error_code(response: httpx.Response) -> int | None:
 def _detail(response: httpx.Response) -> str:
     try:
         body = json.loads(response.content)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return response.text[:200]
     detail = body.get("detail") if isinstance(body, dict) else None
     return str(detail) if detail is not None else response.text[:200]

@@ -70,6 +70,8 @@ def _parse(text: str, folder: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidRequest(f"{folder / CONFIG_FILE} is not valid TOML: {exc}") from exc
+    except RecursionError:  # valid TOML nested past the interpreter's recursion limit
+        raise InvalidRequest(f"{folder / CONFIG_FILE} is nested too deeply to read") from None
 
 
 def declare_keys(text: str, folder: Path = Path(".")) -> str:
@@ -112,7 +114,7 @@ def declare_keys(text: str, folder: Path = Path(".")) -> str:
 def _parse_or_none(text: str) -> dict[str, Any] | None:
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return None
 
 

@@ -128,6 +128,8 @@ def _load_config(kit_dir: Path) -> dict[str, Any]:
         raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} is not valid JSON: {exc}") from None
+    except RecursionError:  # valid JSON nested past the interpreter's recursion limit
+        raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} is nested too deeply") from None
     admin = raw.get("admin") if isinstance(raw, dict) else None
     if not isinstance(admin, dict):
         raise _misconfigured(kit_dir, f"startup/{ADMIN_CONFIG} has no 'admin' section")

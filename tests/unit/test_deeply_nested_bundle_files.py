@@ -1,11 +1,8 @@
-"""A job bundle whose meta.json (NVFLARE) or pyproject.toml (any bundle: prepare() asks
-every one whether it is a Flower App) nests arrays a few thousand deep is the job's fault,
-as test_flower_bad_bundles.py promises for a malformed pyproject: the submit refuses it as
-an invalid definition (the job FAILED at once, `definition_invalid`), "never with an error
-nobody classified, which a pipeline step raises loudly and the lease re-drives until the job
-has spent its attempts, holding its net each time". Python's json and tomllib parsers raise
-RecursionError on such input (neither JSONDecodeError nor TOMLDecodeError), and nothing
-catches it."""
+"""A job bundle's files nested a few thousand deep (valid JSON or TOML that Python's parsers
+give up on with RecursionError, neither JSONDecodeError nor TOMLDecodeError) are read as
+their malformed kin are: a meta.json is the job's fault (FAILED at once,
+`definition_invalid`, never an error nobody classified, which a step raises loudly and the
+lease re-drives, holding the net each time); a pyproject.toml only says "no Flower App"."""
 
 from __future__ import annotations
 
@@ -37,9 +34,14 @@ def test_a_deeply_nested_meta_json_fails_its_job_as_an_invalid_definition(world,
     _fails_at_once(world, job_id)
 
 
-def test_a_deeply_nested_pyproject_fails_its_job_as_an_invalid_definition(world, job_root):
-    (job_root / "tiny-job" / "pyproject.toml").write_text(
-        "a = " + "[" * 5000 + "]" * 5000 + "\n"
-    )
+def test_a_deeply_nested_pyproject_is_no_flower_app_and_its_job_runs(world, job_root):
+    """An NVFLARE bundle's pyproject.toml that cannot be read (invalid TOML, or nesting past
+    the recursion limit) only means the bundle is no Flower App: the job is submitted."""
+    (job_root / "tiny-job" / "pyproject.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
     job_id = world.enqueue("deep-pyproject", net="net-a")
-    _fails_at_once(world, job_id)
+    net, attempt = world.run_until_ready(job_id)
+    try:
+        result = dispatch.dispatch(world.rt, job_id, net, attempt)
+    except RecursionError as exc:
+        raise AssertionError(f"the submit raised {type(exc).__name__}, unclassified") from exc
+    assert result.step == Step.DONE

@@ -1,11 +1,6 @@
-"""POST /drain and POST /undrain name nets as plain strings (drain_routes.UndrainBody.nets:
-`list[str]`, where the drain's reason is `StorableText`): a net name holding a lone
-surrogate (valid JSON: "\\ud800") reaches `drains.drain`, whose InvalidRequest ("unknown
-net(s) ...") echoes it, and the error handler cannot encode that message as UTF-8: the
-caller gets a bare 500 "Internal Server Error" and a traceback in the log, where every other
-door answers such text with a 4xx naming the field (POST /prewarms' required_sites: 422
-"holds a lone surrogate (not UTF-8): it cannot be stored or sent"). The routes promise 400
-or 422 for a bad body (`error_responses(400, 401, 403, 413, 422, 503)`)."""
+"""POST /drain and POST /undrain refuse a net name holding a lone surrogate (valid JSON:
+"\\ud800") with a 422 naming the field, as every door refuses text PostgreSQL cannot hold,
+and never with a bare 500 (the routes promise 400 or 422 for a bad body)."""
 
 from __future__ import annotations
 
@@ -26,3 +21,13 @@ def test_a_lone_surrogate_net_name_is_a_clear_4xx_not_a_500(two, route):  # noqa
         )
     assert answer.status_code in (400, 422), (answer.status_code, answer.text[:200])
     assert "detail" in answer.json()
+
+
+def test_a_refusal_quoting_text_utf8_cannot_encode_is_still_sent():
+    """Every route's refusal goes through `api_errors.error`: a message that quotes what the
+    caller sent is escaped where UTF-8 cannot hold it, so the refusal itself is no 500."""
+    from app.entrypoints.api_errors import error
+
+    answer = error(400, "unknown net(s) \ud800")
+    assert answer.status_code == 400
+    assert b"unknown net(s) \\\\ud800" in answer.body
