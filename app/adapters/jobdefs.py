@@ -23,7 +23,7 @@ from app.usecases.records import job_folder
 def materialize(settings: Settings, definition: str, job_id: uuid.UUID) -> Path:
     """A local folder holding the job definition, ready for NVFLARE's submit."""
     if not definition.startswith("s3://"):
-        folder = job_folder(settings, definition)
+        folder = _folder_in_root(settings, definition)
         if not folder.is_dir():
             raise BundleMissing(f"job folder {definition!r} disappeared from the job root")
         return folder
@@ -35,8 +35,54 @@ def check_available(settings: Settings, definition: str) -> None:
     S3 bundle is listed and checked (BundleUnavailable / BundleTransientError)."""
     if definition.startswith("s3://"):
         BundleFetcher.from_settings(settings).check(definition)
-    elif not job_folder(settings, definition).is_dir():
+    elif not _folder_in_root(settings, definition).is_dir():
         raise BundleMissing(f"job folder {definition!r} disappeared from the job root")
+
+
+def _folder_in_root(settings: Settings, definition: str) -> Path:
+    # Checked at enqueue (resolve_definition), and again whenever the folder is used: one
+    # replaced by a link out of the root while its job waited is not taken from there.
+    folder = job_folder(settings, definition)
+    if not folder.is_relative_to(settings.job_root.resolve()):
+        raise InvalidRequest(f"job folder {definition!r} now escapes the job root")
+    return folder
+
+
+def _confined_root(settings: Settings, bundle: Path) -> Path:
+    """Where every file of a bundle must lie: JOB_ROOT for a job folder (code shared by
+    links inside the root is fine), the downloaded folder itself for an S3 bundle."""
+    root = settings.job_root.resolve()
+    real = bundle.resolve()
+    return root if real.is_relative_to(root) else real
+
+
+def refuse_links_out(bundle: Path, root: Path) -> None:
+    """InvalidRequest naming the first file or folder of the bundle that links outside
+    `root`: what it points at would be copied into the submitted job, where the job's code
+    (and every site) reads it: an admin kit's key, the worker's /proc/self/environ."""
+    seen: set[str] = set()
+    for top, folders, files in os.walk(bundle, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:  # a folder met again through a link loop
+            folders[:] = []
+            continue
+        seen.add(real)
+        for name in folders + files:
+            path = os.path.join(top, name)
+            if os.path.islink(path) and not _within(root, path):
+                relative = os.path.relpath(path, bundle)
+                raise InvalidRequest(f"{bundle.name}/{relative} links outside the job root")
+
+
+def _within(root: Path, path: str) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(root)
+
+
+def _copy_within(root: Path, source: str, target: str) -> str:
+    # Checked again as each file is copied, for a link changed after refuse_links_out.
+    if not _within(root, source):
+        raise InvalidRequest(f"{os.path.basename(source)} links outside the job root")
+    return str(shutil.copy2(os.path.realpath(source), target))
 
 
 def discard(settings: Settings, job_id: uuid.UUID) -> bool:
@@ -72,6 +118,8 @@ def prepare(
 
     A Flower App (a `pyproject.toml` declaring `[tool.flwr.app]`) has no meta.json: it is
     submitted as it is, packed into a FAB by the Flower client, which never changes it."""
+    root = _confined_root(settings, bundle)
+    refuse_links_out(bundle, root)
     if is_flower_app(bundle):
         return bundle
     key = built_from(bundle, required_sites, metadata)
@@ -90,7 +138,9 @@ def prepare(
     meta = prepared_meta(original, bundle, required_sites, metadata)
     staging = target.with_name(f"{bundle.name}.partial-{uuid.uuid4().hex}")
     try:
-        shutil.copytree(bundle, staging, symlinks=False)
+        shutil.copytree(
+            bundle, staging, symlinks=False, copy_function=lambda s, d: _copy_within(root, s, d)
+        )
         (staging / "meta.json").write_text(json.dumps(meta, indent=2))
         try:
             staging.rename(target)

@@ -1,33 +1,21 @@
-"""Review b: a job folder whose file links out of JOB_ROOT ships the linked file to the
-FL server.
-
-Promise (app/usecases/enqueue.py `resolve_definition`): a definition is "a folder inside
-`JOB_ROOT`", and "resolve() follows symlinks, so a link pointing outside the root is caught
-here too"; the S3 bundles refuse "keys that would land outside the job folder"
-(app/adapters/README.md "S3 job bundles"). The prepared copy that is submitted follows
-links (`copytree(symlinks=False)`, app/adapters/jobdefs.py `prepare`) on purpose, for code
-shared inside the root (tests/unit/test_flip_flow.py) -- but nothing checks where a link
-inside the job folder points.
-
-Scenario: flip-api unpacks a user's job into JOB_ROOT (a tar or zip keeps symlinks); one
-file of it is a link to a file of the worker's host outside the root: the net's NVFLARE
-admin kit's private key (compose mounts the kits at /etc/fl-dispatcher/kits), or
-/proc/self/environ (the worker's environment: DATABASE_URL with its password,
-CALLBACK_SECRET, API_SECRET, AWS keys). The job is enqueued and dispatched.
-
-What happens: the enqueue is accepted and the submitted copy holds the linked file's
-bytes: the admin key, or the worker's environment, is uploaded to the FL server, where the
-job's own code (and, through the deploy map, every hospital site) reads it -- exactly what
-compose.yml keeps the fl-server's network away from.
-"""
+"""A job folder submits nothing from outside JOB_ROOT: a file or folder in it that links
+out of the root (an admin kit's private key, /proc/self/environ: the worker's environment
+with DATABASE_URL's password, CALLBACK_SECRET, API_SECRET, AWS keys) fails the job as an
+invalid definition, and so does a job folder replaced by such a link while its job waited.
+Links inside the root (code shared between jobs, tests/unit/test_flip_flow.py) are followed.
+flip-api unpacks users' jobs into JOB_ROOT, and a tar or zip keeps symlinks; what is
+submitted reaches the job's own code on the FL server and every site of its deploy map."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 
 from app.errors import InvalidRequest
+from app.usecases import records
+from models import JobState, ReasonCode
 
 SECRET = "-----BEGIN PRIVATE KEY----- admin-kit-key-4f2e9d"
 
@@ -41,16 +29,21 @@ def _submitted_bytes(world) -> bytes:
     return seen
 
 
+def _failed_as_invalid(world, job_id) -> bool:
+    with world.rt.sessions() as session:
+        job = records.get_job(session, job_id)
+        return (job.state, job.reason_code) == (JobState.FAILED, ReasonCode.DEFINITION_INVALID)
+
+
 def _dispatch_or_refuse(world) -> bytes:
     """Enqueue and run the job; what reached the server ('' when it was refused)."""
     try:
         job_id = world.enqueue("linked-out", net="net-a")
     except InvalidRequest:
         return b""
-    try:
+    with contextlib.suppress(AssertionError):  # the dispatch refused the bundle
         world.run_pipeline(job_id)
-    except AssertionError:
-        pass  # the dispatch refused the bundle: nothing submitted
+    assert _failed_as_invalid(world, job_id)
     return _submitted_bytes(world)
 
 
@@ -80,9 +73,7 @@ def test_the_workers_environment_is_not_submitted_through_a_link(world, job_root
     submitted = _dispatch_or_refuse(world)
 
     leaked = started_with in submitted  # compared, never printed: it is an environment
-    assert not leaked, (
-        "the worker's whole environment was submitted to the FL server"
-    )
+    assert not leaked, "the worker's whole environment was submitted to the FL server"
 
 
 def test_a_job_folder_swapped_for_a_link_out_of_the_root_after_enqueue_is_not_submitted(
@@ -99,10 +90,9 @@ def test_a_job_folder_swapped_for_a_link_out_of_the_root_after_enqueue_is_not_su
     job_id = world.enqueue("swapped", net="net-a")
     (job_root / "tiny-job").rename(job_root / "tiny-job.old")
     (job_root / "tiny-job").symlink_to(outside, target_is_directory=True)
-    try:
+    with contextlib.suppress(AssertionError):  # the dispatch refused the folder
         world.run_pipeline(job_id)
-    except AssertionError:
-        pass  # the dispatch refused the folder: nothing submitted
+    assert _failed_as_invalid(world, job_id)
 
     assert SECRET.encode() not in _submitted_bytes(world), (
         "a folder outside JOB_ROOT was submitted as the job"
