@@ -129,15 +129,18 @@ class SimAdmin:
             raise AdminMisconfigured(f"{self.net}: admin kit rejected (simulated)")
         if not server.answering(t):
             self._connected = False
+            self.server.refused_last = True
             raise ServerUnavailable(f"{self.net}: server not answering (simulated)")
         faults = host.faults
         roll = host.rng.random()
         if roll < faults.admin_unavailable:
             self._connected = False
+            self.server.refused_last = True
             raise ServerUnavailable(f"{self.net}: connection reset (simulated)")
         if roll < faults.admin_unavailable + faults.admin_unknown:
             raise UnknownAdminError(f"{self.net}: {self.UNCLASSIFIED} (simulated)")
         self._connected = True
+        self.server.refused_last = False
         return server
 
     def _no_start_time(self, server: SimServer) -> bool:

@@ -126,6 +126,10 @@ class SimServer:
     tokens: dict[str, str] = field(default_factory=dict)
     partition_until: float = -1.0
     partitions: list[tuple[float, float]] = field(default_factory=list)
+    # The workers' last admin call found it not answering (a partition, a reset): what they
+    # know of its runs is from before, so a lost-run verdict is theirs to make (the checker's
+    # completed-run-rerun asks this, not whether it answers at the check's instant).
+    refused_last: bool = False
     kit_broken: bool = False
     # The server a redeploy's kit (a Flower net's certificate) names instead of this one, and
     # what the workers' client then meets: nothing answering there (`unreachable`), a

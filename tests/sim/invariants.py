@@ -122,8 +122,9 @@ class Checker(
     def _rerun_after_completion(self, job_id: str, reason: str) -> None:
         """A job is never queued again once a run it held completed on a server that still
         answers and knows it: that run's result is the job's, and a second run would redo
-        (and double-count) finished work. (A server that does not answer, or lost the run,
-        cannot tell the dispatcher; a requeue then is the lost-job policy's to make.)"""
+        (and double-count) finished work. (A server that does not answer, or did not at the
+        workers' last call, or lost the run, cannot tell the dispatcher; a requeue then is the
+        lost-job policy's to make.)"""
         run_id = self._held_runs.get(job_id)
         if run_id is None:
             return
@@ -132,7 +133,9 @@ class Checker(
         if run is None or not run.completed(t) or run.poisoned:
             return  # (a run whose status never answers cannot tell it completed)
         server = self.sim.cluster.servers[run.net]
-        if server.reachable(t) and run_id in server.store:
+        # Reachable now, and so at the workers' last call: a partition that ended during the
+        # step whose probe it failed is no defect (chaos 2339: probed at 135.x, over at 136.45).
+        if server.reachable(t) and not server.refused_last and run_id in server.store:
             self.report(
                 "completed-run-rerun",
                 f"job {job_id[:8]}",

@@ -1,7 +1,7 @@
 """`start-given-up-early` (round 16): a start is given up for its readiness deadline
-(reconcile's "start abandoned": STARTING -> STOPPING; warm_up's "not ready after": STARTING
--> UNHEALTHY, its holds failed) no sooner than the net's ready_timeout_s after the first ask
-for its replica since its STARTING (a scale_up row of `scale_events`, whatever its outcome,
+(reconcile's "start abandoned": STARTING -> STOPPING; warm_up's "prewarm: not ready
+after": STARTING -> UNHEALTHY, its holds failed) no sooner than the net's ready_timeout_s
+after the first ask for its replica since its STARTING (a scale_up row of `scale_events`, whatever its outcome,
 as `app.usecases.outages.start_age_s` counts it), or after its STARTING when none was asked.
 Before f4cc459 both counted from the STARTING only: a warm-up whose message waited past the
 deadline (tests.sim.late_starts' broker outage) asked for the replica and gave up in the
@@ -20,8 +20,13 @@ from models import NetState
 from tests.sim.observer import Observer, _secs
 from tests.sim.ready_invariants import CLOCK_STEP_S, first_ask_s
 
+# A warm-up's words (a job's chain says "not ready after" alone): a job-less start's rule.
+PREWARM_GIVE_UP = "prewarm: not ready after"
 # The reasons of a give-up for the deadline (not a failed driver, a drain, a hold's end).
-GIVE_UPS = {NetState.STOPPING: "start abandoned", NetState.UNHEALTHY: "not ready after"}
+GIVE_UPS = {
+    NetState.STOPPING: ("start abandoned",),
+    NetState.UNHEALTHY: ("not ready after", PREWARM_GIVE_UP),
+}
 
 
 class StartDeadlines(Observer):
@@ -61,10 +66,12 @@ class StartDeadlines(Observer):
         claimed = self._claimed_at.get(net, float("-inf"))
         chain = (
             dst == NetState.UNHEALTHY
+            and not reason.startswith(PREWARM_GIVE_UP)
             and claimed >= self._starting_at.get(net, float("inf")) - slack
         )
         if chain:
-            # Perhaps a job's wait_ready (its words are warm_up's): its chain's deadline
+            # A job's wait_ready (a warm-up names itself, chaos 7361: a job claimed onto the
+            # prewarm's start and aborted before the warm-up gave it up): its chain's deadline
             # counts from its claim, or from the first ask since when its scale_up ran late
             # (round 16: dispatch gave the job up at its ask, ops 455). Reconcile abandons
             # only a job-less start.

@@ -381,3 +381,27 @@ def test_seed_4109_a_finishing_jobs_report_timeout_is_settled_within_its_bound()
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(4109).violations] == []
+
+
+# Round 23's sweep of the ranges round 22 left (2,200-4,999, 7,200-9,999): two checker errors.
+def test_seed_7361_a_warm_up_giving_up_its_own_start_is_not_read_as_a_jobs_chain():
+    """(chaos 7361) A prewarm started net-b at 0 s and a broker outage held its warm-up; a
+    job claimed onto the start at 130.3 s asked for the replica and was aborted; the warm-up,
+    redelivered at 131.0 s, gave the start up 130 s after its first ask (the job-less rule).
+    The checker read it as the aborted job's wait_ready (the same words) and counted from
+    the claim: `start-given-up-early` at 0.8 s. A warm-up now says "prewarm: not ready
+    after", which the checker counts as a job-less start."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(7361).violations] == []
+
+
+def test_seed_2339_a_requeue_on_a_probe_inside_a_partition_is_the_lost_job_policys():
+    """(chaos 2339) net-a (a Flower net) was partitioned 86.5-136.5 s and its run completed
+    meanwhile; the monitor round that began at 135 s probed it inside the partition (30 s not
+    answering) and requeued the job at 136.8 s. The checker asked whether the server answered
+    at its own instant (136.9 s), after the partition: `completed-run-rerun`. It now asks
+    whether the workers' last admin call was answered (`SimServer.refused_last`)."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(2339).violations] == []

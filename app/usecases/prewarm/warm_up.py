@@ -103,7 +103,8 @@ def warm_up(rt: Runtime, net_name: str) -> WarmResult:
             return WarmResult(Warm.READY, reason)
         if clock.unasked and desired and live:
             return _ask_unrecorded(rt, net_name)
-        reason = f"not ready after {config.ready_timeout_s:.0f}s: {detail}"
+        # Named for the prewarm: the net's history tells it from a job's chain giving up.
+        reason = f"prewarm: not ready after {config.ready_timeout_s:.0f}s: {detail}"
         return _give_up(rt, net_name, reason, since)
     return WarmResult(Warm.NOT_READY, detail)
 
