@@ -1,17 +1,18 @@
 """`start-given-up-early` (round 16): a start is given up for its readiness deadline
-(reconcile's "start abandoned": STARTING -> STOPPING; warm_up's "prewarm: not ready
-after": STARTING -> UNHEALTHY, its holds failed) no sooner than the net's ready_timeout_s
-after the first ask for its replica since its STARTING (a scale_up row of `scale_events`, whatever its outcome,
-as `app.usecases.outages.start_age_s` counts it), or after its STARTING when none was asked.
-Before f4cc459 both counted from the STARTING only: a warm-up whose message waited past the
-deadline (tests.sim.late_starts' broker outage) asked for the replica and gave up in the
-same call, and reconcile abandoned a boot it had just asked for. A job's chain (wait_ready,
-in warm_up's words) counts from its claim, or from the first ask since when its scale_up ran
-late: it gave the job up 0.4 s after the ask (ops 455, before 1967120), from the first ask
-the driver took (a refused try is retried, maybe held past the deadline; break-it r16).
+(reconcile's "start abandoned": STARTING -> STOPPING; warm_up's "prewarm: not ready after":
+STARTING -> UNHEALTHY, its holds failed) no sooner than the net's ready_timeout_s after the
+first ask for its replica since its STARTING (a scale_up row of `scale_events`, whatever its
+outcome, as `app.usecases.outages.start_age_s` counts it), or after its STARTING when none
+was asked. Before f4cc459 both counted from the STARTING only: a warm-up whose message
+waited past the deadline (tests.sim.late_starts' broker outage) asked for the replica and
+gave up in the same call, and reconcile abandoned a boot it had just asked for. A job's
+chain (wait_ready, in warm_up's words) counts from its claim, or from the first ask since
+when its scale_up ran late: it gave the job up 0.4 s after the ask (ops 455, before
+1967120), from the first ask the driver took (a refused try is retried, maybe held past the
+deadline; break-it r16).
 
-Read in the product's own stored times (the STARTING's and the give-up's stamps, the
-ask's), with the clock-step slack where a worker's clock may be stepped."""
+Read in the product's own stored times (the STARTING's and the give-up's stamps, the ask's),
+with the clock-step slack where a worker's clock may be stepped."""
 
 from __future__ import annotations
 
