@@ -6,7 +6,7 @@ outcome, as `app.usecases.outages.start_age_s` counts it), or after its STARTING
 was asked. Before f4cc459 both counted from the STARTING only: a warm-up whose message
 waited past the deadline (tests.sim.late_starts' broker outage) asked for the replica and
 gave up in the same call, and reconcile abandoned a boot it had just asked for. A job's
-chain (wait_ready, in warm_up's words) counts from its claim, or from the first ask since
+chain (wait_ready, "not ready after") counts from its claim, or from the first ask since
 when its scale_up ran late: it gave the job up 0.4 s after the ask (ops 455, before
 1967120), from the first ask the driver took (a refused try is retried, maybe held past the
 deadline; break-it r16).
