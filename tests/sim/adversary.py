@@ -78,7 +78,7 @@ class Adversary:
         self._gone_bundle = gone_bundle.GoneBundle(sim)  # (round 16: its own band)
         self._late_start = late_starts.LateStart(sim)
         self.refusal_repeat = refusal_repeat.RefusalRepeat(sim)  # (round 17: its own band)
-        self.kombu_values = kombu_values.KombuValues(sim)  # (round 17: its own band)
+        self.kombu_values = kombu_values.KombuValues(sim, self._gone_bundle)  # (round 17)
         self.stale_start = stale_starts.StaleStart(sim)  # (round 19: its own band)
         self.abort_blip = abort_blip.AbortBlip(sim)  # (round 22: its own band)
         misfits = flower is not None and flower.misfit is not None

@@ -405,3 +405,14 @@ def test_seed_2339_a_requeue_on_a_probe_inside_a_partition_is_the_lost_job_polic
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(2339).violations] == []
+
+
+def test_seed_8445_a_request_sent_while_the_job_folder_is_gone_is_refused_for_it():
+    """(racy 8445) The gone-bundle band removed the job folder at 134.8 s (written back at
+    136.0 s); flip-api's corrected request of the kombu band came at 135.2 s and was refused,
+    rightly, for the folder: the checker expected a job (`request-kept`). It now counts a
+    refusal for the folder, in a world whose folder was removed, as one distinct refusal
+    more and no lost job."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(8445).violations] == []
