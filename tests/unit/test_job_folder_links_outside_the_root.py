@@ -83,3 +83,27 @@ def test_the_workers_environment_is_not_submitted_through_a_link(world, job_root
     assert not leaked, (
         "the worker's whole environment was submitted to the FL server"
     )
+
+
+def test_a_job_folder_swapped_for_a_link_out_of_the_root_after_enqueue_is_not_submitted(
+    world, job_root, tmp_path
+):
+    """The root check runs at enqueue only: `materialize` resolves the stored definition
+    again at dispatch (`records.job_folder`) without asking whether it is still under
+    JOB_ROOT, so a folder replaced by a link between the two (the job waited QUEUED for
+    hours) is submitted from wherever the link points."""
+    outside = tmp_path / "kits" / "tiny-job"
+    (outside / "app").mkdir(parents=True)
+    (outside / "meta.json").write_text('{"deploy_map": {"app": ["@ALL"]}}')
+    (outside / "app" / "client.key").write_text(SECRET)
+    job_id = world.enqueue("swapped", net="net-a")
+    (job_root / "tiny-job").rename(job_root / "tiny-job.old")
+    (job_root / "tiny-job").symlink_to(outside, target_is_directory=True)
+    try:
+        world.run_pipeline(job_id)
+    except AssertionError:
+        pass  # the dispatch refused the folder: nothing submitted
+
+    assert SECRET.encode() not in _submitted_bytes(world), (
+        "a folder outside JOB_ROOT was submitted as the job"
+    )
