@@ -41,7 +41,7 @@ def receiver() -> Iterator[str]:
     assert len(body) < 300_000
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.send_header("Content-Encoding", "gzip")
