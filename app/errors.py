@@ -117,3 +117,28 @@ class BundleMissing(BundleUnavailable):
 
 class BundleTooLarge(BundleUnavailable):
     """The bundle is over S3_MAX_BUNDLE_BYTES or S3_MAX_BUNDLE_FILES."""
+
+
+# How much of a caller's value an error message quotes: enough to recognise a typo.
+QUOTE_MAX_CHARS = 80
+# Characters quoted as they are; any other is escaped: no markup, quote, control or
+# non-ASCII character a caller sent comes back in a message (an API answer, a log line).
+_PLAIN_CHARACTERS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 !#$%()*+,-./:;=?@[]^_`{|}~"
+)
+
+
+def quoted(value: str) -> str:
+    """A caller's value as an error message quotes it: in single quotes, at most
+    QUOTE_MAX_CHARS characters (then `...` and the value's length), every character but
+    printable ASCII without `<>&"'\\` escaped (`\\x3c`, `\\u00e9`); a plain value as `repr`."""
+    head = "".join(c if c in _PLAIN_CHARACTERS else _escaped(c) for c in value[:QUOTE_MAX_CHARS])
+    more = f"... ({len(value)} characters)" if len(value) > QUOTE_MAX_CHARS else ""
+    return f"'{head}'{more}"
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -11,8 +11,9 @@ def redact_url(url: str) -> str:
     """Mask the password in a URL such as postgresql://user:secret@host/db: all of it up to
     the URL's last `@` (kombu reads a password holding an `@` up to the last one, SQLAlchemy
     one holding a `/`); an `@` further on (a query's) masks more, never less. A query's
-    password-like parameters too (`?password=`, libpq's and redis-py's keyword, its name
-    percent-encoded or not), each to the next `&` (SQLAlchemy reads a `#` in it as its own)."""
+    secret parameters too (`?password=`, libpq's and redis-py's keyword, or a receiver's
+    `?api_key=`, `?code=`, `?sig=`: `secret_parameter`), each to the next `&` (SQLAlchemy
+    reads a `#` in it as its own)."""
     return _mask_query(redact_authority(url), stop="&")
 
 
@@ -29,12 +30,24 @@ def redact_authority(text: str) -> str:
 
 
 def secret_parameter(name: str) -> bool:
-    """Whether a URL query parameter named `name` (as written: percent-encoded or not)
-    carries a secret: a password (password, sslpassword, passwd), a token or a secret."""
-    return unquote_plus(name).lower().endswith(_SECRET_PARAMETER_ENDINGS)
+    """Whether a URL query parameter named `name` (as written: percent-encoded or not, any
+    case) carries a secret: a password (password, sslpassword, passwd), a token, a secret, a
+    key (key, apikey, api_key, access_key, x-functions-key; not caller_key or sslkey), a
+    signature (signature, x-amz-signature, SAS's sig), code (an Azure Functions key), auth
+    or credential(s)."""
+    decoded = unquote_plus(name).lower()
+    if decoded in _NOT_SECRET_PARAMETERS:
+        return False
+    return decoded in _SECRET_PARAMETER_NAMES or decoded.endswith(_SECRET_PARAMETER_ENDINGS)
 
 
-_SECRET_PARAMETER_ENDINGS = ("password", "passwd", "token", "secret")
+_SECRET_PARAMETER_ENDINGS = ("password", "passwd", "token", "secret", "key", "signature")
+# Only these exact names: `code` and `auth` end many names that are no secret (reason_code).
+_SECRET_PARAMETER_NAMES = frozenset({"code", "sig", "auth", "credential", "credentials"})
+# Names ending in `key` whose value is no secret and is needed in a line: caller_key is
+# flip-api's idempotency key (the status API's `GET /jobs?caller_key=`, logged on purpose),
+# libpq's sslkey the path of the client key's file.
+_NOT_SECRET_PARAMETERS = frozenset({"caller_key", "sslkey"})
 
 
 def _mask_query(text: str, *, stop: str) -> str:

@@ -463,6 +463,13 @@ def _check_api_secret(secret: str) -> None:
             "API_SECRET must be printable ASCII without spaces at its ends: the X-API-Key "
             "header cannot carry anything else (e.g. `openssl rand -hex 32`)"
         )
+    if secret and len(secret) < 16:
+        # The key of every mutating route (enqueue, abort, drain every net), which job code
+        # on compose's network can reach: a short one (a placeholder left in an env file)
+        # is guessed in a few requests. Unset disables those routes instead.
+        raise SettingsError(
+            "API_SECRET must be at least 16 characters when set (e.g. `openssl rand -hex 32`)"
+        )
 
 
 def _check_webhook_secret(secret: str, name: str = "CALLBACK_SECRET") -> None:

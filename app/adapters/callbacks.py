@@ -27,6 +27,7 @@ import json
 import math
 import ssl
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -214,6 +215,29 @@ def describe_unreachable(exc: BaseException, url: str) -> str:
 # Of a receiver's answer only this much is read (the excerpt kept is shorter still): a
 # receiver that answers with a huge body must not make the sender hold it all.
 ANSWER_READ_BYTES = 4096
+# What is kept of an answer whose body is not in the encoding its headers name.
+UNDECODABLE_ANSWER = b"(an answer body that cannot be decoded)"
+
+
+def _decoded_head(raw: bytes, content_encoding: str) -> bytes:
+    """The answer's first bytes, read as sent, decoded as its Content-Encoding says into at
+    most ANSWER_READ_BYTES: httpx's own decoders inflate each network read whole (a 64 KB
+    read of gzip'd zeros is 64 MB), so the sender asks for no encoding and inflates here,
+    bounded, what a receiver compresses all the same."""
+    coding = content_encoding.strip().lower()
+    if coding in ("", "identity"):
+        return raw
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        # br, zstd or several codings: not worth a decoder for an operator's excerpt.
+        return f"(an answer body in {coding[:40]!r} encoding)".encode()
+    # 47 takes a gzip or zlib header (deflate is zlib-wrapped, RFC 9110); -15 a bare deflate
+    # stream, which some servers send as `deflate` (httpx tries it too).
+    for wbits in (47, -15):
+        try:
+            return zlib.decompressobj(wbits).decompress(raw, ANSWER_READ_BYTES)
+        except zlib.error:
+            continue
+    return UNDECODABLE_ANSWER
 
 
 class _Deadline:
@@ -320,28 +344,30 @@ class HttpCallbackSender:
                 follow_redirects=False,
                 trust_env=False,
                 transport=_deadline_transport(self._deadline),
+                # The answer is only an excerpt for the record: asked uncompressed, and read
+                # raw (`_decoded_head`) in case a receiver compresses it anyway.
+                headers={"accept-encoding": "identity"},
             )
         self._deadline.at = time.monotonic() + self._timeout_s
         try:
             with self._client.stream(
                 "POST", self._url, content=body, headers=dict(headers)
             ) as response:
-                head = bytearray()
-                try:
-                    for chunk in response.iter_bytes():
-                        head += chunk
-                        if len(head) >= ANSWER_READ_BYTES:
-                            break  # the rest is never read; the connection is closed
-                except httpx.DecodingError:
-                    # A body its Content-Encoding does not describe: the status line came,
-                    # so that is the answer. Let out, it ended the round before any record,
-                    # and the same event came first again in every round after.
-                    head = bytearray(b"(an answer body that cannot be decoded)")
+                raw = bytearray()
+                for chunk in response.iter_raw():
+                    raw += chunk
+                    if len(raw) >= ANSWER_READ_BYTES:
+                        break  # the rest is never read; the connection is closed
+                # A body its Content-Encoding does not describe is still an answer: the
+                # status line came. (Let out, an error ended the round before any record,
+                # and the same event came first again in every round after.)
+                encoding = response.headers.get("content-encoding", "")
+                head = _decoded_head(bytes(raw[:ANSWER_READ_BYTES]), encoding)
         except httpx.TransportError as exc:
             raise ReceiverUnreachable(describe_unreachable(exc, self._url)) from None
         finally:
             self._deadline.at = math.inf
-        text = _as_text(bytes(head[:ANSWER_READ_BYTES]), response.encoding)
+        text = _as_text(head[:ANSWER_READ_BYTES], response.encoding)
         excerpt = " ".join(text[:ANSWER_EXCERPT_CHARS].split())
         return Answer(response.status_code, excerpt)
 

@@ -35,7 +35,7 @@ from app.entrypoints import drain_routes, nets_page, prewarm_routes
 from app.entrypoints.api_errors import Refused, install_error_handlers
 from app.entrypoints.limits import BodySizeLimit
 from app.entrypoints.responses import Health, Readiness, error_responses, json_errors
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, quoted
 from app.metrics.exposition import build_registry
 from app.parallel import Prober
 from app.payload_json import loads_payload
@@ -237,7 +237,7 @@ def _install_status_routes(app: FastAPI, ctx: _Context) -> None:
         """Every net's last 24 h, current job, queue, cold starts, idle grace and last
         error, and the recent jobs with their history; reloads itself."""
         if net is not None and net not in declared_names:
-            raise InvalidRequest(f"unknown net {net!r}")
+            raise InvalidRequest(f"unknown net {quoted(net)}")
         with ctx.runtime.sessions() as session:
             overview = nets_overview(session, declared, ctx.runtime.clock(), net=net, page=page)
         return HTMLResponse(nets_page.render(overview))

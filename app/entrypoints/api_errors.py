@@ -1,9 +1,12 @@
 """The status API's errors: each refusal and failure a route raises, answered with its
-status and a JSON `detail` that never echoes the input or quotes the database's words."""
+status and a JSON `detail` that never quotes the database's words, and quotes a caller's
+input at most as a short excerpt, escaped (`app.errors.quoted`: 80 characters, no markup,
+quote or control character), never whole."""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +24,7 @@ from app.errors import (
     NotFound,
     RequestRejected,
     TransientError,
+    quoted,
 )
 from models import IllegalTransition
 
@@ -44,10 +48,11 @@ def error(status: int, detail: str, **more: Any) -> JSONResponse:
 
 
 def validation_response(errors: Sequence[Any]) -> JSONResponse:
-    # The message names each field and what is wrong; the input is not echoed back.
+    """422 naming each field and what is wrong; the input's value is not echoed back, and a
+    field name the caller made up (an extra key) only as a short, escaped excerpt."""
     items = [
         {
-            "loc": [str(p) for p in e.get("loc", ())],
+            "loc": [_field(p) for p in e.get("loc", ())],
             "msg": str(e.get("msg", "")),
             "type": str(e.get("type", "")),
         }
@@ -55,6 +60,15 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
     ]
     detail = "; ".join(f"{'.'.join(i['loc']) or 'body'}: {i['msg']}" for i in items)
     return error(422, detail or "invalid request", errors=items)
+
+
+def _field(part: object) -> str:
+    text = str(part)
+    return text if _FIELD.fullmatch(text) else quoted(text)
+
+
+# A field name or index as the schemas spell them, shown as it is.
+_FIELD = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from app import names
 from app.db import unit_of_work
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, quoted
 from app.read_models import ActiveJob, DrainChanged, DrainedNet, DrainView, iso
 from app.runtime import Runtime
 from app.schemas import unstorable
@@ -100,7 +100,7 @@ def drain(
     unknown = [n for n in target.nets if not rt.settings.has_net(n)]
     if unknown:
         known = ", ".join(n.name for n in rt.settings.nets) or "none"
-        raise InvalidRequest(f"unknown net(s) {', '.join(unknown)} (known: {known})")
+        raise InvalidRequest(f"unknown net(s) {_named(unknown)} (known: {known})")
     now = rt.clock()
     scopes = (ALL_NETS,) if target.everything else target.nets
     with unit_of_work(rt.sessions) as session:
@@ -122,6 +122,16 @@ def drain(
         extra={"net": "*" if target.everything else ",".join(target.nets), "reason": reason},
     )
     return DrainChanged(**view.model_dump(), notified=None)
+
+
+def _named(unknown: Sequence[str]) -> str:
+    """The unknown nets a message names: the first few, each quoted short and escaped (a
+    body may list a thousand, each as long as it likes)."""
+    shown = ", ".join(quoted(name) for name in unknown[:_NAMED_MAX])
+    return shown + (f" and {len(unknown) - _NAMED_MAX} more" if len(unknown) > _NAMED_MAX else "")
+
+
+_NAMED_MAX = 10
 
 
 def _check_reason(reason: str) -> None:
@@ -170,7 +180,7 @@ def undrain(rt: Runtime, nets: Sequence[str] = (), *, everything: bool = False) 
                 )
             unknown = [n for n in target.nets if n not in scopes and not rt.settings.has_net(n)]
             if unknown:
-                raise InvalidRequest(f"unknown net(s) {', '.join(unknown)}, and none drained")
+                raise InvalidRequest(f"unknown net(s) {_named(unknown)}, and none drained")
         gone = scopes if target.everything else scopes & set(target.nets)
         if gone:
             session.execute(delete(Drain).where(Drain.scope.in_(gone)))

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from app.adapters.backend import ServerState
 from app.adapters.drivers import Observation
-from app.errors import InvalidRequest, NotFound, RequestRejected
+from app.errors import InvalidRequest, NotFound, RequestRejected, quoted
 from app.parallel import Prober, ProbeResult, describe_error
 from app.read_models import (
     ActiveJob,
@@ -193,7 +193,9 @@ def parse_job_state(raw: str) -> JobState:
         return JobState(raw.strip().upper())
     except ValueError:
         accepted = ", ".join(s.value for s in JobState)
-        raise InvalidRequest(f"unknown job state {raw!r}; expected one of: {accepted}") from None
+        raise InvalidRequest(
+            f"unknown job state {quoted(raw)}; expected one of: {accepted}"
+        ) from None
 
 
 def list_jobs(session: Session, state: JobState | None, limit: int) -> list[JobView]:
@@ -273,7 +275,7 @@ def job_detail_by_key(
     except RequestRejected:
         raise
     except NotFound:
-        raise NotFound(f"no job with caller_key {caller_key!r}") from None
+        raise NotFound(f"no job with caller_key {quoted(caller_key)}") from None
 
 
 @dataclass(frozen=True)

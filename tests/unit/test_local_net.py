@@ -53,7 +53,7 @@ def test_the_settings_file_reads_the_same_to_env_file_and_a_shell_and_holds_no_s
         "HOUSEKEEPING_INTERVAL_S": 2.0,
         "CALLBACK_URL": "http://127.0.0.1:9/cb",
         "CALLBACK_SECRET": "a-secret-of-the-run-0123456789",
-        "API_SECRET": "another-secret",
+        "API_SECRET": "another-secret-0123456789",
         "FLOWER_BASIC_AUTH": "ops:flower-secret",
     }
     env_file = write_settings_folder(tmp_path, settings, [net], "line one\n\nline three")

@@ -13,7 +13,7 @@ from app.errors import SettingsError
 from app.logs import configure_logging
 from app.settings import Settings
 
-SECRET = "api-secret-0d9e"
+SECRET = "api-secret-0d9e-4c1a"
 FLOWER_PW = "fl0wer-pw"
 DB_PW = "db-pw-77"
 

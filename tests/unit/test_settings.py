@@ -139,9 +139,9 @@ def test_embedded_defaults_need_no_server(tmp_path):
 def test_redacted_hides_passwords_and_secrets(monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://fl:hunter2@db:5432/fl")
     monkeypatch.setenv("BROKER_URL", "redis://:s3cret@redis:6379/0")
-    monkeypatch.setenv("API_SECRET", "topsecret")
+    monkeypatch.setenv("API_SECRET", "topsecret-api-key-0123")
     text = json.dumps(load_settings().redacted())
-    for secret in ("hunter2", "s3cret", "topsecret"):
+    for secret in ("hunter2", "s3cret", "topsecret-api-key-0123"):
         assert secret not in text
     assert "fl:***@db" in text
 

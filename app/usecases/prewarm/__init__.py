@@ -49,6 +49,7 @@ from app.errors import (
     NetMisconfigured,
     NotFound,
     RequestRejected,
+    quoted,
 )
 from app.net_config import NetConfig
 from app.read_models import Prewarmed, PrewarmView, iso
@@ -414,10 +415,11 @@ def get_prewarm(session: Session, caller_key: str, now: datetime) -> PrewarmView
         )
         if refused is not None:
             raise RequestRejected(
-                f"prewarm {caller_key!r}: refused at {iso(refused.created_at)}: {refused.detail}",
+                f"prewarm {quoted(caller_key)}: refused at {iso(refused.created_at)}: "
+                f"{refused.detail}",
                 reason_code=str(refused.outcome),
             )
-        raise NotFound(f"no prewarm with caller_key {caller_key!r}")
+        raise NotFound(f"no prewarm with caller_key {quoted(caller_key)}")
     return prewarm_view(row, _net_state(session, row.net_name), now)
 
 
