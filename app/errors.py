@@ -6,6 +6,8 @@ Tasks retry only `TransientError`; a `MisconfigurationError` fails fast and loud
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class DispatcherError(Exception):
     """Base of every error fl-dispatcher raises on purpose."""
@@ -135,6 +137,14 @@ def quoted(value: str) -> str:
     head = "".join(c if c in _PLAIN_CHARACTERS else _escaped(c) for c in value[:QUOTE_MAX_CHARS])
     more = f"... ({len(value)} characters)" if len(value) > QUOTE_MAX_CHARS else ""
     return f"'{head}'{more}"
+
+
+def quoted_all(values: Sequence[str], limit: int = 10) -> str:
+    """A caller's values as an error message lists them: each `quoted`, the first `limit`
+    of them in brackets (then how many more): `['site-1', 'site-9']` for plain ones."""
+    shown = ", ".join(quoted(value) for value in values[:limit])
+    more = f", ... ({len(values) - limit} more)" if len(values) > limit else ""
+    return f"[{shown}{more}]"
 
 
 def _escaped(character: str) -> str:

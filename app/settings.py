@@ -306,6 +306,13 @@ class Settings(BaseSettings):
             )
         _check_webhook_secret(self.callback_secret.get_secret_value())
         _check_api_secret(self.api_secret.get_secret_value())
+        _refuse_placeholders(
+            CALLBACK_SECRET=self.callback_secret.get_secret_value(),
+            CALLBACK_PREVIOUS_SECRET=self.callback_previous_secret.get_secret_value(),
+            API_SECRET=self.api_secret.get_secret_value(),
+            DATABASE_URL=_url_password(self.database_url),
+            BROKER_URL=_url_password(self.broker_url),
+        )
         previous = self.callback_previous_secret.get_secret_value()
         if previous and len(previous) < 16:
             raise SettingsError("CALLBACK_PREVIOUS_SECRET must be at least 16 characters")
@@ -451,6 +458,30 @@ def load_settings(env_file: Path | None = None, **overrides: Any) -> Settings:
 
 
 # pragma: no mutate end
+
+
+# The example env file's placeholders (app/deploy/examples/compose.env) begin so; its
+# values are public, so one left in place is no secret at all, however long.
+_PLACEHOLDER = re.compile(r"change-?me", re.IGNORECASE)
+
+
+def _refuse_placeholders(**secrets: str) -> None:
+    """SettingsError naming the first setting whose secret is still the example's
+    placeholder (`change-me...`): copied and forgotten, it would serve as the key of every
+    mutating route, the callbacks' signature or the database's password. Never quoted."""
+    for name, value in secrets.items():
+        if value and _PLACEHOLDER.match(value):
+            raise SettingsError(
+                f"{name} is the example's placeholder (change-me...): set a secret of your own "
+                "(e.g. `openssl rand -hex 32`)"
+            )
+
+
+def _url_password(url: str) -> str:
+    try:
+        return urlsplit(url).password or ""
+    except ValueError:  # a URL urlsplit cannot read: its own check reports it
+        return ""
 
 
 def _check_api_secret(secret: str) -> None:

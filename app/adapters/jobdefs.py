@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from app.adapters import bundle_copy
 from app.adapters.s3_bundles import BundleFetcher
 from app.errors import BundleMissing, InvalidRequest
 from app.settings import Settings
@@ -56,35 +57,6 @@ def _confined_root(settings: Settings, bundle: Path) -> Path:
     return root if real.is_relative_to(root) else real
 
 
-def refuse_links_out(bundle: Path, root: Path) -> None:
-    """InvalidRequest naming the first file or folder of the bundle that links outside
-    `root`: what it points at would be copied into the submitted job, where the job's code
-    (and every site) reads it: an admin kit's key, the worker's /proc/self/environ."""
-    seen: set[str] = set()
-    for top, folders, files in os.walk(bundle, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:  # a folder met again through a link loop
-            folders[:] = []
-            continue
-        seen.add(real)
-        for name in folders + files:
-            path = os.path.join(top, name)
-            if os.path.islink(path) and not _within(root, path):
-                relative = os.path.relpath(path, bundle)
-                raise InvalidRequest(f"{bundle.name}/{relative} links outside the job root")
-
-
-def _within(root: Path, path: str) -> bool:
-    return Path(os.path.realpath(path)).is_relative_to(root)
-
-
-def _copy_within(root: Path, source: str, target: str) -> str:
-    # Checked again as each file is copied, for a link changed after refuse_links_out.
-    if not _within(root, source):
-        raise InvalidRequest(f"{os.path.basename(source)} links outside the job root")
-    return str(shutil.copy2(os.path.realpath(source), target))
-
-
 def discard(settings: Settings, job_id: uuid.UUID) -> bool:
     """Delete the job's cached S3 bundle, if it has one (the job has ended)."""
     return BundleFetcher.from_settings(settings).remove(job_id)
@@ -116,32 +88,22 @@ def prepare(
     job has ended (`sweep_prepared`), since another worker may be submitting it. Only a
     rename puts it there, so an existing copy is complete and built from the same inputs.
 
-    A Flower App (a `pyproject.toml` declaring `[tool.flwr.app]`) has no meta.json: it is
-    submitted as it is, packed into a FAB by the Flower client, which never changes it."""
-    root = _confined_root(settings, bundle)
-    refuse_links_out(bundle, root)
-    if is_flower_app(bundle):
-        return bundle
-    key = built_from(bundle, required_sites, metadata)
+    Only regular files and folders inside the bundle's root are copied (`bundle_copy`: a
+    link out of JOB_ROOT refuses the bundle). A Flower App (a `pyproject.toml` declaring
+    `[tool.flwr.app]`) is copied as it is, no meta.json made: the Flower client packs the
+    copy into a FAB, so what it packs is what was checked."""
+    found = bundle_copy.entries(bundle, _confined_root(settings, bundle))
+    flower = is_flower_app(bundle)
+    key = built_from(found, required_sites, metadata)
     target = settings.data_dir.resolve() / PREPARED_DIR / str(job_id) / key / bundle.name
     if target.is_dir():
         return target
-    meta_path = bundle / "meta.json"
-    try:
-        original = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"{bundle.name}/meta.json is not readable JSON: {exc}") from None
-    except RecursionError:  # valid JSON nested past the interpreter's recursion limit
-        raise InvalidRequest(f"{bundle.name}/meta.json is nested too deeply to read") from None
-    if original is not None and not isinstance(original, dict):
-        raise InvalidRequest(f"{bundle.name}/meta.json is not a JSON object")
-    meta = prepared_meta(original, bundle, required_sites, metadata)
+    meta = None if flower else prepared_meta(_meta(bundle), bundle, required_sites, metadata)
     staging = target.with_name(f"{bundle.name}.partial-{uuid.uuid4().hex}")
     try:
-        shutil.copytree(
-            bundle, staging, symlinks=False, copy_function=lambda s, d: _copy_within(root, s, d)
-        )
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2))
+        bundle_copy.copy(found, staging)
+        if meta is not None:
+            (staging / "meta.json").write_text(json.dumps(meta, indent=2))
         try:
             staging.rename(target)
         except OSError:
@@ -151,6 +113,20 @@ def prepare(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _meta(bundle: Path) -> dict[str, Any] | None:
+    """The bundle's own meta.json (None without one); InvalidRequest if it is no object."""
+    meta_path = bundle / "meta.json"
+    try:
+        original = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"{bundle.name}/meta.json is not readable JSON: {exc}") from None
+    except RecursionError:  # valid JSON nested past the interpreter's recursion limit
+        raise InvalidRequest(f"{bundle.name}/meta.json is nested too deeply to read") from None
+    if original is not None and not isinstance(original, dict):
+        raise InvalidRequest(f"{bundle.name}/meta.json is not a JSON object")
+    return original
 
 
 def is_flower_app(bundle: Path) -> bool:
@@ -166,40 +142,20 @@ def is_flower_app(bundle: Path) -> bool:
 
 
 def built_from(
-    bundle: Path, required_sites: Sequence[str], metadata: Mapping[str, Any] | None
+    found: bundle_copy.Entries, required_sites: Sequence[str], metadata: Mapping[str, Any] | None
 ) -> str:
     """A short digest of everything a prepared copy is made from."""
     digest = hashlib.sha256()
-    for relative, path in _files(bundle):
+    for relative, real in found.files:
         # The content itself, not the size and mtime: a reproducible build or an unpacked
         # archive gives every version the same mtimes. Reading it costs about what the
         # copy it keys costs.
-        with open(path, "rb") as handle:
+        with open(real, "rb") as handle:
             content = hashlib.file_digest(handle, "sha256").hexdigest()
         digest.update(os.fsencode(relative) + f"\0{content}\n".encode())
     spec = (metadata or {}).get("resource_spec")
     digest.update(json.dumps([list(required_sites), spec], sort_keys=True).encode())
     return digest.hexdigest()[:16]
-
-
-def _files(bundle: Path) -> list[tuple[str, str]]:
-    """Every file the copy will hold, as `copytree(symlinks=False)` sees them: linked
-    folders are followed (a folder met again through a link loop is not), and any file name
-    the disk holds is fine (bytes that are not UTF-8 are kept as surrogate escapes)."""
-    found = []
-    seen: set[str] = set()
-    for top, folders, files in os.walk(bundle, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:
-            folders[:] = []
-            continue
-        seen.add(real)
-        folders.sort()
-        for name in sorted(files):
-            path = os.path.join(top, name)
-            if os.path.isfile(path):
-                found.append((os.path.relpath(path, bundle), path))
-    return found
 
 
 def prepared_meta(

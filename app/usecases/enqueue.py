@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.adapters.s3_definition import parse_s3_definition
-from app.errors import CallerKeyConflict, InvalidRequest, TransientError
+from app.errors import CallerKeyConflict, InvalidRequest, TransientError, quoted, quoted_all
 from app.metrics.figures import CALLBACK_FAILED_PRUNED
 from app.schemas import EnqueueJob, job_id_for, recorded_caller_key, storable, unstorable
 from app.settings import Settings
@@ -62,20 +62,21 @@ def resolve_definition(settings: Settings, definition: str) -> str:
     if definition.startswith("s3://"):
         return parse_s3_definition(definition).uri  # network-free checks; raises InvalidRequest
     relative = PurePosixPath(definition)
+    named = quoted(definition)  # a caller's text: short and escaped in what is answered
     if relative.is_absolute() or ".." in relative.parts:
         raise InvalidRequest(
-            f"definition {definition!r} must be a relative folder under the job root, without '..'"
+            f"definition {named} must be a relative folder under the job root, without '..'"
         )
     root = settings.job_root.resolve()
     try:
         folder = (root / relative).resolve()
         # resolve() follows symlinks, so a link pointing outside the root is caught here too.
         if not folder.is_relative_to(root):
-            raise InvalidRequest(f"definition {definition!r} escapes the job root")
+            raise InvalidRequest(f"definition {named} escapes the job root")
         if not folder.is_dir():
-            raise InvalidRequest(f"definition {definition!r} is not a folder under the job root")
+            raise InvalidRequest(f"definition {named} is not a folder under the job root")
     except RuntimeError:  # pathlib's word for a symlink loop
-        raise InvalidRequest(f"definition {definition!r} is a symlink loop") from None
+        raise InvalidRequest(f"definition {named} is a symlink loop") from None
     except OSError as exc:
         if exc.errno not in _UNNAMEABLE:
             # The file system failing (EIO, a network mount that cannot answer now): not the
@@ -83,15 +84,16 @@ def resolve_definition(settings: Settings, definition: str) -> str:
             # task for good, acknowledged away unrecorded): kept and tried again, as a
             # database that cannot answer now.
             raise TransientError(
-                f"definition {definition!r} cannot be looked up now: {exc.strerror or exc}"
+                f"definition {named} cannot be looked up now: {exc.strerror or exc}"
             ) from exc
         # Raised, it failed the task for good, unrecorded, and was a 500 over HTTP.
         reason = os.strerror(exc.errno or 0)
-        raise InvalidRequest(f"definition {definition!r} cannot be looked up: {reason}") from None
+        raise InvalidRequest(f"definition {named} cannot be looked up: {reason}") from None
     if not re.fullmatch(r"[A-Za-z0-9._-]+", folder.name):
         # NVFLARE refuses other characters in the job folder's name (2.9.0 submit_job).
         raise InvalidRequest(
-            f"definition folder name {folder.name!r} may hold only letters, digits, '.', '_', '-'"
+            f"definition folder name {quoted(folder.name)} may hold only letters, digits, "
+            "'.', '_', '-'"
         )
     return str(relative)
 
@@ -166,13 +168,13 @@ def _new_job(
             net_config = settings.net(request.net)
         except KeyError:
             known = ", ".join(n.name for n in settings.nets) or "none"
-            raise InvalidRequest(f"unknown net {request.net!r} (known: {known})") from None
+            raise InvalidRequest(f"unknown net {quoted(request.net)} (known: {known})") from None
         sites = sites or list(net_config.required_sites)
         lacking = net_config.lacks(sites)
         if lacking:
             assert net_config.sites is not None  # lacks() finds nothing otherwise
             raise InvalidRequest(
-                f"required sites {lacking} are not on net {net_config.name}: "
+                f"required sites {quoted_all(lacking)} are not on net {net_config.name}: "
                 f"{net_config.name} has {', '.join(net_config.sites)}"
             )
     if not sites:
@@ -182,7 +184,7 @@ def _new_job(
     if request.net is None and all(n.lacks(sites) for n in settings.nets):
         # Every net declares its sites and none has them all: the job could never start.
         raise InvalidRequest(
-            f"no net has every site in {sites}; "
+            f"no net has every site in {quoted_all(sites)}; "
             + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
         )
     definition = resolve_definition(settings, request.definition)
@@ -235,7 +237,7 @@ def repeat_of(existing: Job, request: EnqueueJob, settings: Settings) -> Enqueue
         raise CallerKeyConflict(
             # No job state in the text: the same conflict retried (a lost commit reply) must
             # read the same, to be the one refusal already recorded.
-            f"caller_key {request.caller_key!r} already names job {existing.id}, "
+            f"caller_key {quoted(request.caller_key)} already names job {existing.id}, "
             f"enqueued with a different payload"
             f"{_differences(existing, request)}; a new job needs a new caller_key"
         )

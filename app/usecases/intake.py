@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app import names, read_models, traces
 from app.db import unit_of_work
-from app.errors import CallerKeyConflict, InvalidRequest
+from app.errors import CallerKeyConflict, InvalidRequest, quoted
 from app.runtime import Runtime
 from app.schemas import (
     CALLER_KEY_MAX_CHARS,
@@ -274,7 +274,8 @@ def refuse_enqueue(
             # not a repeat of it either: the job is unchanged, and must not read as
             # rejected.
             reason = (
-                f"caller_key {caller_key!r} already names a job; this payload is invalid: {exc}"
+                f"caller_key {quoted(caller_key or '')} already names a job; this payload is "
+                f"invalid: {exc}"
             )
         return _record(rt, session, caller_key, reason, code, message_id=message_id, digest=digest)
 

@@ -200,14 +200,17 @@ def test_config_check_warns_when_flwr_or_a_file_is_not_usable(
 
 
 def test_a_flower_app_bundle_is_submitted_as_it_is_while_an_nvflare_job_is_prepared(tmp_path):
-    from app.adapters.flower.fab import build_fab
+    from app.adapters.flower.fab import app_files, build_fab
     from app.adapters.jobdefs import prepare
     from tests.fixtures.flower import APP
 
     settings = Settings(FL_DISPATCHER_DATA_DIR=str(tmp_path / "data"))
     job_id = uuid.uuid4()
     folder = prepare(settings, APP, job_id, ["site-1", "site-2"], None)
-    assert folder == APP and not (folder / "meta.json").exists()
+    # A checked copy, file for file as it is (what is packed is what was checked).
+    assert folder != APP and not (folder / "meta.json").exists()
+    assert app_files(folder) == app_files(APP)
+    assert all((folder / f).read_bytes() == (APP / f).read_bytes() for f in app_files(APP))
     assert build_fab(folder)  # what the Flower client sends
     nvflare_job = tmp_path / "nv-job"
     (nvflare_job / "app" / "config").mkdir(parents=True)

@@ -50,6 +50,7 @@ from app.errors import (
     NotFound,
     RequestRejected,
     quoted,
+    quoted_all,
 )
 from app.net_config import NetConfig
 from app.read_models import Prewarmed, PrewarmView, iso
@@ -241,14 +242,14 @@ def _resolve(
     if request.net is not None:
         if not settings.has_net(request.net):
             known = ", ".join(n.name for n in settings.nets) or "none"
-            raise InvalidRequest(f"unknown net {request.net!r} (known: {known})")
+            raise InvalidRequest(f"unknown net {quoted(request.net)} (known: {known})")
         config = settings.net(request.net)
         sites = sites or list(config.required_sites)
         lacking = config.lacks(sites)
         if lacking:
             assert config.sites is not None  # lacks() finds nothing otherwise
             raise InvalidRequest(
-                f"required sites {lacking} are not on net {config.name}: "
+                f"required sites {quoted_all(lacking)} are not on net {config.name}: "
                 f"{config.name} has {', '.join(config.sites)}"
             )
         return request.net, sites
@@ -259,7 +260,7 @@ def _resolve(
     fitting = [n for n in settings.nets if not n.lacks(sites)]
     if not fitting:
         raise InvalidRequest(
-            f"no net has every site in {sites}; "
+            f"no net has every site in {quoted_all(sites)}; "
             + "; ".join(f"{n.name} has {', '.join(n.sites or ())}" for n in settings.nets)
         )
     return _likely_net(session, [n.name for n in fitting], sites, now), sites
@@ -286,7 +287,8 @@ def _likely_net(session: Session, fitting: list[str], sites: list[str], now: dat
         usable = [n for n in usable if n not in shut]
     if not usable:
         raise NetMisconfigured(
-            f"every net with the sites {sites} is MISCONFIGURED ({', '.join(fitting)}); nothing "
+            f"every net with the sites {quoted_all(sites)} is MISCONFIGURED "
+            f"({', '.join(fitting)}); nothing "
             "was started (an operator must fix their settings first)",
             net_name=fitting[0],
         )
@@ -336,7 +338,7 @@ def _repeat(existing: Prewarm, request: PrewarmNet, settings: Settings) -> Prewa
         ]
         shown = f" (differs in: {', '.join(differ)})" if differ else ""
         raise CallerKeyConflict(
-            f"caller_key {request.caller_key!r} already names a prewarm of net "
+            f"caller_key {quoted(request.caller_key)} already names a prewarm of net "
             f"{existing.net_name}, asked with a different payload{shown}; a new prewarm "
             "needs a new caller_key"
         )

@@ -1,14 +1,7 @@
-"""Break of round 23's change 1 (app/adapters/jobdefs.py) for a Flower App.
-
-Promise (changelog Unreleased): "a job folder submits nothing from outside JOB_ROOT. A file
-... in it that links out of the root ... fails the job definition_invalid"; the commit says
-"checked before the copy and again per file as it is copied". An NVFLARE bundle is copied
-(`_copy_within` checks each file again); a Flower App is not copied: `prepare` checks its
-links once and returns the live job folder, and the Flower client's `build_fab` packs that
-folder later (after the submit's hold is stored, a database round trip away) reading every
-file through whatever link it holds then, with no check of its own. A link planted between
-the two (the same race the NVFLARE copy closes) is packed into the FAB the SuperLink gets.
-"""
+"""A Flower App is packed from its checked copy (app/adapters/jobdefs.py `prepare`,
+app/adapters/bundle_copy.py), not from the live job folder: a link out of JOB_ROOT planted
+after the check (while the submit's hold is stored) is never packed into the FAB the
+SuperLink gets, as an NVFLARE bundle's copy never holds one."""
 
 from __future__ import annotations
 

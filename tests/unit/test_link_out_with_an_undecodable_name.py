@@ -1,16 +1,7 @@
-"""Break of round 23's change 1 (app/adapters/jobdefs.py `refuse_links_out`).
-
-Promise (changelog Unreleased): a file in a job folder that links out of JOB_ROOT "fails
-the job definition_invalid"; the brief's rule for any refusal there: the job ends FAILED
-definition_invalid, its net released, its events sent once.
-
-Found: the refusal names the link by its path (`f"{bundle.name}/{relative} links outside
-the job root"`), and a file name the disk holds in bytes that are not UTF-8 (a tar or zip
-from flip-api keeps them) reaches Python as a lone surrogate (`\\udcff`). The job's failure
-reason then cannot be stored: `UnicodeEncodeError` escapes the dispatch step (unclassified),
-the job stays DISPATCHING on its net and is re-driven into the same error. `_copy_within`'s
-message (`os.path.basename(source)`) has the same hole. Fix: name the link with
-`app.errors.quoted` (or `storable`), as the rest of the round does for a caller's text."""
+"""A link out of JOB_ROOT whose file name is bytes that are not UTF-8 (a tar or zip from
+flip-api keeps them; Python reads a lone surrogate) fails its job `definition_invalid` like
+any other: the refusal names the entry short and escaped (`app.errors.quoted`), so the
+failure reason can be stored and the job does not stay DISPATCHING on its net."""
 
 from __future__ import annotations
 

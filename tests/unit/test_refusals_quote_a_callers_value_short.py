@@ -1,13 +1,6 @@
-"""Break of round 23's change 4 (app/errors.py `quoted`): the status API's refusals quote a
-caller's value at most as an 80-character escaped excerpt, never whole.
-
-Promise: app/entrypoints/api_errors.py's docstring ("quotes a caller's input at most as a
-short excerpt, escaped ... never whole") and the changelog's Unreleased "Contract (status
-API): a refusal quotes a caller's value as at most 80 characters, escaped". The round
-routed only the reads (/nets?net=, ?state=, by-key, drains) through `quoted`; an enqueue
-over POST /jobs (and POST /prewarms) still answers with `definition {definition!r}` (1024
-characters, markup as sent) and the caller's site list whole, and a 410 for a refused key
-repeats that stored refusal."""
+"""Every refusal of the status API quotes a caller's value at most as an 80-character escaped
+excerpt, never whole: POST /jobs and POST /prewarms refusing a definition, a net or a list
+of sites, and the 410 that repeats a refused key's stored reason."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Break of round 23's change 1 (app/adapters/jobdefs.py): links inside JOB_ROOT.
-
-Promise: the changelog's Unreleased "Links inside the root (code shared between jobs) are
-followed as before", and `refuse_links_out`/`_files`, which walk a link loop once ("a
-folder met again through a link loop is not"), so a loop is a shape the round means to take;
-every bad bundle is "the job's fault: the submit refuses it as an invalid definition (the
-job FAILED at once, definition_invalid), never with an error nobody classified, which a
-pipeline step raises loudly and the lease re-drives until the job has spent its attempts,
-holding its net each time" (tests/unit/test_flower_bad_bundles.py).
-
-Found: a job folder whose link stays inside the root but cannot be copied, a folder linking
-to its own parent (a loop), a link to a file gone from the root, or two links naming each
-other, passes the new check and then makes `shutil.copytree` raise `shutil.Error` (an
-OSError nobody classifies) out of the dispatch step: the job is left DISPATCHING on its
-net, to be re-driven into the same error. (The copy's loop blindness predates the round;
-the round's own walk skips loops, the copy it guards does not.)"""
+"""Links inside JOB_ROOT are followed and a folder met again through a link loop is walked
+once; a link inside the root that cannot be copied (a link to a file gone, two links naming
+each other) fails its job `definition_invalid` at once, never with an error nobody
+classified (which the lease re-drives, holding the net each time)."""
 
 from __future__ import annotations
 
