@@ -183,8 +183,13 @@ def test_compose_env_names_only_what_compose_reads_and_every_variable_it_require
     assert required <= set(env), "compose refuses to start without these"
     assert all(env[name] for name in required)
     assert env["NETS_FILE"].endswith(".toml")  # NETS_FILE_FORMAT's default
-    # What it gives the dispatcher is valid: the settings it passes through, as Settings.
-    settings = {k: v for k, v in env.items() if k in ALIASES and k != "NETS_FILE"}
+    # What it gives the dispatcher is valid once its public placeholders are replaced (as
+    # they are, they are refused at start: test_example_placeholder_secrets_refused.py).
+    settings = {
+        k: "an-operators-own-secret-0123456789" if str(v).startswith("change-me") else v
+        for k, v in env.items()
+        if k in ALIASES and k != "NETS_FILE"
+    }
     loaded = Settings(**settings)
     assert loaded.callbacks_enabled and loaded.release_after == "reported"
 
