@@ -307,7 +307,17 @@ def _add_api_and_ready(
     add: Callable[[str, Handler | None, str], argparse.ArgumentParser],
 ) -> None:
     p = add("api", cmd_api, "serve the status HTTP API")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    where.add_argument(
+        "--host-of",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="bind this machine's own address that NAME resolves to (at start; an error if "
+        "it names none): one network of several, e.g. a network alias in compose; "
+        "repeat it for each network to listen on",
+    )
     p.add_argument("--port", type=cli_args.port, default=8080, help="port to bind (default 8080)")
     _wait_flag(p)
     p = add("ready", cmd_ready, "exit 0 if database and broker are reachable (healthcheck)")

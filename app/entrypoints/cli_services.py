@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 def _fold_metrics_backlog(database_url: str) -> int:
@@ -106,11 +107,23 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.entrypoints.api import create_app
+    from app.entrypoints.listen_address import own_address_of
 
+    hosts = [args.host]
+    if args.host_of:  # before any wait: a name that names nothing fails now
+        named = {name: own_address_of(name) for name in args.host_of}
+        for name, host in named.items():
+            log.info("api: listening on %s, the address of %s here", host, name)
+        hosts = list(dict.fromkeys(named.values()))
     _wait_for(args, settings, schema=True, broker=True)
     app = create_app(sending_runtime(settings), close_runtime=True)
     # log_config=None: keep the handler configure_logging installed (plain or JSON).
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None)
+    if len(hosts) == 1:
+        uvicorn.run(app, host=hosts[0], port=args.port, log_config=None)
+        return EXIT_OK
+    # One server on a socket per address (uvicorn binds one host itself).
+    configs = [uvicorn.Config(app, host=h, port=args.port, log_config=None) for h in hosts]
+    uvicorn.Server(configs[0]).run(sockets=[config.bind_socket() for config in configs])
     return EXIT_OK
 
 

@@ -241,6 +241,26 @@ def test_a_site_container_cannot_reach_the_broker_or_the_database(stack: Stack):
             assert not networks & _network_names(stack.container(service)), (runs_jobs, service)
 
 
+def test_job_code_gets_no_answer_from_the_api_the_host_and_the_dispatcher_do(stack: Stack):
+    """The api's read routes need no key (every project's jobs); it joins federated-learning
+    for its calls to the fl-server only and listens on its default-network address alone
+    (`--host-of api-listener`; review b: tests/unit/test_compose_job_code_reads_the_api.py).
+    A site's container, on federated-learning with the job code, reaches it by no name and
+    no address; the published port on the host and the dispatcher's own services do."""
+    api = stack.container("api")
+    addresses = _addresses(api)
+    assert len(addresses) == 3, addresses  # default, docker-engine, federated-learning
+    for host in ("api", "api-listener", *addresses):
+        answer = _probe(stack, "site-1", host, 8080)
+        assert answer != "connected", (host, answer)
+    # The same probe connects where it should: the api answers on its alias's address.
+    assert _probe(stack, "worker", "api-listener", 8080) == "connected"
+    assert httpx.get(stack.api_url + "/healthz", timeout=10).status_code == 200
+    # Its own healthcheck asks that address (podman runs none by itself here).
+    health = podman("healthcheck", "run", api, check=False)
+    assert health.returncode == 0, health.stdout + health.stderr
+
+
 def test_compose_down_leaves_nothing(stack: Stack):
     stack.compose("down", "-v", "-t", "5")
     label = f"label=io.podman.compose.project={stack.project}"

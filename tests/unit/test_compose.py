@@ -114,7 +114,17 @@ def test_the_expected_subcommands_run(services):
     assert commands["migrate"] == ["fl-dispatcher", "db", "upgrade"]
     assert commands["worker"][:2] == ["fl-dispatcher", "worker"]
     assert commands["beat"][:2] == ["fl-dispatcher", "beat"]
-    assert argv(services["api"]["command"])[:4] == ["fl-dispatcher", "api", "--host", "0.0.0.0"]
+    # Its default-network address only (review b: test_compose_job_code_reads_the_api.py).
+    api = argv(services["api"]["command"])
+    assert api[:4] == ["fl-dispatcher", "api", "--host-of", "api-listener"]
+
+
+def test_the_api_s_healthcheck_asks_the_address_it_listens_on(services):
+    """It listens on its `api-listener` address only: nothing answers on its 127.0.0.1."""
+    api = services["api"]
+    assert api["networks"]["default"]["aliases"] == ["api-listener"]
+    check = " ".join(api["healthcheck"]["test"])
+    assert "http://api-listener:8080/healthz" in check and "127.0.0.1" not in check
 
 
 def test_a_bad_subcommand_would_be_caught():

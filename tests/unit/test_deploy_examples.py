@@ -219,7 +219,18 @@ def test_the_flip_override_keeps_each_service_s_networks_and_joins_flip_s(compos
         base = services[name].get("networks", ["default"])
         assert set(base) <= set(service["networks"]), name  # merged or replaced: the same
         assert "flip" in service["networks"], name
-    assert override["services"]["api"]["networks"]["flip"]["aliases"] == ["fl-dispatcher-api"]
+    api = override["services"]["api"]
+    assert api["networks"]["flip"]["aliases"] == ["fl-dispatcher-api"]
+    # The api listens on the addresses its command names only: compose.yml's (the default
+    # network's alias, kept in the override as it is there) and FLIP's, never all of them.
+    assert api["networks"]["default"] == services["api"]["networks"]["default"]
+    base = [str(part) for part in services["api"]["command"]]
+    assert [str(part) for part in api["command"]] == [
+        *base[:4],
+        "--host-of",
+        "fl-dispatcher-api",
+        *base[4:],
+    ]
     assert override["networks"] == {"flip": {"external": True, "name": "${FLIP_NETWORK:-flip}"}}
 
 
