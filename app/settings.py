@@ -38,6 +38,7 @@ from app.net_config import (
 )
 from app.project_shares import DEFAULT_AGING_S, MAX_AGING_S, Shares, parse_project_shares
 from app.redact import redact_url
+from app.secret_checks import check_api_secret, refuse_placeholders, url_password
 
 
 # Mutation testing covers `_check_webhook_secret` only here (pyproject [tool.mutmut]; flags
@@ -305,13 +306,13 @@ class Settings(BaseSettings):
                 "CALLBACK_SECRET must be set (at least 16 characters) when CALLBACK_URL is set"
             )
         _check_webhook_secret(self.callback_secret.get_secret_value())
-        _check_api_secret(self.api_secret.get_secret_value())
-        _refuse_placeholders(
+        check_api_secret(self.api_secret.get_secret_value())
+        refuse_placeholders(
             CALLBACK_SECRET=self.callback_secret.get_secret_value(),
             CALLBACK_PREVIOUS_SECRET=self.callback_previous_secret.get_secret_value(),
             API_SECRET=self.api_secret.get_secret_value(),
-            DATABASE_URL=_url_password(self.database_url),
-            BROKER_URL=_url_password(self.broker_url),
+            DATABASE_URL=url_password(self.database_url),
+            BROKER_URL=url_password(self.broker_url),
         )
         previous = self.callback_previous_secret.get_secret_value()
         if previous and len(previous) < 16:
@@ -458,49 +459,6 @@ def load_settings(env_file: Path | None = None, **overrides: Any) -> Settings:
 
 
 # pragma: no mutate end
-
-
-# The example env file's placeholders (app/deploy/examples/compose.env) begin so; its
-# values are public, so one left in place is no secret at all, however long.
-_PLACEHOLDER = re.compile(r"change-?me", re.IGNORECASE)
-
-
-def _refuse_placeholders(**secrets: str) -> None:
-    """SettingsError naming the first setting whose secret is still the example's
-    placeholder (`change-me...`): copied and forgotten, it would serve as the key of every
-    mutating route, the callbacks' signature or the database's password. Never quoted."""
-    for name, value in secrets.items():
-        if value and _PLACEHOLDER.match(value):
-            raise SettingsError(
-                f"{name} is the example's placeholder (change-me...): set a secret of your own "
-                "(e.g. `openssl rand -hex 32`)"
-            )
-
-
-def _url_password(url: str) -> str:
-    try:
-        return urlsplit(url).password or ""
-    except ValueError:  # a URL urlsplit cannot read: its own check reports it
-        return ""
-
-
-def _check_api_secret(secret: str) -> None:
-    """API_SECRET travels in the X-API-Key header, which carries printable ASCII only: the
-    server reads other bytes as Latin-1, so a secret with any other character (or with
-    the spaces a header loses at its ends) could never match. Refused at start rather than
-    answering every request 401. The message never quotes the secret."""
-    if secret and not (secret.isascii() and secret.isprintable() and secret == secret.strip()):
-        raise SettingsError(
-            "API_SECRET must be printable ASCII without spaces at its ends: the X-API-Key "
-            "header cannot carry anything else (e.g. `openssl rand -hex 32`)"
-        )
-    if secret and len(secret) < 16:
-        # The key of every mutating route (enqueue, abort, drain every net), which job code
-        # on compose's network can reach: a short one (a placeholder left in an env file)
-        # is guessed in a few requests. Unset disables those routes instead.
-        raise SettingsError(
-            "API_SECRET must be at least 16 characters when set (e.g. `openssl rand -hex 32`)"
-        )
 
 
 def _check_webhook_secret(secret: str, name: str = "CALLBACK_SECRET") -> None:

@@ -21,7 +21,6 @@ import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -49,7 +48,6 @@ from app.entrypoints.cli_services import (
     cmd_worker,
 )
 from app.errors import DispatcherError, RequestRejected, SettingsError
-from app.payload_json import loads_payload
 from app.process_guard import refuse_same_user_inspection
 from app.redact import redact_url
 from app.settings import Settings
@@ -184,7 +182,7 @@ def _add_job_commands(
     )
     p.add_argument(
         "--metadata",
-        type=_json_object,
+        type=cli_args.json_object,
         metavar="JSON",
         help="a JSON object kept with the job and sent in its callbacks "
         '(e.g. \'{"model_id": "m-42"}\')',
@@ -197,28 +195,6 @@ def _add_job_commands(
         "--reason", default="aborted via the CLI", help="why, kept in its history (default: CLI)"
     )
     json_flag(p)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = loads_payload(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object ({...})")
-    return value
-
-
-def _graces(text: str) -> tuple[float, ...]:
-    from app.sim.savings_args import parse_graces  # the simulator loads only for `simulate`
-
-    return parse_graces(text)
-
-
-def _cold_start(text: str) -> Any:
-    from app.sim.savings_args import parse_cold_start
-
-    return parse_cold_start(text)
 
 
 def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentParser]) -> None:
@@ -237,7 +213,7 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument(
         "--grace",
-        type=_graces,
+        type=cli_args.graces,
         default=None,
         metavar="S,S,...",
         help="idle grace values in seconds (default 0,60,300,600,1800)",
@@ -250,7 +226,7 @@ def _add_simulate(add: Callable[[str, Handler | None, str], argparse.ArgumentPar
     )
     p.add_argument(
         "--cold-start",
-        type=_cold_start,
+        type=cli_args.cold_start,
         default="local",
         metavar="PROFILE",
         help="local (default), fargate, or PROVISION,LOGIN,SITES[,STOP] in seconds",
@@ -312,11 +288,9 @@ def _add_api_and_ready(
     where.add_argument(
         "--host-of",
         action="append",
-        default=None,
         metavar="NAME",
-        help="bind this machine's own address that NAME resolves to (at start; an error if "
-        "it names none): one network of several, e.g. a network alias in compose; "
-        "repeat it for each network to listen on",
+        help="bind this machine's own address NAME resolves to (an error if none; e.g. a "
+        "compose network alias: one network of several); repeat for each network",
     )
     p.add_argument("--port", type=cli_args.port, default=8080, help="port to bind (default 8080)")
     _wait_flag(p)

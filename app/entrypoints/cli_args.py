@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 import uuid
+from typing import Any
 
 from app.net_config import MAX_SECONDS
+from app.payload_json import loads_payload
 
 JOBS_LIMIT_MAX = 1_000_000  # what a query's LIMIT takes on both databases, and then some
 MAX_PORT = 65535
@@ -89,3 +91,28 @@ def seconds_or_zero(raw: str) -> float:
 def days(raw: str) -> float:
     """A synthetic trace's length: finite, > 0, at most DAYS_MAX."""
     return _number(raw, 0.0, DAYS_MAX, zero=False, unit="days")
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object (--metadata)."""
+    try:
+        value = loads_payload(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object ({...})")
+    return value
+
+
+def graces(text: str) -> tuple[float, ...]:
+    """simulate's idle graces."""
+    from app.sim.savings_args import parse_graces  # the simulator loads only for `simulate`
+
+    return parse_graces(text)
+
+
+def cold_start(text: str) -> Any:
+    """simulate's cold-start figures."""
+    from app.sim.savings_args import parse_cold_start
+
+    return parse_cold_start(text)
