@@ -20,7 +20,7 @@ from app.runtime import Runtime
 from app.usecases import records
 from app.usecases.scaling import kick, runs_revive, take_down
 from app.usecases.step_leases import lapsed
-from models import JobState, ReasonCode, StrayRun
+from models import JobState, NetState, ReasonCode, StrayRun
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,23 @@ def _scales_to_zero(rt: Runtime, net_name: str) -> bool:
     return rt.settings.has_net(net_name) and rt.settings.net(net_name).scales_to_zero
 
 
+def resting(rt: Runtime, name: str) -> bool:
+    """A net whose strays reconcile does not ask about this round: one MISCONFIGURED, on any
+    backend (its settings are wrong: what answers may be another server; its strays wait for
+    the human's fix, or are forgotten at zero replicas, `forget_dead_strays`), or a STOPPED
+    one whose strays only its server's word settles (`runs_revive`): no server to ask, and
+    reconcile neither calls it nor logs each round of its rest; it is started to settle
+    them (`_start_to_settle`)."""
+    with rt.sessions() as session:
+        state = records.get_net(session, name).state
+    return state == NetState.MISCONFIGURED or (state == NetState.STOPPED and runs_revive(rt, name))
+
+
+def _misconfigured(rt: Runtime, name: str) -> bool:
+    with rt.sessions() as session:
+        return records.get_net(session, name).state == NetState.MISCONFIGURED
+
+
 def settle_stray_runs(rt: Runtime, net_name: str) -> int:
     """Abort the net's stray runs that its server still holds; forget those that are over.
     A server that cannot be reached keeps them (they are settled when it answers, or when
@@ -286,7 +303,10 @@ def settle_stray_runs(rt: Runtime, net_name: str) -> int:
             (s.id, s.nvflare_job_id, s.submit_token)
             for s in session.scalars(select(StrayRun).where(StrayRun.net_name == net_name))
         ]
-    if not strays or not rt.settings.has_net(net_name):
+    if not strays or not rt.settings.has_net(net_name) or _misconfigured(rt, net_name):
+        # Whoever sent this settle (reconcile, or a late submit's "landed after the job moved
+        # on"): a MISCONFIGURED net is asked nothing: what answers may be another server
+        # (chaos 9773: the late submit's settle called job_status there).
         return len(strays)
     admin = rt.admin(net_name)
     # A server that keeps no token (Flower) may hold a later run of the stray's token whose

@@ -228,18 +228,6 @@ def _settle_rest_s(rt: Runtime, name: str, stopped_at: datetime) -> float:
     return min(waited_s, SETTLE_REST_MAX_S) if waited_s >= 0 else SETTLE_REST_MAX_S
 
 
-def resting(rt: Runtime, name: str) -> bool:
-    """A net whose strays reconcile does not ask about this round: one MISCONFIGURED, on any
-    backend (its settings are wrong: what answers may be another server; its strays wait for
-    the human's fix, or are forgotten at zero replicas, `forget_dead_strays`), or a STOPPED
-    one whose strays only its server's word settles (`runs_revive`): no server to ask, and
-    reconcile neither calls it nor logs each round of its rest; it is started to settle
-    them (`_start_to_settle`)."""
-    with rt.sessions() as session:
-        state = records.get_net(session, name).state
-    return state == NetState.MISCONFIGURED or (state == NetState.STOPPED and runs_revive(rt, name))
-
-
 def forget_dead_strays(rt: Runtime, name: str) -> str:
     """A MISCONFIGURED net at zero replicas whose runs do not revive: its strays died with
     the server, as at a STOPPED net's zero replicas. Forgotten, not asked of a server that

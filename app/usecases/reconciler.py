@@ -17,12 +17,11 @@ from app.db import unit_of_work
 from app.errors import MisconfigurationError, TransientError
 from app.runtime import Runtime
 from app.usecases import declared_nets, heartbeat
-from app.usecases.abort import expire_abort, expire_stray_runs, settle_stray_runs
+from app.usecases.abort import expire_abort, expire_stray_runs, resting, settle_stray_runs
 from app.usecases.fleet import Fleet, read_fleet
 from app.usecases.housekeeping import isolated
 from app.usecases.net_repairs import (
     repair_scaling_net,
-    resting,
     settle_misconfigured,
     watch_always_on,
 )

@@ -29,7 +29,7 @@ class CallInvariants(Observer):
         found naming another server. `misconfigured-net-called`: no admin call reaches a
         net the dispatcher holds MISCONFIGURED while the platform runs no replica of it:
         nothing there answers. A Flower net's strays wait for a human's fix
-        (net_repairs.resting; 6b4fa3b), an NVFLARE net's died with its server and are
+        (abort.resting; 6b4fa3b), an NVFLARE net's died with its server and are
         forgotten (misconfig seeds 16 and 50, round 12). The adversary passes on each admin
         hook point inside a worker."""
         sim = self.sim

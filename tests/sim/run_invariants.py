@@ -125,7 +125,7 @@ class RunInvariants(Observer):
                     self._unreachable_at[run.net] = t
                 if any(n.name == run.net and n.state == NetState.MISCONFIGURED for n in self.nets):
                     # Nor on a net whose settings are wrong: it is a human's until the fix
-                    # (net_repairs.resting: not called meanwhile; tests.sim.misfit).
+                    # (abort.resting: not called meanwhile; tests.sim.misfit).
                     self._unreachable_at[run.net] = t
                 if (
                     run.pending(t)

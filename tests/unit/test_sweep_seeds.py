@@ -416,3 +416,14 @@ def test_seed_8445_a_request_sent_while_the_job_folder_is_gone_is_refused_for_it
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(8445).violations] == []
+
+
+def test_seed_9773_a_late_submits_settle_asks_nothing_of_a_misconfigured_net():
+    """(chaos 9773) w0's dispatch stalled 90 s after its submit; meanwhile net-a's admin kit
+    broke and the net was MISCONFIGURED at zero replicas. Resumed at 241.5 s, the dispatch
+    found its run "landed after the job moved on" and sent settle_stray_runs, which called
+    job_status on the MISCONFIGURED net (`misconfigured-net-called`): only reconcile asked
+    whether a net was resting. The settle asks it itself now, whoever sends it."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(9773).violations] == []
