@@ -211,6 +211,12 @@ def world_of(nets, tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
     return World(settings, sqlite_factory, clock)
 
 
+def one_net_world(tmp_path, job_root, sqlite_factory, clock, **extra) -> World:
+    """A world of one scale-to-zero ECS net, `net-a`, and any further settings."""
+    nets = [net_decl(tmp_path, "net-a", "ecs")]
+    return world_of(nets, tmp_path, job_root, sqlite_factory, clock, **extra)
+
+
 @pytest.fixture
 def world(tmp_path, job_root, sqlite_factory, clock, monkeypatch):
     nets = [

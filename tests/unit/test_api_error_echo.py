@@ -17,8 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.entrypoints.api import create_app
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import world_of
+from tests.unit.conftest import one_net_world
 
 KEY = "echo-test-api-key-0123456789"
 MARKUP = "<img src=x onerror=alert(1)>"
@@ -27,8 +26,7 @@ LONG = "k" * 60_000
 
 @pytest.fixture
 def client(tmp_path, job_root, sqlite_factory, clock) -> TestClient:
-    world = world_of(
-        [net_decl(tmp_path, "net-a", "ecs")],
+    world = one_net_world(
         tmp_path,
         job_root,
         sqlite_factory,

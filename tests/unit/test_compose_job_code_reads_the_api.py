@@ -30,8 +30,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from app.entrypoints.api import create_app
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import world_of
+from tests.unit.conftest import one_net_world
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yml"
 RUNS_JOB_CODE = {"fl-server", "site-1", "site-2", "superlink", "supernode-1", "supernode-2"}
@@ -84,8 +83,7 @@ def test_job_code_cannot_read_other_projects_jobs_from_the_status_api(
     reachable_on = _listens_on(services, "api") & job_networks
 
     # What a caller without the key reads there (API_SECRET set, as compose asks).
-    world = world_of(
-        [net_decl(tmp_path, "net-a", "ecs")],
+    world = one_net_world(
         tmp_path,
         job_root,
         sqlite_factory,

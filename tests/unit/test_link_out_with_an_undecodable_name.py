@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from app.usecases import dispatch, records
 from models import JobState, ReasonCode
+from tests.unit.test_links_inside_the_root_that_cannot_be_copied import dispatched
 
 
 def test_a_link_out_of_the_root_with_a_non_utf8_name_fails_the_job_definition_invalid(
@@ -20,18 +20,7 @@ def test_a_link_out_of_the_root_with_a_non_utf8_name_fails_the_job_definition_in
     config = job_root / "tiny-job" / "app" / "config"
     os.symlink(outside, os.fsencode(config) + b"/weights-\xff.pem")
     job_id = world.enqueue("odd-name", net="net-a")
-    net, attempt = world.run_until_ready(job_id)
-
-    try:
-        dispatch.dispatch(world.rt, job_id, net, attempt)
-    except Exception as exc:
-        raised = f"{type(exc).__name__}: {exc}"
-    else:
-        raised = None
-
-    with world.rt.sessions() as session:
-        job = records.get_job(session, job_id)
-        state = (job.state, job.reason_code)
+    raised, state = dispatched(world, job_id)
     assert (raised, state) == (None, (JobState.FAILED, ReasonCode.DEFINITION_INVALID)), (
         f"dispatch raised {raised!r}; the job is left {state[0]} on its net"
     )

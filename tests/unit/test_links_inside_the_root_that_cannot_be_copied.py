@@ -32,19 +32,23 @@ def test_a_link_inside_the_root_that_cannot_be_copied_fails_the_job_definition_i
 ):
     plant(job_root / "tiny-job" / "app" / "config", job_root)
     job_id = world.enqueue("inside-links", net="net-a")
-    net, attempt = world.run_until_ready(job_id)
-
-    try:
-        dispatch.dispatch(world.rt, job_id, net, attempt)
-    except Exception as exc:
-        raised = f"{type(exc).__module__}.{type(exc).__name__}"
-    else:
-        raised = None
-
-    with world.rt.sessions() as session:
-        job = records.get_job(session, job_id)
-        state = (job.state, job.reason_code)
+    raised, state = dispatched(world, job_id)
     assert raised is None and state in (
         (JobState.FAILED, ReasonCode.DEFINITION_INVALID),
         (JobState.RUNNING, None),
     ), f"dispatch raised {raised} and left the job {state[0]} on its net"
+
+
+def dispatched(world, job_id) -> tuple[str | None, tuple[JobState, ReasonCode | None]]:
+    """The dispatch step run on the job's ready net: what it raised (None: nothing), and
+    the job's state and reason code after it."""
+    net, attempt = world.run_until_ready(job_id)
+    try:
+        dispatch.dispatch(world.rt, job_id, net, attempt)
+    except Exception as exc:
+        raised: str | None = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+    else:
+        raised = None
+    with world.rt.sessions() as session:
+        job = records.get_job(session, job_id)
+        return raised, (job.state, job.reason_code)

@@ -23,8 +23,7 @@ from models import (
     ReasonCode,
     RejectedRequest,
 )
-from tests.fixtures.db import net_decl
-from tests.unit.conftest import World, world_of
+from tests.unit.conftest import World, one_net_world
 
 
 def _running(world: World, **kw) -> uuid.UUID:
@@ -184,8 +183,7 @@ def test_a_report_timeout_ends_the_job_with_its_code(held_for_report):
 def test_a_lost_server_with_the_fail_policy_says_server_lost(
     tmp_path, job_root, sqlite_factory, clock
 ):
-    world = world_of(
-        [net_decl(tmp_path, "net-a", "ecs")],
+    world = one_net_world(
         tmp_path,
         job_root,
         sqlite_factory,

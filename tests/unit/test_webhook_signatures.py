@@ -30,8 +30,8 @@ from app.local.receiver import Headers, LocalReceiver, Received
 from app.logs import secret_values
 from app.settings import Settings, load_settings
 from app.usecases import callbacks, intake
-from tests.fixtures.db import FrozenClock, net_decl
-from tests.unit.conftest import world_of
+from tests.fixtures.db import FrozenClock
+from tests.unit.conftest import one_net_world
 
 PLAIN_SECRET = "plain-callback-secret-0123456789"
 WHSEC_SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -62,8 +62,7 @@ def test_every_delivered_event_verifies_with_the_standard_webhooks_library(
     seen: list[Received] = []
     receiver = LocalReceiver(secret, verifier=_library_verifier(secret), on_event=seen.append)
     with receiver:
-        world = world_of(
-            [net_decl(tmp_path, "net-a", "ecs")],
+        world = one_net_world(
             tmp_path,
             job_root,
             sqlite_factory,
@@ -93,8 +92,7 @@ def test_during_a_rotation_receivers_on_the_old_and_on_the_new_secret_both_verif
     secret = {"old": old, "new": new}[receiving_with]
     receiver = LocalReceiver(secret, verifier=_library_verifier(secret))
     with receiver:
-        world = world_of(
-            [net_decl(tmp_path, "net-a", "ecs")],
+        world = one_net_world(
             tmp_path,
             job_root,
             sqlite_factory,
