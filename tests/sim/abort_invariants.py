@@ -171,6 +171,7 @@ class AbortWatch:
                     watched.excused
                     or self._not_answering(watched, t)
                     or self._no_round_left(row[2], row[3], row[4])
+                    or self._row_refused(job_hex)
                 )
                 job_id = str(uuid.UUID(job_hex))
                 if any(
@@ -191,6 +192,18 @@ class AbortWatch:
                 f" {watched.live_s:.1f}s: the abort was not sent again, or its run not"
                 " looked up",
             )
+
+    def _row_refused(self, job_hex: str) -> str | None:
+        """The poison row (tests.sim.poison) refuses the job's row now: no re-send of its abort
+        can record anything meanwhile (racy 5169: refused 88 s of the abort's 110)."""
+        conn = self.sim.conn
+        armed = conn.execute(
+            "SELECT 1 FROM sqlite_temp_master WHERE type = 'table' AND name = 'sim_poison'"
+        ).fetchone()
+        if armed is None:
+            return None
+        row = conn.execute("SELECT 1 FROM temp.sim_poison WHERE job_id = ?", (job_hex,))
+        return "its row refused by the poison" if row.fetchone() is not None else None
 
     def _no_round_left(self, changed: str, run_id: str | None, due: str | None) -> str | None:
         """Whether ABORT_TIMEOUT_S leaves the abort no reconcile round to be sent again in:

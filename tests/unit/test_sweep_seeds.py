@@ -427,3 +427,14 @@ def test_seed_9773_a_late_submits_settle_asks_nothing_of_a_misconfigured_net():
     from tests.sim.seeds import run_seed
 
     assert [v.invariant for v in run_seed(9773).violations] == []
+
+
+def test_seed_5169_an_abort_whose_row_the_database_refuses_may_expire_unconfirmed():
+    """(racy 5169) Job 3a52e3a9 was aborted at 189.7 s and the poison band refused its row
+    from then for 88 s: reconcile's re-sends at 210 s and 240 s failed on it, and the next
+    round after the row was writable again (300.5 s) found the abort past ABORT_TIMEOUT_S.
+    `abort-unconfirmed-while-answering` (round 22) did not know the poison; it now excuses an
+    abort whose job's row was refused while it was ABORTING."""
+    from tests.sim.seeds import run_seed
+
+    assert [v.invariant for v in run_seed(5169).violations] == []
