@@ -34,6 +34,7 @@ from tests.sim import (
     kombu_values,
     late_starts,
     left_starts,
+    link_out,
     long_queue,
     misfit,
     platform_faults,
@@ -81,6 +82,7 @@ class Adversary:
         self.kombu_values = kombu_values.KombuValues(sim, self._gone_bundle)  # (round 17)
         self.stale_start = stale_starts.StaleStart(sim)  # (round 19: its own band)
         self.abort_blip = abort_blip.AbortBlip(sim)  # (round 22: its own band)
+        self.link_out = link_out.LinkOut(sim)  # (round 23: its own band)
         misfits = flower is not None and flower.misfit is not None
         self._misfit = misfit.MisfitAdversary(sim, flower) if misfits and flower else None
 
@@ -115,6 +117,7 @@ class Adversary:
         self.kombu_values.schedule()
         self.stale_start.schedule()
         self.abort_blip.schedule()
+        self.link_out.schedule()
         self._kits.schedule()
         self._schedule_faults()
 

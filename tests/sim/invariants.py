@@ -8,6 +8,8 @@ no slack beyond two beat ticks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.sim.db import Unchanged
 from app.sim.messages import Message
 from app.sim.simulation import Simulation
@@ -72,6 +74,14 @@ class Checker(
         self._rest_window = RestWindow(sim)
         self._aborts = AbortWatch(sim)
 
+    def on_submit(self, net: str, token: str, folder: Path, *, repeat: bool = False) -> None:
+        """A submit reaches a server: the call checks', then nothing in it from outside
+        JOB_ROOT (tests.sim.link_out's band worlds)."""
+        super().on_submit(net, token, folder, repeat=repeat)
+        links = getattr(self.sim.adversary, "link_out", None)
+        if links is not None:
+            links.on_submit(token, folder)
+
     def after_message(self, message: Message, finished: bool) -> None:
         """A delivery ended: the call checks', then an answered abort binds its job."""
         super().after_message(message, finished)
@@ -117,6 +127,9 @@ class Checker(
         self._step_redriven(t)
         self._always_on_starts(t)
         self._aborts.check()
+        links = getattr(sim.adversary, "link_out", None)
+        if links is not None:
+            links.check()  # `nothing-from-outside-root` (tests.sim.link_out)
         self._held_runs = {j.id: j.nvflare_id for j in self.jobs if j.nvflare_id is not None}
 
     def _rerun_after_completion(self, job_id: str, reason: str) -> None:
