@@ -21,7 +21,7 @@ from app.errors import CallerKeyConflict
 from app.runtime import Runtime
 from app.schemas import EnqueueJob
 from app.settings import Settings
-from app.usecases import enqueue, net_repairs, reconciler, step_leases
+from app.usecases import abort, enqueue, net_repairs, reconciler, step_leases
 from app.usecases.enqueue import Enqueued
 from app.usecases.prewarm import warm_up as prewarm_warm_up
 from models import Job, JobState, Net, NetState
@@ -101,8 +101,10 @@ def _misconfigured_nets_asked(mp: pytest.MonkeyPatch) -> None:
             state = session.get(Net, name).state  # type: ignore[union-attr]
         return state in (NetState.STOPPED, NetState.MISCONFIGURED)
 
-    mp.setattr(net_repairs, "resting", resting)
+    mp.setattr(abort, "resting", resting)
     mp.setattr(reconciler, "resting", resting)
+    # (Round 23: the settle task asks itself too; the old settle asked any net.)
+    mp.setattr(abort, "_misconfigured", lambda _rt, _name: False)
     mp.setattr(net_repairs, "forget_dead_strays", lambda _rt, _name: "")
 
 
