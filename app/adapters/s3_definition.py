@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, quoted
 
 # An S3 key is at most 1024 bytes; the prefix needs room for "/" and at least one file.
 MAX_PREFIX_BYTES = 1022
@@ -42,9 +42,10 @@ class S3Definition:
 
 
 def shown(text: str) -> str:
-    """The caller's text as an error message quotes it."""
-    # Messages quote the caller's input; a huge one must not flood logs and job rows.
-    return repr(text if len(text) <= 200 else text[:200] + "...")
+    """The caller's text as an error message quotes it: short and escaped (`quoted`)."""
+    # Messages quote the caller's input; a huge one must not flood logs and job rows, nor
+    # markup reach a page that shows the refusal.
+    return quoted(text)
 
 
 def _check_bucket(uri: str, bucket: str) -> None:

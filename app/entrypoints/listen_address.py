@@ -14,6 +14,7 @@ error: never a silent fallback to listening everywhere.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 from app.errors import MisconfigurationError
@@ -36,6 +37,8 @@ def own_address_of(name: str) -> str:
         if address in addresses:
             continue
         addresses.append(address)
+        if ipaddress.ip_address(address.partition("%")[0]).is_unspecified:
+            continue  # 0.0.0.0 or :: is every address: the very thing this option avoids
         if _bindable(family, sockaddr):
             return address
     raise ListenAddressError(
