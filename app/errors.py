@@ -6,6 +6,7 @@ Tasks retry only `TransientError`; a `MisconfigurationError` fails fast and loud
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
@@ -137,6 +138,16 @@ def quoted(value: str) -> str:
     head = "".join(c if c in _PLAIN_CHARACTERS else _escaped(c) for c in value[:QUOTE_MAX_CHARS])
     more = f"... ({len(value)} characters)" if len(value) > QUOTE_MAX_CHARS else ""
     return f"'{head}'{more}"
+
+
+def field_name(part: object) -> str:
+    """A field name or index a message names: as it is when it reads as one (letters,
+    digits, `_.-`, at most 80), else `quoted` (a key the caller made up)."""
+    text = str(part)
+    return text if _FIELD_NAME.fullmatch(text) else quoted(text)
+
+
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 
 
 def quoted_all(values: Sequence[str], limit: int = 10) -> str:

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from app import names
+from app.errors import field_name
 from app.payload_json import nesting_depth, unreadable_in
 
 # A caller's key (a job's, a prewarm's): flip-api's per-run ids. `/`-separated segments,
@@ -127,19 +128,11 @@ def _check_storable(value: Any, where: str) -> None:
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_storable(key, f"{where} key")
-            inner = f"{where}.{_key_shown(key)}" if unstorable(str(key)) is None else where
+            inner = f"{where}.{field_name(key)}" if unstorable(str(key)) is None else where
             _check_storable(item, inner)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             _check_storable(item, f"{where}[{index}]")
-
-
-def _key_shown(key: object) -> str:
-    # A key as the caller wrote it, when it reads as a field name; else short and escaped.
-    from app.errors import quoted
-
-    text = str(key)
-    return text if re.fullmatch(r"[A-Za-z0-9_-]{1,80}", text) else quoted(text)
 
 
 def storable(text: str) -> str:

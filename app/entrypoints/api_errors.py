@@ -6,7 +6,6 @@ quote or control character), never whole."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from app.errors import (
     NotFound,
     RequestRejected,
     TransientError,
-    quoted,
+    field_name,
 )
 from models import IllegalTransition
 
@@ -52,7 +51,7 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
     field name the caller made up (an extra key) only as a short, escaped excerpt."""
     items = [
         {
-            "loc": [_field(p) for p in e.get("loc", ())],
+            "loc": [field_name(p) for p in e.get("loc", ())],
             "msg": str(e.get("msg", "")),
             "type": str(e.get("type", "")),
         }
@@ -60,15 +59,6 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
     ]
     detail = "; ".join(f"{'.'.join(i['loc']) or 'body'}: {i['msg']}" for i in items)
     return error(422, detail or "invalid request", errors=items)
-
-
-def _field(part: object) -> str:
-    text = str(part)
-    return text if _FIELD.fullmatch(text) else quoted(text)
-
-
-# A field name or index as the schemas spell them, shown as it is.
-_FIELD = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 
 
 def install_error_handlers(app: FastAPI) -> None:

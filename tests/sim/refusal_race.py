@@ -189,13 +189,7 @@ class RefusalRace:
         """`one-refusal-per-request` for RACE's and ODD's messages."""
         sim = self.sim
         for key, task_id in self.race.task_ids.items():
-            answers = sim.delivery.answers.get(task_id, [])
-            if "rejected" in answers and "job" in answers:
-                sim.report(
-                    "one-refusal-per-request",
-                    f"flip-api's message {task_id} ({key})",
-                    f"copies of one message answered {answers} (rejected and a job)",
-                )
+            refused_and_a_job(sim, task_id, f"flip-api's message {task_id} ({key})")
             (refusals,) = sim.conn.execute(
                 "SELECT count(*) FROM rejected_requests WHERE caller_key = ?", (key,)
             ).fetchone()
@@ -217,3 +211,15 @@ def upload(sim: Simulation, definition: str) -> None:
     if not folder.exists():
         folder.symlink_to(sim.local_bundle.folder.resolve(), target_is_directory=True)
     sim.trace(f"== the folder {definition} shows up under JOB_ROOT")
+
+
+def refused_and_a_job(sim: Simulation, task_id: int, subject: str) -> None:
+    """`one-refusal-per-request`: the copies of one message were not answered both
+    `rejected` and a job."""
+    answers = sim.delivery.answers.get(task_id, [])
+    if "rejected" in answers and "job" in answers:
+        sim.report(
+            "one-refusal-per-request",
+            subject,
+            f"copies of one message answered {answers} (rejected and a job)",
+        )

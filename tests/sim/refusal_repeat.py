@@ -52,7 +52,7 @@ from app.sim.simulation import Simulation
 from app.sim.workload import JobSpec
 from app.usecases import intake
 from tests.sim.dbfaults import DB_ERROR
-from tests.sim.refusal_race import RefusalRace, upload
+from tests.sim.refusal_race import RefusalRace, refused_and_a_job, upload
 
 # Gaps between the named seeds' draws of this stream (tests/unit/test_sweep_seeds.py,
 # test_simulation*.py, test_*safeguards.py, test_*_sim.py: every seed they run, and every
@@ -357,13 +357,7 @@ def one_refusal_per_request(sim: Simulation, plan: Plan | None) -> None:
             f"a request answered rejected became a job ({job[1]})",
         )
     for task_id in plan.sent_ids:
-        answers = sim.delivery.answers.get(task_id, [])
-        if "rejected" in answers and "job" in answers:
-            sim.report(
-                "one-refusal-per-request",
-                f"flip-api's message {task_id}",
-                f"copies of one message answered {answers} (rejected, then a job)",
-            )
+        refused_and_a_job(sim, task_id, f"flip-api's message {task_id}")
     if sim.world.callbacks:
         ids = {f"rejected-{r[0]}" for r in rows}
         got = sum(1 for e in sim.receiver.rejected_keys if e in ids)
